@@ -1,0 +1,294 @@
+"""Settings to a validated, immutable filter configuration.
+
+Every ``BLOOMFILTER_*`` setting is read once, here, into a frozen
+:class:`BloomConfig`. A bad value raises :class:`ValueError` naming the setting, the
+value and what is allowed, so a crawl fails at startup rather than halfway through.
+Nothing here talks to Redis or needs a crawler: any object with a ``get(name)``
+method (Scrapy's ``Settings``, a ``dict``) will do.
+
+Sizing, in one of two ways (giving both kinds is refused):
+
+* ``BLOOMFILTER_BIT`` / ``BLOOMFILTER_HASH_NUMBER``: m = 2**BIT bits and k hash
+  functions, as in scrapy-redis-bloomfilter. ``BLOOMFILTER_CAPACITY`` may be added
+  to state how many items you expect; it only feeds the logged and reported
+  false-positive rate. This is the default: BIT 30 (128 MiB), k = 6.
+* ``BLOOMFILTER_CAPACITY`` / ``BLOOMFILTER_ERROR_RATE``: m = -n ln p / (ln 2)**2
+  and k = (m / n) ln 2, rounded. ERROR_RATE defaults to 0.001 when only CAPACITY
+  is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from .hashing import MAX_SHARD_BITS, FilterSpec
+
+DEFAULT_KEY = "%(spider)s:bloomfilter"
+DEFAULT_BIT = 30
+DEFAULT_HASH_NUMBER = 6
+DEFAULT_ERROR_RATE = 0.001
+#: Shards of 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds, not
+#: the ~300 ms of a 512 MiB string, and a 128 MiB filter spreads over 16 keys.
+DEFAULT_SHARD_BIT = 26
+
+MAX_BIT = 48
+MAX_HASH_NUMBER = 64
+MIN_SHARD_BIT = 3
+MAX_SHARD_BIT = 32
+
+Fingerprinter = Literal["scrapy-redis", "crawler"]
+FINGERPRINTERS: tuple[Fingerprinter, ...] = ("scrapy-redis", "crawler")
+
+
+class SettingsLike(Protocol):
+    """What the configuration needs of a settings object: Scrapy ``Settings`` or a dict."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Return the value of a setting, or ``default`` when it is not set."""
+
+
+def optimal_bits(capacity: int, error_rate: float) -> int:
+    """Bits m that hold ``capacity`` items at ``error_rate``: -n ln p / (ln 2)**2."""
+    return math.ceil(-capacity * math.log(error_rate) / math.log(2) ** 2)
+
+
+def optimal_hash_count(bits: int, capacity: int) -> int:
+    """Hash functions k that minimise the false-positive rate: (m / n) ln 2, at least 1."""
+    return max(1, round(bits / capacity * math.log(2)))
+
+
+def false_positive_rate(bits: int, hash_count: int, items: float) -> float:
+    """Return the false-positive rate expected after ``items`` insertions: (1 - e**(-kn/m))**k."""
+    return (-math.expm1(-hash_count * items / bits)) ** hash_count
+
+
+def _invalid(name: str, value: object, allowed: str) -> ValueError:
+    return ValueError(f"The value of the {name} setting ({value!r}) is invalid. {allowed}")
+
+
+def _number(settings: SettingsLike, name: str, integer: bool, allowed: str) -> float | None:
+    """Read a numeric setting given as a number or a string; None when unset."""
+    raw = settings.get(name)
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise TypeError
+        value = float(raw)
+        if not math.isfinite(value) or (integer and not value.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise _invalid(name, raw, allowed) from None
+    if integer and isinstance(raw, int):
+        return raw  # exact, even beyond a float's 53 bits
+    return int(value) if integer else value
+
+
+def _int(settings: SettingsLike, name: str, ok: Callable[[int], bool], allowed: str) -> int | None:
+    value = _number(settings, name, True, allowed)
+    if value is None:
+        return None
+    if not ok(int(value)):
+        raise _invalid(name, settings.get(name), allowed)
+    return int(value)
+
+
+def _float(
+    settings: SettingsLike, name: str, ok: Callable[[float], bool], allowed: str
+) -> float | None:
+    value = _number(settings, name, False, allowed)
+    if value is not None and not ok(value):
+        raise _invalid(name, settings.get(name), allowed)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class BloomConfig:
+    """The resolved, validated configuration of one filter.
+
+    ``spec`` is the geometry shared by all workers (and stored in Redis); the other
+    fields say how this worker names, reports on and feeds the filter.
+    """
+
+    key: str
+    spec: FilterSpec
+    capacity: int
+    fingerprinter: Fingerprinter = "scrapy-redis"
+
+    @property
+    def expected_error_rate(self) -> float:
+        """False-positive rate expected once ``capacity`` items are in the filter."""
+        return false_positive_rate(self.spec.bits, self.spec.hash_count, self.capacity)
+
+    def key_for(self, spider_name: str | None) -> str:
+        """Return the filter's Redis key for a spider (``%(spider)s`` filled in)."""
+        if "%(spider)s" in self.key and spider_name is None:
+            raise ValueError(
+                f"The BLOOMFILTER_KEY setting ({self.key!r}) uses %(spider)s, but no spider"
+                " is known here. Build the dupefilter with from_crawler() or from_spider(),"
+                " or give a key without %(spider)s."
+            )
+        return self.key % {"spider": spider_name}
+
+    def describe(self) -> str:
+        """One line for the log: m, k, shards, memory and the rate expected at capacity."""
+        spec = self.spec
+        return (
+            f"m={spec.bits:,} bits ({_size(spec.total_bytes)}) in {spec.shards:,} shard(s)"
+            f" of {spec.shard_bits:,} bits, k={spec.hash_count} hash functions,"
+            f" capacity {self.capacity:,} items, expected false-positive rate at capacity"
+            f" {self.expected_error_rate:.3g}"
+        )
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike) -> BloomConfig:
+        """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError."""
+        bit = _int(
+            settings,
+            "BLOOMFILTER_BIT",
+            lambda v: 1 <= v <= MAX_BIT,
+            f"It must be an integer from 1 to {MAX_BIT} (the filter has 2**BIT bits).",
+        )
+        hash_number = _int(
+            settings,
+            "BLOOMFILTER_HASH_NUMBER",
+            lambda v: 1 <= v <= MAX_HASH_NUMBER,
+            f"It must be an integer from 1 to {MAX_HASH_NUMBER}.",
+        )
+        capacity = _int(
+            settings,
+            "BLOOMFILTER_CAPACITY",
+            lambda v: v > 0,
+            "It must be a positive integer (the number of items you expect).",
+        )
+        error_rate = _float(
+            settings,
+            "BLOOMFILTER_ERROR_RATE",
+            lambda v: 0 < v < 1,
+            "It must be a number strictly between 0 and 1, e.g. 0.001.",
+        )
+        shard_bit = _int(
+            settings,
+            "BLOOMFILTER_SHARD_BIT",
+            lambda v: MIN_SHARD_BIT <= v <= MAX_SHARD_BIT,
+            f"It must be an integer from {MIN_SHARD_BIT} to {MAX_SHARD_BIT}: a shard holds"
+            f" at most 2**{MAX_SHARD_BIT} bits (Redis's 512 MB string limit).",
+        )
+        shards = _int(
+            settings,
+            "BLOOMFILTER_SHARDS",
+            lambda v: v >= 1,
+            "It must be a positive integer (the number of Redis keys the bits are split over).",
+        )
+
+        if error_rate is not None:
+            given = [
+                n
+                for n, v in (("BLOOMFILTER_BIT", bit), ("BLOOMFILTER_HASH_NUMBER", hash_number))
+                if v is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"The settings BLOOMFILTER_ERROR_RATE and {' and '.join(given)} contradict"
+                    " each other: size the filter either by BLOOMFILTER_CAPACITY and"
+                    " BLOOMFILTER_ERROR_RATE, or by BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER."
+                )
+            if capacity is None:
+                raise ValueError(
+                    "The BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY: the error"
+                    " rate holds for a given number of items."
+                )
+        by_capacity = capacity is not None and bit is None and hash_number is None
+        if by_capacity:
+            assert capacity is not None
+            rate = DEFAULT_ERROR_RATE if error_rate is None else error_rate
+            bits = optimal_bits(capacity, rate)
+            k = optimal_hash_count(bits, capacity)
+            if k > MAX_HASH_NUMBER:
+                raise _invalid(
+                    "BLOOMFILTER_ERROR_RATE",
+                    rate,
+                    f"It needs {k} hash functions; at most {MAX_HASH_NUMBER} are supported,"
+                    " so the error rate must be at least 1e-19.",
+                )
+            if bits > 2**MAX_BIT:
+                raise _invalid(
+                    "BLOOMFILTER_CAPACITY",
+                    settings.get("BLOOMFILTER_CAPACITY"),
+                    f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
+                    " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
+                )
+        else:
+            bits = 2 ** (DEFAULT_BIT if bit is None else bit)
+            k = DEFAULT_HASH_NUMBER if hash_number is None else hash_number
+
+        spec = _shard(bits, k, shards, shard_bit)
+        if capacity is None:
+            # The item count at which k is the optimal number of hash functions.
+            capacity = max(1, math.floor(spec.bits * math.log(2) / k))
+
+        key = settings.get("BLOOMFILTER_KEY")
+        key = DEFAULT_KEY if key is None else key
+        if not isinstance(key, str) or not key:
+            raise _invalid("BLOOMFILTER_KEY", key, "It must be a non-empty string.")
+        try:
+            key % {"spider": "spider"}
+        except (KeyError, ValueError, TypeError):
+            raise _invalid(
+                "BLOOMFILTER_KEY",
+                key,
+                "It may contain the placeholder %(spider)s and no other %-sequences"
+                " (write a literal % as %%).",
+            ) from None
+
+        fingerprinter = settings.get("BLOOMFILTER_FINGERPRINTER")
+        fingerprinter = "scrapy-redis" if fingerprinter is None else fingerprinter
+        if fingerprinter not in FINGERPRINTERS:
+            raise _invalid(
+                "BLOOMFILTER_FINGERPRINTER",
+                fingerprinter,
+                "It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or"
+                " 'crawler' (the crawler's REQUEST_FINGERPRINTER_CLASS).",
+            )
+        return cls(key=key, spec=spec, capacity=capacity, fingerprinter=fingerprinter)
+
+
+def _shard(bits: int, hash_count: int, shards: int | None, shard_bit: int | None) -> FilterSpec:
+    """Split ``bits`` into equal shards of at most 2**32 bits each."""
+    if shards is not None and shard_bit is not None:
+        raise ValueError(
+            "The settings BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict each other:"
+            " give the number of shards or the largest shard size, not both."
+        )
+    if shards is None:
+        max_shard_bits = 2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit)
+        shards = -(-bits // max_shard_bits)
+    elif shards > bits:
+        raise _invalid(
+            "BLOOMFILTER_SHARDS",
+            shards,
+            f"The filter has only {bits:,} bits to split.",
+        )
+    shard_bits = -(-bits // shards)
+    if shard_bits > MAX_SHARD_BITS:
+        needed = -(-bits // MAX_SHARD_BITS)
+        raise _invalid(
+            "BLOOMFILTER_SHARDS",
+            shards,
+            f"Each of its shards would hold {shard_bits:,} bits, more than 2**32 (Redis's"
+            f" 512 MB string limit): use at least {needed:,} shards for {bits:,} bits.",
+        )
+    return FilterSpec(shards=shards, shard_bits=shard_bits, hash_count=hash_count)
+
+
+def _size(nbytes: int) -> str:
+    """Format a byte count for humans (binary units)."""
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
+        size /= 1024
+    raise AssertionError("unreachable")

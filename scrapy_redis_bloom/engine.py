@@ -1,0 +1,383 @@
+"""The Bloom filter in Redis: sharded bitmaps, one atomic script call per element.
+
+:class:`RedisBloomFilter` knows Redis and the hashing scheme, nothing of Scrapy.
+Elements are request fingerprints as hex strings (see :mod:`.hashing`). The client
+may be a ``redis.Redis`` or a ``redis.RedisCluster``: every command touches one key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from . import layout, scripts
+from .errors import BloomFilterError, ConfigMismatchError, OrphanedShardsError, WrongTypeError
+from .hashing import SCHEME_VERSION, FilterSpec, locate
+
+logger = logging.getLogger(__name__)
+
+#: Commands sent per pipeline flush by the bulk and maintenance operations.
+BATCH = 1000
+
+
+class _Script:
+    """A Lua script called by SHA, loaded on the first NOSCRIPT reply."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+_CHECK_AND_ADD = _Script(scripts.CHECK_AND_ADD)
+_CONTAINS = _Script(scripts.CONTAINS)
+
+
+def _text(value: Any) -> str:
+    """Decode a reply item: clients with or without ``decode_responses``."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRecord:
+    """The config record stored beside the bits (``KEY:meta``)."""
+
+    spec: FilterSpec
+    capacity: int
+    created: float
+    layout: int = layout.LAYOUT_VERSION
+    scheme: int = SCHEME_VERSION
+
+    def fields(self) -> dict[str, str]:
+        """Return the record as the hash fields written to Redis."""
+        spec = self.spec
+        values = {
+            "layout": self.layout,
+            "scheme": self.scheme,
+            "shards": spec.shards,
+            "shard_bits": spec.shard_bits,
+            "hash_count": spec.hash_count,
+            "bits": spec.bits,
+            "capacity": self.capacity,
+            "generations": "0",
+            "created": repr(self.created),
+        }
+        return {name: str(values[name]) for name in layout.RECORD_FIELDS}
+
+    @classmethod
+    def parse(cls, key: str, fields: dict[str, str]) -> FilterRecord:
+        """Build a record from the hash read back; refuse one this version cannot read."""
+        try:
+            return cls(
+                spec=FilterSpec(
+                    shards=int(fields["shards"]),
+                    shard_bits=int(fields["shard_bits"]),
+                    hash_count=int(fields["hash_count"]),
+                ),
+                capacity=int(fields["capacity"]),
+                created=float(fields["created"]),
+                layout=int(fields["layout"]),
+                scheme=int(fields["scheme"]),
+            )
+        except (KeyError, ValueError) as exc:
+            raise BloomFilterError(
+                f"The config record {key!r} is not one this version of scrapy-redis-bloom"
+                f" can read ({exc!r} in {fields!r}). Check that BLOOMFILTER_KEY names a"
+                " filter created by scrapy-redis-bloom."
+            ) from None
+
+    def describe(self) -> str:
+        """Return the geometry as the user would compare it with settings."""
+        spec = self.spec
+        return (
+            f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
+            f" k={spec.hash_count}, hash scheme {self.scheme}, layout {self.layout}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FilterState:
+    """What the bits say about the filter, read with BITCOUNT and MEMORY USAGE."""
+
+    spec: FilterSpec
+    bits_set_per_shard: tuple[int, ...]
+    memory_bytes: int
+
+    @property
+    def bits_set(self) -> int:
+        """Number of bits set over all shards."""
+        return sum(self.bits_set_per_shard)
+
+    @property
+    def fill_ratio(self) -> float:
+        """Fraction of all bits that are set."""
+        return self.bits_set / self.spec.bits
+
+    @property
+    def estimated_items(self) -> int:
+        """Items added, estimated per shard as n = -(S/k) ln(1 - X/S) and summed.
+
+        A saturated shard (every bit set) is counted as if one bit were still clear:
+        the estimate is then a lower bound.
+        """
+        size, k = self.spec.shard_bits, self.spec.hash_count
+        total = 0.0
+        for ones in self.bits_set_per_shard:
+            total += -size / k * math.log1p(-min(ones, size - 1) / size) if size > 1 else ones
+        return round(total)
+
+    @property
+    def estimated_fpr(self) -> float:
+        """Chance that a new element is reported seen now: the mean of (X/S)**k over shards."""
+        size, k = self.spec.shard_bits, self.spec.hash_count
+        rates = [(ones / size) ** k for ones in self.bits_set_per_shard]
+        return sum(rates) / len(rates)
+
+
+class RedisBloomFilter:
+    """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
+
+    Call :meth:`open` first (the element methods do so on first use): it creates the
+    config record or checks this instance's geometry against it, and refuses keys of
+    the wrong type. After :meth:`clear` the next call opens the filter again.
+    """
+
+    def __init__(self, client: Any, key: str, spec: FilterSpec, capacity: int) -> None:
+        self.client = client
+        self.key = key
+        self.spec = spec
+        self.capacity = capacity
+        self.meta_key = layout.meta_key(key)
+        self.shard_keys = layout.shard_keys(key, spec.shards)
+        self._opened = False
+        # Constant arguments of every script call: k and the shard size.
+        self._script_args = (spec.hash_count, spec.shard_bits)
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return (
+            f"<RedisBloomFilter key={self.key!r} bits={spec.bits} shards={spec.shards}"
+            f" hash_count={spec.hash_count} capacity={self.capacity}>"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def open(self) -> FilterRecord:
+        """Create the filter's config record, or check this geometry against it.
+
+        Raises :class:`WrongTypeError` if a key where the filter lives holds another
+        type, :class:`OrphanedShardsError` if bits exist without a record, and
+        :class:`ConfigMismatchError` if the record describes another geometry.
+        """
+        types = self._types([self.meta_key, *self.shard_keys])
+        expected = {self.meta_key: ("hash", "config record")}
+        wrong = [
+            (key, kind, *expected.get(key, ("string", "bitmap shard")))
+            for key, kind in types.items()
+            if kind != "none" and kind != expected.get(key, ("string",))[0]
+        ]
+        if wrong:
+            key, kind, want, role = wrong[0]
+            raise WrongTypeError(
+                f"Redis key {key!r} holds a {kind}, where the Bloom filter's {role} (a {want})"
+                f" belongs ({len(wrong)} such key(s)). Choose another BLOOMFILTER_KEY, or"
+                " remove the key(s) if they are not needed."
+            )
+        if types[self.meta_key] == "none":
+            present = sum(1 for key in self.shard_keys if types[key] != "none")
+            if present:
+                raise OrphanedShardsError(
+                    f"{present} shard key(s) of the Bloom filter {self.key!r} exist, but its"
+                    f" config record {self.meta_key!r} does not, so the layout of their bits"
+                    " is unknown. Reset the filter (scrapy-redis-bloom reset --key"
+                    f" {self.key!r}) or choose another BLOOMFILTER_KEY."
+                )
+        mine = FilterRecord(spec=self.spec, capacity=self.capacity, created=time.time())
+        argv = [item for pair in mine.fields().items() for item in pair]
+        try:
+            reply = self.client.eval(scripts.CREATE_RECORD, 1, self.meta_key, *argv)
+        except ResponseError as exc:
+            self._raise_if_wrong_type(exc, self.meta_key)
+            raise
+        stored = FilterRecord.parse(
+            self.meta_key, {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
+        )
+        if (stored.spec, stored.scheme, stored.layout) != (mine.spec, mine.scheme, mine.layout):
+            created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stored.created))
+            raise ConfigMismatchError(
+                f"The Bloom filter {self.key!r} in Redis was created on {created} with"
+                f" {stored.describe()}; this worker is configured with {mine.describe()}."
+                " A filter's layout cannot change once it holds bits. Either start this"
+                " worker with the settings the filter was created with, choose another"
+                " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
+                f" {self.key!r}), which forgets every URL it has seen."
+            )
+        self._opened = True
+        return stored
+
+    def exists(self) -> bool:
+        """Tell whether the filter's config record is in Redis."""
+        return bool(self.client.exists(self.meta_key))
+
+    def clear(self) -> None:
+        """Delete the record and every shard (UNLINK: freed off Redis's main thread)."""
+        for _ in self._pipelined(("unlink", key) for key in [self.meta_key, *self.shard_keys]):
+            pass
+        self._opened = False
+
+    def state(self) -> FilterState:
+        """Read the bits set per shard and the memory Redis allocates for them."""
+        counts: list[int] = []
+        memory = 0
+        calls = (
+            call for key in self.shard_keys for call in (("bitcount", key), ("memory_usage", key))
+        )
+        for i, reply in enumerate(self._pipelined(calls)):
+            if i % 2 == 0:
+                counts.append(int(reply))
+            else:
+                memory += int(reply or 0)
+        return FilterState(spec=self.spec, bits_set_per_shard=tuple(counts), memory_bytes=memory)
+
+    # -- elements ----------------------------------------------------------------
+
+    def check_and_add(self, element: str | bytes) -> bool:
+        """Add an element; return True if it was (probably) there already.
+
+        One atomic script call: of several workers adding the same element at once,
+        exactly one gets False.
+        """
+        if not self._opened:
+            self.open()
+        spec = self.spec
+        shard, x, y = locate(element, spec.shards, spec.shard_bits)
+        key = self.shard_keys[shard]
+        try:
+            reply = self.client.evalsha(_CHECK_AND_ADD.sha, 1, key, *self._script_args, x, y)
+        except NoScriptError:
+            self.client.script_load(_CHECK_AND_ADD.source)
+            reply = self.client.evalsha(_CHECK_AND_ADD.sha, 1, key, *self._script_args, x, y)
+        except ResponseError as exc:
+            self._raise_if_wrong_type(exc, key)
+            raise
+        return bool(reply[0] == 1)
+
+    def contains(self, element: str | bytes) -> bool:
+        """Return True if the element is (probably) in the filter. Changes nothing."""
+        return self.contains_many([element])[0]
+
+    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add elements in bulk; return, per element, whether it was there already.
+
+        The result equals calling :meth:`check_and_add` on each element in order.
+        """
+        return self._bulk(_CHECK_AND_ADD, elements)
+
+    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Return, per element, whether it is (probably) in the filter."""
+        return self._bulk(_CONTAINS, elements)
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def _bulk(self, script: _Script, elements: Iterable[str | bytes]) -> list[bool]:
+        """Run a script over elements, grouped per shard, pipelined in batches."""
+        if not self._opened:
+            self.open()
+        spec = self.spec
+        result: list[bool] = []
+        chunk: list[str | bytes] = []
+        for element in elements:
+            chunk.append(element)
+            if len(chunk) == BATCH * 10:
+                result.extend(self._bulk_chunk(script, chunk, spec))
+                chunk = []
+        if chunk:
+            result.extend(self._bulk_chunk(script, chunk, spec))
+        return result
+
+    def _bulk_chunk(
+        self, script: _Script, elements: Sequence[str | bytes], spec: FilterSpec
+    ) -> list[bool]:
+        # Per shard: the positions of its elements in the input and their (x, y) pairs.
+        groups: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for i, element in enumerate(elements):
+            shard, x, y = locate(element, spec.shards, spec.shard_bits)
+            positions, args = groups[shard]
+            positions.append(i)
+            args += (x, y)
+        calls = [
+            ("evalsha", script.sha, 1, self.shard_keys[shard], *self._script_args, *args)
+            for shard, (_, args) in groups.items()
+        ]
+        replies = self._run_scripts(script, calls)
+        out = [False] * len(elements)
+        for (positions, _), flags in zip(groups.values(), replies, strict=True):
+            for position, flag in zip(positions, flags, strict=True):
+                out[position] = flag == 1
+        return out
+
+    def _run_scripts(self, script: _Script, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """Pipeline EVALSHA calls; load the script and retry those that got NOSCRIPT."""
+        replies = list(self._pipelined(calls, raise_on_error=False))
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            self.client.script_load(script.source)
+            retried = self._pipelined([calls[i] for i in missing], raise_on_error=False)
+            for i, reply in zip(missing, retried, strict=True):
+                replies[i] = reply
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                if isinstance(reply, ResponseError):
+                    self._raise_if_wrong_type(reply, call[3])
+                raise reply
+        return replies
+
+    def _pipelined(
+        self, calls: Iterable[tuple[Any, ...]], raise_on_error: bool = True
+    ) -> Iterator[Any]:
+        """Send ``(method, *args)`` calls in non-transactional pipelines of BATCH."""
+        pipe = self.client.pipeline(transaction=False)
+        queued = 0
+        for method, *args in calls:
+            getattr(pipe, method)(*args)
+            queued += 1
+            if queued == BATCH:
+                yield from pipe.execute(raise_on_error=raise_on_error)
+                queued = 0
+        if queued:
+            yield from pipe.execute(raise_on_error=raise_on_error)
+
+    def _types(self, keys: list[str]) -> dict[str, str]:
+        return {
+            key: _text(kind)
+            for key, kind in zip(keys, self._pipelined(("type", key) for key in keys), strict=True)
+        }
+
+    def _raise_if_wrong_type(self, exc: ResponseError, key: str) -> None:
+        """Turn a WRONGTYPE reply into a :class:`WrongTypeError` naming the key."""
+        if "WRONGTYPE" not in str(exc):
+            return
+        kind = _text(self.client.type(key))
+        raise WrongTypeError(
+            f"Redis key {key!r} holds a {kind}, where the Bloom filter {self.key!r} keeps"
+            " its bits or record. Another program wrote it. Choose another BLOOMFILTER_KEY,"
+            f" or reset the filter (scrapy-redis-bloom reset --key {self.key!r})."
+        ) from exc
+
+
+def server_address(client: Any) -> str:
+    """Describe where a client connects, as ``host:port`` or a socket path: no password."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:  # a cluster client: name the node it started from
+        nodes = getattr(client, "startup_nodes", None) or []
+        return ", ".join(f"{node.host}:{node.port}" for node in nodes) or "a Redis cluster"
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"

@@ -1,0 +1,103 @@
+"""Hashing scheme: from a fingerprint to one shard and k bit offsets inside it.
+
+Scheme version 1, written down so that any worker, the CLI or another language can
+compute the same bits:
+
+1. The element is the request fingerprint as a lowercase hex string, hashed as its
+   ASCII bytes (the same 40 characters scrapy-redis stores in its SET, so such a SET
+   can be migrated into the filter).
+2. ``digest = MurmurHash3_x64_128(element, seed=0)``; ``h1`` and ``h2`` are its two
+   64-bit halves read little-endian (``mmh3.hash64(element, signed=False)``).
+3. With ``N`` shards of ``S`` bits each::
+
+       shard = h1 mod N
+       x     = (h1 div N) mod S
+       y     = h2 mod S
+
+4. The k offsets inside the shard come from enhanced double hashing (Dillinger and
+   Manolios, 2004)::
+
+       offset[0] = x
+       for i in 1 .. k-1:
+           x = (x + y) mod S
+           y = (y + i) mod S
+           offset[i] = x
+
+All k bits of an element live in one shard, so one element touches one Redis key and
+therefore one Redis Cluster hash slot. The Lua scripts in :mod:`.scripts` run step 4
+on the server from ``(x, y)``, so a request sends two numbers, not k offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mmh3
+
+#: Version of the scheme above. Stored in the filter's config record: a worker with
+#: another version refuses to touch the filter.
+SCHEME_VERSION = 1
+
+#: Largest shard: a Redis string holds at most 512 MiB, that is 2**32 bits.
+MAX_SHARD_BITS = 2**32
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec:
+    """Geometry of one Bloom filter: what a worker must agree on to share its bits.
+
+    ``bits`` is always ``shards * shard_bits``: the filter is the concatenation of its
+    shards.
+    """
+
+    shards: int
+    shard_bits: int
+    hash_count: int
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"a filter needs at least one shard, got {self.shards}")
+        if not 1 <= self.shard_bits <= MAX_SHARD_BITS:
+            raise ValueError(
+                f"a shard holds 1 to 2**32 bits (a Redis string's limit), got {self.shard_bits}"
+            )
+        if self.hash_count < 1:
+            raise ValueError(f"a filter needs at least one hash function, got {self.hash_count}")
+
+    @property
+    def bits(self) -> int:
+        """Total number of bits m over all shards."""
+        return self.shards * self.shard_bits
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of one shard's Redis string."""
+        return (self.shard_bits + 7) // 8
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all shards' bitmaps together (without Redis's per-key overhead)."""
+        return self.shards * self.shard_bytes
+
+
+def locate(element: str | bytes, shards: int, shard_bits: int) -> tuple[int, int, int]:
+    """Return ``(shard, x, y)`` for an element: steps 2 and 3 of the scheme.
+
+    ``x`` and ``y`` seed the double hashing of step 4; see :func:`offsets`.
+    """
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    return h1 % shards, (h1 // shards) % shard_bits, h2 % shard_bits
+
+
+def offsets(x: int, y: int, hash_count: int, shard_bits: int) -> list[int]:
+    """Return the k bit offsets inside a shard: step 4 of the scheme.
+
+    The Lua scripts compute the same sequence on the server; this is the reference
+    for tests and for tools that read the bits directly.
+    """
+    result = [x]
+    for i in range(1, hash_count):
+        x = (x + y) % shard_bits
+        y = (y + i) % shard_bits
+        result.append(x)
+    return result
