@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .hashing import MAX_SHARD_BITS, FilterSpec
+from .layout import STRING_OVERHEAD, allocation, allocation_classes
 
 DEFAULT_KEY = "%(spider)s:bloomfilter"
 DEFAULT_BIT = 30
@@ -33,6 +34,9 @@ DEFAULT_ERROR_RATE = 0.001
 #: Shards of 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds, not
 #: the ~300 ms of a 512 MiB string, and a 128 MiB filter spreads over 16 keys.
 DEFAULT_SHARD_BIT = 26
+
+#: How much more than the bits need that the shards' Redis allocations may reserve.
+ALLOCATION_SLACK = 0.02
 
 MAX_BIT = 48
 MAX_HASH_NUMBER = 64
@@ -257,31 +261,61 @@ class BloomConfig:
 
 
 def _shard(bits: int, hash_count: int, shards: int | None, shard_bit: int | None) -> FilterSpec:
-    """Split ``bits`` into equal shards of at most 2**32 bits each."""
+    """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
+
+    Each shard's payload is sized to the jemalloc block Redis will reserve for it
+    anyway (:func:`.layout.allocation`), so the spare bytes of a block become bits
+    that lower the false-positive rate instead of slack. Without an explicit shard
+    count, the largest block size whose shards together reserve at most
+    :data:`ALLOCATION_SLACK` more than ``bits`` needs is chosen (or the least total).
+    """
     if shards is not None and shard_bit is not None:
         raise ValueError(
             "The settings BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict each other:"
             " give the number of shards or the largest shard size, not both."
         )
-    if shards is None:
-        max_shard_bits = 2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit)
-        shards = -(-bits // max_shard_bits)
-    elif shards > bits:
-        raise _invalid(
-            "BLOOMFILTER_SHARDS",
-            shards,
-            f"The filter has only {bits:,} bits to split.",
-        )
-    shard_bits = -(-bits // shards)
-    if shard_bits > MAX_SHARD_BITS:
-        needed = -(-bits // MAX_SHARD_BITS)
-        raise _invalid(
-            "BLOOMFILTER_SHARDS",
-            shards,
-            f"Each of its shards would hold {shard_bits:,} bits, more than 2**32 (Redis's"
-            f" 512 MB string limit): use at least {needed:,} shards for {bits:,} bits.",
-        )
-    return FilterSpec(shards=shards, shard_bits=shard_bits, hash_count=hash_count)
+    need = -(-bits // 8)  # bytes
+    if shards is not None:
+        if shards > bits:
+            raise _invalid(
+                "BLOOMFILTER_SHARDS",
+                shards,
+                f"The filter has only {bits:,} bits to split.",
+            )
+        payload = -(-need // shards)
+        if payload * 8 > MAX_SHARD_BITS:
+            raise _invalid(
+                "BLOOMFILTER_SHARDS",
+                shards,
+                f"Each of its shards would hold {payload * 8:,} bits, more than 2**32 (Redis's"
+                f" 512 MB string limit): use at least {-(-bits // MAX_SHARD_BITS):,} shards"
+                f" for {bits:,} bits.",
+            )
+        block = allocation(payload + STRING_OVERHEAD)
+        shard_bits = min((block - STRING_OVERHEAD) * 8, MAX_SHARD_BITS)
+        return FilterSpec(shards=shards, shard_bits=shard_bits, hash_count=hash_count)
+
+    max_payload = 2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit) // 8
+    limit = allocation(min(max_payload, need) + STRING_OVERHEAD)
+    if limit - STRING_OVERHEAD > max_payload:  # the block above would exceed the maximum
+        limit = max(c for c in allocation_classes(limit - 1) if c - STRING_OVERHEAD <= max_payload)
+    best: tuple[int, int] | None = None  # (total bytes, block size)
+    for block in allocation_classes(limit):
+        if block <= STRING_OVERHEAD:
+            break
+        payload = block - STRING_OVERHEAD
+        total = -(-need // payload) * block
+        if best is None or total < best[0]:
+            best = (total, block)
+        if total <= need * (1 + ALLOCATION_SLACK):
+            best = (total, block)
+            break
+    assert best is not None
+    total, block = best
+    payload_bits = min((block - STRING_OVERHEAD) * 8, MAX_SHARD_BITS)
+    return FilterSpec(
+        shards=-(-bits // payload_bits), shard_bits=payload_bits, hash_count=hash_count
+    )
 
 
 def _size(nbytes: int) -> str:

@@ -39,3 +39,31 @@ def shard_key(key: str, shard: int, generation: int = 0) -> str:
 def shard_keys(key: str, shards: int, generation: int = 0) -> list[str]:
     """Return the keys of all shards of one generation, in shard order."""
     return [shard_key(key, shard, generation) for shard in range(shards)]
+
+
+#: Bytes a Redis string needs beyond its payload: the sds header (at most 9 bytes
+#: below 4 GiB) and a NUL, rounded up.
+STRING_OVERHEAD = 16
+
+
+def allocation(size: int) -> int:
+    """Return the bytes jemalloc (Redis's allocator) reserves for a ``size``-byte block.
+
+    jemalloc rounds a request up to a size class: 16-byte steps up to 128 bytes, then
+    four classes per doubling (160, 192, 224, 256, 320, ...). A string one byte past a
+    class costs the next one: an 8 MiB bitmap plus its header takes a 10 MiB block.
+    """
+    if size <= 128:
+        return max(16, -(-size // 16) * 16)
+    step = 1 << ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
+def allocation_classes(limit: int) -> list[int]:
+    """Return jemalloc's size classes from ``limit / 64`` up to ``limit``, largest first."""
+    classes = list(range(16, 129, 16))
+    group = 128
+    while group < limit:
+        classes += [group + group // 4 * j for j in range(1, 5)]
+        group *= 2
+    return [size for size in reversed(classes) if limit // 64 <= size <= limit]

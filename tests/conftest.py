@@ -11,7 +11,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from redis_server import RedisServer  # noqa: E402
+from redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -30,5 +30,5 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def redis_url(redis_server: RedisServer, redis_client: redis.Redis) -> str:
-    """The URL of the session's server, emptied for this test."""
+    """Return the URL of the session's server, emptied for this test."""
     return redis_server.url

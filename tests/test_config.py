@@ -1,0 +1,193 @@
+"""Settings to config: derivations, defaults and one clear ValueError per bad value."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_redis_bloom.config import (
+    ALLOCATION_SLACK,
+    DEFAULT_KEY,
+    BloomConfig,
+    false_positive_rate,
+    optimal_bits,
+    optimal_hash_count,
+)
+from scrapy_redis_bloom.hashing import FilterSpec
+from scrapy_redis_bloom.layout import STRING_OVERHEAD, allocation
+
+
+def reserved(spec: FilterSpec) -> int:
+    """Bytes jemalloc reserves for all shards' strings."""
+    return spec.shards * allocation(spec.shard_bytes + STRING_OVERHEAD)
+
+
+def assert_snug(spec: FilterSpec, bits: int) -> None:
+    """At least ``bits`` bits, each shard filling its block, all within the slack."""
+    assert spec.bits >= bits
+    assert spec.shard_bits <= 2**32
+    assert allocation(spec.shard_bytes + STRING_OVERHEAD) - spec.shard_bytes <= STRING_OVERHEAD
+    assert reserved(spec) <= bits / 8 * (1 + ALLOCATION_SLACK)
+
+
+def test_defaults_match_scrapy_redis_bloomfilter() -> None:
+    config = BloomConfig.from_settings({})
+    assert config.spec.hash_count == 6
+    assert_snug(config.spec, 2**30)
+    # 16 shards of 8 MiB would each take a 10 MiB block: 26 of 5 MiB reserve 130 MiB.
+    assert (config.spec.shards, config.spec.shard_bytes) == (26, 5 * 2**20 - STRING_OVERHEAD)
+    assert config.capacity == math.floor(config.spec.bits * math.log(2) / 6)
+    assert config.key == DEFAULT_KEY == "%(spider)s:bloomfilter"
+    assert config.fingerprinter == "scrapy-redis"
+
+
+def test_bit_and_hash_number_accept_strings_from_the_command_line() -> None:
+    config = BloomConfig.from_settings(
+        Settings({"BLOOMFILTER_BIT": "20", "BLOOMFILTER_HASH_NUMBER": "7"})
+    )
+    assert config.spec.hash_count == 7
+    assert_snug(config.spec, 2**20)
+
+
+def test_capacity_and_error_rate_give_the_optimal_m_and_k() -> None:
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 0.001}
+    )
+    m = math.ceil(-1_000_000 * math.log(0.001) / math.log(2) ** 2)
+    assert m == optimal_bits(1_000_000, 0.001) == 14_377_588
+    assert_snug(config.spec, m)
+    assert config.spec.hash_count == round(m / 1_000_000 * math.log(2)) == 10
+    assert config.expected_error_rate == pytest.approx(0.001, rel=0.05)
+
+
+def test_capacity_alone_uses_the_default_error_rate() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": "1e6"})
+    assert_snug(config.spec, optimal_bits(1_000_000, 0.001))
+
+
+def test_capacity_may_accompany_bit_sizing_to_report_the_expected_rate() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_CAPACITY": 10**8})
+    assert config.capacity == 10**8
+    expected = false_positive_rate(config.spec.bits, 6, 10**8)
+    assert config.expected_error_rate == pytest.approx(expected)
+    assert expected < false_positive_rate(2**30, 6, 10**8)  # the block's spare bits help
+
+
+def test_bit_40_exceeds_one_redis_string() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 40})
+    assert_snug(config.spec, 2**40)
+    assert config.spec.shard_bits <= 2**26
+    assert config.spec.shards > 2**14
+
+
+def test_shard_bit_sets_the_largest_shard() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARD_BIT": 32})
+    assert_snug(config.spec, 2**40)
+    assert 2**26 < config.spec.shard_bits <= 2**32
+
+
+def test_shard_count_splits_bits_into_equal_shards() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_SHARDS": 3})
+    assert config.spec.shards == 3
+    assert config.spec.shard_bits >= math.ceil(2**30 / 3)
+    # The shards fill the 48 MiB blocks Redis reserves for them.
+    assert allocation(config.spec.shard_bytes + STRING_OVERHEAD) == 48 * 2**20
+    assert config.spec.shard_bytes == 48 * 2**20 - STRING_OVERHEAD
+
+
+def test_capacity_sizing_rounds_up_to_whole_shards_only() -> None:
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4}
+    )
+    wanted = optimal_bits(10**9, 1e-4)
+    assert_snug(config.spec, wanted)
+    assert config.spec.shard_bits <= 2**26
+    assert optimal_hash_count(wanted, 10**9) == config.spec.hash_count == 13
+
+
+def test_key_for_fills_in_the_spider() -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_KEY": "bf:%(spider)s:v2"})
+    assert config.key_for("books") == "bf:books:v2"
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_KEY setting \('bf:%\(spider\)s:v2'\)"):
+        config.key_for(None)
+
+
+def test_describe_names_m_k_shards_and_rate() -> None:
+    text = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30}).describe()
+    assert "m=1,090,515,712 bits (130.0 MiB)" in text
+    assert "26 shard(s) of 41,942,912 bits" in text
+    assert "k=6" in text
+    assert "expected false-positive rate at capacity 0.0156" in text
+
+
+@pytest.mark.parametrize(
+    ("size", "block"),
+    [
+        (1, 16),
+        (17, 32),
+        (128, 128),
+        (129, 160),
+        (8 * 2**20, 8 * 2**20),
+        (8 * 2**20 + 10, 10 * 2**20),
+    ],
+)
+def test_allocation_follows_jemalloc_size_classes(size: int, block: int) -> None:
+    assert allocation(size) == block
+
+
+BAD_VALUES: list[tuple[dict[str, Any], str]] = [
+    ({"BLOOMFILTER_BIT": "abc"}, r"BLOOMFILTER_BIT setting \('abc'\) is invalid\. It must be an integer from 1 to 48"),
+    ({"BLOOMFILTER_BIT": 0}, r"BLOOMFILTER_BIT setting \(0\) is invalid"),
+    ({"BLOOMFILTER_BIT": 49}, r"BLOOMFILTER_BIT setting \(49\) is invalid\. It must be an integer from 1 to 48"),
+    ({"BLOOMFILTER_BIT": 30.5}, r"BLOOMFILTER_BIT setting \(30\.5\) is invalid"),
+    ({"BLOOMFILTER_BIT": True}, r"BLOOMFILTER_BIT setting \(True\) is invalid"),
+    ({"BLOOMFILTER_BIT": [30]}, r"BLOOMFILTER_BIT setting \(\[30\]\) is invalid"),
+    ({"BLOOMFILTER_HASH_NUMBER": 0}, r"BLOOMFILTER_HASH_NUMBER setting \(0\) is invalid\. It must be an integer from 1 to 64"),
+    ({"BLOOMFILTER_HASH_NUMBER": 65}, r"BLOOMFILTER_HASH_NUMBER setting \(65\) is invalid"),
+    ({"BLOOMFILTER_HASH_NUMBER": "six"}, r"BLOOMFILTER_HASH_NUMBER setting \('six'\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 0}, r"BLOOMFILTER_CAPACITY setting \(0\) is invalid\. It must be a positive integer"),
+    ({"BLOOMFILTER_CAPACITY": -5}, r"BLOOMFILTER_CAPACITY setting \(-5\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": "many"}, r"BLOOMFILTER_CAPACITY setting \('many'\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 1.5}, r"BLOOMFILTER_CAPACITY setting \(1\.5\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 0}, r"BLOOMFILTER_ERROR_RATE setting \(0\) is invalid\. It must be a number strictly between 0 and 1"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1}, r"BLOOMFILTER_ERROR_RATE setting \(1\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": -0.1}, r"BLOOMFILTER_ERROR_RATE setting \(-0\.1\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "nan"}, r"BLOOMFILTER_ERROR_RATE setting \('nan'\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "1%"}, r"BLOOMFILTER_ERROR_RATE setting \('1%'\) is invalid"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 83 hash functions; at most 64"),
+    ({"BLOOMFILTER_CAPACITY": 10**15, "BLOOMFILTER_ERROR_RATE": 1e-9}, r"BLOOMFILTER_CAPACITY setting \(1000000000000000\) is invalid\. At error rate 1e-09 it needs .* more than the 2\*\*48"),
+    ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
+    ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),
+    ({"BLOOMFILTER_ERROR_RATE": 0.01}, r"BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY"),
+    ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 3 to 32: a shard holds at most 2\*\*32 bits"),
+    ({"BLOOMFILTER_SHARD_BIT": 2}, r"BLOOMFILTER_SHARD_BIT setting \(2\) is invalid"),
+    ({"BLOOMFILTER_SHARDS": 0}, r"BLOOMFILTER_SHARDS setting \(0\) is invalid\. It must be a positive integer"),
+    ({"BLOOMFILTER_SHARDS": 4, "BLOOMFILTER_SHARD_BIT": 20}, r"BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict"),
+    ({"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARDS": 128}, r"BLOOMFILTER_SHARDS setting \(128\) is invalid\. Each of its shards would hold 8,589,934,592 bits, more than 2\*\*32 .* use at least 256 shards"),
+    ({"BLOOMFILTER_BIT": 3, "BLOOMFILTER_SHARDS": 9}, r"BLOOMFILTER_SHARDS setting \(9\) is invalid\. The filter has only 8 bits"),
+    ({"BLOOMFILTER_KEY": ""}, r"BLOOMFILTER_KEY setting \(''\) is invalid\. It must be a non-empty string"),
+    ({"BLOOMFILTER_KEY": 5}, r"BLOOMFILTER_KEY setting \(5\) is invalid"),
+    ({"BLOOMFILTER_KEY": "%(name)s:bf"}, r"BLOOMFILTER_KEY setting \('%\(name\)s:bf'\) is invalid\. It may contain the placeholder %\(spider\)s"),
+    ({"BLOOMFILTER_KEY": "bf:50%"}, r"BLOOMFILTER_KEY setting \('bf:50%'\) is invalid"),
+    ({"BLOOMFILTER_FINGERPRINTER": "sha256"}, r"BLOOMFILTER_FINGERPRINTER setting \('sha256'\) is invalid\. It must be 'scrapy-redis'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("settings", "message"), BAD_VALUES)
+def test_bad_setting_raises_value_error_naming_it(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BloomConfig.from_settings(Settings(settings))
+
+
+def test_every_bloomfilter_setting_has_a_bad_value_case() -> None:
+    documented = {
+        "BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER", "BLOOMFILTER_CAPACITY",
+        "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_SHARD_BIT", "BLOOMFILTER_SHARDS",
+        "BLOOMFILTER_KEY", "BLOOMFILTER_FINGERPRINTER",
+    }  # fmt: skip
+    named = {m.group(0) for _, msg in BAD_VALUES for m in re.finditer(r"BLOOMFILTER_[A-Z_]+", msg)}
+    assert documented <= named
