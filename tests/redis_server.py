@@ -47,10 +47,13 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server bound to 127.0.0.1 on a free port, with no persistence."""
 
-    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+    def __init__(
+        self, *extra_args: str, port: int | None = None, password: str | None = None
+    ) -> None:
         self.binary = find_redis_server()
         self.port = port or free_port()
-        self.extra_args = extra_args
+        self.password = password
+        self.extra_args = (*extra_args, "--requirepass", password) if password else extra_args
         self.dir = tempfile.mkdtemp(prefix="srb-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -59,7 +62,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+        return redis.Redis(  # type: ignore[arg-type]
+            host="127.0.0.1", port=self.port, password=self.password, **kwargs
+        )
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         log = Path(self.dir) / "redis.log"

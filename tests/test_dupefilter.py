@@ -1,0 +1,249 @@
+"""The Scrapy glue, built the way both schedulers build it, against a real Redis."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import redis
+from scrapy import Request, Spider, signals
+from scrapy.core.scheduler import Scheduler as ScrapyScheduler
+from scrapy.crawler import Crawler
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+from scrapy_redis.scheduler import Scheduler as RedisScheduler
+
+import scrapy_redis_bloom
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.errors import BloomFilterError, ConfigMismatchError, WrongTypeError
+
+SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+def crawler_for(redis_url: str, **settings: Any) -> Crawler:
+    return get_crawler(
+        BooksSpider,
+        {
+            "REDIS_URL": redis_url,
+            "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.RFPDupeFilter",
+            **SMALL,
+            **settings,
+        },
+    )
+
+
+def redis_scheduler(crawler: Crawler) -> tuple[RedisScheduler, Spider]:
+    spider = BooksSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.open(spider)
+    return scheduler, spider
+
+
+def seed003_requests() -> list[Request]:
+    """Seed 003's test: wd=0..9, then wd=0..99, so 10 of the 110 are duplicates."""
+    base = "https://www.example.com/s?wd="
+    return [Request(base + str(i)) for i in range(10)] + [
+        Request(base + str(i)) for i in range(100)
+    ]
+
+
+def test_exported_at_the_package_root() -> None:
+    assert scrapy_redis_bloom.RFPDupeFilter is RFPDupeFilter
+    assert scrapy_redis_bloom.__version__ == "0.1.0"
+    from scrapy_redis.dupefilter import RFPDupeFilter as Parent
+
+    assert issubclass(RFPDupeFilter, Parent)
+
+
+def test_seed003_under_the_scrapy_redis_scheduler(redis_url: str) -> None:
+    crawler = crawler_for(redis_url)
+    scheduler, _ = redis_scheduler(crawler)
+    assert isinstance(scheduler.df, RFPDupeFilter)
+    enqueued = [scheduler.enqueue_request(r) for r in seed003_requests()]
+    assert enqueued.count(True) == 100
+    assert crawler.stats.get_value("bloomfilter/filtered") == 10
+    assert crawler.stats.get_value("dupefilter/filtered") == 10
+
+
+def test_seed003_under_scrapys_default_scheduler(redis_client: redis.Redis, redis_url: str) -> None:
+    crawler = crawler_for(redis_url, SCHEDULER="scrapy.core.scheduler.Scheduler")
+    spider = BooksSpider.from_crawler(crawler)
+    df = build_from_crawler(ScrapyScheduler, crawler).df
+    assert isinstance(df, RFPDupeFilter)
+    assert df.key == "books:bloomfilter"
+    # What Scrapy's Scheduler.enqueue_request does with its dupefilter.
+    new = 0
+    for request in seed003_requests():
+        if df.request_seen(request):
+            df.log(request, spider)
+        else:
+            new += 1
+    assert new == 100
+    assert crawler.stats.get_value("dupefilter/filtered") == 10
+    assert crawler.stats.get_value("bloomfilter/filtered") == 10
+    df.close("finished")  # Scheduler.close() returns df.close(reason)
+    # The state reaches the stats, and the filter stays in Redis.
+    stats = crawler.stats.get_stats()
+    assert stats["bloomfilter/added"] == 100
+    assert stats["bloomfilter/estimated_items"] == pytest.approx(100, abs=2)
+    assert stats["bloomfilter/capacity"] == 10_000
+    assert 0 < stats["bloomfilter/fill_ratio"] < 0.01
+    assert 0 <= stats["bloomfilter/estimated_fpr"] < 1e-9
+    assert stats["bloomfilter/memory_bytes"] >= df.config.spec.total_bytes
+    assert stats["bloomfilter/bits"] == df.config.spec.bits
+    assert stats["bloomfilter/hash_functions"] == df.config.spec.hash_count
+    assert stats["bloomfilter/shards"] == df.config.spec.shards
+    assert redis_client.exists("books:bloomfilter:meta")
+
+
+def test_default_fingerprint_is_scrapy_redis_s(redis_url: str) -> None:
+    crawler = crawler_for(redis_url)
+    scheduler, _ = redis_scheduler(crawler)
+    request = Request("https://example.com/a?b=1&a=2")
+    assert scheduler.df.request_seen(request) is False
+    from scrapy_redis.dupefilter import RFPDupeFilter as Parent
+
+    parent_fp = Parent.request_fingerprint(None, request)
+    assert scheduler.df.bloom.contains(parent_fp)
+    # Canonicalised like scrapy-redis: query order does not matter.
+    assert scheduler.df.request_seen(Request("https://example.com/a?a=2&b=1")) is True
+
+
+def test_crawler_fingerprinter_on_request(redis_url: str) -> None:
+    crawler = crawler_for(redis_url, BLOOMFILTER_FINGERPRINTER="crawler")
+    scheduler, _ = redis_scheduler(crawler)
+    request = Request("https://example.com/page")
+    scheduler.df.request_seen(request)
+    assert scheduler.df.bloom.contains(crawler.request_fingerprinter.fingerprint(request).hex())
+
+
+def test_first_duplicate_is_logged_then_silence(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, _ = redis_scheduler(crawler_for(redis_url))
+    with caplog.at_level(logging.DEBUG, logger="scrapy_redis_bloom"):
+        for request in seed003_requests():
+            scheduler.enqueue_request(request)
+    filtered = [r for r in caplog.records if "Filtered duplicate request" in r.getMessage()]
+    assert len(filtered) == 1
+    assert "no more duplicates will be shown" in filtered[0].getMessage()
+
+
+def test_dupefilter_debug_logs_every_duplicate(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, _ = redis_scheduler(crawler_for(redis_url, DUPEFILTER_DEBUG=True))
+    with caplog.at_level(logging.DEBUG, logger="scrapy_redis_bloom"):
+        for request in seed003_requests():
+            scheduler.enqueue_request(request)
+    filtered = [r for r in caplog.records if "Filtered duplicate request" in r.getMessage()]
+    assert len(filtered) == 10
+
+
+def test_resolved_config_is_logged_once_without_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from redis_server import RedisServer
+
+    with RedisServer(password="s3cret-pass") as server:
+        url = f"redis://:s3cret-pass@127.0.0.1:{server.port}/0"
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            redis_scheduler(crawler_for(url))
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
+    assert len(lines) == 1
+    assert f"'books:bloomfilter' on 127.0.0.1:{server.port}: m=" in lines[0]
+    assert "k=20" in lines[0]
+    assert "expected false-positive rate at capacity" in lines[0]
+    assert "s3cret" not in caplog.text
+
+
+def test_persist_false_clears_on_close_but_keeps_the_stats(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    crawler = crawler_for(redis_url, SCHEDULER_PERSIST=False)
+    scheduler, spider = redis_scheduler(crawler)
+    for request in seed003_requests():
+        scheduler.enqueue_request(request)
+    scheduler.close("finished")
+    crawler.signals.send_catch_log(signal=signals.spider_closed, spider=spider, reason="finished")
+    assert redis_client.keys("books:bloomfilter*") == []
+    assert crawler.stats.get_value("bloomfilter/estimated_items") == pytest.approx(100, abs=2)
+    assert crawler.stats.get_value("bloomfilter/added") == 100
+
+
+def test_persist_true_keeps_the_filter_for_the_next_run(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    first, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=True))
+    for request in seed003_requests():
+        first.enqueue_request(request)
+    first.close("finished")
+    assert redis_client.exists("books:bloomfilter:meta")
+    redis_client.delete("books:requests")  # as if the first crawl had drained its queue
+    crawler = crawler_for(redis_url, SCHEDULER_PERSIST=True)
+    second, _ = redis_scheduler(crawler)
+    assert not any(second.enqueue_request(r) for r in seed003_requests())
+    assert crawler.stats.get_value("bloomfilter/filtered") == 110
+
+
+def test_flush_on_start_clears_and_the_filter_is_recreated(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    first, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=True))
+    first.enqueue_request(Request("https://example.com/1"))
+    second, _ = redis_scheduler(
+        crawler_for(redis_url, SCHEDULER_PERSIST=True, SCHEDULER_FLUSH_ON_START=True)
+    )
+    assert not redis_client.exists("books:bloomfilter:meta")
+    assert second.enqueue_request(Request("https://example.com/1")) is True  # forgotten
+    assert redis_client.exists("books:bloomfilter:meta")  # the record is back
+
+
+def test_a_worker_with_other_settings_is_refused(redis_url: str) -> None:
+    redis_scheduler(crawler_for(redis_url))
+    with pytest.raises(ConfigMismatchError, match="A filter's layout cannot change"):
+        redis_scheduler(crawler_for(redis_url, BLOOMFILTER_ERROR_RATE=1e-3))
+
+
+def test_scrapy_redis_set_in_the_way_is_a_clear_error(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    redis_client.sadd("books:bloomfilter:meta", "27adcc2e8979cdee0c9cecbbe8bf8ff51edefb61")
+    with pytest.raises(WrongTypeError, match="'books:bloomfilter:meta' holds a set"):
+        redis_scheduler(crawler_for(redis_url))
+
+
+def test_bad_setting_fails_at_startup(redis_url: str) -> None:
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_HASH_NUMBER setting \(0\) is invalid"):
+        redis_scheduler(crawler_for(redis_url, BLOOMFILTER_HASH_NUMBER=0, **{
+            "BLOOMFILTER_CAPACITY": None, "BLOOMFILTER_ERROR_RATE": None}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"DUPEFILTER_DEBUG setting \('maybe'\) is invalid"):
+        redis_scheduler(crawler_for(redis_url, DUPEFILTER_DEBUG="maybe"))
+
+
+def test_unreachable_redis_names_host_and_port_not_password() -> None:
+    from redis_server import free_port
+
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    with pytest.raises(BloomFilterError, match=f"Cannot reach Redis at 127.0.0.1:{port}") as e:
+        RFPDupeFilter.from_crawler(crawler_for(url, REDIS_PARAMS={"socket_connect_timeout": 1}))
+    assert "hunter2" not in str(e.value)
+
+
+def test_from_settings_needs_a_key_without_spider(redis_url: str) -> None:
+    from scrapy.settings import Settings
+
+    with pytest.raises(ValueError, match=r"uses %\(spider\)s, but no spider is known"):
+        RFPDupeFilter.from_settings(Settings({"REDIS_URL": redis_url, **SMALL}))
+    df = RFPDupeFilter.from_settings(
+        Settings({"REDIS_URL": redis_url, "BLOOMFILTER_KEY": "shared:bf", **SMALL})
+    )
+    assert df.request_seen(Request("https://example.com/")) is False
+    assert df.request_seen(Request("https://example.com/")) is True
