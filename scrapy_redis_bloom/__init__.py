@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from .config import BloomConfig
 from .engine import FilterState, RedisBloomFilter
-from .errors import BloomFilterError, ConfigMismatchError, OrphanedShardsError, WrongTypeError
+from .errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    FilterMissingError,
+    OrphanedShardsError,
+    WrongTypeError,
+)
 from .hashing import SCHEME_VERSION, FilterSpec
 
 if TYPE_CHECKING:
@@ -30,6 +36,7 @@ __all__ = [
     "BloomConfig",
     "BloomFilterError",
     "ConfigMismatchError",
+    "FilterMissingError",
     "FilterSpec",
     "FilterState",
     "OrphanedShardsError",

@@ -19,7 +19,13 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import layout, scripts
-from .errors import BloomFilterError, ConfigMismatchError, OrphanedShardsError, WrongTypeError
+from .errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    FilterMissingError,
+    OrphanedShardsError,
+    WrongTypeError,
+)
 from .hashing import SCHEME_VERSION, FilterSpec, locate
 
 logger = logging.getLogger(__name__)
@@ -169,9 +175,11 @@ class RedisBloomFilter:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def open(self) -> FilterRecord:
+    def open(self, create: bool = True) -> FilterRecord:
         """Create the filter's config record, or check this geometry against it.
 
+        With ``create=False`` a missing filter raises :class:`FilterMissingError`
+        instead of being created (for tools that must not create one by accident).
         Raises :class:`WrongTypeError` if a key where the filter lives holds another
         type, :class:`OrphanedShardsError` if bits exist without a record, and
         :class:`ConfigMismatchError` if the record describes another geometry.
@@ -200,12 +208,16 @@ class RedisBloomFilter:
                     f" {self.key!r}) or choose another BLOOMFILTER_KEY."
                 )
         mine = FilterRecord(spec=self.spec, capacity=self.capacity, created=time.time())
-        argv = [item for pair in mine.fields().items() for item in pair]
+        argv = [item for pair in mine.fields().items() for item in pair] if create else []
         try:
             reply = self.client.eval(scripts.CREATE_RECORD, 1, self.meta_key, *argv)
         except ResponseError as exc:
             self._raise_if_wrong_type(exc, self.meta_key)
             raise
+        if not reply:
+            raise FilterMissingError(
+                f"There is no Bloom filter {self.key!r} (no config record {self.meta_key!r})."
+            )
         stored = FilterRecord.parse(
             self.meta_key, {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
         )

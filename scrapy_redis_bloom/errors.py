@@ -23,3 +23,7 @@ class WrongTypeError(BloomFilterError):
 
 class OrphanedShardsError(BloomFilterError):
     """Shard keys exist but the config record that describes their layout does not."""
+
+
+class FilterMissingError(BloomFilterError):
+    """The filter was to be opened without being created, and it does not exist."""

@@ -45,9 +45,10 @@ CONTAINS = "\nlocal key = KEYS[1]" + _OFFSETS_LOOP.replace("{bitcmd}", "GETBIT")
 )
 
 #: Write the config record unless one exists; reply with the record in Redis.
-#: ``KEYS[1]`` the record key; ``ARGV`` field, value pairs.
+#: ``KEYS[1]`` the record key; ``ARGV`` field, value pairs, or none to only read it
+#: (an empty reply then means there is no filter).
 CREATE_RECORD = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if #ARGV > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], unpack(ARGV))
 end
 return redis.call('HGETALL', KEYS[1])

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from scrapy_redis_bloom.config import BloomConfig, false_positive_rate
 from scrapy_redis_bloom.engine import RedisBloomFilter
-from scrapy_redis_bloom.errors import ConfigMismatchError, OrphanedShardsError, WrongTypeError
+from scrapy_redis_bloom.errors import (
+    ConfigMismatchError,
+    FilterMissingError,
+    OrphanedShardsError,
+    WrongTypeError,
+)
 from scrapy_redis_bloom.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.layout import STRING_OVERHEAD, allocation
 
@@ -207,3 +212,11 @@ def test_scripts_survive_a_script_flush(redis_client: redis.Redis) -> None:
     assert bf.add_many(["a" * 40, "b" * 40]) == [True, False]
     redis_client.script_flush()
     assert bf.contains_many(["b" * 40, "c" * 40]) == [True, False]
+
+
+def test_open_without_create_never_creates(redis_client: redis.Redis) -> None:
+    with pytest.raises(FilterMissingError, match=r"There is no Bloom filter 'bf'"):
+        make(redis_client).open(create=False)
+    assert redis_client.keys("*") == []
+    created = make(redis_client).open()
+    assert make(redis_client).open(create=False) == created

@@ -1,0 +1,8 @@
+"""Run the operations commands: ``python -m scrapy_redis_bloom COMMAND``."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

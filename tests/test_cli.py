@@ -1,0 +1,688 @@
+"""The operations commands, run in-process (and once as a subprocess) on a real Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis_server import RedisServer, free_port
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.cli import main
+from scrapy_redis_bloom.engine import FilterRecord
+
+KEY = "myspider:bloomfilter"
+#: A small filter over several shards, so that sharding is exercised.
+SETTINGS = {
+    "BLOOMFILTER_CAPACITY": 20_000,
+    "BLOOMFILTER_ERROR_RATE": 0.0001,
+    "BLOOMFILTER_SHARD_BIT": 16,
+}
+
+
+def fingerprints(n: int, salt: str = "") -> list[str]:
+    return [hashlib.sha1(f"{salt}{i}".encode()).hexdigest() for i in range(n)]
+
+
+def make_filter(client: redis.Redis, key: str = KEY) -> RedisBloomFilter:
+    config = BloomConfig.from_settings(SETTINGS)
+    bloom = RedisBloomFilter(client, key, config.spec, config.capacity)
+    bloom.open()
+    return bloom
+
+
+def read_record(client: redis.Redis, key: str) -> FilterRecord:
+    raw: Any = client.hgetall(f"{key}:meta")
+    return FilterRecord.parse(key, {k.decode(): v.decode() for k, v in raw.items()})
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code, out, err = run(capsys, *argv, "--json")
+    assert (code, err) == (0, ""), err
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def assert_one_line_error(err: str) -> None:
+    assert err.startswith("scrapy-redis-bloom: error: ")
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def write_lines(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+class _TTY(io.StringIO):
+    """Stdin that answers a prompt, as a user at a terminal would."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+# -- info ------------------------------------------------------------------------
+
+
+def test_info_json_matches_engine_state(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(1000))
+    state = bloom.state()
+    record = read_record(redis_client, KEY)
+
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+
+    spec = bloom.spec
+    assert data["key"] == KEY
+    assert data["server"] == redis_url.split("//")[1].split("/")[0]
+    assert (data["bits"], data["shards"], data["shard_bits"], data["hash_count"]) == (
+        spec.bits,
+        spec.shards,
+        spec.shard_bits,
+        spec.hash_count,
+    )
+    assert spec.shards > 1
+    assert data["capacity"] == 20_000
+    assert data["bits_set"] == state.bits_set
+    assert data["bits_set_per_shard"] == list(state.bits_set_per_shard)
+    assert data["fill_ratio"] == pytest.approx(state.fill_ratio)
+    assert data["estimated_items"] == state.estimated_items
+    assert data["estimated_items"] == pytest.approx(1000, rel=0.05)
+    assert data["estimated_fpr"] == pytest.approx(state.estimated_fpr)
+    assert data["memory_bytes"] == state.memory_bytes > spec.total_bytes // 2
+    assert data["expected_fpr_at_capacity"] == pytest.approx(1e-4, rel=0.2)
+    assert data["created_timestamp"] == record.created
+    created = datetime.fromisoformat(data["created"])
+    assert created.utcoffset() == timezone.utc.utcoffset(None)
+    assert created.timestamp() == pytest.approx(record.created)
+
+
+def test_info_human_table(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(1000))
+    state = bloom.state()
+
+    code, out, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+
+    assert (code, err) == (0, "")
+    rows = dict(line.split("  ", 1) for line in out.splitlines())
+    rows = {label.strip(): value.strip() for label, value in rows.items()}
+    assert rows["Bloom filter"] == KEY
+    assert rows["Bits set"] == f"{state.bits_set:,}"
+    assert rows["Estimated items"] == f"{state.estimated_items:,}"
+    assert rows["Hash functions (k)"] == str(bloom.spec.hash_count)
+    assert rows["Created"].endswith(" UTC")
+    assert rows["Bits (m)"].startswith(f"{bloom.spec.bits:,} (")
+
+
+def test_info_of_an_empty_filter(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    make_filter(redis_client)
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert (data["bits_set"], data["estimated_items"], data["memory_bytes"]) == (0, 0, 0)
+    assert data["estimated_fpr"] == 0.0
+
+
+def test_info_missing_filter(capsys: pytest.CaptureFixture[str], redis_url: str) -> None:
+    code, out, err = run(capsys, "info", "--redis-url", redis_url, "--key", "nospider:bf")
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "No Bloom filter 'nospider:bf'" in err
+    assert "'nospider:bf:meta' does not exist" in err
+
+
+def test_info_hints_at_a_key_given_with_meta(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    make_filter(redis_client)
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", f"{KEY}:meta")
+    assert code == 1
+    assert f"--key '{KEY}'" in err
+
+
+def test_info_refuses_a_record_of_the_wrong_type(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    redis_client.set(f"{KEY}:meta", "not a hash")
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert_one_line_error(err)
+    assert f"'{KEY}:meta'" in err
+    assert "holds a string" in err
+
+
+def test_info_names_a_shard_of_the_wrong_type(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    redis_client.rpush(bloom.shard_keys[1], "x")
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert_one_line_error(err)
+    assert f"'{bloom.shard_keys[1]}'" in err
+    assert "holds a list" in err
+
+
+def test_info_as_a_subprocess(redis_client: redis.Redis, redis_url: str) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(500))
+    target = ["--redis-url", redis_url, "--key", KEY]
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy_redis_bloom", "info", "--json", *target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    data = json.loads(result.stdout)
+    assert data["bits_set"] == bloom.state().bits_set
+    assert data["estimated_items"] == pytest.approx(500, rel=0.05)
+
+
+def test_redis_url_defaults_to_the_environment(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    make_filter(redis_client)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    data = run_json(capsys, "info", "--key", KEY)
+    assert data["key"] == KEY
+
+
+# -- reset -----------------------------------------------------------------------
+
+
+def test_reset_with_yes_deletes_record_and_shards(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(1000))
+    redis_client.set("unrelated", "kept")
+    assert redis_client.exists(bloom.meta_key, *bloom.shard_keys) == 1 + bloom.spec.shards
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+
+    assert (code, err) == (0, "")
+    assert f"Deleted the Bloom filter '{KEY}'" in out
+    assert f"{bloom.spec.shards} shard key(s)" in out
+    assert redis_client.keys("*") == [b"unrelated"]
+
+
+def test_reset_json(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(10))
+    written = redis_client.exists(*bloom.shard_keys)
+    data = run_json(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "-y")
+    assert data == {
+        "key": KEY,
+        "server": data["server"],
+        "deleted": True,
+        "record": True,
+        "shard_keys": written,
+    }
+    assert not bloom.exists()
+
+
+def test_reset_refuses_without_yes_when_stdin_is_not_a_tty(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(100))
+    before = sorted(redis_client.keys("*"))
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY)
+
+    assert (code, out) == (2, "")
+    assert_one_line_error(err)
+    assert "--yes" in err
+    assert sorted(redis_client.keys("*")) == before
+
+
+@pytest.mark.parametrize(("answer", "deleted"), [("y\n", True), ("yes\n", True), ("\n", False)])
+def test_reset_asks_on_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+    answer: str,
+    deleted: bool,
+) -> None:
+    make_filter(redis_client).add_many(fingerprints(10))
+    monkeypatch.setattr(sys, "stdin", _TTY(answer))
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY)
+
+    assert f"Delete the Bloom filter '{KEY}'" in err
+    assert "[y/N]" in err
+    if deleted:
+        assert code == 0
+        assert "Deleted" in out
+        assert redis_client.keys("*") == []
+    else:
+        assert (code, out) == (1, "")
+        assert "nothing was deleted" in err
+        assert redis_client.exists(f"{KEY}:meta")
+
+
+def test_reset_of_a_missing_filter_is_not_an_error(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    redis_client.set("other", "x")
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert (code, err) == (0, "")
+    assert "nothing to delete" in out
+    assert redis_client.exists("other")
+
+
+def test_reset_deletes_orphaned_shards(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(1000))
+    redis_client.delete(bloom.meta_key)
+    # Keys that only look alike stay.
+    redis_client.set(f"{KEY}:g0:x", "kept")
+    redis_client.set(f"{KEY}x:g0:0", "kept")
+
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert "orphaned" in err
+    assert "reset" in err
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert (code, err) == (0, "")
+    assert f"{bloom.spec.shards} orphaned shard key(s)" in out
+    assert sorted(redis_client.keys("*")) == [f"{KEY}:g0:x".encode(), f"{KEY}x:g0:0".encode()]
+
+
+def test_reset_refuses_a_record_of_the_wrong_type(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    redis_client.rpush(f"{KEY}:meta", "someone else's list")
+    code, _, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert code == 1
+    assert_one_line_error(err)
+    assert redis_client.exists(f"{KEY}:meta")
+
+
+# -- add and check ---------------------------------------------------------------
+
+
+def test_add_and_check_from_files(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    bloom = make_filter(redis_client)
+    known = fingerprints(300)
+    # Blank lines and surrounding spaces are ignored; hex case does not matter.
+    lines = [fp.upper() if i % 2 else f"  {fp} " for i, fp in enumerate(known)]
+    first = write_lines(tmp_path / "a.txt", [*lines[:200], ""])
+    second = write_lines(tmp_path / "b.txt", lines[200:])
+    target = ["--redis-url", redis_url, "--key", KEY]
+
+    data = run_json(capsys, "add", *target, first, second)
+    assert data["fingerprints"] == 300
+    assert (data["new"], data["already_present"], data["created_filter"]) == (300, 0, False)
+    assert all(bloom.contains_many(known))
+
+    code, out, err = run(capsys, "add", *target, first)
+    assert (code, err) == (0, "")
+    assert "200 fingerprint(s)" in out
+    assert "0 new, 200 already present" in out
+
+    unknown = fingerprints(200, salt="unknown")
+    mixed = write_lines(tmp_path / "c.txt", known[:100] + unknown)
+    expected_absent = bloom.contains_many(unknown).count(False)
+    assert expected_absent >= 199
+    data = run_json(capsys, "check", *target, mixed)
+    assert data["fingerprints"] == 300
+    assert data["absent"] == expected_absent
+    assert data["present"] == 300 - expected_absent
+
+    code, out, _ = run(capsys, "check", *target, mixed)
+    assert code == 0
+    assert f"{300 - expected_absent} present, {expected_absent} absent" in out
+    assert bloom.contains_many(unknown).count(False) == expected_absent  # check added nothing
+
+
+def test_add_reads_stdin(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    bloom = make_filter(redis_client)
+    known = fingerprints(50)
+    stdin = io.TextIOWrapper(io.BytesIO("\n".join(known).encode()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    data = run_json(capsys, "add", "--redis-url", redis_url, "--key", KEY, "-")
+    assert (data["fingerprints"], data["new"]) == (50, 50)
+    assert all(bloom.contains_many(known))
+
+
+def test_add_stops_at_a_bad_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    bloom = make_filter(redis_client)
+    known = fingerprints(3)
+    path = write_lines(tmp_path / "fps.txt", [known[0], known[1], "https://example.com/", known[2]])
+
+    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY, path)
+
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert f"{path}:3: not a request fingerprint" in err
+    assert "the 2 fingerprint(s) before it were added" in err
+    assert bloom.contains_many(known) == [True, True, False]
+
+
+def test_add_unreadable_file(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    make_filter(redis_client)
+    missing = str(tmp_path / "missing.txt")
+    code, _, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY, missing)
+    assert code == 1
+    assert_one_line_error(err)
+    assert missing in err
+
+
+def test_add_and_check_need_an_existing_filter(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    path = write_lines(tmp_path / "fps.txt", fingerprints(5))
+    errors = {}
+    for command in ("add", "check"):
+        code, out, err = run(capsys, command, "--redis-url", redis_url, "--key", KEY, path)
+        assert (code, out) == (1, "")
+        assert_one_line_error(err)
+        assert f"No Bloom filter '{KEY}'" in err
+        errors[command] = err
+    assert "--capacity" in errors["add"]  # how to create it here
+    assert redis_client.keys("*") == []  # neither created a record
+
+
+def test_add_creates_a_filter_from_sizing_options(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    path = write_lines(tmp_path / "fps.txt", fingerprints(100))
+    sizing = ["--capacity", "20000", "--error-rate", "0.0001", "--shard-bit", "16"]
+    target = ["--redis-url", redis_url, "--key", KEY]
+
+    code, out, err = run(capsys, "add", *target, *sizing, path)
+    assert (code, err) == (0, "")
+    assert f"Created the Bloom filter '{KEY}'" in out
+    assert "100 new" in out
+    # The geometry is the one a crawl with the same BLOOMFILTER_* settings expects.
+    assert make_filter(redis_client).contains_many(fingerprints(100)) == [True] * 100
+
+    data = run_json(capsys, "add", *target, *sizing, path)
+    assert (data["created_filter"], data["already_present"]) == (False, 100)
+
+    code, out, err = run(capsys, "add", *target, "--bit", "20", path)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "do not match the existing filter" in err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--capacity", "0"], "--capacity option (0) is invalid"),
+        (["--bit", "99"], "--bit option (99) is invalid"),
+        (["--error-rate", "0.01"], "--error-rate option needs --capacity"),
+        (["--capacity", "10", "--error-rate", "0.1", "--bit", "8"], "--bit contradict"),
+        (["--capacity", "ten"], "invalid int value: 'ten'"),
+    ],
+)
+def test_invalid_sizing_options_are_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+    redis_client: redis.Redis,
+    redis_url: str,
+    options: list[str],
+    message: str,
+) -> None:
+    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY, *options)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err)
+    assert message in err
+    assert redis_client.keys("*") == []
+
+
+# -- migrate-set -----------------------------------------------------------------
+
+
+def test_migrate_set_into_a_new_filter(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    known = fingerprints(2000)
+    redis_client.sadd("myspider:dupefilter", *known)
+    argv = ["migrate-set", "--redis-url", redis_url, "--key", KEY]
+    argv += ["--set-key", "myspider:dupefilter", "--capacity", "20000", "--shard-bit", "16"]
+
+    data = run_json(capsys, *argv)
+
+    assert data["created_filter"] is True
+    assert (data["fingerprints"], data["new"], data["skipped"]) == (2000, 2000, 0)
+    record = read_record(redis_client, KEY)
+    bloom = RedisBloomFilter(redis_client, KEY, record.spec, record.capacity)
+    assert bloom.contains_many(known) == [True] * 2000
+    assert redis_client.scard("myspider:dupefilter") == 2000  # the set is left in place
+
+
+def test_migrate_set_into_a_crawl_filter(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    known = fingerprints(2000)
+    bloom.add_many(known[:500])
+    redis_client.sadd("myspider:dupefilter", *known, "not-a-fingerprint")
+
+    code, out, err = run(
+        capsys,
+        "migrate-set",
+        "--redis-url",
+        redis_url,
+        "--key",
+        KEY,
+        "--set-key",
+        "myspider:dupefilter",
+    )
+
+    assert (code, err) == (0, "")
+    assert "Migrated 2,000 fingerprint(s)" in out
+    assert "500 already present" in out
+    assert "Skipped 1 member(s)" in out
+    assert bloom.contains_many(known) == [True] * 2000
+
+
+@pytest.mark.parametrize(("setup", "message"), [(None, "does not exist"), ("hash", "holds a hash")])
+def test_migrate_set_refuses_a_missing_or_wrong_source(
+    capsys: pytest.CaptureFixture[str],
+    redis_client: redis.Redis,
+    redis_url: str,
+    setup: str | None,
+    message: str,
+) -> None:
+    make_filter(redis_client)
+    if setup == "hash":
+        redis_client.hset("myspider:dupefilter", "a", "b")
+    code, out, err = run(
+        capsys, "migrate-set", "--redis-url", redis_url, "--key", KEY, "--set-key",
+        "myspider:dupefilter",
+    )  # fmt: skip
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert message in err
+
+
+def test_migrate_set_needs_a_filter_or_sizing(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    redis_client.sadd("myspider:dupefilter", *fingerprints(10))
+    code, _, err = run(
+        capsys, "migrate-set", "--redis-url", redis_url, "--key", KEY, "--set-key",
+        "myspider:dupefilter",
+    )  # fmt: skip
+    assert code == 1
+    assert_one_line_error(err)
+    assert "--capacity" in err
+    assert not redis_client.exists(f"{KEY}:meta")
+
+
+# -- connection, credentials and usage -------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["info", "reset", "check", "migrate-set"])
+def test_unreachable_redis(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    port = free_port()
+    argv = [command, "--redis-url", f"redis://127.0.0.1:{port}/0", "--key", KEY]
+    argv += {"reset": ["--yes"], "migrate-set": ["--set-key", "s"], "check": ["/dev/null"]}.get(
+        command, []
+    )
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert f"cannot connect to Redis at 127.0.0.1:{port}" in err
+
+
+@pytest.fixture
+def acl_user(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
+    """Create a Redis user with a password, so that the URL carries credentials."""
+    name, password = "cli-operator", "s3cr3t-Pa55word"
+    redis_client.acl_setuser(
+        name, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+    )
+    yield name, password
+    redis_client.acl_deluser(name)
+
+
+def test_password_is_never_echoed(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    acl_user: tuple[str, str],
+) -> None:
+    name, password = acl_user
+    make_filter(redis_client).add_many(fingerprints(10))
+    good = f"redis://{name}:{password}@127.0.0.1:{redis_server.port}/0"
+    wrong = f"redis://{name}:{password}-typo@127.0.0.1:{redis_server.port}/0"
+    nowhere = f"redis://{name}:{password}@127.0.0.1:{free_port()}/0"
+
+    code, out, err = run(capsys, "info", "--redis-url", good, "--key", KEY)
+    assert (code, err) == (0, "")
+    assert f"127.0.0.1:{redis_server.port}" in out
+    data = run_json(capsys, "info", "--redis-url", good, "--key", KEY)
+    assert data["server"] == f"127.0.0.1:{redis_server.port}"
+    outputs = [out, json.dumps(data)]
+
+    for url in (wrong, nowhere):
+        code, out, err = run(capsys, "info", "--redis-url", url, "--key", KEY)
+        assert code == 1
+        assert_one_line_error(err)
+        outputs += [out, err]
+    monkeypatch.setenv("REDIS_URL", nowhere)
+    code, out, err = run(capsys, "reset", "--key", KEY, "--yes")
+    assert code == 1
+    outputs += [out, err]
+    # A mistyped argument that embeds the URL is reported without its password.
+    code, out, err = run(capsys, "info", "--key", KEY, good)
+    assert code == 2
+    assert "***" in err
+    outputs += [out, err]
+
+    for text in outputs:
+        assert password not in text
+
+
+def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "info", "--redis-url", "http://:pw1234@host/", "--key", KEY)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err)
+    assert "--redis-url" in err
+    assert "pw1234" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "required"),
+        (["info"], "--key"),
+        (["frobnicate"], "invalid choice"),
+        (["info", "--key", "%(spider)s:bloomfilter"], "myspider:bloomfilter"),
+        (["info", "--key", KEY, "--timeout", "0"], "--timeout"),
+        (["migrate-set", "--key", KEY], "--set-key"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err)
+    assert message in err
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for command in ("info", "reset", "add", "check", "migrate-set"):
+        assert command in out
+    code, out, _ = run(capsys, "--version")
+    assert code == 0
+    assert out.startswith("scrapy-redis-bloom ")
+
+
+def test_add_without_files_refuses_a_terminal_stdin(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    make_filter(redis_client)
+    monkeypatch.setattr(sys, "stdin", _TTY(""))
+    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err)
+    assert "stdin is a terminal" in err
