@@ -105,6 +105,7 @@ class FilterRecord:
         return (
             f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
             f" k={spec.hash_count}, hash scheme {self.scheme}, layout {self.layout}"
+            f" (sized for {self.capacity:,} items)"
         )
 
 
@@ -184,7 +185,9 @@ class RedisBloomFilter:
         type, :class:`OrphanedShardsError` if bits exist without a record, and
         :class:`ConfigMismatchError` if the record describes another geometry.
         """
-        types = self._types([self.meta_key, *self.shard_keys])
+        # Shards are read before the record: a record is written before any bit and
+        # deleted after them, so a concurrent create or clear cannot look orphaned.
+        types = self._types([*self.shard_keys, self.meta_key])
         expected = {self.meta_key: ("hash", "config record")}
         wrong = [
             (key, kind, *expected.get(key, ("string", "bitmap shard")))
@@ -207,6 +210,12 @@ class RedisBloomFilter:
                     " is unknown. Reset the filter (scrapy-redis-bloom reset --key"
                     f" {self.key!r}) or choose another BLOOMFILTER_KEY."
                 )
+        stored = self._ensure_record(create)
+        self._opened = True
+        return stored
+
+    def _ensure_record(self, create: bool = True) -> FilterRecord:
+        """Write the config record unless it exists; check this geometry against it."""
         mine = FilterRecord(spec=self.spec, capacity=self.capacity, created=time.time())
         argv = [item for pair in mine.fields().items() for item in pair] if create else []
         try:
@@ -231,7 +240,6 @@ class RedisBloomFilter:
                 " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
                 f" {self.key!r}), which forgets every URL it has seen."
             )
-        self._opened = True
         return stored
 
     def exists(self) -> bool:
@@ -239,8 +247,12 @@ class RedisBloomFilter:
         return bool(self.client.exists(self.meta_key))
 
     def clear(self) -> None:
-        """Delete the record and every shard (UNLINK: freed off Redis's main thread)."""
-        for _ in self._pipelined(("unlink", key) for key in [self.meta_key, *self.shard_keys]):
+        """Delete every shard, then the record (UNLINK: freed off Redis's main thread).
+
+        Another worker still adding meanwhile re-creates the shards it touches and,
+        seeing it allocated one, the record: the filter stays consistent.
+        """
+        for _ in self._pipelined(("unlink", key) for key in [*self.shard_keys, self.meta_key]):
             pass
         self._opened = False
 
@@ -279,6 +291,8 @@ class RedisBloomFilter:
         except ResponseError as exc:
             self._raise_if_wrong_type(exc, key)
             raise
+        if reply[1]:  # this call allocated the shard: the filter may have been cleared
+            self._ensure_record()
         return bool(reply[0] == 1)
 
     def contains(self, element: str | bytes) -> bool:
@@ -329,9 +343,11 @@ class RedisBloomFilter:
             for shard, (_, args) in groups.items()
         ]
         replies = self._run_scripts(script, calls)
+        if any(reply[-1] for reply in replies):  # a shard was allocated: see check_and_add
+            self._ensure_record()
         out = [False] * len(elements)
-        for (positions, _), flags in zip(groups.values(), replies, strict=True):
-            for position, flag in zip(positions, flags, strict=True):
+        for (positions, _), reply in zip(groups.values(), replies, strict=True):
+            for position, flag in zip(positions, reply[:-1], strict=True):
                 out[position] = flag == 1
         return out
 

@@ -220,3 +220,19 @@ def test_open_without_create_never_creates(redis_client: redis.Redis) -> None:
     assert redis_client.keys("*") == []
     created = make(redis_client).open()
     assert make(redis_client).open(create=False) == created
+
+
+def test_a_clear_while_another_worker_adds_leaves_a_usable_filter(
+    redis_client: redis.Redis,
+) -> None:
+    # Worker A clears (scrapy-redis with SCHEDULER_PERSIST=False) while B still adds.
+    a, b = make(redis_client), make(redis_client)
+    a.add_many(fingerprints(50))
+    b.open()
+    a.clear()
+    assert b.check_and_add("f" * 40) is False  # re-creates a shard, and the record
+    assert b.add_many(fingerprints(20, "late")) == [False] * 20
+    assert redis_client.exists("bf:meta")
+    # A later worker opens the filter instead of finding orphaned shards.
+    assert make(redis_client).open().spec == SMALL
+    assert make(redis_client).contains("f" * 40)
