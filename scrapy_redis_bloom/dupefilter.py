@@ -89,14 +89,20 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             def fingerprint(request: Request) -> str:
                 return fingerprinter.fingerprint(request).hex()
 
-        instance = cls(
-            get_redis_from_settings(settings),
-            key,
-            debug=_truthy(settings.get("DUPEFILTER_DEBUG", False)),
-            config=config,
-            stats=crawler.stats if crawler is not None else None,
-            fingerprint=fingerprint,
-        )
+        debug = _truthy(settings.get("DUPEFILTER_DEBUG", False))
+        server = get_redis_from_settings(settings)
+        try:
+            instance = cls(
+                server,
+                key,
+                debug=debug,
+                config=config,
+                stats=crawler.stats if crawler is not None else None,
+                fingerprint=fingerprint,
+            )
+        except BaseException:
+            server.close()  # a refused start leaves no connection behind
+            raise
         if crawler is not None:
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
