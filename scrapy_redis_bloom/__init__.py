@@ -16,12 +16,13 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from .config import BloomConfig
-from .engine import FilterState, RedisBloomFilter
+from .engine import FilterState, FilterTotals, RedisBloomFilter, WorkerLease
 from .errors import (
     BloomFilterError,
     ConfigMismatchError,
     FilterMissingError,
     OrphanedShardsError,
+    ServerListMismatchError,
     WrongTypeError,
 )
 from .hashing import SCHEME_VERSION, FilterSpec
@@ -39,9 +40,12 @@ __all__ = [
     "FilterMissingError",
     "FilterSpec",
     "FilterState",
+    "FilterTotals",
     "OrphanedShardsError",
     "RFPDupeFilter",
     "RedisBloomFilter",
+    "ServerListMismatchError",
+    "WorkerLease",
     "WrongTypeError",
     "__version__",
 ]

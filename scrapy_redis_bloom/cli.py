@@ -268,14 +268,19 @@ def _glob_escape(text: str) -> str:
 
 
 def _orphaned_shards(client: redis.Redis, key: str) -> list[bytes]:
-    """Find shard keys of a filter (``KEY:g<n>:<i>``, strings) by SCAN."""
-    name = re.compile(re.escape(key.encode()) + rb":g[0-9]+:[0-9]+")
-    pattern = _glob_escape(key) + ":g*"
-    return [
-        found
-        for found in client.scan_iter(match=pattern, count=SCAN_COUNT, _type="string")
-        if isinstance(found, bytes) and name.fullmatch(found)
-    ]
+    """Find a filter's shard keys (``KEY:g<n>:<i>``) and their counters by SCAN."""
+    shard = re.escape(key.encode()) + rb":g[0-9]+:[0-9]+"
+    found: list[bytes] = []
+    for pattern, kind, name in (
+        (_glob_escape(key) + ":g*", "string", re.compile(shard)),
+        ("{" + _glob_escape(key) + ":g*}:count", "hash", re.compile(rb"\{" + shard + rb"\}:count")),
+    ):
+        found += [
+            hit
+            for hit in client.scan_iter(match=pattern, count=SCAN_COUNT, _type=kind)
+            if isinstance(hit, bytes) and name.fullmatch(hit)
+        ]
+    return found
 
 
 def _wrong_shard(ctx: _Context, bloom: RedisBloomFilter) -> CLIError:
@@ -527,18 +532,19 @@ def cmd_reset(ctx: _Context) -> int:
         message = f"Deleted {what}."
     else:
         orphans = _orphaned_shards(ctx.client, key)
+        shards = sum(1 for name in orphans if not name.endswith(b":count"))
         if not orphans:
             data.update(deleted=False, record=False, shard_keys=0)
             _emit(ctx, data, [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete."])
             return EXIT_OK
         what = (
-            f"{len(orphans):,} orphaned shard key(s) of the Bloom filter {key!r} on"
+            f"{shards:,} orphaned shard key(s) of the Bloom filter {key!r} on"
             f" {ctx.where} (it has no config record)"
         )
         _confirm_or_abort(ctx, what)
         for start in range(0, len(orphans), SCAN_COUNT):
             ctx.client.unlink(*orphans[start : start + SCAN_COUNT])
-        data.update(deleted=True, record=False, shard_keys=len(orphans))
+        data.update(deleted=True, record=False, shard_keys=shards)
         message = f"Deleted {what}."
     _emit(ctx, data, [message])
     return EXIT_OK

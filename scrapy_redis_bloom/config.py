@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .hashing import MAX_SHARD_BITS, FilterSpec
@@ -34,6 +34,8 @@ DEFAULT_ERROR_RATE = 0.001
 #: Shards of 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds, not
 #: the ~300 ms of a 512 MiB string, and a 128 MiB filter spreads over 16 keys.
 DEFAULT_SHARD_BIT = 26
+#: Seconds a worker's lease lasts without renewal (it renews every third of that).
+DEFAULT_WORKER_TTL = 30.0
 
 #: How much more than the bits need that the shards' Redis allocations may reserve.
 ALLOCATION_SLACK = 0.02
@@ -109,6 +111,94 @@ def _float(
     return value
 
 
+_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _url(name: str, value: object, where: object = None) -> str:
+    if not isinstance(value, str) or not value.startswith(_URL_SCHEMES):
+        raise _invalid(
+            name,
+            value if where is None else where,
+            "It must be a Redis URL: redis://[[user]:password@]host[:port][/db],"
+            " rediss://... (TLS) or unix:///path/to/socket.",
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    """Where the filter's bits live, when not on scrapy-redis's own connection.
+
+    ``urls`` is empty to use scrapy-redis's connection (``REDIS_URL``,
+    ``REDIS_PARAMS``); one URL for one server or, with ``cluster``, a Redis Cluster
+    node to start from; several URLs for several standalone servers, shard ``i``
+    living on server ``i mod len(urls)``.
+    """
+
+    urls: tuple[str, ...] = ()
+    cluster: bool = False
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike) -> ConnectionConfig:
+        """Read ``BLOOMFILTER_REDIS_*``. Raises ValueError naming a bad setting."""
+        url = settings.get("BLOOMFILTER_REDIS_URL")
+        urls = settings.get("BLOOMFILTER_REDIS_URLS")
+        if url is not None and urls is not None:
+            raise ValueError(
+                "The settings BLOOMFILTER_REDIS_URL and BLOOMFILTER_REDIS_URLS contradict each"
+                " other: give one server (or cluster node) or a list of servers, not both."
+            )
+        found: tuple[str, ...] = ()
+        if url is not None:
+            found = (_url("BLOOMFILTER_REDIS_URL", url),)
+        elif urls is not None:
+            listed = urls.split(",") if isinstance(urls, str) else urls
+            if not isinstance(listed, (list, tuple)) or not listed:
+                raise _invalid(
+                    "BLOOMFILTER_REDIS_URLS",
+                    urls,
+                    "It must be a non-empty list of Redis URLs (or one comma-separated string).",
+                )
+            found = tuple(
+                _url("BLOOMFILTER_REDIS_URLS", u.strip() if isinstance(u, str) else u, urls)
+                for u in listed
+            )
+            if len(set(found)) != len(found):
+                raise _invalid(
+                    "BLOOMFILTER_REDIS_URLS", urls, "It lists the same server more than once."
+                )
+        cluster = settings.get("BLOOMFILTER_REDIS_CLUSTER", False)
+        if isinstance(cluster, str) and cluster.lower() in ("0", "1", "true", "false"):
+            cluster = cluster.lower() in ("1", "true")
+        if not isinstance(cluster, bool):
+            raise _invalid(
+                "BLOOMFILTER_REDIS_CLUSTER", cluster, "It must be a boolean: True or False."
+            )
+        if cluster and len(found) != 1:
+            raise ValueError(
+                "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
+                " one node of the cluster to start from (the client discovers the others)."
+            )
+        params = settings.get("BLOOMFILTER_REDIS_PARAMS")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+            raise _invalid(
+                "BLOOMFILTER_REDIS_PARAMS",
+                params,
+                "It must be a dict of keyword arguments for the Redis client,"
+                " e.g. {'socket_timeout': 30}.",
+            )
+        if params and not found:
+            raise ValueError(
+                "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or"
+                " BLOOMFILTER_REDIS_URLS; without them the filter uses scrapy-redis's"
+                " connection, set by REDIS_URL and REDIS_PARAMS."
+            )
+        return cls(urls=found, cluster=cluster, params=tuple(sorted(params.items())))
+
+
 @dataclass(frozen=True, slots=True)
 class BloomConfig:
     """The resolved, validated configuration of one filter.
@@ -121,6 +211,8 @@ class BloomConfig:
     spec: FilterSpec
     capacity: int
     fingerprinter: Fingerprinter = "scrapy-redis"
+    connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
+    worker_ttl: float = DEFAULT_WORKER_TTL
 
     @property
     def expected_error_rate(self) -> float:
@@ -238,6 +330,12 @@ class BloomConfig:
         key = DEFAULT_KEY if key is None else key
         if not isinstance(key, str) or not key:
             raise _invalid("BLOOMFILTER_KEY", key, "It must be a non-empty string.")
+        if "{" in key or "}" in key:
+            raise _invalid(
+                "BLOOMFILTER_KEY",
+                key,
+                "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
+            )
         try:
             key % {"spider": "spider"}
         except (KeyError, ValueError, TypeError):
@@ -257,7 +355,20 @@ class BloomConfig:
                 "It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or"
                 " 'crawler' (the crawler's REQUEST_FINGERPRINTER_CLASS).",
             )
-        return cls(key=key, spec=spec, capacity=capacity, fingerprinter=fingerprinter)
+        return cls(
+            key=key,
+            spec=spec,
+            capacity=capacity,
+            fingerprinter=fingerprinter,
+            connection=ConnectionConfig.from_settings(settings),
+            worker_ttl=_float(
+                settings,
+                "BLOOMFILTER_WORKER_TTL",
+                lambda v: v >= 1,
+                "It must be a number of seconds, at least 1.",
+            )
+            or DEFAULT_WORKER_TTL,
+        )
 
 
 def _shard(bits: int, hash_count: int, shards: int | None, shard_bit: int | None) -> FilterSpec:

@@ -7,9 +7,13 @@ Settings become a :class:`~.config.BloomConfig` once, at startup; each
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import socket
+import uuid
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from redis.exceptions import ClusterDownError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import signals
@@ -17,6 +21,7 @@ from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from .config import BloomConfig, SettingsLike
+from .connection import filter_clients, url_address
 from .engine import RedisBloomFilter, server_address
 from .errors import BloomFilterError
 
@@ -51,22 +56,35 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         config: BloomConfig | None = None,
         stats: StatsCollector | None = None,
         fingerprint: Callable[[Request], str] | None = None,
+        servers: Sequence[Any] | None = None,
     ) -> None:
         super().__init__(server, key, debug)
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
-        self.bloom = RedisBloomFilter(server, key, self.config.spec, self.config.capacity)
+        clients = list(servers) if servers else [server]
+        self.bloom = RedisBloomFilter(clients, key, self.config.spec, self.config.capacity)
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
         self._added = 0
-        self._final_state_recorded = False
-        where = server_address(server)
+        self._finished = False
+        where = ", ".join(server_address(client) for client in clients)
+        worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = self.bloom.lease(worker, self.config.worker_ttl)
         try:
             self.bloom.open()
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+            others = self.lease.renew()
+        except (RedisConnectionError, RedisTimeoutError, ClusterDownError) as exc:
             raise BloomFilterError(
-                f"Cannot reach Redis at {where} to open the Bloom filter {key!r}: {exc}"
+                f"Cannot reach Redis at {where} for the Bloom filter {key!r}: {exc}"
             ) from exc
-        logger.info("Bloom filter %r on %s: %s", key, where, self.config.describe())
+        self.lease.start()
+        logger.info(
+            "Bloom filter %r on %s: %s; worker %s joins %d other live worker(s)",
+            key,
+            where,
+            self.config.describe(),
+            worker,
+            others,
+        )
 
     @classmethod
     def _build(
@@ -90,18 +108,26 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 return fingerprinter.fingerprint(request).hex()
 
         debug = _truthy(settings.get("DUPEFILTER_DEBUG", False))
-        server = get_redis_from_settings(settings)
+        try:
+            clients = filter_clients(config.connection, lambda: get_redis_from_settings(settings))
+        except (RedisError, RedisClusterException) as exc:
+            where = ", ".join(url_address(url) for url in config.connection.urls)
+            raise BloomFilterError(
+                f"Cannot connect to the Bloom filter's Redis at {where}: {exc}"
+            ) from exc
         try:
             instance = cls(
-                server,
+                clients[0],
                 key,
                 debug=debug,
                 config=config,
                 stats=crawler.stats if crawler is not None else None,
                 fingerprint=fingerprint,
+                servers=clients,
             )
         except BaseException:
-            server.close()  # a refused start leaves no connection behind
+            for client in clients:  # a refused start leaves no connection behind
+                client.close()
             raise
         if crawler is not None:
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
@@ -144,23 +170,44 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
 
-        The filter's state is first written to the stats, so a crawl that clears its
-        filter on close (``SCHEDULER_PERSIST = False``) still reports it.
+        Only when no other worker holds a live lease on the filter: scrapy-redis calls
+        this when ANY worker closes (``SCHEDULER_PERSIST = False``) or starts
+        (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
+        elsewhere. The filter's state is first written to the stats.
         """
         self._record_state()
+        others = self.lease.others()
+        if others:
+            logger.info(
+                "Not clearing the Bloom filter %r: %d other worker(s) still use it. The last"
+                " worker to close clears it (a crashed worker stops counting %ss after its"
+                " last lease renewal).",
+                self.key,
+                others,
+                f"{self.config.worker_ttl:g}",
+            )
+            return
         self.bloom.clear()
+        logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
 
     def close(self, reason: str = "") -> None:
-        """Report the filter's state. Unlike scrapy-redis, keep the filter in Redis."""
-        self._record_final_state()
+        """Report the filter's state and leave the registry. The filter stays in Redis."""
+        self._finish()
 
     def _on_spider_closed(self, spider: Spider, reason: str) -> None:
-        self._record_final_state()
+        self._finish()
 
-    def _record_final_state(self) -> None:
-        if not self._final_state_recorded:
-            self._final_state_recorded = True
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if self.stats is not None:
+            # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
+            self.stats.inc_value("bloomfilter/added", self._added)
+        try:
             self._record_state()
+        finally:
+            self.lease.release()
 
     def _record_state(self) -> None:
         """Write the filter's configuration and BITCOUNT-derived state to the stats."""
@@ -168,8 +215,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             return
         state = self.bloom.state()
         spec = self.config.spec
+        totals = self.bloom.totals()
         values: dict[str, Any] = {
-            "bloomfilter/added": self._added,
+            "bloomfilter/total_added": totals.added,
+            "bloomfilter/total_filtered": totals.seen,
             "bloomfilter/capacity": self.config.capacity,
             "bloomfilter/bits": spec.bits,
             "bloomfilter/hash_functions": spec.hash_count,

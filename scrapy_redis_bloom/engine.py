@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from . import layout, scripts
 from .errors import (
@@ -24,6 +25,7 @@ from .errors import (
     ConfigMismatchError,
     FilterMissingError,
     OrphanedShardsError,
+    ServerListMismatchError,
     WrongTypeError,
 )
 from .hashing import SCHEME_VERSION, FilterSpec, locate
@@ -58,8 +60,13 @@ class FilterRecord:
     spec: FilterSpec
     capacity: int
     created: float
+    servers: int = 1
     layout: int = layout.LAYOUT_VERSION
     scheme: int = SCHEME_VERSION
+
+    def geometry(self) -> tuple[object, ...]:
+        """Return what every worker of the filter must agree on."""
+        return (self.spec, self.servers, self.scheme, self.layout)
 
     def fields(self) -> dict[str, str]:
         """Return the record as the hash fields written to Redis."""
@@ -72,6 +79,7 @@ class FilterRecord:
             "hash_count": spec.hash_count,
             "bits": spec.bits,
             "capacity": self.capacity,
+            "servers": self.servers,
             "generations": "0",
             "created": repr(self.created),
         }
@@ -89,6 +97,7 @@ class FilterRecord:
                 ),
                 capacity=int(fields["capacity"]),
                 created=float(fields["created"]),
+                servers=int(fields.get("servers", 1)),
                 layout=int(fields["layout"]),
                 scheme=int(fields["scheme"]),
             )
@@ -104,7 +113,8 @@ class FilterRecord:
         spec = self.spec
         return (
             f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
-            f" k={spec.hash_count}, hash scheme {self.scheme}, layout {self.layout}"
+            f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme},"
+            f" layout {self.layout}"
             f" (sized for {self.capacity:,} items)"
         )
 
@@ -148,21 +158,40 @@ class FilterState:
         return sum(rates) / len(rates)
 
 
+@dataclass(frozen=True, slots=True)
+class FilterTotals:
+    """Outcomes of check-and-add over all workers, summed from the shards' counters."""
+
+    added: int
+    seen: int
+
+
 class RedisBloomFilter:
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
+    ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
+    of standalone clients (several servers: shard ``i`` on server ``i mod n``).
     Call :meth:`open` first (the element methods do so on first use): it creates the
     config record or checks this instance's geometry against it, and refuses keys of
-    the wrong type. After :meth:`clear` the next call opens the filter again.
+    the wrong type and a server list that differs from the filter's.
     """
 
     def __init__(self, client: Any, key: str, spec: FilterSpec, capacity: int) -> None:
-        self.client = client
+        self.clients: tuple[Any, ...] = (
+            tuple(client) if isinstance(client, (list, tuple)) else (client,)
+        )
+        if not self.clients:
+            raise ValueError("a filter needs at least one Redis client")
+        self.client = self.clients[0]  # holds the record and the worker registry
         self.key = key
         self.spec = spec
         self.capacity = capacity
         self.meta_key = layout.meta_key(key)
+        self.workers_key = layout.workers_key(key)
         self.shard_keys = layout.shard_keys(key, spec.shards)
+        self.counter_keys = [layout.counter_key(name) for name in self.shard_keys]
+        servers = len(self.clients)
+        self._shard_clients = [self.clients[i % servers] for i in range(spec.shards)]
         self._opened = False
         # Constant arguments of every script call: k and the shard size.
         self._script_args = (spec.hash_count, spec.shard_bits)
@@ -171,7 +200,8 @@ class RedisBloomFilter:
         spec = self.spec
         return (
             f"<RedisBloomFilter key={self.key!r} bits={spec.bits} shards={spec.shards}"
-            f" hash_count={spec.hash_count} capacity={self.capacity}>"
+            f" hash_count={spec.hash_count} capacity={self.capacity}"
+            f" servers={len(self.clients)}>"
         )
 
     # -- lifecycle ---------------------------------------------------------------
@@ -182,12 +212,16 @@ class RedisBloomFilter:
         With ``create=False`` a missing filter raises :class:`FilterMissingError`
         instead of being created (for tools that must not create one by accident).
         Raises :class:`WrongTypeError` if a key where the filter lives holds another
-        type, :class:`OrphanedShardsError` if bits exist without a record, and
-        :class:`ConfigMismatchError` if the record describes another geometry.
+        type, :class:`OrphanedShardsError` if bits exist without a record,
+        :class:`ConfigMismatchError` if the record describes another geometry, and
+        :class:`ServerListMismatchError` if the servers are not the filter's.
         """
+        self._check_servers()
         # Shards are read before the record: a record is written before any bit and
         # deleted after them, so a concurrent create or clear cannot look orphaned.
-        types = self._types([*self.shard_keys, self.meta_key])
+        keys = [*self.shard_keys, self.meta_key]
+        types = dict(zip(keys, self._pipelined(self._calls("type", keys)), strict=True))
+        types = {key: _text(kind) for key, kind in types.items()}
         expected = {self.meta_key: ("hash", "config record")}
         wrong = [
             (key, kind, *expected.get(key, ("string", "bitmap shard")))
@@ -214,9 +248,42 @@ class RedisBloomFilter:
         self._opened = True
         return stored
 
+    def _check_servers(self) -> None:
+        """Refuse servers listed in another order or number than at creation.
+
+        Each server of a multi-server filter holds ``KEY:server`` = ``i/n``, written
+        when the filter is created; a worker that sees another value stops before
+        writing anything, so shards are never re-mapped silently.
+        """
+        if len(self.clients) == 1:
+            return
+        marker = layout.server_key(self.key)
+        count = len(self.clients)
+        for i, client in enumerate(self.clients):
+            found = client.get(marker)
+            if found is not None and _text(found) != f"{i}/{count}":
+                where = server_address(client)
+                raise ServerListMismatchError(
+                    f"Redis at {where} is server {_text(found)} of the Bloom filter"
+                    f" {self.key!r}, but this worker lists it as server {i}/{count}. List the"
+                    " servers in BLOOMFILTER_REDIS_URLS exactly as when the filter was created"
+                    " (same servers, same order), or reset the filter on every server"
+                    f" (scrapy-redis-bloom reset --key {self.key!r}). Shards are never"
+                    " re-mapped to other servers."
+                )
+
+    def _mark_servers(self) -> None:
+        if len(self.clients) > 1:
+            marker = layout.server_key(self.key)
+            for i, client in enumerate(self.clients):
+                client.set(marker, f"{i}/{len(self.clients)}", nx=True)
+            self._check_servers()
+
     def _ensure_record(self, create: bool = True) -> FilterRecord:
         """Write the config record unless it exists; check this geometry against it."""
-        mine = FilterRecord(spec=self.spec, capacity=self.capacity, created=time.time())
+        mine = FilterRecord(
+            spec=self.spec, capacity=self.capacity, created=time.time(), servers=len(self.clients)
+        )
         argv = [item for pair in mine.fields().items() for item in pair] if create else []
         try:
             reply = self.client.eval(scripts.CREATE_RECORD, 1, self.meta_key, *argv)
@@ -230,7 +297,7 @@ class RedisBloomFilter:
         stored = FilterRecord.parse(
             self.meta_key, {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
         )
-        if (stored.spec, stored.scheme, stored.layout) != (mine.spec, mine.scheme, mine.layout):
+        if stored.geometry() != mine.geometry():
             created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stored.created))
             raise ConfigMismatchError(
                 f"The Bloom filter {self.key!r} in Redis was created on {created} with"
@@ -240,6 +307,7 @@ class RedisBloomFilter:
                 " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
                 f" {self.key!r}), which forgets every URL it has seen."
             )
+        self._mark_servers()
         return stored
 
     def exists(self) -> bool:
@@ -247,12 +315,20 @@ class RedisBloomFilter:
         return bool(self.client.exists(self.meta_key))
 
     def clear(self) -> None:
-        """Delete every shard, then the record (UNLINK: freed off Redis's main thread).
+        """Delete every shard and counter, then the record (UNLINK: freed in the background).
 
         Another worker still adding meanwhile re-creates the shards it touches and,
-        seeing it allocated one, the record: the filter stays consistent.
+        seeing it allocated one, the record: the filter stays consistent. The worker
+        registry is kept: leases belong to the workers.
         """
-        for _ in self._pipelined(("unlink", key) for key in [*self.shard_keys, self.meta_key]):
+        calls = [
+            *self._calls("unlink", self.shard_keys),
+            *self._calls("unlink", self.counter_keys),
+            *[(client, "unlink", layout.server_key(self.key)) for client in self.clients[1:]],
+            (self.client, "unlink", layout.server_key(self.key)),
+            (self.client, "unlink", self.meta_key),
+        ]
+        for _ in self._pipelined(calls):
             pass
         self._opened = False
 
@@ -260,15 +336,32 @@ class RedisBloomFilter:
         """Read the bits set per shard and the memory Redis allocates for them."""
         counts: list[int] = []
         memory = 0
-        calls = (
-            call for key in self.shard_keys for call in (("bitcount", key), ("memory_usage", key))
-        )
+        calls = [
+            call
+            for shard, key in enumerate(self.shard_keys)
+            for call in (
+                (self._shard_clients[shard], "bitcount", key),
+                (self._shard_clients[shard], "memory_usage", key),
+            )
+        ]
         for i, reply in enumerate(self._pipelined(calls)):
             if i % 2 == 0:
                 counts.append(int(reply))
             else:
                 memory += int(reply or 0)
         return FilterState(spec=self.spec, bits_set_per_shard=tuple(counts), memory_bytes=memory)
+
+    def totals(self) -> FilterTotals:
+        """Sum the shards' counters: elements added and check-and-adds that found them seen."""
+        added = seen = 0
+        for reply in self._pipelined(self._calls("hmget", self.counter_keys, "added", "seen")):
+            added += int(reply[0] or 0)
+            seen += int(reply[1] or 0)
+        return FilterTotals(added=added, seen=seen)
+
+    def lease(self, worker_id: str, ttl: float) -> WorkerLease:
+        """Return this worker's lease in the filter's registry of live workers."""
+        return WorkerLease(self.client, self.workers_key, worker_id, ttl)
 
     # -- elements ----------------------------------------------------------------
 
@@ -282,14 +375,15 @@ class RedisBloomFilter:
             self.open()
         spec = self.spec
         shard, x, y = locate(element, spec.shards, spec.shard_bits)
-        key = self.shard_keys[shard]
+        client = self._shard_clients[shard]
+        keys = (self.shard_keys[shard], self.counter_keys[shard])
         try:
-            reply = self.client.evalsha(_CHECK_AND_ADD.sha, 1, key, *self._script_args, x, y)
+            reply = client.evalsha(_CHECK_AND_ADD.sha, 2, *keys, *self._script_args, x, y)
         except NoScriptError:
-            self.client.script_load(_CHECK_AND_ADD.source)
-            reply = self.client.evalsha(_CHECK_AND_ADD.sha, 1, key, *self._script_args, x, y)
+            client.script_load(_CHECK_AND_ADD.source)
+            reply = client.evalsha(_CHECK_AND_ADD.sha, 2, *keys, *self._script_args, x, y)
         except ResponseError as exc:
-            self._raise_if_wrong_type(exc, key)
+            self._raise_if_wrong_type(exc, keys[0], client)
             raise
         if reply[1]:  # this call allocated the shard: the filter may have been cleared
             self._ensure_record()
@@ -316,21 +410,19 @@ class RedisBloomFilter:
         """Run a script over elements, grouped per shard, pipelined in batches."""
         if not self._opened:
             self.open()
-        spec = self.spec
         result: list[bool] = []
         chunk: list[str | bytes] = []
         for element in elements:
             chunk.append(element)
             if len(chunk) == BATCH * 10:
-                result.extend(self._bulk_chunk(script, chunk, spec))
+                result.extend(self._bulk_chunk(script, chunk))
                 chunk = []
         if chunk:
-            result.extend(self._bulk_chunk(script, chunk, spec))
+            result.extend(self._bulk_chunk(script, chunk))
         return result
 
-    def _bulk_chunk(
-        self, script: _Script, elements: Sequence[str | bytes], spec: FilterSpec
-    ) -> list[bool]:
+    def _bulk_chunk(self, script: _Script, elements: Sequence[str | bytes]) -> list[bool]:
+        spec = self.spec
         # Per shard: the positions of its elements in the input and their (x, y) pairs.
         groups: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
         for i, element in enumerate(elements):
@@ -338,8 +430,18 @@ class RedisBloomFilter:
             positions, args = groups[shard]
             positions.append(i)
             args += (x, y)
+        with_counter = script is _CHECK_AND_ADD
         calls = [
-            ("evalsha", script.sha, 1, self.shard_keys[shard], *self._script_args, *args)
+            (
+                self._shard_clients[shard],
+                "evalsha",
+                script.sha,
+                2 if with_counter else 1,
+                self.shard_keys[shard],
+                *((self.counter_keys[shard],) if with_counter else ()),
+                *self._script_args,
+                *args,
+            )
             for shard, (_, args) in groups.items()
         ]
         replies = self._run_scripts(script, calls)
@@ -356,48 +458,125 @@ class RedisBloomFilter:
         replies = list(self._pipelined(calls, raise_on_error=False))
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            self.client.script_load(script.source)
+            for client in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+                client.script_load(script.source)
             retried = self._pipelined([calls[i] for i in missing], raise_on_error=False)
             for i, reply in zip(missing, retried, strict=True):
                 replies[i] = reply
         for call, reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 if isinstance(reply, ResponseError):
-                    self._raise_if_wrong_type(reply, call[3])
+                    self._raise_if_wrong_type(reply, call[4], call[0])
                 raise reply
         return replies
+
+    def _calls(self, method: str, keys: Sequence[str], *args: Any) -> list[tuple[Any, ...]]:
+        """Build ``(client, method, key, *args)`` calls, each key on its server."""
+        if len(self.clients) == 1:
+            return [(self.client, method, key, *args) for key in keys]
+        route = {name: self._shard_clients[i] for i, name in enumerate(self.shard_keys)}
+        route.update({layout.counter_key(n): c for n, c in route.items()})
+        return [(route.get(key, self.client), method, key, *args) for key in keys]
 
     def _pipelined(
         self, calls: Iterable[tuple[Any, ...]], raise_on_error: bool = True
     ) -> Iterator[Any]:
-        """Send ``(method, *args)`` calls in non-transactional pipelines of BATCH."""
-        pipe = self.client.pipeline(transaction=False)
-        queued = 0
-        for method, *args in calls:
-            getattr(pipe, method)(*args)
-            queued += 1
-            if queued == BATCH:
-                yield from pipe.execute(raise_on_error=raise_on_error)
-                queued = 0
-        if queued:
-            yield from pipe.execute(raise_on_error=raise_on_error)
+        """Send ``(client, method, *args)`` calls in non-transactional pipelines.
 
-    def _types(self, keys: list[str]) -> dict[str, str]:
-        return {
-            key: _text(kind)
-            for key, kind in zip(keys, self._pipelined(("type", key) for key in keys), strict=True)
-        }
+        Replies come back in the order of the calls, whichever server each went to.
+        """
+        pending: dict[int, tuple[Any, list[int]]] = {}  # per client: pipeline, positions
+        replies: dict[int, Any] = {}
 
-    def _raise_if_wrong_type(self, exc: ResponseError, key: str) -> None:
+        def flush(client_id: int) -> None:
+            pipe, positions = pending.pop(client_id)
+            for at, reply in zip(
+                positions, pipe.execute(raise_on_error=raise_on_error), strict=True
+            ):
+                replies[at] = reply
+
+        next_out = 0
+        for position, (client, method, *args) in enumerate(calls):
+            entry = pending.get(id(client))
+            if entry is None:
+                entry = pending[id(client)] = (client.pipeline(transaction=False), [])
+            getattr(entry[0], method)(*args)
+            entry[1].append(position)
+            if len(entry[1]) == BATCH:
+                flush(id(client))
+                while next_out in replies:
+                    yield replies.pop(next_out)
+                    next_out += 1
+        for client_id in list(pending):
+            flush(client_id)
+        while next_out in replies:
+            yield replies.pop(next_out)
+            next_out += 1
+
+    def _raise_if_wrong_type(self, exc: ResponseError, key: str, client: Any = None) -> None:
         """Turn a WRONGTYPE reply into a :class:`WrongTypeError` naming the key."""
         if "WRONGTYPE" not in str(exc):
             return
-        kind = _text(self.client.type(key))
+        kind = _text((client or self.client).type(key))
         raise WrongTypeError(
             f"Redis key {key!r} holds a {kind}, where the Bloom filter {self.key!r} keeps"
             " its bits or record. Another program wrote it. Choose another BLOOMFILTER_KEY,"
             f" or reset the filter (scrapy-redis-bloom reset --key {self.key!r})."
         ) from exc
+
+
+class WorkerLease:
+    """A worker's lease in a filter's registry of live workers (``KEY:workers``).
+
+    The lease lasts ``ttl`` seconds unless renewed; :meth:`start` renews it from a
+    daemon thread every ``ttl / 3`` seconds, so a worker that dies stops counting as
+    live within ``ttl``. Workers use it to decide whether they are the last one.
+    """
+
+    def __init__(self, client: Any, key: str, worker_id: str, ttl: float) -> None:
+        self.client = client
+        self.key = key
+        self.worker_id = worker_id
+        self.ttl = ttl
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _call(self, action: str) -> int:
+        ttl_ms = max(1, round(self.ttl * 1000))
+        return int(self.client.eval(scripts.LEASE, 1, self.key, self.worker_id, ttl_ms, action))
+
+    def renew(self) -> int:
+        """Take or extend the lease; return how many other workers are live."""
+        return self._call("renew")
+
+    def others(self) -> int:
+        """Return how many other workers hold a live lease."""
+        return self._call("count")
+
+    def start(self) -> None:
+        """Take the lease and keep renewing it in the background until :meth:`release`."""
+        self.renew()
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._keep, name=f"bloomfilter-lease-{self.worker_id}", daemon=True
+            )
+            self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except RedisError as exc:  # Redis unreachable: retry at the next tick
+                logger.warning("Could not renew the lease of worker %s: %s", self.worker_id, exc)
+
+    def release(self) -> int:
+        """Stop renewing and drop the lease; return how many other workers are live."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        return self._call("release")
 
 
 def server_address(client: Any) -> str:

@@ -17,6 +17,10 @@ class ConfigMismatchError(BloomFilterError):
     """The filter in Redis was created with other parameters than this worker's."""
 
 
+class ServerListMismatchError(ConfigMismatchError):
+    """The filter's servers are listed in another order or number than at creation."""
+
+
 class WrongTypeError(BloomFilterError):
     """A key where the filter lives holds a value of another Redis type."""
 

@@ -8,10 +8,19 @@ A filter named ``KEY`` (the ``BLOOMFILTER_KEY`` setting, ``%(spider)s`` filled i
   2**32 bits. Layout 1 has generation 0 only. Growth generations (a scalable
   filter) and time windows (re-crawl after a TTL) get further generation ids, listed
   in the record's ``generations`` field, so they fit beside existing data without
-  migrating it.
+  migrating it;
+* ``{KEY:g<generation>:<shard>}:count``, hashes: per shard, how many elements were
+  ``added`` and how many check-and-adds found theirs already ``seen``, over all
+  workers. The hash tag is the shard key's name, so a counter sits in its shard's
+  Redis Cluster slot and one script call updates both;
+* ``KEY:workers``, a sorted set: the live workers' leases (see :mod:`.scripts`);
+* ``KEY:server``, a string on each server of a multi-server filter: ``i/n``, this
+  server's place in the server list the filter was created with.
 
+With several standalone servers, shard ``i`` and its counter live on server
+``i mod n``; the record, the registry and server 0's marker live on server 0.
 Shard keys carry no ``{hash tag}``: Redis Cluster spreads them over its slots and
-hence over its masters, while each element still touches exactly one key.
+hence over its masters, while each element still touches exactly one slot.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 LAYOUT_VERSION = 1
 
 #: Fields of the config record that every worker must agree on.
-GEOMETRY_FIELDS = ("layout", "scheme", "shards", "shard_bits", "hash_count")
+GEOMETRY_FIELDS = ("layout", "scheme", "shards", "shard_bits", "hash_count", "servers")
 
 #: All fields of the config record, in the order they are written.
 RECORD_FIELDS = (*GEOMETRY_FIELDS, "bits", "capacity", "generations", "created")
@@ -39,6 +48,21 @@ def shard_key(key: str, shard: int, generation: int = 0) -> str:
 def shard_keys(key: str, shards: int, generation: int = 0) -> list[str]:
     """Return the keys of all shards of one generation, in shard order."""
     return [shard_key(key, shard, generation) for shard in range(shards)]
+
+
+def counter_key(shard_key_name: str) -> str:
+    """Return the key of a shard's counters: same Redis Cluster slot as the shard."""
+    return f"{{{shard_key_name}}}:count"
+
+
+def workers_key(key: str) -> str:
+    """Return the key of the registry of live workers' leases."""
+    return f"{key}:workers"
+
+
+def server_key(key: str) -> str:
+    """Return the key that records a server's place in a multi-server filter."""
+    return f"{key}:server"
 
 
 #: Bytes a Redis string needs beyond its payload: the sds header (at most 9 bytes

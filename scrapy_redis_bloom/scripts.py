@@ -19,6 +19,7 @@ from __future__ import annotations
 _ELEMENT_LOOP = """
 local k, s = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
+local seen = 0
 for e = 3, #ARGV, 2 do
   local x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
   local all = 1
@@ -29,17 +30,23 @@ for e = 3, #ARGV, 2 do
     if BIT_OP(x) == 0 then all = 0 end
   end
   out[#out + 1] = all
+  seen = seen + all
 end
+"""
+
+_REPLY = """
 out[#out + 1] = created
 return out
 """
 
 
-def _element_script(prologue: str, bit_op: str) -> str:
-    return prologue + _ELEMENT_LOOP.replace("BIT_OP(x)", bit_op)
+def _element_script(prologue: str, bit_op: str, epilogue: str = "") -> str:
+    return prologue + _ELEMENT_LOOP.replace("BIT_OP(x)", bit_op) + epilogue + _REPLY
 
 
 #: Set each element's k bits; reply 1 where all were already set (seen), 0 if new.
+#: ``KEYS[2]`` is the shard's counter hash (same hash slot): its ``added`` and
+#: ``seen`` fields total the calls' outcomes over all workers.
 #: A missing shard is first allocated whole, at its exact size: a string grown bit
 #: by bit through SETBIT gets Redis's greedy preallocation instead.
 CHECK_AND_ADD = _element_script(
@@ -51,6 +58,9 @@ if redis.call('EXISTS', key) == 0 then
   created = 1
 end""",
     "redis.call('SETBIT', key, x, 1)",
+    """
+if seen > 0 then redis.call('HINCRBY', KEYS[2], 'seen', seen) end
+if #out > seen then redis.call('HINCRBY', KEYS[2], 'added', #out - seen) end""",
 )
 
 #: Read each element's k bits; reply 1 where all are set (probably present).
@@ -60,6 +70,26 @@ local key = KEYS[1]
 local created = 0""",
     "redis.call('GETBIT', key, x)",
 )
+
+#: The worker registry, a sorted set of worker ids scored by lease expiry (ms, server
+#: clock). ``KEYS[1]`` the registry; ``ARGV`` worker id, TTL in ms, and ``renew``,
+#: ``release`` or ``count``. Expired leases are dropped first. Reply: the number of
+#: OTHER live workers. The registry itself expires when no worker renews it.
+LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if ARGV[3] == 'renew' then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+elseif ARGV[3] == 'release' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+local others = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then others = others - 1 end
+return others
+"""
 
 #: Write the config record unless one exists; reply with the record in Redis.
 #: ``KEYS[1]`` the record key; ``ARGV`` field, value pairs, or none to only read it

@@ -173,6 +173,19 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_KEY": 5}, r"BLOOMFILTER_KEY setting \(5\) is invalid"),
     ({"BLOOMFILTER_KEY": "%(name)s:bf"}, r"BLOOMFILTER_KEY setting \('%\(name\)s:bf'\) is invalid\. It may contain the placeholder %\(spider\)s"),
     ({"BLOOMFILTER_KEY": "bf:50%"}, r"BLOOMFILTER_KEY setting \('bf:50%'\) is invalid"),
+    ({"BLOOMFILTER_KEY": "{spider}:bf"}, r"BLOOMFILTER_KEY setting \('\{spider\}:bf'\) is invalid\. It must not contain \{ or \}"),
+    ({"BLOOMFILTER_REDIS_URL": "localhost:6379"}, r"BLOOMFILTER_REDIS_URL setting \('localhost:6379'\) is invalid\. It must be a Redis URL: redis://"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_URLS": ["redis://b"]}, r"BLOOMFILTER_REDIS_URL and BLOOMFILTER_REDIS_URLS contradict"),
+    ({"BLOOMFILTER_REDIS_URLS": []}, r"BLOOMFILTER_REDIS_URLS setting \(\[\]\) is invalid\. It must be a non-empty list of Redis URLs"),
+    ({"BLOOMFILTER_REDIS_URLS": ["redis://a", 5]}, r"BLOOMFILTER_REDIS_URLS setting \(\['redis://a', 5\]\) is invalid\. It must be a Redis URL"),
+    ({"BLOOMFILTER_REDIS_URLS": "redis://a,redis://a"}, r"BLOOMFILTER_REDIS_URLS setting \('redis://a,redis://a'\) is invalid\. It lists the same server more than once"),
+    ({"BLOOMFILTER_REDIS_CLUSTER": "maybe"}, r"BLOOMFILTER_REDIS_CLUSTER setting \('maybe'\) is invalid\. It must be a boolean"),
+    ({"BLOOMFILTER_REDIS_CLUSTER": True}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
+    ({"BLOOMFILTER_REDIS_CLUSTER": True, "BLOOMFILTER_REDIS_URLS": ["redis://a", "redis://b"]}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \('timeout=3'\) is invalid\. It must be a dict"),
+    ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
+    ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds, at least 1"),
+    ({"BLOOMFILTER_WORKER_TTL": "soon"}, r"BLOOMFILTER_WORKER_TTL setting \('soon'\) is invalid"),
     ({"BLOOMFILTER_FINGERPRINTER": "sha256"}, r"BLOOMFILTER_FINGERPRINTER setting \('sha256'\) is invalid\. It must be 'scrapy-redis'"),
 ]  # fmt: skip
 
@@ -187,7 +200,27 @@ def test_every_bloomfilter_setting_has_a_bad_value_case() -> None:
     documented = {
         "BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER", "BLOOMFILTER_CAPACITY",
         "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_SHARD_BIT", "BLOOMFILTER_SHARDS",
-        "BLOOMFILTER_KEY", "BLOOMFILTER_FINGERPRINTER",
+        "BLOOMFILTER_KEY", "BLOOMFILTER_FINGERPRINTER", "BLOOMFILTER_REDIS_URL",
+        "BLOOMFILTER_REDIS_URLS", "BLOOMFILTER_REDIS_CLUSTER", "BLOOMFILTER_REDIS_PARAMS",
+        "BLOOMFILTER_WORKER_TTL",
     }  # fmt: skip
     named = {m.group(0) for _, msg in BAD_VALUES for m in re.finditer(r"BLOOMFILTER_[A-Z_]+", msg)}
     assert documented <= named
+
+
+def test_connection_settings() -> None:
+    assert BloomConfig.from_settings({}).connection.urls == ()  # scrapy-redis's connection
+    config = BloomConfig.from_settings(
+        {
+            "BLOOMFILTER_REDIS_URLS": "redis://a:6379, redis://b:6379",
+            "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 5},
+            "BLOOMFILTER_WORKER_TTL": "12.5",
+        }
+    )
+    assert config.connection.urls == ("redis://a:6379", "redis://b:6379")
+    assert config.connection.params == (("socket_timeout", 5),)
+    assert config.worker_ttl == 12.5
+    cluster = BloomConfig.from_settings(
+        {"BLOOMFILTER_REDIS_URL": "redis://node:7000", "BLOOMFILTER_REDIS_CLUSTER": "true"}
+    ).connection
+    assert (cluster.urls, cluster.cluster) == (("redis://node:7000",), True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -192,17 +193,68 @@ def test_persist_true_keeps_the_filter_for_the_next_run(
     assert crawler.stats.get_value("bloomfilter/filtered") == 110
 
 
-def test_flush_on_start_clears_and_the_filter_is_recreated(
+def test_flush_on_start_clears_when_no_other_worker_is_live(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
     first, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=True))
     first.enqueue_request(Request("https://example.com/1"))
+    first.df.close("finished")  # leaves the registry
     second, _ = redis_scheduler(
         crawler_for(redis_url, SCHEDULER_PERSIST=True, SCHEDULER_FLUSH_ON_START=True)
     )
     assert not redis_client.exists("books:bloomfilter:meta")
     assert second.enqueue_request(Request("https://example.com/1")) is True  # forgotten
     assert redis_client.exists("books:bloomfilter:meta")  # the record is back
+
+
+def test_flush_on_start_spares_a_running_crawl(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=True))
+    first.enqueue_request(Request("https://example.com/1"))
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        late, _ = redis_scheduler(
+            crawler_for(redis_url, SCHEDULER_PERSIST=True, SCHEDULER_FLUSH_ON_START=True)
+        )
+    assert "Not clearing the Bloom filter 'books:bloomfilter': 1 other worker(s)" in caplog.text
+    assert late.enqueue_request(Request("https://example.com/1")) is False  # still known
+    assert first.df.bloom.exists()
+    late.df.close("finished")
+    first.df.close("finished")
+
+
+def test_persist_false_clears_only_when_the_last_worker_closes(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=False))
+    b, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=False))
+    a.enqueue_request(Request("https://example.com/1"))
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        a.close("finished")  # scrapy-redis flushes: b still runs, so the filter stays
+        a.df.close("finished")
+    assert "1 other worker(s) still use it" in caplog.text
+    assert redis_client.exists("books:bloomfilter:meta")
+    assert b.enqueue_request(Request("https://example.com/1")) is False
+    b.close("finished")  # the last worker clears
+    b.df.close("finished")
+    assert redis_client.keys("books:bloomfilter*") == []
+
+
+def test_a_crashed_worker_stops_counting_when_its_lease_expires(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    ttl = 1.0
+    crashed, _ = redis_scheduler(crawler_for(redis_url, BLOOMFILTER_WORKER_TTL=ttl))
+    crashed.enqueue_request(Request("https://example.com/1"))
+    crashed.df.lease._stop.set()  # the process died: no more renewals, no release
+    survivor, _ = redis_scheduler(crawler_for(redis_url, BLOOMFILTER_WORKER_TTL=ttl))
+    assert survivor.df.lease.others() == 1
+    deadline = time.monotonic() + 10 * ttl
+    while survivor.df.lease.others() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert survivor.df.lease.others() == 0
+    survivor.close("finished")  # SCHEDULER_PERSIST=False: the last live worker clears
+    assert not redis_client.exists("books:bloomfilter:meta")
 
 
 def test_a_worker_with_other_settings_is_refused(redis_url: str) -> None:
