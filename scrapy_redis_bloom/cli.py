@@ -462,8 +462,14 @@ def cmd_info(ctx: _Context) -> int:
         raise _missing(ctx, key)
     spec = record.spec
     bloom = RedisBloomFilter(ctx.client, key, spec, record.capacity)
+    if record.servers != 1:
+        raise CLIError(
+            f"The Bloom filter {key!r} is spread over {record.servers} standalone servers;"
+            " this command reads filters on one server or one Redis Cluster."
+        )
     try:
         state = bloom.state()
+        totals = bloom.totals()
     except ResponseError as exc:
         if "WRONGTYPE" not in str(exc):
             raise
@@ -490,6 +496,8 @@ def cmd_info(ctx: _Context) -> int:
         "estimated_items": state.estimated_items,
         "estimated_fpr": state.estimated_fpr,
         "memory_bytes": state.memory_bytes,
+        "total_added": totals.added,
+        "total_filtered": totals.seen,
         "shards_with_bits_set": written,
         "bits_set_per_shard": list(state.bits_set_per_shard),
     }
@@ -508,6 +516,8 @@ def cmd_info(ctx: _Context) -> int:
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
         ("Memory in Redis", f"{_size(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
+        ("Added by all workers", f"{totals.added:,}"),
+        ("Filtered by all workers", f"{totals.seen:,}"),
     ]
     _emit(ctx, data, _table(rows))
     return EXIT_OK

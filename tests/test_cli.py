@@ -84,10 +84,12 @@ def test_info_json_matches_engine_state(
 ) -> None:
     bloom = make_filter(redis_client)
     bloom.add_many(fingerprints(1000))
+    assert bloom.check_and_add(fingerprints(1)[0]) is True
     state = bloom.state()
     record = read_record(redis_client, KEY)
 
     data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert (data["total_added"], data["total_filtered"]) == (1000, 1)
 
     spec = bloom.spec
     assert data["key"] == KEY
