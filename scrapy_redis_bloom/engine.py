@@ -434,7 +434,9 @@ class RedisBloomFilter:
         calls = [
             (
                 self._shard_clients[shard],
-                "evalsha",
+                # A ClusterPipeline refuses pipe.evalsha(); the raw command is routed by key.
+                "execute_command",
+                "EVALSHA",
                 script.sha,
                 2 if with_counter else 1,
                 self.shard_keys[shard],
@@ -466,7 +468,7 @@ class RedisBloomFilter:
         for call, reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 if isinstance(reply, ResponseError):
-                    self._raise_if_wrong_type(reply, call[4], call[0])
+                    self._raise_if_wrong_type(reply, call[5], call[0])
                 raise reply
         return replies
 

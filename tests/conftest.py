@@ -11,6 +11,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from redis.cluster import RedisCluster
+from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
 
 
@@ -32,3 +34,26 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def redis_url(redis_server: RedisServer, redis_client: redis.Redis) -> str:
     """Return the URL of the session's server, emptied for this test."""
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes() -> Iterator[RedisClusterNodes]:
+    """Start a real 3-master Redis Cluster for the session, on loopback ports."""
+    with RedisClusterNodes() as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_nodes: RedisClusterNodes) -> Iterator[RedisCluster]:
+    """Return a cluster client on the session's cluster, emptied and checked healthy."""
+    redis_cluster_nodes.wait_until_consistent(timeout=10)
+    redis_cluster_nodes.flushall()
+    client = redis_cluster_nodes.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_nodes: RedisClusterNodes, redis_cluster: RedisCluster) -> str:
+    """Return the URL of a node of the session's cluster, emptied for this test."""
+    return redis_cluster_nodes.startup_url
