@@ -43,3 +43,21 @@ def url_address(url: str) -> str:
     except ValueError:
         port = 6379
     return f"{parts.hostname or 'localhost'}:{port}"
+
+
+def cluster_state(client: Any) -> str | None:
+    """Return ``cluster_state`` as a reachable node of a cluster client reports it.
+
+    None for a standalone client, or when no node answers.
+    """
+    if not isinstance(client, RedisCluster):
+        return None
+    for node in client.get_nodes():  # type: ignore[no-untyped-call]  # untyped in redis-py
+        try:
+            info = client.cluster_info(target_nodes=node)
+        except redis.RedisError:
+            continue
+        state = info.get("cluster_state") if isinstance(info, dict) else None
+        if state is not None:
+            return state.decode() if isinstance(state, bytes) else str(state)
+    return None

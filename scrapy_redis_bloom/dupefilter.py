@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import ClusterDownError, RedisClusterException, RedisError
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import signals
@@ -21,7 +21,7 @@ from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from .config import BloomConfig, SettingsLike
-from .connection import filter_clients, url_address
+from .connection import cluster_state, filter_clients, url_address
 from .engine import RedisBloomFilter, server_address
 from .errors import BloomFilterError
 
@@ -72,7 +72,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         try:
             self.bloom.open()
             others = self.lease.renew()
-        except (RedisConnectionError, RedisTimeoutError, ClusterDownError) as exc:
+        except (ClusterDownError, ClusterError, RedisConnectionError, RedisTimeoutError) as exc:
+            state = cluster_state(clients[0])
+            if isinstance(exc, (ClusterDownError, ClusterError)) or state not in (None, "ok"):
+                raise BloomFilterError(
+                    f"The Redis Cluster at {where} is down (cluster_state:{state or 'unknown'}),"
+                    f" so the Bloom filter {key!r} cannot be used: {exc}. Repair the cluster"
+                    " (CLUSTER INFO on each node), then start the crawl again."
+                ) from exc
             raise BloomFilterError(
                 f"Cannot reach Redis at {where} for the Bloom filter {key!r}: {exc}"
             ) from exc

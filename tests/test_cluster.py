@@ -1,0 +1,163 @@
+"""The filter on a real 3-master Redis Cluster: spread, one slot per element, recovery."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from redis.cluster import RedisCluster
+from redis_cluster import RedisClusterNodes
+from redis_server import free_port
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+from scrapy_redis.scheduler import Scheduler as RedisScheduler
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.errors import BloomFilterError
+
+CONFIG = BloomConfig.from_settings(
+    {"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_ERROR_RATE": 1e-4, "BLOOMFILTER_SHARD_BIT": 14}
+)
+
+
+def fingerprints(n: int, tag: str = "") -> list[str]:
+    return [hashlib.sha1(f"{tag}{i}".encode()).hexdigest() for i in range(n)]
+
+
+def make(client: RedisCluster, key: str = "bf") -> RedisBloomFilter:
+    return RedisBloomFilter(client, key, CONFIG.spec, CONFIG.capacity)
+
+
+def test_shards_spread_over_the_masters(
+    redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
+) -> None:
+    bf = make(redis_cluster)
+    assert bf.add_many(fingerprints(5000)) == [False] * 5000
+    assert CONFIG.spec.shards >= 6
+    owners = {redis_cluster_nodes.node_of(key) for key in bf.shard_keys}
+    assert len(owners) >= 2, owners  # the issue asks for at least 2 of the 3 masters
+    for key, counter in zip(bf.shard_keys, bf.counter_keys, strict=True):
+        # One element's script touches its shard and its counter: one hash slot.
+        assert redis_cluster_nodes.keyslot(key) == redis_cluster_nodes.keyslot(counter)
+    assert all(bf.contains_many(fingerprints(5000)))
+    assert bf.check_and_add(fingerprints(1)[0]) is True
+    assert bf.totals().added == 5000
+    state = bf.state()
+    assert state.estimated_items == pytest.approx(5000, rel=0.03)
+    assert state.memory_bytes >= CONFIG.spec.total_bytes
+    bf.clear()
+    assert redis_cluster.keys("*") == []
+
+
+def test_scripts_reload_after_a_node_forgets_them(
+    redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
+) -> None:
+    bf = make(redis_cluster)
+    bf.add_many(fingerprints(500))
+    for node in range(3):
+        redis_cluster_nodes.script_flush(node)
+    assert [bf.check_and_add(fp) for fp in fingerprints(600)] == [True] * 500 + [False] * 100
+    redis_cluster_nodes.script_flush(1)
+    assert bf.add_many(fingerprints(700)) == [True] * 600 + [False] * 100
+    redis_cluster_nodes.script_flush(2)
+    assert all(bf.contains_many(fingerprints(700)))
+
+
+def test_moved_slots_are_followed(
+    redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
+) -> None:
+    bf = make(redis_cluster)
+    bf.add_many(fingerprints(2000))
+    key = bf.shard_keys[0]
+    slot = redis_cluster_nodes.keyslot(key)
+    owner = redis_cluster_nodes.node_of(key)
+    target = next(i for i, node in enumerate(redis_cluster_nodes.nodes) if node != owner)
+    redis_cluster_nodes.migrate_slot(slot, target)
+    try:
+        assert redis_cluster_nodes.node_of(key) != owner
+        # The client's slot map is stale: MOVED replies are followed, bits and counters kept.
+        assert all(bf.contains_many(fingerprints(2000)))
+        assert [bf.check_and_add(fp) for fp in fingerprints(2100)] == [True] * 2000 + [False] * 100
+        assert bf.totals().added == 2100
+    finally:
+        redis_cluster_nodes.migrate_slot(slot, owner)
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+def test_queue_on_a_standalone_redis_and_the_filter_on_the_cluster(
+    redis_url: str, redis_cluster_url: str, redis_cluster: RedisCluster
+) -> None:
+    crawler = get_crawler(
+        BooksSpider,
+        {
+            "REDIS_URL": redis_url,
+            "DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.RFPDupeFilter",
+            "BLOOMFILTER_REDIS_URL": redis_cluster_url,
+            "BLOOMFILTER_REDIS_CLUSTER": True,
+            "BLOOMFILTER_CAPACITY": 10_000,
+        },
+    )
+    spider = BooksSpider.from_crawler(crawler)
+    scheduler = RedisScheduler.from_crawler(crawler)
+    scheduler.open(spider)
+    requests = [Request(f"https://example.com/{i % 70}") for i in range(100)]
+    assert [scheduler.enqueue_request(r) for r in requests].count(True) == 70
+    assert crawler.stats.get_value("bloomfilter/filtered") == 30
+    assert redis_cluster.exists("books:bloomfilter:meta")
+    scheduler.df.close("finished")
+    assert crawler.stats.get_value("bloomfilter/total_added") == 70
+
+
+def test_scrapy_redis_own_connection_as_a_cluster_client(
+    redis_cluster_url: str, redis_cluster: RedisCluster
+) -> None:
+    crawler = get_crawler(
+        BooksSpider,
+        {
+            "REDIS_URL": redis_cluster_url,
+            "REDIS_PARAMS": {"redis_cls": "redis.cluster.RedisCluster"},
+            "BLOOMFILTER_CAPACITY": 10_000,
+        },
+    )
+    df = RFPDupeFilter.from_crawler(crawler)
+    assert isinstance(df.bloom.client, RedisCluster)
+    assert df.request_seen(Request("https://example.com/")) is False
+    assert df.request_seen(Request("https://example.com/")) is True
+    df.close("finished")
+    assert redis_cluster.exists("books:bloomfilter:meta")
+
+
+def test_an_unreachable_cluster_is_named() -> None:
+    port = free_port()
+    crawler = get_crawler(
+        BooksSpider,
+        {
+            "BLOOMFILTER_REDIS_URL": f"redis://:pw-s3cret@127.0.0.1:{port}",
+            "BLOOMFILTER_REDIS_CLUSTER": True,
+            "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": 1},
+        },
+    )
+    with pytest.raises(BloomFilterError, match=f"Redis at 127.0.0.1:{port}") as raised:
+        RFPDupeFilter.from_crawler(crawler)
+    assert "pw-s3cret" not in str(raised.value)
+
+
+def test_a_failed_cluster_is_a_clear_error() -> None:
+    with RedisClusterNodes(node_timeout_ms=1000) as nodes:
+        settings = {
+            "BLOOMFILTER_REDIS_URL": nodes.startup_url,
+            "BLOOMFILTER_REDIS_CLUSTER": True,
+            "BLOOMFILTER_CAPACITY": 10_000,
+        }
+        RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings)).close("finished")
+        nodes.stop_node(2)
+        nodes.wait_for_state("fail", timeout=20)
+        started = time.monotonic()
+        with pytest.raises(BloomFilterError, match=r"The Redis Cluster at 127\.0\.0\.1:\d+ is"):
+            RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
+        assert time.monotonic() - started < 30
