@@ -12,7 +12,10 @@ Redis) or ``default`` (Scrapy's own). Spider modes:
 
 * ``follow``: start at ``/page/0`` and follow every link of every page;
 * ``seed003``: request ``/search?wd=0`` .. ``9`` and then ``/search?wd=0`` .. ``99``,
-  i.e. 110 requests of which 10 are duplicates.
+  i.e. 110 requests of which 10 are duplicates;
+* ``shared``: a scrapy-redis ``RedisSpider`` named ``shared``, one of several workers:
+  it takes its start URL from ``shared:start_urls`` in Redis, follows every link, and
+  closes once the shared queue has been idle for ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds.
 
 ``--spider-name`` renames the spider (the filter's key is ``<name>:bloomfilter``) and
 ``--start-dont-filter`` gives the start requests ``dont_filter=True``.
@@ -72,6 +75,7 @@ from typing import Any  # noqa: E402
 import scrapy  # noqa: E402
 from scrapy.crawler import CrawlerProcess  # noqa: E402
 from scrapy.http import Response  # noqa: E402
+from scrapy_redis.spiders import RedisSpider  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 
 SCHEDULERS = {
@@ -140,6 +144,33 @@ class SiteSpider(scrapy.Spider):
             yield response.follow(href, callback=self.parse)
 
 
+class SharedSiteSpider(RedisSpider):  # type: ignore[misc]  # scrapy-redis is untyped
+    """One of several workers crawling the test site through one Redis."""
+
+    name = "shared"
+    redis_key = "shared:start_urls"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fetched: list[str] = []
+        self.offered = 0
+
+    def make_request_from_data(self, data: bytes) -> scrapy.Request:
+        """Request the pushed URL through the dupefilter.
+
+        scrapy-redis makes start requests ``dont_filter=True``: the start page would be
+        fetched again when a page links back to it.
+        """
+        return scrapy.Request(data.decode(), callback=self.parse)
+
+    def parse(self, response: Response, **kwargs: Any) -> Any:
+        """Record the response and request every link of the page."""
+        self.fetched.append(response.url)
+        for href in response.css("a::attr(href)").getall():
+            self.offered += 1
+            yield response.follow(href, callback=self.parse)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, (datetime.datetime, datetime.date, datetime.timedelta)):
         return str(value) if isinstance(value, datetime.timedelta) else value.isoformat()
@@ -155,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings["SCHEDULER"] = SCHEDULERS[args.scheduler]
     settings.update(json.loads(args.settings))
 
-    spidercls: type[SiteSpider] = SiteSpider
+    spidercls: type[scrapy.Spider] = SharedSiteSpider if args.mode == "shared" else SiteSpider
     if args.spider_name:
         spidercls = type(
             "NamedSiteSpider", (SiteSpider,), {"name": args.spider_name, "__module__": __name__}
@@ -179,12 +210,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Left unhandled, as under "scrapy crawl": Twisted logs it, as a user would see it.
         return failure
 
-    deferred = process.crawl(
-        crawler,
-        site=args.site,
-        mode=args.mode,
-        start_dont_filter=args.start_dont_filter,
-    )
+    kwargs: dict[str, Any] = {}
+    if args.mode != "shared":
+        kwargs = {"site": args.site, "mode": args.mode, "start_dont_filter": args.start_dont_filter}
+    deferred = process.crawl(crawler, **kwargs)
     deferred.addErrback(failed)
     process.start()
     # Twisted logs an unhandled failure when its Deferred is collected: do it now,
@@ -211,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", required=True, help="base URL of the test site")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="scrapy-redis")
-    parser.add_argument("--mode", choices=["follow", "seed003"], required=True)
+    parser.add_argument("--mode", choices=["follow", "seed003", "shared"], required=True)
     parser.add_argument("--spider-name", default=None, help="spider name (default: 'site')")
     parser.add_argument(
         "--start-dont-filter",

@@ -16,6 +16,7 @@ import collections
 import html
 import re
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -93,11 +94,13 @@ class SiteServer:
     """A threaded ``http.server`` on 127.0.0.1, on a free port, serving a :class:`Site`.
 
     Use it as a context manager. ``url`` is the base URL (no trailing slash);
-    ``hits`` counts the requests served per path (with its query string).
+    ``hits`` counts the requests served per path (with its query string). ``delay``
+    seconds of latency per response make a crawl last long enough to be shared.
     """
 
-    def __init__(self, site: Site | None = None) -> None:
+    def __init__(self, site: Site | None = None, delay: float = 0.0) -> None:
         self.site = site if site is not None else Site()
+        self.delay = delay
         self.hits: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._httpd: _Server | None = None
@@ -177,6 +180,8 @@ def _handler_for(server: SiteServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             parts = urlsplit(self.path)
             server._count(self.path)
+            if server.delay:
+                time.sleep(server.delay)
             match = _PAGE.fullmatch(parts.path)
             if match and int(match.group(1)) < site.pages:
                 self._send(HTTPStatus.OK, site.render(int(match.group(1))))

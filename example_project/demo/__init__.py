@@ -1,0 +1,1 @@
+"""The demo Scrapy project of scrapy-redis-bloom: scrapy-redis workers sharing a Bloom filter."""

@@ -1,0 +1,108 @@
+"""The example project's entry point, ``python example_project/run.py``, end to end.
+
+Each test runs the demo as a user would, in a subprocess: two ``scrapy crawl demo``
+workers against the demo site, once with the embedded redis-server (REDIS_URL unset)
+and once against the session's server (REDIS_URL set), and checks its report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.engine import FilterRecord
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = REPO / "example_project"
+RUN = PROJECT / "run.py"
+PAGES = 500  # run.py's default site size
+TIMEOUT = 120  # seconds per run; one takes 6 to 12
+
+# A row of the per-worker table: worker, pid, pages fetched, filtered, added, items, elapsed.
+WORKER_ROW = re.compile(r"^ +(\d+) +(\d+) +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+) +[\d.]+ s$")
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def run_demo(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(RUN.relative_to(cwd)), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def assert_demo_succeeded(done: subprocess.CompletedProcess[str]) -> str:
+    """Check the exit status and the key lines of the report; return stdout."""
+    output = done.stdout
+    report = f"exit status {done.returncode}\nstdout:\n{output}\nstderr:\n{done.stderr}"
+    assert done.returncode == 0, report
+    assert f"pages fetched: {PAGES} of {PAGES}" in output, report
+    assert "duplicates: 0 " in output, report
+    assert "missing: 0 " in output, report
+    assert f"OK: each of the {PAGES} pages was fetched exactly once" in output, report
+
+    rows = [match.groups() for line in output.splitlines() if (match := WORKER_ROW.match(line))]
+    assert [row[0] for row in rows] == ["1", "2"], report
+    fetched = [number(row[2]) for row in rows]
+    assert all(pages > 0 for pages in fetched), f"a worker fetched no page:\n{report}"
+    assert sum(fetched) == PAGES, report
+    assert sum(number(row[4]) for row in rows) == PAGES, "bloomfilter/added in all\n" + report
+    assert sum(number(row[5]) for row in rows) == PAGES, "items in all\n" + report
+    assert f"estimated items        {PAGES}" in output, report
+    assert f"fetched pages in it    {PAGES} of {PAGES}" in output, report
+    assert re.search(r"SET of 40-hex SHA1 fingerprints +[\d.]+ KiB", output), report
+    return output
+
+
+def test_run_with_embedded_redis(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    done = run_demo(REPO, env, "--log-dir", str(tmp_path / "logs"))
+    output = assert_demo_succeeded(done)
+
+    match = re.search(r"Redis: embedded redis-server \S+ from .+, on 127\.0\.0\.1:(\d+)", output)
+    assert match, output
+    # The embedded server is stopped at the end.
+    client = redis.Redis(port=int(match.group(1)), socket_connect_timeout=1)
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    client.close()
+    logs = sorted(path.name for path in (tmp_path / "logs").iterdir())
+    assert "worker-1.log" in logs
+    assert "worker-2.stats.json" in logs
+
+
+def test_run_with_redis_url_resets_only_the_demo_keys(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Leftovers of an earlier run, with other settings: a stale start URL that cannot be
+    # fetched, and a filter of another geometry that the workers would refuse to use.
+    redis_client.set("unrelated", "kept")
+    redis_client.lpush("demo:start_urls", '{"url": "http://127.0.0.1:9/stale"}')
+    stale = BloomConfig.from_settings({"BLOOMFILTER_BIT": 16, "BLOOMFILTER_HASH_NUMBER": 3})
+    old = RedisBloomFilter(redis_client, "demo:bloomfilter", stale.spec, stale.capacity)
+    old.add_many([f"{i:040x}" for i in range(100)])
+
+    env = {**os.environ, "REDIS_URL": redis_url}
+    done = run_demo(PROJECT, env, "--log-dir", str(tmp_path / "logs"))  # from inside the project
+    output = assert_demo_succeeded(done)
+    assert "deleted the demo's own keys" in output, output
+    assert "demo:start_urls" in output, output
+
+    assert redis_client.get("unrelated") == b"kept"
+    assert not redis_client.exists("demo:set-memory-probe")
+    # The crawl's filter stays in the user's Redis, sized by the demo's settings.
+    raw = redis_client.hgetall("demo:bloomfilter:meta")
+    fields = {key.decode(): value.decode() for key, value in raw.items()}
+    record = FilterRecord.parse("demo:bloomfilter:meta", fields)
+    assert record.capacity == 1_000_000
+    bloom = RedisBloomFilter(redis_client, "demo:bloomfilter", record.spec, record.capacity)
+    assert bloom.state().estimated_items == PAGES

@@ -1,0 +1,168 @@
+"""Several Scrapy worker processes crawl one site through one Redis (or a cluster).
+
+Each worker is ``crawl_runner.py --mode shared``: a scrapy-redis ``RedisSpider`` under
+scrapy-redis's Scheduler, which takes the start URL from Redis, follows every link
+and closes once the shared queue has been idle for a few seconds. The site's pages
+link heavily to each other, so most extracted links are duplicates, as in real
+crawls. The filter holds a few hundred items at a 1e-6 error rate: a false positive
+(a page never fetched) has odds below 1e-3 over the whole crawl, so counts are exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from website import Site, SiteServer
+
+HERE = Path(__file__).parent
+RUNNER = HERE / "crawl_runner.py"
+PAGES = 300
+WORKERS = 2
+START_PAGES = (0, 1)
+TIMEOUT = 120
+# Deprecations that scrapy-redis 0.9.1 itself triggers under Scrapy 2.19 (spider= to the
+# stats, Spider.log(), RedisStatsCollector's method signatures): not ours to fix.
+KNOWN_WARNINGS = ("/scrapy_redis/", "RedisStatsCollector", "Passing a 'spider' argument")
+
+
+@pytest.fixture
+def site() -> Iterator[SiteServer]:
+    # 100 ms per page: alone, a worker would need ~7 s, longer than the 5 s an idle
+    # Scrapy engine waits before polling the shared queue again.
+    with SiteServer(Site(PAGES), delay=0.1) as server:
+        yield server
+
+
+def crawl(
+    site: SiteServer,
+    redis_url: str,
+    tmp_path: Path,
+    settings: dict[str, Any],
+    filter_redis: redis.Redis | RedisCluster,
+) -> list[dict[str, Any]]:
+    """Run WORKERS worker processes to the end; return their outputs."""
+    # Two start pages, taken one per worker at start-up (batches of 1): both begin at once.
+    client = redis.Redis.from_url(redis_url)
+    client.rpush("shared:start_urls", *[site.page_url(p) for p in START_PAGES])
+    client.close()
+    base = {
+        "SCHEDULER_PERSIST": True,
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
+        "REDIS_START_URLS_BATCH_SIZE": 1,
+        "CONCURRENT_REQUESTS": 4,
+        **settings,
+    }
+    procs, outputs, logs = [], [], []
+    for i in range(WORKERS):
+        output, log = tmp_path / f"worker{i}.json", tmp_path / f"worker{i}.log"
+        with log.open("wb") as sink:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(RUNNER), "--site", site.url, "--redis-url", redis_url,
+                     "--mode", "shared", "--settings", json.dumps(base), "--output", str(output)],
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        outputs.append(output)
+        logs.append(log)
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        # Each worker holds a lease in the filter's registry while it runs.
+        while filter_redis.zcard("shared:bloomfilter:workers") < WORKERS:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                break  # checked below: every worker must exit 0 and have fetched pages
+            time.sleep(0.05)
+        registered = filter_redis.zcard("shared:bloomfilter:workers")
+        for proc in procs:
+            proc.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = []
+    for proc, output, log in zip(procs, outputs, logs, strict=True):
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        result = json.loads(output.read_text())
+        assert result["error"] is None, result["error"]
+        unexpected = [w for w in result["warnings"] if not any(k in w for k in KNOWN_WARNINGS)]
+        assert not unexpected, unexpected
+        results.append(result)
+    assert registered == WORKERS, "the workers never held their leases at the same time"
+    return results
+
+
+def check_crawl(results: list[dict[str, Any]], site: SiteServer) -> dict[str, int]:
+    """Assert every reachable page was fetched exactly once; return the summed stats."""
+    fetched = collections.Counter(url for r in results for url in r["fetched"])
+    assert set(fetched) == site.reachable_urls()
+    assert max(fetched.values()) == 1, [u for u, n in fetched.items() if n > 1]
+    served = site.hits_snapshot()
+    assert all(served[f"/page/{p}"] == 1 for p in site.site.reachable())  # server-side
+    per_worker = [len(r["fetched"]) for r in results]
+    assert all(n > 0 for n in per_worker), f"a worker fetched nothing: {per_worker}"
+    total = {
+        name: sum(int(r["stats"].get(name, 0)) for r in results)
+        for name in ("bloomfilter/added", "bloomfilter/filtered", "dupefilter/filtered")
+    }
+    offered = len(START_PAGES) + sum(r["offered"] for r in results)  # start URLs, then links
+    assert total["bloomfilter/added"] == len(site.site.reachable())
+    assert total["bloomfilter/filtered"] == total["dupefilter/filtered"]
+    assert total["bloomfilter/added"] + total["bloomfilter/filtered"] == offered
+    return total
+
+
+def test_two_workers_share_one_redis(
+    site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    results = crawl(site, redis_url, tmp_path, {}, redis_client)
+    total = check_crawl(results, site)
+    # The global counters in Redis equal the sum of the workers' own stats.
+    last = max(results, key=lambda r: r["stats"]["finish_time"])
+    assert last["stats"]["bloomfilter/total_added"] == total["bloomfilter/added"]
+    assert last["stats"]["bloomfilter/total_filtered"] == total["bloomfilter/filtered"]
+    assert redis_client.exists("shared:bloomfilter:meta")
+    assert redis_client.zcard("shared:bloomfilter:workers") == 0  # both left the registry
+
+
+def test_two_workers_with_the_filter_on_a_cluster(
+    site: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_cluster_url: str,
+    redis_cluster: RedisCluster,
+    tmp_path: Path,
+) -> None:
+    settings = {"BLOOMFILTER_REDIS_URL": redis_cluster_url, "BLOOMFILTER_REDIS_CLUSTER": True}
+    results = crawl(site, redis_url, tmp_path, settings, redis_cluster)
+    total = check_crawl(results, site)
+    assert redis_cluster.exists("shared:bloomfilter:meta")
+    assert not redis_client.exists("shared:bloomfilter:meta")  # the queue's Redis has none
+    last = max(results, key=lambda r: r["stats"]["finish_time"])
+    assert last["stats"]["bloomfilter/total_added"] == total["bloomfilter/added"]
+
+
+def test_two_workers_with_scrapy_redis_stats_collector(
+    site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    settings = {"STATS_CLASS": "scrapy_redis.stats.RedisStatsCollector"}
+    results = crawl(site, redis_url, tmp_path, settings, redis_client)
+    # Both workers read the same shared hash: the per-worker counters add up in Redis.
+    shared = {k.decode(): v.decode() for k, v in redis_client.hgetall("shared:stats").items()}
+    assert int(shared["bloomfilter/added"]) == len(site.site.reachable())
+    assert int(shared["bloomfilter/filtered"]) == int(shared["bloomfilter/total_filtered"])
+    assert int(shared["bloomfilter/added"]) == int(shared["bloomfilter/total_added"])
+    fetched = collections.Counter(url for r in results for url in r["fetched"])
+    assert set(fetched) == site.reachable_urls()
+    assert max(fetched.values()) == 1
