@@ -572,12 +572,16 @@ class WorkerLease:
             except RedisError as exc:  # Redis unreachable: retry at the next tick
                 logger.warning("Could not renew the lease of worker %s: %s", self.worker_id, exc)
 
-    def release(self) -> int:
-        """Stop renewing and drop the lease; return how many other workers are live."""
+    def stop(self) -> None:
+        """Stop renewing; the lease then lapses after its TTL (as if the worker died)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def release(self) -> int:
+        """Stop renewing and drop the lease; return how many other workers are live."""
+        self.stop()
         return self._call("release")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,10 +40,22 @@ def crawler_for(redis_url: str, **settings: Any) -> Crawler:
     )
 
 
+_OPENED: list[RFPDupeFilter] = []
+
+
+@pytest.fixture(autouse=True)
+def _leave_the_registry() -> Iterator[None]:
+    """Stop each test's lease threads (their servers may be gone by the session's end)."""
+    yield
+    while _OPENED:
+        _OPENED.pop().lease.stop()
+
+
 def redis_scheduler(crawler: Crawler) -> tuple[RedisScheduler, Spider]:
     spider = BooksSpider.from_crawler(crawler)
     scheduler = RedisScheduler.from_crawler(crawler)
     scheduler.open(spider)
+    _OPENED.append(scheduler.df)
     return scheduler, spider
 
 
@@ -155,7 +168,8 @@ def test_resolved_config_is_logged_once_without_the_password(
     with RedisServer(password="s3cret-pass") as server:
         url = f"redis://:s3cret-pass@127.0.0.1:{server.port}/0"
         with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
-            redis_scheduler(crawler_for(url))
+            scheduler, _ = redis_scheduler(crawler_for(url))
+        scheduler.df.close("finished")  # before the server stops: no lease renewals left
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
     assert len(lines) == 1
     assert f"'books:bloomfilter' on 127.0.0.1:{server.port}: m=" in lines[0]
@@ -246,7 +260,7 @@ def test_a_crashed_worker_stops_counting_when_its_lease_expires(
     ttl = 1.0
     crashed, _ = redis_scheduler(crawler_for(redis_url, BLOOMFILTER_WORKER_TTL=ttl))
     crashed.enqueue_request(Request("https://example.com/1"))
-    crashed.df.lease._stop.set()  # the process died: no more renewals, no release
+    crashed.df.lease.stop()  # the process died: no more renewals, no release
     survivor, _ = redis_scheduler(crawler_for(redis_url, BLOOMFILTER_WORKER_TTL=ttl))
     assert survivor.df.lease.others() == 1
     deadline = time.monotonic() + 10 * ttl
