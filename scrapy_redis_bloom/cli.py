@@ -268,7 +268,7 @@ def _glob_escape(text: str) -> str:
 
 
 def _orphaned_shards(client: redis.Redis, key: str) -> list[bytes]:
-    """Find a filter's shard keys (``KEY:g<n>:<i>``) and their counters by SCAN."""
+    """Find a filter's shard keys (``KEY:g<n>:<i>``), their counters and marker by SCAN."""
     shard = re.escape(key.encode()) + rb":g[0-9]+:[0-9]+"
     found: list[bytes] = []
     for pattern, kind, name in (
@@ -280,6 +280,10 @@ def _orphaned_shards(client: redis.Redis, key: str) -> list[bytes]:
             for hit in client.scan_iter(match=pattern, count=SCAN_COUNT, _type=kind)
             if isinstance(hit, bytes) and name.fullmatch(hit)
         ]
+    # A server of a multi-server filter also holds its place in the server list.
+    marker = layout.server_key(key)
+    if client.type(marker) in (b"string", "string"):
+        found.append(marker.encode())
     return found
 
 
@@ -542,7 +546,8 @@ def cmd_reset(ctx: _Context) -> int:
         message = f"Deleted {what}."
     else:
         orphans = _orphaned_shards(ctx.client, key)
-        shards = sum(1 for name in orphans if not name.endswith(b":count"))
+        marker = layout.server_key(key).encode()
+        shards = sum(1 for name in orphans if not name.endswith(b":count") and name != marker)
         if not orphans:
             data.update(deleted=False, record=False, shard_keys=0)
             _emit(ctx, data, [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete."])

@@ -152,3 +152,17 @@ def test_one_unreachable_server_is_named(
     with pytest.raises(BloomFilterError, match=r"Cannot reach Redis at .*127\.0\.0\.1:\d+") as e:
         RFPDupeFilter.from_crawler(crawler)
     assert "s3cret" not in str(e.value)
+
+
+def test_cli_reset_on_each_server_removes_a_multi_server_filter(
+    servers: list[RedisServer], clients: list[redis.Redis], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scrapy_redis_bloom.cli import main
+
+    RedisBloomFilter(clients, "bf", SPEC, 1000).add_many(fingerprints(500))
+    for server in servers:
+        assert main(["reset", "--redis-url", server.url, "--key", "bf", "--yes"]) == 0
+    assert [c.keys("*") for c in clients] == [[], [], []]
+    capsys.readouterr()
+    # The servers may now hold a filter over another server list.
+    RedisBloomFilter(clients[::-1], "bf", SPEC, 1000).open()
