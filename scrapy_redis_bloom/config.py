@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from .hashing import MAX_SHARD_BITS, FilterSpec
 from .layout import STRING_OVERHEAD, allocation, allocation_classes
@@ -34,6 +34,9 @@ DEFAULT_ERROR_RATE = 0.001
 #: Shards of 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds, not
 #: the ~300 ms of a 512 MiB string, and a 128 MiB filter spreads over 16 keys.
 DEFAULT_SHARD_BIT = 26
+#: Fingerprints each worker remembers locally (about 150 bytes each: 15 MB).
+DEFAULT_CACHE_SIZE = 100_000
+MAX_CACHE_SIZE = 100_000_000
 #: Seconds a worker's lease lasts without renewal (it renews every third of that).
 DEFAULT_WORKER_TTL = 30.0
 
@@ -44,6 +47,8 @@ MAX_BIT = 48
 MAX_HASH_NUMBER = 64
 MIN_SHARD_BIT = 3
 MAX_SHARD_BIT = 32
+
+_T = TypeVar("_T")
 
 Fingerprinter = Literal["scrapy-redis", "crawler"]
 FINGERPRINTERS: tuple[Fingerprinter, ...] = ("scrapy-redis", "crawler")
@@ -100,6 +105,10 @@ def _int(settings: SettingsLike, name: str, ok: Callable[[int], bool], allowed: 
     if not ok(int(value)):
         raise _invalid(name, settings.get(name), allowed)
     return int(value)
+
+
+def _or_default(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
 def _float(
@@ -213,6 +222,7 @@ class BloomConfig:
     fingerprinter: Fingerprinter = "scrapy-redis"
     connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
     worker_ttl: float = DEFAULT_WORKER_TTL
+    cache_size: int = DEFAULT_CACHE_SIZE
 
     @property
     def expected_error_rate(self) -> float:
@@ -361,13 +371,25 @@ class BloomConfig:
             capacity=capacity,
             fingerprinter=fingerprinter,
             connection=ConnectionConfig.from_settings(settings),
-            worker_ttl=_float(
-                settings,
-                "BLOOMFILTER_WORKER_TTL",
-                lambda v: v >= 1,
-                "It must be a number of seconds, at least 1.",
-            )
-            or DEFAULT_WORKER_TTL,
+            worker_ttl=_or_default(
+                _float(
+                    settings,
+                    "BLOOMFILTER_WORKER_TTL",
+                    lambda v: v >= 1,
+                    "It must be a number of seconds, at least 1.",
+                ),
+                DEFAULT_WORKER_TTL,
+            ),
+            cache_size=_or_default(
+                _int(
+                    settings,
+                    "BLOOMFILTER_CACHE_SIZE",
+                    lambda v: 0 <= v <= MAX_CACHE_SIZE,
+                    f"It must be an integer from 0 (no near-cache) to {MAX_CACHE_SIZE:,}: the"
+                    " number of fingerprints this worker remembers locally.",
+                ),
+                DEFAULT_CACHE_SIZE,
+            ),
         )
 
 

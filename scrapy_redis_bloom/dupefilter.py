@@ -62,7 +62,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
         clients = list(servers) if servers else [server]
-        self.bloom = RedisBloomFilter(clients, key, self.config.spec, self.config.capacity)
+        self.bloom = RedisBloomFilter(
+            clients, key, self.config.spec, self.config.capacity, self.config.cache_size
+        )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
         self._added = 0
         self._finished = False
@@ -211,7 +213,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self.stats is not None:
             # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
             self.stats.inc_value("bloomfilter/added", self._added)
+            self.stats.inc_value("bloomfilter/cache_hits", self.bloom.cache_hits)
         try:
+            self.bloom.sync_counters()
             self._record_state()
         finally:
             self.lease.release()

@@ -12,11 +12,12 @@ import logging
 import math
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mmh3
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from . import layout, scripts
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: Commands sent per pipeline flush by the bulk and maintenance operations.
 BATCH = 1000
+#: Near-cache hits after which they are added to the counters in Redis.
+SYNC_HITS = 10_000
 
 
 class _Script:
@@ -176,7 +179,9 @@ class RedisBloomFilter:
     the wrong type and a server list that differs from the filter's.
     """
 
-    def __init__(self, client: Any, key: str, spec: FilterSpec, capacity: int) -> None:
+    def __init__(
+        self, client: Any, key: str, spec: FilterSpec, capacity: int, cache_size: int = 0
+    ) -> None:
         self.clients: tuple[Any, ...] = (
             tuple(client) if isinstance(client, (list, tuple)) else (client,)
         )
@@ -193,8 +198,15 @@ class RedisBloomFilter:
         servers = len(self.clients)
         self._shard_clients = [self.clients[i % servers] for i in range(spec.shards)]
         self._opened = False
-        # Constant arguments of every script call: k and the shard size.
+        # Constant arguments of every bulk script call: k and the shard size.
         self._script_args = (spec.hash_count, spec.shard_bits)
+        self._add_one = _Script(scripts.check_and_add_one(spec.hash_count, spec.shard_bits))
+        # The near-cache: 128-bit digests of elements known to be in the filter, oldest
+        # first. A Bloom filter never forgets, so a hit is "seen" without a round trip.
+        self.cache_size = cache_size
+        self._cache: OrderedDict[int, None] = OrderedDict()
+        self.cache_hits = 0
+        self._unsynced_hits = 0  # cache hits not yet added to the counters in Redis
 
     def __repr__(self) -> str:
         spec = self.spec
@@ -331,6 +343,8 @@ class RedisBloomFilter:
         for _ in self._pipelined(calls):
             pass
         self._opened = False
+        self._cache.clear()
+        self._unsynced_hits = 0  # their counters are gone with the filter
 
     def state(self) -> FilterState:
         """Read the bits set per shard and the memory Redis allocates for them."""
@@ -368,26 +382,49 @@ class RedisBloomFilter:
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element; return True if it was (probably) there already.
 
-        One atomic script call: of several workers adding the same element at once,
-        exactly one gets False.
+        An element in the near-cache answers True at once. Otherwise one atomic
+        script call: of several workers adding the same element at once, exactly one
+        gets False.
         """
+        h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+        cache = self._cache
+        tag = h1 | h2 << 64
+        if tag in cache:
+            cache.move_to_end(tag)
+            self.cache_hits += 1
+            self._unsynced_hits += 1
+            if self._unsynced_hits >= SYNC_HITS:
+                self.sync_counters()
+            return True
         if not self._opened:
             self.open()
         spec = self.spec
-        shard, x, y = locate(element, spec.shards, spec.shard_bits)
+        shard = h1 % spec.shards
+        x, y = (h1 // spec.shards) % spec.shard_bits, h2 % spec.shard_bits
         client = self._shard_clients[shard]
         keys = (self.shard_keys[shard], self.counter_keys[shard])
+        script = self._add_one
         try:
-            reply = client.evalsha(_CHECK_AND_ADD.sha, 2, *keys, *self._script_args, x, y)
+            reply = client.evalsha(script.sha, 2, *keys, x, y)
         except NoScriptError:
-            client.script_load(_CHECK_AND_ADD.source)
-            reply = client.evalsha(_CHECK_AND_ADD.sha, 2, *keys, *self._script_args, x, y)
+            client.script_load(script.source)
+            reply = client.evalsha(script.sha, 2, *keys, x, y)
         except ResponseError as exc:
             self._raise_if_wrong_type(exc, keys[0], client)
             raise
-        if reply[1]:  # this call allocated the shard: the filter may have been cleared
+        if reply & 2:  # this call allocated the shard: the filter may have been cleared
             self._ensure_record()
-        return bool(reply[0] == 1)
+        if self.cache_size:
+            cache[tag] = None
+            if len(cache) > self.cache_size:
+                cache.popitem(last=False)
+        return bool(reply & 1)
+
+    def sync_counters(self) -> None:
+        """Add the near-cache's hits to the ``seen`` counter in Redis (shard 0's)."""
+        if self._unsynced_hits:
+            hits, self._unsynced_hits = self._unsynced_hits, 0
+            self._shard_clients[0].hincrby(self.counter_keys[0], "seen", hits)
 
     def contains(self, element: str | bytes) -> bool:
         """Return True if the element is (probably) in the filter. Changes nothing."""

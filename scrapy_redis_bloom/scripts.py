@@ -57,7 +57,8 @@ if redis.call('EXISTS', key) == 0 then
   redis.call('SETRANGE', key, math.floor((tonumber(ARGV[2]) + 7) / 8) - 1, string.char(0))
   created = 1
 end""",
-    "redis.call('SETBIT', key, x, 1)",
+    # '1' as a string: each Lua number passed to Redis costs a number-to-string conversion.
+    "redis.call('SETBIT', key, x, '1')",
     """
 if seen > 0 then redis.call('HINCRBY', KEYS[2], 'seen', seen) end
 if #out > seen then redis.call('HINCRBY', KEYS[2], 'added', #out - seen) end""",
@@ -70,6 +71,35 @@ local key = KEYS[1]
 local created = 0""",
     "redis.call('GETBIT', key, x)",
 )
+
+
+def check_and_add_one(hash_count: int, shard_bits: int) -> str:
+    """Return the hot-path script for one element, with k and S written in.
+
+    ``KEYS``: shard, counter; ``ARGV``: x, y. Reply: an integer, 1 if every bit was
+    already set (seen), plus 2 if this call allocated the shard. Baking k and S in
+    keeps the call to seven arguments and the reply to one integer.
+    """
+    return f"""
+local key = KEYS[1]
+local s = {shard_bits}
+local created = 0
+if redis.call('EXISTS', key) == 0 then
+  redis.call('SETRANGE', key, {(shard_bits + 7) // 8 - 1}, string.char(0))
+  created = 2
+end
+local x, y = tonumber(ARGV[1]), tonumber(ARGV[2])
+local all = 1
+if redis.call('SETBIT', key, x, '1') == 0 then all = 0 end
+for i = 1, {hash_count - 1} do
+  x = (x + y) % s
+  y = (y + i) % s
+  if redis.call('SETBIT', key, x, '1') == 0 then all = 0 end
+end
+redis.call('HINCRBY', KEYS[2], all == 1 and 'seen' or 'added', 1)
+return all + created
+"""
+
 
 #: The worker registry, a sorted set of worker ids scored by lease expiry (ms, server
 #: clock). ``KEYS[1]`` the registry; ``ARGV`` worker id, TTL in ms, and ``renew``,

@@ -186,6 +186,8 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
     ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds, at least 1"),
     ({"BLOOMFILTER_WORKER_TTL": "soon"}, r"BLOOMFILTER_WORKER_TTL setting \('soon'\) is invalid"),
+    ({"BLOOMFILTER_CACHE_SIZE": -1}, r"BLOOMFILTER_CACHE_SIZE setting \(-1\) is invalid\. It must be an integer from 0 \(no near-cache\) to 100,000,000"),
+    ({"BLOOMFILTER_CACHE_SIZE": "lots"}, r"BLOOMFILTER_CACHE_SIZE setting \('lots'\) is invalid"),
     ({"BLOOMFILTER_FINGERPRINTER": "sha256"}, r"BLOOMFILTER_FINGERPRINTER setting \('sha256'\) is invalid\. It must be 'scrapy-redis'"),
 ]  # fmt: skip
 
@@ -202,7 +204,7 @@ def test_every_bloomfilter_setting_has_a_bad_value_case() -> None:
         "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_SHARD_BIT", "BLOOMFILTER_SHARDS",
         "BLOOMFILTER_KEY", "BLOOMFILTER_FINGERPRINTER", "BLOOMFILTER_REDIS_URL",
         "BLOOMFILTER_REDIS_URLS", "BLOOMFILTER_REDIS_CLUSTER", "BLOOMFILTER_REDIS_PARAMS",
-        "BLOOMFILTER_WORKER_TTL",
+        "BLOOMFILTER_WORKER_TTL", "BLOOMFILTER_CACHE_SIZE",
     }  # fmt: skip
     named = {m.group(0) for _, msg in BAD_VALUES for m in re.finditer(r"BLOOMFILTER_[A-Z_]+", msg)}
     assert documented <= named

@@ -105,6 +105,8 @@ def test_seed003_under_scrapys_default_scheduler(redis_client: redis.Redis, redi
     # The state reaches the stats, and the filter stays in Redis.
     stats = crawler.stats.get_stats()
     assert stats["bloomfilter/added"] == 100
+    assert stats["bloomfilter/cache_hits"] == 10  # the repeats never reached Redis
+    assert stats["bloomfilter/total_filtered"] == 10  # yet Redis's totals count them
     assert stats["bloomfilter/estimated_items"] == pytest.approx(100, abs=2)
     assert stats["bloomfilter/capacity"] == 10_000
     assert 0 < stats["bloomfilter/fill_ratio"] < 0.01
