@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: Commands sent per pipeline flush by the bulk and maintenance operations.
 BATCH = 1000
-#: Near-cache hits after which they are added to the counters in Redis.
-SYNC_HITS = 10_000
+#: check_and_add outcomes counted locally before they are added to Redis's counters.
+SYNC_EVERY = 10_000
 
 
 class _Script:
@@ -206,7 +206,8 @@ class RedisBloomFilter:
         self.cache_size = cache_size
         self._cache: OrderedDict[int, None] = OrderedDict()
         self.cache_hits = 0
-        self._unsynced_hits = 0  # cache hits not yet added to the counters in Redis
+        # check_and_add's outcomes not yet added to the counters in Redis.
+        self._unsynced_added = self._unsynced_seen = 0
 
     def __repr__(self) -> str:
         spec = self.spec
@@ -344,7 +345,7 @@ class RedisBloomFilter:
             pass
         self._opened = False
         self._cache.clear()
-        self._unsynced_hits = 0  # their counters are gone with the filter
+        self._unsynced_added = self._unsynced_seen = 0  # their counters went with it
 
     def state(self) -> FilterState:
         """Read the bits set per shard and the memory Redis allocates for them."""
@@ -366,7 +367,11 @@ class RedisBloomFilter:
         return FilterState(spec=self.spec, bits_set_per_shard=tuple(counts), memory_bytes=memory)
 
     def totals(self) -> FilterTotals:
-        """Sum the shards' counters: elements added and check-and-adds that found them seen."""
+        """Sum the shards' counters: elements added and check-and-adds that found them seen.
+
+        Workers add their counts every SYNC_EVERY calls and when they close: the
+        totals are exact once every worker has closed.
+        """
         added = seen = 0
         for reply in self._pipelined(self._calls("hmget", self.counter_keys, "added", "seen")):
             added += int(reply[0] or 0)
@@ -392,9 +397,7 @@ class RedisBloomFilter:
         if tag in cache:
             cache.move_to_end(tag)
             self.cache_hits += 1
-            self._unsynced_hits += 1
-            if self._unsynced_hits >= SYNC_HITS:
-                self.sync_counters()
+            self._count(seen=True)
             return True
         if not self._opened:
             self.open()
@@ -402,15 +405,15 @@ class RedisBloomFilter:
         shard = h1 % spec.shards
         x, y = (h1 // spec.shards) % spec.shard_bits, h2 % spec.shard_bits
         client = self._shard_clients[shard]
-        keys = (self.shard_keys[shard], self.counter_keys[shard])
+        key = self.shard_keys[shard]
         script = self._add_one
         try:
-            reply = client.evalsha(script.sha, 2, *keys, x, y)
+            reply = client.evalsha(script.sha, 1, key, x, y)
         except NoScriptError:
             client.script_load(script.source)
-            reply = client.evalsha(script.sha, 2, *keys, x, y)
+            reply = client.evalsha(script.sha, 1, key, x, y)
         except ResponseError as exc:
-            self._raise_if_wrong_type(exc, keys[0], client)
+            self._raise_if_wrong_type(exc, key, client)
             raise
         if reply & 2:  # this call allocated the shard: the filter may have been cleared
             self._ensure_record()
@@ -418,13 +421,32 @@ class RedisBloomFilter:
             cache[tag] = None
             if len(cache) > self.cache_size:
                 cache.popitem(last=False)
-        return bool(reply & 1)
+        seen = bool(reply & 1)
+        self._count(seen)
+        return seen
+
+    def _count(self, seen: bool) -> None:
+        """Count an outcome locally; add the counts to Redis every SYNC_EVERY."""
+        if seen:
+            self._unsynced_seen += 1
+        else:
+            self._unsynced_added += 1
+        if self._unsynced_seen + self._unsynced_added >= SYNC_EVERY:
+            self.sync_counters()
 
     def sync_counters(self) -> None:
-        """Add the near-cache's hits to the ``seen`` counter in Redis (shard 0's)."""
-        if self._unsynced_hits:
-            hits, self._unsynced_hits = self._unsynced_hits, 0
-            self._shard_clients[0].hincrby(self.counter_keys[0], "seen", hits)
+        """Add the unsynced outcomes of :meth:`check_and_add` to the counters in Redis.
+
+        check_and_add counts locally (a command saved per request, in the script), and
+        the counts go to shard 0's counter, where :meth:`totals` sums them with the rest.
+        """
+        added, seen = self._unsynced_added, self._unsynced_seen
+        if added or seen:
+            self._unsynced_added = self._unsynced_seen = 0
+            pipe = self._shard_clients[0].pipeline(transaction=False)
+            pipe.hincrby(self.counter_keys[0], "added", added)
+            pipe.hincrby(self.counter_keys[0], "seen", seen)
+            pipe.execute()
 
     def contains(self, element: str | bytes) -> bool:
         """Return True if the element is (probably) in the filter. Changes nothing."""

@@ -76,9 +76,10 @@ local created = 0""",
 def check_and_add_one(hash_count: int, shard_bits: int) -> str:
     """Return the hot-path script for one element, with k and S written in.
 
-    ``KEYS``: shard, counter; ``ARGV``: x, y. Reply: an integer, 1 if every bit was
+    ``KEYS``: the shard; ``ARGV``: x, y. Reply: an integer, 1 if every bit was
     already set (seen), plus 2 if this call allocated the shard. Baking k and S in
-    keeps the call to seven arguments and the reply to one integer.
+    keeps the call to six arguments and the reply to one integer; the caller counts
+    the outcome locally and adds it to the counters in Redis in batches.
     """
     return f"""
 local key = KEYS[1]
@@ -96,7 +97,6 @@ for i = 1, {hash_count - 1} do
   y = (y + i) % s
   if redis.call('SETBIT', key, x, '1') == 0 then all = 0 end
 end
-redis.call('HINCRBY', KEYS[2], all == 1 and 'seen' or 'added', 1)
 return all + created
 """
 

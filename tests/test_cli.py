@@ -85,6 +85,7 @@ def test_info_json_matches_engine_state(
     bloom = make_filter(redis_client)
     bloom.add_many(fingerprints(1000))
     assert bloom.check_and_add(fingerprints(1)[0]) is True
+    bloom.sync_counters()
     state = bloom.state()
     record = read_record(redis_client, KEY)
 

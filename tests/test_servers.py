@@ -88,6 +88,9 @@ def test_totals_sum_every_workers_outcomes(redis_client: redis.Redis) -> None:
     outcomes = [a.check_and_add(fp) for fp in fingerprints(300)]
     outcomes += [b.check_and_add(fp) for fp in fingerprints(500)]  # 300 seen, 200 new
     outcomes += b.add_many(fingerprints(50, "x"))
+    assert a.totals().seen == 0  # check_and_add counts locally until synced (or closed)
+    a.sync_counters()
+    b.sync_counters()
     totals = a.totals()
     assert totals.added == outcomes.count(False) == 550
     assert totals.seen == outcomes.count(True) == 300
