@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,6 +67,16 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             clients, key, self.config.spec, self.config.capacity, self.config.cache_size
         )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
+        # scrapy-redis's fingerprint is a pure function of method, URL and body: for the
+        # GET requests without body that links make, remember it by URL, as many as the
+        # near-cache holds. A repeated link then costs no canonicalisation, JSON or SHA1.
+        self._memo: OrderedDict[str, str] = OrderedDict()
+        if (
+            fingerprint is None
+            and self.config.cache_size
+            and type(self).request_fingerprint is _RedisRFPDupeFilter.request_fingerprint
+        ):
+            self._fingerprint = self._remembered_fingerprint
         self._added = 0
         self._finished = False
         where = ", ".join(server_address(client) for client in clients)
@@ -168,6 +179,17 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if not seen:
             self._added += 1
         return seen
+
+    def _remembered_fingerprint(self, request: Request) -> str:
+        if request.method != "GET" or request.body:
+            return self.request_fingerprint(request)  # type: ignore[no-any-return]
+        memo, url = self._memo, request.url
+        fingerprint = memo.get(url)
+        if fingerprint is None:
+            fingerprint = memo[url] = self.request_fingerprint(request)
+            if len(memo) > self.config.cache_size:
+                memo.popitem(last=False)
+        return fingerprint
 
     def log(self, request: Request, spider: Spider) -> None:
         """Log a filtered request as Scrapy does, and count it in the stats."""

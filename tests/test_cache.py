@@ -9,8 +9,12 @@ import tracemalloc
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 
 from scrapy_redis_bloom import FilterSpec, RedisBloomFilter
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 
 SPEC = FilterSpec(shards=3, shard_bits=30_000, hash_count=6)
 
@@ -81,3 +85,42 @@ def test_cache_memory_per_entry_is_bounded() -> None:
     tracemalloc.stop()
     # The README gives about 150 bytes per cached fingerprint: 15 MB for the default.
     assert grown / len(digests) < 160
+
+
+class _Spider(Spider):
+    name = "memo"
+
+
+def test_dupefilter_remembers_link_fingerprints_exactly(redis_url: str) -> None:
+    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CACHE_SIZE": 50})
+    df = RFPDupeFilter.from_crawler(crawler)
+    requests = [Request(f"https://example.com/p?b={i % 70}&a={i % 3}") for i in range(300)]
+    requests += [Request("https://example.com/p?a=1&b=2"), Request("https://example.com/p?b=2&a=1")]
+    requests += [
+        Request("https://example.com/form", method="POST", body=f"q={i}") for i in range(5)
+    ]
+    for request in requests:
+        # The remembered fingerprint is scrapy-redis's, whatever the memo's state.
+        assert df._fingerprint(request) == ScrapyRedisDupeFilter.request_fingerprint(None, request)
+    assert len(df._memo) == 50  # bounded by BLOOMFILTER_CACHE_SIZE
+    assert all(url.startswith("https://example.com/p?") for url in df._memo)  # GETs only
+    df.close("finished")
+
+
+def test_no_memo_when_the_fingerprint_is_someone_elses(redis_url: str) -> None:
+    class Custom(RFPDupeFilter):
+        def request_fingerprint(self, request: Request) -> str:
+            return hashlib.sha1(request.url.encode()).hexdigest()
+
+    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_KEY": "custom"})
+    custom = Custom.from_crawler(crawler)
+    assert custom.request_seen(Request("https://example.com/")) is False
+    assert custom.request_seen(Request("https://example.com/")) is True
+    assert not custom._memo
+    off = RFPDupeFilter.from_crawler(
+        get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CACHE_SIZE": 0})
+    )
+    off.request_seen(Request("https://example.com/"))
+    assert not off._memo
+    custom.close("finished")
+    off.close("finished")
