@@ -56,7 +56,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import __version__, layout
-from .config import BloomConfig, false_positive_rate
+from .config import BloomConfig, false_positive_rate, format_bytes
 from .engine import FilterRecord, RedisBloomFilter, server_address
 from .errors import BloomFilterError, ConfigMismatchError
 
@@ -163,18 +163,6 @@ def _table(rows: Sequence[tuple[str, str]]) -> list[str]:
     """Lay out label/value rows in two aligned columns."""
     width = max(len(label) for label, _ in rows)
     return [f"{label:<{width}}  {value}" for label, value in rows]
-
-
-def _size(nbytes: int) -> str:
-    """Format a byte count with binary units."""
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    size = float(nbytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            break
-    return f"{size:.1f} {unit}"
 
 
 def _utc(timestamp: float) -> datetime:
@@ -510,7 +498,7 @@ def cmd_info(ctx: _Context) -> int:
         ("Server", ctx.where),
         ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("Layout / hash scheme", f"{record.layout} / {record.scheme}"),
-        ("Bits (m)", f"{spec.bits:,} ({_size(spec.total_bytes)})"),
+        ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
         ("Hash functions (k)", str(spec.hash_count)),
         ("Capacity", f"{record.capacity:,} items"),
@@ -519,7 +507,7 @@ def cmd_info(ctx: _Context) -> int:
         ("Fill ratio", f"{100 * state.fill_ratio:.4f} %"),
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
-        ("Memory in Redis", f"{_size(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
+        ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
         ("Added by all workers", f"{totals.added:,}"),
         ("Filtered by all workers", f"{totals.seen:,}"),
     ]

@@ -107,6 +107,17 @@ def _int(settings: SettingsLike, name: str, ok: Callable[[int], bool], allowed: 
     return int(value)
 
 
+def boolean_setting(settings: SettingsLike, name: str, default: bool = False) -> bool:
+    """Read a boolean setting as Scrapy's ``getbool`` does, refusing anything else by name."""
+    raw = settings.get(name, default)
+    value = raw.lower() if isinstance(raw, str) else raw
+    if value in (True, 1, "true", "1"):
+        return True
+    if value in (False, 0, "false", "0"):
+        return False
+    raise _invalid(name, raw, "It must be a boolean: True, False, 1 or 0.")
+
+
 def _or_default(value: _T | None, default: _T) -> _T:
     return default if value is None else value
 
@@ -177,13 +188,7 @@ class ConnectionConfig:
                 raise _invalid(
                     "BLOOMFILTER_REDIS_URLS", urls, "It lists the same server more than once."
                 )
-        cluster = settings.get("BLOOMFILTER_REDIS_CLUSTER", False)
-        if isinstance(cluster, str) and cluster.lower() in ("0", "1", "true", "false"):
-            cluster = cluster.lower() in ("1", "true")
-        if not isinstance(cluster, bool):
-            raise _invalid(
-                "BLOOMFILTER_REDIS_CLUSTER", cluster, "It must be a boolean: True or False."
-            )
+        cluster = boolean_setting(settings, "BLOOMFILTER_REDIS_CLUSTER")
         if cluster and len(found) != 1:
             raise ValueError(
                 "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
@@ -243,7 +248,7 @@ class BloomConfig:
         """One line for the log: m, k, shards, memory and the rate expected at capacity."""
         spec = self.spec
         return (
-            f"m={spec.bits:,} bits ({_size(spec.total_bytes)}) in {spec.shards:,} shard(s)"
+            f"m={spec.bits:,} bits ({format_bytes(spec.total_bytes)}) in {spec.shards:,} shard(s)"
             f" of {spec.shard_bits:,} bits, k={spec.hash_count} hash functions,"
             f" capacity {self.capacity:,} items, expected false-positive rate at capacity"
             f" {self.expected_error_rate:.3g}"
@@ -451,7 +456,7 @@ def _shard(bits: int, hash_count: int, shards: int | None, shard_bit: int | None
     )
 
 
-def _size(nbytes: int) -> str:
+def format_bytes(nbytes: int) -> str:
     """Format a byte count for humans (binary units)."""
     size = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -21,7 +21,7 @@ from scrapy import signals
 from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
-from .config import BloomConfig, SettingsLike
+from .config import BloomConfig, SettingsLike, boolean_setting
 from .connection import cluster_state, filter_clients, url_address
 from .engine import RedisBloomFilter, server_address
 from .errors import BloomFilterError
@@ -127,7 +127,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             def fingerprint(request: Request) -> str:
                 return fingerprinter.fingerprint(request).hex()
 
-        debug = _truthy(settings.get("DUPEFILTER_DEBUG", False))
+        debug = boolean_setting(settings, "DUPEFILTER_DEBUG")
         try:
             clients = filter_clients(config.connection, lambda: get_redis_from_settings(settings))
         except (RedisError, RedisClusterException) as exc:
@@ -273,17 +273,3 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             state.estimated_fpr,
             f"{state.memory_bytes:,}",
         )
-
-
-def _truthy(value: Any) -> bool:
-    """Read a boolean setting the way Scrapy's ``getbool`` does."""
-    if isinstance(value, str):
-        if value.lower() in ("true", "1"):
-            return True
-        if value.lower() in ("false", "0", ""):
-            return False
-        raise ValueError(
-            f"The value of the DUPEFILTER_DEBUG setting ({value!r}) is invalid. It must be a"
-            " boolean: True, False, 1 or 0."
-        )
-    return bool(value)

@@ -28,11 +28,12 @@ from __future__ import annotations
 #: Version of the key layout and record format below.
 LAYOUT_VERSION = 1
 
-#: Fields of the config record that every worker must agree on.
-GEOMETRY_FIELDS = ("layout", "scheme", "shards", "shard_bits", "hash_count", "servers")
-
-#: All fields of the config record, in the order they are written.
-RECORD_FIELDS = (*GEOMETRY_FIELDS, "bits", "capacity", "generations", "created")
+#: Fields of the config record, in the order they are written. Which of them every
+#: worker must agree on is :meth:`.engine.FilterRecord.geometry`.
+RECORD_FIELDS = (
+    "layout", "scheme", "shards", "shard_bits", "hash_count", "servers",
+    "bits", "capacity", "generations", "created",
+)  # fmt: skip
 
 
 def meta_key(key: str) -> str:
