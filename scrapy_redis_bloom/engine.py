@@ -382,6 +382,10 @@ class RedisBloomFilter:
         """Return this worker's lease in the filter's registry of live workers."""
         return WorkerLease(self.client, self.workers_key, worker_id, ttl)
 
+    def live_workers(self) -> list[str]:
+        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
+        return live_workers(self.client, self.key)
+
     # -- elements ----------------------------------------------------------------
 
     def check_and_add(self, element: str | bytes) -> bool:
@@ -642,6 +646,16 @@ class WorkerLease:
         """Stop renewing and drop the lease; return how many other workers are live."""
         self.stop()
         return self._call("release")
+
+
+def live_workers(client: Any, key: str) -> list[str]:
+    """Return the ids of the workers holding a live lease on the filter ``key``.
+
+    A function as well as a method: it needs no geometry, so it also works before a
+    worker has created the filter or without reading its record.
+    """
+    reply = client.eval(scripts.LIVE_WORKERS, 1, layout.workers_key(key))
+    return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
 
 
 def server_address(client: Any) -> str:

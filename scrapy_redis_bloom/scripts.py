@@ -121,6 +121,14 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then others = others - 1 end
 return others
 """
 
+#: The ids of the live workers in the registry (leases not yet expired by the server
+#: clock of the node holding it), soonest expiry first. ``KEYS[1]`` the registry.
+LIVE_WORKERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+
 #: Write the config record unless one exists; reply with the record in Redis.
 #: ``KEYS[1]`` the record key; ``ARGV`` field, value pairs, or none to only read it
 #: (an empty reply then means there is no filter).

@@ -135,6 +135,7 @@ def test_info_human_table(
     assert rows["Hash functions (k)"] == str(bloom.spec.hash_count)
     assert rows["Created"].endswith(" UTC")
     assert rows["Bits (m)"].startswith(f"{bloom.spec.bits:,} (")
+    assert rows["Live workers"] == "0"
 
 
 def test_info_of_an_empty_filter(
@@ -233,6 +234,32 @@ def test_reset_with_yes_deletes_record_and_shards(
     assert f"Deleted the Bloom filter '{KEY}'" in out
     assert f"{bloom.spec.shards} shard key(s)" in out
     assert redis_client.keys("*") == [b"unrelated"]
+
+
+def test_reset_refuses_while_workers_hold_leases_unless_forced(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(100))
+    lease = bloom.lease("crawler-7:4242:abcd", ttl=30)
+    lease.renew()
+    info = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert info["live_workers"] == ["crawler-7:4242:abcd"]
+    before = sorted(redis_client.keys("*"))
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "1 worker(s) still crawl" in err
+    assert "crawler-7:4242:abcd" in err
+    assert "--force" in err
+    assert sorted(redis_client.keys("*")) == before
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "-y", "--force")
+    assert (code, err) == (0, "")
+    assert not bloom.exists()
+    assert lease.release() == 0
 
 
 def test_reset_json(

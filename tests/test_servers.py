@@ -18,6 +18,7 @@ from scrapy_redis_bloom import (
     ServerListMismatchError,
 )
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.engine import live_workers
 from scrapy_redis_bloom.errors import BloomFilterError
 from scrapy_redis_bloom.layout import counter_key
 
@@ -104,11 +105,15 @@ def test_leases_count_other_live_workers(redis_client: redis.Redis) -> None:
     assert one.renew() == 0
     assert two.renew() == 1
     assert one.others() == 1
+    assert sorted(bf.live_workers()) == ["one", "two"]
     assert two.release() == 1
     assert one.others() == 0
+    assert bf.live_workers() == ["one"]
     two.renew()  # and let it lapse: no renewal within its 1 s
+    assert bf.live_workers() == ["two", "one"]  # soonest expiry first
     time.sleep(1.3)
     assert one.others() == 0
+    assert live_workers(redis_client, "bf") == ["one"]  # needs no geometry
     assert 0 < redis_client.pttl("bf:workers") <= 60_000  # the registry expires too
     one.start()  # renews in the background
     assert one.release() == 0

@@ -25,6 +25,9 @@ SCHEDULER_PERSIST = True
 SCHEDULER_QUEUE_KEY = "%(spider)s:requests"
 # Where the spider reads its start URLs (JSON: {"url": "..."}), one list per spider.
 REDIS_START_URLS_KEY = "%(name)s:start_urls"
+# A worker takes start URLs from that list this many at a time. run.py pushes one batch
+# per worker, so that every worker fetches pages from its first second on.
+REDIS_START_URLS_BATCH_SIZE = 8
 # Where Redis is: run.py passes the URL of its embedded server, or yours.
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 # A worker stops on its own once it has been idle this many seconds: the shared queue is
