@@ -240,7 +240,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.sync_counters()
             self._record_state()
         finally:
-            self.lease.release()
+            try:
+                self.lease.release()
+            finally:
+                self.bloom.close()
 
     def _record_state(self) -> None:
         """Write the filter's configuration and BITCOUNT-derived state to the stats."""

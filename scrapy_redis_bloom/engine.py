@@ -30,6 +30,7 @@ from .errors import (
     WrongTypeError,
 )
 from .hashing import SCHEME_VERSION, FilterSpec, locate
+from .wire import ScriptCaller
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,9 @@ class RedisBloomFilter:
         self._opened = False
         # Constant arguments of every bulk script call: k and the shard size.
         self._script_args = (spec.hash_count, spec.shard_bits)
-        self._add_one = _Script(scripts.check_and_add_one(spec.hash_count, spec.shard_bits))
+        add_one = _Script(scripts.check_and_add_one(spec.hash_count, spec.shard_bits))
+        callers = {id(c): ScriptCaller(c, add_one.source, add_one.sha) for c in self.clients}
+        self._add_one = [callers[id(c)] for c in self._shard_clients]
         # The near-cache: 128-bit digests of elements known to be in the filter, oldest
         # first. A Bloom filter never forgets, so a hit is "seen" without a round trip.
         self.cache_size = cache_size
@@ -327,6 +330,11 @@ class RedisBloomFilter:
         """Tell whether the filter's config record is in Redis."""
         return bool(self.client.exists(self.meta_key))
 
+    def close(self) -> None:
+        """Give back the connections :meth:`check_and_add` holds. The filter stays usable."""
+        for caller in self._add_one:
+            caller.close()
+
     def clear(self) -> None:
         """Delete every shard and counter, then the record (UNLINK: freed in the background).
 
@@ -408,16 +416,11 @@ class RedisBloomFilter:
         spec = self.spec
         shard = h1 % spec.shards
         x, y = (h1 // spec.shards) % spec.shard_bits, h2 % spec.shard_bits
-        client = self._shard_clients[shard]
         key = self.shard_keys[shard]
-        script = self._add_one
         try:
-            reply = client.evalsha(script.sha, 1, key, x, y)
-        except NoScriptError:
-            client.script_load(script.source)
-            reply = client.evalsha(script.sha, 1, key, x, y)
+            reply = self._add_one[shard](key, x, y)
         except ResponseError as exc:
-            self._raise_if_wrong_type(exc, key, client)
+            self._raise_if_wrong_type(exc, key, self._shard_clients[shard])
             raise
         if reply & 2:  # this call allocated the shard: the filter may have been cleared
             self._ensure_record()
