@@ -79,6 +79,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self._fingerprint = self._remembered_fingerprint
         self._added = 0
         self._finished = False
+        #: Clients this filter made (from_crawler / from_spider), closed when it closes.
+        self._owned_clients: list[Any] = []
         where = ", ".join(server_address(client) for client in clients)
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
@@ -149,6 +151,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             for client in clients:  # a refused start leaves no connection behind
                 client.close()
             raise
+        instance._owned_clients = clients
         if crawler is not None:
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
@@ -244,6 +247,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 self.lease.release()
             finally:
                 self.bloom.close()
+                for client in self._owned_clients:
+                    client.close()
 
     def _record_state(self) -> None:
         """Write the filter's configuration and BITCOUNT-derived state to the stats."""

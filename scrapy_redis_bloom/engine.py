@@ -8,17 +8,18 @@ may be a ``redis.Redis`` or a ``redis.RedisCluster``: every command touches one 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mmh3
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import layout, scripts
 from .errors import (
@@ -29,13 +30,24 @@ from .errors import (
     ServerListMismatchError,
     WrongTypeError,
 )
-from .hashing import SCHEME_VERSION, FilterSpec, locate
-from .wire import ScriptCaller
+from .hashing import SCHEME_VERSION, FilterSpec, locate, offset_steps
+from .wire import (
+    CONNECTION_ERRORS,
+    BitfieldPacker,
+    HeldConnection,
+    ScriptCaller,
+    pack_command,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Commands sent per pipeline flush by the bulk and maintenance operations.
+#: Commands sent per pipeline flush by the maintenance operations.
 BATCH = 1000
+#: Elements hashed, grouped per shard and sent together by add_many / contains_many.
+BULK_CHUNK = 10_000
+#: Bits per BITFIELD command of the bulk path (a multiple of k is used): about 1 ms
+#: of Redis time, so other clients wait no longer than that between commands.
+BULK_BITS = 5_000
 #: check_and_add outcomes counted locally before they are added to Redis's counters.
 SYNC_EVERY = 10_000
 
@@ -48,8 +60,28 @@ class _Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
-_CHECK_AND_ADD = _Script(scripts.CHECK_AND_ADD)
-_CONTAINS = _Script(scripts.CONTAINS)
+_ALLOCATE = scripts.ALLOCATE.encode()
+
+
+@dataclass
+class _ServerPlan:
+    """One server's share of a bulk chunk: shards to allocate, BITFIELDs to run."""
+
+    allocations: list[int] = field(default_factory=list)
+    #: (shard, first, end): that slice of the shard's offsets in one BITFIELD.
+    commands: list[tuple[int, int, int]] = field(default_factory=list)
+    #: The held connection's generation when sent on it, else None.
+    sent: int | None = None
+
+
+@dataclass
+class _Chunk:
+    """A hashed bulk chunk: per shard, its elements' positions and k offsets each."""
+
+    write: bool
+    size: int
+    groups: dict[int, tuple[list[int], list[int]]]
+    plans: dict[int, _ServerPlan]
 
 
 def _text(value: Any) -> str:
@@ -199,11 +231,12 @@ class RedisBloomFilter:
         servers = len(self.clients)
         self._shard_clients = [self.clients[i % servers] for i in range(spec.shards)]
         self._opened = False
-        # Constant arguments of every bulk script call: k and the shard size.
-        self._script_args = (spec.hash_count, spec.shard_bits)
+        # One held connection per server, for hand-packed commands (see .wire).
+        self._held = [HeldConnection(c) for c in self.clients]
         add_one = _Script(scripts.check_and_add_one(spec.hash_count, spec.shard_bits))
-        callers = {id(c): ScriptCaller(c, add_one.source, add_one.sha) for c in self.clients}
-        self._add_one = [callers[id(c)] for c in self._shard_clients]
+        callers = [ScriptCaller(held, add_one.source, add_one.sha) for held in self._held]
+        self._add_one = [callers[i % servers] for i in range(spec.shards)]
+        self._packers = {write: BitfieldPacker(write) for write in (True, False)}
         # The near-cache: 128-bit digests of elements known to be in the filter, oldest
         # first. A Bloom filter never forgets, so a hit is "seen" without a round trip.
         self.cache_size = cache_size
@@ -332,8 +365,8 @@ class RedisBloomFilter:
 
     def close(self) -> None:
         """Give back the connections :meth:`check_and_add` holds. The filter stays usable."""
-        for caller in self._add_one:
-            caller.close()
+        for held in self._held:
+            held.close()
 
     def clear(self) -> None:
         """Delete every shard and counter, then the record (UNLINK: freed in the background).
@@ -463,80 +496,155 @@ class RedisBloomFilter:
         """Add elements in bulk; return, per element, whether it was there already.
 
         The result equals calling :meth:`check_and_add` on each element in order.
+        The outcomes are added to the counters in Redis before returning.
         """
-        return self._bulk(_CHECK_AND_ADD, elements)
+        result = self._bulk(True, elements)
+        self.sync_counters()
+        return result
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Return, per element, whether it is (probably) in the filter."""
-        return self._bulk(_CONTAINS, elements)
+        return self._bulk(False, elements)
 
     # -- plumbing ----------------------------------------------------------------
 
-    def _bulk(self, script: _Script, elements: Iterable[str | bytes]) -> list[bool]:
-        """Run a script over elements, grouped per shard, pipelined in batches."""
+    def _bulk(self, write: bool, elements: Iterable[str | bytes]) -> list[bool]:
+        """Set (or read) the elements' bits in chunks of BULK_CHUNK elements.
+
+        On standalone servers the chunks overlap: chunk n+1 is hashed, packed and
+        sent while Redis still works on chunk n, whose replies are read after.
+        """
         if not self._opened:
             self.open()
         result: list[bool] = []
-        chunk: list[str | bytes] = []
-        for element in elements:
-            chunk.append(element)
-            if len(chunk) == BATCH * 10:
-                result.extend(self._bulk_chunk(script, chunk))
-                chunk = []
-        if chunk:
-            result.extend(self._bulk_chunk(script, chunk))
+        pending: _Chunk | None = None
+        remaining = iter(elements)
+        while chunk := list(itertools.islice(remaining, BULK_CHUNK)):
+            prepared = self._prepare(write, chunk)
+            self._send(prepared)
+            if pending is not None:
+                result.extend(self._collect(pending))
+            pending = prepared
+        if pending is not None:
+            result.extend(self._collect(pending))
         return result
 
-    def _bulk_chunk(self, script: _Script, elements: Sequence[str | bytes]) -> list[bool]:
+    def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
+        """Hash a chunk and plan its commands: per server, per shard, BULK_BITS bits each."""
         spec = self.spec
-        # Per shard: the positions of its elements in the input and their (x, y) pairs.
-        groups: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        k, size, shards = spec.hash_count, spec.shard_bits, spec.shards
+        steps = offset_steps(k)
+        groups: dict[int, tuple[list[int], list[int]]] = {}
         for i, element in enumerate(elements):
-            shard, x, y = locate(element, spec.shards, spec.shard_bits)
-            positions, args = groups[shard]
-            positions.append(i)
-            args += (x, y)
-        with_counter = script is _CHECK_AND_ADD
-        calls = [
-            (
-                self._shard_clients[shard],
-                # A ClusterPipeline refuses pipe.evalsha(); the raw command is routed by key.
-                "execute_command",
-                "EVALSHA",
-                script.sha,
-                2 if with_counter else 1,
-                self.shard_keys[shard],
-                *((self.counter_keys[shard],) if with_counter else ()),
-                *self._script_args,
-                *args,
+            shard, x, y = locate(element, shards, size)
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = ([], [])
+            group[0].append(i)
+            group[1].extend([(x + j * y + c) % size for j, c in steps])  # offsets(), inlined
+        per_command = max(1, BULK_BITS // k) * k
+        servers = len(self.clients)
+        plans: dict[int, _ServerPlan] = {}
+        for shard, (_, bits) in groups.items():
+            plan = plans.get(shard % servers)
+            if plan is None:
+                plan = plans[shard % servers] = _ServerPlan()
+            if write:
+                plan.allocations.append(shard)
+            plan.commands.extend(
+                (shard, start, min(start + per_command, len(bits)))
+                for start in range(0, len(bits), per_command)
             )
-            for shard, (_, args) in groups.items()
-        ]
-        replies = self._run_scripts(script, calls)
-        if any(reply[-1] for reply in replies):  # a shard was allocated: see check_and_add
+        return _Chunk(write, len(elements), groups, plans)
+
+    def _send(self, chunk: _Chunk) -> None:
+        """Send each server's commands on the held connection, where one is usable."""
+        for server, plan in chunk.plans.items():
+            held = self._held[server]
+            if not held.usable:
+                continue
+            assert held.encode is not None
+            encode, packer = held.encode, self._packers[chunk.write]
+            keys = {shard: encode(self.shard_keys[shard]) for shard, _, _ in plan.commands}
+            last = b"%d" % (self.spec.shard_bytes - 1)
+            payload = b"".join(
+                [
+                    *(
+                        pack_command(b"EVAL", _ALLOCATE, b"1", keys[shard], last)
+                        for shard in plan.allocations
+                    ),
+                    *(
+                        packer.pack(keys[shard], chunk.groups[shard][1][a:b])
+                        for shard, a, b in plan.commands
+                    ),
+                ]
+            )
+            try:
+                plan.sent = held.send(payload)
+            except CONNECTION_ERRORS:
+                plan.sent = None  # dropped: _collect goes through the client
+
+    def _collect(self, chunk: _Chunk) -> list[bool]:
+        """Read (or run through the client) a chunk's replies; return its answers."""
+        k = self.spec.hash_count
+        old_bits: dict[int, list[int]] = {shard: [] for shard in chunk.groups}
+        created = False
+        for server, plan in chunk.plans.items():
+            held = self._held[server]
+            count = len(plan.allocations) + len(plan.commands)
+            replies: list[Any] | None = None
+            if plan.sent is not None and plan.sent == held.generation:
+                try:
+                    replies = held.receive(count)
+                except CONNECTION_ERRORS:
+                    replies = None  # dropped; run the commands again through the client
+            if replies is None:
+                replies = self._through_client(server, chunk, plan)
+            order = [*plan.allocations, *(shard for shard, _, _ in plan.commands)]
+            for shard, reply in zip(order, replies, strict=True):
+                if isinstance(reply, Exception):
+                    if isinstance(reply, ResponseError):
+                        self._raise_if_wrong_type(
+                            reply, self.shard_keys[shard], self.clients[server]
+                        )
+                    raise reply
+            created |= any(reply == 1 for reply in replies[: len(plan.allocations)])
+            for (shard, _, _), reply in zip(
+                plan.commands, replies[len(plan.allocations) :], strict=True
+            ):
+                old_bits[shard].extend(reply)
+        if created:  # a shard was allocated: the filter may have been cleared
             self._ensure_record()
-        out = [False] * len(elements)
-        for (positions, _), reply in zip(groups.values(), replies, strict=True):
-            for position, flag in zip(positions, reply[:-1], strict=True):
-                out[position] = flag == 1
+        out = [False] * chunk.size
+        added = 0
+        for shard, (positions, _) in chunk.groups.items():
+            bits = old_bits[shard]
+            for n, position in enumerate(positions):
+                seen = 0 not in bits[n * k : n * k + k]
+                out[position] = seen
+                added += not seen
+        if chunk.write:
+            self._unsynced_added += added
+            self._unsynced_seen += chunk.size - added
         return out
 
-    def _run_scripts(self, script: _Script, calls: list[tuple[Any, ...]]) -> list[Any]:
-        """Pipeline EVALSHA calls; load the script and retry those that got NOSCRIPT."""
-        replies = list(self._pipelined(calls, raise_on_error=False))
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
-            for client in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                client.script_load(script.source)
-            retried = self._pipelined([calls[i] for i in missing], raise_on_error=False)
-            for i, reply in zip(missing, retried, strict=True):
-                replies[i] = reply
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                if isinstance(reply, ResponseError):
-                    self._raise_if_wrong_type(reply, call[5], call[0])
-                raise reply
-        return replies
+    def _through_client(self, server: int, chunk: _Chunk, plan: _ServerPlan) -> list[Any]:
+        """Run a server's commands through its client's pipeline: clusters, other threads."""
+        client = self.clients[server]
+        last = self.spec.shard_bytes - 1
+        op = ("SET", "u1") if chunk.write else ("GET", "u1")
+        tail = (1,) if chunk.write else ()
+        calls: list[tuple[Any, ...]] = [
+            (client, "execute_command", "EVAL", scripts.ALLOCATE, 1, self.shard_keys[shard], last)
+            for shard in plan.allocations
+        ]
+        for shard, a, b in plan.commands:
+            bits = chunk.groups[shard][1][a:b]
+            arguments = [item for offset in bits for item in (*op, offset, *tail)]
+            calls.append(
+                (client, "execute_command", "BITFIELD", self.shard_keys[shard], *arguments)
+            )
+        return list(self._pipelined(calls, raise_on_error=False))
 
     def _calls(self, method: str, keys: Sequence[str], *args: Any) -> list[tuple[Any, ...]]:
         """Build ``(client, method, key, *args)`` calls, each key on its server."""

@@ -31,6 +31,7 @@ on the server from ``(x, y)``, so a request sends two numbers, not k offsets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import mmh3
 
@@ -92,12 +93,15 @@ def locate(element: str | bytes, shards: int, shard_bits: int) -> tuple[int, int
 def offsets(x: int, y: int, hash_count: int, shard_bits: int) -> list[int]:
     """Return the k bit offsets inside a shard: step 4 of the scheme.
 
-    The Lua scripts compute the same sequence on the server; this is the reference
-    for tests and for tools that read the bits directly.
+    Computed in closed form: unrolling step 4 gives ``offset[i] = (x + i*y +
+    (i**3 - i) / 6) mod S``, the same numbers with one multiplication instead of a
+    loop-carried chain (the bulk path computes millions of them). The Lua scripts
+    run the loop as written.
     """
-    result = [x]
-    for i in range(1, hash_count):
-        x = (x + y) % shard_bits
-        y = (y + i) % shard_bits
-        result.append(x)
-    return result
+    return [(x + i * y + c) % shard_bits for i, c in offset_steps(hash_count)]
+
+
+@lru_cache(maxsize=64)
+def offset_steps(hash_count: int) -> tuple[tuple[int, int], ...]:
+    """Return ``(i, (i**3 - i) // 6)`` for i in 0 .. k-1: the constants of offsets()."""
+    return tuple((i, (i**3 - i) // 6) for i in range(hash_count))

@@ -179,6 +179,21 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _close_scrapy_redis_leftovers() -> None:
+    """Close the Redis client of any scrapy-redis Scheduler still in memory.
+
+    When its dupefilter refuses to open, scrapy-redis's Scheduler is dropped without
+    closing the client it made; collecting it then warns of an unclosed socket,
+    depending on when the garbage collector runs. That socket is scrapy-redis's, not
+    ours: close it, so that the warnings left are about our own connections.
+    """
+    from scrapy_redis.scheduler import Scheduler
+
+    for obj in gc.get_objects():
+        if isinstance(obj, Scheduler) and getattr(obj, "server", None) is not None:
+            obj.server.close()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the crawl; return what the output file holds."""
     settings = dict(BASE_SETTINGS)
@@ -219,6 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Twisted logs an unhandled failure when its Deferred is collected: do it now,
     # while Scrapy's log handler is still installed.
     del deferred
+    _close_scrapy_redis_leftovers()
     gc.collect()
     if process.bootstrap_failed and error is None:
         error = {"type": "BootstrapFailed", "message": "the crawl failed to start", "chain": []}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scrapy_redis_bloom.config import BloomConfig, false_positive_rate
-from scrapy_redis_bloom.engine import RedisBloomFilter
+from scrapy_redis_bloom.engine import BULK_CHUNK, FilterTotals, RedisBloomFilter
 from scrapy_redis_bloom.errors import (
     ConfigMismatchError,
     FilterMissingError,
@@ -105,6 +106,34 @@ def test_bulk_results_equal_per_item_results(redis_client: redis.Redis) -> None:
     assert expected.count(False) <= 3000
     assert bulk.contains_many(elements) == [True] * len(elements)
     assert redis_client.get(bulk.shard_keys[2]) == redis_client.get(one_by_one.shard_keys[2])
+
+
+def test_bulk_across_chunks_and_threads_equals_per_item_results(
+    redis_client: redis.Redis,
+) -> None:
+    # 15,000 elements: two chunks (BULK_CHUNK), several BITFIELDs per shard and chunk,
+    # and repeats whose first occurrence is in the other chunk or in the same one.
+    assert BULK_CHUNK == 10_000
+    elements = fingerprints(12_000) + fingerprints(12_000)[9_000:]
+    spec = FilterSpec(shards=3, shard_bits=400_009, hash_count=7)
+    one_by_one = make(redis_client, spec, key="single")
+    expected = [one_by_one.check_and_add(e) for e in elements]
+    assert expected.count(True) >= 3_000
+    held = make(redis_client, spec, key="held")  # hand-packed, on its held connection
+    assert held.add_many(elements) == expected
+    # The same through redis-py's pipeline: from a thread that does not hold the connection.
+    piped = make(redis_client, spec, key="piped")
+    piped.contains_many(elements[:1])  # this thread takes the held connection
+    answers: list[bool] = []
+    thread = threading.Thread(target=lambda: answers.extend(piped.add_many(elements)))
+    thread.start()
+    thread.join()
+    assert answers == expected
+    for shard in range(spec.shards):
+        bits = redis_client.get(one_by_one.shard_keys[shard])
+        assert redis_client.get(held.shard_keys[shard]) == bits
+        assert redis_client.get(piped.shard_keys[shard]) == bits
+    assert held.totals() == piped.totals() == FilterTotals(added=12_000, seen=3_000)
 
 
 def test_false_positive_rate_matches_theory(redis_client: redis.Redis) -> None:

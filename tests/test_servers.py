@@ -14,6 +14,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import (
     FilterSpec,
+    FilterTotals,
     RedisBloomFilter,
     ServerListMismatchError,
 )
@@ -88,10 +89,12 @@ def test_totals_sum_every_workers_outcomes(redis_client: redis.Redis) -> None:
     b = RedisBloomFilter(redis_client, "bf", SPEC, 1000)
     outcomes = [a.check_and_add(fp) for fp in fingerprints(300)]
     outcomes += [b.check_and_add(fp) for fp in fingerprints(500)]  # 300 seen, 200 new
+    # check_and_add counts locally until synced (every SYNC_EVERY calls, or closed)...
+    assert a.totals() == FilterTotals(added=0, seen=0)
     outcomes += b.add_many(fingerprints(50, "x"))
-    assert a.totals().seen == 0  # check_and_add counts locally until synced (or closed)
+    # ...and add_many syncs its filter's counts when it returns: b's, not a's.
+    assert a.totals() == FilterTotals(added=250, seen=300)
     a.sync_counters()
-    b.sync_counters()
     totals = a.totals()
     assert totals.added == outcomes.count(False) == 550
     assert totals.seen == outcomes.count(True) == 300

@@ -27,8 +27,16 @@ def make_filter(client: redis.Redis, key: str = "wire:bf") -> RedisBloomFilter:
 
 
 def held_connection_id(client: redis.Redis) -> int:
-    """Return the server-side id of the one connection whose last command was EVALSHA."""
-    ids = [int(c["id"]) for c in client.client_list() if c["cmd"] == "evalsha"]
+    """Return the server-side id of this client's one connection that last ran EVALSHA.
+
+    Test clients are named (``client_name``), so other tests' connections don't count.
+    """
+    name = client.connection_pool.connection_kwargs["client_name"]
+    ids = [
+        int(c["id"])
+        for c in client.client_list()
+        if c["cmd"] == "evalsha" and c.get("name") == name
+    ]
     assert len(ids) == 1, client.client_list()
     return ids[0]
 
@@ -67,20 +75,23 @@ def test_reloads_the_script_after_script_flush(redis_client: redis.Redis) -> Non
     assert [bloom.check_and_add(e) for e in elements] == [True] * 10 + [False] * 10
 
 
-def test_recovers_when_the_server_drops_the_connection(redis_client: redis.Redis) -> None:
-    bloom = make_filter(redis_client)
+def test_recovers_when_the_server_drops_the_connection(redis_server: RedisServer) -> None:
+    client = redis_server.client(client_name="wire-kill")
+    client.flushall()
+    bloom = make_filter(client)
     elements = fingerprints(4, "d")
     assert bloom.check_and_add(elements[0]) is False
-    killed = redis_client.client_kill_filter(_id=held_connection_id(redis_client))
+    killed = client.client_kill_filter(_id=held_connection_id(client))
     assert killed == 1
     # The next call finds the held connection dead and goes through the client.
     assert bloom.check_and_add(elements[1]) is False
     assert [bloom.check_and_add(e) for e in elements] == [True, True, False, False]
+    client.close()
 
 
 def test_a_timeout_leaves_no_reply_behind(redis_server: RedisServer) -> None:
     # The reply to a call that timed out must not be read as the next call's reply.
-    client = redis_server.client(socket_timeout=0.05)
+    client = redis_server.client(socket_timeout=0.05, client_name="wire-timeout")
     client.flushall()
     bloom = make_filter(client)
     element = fingerprints(1, "e")[0]
@@ -119,3 +130,19 @@ def test_wrong_type_is_named_on_the_hot_path(redis_client: redis.Redis) -> None:
     for key in bloom.shard_keys:
         redis_client.delete(key)
     assert bloom.check_and_add(fingerprints(1, "h")[0]) is False
+
+
+def test_bulk_recovers_when_the_server_drops_the_connection(redis_server: RedisServer) -> None:
+    client = redis_server.client(client_name="wire-bulk")
+    client.flushall()
+    bloom = make_filter(client)
+    first, second = fingerprints(2_000, "i"), fingerprints(2_000, "j")
+    assert bloom.add_many(first) == [False] * 2_000
+    me = client.client_id()
+    named = [int(c["id"]) for c in client.client_list() if c.get("name") == "wire-bulk"]
+    killed = [client.client_kill_filter(_id=i) for i in named if i != me]
+    assert killed == [1]  # the held connection: bulk calls borrow no other
+    # The held connection is dead: the bulk calls notice and go through the client.
+    assert bloom.add_many(second + first) == [False] * 2_000 + [True] * 2_000
+    assert bloom.contains_many(second) == [True] * 2_000
+    client.close()
