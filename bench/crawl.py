@@ -37,6 +37,8 @@ logger = logging.getLogger("bench.crawl")
 RUNNER = TESTS / "crawl_runner.py"
 WORKERS = 2
 START_URLS_KEY = "shared:start_urls"
+#: Where each worker of crawl_runner.py adds its pid once it waits for start URLs.
+READY_KEY = "shared:ready"
 
 #: Our filter sized as in the test suite's crawls: 100,000 URLs at a 1e-6 error rate
 #: (351 KiB, k = 20), so a crawl of a few hundred pages never meets a false positive.
@@ -72,11 +74,12 @@ def crawl_contenders(old_installed: bool) -> list[CrawlContender]:
 def start_pages(site: Site) -> tuple[int, int]:
     """Return the two start pages: the home page and the page farthest from it.
 
-    Each worker takes one. The second worker starts a little later (Python and Scrapy
-    start-up): given a start page the first worker has already found, it would find
-    its own request filtered and an empty queue, and sleep until Scrapy's next 5 s idle
-    heartbeat, leaving the whole crawl to one worker. The farthest page (deepest in a
-    breadth-first walk from the home page) is found last, so both workers crawl.
+    Each worker takes one, pushed once both wait for start URLs (``shared:ready``).
+    Had one worker started first, it could find the other's start page before that
+    one polled; the other would then see its start request filtered and an empty
+    queue, and sleep until Scrapy's next 5 s idle heartbeat, leaving the whole crawl
+    to one worker. The farthest page (deepest in a breadth-first walk from the home
+    page) keeps the two apart for as long as possible.
     """
     depth = {0: 0}
     frontier = [0]
@@ -140,7 +143,7 @@ class CrawlConfig:
         return {
             "SCHEDULER_PERSIST": True,
             "MAX_IDLE_TIME_BEFORE_CLOSE": self.max_idle,
-            "REDIS_START_URLS_BATCH_SIZE": 1,
+            "SHARED_START_WAIT": self.timeout,
             "CONCURRENT_REQUESTS": self.concurrency,
             "CONCURRENT_REQUESTS_PER_DOMAIN": self.concurrency,
         }
@@ -158,7 +161,6 @@ def run_crawl(
     server = TimedSiteServer(site, delay=config.delay)
     server.start()
     try:
-        bench.redis().rpush(START_URLS_KEY, *[server.page_url(p) for p in starts])
         tag = contender.name.split()[0].replace(",", "")
         outputs = [workdir / f"{tag}-{i}.json" for i in range(WORKERS)]
         logs = [workdir / f"{tag}-{i}.log" for i in range(WORKERS)]
@@ -173,7 +175,12 @@ def run_crawl(
             ]  # fmt: skip
             with log.open("wb") as sink:
                 procs.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT))
-        error = _wait(procs, launched + config.timeout)
+        # One start URL per worker, pushed once both poll for one: they start together.
+        error = _wait_ready(bench, procs, launched + config.timeout)
+        if error is None:
+            bench.redis().rpush(START_URLS_KEY, *[server.page_url(p) for p in starts])
+        # On an error, a deadline already passed: the workers are killed at once.
+        error = _wait(procs, time.monotonic() if error else launched + config.timeout) or error
         ended = time.monotonic()
         arrivals = list(server.arrivals)
         hits = server.hits_snapshot()
@@ -201,6 +208,20 @@ def run_crawl(
     )
     outcome.extra["finish_reasons"] = [r.get("stats", {}).get("finish_reason") for r in results]
     return outcome
+
+
+def _wait_ready(
+    bench: BenchRedis, procs: list[subprocess.Popen[bytes]], deadline: float
+) -> str | None:
+    """Wait until every worker polls for start URLs; return an error, or None."""
+    client = bench.redis()
+    while client.scard(READY_KEY) < len(procs):
+        if any(proc.poll() is not None for proc in procs):
+            return "a worker exited before the crawl began"
+        if time.monotonic() > deadline:
+            return "the workers did not start in time"
+        time.sleep(0.02)
+    return None
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], deadline: float) -> str | None:

@@ -80,7 +80,8 @@ START_URLS_KEY = demo_settings.REDIS_START_URLS_KEY % {"name": SPIDER}
 QUEUE_KEY = demo_settings.SCHEDULER_QUEUE_KEY % {"spider": SPIDER}
 FILTER_KEY = demo_settings.BLOOMFILTER_KEY % {"spider": SPIDER}
 ERROR_RATE = float(demo_settings.BLOOMFILTER_ERROR_RATE)
-START_BATCH = int(demo_settings.REDIS_START_URLS_BATCH_SIZE)
+#: Start URLs a worker takes per poll: scrapy-redis 0.9 takes CONCURRENT_REQUESTS at a time.
+START_BATCH = int(demo_settings.CONCURRENT_REQUESTS)
 #: A temporary SET: the fetched pages' fingerprints stored the way scrapy-redis does.
 SET_PROBE_KEY = f"{SPIDER}:set-memory-probe"
 

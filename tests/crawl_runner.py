@@ -64,10 +64,13 @@ warnings.showwarning = _record_warning
 warnings.simplefilter("default")
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import datetime  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from collections.abc import AsyncIterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -149,11 +152,34 @@ class SharedSiteSpider(RedisSpider):  # type: ignore[misc]  # scrapy-redis is un
 
     name = "shared"
     redis_key = "shared:start_urls"
+    #: Where each worker adds its pid once it polls for start URLs.
+    ready_key = "shared:ready"
+    #: Start URLs taken per poll. scrapy-redis 0.9 ignores REDIS_START_URLS_BATCH_SIZE
+    #: (it takes CONCURRENT_REQUESTS at a time) unless the spider sets this.
+    redis_batch_size = 1
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fetched: list[str] = []
         self.offered = 0
+
+    async def start(self) -> AsyncIterator[Any]:
+        """Take start URLs; with ``SHARED_START_WAIT``, wait that long for them to come.
+
+        scrapy-redis reads its start URLs once at start, then only when the spider is
+        idle, which Scrapy checks every 5 s. A launcher that waits for every worker
+        in ``shared:ready`` before pushing one start URL per worker (each takes one
+        per poll) has them all start crawling at once.
+        """
+        self.server.sadd(self.ready_key, os.getpid())
+        deadline = time.monotonic() + self.settings.getfloat("SHARED_START_WAIT", 0)
+        while True:
+            requests = list(self.next_requests())
+            for request in requests:
+                yield request
+            if requests or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
 
     def make_request_from_data(self, data: bytes) -> scrapy.Request:
         """Request the pushed URL through the dupefilter.

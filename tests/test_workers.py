@@ -51,14 +51,10 @@ def crawl(
     filter_redis: redis.Redis | RedisCluster,
 ) -> list[dict[str, Any]]:
     """Run WORKERS worker processes to the end; return their outputs."""
-    # Two start pages, taken one per worker at start-up (batches of 1): both begin at once.
-    client = redis.Redis.from_url(redis_url)
-    client.rpush("shared:start_urls", *[site.page_url(p) for p in START_PAGES])
-    client.close()
     base = {
         "SCHEDULER_PERSIST": True,
         "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
-        "REDIS_START_URLS_BATCH_SIZE": 1,
+        "SHARED_START_WAIT": TIMEOUT,
         "CONCURRENT_REQUESTS": 4,
         **settings,
     }
@@ -77,7 +73,15 @@ def crawl(
         outputs.append(output)
         logs.append(log)
     deadline = time.monotonic() + TIMEOUT
+    client = redis.Redis.from_url(redis_url)
     try:
+        # Two start pages, pushed once both workers wait for start URLs; each takes
+        # one per poll, so both begin at once.
+        while client.scard("shared:ready") < WORKERS:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                break  # checked below: every worker must exit 0 and have fetched pages
+            time.sleep(0.05)
+        client.rpush("shared:start_urls", *[site.page_url(p) for p in START_PAGES])
         # Each worker holds a lease in the filter's registry while it runs.
         while filter_redis.zcard("shared:bloomfilter:workers") < WORKERS:
             if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
@@ -87,6 +91,7 @@ def crawl(
         for proc in procs:
             proc.wait(timeout=max(1, deadline - time.monotonic()))
     finally:
+        client.close()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

@@ -25,9 +25,6 @@ SCHEDULER_PERSIST = True
 SCHEDULER_QUEUE_KEY = "%(spider)s:requests"
 # Where the spider reads its start URLs (JSON: {"url": "..."}), one list per spider.
 REDIS_START_URLS_KEY = "%(name)s:start_urls"
-# A worker takes start URLs from that list this many at a time. run.py pushes one batch
-# per worker, so that every worker fetches pages from its first second on.
-REDIS_START_URLS_BATCH_SIZE = 8
 # Where Redis is: run.py passes the URL of its embedded server, or yours.
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 # A worker stops on its own once it has been idle this many seconds: the shared queue is
@@ -54,6 +51,8 @@ ROBOTSTXT_OBEY = False
 USER_AGENT = "scrapy-redis-bloom-demo"
 # Per worker: 8 requests in flight, at most 4 per site, no delay. The demo site is local
 # and answers in milliseconds; for a real site add DOWNLOAD_DELAY or AUTOTHROTTLE_ENABLED.
+# scrapy-redis 0.9 also takes start URLs this many at a time (it ignores the older
+# REDIS_START_URLS_BATCH_SIZE): run.py pushes one such batch per worker.
 CONCURRENT_REQUESTS = 8
 CONCURRENT_REQUESTS_PER_DOMAIN = 4
 DOWNLOAD_DELAY = 0
