@@ -178,7 +178,6 @@ class BitfieldPacker:
     """Pack ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1 <offset>``) commands."""
 
     def __init__(self, write: bool) -> None:
-        self.write = write
         self._arguments_per_bit = 4 if write else 3
         op = b"$3\r\nSET\r\n$2\r\nu1\r\n" if write else b"$3\r\nGET\r\n$2\r\nu1\r\n"
         # Per decimal length of the offset: the op's bytes up to the offset itself.
