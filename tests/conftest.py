@@ -57,3 +57,29 @@ def redis_cluster(redis_cluster_nodes: RedisClusterNodes) -> Iterator[RedisClust
 def redis_cluster_url(redis_cluster_nodes: RedisClusterNodes, redis_cluster: RedisCluster) -> str:
     """Return the URL of a node of the session's cluster, emptied for this test."""
     return redis_cluster_nodes.startup_url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_replicas() -> Iterator[RedisClusterNodes]:
+    """Start a real Redis Cluster of 3 masters with 1 replica each, for the session.
+
+    Nodes 0-2 start as the masters and node 3 + i as the replica of master i. The node
+    timeout is 2000 ms, so a killed master fails over within a few seconds (see
+    ``kill_node`` and ``wait_for_failover``); a node frozen for longer than that may fail
+    over too. A test that kills a node must ``restart_node`` it before it ends; roles may
+    stay swapped afterwards, so look them up with ``masters()`` and ``replicas_of()``.
+    """
+    with RedisClusterNodes(3, replicas=1, node_timeout_ms=2000) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def aof_redis_server() -> Iterator[RedisServer]:
+    """Start a fresh redis-server with AOF (``appendfsync always``) for one test.
+
+    Every acknowledged write is on disk, so ``kill()`` then ``restart()`` loses none of
+    them: the fixture for crash-recovery tests. The server and its directory are removed
+    at the end of the test.
+    """
+    with RedisServer(appendonly=True) as server:
+        yield server

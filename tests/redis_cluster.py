@@ -1,14 +1,17 @@
-"""A throwaway Redis Cluster for the tests: N masters on free loopback ports, no replicas.
+"""A throwaway Redis Cluster for the tests: N masters on free loopback ports, maybe replicas.
 
 Each node is a :class:`redis_server.RedisServer` started with ``--cluster-enabled yes``.
 The cluster is formed through redis-py alone (no ``redis-cli``): every node gets a
-distinct config epoch and an even share of the 16384 slots (``CLUSTER ADDSLOTS``), every
-other node sends ``CLUSTER MEET`` to the first one, then the start waits (bounded) until every
-node reports ``cluster_state:ok`` and the same, complete ``CLUSTER SLOTS`` map.
+distinct config epoch, each master an even share of the 16384 slots (``CLUSTER ADDSLOTS``),
+every other node sends ``CLUSTER MEET`` to the first one, each replica (if any) sends
+``CLUSTER REPLICATE`` to its master, then the start waits (bounded) until every node reports
+``cluster_state:ok`` and the same, complete ``CLUSTER SLOTS`` map, and every replica's
+link to its master is up.
 
 Helpers let a test break the cluster on purpose: move a slot between masters (``MOVED``
 and ``ASK`` redirections), ``SCRIPT FLUSH`` one node (``NOSCRIPT``), stop and restart a
-master (``cluster_state:fail`` after the node timeout, then recovery).
+master (``cluster_state:fail`` after the node timeout, then recovery), SIGKILL a master and
+wait for one of its replicas to take over (failover), freeze a node (``DEBUG SLEEP``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
-from redis_server import RedisServer
+from redis_server import PauseThread, RedisServer
 
 HOST = "127.0.0.1"
 #: The cluster bus listens on the client port + 10000, so client ports stay below this.
@@ -83,25 +86,34 @@ def _log_tail(server: RedisServer, lines: int = 15) -> str:
 
 
 class RedisClusterNodes:
-    """A Redis Cluster of ``n`` masters (no replicas) on 127.0.0.1, as a context manager.
+    """A Redis Cluster of ``n`` masters on 127.0.0.1, as a context manager.
+
+    Each master gets ``replicas`` replicas (default none). Nodes ``0 .. n-1`` start as the
+    masters; node ``n + k * n + m`` starts as the ``k``-th replica of master ``m``. Roles
+    change after a failover: :meth:`masters` and :meth:`replicas_of` tell the current ones.
 
     ``node_timeout_ms`` is ``cluster-node-timeout``: how long a stopped master takes to be
-    marked failed (and the cluster to turn ``cluster_state:fail``). ``startup_timeout``
-    bounds the wait for the cluster to converge, in seconds. ``extra_args`` go to every
-    ``redis-server``. The binary is the one :func:`redis_server.find_redis_server` picks.
+    marked failed (and the cluster to turn ``cluster_state:fail``, or a replica to take
+    over); keep it small (1000-2000) for failover tests. ``startup_timeout`` bounds the wait
+    for the cluster to converge, in seconds. ``extra_args`` go to every ``redis-server``,
+    replicas included. The binary is the one :func:`redis_server.find_redis_server` picks.
     """
 
     def __init__(
         self,
         n: int = 3,
         *,
+        replicas: int = 0,
         node_timeout_ms: int = 5000,
         startup_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
     ) -> None:
         if not 1 <= n <= 100:
             raise ValueError(f"n must be between 1 and 100, not {n}")
+        if not 0 <= replicas <= 5:
+            raise ValueError(f"replicas must be between 0 and 5, not {replicas}")
         self.n = n
+        self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
@@ -109,6 +121,10 @@ class RedisClusterNodes:
         self.ports: list[int] = []
         self.node_ids: list[str] = []
         self.servers: list[RedisServer | None] = []
+        #: Nodes taken down by :meth:`kill_node`, kept for :meth:`restart_node`.
+        self._killed: dict[int, RedisServer] = {}
+        #: What a node served when it went down: its slot ranges and its replicas.
+        self._lost: dict[int, tuple[list[tuple[int, int]], list[int]]] = {}
         self._admins: dict[int, redis.Redis] = {}
         #: Seconds the last :meth:`start` took, for the curious.
         self.startup_seconds = 0.0
@@ -124,6 +140,15 @@ class RedisClusterNodes:
     def startup_url(self) -> str:
         """The first node's URL, enough for a cluster client to discover the rest."""
         return f"redis://{HOST}:{self.ports[0]}"
+
+    @property
+    def size(self) -> int:
+        """The number of nodes: masters plus replicas."""
+        return self.n * (1 + self.replicas)
+
+    def initial_master(self, i: int) -> int:
+        """Return the index of the master that node ``i`` started under (itself if one)."""
+        return i if i < self.n else (i - self.n) % self.n
 
     @property
     def live(self) -> list[int]:
@@ -176,11 +201,14 @@ class RedisClusterNodes:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _node_args(self, port: int) -> tuple[str, ...]:
+        # Redis 7 syncs replicas over the socket after a 5 s wait for more of them: no wait.
+        sync = ("--repl-diskless-sync-delay", "0") if self.replicas else ()
         return (
             "--cluster-enabled", "yes",
             "--cluster-config-file", str(Path(self.dir) / f"nodes-{port}.conf"),
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--cluster-announce-ip", HOST,
+            *sync,
             *self.extra_args,
         )  # fmt: skip
 
@@ -215,7 +243,7 @@ class RedisClusterNodes:
     def _start_nodes(self) -> None:
         taken: set[int] = set()
         self.ports = []
-        for _ in range(self.n):
+        for _ in range(self.size):
             port = free_cluster_port(taken)
             taken.update((port, port + 10000))
             self.ports.append(port)
@@ -224,16 +252,52 @@ class RedisClusterNodes:
             self.servers.append(self._start_server(port))
 
     def _form_cluster(self) -> None:
-        self.node_ids = [self.execute(i, "CLUSTER", "MYID") for i in range(self.n)]
-        for i in range(self.n):
+        self.node_ids = [self.execute(i, "CLUSTER", "MYID") for i in range(self.size)]
+        for i in range(self.size):
             # Distinct epochs up front, as redis-cli does: no collision to resolve later.
             self.execute(i, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-            first, last = self.expected_range(i)
-            self.execute(i, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
-        for i in range(1, self.n):
+            if i < self.n:
+                first, last = self.expected_range(i)
+                self.execute(i, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
+        for i in range(1, self.size):
             self.execute(i, "CLUSTER", "MEET", HOST, self.ports[0])
+        if self.replicas:
+            self._attach_replicas()
         expected = [(*self.expected_range(i), (HOST, self.ports[i])) for i in range(self.n)]
-        self.wait_until_consistent(expected=expected, timeout=self.startup_timeout)
+        self._wait(
+            lambda: self._problems(expected, "ok") + self._layout_problems(),
+            self.startup_timeout,
+            "cluster_state:ok with consistent CLUSTER SLOTS",
+        )
+
+    def _attach_replicas(self) -> None:
+        """``CLUSTER REPLICATE`` each replica to its master, once it knows that master."""
+        pending = set(range(self.n, self.size))
+
+        def replicate() -> list[str]:
+            problems = []
+            for i in sorted(pending):
+                master = self.node_ids[self.initial_master(i)]
+                try:
+                    # "Unknown node" until the MEET gossip has reached this node.
+                    self.execute(i, "CLUSTER", "REPLICATE", master)
+                except redis.ResponseError as error:
+                    problems.append(f"node {i}: CLUSTER REPLICATE {master}: {error}")
+                else:
+                    pending.discard(i)
+            return problems
+
+        self._wait(replicate, self.startup_timeout, "every replica attached to its master")
+
+    def _layout_problems(self) -> list[str]:
+        """Return the replicas that do not (yet) replicate from their initial master."""
+        problems = []
+        for i in range(self.n, self.size):
+            info = self.execute(i, "INFO", "replication")
+            master_port = self.ports[self.initial_master(i)]
+            if info.get("role") != "slave" or info.get("master_port") != master_port:
+                problems.append(f"node {i}: not yet a replica of port {master_port}")
+        return problems
 
     def expected_range(self, i: int) -> tuple[int, int]:
         """Return the first and last slot that node ``i`` gets at start."""
@@ -244,10 +308,12 @@ class RedisClusterNodes:
         """Stop every node and delete the temporary directories. Idempotent."""
         for i in list(self._admins):
             self._drop_admin(i)
-        for server in self.servers:
+        for server in [*self.servers, *self._killed.values()]:
             if server is not None:
                 server.stop()
         self.servers = []
+        self._killed = {}
+        self._lost = {}
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = ""
@@ -276,6 +342,29 @@ class RedisClusterNodes:
         i = self.live[0] if node is None else self.index(node)
         ranges = self.execute(i, "CLUSTER", "SLOTS")
         return sorted((int(r[0]), int(r[1]), (str(r[2][0]), int(r[2][1]))) for r in ranges)
+
+    def role(self, node: NodeRef) -> str:
+        """Return a live node's own view of its role: ``master`` or ``slave``."""
+        return str(self.execute(node, "INFO", "replication")["role"])
+
+    def masters(self) -> list[Address]:
+        """Return the live nodes that serve slots now (per ``CLUSTER SLOTS``), by index."""
+        serving = {address for _, _, address in self.slot_map()}
+        return [self.nodes[i] for i in self.live if self.nodes[i] in serving]
+
+    def replicas_of(self, master: NodeRef) -> list[Address]:
+        """Return the live nodes that replicate from ``master`` now, by index.
+
+        A replica counts once its own ``INFO replication`` names the master, even while its
+        link is still syncing.
+        """
+        port = self.ports[self.index(master)]
+        found = []
+        for i in self.live:
+            info = self.execute(i, "INFO", "replication")
+            if info.get("role") == "slave" and info.get("master_port") == port:
+                found.append(self.nodes[i])
+        return found
 
     def open_migrations(self) -> list[tuple[int, int, str, int]]:
         """Return the slots some live node has MIGRATING or IMPORTING.
@@ -306,7 +395,7 @@ class RedisClusterNodes:
             info = self.cluster_info(i)
             if info.get("cluster_state") != state:
                 problems.append(f"node {i}: cluster_state:{info.get('cluster_state')}")
-            if info.get("cluster_known_nodes") != str(self.n):
+            if info.get("cluster_known_nodes") != str(self.size):
                 problems.append(f"node {i}: knows {info.get('cluster_known_nodes')} nodes")
             maps.append(self.slot_map(i))
         if state == "ok":
@@ -324,6 +413,28 @@ class RedisClusterNodes:
                 f"node {i}: slot {slot} {direction} (node {other})"
                 for i, slot, direction, other in self.open_migrations()
             )
+            if self.replicas:
+                problems.extend(self._replication_problems())
+        return problems
+
+    def _roles_seen_by(self, i: int) -> dict[str, str]:
+        """Return node id -> master id (``-`` for a master) per node ``i``'s CLUSTER NODES."""
+        seen = {}
+        for line in self.execute(i, "CLUSTER", "NODES").splitlines():
+            node_id, _, _, master_id, *_ = line.split()
+            seen[node_id] = master_id
+        return seen
+
+    def _replication_problems(self) -> list[str]:
+        """Return replicas whose link is down, and disagreements on who replicates whom."""
+        problems = []
+        views = {i: self._roles_seen_by(i) for i in self.live}
+        for i in self.live:
+            info = self.execute(i, "INFO", "replication")
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                problems.append(f"node {i}: master_link_status:{info.get('master_link_status')}")
+            if views[i] != views[self.live[0]]:
+                problems.append(f"node {i}: CLUSTER NODES roles differ from node {self.live[0]}")
         return problems
 
     def _wait(self, problems: Callable[[], list[str]], timeout: float, what: str) -> None:
@@ -335,10 +446,11 @@ class RedisClusterNodes:
                 if not found:
                     return
             time.sleep(0.05)
+        servers = {i: s for i, s in enumerate(self.servers) if s is not None} | self._killed
         logs = "\n".join(
-            f"  node {i} (port {self.ports[i]}) log:\n{_log_tail(server)}"
-            for i, server in enumerate(self.servers)
-            if server is not None
+            f"  node {i} (port {self.ports[i]}{', killed' if i in self._killed else ''})"
+            f" log:\n{_log_tail(servers[i])}"
+            for i in sorted(servers)
         )
         raise RuntimeError(
             f"Redis Cluster did not reach {what} within {timeout:g} s:\n  "
@@ -376,9 +488,10 @@ class RedisClusterNodes:
     # -- keys -----------------------------------------------------------------------------
 
     def flushall(self) -> None:
-        """Empty every live master."""
+        """Empty every live master (the replicas follow)."""
         for i in self.live:
-            self._admin(i).flushall()
+            if not self.replicas or self.role(i) == "master":
+                self._admin(i).flushall()
 
     def keyslot(self, key: str | bytes) -> int:
         """Return the key's hash slot, as ``CLUSTER KEYSLOT`` on a live node says."""
@@ -464,29 +577,127 @@ class RedisClusterNodes:
         for i in self.live:
             self.execute(i, "CLUSTER", "SETSLOT", slot, "STABLE")
 
+    def _take_down(self, i: int) -> RedisServer:
+        """Note what node ``i`` serves (for :meth:`wait_for_failover`); mark it stopped."""
+        server = self.servers[i]
+        if server is None:
+            raise ValueError(f"node {i} is already stopped")
+        if self.replicas:
+            # Best effort: a cluster already in pieces may not answer.
+            with contextlib.suppress(redis.RedisError, LookupError):
+                ranges = [(f, last) for f, last, a in self.slot_map(i) if a == self.nodes[i]]
+                replicas = [self.index(address) for address in self.replicas_of(i)]
+                self._lost[i] = (ranges, replicas)
+        self._drop_admin(i)
+        self.servers[i] = None
+        return server
+
     def stop_node(self, node: NodeRef) -> None:
         """Stop one master, leaving its slots uncovered.
 
         After the node timeout the others report ``cluster_state:fail``
-        (see :meth:`wait_for_state`).
+        (see :meth:`wait_for_state`), unless a replica takes over.
+        """
+        self._take_down(self.index(node)).stop()
+
+    def kill_node(self, node: NodeRef) -> None:
+        """SIGKILL one node (no shutdown), keeping its directory for :meth:`restart_node`.
+
+        A killed master with a replica fails over after the node timeout
+        (see :meth:`wait_for_failover`); without one, the cluster turns ``fail``.
         """
         i = self.index(node)
-        server = self.servers[i]
-        if server is None:
-            raise ValueError(f"node {i} is already stopped")
-        self._drop_admin(i)
-        server.stop()
-        self.servers[i] = None
+        server = self._take_down(i)
+        self._killed[i] = server
+        server.kill()
 
     def restart_node(self, node: NodeRef, wait: bool = True) -> None:
-        """Restart a stopped node on its port, with its ``nodes.conf``.
+        """Restart a stopped or killed node on its port, with its ``nodes.conf``.
 
-        It keeps its id and slots but not its data (no persistence). With ``wait``, wait
-        until the whole cluster is consistent again.
+        It keeps its id; a killed node also keeps its directory (and its AOF, if
+        ``--appendonly yes`` was among the extra args). A former master whose slots a
+        replica took over rejoins as that replica's replica. Without persistence a node
+        comes back empty. With ``wait``, wait until the whole cluster is consistent again
+        (replicas' links up included).
         """
         i = self.index(node)
         if self.servers[i] is not None:
             raise ValueError(f"node {i} is running")
-        self.servers[i] = self._start_server(self.ports[i])
+        killed = self._killed.get(i)
+        if killed is None:
+            self.servers[i] = self._start_server(self.ports[i])
+        else:
+            killed.restart()  # on failure it stays in _killed, for stop() to clean up
+            self.servers[i] = self._killed.pop(i)
+        self._lost.pop(i, None)
         if wait:
             self.wait_until_consistent(timeout=self.node_timeout_ms / 1000 * 4 + 20)
+
+    def wait_for_failover(self, old_master: NodeRef, timeout: float | None = None) -> Address:
+        """Wait until a replica of a killed or stopped master serves its slots; return it.
+
+        Also waits (bounded, RuntimeError with the node logs on timeout) until every live
+        node reports ``cluster_state:ok`` and all agree on a complete slot map and on who
+        replicates whom. The default timeout is four node timeouts plus 10 s.
+        """
+        i = self.index(old_master)
+        if self.servers[i] is not None:
+            raise ValueError(f"node {i} is running: kill_node() or stop_node() it first")
+        if i not in self._lost or not self._lost[i][1]:
+            raise ValueError(f"node {i} had no replica when it went down (or no slots known)")
+        ranges, candidates = self._lost[i]
+        if timeout is None:
+            timeout = self.node_timeout_ms / 1000 * 4 + 10
+        promoted: list[Address] = []
+
+        def problems() -> list[str]:
+            promoted.clear()
+            masters = [c for c in candidates if c in self.live and self.role(c) == "master"]
+            if not masters:
+                return [f"no replica of node {i} ({candidates}) promoted yet"]
+            new = self.nodes[masters[0]]
+            found = self._problems(None, "ok")
+            owned = [(f, last) for f, last, a in self.slot_map() if a == new]
+            found.extend(
+                f"slots {first}-{last} of node {i} not served by node {masters[0]}"
+                for first, last in ranges
+                if not any(f <= first and last <= end for f, end in owned)
+            )
+            if not found:
+                promoted.append(new)
+            return found
+
+        self._wait(problems, timeout, f"a failover of node {i}")
+        return promoted[0]
+
+    def wait_for_replication(self, master: NodeRef, timeout: float = 10.0) -> None:
+        """Wait until every replica of ``master`` has applied all of its writes so far.
+
+        Replication is asynchronous: call this after a write that must survive a kill of
+        the master. Compares the master's ``master_repl_offset`` now with each replica's
+        ``slave_repl_offset``.
+        """
+        i = self.index(master)
+        target = int(self.execute(i, "INFO", "replication")["master_repl_offset"])
+        replicas = [self.index(address) for address in self.replicas_of(i)]
+        if not replicas:
+            raise ValueError(f"node {i} has no replica")
+
+        def behind() -> list[str]:
+            found = []
+            for r in replicas:
+                info = self.execute(r, "INFO", "replication")
+                offset = int(info.get("slave_repl_offset", -1))
+                if info.get("master_link_status") != "up" or offset < target:
+                    found.append(f"node {r}: at offset {offset} of {target}")
+            return found
+
+        self._wait(behind, timeout, f"node {i}'s replicas caught up")
+
+    def pause_node(self, node: NodeRef, seconds: float) -> PauseThread:
+        """Freeze one node for ``seconds`` (``DEBUG SLEEP``); see ``RedisServer.pause``."""
+        i = self.index(node)
+        server = self.servers[i]
+        if server is None:
+            raise ValueError(f"node {i} is not running")
+        return server.pause(seconds)

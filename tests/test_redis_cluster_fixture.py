@@ -375,3 +375,102 @@ def test_no_convergence_raises_with_the_node_logs(redis_cluster_nodes: RedisClus
     assert "CLUSTER SLOTS" in str(error.value)
     assert "log:" in str(error.value)
     assert "Ready to accept connections" in str(error.value)
+
+
+def test_bad_replica_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="replicas must be between 0 and 5"):
+        RedisClusterNodes(3, replicas=6)
+
+
+def test_cluster_with_replicas_forms(redis_cluster_replicas: RedisClusterNodes) -> None:
+    nodes = redis_cluster_replicas
+    nodes.wait_until_consistent(timeout=20)
+    assert len(nodes.nodes) == nodes.size == 6
+    assert len({port for _, port in nodes.nodes}) == 6
+    masters = nodes.masters()
+    assert len(masters) == 3
+    for master in masters:
+        replicas = nodes.replicas_of(master)
+        assert len(replicas) == 1
+        assert nodes.role(master) == "master"
+        assert nodes.role(replicas[0]) == "slave"
+        info = nodes.execute(replicas[0], "INFO", "replication")
+        assert info["master_link_status"] == "up"
+        assert info["master_port"] == master[1]
+    for i in range(6):
+        info = nodes.cluster_info(i)
+        assert info["cluster_state"] == "ok"
+        assert info["cluster_known_nodes"] == "6"
+        assert info["cluster_size"] == "3"
+        assert nodes.slot_map(i) == nodes.slot_map(0)
+    with nodes.client() as client:
+        key = nodes.key_on(masters[0], "rep:")
+        client.set(key, "v")
+        nodes.wait_for_replication(masters[0], timeout=10)
+        with nodes.node_client(nodes.replicas_of(masters[0])[0]) as replica:
+            replica.readonly()
+            assert replica.get(key) == b"v"
+        nodes.flushall()  # masters only: a replica would refuse FLUSHALL
+        assert client.exists(key) == 0
+
+
+def test_pause_node_freezes_one_node(redis_cluster_replicas: RedisClusterNodes) -> None:
+    nodes = redis_cluster_replicas
+    with nodes.node_client(0, socket_timeout=0.2, retry=Retry(NoBackoff(), 0)) as node:
+        pause = nodes.pause_node(0, 0.5)  # well below the 2 s node timeout: no failover
+        with pytest.raises(redis.TimeoutError):
+            node.ping()
+        pause.join(5)
+        assert pause.error is None
+        assert node.ping()
+    nodes.wait_until_consistent(timeout=20)
+
+
+@pytest.mark.timeout(90)
+def test_killed_master_fails_over_and_rejoins_as_a_replica() -> None:
+    with RedisClusterNodes(3, replicas=1, node_timeout_ms=1000) as nodes:
+        assert nodes.startup_seconds < 20
+        servers = [server for server in nodes.servers if server is not None]
+        dirs = [nodes.dir, *(server.dir for server in servers)]
+        old = nodes.masters()[0]
+        (replica,) = nodes.replicas_of(old)
+        with nodes.client(socket_timeout=2, socket_connect_timeout=1) as client:
+            key = nodes.key_on(old, "failover:")
+            client.set(key, "before")
+            # Replication is asynchronous: make sure the replica has the key first.
+            nodes.wait_for_replication(old)
+
+            began = time.monotonic()
+            nodes.kill_node(old)
+            assert nodes.index(old) not in nodes.live
+            with pytest.raises(ValueError, match="is running"):
+                nodes.wait_for_failover(replica)
+            # Well within the 1 s node timeout: too early, and the error shows the logs.
+            with pytest.raises(RuntimeError, match="did not reach a failover") as early:
+                nodes.wait_for_failover(old, timeout=0.1)
+            assert "promoted yet" in str(early.value)
+            assert f"(port {old[1]}, killed) log:" in str(early.value)
+            new = nodes.wait_for_failover(old, timeout=20)
+            assert time.monotonic() - began < 20
+            assert new == replica
+            assert nodes.role(new) == "master"
+            assert nodes.owner_of_slot(nodes.keyslot(key)) == new
+            assert [nodes.cluster_info(i)["cluster_state"] for i in nodes.live] == ["ok"] * 5
+            # The client that knew the old master finds the new one by itself.
+            assert client.get(key) == b"before"
+            client.set(key, "after")
+
+            nodes.restart_node(old)
+            assert nodes.index(old) in nodes.live
+            assert nodes.role(old) == "slave"
+            assert nodes.replicas_of(new) == [old]
+            assert old not in nodes.masters()
+            assert nodes.execute(old, "INFO", "replication")["master_link_status"] == "up"
+            nodes.wait_for_replication(new)
+            with nodes.node_client(old) as rejoined:
+                rejoined.readonly()
+                assert rejoined.get(key) == b"after"
+            assert client.get(key) == b"after"
+    assert nodes.servers == []
+    assert all(server.process is None for server in servers)
+    assert not any(Path(path).exists() for path in dirs)
