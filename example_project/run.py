@@ -65,8 +65,11 @@ try:
 
     from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
     from scrapy_redis_bloom import cli as bloom_cli
-    from scrapy_redis_bloom.config import false_positive_rate
-    from scrapy_redis_bloom.engine import FilterRecord, FilterState, live_workers, server_address
+    from scrapy_redis_bloom.engine.lease import live_workers
+    from scrapy_redis_bloom.engine.record import FilterRecord
+    from scrapy_redis_bloom.engine.state import FilterState
+    from scrapy_redis_bloom.engine.topology import server_address
+    from scrapy_redis_bloom.sizing import false_positive_rate
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(
         f"run.py: {exc}. Install the project and the example's extra first, from the"
@@ -516,8 +519,8 @@ def report_filter(
     fingerprints = [fingerprint(server.page_url(page)) for page in pages]
     present = sum(bloom.contains_many(fingerprints))
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity)
-    # Beside its bits, the filter keeps its record and (newer versions) per-shard counters.
-    extra_keys = [meta_key, *getattr(bloom, "counter_keys", [])]
+    # Beside its bits, the filter keeps its record and its counters.
+    extra_keys = [meta_key, f"{FILTER_KEY}:count"]
     extra_bytes = sum(int(client.memory_usage(key) or 0) for key in extra_keys)
 
     out(f"Bloom filter {FILTER_KEY!r} (read from Redis with scrapy_redis_bloom.RedisBloomFilter)")
@@ -534,10 +537,8 @@ def report_filter(
             f" {size(extra_bytes)} record + counters",
         ),
     ]
-    totals = getattr(bloom, "totals", None)  # global counters: newer versions only
-    if callable(totals):
-        counted = totals()
-        rows.append(("all workers' counters", f"{counted.added:,} added, {counted.seen:,} seen"))
+    counted = bloom.totals()
+    rows.append(("all workers' counters", f"{counted.added:,} added, {counted.seen:,} seen"))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         out(f"  {label:<{width}}  {value}")

@@ -15,14 +15,21 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from .config import BloomConfig
-from .engine import FilterState, FilterTotals, RedisBloomFilter, WorkerLease
+from .config import BloomConfig, FaultPolicy
+from .engine.events import FilterEvents
+from .engine.filter import RedisBloomFilter
+from .engine.lease import WorkerLease
+from .engine.state import FilterState, FilterTotals
 from .errors import (
     BloomFilterError,
     ConfigMismatchError,
+    FilterDamagedError,
     FilterMissingError,
+    FilterUnavailableError,
+    NotEnoughMemoryError,
     OrphanedShardsError,
     ServerListMismatchError,
+    UnsupportedServerError,
     WrongTypeError,
 )
 from .hashing import SCHEME_VERSION, FilterSpec
@@ -37,14 +44,20 @@ __all__ = [
     "BloomConfig",
     "BloomFilterError",
     "ConfigMismatchError",
+    "FaultPolicy",
+    "FilterDamagedError",
+    "FilterEvents",
     "FilterMissingError",
     "FilterSpec",
     "FilterState",
     "FilterTotals",
+    "FilterUnavailableError",
+    "NotEnoughMemoryError",
     "OrphanedShardsError",
     "RFPDupeFilter",
     "RedisBloomFilter",
     "ServerListMismatchError",
+    "UnsupportedServerError",
     "WorkerLease",
     "WrongTypeError",
     "__version__",

@@ -3,13 +3,18 @@
 Run as ``scrapy-redis-bloom COMMAND`` or ``python -m scrapy_redis_bloom COMMAND``:
 
 ``info``
-    Read the filter's config record (``KEY:meta``) and its bits (BITCOUNT per
-    shard): geometry, creation time, bits set, fill ratio, estimated items,
-    false-positive rate now, memory. No settings needed: the record says it all.
+    Read the filter's config record (``KEY:meta``), check each shard's header and
+    each server's marker against it, and count its bits (BITCOUNT per shard):
+    identity, geometry, creation time, bits set, fill ratio, estimated items,
+    false-positive rate now, memory, totals, live workers, and the shards that are
+    missing or not this filter's. Repairs nothing. No settings needed: the record
+    says it all.
 ``reset``
-    Delete the filter: its config record and every shard. Asks for confirmation
-    on a terminal; elsewhere ``--yes`` is required. With no record but orphaned
-    shard keys (``KEY:g<n>:<i>``), deletes those.
+    Delete the filter on every server: its config record, every shard, its counters
+    and server markers. Asks for confirmation on a terminal; elsewhere ``--yes`` is
+    required. With no usable record, finds the filter's parts by SCAN on every server
+    and deletes only those that carry its id (or can be nothing else); keys that only
+    share a name are listed and left alone.
 ``add`` / ``check``
     Read request fingerprints (40 hex digits, one per line) from files or stdin
     and add them to the filter, or count how many it (probably) holds.
@@ -22,16 +27,21 @@ sizing options (``--capacity``/``--error-rate`` or ``--bit``/``--hash-number``,
 the ``BLOOMFILTER_*`` settings of the same names) they create it when it is
 missing, and check them against it when it exists.
 
-The Redis URL comes from ``--redis-url``, else the ``REDIS_URL`` environment
-variable, else ``redis://localhost:6379``. Servers are named by host and port
-only: a password in the URL is never printed.
+Where the filter lives is given as to a crawl: ``--redis-url`` once for one server
+(``BLOOMFILTER_REDIS_URL``), several times for a server list, in order (shard ``i``
+on server ``i mod n``, ``BLOOMFILTER_REDIS_URLS``), or once with ``--cluster`` for a
+node of a Redis Cluster (``BLOOMFILTER_REDIS_CLUSTER``). Without ``--redis-url``:
+the ``REDIS_URL`` environment variable, else ``redis://localhost:6379``. Every
+command goes through the engine (:mod:`.engine`), with its routing and retries
+(``--retry-timeout``). Servers are named by host and port only: a password in a URL
+is never printed.
 
 Exit status: 0 on success (``reset`` of a filter that does not exist included:
 there is nothing to delete); 1 when the work could not be done (no such filter,
 Redis unreachable or refusing, a key of the wrong type, an unreadable input,
 a reset declined at the prompt); 2 for a usage error (bad arguments, a bad URL,
 invalid sizing options, ``reset`` without ``--yes`` when stdin is not a
-terminal). Errors are one line on stderr, never a traceback.
+terminal); 130 when interrupted. Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -44,24 +54,39 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, NoReturn
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import redis
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import __version__, layout
-from .config import BloomConfig, false_positive_rate, format_bytes
-from .engine import FilterRecord, RedisBloomFilter, server_address
-from .errors import BloomFilterError, ConfigMismatchError
+from . import __version__
+from .config import BloomConfig, ConnectionConfig, FaultPolicy
+from .connection import DEFAULT_PARAMS, filter_clients, url_address
+from .engine import inventory, layout
+from .engine.filter import RedisBloomFilter
+from .engine.inventory import MarkerCheck, Orphan, StoredRecord
+from .engine.record import FilterRecord
+from .errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    FilterUnavailableError,
+    ServerListMismatchError,
+)
+from .sizing import false_positive_rate, format_bytes
+
+logger = logging.getLogger(__name__)
 
 PROG = "scrapy-redis-bloom"
 DEFAULT_REDIS_URL = "redis://localhost:6379"
+DEFAULT_TIMEOUT = 30.0
+#: Seconds a failing Redis command is retried: shorter than a crawl's default (20 s),
+#: since someone is waiting at the terminal.
+DEFAULT_RETRY_TIMEOUT = 5.0
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -70,8 +95,10 @@ EXIT_INTERRUPTED = 130
 
 #: Fingerprints sent to the engine per bulk call: bounds the CLI's memory.
 BATCH = 10_000
-#: COUNT hint of each SSCAN / SCAN call.
+#: COUNT hint of each SSCAN call.
 SCAN_COUNT = 1000
+#: Keys listed one per line in text output, at most (JSON lists them all).
+LISTED = 20
 
 _FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")
 _URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]*@", re.IGNORECASE)
@@ -85,6 +112,13 @@ _SIZING_OPTIONS = {
     "hash_number": "BLOOMFILTER_HASH_NUMBER",
     "shard_bit": "BLOOMFILTER_SHARD_BIT",
     "shards": "BLOOMFILTER_SHARDS",
+}
+#: Other settings named in messages from the configuration and the engine.
+_OTHER_OPTIONS = {
+    "BLOOMFILTER_REDIS_URL": "--redis-url",
+    "BLOOMFILTER_REDIS_URLS": "--redis-url",
+    "BLOOMFILTER_REDIS_CLUSTER": "--cluster",
+    "BLOOMFILTER_RETRY_TIMEOUT": "--retry-timeout",
 }
 
 
@@ -124,16 +158,28 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 @dataclass
 class _Context:
-    """What every command gets: the parsed arguments and a client of the server."""
+    """What every command gets: the arguments, the clients, and what to close at the end.
+
+    ``where`` names the servers in messages; ``address`` is the same without words,
+    for JSON (``host:port``, comma-separated for a list).
+    """
 
     args: argparse.Namespace
-    client: redis.Redis
+    clients: list[Any]
     where: str
+    address: str
+    faults: FaultPolicy
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def key(self) -> str:
         """The filter's key (``--key``)."""
         return str(self.args.key)
+
+    def own(self, bloom: RedisBloomFilter) -> RedisBloomFilter:
+        """Close ``bloom``'s connections when the command ends."""
+        self.stack.callback(bloom.close)
+        return bloom
 
 
 # -- output ----------------------------------------------------------------------
@@ -163,6 +209,46 @@ def _table(rows: Sequence[tuple[str, str]]) -> list[str]:
     """Lay out label/value rows in two aligned columns."""
     width = max(len(label) for label, _ in rows)
     return [f"{label:<{width}}  {value}" for label, value in rows]
+
+
+def _listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
+    """List keys one per line, indented, at most :data:`LISTED` of them.
+
+    The shard keys of one filter id are summed up on one line: a filter has thousands.
+    """
+    groups: dict[str, list[Orphan]] = {}
+    for orphan in orphans:
+        if orphan.kind == "shard":
+            groups.setdefault(orphan.filter_id, []).append(orphan)
+    lines = []
+    for filter_id, shards in groups.items():
+        places = sorted({o.address for o in shards})
+        pattern = "{" + key + ":<i>}:g<m>"
+        lines.append(
+            f"  {len(shards):,} shard key(s) {pattern!r} of filter id {filter_id}:"
+            f" shards {_ranges(o.shard or 0 for o in shards)}, on {', '.join(places)}"
+        )
+    rest = [o for o in orphans if o.kind != "shard"]
+    lines += [f"  {o.key!r} on {o.address}: {o.what}" for o in rest[:LISTED]]
+    if len(rest) > LISTED:
+        lines.append(f"  ... and {len(rest) - LISTED:,} more")
+    return lines
+
+
+def _ranges(numbers: Iterable[int]) -> str:
+    """Write numbers as ranges: ``0-5, 7, 9-12``."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def _orphan_data(orphans: Sequence[Orphan]) -> list[dict[str, str]]:
+    """Describe keys for JSON."""
+    return [{"key": o.key, "server": o.address, "what": o.what} for o in orphans]
 
 
 def _utc(timestamp: float) -> datetime:
@@ -195,44 +281,120 @@ def _scrub(text: str, secrets: Sequence[str]) -> str:
     return " ".join(text.split())
 
 
-# -- Redis -----------------------------------------------------------------------
+def _option_names(message: str) -> str:
+    """Name the command-line options in a message about BLOOMFILTER_* settings."""
+    options = {setting: "--" + name.replace("_", "-") for name, setting in _SIZING_OPTIONS.items()}
+    options.update(_OTHER_OPTIONS)
+
+    def rename(match: re.Match[str]) -> str:
+        return options.get(match.group(0), match.group(0))
+
+    return _SETTING.sub(rename, message.replace(" setting ", " option "))
 
 
-def _connect(url: str, timeout: float) -> redis.Redis:
-    """Build a client for the URL (no connection is made yet)."""
+# -- connecting ------------------------------------------------------------------
+
+
+def _urls(args: argparse.Namespace) -> list[str]:
+    """Return the URLs given, else ``$REDIS_URL``, else the default."""
+    given: list[str] = args.redis_url or []
+    return given or [os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL]
+
+
+def _describe(urls: Sequence[str], cluster: bool) -> tuple[str, str]:
+    """Return (``where`` for messages, ``address`` for JSON): addresses, no password."""
+    address = ", ".join(url_address(url) for url in urls)
+    return (f"the Redis Cluster at {address}" if cluster else address), address
+
+
+def _connection(args: argparse.Namespace) -> ConnectionConfig:
+    """Validate the connection options as the crawl's BLOOMFILTER_REDIS_* settings."""
+    urls = _urls(args)
+    if args.cluster and len(urls) != 1:
+        raise UsageError(
+            "--cluster takes one --redis-url: the URL of one node of the cluster to start"
+            " from (the client discovers the others)."
+        )
+    connect = min(args.timeout, float(DEFAULT_PARAMS["socket_connect_timeout"]))
+    settings: dict[str, Any] = {
+        "BLOOMFILTER_REDIS_CLUSTER": args.cluster,
+        "BLOOMFILTER_REDIS_PARAMS": {
+            "socket_timeout": args.timeout,
+            "socket_connect_timeout": connect,
+        },
+    }
+    if len(urls) == 1:
+        settings["BLOOMFILTER_REDIS_URL"] = urls[0]
+    else:
+        settings["BLOOMFILTER_REDIS_URLS"] = urls
     try:
-        return redis.Redis.from_url(
-            url, socket_connect_timeout=min(timeout, 10.0), socket_timeout=timeout
-        )
+        return ConnectionConfig.from_settings(settings)
     except ValueError as exc:
+        raise UsageError(_option_names(str(exc))) from None
+
+
+def _faults(args: argparse.Namespace) -> FaultPolicy:
+    """Return the engine's fault policy: ``--retry-timeout``; errors raise, losses raise."""
+    try:
+        return FaultPolicy.from_settings({"BLOOMFILTER_RETRY_TIMEOUT": args.retry_timeout})
+    except ValueError as exc:
+        raise UsageError(_option_names(str(exc))) from None
+
+
+def _connect(args: argparse.Namespace, where: str, address: str) -> _Context:
+    """Build the clients the way a crawl does (:func:`..connection.filter_clients`)."""
+    config = _connection(args)
+    faults = _faults(args)
+    try:
+        clients = filter_clients(config, {})
+    except ValueError as exc:  # e.g. a port that is not a number
         raise UsageError(f"invalid --redis-url: {exc}") from None
+    except RedisClusterException as exc:  # the cluster client reads the slot map at once
+        raise CLIError(f"cannot connect to {where}: {exc}") from None
+    logger.debug("Connecting to %s (timeout %s s)", where, args.timeout)
+    ctx = _Context(args=args, clients=clients, where=where, address=address, faults=faults)
+    for client in clients:
+        ctx.stack.callback(client.close)
+    return ctx
 
 
-def _load_record(ctx: _Context, key: str) -> FilterRecord | None:
-    """Read the filter's config record; None when it does not exist."""
-    meta = layout.meta_key(key)
-    kind = _decode(ctx.client.type(meta))
-    if kind == "none":
-        return None
-    if kind != "hash":
-        raise CLIError(
-            f"Redis key {meta!r} on {ctx.where} holds a {kind}, not a scrapy-redis-bloom"
-            f" config record (a hash): is {key!r} the key of a Bloom filter?"
+# -- the filter in Redis -----------------------------------------------------------
+
+
+def _stored(ctx: _Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
+    """Read the filter's record; return a filter of the stored geometry (never opened)."""
+    bloom = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults))
+    nodes = inventory.cluster_nodes(bloom)  # they would answer MOVED until --retry-timeout
+    if nodes:
+        raise UsageError(
+            f"Redis at {', '.join(nodes)} is a node of a Redis Cluster: pass --cluster, with"
+            " the URL of one node as --redis-url."
         )
-    raw: Any = ctx.client.hgetall(meta)
-    if not raw:  # deleted since TYPE
+    stored = inventory.read_record(bloom)
+    if stored is not None and stored.record is not None:
+        bloom.close()
+        bloom = ctx.own(inventory.of_record(ctx.clients, ctx.key, stored.record, ctx.faults))
+    return bloom, stored
+
+
+def _usable(stored: StoredRecord | None) -> FilterRecord | None:
+    """Return the stored record; refuse one this version cannot use (reset deletes it)."""
+    if stored is None:
         return None
-    return FilterRecord.parse(meta, {_decode(k): _decode(v) for k, v in raw.items()})
+    if stored.record is None:
+        raise CLIError(stored.problem)
+    return stored.record
 
 
-def _missing(ctx: _Context, key: str, hint: str = "") -> CLIError:
+def _missing(ctx: _Context, bloom: RedisBloomFilter, hint: str = "") -> CLIError:
     """Return the error for a filter whose config record does not exist."""
+    key = ctx.key
     meta = layout.meta_key(key)
     message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."
     first_shard = layout.shard_key(key, 0)
     if key.endswith(":meta"):
         message += f" Give the filter's key without ':meta': --key {key[: -len(':meta')]!r}."
-    elif ctx.client.exists(first_shard):
+    elif bloom.parts.existing([0]):
         message += (
             f" Its shard key {first_shard!r} exists without the record (orphaned bits):"
             f" delete them with '{PROG} reset --key {key}'."
@@ -242,56 +404,33 @@ def _missing(ctx: _Context, key: str, hint: str = "") -> CLIError:
     return CLIError(message)
 
 
-def _count_existing(client: redis.Redis, keys: Sequence[str]) -> int:
-    """Count the keys that exist, in batches of EXISTS."""
-    total = 0
-    for start in range(0, len(keys), SCAN_COUNT):
-        total += int(client.exists(*keys[start : start + SCAN_COUNT]))
-    return total
+def _check_servers(ctx: _Context, bloom: RedisBloomFilter, record: FilterRecord) -> None:
+    """Refuse a server list of another length than the filter's: shards would be misplaced."""
+    given = bloom.topology.servers
+    if record.servers == given:
+        return
+    raise CLIError(
+        f"The Bloom filter {ctx.key!r} (id {record.filter_id}) was created on"
+        f" {record.servers} server(s); {given} given. Give each of its servers with"
+        " --redis-url, in the order of the crawl's BLOOMFILTER_REDIS_URLS: shard i lives on"
+        f" server i mod {record.servers}."
+    )
 
 
-def _glob_escape(text: str) -> str:
-    """Escape a literal for a SCAN MATCH pattern."""
-    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+def _refuse_live_workers(ctx: _Context, bloom: RedisBloomFilter) -> None:
+    """Refuse to reset while workers hold live leases, unless ``--force``."""
+    workers = bloom.live_workers()
+    if workers and not ctx.args.force:
+        raise CLIError(
+            f"{len(workers)} worker(s) still crawl with the Bloom filter {ctx.key!r} on"
+            f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"
+            " (they would go on adding to a filter that forgot what they saw)."
+        )
 
 
-def _orphaned_shards(client: redis.Redis, key: str) -> list[bytes]:
-    """Find a filter's shard keys (``KEY:g<n>:<i>``), their counters and marker by SCAN."""
-    shard = re.escape(key.encode()) + rb":g[0-9]+:[0-9]+"
-    found: list[bytes] = []
-    for pattern, kind, name in (
-        (_glob_escape(key) + ":g*", "string", re.compile(shard)),
-        ("{" + _glob_escape(key) + ":g*}:count", "hash", re.compile(rb"\{" + shard + rb"\}:count")),
-    ):
-        found += [
-            hit
-            for hit in client.scan_iter(match=pattern, count=SCAN_COUNT, _type=kind)
-            if isinstance(hit, bytes) and name.fullmatch(hit)
-        ]
-    # A server of a multi-server filter also holds its place in the server list.
-    marker = layout.server_key(key)
-    if client.type(marker) in (b"string", "string"):
-        found.append(marker.encode())
-    return found
-
-
-def _wrong_shard(ctx: _Context, bloom: RedisBloomFilter) -> CLIError:
-    """Return the error for a shard key that holds another type than a string."""
-    keys = bloom.shard_keys
-    for start in range(0, len(keys), SCAN_COUNT):
-        chunk = keys[start : start + SCAN_COUNT]
-        with ctx.client.pipeline(transaction=False) as pipe:
-            for key in chunk:
-                pipe.type(key)
-            kinds = pipe.execute()
-        for key, kind in zip(chunk, kinds, strict=True):
-            if _decode(kind) not in ("string", "none"):
-                return CLIError(
-                    f"Redis key {key!r} on {ctx.where} holds a {_decode(kind)}, where the"
-                    f" Bloom filter {bloom.key!r} keeps a shard's bits (a string). Another"
-                    " program wrote it."
-                )
-    return CLIError(f"A shard key of the Bloom filter {bloom.key!r} holds another type.")
+def _shard_address(bloom: RedisBloomFilter, shard: int) -> str:
+    """Return where a shard lives."""
+    return bloom.topology.route(bloom.parts.shard_key(shard), shard, None).address
 
 
 def _confirm(question: str) -> bool:
@@ -302,24 +441,24 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def _confirm_or_abort(ctx: _Context, what: str, listing: Sequence[str] = ()) -> None:
+    """Ask before deleting, unless ``--yes``; raise if the answer is not yes."""
+    if ctx.args.yes:
+        return
+    for line in listing:
+        _err(line)
+    question = f"Delete {what}? Every request it has seen will be forgotten."
+    if not _confirm(question):
+        raise CLIError("Not confirmed: nothing was deleted.")
+
+
 def _stdin_is_tty() -> bool:
     """Tell whether stdin is an interactive terminal."""
     stdin = sys.stdin
     return stdin is not None and not stdin.closed and stdin.isatty()
 
 
-# -- sizing ----------------------------------------------------------------------
-
-
-def _option_names(message: str) -> str:
-    """Name the command-line options in a message about BLOOMFILTER_* settings."""
-    options = {setting: name for name, setting in _SIZING_OPTIONS.items()}
-
-    def rename(match: re.Match[str]) -> str:
-        name = options.get(match.group(0))
-        return "--" + name.replace("_", "-") if name else match.group(0)
-
-    return _SETTING.sub(rename, message.replace(" setting ", " option "))
+# -- sizing and opening ------------------------------------------------------------
 
 
 def _sizing(args: argparse.Namespace) -> BloomConfig | None:
@@ -343,20 +482,33 @@ def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
     Returns the filter and whether this call created it.
     """
     config = _sizing(ctx.args)
-    record = _load_record(ctx, ctx.key)
+    bloom, stored = _stored(ctx)
+    record = _usable(stored)
     if record is None and config is None:
         raise _missing(
             ctx,
-            ctx.key,
+            bloom,
             "Start the crawl once to create it, or pass --capacity/--error-rate or"
             " --bit/--hash-number (the crawl's BLOOMFILTER_* settings) to create it here.",
         )
-    source = config if config is not None else record
-    assert source is not None
-    bloom = RedisBloomFilter(ctx.client, ctx.key, source.spec, source.capacity)
+    if record is not None:
+        _check_servers(ctx, bloom, record)
+    if config is not None:
+        bloom = ctx.own(
+            RedisBloomFilter(
+                ctx.clients,
+                ctx.key,
+                config.spec,
+                config.capacity,
+                sizing=config.sizing.canonical(),
+                faults=ctx.faults,
+            )
+        )
     try:
-        # Creates the record only when sizing options were given, else checks it.
+        # Creates the filter only when sizing options were given, else checks it.
         bloom.open(create=config is not None)
+    except ServerListMismatchError:
+        raise
     except ConfigMismatchError as exc:
         if config is None:
             raise
@@ -369,11 +521,12 @@ def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
 
 def _open_existing(ctx: _Context) -> RedisBloomFilter:
     """Open a filter that must exist, with the geometry its record describes."""
-    record = _load_record(ctx, ctx.key)
+    bloom, stored = _stored(ctx)
+    record = _usable(stored)
     if record is None:
-        raise _missing(ctx, ctx.key, "A crawl creates it on its first request.")
-    bloom = RedisBloomFilter(ctx.client, ctx.key, record.spec, record.capacity)
-    bloom.open(create=False)  # checks the hash scheme and layout versions
+        raise _missing(ctx, bloom, "A crawl creates it on its first request.")
+    _check_servers(ctx, bloom, record)
+    bloom.open(create=False)  # checks every part: a lost shard is an error, not "absent"
     return bloom
 
 
@@ -446,37 +599,49 @@ def _progress_done() -> None:
 # -- commands --------------------------------------------------------------------
 
 
+def _servers_text(ctx: _Context, places: Sequence[str]) -> str:
+    """Say where the filter lives, for the info table."""
+    if ctx.args.cluster:
+        return f"Redis Cluster, {len(places)} master(s): {', '.join(places)}"
+    if len(places) == 1:
+        return places[0]
+    return f"{len(places)}: " + ", ".join(f"{i}={place}" for i, place in enumerate(places))
+
+
 def cmd_info(ctx: _Context) -> int:
-    """Show the filter's configuration and the state of its bits."""
+    """Show the filter's record, the state of its parts and of its bits; repair nothing."""
     key = ctx.key
-    record = _load_record(ctx, key)
+    bloom, stored = _stored(ctx)
+    record = _usable(stored)
     if record is None:
-        raise _missing(ctx, key)
+        raise _missing(ctx, bloom)
+    _check_servers(ctx, bloom, record)
     spec = record.spec
-    bloom = RedisBloomFilter(ctx.client, key, spec, record.capacity)
-    if record.servers != 1:
-        raise CLIError(
-            f"The Bloom filter {key!r} is spread over {record.servers} standalone servers;"
-            " this command reads filters on one server or one Redis Cluster."
-        )
-    try:
-        state = bloom.state()
-        totals = bloom.totals()
-        workers = bloom.live_workers()
-    except ResponseError as exc:
-        if "WRONGTYPE" not in str(exc):
-            raise
-        raise _wrong_shard(ctx, bloom) from None
+    shards = inventory.check_shards(bloom, record)
+    markers = inventory.check_markers(bloom, record)
+    state = inventory.state(bloom)
+    totals = bloom.totals()
+    workers = bloom.live_workers()
+    places = inventory.addresses(bloom)
     created = _utc(record.created)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity)
     written = sum(1 for ones in state.bits_set_per_shard if ones)
+    damaged = [(shard, "missing") for shard in shards.missing] + list(shards.foreign)
+    damaged.sort()
+    bad_markers = [m for m in markers if m.status != "ok"]
     data: dict[str, Any] = {
         "key": key,
-        "server": ctx.where,
+        "server": ctx.address,
+        "servers": places,
+        "cluster": bool(ctx.args.cluster),
+        "id": record.filter_id,
+        "state": record.state,
         "created": created.isoformat(),
         "created_timestamp": record.created,
         "layout": record.layout,
         "scheme": record.scheme,
+        "sizing": record.sizing,
+        "record_servers": record.servers,
         "bits": spec.bits,
         "bytes": spec.total_bytes,
         "shards": spec.shards,
@@ -493,15 +658,46 @@ def cmd_info(ctx: _Context) -> int:
         "total_filtered": totals.seen,
         "live_workers": workers,
         "shards_with_bits_set": written,
+        "shards_missing": len(shards.missing),
+        "shards_foreign": len(shards.foreign),
+        "damaged_shards": [
+            {
+                "shard": shard,
+                "key": bloom.parts.shard_key(shard),
+                "server": _shard_address(bloom, shard),
+                "found": what,
+            }
+            for shard, what in damaged
+        ],
+        "server_markers": [
+            {"server": m.address, "marker": m.found, "status": m.status} for m in markers
+        ],
         "bits_set_per_shard": list(state.bits_set_per_shard),
     }
+    state_text: str = record.state
+    if record.state == "creating":
+        state_text += " (being created, or its creator stopped: a worker opening it finishes it)"
     rows = [
         ("Bloom filter", key),
-        ("Server", ctx.where),
+        ("Filter id", record.filter_id),
+        ("State", state_text),
+        ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
         ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("Layout / hash scheme", f"{record.layout} / {record.scheme}"),
+        ("Sizing", record.sizing),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
+        ("Missing or foreign shards", _damaged_text(bloom, damaged)),
+    ]
+    if markers:
+        rows.append(
+            (
+                "Server markers",
+                f"{len(markers) - len(bad_markers)} of {len(markers)} in place"
+                + "".join(f"; {m.address}: {m.status} ({m.found!r})" for m in bad_markers),
+            )
+        )
+    rows += [
         ("Hash functions (k)", str(spec.hash_count)),
         ("Capacity", f"{record.capacity:,} items"),
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
@@ -518,58 +714,147 @@ def cmd_info(ctx: _Context) -> int:
     return EXIT_OK
 
 
+def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
+    """Say which shards are missing or not this filter's: the first few, then a count."""
+    if not damaged:
+        return "0"
+    named = [
+        f"{bloom.parts.shard_key(shard)!r} on {_shard_address(bloom, shard)}: {what}"
+        for shard, what in damaged[:5]
+    ]
+    more = f"; and {len(damaged) - 5:,} more" if len(damaged) > 5 else ""
+    return f"{len(damaged):,} ({'; '.join(named)}{more})"
+
+
 def cmd_reset(ctx: _Context) -> int:
-    """Delete the filter's config record and shards (or orphaned shards)."""
+    """Delete the filter on every server, or the parts it left without a usable record."""
+    bloom, stored = _stored(ctx)
+    if stored is not None and stored.record is not None:
+        return _reset_filter(ctx, bloom, stored.record)
+    return _reset_orphans(ctx, bloom, stored)
+
+
+def _reset_filter(ctx: _Context, bloom: RedisBloomFilter, record: FilterRecord) -> int:
+    """Delete a filter that has a record: every part its geometry and server count name."""
     key = ctx.key
-    record = _load_record(ctx, key)
-    data: dict[str, Any] = {"key": key, "server": ctx.where}
-    if record is not None:
-        bloom = RedisBloomFilter(ctx.client, key, record.spec, record.capacity)
-        workers = bloom.live_workers()
-        if workers and not ctx.args.force:
-            raise CLIError(
-                f"{len(workers)} worker(s) still crawl with the Bloom filter {key!r} on"
-                f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"
-                " (they would go on adding to a filter that forgot what they saw)."
-            )
-        present = _count_existing(ctx.client, bloom.shard_keys)
-        created = _utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
-        what = (
-            f"the Bloom filter {key!r} on {ctx.where} (created {created}, {record.describe()}):"
-            f" its config record and {present:,} shard key(s)"
-        )
-        _confirm_or_abort(ctx, what)
-        bloom.clear()
-        data.update(deleted=True, record=True, shard_keys=present)
-        message = f"Deleted {what}."
-    else:
-        orphans = _orphaned_shards(ctx.client, key)
-        marker = layout.server_key(key).encode()
-        shards = sum(1 for name in orphans if not name.endswith(b":count") and name != marker)
-        if not orphans:
-            data.update(deleted=False, record=False, shard_keys=0)
-            _emit(ctx, data, [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete."])
-            return EXIT_OK
-        what = (
-            f"{shards:,} orphaned shard key(s) of the Bloom filter {key!r} on"
-            f" {ctx.where} (it has no config record)"
-        )
-        _confirm_or_abort(ctx, what)
-        for start in range(0, len(orphans), SCAN_COUNT):
-            ctx.client.unlink(*orphans[start : start + SCAN_COUNT])
-        data.update(deleted=True, record=False, shard_keys=shards)
-        message = f"Deleted {what}."
-    _emit(ctx, data, [message])
+    _check_servers(ctx, bloom, record)
+    _refuse_live_workers(ctx, bloom)
+    markers = inventory.check_markers(bloom, record)
+    _refuse_foreign_markers(ctx, record, markers)
+    present = len(bloom.parts.existing(range(record.spec.shards)))
+    counters = inventory.count_existing(bloom, [bloom.parts.counter_key]) > 0
+    marked = sum(1 for marker in markers if marker.found is not None)
+    created = _utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
+    parts = ["its config record", f"{present:,} shard key(s)"]
+    if counters:
+        parts.append("its counters")
+    if marked:
+        parts.append(f"its server markers on {marked} server(s)")
+    what = (
+        f"the Bloom filter {key!r} on {ctx.where} (id {record.filter_id}, created {created},"
+        f" {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
+    )
+    _confirm_or_abort(ctx, what)
+    bloom.parts.delete(record)
+    data: dict[str, Any] = {
+        "key": key,
+        "server": ctx.address,
+        "servers": inventory.addresses(bloom),
+        "deleted": True,
+        "record": True,
+        "id": record.filter_id,
+        "shard_keys": present,
+        "counters": counters,
+        "server_markers": marked,
+    }
+    _emit(ctx, data, [f"Deleted {what}."])
     return EXIT_OK
 
 
-def _confirm_or_abort(ctx: _Context, what: str) -> None:
-    """Ask before deleting, unless ``--yes``; raise if the answer is not yes."""
-    if ctx.args.yes:
-        return
-    question = f"Delete {what}? Every request it has seen will be forgotten."
-    if not _confirm(question):
-        raise CLIError("Not confirmed: nothing was deleted.")
+def _refuse_foreign_markers(
+    ctx: _Context, record: FilterRecord, markers: Sequence[MarkerCheck]
+) -> None:
+    """Refuse to reset by a server list that does not match the servers' markers.
+
+    Deleting by geometry on servers listed in another order would miss parts, and on
+    a server of another filter, or holding another program's key, delete theirs.
+    """
+    for marker in markers:
+        if marker.status != "foreign" or marker.found is None:
+            continue
+        found = layout.parse_marker(marker.found)
+        if found is None:
+            problem = (
+                f"its key {layout.server_key(ctx.key)!r} holds {marker.found!r}, which is no"
+                " filter's server marker: another program's key where the filter keeps its"
+                " marker. Remove or rename that key, then reset again"
+            )
+        elif found[0] == record.filter_id:
+            problem = (
+                f"it is server {found[1]}/{found[2]} of the filter, given as server"
+                f" {marker.server}/{record.servers}. Give the servers with --redis-url in the"
+                " order of the crawl's BLOOMFILTER_REDIS_URLS"
+            )
+        else:
+            problem = (
+                f"it holds part of another Bloom filter named {ctx.key!r} (id {found[0]}): the"
+                " servers given mix two filters'. Give this filter's own servers; reset"
+                " another filter's leftovers on their server alone"
+            )
+        raise CLIError(
+            f"Cannot reset the Bloom filter {ctx.key!r} (id {record.filter_id}) on"
+            f" {ctx.where}: Redis at {marker.address} is not its server {marker.server}:"
+            f" {problem}. Nothing was deleted."
+        )
+
+
+def _reset_orphans(ctx: _Context, bloom: RedisBloomFilter, stored: StoredRecord | None) -> int:
+    """Delete what a filter without a usable record left, if it carries the filter's id."""
+    key = ctx.key
+    _refuse_live_workers(ctx, bloom)
+    found = inventory.find_orphans(bloom)
+    if found.blocking:
+        record = found.blocking[0]
+        raise CLIError(
+            f"Cannot delete parts of the Bloom filter {key!r} on {ctx.where} as orphans:"
+            f" {record.key!r} on {record.address} is {record.what}. Give the servers with"
+            " --redis-url in the filter's order, then reset again. Nothing was deleted."
+        )
+    kept = list(found.kept)
+    data: dict[str, Any] = {
+        "key": key,
+        "server": ctx.address,
+        "servers": inventory.addresses(bloom),
+        "record": False,
+        "not_deleted": _orphan_data(kept),
+    }
+    kept_lines = ["Not deleted (carries no filter id):", *_listing(key, kept)] if kept else []
+    if not found.deletable:
+        data.update(deleted=False, shard_keys=0, deleted_keys=[])
+        lines = [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete.", *kept_lines]
+        _emit(ctx, data, lines)
+        return EXIT_OK
+    orphans = list(found.deletable)
+    shards = sum(1 for o in orphans if o.kind == "shard")
+    others = len(orphans) - shards
+    why = "its config record cannot be used" if stored is not None else "it has no config record"
+    what = (
+        f"{shards:,} orphaned shard key(s)"
+        + (f" and {others:,} other part(s)" if others else "")
+        + f" of the Bloom filter {key!r} on {ctx.where} ({why})"
+    )
+    _confirm_or_abort(ctx, what, [f"To delete, {what}:", *_listing(key, orphans), *kept_lines])
+    deleted = inventory.delete_orphans(bloom, orphans)
+    changed = [o for o in orphans if o not in deleted]
+    data.update(
+        deleted=True, shard_keys=sum(1 for o in deleted if o.kind == "shard"),
+        deleted_keys=_orphan_data(deleted), changed=_orphan_data(changed),
+    )  # fmt: skip
+    lines = [f"Deleted {what}:", *_listing(key, deleted)]
+    if changed:
+        lines += ["Not deleted (changed since listed):", *_listing(key, changed)]
+    _emit(ctx, data, lines + kept_lines)
+    return EXIT_OK
 
 
 def _count_hits(
@@ -599,7 +884,7 @@ def cmd_add(ctx: _Context) -> int:
     total = new + present
     data = {
         "key": ctx.key,
-        "server": ctx.where,
+        "server": ctx.address,
         "created_filter": created,
         "fingerprints": total,
         "new": new,
@@ -622,7 +907,7 @@ def cmd_check(ctx: _Context) -> int:
     total = present + absent
     data = {
         "key": ctx.key,
-        "server": ctx.where,
+        "server": ctx.address,
         "fingerprints": total,
         "present": present,
         "absent": absent,
@@ -639,17 +924,23 @@ def cmd_check(ctx: _Context) -> int:
 
 
 def cmd_migrate_set(ctx: _Context) -> int:
-    """Copy a scrapy-redis fingerprint SET into the filter."""
+    """Copy a scrapy-redis fingerprint SET into the filter.
+
+    The SET is read through the redis-py client of the first ``--redis-url`` (or the
+    cluster client): it lives where scrapy-redis keeps it, not in the filter's shards.
+    """
     set_key = str(ctx.args.set_key)
-    kind = _decode(ctx.client.type(set_key))
+    client = ctx.clients[0]
+    source = url_address(_urls(ctx.args)[0])
+    kind = _decode(client.type(set_key))
     if kind == "none":
-        raise CLIError(f"Redis key {set_key!r} does not exist on {ctx.where}: nothing to migrate.")
+        raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
     if kind != "set":
         raise CLIError(
-            f"Redis key {set_key!r} on {ctx.where} holds a {kind}, not a set of request"
+            f"Redis key {set_key!r} on {source} holds a {kind}, not a set of request"
             " fingerprints like scrapy-redis's dupefilter keeps."
         )
-    size = int(ctx.client.scard(set_key))
+    size = int(client.scard(set_key))
     bloom, created = _open_for_writing(ctx)
     new = present = skipped = 0
     batch: list[bytes] = []
@@ -663,7 +954,7 @@ def cmd_migrate_set(ctx: _Context) -> int:
         batch.clear()
         _progress(new + present + skipped, size)
 
-    for member in ctx.client.sscan_iter(set_key, count=SCAN_COUNT):
+    for member in client.sscan_iter(set_key, count=SCAN_COUNT):
         text = member.strip() if isinstance(member, bytes) else str(member).encode().strip()
         if not _FINGERPRINT.fullmatch(text):
             skipped += 1
@@ -677,7 +968,7 @@ def cmd_migrate_set(ctx: _Context) -> int:
     total = new + present
     data = {
         "key": ctx.key,
-        "server": ctx.where,
+        "server": ctx.address,
         "set_key": set_key,
         "created_filter": created,
         "fingerprints": total,
@@ -711,28 +1002,42 @@ def _key(value: str) -> str:
             f"{value!r} is the BLOOMFILTER_KEY template: give the key with the spider's name"
             f" filled in, e.g. {value.replace('%(spider)s', 'myspider')!r}"
         )
+    if "{" in value or "}" in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} contains {{ or }}, which no filter's key does (its shards' Redis"
+            " Cluster hash tags derive from it)"
+        )
     return value
 
 
-def _positive_float(value: str) -> float:
-    """Parse a positive, finite number of seconds."""
+def _seconds(value: str, zero_ok: bool = False) -> float:
+    """Parse a finite number of seconds: positive, or also 0 if ``zero_ok``."""
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
+    if not (math.isfinite(number) and (number > 0 or (zero_ok and number == 0))):
+        which = "non-negative" if zero_ok else "positive"
+        raise argparse.ArgumentTypeError(f"must be a {which} number, got {value!r}")
     return number
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of all commands."""
     common = _ArgumentParser(add_help=False)
-    common.add_argument(
+    where = common.add_argument_group("where the filter lives (as the crawl's settings)")
+    where.add_argument(
         "--redis-url",
-        default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+        action="append",
         metavar="URL",
-        help=f"Redis server URL (default: $REDIS_URL, else {DEFAULT_REDIS_URL})",
+        help="Redis URL; give it several times for a server list, in the crawl's order"
+        " (BLOOMFILTER_REDIS_URLS: shard i on server i mod n). Default: $REDIS_URL, else"
+        f" {DEFAULT_REDIS_URL}",
+    )
+    where.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
     )
     common.add_argument(
         "--key",
@@ -744,12 +1049,22 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print the result as JSON")
     common.add_argument(
         "--timeout",
-        type=_positive_float,
-        default=30.0,
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help="socket timeout for Redis commands (default: %(default)s)",
+        help="socket timeout of each Redis command (default: %(default)s)",
     )
-
+    common.add_argument(
+        "--retry-timeout",
+        type=lambda value: _seconds(value, zero_ok=True),
+        default=DEFAULT_RETRY_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a failing Redis command is retried, 0 for once"
+        " (BLOOMFILTER_RETRY_TIMEOUT; default: %(default)s)",
+    )
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="log what the engine does on stderr"
+    )
     sizing = _ArgumentParser(add_help=False)
     group = sizing.add_argument_group(
         "sizing (to create a missing filter; checked against an existing one)"
@@ -848,26 +1163,31 @@ def main(argv: list[str] | None = None) -> int:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
     package_logger.addHandler(handler)
+    level = package_logger.level
     try:
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help, --version
             return exc.code if isinstance(exc.code, int) else EXIT_OK
-        secrets = _secrets(args.redis_url) + secrets
+        if args.verbose:
+            package_logger.setLevel(logging.DEBUG)
+        urls = _urls(args)
+        for url in urls:
+            secrets = _secrets(url) + secrets
+        where, address = _describe(urls, args.cluster)
         if args.command == "reset" and not args.yes and not _stdin_is_tty():
             raise UsageError(
                 "reset deletes the filter and cannot ask for confirmation (stdin is not a"
                 " terminal): pass --yes to confirm."
             )
-        client = _connect(args.redis_url, args.timeout)
-        where = server_address(client)
-        try:
+        ctx = _connect(args, where, address)
+        with ctx.stack:
             run: Callable[[_Context], int] = args.handler
-            return run(_Context(args=args, client=client, where=where))
-        finally:
-            client.close()
+            return run(ctx)
     except CLIError as exc:
         return _fail(exc.message, exc.code, secrets)
+    except FilterUnavailableError as exc:  # the engine retried for --retry-timeout
+        return _fail(_option_names(str(exc)), EXIT_FAILURE, secrets)
     except BloomFilterError as exc:
         return _fail(str(exc), EXIT_FAILURE, secrets)
     except AuthenticationError as exc:
@@ -878,7 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"cannot connect to Redis at {where}: {exc}", EXIT_FAILURE, secrets)
     except ResponseError as exc:
         return _fail(f"Redis at {where} refused a command: {exc}", EXIT_FAILURE, secrets)
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         return _fail(f"Redis error from {where}: {exc}", EXIT_FAILURE, secrets)
     except BrokenPipeError:
         # The reader of stdout went away (e.g. `| head`): stop quietly.
@@ -893,6 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("interrupted", EXIT_INTERRUPTED, secrets)
     finally:
         package_logger.removeHandler(handler)
+        package_logger.setLevel(level)
 
 
 def _fail(message: str, code: int, secrets: Sequence[str]) -> int:

@@ -6,15 +6,19 @@ value and what is allowed, so a crawl fails at startup rather than halfway throu
 Nothing here talks to Redis or needs a crawler: any object with a ``get(name)``
 method (Scrapy's ``Settings``, a ``dict``) will do.
 
-Sizing, in one of two ways (giving both kinds is refused):
+Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
 
 * ``BLOOMFILTER_BIT`` / ``BLOOMFILTER_HASH_NUMBER``: m = 2**BIT bits and k hash
   functions, as in scrapy-redis-bloomfilter. ``BLOOMFILTER_CAPACITY`` may be added
-  to state how many items you expect; it only feeds the logged and reported
-  false-positive rate. This is the default: BIT 30 (128 MiB), k = 6.
+  to state how many items you expect (for the capacity warning and the reported
+  false-positive rate). This is the default: BIT 30 (128 MiB), k = 6.
 * ``BLOOMFILTER_CAPACITY`` / ``BLOOMFILTER_ERROR_RATE``: m = -n ln p / (ln 2)**2
   and k = (m / n) ln 2, rounded. ERROR_RATE defaults to 0.001 when only CAPACITY
   is given.
+
+Faults, in :class:`FaultPolicy`: how long to retry (``BLOOMFILTER_RETRY_TIMEOUT``),
+what to answer when Redis stays unavailable (``BLOOMFILTER_ON_ERROR``) and what to do
+when part of the filter is lost (``BLOOMFILTER_ON_LOSS``).
 """
 
 from __future__ import annotations
@@ -25,28 +29,42 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from .hashing import MAX_SHARD_BITS, FilterSpec
-from .layout import STRING_OVERHEAD, allocation, allocation_classes
+from .sizing import (
+    Sizing,
+    false_positive_rate,
+    format_bytes,
+    optimal_bits,
+    optimal_capacity,
+    optimal_hash_count,
+)
 
 DEFAULT_KEY = "%(spider)s:bloomfilter"
 DEFAULT_BIT = 30
 DEFAULT_HASH_NUMBER = 6
 DEFAULT_ERROR_RATE = 0.001
-#: Shards of 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds, not
-#: the ~300 ms of a 512 MiB string, and a 128 MiB filter spreads over 16 keys.
-DEFAULT_SHARD_BIT = 26
 #: Fingerprints each worker remembers locally (about 150 bytes each: 15 MB).
 DEFAULT_CACHE_SIZE = 100_000
 MAX_CACHE_SIZE = 100_000_000
 #: Seconds a worker's lease lasts without renewal (it renews every third of that).
 DEFAULT_WORKER_TTL = 30.0
 
-#: How much more than the bits need that the shards' Redis allocations may reserve.
-ALLOCATION_SLACK = 0.02
+#: Seconds a failing Redis call is retried (with backoff, across reconnects) before
+#: BLOOMFILTER_ON_ERROR decides: long enough for a Redis restart or a failover.
+DEFAULT_RETRY_TIMEOUT = 20.0
+MAX_RETRY_TIMEOUT = 3600.0
+MAX_WORKER_TTL = 86_400.0
 
 MAX_BIT = 48
 MAX_HASH_NUMBER = 64
-MIN_SHARD_BIT = 3
+#: Smallest shard: 2**7 bits, the payload of the smallest allocator block that holds a
+#: shard's header and string overhead.
+MIN_SHARD_BIT = 7
 MAX_SHARD_BIT = 32
+
+OnError = Literal["raise", "allow"]
+ON_ERROR: tuple[OnError, ...] = ("raise", "allow")
+OnLoss = Literal["raise", "recreate"]
+ON_LOSS: tuple[OnLoss, ...] = ("raise", "recreate")
 
 _T = TypeVar("_T")
 
@@ -59,21 +77,6 @@ class SettingsLike(Protocol):
 
     def get(self, name: str, default: Any = None) -> Any:
         """Return the value of a setting, or ``default`` when it is not set."""
-
-
-def optimal_bits(capacity: int, error_rate: float) -> int:
-    """Bits m that hold ``capacity`` items at ``error_rate``: -n ln p / (ln 2)**2."""
-    return math.ceil(-capacity * math.log(error_rate) / math.log(2) ** 2)
-
-
-def optimal_hash_count(bits: int, capacity: int) -> int:
-    """Hash functions k that minimise the false-positive rate: (m / n) ln 2, at least 1."""
-    return max(1, round(bits / capacity * math.log(2)))
-
-
-def false_positive_rate(bits: int, hash_count: int, items: float) -> float:
-    """Return the false-positive rate expected after ``items`` insertions: (1 - e**(-kn/m))**k."""
-    return (-math.expm1(-hash_count * items / bits)) ** hash_count
 
 
 def _invalid(name: str, value: object, allowed: str) -> ValueError:
@@ -214,20 +217,83 @@ class ConnectionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultPolicy:
+    """What the filter does when Redis fails it.
+
+    ``retry_timeout``: seconds a failing call is retried, with backoff and across
+    reconnects, before ``on_error`` decides: ``"raise"`` a
+    :class:`~.errors.FilterUnavailableError`, or ``"allow"`` the request (answer
+    "new": a possible duplicate fetch, never a lost page). ``on_loss``: when part of
+    the filter is gone (a shard evicted or deleted, a server emptied or replaced),
+    ``"raise"`` a :class:`~.errors.FilterDamagedError`, or ``"recreate"`` the part
+    empty and go on, with a warning.
+    """
+
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT
+    on_error: OnError = "raise"
+    on_loss: OnLoss = "raise"
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike) -> FaultPolicy:
+        """Read ``BLOOMFILTER_RETRY_TIMEOUT``, ``_ON_ERROR`` and ``_ON_LOSS``."""
+        timeout = _float(
+            settings,
+            "BLOOMFILTER_RETRY_TIMEOUT",
+            lambda v: 0 <= v <= MAX_RETRY_TIMEOUT,
+            f"It must be a number of seconds from 0 (no retry) to {MAX_RETRY_TIMEOUT:g}.",
+        )
+        return cls(
+            retry_timeout=_or_default(timeout, DEFAULT_RETRY_TIMEOUT),
+            on_error=_choice(
+                settings,
+                "BLOOMFILTER_ON_ERROR",
+                ON_ERROR,
+                "It must be 'raise' (stop with an error once retries are exhausted, the"
+                " default) or 'allow' (let the request through: a possible duplicate fetch).",
+            ),
+            on_loss=_choice(
+                settings,
+                "BLOOMFILTER_ON_LOSS",
+                ON_LOSS,
+                "It must be 'raise' (stop with an error when part of the filter is lost, the"
+                " default) or 'recreate' (recreate the lost part empty and go on).",
+            ),
+        )
+
+
+_C = TypeVar("_C", bound=str)
+
+
+def _choice(settings: SettingsLike, name: str, allowed: tuple[_C, ...], message: str) -> _C:
+    """Read a setting that takes one of a few words; the first is the default."""
+    raw = settings.get(name)
+    if raw is None:
+        return allowed[0]
+    for value in allowed:
+        if raw == value:
+            return value
+    raise _invalid(name, raw, message)
+
+
+@dataclass(frozen=True, slots=True)
 class BloomConfig:
     """The resolved, validated configuration of one filter.
 
-    ``spec`` is the geometry shared by all workers (and stored in Redis); the other
-    fields say how this worker names, reports on and feeds the filter.
+    ``sizing`` is what the settings ask for and ``spec`` the geometry this release
+    gives it (a filter that exists keeps the geometry it was created with, see
+    :mod:`.engine.record`); the other fields say how this worker names, reports on,
+    feeds and protects the filter.
     """
 
     key: str
     spec: FilterSpec
     capacity: int
+    sizing: Sizing = field(default_factory=lambda: Sizing(bit=30, hash_number=6))
     fingerprinter: Fingerprinter = "scrapy-redis"
     connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
     worker_ttl: float = DEFAULT_WORKER_TTL
     cache_size: int = DEFAULT_CACHE_SIZE
+    faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
 
     @property
     def expected_error_rate(self) -> float:
@@ -257,90 +323,20 @@ class BloomConfig:
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
         """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError."""
-        bit = _int(
-            settings,
-            "BLOOMFILTER_BIT",
-            lambda v: 1 <= v <= MAX_BIT,
-            f"It must be an integer from 1 to {MAX_BIT} (the filter has 2**BIT bits).",
-        )
-        hash_number = _int(
-            settings,
-            "BLOOMFILTER_HASH_NUMBER",
-            lambda v: 1 <= v <= MAX_HASH_NUMBER,
-            f"It must be an integer from 1 to {MAX_HASH_NUMBER}.",
-        )
-        capacity = _int(
-            settings,
-            "BLOOMFILTER_CAPACITY",
-            lambda v: v > 0,
-            "It must be a positive integer (the number of items you expect).",
-        )
-        error_rate = _float(
-            settings,
-            "BLOOMFILTER_ERROR_RATE",
-            lambda v: 0 < v < 1,
-            "It must be a number strictly between 0 and 1, e.g. 0.001.",
-        )
-        shard_bit = _int(
-            settings,
-            "BLOOMFILTER_SHARD_BIT",
-            lambda v: MIN_SHARD_BIT <= v <= MAX_SHARD_BIT,
-            f"It must be an integer from {MIN_SHARD_BIT} to {MAX_SHARD_BIT}: a shard holds"
-            f" at most 2**{MAX_SHARD_BIT} bits (Redis's 512 MB string limit).",
-        )
-        shards = _int(
-            settings,
-            "BLOOMFILTER_SHARDS",
-            lambda v: v >= 1,
-            "It must be a positive integer (the number of Redis keys the bits are split over).",
-        )
-
-        if error_rate is not None:
-            given = [
-                n
-                for n, v in (("BLOOMFILTER_BIT", bit), ("BLOOMFILTER_HASH_NUMBER", hash_number))
-                if v is not None
-            ]
-            if given:
-                raise ValueError(
-                    f"The settings BLOOMFILTER_ERROR_RATE and {' and '.join(given)} contradict"
-                    " each other: size the filter either by BLOOMFILTER_CAPACITY and"
-                    " BLOOMFILTER_ERROR_RATE, or by BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER."
-                )
-            if capacity is None:
-                raise ValueError(
-                    "The BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY: the error"
-                    " rate holds for a given number of items."
-                )
-        by_capacity = capacity is not None and bit is None and hash_number is None
-        if by_capacity:
-            assert capacity is not None
-            rate = DEFAULT_ERROR_RATE if error_rate is None else error_rate
-            bits = optimal_bits(capacity, rate)
-            k = optimal_hash_count(bits, capacity)
-            if k > MAX_HASH_NUMBER:
-                raise _invalid(
-                    "BLOOMFILTER_ERROR_RATE",
-                    rate,
-                    f"It needs {k} hash functions; at most {MAX_HASH_NUMBER} are supported,"
-                    " so the error rate must be at least 1e-19.",
-                )
-            if bits > 2**MAX_BIT:
-                raise _invalid(
-                    "BLOOMFILTER_CAPACITY",
-                    settings.get("BLOOMFILTER_CAPACITY"),
-                    f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
-                    " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
-                )
-        else:
-            bits = 2 ** (DEFAULT_BIT if bit is None else bit)
-            k = DEFAULT_HASH_NUMBER if hash_number is None else hash_number
-
-        spec = _shard(bits, k, shards, shard_bit)
+        sizing, capacity = _sizing(settings)
+        try:
+            spec = sizing.spec()
+        except ValueError as exc:
+            name, value = (
+                ("BLOOMFILTER_SHARDS", sizing.shards)
+                if sizing.shards is not None
+                else ("BLOOMFILTER_SHARD_BIT", sizing.shard_bit)
+            )
+            raise _invalid(
+                name, value, f"It cannot split the filter's bits into shards ({exc})."
+            ) from None
         if capacity is None:
-            # The item count at which k is the optimal number of hash functions.
-            capacity = max(1, math.floor(spec.bits * math.log(2) / k))
-
+            capacity = optimal_capacity(spec.bits, spec.hash_count)
         key = settings.get("BLOOMFILTER_KEY")
         key = DEFAULT_KEY if key is None else key
         if not isinstance(key, str) or not key:
@@ -374,14 +370,15 @@ class BloomConfig:
             key=key,
             spec=spec,
             capacity=capacity,
+            sizing=sizing,
             fingerprinter=fingerprinter,
             connection=ConnectionConfig.from_settings(settings),
             worker_ttl=_or_default(
                 _float(
                     settings,
                     "BLOOMFILTER_WORKER_TTL",
-                    lambda v: v >= 1,
-                    "It must be a number of seconds, at least 1.",
+                    lambda v: 1 <= v <= MAX_WORKER_TTL,
+                    f"It must be a number of seconds from 1 to {MAX_WORKER_TTL:,.0f} (a day).",
                 ),
                 DEFAULT_WORKER_TTL,
             ),
@@ -395,72 +392,106 @@ class BloomConfig:
                 ),
                 DEFAULT_CACHE_SIZE,
             ),
+            faults=FaultPolicy.from_settings(settings),
         )
 
 
-def _shard(bits: int, hash_count: int, shards: int | None, shard_bit: int | None) -> FilterSpec:
-    """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
-
-    Each shard's payload is sized to the jemalloc block Redis will reserve for it
-    anyway (:func:`.layout.allocation`), so the spare bytes of a block become bits
-    that lower the false-positive rate instead of slack. Without an explicit shard
-    count, the largest block size whose shards together reserve at most
-    :data:`ALLOCATION_SLACK` more than ``bits`` needs is chosen (or the least total).
-    """
+def _sizing(settings: SettingsLike) -> tuple[Sizing, int | None]:
+    """Read the sizing settings; return the request and the stated capacity, if any."""
+    bit = _int(
+        settings,
+        "BLOOMFILTER_BIT",
+        lambda v: 1 <= v <= MAX_BIT,
+        f"It must be an integer from 1 to {MAX_BIT} (the filter has 2**BIT bits).",
+    )
+    hash_number = _int(
+        settings,
+        "BLOOMFILTER_HASH_NUMBER",
+        lambda v: 1 <= v <= MAX_HASH_NUMBER,
+        f"It must be an integer from 1 to {MAX_HASH_NUMBER}.",
+    )
+    capacity = _int(
+        settings,
+        "BLOOMFILTER_CAPACITY",
+        lambda v: v > 0,
+        "It must be a positive integer (the number of items you expect).",
+    )
+    error_rate = _float(
+        settings,
+        "BLOOMFILTER_ERROR_RATE",
+        lambda v: 0 < v < 1,
+        "It must be a number strictly between 0 and 1, e.g. 0.001.",
+    )
+    shard_bit = _int(
+        settings,
+        "BLOOMFILTER_SHARD_BIT",
+        lambda v: MIN_SHARD_BIT <= v <= MAX_SHARD_BIT,
+        f"It must be an integer from {MIN_SHARD_BIT} to {MAX_SHARD_BIT}: a shard holds"
+        f" at most 2**{MAX_SHARD_BIT} bits (Redis's 512 MB string limit).",
+    )
+    shards = _int(
+        settings,
+        "BLOOMFILTER_SHARDS",
+        lambda v: v >= 1,
+        "It must be a positive integer (the number of Redis keys the bits are split over).",
+    )
     if shards is not None and shard_bit is not None:
         raise ValueError(
             "The settings BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict each other:"
             " give the number of shards or the largest shard size, not both."
         )
-    need = -(-bits // 8)  # bytes
+    if error_rate is not None:
+        given = [
+            n
+            for n, v in (("BLOOMFILTER_BIT", bit), ("BLOOMFILTER_HASH_NUMBER", hash_number))
+            if v is not None
+        ]
+        if given:
+            raise ValueError(
+                f"The settings BLOOMFILTER_ERROR_RATE and {' and '.join(given)} contradict"
+                " each other: size the filter either by BLOOMFILTER_CAPACITY and"
+                " BLOOMFILTER_ERROR_RATE, or by BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER."
+            )
+        if capacity is None:
+            raise ValueError(
+                "The BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY: the error"
+                " rate holds for a given number of items."
+            )
+    if capacity is not None and bit is None and hash_number is None:
+        rate = DEFAULT_ERROR_RATE if error_rate is None else error_rate
+        bits = optimal_bits(capacity, rate)
+        k = optimal_hash_count(bits, capacity)
+        if k > MAX_HASH_NUMBER:
+            raise _invalid(
+                "BLOOMFILTER_ERROR_RATE",
+                rate,
+                f"It needs {k} hash functions; at most {MAX_HASH_NUMBER} are supported,"
+                " so the error rate must be at least 1e-19.",
+            )
+        if bits > 2**MAX_BIT:
+            raise _invalid(
+                "BLOOMFILTER_CAPACITY",
+                settings.get("BLOOMFILTER_CAPACITY"),
+                f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
+                " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
+            )
+        sizing = Sizing(capacity=capacity, error_rate=rate, shard_bit=shard_bit, shards=shards)
+    else:
+        bit = DEFAULT_BIT if bit is None else bit
+        hash_number = DEFAULT_HASH_NUMBER if hash_number is None else hash_number
+        sizing = Sizing(bit=bit, hash_number=hash_number, shard_bit=shard_bit, shards=shards)
+    bits = sizing.geometry()[0]
     if shards is not None:
         if shards > bits:
             raise _invalid(
-                "BLOOMFILTER_SHARDS",
-                shards,
-                f"The filter has only {bits:,} bits to split.",
+                "BLOOMFILTER_SHARDS", shards, f"The filter has only {bits:,} bits to split."
             )
-        payload = -(-need // shards)
-        if payload * 8 > MAX_SHARD_BITS:
+        if -(-bits // shards) > MAX_SHARD_BITS:
             raise _invalid(
                 "BLOOMFILTER_SHARDS",
                 shards,
-                f"Each of its shards would hold {payload * 8:,} bits, more than 2**32 (Redis's"
-                f" 512 MB string limit): use at least {-(-bits // MAX_SHARD_BITS):,} shards"
-                f" for {bits:,} bits.",
+                f"Each of its shards would hold {-(-bits // shards):,} bits, more than a Redis"
+                f" string holds ({MAX_SHARD_BITS:,} after the shard header): use at least"
+                f" {-(-bits // MAX_SHARD_BITS):,} shards for {bits:,} bits.",
             )
-        block = allocation(payload + STRING_OVERHEAD)
-        shard_bits = min((block - STRING_OVERHEAD) * 8, MAX_SHARD_BITS)
-        return FilterSpec(shards=shards, shard_bits=shard_bits, hash_count=hash_count)
-
-    max_payload = 2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit) // 8
-    limit = allocation(min(max_payload, need) + STRING_OVERHEAD)
-    if limit - STRING_OVERHEAD > max_payload:  # the block above would exceed the maximum
-        limit = max(c for c in allocation_classes(limit - 1) if c - STRING_OVERHEAD <= max_payload)
-    best: tuple[int, int] | None = None  # (total bytes, block size)
-    for block in allocation_classes(limit):
-        if block <= STRING_OVERHEAD:
-            break
-        payload = block - STRING_OVERHEAD
-        total = -(-need // payload) * block
-        if best is None or total < best[0]:
-            best = (total, block)
-        if total <= need * (1 + ALLOCATION_SLACK):
-            best = (total, block)
-            break
-    assert best is not None
-    total, block = best
-    payload_bits = min((block - STRING_OVERHEAD) * 8, MAX_SHARD_BITS)
-    return FilterSpec(
-        shards=-(-bits // payload_bits), shard_bits=payload_bits, hash_count=hash_count
-    )
-
-
-def format_bytes(nbytes: int) -> str:
-    """Format a byte count for humans (binary units)."""
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
-        size /= 1024
-    raise AssertionError("unreachable")
+    return sizing, capacity

@@ -1,32 +1,60 @@
 """Redis clients for the filter, from its validated connection configuration.
 
-The filter uses scrapy-redis's connection unless ``BLOOMFILTER_REDIS_URL`` (one
-server, or with ``BLOOMFILTER_REDIS_CLUSTER`` a Redis Cluster) or
-``BLOOMFILTER_REDIS_URLS`` (several standalone servers) give it its own.
+The filter connects through scrapy-redis's connection settings (``REDIS_URL``,
+``REDIS_PARAMS``, ...) unless ``BLOOMFILTER_REDIS_URL`` (one server, or with
+``BLOOMFILTER_REDIS_CLUSTER`` a Redis Cluster) or ``BLOOMFILTER_REDIS_URLS`` (several
+standalone servers) give it its own. Either way it gets clients of its own, whose
+settings its connections copy (see :mod:`.engine.node`), with short timeouts by
+default so that a dead server is noticed in seconds: the filter retries by its own
+policy (``BLOOMFILTER_RETRY_TIMEOUT``), not by one long socket timeout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis
 from redis.cluster import RedisCluster
+from scrapy.utils.misc import load_object
+from scrapy_redis import defaults as scrapy_redis_defaults
+from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
-from .config import ConnectionConfig
+from .config import ConnectionConfig, SettingsLike
 
-#: Client defaults, as scrapy-redis's: a stalled server fails a call, not the crawl.
-DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 30}
+#: Defaults for the filter's clients: a stalled server fails one attempt in seconds,
+#: and the retry policy decides what happens next.
+DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0}
 
 
-def filter_clients(config: ConnectionConfig, default: Callable[[], Any]) -> list[Any]:
-    """Return the filter's clients: one (a server or a cluster) or one per server.
+def scrapy_redis_client(settings: SettingsLike) -> Any:
+    """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
 
-    ``default`` builds scrapy-redis's client, used when no URL is configured.
+    Its defaults (30 s timeouts) give way to :data:`DEFAULT_PARAMS`; whatever the user
+    set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins.
     """
+    user = settings.get("REDIS_PARAMS") or {}
+    if not isinstance(user, dict):
+        raise ValueError(
+            f"The value of the REDIS_PARAMS setting ({type(user).__name__}) is invalid. It must"
+            " be a dict of keyword arguments for the Redis client."
+        )
+    params: dict[str, Any] = {**scrapy_redis_defaults.REDIS_PARAMS, **DEFAULT_PARAMS, **user}
+    for setting, name in SETTINGS_PARAMS_MAP.items():
+        value = settings.get(setting)
+        if value:
+            params[name] = value
+    redis_cls = params.pop("redis_cls", scrapy_redis_defaults.REDIS_CLS)
+    if isinstance(redis_cls, str):
+        redis_cls = load_object(redis_cls)
+    url = params.pop("url", None)
+    return redis_cls.from_url(url, **params) if url else redis_cls(**params)
+
+
+def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
+    """Return the filter's clients: one (a server or a cluster) or one per server."""
     if not config.urls:
-        return [default()]
+        return [scrapy_redis_client(settings)]
     params = {**DEFAULT_PARAMS, **dict(config.params)}
     if config.cluster:
         return [RedisCluster.from_url(config.urls[0], **params)]
@@ -43,21 +71,3 @@ def url_address(url: str) -> str:
     except ValueError:
         port = 6379
     return f"{parts.hostname or 'localhost'}:{port}"
-
-
-def cluster_state(client: Any) -> str | None:
-    """Return ``cluster_state`` as a reachable node of a cluster client reports it.
-
-    None for a standalone client, or when no node answers.
-    """
-    if not isinstance(client, RedisCluster):
-        return None
-    for node in client.get_nodes():  # type: ignore[no-untyped-call]  # untyped in redis-py
-        try:
-            info = client.cluster_info(target_nodes=node)
-        except redis.RedisError:
-            continue
-        state = info.get("cluster_state") if isinstance(info, dict) else None
-        if state is not None:
-            return state.decode() if isinstance(state, bytes) else str(state)
-    return None

@@ -1,7 +1,16 @@
 """Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
 
 Settings become a :class:`~.config.BloomConfig` once, at startup; each
-``request_seen`` is then one fingerprint plus one atomic script call in Redis.
+``request_seen`` is then one fingerprint plus, unless the near-cache knows it, one
+atomic script call in Redis (:mod:`.engine.filter`). What happens to the filter
+(retries, ambiguous answers, errors, recovered parts, passing its capacity) reaches
+the crawl's stats as it happens. When the filter cannot answer (Redis gone for longer
+than ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR = "raise"``, a lost
+shard under ``BLOOMFILTER_ON_LOSS = "raise"``), the error is logged once, the crawl
+is stopped with the finish reason ``bloomfilter_error``, and the request in hand is
+let through to the scheduler rather than dropped: with a persistent queue it is
+fetched on the next run. Never a crawl that ends "finished" with pages silently lost,
+never a page dropped for a doubt.
 """
 
 from __future__ import annotations
@@ -10,21 +19,21 @@ import logging
 import os
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, RedisError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from scrapy import signals
-from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from .config import BloomConfig, SettingsLike, boolean_setting
-from .connection import cluster_state, filter_clients, url_address
-from .engine import RedisBloomFilter, server_address
-from .errors import BloomFilterError
+from .connection import filter_clients, url_address
+from .engine.cache import LRU
+from .engine.events import FilterEvents
+from .engine.filter import RedisBloomFilter
+from .engine.state import estimate_from_items
+from .errors import BloomFilterError, FilterUnavailableError
+from .sizing import filter_allocation
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -34,6 +43,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound="RFPDupeFilter")
+
+#: The finish reason of a crawl stopped because the filter could not answer.
+FINISH_REASON = "bloomfilter_error"
 
 
 class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
@@ -58,50 +70,59 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         stats: StatsCollector | None = None,
         fingerprint: Callable[[Request], str] | None = None,
         servers: Sequence[Any] | None = None,
+        crawler: Crawler | None = None,
     ) -> None:
         super().__init__(server, key, debug)
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
+        self.crawler = crawler
+        events = FilterEvents()
+        if stats is not None:
+            events.connect(
+                lambda name, n: stats.inc_value(f"bloomfilter/{name}", n),
+                lambda name, value: stats.set_value(f"bloomfilter/{name}", value),
+            )
         clients = list(servers) if servers else [server]
         self.bloom = RedisBloomFilter(
-            clients, key, self.config.spec, self.config.capacity, self.config.cache_size
+            clients,
+            key,
+            self.config.spec,
+            self.config.capacity,
+            self.config.cache_size,
+            sizing=self.config.sizing.canonical(),
+            faults=self.config.faults,
+            events=events,
         )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
         # scrapy-redis's fingerprint is a pure function of method, URL and body: for the
         # GET requests without body that links make, remember it by URL, as many as the
         # near-cache holds. A repeated link then costs no canonicalisation, JSON or SHA1.
-        self._memo: OrderedDict[str, str] = OrderedDict()
+        self._memo: LRU[str, str] = LRU(self.config.cache_size)
         if (
             fingerprint is None
             and self.config.cache_size
             and type(self).request_fingerprint is _RedisRFPDupeFilter.request_fingerprint
         ):
             self._fingerprint = self._remembered_fingerprint
-        self._added = 0
         self._finished = False
+        self._failed = False
         #: Clients this filter made (from_crawler / from_spider), closed when it closes.
         self._owned_clients: list[Any] = []
-        where = ", ".join(server_address(client) for client in clients)
+        where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
         try:
-            self.bloom.open()
+            record = self.bloom.open()
             others = self.lease.renew()
-        except (ClusterDownError, ClusterError, RedisConnectionError, RedisTimeoutError) as exc:
-            state = cluster_state(clients[0])
-            if isinstance(exc, (ClusterDownError, ClusterError)) or state not in (None, "ok"):
-                raise BloomFilterError(
-                    f"The Redis Cluster at {where} is down (cluster_state:{state or 'unknown'}),"
-                    f" so the Bloom filter {key!r} cannot be used: {exc}. Repair the cluster"
-                    " (CLUSTER INFO on each node), then start the crawl again."
-                ) from exc
-            raise BloomFilterError(
-                f"Cannot reach Redis at {where} for the Bloom filter {key!r}: {exc}"
-            ) from exc
+        except BaseException:
+            self.lease.close()
+            self.bloom.close()
+            raise
         self.lease.start()
         logger.info(
-            "Bloom filter %r on %s: %s; worker %s joins %d other live worker(s)",
+            "Bloom filter %r (id %s) on %s: %s; worker %s joins %d other live worker(s)",
             key,
+            record.filter_id,
             where,
             self.config.describe(),
             worker,
@@ -131,7 +152,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
         debug = boolean_setting(settings, "DUPEFILTER_DEBUG")
         try:
-            clients = filter_clients(config.connection, lambda: get_redis_from_settings(settings))
+            clients = filter_clients(config.connection, settings)
         except (RedisError, RedisClusterException) as exc:
             where = ", ".join(url_address(url) for url in config.connection.urls)
             raise BloomFilterError(
@@ -146,7 +167,16 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 stats=crawler.stats if crawler is not None else None,
                 fingerprint=fingerprint,
                 servers=clients,
+                crawler=crawler,
             )
+        except AuthenticationError as exc:
+            for client in clients:
+                client.close()
+            raise BloomFilterError(
+                f"Redis refused the Bloom filter's credentials: {exc}. Set the password (and"
+                " user) in the Redis URL (REDIS_URL, or BLOOMFILTER_REDIS_URL(S)), e.g."
+                " redis://user:password@host:6379/0."
+            ) from None
         except BaseException:
             for client in clients:  # a refused start leaves no connection behind
                 client.close()
@@ -176,22 +206,52 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """Add the request's fingerprint; return True if it was seen before.
 
         One atomic round trip to Redis: of several workers offering the same request
-        at once, exactly one is told it is new.
+        at once, exactly one is told it is new. When the filter cannot answer, the
+        crawl stops (see the module's docstring) and the request is answered new.
         """
-        seen = self.bloom.check_and_add(self._fingerprint(request))
-        if not seen:
-            self._added += 1
-        return seen
+        try:
+            return self.bloom.check_and_add(self._fingerprint(request))
+        except BloomFilterError as exc:
+            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+                self.bloom.events.count("errors")
+            self._fail(exc)
+            return False  # a doubt: to the scheduler, whose queue may outlive this run
+
+    def _fail(self, exc: BloomFilterError) -> None:
+        """Say why the filter cannot answer, once, and stop the crawl."""
+        if self._failed:
+            return
+        self._failed = True
+        logger.error(
+            "The Bloom filter %r cannot answer, so the crawl stops (finish reason %r): %s",
+            self.key,
+            FINISH_REASON,
+            exc,
+        )
+        try:
+            engine = self.crawler.engine if self.crawler is not None else None
+        except RuntimeError:  # Scrapy >= 2.19 raises before the crawl starts
+            engine = None
+        spider = getattr(engine, "spider", None)
+        if engine is None or spider is None:
+            return
+        close_async = getattr(engine, "close_spider_async", None)
+        if close_async is not None:  # Scrapy >= 2.14
+            from scrapy.utils.defer import deferred_from_coro
+
+            deferred = deferred_from_coro(close_async(reason=FINISH_REASON))
+        else:
+            deferred = engine.close_spider(spider, FINISH_REASON)
+        deferred.addErrback(lambda failure: logger.debug("Closing the spider: %s", failure))
 
     def _remembered_fingerprint(self, request: Request) -> str:
         if request.method != "GET" or request.body:
             return self.request_fingerprint(request)  # type: ignore[no-any-return]
-        memo, url = self._memo, request.url
-        fingerprint = memo.get(url)
+        url = request.url
+        fingerprint = self._memo.get(url)
         if fingerprint is None:
-            fingerprint = memo[url] = self.request_fingerprint(request)
-            if len(memo) > self.config.cache_size:
-                memo.popitem(last=False)
+            fingerprint = self.request_fingerprint(request)
+            self._memo.put(url, fingerprint)
         return fingerprint
 
     def log(self, request: Request, spider: Spider) -> None:
@@ -209,9 +269,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
         elsewhere. The filter's state is first written to the stats.
         """
-        self._record_state()
         others = self.lease.others()
         if others:
+            self._record_state(full=False)
             logger.info(
                 "Not clearing the Bloom filter %r: %d other worker(s) still use it. The last"
                 " worker to close clears it (a crashed worker stops counting %ss after its"
@@ -221,6 +281,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 f"{self.config.worker_ttl:g}",
             )
             return
+        self._record_state(full=True)
         self.bloom.clear()
         logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
 
@@ -237,30 +298,41 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._finished = True
         if self.stats is not None:
             # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
-            self.stats.inc_value("bloomfilter/added", self._added)
+            self.stats.inc_value("bloomfilter/added", self.bloom.counters.added)
             self.stats.inc_value("bloomfilter/cache_hits", self.bloom.cache_hits)
         try:
             self.bloom.sync_counters()
-            self._record_state()
+            others = self.lease.release()
+            # The last worker to leave counts the bits (O(m) in Redis); the others
+            # estimate from the counters, so a closing worker costs O(1).
+            if self.bloom.record is not None:
+                self._record_state(full=others == 0)
+        except BloomFilterError as exc:
+            logger.warning("Could not record the Bloom filter %r's state: %s", self.key, exc)
         finally:
-            try:
-                self.lease.release()
-            finally:
-                self.bloom.close()
-                for client in self._owned_clients:
-                    client.close()
+            self.lease.close()
+            self.bloom.close()
+            for client in self._owned_clients:
+                client.close()
 
-    def _record_state(self) -> None:
-        """Write the filter's configuration and BITCOUNT-derived state to the stats."""
-        if self.stats is None or not self.bloom.exists():
+    def _record_state(self, full: bool) -> None:
+        """Write the filter's configuration and state to the stats.
+
+        ``full``: count the bits in Redis (BITCOUNT of every shard); otherwise
+        estimate the state from the items the counters hold.
+        """
+        if self.stats is None or self.bloom.record is None:
             return
-        state = self.bloom.state()
-        spec = self.config.spec
+        spec = self.bloom.spec
         totals = self.bloom.totals()
+        if full:
+            state = self.bloom.state()
+        else:
+            state = estimate_from_items(spec, totals.added, filter_allocation(spec))
         values: dict[str, Any] = {
             "bloomfilter/total_added": totals.added,
             "bloomfilter/total_filtered": totals.seen,
-            "bloomfilter/capacity": self.config.capacity,
+            "bloomfilter/capacity": self.bloom.record.capacity,
             "bloomfilter/bits": spec.bits,
             "bloomfilter/hash_functions": spec.hash_count,
             "bloomfilter/shards": spec.shards,
@@ -274,10 +346,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.stats.set_value(name, value)
         logger.info(
             "Bloom filter %r: about %s items, %.2f%% of bits set, false-positive rate now"
-            " %.3g, %s bytes in Redis",
+            " %.3g, %s bytes in Redis%s",
             self.key,
             f"{state.estimated_items:,}",
             100 * state.fill_ratio,
             state.estimated_fpr,
             f"{state.memory_bytes:,}",
+            "" if full else " (estimated from the counters)",
         )

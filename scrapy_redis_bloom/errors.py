@@ -1,9 +1,9 @@
 """Exceptions raised when the filter in Redis cannot be used as configured.
 
 Bad settings raise plain :class:`ValueError` (Scrapy's convention for a component
-with an invalid setting). The classes here cover what is found in Redis at run time:
-a filter created with other parameters, or a key of the wrong type where the filter
-lives. Each message says what was found and how to proceed.
+with an invalid setting). The classes here cover what is found in Redis at run time.
+Each message says what was found, where (``host:port``, never a password) and how to
+proceed.
 """
 
 from __future__ import annotations
@@ -31,3 +31,32 @@ class OrphanedShardsError(BloomFilterError):
 
 class FilterMissingError(BloomFilterError):
     """The filter was to be opened without being created, and it does not exist."""
+
+
+class FilterUnavailableError(BloomFilterError):
+    """Redis did not carry out an operation within ``BLOOMFILTER_RETRY_TIMEOUT``.
+
+    ``operation`` names what the filter was doing, ``server`` where (``host:port``).
+    """
+
+    def __init__(self, message: str, operation: str = "", server: str = "") -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.server = server
+
+
+class FilterDamagedError(BloomFilterError):
+    """Part of the filter is gone: a shard evicted or deleted, a server emptied or replaced.
+
+    Raised under ``BLOOMFILTER_ON_LOSS = "raise"``; the filter is never used with a
+    part silently missing, since a lost shard answers "new" for URLs already crawled
+    and a replaced one would mix two filters' bits.
+    """
+
+
+class NotEnoughMemoryError(BloomFilterError):
+    """A server's ``maxmemory`` cannot hold the filter that is to be created on it."""
+
+
+class UnsupportedServerError(BloomFilterError):
+    """The server is older than the Redis version the filter needs."""

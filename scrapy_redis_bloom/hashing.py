@@ -39,8 +39,13 @@ import mmh3
 #: another version refuses to touch the filter.
 SCHEME_VERSION = 1
 
-#: Largest shard: a Redis string holds at most 512 MiB, that is 2**32 bits.
-MAX_SHARD_BITS = 2**32
+#: Most bits in one shard: a Redis string holds at most 512 MiB (2**32 bits), and
+#: each shard starts with a 256-bit header (see :mod:`.engine.layout`).
+MAX_SHARD_BITS = 2**32 - 256
+#: Most hash functions: beyond 64, a lower error rate costs more than it gains.
+MAX_HASH_COUNT = 64
+#: Most shards: 2**48 bits in shards of 2**26.
+MAX_SHARDS = 2**22
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +61,17 @@ class FilterSpec:
     hash_count: int
 
     def __post_init__(self) -> None:
-        if self.shards < 1:
-            raise ValueError(f"a filter needs at least one shard, got {self.shards}")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ValueError(f"a filter has 1 to {MAX_SHARDS:,} shards, got {self.shards:,}")
         if not 1 <= self.shard_bits <= MAX_SHARD_BITS:
             raise ValueError(
-                f"a shard holds 1 to 2**32 bits (a Redis string's limit), got {self.shard_bits}"
+                f"a shard holds 1 to {MAX_SHARD_BITS:,} bits (a Redis string's limit less its"
+                f" header), got {self.shard_bits:,}"
             )
-        if self.hash_count < 1:
-            raise ValueError(f"a filter needs at least one hash function, got {self.hash_count}")
+        if not 1 <= self.hash_count <= MAX_HASH_COUNT:
+            raise ValueError(
+                f"a filter has 1 to {MAX_HASH_COUNT} hash functions, got {self.hash_count:,}"
+            )
 
     @property
     def bits(self) -> int:

@@ -83,3 +83,23 @@ def aof_redis_server() -> Iterator[RedisServer]:
     """
     with RedisServer(appendonly=True) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[list[RedisServer]]:
+    """Start three standalone redis-servers for a module: a filter's server list."""
+    started = [RedisServer().start() for _ in range(3)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def clients(servers: list[RedisServer]) -> Iterator[list[redis.Redis]]:
+    """Return a client of each of the three servers, emptied for this test."""
+    made = [server.client() for server in servers]
+    for client in made:
+        client.flushall()
+    yield made
+    for client in made:
+        client.close()

@@ -80,7 +80,7 @@ def test_cache_memory_per_entry_is_bounded() -> None:
     digests = [hashlib.sha1(str(i).encode()).digest() for i in range(10_000)]
     tracemalloc.start()
     for digest in digests:  # what check_and_add stores: a 128-bit int per fingerprint
-        bf._cache[int.from_bytes(digest[:16], "little")] = None
+        bf._cache.put(int.from_bytes(digest[:16], "little"), True)
     grown, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     # The README gives about 150 bytes per cached fingerprint: 15 MB for the default.

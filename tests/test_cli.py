@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import redis
+from cli_run import assert_one_line_error, run, run_json, write_lines
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.cli import main
-from scrapy_redis_bloom.engine import FilterRecord
+from scrapy_redis_bloom.engine.record import FilterRecord
 
 KEY = "myspider:bloomfilter"
 #: A small filter over several shards, so that sharding is exercised.
@@ -35,7 +35,9 @@ def fingerprints(n: int, salt: str = "") -> list[str]:
 
 def make_filter(client: redis.Redis, key: str = KEY) -> RedisBloomFilter:
     config = BloomConfig.from_settings(SETTINGS)
-    bloom = RedisBloomFilter(client, key, config.spec, config.capacity)
+    bloom = RedisBloomFilter(
+        client, key, config.spec, config.capacity, sizing=config.sizing.canonical()
+    )
     bloom.open()
     return bloom
 
@@ -43,30 +45,6 @@ def make_filter(client: redis.Redis, key: str = KEY) -> RedisBloomFilter:
 def read_record(client: redis.Redis, key: str) -> FilterRecord:
     raw: Any = client.hgetall(f"{key}:meta")
     return FilterRecord.parse(key, {k.decode(): v.decode() for k, v in raw.items()})
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    code, out, err = run(capsys, *argv, "--json")
-    assert (code, err) == (0, ""), err
-    data: dict[str, Any] = json.loads(out)
-    return data
-
-
-def assert_one_line_error(err: str) -> None:
-    assert err.startswith("scrapy-redis-bloom: error: ")
-    assert err.count("\n") == 1
-    assert "Traceback" not in err
-
-
-def write_lines(path: Path, lines: list[str]) -> str:
-    path.write_text("".join(line + "\n" for line in lines))
-    return str(path)
 
 
 class _TTY(io.StringIO):
@@ -141,10 +119,13 @@ def test_info_human_table(
 def test_info_of_an_empty_filter(
     capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
 ) -> None:
-    make_filter(redis_client)
+    bloom = make_filter(redis_client)
     data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
-    assert (data["bits_set"], data["estimated_items"], data["memory_bytes"]) == (0, 0, 0)
+    assert (data["bits_set"], data["estimated_items"]) == (0, 0)
     assert data["estimated_fpr"] == 0.0
+    # Every shard is allocated whole when the filter is created.
+    assert data["memory_bytes"] >= bloom.spec.total_bytes
+    assert (data["shards_missing"], data["shards_foreign"], data["damaged_shards"]) == (0, 0, [])
 
 
 def test_info_missing_filter(capsys: pytest.CaptureFixture[str], redis_url: str) -> None:
@@ -179,6 +160,7 @@ def test_info_names_a_shard_of_the_wrong_type(
     capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
 ) -> None:
     bloom = make_filter(redis_client)
+    redis_client.delete(bloom.shard_keys[1])
     redis_client.rpush(bloom.shard_keys[1], "x")
     code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
     assert code == 1
@@ -226,7 +208,7 @@ def test_reset_with_yes_deletes_record_and_shards(
     bloom = make_filter(redis_client)
     bloom.add_many(fingerprints(1000))
     redis_client.set("unrelated", "kept")
-    assert redis_client.exists(bloom.meta_key, *bloom.shard_keys) == 1 + bloom.spec.shards
+    assert redis_client.exists(f"{KEY}:meta", *bloom.shard_keys) == 1 + bloom.spec.shards
 
     code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
 
@@ -234,6 +216,18 @@ def test_reset_with_yes_deletes_record_and_shards(
     assert f"Deleted the Bloom filter '{KEY}'" in out
     assert f"{bloom.spec.shards} shard key(s)" in out
     assert redis_client.keys("*") == [b"unrelated"]
+
+
+def test_reset_keeps_another_programs_key_named_like_a_server_marker(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A filter on one server has no server marker: 'KEY:server' there is not its key.
+    redis_client.set(f"{KEY}:server", "web-1")
+    make_filter(redis_client).add_many(fingerprints(10))
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert (code, err) == (0, "")
+    assert "server markers" not in out
+    assert redis_client.keys("*") == [f"{KEY}:server".encode()]
 
 
 def test_reset_refuses_while_workers_hold_leases_unless_forced(
@@ -269,14 +263,20 @@ def test_reset_json(
     bloom.add_many(fingerprints(10))
     written = redis_client.exists(*bloom.shard_keys)
     data = run_json(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "-y")
+    assert bloom.record is not None
     assert data == {
         "key": KEY,
-        "server": data["server"],
+        "server": redis_url.split("//")[1].split("/")[0],
+        "servers": [data["server"]],
         "deleted": True,
         "record": True,
+        "id": bloom.record.filter_id,
         "shard_keys": written,
+        "counters": True,
+        "server_markers": 0,
     }
     assert not bloom.exists()
+    assert redis_client.keys("*") == []
 
 
 def test_reset_refuses_without_yes_when_stdin_is_not_a_tty(
@@ -335,10 +335,11 @@ def test_reset_deletes_orphaned_shards(
 ) -> None:
     bloom = make_filter(redis_client)
     bloom.add_many(fingerprints(1000))
-    redis_client.delete(bloom.meta_key)
-    # Keys that only look alike stay.
-    redis_client.set(f"{KEY}:g0:x", "kept")
-    redis_client.set(f"{KEY}x:g0:0", "kept")
+    redis_client.delete(f"{KEY}:meta")
+    # Keys that only look alike are not even listed.
+    lookalikes = [f"{{{KEY}:x}}:g0", f"{{{KEY}x:0}}:g0", f"{KEY}:g0:0", f"{KEY}:other"]
+    for name in lookalikes:
+        redis_client.set(name, "kept")
 
     code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
     assert code == 1
@@ -347,8 +348,87 @@ def test_reset_deletes_orphaned_shards(
 
     code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
     assert (code, err) == (0, "")
+    assert f"{bloom.spec.shards} orphaned shard key(s) and 1 other part(s)" in out
+    assert "it has no config record" in out
+    assert f"'{KEY}:count' on " in out  # the counters are listed, with what proves them
+    assert "Not deleted" not in out
+    assert sorted(redis_client.keys("*")) == sorted(name.encode() for name in lookalikes)
+
+
+def test_reset_without_record_keeps_what_carries_no_filter_id(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # Another application's keys that happen to share the filter's names.
+    redis_client.set("myapp:server", "web-1")
+    redis_client.hset("myapp:count", mapping={"visits": 3})
+    redis_client.set("{myapp:0}:g0", "not a shard")
+    redis_client.set("{myapp:1}:g0", b"SRB\x02" + bytes(28))  # a header naming shard 0
+    before = sorted(redis_client.keys("*"))
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", "myapp", "--yes")
+
+    assert (code, err) == (0, "")
+    assert "No Bloom filter 'myapp'" in out
+    assert "nothing to delete" in out
+    assert "Not deleted (carries no filter id):" in out
+    for name in ("myapp:server", "myapp:count", "{myapp:0}:g0", "{myapp:1}:g0"):
+        assert f"'{name}' on " in out
+    assert sorted(redis_client.keys("*")) == before
+
+    data = run_json(capsys, "reset", "--redis-url", redis_url, "--key", "myapp", "--yes")
+    assert (data["deleted"], data["record"], data["deleted_keys"]) == (False, False, [])
+    assert sorted(kept["key"] for kept in data["not_deleted"]) == [
+        "myapp:count", "myapp:server", "{myapp:0}:g0", "{myapp:1}:g0",
+    ]  # fmt: skip
+
+
+def test_reset_of_an_orphan_lists_it_before_asking(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    bloom = make_filter(redis_client)
+    bloom.add_many(fingerprints(10))
+    redis_client.delete(f"{KEY}:meta")
+    redis_client.set(f"{KEY}:server", "someone else's")
+    monkeypatch.setattr(sys, "stdin", _TTY("n\n"))
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY)
+
+    assert (code, out) == (1, "")
+    listing, prompt = err.split("Delete ", 1)
+    assert bloom.record is not None
+    shards = bloom.spec.shards
+    assert f"To delete, {shards} orphaned shard key(s) and 1 other part(s)" in listing
+    assert (
+        f"  {shards} shard key(s) '{{{KEY}:<i>}}:g<m>' of filter id {bloom.record.filter_id}:"
+        f" shards 0-{shards - 1}, on 127.0.0.1:"
+    ) in listing
+    assert f"'{KEY}:count' on " in listing
+    assert f"Not deleted (carries no filter id):\n  '{KEY}:server'" in listing
+    assert "[y/N]" in prompt
+    assert redis_client.exists(*bloom.shard_keys) == bloom.spec.shards
+
+
+def test_reset_deletes_a_record_this_version_cannot_read(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    bloom = make_filter(redis_client)
+    redis_client.hset(f"{KEY}:meta", "layout", "1")  # e.g. a development build's filter
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert_one_line_error(err)
+    assert "layout '1'" in err
+    assert "reset" in err
+
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+
+    assert (code, err) == (0, "")
+    assert "its config record cannot be used" in out
+    assert f"'{KEY}:meta' on " in out
     assert f"{bloom.spec.shards} orphaned shard key(s)" in out
-    assert sorted(redis_client.keys("*")) == [f"{KEY}:g0:x".encode(), f"{KEY}x:g0:0".encode()]
+    assert redis_client.keys("*") == []
 
 
 def test_reset_refuses_a_record_of_the_wrong_type(
@@ -607,13 +687,15 @@ def test_migrate_set_needs_a_filter_or_sizing(
 def test_unreachable_redis(capsys: pytest.CaptureFixture[str], command: str) -> None:
     port = free_port()
     argv = [command, "--redis-url", f"redis://127.0.0.1:{port}/0", "--key", KEY]
+    argv += ["--retry-timeout", "0.2"]
     argv += {"reset": ["--yes"], "migrate-set": ["--set-key", "s"], "check": ["/dev/null"]}.get(
         command, []
     )
     code, out, err = run(capsys, *argv)
     assert (code, out) == (1, "")
     assert_one_line_error(err)
-    assert f"cannot connect to Redis at 127.0.0.1:{port}" in err
+    assert f"Redis at 127.0.0.1:{port}" in err
+    assert "cannot connect" in err
 
 
 @pytest.fixture
@@ -648,12 +730,14 @@ def test_password_is_never_echoed(
     outputs = [out, json.dumps(data)]
 
     for url in (wrong, nowhere):
-        code, out, err = run(capsys, "info", "--redis-url", url, "--key", KEY)
+        code, out, err = run(
+            capsys, "info", "--redis-url", url, "--key", KEY, "--retry-timeout", "0.2"
+        )
         assert code == 1
         assert_one_line_error(err)
         outputs += [out, err]
     monkeypatch.setenv("REDIS_URL", nowhere)
-    code, out, err = run(capsys, "reset", "--key", KEY, "--yes")
+    code, out, err = run(capsys, "reset", "--key", KEY, "--yes", "--retry-timeout", "0")
     assert code == 1
     outputs += [out, err]
     # A mistyped argument that embeds the URL is reported without its password.

@@ -15,6 +15,8 @@ from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 from scrapy_redis_bloom import BloomConfig, FilterTotals, RedisBloomFilter
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.engine.layout import shard_key
+from scrapy_redis_bloom.engine.topology import Cluster
 from scrapy_redis_bloom.errors import BloomFilterError
 
 CONFIG = BloomConfig.from_settings(
@@ -38,9 +40,10 @@ def test_shards_spread_over_the_masters(
     assert CONFIG.spec.shards >= 6
     owners = {redis_cluster_nodes.node_of(key) for key in bf.shard_keys}
     assert len(owners) >= 2, owners  # the issue asks for at least 2 of the 3 masters
-    for key, counter in zip(bf.shard_keys, bf.counter_keys, strict=True):
-        # One element's script touches its shard and its counter: one hash slot.
-        assert redis_cluster_nodes.keyslot(key) == redis_cluster_nodes.keyslot(counter)
+    for shard, key in enumerate(bf.shard_keys):
+        # Every generation of a shard shares its hash slot: one check touches one slot.
+        later = shard_key("bf", shard, generation=7)
+        assert redis_cluster_nodes.keyslot(key) == redis_cluster_nodes.keyslot(later)
     assert all(bf.contains_many(fingerprints(5000)))
     assert bf.check_and_add(fingerprints(1)[0]) is True
     assert bf.totals().added == 5000
@@ -126,7 +129,7 @@ def test_scrapy_redis_own_connection_as_a_cluster_client(
         },
     )
     df = RFPDupeFilter.from_crawler(crawler)
-    assert isinstance(df.bloom.client, RedisCluster)
+    assert isinstance(df.bloom.topology, Cluster)
     assert df.request_seen(Request("https://example.com/")) is False
     assert df.request_seen(Request("https://example.com/")) is True
     df.close("finished")
@@ -154,11 +157,25 @@ def test_a_failed_cluster_is_a_clear_error() -> None:
             "BLOOMFILTER_REDIS_URL": nodes.startup_url,
             "BLOOMFILTER_REDIS_CLUSTER": True,
             "BLOOMFILTER_CAPACITY": 10_000,
+            "BLOOMFILTER_RETRY_TIMEOUT": 2,
         }
         RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings)).close("finished")
         nodes.stop_node(2)
         nodes.wait_for_state("fail", timeout=20)
         started = time.monotonic()
-        with pytest.raises(BloomFilterError, match=r"The Redis Cluster at 127\.0\.0\.1:\d+ is"):
+        with pytest.raises(
+            BloomFilterError, match=r"Redis at 127\.0\.0\.1:\d+ could not .*Cluster is down"
+        ):
             RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 10
+
+
+def test_a_cluster_node_given_as_a_server_is_named(redis_cluster_nodes: RedisClusterNodes) -> None:
+    node = redis_cluster_nodes.node_client(0)
+    bf = RedisBloomFilter(node, "bf", CONFIG.spec, CONFIG.capacity)
+    started = time.monotonic()
+    with pytest.raises(BloomFilterError, match=r"is a node of a Redis Cluster .*CLUSTER = True"):
+        bf.add_many(fingerprints(200))
+    assert time.monotonic() - started < 5  # refused at once, not retried for the timeout
+    bf.close()
+    node.close()

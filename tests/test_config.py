@@ -9,29 +9,36 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redis_bloom.config import (
+from scrapy_redis_bloom.config import DEFAULT_KEY, BloomConfig, FaultPolicy
+from scrapy_redis_bloom.engine.layout import HEADER_BYTES
+from scrapy_redis_bloom.hashing import MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.sizing import (
     ALLOCATION_SLACK,
-    DEFAULT_KEY,
-    BloomConfig,
+    KEY_OVERHEAD,
+    STRING_OVERHEAD,
+    Sizing,
+    allocation,
     false_positive_rate,
     optimal_bits,
     optimal_hash_count,
+    shard_allocation,
 )
-from scrapy_redis_bloom.hashing import FilterSpec
-from scrapy_redis_bloom.layout import STRING_OVERHEAD, allocation
+
+#: What a shard string holds besides its bits.
+OVERHEAD = HEADER_BYTES + STRING_OVERHEAD
 
 
 def reserved(spec: FilterSpec) -> int:
-    """Bytes jemalloc reserves for all shards' strings."""
-    return spec.shards * allocation(spec.shard_bytes + STRING_OVERHEAD)
+    """Bytes Redis takes for all shards: their blocks and the keys' bookkeeping."""
+    return spec.shards * (shard_allocation(spec) + KEY_OVERHEAD)
 
 
-def assert_snug(spec: FilterSpec, bits: int) -> None:
-    """At least ``bits`` bits, each shard filling its block, all within the slack."""
+def assert_snug(spec: FilterSpec, bits: int, slack: float = ALLOCATION_SLACK) -> None:
+    """At least ``bits`` bits, each shard filling its block exactly, all within the slack."""
     assert spec.bits >= bits
-    assert spec.shard_bits <= 2**32
-    assert allocation(spec.shard_bytes + STRING_OVERHEAD) - spec.shard_bytes <= STRING_OVERHEAD
-    assert reserved(spec) <= bits / 8 * (1 + ALLOCATION_SLACK)
+    assert spec.shard_bits <= MAX_SHARD_BITS
+    assert shard_allocation(spec) == spec.shard_bytes + OVERHEAD
+    assert reserved(spec) <= bits / 8 * (1 + slack)
 
 
 def test_defaults_match_scrapy_redis_bloomfilter() -> None:
@@ -39,10 +46,45 @@ def test_defaults_match_scrapy_redis_bloomfilter() -> None:
     assert config.spec.hash_count == 6
     assert_snug(config.spec, 2**30)
     # 16 shards of 8 MiB would each take a 10 MiB block: 26 of 5 MiB reserve 130 MiB.
-    assert (config.spec.shards, config.spec.shard_bytes) == (26, 5 * 2**20 - STRING_OVERHEAD)
+    assert (config.spec.shards, config.spec.shard_bytes) == (26, 5 * 2**20 - OVERHEAD)
     assert config.capacity == math.floor(config.spec.bits * math.log(2) / 6)
     assert config.key == DEFAULT_KEY == "%(spider)s:bloomfilter"
     assert config.fingerprinter == "scrapy-redis"
+    assert config.sizing == Sizing(bit=30, hash_number=6)
+    assert config.faults == FaultPolicy(retry_timeout=20.0, on_error="raise", on_loss="raise")
+
+
+# The geometry this release gives common settings. A change here changes the geometry of
+# NEW filters only: a filter that exists keeps the one in its record, adopted by every
+# worker that asks for the same sizing (tests/test_engine.py checks the adoption).
+PINNED = [
+    ({}, FilterSpec(shards=26, shard_bits=41_942_656, hash_count=6)),
+    (
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4},
+        FilterSpec(shards=21, shard_bits=917_120, hash_count=13),
+    ),
+    (
+        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4},
+        FilterSpec(shards=286, shard_bits=67_108_480, hash_count=13),
+    ),
+    (
+        {"BLOOMFILTER_CAPACITY": 100_000, "BLOOMFILTER_ERROR_RATE": 1e-3},
+        FilterSpec(shards=9, shard_bits=163_456, hash_count=10),
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "spec"), PINNED)
+def test_geometry_of_common_settings_is_pinned(settings: dict[str, Any], spec: FilterSpec) -> None:
+    assert BloomConfig.from_settings(settings).spec == spec
+
+
+def test_sizing_is_stored_in_a_stable_form() -> None:
+    by_capacity = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": "1e6"}).sizing
+    assert by_capacity.canonical() == "capacity=1000000 error_rate=0.001"
+    by_bits = BloomConfig.from_settings({"BLOOMFILTER_BIT": 28, "BLOOMFILTER_SHARDS": 4})
+    assert by_bits.sizing.canonical() == "bit=28 hash_number=6 shards=4"
+    assert by_bits.sizing.spec() == by_bits.spec
 
 
 def test_bit_and_hash_number_accept_strings_from_the_command_line() -> None:
@@ -50,7 +92,8 @@ def test_bit_and_hash_number_accept_strings_from_the_command_line() -> None:
         Settings({"BLOOMFILTER_BIT": "20", "BLOOMFILTER_HASH_NUMBER": "7"})
     )
     assert config.spec.hash_count == 7
-    assert_snug(config.spec, 2**20)
+    # 128 KiB: no block size meets 2% once each key's bookkeeping counts; the least is 2.1%.
+    assert_snug(config.spec, 2**20, slack=0.025)
 
 
 def test_capacity_and_error_rate_give_the_optimal_m_and_k() -> None:
@@ -95,8 +138,8 @@ def test_shard_count_splits_bits_into_equal_shards() -> None:
     assert config.spec.shards == 3
     assert config.spec.shard_bits >= math.ceil(2**30 / 3)
     # The shards fill the 48 MiB blocks Redis reserves for them.
-    assert allocation(config.spec.shard_bytes + STRING_OVERHEAD) == 48 * 2**20
-    assert config.spec.shard_bytes == 48 * 2**20 - STRING_OVERHEAD
+    assert shard_allocation(config.spec) == 48 * 2**20
+    assert config.spec.shard_bytes == 48 * 2**20 - OVERHEAD
 
 
 def test_capacity_sizing_rounds_up_to_whole_shards_only() -> None:
@@ -118,8 +161,8 @@ def test_key_for_fills_in_the_spider() -> None:
 
 def test_describe_names_m_k_shards_and_rate() -> None:
     text = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30}).describe()
-    assert "m=1,090,515,712 bits (130.0 MiB)" in text
-    assert "26 shard(s) of 41,942,912 bits" in text
+    assert "m=1,090,509,056 bits (130.0 MiB)" in text
+    assert "26 shard(s) of 41,942,656 bits" in text
     assert "k=6" in text
     assert "expected false-positive rate at capacity 0.0156" in text
 
@@ -163,11 +206,13 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
     ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),
     ({"BLOOMFILTER_ERROR_RATE": 0.01}, r"BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY"),
-    ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 3 to 32: a shard holds at most 2\*\*32 bits"),
+    ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 7 to 32: a shard holds at most 2\*\*32 bits"),
+    ({"BLOOMFILTER_SHARD_BIT": 6}, r"BLOOMFILTER_SHARD_BIT setting \(6\) is invalid\. It must be an integer from 7 to 32"),
+    ({"BLOOMFILTER_BIT": 48, "BLOOMFILTER_SHARD_BIT": 7}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),
     ({"BLOOMFILTER_SHARD_BIT": 2}, r"BLOOMFILTER_SHARD_BIT setting \(2\) is invalid"),
     ({"BLOOMFILTER_SHARDS": 0}, r"BLOOMFILTER_SHARDS setting \(0\) is invalid\. It must be a positive integer"),
     ({"BLOOMFILTER_SHARDS": 4, "BLOOMFILTER_SHARD_BIT": 20}, r"BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict"),
-    ({"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARDS": 128}, r"BLOOMFILTER_SHARDS setting \(128\) is invalid\. Each of its shards would hold 8,589,934,592 bits, more than 2\*\*32 .* use at least 256 shards"),
+    ({"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARDS": 128}, r"BLOOMFILTER_SHARDS setting \(128\) is invalid\. Each of its shards would hold 8,589,934,592 bits, more than a Redis string holds \(4,294,967,040 after the shard header\): use at least 257 shards"),
     ({"BLOOMFILTER_BIT": 3, "BLOOMFILTER_SHARDS": 9}, r"BLOOMFILTER_SHARDS setting \(9\) is invalid\. The filter has only 8 bits"),
     ({"BLOOMFILTER_KEY": ""}, r"BLOOMFILTER_KEY setting \(''\) is invalid\. It must be a non-empty string"),
     ({"BLOOMFILTER_KEY": 5}, r"BLOOMFILTER_KEY setting \(5\) is invalid"),
@@ -184,11 +229,16 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_CLUSTER": True, "BLOOMFILTER_REDIS_URLS": ["redis://a", "redis://b"]}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \('timeout=3'\) is invalid\. It must be a dict"),
     ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
-    ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds, at least 1"),
+    ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds from 1 to 86,400"),
+    ({"BLOOMFILTER_WORKER_TTL": 5e12}, r"BLOOMFILTER_WORKER_TTL setting \(5000000000000\.0\) is invalid"),
     ({"BLOOMFILTER_WORKER_TTL": "soon"}, r"BLOOMFILTER_WORKER_TTL setting \('soon'\) is invalid"),
     ({"BLOOMFILTER_CACHE_SIZE": -1}, r"BLOOMFILTER_CACHE_SIZE setting \(-1\) is invalid\. It must be an integer from 0 \(no near-cache\) to 100,000,000"),
     ({"BLOOMFILTER_CACHE_SIZE": "lots"}, r"BLOOMFILTER_CACHE_SIZE setting \('lots'\) is invalid"),
     ({"BLOOMFILTER_FINGERPRINTER": "sha256"}, r"BLOOMFILTER_FINGERPRINTER setting \('sha256'\) is invalid\. It must be 'scrapy-redis'"),
+    ({"BLOOMFILTER_RETRY_TIMEOUT": -1}, r"BLOOMFILTER_RETRY_TIMEOUT setting \(-1\) is invalid\. It must be a number of seconds from 0 \(no retry\) to 3600"),
+    ({"BLOOMFILTER_RETRY_TIMEOUT": "soon"}, r"BLOOMFILTER_RETRY_TIMEOUT setting \('soon'\) is invalid"),
+    ({"BLOOMFILTER_ON_ERROR": "ignore"}, r"BLOOMFILTER_ON_ERROR setting \('ignore'\) is invalid\. It must be 'raise' .* or 'allow'"),
+    ({"BLOOMFILTER_ON_LOSS": "repair"}, r"BLOOMFILTER_ON_LOSS setting \('repair'\) is invalid\. It must be 'raise' .* or 'recreate'"),
 ]  # fmt: skip
 
 
@@ -204,7 +254,8 @@ def test_every_bloomfilter_setting_has_a_bad_value_case() -> None:
         "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_SHARD_BIT", "BLOOMFILTER_SHARDS",
         "BLOOMFILTER_KEY", "BLOOMFILTER_FINGERPRINTER", "BLOOMFILTER_REDIS_URL",
         "BLOOMFILTER_REDIS_URLS", "BLOOMFILTER_REDIS_CLUSTER", "BLOOMFILTER_REDIS_PARAMS",
-        "BLOOMFILTER_WORKER_TTL", "BLOOMFILTER_CACHE_SIZE",
+        "BLOOMFILTER_WORKER_TTL", "BLOOMFILTER_CACHE_SIZE", "BLOOMFILTER_RETRY_TIMEOUT",
+        "BLOOMFILTER_ON_ERROR", "BLOOMFILTER_ON_LOSS",
     }  # fmt: skip
     named = {m.group(0) for _, msg in BAD_VALUES for m in re.finditer(r"BLOOMFILTER_[A-Z_]+", msg)}
     assert documented <= named
@@ -226,3 +277,24 @@ def test_connection_settings() -> None:
         {"BLOOMFILTER_REDIS_URL": "redis://node:7000", "BLOOMFILTER_REDIS_CLUSTER": "true"}
     ).connection
     assert (cluster.urls, cluster.cluster) == (("redis://node:7000",), True)
+
+
+def test_fault_policy_settings() -> None:
+    faults = BloomConfig.from_settings(
+        Settings(
+            {
+                "BLOOMFILTER_RETRY_TIMEOUT": "2.5",
+                "BLOOMFILTER_ON_ERROR": "allow",
+                "BLOOMFILTER_ON_LOSS": "recreate",
+            }
+        )
+    ).faults
+    assert faults == FaultPolicy(retry_timeout=2.5, on_error="allow", on_loss="recreate")
+    assert BloomConfig.from_settings({"BLOOMFILTER_RETRY_TIMEOUT": 0}).faults.retry_timeout == 0
+
+
+@pytest.mark.parametrize("shard_bit", range(7, 33))
+def test_every_documented_shard_bit_works(shard_bit: int) -> None:
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 24, "BLOOMFILTER_SHARD_BIT": shard_bit})
+    assert config.spec.bits >= 2**24
+    assert config.spec.shard_bits <= 2**shard_bit

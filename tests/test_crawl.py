@@ -27,7 +27,8 @@ from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 from website import Site, SiteServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine import FilterRecord
+from scrapy_redis_bloom.engine.layout import HEADER_BYTES
+from scrapy_redis_bloom.engine.record import FilterRecord
 
 HERE = Path(__file__).parent
 RUNNER = HERE / "crawl_runner.py"
@@ -140,13 +141,15 @@ def fingerprint(url: str) -> str:
 
 
 def filter_keys(client: redis.Redis, spider: str) -> list[str]:
-    return sorted(key.decode() for key in client.scan_iter(match=f"{spider}:bloomfilter*"))
+    """Return the keys of a spider's filter: ``<spider>:bloomfilter:*`` and its shards."""
+    patterns = (f"{spider}:bloomfilter*", f"{{{spider}:bloomfilter:*")
+    return sorted(key.decode() for p in patterns for key in client.scan_iter(match=p))
 
 
 def bits_per_shard(client: redis.Redis, spider: str) -> dict[str, int]:
-    """Return the bits set in each shard of a spider's filter."""
-    shards = [key for key in filter_keys(client, spider) if ":bloomfilter:g" in key]
-    return {key: int(client.bitcount(key)) for key in shards}
+    """Return the bits set in each shard of a spider's filter (its header not counted)."""
+    shards = [key for key in filter_keys(client, spider) if key.endswith("}:g0")]
+    return {key: int(client.bitcount(key, HEADER_BYTES, -1)) for key in shards}
 
 
 @pytest.fixture
@@ -237,11 +240,11 @@ def test_follow_crawl_persist_keeps_the_filter(
 
     # The filter stays in Redis, with the record of the geometry it was created with.
     keys = filter_keys(redis_client, "site")
-    assert "site:bloomfilter:meta" in keys
-    assert {key for key in keys if key != "site:bloomfilter:meta"} <= {
-        f"site:bloomfilter:g0:{shard}" for shard in range(SPEC.shards)
+    assert set(keys) == {
+        "site:bloomfilter:meta",
+        "site:bloomfilter:count",
+        *(f"{{site:bloomfilter:{shard}}}:g0" for shard in range(SPEC.shards)),
     }
-    assert len(keys) > 1
     meta = redis_client.hgetall("site:bloomfilter:meta")
     record = {name.decode(): value.decode() for name, value in meta.items()}
     assert record["shards"] == str(SPEC.shards)
@@ -344,8 +347,11 @@ def test_other_sizing_fails_with_config_mismatch(
     assert result.fetched == []
     assert site_server.hits_snapshot() == served
     # The message, in the log, says what is in Redis, what this worker has, and the ways out.
-    stored = FilterRecord(spec=SPEC, capacity=CONFIG.capacity, created=0).describe()
-    mine = FilterRecord(spec=mismatched.spec, capacity=mismatched.capacity, created=0).describe()
+    fields = {name.decode(): value.decode() for name, value in record.items()}
+    stored = FilterRecord.parse("seed003:bloomfilter:meta", fields).describe()
+    mine = FilterRecord.new(
+        mismatched.spec, mismatched.capacity, mismatched.sizing.canonical()
+    ).describe()
     log = result.log
     assert "[twisted] CRITICAL: Unhandled error in Deferred:" in log
     error = "scrapy_redis_bloom.errors.ConfigMismatchError: The Bloom filter 'seed003:bloomfilter'"

@@ -174,7 +174,8 @@ def test_resolved_config_is_logged_once_without_the_password(
         scheduler.df.close("finished")  # before the server stops: no lease renewals left
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
     assert len(lines) == 1
-    assert f"'books:bloomfilter' on 127.0.0.1:{server.port}: m=" in lines[0]
+    assert "'books:bloomfilter' (id " in lines[0]
+    assert f") on Redis at 127.0.0.1:{server.port}: m=" in lines[0]
     assert "k=20" in lines[0]
     assert "expected false-positive rate at capacity" in lines[0]
     assert "s3cret" not in caplog.text
@@ -300,8 +301,10 @@ def test_unreachable_redis_names_host_and_port_not_password() -> None:
 
     port = free_port()
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
-    with pytest.raises(BloomFilterError, match=f"Cannot reach Redis at 127.0.0.1:{port}") as e:
-        RFPDupeFilter.from_crawler(crawler_for(url, REDIS_PARAMS={"socket_connect_timeout": 1}))
+    with pytest.raises(
+        BloomFilterError, match=rf"Redis at 127\.0\.0\.1:{port} could not .*: cannot connect"
+    ) as e:
+        RFPDupeFilter.from_crawler(crawler_for(url, BLOOMFILTER_RETRY_TIMEOUT=0.5))
     assert "hunter2" not in str(e.value)
 
 
@@ -315,3 +318,27 @@ def test_from_settings_needs_a_key_without_spider(redis_url: str) -> None:
     )
     assert df.request_seen(Request("https://example.com/")) is False
     assert df.request_seen(Request("https://example.com/")) is True
+
+
+def test_a_filter_that_cannot_answer_lets_requests_through_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from redis_server import RedisServer
+
+    with RedisServer() as server:
+        crawler = crawler_for(server.url, BLOOMFILTER_RETRY_TIMEOUT=0.2, BLOOMFILTER_CACHE_SIZE=0)
+        df = RFPDupeFilter.from_crawler(crawler)
+        assert df.request_seen(Request("https://example.com/a")) is False
+        server.kill()
+        with caplog.at_level(logging.ERROR, logger="scrapy_redis_bloom"):
+            # Seen before, but the filter cannot say so: let through, never dropped.
+            assert df.request_seen(Request("https://example.com/a")) is False
+            assert df.request_seen(Request("https://example.com/b")) is False
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1  # said once, not per request
+        assert "cannot answer, so the crawl stops (finish reason 'bloomfilter_error')" in (
+            errors[0].getMessage()
+        )
+        assert f"Redis at 127.0.0.1:{server.port} could not check and add" in errors[0].getMessage()
+        assert crawler.stats.get_value("bloomfilter/errors") == 2
+        df.close("finished")

@@ -63,11 +63,15 @@ def test_shards_are_chosen_uniformly() -> None:
 
 
 def test_spec_refuses_impossible_geometry() -> None:
-    with pytest.raises(ValueError, match=r"1 to 2\*\*32"):
+    with pytest.raises(ValueError, match=r"1 to 4,294,967,040 bits"):
         FilterSpec(shards=1, shard_bits=2**32 + 1, hash_count=3)
-    with pytest.raises(ValueError, match="at least one shard"):
+    with pytest.raises(ValueError, match="1 to 4,194,304 shards, got 0"):
         FilterSpec(shards=0, shard_bits=8, hash_count=3)
-    with pytest.raises(ValueError, match="at least one hash function"):
+    with pytest.raises(ValueError, match="1 to 4,194,304 shards, got 4,194,305"):
+        FilterSpec(shards=2**22 + 1, shard_bits=8, hash_count=3)
+    with pytest.raises(ValueError, match="1 to 64 hash functions, got 0"):
         FilterSpec(shards=1, shard_bits=8, hash_count=0)
+    with pytest.raises(ValueError, match="1 to 64 hash functions, got 100,000,000"):
+        FilterSpec(shards=1, shard_bits=8, hash_count=100_000_000)
     spec = FilterSpec(shards=3, shard_bits=1001, hash_count=2)
     assert (spec.bits, spec.shard_bytes, spec.total_bytes) == (3003, 126, 378)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,15 +12,15 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import (
+    FaultPolicy,
+    FilterDamagedError,
     FilterSpec,
     FilterTotals,
     RedisBloomFilter,
     ServerListMismatchError,
 )
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.engine import live_workers
 from scrapy_redis_bloom.errors import BloomFilterError
-from scrapy_redis_bloom.layout import counter_key
 
 SPEC = FilterSpec(shards=7, shard_bits=8192, hash_count=5)
 
@@ -30,31 +29,14 @@ def fingerprints(n: int, tag: str = "") -> list[str]:
     return [hashlib.sha1(f"{tag}{i}".encode()).hexdigest() for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[RedisServer]]:
-    started = [RedisServer().start() for _ in range(3)]
-    yield started
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def clients(servers: list[RedisServer]) -> Iterator[list[redis.Redis]]:
-    made = [server.client() for server in servers]
-    for client in made:
-        client.flushall()
-    yield made
-    for client in made:
-        client.close()
-
-
 def test_shard_i_lives_on_server_i_mod_n(clients: list[redis.Redis]) -> None:
     bf = RedisBloomFilter(clients, "bf", SPEC, 1000)
     assert bf.add_many(fingerprints(2000)) == [False] * 2000
+    assert bf.record is not None
     for i, client in enumerate(clients):
-        shards = {k.decode() for k in client.keys("bf:g0:*")}
-        assert shards == {f"bf:g0:{s}" for s in range(SPEC.shards) if s % 3 == i}
-        assert client.get("bf:server") == f"{i}/3".encode()
+        shards = {k.decode() for k in client.keys("{bf:*}:g0")}
+        assert shards == {f"{{bf:{s}}}:g0" for s in range(SPEC.shards) if s % 3 == i}
+        assert client.get("bf:server") == f"{bf.record.filter_id} {i}/3".encode()
     assert clients[0].hget("bf:meta", "servers") == b"3"
     assert not clients[1].exists("bf:meta")
     assert all(bf.contains_many(fingerprints(2000)))
@@ -70,7 +52,7 @@ def test_a_reordered_server_list_is_refused_before_any_write(
     reordered = [clients[1], clients[0], clients[2]]
     with pytest.raises(ServerListMismatchError, match=r"is server 1/3 of the Bloom filter 'bf'"):
         RedisBloomFilter(reordered, "bf", SPEC, 1000).open()
-    with pytest.raises(ServerListMismatchError, match=r"is server 0/3 .* lists it as server 0/2"):
+    with pytest.raises(ServerListMismatchError, match=r"on 3 server\(s\); this worker lists 2"):
         RedisBloomFilter(clients[:2], "bf", SPEC, 1000).open()
     assert [sorted(c.keys("*")) for c in clients] == before
 
@@ -89,7 +71,7 @@ def test_totals_sum_every_workers_outcomes(redis_client: redis.Redis) -> None:
     b = RedisBloomFilter(redis_client, "bf", SPEC, 1000)
     outcomes = [a.check_and_add(fp) for fp in fingerprints(300)]
     outcomes += [b.check_and_add(fp) for fp in fingerprints(500)]  # 300 seen, 200 new
-    # check_and_add counts locally until synced (every SYNC_EVERY calls, or closed)...
+    # check_and_add counts locally until synced (about once a second, or closed)...
     assert a.totals() == FilterTotals(added=0, seen=0)
     outcomes += b.add_many(fingerprints(50, "x"))
     # ...and add_many syncs its filter's counts when it returns: b's, not a's.
@@ -98,8 +80,11 @@ def test_totals_sum_every_workers_outcomes(redis_client: redis.Redis) -> None:
     totals = a.totals()
     assert totals.added == outcomes.count(False) == 550
     assert totals.seen == outcomes.count(True) == 300
-    # A counter shares its shard's Redis Cluster hash slot.
-    assert counter_key("bf:g0:3") == "{bf:g0:3}:count"
+    assert redis_client.hgetall("bf:count") == {b"added": b"550", b"seen": b"300"}  # one key
+    # Within a second, a call syncs on its own: the totals stay live during a crawl.
+    time.sleep(1.1)
+    b.check_and_add(fingerprints(1, "late")[0])
+    assert a.totals() == FilterTotals(added=551, seen=300)
 
 
 def test_leases_count_other_live_workers(redis_client: redis.Redis) -> None:
@@ -114,9 +99,11 @@ def test_leases_count_other_live_workers(redis_client: redis.Redis) -> None:
     assert bf.live_workers() == ["one"]
     two.renew()  # and let it lapse: no renewal within its 1 s
     assert bf.live_workers() == ["two", "one"]  # soonest expiry first
+    # A worker with a short TTL never shortens the registry's own expiry.
+    assert redis_client.pttl("bf:workers") > 50_000
     time.sleep(1.3)
     assert one.others() == 0
-    assert live_workers(redis_client, "bf") == ["one"]  # needs no geometry
+    assert bf.live_workers() == ["one"]
     assert 0 < redis_client.pttl("bf:workers") <= 60_000  # the registry expires too
     one.start()  # renews in the background
     assert one.release() == 0
@@ -144,7 +131,7 @@ def test_dupefilter_spreads_over_the_urls_setting(
     ] * 300
     assert df.request_seen(Request("https://example.com/7")) is True
     df.close("finished")
-    assert all(client.keys("books:bloomfilter:g0:*") for client in clients)
+    assert all(client.keys("{books:bloomfilter:*}:g0") for client in clients)
     assert crawler.stats.get_value("bloomfilter/total_added") == 300
     assert crawler.stats.get_value("bloomfilter/total_filtered") == 1
 
@@ -158,22 +145,58 @@ def test_one_unreachable_server_is_named(
         {
             "BLOOMFILTER_REDIS_URLS": [servers[0].url, dead],
             "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": 1},
+            "BLOOMFILTER_RETRY_TIMEOUT": 0.5,
         },
     )
-    with pytest.raises(BloomFilterError, match=r"Cannot reach Redis at .*127\.0\.0\.1:\d+") as e:
+    with pytest.raises(
+        BloomFilterError, match=r"Redis at 127\.0\.0\.1:\d+ could not .*: cannot connect"
+    ) as e:
         RFPDupeFilter.from_crawler(crawler)
     assert "s3cret" not in str(e.value)
 
 
-def test_cli_reset_on_each_server_removes_a_multi_server_filter(
-    servers: list[RedisServer], clients: list[redis.Redis], capsys: pytest.CaptureFixture[str]
-) -> None:
-    from scrapy_redis_bloom.cli import main
+def test_an_emptied_server_is_found_not_remapped(clients: list[redis.Redis]) -> None:
+    # Server 1 is replaced by an empty one (or restarts without persistence): its shards
+    # are gone. A worker must not answer "new" for the URLs they held without saying so.
+    bf = RedisBloomFilter(clients, "bf", SPEC, 1000)
+    seen = fingerprints(200)
+    bf.add_many(seen)
+    clients[1].flushall()
+    with pytest.raises(FilterDamagedError, match=r"emptied or replaced") as raised:
+        RedisBloomFilter(clients, "bf", SPEC, 1000).open()
+    assert "BLOOMFILTER_ON_LOSS = 'recreate'" in str(raised.value)
+    # The running worker finds out at the first touch of a shard of that server.
+    on_server_1 = next(fp for fp in seen if bf_shard(fp) % 3 == 1)
+    with pytest.raises(FilterDamagedError):
+        bf.check_and_add(on_server_1)
+    # Told to, a worker recreates that server's part empty: what it held may be fetched
+    # again, and nothing held elsewhere is forgotten.
+    again = RedisBloomFilter(clients, "bf", SPEC, 1000, faults=FaultPolicy(on_loss="recreate"))
+    answers = again.contains_many(seen)
+    assert all(answers[i] for i, fp in enumerate(seen) if bf_shard(fp) % 3 != 1)
+    assert not any(answers[i] for i, fp in enumerate(seen) if bf_shard(fp) % 3 == 1)
+    assert again.events.counts["recreated"] == len(range(1, SPEC.shards, 3))
 
-    RedisBloomFilter(clients, "bf", SPEC, 1000).add_many(fingerprints(500))
-    for server in servers:
-        assert main(["reset", "--redis-url", server.url, "--key", "bf", "--yes"]) == 0
-    assert [c.keys("*") for c in clients] == [[], [], []]
-    capsys.readouterr()
-    # The servers may now hold a filter over another server list.
-    RedisBloomFilter(clients[::-1], "bf", SPEC, 1000).open()
+
+def test_an_evicted_marker_is_restored(clients: list[redis.Redis]) -> None:
+    bf = RedisBloomFilter(clients, "bf", SPEC, 1000)
+    bf.add_many(fingerprints(100))
+    marker = clients[2].get("bf:server")
+    clients[2].delete("bf:server")  # evicted alone: the shards on server 2 are intact
+    other = RedisBloomFilter(clients, "bf", SPEC, 1000)
+    assert other.contains_many(fingerprints(100)) == [True] * 100
+    assert clients[2].get("bf:server") == marker
+    assert other.events.counts["restored"] == 1
+
+
+def bf_shard(fingerprint: str) -> int:
+    from scrapy_redis_bloom.hashing import locate
+
+    return locate(fingerprint, SPEC.shards, SPEC.shard_bits)[0]
+
+
+def test_a_foreign_server_key_is_named_not_taken_for_a_marker(clients: list[redis.Redis]) -> None:
+    clients[1].set("bf:server", "web-1")
+    with pytest.raises(ServerListMismatchError, match=r"holds 'bf:server' = 'web-1', which is not"):
+        RedisBloomFilter(clients, "bf", SPEC, 1000).open()
+    assert clients[1].get("bf:server") == b"web-1"

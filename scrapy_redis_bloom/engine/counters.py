@@ -1,0 +1,127 @@
+"""Counts of what the filter answered, shared by all workers, and the capacity warning.
+
+Each worker counts its outcomes locally (no Redis command per request) and adds them
+to the filter's one counter hash, ``KEY:count``, about once a second
+(:data:`SYNC_INTERVAL`) and when it closes. The reply gives the items added by all
+workers, which is what the capacity warning watches: a WARNING, naming the capacity,
+each time the filter passes 1x, 2x, 4x, ... its capacity, with the false-positive
+rate that follows. A failed sync never changes an answer already given: its counts
+wait for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..errors import BloomFilterError
+from ..hashing import FilterSpec
+from ..sizing import false_positive_rate
+from .events import FilterEvents, RateLimitedLog
+from .executor import Call
+from .parts import Parts
+from .state import FilterTotals
+from .wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two syncs of the local counts to Redis, while there are any.
+SYNC_INTERVAL = 1.0
+
+
+class Counters:
+    """One worker's outcomes: those synced to ``KEY:count`` and those not yet."""
+
+    def __init__(self, key: str, capacity: int, events: FilterEvents) -> None:
+        self.key = key
+        self.capacity = capacity
+        self.events = events
+        #: Outcomes of this worker, since it started.
+        self.added = self.seen = 0
+        self._unsynced_added = self._unsynced_seen = 0
+        self._next_sync = time.monotonic() + SYNC_INTERVAL
+        self._warned_at = 0  # the capacity multiple last warned about
+        self._log = RateLimitedLog(logger)
+
+    def record(self, added: int, seen: int) -> None:
+        """Count outcomes of this worker."""
+        self.added += added
+        self.seen += seen
+        self._unsynced_added += added
+        self._unsynced_seen += seen
+
+    @property
+    def due(self) -> bool:
+        """Tell whether it is time to sync (unsynced counts, and an interval passed)."""
+        return (self._unsynced_added or self._unsynced_seen) > 0 and (
+            time.monotonic() >= self._next_sync
+        )
+
+    def forget_unsynced(self) -> None:
+        """Drop the counts not yet synced: the counters they were for were deleted."""
+        self._unsynced_added = self._unsynced_seen = 0
+
+    def sync(self, parts: Parts, spec: FilterSpec) -> FilterTotals | None:
+        """Add the unsynced counts to ``KEY:count``; return the totals, None if Redis failed.
+
+        Never raises for Redis's sake: the counts are kept for the next sync and the
+        failure is logged (at most once a minute).
+        """
+        added, seen = self._unsynced_added, self._unsynced_seen
+        self._unsynced_added = self._unsynced_seen = 0
+        self._next_sync = time.monotonic() + SYNC_INTERVAL
+        key = parts.counter_key
+        calls = [
+            Call(pack_command(b"HINCRBY", key, b"added", added), key=key),
+            Call(pack_command(b"HINCRBY", key, b"seen", seen), key=key),
+        ]
+        try:
+            replies = parts.run("add to the filter's counters", calls, write=True)
+        except BloomFilterError as exc:
+            self._unsynced_added += added
+            self._unsynced_seen += seen
+            self._log.log(
+                logging.WARNING,
+                "sync",
+                "Could not add this worker's counts to the Bloom filter %r's counters (they"
+                " are kept for the next try): %s",
+                self.key,
+                exc,
+            )
+            return None
+        totals = FilterTotals(added=int(replies[0]), seen=int(replies[1]))
+        self.check_capacity(totals.added, spec)
+        return totals
+
+    def read(self, parts: Parts) -> FilterTotals:
+        """Read the totals over all workers (this worker's unsynced counts not included)."""
+        key = parts.counter_key
+        call = Call(pack_command(b"HMGET", key, b"added", b"seen"), key=key)
+        added, seen = parts.run("read the filter's counters", [call])[0]
+        return FilterTotals(added=int(added or 0), seen=int(seen or 0))
+
+    def check_capacity(self, items: int, spec: FilterSpec) -> None:
+        """Warn once per doubling past the capacity: 1x, 2x, 4x, ..."""
+        if items <= self.capacity:
+            return
+        ratio = items / self.capacity
+        multiple = 1 << (int(ratio).bit_length() - 1)  # the power of two passed
+        self.events.set("over_capacity", round(ratio, 2))
+        if multiple <= self._warned_at:
+            return
+        self._warned_at = multiple
+        now = false_positive_rate(spec.bits, spec.hash_count, items)
+        planned = false_positive_rate(spec.bits, spec.hash_count, self.capacity)
+        logger.warning(
+            "The Bloom filter %r holds about %s items, %.1fx its capacity of %s: its"
+            " false-positive rate is now about %.3g (%.3g at capacity), so that share of new"
+            " URLs is dropped as already seen. Size the filter for the crawl: reset it with a"
+            " larger BLOOMFILTER_CAPACITY (or BLOOMFILTER_BIT), or start a new"
+            " BLOOMFILTER_KEY.",
+            self.key,
+            f"{items:,}",
+            ratio,
+            f"{self.capacity:,}",
+            now,
+            planned,
+        )

@@ -1,0 +1,165 @@
+"""What the servers can take: their version, their memory limit and eviction policy.
+
+Read at open from ``INFO server`` and ``INFO memory`` on every server (or every master
+of a cluster). No ``CONFIG`` permission is needed; a server that refuses ``INFO`` is
+used without these checks, and the log says so.
+
+* A server older than :data:`MIN_VERSION` is refused.
+* Creating a filter that does not fit in a server's ``maxmemory`` is refused: its
+  shards are allocated whole at creation, and would either fail half-way
+  (``noeviction``) or push other data out (an eviction policy).
+* An eviction policy that may evict the filter's keys, or a server close to its
+  limit, is warned about: a shard evicted mid-crawl would stop the crawl (or, with
+  ``BLOOMFILTER_ON_LOSS = "recreate"``, forget what it held).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..errors import FilterUnavailableError, NotEnoughMemoryError, UnsupportedServerError
+from ..sizing import format_bytes
+from .executor import Call, Executor
+from .parts import text
+from .topology import Topology
+from .wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Oldest Redis the filter runs on (tested: 6.2 and 7.0; Valkey reports 7.2).
+MIN_VERSION = (6, 2)
+#: Policies under which Redis may evict keys without an expiry, the filter's shards.
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+#: Share of maxmemory above which a server is said to be nearly full.
+NEARLY_FULL = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHealth:
+    """One server's INFO figures (``known`` False when it refused INFO)."""
+
+    address: str
+    known: bool
+    version: tuple[int, ...] = ()
+    used_memory: int = 0
+    maxmemory: int = 0
+    policy: str = ""
+    why_unknown: str = ""
+
+    @property
+    def free(self) -> int | None:
+        """Bytes left under maxmemory, or None without a limit."""
+        return self.maxmemory - self.used_memory if self.maxmemory else None
+
+
+def _info(reply: object) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text(reply).splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not name.startswith("#"):
+            fields[name.strip()] = value.strip()
+    return fields
+
+
+def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
+    """Read the version and memory figures of every server that holds the filter.
+
+    One attempt per server: the figures only inform, and a server that does not
+    answer is reported by the command that needs it, with the retries it deserves.
+    """
+    found = []
+    for i, node in enumerate(topology.primaries()):
+        calls = [
+            Call(pack_command(b"INFO", section), server=i) for section in (b"server", b"memory")
+        ]
+        try:
+            replies = executor.run("read INFO", calls, timeout=0).replies
+        except FilterUnavailableError as exc:
+            found.append(ServerHealth(node.address, known=False, why_unknown=str(exc)))
+            continue
+        refused = next((r for r in replies if isinstance(r, BaseException)), None)
+        if refused is not None:
+            found.append(ServerHealth(node.address, known=False, why_unknown=str(refused)))
+            continue
+        fields = {**_info(replies[0]), **_info(replies[1])}
+        version = tuple(int(p) for p in fields.get("redis_version", "0").split(".") if p.isdigit())
+        found.append(
+            ServerHealth(
+                address=node.address,
+                known=True,
+                version=version,
+                used_memory=int(fields.get("used_memory", 0)),
+                maxmemory=int(fields.get("maxmemory", 0)),
+                policy=fields.get("maxmemory_policy", ""),
+            )
+        )
+    return found
+
+
+def check_versions(servers: list[ServerHealth]) -> None:
+    """Refuse a server older than :data:`MIN_VERSION`."""
+    for server in servers:
+        if server.known and server.version and server.version < MIN_VERSION:
+            have = ".".join(map(str, server.version))
+            need = ".".join(map(str, MIN_VERSION))
+            raise UnsupportedServerError(
+                f"Redis at {server.address} is version {have}; the Bloom filter needs Redis"
+                f" {need} or newer."
+            )
+
+
+def check_room(key: str, servers: list[ServerHealth], needs: dict[str, int]) -> None:
+    """Refuse to create a filter whose shards do not fit under a server's maxmemory.
+
+    ``needs`` maps a server's address to the bytes its new shards will take.
+    """
+    for server in servers:
+        need = needs.get(server.address, 0)
+        free = server.free
+        if server.known and free is not None and need > free:
+            raise NotEnoughMemoryError(
+                f"The Bloom filter {key!r} needs {format_bytes(need)} on Redis at"
+                f" {server.address}, which has maxmemory {format_bytes(server.maxmemory)}"
+                f" with {format_bytes(server.used_memory)} used ({format_bytes(max(free, 0))}"
+                " free). Raise maxmemory, free memory, or size the filter smaller"
+                " (BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
+            )
+
+
+def warn_risks(key: str, servers: list[ServerHealth]) -> int:
+    """Log what could cost the filter its data; return how many servers may evict it."""
+    evicting = 0
+    for server in servers:
+        if not server.known:
+            logger.info(
+                "Could not read INFO from Redis at %s (%s): its version and memory are not"
+                " checked for the Bloom filter %r.",
+                server.address,
+                server.why_unknown,
+                key,
+            )
+            continue
+        if server.policy in EVICTING_POLICIES:
+            evicting += 1
+            logger.warning(
+                "Redis at %s has maxmemory-policy %s: when it reaches maxmemory it may evict"
+                " the Bloom filter %r's shards. A lost shard stops the crawl"
+                " (BLOOMFILTER_ON_LOSS = 'raise') or is recreated empty, forgetting the URLs"
+                " it held ('recreate'). Use noeviction or a volatile-* policy for this Redis.",
+                server.address,
+                server.policy,
+                key,
+            )
+        if server.maxmemory and server.used_memory > NEARLY_FULL * server.maxmemory:
+            logger.warning(
+                "Redis at %s is nearly full: %s used of maxmemory %s. Under %s it will %s.",
+                server.address,
+                format_bytes(server.used_memory),
+                format_bytes(server.maxmemory),
+                server.policy or "its policy",
+                "evict keys"
+                if server.policy != "noeviction"
+                else "refuse writes, and the Bloom filter's checks will fail",
+            )
+    return evicting

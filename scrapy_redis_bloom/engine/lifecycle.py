@@ -1,0 +1,384 @@
+"""Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
+
+Creating writes the record first (state ``creating``), then every server marker and
+every shard, whole, each with the filter's id in its header; then sets the state to
+``ready``. Any worker that opens a filter still ``creating`` finishes the job (every
+step is idempotent), so a creator that dies half-way leaves nothing broken.
+
+Opening a ready filter checks its geometry against this worker's request (adopting
+the stored one, see :mod:`.record`) and every part's identity: each server's marker
+and each shard's header. What is wrong is then sorted out by :meth:`Lifecycle.recover`,
+which the hot path also calls when a shard's header does not match:
+
+* metadata this worker knows exactly (the record, a server marker) that is missing
+  while the shards it describes are intact is **restored**, with a warning: it was
+  evicted or deleted, and nothing it described was lost;
+* a record with another id means the filter was reset and created again elsewhere:
+  the worker **adopts** the new filter (its near-cache is emptied by the caller);
+* a shard that is missing, or a bitmap without a header, was **lost** (evicted,
+  deleted, its server emptied or replaced): ``BLOOMFILTER_ON_LOSS`` decides, raise
+  :class:`~..errors.FilterDamagedError` or recreate it empty (with a warning: the
+  URLs it held may be fetched again, never dropped);
+* anything else where a shard belongs (another filter's shard, foreign data) is
+  never overwritten: :class:`~..errors.FilterDamagedError` whatever the policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from ..config import FaultPolicy
+from ..errors import (
+    FilterDamagedError,
+    FilterMissingError,
+    OrphanedShardsError,
+    ServerListMismatchError,
+)
+from ..sizing import format_bytes, shard_allocation
+from . import health, layout
+from .events import FilterEvents
+from .executor import Call
+from .parts import Parts
+from .record import FilterRecord
+from .topology import Topology
+from .wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Parts named in an error message, at most.
+NAMED = 5
+
+
+class Lifecycle:
+    """Opens, checks, recovers and deletes the filter whose parts ``parts`` reaches."""
+
+    def __init__(
+        self, parts: Parts, topology: Topology, faults: FaultPolicy, events: FilterEvents
+    ) -> None:
+        self.parts = parts
+        self.topology = topology
+        self.faults = faults
+        self.events = events
+        self.key = parts.key
+
+    # -- opening ---------------------------------------------------------------------
+
+    def open(self, wanted: FilterRecord | None, create: bool = True) -> FilterRecord:
+        """Create the filter, or check it; return its record (its geometry to use).
+
+        ``wanted`` is this worker's request (None: use whatever the record says).
+        Raises :class:`~..errors.FilterMissingError` when there is no filter and
+        ``create`` is false (or nothing says how to size one).
+        """
+        servers = health.survey(self.parts.executor, self.topology)
+        health.check_versions(servers)
+        record = self.parts.read_record()
+        if record is None:
+            if not create or wanted is None:
+                raise FilterMissingError(
+                    f"There is no Bloom filter {self.key!r} (no config record"
+                    f" {self.parts.meta_key!r}) on {self.topology.describe()}."
+                )
+            record = self._create(wanted, servers)
+        else:
+            if wanted is not None:
+                record.check(self.key, wanted)
+            self.parts.spec = record.spec
+            if record.state == "creating":
+                record = self._finish_creation(record)
+            else:
+                record = self.verify(record, wanted)
+        self.events.set("eviction_risk", health.warn_risks(self.key, servers))
+        return record
+
+    def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
+        self.parts.spec = wanted.spec
+        present = {
+            shard: found
+            for shard, found in self.parts.identities(range(wanted.spec.shards)).items()
+            if found
+        }
+        markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
+        self._check_places(markers, wanted.servers)
+        if present or any(marker is not None for marker in markers):
+            return self._restore_orphans(wanted, present, markers)
+        needs: dict[str, int] = {}
+        for shard in range(wanted.spec.shards):
+            address = self._address(shard)
+            needs[address] = needs.get(address, 0) + shard_allocation(wanted.spec)
+        health.check_room(self.key, servers, needs)
+        record = self.parts.create_record(wanted)
+        if record.filter_id != wanted.filter_id:  # another worker created it first
+            record.check(self.key, wanted)
+            self.parts.spec = record.spec
+            if record.state == "ready":
+                return self.verify(record, wanted)
+        return self._finish_creation(record)
+
+    def _finish_creation(self, record: FilterRecord) -> FilterRecord:
+        """Write every marker and shard of a record in state ``creating``; mark it ready."""
+        if record.servers > 1:
+            self._check_markers(record, self.parts.markers(record.servers))
+            self.parts.write_markers(record, range(record.servers))
+        allocated = self.parts.allocate(record, range(record.spec.shards))
+        refused = [shard for shard, reply in allocated.items() if reply < 0]
+        if refused:
+            found = self.parts.identities(refused)
+            raise FilterDamagedError(
+                f"Cannot create the Bloom filter {self.key!r}: where its shards belong,"
+                f" Redis already holds {self._list(record, found)}. Remove those keys or"
+                " choose another BLOOMFILTER_KEY."
+            )
+        self.parts.mark_ready()
+        logger.debug(
+            "Created the Bloom filter %r (id %s) on %s: %s shard(s), %s.",
+            self.key,
+            record.filter_id,
+            self.topology.describe(),
+            f"{record.spec.shards:,}",
+            format_bytes(record.spec.shards * shard_allocation(record.spec)),
+        )
+        return record.ready()
+
+    def _restore_orphans(
+        self, wanted: FilterRecord, present: dict[int, bytes], markers: list[str | None]
+    ) -> FilterRecord:
+        """Rebuild a lost record from intact shards that all carry one id, or refuse."""
+        spec = wanted.spec
+        ids = {layout.Identity.parse(found) for found in present.values()}
+        first = next(iter(ids)) if len(ids) >= 1 else None
+        filter_id = first.filter_id if first is not None else None
+        complete = (
+            filter_id is not None
+            and len(present) == spec.shards
+            and all(
+                found == layout.identity(filter_id, shard, spec.hash_count)
+                for shard, found in present.items()
+            )
+            and all(
+                marker in (None, layout.server_marker(filter_id, i, wanted.servers))
+                for i, marker in enumerate(markers)
+            )
+            and all(length == layout.HEADER_BYTES + spec.shard_bytes for length in self._lengths())
+        )
+        if not complete or filter_id is None:
+            example = next(iter(present), None)
+            what = (
+                f"{len(present):,} shard key(s) such as"
+                f" {self.parts.shard_key(example)!r} ({self._address(example)})"
+                if example is not None
+                else f"server markers {self.parts.marker_key!r}"
+            )
+            raise OrphanedShardsError(
+                f"{what} of a Bloom filter {self.key!r} exist, but its config record"
+                f" {self.parts.meta_key!r} does not, and they do not form the filter this"
+                " worker asks for, so the layout of their bits is unknown. (A record"
+                " evicted under maxmemory-policy allkeys-* does this.) Reset the filter"
+                f" (scrapy-redis-bloom reset --key {self.key!r}) or choose another"
+                " BLOOMFILTER_KEY."
+            )
+        restored = replace(wanted, filter_id=filter_id, state="ready")
+        record = self.parts.create_record(restored)
+        self.events.count("restored")
+        logger.warning(
+            "The Bloom filter %r had lost its config record %r, but all %s of its shards"
+            " (id %s) are intact and match this worker's settings: the record was"
+            " restored. It was evicted or deleted; see the maxmemory-policy of %s.",
+            self.key,
+            self.parts.meta_key,
+            f"{spec.shards:,}",
+            filter_id,
+            self.topology.describe(),
+        )
+        if wanted.servers > 1:
+            self.parts.write_markers(record, range(wanted.servers))
+        return record
+
+    def _lengths(self) -> list[int]:
+        calls = [
+            Call(pack_command(b"STRLEN", key), key=key, shard=shard)
+            for shard in range(self.parts.spec.shards)
+            for key in [self.parts.shard_key(shard)]
+        ]
+        return [int(reply) for reply in self.parts.run("measure the filter's shards", calls)]
+
+    # -- checking and recovering -------------------------------------------------------
+
+    def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
+        """Check every marker and shard of a ready filter; recover what is wrong."""
+        missing_markers: list[int] = []
+        if record.servers > 1:
+            markers = self.parts.markers(record.servers)
+            self._check_markers(record, markers)
+            missing_markers = [i for i, marker in enumerate(markers) if marker is None]
+        found = self.parts.identities(range(record.spec.shards))
+        k = record.spec.hash_count
+        bad = {
+            shard: ident
+            for shard, ident in found.items()
+            if ident != layout.identity(record.filter_id, shard, k)
+        }
+        if bad or missing_markers:
+            return self.recover(record, bad, wanted, missing_markers)
+        return record
+
+    def _check_places(self, markers: list[str | None], servers: int) -> None:
+        """Refuse servers whose marker gives them another place in the list than ours."""
+        for i, marker in enumerate(markers):
+            if marker is None:
+                continue
+            parsed = layout.parse_marker(marker)
+            if parsed is None:
+                raise ServerListMismatchError(
+                    f"Redis at {self._server(i)} holds {self.parts.marker_key!r} ="
+                    f" {marker[:40]!r}, which is not a Bloom filter's server marker: another"
+                    " program uses that key. Choose another BLOOMFILTER_KEY, or remove that key"
+                    " if it is not needed."
+                )
+            place = f"{parsed[1]}/{parsed[2]}"
+            if place != f"{i}/{servers}":
+                raise ServerListMismatchError(
+                    f"Redis at {self._server(i)} is server {place} of the Bloom"
+                    f" filter {self.key!r}, but this worker lists it as server {i}/{servers}."
+                    " List the servers in BLOOMFILTER_REDIS_URLS exactly as when the filter was"
+                    " created (same servers, same order). Shards are never re-mapped to other"
+                    " servers."
+                )
+
+    def _check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
+        """Refuse servers listed in another order, or holding another filter of this name."""
+        self._check_places(markers, record.servers)
+        for i, marker in enumerate(markers):
+            if marker is None or marker == layout.server_marker(
+                record.filter_id, i, record.servers
+            ):
+                continue
+            where = self.topology.route(None, None, i).address
+            raise ServerListMismatchError(
+                f"Redis at {where} holds part of another Bloom filter named {self.key!r}"
+                f" (marker {marker!r}), not of the one whose record is on server 0 (id"
+                f" {record.filter_id}). The server list mixes two filters' servers: list the"
+                " filter's own servers, or reset the filter on every server."
+            )
+
+    def recover(
+        self,
+        record: FilterRecord,
+        bad: dict[int, bytes],
+        wanted: FilterRecord | None = None,
+        missing_markers: list[int] | None = None,
+    ) -> FilterRecord:
+        """Sort out shards whose header is not the expected one; return the record to use.
+
+        See the module's docstring for what is restored, adopted, recreated or refused.
+        """
+        current = self.parts.read_record()
+        if current is not None and current.filter_id != record.filter_id:
+            self.events.count("reopened")
+            logger.warning(
+                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
+                " worker used it: going on with the new filter.",
+                self.key,
+                current.filter_id,
+                record.filter_id,
+            )
+            if wanted is not None:
+                current.check(self.key, wanted)
+            self.parts.spec = current.spec
+            if current.state == "creating":
+                return self._finish_creation(current)
+            return self.verify(current, wanted)
+        if current is None:
+            # A record lost alone (evicted: LRU picks it first, it is read only at open)
+            # is restored from this worker's copy. A filter gone entirely (reset, flushed,
+            # its server emptied) is lost, and restored only to be recreated.
+            k = record.spec.hash_count
+            found = self.parts.identities(range(record.spec.shards))
+            bad = {
+                shard: ident
+                for shard, ident in found.items()
+                if ident != layout.identity(record.filter_id, shard, k)
+            }
+        if current is None and (len(bad) < record.spec.shards or self.faults.on_loss != "raise"):
+            self.parts.create_record(record)
+            self.events.count("restored")
+            logger.warning(
+                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
+                " while this worker used it: restored from this worker's copy.",
+                self.parts.meta_key,
+                self.key,
+            )
+        foreign = {s: f for s, f in bad.items() if f and f.strip(b"\0")}
+        lost = {s: f for s, f in bad.items() if s not in foreign}
+        if foreign:
+            raise FilterDamagedError(
+                f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps its shards,"
+                f" Redis holds {self._list(record, foreign)}. It is never overwritten: remove"
+                " those keys, or reset the filter, or choose another BLOOMFILTER_KEY."
+            )
+        lost_servers = sorted(
+            {i for i in (missing_markers or []) if any(s % record.servers == i for s in lost)}
+        )
+        if lost and self.faults.on_loss == "raise":
+            raise FilterDamagedError(
+                f"{len(lost):,} of the {record.spec.shards:,} shards of the Bloom filter"
+                f" {self.key!r} are gone: {self._list(record, lost)}."
+                + (
+                    f" Server(s) {', '.join(self._server(i) for i in lost_servers)} hold"
+                    " none of the filter's parts: emptied or replaced."
+                    if lost_servers
+                    else ""
+                )
+                + " They were evicted (see maxmemory-policy), deleted, or their server lost its"
+                " data (a restart without persistence). The URLs they held would be taken"
+                " for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to"
+                " go on with those shards empty (URLs they held may be fetched again, never"
+                " dropped), or reset the filter."
+            )
+        if missing_markers:
+            self.parts.write_markers(record, missing_markers)
+            if not lost_servers:
+                self.events.count("restored", len(missing_markers))
+                logger.warning(
+                    "Restored the server marker of the Bloom filter %r on %s (evicted or"
+                    " deleted; the shards there are intact).",
+                    self.key,
+                    ", ".join(self._server(i) for i in missing_markers),
+                )
+        if lost:
+            self.parts.allocate(record, lost, replace=True)
+            self.events.count("recreated", len(lost))
+            logger.warning(
+                "Recreated %d lost shard(s) of the Bloom filter %r empty"
+                " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched"
+                " again.",
+                len(lost),
+                self.key,
+                self._list(record, lost),
+            )
+        return record
+
+    # -- deleting ----------------------------------------------------------------------
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete every part of the filter that is still its own; return how many keys."""
+        return self.parts.delete(record)
+
+    # -- messages ----------------------------------------------------------------------
+
+    def _address(self, shard: int) -> str:
+        return self.topology.route(self.parts.shard_key(shard), shard, None).address
+
+    def _server(self, i: int) -> str:
+        return self.topology.route(None, None, i).address
+
+    def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
+        """Name up to :data:`NAMED` shard keys, where they are and what is there."""
+        named = [
+            f"{self.parts.shard_key(shard)!r} on {self._address(shard)}:"
+            f" {layout.describe_identity(ident, record.filter_id, shard)}"
+            for shard, ident in list(found.items())[:NAMED]
+        ]
+        more = len(found) - NAMED
+        return "; ".join(named) + (f"; and {more:,} more" if more > 0 else "")

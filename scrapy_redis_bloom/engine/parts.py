@@ -1,0 +1,272 @@
+"""The filter's parts in Redis: its record, its shards, its server markers, its counters.
+
+:class:`Parts` reads and writes them through an :class:`~.executor.Executor`, so
+every command is routed, retried and accounted like the hot path's. It decides
+nothing: which parts to create, check or recreate is :mod:`.lifecycle`'s call. An
+error reply that retrying cannot fix becomes an error naming the key:
+:class:`~..errors.WrongTypeError` for a key of another type, a
+:class:`~..errors.BloomFilterError` quoting Redis otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import BloomFilterError, WrongTypeError
+from ..hashing import FilterSpec
+from . import layout, scripts
+from .executor import Call, Executor, error_text
+from .record import FilterRecord
+from .wire import pack_command
+
+#: Commands sent in one batch by the maintenance operations.
+BATCH = 1000
+
+
+def text(value: Any) -> str:
+    """Decode a reply item (bytes from the filter's own connections)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def pairs(reply: Any) -> dict[str, str]:
+    """Return a hash reply (a flat RESP2 list or a RESP3 map) as a dict of text."""
+    if isinstance(reply, dict):
+        return {text(k): text(v) for k, v in reply.items()}
+    items = list(reply or [])
+    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+
+
+class Parts:
+    """The parts of the filter ``key`` with geometry ``spec``, reached through ``executor``."""
+
+    def __init__(self, executor: Executor, key: str, spec: FilterSpec) -> None:
+        self.executor = executor
+        self.key = key
+        self.spec = spec
+        self.meta_key = layout.meta_key(key)
+        self.counter_key = layout.counter_key(key)
+        self.workers_key = layout.workers_key(key)
+        self.marker_key = layout.server_key(key)
+
+    def shard_key(self, shard: int) -> str:
+        """Return the key of a shard's bitmap."""
+        return layout.shard_key(self.key, shard)
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self, operation: str, calls: list[Call], write: bool = False) -> list[Any]:
+        """Run calls in batches; return the replies, refusing every error reply by name."""
+        out: list[Any] = []
+        for start in range(0, len(calls), BATCH):
+            batch = calls[start : start + BATCH]
+            replies = self.executor.run(operation, batch, write=write).replies
+            for call, reply in zip(batch, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    raise self.refusal(reply, call.key or "", operation)
+                out.append(reply)
+        return out
+
+    def refusal(self, reply: BaseException, key: str, operation: str) -> BloomFilterError:
+        """Return the error for an error reply that no retry fixes, naming the key."""
+        message = error_text(reply)
+        if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
+            kind = self.key_type(key)
+            return WrongTypeError(
+                f"Redis key {key!r} holds a {kind}, where the Bloom filter {self.key!r} keeps"
+                f" {self.role(key)}. Another program wrote it. Choose another BLOOMFILTER_KEY,"
+                f" or remove that key if it is not needed."
+            )
+        return BloomFilterError(
+            f"Redis refused to {operation} for the Bloom filter {self.key!r} (key {key!r}):"
+            f" {message}"
+        )
+
+    def role(self, key: str) -> str:
+        """Say what the filter keeps at ``key``."""
+        roles = {
+            self.meta_key: "its config record (a hash)",
+            self.counter_key: "its counters (a hash)",
+            self.workers_key: "its registry of live workers (a sorted set)",
+            self.marker_key: "its server marker (a string)",
+        }
+        return roles.get(key, "a shard's bits (a string)")
+
+    def key_type(self, key: str) -> str:
+        """Return the Redis type of ``key`` (for messages)."""
+        shard = self._shard_of(key)
+        calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard)]
+        return text(self.executor.run("read a key's type", calls).replies[0])
+
+    def _shard_of(self, key: str) -> int | None:
+        prefix = "{" + self.key + ":"
+        if key.startswith(prefix) and "}" in key:
+            number = key[len(prefix) : key.index("}")]
+            if number.isdigit():
+                return int(number)
+        return None
+
+    # -- the record ------------------------------------------------------------------
+
+    def read_record(self) -> FilterRecord | None:
+        """Read the config record; None when there is none."""
+        call = Call(pack_command(b"HGETALL", self.meta_key), key=self.meta_key)
+        fields = pairs(self.run("read the filter's record", [call])[0])
+        return FilterRecord.parse(self.meta_key, fields) if fields else None
+
+    def create_record(self, record: FilterRecord) -> FilterRecord:
+        """Write ``record`` unless a record exists; return the record in Redis."""
+        argv = [item for pair in record.fields().items() for item in pair]
+        script = scripts.CREATE_RECORD
+        call = Call(
+            pack_command(b"EVALSHA", script.sha, 1, self.meta_key, *argv),
+            key=self.meta_key,
+            script=script,
+        )
+        fields = pairs(self.run("create the filter's record", [call], write=True)[0])
+        return FilterRecord.parse(self.meta_key, fields)
+
+    def mark_ready(self) -> None:
+        """Set the record's state to ``ready``: every part exists."""
+        call = Call(pack_command(b"HSET", self.meta_key, b"state", b"ready"), key=self.meta_key)
+        self.run("finish creating the filter", [call], write=True)
+
+    # -- shards ----------------------------------------------------------------------
+
+    def identities(self, shards: Iterable[int]) -> dict[int, bytes]:
+        """Return the first bytes of each shard: its identity, or b"" if it is missing."""
+        order = list(shards)
+        calls = [
+            Call(
+                pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1),
+                key=key,
+                shard=shard,
+            )
+            for shard in order
+            for key in [self.shard_key(shard)]
+        ]
+        replies = self.run("check the filter's shards", calls)
+        return {shard: bytes(reply) for shard, reply in zip(order, replies, strict=True)}
+
+    def allocate(
+        self, record: FilterRecord, shards: Iterable[int], replace: bool = False
+    ) -> dict[int, int]:
+        """Allocate shards whole with their header; return per shard the script's reply.
+
+        1: allocated now; 0: it was there with this identity; -1: the key holds
+        something else (left alone unless ``replace``).
+        """
+        order = list(shards)
+        last = layout.HEADER_BYTES + record.spec.shard_bytes - 1
+        mode = b"replace" if replace else b"create"
+        script = scripts.ALLOCATE
+        calls = [
+            Call(
+                pack_command(
+                    b"EVALSHA",
+                    script.sha,
+                    1,
+                    key,
+                    layout.header(record.filter_id, shard, record.spec.hash_count),
+                    last,
+                    mode,
+                ),
+                key=key,
+                shard=shard,
+                script=script,
+            )
+            for shard in order
+            for key in [self.shard_key(shard)]
+        ]
+        replies = self.run("allocate the filter's shards", calls, write=True)
+        return {shard: int(reply) for shard, reply in zip(order, replies, strict=True)}
+
+    def existing(self, shards: Sequence[int]) -> list[int]:
+        """Return the shards whose keys exist."""
+        calls = [
+            Call(pack_command(b"EXISTS", key), key=key, shard=shard)
+            for shard in shards
+            for key in [self.shard_key(shard)]
+        ]
+        replies = self.run("look for the filter's shards", calls)
+        return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply)]
+
+    # -- servers ---------------------------------------------------------------------
+
+    def markers(self, servers: int) -> list[str | None]:
+        """Return ``KEY:server`` on each of the servers (None where it is missing)."""
+        calls = [
+            Call(pack_command(b"GET", self.marker_key), key=self.marker_key, server=i)
+            for i in range(servers)
+        ]
+        return [
+            None if reply is None else text(reply)
+            for reply in self.run("read the server markers", calls)
+        ]
+
+    def write_markers(self, record: FilterRecord, servers: Iterable[int]) -> None:
+        """Write each listed server's marker (``<id> <i>/<n>``), where none exists."""
+        calls = [
+            Call(
+                pack_command(
+                    b"SET",
+                    self.marker_key,
+                    layout.server_marker(record.filter_id, i, record.servers),
+                    b"NX",
+                ),
+                key=self.marker_key,
+                server=i,
+            )
+            for i in servers
+        ]
+        self.run("mark the filter's servers", calls, write=True)
+
+    # -- deleting --------------------------------------------------------------------
+
+    def delete_if_still(
+        self, key: str, kind: str, proof: bytes | str = b"", server: int | None = None
+    ) -> Call:
+        """Return the call that deletes ``key`` only if it is still the proven part.
+
+        ``kind`` is ``shard``, ``marker``, ``counters`` or ``record`` (see
+        :data:`.scripts.DELETE_IF_STILL`); ``proof`` what proves it the filter's.
+        """
+        script = scripts.DELETE_IF_STILL
+        return Call(
+            pack_command(b"EVALSHA", script.sha, 1, key, kind, proof),
+            key=key,
+            shard=self._shard_of(key),
+            server=server,
+            script=script,
+        )
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the filter's parts, each only if it is still this filter's; return how many.
+
+        Shards carrying the record's identity, the counters, the server markers of a
+        multi-server filter (a filter on one server or a cluster has none, so a
+        ``KEY:server`` there is another program's and stays), then the record. The
+        worker registry is kept: leases belong to the workers.
+        """
+        k = record.spec.hash_count
+        calls = [
+            self.delete_if_still(
+                self.shard_key(shard), "shard", layout.identity(record.filter_id, shard, k)
+            )
+            for shard in range(record.spec.shards)
+        ]
+        calls.append(self.delete_if_still(self.counter_key, "counters"))
+        if record.servers > 1:
+            calls += [
+                self.delete_if_still(
+                    self.marker_key,
+                    "marker",
+                    layout.server_marker(record.filter_id, i, record.servers),
+                    server=i,
+                )
+                for i in range(record.servers)
+            ]
+        deleted = sum(int(reply) for reply in self.run("delete the filter", calls, write=True))
+        # The record goes last: a worker opening meanwhile never sees shards without it.
+        last = self.delete_if_still(self.meta_key, "record", record.filter_id)
+        return deleted + int(self.run("delete the filter's record", [last], write=True)[0])

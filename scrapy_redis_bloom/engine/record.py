@@ -1,0 +1,205 @@
+"""The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
+
+The record says everything a worker needs to read the bits: the geometry (shards,
+bits per shard, k), the hashing scheme, the layout, the servers it is spread over,
+and the filter's random id, which every shard header and server marker repeats. It
+also keeps the sizing request the filter was created from (``sizing``), so that a
+worker asking for the same filter adopts the geometry stored here even if a later
+release of this package would size that request differently.
+
+A record is validated before it is trusted: a corrupt or foreign hash is refused with
+one error naming the key, never half-used.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ..errors import BloomFilterError, ConfigMismatchError, ServerListMismatchError
+from ..hashing import SCHEME_VERSION, FilterSpec
+from .layout import ID_BYTES, LAYOUT_VERSION
+
+State = Literal["creating", "ready"]
+
+#: Fields of the record, in the order they are written.
+FIELDS = (
+    "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
+    "capacity", "sizing", "servers", "generations", "created",
+)  # fmt: skip
+
+#: Most servers a filter may be spread over.
+MAX_SERVERS = 1024
+_ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
+
+
+def new_id() -> str:
+    """Return a fresh random filter id, as hex."""
+    return secrets.token_hex(ID_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRecord:
+    """The config record of one filter.
+
+    ``state`` is ``creating`` from the moment the record is written until every shard
+    (and, on several servers, every server marker) exists; any worker that opens the
+    filter meanwhile finishes the job, so a creator that dies half-way leaves nothing
+    broken. ``sizing`` is the canonical sizing request (:meth:`..sizing.Sizing.canonical`).
+    """
+
+    spec: FilterSpec
+    capacity: int
+    filter_id: str
+    sizing: str
+    created: float
+    servers: int = 1
+    state: State = "ready"
+    layout: int = LAYOUT_VERSION
+    scheme: int = SCHEME_VERSION
+
+    @classmethod
+    def new(cls, spec: FilterSpec, capacity: int, sizing: str, servers: int = 1) -> FilterRecord:
+        """Return the record of a filter about to be created (state ``creating``)."""
+        return cls(
+            spec=spec,
+            capacity=capacity,
+            filter_id=new_id(),
+            sizing=sizing,
+            created=time.time(),
+            servers=servers,
+            state="creating",
+        )
+
+    def ready(self) -> FilterRecord:
+        """Return this record in state ``ready``."""
+        return replace(self, state="ready")
+
+    def fields(self) -> dict[str, str]:
+        """Return the record as the hash fields written to Redis."""
+        spec = self.spec
+        values: dict[str, object] = {
+            "layout": self.layout,
+            "scheme": self.scheme,
+            "id": self.filter_id,
+            "state": self.state,
+            "shards": spec.shards,
+            "shard_bits": spec.shard_bits,
+            "hash_count": spec.hash_count,
+            "bits": spec.bits,
+            "capacity": self.capacity,
+            "sizing": self.sizing,
+            "servers": self.servers,
+            "generations": "0",
+            "created": repr(self.created),
+        }
+        return {name: str(values[name]) for name in FIELDS}
+
+    @classmethod
+    def parse(cls, key: str, fields: dict[str, str]) -> FilterRecord:
+        """Build a record from the hash read back; refuse one this version cannot trust."""
+
+        def refuse(problem: str) -> BloomFilterError:
+            return BloomFilterError(
+                f"The config record {key!r} cannot be used: {problem}. Check that"
+                " BLOOMFILTER_KEY names a filter created by this version of"
+                f" scrapy-redis-bloom; reset it (scrapy-redis-bloom reset --key"
+                f" {key.removesuffix(':meta')!r}) to start over."
+            )
+
+        missing = [name for name in FIELDS if name not in fields]
+        if "layout" in fields and fields["layout"] != str(LAYOUT_VERSION):
+            raise refuse(
+                f"it was written with layout {fields['layout']!r}, and this version reads"
+                f" layout {LAYOUT_VERSION} only (layout 1 was that of development builds"
+                " before 0.1.0)"
+            )
+        if missing:
+            raise refuse(f"it lacks the field(s) {', '.join(missing)}")
+
+        def integer(name: str, low: int, high: int) -> int:
+            text = fields[name]
+            if not re.fullmatch(r"[0-9]{1,20}", text) or not low <= int(text) <= high:
+                raise refuse(f"its {name} is {text!r}, not an integer from {low:,} to {high:,}")
+            return int(text)
+
+        if fields["scheme"] != str(SCHEME_VERSION):
+            raise refuse(
+                f"its hash scheme is {fields['scheme']!r}; this version knows scheme"
+                f" {SCHEME_VERSION} only"
+            )
+        if not _ID.fullmatch(fields["id"]):
+            raise refuse(f"its id is {fields['id']!r}, not {2 * ID_BYTES} hex digits")
+        state = fields["state"]
+        if state not in ("creating", "ready"):
+            raise refuse(f"its state is {state!r}, not 'creating' or 'ready'")
+        try:
+            spec = FilterSpec(
+                shards=integer("shards", 1, 2**63),
+                shard_bits=integer("shard_bits", 1, 2**63),
+                hash_count=integer("hash_count", 1, 2**63),
+            )
+        except ValueError as exc:
+            raise refuse(f"its geometry is impossible ({exc})") from None
+        if integer("bits", 1, 2**63) != spec.bits:
+            raise refuse(f"its bits ({fields['bits']}) are not shards x shard_bits ({spec.bits})")
+        try:
+            created = float(fields["created"])
+        except ValueError:
+            created = math.nan
+        if not math.isfinite(created) or created < 0:
+            raise refuse(f"its creation time is {fields['created']!r}, not a Unix timestamp")
+        return cls(
+            spec=spec,
+            capacity=integer("capacity", 1, 2**63),
+            filter_id=fields["id"],
+            sizing=fields["sizing"],
+            created=created,
+            servers=integer("servers", 1, MAX_SERVERS),
+            state="creating" if state == "creating" else "ready",
+            layout=LAYOUT_VERSION,
+            scheme=SCHEME_VERSION,
+        )
+
+    def describe(self) -> str:
+        """Return the geometry as the user would compare it with settings."""
+        spec = self.spec
+        return (
+            f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
+            f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme},"
+            f" layout {self.layout} (sized for {self.capacity:,} items: {self.sizing})"
+        )
+
+    def created_text(self) -> str:
+        """Return the creation time as ``YYYY-MM-DD HH:MM:SS UTC``."""
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.created))
+
+    def check(self, key: str, wanted: FilterRecord) -> None:
+        """Refuse a worker whose request is not this filter's.
+
+        The worker is accepted when it lists as many servers and asks either for the
+        same sizing (and then adopts the stored geometry, whatever this release would
+        compute) or for the same geometry.
+        """
+        same_request = wanted.sizing == self.sizing or wanted.spec == self.spec
+        if same_request and wanted.servers == self.servers:
+            return
+        if same_request:
+            raise ServerListMismatchError(
+                f"The Bloom filter {key!r} was created on {self.servers} server(s); this worker"
+                f" lists {wanted.servers}. List the servers in BLOOMFILTER_REDIS_URLS exactly as"
+                " when the filter was created (same servers, same order): shards are never"
+                " re-mapped to other servers."
+            )
+        raise ConfigMismatchError(
+            f"The Bloom filter {key!r} in Redis was created on {self.created_text()} with"
+            f" {self.describe()}; this worker is configured with {wanted.describe()}."
+            " A filter's layout cannot change once it holds bits. Either start this"
+            " worker with the settings the filter was created with, choose another"
+            " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
+            f" {key!r}), which forgets every URL it has seen."
+        )
