@@ -10,11 +10,7 @@ crawls. The filter holds a few hundred items at a 1e-6 error rate: a false posit
 
 from __future__ import annotations
 
-import collections
-import json
-import subprocess
-import sys
-import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,17 +18,10 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from shared_crawl import START_PAGES, WORKERS, run_workers
 from website import Site, SiteServer
 
-HERE = Path(__file__).parent
-RUNNER = HERE / "crawl_runner.py"
 PAGES = 300
-WORKERS = 2
-START_PAGES = (0, 1)
-TIMEOUT = 120
-# Deprecations that scrapy-redis 0.9.1 itself triggers under Scrapy 2.19 (spider= to the
-# stats, Spider.log(), RedisStatsCollector's method signatures): not ours to fix.
-KNOWN_WARNINGS = ("/scrapy_redis/", "RedisStatsCollector", "Passing a 'spider' argument")
 
 
 @pytest.fixture
@@ -50,67 +39,17 @@ def crawl(
     settings: dict[str, Any],
     filter_redis: redis.Redis | RedisCluster,
 ) -> list[dict[str, Any]]:
-    """Run WORKERS worker processes to the end; return their outputs."""
-    base = {
-        "SCHEDULER_PERSIST": True,
-        "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
-        "SHARED_START_WAIT": TIMEOUT,
-        "CONCURRENT_REQUESTS": 4,
-        **settings,
-    }
-    procs, outputs, logs = [], [], []
-    for i in range(WORKERS):
-        output, log = tmp_path / f"worker{i}.json", tmp_path / f"worker{i}.log"
-        with log.open("wb") as sink:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(RUNNER), "--site", site.url, "--redis-url", redis_url,
-                     "--mode", "shared", "--settings", json.dumps(base), "--output", str(output)],
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
-            )  # fmt: skip
-        outputs.append(output)
-        logs.append(log)
-    deadline = time.monotonic() + TIMEOUT
-    client = redis.Redis.from_url(redis_url)
-    try:
-        # Two start pages, pushed once both workers wait for start URLs; each takes
-        # one per poll, so both begin at once.
-        while client.scard("shared:ready") < WORKERS:
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                break  # checked below: every worker must exit 0 and have fetched pages
-            time.sleep(0.05)
-        client.rpush("shared:start_urls", *[site.page_url(p) for p in START_PAGES])
-        # Each worker holds a lease in the filter's registry while it runs.
-        while filter_redis.zcard("shared:bloomfilter:workers") < WORKERS:
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                break  # checked below: every worker must exit 0 and have fetched pages
-            time.sleep(0.05)
-        registered = filter_redis.zcard("shared:bloomfilter:workers")
-        for proc in procs:
-            proc.wait(timeout=max(1, deadline - time.monotonic()))
-    finally:
-        client.close()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    results = []
-    for proc, output, log in zip(procs, outputs, logs, strict=True):
-        assert proc.returncode == 0, log.read_text()[-3000:]
-        result = json.loads(output.read_text())
+    """Run the workers to the end; return their outputs (each must have run cleanly)."""
+    done = run_workers(site, redis_url, tmp_path, settings, filter_redis)
+    for result in done.results:
         assert result["error"] is None, result["error"]
-        unexpected = [w for w in result["warnings"] if not any(k in w for k in KNOWN_WARNINGS)]
-        assert not unexpected, unexpected
-        results.append(result)
-    assert registered == WORKERS, "the workers never held their leases at the same time"
-    return results
+    assert done.registered == WORKERS, "the workers never held their leases at the same time"
+    return done.results
 
 
 def check_crawl(results: list[dict[str, Any]], site: SiteServer) -> dict[str, int]:
     """Assert every reachable page was fetched exactly once; return the summed stats."""
-    fetched = collections.Counter(url for r in results for url in r["fetched"])
+    fetched = Counter(url for r in results for url in r["fetched"])
     assert set(fetched) == site.reachable_urls()
     assert max(fetched.values()) == 1, [u for u, n in fetched.items() if n > 1]
     served = site.hits_snapshot()
@@ -168,6 +107,6 @@ def test_two_workers_with_scrapy_redis_stats_collector(
     assert int(shared["bloomfilter/added"]) == len(site.site.reachable())
     assert int(shared["bloomfilter/filtered"]) == int(shared["bloomfilter/total_filtered"])
     assert int(shared["bloomfilter/added"]) == int(shared["bloomfilter/total_added"])
-    fetched = collections.Counter(url for r in results for url in r["fetched"])
+    fetched = Counter(url for r in results for url in r["fetched"])
     assert set(fetched) == site.reachable_urls()
     assert max(fetched.values()) == 1

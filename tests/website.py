@@ -83,6 +83,22 @@ class Site:
         )
 
 
+class TreeSite(Site):
+    """A site where each page but the home page is linked from exactly one other page.
+
+    Page ``i`` links to its children ``2i + 1`` and ``2i + 2``, and back to its parent,
+    the home page and itself: links the crawler has seen before. A link the dupefilter
+    wrongly drops loses the page it leads to, and every page below it, for good; on
+    :class:`Site`, most pages are linked from several others and would survive. This
+    is the site that counts lost pages.
+    """
+
+    def links(self, page: int) -> list[int]:
+        """Return the children, then the parent, the home page and the page itself."""
+        children = [child for child in (2 * page + 1, 2 * page + 2) if child < self.pages]
+        return [*children, (page - 1) // 2 if page else 0, 0, page]
+
+
 class _Server(ThreadingHTTPServer):
     """A threaded HTTP server whose listen backlog takes a crawler's burst of connections."""
 

@@ -1,0 +1,337 @@
+"""Real faults against the engine: not one new fingerprint answered "seen", every fault said.
+
+Each test injects a fault into a real redis-server (CLIENT KILL, SIGKILL and restart with
+AOF, DEBUG SLEEP, maxmemory under noeviction and allkeys-lru, eviction, a filter past its
+capacity) and checks the answer contract: "seen" only when Redis confirmed it in this
+call; any doubt answers "new"; otherwise a clear error, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis_server import RedisServer
+
+from scrapy_redis_bloom import (
+    BloomConfig,
+    FaultPolicy,
+    FilterDamagedError,
+    FilterUnavailableError,
+    NotEnoughMemoryError,
+    RedisBloomFilter,
+    UnsupportedServerError,
+)
+from scrapy_redis_bloom.engine.health import ServerHealth, check_versions
+
+SETTINGS = {"BLOOMFILTER_CAPACITY": 200_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
+CONFIG = BloomConfig.from_settings(SETTINGS)
+
+
+def fingerprints(n: int, salt: str) -> list[str]:
+    return [hashlib.sha1(f"{salt}{i}".encode()).hexdigest() for i in range(n)]
+
+
+def make(client: redis.Redis, key: str = "faults", **faults: object) -> RedisBloomFilter:
+    return RedisBloomFilter(
+        client,
+        key,
+        CONFIG.spec,
+        CONFIG.capacity,
+        sizing=CONFIG.sizing.canonical(),
+        faults=FaultPolicy(**faults),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """Start a fresh server per test: faults leave their mark on a server's settings."""
+    with RedisServer() as started:
+        yield started
+
+
+# -- dropped connections ---------------------------------------------------------------
+
+
+def test_client_kill_every_50ms_during_check_and_add(server: RedisServer) -> None:
+    client = server.client()
+    bloom = make(client)
+    new = fingerprints(30_000, "hot")
+    with server.connection_killer(interval=0.05) as killer:
+        answers = [bloom.check_and_add(fp) for fp in new]
+    assert killer.killed > 10  # the fault really hit the crawl
+    assert answers.count(True) == 0
+    assert bloom.contains_many(new) == [True] * len(new)
+    assert [bloom.check_and_add(fp) for fp in new[:1000]] == [True] * 1000
+    client.close()
+
+
+def test_client_kill_during_add_many(server: RedisServer) -> None:
+    client = server.client()
+    bloom = make(client)
+    new = fingerprints(150_000, "bulk")
+    with server.connection_killer(interval=0.3) as killer:
+        answers = bloom.add_many(new)
+    assert killer.killed >= 1
+    assert answers == [False] * len(new)
+    assert bloom.contains_many(new) == [True] * len(new)
+    client.close()
+
+
+def test_health_checks_and_pauses_in_the_iterable_do_not_shift_replies(
+    server: RedisServer,
+) -> None:
+    # redis-py's health check would send a PING while a chunk's replies are owed, and
+    # read one of them as its PONG. The filter's connections make no health checks.
+    client = server.client(health_check_interval=1)
+    bloom = make(client)
+    new = fingerprints(30_000, "pause")
+
+    def slow() -> Iterator[str]:
+        for i, fp in enumerate(new):
+            if i and i % 10_000 == 0:
+                time.sleep(1.5)
+            yield fp
+
+    assert bloom.add_many(slow()) == [False] * len(new)
+    assert bloom.contains_many(new) == [True] * len(new)
+    client.close()
+
+
+def test_an_iterable_that_raises_leaves_no_reply_behind(server: RedisServer) -> None:
+    client = server.client()
+    bloom = make(client)
+
+    def broken() -> Iterator[str]:
+        yield from fingerprints(15_000, "first")
+        raise ValueError("the source broke")
+
+    with pytest.raises(ValueError, match="the source broke"):
+        bloom.add_many(broken())
+    fresh = fingerprints(200, "fresh")
+    assert [bloom.check_and_add(fp) for fp in fresh] == [False] * 200
+    checked = bloom.contains_many(fingerprints(300, "other") + fresh)
+    assert isinstance(checked, list)
+    assert checked == [False] * 300 + [True] * 200
+    client.close()
+
+
+# -- a server that stops, restarts, stalls -----------------------------------------------
+
+
+def test_redis_killed_and_restarted_with_aof_costs_no_answer() -> None:
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        bloom = make(client, retry_timeout=20)
+        new = fingerprints(4_000, "restart")
+        answers: list[bool] = []
+        errors: list[BaseException] = []
+
+        def crawl() -> None:
+            try:
+                for fp in new:
+                    answers.append(bloom.check_and_add(fp))
+                    time.sleep(0.001)
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        worker = threading.Thread(target=crawl)
+        worker.start()
+        time.sleep(0.5)
+        server.kill()
+        time.sleep(3)
+        server.restart()
+        worker.join(timeout=60)
+        assert not worker.is_alive()
+        assert errors == []
+        assert len(answers) == len(new)
+        assert answers.count(True) == 0
+        assert bloom.events.counts["retries"] > 0  # the outage really hit the calls
+        # Every acknowledged write was on disk before its reply (appendfsync always).
+        assert bloom.contains_many(new) == [True] * len(new)
+        client.close()
+
+
+def test_a_paused_redis_is_waited_for_and_the_doubt_answers_new(server: RedisServer) -> None:
+    client = server.client(socket_timeout=0.5)
+    bloom = make(client, retry_timeout=10)
+    bloom.check_and_add(fingerprints(1, "warm")[0])
+    element = fingerprints(1, "paused")[0]
+    pause = server.pause(2)
+    started = time.monotonic()
+    assert bloom.check_and_add(element) is False
+    assert 1.5 < time.monotonic() - started < 10
+    pause.join()
+    assert bloom.events.counts["retries"] >= 1
+    assert bloom.check_and_add(element) is True
+    client.close()
+
+
+def test_unavailable_redis_raises_a_clear_error_or_allows() -> None:
+    server = RedisServer(appendonly=True).start()
+    client = server.client()
+    strict = make(client, "strict", retry_timeout=0.5)
+    lenient = make(client, "lenient", retry_timeout=0.5, on_error="allow")
+    strict.open()
+    lenient.open()
+    known, new = fingerprints(2, "known")
+    assert lenient.check_and_add(known) is False
+    server.kill()
+    with pytest.raises(FilterUnavailableError, match=r"Redis at 127\.0\.0\.1:\d+ could not"):
+        strict.check_and_add(known)
+    lenient.close()  # the cache would answer for ``known``: forget it to ask Redis
+    lenient._cache.clear()
+    assert lenient.check_and_add(known) is False  # a duplicate fetch, never a lost page
+    started = time.monotonic()
+    assert lenient.check_and_add(new) is False
+    assert time.monotonic() - started < 0.4  # no full retry window per call once down
+    # This worker let ``new`` through already: a second offer is a duplicate.
+    assert lenient.check_and_add(new) is True
+    assert lenient.events.counts["errors"] == 2
+    server.restart()
+    time.sleep(1.1)  # the next attempt is allowed a second after the last one
+    assert lenient.check_and_add(fingerprints(1, "later")[0]) is False
+    # Redis answers again: what was let through meanwhile is added for every worker.
+    other = make(client, "lenient")
+    assert other.contains_many([known, new]) == [True, True]
+    client.close()
+    server.stop()
+
+
+# -- a full or evicting Redis ------------------------------------------------------------
+
+
+def test_out_of_memory_under_noeviction_is_named(server: RedisServer) -> None:
+    client = server.client()
+    strict = make(client, "strict", retry_timeout=0.5)
+    lenient = make(client, "lenient", retry_timeout=0.5, on_error="allow")
+    strict.open()
+    lenient.open()
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", used // 2)
+    element = fingerprints(1, "oom")[0]
+    with pytest.raises(FilterUnavailableError, match=r"Redis is out of memory .*maxmemory"):
+        strict.check_and_add(element)
+    assert lenient.check_and_add(element) is False
+    assert lenient.events.counts["errors"] == 1
+    # Reads still work (an out-of-memory Redis refuses writes only), and say so.
+    assert lenient.contains(element) is False
+    client.config_set("maxmemory", 0)
+    time.sleep(1.1)
+    assert lenient.check_and_add(fingerprints(1, "after")[0]) is False
+    assert lenient.contains(element) is True  # added once Redis took writes again
+    client.close()
+
+
+def test_a_filter_that_does_not_fit_maxmemory_is_refused(server: RedisServer) -> None:
+    client = server.client()
+    client.config_set("maxmemory", 4 * 2**20)
+    big = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30})
+    bloom = RedisBloomFilter(client, "big", big.spec, big.capacity)
+    with pytest.raises(NotEnoughMemoryError, match=r"needs 130\.\d MiB on Redis at .*maxmemory 4"):
+        bloom.open()
+    assert client.keys("*") == []  # nothing half-created
+    client.close()
+
+
+def _evict_shards(server: RedisServer, client: redis.Redis, bloom: RedisBloomFilter) -> None:
+    """Fill a server under allkeys-lru until some of the filter's shards are evicted."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("maxmemory", used + 2**20)
+    for i in range(2_000):  # bounded: each key adds 64 KiB
+        client.set(f"junk:{i}", b"x" * 65_536)
+        if sum(client.exists(k) for k in bloom.shard_keys) < bloom.spec.shards:
+            return
+    raise AssertionError("no shard was evicted")
+
+
+def test_evicted_shards_stop_the_filter_or_are_recreated(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = server.client()
+    bloom = make(client, "evicted")
+    seen = fingerprints(2_000, "held")
+    bloom.add_many(seen)
+    _evict_shards(server, client, bloom)
+    with pytest.raises(FilterDamagedError, match=r"evicted \(see maxmemory-policy\)"):
+        bloom.add_many(seen)
+    # The other policy: go on with the lost shards empty. What they held may be fetched
+    # again (answered new), never dropped; what the others hold is still "seen".
+    client.config_set("maxmemory", 0)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        again = make(client, "evicted", on_loss="recreate")
+        answers = again.add_many(seen)
+    assert again.events.counts["recreated"] >= 1
+    assert "maxmemory-policy allkeys-lru" in caplog.text  # said at open
+    assert "Recreated" in caplog.text
+    assert 0 < answers.count(True) < len(seen)
+    assert again.contains_many(seen) == [True] * len(seen)
+    client.close()
+
+
+def test_eviction_policy_is_warned_about_at_open(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = server.client()
+    client.config_set("maxmemory-policy", "allkeys-lfu")
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        bloom = make(client)
+        bloom.open()
+    assert "has maxmemory-policy allkeys-lfu: when it reaches maxmemory it may evict" in caplog.text
+    assert bloom.events.values["eviction_risk"] == 1
+    client.close()
+
+
+# -- a filter past its capacity -----------------------------------------------------------
+
+
+def test_passing_capacity_is_warned_about_at_each_doubling(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    small = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 200, "BLOOMFILTER_ERROR_RATE": 0.01})
+    bloom = RedisBloomFilter(redis_client, "small", small.spec, small.capacity)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        bloom.add_many(fingerprints(150, "a"))
+        assert "capacity" not in caplog.text
+        bloom.add_many(fingerprints(100, "b"))  # about 250 items: past 1x
+        first = bloom.totals().added
+        bloom.add_many(fingerprints(50, "c"))  # still under 2x: no new warning
+        bloom.add_many(fingerprints(500, "d"))  # past 2x (false positives add nothing)
+        last = bloom.totals().added
+    warnings = [r.getMessage() for r in caplog.records if "its capacity of 200" in r.getMessage()]
+    assert 200 < first < 300
+    assert last > 400
+    assert len(warnings) == 2, warnings
+    assert f"holds about {first} items, {first / 200:.1f}x its capacity of 200" in warnings[0]
+    assert "false-positive rate is now about" in warnings[0]
+    assert "BLOOMFILTER_CAPACITY" in warnings[0]
+    assert f"holds about {last} items" in warnings[1]
+    assert bloom.events.values["over_capacity"] == round(last / 200, 2)
+
+
+def test_counter_failures_never_cost_an_answer(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    bloom = make(redis_client, "counted")
+    bloom.open()
+    redis_client.rpush("counted:count", "not a hash")
+    new = fingerprints(50, "counted")
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        assert bloom.add_many(new) == [False] * 50  # its sync fails after the answers
+        assert [bloom.check_and_add(fp) for fp in new] == [True] * 50
+    assert "Could not add this worker's counts" in caplog.text
+    assert "holds a list" in caplog.text
+
+
+def test_servers_older_than_the_minimum_are_refused() -> None:
+    check_versions([ServerHealth("a:1", known=True, version=(6, 2, 0))])
+    check_versions([ServerHealth("a:1", known=False)])  # INFO refused: not checked
+    with pytest.raises(UnsupportedServerError, match=r"a:1 is version 5\.0\.7; .* 6\.2 or newer"):
+        check_versions([ServerHealth("a:1", known=True, version=(5, 0, 7))])
