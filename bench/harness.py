@@ -13,12 +13,14 @@ import importlib.metadata
 import logging
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import redis
@@ -232,3 +234,29 @@ __all__ = [
     "quiet_loggers",
     "rotated",
 ]
+
+
+def run_main(run: Callable[[Any], int], args: Any, verbose: bool, what: str) -> int:
+    """Set up logging, run ``run(args)`` and return its status; Ctrl-C or SIGTERM stop it.
+
+    ``what`` names what an interruption stops, for its log line.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    # SIGTERM unwinds like Ctrl-C, so everything the run started is stopped on the way out.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        logging.getLogger("bench").error("Interrupted: %s stopped, no results written", what)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

@@ -127,15 +127,16 @@ def _cells(row: Row) -> tuple[str, ...]:
 
 def text_table(rows: Sequence[Row], targets: Sequence[Target]) -> str:
     """Render the results and the targets as fixed-width text for the terminal."""
-    lines = [_grid([_HEADERS, *(_cells(r) for r in rows)])]
+    lines = [grid([_HEADERS, *(_cells(r) for r in rows)])]
     target_rows = [("target", "measured", "wanted", "result")] + [
         (f"({t.measure}) {t.text}", t.measured(), t.wanted(), t.verdict) for t in targets
     ]
-    lines.append(_grid(target_rows))
+    lines.append(grid(target_rows))
     return "\n\n".join(lines)
 
 
-def _grid(table: Sequence[Sequence[str]]) -> str:
+def grid(table: Sequence[Sequence[str]]) -> str:
+    """Render rows as fixed-width text (the first row is the header)."""
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     out = []
     for index, row in enumerate(table):
@@ -145,7 +146,9 @@ def _grid(table: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """Render a Markdown table."""
+
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
@@ -182,18 +185,18 @@ def markdown(
         " rotated order. `comparison`: ours relative to that contender, measured in the"
         " same run.",
         "",
-        _md_table(_HEADERS, [_cells(r) for r in rows]),
+        md_table(_HEADERS, [_cells(r) for r in rows]),
         "",
         f"## Targets: {passed} of {judged} met",
         "",
-        _md_table(
+        md_table(
             ("target", "measured", "wanted", "result"),
             [(f"({t.measure}) {t.text}", t.measured(), t.wanted(), t.verdict) for t in targets],
         ),
         "",
         "## Crawls (e), one row per crawl, in the order run",
         "",
-        _md_table(
+        md_table(
             (
                 "contender",
                 "span s",

@@ -29,12 +29,10 @@ import argparse
 import datetime
 import logging
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +40,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from crawl import CrawlConfig, crawl_contenders, measure_crawl  # noqa: E402
-from harness import BenchRedis, Samples, machine, quiet_loggers  # noqa: E402
+from harness import BenchRedis, Samples, machine, quiet_loggers, run_main  # noqa: E402
 from micro import (  # noqa: E402
     NAME_ADD_MANY,
     NAME_OLD,
@@ -403,26 +401,7 @@ def method_notes(
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, set up logging, run; return the exit status."""
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    # SIGTERM unwinds like Ctrl-C, so the redis-server, the site and the crawl workers
-    # are stopped on the way out.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        logger.error("Interrupted: servers and workers stopped, no results written")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    return run_main(run, args, args.verbose, "servers and workers")
 
 
 if __name__ == "__main__":

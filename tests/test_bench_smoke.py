@@ -1,7 +1,8 @@
-"""Smoke run of the benchmark: ``python bench/run.py --quick`` works end to end.
+"""Smoke runs of the benchmarks: ``bench/run.py --quick`` and ``bench/faults.py --quick``.
 
-Correctness only: it must exit 0 and write results for all five measures. No timing
-is asserted (a loaded CI machine says nothing about speed).
+Correctness only: each must exit 0 and write its results. No timing is asserted (a
+loaded CI machine says nothing about speed), nor what the contenders did under the
+faults beyond the control row: that is the fault table's business.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "bench" / "run.py"
-TIMEOUT = 120
+FAULTS = ROOT / "bench" / "faults.py"
+TIMEOUT = 150
 
-pytestmark = pytest.mark.skipif(
+needs_old_peer = pytest.mark.skipif(
     importlib.util.find_spec("scrapy_redis_bloomfilter") is None,
     reason="scrapy-redis-bloomfilter is not installed (pip install -e '.[bench]')",
 )
 
 
-def run_quick(out: Path) -> subprocess.CompletedProcess[str]:
-    """Run the quick benchmark; on time-out, SIGTERM it so it stops its servers."""
+def run_quick(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark with ``--quick``; on time-out, SIGTERM it so it stops its servers."""
     proc = subprocess.Popen(
-        [sys.executable, str(RUN), "--quick", "--out", str(out)],
+        [sys.executable, str(script), "--quick", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -44,13 +46,14 @@ def run_quick(out: Path) -> subprocess.CompletedProcess[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             stdout, stderr = proc.communicate()
-        pytest.fail(f"bench/run.py --quick took over {TIMEOUT} s:\n{stderr[-3000:]}")
+        pytest.fail(f"{script.name} --quick took over {TIMEOUT} s:\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@needs_old_peer
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_quick_run_writes_all_five_measures(tmp_path: Path) -> None:
-    result = run_quick(tmp_path)
+    result = run_quick(RUN, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "result" in result.stdout  # the results table, with its targets
 
@@ -82,4 +85,38 @@ def test_quick_run_writes_all_five_measures(tmp_path: Path) -> None:
     assert all(t["value"] is not None and math.isfinite(t["value"]) for t in targets)
     markdown = (tmp_path / "results.md").read_text()
     for heading in ("## Results", "## Targets", "## Crawls (e)", "## How it was measured"):
+        assert heading in markdown
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_quick_fault_table_runs_and_writes_both_outputs(tmp_path: Path) -> None:
+    result = run_quick(FAULTS, "--only", "none,restart,evict", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pages never fetched" in result.stdout  # the table's header
+
+    document = json.loads((tmp_path / "faults.json").read_text())
+    assert document["harness_errors"] == []
+    crawls = document["crawls"]
+    assert {(c["fault"], c["contender"]) for c in crawls} == {
+        ("none", "ours"),
+        ("none", "scrapy-redis"),
+        ("restart", "ours"),
+        ("restart", "scrapy-redis"),
+        ("evict", "ours"),
+        ("evict", "lenient"),
+        ("evict", "scrapy-redis"),
+    }
+    for crawl in crawls:
+        assert crawl["harness_error"] is None, crawl
+        assert not crawl["timed_out"], crawl
+        if crawl["fault"] == "none":  # the control: the site's counts are exact
+            assert crawl["never_fetched"] == 0, crawl
+            assert crawl["duplicate_fetches"] == 0, crawl
+            assert crawl["finish_reason"] == "finished", crawl
+        else:
+            assert crawl["injected_at"] is not None, crawl
+            assert crawl["fault_details"]["summary"], crawl
+    assert document["redis"]["version"]
+    markdown = (tmp_path / "faults.md").read_text()
+    for heading in ("## Faults", "## Every crawl, in the order run", "## How it was measured"):
         assert heading in markdown
