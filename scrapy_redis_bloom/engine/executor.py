@@ -345,9 +345,13 @@ class Executor:
                     if isinstance(reply, AuthenticationError):
                         raise reply
                     replies[i] = reply
-                elif kind is Kind.NOSCRIPT and calls[i].script is not None:
-                    self._load(node, calls[i].script)
-                    step.again.append(i)
+                elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
+                    lost = self._load(node, script)
+                    if lost is None:
+                        step.again.append(i)
+                    else:  # the call itself did not run: resend it after a backoff
+                        step.later.append(i)
+                        step.failure, step.where = lost, node.address
                 elif kind is Kind.MOVED:
                     self.topology.moved(node.address, reply)
                     step.again.append(i)
@@ -361,16 +365,19 @@ class Executor:
                     replies[i] = reply
         return step
 
-    def _load(self, node: Node, script: Script | None) -> None:
-        """Load a script on a node that answered ``NOSCRIPT``; the call is then resent."""
-        if script is None:
-            return
+    def _load(self, node: Node, script: Script) -> TransportError | None:
+        """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
+
+        Returns the transport failure if the load was not confirmed (SCRIPT LOAD is
+        idempotent, so the next NOSCRIPT simply loads it again).
+        """
         try:
             (reply,) = node.exchange(pack_command(b"SCRIPT", b"LOAD", script.source), 1)
-        except NotSentError:
-            return  # the resend finds the node down and retries later
+        except TransportError as exc:
+            return exc
         if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:
             raise reply
+        return None
 
     def _where(self, where: str) -> str:
         return f"Redis at {where}" if where else self.topology.describe()
