@@ -34,8 +34,10 @@ from .parts import Parts
 from .topology import Topology
 from .wire import BitfieldPacker, encode, pack_command
 
-#: Elements hashed, grouped per shard and sent together.
-CHUNK = 10_000
+#: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
+#: small enough for the kernel to take the send at once while Redis works on the chunk
+#: before (10,000 made the send wait for Redis, serialising the two: -10% on 2 vCPUs).
+CHUNK = 4_000
 #: Bits per BITFIELD command (a multiple of k is used): about 1 ms of Redis time, so
 #: other clients wait no longer than that between two commands.
 COMMAND_BITS = 5_000
@@ -154,6 +156,7 @@ class Bulk:
         spec = self.spec
         k, size, shards = spec.hash_count, spec.shard_bits, spec.shards
         steps = offset_steps(k)
+        base = HEADER_BITS  # a shard's bits start after its header
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for i, element in enumerate(elements):
             shard, x, y = locate(element, shards, size)
@@ -161,9 +164,9 @@ class Bulk:
             if group is None:
                 group = groups[shard] = ([], [])
             group[0].append(i)
-            group[1].extend([(x + j * y + c) % size for j, c in steps])  # offsets(), inlined
+            group[1].extend([(x + j * y + c) % size + base for j, c in steps])  # offsets(), inlined
         per_command = max(1, COMMAND_BITS // k)
-        packer = BitfieldPacker(write, HEADER_BITS)
+        packer = BitfieldPacker(write)
         plans: dict[int, tuple[Node, list[_Command]]] = {}
         for shard, (positions, bits) in groups.items():
             key = self.parts.shard_key(shard)

@@ -41,14 +41,10 @@ def pack_command(*args: Arg) -> bytes:
 
 
 class BitfieldPacker:
-    """Pack ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1 <offset>``) commands.
+    """Pack ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1 <offset>``) commands."""
 
-    ``base`` is added to every offset: a shard's bits start after its header.
-    """
-
-    def __init__(self, write: bool, base: int = 0) -> None:
+    def __init__(self, write: bool) -> None:
         self._arguments_per_bit = 4 if write else 3
-        self._base = base
         op = b"$3\r\nSET\r\n$2\r\nu1\r\n" if write else b"$3\r\nGET\r\n$2\r\nu1\r\n"
         # Per decimal length of the offset: the op's bytes up to the offset itself.
         self._heads = [(op + b"$%d\r\n" % n).decode() for n in range(21)]
@@ -56,12 +52,12 @@ class BitfieldPacker:
 
     def pack(self, key: bytes, offsets: Sequence[int]) -> bytes:
         """Return one BITFIELD command over ``offsets`` of the string ``key``."""
-        heads, tail, base = self._heads, self._tail, self._base
+        heads, tail = self._heads, self._tail
         count = 2 + self._arguments_per_bit * len(offsets)
         parts = [command_head(count, b"BITFIELD", key).decode("latin-1")]
         append = parts.append
         for offset in offsets:
-            text = str(base + offset)
+            text = str(offset)
             append(heads[len(text)])
             append(text)
             append(tail)
