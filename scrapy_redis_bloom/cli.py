@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, NoReturn
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -77,6 +76,7 @@ from .errors import (
     FilterUnavailableError,
     ServerListMismatchError,
 )
+from .redact import scrub, url_secrets
 from .sizing import false_positive_rate, format_bytes
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,6 @@ SCAN_COUNT = 1000
 LISTED = 20
 
 _FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")
-_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]*@", re.IGNORECASE)
 _SETTING = re.compile(r"\bBLOOMFILTER_[A-Z_]+\b")
 
 #: Sizing options: option name -> the BLOOMFILTER_* setting it stands for.
@@ -261,24 +260,9 @@ def _decode(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _secrets(url: str) -> list[str]:
-    """Return the password of a Redis URL, raw and percent-decoded, to keep out of output."""
-    found: list[str] = []
-    with contextlib.suppress(ValueError):
-        parts = urlsplit(url)
-        if parts.password:
-            found += [parts.password, unquote(parts.password)]
-        for value in parse_qs(parts.query).get("password", []):
-            found.append(value)
-    return sorted({s for s in found if s}, key=len, reverse=True)
-
-
 def _scrub(text: str, secrets: Sequence[str]) -> str:
     """Remove passwords from a message and fold it onto one line."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    text = _URL_CREDENTIALS.sub(r"\1***@", text)
-    return " ".join(text.split())
+    return " ".join(scrub(text, secrets).split())
 
 
 def _option_names(message: str) -> str:
@@ -316,12 +300,26 @@ def _connection(args: argparse.Namespace) -> ConnectionConfig:
             " from (the client discovers the others)."
         )
     connect = min(args.timeout, float(DEFAULT_PARAMS["socket_connect_timeout"]))
+    params: dict[str, Any] = {"socket_timeout": args.timeout, "socket_connect_timeout": connect}
+    # TLS files, passed as a crawl passes them in BLOOMFILTER_REDIS_PARAMS.
+    tls_options = (
+        ("--tls-ca-cert", args.tls_ca_cert, "ssl_ca_certs"),
+        ("--tls-cert", args.tls_cert, "ssl_certfile"),
+        ("--tls-key", args.tls_key, "ssl_keyfile"),
+    )
+    for option, path, param in tls_options:
+        if path is None:
+            continue
+        if not all(url.startswith("rediss://") for url in urls):
+            raise UsageError(f"{option} needs a rediss:// URL (Redis over TLS) in --redis-url.")
+        if not os.path.isfile(path):
+            raise UsageError(f"{option}: no such file: {path}")
+        params[param] = path
+    if args.tls_key is not None and args.tls_cert is None:
+        raise UsageError("--tls-key needs --tls-cert: the client certificate it belongs to.")
     settings: dict[str, Any] = {
         "BLOOMFILTER_REDIS_CLUSTER": args.cluster,
-        "BLOOMFILTER_REDIS_PARAMS": {
-            "socket_timeout": args.timeout,
-            "socket_connect_timeout": connect,
-        },
+        "BLOOMFILTER_REDIS_PARAMS": params,
     }
     if len(urls) == 1:
         settings["BLOOMFILTER_REDIS_URL"] = urls[0]
@@ -1039,6 +1037,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
     )
+    where.add_argument(
+        "--tls-ca-cert",
+        metavar="FILE",
+        help="CA certificate(s) (PEM) to verify a rediss:// server with (ssl_ca_certs)",
+    )
+    where.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="client certificate (PEM) for servers that require one (ssl_certfile)",
+    )
+    where.add_argument(
+        "--tls-key", metavar="FILE", help="the client certificate's private key (ssl_keyfile)"
+    )
     common.add_argument(
         "--key",
         required=True,
@@ -1154,7 +1165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    secrets = _secrets(os.environ.get("REDIS_URL", ""))
+    secrets = url_secrets(os.environ.get("REDIS_URL", ""))
     where = "Redis"
     # Library warnings go to stderr, unless the host program configured logging.
     package_logger = logging.getLogger(__package__)
@@ -1173,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
             package_logger.setLevel(logging.DEBUG)
         urls = _urls(args)
         for url in urls:
-            secrets = _secrets(url) + secrets
+            secrets = url_secrets(url) + secrets
         where, address = _describe(urls, args.cluster)
         if args.command == "reset" and not args.yes and not _stdin_is_tty():
             raise UsageError(

@@ -24,11 +24,16 @@ when part of the filter is lost (``BLOOMFILTER_ON_LOSS``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from redis.connection import parse_url as _redis_parse_url
 
 from .hashing import MAX_SHARD_BITS, FilterSpec
+from .redact import masked, scrub
 from .sizing import (
     Sizing,
     false_positive_rate,
@@ -54,7 +59,8 @@ DEFAULT_RETRY_TIMEOUT = 20.0
 MAX_RETRY_TIMEOUT = 3600.0
 MAX_WORKER_TTL = 86_400.0
 
-MAX_BIT = 48
+#: 2**47 bits = 16 TiB: 2,097,165 shards of the default size, within MAX_SHARDS.
+MAX_BIT = 47
 MAX_HASH_NUMBER = 64
 #: Smallest shard: 2**7 bits, the payload of the smallest allocator block that holds a
 #: shard's header and string overhead.
@@ -80,7 +86,8 @@ class SettingsLike(Protocol):
 
 
 def _invalid(name: str, value: object, allowed: str) -> ValueError:
-    return ValueError(f"The value of the {name} setting ({value!r}) is invalid. {allowed}")
+    """Return the error for a bad setting: its name, value (secrets masked), what is allowed."""
+    return ValueError(f"The value of the {name} setting ({masked(value)}) is invalid. {allowed}")
 
 
 def _number(settings: SettingsLike, name: str, integer: bool, allowed: str) -> float | None:
@@ -135,17 +142,78 @@ def _float(
 
 
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
+#: redis-py's reading of a Redis URL (untyped there).
+parse_url: Callable[[str], dict[str, Any]] = _redis_parse_url
 
 
-def _url(name: str, value: object, where: object = None) -> str:
+def check_url(name: str, value: object, where: object = None) -> str:
+    """Check a Redis URL as redis-py will read it: scheme, port, database, query."""
+    shown = value if where is None else where
     if not isinstance(value, str) or not value.startswith(_URL_SCHEMES):
         raise _invalid(
             name,
-            value if where is None else where,
+            shown,
             "It must be a Redis URL: redis://[[user]:password@]host[:port][/db],"
             " rediss://... (TLS) or unix:///path/to/socket.",
         )
+    try:
+        parse_url(value)  # redis-py's own reading; its messages carry no password
+        path = urlsplit(value).path
+    except ValueError as exc:
+        raise _invalid(name, shown, f"It is not a valid Redis URL: {scrub(str(exc))}") from None
+    if not value.startswith("unix://") and path not in ("", "/") and not path[1:].isdigit():
+        raise _invalid(name, shown, f"Its database ({path[1:]!r}) must be a number, e.g. /0.")
     return value
+
+
+def check_key(key: str, name: str = "BLOOMFILTER_KEY") -> None:
+    """Refuse a filter key (before ``%(spider)s`` is filled in) that cannot name Redis keys.
+
+    Braces would change the Redis Cluster hash tags the filter derives from the key;
+    any %-sequence but ``%(spider)s`` and ``%%`` would be filled in with junk.
+    """
+    if not key:
+        raise _invalid(name, key, "It must be a non-empty string.")
+    if "{" in key or "}" in key:
+        raise _invalid(
+            name,
+            key,
+            "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
+        )
+    if re.sub(r"%%|%\(spider\)s", "", key).count("%"):
+        raise _invalid(
+            name,
+            key,
+            "It may contain the placeholder %(spider)s and no other %-sequences"
+            " (write a literal % as %%).",
+        )
+
+
+#: Client keyword arguments that must be numbers (seconds, counts, indexes).
+_NUMERIC_PARAMS = (
+    "socket_timeout",
+    "socket_connect_timeout",
+    "health_check_interval",
+    "port",
+    "db",
+    "max_connections",
+)
+
+
+def client_params(name: str, params: object) -> dict[str, Any]:
+    """Check a dict of Redis client keyword arguments (``name`` is its setting)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+        raise ValueError(  # its value is not shown: it may hold a password in any form
+            f"The value of the {name} setting (a {type(params).__name__}) is invalid. It must"
+            " be a dict of keyword arguments for the Redis client, e.g. {'socket_timeout': 30}."
+        )
+    for param in _NUMERIC_PARAMS:
+        value = params.get(param)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise _invalid(name, params, f"Its {param!r} must be a number, not {value!r}.")
+    return params
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +242,7 @@ class ConnectionConfig:
             )
         found: tuple[str, ...] = ()
         if url is not None:
-            found = (_url("BLOOMFILTER_REDIS_URL", url),)
+            found = (check_url("BLOOMFILTER_REDIS_URL", url),)
         elif urls is not None:
             listed = urls.split(",") if isinstance(urls, str) else urls
             if not isinstance(listed, (list, tuple)) or not listed:
@@ -184,7 +252,7 @@ class ConnectionConfig:
                     "It must be a non-empty list of Redis URLs (or one comma-separated string).",
                 )
             found = tuple(
-                _url("BLOOMFILTER_REDIS_URLS", u.strip() if isinstance(u, str) else u, urls)
+                check_url("BLOOMFILTER_REDIS_URLS", u.strip() if isinstance(u, str) else u, urls)
                 for u in listed
             )
             if len(set(found)) != len(found):
@@ -197,16 +265,7 @@ class ConnectionConfig:
                 "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
                 " one node of the cluster to start from (the client discovers the others)."
             )
-        params = settings.get("BLOOMFILTER_REDIS_PARAMS")
-        if params is None:
-            params = {}
-        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
-            raise _invalid(
-                "BLOOMFILTER_REDIS_PARAMS",
-                params,
-                "It must be a dict of keyword arguments for the Redis client,"
-                " e.g. {'socket_timeout': 30}.",
-            )
+        params = client_params("BLOOMFILTER_REDIS_PARAMS", settings.get("BLOOMFILTER_REDIS_PARAMS"))
         if params and not found:
             raise ValueError(
                 "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or"
@@ -302,11 +361,20 @@ class BloomConfig:
 
     def key_for(self, spider_name: str | None) -> str:
         """Return the filter's Redis key for a spider (``%(spider)s`` filled in)."""
-        if "%(spider)s" in self.key and spider_name is None:
+        if "%(spider)s" not in self.key:
+            return self.key % {}
+        if spider_name is None:
             raise ValueError(
                 f"The BLOOMFILTER_KEY setting ({self.key!r}) uses %(spider)s, but no spider"
                 " is known here. Build the dupefilter with from_crawler() or from_spider(),"
                 " or give a key without %(spider)s."
+            )
+        if not spider_name or "{" in spider_name or "}" in spider_name:
+            raise ValueError(
+                f"The spider's name ({spider_name!r}) cannot fill in %(spider)s of the"
+                f" BLOOMFILTER_KEY setting ({self.key!r}): a key must not contain {{ or }}"
+                " (the filter derives Redis Cluster hash tags from it). Give BLOOMFILTER_KEY"
+                " without %(spider)s."
             )
         return self.key % {"spider": spider_name}
 
@@ -326,7 +394,7 @@ class BloomConfig:
         sizing, capacity = _sizing(settings)
         try:
             spec = sizing.spec()
-        except ValueError as exc:
+        except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
             name, value = (
                 ("BLOOMFILTER_SHARDS", sizing.shards)
                 if sizing.shards is not None
@@ -341,22 +409,7 @@ class BloomConfig:
         key = DEFAULT_KEY if key is None else key
         if not isinstance(key, str) or not key:
             raise _invalid("BLOOMFILTER_KEY", key, "It must be a non-empty string.")
-        if "{" in key or "}" in key:
-            raise _invalid(
-                "BLOOMFILTER_KEY",
-                key,
-                "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
-            )
-        try:
-            key % {"spider": "spider"}
-        except (KeyError, ValueError, TypeError):
-            raise _invalid(
-                "BLOOMFILTER_KEY",
-                key,
-                "It may contain the placeholder %(spider)s and no other %-sequences"
-                " (write a literal % as %%).",
-            ) from None
-
+        check_key(key)
         fingerprinter = settings.get("BLOOMFILTER_FINGERPRINTER")
         fingerprinter = "scrapy-redis" if fingerprinter is None else fingerprinter
         if fingerprinter not in FINGERPRINTERS:

@@ -11,6 +11,8 @@ policy (``BLOOMFILTER_RETRY_TIMEOUT``), not by one long socket timeout.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,7 +22,8 @@ from scrapy.utils.misc import load_object
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
-from .config import ConnectionConfig, SettingsLike
+from .config import ConnectionConfig, SettingsLike, check_url, client_params
+from .redact import masked, scrub, url_secrets
 
 #: Defaults for the filter's clients: a stalled server fails one attempt in seconds,
 #: and the retry policy decides what happens next.
@@ -33,12 +36,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     Its defaults (30 s timeouts) give way to :data:`DEFAULT_PARAMS`; whatever the user
     set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins.
     """
-    user = settings.get("REDIS_PARAMS") or {}
-    if not isinstance(user, dict):
-        raise ValueError(
-            f"The value of the REDIS_PARAMS setting ({type(user).__name__}) is invalid. It must"
-            " be a dict of keyword arguments for the Redis client."
-        )
+    user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
     params: dict[str, Any] = {**scrapy_redis_defaults.REDIS_PARAMS, **DEFAULT_PARAMS, **user}
     for setting, name in SETTINGS_PARAMS_MAP.items():
         value = settings.get(setting)
@@ -48,7 +46,10 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     if isinstance(redis_cls, str):
         redis_cls = load_object(redis_cls)
     url = params.pop("url", None)
-    return redis_cls.from_url(url, **params) if url else redis_cls(**params)
+    if url is not None:
+        check_url("REDIS_URL", url)
+    with _named("REDIS_URL and REDIS_PARAMS", params):
+        return redis_cls.from_url(url, **params) if url else redis_cls(**params)
 
 
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
@@ -56,9 +57,26 @@ def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any
     if not config.urls:
         return [scrapy_redis_client(settings)]
     params = {**DEFAULT_PARAMS, **dict(config.params)}
-    if config.cluster:
-        return [RedisCluster.from_url(config.urls[0], **params)]
-    return [redis.Redis.from_url(url, **params) for url in config.urls]
+    with _named("BLOOMFILTER_REDIS_PARAMS", params):
+        if config.cluster:
+            return [RedisCluster.from_url(config.urls[0], **params)]
+        return [redis.Redis.from_url(url, **params) for url in config.urls]
+
+
+@contextmanager
+def _named(settings: str, params: dict[str, Any]) -> Iterator[None]:
+    """Turn a client's refusal of its arguments into an error naming the settings.
+
+    The message shows the arguments with secrets masked, never the client's own
+    text alone (which names no setting).
+    """
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"The Redis client refuses the arguments of the {settings} setting(s)"
+            f" ({masked(params)}): {scrub(str(exc), url_secrets(str(params.get('url', ''))))}."
+        ) from None
 
 
 def url_address(url: str) -> str:

@@ -32,6 +32,7 @@ from .engine.cache import LRU
 from .engine.events import FilterEvents
 from .engine.filter import RedisBloomFilter
 from .engine.state import estimate_from_items
+from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
 from .sizing import filter_allocation
 
@@ -169,14 +170,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 servers=clients,
                 crawler=crawler,
             )
-        except AuthenticationError as exc:
+        except AuthenticationError:
             for client in clients:
                 client.close()
-            raise BloomFilterError(
-                f"Redis refused the Bloom filter's credentials: {exc}. Set the password (and"
-                " user) in the Redis URL (REDIS_URL, or BLOOMFILTER_REDIS_URL(S)), e.g."
-                " redis://user:password@host:6379/0."
-            ) from None
+            raise _credentials_error(clients, config) from None
         except BaseException:
             for client in clients:  # a refused start leaves no connection behind
                 client.close()
@@ -354,3 +351,31 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             f"{state.memory_bytes:,}",
             "" if full else " (estimated from the counters)",
         )
+
+
+def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
+    """Say which Redis refused the filter's credentials, and which setting sets them.
+
+    Redis's own text (``NOAUTH``, ``HELLO must be called ...``, ``WRONGPASS``) says
+    neither, so it is left out.
+    """
+    where = ", ".join(server_address(client) for client in clients)
+    settings = (
+        "BLOOMFILTER_REDIS_URLS"
+        if len(config.connection.urls) > 1
+        else "BLOOMFILTER_REDIS_URL"
+        if config.connection.urls
+        else "REDIS_URL (or REDIS_PARAMS)"
+    )
+    given = any(
+        client.get_connection_kwargs().get("password")
+        for client in clients
+        if hasattr(client, "get_connection_kwargs")
+    )
+    problem = "refused the password given" if given else "needs a password, and none was given"
+    return BloomFilterError(
+        f"Redis at {where} {problem} for the Bloom filter"
+        + (" (a wrong password or user, or a disabled user)" if given else "")
+        + f". Set it in {settings}, e.g."
+        " redis://user:password@host:6379/0."
+    )

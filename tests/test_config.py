@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redis_bloom.config import DEFAULT_KEY, BloomConfig, FaultPolicy
+from scrapy_redis_bloom.config import DEFAULT_KEY, BloomConfig, ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.engine.layout import HEADER_BYTES
 from scrapy_redis_bloom.hashing import MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.sizing import (
@@ -183,9 +183,9 @@ def test_allocation_follows_jemalloc_size_classes(size: int, block: int) -> None
 
 
 BAD_VALUES: list[tuple[dict[str, Any], str]] = [
-    ({"BLOOMFILTER_BIT": "abc"}, r"BLOOMFILTER_BIT setting \('abc'\) is invalid\. It must be an integer from 1 to 48"),
+    ({"BLOOMFILTER_BIT": "abc"}, r"BLOOMFILTER_BIT setting \('abc'\) is invalid\. It must be an integer from 1 to 47"),
     ({"BLOOMFILTER_BIT": 0}, r"BLOOMFILTER_BIT setting \(0\) is invalid"),
-    ({"BLOOMFILTER_BIT": 49}, r"BLOOMFILTER_BIT setting \(49\) is invalid\. It must be an integer from 1 to 48"),
+    ({"BLOOMFILTER_BIT": 48}, r"BLOOMFILTER_BIT setting \(48\) is invalid\. It must be an integer from 1 to 47"),
     ({"BLOOMFILTER_BIT": 30.5}, r"BLOOMFILTER_BIT setting \(30\.5\) is invalid"),
     ({"BLOOMFILTER_BIT": True}, r"BLOOMFILTER_BIT setting \(True\) is invalid"),
     ({"BLOOMFILTER_BIT": [30]}, r"BLOOMFILTER_BIT setting \(\[30\]\) is invalid"),
@@ -202,13 +202,13 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "nan"}, r"BLOOMFILTER_ERROR_RATE setting \('nan'\) is invalid"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "1%"}, r"BLOOMFILTER_ERROR_RATE setting \('1%'\) is invalid"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 83 hash functions; at most 64"),
-    ({"BLOOMFILTER_CAPACITY": 10**15, "BLOOMFILTER_ERROR_RATE": 1e-9}, r"BLOOMFILTER_CAPACITY setting \(1000000000000000\) is invalid\. At error rate 1e-09 it needs .* more than the 2\*\*48"),
+    ({"BLOOMFILTER_CAPACITY": 10**15, "BLOOMFILTER_ERROR_RATE": 1e-9}, r"BLOOMFILTER_CAPACITY setting \(1000000000000000\) is invalid\. At error rate 1e-09 it needs .* more than the 2\*\*47"),
     ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
     ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),
     ({"BLOOMFILTER_ERROR_RATE": 0.01}, r"BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY"),
     ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 7 to 32: a shard holds at most 2\*\*32 bits"),
     ({"BLOOMFILTER_SHARD_BIT": 6}, r"BLOOMFILTER_SHARD_BIT setting \(6\) is invalid\. It must be an integer from 7 to 32"),
-    ({"BLOOMFILTER_BIT": 48, "BLOOMFILTER_SHARD_BIT": 7}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),
+    ({"BLOOMFILTER_BIT": 47, "BLOOMFILTER_SHARD_BIT": 7}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),
     ({"BLOOMFILTER_SHARD_BIT": 2}, r"BLOOMFILTER_SHARD_BIT setting \(2\) is invalid"),
     ({"BLOOMFILTER_SHARDS": 0}, r"BLOOMFILTER_SHARDS setting \(0\) is invalid\. It must be a positive integer"),
     ({"BLOOMFILTER_SHARDS": 4, "BLOOMFILTER_SHARD_BIT": 20}, r"BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict"),
@@ -227,7 +227,13 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_CLUSTER": "maybe"}, r"BLOOMFILTER_REDIS_CLUSTER setting \('maybe'\) is invalid\. It must be a boolean"),
     ({"BLOOMFILTER_REDIS_CLUSTER": True}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
     ({"BLOOMFILTER_REDIS_CLUSTER": True, "BLOOMFILTER_REDIS_URLS": ["redis://a", "redis://b"]}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
-    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \('timeout=3'\) is invalid\. It must be a dict"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \(a str\) is invalid\. It must be a dict"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": "3s"}}, r"BLOOMFILTER_REDIS_PARAMS setting \(\{'socket_timeout': '3s'\}\) is invalid\. Its 'socket_timeout' must be a number"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a:abc/0"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a:abc/0'\) is invalid\. It is not a valid Redis URL: Port could not be cast"),
+    ({"BLOOMFILTER_REDIS_URLS": ["redis://a:1", "redis://b:99999"]}, r"BLOOMFILTER_REDIS_URLS setting .* is invalid\. It is not a valid Redis URL: Port out of range"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a/zero"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a/zero'\) is invalid\. Its database \('zero'\) must be a number"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a/0?socket_timeout=soon"}, r"BLOOMFILTER_REDIS_URL setting .* is invalid\. It is not a valid Redis URL: Invalid value for 'socket_timeout'"),
+    ({"BLOOMFILTER_KEY": "%s"}, r"BLOOMFILTER_KEY setting \('%s'\) is invalid\. It may contain the placeholder"),
     ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
     ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds from 1 to 86,400"),
     ({"BLOOMFILTER_WORKER_TTL": 5e12}, r"BLOOMFILTER_WORKER_TTL setting \(5000000000000\.0\) is invalid"),
@@ -298,3 +304,47 @@ def test_every_documented_shard_bit_works(shard_bit: int) -> None:
     config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 24, "BLOOMFILTER_SHARD_BIT": shard_bit})
     assert config.spec.bits >= 2**24
     assert config.spec.shard_bits <= 2**shard_bit
+
+
+SECRET = "Sup3r-s3cret"  # a test password
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"BLOOMFILTER_REDIS_URL": f"http://user:{SECRET}@host/0"},
+        {"BLOOMFILTER_REDIS_URL": f"redis://user:{SECRET}@host:port/0"},
+        {"BLOOMFILTER_REDIS_URL": f"redis://:{SECRET}@host/0?socket_timeout=soon"},
+        {"BLOOMFILTER_REDIS_URL": f"redis://host/0?password={SECRET}&db=x"},
+        {"BLOOMFILTER_REDIS_URL": f"rediss://:{SECRET}@host/db"},
+        {"BLOOMFILTER_REDIS_URLS": [f"redis://:{SECRET}@a:1/0", "ftp://b"]},
+        {"BLOOMFILTER_REDIS_URLS": f"redis://:{SECRET}@a:1/0,redis://:{SECRET}@a:1/0"},
+        {"BLOOMFILTER_REDIS_URLS": [f"redis://:{SECRET}@a:1/0", 7]},
+        {"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": f"password={SECRET}"},
+        {
+            "BLOOMFILTER_REDIS_URL": "redis://a",
+            "BLOOMFILTER_REDIS_PARAMS": {"password": SECRET, "socket_timeout": "x"},
+        },
+        {"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {SECRET: 1, 2: 3}},
+        {"BLOOMFILTER_REDIS_URL": f"redis://:{SECRET}@a", "BLOOMFILTER_REDIS_URLS": ["redis://b"]},
+    ],
+)
+def test_no_password_in_any_setting_error(settings: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="BLOOMFILTER_REDIS") as raised:
+        ConnectionConfig.from_settings(settings)
+    assert SECRET not in str(raised.value)
+    assert "BLOOMFILTER_REDIS" in str(raised.value)
+
+
+def test_spider_names_with_braces_cannot_fill_the_key() -> None:
+    config = BloomConfig.from_settings({})
+    assert config.key_for("shop") == "shop:bloomfilter"
+    with pytest.raises(ValueError, match=r"spider's name \('shop\{eu\}'\) cannot fill in"):
+        config.key_for("shop{eu}")
+    literal = BloomConfig.from_settings({"BLOOMFILTER_KEY": "bf:100%%"})
+    assert literal.key_for("shop{eu}") == "bf:100%"
+
+
+@pytest.mark.parametrize("bit", [1, 24, 40, 47])
+def test_every_documented_bit_works_with_the_default_shards(bit: int) -> None:
+    assert BloomConfig.from_settings({"BLOOMFILTER_BIT": bit}).spec.bits >= 2**bit

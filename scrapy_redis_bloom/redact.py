@@ -1,0 +1,83 @@
+"""Keeping secrets out of messages: the one place that masks passwords.
+
+Crawl logs and CLI output go to log aggregators, tickets and chat; a Redis password
+must never reach them. Every message that may show a setting's value, a URL or a
+client's keyword arguments goes through :func:`masked` or :func:`scrub`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+#: Shown in place of a secret.
+MASK = "***"
+
+#: Client keyword arguments (and URL query parameters) whose values are secrets.
+SECRET_NAMES = frozenset({"password", "ssl_password", "sentinel_password", "credential_provider"})
+#: Parts of a keyword argument's name that make its value a secret (typos included).
+_SECRET_PARTS = ("pass", "pasw", "pwd", "secret", "token", "credential", "auth")
+
+
+def is_secret(name: str) -> bool:
+    """Tell whether a keyword argument named ``name`` holds a secret."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_PARTS)
+
+
+#: ``scheme://user:password@``: the password part of any URL in a text.
+_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:)[^\s@/'\"]*@", re.IGNORECASE)
+#: ``password=...`` in a URL's query.
+_SECRET_ALTERNATIVES = "|".join(sorted(SECRET_NAMES))
+_QUERY_PASSWORD = re.compile(rf"([?&](?:{_SECRET_ALTERNATIVES})=)[^&\s'\"]*")
+
+
+def url_secrets(url: str) -> list[str]:
+    """Return the secrets a Redis URL carries (raw and percent-decoded), longest first."""
+    found: list[str] = []
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            found += [parts.password, unquote(parts.password)]
+        found += [value for name, value in parse_qsl(parts.query) if is_secret(name)]
+    except ValueError:
+        pass
+    return sorted({secret for secret in found if secret}, key=len, reverse=True)
+
+
+def mask_url(url: str) -> str:
+    """Return a URL with its password (and any secret query parameter) masked."""
+    text = _URL_CREDENTIALS.sub(rf"\1{MASK}@", url)
+    return _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
+
+
+def mask_params(params: Mapping[str, object]) -> dict[str, object]:
+    """Return client keyword arguments with secret values masked."""
+    return {
+        name: MASK if is_secret(name) else masked_value(value) for name, value in params.items()
+    }
+
+
+def masked_value(value: object) -> object:
+    """Return a setting's value with secrets masked: URLs, lists of them, kwargs dicts."""
+    if isinstance(value, str):
+        return mask_url(value)
+    if isinstance(value, Mapping):
+        return mask_params({str(k): v for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(masked_value(item) for item in value)
+    return value
+
+
+def masked(value: object) -> str:
+    """Return ``repr(value)`` with secrets masked: for a setting's value in a message."""
+    return repr(masked_value(value))
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """Remove the given secrets, and any URL password, from a message."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, MASK)
+    return mask_url(text)

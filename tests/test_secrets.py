@@ -1,0 +1,118 @@
+"""No password in any message: errors, logs and stats of a crawl whose Redis needs one.
+
+Every way a crawl can fail to reach its filter with credentials in the URL (a bad
+setting, an unreachable server, a wrong password, no password) is run against real
+servers; the secret must appear in none of the error text, the log records or the
+stats. The settings errors are in test_config.py, the CLI's in test_cli.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from redis_server import RedisServer, free_port
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.errors import BloomFilterError
+
+SECRET = "Pa55-w0rd-in-url"  # test passwords
+WRONG = "Wr0ng-pa55-in-url"
+
+
+class SecretSpider(Spider):
+    name = "secret"
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Any:
+    with RedisServer(password=SECRET) as server:
+        yield server
+
+
+def _use(crawler: Any) -> None:
+    """Start a dupefilter, offer it a request and close it."""
+    df = RFPDupeFilter.from_crawler(crawler)
+    try:
+        df.request_seen(Request("https://example.com/"))
+    finally:
+        df.close("finished")
+
+
+def _start(settings: dict[str, Any], caplog: pytest.LogCaptureFixture) -> str:
+    """Start a dupefilter that must fail; return everything it said."""
+    base = {"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_RETRY_TIMEOUT": 0.3}
+    crawler = get_crawler(SecretSpider, {**base, **settings})
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(BloomFilterError) as raised:
+        _use(crawler)
+    said = [str(raised.value), repr(raised.value), caplog.text]
+    said += [f"{k}={v}" for k, v in (crawler.stats.get_stats() if crawler.stats else {}).items()]
+    return "\n".join(said)
+
+
+@pytest.mark.parametrize("secret", [SECRET, WRONG])
+def test_wrong_or_right_password_on_an_unreachable_server(
+    secret: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"redis://user:{secret}@127.0.0.1:{free_port()}/0"
+    said = _start({"BLOOMFILTER_REDIS_URL": url}, caplog)
+    assert secret not in said
+    assert "127.0.0.1" in said
+
+
+@pytest.mark.parametrize(
+    ("setting", "password", "problem"),
+    [
+        ("REDIS_URL", WRONG, "refused the password given"),
+        ("BLOOMFILTER_REDIS_URL", None, "needs a password, and none was given"),
+    ],
+    ids=["wrong", "missing"],
+)
+def test_refused_credentials_are_named_without_the_password(
+    guarded: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    setting: str,
+    password: str | None,
+    problem: str,
+) -> None:
+    credentials = f":{password}@" if password else ""
+    said = _start({setting: f"redis://{credentials}127.0.0.1:{guarded.port}/0"}, caplog)
+    assert WRONG not in said
+    assert SECRET not in said
+    assert f"Redis at 127.0.0.1:{guarded.port} {problem} for the Bloom filter" in said
+    assert f"Set it in {setting}" in said
+    assert "HELLO" not in said  # Redis's raw text, which names no setting
+    assert "NOAUTH" not in said
+    assert "WRONGPASS" not in said
+
+
+def test_a_server_list_with_one_bad_member_shows_no_password(
+    guarded: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    urls = [
+        f"redis://:{SECRET}@127.0.0.1:{guarded.port}/0",
+        f"redis://:{SECRET}@127.0.0.1:{free_port()}/0",
+    ]
+    said = _start({"BLOOMFILTER_REDIS_URLS": urls}, caplog)
+    assert SECRET not in said
+
+
+def test_the_right_password_works_and_logs_no_secret(
+    guarded: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"redis://:{SECRET}@127.0.0.1:{guarded.port}/0"
+    crawler = get_crawler(SecretSpider, {"REDIS_URL": url, "BLOOMFILTER_CAPACITY": 1_000})
+    df = RFPDupeFilter.from_crawler(crawler)
+    assert df.request_seen(Request("https://example.com/a")) is False
+    assert df.request_seen(Request("https://example.com/a")) is True
+    df.clear()
+    df.close("finished")
+    assert crawler.stats is not None
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(crawler.stats.get_stats())
+    assert f"127.0.0.1:{guarded.port}" in caplog.text
