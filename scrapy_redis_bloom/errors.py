@@ -60,3 +60,31 @@ class NotEnoughMemoryError(BloomFilterError):
 
 class UnsupportedServerError(BloomFilterError):
     """The server is older than the Redis version the filter needs."""
+
+
+class AccessDeniedError(BloomFilterError):
+    """A Redis ACL does not let the filter's user run a command it needs, or reach its keys.
+
+    Raised at open by the permission check (:mod:`.engine.access`), which names every
+    refused command and key pattern at once, and later when Redis refuses a command
+    (for instance one inside the filter's scripts) of a user whose rights changed.
+    ``server`` names where (``Redis at host:port``, never a password); ``commands``
+    the refused commands by their ACL names (``time``, ``memory|usage``) and ``keys``
+    the refused key patterns (``~KEY*``, ``~{KEY:*``), as far as they are known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        server: str = "",
+        commands: tuple[str, ...] = (),
+        keys: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.server = server
+        self.commands = commands
+        self.keys = keys
+
+
+class CertificateError(BloomFilterError):
+    """The TLS handshake failed on a certificate: a setting to fix, not a fault to retry."""

@@ -6,7 +6,9 @@ each reply matched to its call (:mod:`.node`). What happens to a reply depends o
 what it says:
 
 * a result, or an error that retrying cannot fix (``WRONGTYPE``, a permission
-  denied): handed to the caller;
+  denied): handed to the caller; except a Redis ACL refusing a command inside one of
+  the filter's scripts (or the ``SCRIPT LOAD`` of one), raised at once as
+  :class:`~..errors.AccessDeniedError` naming the operation and the key;
 * ``NOSCRIPT``: the script is loaded on that node and the call sent again at once;
 * ``MOVED`` / ``ASK``: the slot map is refreshed (or the ``ASK`` target asked) and the
   call sent again at once;
@@ -43,7 +45,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from ..errors import FilterUnavailableError
+from ..errors import AccessDeniedError, FilterUnavailableError
 from .events import FilterEvents
 from .node import ERROR_REPLIES, Node, NotSentError, ReplyLostError, TransportError
 from .scripts import Script
@@ -113,6 +115,56 @@ def error_code(reply: BaseException) -> str:
     if "script" in text and (inside := _IN_SCRIPT.search(text)):
         return inside.group(1)
     return word
+
+
+def acl_denial(reply: Any) -> str | None:
+    """Say whether a reply is a Redis ACL refusal: ``"command"``, ``"key"``, or None.
+
+    Redis words it differently by version and by where the command ran: directly,
+    ``NOPERM this user has no permissions to run the 'time' command`` (6.2 adds "or
+    its subcommand") or ``... to access one of the keys used as arguments``; inside a
+    script, ``The user executing the script can't run this command or subcommand`` or
+    ``... can't access at least one of the keys mentioned in the command arguments``
+    (6.2 wraps it in ``Error running script``, 7.0 does not, neither says ``NOPERM``).
+    """
+    if reply.__class__ is int or not isinstance(reply, ResponseError):
+        return None
+    message = error_text(reply)
+    if not message.startswith("NOPERM") and "user executing the script can't" not in message:
+        return None
+    # The command is named in quotes ('hkeys'): look at Redis's words around it only.
+    if "no permissions to run" in message or "can't run this command" in message:
+        return "command"
+    return "key" if "access" in message else "command"
+
+
+def access_denied(
+    reply: Any, operation: str, key: str | None, where: str
+) -> AccessDeniedError | None:
+    """Return the error for a reply by which a Redis ACL refused a command; None otherwise.
+
+    ``where`` names the server as a noun phrase (``Redis at host:port``). The message
+    says what the filter was doing, on which key, and what to grant: a denial inside a
+    script names no command, so it points at the list in the README.
+    """
+    kind = acl_denial(reply)
+    if kind is None:
+        return None
+    message = error_text(reply)
+    inside = "executing the script" in message
+    what = {
+        (True, "command"): "refused a command of the filter's script",
+        (True, "key"): "refused the filter's script a key",
+        (False, "command"): "refused the command",
+        (False, "key"): "refused the key",
+    }[inside, kind]
+    on_key = f" (key {key!r})" if key else ""
+    return AccessDeniedError(
+        f"{where} could not {operation}{on_key}: a Redis ACL {what} (Redis: {message})."
+        " Grant the filter's Redis user the commands and key patterns listed in README"
+        " 'Least privilege' (ACL SETUSER).",
+        server=where,
+    )
 
 
 def classify(reply: Any) -> Kind:
@@ -259,7 +311,7 @@ class Executor:
         todo = list(range(len(calls)))
         backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
         while todo:
-            step = self._round(calls, todo, replies, ambiguous, asking, write)
+            step = self._round(calls, todo, replies, ambiguous, asking, write, operation)
             if step.again and redirects < MAX_REDIRECTS and not step.later:
                 redirects += 1
                 todo = step.again
@@ -302,6 +354,7 @@ class Executor:
         ambiguous: list[bool],
         asking: dict[int, str],
         write: bool,
+        operation: str,
     ) -> _Round:
         """Send the calls still to do, pipelined per node; sort out their replies."""
         step = _Round()
@@ -344,9 +397,15 @@ class Executor:
                 if kind is Kind.RESULT:
                     if isinstance(reply, AuthenticationError):
                         raise reply
+                    if calls[i].script is not None and (
+                        denied := access_denied(
+                            reply, operation, calls[i].key, f"Redis at {node.address}"
+                        )
+                    ):
+                        raise denied
                     replies[i] = reply
                 elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
-                    lost = self._load(node, script)
+                    lost = self._load(node, script, operation)
                     if lost is None:
                         step.again.append(i)
                     else:  # the call itself did not run: resend it after a backoff
@@ -365,7 +424,7 @@ class Executor:
                     replies[i] = reply
         return step
 
-    def _load(self, node: Node, script: Script) -> TransportError | None:
+    def _load(self, node: Node, script: Script, operation: str) -> TransportError | None:
         """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
 
         Returns the transport failure if the load was not confirmed (SCRIPT LOAD is
@@ -376,7 +435,8 @@ class Executor:
         except TransportError as exc:
             return exc
         if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:
-            raise reply
+            where = f"Redis at {node.address}"
+            raise access_denied(reply, f"load a script to {operation}", None, where) or reply
         return None
 
     def _where(self, where: str) -> str:

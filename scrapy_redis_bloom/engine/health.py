@@ -5,9 +5,10 @@ of a cluster). No ``CONFIG`` permission is needed; a server that refuses ``INFO`
 used without these checks, and the log says so.
 
 * A server older than :data:`MIN_VERSION` is refused.
-* Creating a filter that does not fit in a server's ``maxmemory`` is refused: its
-  shards are allocated whole at creation, and would either fail half-way
-  (``noeviction``) or push other data out (an eviction policy).
+* Creating a filter that does not fit in a server's ``maxmemory`` (or, without a
+  limit, in the machine's memory as Redis reports it) is refused: its shards are
+  allocated whole at creation, and would either fail half-way (``noeviction``), push
+  other data out (an eviction policy) or swap the host to a halt.
 * An eviction policy that may evict the filter's keys, or a server close to its
   limit, is warned about: a shard evicted mid-crawl would stop the crawl (or, with
   ``BLOOMFILTER_ON_LOSS = "recreate"``, forget what it held).
@@ -46,11 +47,22 @@ class ServerHealth:
     maxmemory: int = 0
     policy: str = ""
     why_unknown: str = ""
+    system_memory: int = 0  # the host's, 0 when Redis does not say
+
+    @property
+    def limit(self) -> tuple[int, str] | None:
+        """The memory Redis may use and what sets it, or None when nothing is known."""
+        if self.maxmemory:
+            return self.maxmemory, "maxmemory"
+        if self.system_memory:
+            return self.system_memory, "no maxmemory, and the host's memory is"
+        return None
 
     @property
     def free(self) -> int | None:
-        """Bytes left under maxmemory, or None without a limit."""
-        return self.maxmemory - self.used_memory if self.maxmemory else None
+        """Bytes left under maxmemory (else the host's memory), or None if unknown."""
+        limit = self.limit
+        return limit[0] - self.used_memory if limit is not None else None
 
 
 def _info(reply: object) -> dict[str, str]:
@@ -92,6 +104,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 used_memory=int(fields.get("used_memory", 0)),
                 maxmemory=int(fields.get("maxmemory", 0)),
                 policy=fields.get("maxmemory_policy", ""),
+                system_memory=int(fields.get("total_system_memory", 0)),
             )
         )
     return found
@@ -109,21 +122,35 @@ def check_versions(servers: list[ServerHealth]) -> None:
             )
 
 
-def check_room(key: str, servers: list[ServerHealth], needs: dict[str, int]) -> None:
-    """Refuse to create a filter whose shards do not fit under a server's maxmemory.
+def check_room(
+    key: str,
+    servers: list[ServerHealth],
+    needs: dict[str, int],
+    spread: tuple[int, int] | None = None,
+) -> None:
+    """Refuse to create a filter whose shards do not fit in a server's memory.
 
-    ``needs`` maps a server's address to the bytes its new shards will take.
+    ``needs`` maps a server's address to the bytes its new shards will take, checked
+    against what is free. ``spread`` = (bytes, servers): the whole filter, spread
+    evenly, checked against each server's whole limit (a filter that could never fit,
+    refused before its shards are even listed).
     """
     for server in servers:
-        need = needs.get(server.address, 0)
-        free = server.free
-        if server.known and free is not None and need > free:
+        limit = server.limit
+        if not server.known or limit is None:
+            continue
+        if spread is not None:
+            need, room, what = -(-spread[0] // spread[1]), limit[0], "in all"
+        else:
+            need, room, what = needs.get(server.address, 0), limit[0] - server.used_memory, "free"
+        if need > room:
             raise NotEnoughMemoryError(
                 f"The Bloom filter {key!r} needs {format_bytes(need)} on Redis at"
-                f" {server.address}, which has maxmemory {format_bytes(server.maxmemory)}"
-                f" with {format_bytes(server.used_memory)} used ({format_bytes(max(free, 0))}"
-                " free). Raise maxmemory, free memory, or size the filter smaller"
-                " (BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
+                f" {server.address}, which has {limit[1]} {format_bytes(limit[0])}"
+                f" ({format_bytes(server.used_memory)} used, {format_bytes(max(room, 0))}"
+                f" {what}). Raise maxmemory, free memory, spread the filter over more"
+                " servers, or size it smaller (BLOOMFILTER_CAPACITY and"
+                " BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
             )
 
 

@@ -85,12 +85,41 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
     parts = bloom.parts
     call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
     fields = pairs(parts.run("read the filter's record", [call])[0])
-    if not fields:
-        return None
+    return stored_record(bloom, fields) if fields else None
+
+
+def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
+    """Make a record of the hash read back, if it can be trusted.
+
+    Besides :meth:`.record.FilterRecord.parse`'s checks, a record that claims more
+    shards than its servers hold keys is refused: checking or deleting it shard by
+    shard would take minutes for nothing. It is corrupt, or its shards are gone; its
+    parts are found by SCAN instead.
+    """
+    meta = bloom.parts.meta_key
     try:
-        return StoredRecord(fields, FilterRecord.parse(parts.meta_key, fields))
+        record = FilterRecord.parse(meta, fields)
     except BloomFilterError as exc:
         return StoredRecord(fields, None, str(exc))
+    if record.servers not in (1, len(addresses(bloom))):
+        return StoredRecord(fields, record)  # the wrong servers: refused by name later
+    keys = key_count(bloom)
+    if record.spec.shards > keys:
+        return StoredRecord(
+            fields,
+            None,
+            f"The config record {meta!r} cannot be used: it claims {record.spec.shards:,}"
+            f" shards, but its server(s) hold {keys:,} key(s) in all, so it is corrupt or the"
+            f" filter has lost its shards. Reset it (scrapy-redis-bloom reset --key"
+            f" {bloom.key!r}): the filter's parts are then found by SCAN.",
+        )
+    return StoredRecord(fields, record)
+
+
+def key_count(bloom: RedisBloomFilter) -> int:
+    """Return the number of keys (DBSIZE) over every server or cluster master."""
+    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
+    return sum(int(reply) for reply in bloom.parts.run("count the keys", calls))
 
 
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
@@ -352,7 +381,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
         elif part == "counters":
             orphan = _as_counters(found, text(kind), content)
         else:
-            orphan, usable = _as_record(found, text(kind), content)
+            orphan, usable = _as_record(bloom, found, text(kind), content)
             why = ""
             if orphan.kind is not None and places[server] != home:
                 why = (
@@ -435,20 +464,21 @@ def _as_counters(found: Orphan, kind: str, content: Any) -> Orphan:
     return replace(found, what=f"counters ({counts})", kind="counters")
 
 
-def _as_record(found: Orphan, kind: str, content: Any) -> tuple[Orphan, bool]:
+def _as_record(
+    bloom: RedisBloomFilter, found: Orphan, kind: str, content: Any
+) -> tuple[Orphan, bool]:
     """Tell whether a hash at ``KEY:meta`` is a config record, and whether it is usable."""
     if kind != "hash" or isinstance(content, BaseException):
         return found, False
-    fields = pairs(content)
-    if not StoredRecord(fields, None).written_by_us:
+    stored = stored_record(bloom, pairs(content))
+    if not stored.written_by_us:
         return replace(found, what="a hash that is not a config record"), False
-    try:
-        record = FilterRecord.parse(found.key, fields)
-    except BloomFilterError:
-        what = f"a config record this version cannot use (layout {fields['layout']!r})"
-        return replace(found, what=what, kind="record", filter_id=fields.get("id", "")), False
-    what = f"the config record of filter id {record.filter_id}"
-    return replace(found, what=what, kind="record", filter_id=record.filter_id), True
+    filter_id = stored.fields.get("id", "")
+    if stored.record is None:
+        what = f"a config record that cannot be used ({stored.problem.split(': ', 1)[-1]})"
+        return replace(found, what=what, kind="record", filter_id=filter_id), False
+    what = f"the config record of filter id {filter_id}"
+    return replace(found, what=what, kind="record", filter_id=filter_id), True
 
 
 def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:

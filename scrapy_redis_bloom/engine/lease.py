@@ -19,7 +19,7 @@ from ..errors import BloomFilterError
 from . import layout, scripts
 from .events import RateLimitedLog
 from .executor import Call, Executor
-from .parts import text
+from .parts import refusal, text
 from .topology import Topology
 from .wire import pack_command
 
@@ -35,7 +35,7 @@ def workers_of(executor: Executor, key: str) -> list[str]:
     call = _script_call(scripts.LEASE, layout.workers_key(key), "", 0, "list")
     (reply,) = executor.run("list the live workers", [call]).replies
     if isinstance(reply, BaseException):
-        raise BloomFilterError(f"Redis refused to list the workers of {key!r}: {reply}")
+        raise refusal(executor, key, reply, layout.workers_key(key), "list the live workers")
     return [text(item) for item in reply]
 
 
@@ -66,6 +66,7 @@ class WorkerLease:
     def __init__(
         self, topology: Topology, key: str, worker_id: str, ttl: float, retry_timeout: float
     ) -> None:
+        self._filter_key = key
         self.key = layout.workers_key(key)
         self.worker_id = worker_id
         self.ttl = ttl
@@ -83,7 +84,7 @@ class WorkerLease:
         with self._lock:
             (reply,) = self._executor.run(f"{action} a worker lease", [call], write=True).replies
         if isinstance(reply, BaseException):
-            raise BloomFilterError(f"Redis refused to {action} the lease in {self.key!r}: {reply}")
+            raise refusal(self._executor, self._filter_key, reply, self.key, f"{action} a lease")
         return int(reply)
 
     def renew(self) -> int:

@@ -18,6 +18,7 @@ health-check PING sent while replies are owed would read one of them as its PONG
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from ..errors import CertificateError
+
 #: Seconds a connection may sit unused before a send first checks it is still open.
 IDLE_CHECK = 1.0
 #: Errors of the connection itself, after which it is thrown away.
@@ -37,6 +40,18 @@ CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 #: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
 #: and -NOAUTH as ConnectionError subclasses, although they are replies.)
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """Tell whether a failed connect is a certificate that did not verify (not a fault).
+
+    A client certificate the server refuses may only show as a closed connection
+    (TLS 1.3); that one is retried like any dropped connection.
+    """
+    causes = [exc, exc.__cause__, exc.__context__]
+    return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
+        "CERTIFICATE_VERIFY_FAILED" in str(exc)
+    )
 
 
 class TransportError(Exception):
@@ -126,6 +141,13 @@ class Node:
                 raise
             except CONNECTION_ERRORS as exc:
                 connection.disconnect()
+                if _certificate_refused(exc):
+                    raise CertificateError(
+                        f"Redis at {self.address} cannot be reached over TLS: {exc}. Check the"
+                        " CA (ssl_ca_certs), the client certificate and key (ssl_certfile,"
+                        " ssl_keyfile) and the host name in the URL, in BLOOMFILTER_REDIS_PARAMS"
+                        " or REDIS_PARAMS (see README, TLS)."
+                    ) from None
                 raise NotSentError(self.address, exc) from exc
             self._connection = connection
             self._serial += 1

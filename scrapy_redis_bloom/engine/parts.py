@@ -4,7 +4,8 @@
 every command is routed, retried and accounted like the hot path's. It decides
 nothing: which parts to create, check or recreate is :mod:`.lifecycle`'s call. An
 error reply that retrying cannot fix becomes an error naming the key:
-:class:`~..errors.WrongTypeError` for a key of another type, a
+:class:`~..errors.WrongTypeError` for a key of another type,
+:class:`~..errors.AccessDeniedError` for a command or key a Redis ACL refuses, a
 :class:`~..errors.BloomFilterError` quoting Redis otherwise.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 from ..errors import BloomFilterError, WrongTypeError
 from ..hashing import FilterSpec
 from . import layout, scripts
-from .executor import Call, Executor, error_text
+from .executor import Call, Executor, access_denied, error_text
 from .record import FilterRecord
 from .wire import pack_command
 
@@ -35,6 +36,54 @@ def pairs(reply: Any) -> dict[str, str]:
         return {text(k): text(v) for k, v in reply.items()}
     items = list(reply or [])
     return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+
+
+def refusal(
+    executor: Executor, filter_key: str, reply: BaseException, key: str, operation: str
+) -> BloomFilterError:
+    """Return the error for an error reply that no retry fixes, naming the key.
+
+    An ACL refusal becomes :class:`~..errors.AccessDeniedError`, a key of another type
+    :class:`~..errors.WrongTypeError` saying what the filter keeps there; anything
+    else a :class:`~..errors.BloomFilterError` with Redis's text.
+    """
+    where = executor.topology.describe()
+    if (denied := access_denied(reply, operation, key, where)) is not None:
+        return denied
+    message = error_text(reply)
+    if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
+        return WrongTypeError(
+            f"Redis key {key!r} holds a {_key_type(executor, filter_key, key)}, where the Bloom"
+            f" filter {filter_key!r} keeps {_role(filter_key, key)}. Another program wrote it."
+            " Choose another BLOOMFILTER_KEY, or remove that key if it is not needed."
+        )
+    return BloomFilterError(
+        f"Redis refused to {operation} for the Bloom filter {filter_key!r} (key {key!r}): {message}"
+    )
+
+
+def _role(filter_key: str, key: str) -> str:
+    """Say what the filter keeps at ``key``."""
+    roles = {
+        layout.meta_key(filter_key): "its config record (a hash)",
+        layout.counter_key(filter_key): "its counters (a hash)",
+        layout.workers_key(filter_key): "its registry of live workers (a sorted set)",
+        layout.server_key(filter_key): "its server marker (a string)",
+    }
+    return roles.get(key, "a shard's bits (a string)")
+
+
+def _key_type(executor: Executor, filter_key: str, key: str) -> str:
+    """Return the Redis type of ``key`` (for messages)."""
+    calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard_of(filter_key, key))]
+    return text(executor.run("read a key's type", calls).replies[0])
+
+
+def shard_of(filter_key: str, key: str) -> int | None:
+    """Return the shard a key ``{KEY:<i>}:...`` belongs to (None for other keys)."""
+    prefix = "{" + filter_key + ":"
+    number = key[len(prefix) : key.index("}")] if key.startswith(prefix) and "}" in key else ""
+    return int(number) if number.isdigit() else None
 
 
 class Parts:
@@ -69,42 +118,7 @@ class Parts:
 
     def refusal(self, reply: BaseException, key: str, operation: str) -> BloomFilterError:
         """Return the error for an error reply that no retry fixes, naming the key."""
-        message = error_text(reply)
-        if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
-            kind = self.key_type(key)
-            return WrongTypeError(
-                f"Redis key {key!r} holds a {kind}, where the Bloom filter {self.key!r} keeps"
-                f" {self.role(key)}. Another program wrote it. Choose another BLOOMFILTER_KEY,"
-                f" or remove that key if it is not needed."
-            )
-        return BloomFilterError(
-            f"Redis refused to {operation} for the Bloom filter {self.key!r} (key {key!r}):"
-            f" {message}"
-        )
-
-    def role(self, key: str) -> str:
-        """Say what the filter keeps at ``key``."""
-        roles = {
-            self.meta_key: "its config record (a hash)",
-            self.counter_key: "its counters (a hash)",
-            self.workers_key: "its registry of live workers (a sorted set)",
-            self.marker_key: "its server marker (a string)",
-        }
-        return roles.get(key, "a shard's bits (a string)")
-
-    def key_type(self, key: str) -> str:
-        """Return the Redis type of ``key`` (for messages)."""
-        shard = self._shard_of(key)
-        calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard)]
-        return text(self.executor.run("read a key's type", calls).replies[0])
-
-    def _shard_of(self, key: str) -> int | None:
-        prefix = "{" + self.key + ":"
-        if key.startswith(prefix) and "}" in key:
-            number = key[len(prefix) : key.index("}")]
-            if number.isdigit():
-                return int(number)
-        return None
+        return refusal(self.executor, self.key, reply, key, operation)
 
     # -- the record ------------------------------------------------------------------
 
@@ -235,7 +249,7 @@ class Parts:
         return Call(
             pack_command(b"EVALSHA", script.sha, 1, key, kind, proof),
             key=key,
-            shard=self._shard_of(key),
+            shard=shard_of(self.key, key),
             server=server,
             script=script,
         )

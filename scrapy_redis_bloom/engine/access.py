@@ -1,0 +1,306 @@
+"""Checks at open that Redis's ACL lets the filter's user do everything the filter does.
+
+Without this check, a Redis ACL user that lacks a command fails late and opaquely: a
+user granted ``+@read +@write +@scripting`` fails at creation with a Lua error that
+names neither the command (``TIME``) nor the key, and a user missing a key pattern
+fails mid-crawl, the first time a shard on it is touched. :func:`check_access` runs
+once at open and names, in one error, every command and key pattern the user lacks.
+
+How: on every server that holds the filter, every command the filter sends (and
+every command its scripts call) is sent *directly*, not inside a script, so that
+Redis's ``NOPERM`` reply names the command, or says a key is not allowed. Each runs
+on a probe key of the same key family as the filter's real keys, so that key
+patterns are exercised too: ``KEY:acl-probe`` for ``KEY:meta``, ``KEY:count``,
+``KEY:workers`` and ``KEY:server`` (pattern ``~KEY*``), and ``{KEY:acl-probe}:g0``
+for the shards ``{KEY:<i>}:g0`` (pattern ``~{KEY:*``). Commands that write only
+ever write to the probe keys, which are deleted again at the end of the probe
+(and given a TTL of :data:`PROBE_TTL_MS` meanwhile, so even a user that may not
+delete leaves nothing for long); the filter's own keys are never touched. All of it
+is one pipelined round trip per server.
+
+Redis answers a refused command with ``NOPERM`` before anything else (before
+``OOM``, ``LOADING``, ``MOVED`` or type checks), so any other reply, ``WRONGTYPE``
+included, means the command is allowed. Redis words ``NOPERM`` differently in 6.2
+and 7.0 (see :func:`.executor.acl_denial`): the check names the command it sent,
+and the key family of the probe key it used, never Redis's words.
+
+ACLs are configured per server, and per node of a Redis Cluster: on a cluster, the
+probe keys are chosen so that every master owns one of each family (a numbered
+suffix, ``KEY:acl-probe-3``, picks the slot), so every master is checked.
+
+``INFO`` is optional (the checks at open of the servers' version and memory use it):
+a user without it only gets an INFO log line. A server that does not answer the
+probe (unreachable, out of memory, loading its data) is not this check's business:
+it is tried once, like :func:`.health.survey`, then left to the steps of opening
+that follow, which retry for ``BLOOMFILTER_RETRY_TIMEOUT`` and raise
+:class:`~..errors.FilterUnavailableError`. (Retrying here would stop a filter from
+opening on a server that is out of memory, where reading it still works.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from ..errors import AccessDeniedError, FilterUnavailableError
+from .executor import Call, Executor, acl_denial
+from .scripts import Script
+from .topology import Cluster, ServerList, Topology
+from .wire import Arg, pack_command
+
+logger = logging.getLogger(__name__)
+
+#: The script the probe loads and calls by SHA: does nothing, touches nothing.
+PROBE_SCRIPT = Script("return 1")
+#: Milliseconds a probe key may outlive a probe that could not delete it.
+PROBE_TTL_MS = 60_000
+#: Commands the filter can do without (ACL names).
+OPTIONAL = frozenset({"info"})
+#: Suffixes tried per Redis Cluster master to find probe keys in its slots, at most.
+MAX_SUFFIXES = 65_536
+
+#: What the filter keeps under each key family, for messages.
+RECORD_ROLE = "its record, counters, worker registry and server markers"
+SHARD_ROLE = "its shards"
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One command sent to find out whether the user may run it, on one key family.
+
+    ``command`` is its ACL name (``memory|usage``); ``key`` the probe key it touches,
+    or with ``keyed`` false the probe key it is only routed by (``TIME``).
+    """
+
+    command: str
+    argv: tuple[Arg, ...]
+    key: str
+    keyed: bool = True
+
+
+def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
+    """Return the probe keys of the filter ``key``: of its record's family, of its shards'.
+
+    ``KEY:acl-probe`` matches ``KEY*`` as ``KEY:meta`` does; ``{KEY:acl-probe}:g0``
+    matches ``{KEY:*`` as the shards ``{KEY:<i>}:g0`` do (see :mod:`.layout`). A
+    ``suffix`` other than 0 (``-3``) moves them to other cluster slots.
+    """
+    name = "acl-probe" if suffix == 0 else f"acl-probe-{suffix}"
+    return f"{key}:{name}", f"{{{key}:{name}}}:g0"
+
+
+def probes(record: str, shard: str) -> list[Probe]:
+    """Return the commands that check every permission the filter needs, in sending order.
+
+    ``record`` and ``shard`` are the probe keys (:func:`probe_keys`). Each command is
+    probed on the family of keys the filter uses it on: the shards get the bitmap
+    commands (also those of the scripts: ``SETBIT``, ``SETRANGE``, ``DEL``), the
+    record's family the hash, sorted-set and string commands (the record, counters,
+    worker leases, server markers). Both probe keys are deleted first (a probe cut
+    short leaves them) and last.
+    """
+    ttl = PROBE_TTL_MS
+    return [
+        # The shards' family: what the hot path, bulk, allocation and figures send.
+        Probe("unlink", (b"UNLINK", shard), shard),
+        Probe("getrange", (b"GETRANGE", shard, 0, 25), shard),
+        Probe("exists", (b"EXISTS", shard), shard),
+        Probe("strlen", (b"STRLEN", shard), shard),
+        Probe("type", (b"TYPE", shard), shard),
+        Probe("setrange", (b"SETRANGE", shard, 0, b"acl-probe"), shard),
+        Probe("pexpire", (b"PEXPIRE", shard, ttl), shard),
+        Probe("setbit", (b"SETBIT", shard, 320, 1), shard),
+        Probe("bitfield", (b"BITFIELD", shard, b"SET", b"u1", 321, 1), shard),
+        Probe("bitcount", (b"BITCOUNT", shard, 0, -1), shard),
+        Probe("memory|usage", (b"MEMORY", b"USAGE", shard), shard),
+        Probe("script|load", (b"SCRIPT", b"LOAD", PROBE_SCRIPT.source), shard, keyed=False),
+        Probe("evalsha", (b"EVALSHA", PROBE_SCRIPT.sha, 1, shard), shard),
+        Probe("del", (b"DEL", shard), shard),
+        Probe("unlink", (b"UNLINK", shard), shard),
+        # The record's family: the record and counters (hashes), then as a sorted set
+        # (the worker registry), then as a string (a server marker).
+        Probe("unlink", (b"UNLINK", record), record),
+        Probe("hgetall", (b"HGETALL", record), record),
+        Probe("hmget", (b"HMGET", record, b"added", b"seen"), record),
+        Probe("hget", (b"HGET", record, b"id"), record),
+        Probe("hexists", (b"HEXISTS", record, b"layout"), record),
+        Probe("hkeys", (b"HKEYS", record), record),
+        Probe("hset", (b"HSET", record, b"state", b"acl-probe"), record),
+        Probe("pexpire", (b"PEXPIRE", record, ttl), record),
+        Probe("hincrby", (b"HINCRBY", record, b"added", 0), record),
+        Probe("pttl", (b"PTTL", record), record),
+        Probe("type", (b"TYPE", record), record),
+        Probe("exists", (b"EXISTS", record), record),
+        Probe("script|load", (b"SCRIPT", b"LOAD", PROBE_SCRIPT.source), record, keyed=False),
+        Probe("evalsha", (b"EVALSHA", PROBE_SCRIPT.sha, 1, record), record),
+        Probe("unlink", (b"UNLINK", record), record),
+        Probe("zadd", (b"ZADD", record, 0, b"acl-probe"), record),
+        Probe("zrangebyscore", (b"ZRANGEBYSCORE", record, b"-inf", b"+inf"), record),
+        Probe("zremrangebyscore", (b"ZREMRANGEBYSCORE", record, b"-inf", b"(0"), record),
+        Probe("zscore", (b"ZSCORE", record, b"acl-probe"), record),
+        Probe("zcard", (b"ZCARD", record), record),
+        Probe("zrem", (b"ZREM", record, b"acl-probe"), record),
+        Probe("set", (b"SET", record, b"acl-probe", b"NX", b"PX", ttl), record),
+        Probe("get", (b"GET", record), record),
+        Probe("unlink", (b"UNLINK", record), record),
+        # No key: the lease script's clock, and the checks at open (optional).
+        Probe("time", (b"TIME",), record, keyed=False),
+        Probe("info", (b"INFO", b"server"), record, keyed=False),
+    ]
+
+
+@dataclass
+class _Target:
+    """One server to probe: where it is, how calls reach it, what it refused."""
+
+    address: str
+    server: int | None  # a server list's index; None on a cluster (routed by key)
+    record: str
+    shard: str
+    user: str
+    commands: dict[str, None] = field(default_factory=dict)  # ordered set
+    families: dict[str, None] = field(default_factory=dict)
+    no_info: str = ""
+
+
+def check_access(executor: Executor, topology: Topology, key: str) -> None:
+    """Check that the Redis user may run every command the filter ``key`` needs; raise if not.
+
+    Probes every server (every master of a cluster, see the module's docstring) in
+    one pipelined round trip each. Raises :class:`~..errors.AccessDeniedError`
+    naming, per server, every refused command (by its ACL name) and key pattern, and
+    the ``ACL SETUSER`` that grants them. A refused ``INFO`` is only logged.
+    """
+    targets = _targets(topology, key)
+    calls: list[Call] = []
+    sent: list[tuple[_Target, Probe]] = []
+    for target in targets:
+        for probe in probes(target.record, target.shard):
+            calls.append(Call(pack_command(*probe.argv), key=probe.key, server=target.server))
+            sent.append((target, probe))
+    try:
+        replies = executor.run(
+            "check the Redis user's permissions", calls, write=True, timeout=0
+        ).replies
+    except FilterUnavailableError as exc:
+        logger.info(
+            "Could not check the Redis ACL permissions of the Bloom filter %r: %s", key, exc
+        )
+        return
+    for (target, probe), reply in zip(sent, replies, strict=True):
+        kind = acl_denial(reply)
+        if kind is None:
+            continue
+        if probe.command in OPTIONAL:
+            target.no_info = str(reply)
+        elif kind == "key" and probe.keyed:
+            target.families[_family(key, probe.key, target.shard)] = None
+        else:
+            target.commands[probe.command] = None
+    for target in targets:
+        if target.no_info:
+            logger.info(
+                "Redis at %s does not let its user run INFO (%s): the Bloom filter %r is"
+                " used without the checks of the server's version and memory. Grant +info"
+                " for them (README 'Least privilege').",
+                target.address,
+                target.no_info,
+                key,
+            )
+    refused = [t for t in targets if t.commands or t.families]
+    if refused:
+        raise _error(key, refused)
+    logger.debug(
+        "Redis at %s lets its user run every command the Bloom filter %r needs.",
+        ", ".join(t.address for t in targets),
+        key,
+    )
+
+
+def _targets(topology: Topology, key: str) -> list[_Target]:
+    """Return the servers to probe, each with probe keys that reach it."""
+    if isinstance(topology, Cluster):
+        found = []
+        user = _user(getattr(topology.client.nodes_manager, "connection_kwargs", {}))
+        for node in topology.primaries():
+            record = _on(topology, node.address, lambda n: probe_keys(key, n)[0])
+            shard = _on(topology, node.address, lambda n: probe_keys(key, n)[1])
+            if record is not None and shard is not None:
+                found.append(_Target(node.address, None, record, shard, user))
+        return found
+    record, shard = probe_keys(key)
+    clients = topology.clients if isinstance(topology, ServerList) else ()
+    return [
+        _Target(
+            node.address,
+            i,
+            record,
+            shard,
+            _user(clients[i].connection_pool.connection_kwargs) if i < len(clients) else "",
+        )
+        for i, node in enumerate(topology.primaries())
+    ]
+
+
+def _on(topology: Topology, address: str, name: Callable[[int], str]) -> str | None:
+    """Return the first key ``name(0)``, ``name(1)``... held by the cluster node ``address``.
+
+    None if none is (or the slot map cannot say).
+    """
+    for suffix in range(MAX_SUFFIXES):
+        candidate = name(suffix)
+        try:
+            if topology.route(candidate, None, None).address == address:
+                return candidate
+        except (RedisError, RedisClusterException, ValueError):
+            return None
+    return None
+
+
+def _user(connection_kwargs: Any) -> str:
+    """Return the Redis user a client logs in as (``default`` without a username)."""
+    username = connection_kwargs.get("username") if isinstance(connection_kwargs, dict) else None
+    return str(username) if username else "default"
+
+
+def _family(key: str, probe_key: str, shard_probe: str) -> str:
+    """Return the ACL key pattern a probe key stands for: ``~{KEY:*`` or ``~KEY*``."""
+    return f"~{{{key}:*" if probe_key == shard_probe else f"~{key}*"
+
+
+def _error(key: str, refused: list[_Target]) -> AccessDeniedError:
+    """Return one error naming, per group of servers refusing the same, what to grant."""
+    groups: dict[tuple[tuple[str, ...], tuple[str, ...], str], list[str]] = {}
+    for target in refused:
+        what = (tuple(target.commands), tuple(target.families), target.user)
+        groups.setdefault(what, []).append(target.address)
+    sentences = []
+    for (commands, families, user), addresses in groups.items():
+        named = []
+        if commands:
+            noun = "command" if len(commands) == 1 else "commands"
+            named.append(f"the {noun} {', '.join(commands)}")
+        if families:
+            roles = [
+                f"{family} ({SHARD_ROLE if family.startswith('~{') else RECORD_ROLE})"
+                for family in families
+            ]
+            named.append(f"the keys {' and '.join(roles)}")
+        grant = " ".join([*(f"+{command}" for command in commands), *families])
+        sentences.append(
+            f"Redis at {', '.join(addresses)} refuses the Bloom filter {key!r}"
+            f" {' and '.join(named)}: its Redis user {user!r} lacks these ACL permissions."
+            f" Grant them: ACL SETUSER {user} {grant}."
+        )
+    every_command = tuple(dict.fromkeys(c for t in refused for c in t.commands))
+    every_family = tuple(dict.fromkeys(f for t in refused for f in t.families))
+    return AccessDeniedError(
+        " ".join(sentences) + " See README 'Least privilege'.",
+        server="Redis at " + ", ".join(t.address for t in refused),
+        commands=every_command,
+        keys=every_family,
+    )

@@ -1,0 +1,104 @@
+"""Broken or hostile input on real servers: huge geometries, forged records, foreign keys.
+
+Each case must end in one clear error naming the problem, quickly and without taking
+memory: a filter that cannot fit is refused before anything is written, a forged
+record is neither trusted nor walked shard by shard, and a reset of it removes only
+what carries the filter's id.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from cli_run import assert_one_line_error, run
+from redis_server import RedisServer
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.engine.lifecycle import VERIFIED, sample
+from scrapy_redis_bloom.errors import FilterDamagedError, NotEnoughMemoryError, WrongTypeError
+
+
+def make(client: redis.Redis, key: str, **settings: object) -> RedisBloomFilter:
+    config = BloomConfig.from_settings(settings)
+    return RedisBloomFilter(client, key, config.spec, config.capacity)
+
+
+def test_a_filter_bigger_than_the_host_is_refused_at_once(redis_client: redis.Redis) -> None:
+    started = time.monotonic()
+    with pytest.raises(NotEnoughMemoryError, match=r"needs 16\.0 TiB on Redis at .* no maxmemory"):
+        make(redis_client, "huge", BLOOMFILTER_BIT=47).open()
+    assert time.monotonic() - started < 1
+    assert redis_client.dbsize() == 0
+
+
+def test_a_filter_bigger_than_maxmemory_is_refused_at_once() -> None:
+    with RedisServer("--maxmemory", "200mb") as server:
+        client = server.client()
+        started = time.monotonic()
+        with pytest.raises(NotEnoughMemoryError, match=r"needs 33\.5 GiB .* maxmemory 200\.0 MiB"):
+            make(
+                client, "huge", BLOOMFILTER_CAPACITY=10_000_000_000, BLOOMFILTER_ERROR_RATE=1e-6
+            ).open()
+        assert time.monotonic() - started < 1
+        assert client.dbsize() == 0
+        client.close()
+
+
+def forge(client: redis.Redis, key: str, shards: int) -> None:
+    """Create a small filter, then make its record claim ``shards`` shards."""
+    bloom = make(client, key, BLOOMFILTER_CAPACITY=10_000)
+    bloom.open()
+    bloom.close()
+    spec = bloom.spec
+    client.hset(f"{key}:meta", mapping={"shards": shards, "bits": shards * spec.shard_bits})
+
+
+def test_opening_a_forged_huge_record_checks_a_sample_only(redis_client: redis.Redis) -> None:
+    forge(redis_client, "forged", 2_000_000)
+    started = time.monotonic()
+    with pytest.raises(FilterDamagedError, match=r"of the 2,000,000 shards .* are gone"):
+        make(redis_client, "forged", BLOOMFILTER_CAPACITY=10_000).open()
+    assert time.monotonic() - started < 1
+
+
+def test_cli_info_and_reset_of_a_forged_huge_record(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    forge(redis_client, "forged", 2_000_000)
+    redis_client.set("forged:other", "another program's")
+    started = time.monotonic()
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", "forged")
+    assert code == 1
+    assert_one_line_error(err)
+    assert "claims 2,000,000 shards, but its server(s) hold 5 key(s) in all" in err
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", "forged", "--yes")
+    assert code == 0, err
+    assert "Deleted 3 orphaned shard key(s) and 1 other part(s)" in out
+    assert time.monotonic() - started < 10  # was minutes: 2,000,000 shards one by one
+    assert sorted(redis_client.keys()) == [b"forged:other"]
+
+
+def test_a_wrong_type_registry_gets_the_named_error(redis_client: redis.Redis) -> None:
+    redis_client.set("typed:workers", "not a sorted set")
+    bloom = make(redis_client, "typed", BLOOMFILTER_CAPACITY=10_000)
+    with pytest.raises(WrongTypeError, match=r"'typed:workers' holds a string, where .* workers"):
+        bloom.lease("w1", ttl=30).renew()
+    with pytest.raises(WrongTypeError, match=r"'typed:workers' holds a string"):
+        bloom.live_workers()
+    bloom.close()
+
+
+@pytest.mark.parametrize(("shards", "servers"), [(1, 1), (4096, 3), (4097, 1), (2_000_000, 7)])
+def test_the_shards_checked_at_open_are_bounded_and_cover_every_server(
+    shards: int, servers: int
+) -> None:
+    chosen = list(sample(shards, servers))
+    assert len(chosen) <= VERIFIED + 1
+    assert chosen == sorted(set(chosen))
+    assert chosen[0] == 0
+    assert chosen[-1] == shards - 1
+    assert {shard % servers for shard in chosen} == set(range(min(servers, shards)))
+    if shards <= VERIFIED:
+        assert chosen == list(range(shards))
