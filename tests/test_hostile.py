@@ -8,6 +8,7 @@ what carries the filter's id.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -17,7 +18,12 @@ from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.engine.lifecycle import VERIFIED, sample
-from scrapy_redis_bloom.errors import FilterDamagedError, NotEnoughMemoryError, WrongTypeError
+from scrapy_redis_bloom.errors import (
+    BloomFilterError,
+    FilterDamagedError,
+    NotEnoughMemoryError,
+    WrongTypeError,
+)
 
 
 def make(client: redis.Redis, key: str, **settings: object) -> RedisBloomFilter:
@@ -102,3 +108,42 @@ def test_the_shards_checked_at_open_are_bounded_and_cover_every_server(
     assert {shard % servers for shard in chosen} == set(range(min(servers, shards)))
     if shards <= VERIFIED:
         assert chosen == list(range(shards))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "complaint"),
+    [
+        ("shards", "100000000", "its geometry is impossible (a filter has 1 to 4,194,304 shards"),
+        ("hash_count", "100000000", "its geometry is impossible (a filter has 1 to 64 hash"),
+        ("shard_bits", "-5", "its shard_bits is '-5', not an integer"),
+        ("created", "inf", "its creation time is 'inf', not a Unix timestamp"),
+        ("created", "nan", "its creation time is 'nan', not a Unix timestamp"),
+        ("id", "not-hex", "its id is 'not-hex', not 32 hex digits"),
+        ("state", "gone", "its state is 'gone'"),
+    ],
+)
+def test_a_corrupt_record_is_one_clear_error_and_can_be_reset(
+    capsys: pytest.CaptureFixture[str],
+    redis_client: redis.Redis,
+    redis_url: str,
+    field: str,
+    value: str,
+    complaint: str,
+) -> None:
+    bloom = make(redis_client, "corrupt", BLOOMFILTER_CAPACITY=10_000)
+    bloom.open()
+    bloom.close()
+    redis_client.hset("corrupt:meta", field, value)
+    started = time.monotonic()
+    with pytest.raises(BloomFilterError, match=re.escape(complaint)) as raised:
+        make(redis_client, "corrupt", BLOOMFILTER_CAPACITY=10_000).open()
+    assert "'corrupt:meta' cannot be used" in str(raised.value)
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", "corrupt")
+    assert code == 1
+    assert_one_line_error(err)
+    assert complaint in err
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", "corrupt", "--yes")
+    assert code == 0, err
+    assert "its config record cannot be used" in out
+    assert redis_client.keys("*") == []
+    assert time.monotonic() - started < 10
