@@ -34,6 +34,7 @@ from .engine.filter import RedisBloomFilter
 from .engine.state import estimate_from_items
 from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
+from .progress import FilterProgress
 from .sizing import filter_allocation
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._failed = False
         #: Clients this filter made (from_crawler / from_spider), closed when it closes.
         self._owned_clients: list[Any] = []
+        self._progress: FilterProgress | None = None
         where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
@@ -182,6 +184,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if crawler is not None:
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
+            interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0)
+            instance._progress = FilterProgress(instance.bloom, interval)
+            crawler.signals.connect(instance._progress.start, signal=signals.spider_opened)
         return instance
 
     @classmethod
@@ -264,8 +269,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         Only when no other worker holds a live lease on the filter: scrapy-redis calls
         this when ANY worker closes (``SCHEDULER_PERSIST = False``) or starts
         (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
-        elsewhere. The filter's state is first written to the stats.
+        elsewhere. The filter's state is first written to the stats, with this worker's
+        last counts in the totals.
         """
+        self.bloom.sync_counters()
         others = self.lease.others()
         if others:
             self._record_state(full=False)
@@ -293,6 +300,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self._finished:
             return
         self._finished = True
+        if self._progress is not None:
+            self._progress.stop()
         if self.stats is not None:
             # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
             self.stats.inc_value("bloomfilter/added", self.bloom.counters.added)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -222,6 +223,10 @@ def assert_site_crawled_once(result: Crawl, server: Any) -> int:
     assert stats["scheduler/dequeued/redis"] == len(reachable)
     assert stats["response_received_count"] == len(reachable)
     assert_state_stats(stats, items=len(reachable))
+    # One worker: the crawl-wide totals are its own counts, even when the scheduler
+    # clears the filter on close (SCHEDULER_PERSIST = False).
+    assert stats["bloomfilter/total_added"] == stats["bloomfilter/added"]
+    assert stats["bloomfilter/total_filtered"] == stats["bloomfilter/filtered"]
     return len(reachable)
 
 
@@ -229,14 +234,27 @@ def assert_site_crawled_once(result: Crawl, server: Any) -> int:
 def test_follow_crawl_persist_keeps_the_filter(
     site_server: Any, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    result = crawl(
-        site_server, redis_url, tmp_path, mode="follow", settings={"SCHEDULER_PERSIST": True}
-    )
+    settings = {"SCHEDULER_PERSIST": True, "LOGSTATS_INTERVAL": 0.5}
+    result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
 
     assert_finished(result)
     pages = assert_site_crawled_once(result, site_server)
     assert pages == PAGES
     assert result.stats["bloomfilter/filtered"] > 5 * pages  # most links are repeats
+
+    # While it crawled, the filter said every LOGSTATS_INTERVAL what it holds, with the
+    # live totals of the counters (synced about once a second), never above the end.
+    lines = re.findall(
+        r"Bloom filter 'site:bloomfilter': ([\d,]+) items from all workers \([\d.]+% of"
+        r" capacity [\d,]+\), [\d.]+% of bits set, false-positive rate now \S+; this worker:"
+        r" ([\d,]+) new, ([\d,]+) seen \(([\d,]+) of them from its near-cache",
+        result.log,
+    )
+    assert lines, result.log[-2000:]
+    items = [int(line[0].replace(",", "")) for line in lines]
+    assert items == sorted(items)
+    assert items[-1] <= pages
+    assert all(int(seen.replace(",", "")) >= int(hits.replace(",", "")) for *_, seen, hits in lines)
 
     # The filter stays in Redis, with the record of the geometry it was created with.
     keys = filter_keys(redis_client, "site")

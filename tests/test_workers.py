@@ -55,6 +55,10 @@ def check_crawl(results: list[dict[str, Any]], site: SiteServer) -> dict[str, in
     served = site.hits_snapshot()
     assert all(served[f"/page/{p}"] == 1 for p in site.site.reachable())  # server-side
     per_worker = [len(r["fetched"]) for r in results]
+    reported = ("added", "filtered", "total_added", "total_filtered", "fill_ratio", "estimated_fpr")
+    for result in results:  # every worker's stats are complete, whoever closes first
+        missing = [name for name in reported if f"bloomfilter/{name}" not in result["stats"]]
+        assert not missing, missing
     assert all(n > 0 for n in per_worker), f"a worker fetched nothing: {per_worker}"
     total = {
         name: sum(int(r["stats"].get(name, 0)) for r in results)

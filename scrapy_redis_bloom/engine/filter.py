@@ -230,6 +230,16 @@ class RedisBloomFilter:
                 return None
             return self.counters.sync(self.parts, self.spec)
 
+    def sync_counters_if_due(self) -> None:
+        """Sync the counts when some are unsynced and the interval passed (for a timer).
+
+        Calls sync them as they come; this keeps the totals live while the worker
+        waits (an idle spider, a slow site).
+        """
+        with self._lock:
+            if self.record is not None and self.counters.due:
+                self.counters.sync(self.parts, self.spec)
+
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
         """Return this worker's lease in the filter's registry of live workers."""
         return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
