@@ -388,10 +388,35 @@ def wait_until_live(client: redis.Redis, workers: Sequence[Worker], timeout: flo
         time.sleep(0.1)
 
 
-def wait_for(workers: Sequence[Worker], timeout: float) -> None:
-    """Wait until every worker has exited; kill them all after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+#: Seconds between two progress lines while the workers crawl.
+PROGRESS_EVERY = 2.0
+
+
+def progress(client: redis.Redis, elapsed: float) -> str:
+    """Say how far the crawl is, from Redis: the filter's live counters and the queue.
+
+    Every worker adds its counts to the filter's counters about once a second.
+    """
+    added, seen = client.hmget(f"{FILTER_KEY}:count", "added", "seen")
+    queued = client.zcard(QUEUE_KEY) if client.type(QUEUE_KEY) == b"zset" else 0
+    return (
+        f"  {elapsed:5.1f} s: {int(added or 0):,} pages new to the filter, {int(seen or 0):,}"
+        f" links found seen, {queued:,} requests queued"
+    )
+
+
+def wait_for(client: redis.Redis, workers: Sequence[Worker], timeout: float) -> None:
+    """Wait until every worker has exited, saying how far they are every few seconds.
+
+    Kills them all after ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    next_progress = started + PROGRESS_EVERY
     while True:
+        if time.monotonic() >= next_progress:
+            out(progress(client, time.monotonic() - started))
+            next_progress += PROGRESS_EVERY
         for worker in workers:
             if worker.ended is None and worker.returncode is not None:
                 worker.ended = time.monotonic()
@@ -724,7 +749,7 @@ def run(args: argparse.Namespace) -> int:
             f"Start URLs pushed to {START_URLS_KEY}: {count} pages ({start_urls[0]}, ...),"
             f" {START_BATCH} per worker"
         )
-        wait_for(workers, args.timeout)
+        wait_for(client, workers, args.timeout)
         wall = time.monotonic() - started
         for worker in workers:
             worker.load_stats()

@@ -60,6 +60,16 @@ def assert_demo_succeeded(done: subprocess.CompletedProcess[str]) -> str:
     assert f"estimated items        {PAGES}" in output, report
     assert f"fetched pages in it    {PAGES} of {PAGES}" in output, report
     assert re.search(r"SET of 40-hex SHA1 fingerprints +[\d.]+ KiB", output), report
+    # Live progress while the workers crawl, from the filter's counters: they reach every
+    # page before the first worker exits (its counts are synced by a timer, not at close).
+    before_exit = output[: output.index("exited with status")]
+    added = [
+        int(n.replace(",", ""))
+        for n in re.findall(r"([\d,]+) pages new to the filter", before_exit)
+    ]
+    assert added, report
+    assert added == sorted(added), report
+    assert added[-1] == PAGES, report
     return output
 
 
