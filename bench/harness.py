@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import redis
+from scrapy.utils.reactor import install_reactor, is_reactor_installed
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -247,6 +248,10 @@ def run_main(run: Callable[[Any], int], args: Any, verbose: bool, what: str) -> 
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    # Scrapy's default reactor before any crawler is built: Scrapy 2.13-2.14's
+    # get_crawler() fails when none is installed.
+    if not is_reactor_installed():
+        install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
     # SIGTERM unwinds like Ctrl-C, so everything the run started is stopped on the way out.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -49,7 +49,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     if url is not None:
         check_url("REDIS_URL", url)
     with _named("REDIS_URL and REDIS_PARAMS", params):
-        return redis_cls.from_url(url, **params) if url else redis_cls(**params)
+        return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
 
 
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
@@ -60,7 +60,19 @@ def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any
     with _named("BLOOMFILTER_REDIS_PARAMS", params):
         if config.cluster:
             return [RedisCluster.from_url(config.urls[0], **params)]
-        return [redis.Redis.from_url(url, **params) for url in config.urls]
+        return [_checked(redis.Redis.from_url(url, **params)) for url in config.urls]
+
+
+def _checked(client: Any) -> Any:
+    """Return ``client`` once a connection of its settings could be made (not opened).
+
+    redis-py keeps the arguments of a URL client until its first connection: an
+    unknown or ill-typed one would only fail at the first request, as a bare TypeError.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.connection_class(**pool.connection_kwargs)
+    return client
 
 
 @contextmanager

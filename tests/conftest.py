@@ -8,12 +8,17 @@ from pathlib import Path
 
 import pytest
 import redis
+from scrapy.utils.reactor import install_reactor
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from redis.cluster import RedisCluster
-from redis_cluster import RedisClusterNodes
-from redis_server import RedisServer
+# Scrapy's default reactor, installed before any test builds a crawler: Scrapy 2.13-2.14's
+# get_crawler() asks which reactor is installed and fails when none is.
+install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+
+from redis.cluster import RedisCluster  # noqa: E402 - after the reactor, on purpose
+from redis_cluster import RedisClusterNodes  # noqa: E402
+from redis_server import RedisServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_redis_bloom.config import DEFAULT_KEY, BloomConfig, ConnectionConfig, FaultPolicy
+from scrapy_redis_bloom.connection import filter_clients
 from scrapy_redis_bloom.engine.layout import HEADER_BYTES
 from scrapy_redis_bloom.hashing import MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.sizing import (
@@ -232,7 +233,7 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_URL": "redis://a:abc/0"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a:abc/0'\) is invalid\. It is not a valid Redis URL: Port could not be cast"),
     ({"BLOOMFILTER_REDIS_URLS": ["redis://a:1", "redis://b:99999"]}, r"BLOOMFILTER_REDIS_URLS setting .* is invalid\. It is not a valid Redis URL: Port out of range"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a/zero"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a/zero'\) is invalid\. Its database \('zero'\) must be a number"),
-    ({"BLOOMFILTER_REDIS_URL": "redis://a/0?socket_timeout=soon"}, r"BLOOMFILTER_REDIS_URL setting .* is invalid\. It is not a valid Redis URL: Invalid value for 'socket_timeout'"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a/0?socket_timeout=soon"}, r"BLOOMFILTER_REDIS_URL setting .* is invalid\. It is not a valid Redis URL: Invalid value for .socket_timeout. in connection URL"),
     ({"BLOOMFILTER_KEY": "%s"}, r"BLOOMFILTER_KEY setting \('%s'\) is invalid\. It may contain the placeholder"),
     ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
     ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds from 1 to 86,400"),
@@ -348,3 +349,26 @@ def test_spider_names_with_braces_cannot_fill_the_key() -> None:
 @pytest.mark.parametrize("bit", [1, 24, 40, 47])
 def test_every_documented_bit_works_with_the_default_shards(bit: int) -> None:
     assert BloomConfig.from_settings({"BLOOMFILTER_BIT": bit}).spec.bits >= 2**bit
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (
+            {
+                "BLOOMFILTER_REDIS_URL": f"redis://:{SECRET}@h/0",
+                "BLOOMFILTER_REDIS_PARAMS": {"bogus_arg": 1},
+            },
+            "BLOOMFILTER_REDIS_PARAMS",
+        ),
+        ({"REDIS_URL": f"redis://:{SECRET}@h/0", "REDIS_PARAMS": {"bogus_arg": 1}}, "REDIS_PARAMS"),
+    ],
+)
+def test_unknown_client_arguments_are_refused_at_startup(
+    settings: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(
+        ValueError, match=rf"refuses the arguments of the .*{named}.*'bogus_arg'"
+    ) as raised:
+        filter_clients(ConnectionConfig.from_settings(settings), settings)
+    assert SECRET not in str(raised.value)

@@ -132,7 +132,8 @@ def test_a_timeout_leaves_no_reply_behind(redis_server: RedisServer) -> None:
     element = fingerprints(1, "e")[0]
     assert bloom.check_and_add(fingerprints(1, "warm-up")[0]) is False
     # Keep the server busy for a few hundred ms with a script sent on another connection.
-    blocker = redis_server.client().connection_pool.get_connection()
+    blocker = redis.Connection(host="127.0.0.1", port=redis_server.port, socket_timeout=30)
+    blocker.connect()
     blocker.send_command("EVAL", "local i = 0 while i < 30000000 do i = i + 1 end return i", 0)
     time.sleep(0.02)
     try:
@@ -140,7 +141,7 @@ def test_a_timeout_leaves_no_reply_behind(redis_server: RedisServer) -> None:
         # first attempt, and that doubt answers "new".
         assert bloom.check_and_add(element) is False
     finally:
-        blocker.read_response(timeout=30)
+        blocker.read_response()
         blocker.disconnect()
     assert bloom.events.counts["ambiguous"] == 1
     assert bloom.events.counts["retries"] >= 1
