@@ -32,6 +32,7 @@ import logging
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -278,6 +279,8 @@ class Executor:
         self.topology = topology
         self.retry_timeout = retry_timeout
         self.events = events if events is not None else FilterEvents()
+        #: Called when Redis refuses a script: raises the error naming what is missing.
+        self.explain_denial: Callable[[], None] | None = None
         #: Per kind of command (write or not): an outage after which runs fail fast. Kept
         #: apart because an out-of-memory Redis refuses writes and still serves reads.
         self._outages: dict[bool, _Outage] = {}
@@ -402,7 +405,7 @@ class Executor:
                             reply, operation, calls[i].key, f"Redis at {node.address}"
                         )
                     ):
-                        raise denied
+                        raise self.explain(denied)
                     replies[i] = reply
                 elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
                     lost = self._load(node, script, operation)
@@ -436,8 +439,32 @@ class Executor:
             return exc
         if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:
             where = f"Redis at {node.address}"
-            raise access_denied(reply, f"load a script to {operation}", None, where) or reply
+            denied = access_denied(reply, f"load a script to {operation}", None, where)
+            raise reply if denied is None else self.explain(denied)
         return None
+
+    def explain(self, denied: AccessDeniedError) -> AccessDeniedError:
+        """Return the error naming what a refused script lacked, or ``denied`` itself.
+
+        Inside a script Redis names neither the command nor the key it refused; the
+        :attr:`explain_denial` probe (:func:`.access.check_access`), run only now, does.
+        """
+        probe, self.explain_denial = self.explain_denial, None  # the probe runs no script
+        if probe is None:
+            return denied
+        try:
+            probe()
+        except AccessDeniedError as precise:
+            # "Redis at X could not <operation> (key K)", then what the probe found.
+            doing = str(denied).partition(": a Redis ACL")[0]
+            named = AccessDeniedError(
+                f"{doing}: {precise}", precise.server, precise.commands, precise.keys
+            )
+            named.__cause__ = denied
+            return named
+        finally:
+            self.explain_denial = probe
+        return denied
 
     def _where(self, where: str) -> str:
         return f"Redis at {where}" if where else self.topology.describe()

@@ -27,6 +27,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import mmh3
@@ -36,6 +37,7 @@ from ..config import FaultPolicy
 from ..errors import FilterDamagedError, FilterUnavailableError
 from ..hashing import FilterSpec
 from . import layout, scripts
+from .access import check_access
 from .bulk import Bulk, Outcome
 from .cache import LRU
 from .counters import Counters
@@ -106,6 +108,7 @@ class RedisBloomFilter:
         self.faults = faults if faults is not None else FaultPolicy()
         self.events = events if events is not None else FilterEvents()
         self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
+        self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
         # Its connections are its own: closed with it, or when it is collected.
         weakref.finalize(self, self.topology.close)
         self.parts = Parts(self.executor, key, spec)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from functools import partial
 from typing import Any
 
 from ..errors import BloomFilterError
 from . import layout, scripts
+from .access import check_access
 from .events import RateLimitedLog
 from .executor import Call, Executor
 from .parts import refusal, text
@@ -72,6 +74,9 @@ class WorkerLease:
         self.ttl = ttl
         # A renewal that waits longer than a third of the TTL is late anyway.
         self._executor = Executor(topology.copy(), retry_timeout=min(retry_timeout, ttl / 3))
+        self._executor.explain_denial = partial(
+            check_access, self._executor, self._executor.topology, key
+        )
         weakref.finalize(self, self._executor.topology.close)
         self._lock = threading.Lock()
         self._stop = threading.Event()

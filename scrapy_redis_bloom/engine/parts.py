@@ -49,7 +49,7 @@ def refusal(
     """
     where = executor.topology.describe()
     if (denied := access_denied(reply, operation, key, where)) is not None:
-        return denied
+        return executor.explain(denied)
     message = error_text(reply)
     if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
         return WrongTypeError(
