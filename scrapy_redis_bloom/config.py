@@ -166,23 +166,21 @@ def check_url(name: str, value: object, where: object = None) -> str:
     return value
 
 
-def check_key(key: str, name: str = "BLOOMFILTER_KEY") -> None:
+def check_key(key: str) -> None:
     """Refuse a filter key (before ``%(spider)s`` is filled in) that cannot name Redis keys.
 
     Braces would change the Redis Cluster hash tags the filter derives from the key;
     any %-sequence but ``%(spider)s`` and ``%%`` would be filled in with junk.
     """
-    if not key:
-        raise _invalid(name, key, "It must be a non-empty string.")
     if "{" in key or "}" in key:
         raise _invalid(
-            name,
+            "BLOOMFILTER_KEY",
             key,
             "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
         )
     if re.sub(r"%%|%\(spider\)s", "", key).count("%"):
         raise _invalid(
-            name,
+            "BLOOMFILTER_KEY",
             key,
             "It may contain the placeholder %(spider)s and no other %-sequences"
             " (write a literal % as %%).",

@@ -14,9 +14,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 #: Shown in place of a secret.
 MASK = "***"
 
-#: Client keyword arguments (and URL query parameters) whose values are secrets.
-SECRET_NAMES = frozenset({"password", "ssl_password", "sentinel_password", "credential_provider"})
-#: Parts of a keyword argument's name that make its value a secret (typos included).
+#: Parts of a keyword argument's (or URL query parameter's) name that make its value a
+#: secret: ``password``, ``ssl_password``, ``credential_provider``..., typos included.
 _SECRET_PARTS = ("pass", "pasw", "pwd", "secret", "token", "credential", "auth")
 
 
@@ -28,9 +27,10 @@ def is_secret(name: str) -> bool:
 
 #: ``scheme://user:password@``: the password part of any URL in a text.
 _URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:)[^\s@/'\"]*@", re.IGNORECASE)
-#: ``password=...`` in a URL's query.
-_SECRET_ALTERNATIVES = "|".join(sorted(SECRET_NAMES))
-_QUERY_PASSWORD = re.compile(rf"([?&](?:{_SECRET_ALTERNATIVES})=)[^&\s'\"]*")
+#: ``password=...`` (any name :func:`is_secret` would mask) in a URL's query.
+_QUERY_PASSWORD = re.compile(
+    rf"([?&][^=&\s]*(?:{'|'.join(_SECRET_PARTS)})[^=&\s]*=)[^&\s'\"]*", re.IGNORECASE
+)
 
 
 def url_secrets(url: str) -> list[str]:
