@@ -152,17 +152,28 @@ def test_a_timeout_leaves_no_reply_behind(redis_server: RedisServer) -> None:
     client.close()
 
 
+def killed_after_a_batch(
+    server: RedisServer, name: str
+) -> tuple[redis.Redis, redis.Redis, RedisBloomFilter, list[str], list[str]]:
+    """Add 2,000 elements through a client named ``name``, then kill its connections.
+
+    Returns the client, an admin client, the filter, the elements added and 2,000 others.
+    """
+    client = server.client(client_name=name)
+    client.flushall()
+    admin = server.client()
+    bloom = make_filter(client)
+    first, second = fingerprints(2_000, f"{name}-a"), fingerprints(2_000, f"{name}-b")
+    assert bloom.add_many(first) == [False] * 2_000
+    for connection in named_connections(admin, name):
+        admin.client_kill_filter(_id=connection)
+    return client, admin, bloom, first, second
+
+
 def test_bulk_answers_new_for_a_chunk_whose_replies_were_lost(
     redis_server: RedisServer,
 ) -> None:
-    client = redis_server.client(client_name="node-bulk")
-    client.flushall()
-    admin = redis_server.client()
-    bloom = make_filter(client)
-    first, second = fingerprints(2_000, "i"), fingerprints(2_000, "j")
-    assert bloom.add_many(first) == [False] * 2_000
-    for connection in named_connections(admin, "node-bulk"):
-        admin.client_kill_filter(_id=connection)
+    client, admin, bloom, first, second = killed_after_a_batch(redis_server, "node-bulk")
     # Sent at once on the killed connection, the chunk's replies are lost and it runs
     # again: its "already there" answers can no longer be trusted, so they answer new.
     answers = bloom.add_many(second + first)
@@ -176,14 +187,7 @@ def test_bulk_answers_new_for_a_chunk_whose_replies_were_lost(
 def test_a_connection_closed_while_idle_is_found_before_sending(
     redis_server: RedisServer,
 ) -> None:
-    client = redis_server.client(client_name="node-idle")
-    client.flushall()
-    admin = redis_server.client()
-    bloom = make_filter(client)
-    first, second = fingerprints(2_000, "k"), fingerprints(2_000, "l")
-    assert bloom.add_many(first) == [False] * 2_000
-    for connection in named_connections(admin, "node-idle"):
-        admin.client_kill_filter(_id=connection)
+    client, admin, bloom, first, second = killed_after_a_batch(redis_server, "node-idle")
     time.sleep(1.2)  # idle long enough to be checked before the next send
     assert bloom.add_many(second + first) == [False] * 2_000 + [True] * 2_000
     assert bloom.check_and_add(first[0]) is True
