@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import FilterUnavailableError, NotEnoughMemoryError, UnsupportedServerError
 from ..sizing import format_bytes
-from .executor import Call, Executor
+from .executor import Call, Executor, acl_denial
 from .parts import text
 from .topology import Topology
 from .wire import pack_command
@@ -47,6 +47,7 @@ class ServerHealth:
     maxmemory: int = 0
     policy: str = ""
     why_unknown: str = ""
+    refused_by_acl: bool = False  # INFO denied: the permission check says so, with the fix
     system_memory: int = 0  # the host's, 0 when Redis does not say
 
     @property
@@ -92,7 +93,14 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
             continue
         refused = next((r for r in replies if isinstance(r, BaseException)), None)
         if refused is not None:
-            found.append(ServerHealth(node.address, known=False, why_unknown=str(refused)))
+            found.append(
+                ServerHealth(
+                    node.address,
+                    known=False,
+                    why_unknown=str(refused),
+                    refused_by_acl=acl_denial(refused) is not None,
+                )
+            )
             continue
         fields = {**_info(replies[0]), **_info(replies[1])}
         version = tuple(int(p) for p in fields.get("redis_version", "0").split(".") if p.isdigit())
@@ -159,6 +167,8 @@ def warn_risks(key: str, servers: list[ServerHealth]) -> int:
     evicting = 0
     for server in servers:
         if not server.known:
+            if server.refused_by_acl:
+                continue  # logged by the permission check (access), with the ACL to grant
             logger.info(
                 "Could not read INFO from Redis at %s (%s): its version and memory are not"
                 " checked for the Bloom filter %r.",
