@@ -1,12 +1,29 @@
-"""The geometry of a growing filter's generations (draft for issue 11, see docs/design).
+"""How a filter's shards grow and forget: generations and re-crawl windows.
 
-Each shard grows on its own: generation ``g`` of a shard holds ``E**g`` times the
-items of generation 0 at ``r**g`` times its error rate, so that the compound rate of
-all generations stays under the configured one: ``sum(p_0 r**g) <= p_0 / (1 - r) = p``
-with ``p_0 = p (1 - r)``, the rate generation 0 must be sized for. Generation 0 is the
-filter's own shard geometry, so a filter without growth is one that never grew. Every
-number here is a pure function of the record, so every worker (and the script)
-computes the same.
+**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Elements hash uniformly over
+the shards, so each shard grows on its own, decided inside the script that checks
+the element (see :mod:`.scripts`): when the newest generation of a shard holds its
+capacity, the next add starts generation ``g + 1`` with E times the items at r times
+the error rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). Generation 0 is the
+shard as created; its rate at its share of the capacity is ``p_0``, and the rates of
+all generations together stay under the bound ``B = p_0 / (1 - r)``: generation 0
+takes a little more than its share (headroom for the uneven spread of items over
+shards, see :attr:`Growth.first_capacity`) at a rate p_0' a little above p_0, and
+generation ``g >= 1`` is sized for ``(B - p_0') (1 - r) r**(g - 1)``. A filter sized
+by capacity and error rate p is created for ``p_0 = p (1 - r)`` when it may grow
+(:class:`..sizing.Sizing`), so that B is p.
+
+**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Time is cut into
+windows ``w = floor(Redis TIME / T)``; a shard's bits live in one growing filter per
+window, ``{KEY:<i>}:w<w>:g<g>``, each key expiring at ``(w + 2) T``. A check consults
+windows w - 1 and w and adds to w, so an element added at time t is found until the
+end of window w + 1 (at least T after t) and forgotten when that window's keys expire
+(at most 2T after t). The shard's own key ``{KEY:<i>}:g0`` is then a 32-byte anchor
+(its header) holding the newest window's number, so a window lost to eviction is
+told from one that expired.
+
+Everything here is a pure function of the config record, so every worker and the
+script compute the same numbers.
 """
 
 from __future__ import annotations
@@ -14,13 +31,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hashing import MAX_HASH_COUNT, FilterSpec
+from ..hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from ..sizing import false_positive_rate, optimal_bits
 
-#: Most generations a shard may have: with E = 2, 2**15 times the first one.
+#: Most generations a shard may have (fewer when their bits would pass a Redis
+#: string's 512 MiB, see :attr:`Growth.last`).
 MAX_GENERATIONS = 16
 #: RedisBloom's default tightening ratio of the error rate per generation.
 DEFAULT_TIGHTENING = 0.5
+#: Default expansion: each generation takes twice the items of the one before.
+DEFAULT_EXPANSION = 2
+#: Most items a generation may take: the script counts them in a u32 of the header.
+MAX_GENERATION_ITEMS = 2**32 - 1
+#: Width of the seeds of generations after the first (Lua doubles are exact below 2**53).
+WIDE = 2**52
+
+#: Bit offsets in a header of its state (after the 26-byte identity). A shard's (or a
+#: window's) generation 0: the number of generations (u16; 0 reads as 1) and the items
+#: in the newest one (u32). A TTL filter's anchor: whether the window before the newest
+#: existed when the newest was started (u16), and the newest window's number (u32).
+GENERATIONS_BIT = 208
+COUNT_BIT = 224
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,22 +63,32 @@ class Generation:
     hash_count: int
     error_rate: float
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its bitmap."""
+        return (self.bits + 7) // 8
+
 
 @dataclass(frozen=True, slots=True)
 class Growth:
-    """How a filter's shards grow: ``expansion`` E (0: never) and ``tightening`` r."""
+    """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
+
+    ``spec`` and ``capacity`` are the filter's own: generation 0 of every shard.
+    """
 
     spec: FilterSpec
     capacity: int
-    error_rate: float
-    expansion: int = 2
+    expansion: int = 0
     tightening: float = DEFAULT_TIGHTENING
+    ttl: int = 0
 
     def __post_init__(self) -> None:
         if self.expansion < 0 or self.expansion == 1:
             raise ValueError(f"expansion is 0 (no growth) or at least 2, got {self.expansion}")
         if not 0 < self.tightening < 1:
             raise ValueError(f"tightening is strictly between 0 and 1, got {self.tightening}")
+        if self.ttl < 0:
+            raise ValueError(f"a TTL is 0 (remember forever) or more seconds, got {self.ttl}")
 
     @property
     def shard_capacity(self) -> int:
@@ -56,114 +97,112 @@ class Growth:
 
     def generation(self, g: int) -> Generation:
         """Return generation ``g`` of a shard (0: the filter's own shard geometry)."""
-        if not 0 <= g < MAX_GENERATIONS or (g and not self.expansion):
+        if not 0 <= g <= self.last:
             raise ValueError(f"a shard has generations 0 to {self.last}, not {g}")
-        if g == 0:  # as created: its rate is what its bits give at its capacity
-            spec, capacity = self.spec, self.shard_capacity
+        return self._generation(g)
+
+    def _generation(self, g: int) -> Generation:
+        spec, nominal = self.spec, self.shard_capacity
+        if g == 0:
+            capacity = self.first_capacity
             rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity)
             return Generation(capacity, spec.shard_bits, spec.hash_count, rate)
-        capacity = self.shard_capacity * self.expansion**g
-        rate = self.base_rate * self.tightening**g
-        hash_count = min(MAX_HASH_COUNT, math.ceil(math.log2(1 / rate)))
+        capacity = nominal * self.expansion**g
+        # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
+        rest = self.bound - self._generation(0).error_rate
+        rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
+        hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
         return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
 
     @property
-    def base_rate(self) -> float:
-        """Error rate a growing filter's generation 0 is sized for: p (1 - r).
+    def bound(self) -> float:
+        """The rate every generation together stays under: p_0 / (1 - r).
 
-        The sizing must ask for it (not for p) when growth is on, so that the rates of
-        all generations sum to at most p. Later generations get ``base_rate * r**g``.
+        ``p_0`` is generation 0's rate at its share of the capacity, ``capacity /
+        shards``: about p (1 - r) for a filter sized by error rate p, so the bound is p.
         """
-        return self.error_rate * (1 - self.tightening) if self.expansion else self.error_rate
+        spec = self.spec
+        p0 = false_positive_rate(spec.shard_bits, spec.hash_count, self.shard_capacity)
+        return p0 / (1 - self.tightening) if self.expansion else p0
+
+    @property
+    def first_capacity(self) -> int:
+        """Items generation 0 of a shard takes before the shard grows.
+
+        Its share of the capacity, plus headroom for the spread of items over shards
+        (4 standard deviations of a binomial share, while generation 0's rate stays
+        under 3/4 of :attr:`bound`): a filter filled to its capacity has not grown,
+        whereas without headroom half of its shards would pass their share.
+        """
+        nominal = self.shard_capacity
+        if not self.expansion or self.spec.shards == 1:
+            return nominal
+        spec, ceiling = self.spec, 0.75 * self.bound
+        high = nominal + math.ceil(4 * math.sqrt(nominal))
+        if false_positive_rate(spec.shard_bits, spec.hash_count, high) <= ceiling:
+            return high
+        low = nominal  # its rate is (1 - r) of the bound: under the ceiling
+        while high - low > 1:
+            middle = (low + high) // 2
+            if false_positive_rate(spec.shard_bits, spec.hash_count, middle) <= ceiling:
+                low = middle
+            else:
+                high = middle
+        return low
 
     @property
     def last(self) -> int:
-        """The last generation a shard may have."""
-        return MAX_GENERATIONS - 1 if self.expansion else 0
+        """The last generation a shard may have: its bits and items must fit a Redis string."""
+        if not self.expansion:
+            return 0
+        g = 0
+        while g + 1 < MAX_GENERATIONS:
+            nxt = self._generation(g + 1)
+            if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
+                break
+            g += 1
+        return g
+
+    @property
+    def generations(self) -> list[Generation]:
+        """Every generation a shard may have, in order."""
+        return [self._generation(g) for g in range(self.last + 1)]
+
+    @property
+    def grown_capacity(self) -> int:
+        """Items the whole filter takes before its shards run out of generations."""
+        return sum(gen.capacity for gen in self.generations) * self.spec.shards
 
     def compound_rate(self, generations: int) -> float:
         """Return the false-positive rate bound of a shard with ``generations`` full ones."""
-        return sum(self.generation(g).error_rate for g in range(generations))
+        return sum(self._generation(g).error_rate for g in range(generations))
+
+    @property
+    def rate_bound(self) -> float:
+        """The false-positive rate the filter stays under at any fill, while it can grow."""
+        return self.compound_rate(self.last + 1)
+
+    def generations_for(self, items_per_shard: float) -> int:
+        """Return how many generations a shard holding ``items_per_shard`` items has."""
+        held, g = 0, 0
+        for gen in self.generations:
+            held += gen.capacity
+            g += 1
+            if items_per_shard <= held:
+                break
+        return g
 
 
-#: Bit offsets in generation 0's header of the shard's growth state: the number of
-#: generations (u16; 0 reads as 1) and the items in the newest one (u32).
-GENERATIONS_BIT = 208
-COUNT_BIT = 224
-#: Width of the seeds passed for generations after the first (Lua doubles are exact
-#: below 2**53).
-WIDE = 2**52
+def wide_seeds(h1: int, h2: int, shards: int) -> tuple[int, int]:
+    """Return the seeds of generations 1 and later, from an element's two hash halves.
 
-
-def wide_seeds(element: str | bytes, shards: int) -> tuple[int, int]:
-    """Return the seeds of generations 1 and later: the hash before it is cut to a shard."""
-    import mmh3
-
-    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    Generation 0 is seeded with ``(h1 div N) mod S`` and ``h2 mod S`` (the hashing
+    scheme); later ones, of other sizes, take the same numbers before the mod
+    (cut to :data:`WIDE`), reduced by the script to each generation's size.
+    """
     return (h1 // shards) % WIDE, h2 % WIDE
 
 
-def growing_script_source(plan: Growth) -> str:
-    """Return the Lua of check-and-add on a growing shard (draft, see docs/design).
-
-    ``KEYS[1]``: generation 0 of the shard (``{KEY:i}:g0``); later generations are
-    ``{KEY:i}:g<g>``, in the same slot. ``ARGV``: the shard's identity, x and y of
-    generation 0 (as today), then the wide seeds of later generations. Reply
-    ``{answer, generations}``: answer 1 seen (every bit of some generation set, none
-    written), 0 new (set in the newest generation, which may have grown), 2 identity
-    mismatch (nothing written).
-    """
-    from .layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
-    from .scripts import MISMATCH
-
-    gens = [plan.generation(g) for g in range(plan.last + 1)]
-    bits = ", ".join(str(gen.bits) for gen in gens)
-    ks = ", ".join(str(gen.hash_count) for gen in gens)
-    caps = ", ".join(str(gen.capacity) for gen in gens)
-    return f"""
-local g0 = KEYS[1]
-local base = string.sub(g0, 1, -2)
-if redis.call('GETRANGE', g0, 0, {IDENTITY_BYTES - 1}) ~= ARGV[1] then return {{{MISMATCH}, 0}} end
-local M = {{{bits}}}
-local K = {{{ks}}}
-local C = {{{caps}}}
-local st = redis.call('BITFIELD', g0, 'GET', 'u16', {GENERATIONS_BIT}, 'GET', 'u32', {COUNT_BIT})
-local G = st[1]
-if G == 0 then G = 1 end
-local count = st[2]
-local function seeds(g)
-  if g == 0 then return tonumber(ARGV[2]), tonumber(ARGV[3]) end
-  return tonumber(ARGV[4]) % M[g + 1], tonumber(ARGV[5]) % M[g + 1]
-end
-for g = G - 1, 0, -1 do
-  local key = base .. g
-  local m, k = M[g + 1], K[g + 1]
-  local a, b = seeds(g)
-  local hit = 1
-  for i = 1, k do
-    if redis.call('GETBIT', key, {HEADER_BITS} + a) == 0 then hit = 0 break end
-    a = (a + b) % m
-    b = (b + i) % m
-  end
-  if hit == 1 then return {{1, G}} end
-end
-local g = G - 1
-local key = base .. g
-local m, k = M[g + 1], K[g + 1]
-local a, b = seeds(g)
-for i = 1, k do
-  redis.call('SETBIT', key, {HEADER_BITS} + a, 1)
-  a = (a + b) % m
-  b = (b + i) % m
-end
-count = count + 1
-if count >= C[g + 1] and G < #M then
-  local new = base .. G
-  redis.call('SETRANGE', new, {HEADER_BYTES} + math.ceil(M[G + 1] / 8) - 1, string.char(0))
-  redis.call('SETRANGE', new, 0, ARGV[1])
-  redis.call('BITFIELD', g0, 'SET', 'u16', {GENERATIONS_BIT}, G + 1, 'SET', 'u32', {COUNT_BIT}, 0)
-  return {{0, G + 1}}
-end
-redis.call('BITFIELD', g0, 'SET', 'u16', {GENERATIONS_BIT}, G, 'SET', 'u32', {COUNT_BIT}, count)
-return {{0, G}}
-"""
+def window_key(key: str, shard: int, window: int, generation: int) -> str:
+    """Return the key of generation ``generation`` of a shard's re-crawl window."""
+    return f"{{{key}:{shard}}}:w{window}:g{generation}"
