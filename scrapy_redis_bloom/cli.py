@@ -111,6 +111,8 @@ _SIZING_OPTIONS = {
     "hash_number": "BLOOMFILTER_HASH_NUMBER",
     "shard_bit": "BLOOMFILTER_SHARD_BIT",
     "shards": "BLOOMFILTER_SHARDS",
+    "expansion": "BLOOMFILTER_EXPANSION",
+    "ttl": "BLOOMFILTER_TTL",
 }
 #: Other settings named in messages from the configuration and the engine.
 _OTHER_OPTIONS = {
@@ -493,14 +495,7 @@ def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
         _check_servers(ctx, bloom, record)
     if config is not None:
         bloom = ctx.own(
-            RedisBloomFilter(
-                ctx.clients,
-                ctx.key,
-                config.spec,
-                config.capacity,
-                sizing=config.sizing.canonical(),
-                faults=ctx.faults,
-            )
+            RedisBloomFilter.from_config(ctx.clients, ctx.key, config, faults=ctx.faults)
         )
     try:
         # Creates the filter only when sizing options were given, else checks it.
@@ -623,6 +618,7 @@ def cmd_info(ctx: _Context) -> int:
     places = inventory.addresses(bloom)
     created = _utc(record.created)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity)
+    growth = record.growth
     written = sum(1 for ones in state.bits_set_per_shard if ones)
     damaged = [(shard, "missing") for shard in shards.missing] + list(shards.foreign)
     damaged.sort()
@@ -671,6 +667,26 @@ def cmd_info(ctx: _Context) -> int:
             {"server": m.address, "marker": m.found, "status": m.status} for m in markers
         ],
         "bits_set_per_shard": list(state.bits_set_per_shard),
+        "expansion": record.expansion,
+        "tightening": record.tightening,
+        "ttl": record.ttl,
+        "max_generations": growth.last + 1,
+        "grown_capacity": growth.grown_capacity,
+        "rate_bound": growth.rate_bound,
+        "generations": [
+            {
+                "generation": gen.generation,
+                "shards": gen.shards,
+                "bits": gen.bits,
+                "hash_count": gen.hash_count,
+                "capacity": gen.capacity,
+                "bits_set": gen.bits_set,
+                "fill_ratio": gen.fill_ratio,
+                "estimated_items": gen.estimated_items,
+                "estimated_fpr": gen.estimated_fpr,
+            }
+            for gen in state.generations
+        ],
     }
     state_text: str = record.state
     if record.state == "creating":
@@ -699,10 +715,27 @@ def cmd_info(ctx: _Context) -> int:
         ("Hash functions (k)", str(spec.hash_count)),
         ("Capacity", f"{record.capacity:,} items"),
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
+        ("Growth / re-crawl", _growth_text(record)),
+    ]
+    rows += [
+        (
+            f"Generation {gen.generation}",
+            f"{gen.shards:,} shard(s), k={gen.hash_count}, {100 * gen.fill_ratio:.2f} % of"
+            f" {format_bytes((gen.bits + 7) // 8)} set, ~{gen.estimated_items:,} of"
+            f" {gen.capacity:,} items, FP rate {gen.estimated_fpr:.3g}",
+        )
+        for gen in state.generations
+        if record.expansion or record.ttl
+    ]
+    rows += [
         ("Bits set", f"{state.bits_set:,}"),
         ("Fill ratio", f"{100 * state.fill_ratio:.4f} %"),
         ("Estimated items", f"{state.estimated_items:,}"),
-        ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
+        (
+            "Estimated FP rate now",
+            f"{state.estimated_fpr:.3g}"
+            + (" (all generations together)" if len(state.generations) > 1 else ""),
+        ),
         ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
         ("Added by all workers", f"{totals.added:,}"),
         ("Filtered by all workers", f"{totals.seen:,}"),
@@ -710,6 +743,18 @@ def cmd_info(ctx: _Context) -> int:
     ]
     _emit(ctx, data, _table(rows))
     return EXIT_OK
+
+
+def _growth_text(record: FilterRecord) -> str:
+    """Say how the filter grows and forgets, with what growth buys."""
+    growth = record.growth
+    text = record.growth_text()
+    if record.expansion:
+        text += (
+            f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
+            f" in all at an FP rate under {growth.rate_bound:.3g}"
+        )
+    return text
 
 
 def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
@@ -1086,6 +1131,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--hash-number", type=int, metavar="K", help="BLOOMFILTER_HASH_NUMBER")
     group.add_argument("--shard-bit", type=int, metavar="S", help="BLOOMFILTER_SHARD_BIT")
     group.add_argument("--shards", type=int, metavar="N", help="BLOOMFILTER_SHARDS")
+    group.add_argument(
+        "--expansion", type=int, metavar="E", help="BLOOMFILTER_EXPANSION (default 2; 0: fixed)"
+    )
+    group.add_argument(
+        "--ttl", type=int, metavar="SECONDS", help="BLOOMFILTER_TTL (default 0: forever)"
+    )
 
     files = _ArgumentParser(add_help=False)
     files.add_argument(

@@ -16,6 +16,13 @@ Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
   and k = (m / n) ln 2, rounded. ERROR_RATE defaults to 0.001 when only CAPACITY
   is given.
 
+Growth and forgetting (see :mod:`.engine.generations`): ``BLOOMFILTER_EXPANSION``
+(default 2; 0 for a fixed-size filter) lets each shard start a larger generation when
+it is full, so the false-positive rate stays under ERROR_RATE at any fill;
+``BLOOMFILTER_TTL`` (seconds, default 0: forever) forgets a URL between TTL and 2 x TTL
+after it was added. Both shrink the error rate generation 0 is sized for (see
+:attr:`.sizing.Sizing.rate_share`).
+
 Faults, in :class:`FaultPolicy`: how long to retry (``BLOOMFILTER_RETRY_TIMEOUT``),
 what to answer when Redis stays unavailable (``BLOOMFILTER_ON_ERROR``) and what to do
 when part of the filter is lost (``BLOOMFILTER_ON_LOSS``).
@@ -32,6 +39,7 @@ from urllib.parse import urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
 
+from .engine.generations import DEFAULT_EXPANSION, DEFAULT_TIGHTENING, Growth
 from .hashing import MAX_SHARD_BITS, FilterSpec
 from .redact import masked, scrub
 from .sizing import (
@@ -60,6 +68,10 @@ MAX_RETRY_TIMEOUT = 3600.0
 MAX_WORKER_TTL = 86_400.0
 
 #: 2**47 bits = 16 TiB: 2,097,165 shards of the default size, within MAX_SHARDS.
+#: Most generations a shard's items may grow by per generation.
+MAX_EXPANSION = 1024
+#: Longest re-crawl window: ten years.
+MAX_TTL = 10 * 365 * 86_400
 MAX_BIT = 47
 MAX_HASH_NUMBER = 64
 #: Smallest shard: 2**7 bits, the payload of the smallest allocator block that holds a
@@ -350,7 +362,14 @@ class BloomConfig:
     connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
     worker_ttl: float = DEFAULT_WORKER_TTL
     cache_size: int = DEFAULT_CACHE_SIZE
+    expansion: int = DEFAULT_EXPANSION
+    ttl: int = 0
     faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
+
+    @property
+    def growth(self) -> Growth:
+        """How the filter this config creates grows and forgets."""
+        return Growth(self.spec, self.capacity, self.expansion, DEFAULT_TIGHTENING, self.ttl)
 
     @property
     def expected_error_rate(self) -> float:
@@ -383,13 +402,46 @@ class BloomConfig:
             f"m={spec.bits:,} bits ({format_bytes(spec.total_bytes)}) in {spec.shards:,} shard(s)"
             f" of {spec.shard_bits:,} bits, k={spec.hash_count} hash functions,"
             f" capacity {self.capacity:,} items, expected false-positive rate at capacity"
-            f" {self.expected_error_rate:.3g}"
+            f" {self.expected_error_rate:.3g}{self._growth_text()}"
         )
+
+    def _growth_text(self) -> str:
+        growth = self.growth
+        text = ""
+        if self.expansion:
+            text += (
+                f"; grows {self.expansion}x per generation up to"
+                f" {growth.grown_capacity:,} items, rate under {growth.rate_bound:.3g}"
+            )
+        if self.ttl:
+            text += f"; URLs forgotten {self.ttl:,} to {2 * self.ttl:,} s after being added"
+        return text
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
         """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError."""
-        sizing, capacity = _sizing(settings)
+        expansion = _or_default(
+            _int(
+                settings,
+                "BLOOMFILTER_EXPANSION",
+                lambda v: v == 0 or 2 <= v <= MAX_EXPANSION,
+                f"It must be 0 (a fixed-size filter) or an integer from 2 to {MAX_EXPANSION}:"
+                " how many times the items of the generation before a new one takes.",
+            ),
+            DEFAULT_EXPANSION,
+        )
+        ttl = _or_default(
+            _int(
+                settings,
+                "BLOOMFILTER_TTL",
+                lambda v: 0 <= v <= MAX_TTL,
+                f"It must be 0 (remember URLs forever) or a whole number of seconds up to"
+                f" {MAX_TTL:,} (ten years) after which a URL may be crawled again.",
+            ),
+            0,
+        )
+        share = (1 - DEFAULT_TIGHTENING if expansion else 1.0) * (0.5 if ttl else 1.0)
+        sizing, capacity = _sizing(settings, share)
         try:
             spec = sizing.spec()
         except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
@@ -433,6 +485,8 @@ class BloomConfig:
                 ),
                 DEFAULT_WORKER_TTL,
             ),
+            expansion=expansion,
+            ttl=ttl,
             cache_size=_or_default(
                 _int(
                     settings,
@@ -447,8 +501,12 @@ class BloomConfig:
         )
 
 
-def _sizing(settings: SettingsLike) -> tuple[Sizing, int | None]:
-    """Read the sizing settings; return the request and the stated capacity, if any."""
+def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | None]:
+    """Read the sizing settings; return the request and the stated capacity, if any.
+
+    ``share``: the part of the error rate generation 0 is sized for (see
+    :attr:`.sizing.Sizing.rate_share`).
+    """
     bit = _int(
         settings,
         "BLOOMFILTER_BIT",
@@ -510,7 +568,7 @@ def _sizing(settings: SettingsLike) -> tuple[Sizing, int | None]:
             )
     if capacity is not None and bit is None and hash_number is None:
         rate = DEFAULT_ERROR_RATE if error_rate is None else error_rate
-        bits = optimal_bits(capacity, rate)
+        bits = optimal_bits(capacity, rate * share)
         k = optimal_hash_count(bits, capacity)
         if k > MAX_HASH_NUMBER:
             raise _invalid(
@@ -526,7 +584,13 @@ def _sizing(settings: SettingsLike) -> tuple[Sizing, int | None]:
                 f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
                 " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
             )
-        sizing = Sizing(capacity=capacity, error_rate=rate, shard_bit=shard_bit, shards=shards)
+        sizing = Sizing(
+            capacity=capacity,
+            error_rate=rate,
+            shard_bit=shard_bit,
+            shards=shards,
+            rate_share=share,
+        )
     else:
         bit = DEFAULT_BIT if bit is None else bit
         hash_number = DEFAULT_HASH_NUMBER if hash_number is None else hash_number

@@ -35,7 +35,6 @@ from .engine.state import estimate_from_items
 from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
 from .progress import FilterProgress
-from .sizing import filter_allocation
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -85,13 +84,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 lambda name, value: stats.set_value(f"bloomfilter/{name}", value),
             )
         clients = list(servers) if servers else [server]
-        self.bloom = RedisBloomFilter(
+        self.bloom = RedisBloomFilter.from_config(
             clients,
             key,
-            self.config.spec,
-            self.config.capacity,
-            self.config.cache_size,
-            sizing=self.config.sizing.canonical(),
+            self.config,
+            cache_size=self.config.cache_size,
             faults=self.config.faults,
             events=events,
         )
@@ -334,7 +331,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if full:
             state = self.bloom.state()
         else:
-            state = estimate_from_items(spec, totals.added, filter_allocation(spec))
+            state = estimate_from_items(self.bloom.record.growth, totals.added)
         values: dict[str, Any] = {
             "bloomfilter/total_added": totals.added,
             "bloomfilter/total_filtered": totals.seen,
@@ -347,7 +344,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             "bloomfilter/estimated_items": state.estimated_items,
             "bloomfilter/estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
             "bloomfilter/memory_bytes": state.memory_bytes,
+            "bloomfilter/expansion": self.bloom.record.expansion,
+            "bloomfilter/ttl": self.bloom.record.ttl,
         }
+        values["bloomfilter/generations"] = len(state.generations)
         for name, value in values.items():
             self.stats.set_value(name, value)
         logger.info(

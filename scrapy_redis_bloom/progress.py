@@ -22,7 +22,6 @@ from twisted.internet import task
 from .engine.counters import SYNC_INTERVAL
 from .engine.state import estimate_from_items
 from .errors import BloomFilterError
-from .sizing import filter_allocation
 
 if TYPE_CHECKING:
     from .engine.filter import RedisBloomFilter
@@ -73,7 +72,7 @@ class FilterProgress:
         except BloomFilterError as exc:
             logger.info("Bloom filter %r: %s; totals unavailable: %s", bloom.key, mine, exc)
             return
-        state = estimate_from_items(bloom.spec, totals.added, filter_allocation(bloom.spec))
+        state = estimate_from_items(record.growth, totals.added)
         logger.info(
             "Bloom filter %r: %s items from all workers (%.1f%% of capacity %s), %.2f%% of"
             " bits set, false-positive rate now %.3g; %s",

@@ -103,6 +103,12 @@ class Sizing:
     hash_number: int | None = None
     shard_bit: int | None = None
     shards: int | None = None
+    #: The share of ``error_rate`` generation 0 is sized for: below 1 when the filter
+    #: grows (``1 - tightening``) or checks two re-crawl windows (1/2), so that all its
+    #: generations and windows together stay under ``error_rate``. Not part of the
+    #: request's text: it follows from BLOOMFILTER_EXPANSION and BLOOMFILTER_TTL,
+    #: which the record stores on their own.
+    rate_share: float = 1.0
 
     def canonical(self) -> str:
         """Return the request as the text stored in the record: stable across releases."""
@@ -116,7 +122,7 @@ class Sizing:
     def geometry(self) -> tuple[int, int]:
         """Return (m, k) before sharding: the bits wanted and the hash functions."""
         if self.capacity is not None and self.error_rate is not None:
-            bits = optimal_bits(self.capacity, self.error_rate)
+            bits = optimal_bits(self.capacity, self.error_rate * self.rate_share)
             return bits, optimal_hash_count(bits, self.capacity)
         if self.bit is None or self.hash_number is None:
             raise ValueError(f"an incomplete sizing: {self.canonical()!r}")

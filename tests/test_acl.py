@@ -36,7 +36,7 @@ FILTER_COMMANDS = [
     "+evalsha", "+script|load", "+getrange", "+bitfield", "+exists", "+get", "+set",
     "+hgetall", "+hset", "+hincrby", "+hmget", "+strlen", "+type", "+unlink",
     # run inside its scripts
-    "+setbit", "+setrange", "+del", "+time", "+zadd", "+zcard", "+zrem",
+    "+setbit", "+getbit", "+expireat", "+setrange", "+del", "+time", "+zadd", "+zcard", "+zrem",
     "+zrangebyscore", "+zremrangebyscore", "+zscore", "+pttl", "+pexpire", "+hkeys",
     "+hget", "+hexists",
     # the last worker's and the CLI's figures; server checks at open (optional)

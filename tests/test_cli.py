@@ -35,9 +35,7 @@ def fingerprints(n: int, salt: str = "") -> list[str]:
 
 def make_filter(client: redis.Redis, key: str = KEY) -> RedisBloomFilter:
     config = BloomConfig.from_settings(SETTINGS)
-    bloom = RedisBloomFilter(
-        client, key, config.spec, config.capacity, sizing=config.sizing.canonical()
-    )
+    bloom = RedisBloomFilter.from_config(client, key, config)
     bloom.open()
     return bloom
 
@@ -88,7 +86,12 @@ def test_info_json_matches_engine_state(
     assert data["estimated_items"] == pytest.approx(1000, rel=0.05)
     assert data["estimated_fpr"] == pytest.approx(state.estimated_fpr)
     assert data["memory_bytes"] == state.memory_bytes > spec.total_bytes // 2
-    assert data["expected_fpr_at_capacity"] == pytest.approx(1e-4, rel=0.2)
+    # A growing filter: generation 0 is sized for half the rate, all together under it.
+    assert data["expected_fpr_at_capacity"] == pytest.approx(0.5e-4, rel=0.2)
+    assert (data["expansion"], data["ttl"], data["tightening"]) == (2, 0, 0.5)
+    assert data["rate_bound"] <= 1e-4
+    assert [g["generation"] for g in data["generations"]] == [0]
+    assert data["generations"][0]["estimated_items"] == data["estimated_items"]
     assert data["created_timestamp"] == record.created
     created = datetime.fromisoformat(data["created"])
     assert created.utcoffset() == timezone.utc.utcoffset(None)

@@ -368,7 +368,11 @@ def test_other_sizing_fails_with_config_mismatch(
     fields = {name.decode(): value.decode() for name, value in record.items()}
     stored = FilterRecord.parse("seed003:bloomfilter:meta", fields).describe()
     mine = FilterRecord.new(
-        mismatched.spec, mismatched.capacity, mismatched.sizing.canonical()
+        mismatched.spec,
+        mismatched.capacity,
+        mismatched.sizing.canonical(),
+        expansion=mismatched.expansion,
+        ttl=mismatched.ttl,
     ).describe()
     log = result.log
     assert "[twisted] CRITICAL: Unhandled error in Deferred:" in log
@@ -392,3 +396,30 @@ def test_other_sizing_fails_with_config_mismatch(
 def _created(record: dict[bytes, bytes]) -> str:
     """Format a record's creation time as the error message does."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record[b"created"])))
+
+
+@pytest.mark.timeout(120)
+def test_a_crawl_ten_times_past_capacity_loses_no_page(
+    site_server: Any, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # 300 pages through a filter sized for 30: it grows (BLOOMFILTER_EXPANSION's default)
+    # and keeps its rate, so every page is fetched, once.
+    settings = {
+        "SCHEDULER_PERSIST": True,
+        "BLOOMFILTER_CAPACITY": 30,
+        "BLOOMFILTER_ERROR_RATE": 1e-6,
+    }
+    result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
+
+    assert_finished(result)
+    reachable = site_server.reachable_urls()
+    counts = collections.Counter(result.fetched)
+    assert set(counts) == reachable
+    assert max(counts.values()) == 1
+    stats = result.stats
+    assert stats["bloomfilter/added"] == len(reachable) == PAGES
+    assert stats["bloomfilter/generations"] >= 4  # 30 + 60 + 120 < 300
+    assert stats["bloomfilter/grown"] >= 3
+    assert stats["bloomfilter/estimated_fpr"] <= 1e-6
+    assert "grows: shard 0 started generation 1" in result.log
+    assert not re.search(r"\[scrapy_redis_bloom[\w.]*\] WARNING", result.log)

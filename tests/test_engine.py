@@ -58,7 +58,8 @@ def test_open_writes_the_config_record_and_every_shard(redis_client: redis.Redis
     assert stored["state"] == "ready"
     assert stored["id"] == record.filter_id
     assert len(record.filter_id) == 32
-    assert stored["generations"] == "0"
+    # A fixed-size filter that remembers forever: one generation, no windows.
+    assert (stored["generations"], stored["expansion"], stored["ttl"]) == ("1", "0", "0")
     assert float(stored["created"]) == record.created
     # Every shard exists from the start, with the filter's id in its header.
     for shard in range(4):
@@ -180,7 +181,12 @@ def test_threads_share_one_filter_safely(redis_client: redis.Redis) -> None:
 def test_false_positive_rate_matches_theory(redis_client: redis.Redis) -> None:
     n, p = 20_000, 0.01
     config = BloomConfig.from_settings(
-        {"BLOOMFILTER_CAPACITY": n, "BLOOMFILTER_ERROR_RATE": p, "BLOOMFILTER_SHARD_BIT": 15}
+        {
+            "BLOOMFILTER_CAPACITY": n,
+            "BLOOMFILTER_ERROR_RATE": p,
+            "BLOOMFILTER_SHARD_BIT": 15,
+            "BLOOMFILTER_EXPANSION": 0,
+        }
     )
     spec = config.spec
     assert spec.shards > 1

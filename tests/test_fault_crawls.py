@@ -169,6 +169,7 @@ def test_a_filter_past_its_capacity_says_so_while_crawling(
         admin = bloom_redis.client()
         settings = filter_settings(bloom_redis.url, BLOOMFILTER_CAPACITY=100)
         settings["BLOOMFILTER_ERROR_RATE"] = 0.01
+        settings["BLOOMFILTER_EXPANSION"] = 0  # a fixed-size filter: it cannot grow
         done = run_workers(site, redis_url, tmp_path, settings, admin)
         admin.close()
     warned = [log for log in done.logs if "its capacity of 100" in log]

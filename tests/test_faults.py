@@ -38,12 +38,11 @@ def fingerprints(n: int, salt: str) -> list[str]:
 
 
 def make(client: redis.Redis, key: str = "faults", **faults: object) -> RedisBloomFilter:
-    return RedisBloomFilter(
+    # The filter the settings give: growing, as by default.
+    return RedisBloomFilter.from_config(
         client,
         key,
-        CONFIG.spec,
-        CONFIG.capacity,
-        sizing=CONFIG.sizing.canonical(),
+        CONFIG,
         faults=FaultPolicy(**faults),  # type: ignore[arg-type]
     )
 

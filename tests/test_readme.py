@@ -71,7 +71,7 @@ from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.state import estimate_from_items
 from scrapy_redis_bloom.errors import AccessDeniedError, CertificateError
 from scrapy_redis_bloom.progress import FilterProgress
-from scrapy_redis_bloom.sizing import filter_allocation, format_bytes
+from scrapy_redis_bloom.sizing import format_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +277,7 @@ def sizing_rows(markdown: str) -> list[SizingRow]:
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[0][:1].isdigit():
+        if len(cells) >= 7 and cells[0][:1].isdigit():
             rows.append(
                 SizingRow(
                     capacity=int(cells[0].replace(",", "")),
@@ -376,7 +376,7 @@ def test_progress_log_line(
     activate = exec_settings(block(blocks, "Activate#1"))
     assert capacity == activate["BLOOMFILTER_CAPACITY"]
     spec = BloomConfig.from_settings(activate).spec
-    state = estimate_from_items(spec, int(items), filter_allocation(spec))
+    state = estimate_from_items(BloomConfig.from_settings(activate).growth, int(items))
     expected = (f"{100 * items / capacity:.1f}", f"{100 * state.fill_ratio:.2f}")
     assert (f"{share:.1f}", f"{fill:.2f}") == expected
     assert f"{fpr:.3g}" == f"{state.estimated_fpr:.3g}", (

@@ -98,7 +98,8 @@ def probes(record: str, shard: str) -> list[Probe]:
 
     ``record`` and ``shard`` are the probe keys (:func:`probe_keys`). Each command is
     probed on the family of keys the filter uses it on: the shards get the bitmap
-    commands (also those of the scripts: ``SETBIT``, ``SETRANGE``, ``DEL``), the
+    commands (also those of the scripts: ``SETBIT``, ``GETBIT``, ``SETRANGE``, ``EXPIREAT``,
+    ``DEL``), the
     record's family the hash, sorted-set and string commands (the record, counters,
     worker leases, server markers). Both probe keys are deleted first (a probe cut
     short leaves them) and last.
@@ -114,6 +115,8 @@ def probes(record: str, shard: str) -> list[Probe]:
         Probe("setrange", (b"SETRANGE", shard, 0, b"acl-probe"), shard),
         Probe("pexpire", (b"PEXPIRE", shard, ttl), shard),
         Probe("setbit", (b"SETBIT", shard, 320, 1), shard),
+        Probe("getbit", (b"GETBIT", shard, 320), shard),
+        Probe("expireat", (b"EXPIREAT", shard, 4_000_000_000), shard),
         Probe("bitfield", (b"BITFIELD", shard, b"SET", b"u1", 321, 1), shard),
         Probe("bitcount", (b"BITCOUNT", shard, 0, -1), shard),
         Probe("memory|usage", (b"MEMORY", b"USAGE", shard), shard),

@@ -25,14 +25,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import mmh3
+
 from ..errors import FilterDamagedError, FilterUnavailableError
 from ..hashing import FilterSpec, locate, offset_steps
 from .executor import Call, Executor, Kind, classify
+from .generations import WIDE
 from .layout import HEADER_BITS, IDENTITY_BYTES
 from .node import Node, ReplyLostError, Ticket, TransportError
 from .parts import Parts
+from .scripts import MISMATCH, Script
 from .topology import Topology
-from .wire import BitfieldPacker, encode, pack_command
+from .wire import BitfieldPacker, bulk_strings, encode, pack_command
 
 #: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
 #: small enough for the kernel to take the send at once while Redis works on the chunk
@@ -43,6 +47,28 @@ CHUNK = 4_000
 COMMAND_BITS = 5_000
 
 
+@dataclass(frozen=True)
+class ScriptHooks:
+    """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
+
+    ``active()``: whether the filter is such a filter now (its record says so);
+    ``script()``: the check-and-add script; ``head(shard, write, n)``: the packed start
+    of a call over n elements; ``note(shard, flags, generations)``: report what a call
+    did beside answering; ``mismatch(shard, shard_key, bad_key)``: sort out a part a
+    call found wrong.
+    """
+
+    active: Callable[[], bool]
+    script: Callable[[], Script]
+    head: Callable[[int, bool, int], bytes]
+    note: Callable[[int, int, int], None]
+    mismatch: Callable[[int, str, object], None]
+
+
+#: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
+PER_SCRIPT = 100
+
+
 @dataclass(slots=True)
 class _Command:
     """A command of a chunk: a shard's identity check, or a BITFIELD over some elements."""
@@ -51,6 +77,8 @@ class _Command:
     shard: int
     #: Elements of the shard's group it carries (BITFIELD), or None (identity check).
     elements: range | None = None
+    #: A check-and-add script call (which checks the identity itself).
+    scripted: bool = False
 
 
 @dataclass
@@ -96,6 +124,7 @@ class Bulk:
         identity: Callable[[int], bytes],
         recover: Callable[[dict[int, bytes]], None],
         allow: bool,
+        hooks: ScriptHooks | None = None,
     ) -> None:
         self.topology = topology
         self.executor = executor
@@ -103,6 +132,7 @@ class Bulk:
         self.identity = identity
         self.recover = recover
         self.allow = allow
+        self.hooks = hooks
 
     @property
     def spec(self) -> FilterSpec:
@@ -139,7 +169,9 @@ class Bulk:
 
     def _again(self, write: bool, retry: list[tuple[int, str | bytes]], outcome: Outcome) -> None:
         """Check again the elements of shards that were recovered; keep "new" answers."""
-        again = Bulk(self.topology, self.executor, self.parts, self.identity, _refuse, self.allow)
+        again = Bulk(
+            self.topology, self.executor, self.parts, self.identity, _refuse, self.allow, self.hooks
+        )
         second = again.run(write, [element for _, element in retry])
         for (position, _), answer in zip(retry, second.answers, strict=True):
             outcome.answers[position] = answer
@@ -153,6 +185,8 @@ class Bulk:
 
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
         """Hash a chunk and plan its commands: per node, per shard, COMMAND_BITS bits each."""
+        if self.hooks is not None and self.hooks.active():
+            return self._prepare_scripted(write, elements, self.hooks)
         spec = self.spec
         k, size, shards = spec.hash_count, spec.shard_bits, spec.shards
         steps = offset_steps(k)
@@ -179,6 +213,42 @@ class Bulk:
                 span = range(first, min(first + per_command, len(positions)))
                 payload = packer.pack(packed_key, bits[span.start * k : span.stop * k])
                 commands.append(_Command(Call(payload, key=key, shard=shard), shard, span))
+        return _Chunk(write, elements, groups, plans)
+
+    def _prepare_scripted(
+        self, write: bool, elements: Sequence[str | bytes], hooks: ScriptHooks
+    ) -> _Chunk:
+        """Plan a chunk as check-and-add script calls of up to PER_SCRIPT elements each.
+
+        The path of a filter that grows or forgets: only the script knows a shard's
+        generations and windows. Its groups carry the packed seeds of each element.
+        """
+        shards, size = self.spec.shards, self.spec.shard_bits
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        seeds: dict[int, list[bytes]] = {}
+        for i, element in enumerate(elements):
+            h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+            shard, q = h1 % shards, h1 // shards
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = ([], [])
+                seeds[shard] = []
+            group[0].append(i)
+            seeds[shard].append(bulk_strings(q % size, h2 % size, q % WIDE, h2 % WIDE))
+        script = hooks.script()
+        plans: dict[int, tuple[Node, list[_Command]]] = {}
+        for shard, (positions, _) in groups.items():
+            key = self.parts.shard_key(shard)
+            node = self.topology.route(key, shard, None)
+            commands = plans.setdefault(id(node), (node, []))[1]
+            packed = seeds[shard]
+            for first in range(0, len(positions), PER_SCRIPT):
+                span = range(first, min(first + PER_SCRIPT, len(positions)))
+                payload = hooks.head(shard, write, len(span)) + b"".join(
+                    packed[span.start : span.stop]
+                )
+                call = Call(payload, key=key, shard=shard, script=script)
+                commands.append(_Command(call, shard, span, scripted=True))
         return _Chunk(write, elements, groups, plans)
 
     # -- sending and reading -----------------------------------------------------------
@@ -227,6 +297,7 @@ class Bulk:
         old_bits: dict[int, list[int]] = {shard: [] for shard in chunk.groups}
         doubtful: dict[int, set[int]] = {shard: set() for shard in chunk.groups}
         mismatched: dict[int, bytes] = {}
+        scripted = False
         try:
             for node_id, (node, commands) in chunk.plans.items():
                 replies, unsure = self._replies(chunk, node_id, node, commands, later)
@@ -237,6 +308,13 @@ class Bulk:
                         found = bytes(reply)
                         if found != self.identity(command.shard):
                             mismatched[command.shard] = found
+                        continue
+                    if command.scripted:
+                        scripted = True
+                        if self._scripted_reply(command, reply, mismatched):
+                            old_bits[command.shard].extend(reply[3:])
+                        if maybe_twice:
+                            doubtful[command.shard].update(command.elements)
                         continue
                     old_bits[command.shard].extend(reply)
                     if maybe_twice:
@@ -251,6 +329,8 @@ class Bulk:
             return []
         size = len(chunk.elements)
         answers = [False] * size
+        if scripted:
+            k = 1  # one answer per element, not k old bits
         for shard, (positions, _) in chunk.groups.items():
             if shard in mismatched:
                 continue
@@ -269,12 +349,32 @@ class Bulk:
         if not mismatched:
             return []
         self._drain(later)  # recovery talks to these nodes too (this chunk's are read)
+        if scripted:  # the script names the wrong key: read what the shards hold
+            mismatched = self.parts.identities(mismatched)
         self.recover(mismatched)
         return [
             (offset + position, chunk.elements[position])
             for shard in mismatched
             for position in chunk.groups[shard][0]
         ]
+
+    def _scripted_reply(self, command: _Command, reply: Any, mismatched: dict[int, bytes]) -> bool:
+        """Take a script call's reply apart; return True when it carries answers.
+
+        A shard key found wrong is noted in ``mismatched`` for recovery; a generation
+        or window found wrong is the hooks' to raise about.
+        """
+        assert self.hooks is not None
+        shard, key = command.shard, command.call.key or ""
+        if reply[0] == MISMATCH:
+            bad = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            if bad != key:
+                self.hooks.mismatch(shard, key, bad)
+            mismatched[shard] = b""
+            return False
+        if reply[1] or reply[2] > 1:
+            self.hooks.note(shard, reply[1], reply[2])
+        return True
 
     def _replies(
         self,

@@ -41,6 +41,10 @@ class Counters:
         self._unsynced_added = self._unsynced_seen = 0
         self._next_sync = time.monotonic() + SYNC_INTERVAL
         self._warned_at = 0  # the capacity multiple last warned about
+        #: A fixed-size filter that remembers forever: passing its capacity raises its
+        #: false-positive rate, which is warned about here. A filter that grows or
+        #: forgets reports from its check-and-add script instead (growth, a full shard).
+        self.fixed = True
         self._log = RateLimitedLog(logger)
 
     def record(self, added: int, seen: int) -> None:
@@ -105,6 +109,9 @@ class Counters:
         if items <= self.capacity:
             return
         ratio = items / self.capacity
+        if not self.fixed:
+            self.events.set("over_capacity", round(ratio, 2))
+            return
         multiple = 1 << (int(ratio).bit_length() - 1)  # the power of two passed
         self.events.set("over_capacity", round(ratio, 2))
         if multiple <= self._warned_at:

@@ -33,16 +33,17 @@ from typing import Any
 import mmh3
 from redis.cluster import RedisCluster
 
-from ..config import FaultPolicy
+from ..config import BloomConfig, FaultPolicy
 from ..errors import FilterDamagedError, FilterUnavailableError
 from ..hashing import FilterSpec
 from . import layout, scripts
 from .access import check_access
-from .bulk import Bulk, Outcome
+from .bulk import Bulk, Outcome, ScriptHooks
 from .cache import LRU
 from .counters import Counters
 from .events import FilterEvents, RateLimitedLog
 from .executor import Call, Executor, Kind, classify
+from .generations import WIDE
 from .lease import WorkerLease, workers_of
 from .lifecycle import Lifecycle
 from .node import ReplyLostError, TransportError
@@ -50,7 +51,7 @@ from .parts import Parts
 from .record import FilterRecord
 from .state import FilterState, FilterTotals, read_state
 from .topology import Cluster, ServerList, Topology
-from .wire import bulk_string, command_head, encode, pack_command
+from .wire import bulk_strings, command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class RedisBloomFilter:
         sizing: str | None = None,
         faults: FaultPolicy | None = None,
         events: FilterEvents | None = None,
+        expansion: int = 0,
+        ttl: int = 0,
     ) -> None:
         self.key = key
         self.capacity = capacity
@@ -115,7 +118,9 @@ class RedisBloomFilter:
         self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
         if sizing is None:
             sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
-        self.wanted = FilterRecord.new(spec, capacity, sizing, self.topology.servers)
+        self.wanted = FilterRecord.new(
+            spec, capacity, sizing, self.topology.servers, expansion=expansion, ttl=ttl
+        )
         self.record: FilterRecord | None = None
         self.counters = Counters(key, capacity, self.events)
         self.cache_size = cache_size
@@ -124,8 +129,11 @@ class RedisBloomFilter:
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
-        self._script = scripts.check_and_add(spec.hash_count, spec.shard_bits)
+        self._script = scripts.check_and_add(self.wanted.growth, one=True)
+        self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
+        #: Most generations seen in a shard by this worker (for stats and the log).
+        self.generations = 1
         self._identities: dict[int, bytes] = {}
         self._log = RateLimitedLog(logger)
         self._bulk = Bulk(
@@ -135,6 +143,35 @@ class RedisBloomFilter:
             self._identity,
             self._recover,
             allow=self.faults.on_error == "allow",
+            hooks=ScriptHooks(
+                active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
+                script=lambda: self._bulk_script,
+                head=lambda shard, write, n: self._scripted_head(
+                    shard, write, n, self._bulk_script
+                ),
+                note=self._note,
+                mismatch=self._mismatch,
+            ),
+        )
+
+    @classmethod
+    def from_config(
+        cls, client: Any, key: str, config: BloomConfig, **options: Any
+    ) -> RedisBloomFilter:
+        """Return the filter a validated configuration asks for: geometry, growth, TTL.
+
+        ``options``: the other arguments of the constructor (``cache_size``,
+        ``faults``, ``events``).
+        """
+        return cls(
+            client,
+            key,
+            config.spec,
+            config.capacity,
+            sizing=config.sizing.canonical(),
+            expansion=config.expansion,
+            ttl=config.ttl,
+            **options,
         )
 
     def __repr__(self) -> str:
@@ -172,11 +209,12 @@ class RedisBloomFilter:
     def _adopt(self, record: FilterRecord) -> None:
         """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
         old, self.record = self.record, record
-        if old is None or old.filter_id != record.filter_id or old.spec != record.spec:
-            spec = record.spec
-            self._script = scripts.check_and_add(spec.hash_count, spec.shard_bits)
+        if old is None or old.filter_id != record.filter_id or old.growth != record.growth:
+            self._script = scripts.check_and_add(record.growth, one=True)
+            self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
             self._identities.clear()
+            self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
                 self._cache.clear()
 
@@ -218,8 +256,7 @@ class RedisBloomFilter:
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis)."""
         with self._lock:
-            self._current()
-            return read_state(self.parts)
+            return read_state(self.parts, self._current().growth)
 
     def totals(self) -> FilterTotals:
         """Return the counts over all workers, as synced to Redis."""
@@ -286,10 +323,11 @@ class RedisBloomFilter:
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
-        x, y = (h1 // spec.shards) % spec.shard_bits, h2 % spec.shard_bits
+        q = h1 // spec.shards
         head, key = self._heads.get(shard) or self._head(shard)
-        sx, sy = b"%d" % x, b"%d" % y
-        payload = head + b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(sx), sx, len(sy), sy)
+        payload = head + bulk_strings(
+            q % spec.shard_bits, h2 % spec.shard_bits, q % WIDE, h2 % WIDE
+        )
         ambiguous = False
         try:
             reply = self.topology.route(key, shard, None).call(payload)
@@ -300,33 +338,107 @@ class RedisBloomFilter:
             call = Call(payload, key=key, shard=shard, script=self._script)
             results = self.executor.run("check and add a request", [call], write=True)
             reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
-        if reply.__class__ is int:
-            code = reply
-        elif isinstance(reply, BaseException):
+        if isinstance(reply, BaseException):
             raise self.parts.refusal(reply, key, "check and add a request")
-        else:
-            code = int(reply)
-        if code == scripts.MISMATCH:
+        if reply[0] == scripts.MISMATCH:
             if recovered:
                 raise FilterDamagedError(
                     f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
                     " after recovery."
                 )
-            self._recover(self.parts.identities([shard]))
+            self._mismatch(shard, key, reply[1])
             return self._check_and_add(h1, h2, recovered=True)
-        if code == 1 and ambiguous:
+        if reply[1]:
+            self._note(shard, reply[1], reply[2])
+        if reply[3] == 1 and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
-        return code == 1
+        return bool(reply[3] == 1)
+
+    def _mismatch(self, shard: int, key: str, found: object) -> None:
+        """Sort out the part a script found wrong: the shard itself, or a generation of it.
+
+        A wrong shard key goes to :meth:`_recover`; a generation or a re-crawl window
+        that is missing (with ``BLOOMFILTER_ON_LOSS = "raise"``) or foreign raises.
+        """
+        bad = found.decode() if isinstance(found, bytes) else str(found)
+        if bad == key:
+            self._recover(self.parts.identities([shard]))
+        else:
+            raise self.lifecycle.lost_part(self._current(), shard, bad)
+
+    def _note(self, shard: int, flags: int, generations: int) -> None:
+        """Report what a check-and-add did beside answering: growth, a full shard, a loss."""
+        if generations > self.generations:
+            self.generations = generations
+            self.events.set("generations", generations)
+        if flags & scripts.GREW:
+            self.events.count("grown")
+            growth = self._current().growth
+            self._log.log(
+                logging.INFO,
+                "grown",
+                "The Bloom filter %r grows: shard %d started generation %d of at most %d"
+                " (it takes %s more items at a false-positive rate of %.2g).",
+                self.key,
+                shard,
+                generations - 1,
+                growth.last,
+                f"{growth.generation(generations - 1).capacity:,}",
+                growth.generation(generations - 1).error_rate,
+            )
+        if flags & scripts.FULL:
+            self.events.count("full")
+            self._log.log(
+                logging.WARNING,
+                "full",
+                "Shard %d of the Bloom filter %r is past the capacity of its last generation"
+                " (%d generations, %s items in all): it cannot grow further, and its"
+                " false-positive rate now rises, so some new URLs will be taken for seen."
+                " Create a larger filter (a higher BLOOMFILTER_CAPACITY) for this crawl.",
+                shard,
+                self.key,
+                generations,
+                f"{self._current().growth.grown_capacity:,}",
+            )
+        if flags & scripts.RECREATED:
+            self.events.count("recreated")
+            self._log.log(
+                logging.WARNING,
+                "recreated",
+                "A lost generation or re-crawl window of shard %d of the Bloom filter %r was"
+                " recreated empty (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
+                " fetched again. It was evicted or deleted; see the maxmemory-policy of %s.",
+                shard,
+                self.key,
+                self.topology.describe(),
+            )
 
     def _head(self, shard: int) -> tuple[bytes, str]:
-        """Pack ``EVALSHA sha 1 <shard key> <identity>`` for a shard, once; and its key."""
+        """Pack ``EVALSHA sha 1 <shard key> <identity> w <recreate>`` for a shard; and its key."""
         key = self.parts.shard_key(shard)
-        head = command_head(7, b"EVALSHA", self._script.sha, b"1", encode(key)) + bulk_string(
-            self._identity(shard)
-        )
+        head = self._scripted_head(shard, True)
         self._heads[shard] = head, key
         return head, key
+
+    def _scripted_head(
+        self, shard: int, write: bool, elements: int = 1, script: scripts.Script | None = None
+    ) -> bytes:
+        """Pack the start of a check-and-add call over ``elements`` elements.
+
+        ``script``: the bulk path's script (same reply), else the hot path's.
+        """
+        recreate = b"1" if self.faults.on_loss == "recreate" else b"0"
+        return command_head(
+            7 + 4 * elements,
+            b"EVALSHA",
+            (script or self._script).sha,
+            b"1",
+            encode(self.parts.shard_key(shard)),
+            self._identity(shard),
+            b"w" if write else b"r",
+            recreate,
+        )
 
     def _identity(self, shard: int) -> bytes:
         found = self._identities.get(shard)

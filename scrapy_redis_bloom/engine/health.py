@@ -162,8 +162,16 @@ def check_room(
             )
 
 
-def warn_risks(key: str, servers: list[ServerHealth]) -> int:
-    """Log what could cost the filter its data; return how many servers may evict it."""
+#: What also evicts a filter whose bits expire (re-crawl windows): any key with a TTL.
+VOLATILE_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
+
+
+def warn_risks(key: str, servers: list[ServerHealth], expiring: bool = False) -> int:
+    """Log what could cost the filter its data; return how many servers may evict it.
+
+    ``expiring``: the filter's bits carry an expiry (``BLOOMFILTER_TTL``), so the
+    volatile-* policies may evict them too.
+    """
     evicting = 0
     for server in servers:
         if not server.known:
@@ -177,16 +185,19 @@ def warn_risks(key: str, servers: list[ServerHealth]) -> int:
                 key,
             )
             continue
-        if server.policy in EVICTING_POLICIES:
+        if server.policy in EVICTING_POLICIES or (expiring and server.policy in VOLATILE_POLICIES):
             evicting += 1
             logger.warning(
                 "Redis at %s has maxmemory-policy %s: when it reaches maxmemory it may evict"
                 " the Bloom filter %r's shards. A lost shard stops the crawl"
                 " (BLOOMFILTER_ON_LOSS = 'raise') or is recreated empty, forgetting the URLs"
-                " it held ('recreate'). Use noeviction or a volatile-* policy for this Redis.",
+                " it held ('recreate'). Use noeviction%s for this Redis.",
                 server.address,
                 server.policy,
                 key,
+                " (its bits expire, BLOOMFILTER_TTL, so volatile-* policies evict them too)"
+                if expiring
+                else " or a volatile-* policy",
             )
         if server.maxmemory and server.used_memory > NEARLY_FULL * server.maxmemory:
             logger.warning(

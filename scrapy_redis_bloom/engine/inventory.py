@@ -143,7 +143,14 @@ def of_record(
     would.
     """
     return RedisBloomFilter(
-        client, key, record.spec, record.capacity, sizing=record.sizing, faults=faults
+        client,
+        key,
+        record.spec,
+        record.capacity,
+        sizing=record.sizing,
+        faults=faults,
+        expansion=record.expansion,
+        ttl=record.ttl,
     )
 
 
@@ -180,7 +187,7 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
 
 def state(bloom: RedisBloomFilter) -> FilterState:
     """Count the bits set per shard and their memory (BITCOUNT), without opening the filter."""
-    return read_state(bloom.parts)
+    return read_state(bloom.parts, (bloom.record or bloom.wanted).growth)
 
 
 # -- checking the parts --------------------------------------------------------------
@@ -334,7 +341,8 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
 
     Only what carries a filter id, or cannot be anything else, is deletable:
 
-    * ``{KEY:<n>}:g<m>``: a string whose header is a layout-2 identity of shard ``n``;
+    * ``{KEY:<n>}:g<m>`` and ``{KEY:<n>}:w<w>:g<m>`` (a generation, a re-crawl window): a
+      string whose header is a layout-2 identity of shard ``n``;
     * ``KEY:server``: a string ``<32 hex digits> <i>/<n>``;
     * ``KEY:count``: a hash whose fields are among ``added`` and ``seen``;
     * ``KEY:meta``: a hash with the fields every record has (an unusable record), on
@@ -344,7 +352,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     alike) are not listed at all.
     """
     key = bloom.key
-    shard_name = re.compile(r"\{" + re.escape(key) + r":([0-9]+)\}:g[0-9]+")
+    shard_name = re.compile(r"\{" + re.escape(key) + r":([0-9]+)\}:(?:w[0-9]+:)?g[0-9]+")
     names = {
         bloom.parts.marker_key: "marker",
         bloom.parts.counter_key: "counters",
@@ -353,7 +361,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     places = addresses(bloom)
     shards = {
         (server, name): int(match.group(1))
-        for server, name in scan(bloom, "{" + glob_escape(key) + ":*}:g*")
+        for server, name in scan(bloom, "{" + glob_escape(key) + ":*}:*")
         if (match := shard_name.fullmatch(name))
     }
     candidates: list[tuple[int, str, str]] = [  # (server, key, the part it would be)

@@ -10,8 +10,13 @@ Layout 2. A filter named ``KEY`` (``BLOOMFILTER_KEY`` with ``%(spider)s`` filled
   that is missing, or whose header names another filter, was lost (evicted, deleted,
   a server emptied or replaced) and is never mistaken for an empty one. The hash tag
   ``{KEY:<i>}`` keeps every generation of shard ``i`` (growth, time windows) in one
-  Redis Cluster slot, while different shards spread over the cluster's masters.
-  Layout 2 has generation 0 only;
+  Redis Cluster slot, while different shards spread over the cluster's masters;
+* ``{KEY:<i>}:g<g>`` for g >= 1: the generations a growing shard started, each with
+  the same identity in its header (see :mod:`.generations`). Generation 0's header
+  holds the shard's growth state;
+* with ``BLOOMFILTER_TTL``: ``{KEY:<i>}:g0`` is the shard's anchor (its header only,
+  holding the newest re-crawl window), and the bits live in
+  ``{KEY:<i>}:w<window>:g<g>``, every one of which expires;
 * ``KEY:count``, a hash: ``added`` and ``seen``, the outcomes of check-and-add over
   all workers, which each worker adds to in batches;
 * ``KEY:workers``, a sorted set: the live workers' leases (see :mod:`.lease`);

@@ -106,7 +106,8 @@ class Lifecycle:
                 record = self._finish_creation(record)
             else:
                 record = self.verify(record, wanted)
-        self.events.set("eviction_risk", health.warn_risks(self.key, servers))
+        risk = health.warn_risks(self.key, servers, expiring=record.ttl > 0)
+        self.events.set("eviction_risk", risk)
         return record
 
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
@@ -181,7 +182,9 @@ class Lifecycle:
                 marker in (None, layout.server_marker(filter_id, i, wanted.servers))
                 for i, marker in enumerate(markers)
             )
-            and all(length == layout.HEADER_BYTES + spec.shard_bytes for length in self._lengths())
+            and all(
+                length == layout.HEADER_BYTES + wanted.shard_payload for length in self._lengths()
+            )
         )
         if not complete or filter_id is None:
             example = next(iter(present), None)
@@ -385,6 +388,32 @@ class Lifecycle:
                 self._list(record, lost),
             )
         return record
+
+    def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
+        """Return the error for a generation or re-crawl window of a shard found wrong.
+
+        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS =
+        "raise"`` (with ``"recreate"`` it recreates it empty itself) or when it holds
+        something else, which is never overwritten.
+        """
+        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
+        found = bytes(self.parts.run("check the filter's generations", [call])[0])
+        where = self._address(shard)
+        what = layout.describe_identity(found, record.filter_id, shard)
+        if not found:
+            return FilterDamagedError(
+                f"Part {key!r} of shard {shard} of the Bloom filter {self.key!r} (a generation"
+                f" it grew, or a re-crawl window) is gone from {where}. It was evicted (see"
+                " maxmemory-policy), deleted, or its server lost its data. The URLs it held"
+                " would be taken for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS ="
+                " 'recreate' to go on with it empty (URLs it held may be fetched again, never"
+                " dropped), or reset the filter."
+            )
+        return FilterDamagedError(
+            f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps part {key!r}"
+            f" of shard {shard}, {where} holds {what}. It is never overwritten: remove that"
+            " key, or reset the filter, or choose another BLOOMFILTER_KEY."
+        )
 
     # -- deleting ----------------------------------------------------------------------
 

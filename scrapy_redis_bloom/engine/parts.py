@@ -18,6 +18,7 @@ from ..errors import BloomFilterError, WrongTypeError
 from ..hashing import FilterSpec
 from . import layout, scripts
 from .executor import Call, Executor, access_denied, error_text
+from .generations import window_key
 from .record import FilterRecord
 from .wire import pack_command
 
@@ -171,7 +172,7 @@ class Parts:
         something else (left alone unless ``replace``).
         """
         order = list(shards)
-        last = layout.HEADER_BYTES + record.spec.shard_bytes - 1
+        last = layout.HEADER_BYTES + record.shard_payload - 1
         mode = b"replace" if replace else b"create"
         script = scripts.ALLOCATE
         calls = [
@@ -194,6 +195,40 @@ class Parts:
         ]
         replies = self.run("allocate the filter's shards", calls, write=True)
         return {shard: int(reply) for shard, reply in zip(order, replies, strict=True)}
+
+    def part_keys(self, record: FilterRecord, shard: int, windows: Sequence[int] = ()) -> list[str]:
+        """Return every key a shard's bits may be in: the shard, its generations, windows.
+
+        ``windows``: the re-crawl windows to name (see :meth:`windows`).
+        """
+        generations = range(record.growth.last + 1)
+        names = [self.shard_key(shard)]
+        if record.ttl:
+            names += [window_key(self.key, shard, w, g) for w in windows for g in generations]
+        else:
+            names += [layout.shard_key(self.key, shard, g) for g in generations[1:]]
+        return names
+
+    def windows(self, record: FilterRecord) -> list[int]:
+        """Return the re-crawl windows whose keys may exist now, by server 0's clock.
+
+        Windows w - 1 and w are alive; w - 2 may linger for the clock skew of other
+        servers, and w + 1 too.
+        """
+        if not record.ttl:
+            return []
+        now = self.clock() // record.ttl
+        return [now - 2, now - 1, now, now + 1]
+
+    def live_windows(self, ttl: int) -> list[int]:
+        """Return the re-crawl windows a check consults now (w - 1 and w), by server 0's clock."""
+        now = self.clock() // ttl
+        return [now - 1, now]
+
+    def clock(self) -> int:
+        """Return server 0's clock (Redis TIME), in whole seconds: what the scripts use."""
+        call = Call(pack_command(b"TIME"), key=self.meta_key)
+        return int(text(self.run("read the server's clock", [call])[0][0]))
 
     def existing(self, shards: Sequence[int]) -> list[int]:
         """Return the shards whose keys exist."""
@@ -263,11 +298,11 @@ class Parts:
         worker registry is kept: leases belong to the workers.
         """
         k = record.spec.hash_count
+        windows = self.windows(record)
         calls = [
-            self.delete_if_still(
-                self.shard_key(shard), "shard", layout.identity(record.filter_id, shard, k)
-            )
+            self.delete_if_still(name, "shard", layout.identity(record.filter_id, shard, k))
             for shard in range(record.spec.shards)
+            for name in self.part_keys(record, shard, windows)
         ]
         calls.append(self.delete_if_still(self.counter_key, "counters"))
         if record.servers > 1:

@@ -13,6 +13,7 @@ one error naming the key, never half-used.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import secrets
@@ -22,7 +23,10 @@ from typing import Literal
 
 from ..errors import BloomFilterError, ConfigMismatchError, ServerListMismatchError
 from ..hashing import SCHEME_VERSION, FilterSpec
+from .generations import DEFAULT_TIGHTENING, Growth
 from .layout import ID_BYTES, LAYOUT_VERSION
+
+logger = logging.getLogger(__name__)
 
 State = Literal["creating", "ready"]
 
@@ -30,7 +34,10 @@ State = Literal["creating", "ready"]
 FIELDS = (
     "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
     "capacity", "sizing", "servers", "generations", "created",
+    "expansion", "tightening", "ttl",
 )  # fmt: skip
+#: Fields a record written before growth (0.1) lacks: read as no growth, no TTL.
+LATER_FIELDS = ("expansion", "tightening", "ttl")
 
 #: Most servers a filter may be spread over.
 MAX_SERVERS = 1024
@@ -58,12 +65,24 @@ class FilterRecord:
     sizing: str
     created: float
     servers: int = 1
+    expansion: int = 0
+    tightening: float = DEFAULT_TIGHTENING
+    ttl: int = 0
     state: State = "ready"
     layout: int = LAYOUT_VERSION
     scheme: int = SCHEME_VERSION
 
     @classmethod
-    def new(cls, spec: FilterSpec, capacity: int, sizing: str, servers: int = 1) -> FilterRecord:
+    def new(
+        cls,
+        spec: FilterSpec,
+        capacity: int,
+        sizing: str,
+        servers: int = 1,
+        *,
+        expansion: int = 0,
+        ttl: int = 0,
+    ) -> FilterRecord:
         """Return the record of a filter about to be created (state ``creating``)."""
         return cls(
             spec=spec,
@@ -72,8 +91,25 @@ class FilterRecord:
             sizing=sizing,
             created=time.time(),
             servers=servers,
+            expansion=expansion,
+            ttl=ttl,
             state="creating",
         )
+
+    @property
+    def growth(self) -> Growth:
+        """How the filter's shards grow and forget (see :mod:`.generations`)."""
+        return Growth(self.spec, self.capacity, self.expansion, self.tightening, self.ttl)
+
+    @property
+    def anchored(self) -> bool:
+        """True when the shard keys are anchors only (a TTL filter keeps bits in windows)."""
+        return self.ttl > 0
+
+    @property
+    def shard_payload(self) -> int:
+        """Bytes of bits a shard key holds after its header: none for an anchor."""
+        return 0 if self.anchored else self.spec.shard_bytes
 
     def ready(self) -> FilterRecord:
         """Return this record in state ``ready``."""
@@ -94,8 +130,11 @@ class FilterRecord:
             "capacity": self.capacity,
             "sizing": self.sizing,
             "servers": self.servers,
-            "generations": "0",
+            "generations": self.growth.last + 1,
             "created": repr(self.created),
+            "expansion": self.expansion,
+            "tightening": repr(self.tightening),
+            "ttl": self.ttl,
         }
         return {name: str(values[name]) for name in FIELDS}
 
@@ -111,7 +150,7 @@ class FilterRecord:
                 f" {key.removesuffix(':meta')!r}) to start over."
             )
 
-        missing = [name for name in FIELDS if name not in fields]
+        missing = [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]
         if "layout" in fields and fields["layout"] != str(LAYOUT_VERSION):
             raise refuse(
                 f"it was written with layout {fields['layout']!r}, and this version reads"
@@ -153,8 +192,22 @@ class FilterRecord:
             created = math.nan
         if not math.isfinite(created) or created < 0:
             raise refuse(f"its creation time is {fields['created']!r}, not a Unix timestamp")
+        expansion = integer("expansion", 0, 2**16) if "expansion" in fields else 0
+        if expansion == 1:
+            raise refuse("its expansion is 1: 0 (no growth) or at least 2")
+        try:
+            tightening = float(fields.get("tightening", DEFAULT_TIGHTENING))
+        except ValueError:
+            tightening = math.nan
+        if not 0 < tightening < 1:
+            raise refuse(
+                f"its tightening is {fields['tightening']!r}, not a number between 0 and 1"
+            )
         return cls(
             spec=spec,
+            expansion=expansion,
+            tightening=tightening,
+            ttl=integer("ttl", 0, 2**31) if "ttl" in fields else 0,
             capacity=integer("capacity", 1, 2**63),
             filter_id=fields["id"],
             sizing=fields["sizing"],
@@ -171,8 +224,19 @@ class FilterRecord:
         return (
             f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
             f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme},"
-            f" layout {self.layout} (sized for {self.capacity:,} items: {self.sizing})"
+            f" layout {self.layout} (sized for {self.capacity:,} items: {self.sizing}),"
+            f" {self.growth_text()}"
         )
+
+    def growth_text(self) -> str:
+        """Say how the filter grows and forgets, as settings would."""
+        grows = f"growing {self.expansion}x per generation" if self.expansion else "fixed size"
+        ttl = (
+            f"URLs forgotten after {self.ttl:,} to {2 * self.ttl:,} s"
+            if self.ttl
+            else ("URLs remembered forever")
+        )
+        return f"{grows}, {ttl}"
 
     def created_text(self) -> str:
         """Return the creation time as ``YYYY-MM-DD HH:MM:SS UTC``."""
@@ -186,7 +250,28 @@ class FilterRecord:
         compute) or for the same geometry.
         """
         same_request = wanted.sizing == self.sizing or wanted.spec == self.spec
+        if same_request and wanted.ttl != self.ttl:
+            raise ConfigMismatchError(
+                f"The Bloom filter {key!r} was created with BLOOMFILTER_TTL = {self.ttl}"
+                f" ({self.growth_text()}); this worker sets {wanted.ttl}. Every worker must"
+                " forget URLs after the same time: set BLOOMFILTER_TTL as the filter was"
+                " created, choose another BLOOMFILTER_KEY, or reset the filter"
+                f" (scrapy-redis-bloom reset --key {key!r})."
+            )
         if same_request and wanted.servers == self.servers:
+            if wanted.expansion != self.expansion:
+                logger.warning(
+                    "The Bloom filter %r was created with BLOOMFILTER_EXPANSION = %d; this"
+                    " worker's setting (%d) does not apply to it, so that all workers grow"
+                    " it alike.%s",
+                    key,
+                    self.expansion,
+                    wanted.expansion,
+                    " It cannot grow: past its capacity its false-positive rate rises (reset"
+                    " it to create it growing)."
+                    if not self.expansion
+                    else "",
+                )
             return
         if same_request:
             raise ServerListMismatchError(

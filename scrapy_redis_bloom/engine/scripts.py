@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from .layout import HEADER_BITS, IDENTITY_BYTES
+from .generations import Growth
+from .layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 
 
 @dataclass(frozen=True)
@@ -36,29 +37,300 @@ class Script:
 MISMATCH = 2
 
 
-def check_and_add(hash_count: int, shard_bits: int) -> Script:
-    """Return the hot-path script for one element, with k and S written in.
+#: Flags in a check-and-add reply (its second item): this call started a generation;
+#: a shard is past its last generation's capacity (it cannot grow further); a lost
+#: generation or window was recreated empty (``BLOOMFILTER_ON_LOSS = "recreate"``).
+GREW, FULL, RECREATED = 1, 2, 4
 
-    ``KEYS[1]``: the shard; ``ARGV``: the shard's identity, x, y. Reply: 1 if every
-    bit was already set (seen), 0 if not (they are now), :data:`MISMATCH` if the
-    shard is missing or not this filter's (nothing written). The k offsets come
-    from (x, y) by the enhanced double hashing of :mod:`..hashing` (Lua numbers are
-    doubles, exact for these values below 2**53).
+
+def check_and_add(growth: Growth, one: bool = False) -> Script:
+    """Return the script that checks (and adds) elements of one shard, for a geometry.
+
+    ``one``: the hot path's script, for exactly one element: it sets the bits of the
+    newest generation with ``SETBIT`` (k cheap calls) and builds no tables, where the
+    bulk path's sets those of many elements in a few ``BITFIELD`` calls.
+
+    ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its other generations and windows
+    are named after it, in the same Redis Cluster slot. ``ARGV``: the shard's
+    identity; ``w`` (add) or ``r`` (check only); ``1`` to recreate a lost generation
+    or window empty, ``0`` to report it; then four numbers per element: its seeds of
+    generation 0 (x, y of the hashing scheme) and of later ones (see
+    :func:`.generations.wide_seeds`).
+
+    Reply: ``{0, flags, generations, answer...}``, one answer per element, 1 when it
+    was (probably) there already, 0 when not (with ``w``, it is now); or
+    ``{MISMATCH, key}`` when ``key`` is missing or is not this filter's (nothing was
+    written). An element is "there" when every one of its bits is set in some
+    generation (of the window or the one before). Adds go to the newest generation,
+    which is started first when the one before holds its capacity: decided here,
+    atomically, so workers crossing the boundary together start it once.
+    """
+    if one and not growth.expansion and not growth.ttl:
+        return _fixed(growth.spec.hash_count, growth.spec.shard_bits)
+    gens = growth.generations
+    ttl = growth.ttl
+    # Items in the newest generation are counted where it may grow or is per window.
+    counted = growth.expansion > 0 or ttl > 0
+    table = {
+        "M": ", ".join(str(gen.bits) for gen in gens),
+        "K": ", ".join(str(gen.hash_count) for gen in gens),
+        "C": ", ".join(str(gen.capacity) for gen in gens),
+    }
+    # Where the shard's bits are: the shard itself, or its windows (anchor in KEYS[1]).
+    if ttl:
+        where = f"""
+local anchor = redis.call('GETRANGE', KEYS[1], 0, {HEADER_BYTES - 1})
+if string.sub(anchor, 1, {IDENTITY_BYTES}) ~= id then return {{{MISMATCH}, KEYS[1]}} end
+local before, newest = u16(anchor), u32(anchor)
+local w = math.floor(tonumber(redis.call('TIME')[1]) / {ttl})
+local root = string.sub(KEYS[1], 1, -3)
+expire = (w + 2) * {ttl}
+local cur = {{base = root .. 'w' .. w .. ':g'}}
+local prev = {{base = root .. 'w' .. (w - 1) .. ':g'}}
+-- Which windows must exist: the newest one started, and the one before it if it did.
+local need_cur = newest == w
+local need_prev = newest == w - 1 or (newest == w and before == 1)
+if not load(prev, need_prev, false) then return {{{MISMATCH}, bad}} end
+if not load(cur, need_cur, write) then return {{{MISMATCH}, bad}} end
+if write and newest ~= w then
+  redis.call('SETRANGE', KEYS[1], {IDENTITY_BYTES}, pack(prev.G and 1 or 0, w))
+end
+local views = {{prev, cur}}"""
+    else:
+        where = f"""
+local cur = {{base = string.sub(KEYS[1], 1, -2)}}
+if not load(cur, true, false, true) then return {{{MISMATCH}, bad}} end
+local views = {{cur}}"""
+    body = _one() if one else _many()
+    return Script(f"""
+local id, write, recreate = ARGV[1], ARGV[2] == 'w', ARGV[3] == '1'
+local M = {{{table["M"]}}}
+local K = {{{table["K"]}}}
+local C = {{{table["C"]}}}
+local LAST = {len(gens)}
+local COUNTED = {"true" if counted else "false"}
+local H = {HEADER_BITS}
+local expire = nil
+local flags = 0
+local bad = nil
+-- A header's state after the identity: u16 then u32, big-endian (as BITFIELD reads them).
+local function u16(head)
+  local a, b = string.byte(head, {IDENTITY_BYTES + 1}, {IDENTITY_BYTES + 2})
+  return (a or 0) * 256 + (b or 0)
+end
+local function u32(head)
+  local a, b, c, d = string.byte(head, {IDENTITY_BYTES + 3}, {IDENTITY_BYTES + 6})
+  return (((a or 0) * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)
+end
+local function pack(high, low)
+  return string.char(math.floor(high / 256) % 256, high % 256, math.floor(low / 16777216) % 256,
+    math.floor(low / 65536) % 256, math.floor(low / 256) % 256, low % 256)
+end
+local function allocate(key, g)
+  redis.call('DEL', key)
+  redis.call('SETRANGE', key, {HEADER_BYTES} + math.ceil(M[g + 1] / 8) - 1, string.char(0))
+  redis.call('SETRANGE', key, 0, id)
+  if expire then redis.call('EXPIREAT', key, expire) end
+end
+-- Read a filter's header (a shard's, or a window's) and check its generations, each of
+-- which must carry the id. ``needed``: a missing generation 0 is a loss (else: nothing
+-- there yet); ``create``: start generation 0 when there is none; ``shard``: it is the
+-- shard's own key, whose loss is always reported (the filter's recovery handles it).
+local function load(view, needed, create, shard)
+  local g0 = view.base .. '0'
+  local head = redis.call('GETRANGE', g0, 0, {HEADER_BYTES - 1})
+  if head == '' then
+    if needed and (shard or not recreate) then bad = g0 return false end
+    if needed then flags = bit.bor(flags, {RECREATED}) end
+    if not create then return true end
+    allocate(g0, 0)
+    head = id
+  elseif string.sub(head, 1, {IDENTITY_BYTES}) ~= id then bad = g0 return false end
+  view.G, view.count, view.dirty = 1, 0, false
+  if COUNTED then view.G, view.count = math.max(u16(head), 1), u32(head) end
+  for g = 1, view.G - 1 do
+    local key = view.base .. g
+    local found = redis.call('GETRANGE', key, 0, {IDENTITY_BYTES - 1})
+    if found == '' and recreate and write then
+      allocate(key, g)
+      flags = bit.bor(flags, {RECREATED})
+    elseif found ~= id and not (found == '' and recreate) then bad = key return false end
+  end
+  return true
+end
+{where}
+-- Whether every bit of an element (ARGV from e) is set in generation g of ``key``,
+-- by enhanced double hashing; GETBIT stops at the first clear bit.
+local function has(key, g, e)
+  local m, k = M[g + 1], K[g + 1]
+  local x, y
+  if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
+  else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
+  if redis.call('GETBIT', key, H + x) == 0 then return false end
+  for i = 1, k - 1 do
+    x = (x + y) % m
+    y = (y + i) % m
+    if redis.call('GETBIT', key, H + x) == 0 then return false end
+  end
+  return true
+end
+{body}
+""")
+
+
+def _fixed(hash_count: int, shard_bits: int) -> Script:
+    """Return the hot path's script for a filter that neither grows nor forgets.
+
+    The same arguments (always an add: ``w``) and reply as :func:`check_and_add`'s for
+    one element, with none of its generations: the identity check and k ``SETBIT``
+    calls, no tables, which saves about a third of the Redis time per check.
     """
     return Script(f"""
 local key = KEYS[1]
-if redis.call('GETRANGE', key, 0, {IDENTITY_BYTES - 1}) ~= ARGV[1] then return {MISMATCH} end
+if redis.call('GETRANGE', key, 0, {IDENTITY_BYTES - 1}) ~= ARGV[1] then
+  return {{{MISMATCH}, key}}
+end
 local s = {shard_bits}
-local x, y = tonumber(ARGV[2]), tonumber(ARGV[3])
-local all = 1
-if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
+local x, y = tonumber(ARGV[4]), tonumber(ARGV[5])
+local all = redis.call('SETBIT', key, {HEADER_BITS} + x, '1')
 for i = 1, {hash_count - 1} do
   x = (x + y) % s
   y = (y + i) % s
   if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
 end
-return all
+return {{0, 0, 1, all}}
 """)
+
+
+def _many() -> str:
+    """Lua: check (and add) the elements of a bulk call, in batches."""
+    return f"""
+-- Set the bits of elements (ARGV positions in ``batch``) in generation g, in BITFIELDs of
+-- at most PER_BITFIELD elements; put whether all of each one's bits were set in ``seen``.
+local PER_BITFIELD = math.floor(7000 / (4 * K[LAST]))
+local function set(key, g, batch, seen)
+  local m, k = M[g + 1], K[g + 1]
+  for first = 1, #batch, PER_BITFIELD do
+    local last = math.min(first + PER_BITFIELD - 1, #batch)
+    local args, n = {{}}, 0
+    for b = first, last do
+      local e = batch[b]
+      local x, y
+      if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
+      else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
+      args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', H + x, '1'
+      n = n + 4
+      for i = 1, k - 1 do
+        x = (x + y) % m
+        y = (y + i) % m
+        args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', H + x, '1'
+        n = n + 4
+      end
+    end
+    local old = redis.call('BITFIELD', key, unpack(args))
+    for b = first, last do
+      local all = true
+      for i = (b - first) * k + 1, (b - first + 1) * k do
+        if old[i] == 0 then all = false break end
+      end
+      seen[batch[b]] = all
+    end
+  end
+end
+-- Whether an element is in the older generations (and the window before); with ``w``
+-- the newest is left to ``set``, which answers for it.
+local function found(e)
+  for _, view in ipairs(views) do
+    if view.G then
+      local top = view.G - 1
+      if write and view == cur then top = top - 1 end
+      for g = top, 0, -1 do
+        if has(view.base .. g, g, e) then return true end
+      end
+    end
+  end
+  return false
+end
+local reply = {{0, 0, 0}}
+local e = 4
+while e <= #ARGV do
+  {_grow()}
+  -- A batch the newest generation has room for, even if every element is new: the
+  -- next one may start a generation, exactly as one element at a time would.
+  local room = #ARGV
+  if write and COUNTED and cur.count < C[cur.G] then room = C[cur.G] - cur.count end
+  local seen, batch = {{}}, {{}}
+  local stop = math.min(#ARGV, e + 4 * room - 1)
+  for i = e, stop, 4 do
+    seen[i] = found(i)
+    if not seen[i] then batch[#batch + 1] = i end
+  end
+  if write and #batch > 0 then
+    set(cur.base .. (cur.G - 1), cur.G - 1, batch, seen)
+    for _, i in ipairs(batch) do
+      if not seen[i] then cur.count, cur.dirty = cur.count + 1, true end
+    end
+  end
+  for i = e, stop, 4 do reply[#reply + 1] = seen[i] and 1 or 0 end
+  e = stop + 1
+end
+if cur.dirty and COUNTED then
+  redis.call('SETRANGE', cur.base .. '0', {IDENTITY_BYTES},
+    pack(cur.G, math.min(cur.count, 4294967295)))
+end
+reply[2], reply[3] = flags, cur.G or 0
+return reply"""
+
+
+def _one() -> str:
+    """Lua: check (and add) the one element of a hot-path call."""
+    return f"""
+local e = 4
+{_grow()}
+local seen = false
+for _, view in ipairs(views) do
+  if view.G and not seen then
+    local top = view.G - 1
+    if write and view == cur then top = top - 1 end
+    for g = top, 0, -1 do
+      if has(view.base .. g, g, e) then seen = true break end
+    end
+  end
+end
+if not seen and write then
+  local g = cur.G - 1
+  local key, m, k = cur.base .. g, M[g + 1], K[g + 1]
+  local x, y
+  if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
+  else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
+  local all = redis.call('SETBIT', key, H + x, '1')
+  for i = 1, k - 1 do
+    x = (x + y) % m
+    y = (y + i) % m
+    if redis.call('SETBIT', key, H + x, '1') == 0 then all = 0 end
+  end
+  seen = all == 1
+  if not seen then cur.count, cur.dirty = cur.count + 1, true end
+end
+if cur.dirty and COUNTED then
+  redis.call('SETRANGE', cur.base .. '0', {IDENTITY_BYTES},
+    pack(cur.G, math.min(cur.count, 4294967295)))
+end
+return {{0, flags, cur.G or 0, seen and 1 or 0}}"""
+
+
+def _grow() -> str:
+    """Lua: start the next generation when the newest is full (before writing to it)."""
+    return f"""
+if write and COUNTED and cur.count >= C[cur.G] then
+  if cur.G < LAST then
+    allocate(cur.base .. cur.G, cur.G)
+    cur.G, cur.count, cur.dirty = cur.G + 1, 0, true
+    flags = bit.bor(flags, {GREW})
+  else
+    flags = bit.bor(flags, {FULL})
+  end
+end"""
 
 
 #: Allocate a shard whole, at its exact size, with its header: a string grown bit by

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass
 
 from ..hashing import FilterSpec
-from ..sizing import false_positive_rate
+from ..sizing import allocation, false_positive_rate
 from .executor import Call
+from .generations import GENERATIONS_BIT, Growth, window_key
 from .layout import HEADER_BYTES
 from .parts import Parts
 from .wire import pack_command
@@ -28,10 +29,31 @@ class FilterTotals:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationState:
+    """Generation ``generation`` over the shards that have it (of the live windows)."""
+
+    generation: int
+    shards: int
+    bits: int
+    bits_set: int
+    hash_count: int
+    capacity: int
+    estimated_items: int
+    estimated_fpr: float
+
+    @property
+    def fill_ratio(self) -> float:
+        """Fraction of its bits that are set."""
+        return self.bits_set / self.bits if self.bits else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class FilterState:
     """What the filter's fill says: bits set (per shard when read from the bits), memory.
 
     ``bits_set_per_shard`` is empty when the state was estimated from the counters.
+    ``generations`` break a growing (or windowed) filter down; ``fpr`` is then its
+    compound rate: the chance that a new element is found in any generation.
     """
 
     spec: FilterSpec
@@ -39,20 +61,32 @@ class FilterState:
     memory_bytes: int
     bits_set_per_shard: tuple[int, ...] = ()
     estimated_items: int = 0
+    generations: tuple[GenerationState, ...] = ()
+    fpr: float | None = None
+    total_bits: int = 0
 
     @property
     def fill_ratio(self) -> float:
         """Fraction of all bits that are set."""
-        return self.bits_set / self.spec.bits
+        return self.bits_set / (self.total_bits or self.spec.bits)
 
     @property
     def estimated_fpr(self) -> float:
         """Chance that a new element is reported seen now: the mean of (X/S)**k over shards."""
+        if self.fpr is not None:
+            return self.fpr
         size, k = self.spec.shard_bits, self.spec.hash_count
         if not self.bits_set_per_shard:
             return self.fill_ratio**k
         rates = [(ones / size) ** k for ones in self.bits_set_per_shard]
         return sum(rates) / len(rates)
+
+
+def _items(bits: int, k: int, ones: int) -> float:
+    """Items that set ``ones`` of ``bits`` bits: -(m/k) ln(1 - X/m); a lower bound when full."""
+    if bits <= 1:
+        return float(ones)
+    return -bits / k * math.log1p(-min(ones, bits - 1) / bits)
 
 
 def _items_from_bits(spec: FilterSpec, per_shard: tuple[int, ...]) -> int:
@@ -61,15 +95,18 @@ def _items_from_bits(spec: FilterSpec, per_shard: tuple[int, ...]) -> int:
     A saturated shard (every bit set) is counted as if one bit were still clear: the
     estimate is then a lower bound.
     """
-    size, k = spec.shard_bits, spec.hash_count
-    total = 0.0
-    for ones in per_shard:
-        total += -size / k * math.log1p(-min(ones, size - 1) / size) if size > 1 else ones
-    return round(total)
+    return round(sum(_items(spec.shard_bits, spec.hash_count, ones) for ones in per_shard))
 
 
-def read_state(parts: Parts, memory: bool = True) -> FilterState:
-    """Count the bits set in every shard (and the memory Redis holds for them)."""
+def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) -> FilterState:
+    """Count the bits set in every shard (and the memory Redis holds for them).
+
+    A filter that grows or forgets is read generation by generation, over the live
+    re-crawl windows: two rounds of commands, one to learn each shard's generations,
+    one to count them.
+    """
+    if growth is not None and (growth.expansion or growth.ttl):
+        return _read_generations(parts, growth, memory)
     calls: list[Call] = []
     for shard in range(parts.spec.shards):
         key = parts.shard_key(shard)
@@ -80,23 +117,160 @@ def read_state(parts: Parts, memory: bool = True) -> FilterState:
     step = 2 if memory else 1
     per_shard = tuple(int(reply) for reply in replies[::step])
     used = sum(int(reply or 0) for reply in replies[1::2]) if memory else 0
+    spec = parts.spec
+    items = _items_from_bits(spec, per_shard)
+    rates = [(ones / spec.shard_bits) ** spec.hash_count for ones in per_shard]
+    first = GenerationState(
+        0,
+        spec.shards,
+        spec.bits,
+        sum(per_shard),
+        spec.hash_count,
+        0,
+        items,
+        sum(rates) / len(rates),
+    )
     return FilterState(
-        spec=parts.spec,
+        spec=spec,
         bits_set=sum(per_shard),
         memory_bytes=used,
         bits_set_per_shard=per_shard,
-        estimated_items=_items_from_bits(parts.spec, per_shard),
+        estimated_items=items,
+        generations=(first,),
     )
 
 
-def estimate_from_items(spec: FilterSpec, items: int, memory_bytes: int) -> FilterState:
-    """Return the state expected after ``items`` distinct insertions: cheap, no Redis call."""
-    fill = -math.expm1(-spec.hash_count * items / spec.bits)
+def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState:
+    gens = growth.generations
+    shards = parts.spec.shards
+    record_windows = parts.live_windows(growth.ttl) if growth.ttl else []
+    # Per shard, the bases of its filters: the shard itself, or its live windows.
+    bases = [
+        (shard, name)
+        for shard in range(shards)
+        for name in (
+            [parts.shard_key(shard)[:-1]]
+            if not growth.ttl
+            else [window_key(parts.key, shard, w, 0)[:-1] for w in record_windows]
+        )
+    ]
+    first = [
+        Call(
+            pack_command(b"BITFIELD", f"{base}0", b"GET", b"u16", GENERATIONS_BIT),
+            key=f"{base}0",
+            shard=shard,
+        )
+        for shard, base in bases
+    ] + [
+        Call(pack_command(b"EXISTS", f"{base}0"), key=f"{base}0", shard=shard)
+        for shard, base in bases
+    ]
+    replies = parts.run("read the filter's generations", first)
+    counts = [
+        (max(int(reply[0]), 1) if int(exists) else 0)
+        for reply, exists in zip(replies[: len(bases)], replies[len(bases) :], strict=True)
+    ]
+    keys = [
+        (shard, g, f"{base}{g}")
+        for (shard, base), count in zip(bases, counts, strict=True)
+        for g in range(min(count, len(gens)))
+    ]
+    calls = [
+        Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard)
+        for shard, _, key in keys
+    ]
+    if memory:
+        calls += [
+            Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
+            for shard, _, key in keys
+        ]
+        if growth.ttl:  # the anchors
+            calls += [
+                Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
+                for shard in range(shards)
+                for key in [parts.shard_key(shard)]
+            ]
+    replies = parts.run("count the filter's bits", calls)
+    ones = [int(reply) for reply in replies[: len(keys)]]
+    used = sum(int(reply or 0) for reply in replies[len(keys) :])
+    per_gen: dict[int, list[int]] = {}
+    # Per shard: log of the chance that a new element is missed by every part (kept as a
+    # log so that rates far below 1e-16 are not lost to rounding).
+    clear = [0.0] * shards
+    per_shard = [0] * shards
+    for (shard, g, _), found in zip(keys, ones, strict=True):
+        gen = gens[g]
+        per_gen.setdefault(g, []).append(found)
+        clear[shard] += math.log1p(-((found / gen.bits) ** gen.hash_count))
+        if g == 0:
+            per_shard[shard] += found
+    states = tuple(
+        GenerationState(
+            generation=g,
+            shards=len(found),
+            bits=gens[g].bits * len(found),
+            bits_set=sum(found),
+            hash_count=gens[g].hash_count,
+            capacity=gens[g].capacity * len(found),
+            estimated_items=round(sum(_items(gens[g].bits, gens[g].hash_count, x) for x in found)),
+            estimated_fpr=sum((x / gens[g].bits) ** gens[g].hash_count for x in found) / len(found),
+        )
+        for g, found in sorted(per_gen.items())
+    )
+    return FilterState(
+        spec=parts.spec,
+        bits_set=sum(ones),
+        memory_bytes=used,
+        bits_set_per_shard=tuple(per_shard),
+        estimated_items=sum(gen.estimated_items for gen in states),
+        generations=states,
+        fpr=sum(-math.expm1(c) for c in clear) / shards,
+        total_bits=sum(gen.bits for gen in states) or parts.spec.bits,
+    )
+
+
+def estimate_from_items(growth: Growth, items: int) -> FilterState:
+    """Return the state expected after ``items`` distinct insertions: cheap, no Redis call.
+
+    Items are taken as spread evenly over the shards, each filling its generations in
+    turn; memory is what the generations started take. (With a TTL, ``items`` counts
+    every add since creation, so the figures are an upper bound.)
+    """
+    spec = growth.spec
+    per_shard = items / spec.shards
+    states: list[GenerationState] = []
+    clear = 0.0  # log of the chance a new element is missed by every generation
+    for gen in growth.generations:
+        share = min(per_shard, gen.capacity) if gen is not growth.generations[-1] else per_shard
+        fill = -math.expm1(-gen.hash_count * share / gen.bits)
+        rate = fill**gen.hash_count
+        clear += math.log1p(-rate)
+        states.append(
+            GenerationState(
+                generation=len(states),
+                shards=spec.shards,
+                bits=gen.bits * spec.shards,
+                bits_set=round(fill * gen.bits) * spec.shards,
+                hash_count=gen.hash_count,
+                capacity=gen.capacity * spec.shards,
+                estimated_items=round(share * spec.shards),
+                estimated_fpr=rate,
+            )
+        )
+        per_shard -= share
+        if per_shard <= 0:
+            break
+    memory = spec.shards * sum(
+        allocation(HEADER_BYTES + growth.generation(g).nbytes) for g in range(len(states))
+    )
     return FilterState(
         spec=spec,
-        bits_set=round(fill * spec.bits),
-        memory_bytes=memory_bytes,
+        bits_set=sum(gen.bits_set for gen in states),
+        memory_bytes=memory,
         estimated_items=items,
+        generations=tuple(states),
+        fpr=-math.expm1(clear),
+        total_bits=sum(gen.bits for gen in states),
     )
 
 

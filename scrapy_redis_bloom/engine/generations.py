@@ -1,0 +1,208 @@
+"""How a filter's shards grow and forget: generations and re-crawl windows.
+
+**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Elements hash uniformly over
+the shards, so each shard grows on its own, decided inside the script that checks
+the element (see :mod:`.scripts`): when the newest generation of a shard holds its
+capacity, the next add starts generation ``g + 1`` with E times the items at r times
+the error rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). Generation 0 is the
+shard as created; its rate at its share of the capacity is ``p_0``, and the rates of
+all generations together stay under the bound ``B = p_0 / (1 - r)``: generation 0
+takes a little more than its share (headroom for the uneven spread of items over
+shards, see :attr:`Growth.first_capacity`) at a rate p_0' a little above p_0, and
+generation ``g >= 1`` is sized for ``(B - p_0') (1 - r) r**(g - 1)``. A filter sized
+by capacity and error rate p is created for ``p_0 = p (1 - r)`` when it may grow
+(:class:`..sizing.Sizing`), so that B is p.
+
+**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Time is cut into
+windows ``w = floor(Redis TIME / T)``; a shard's bits live in one growing filter per
+window, ``{KEY:<i>}:w<w>:g<g>``, each key expiring at ``(w + 2) T``. A check consults
+windows w - 1 and w and adds to w, so an element added at time t is found until the
+end of window w + 1 (at least T after t) and forgotten when that window's keys expire
+(at most 2T after t). The shard's own key ``{KEY:<i>}:g0`` is then a 32-byte anchor
+(its header) holding the newest window's number, so a window lost to eviction is
+told from one that expired.
+
+Everything here is a pure function of the config record, so every worker and the
+script compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
+from ..sizing import false_positive_rate, optimal_bits
+
+#: Most generations a shard may have (fewer when their bits would pass a Redis
+#: string's 512 MiB, see :attr:`Growth.last`).
+MAX_GENERATIONS = 16
+#: RedisBloom's default tightening ratio of the error rate per generation.
+DEFAULT_TIGHTENING = 0.5
+#: Default expansion: each generation takes twice the items of the one before.
+DEFAULT_EXPANSION = 2
+#: Most items a generation may take: the script counts them in a u32 of the header.
+MAX_GENERATION_ITEMS = 2**32 - 1
+#: Width of the seeds of generations after the first (Lua doubles are exact below 2**53).
+WIDE = 2**52
+
+#: Bit offsets in a header of its state (after the 26-byte identity). A shard's (or a
+#: window's) generation 0: the number of generations (u16; 0 reads as 1) and the items
+#: in the newest one (u32). A TTL filter's anchor: whether the window before the newest
+#: existed when the newest was started (u16), and the newest window's number (u32).
+GENERATIONS_BIT = 208
+COUNT_BIT = 224
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generation of a shard: items it takes, bits, hash functions, its error rate."""
+
+    capacity: int
+    bits: int
+    hash_count: int
+    error_rate: float
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its bitmap."""
+        return (self.bits + 7) // 8
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
+
+    ``spec`` and ``capacity`` are the filter's own: generation 0 of every shard.
+    """
+
+    spec: FilterSpec
+    capacity: int
+    expansion: int = 0
+    tightening: float = DEFAULT_TIGHTENING
+    ttl: int = 0
+
+    def __post_init__(self) -> None:
+        if self.expansion < 0 or self.expansion == 1:
+            raise ValueError(f"expansion is 0 (no growth) or at least 2, got {self.expansion}")
+        if not 0 < self.tightening < 1:
+            raise ValueError(f"tightening is strictly between 0 and 1, got {self.tightening}")
+        if self.ttl < 0:
+            raise ValueError(f"a TTL is 0 (remember forever) or more seconds, got {self.ttl}")
+
+    @property
+    def shard_capacity(self) -> int:
+        """Items generation 0 of one shard takes: its share of the capacity."""
+        return math.ceil(self.capacity / self.spec.shards)
+
+    def generation(self, g: int) -> Generation:
+        """Return generation ``g`` of a shard (0: the filter's own shard geometry)."""
+        if not 0 <= g <= self.last:
+            raise ValueError(f"a shard has generations 0 to {self.last}, not {g}")
+        return self._generation(g)
+
+    def _generation(self, g: int) -> Generation:
+        spec, nominal = self.spec, self.shard_capacity
+        if g == 0:
+            capacity = self.first_capacity
+            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity)
+            return Generation(capacity, spec.shard_bits, spec.hash_count, rate)
+        capacity = nominal * self.expansion**g
+        # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
+        rest = self.bound - self._generation(0).error_rate
+        rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
+        hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
+        return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
+
+    @property
+    def bound(self) -> float:
+        """The rate every generation together stays under: p_0 / (1 - r).
+
+        ``p_0`` is generation 0's rate at its share of the capacity, ``capacity /
+        shards``: about p (1 - r) for a filter sized by error rate p, so the bound is p.
+        """
+        spec = self.spec
+        p0 = false_positive_rate(spec.shard_bits, spec.hash_count, self.shard_capacity)
+        return p0 / (1 - self.tightening) if self.expansion else p0
+
+    @property
+    def first_capacity(self) -> int:
+        """Items generation 0 of a shard takes before the shard grows.
+
+        Its share of the capacity, plus headroom for the spread of items over shards
+        (4 standard deviations of a binomial share, while generation 0's rate stays
+        under 3/4 of :attr:`bound`): a filter filled to its capacity has not grown,
+        whereas without headroom half of its shards would pass their share.
+        """
+        nominal = self.shard_capacity
+        if not self.expansion or self.spec.shards == 1:
+            return nominal
+        spec, ceiling = self.spec, 0.75 * self.bound
+        high = nominal + math.ceil(4 * math.sqrt(nominal))
+        if false_positive_rate(spec.shard_bits, spec.hash_count, high) <= ceiling:
+            return high
+        low = nominal  # its rate is (1 - r) of the bound: under the ceiling
+        while high - low > 1:
+            middle = (low + high) // 2
+            if false_positive_rate(spec.shard_bits, spec.hash_count, middle) <= ceiling:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    @property
+    def last(self) -> int:
+        """The last generation a shard may have: its bits and items must fit a Redis string."""
+        if not self.expansion:
+            return 0
+        g = 0
+        while g + 1 < MAX_GENERATIONS:
+            nxt = self._generation(g + 1)
+            if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
+                break
+            g += 1
+        return g
+
+    @property
+    def generations(self) -> list[Generation]:
+        """Every generation a shard may have, in order."""
+        return [self._generation(g) for g in range(self.last + 1)]
+
+    @property
+    def grown_capacity(self) -> int:
+        """Items the whole filter takes before its shards run out of generations."""
+        return sum(gen.capacity for gen in self.generations) * self.spec.shards
+
+    def compound_rate(self, generations: int) -> float:
+        """Return the false-positive rate bound of a shard with ``generations`` full ones."""
+        return sum(self._generation(g).error_rate for g in range(generations))
+
+    @property
+    def rate_bound(self) -> float:
+        """The false-positive rate the filter stays under at any fill, while it can grow."""
+        return self.compound_rate(self.last + 1)
+
+    def generations_for(self, items_per_shard: float) -> int:
+        """Return how many generations a shard holding ``items_per_shard`` items has."""
+        held, g = 0, 0
+        for gen in self.generations:
+            held += gen.capacity
+            g += 1
+            if items_per_shard <= held:
+                break
+        return g
+
+
+def wide_seeds(h1: int, h2: int, shards: int) -> tuple[int, int]:
+    """Return the seeds of generations 1 and later, from an element's two hash halves.
+
+    Generation 0 is seeded with ``(h1 div N) mod S`` and ``h2 mod S`` (the hashing
+    scheme); later ones, of other sizes, take the same numbers before the mod
+    (cut to :data:`WIDE`), reduced by the script to each generation's size.
+    """
+    return (h1 // shards) % WIDE, h2 % WIDE
+
+
+def window_key(key: str, shard: int, window: int, generation: int) -> str:
+    """Return the key of generation ``generation`` of a shard's re-crawl window."""
+    return f"{{{key}:{shard}}}:w{window}:g{generation}"

@@ -1,0 +1,470 @@
+"""Growth and re-crawl windows on real Redis: rates within the math, nothing forgotten early.
+
+Bounds are binomial: q queries of new elements, each a false positive with probability
+at most p, give at most q p + 6 sqrt(q p (1 - p)) hits but for a chance below 1e-9.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import math
+import multiprocessing
+import queue
+import threading
+import time
+import traceback
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.cluster import RedisCluster
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.engine.generations import (
+    COUNT_BIT,
+    GENERATIONS_BIT,
+    MAX_GENERATIONS,
+    Growth,
+)
+from scrapy_redis_bloom.errors import ConfigMismatchError, FilterDamagedError
+from scrapy_redis_bloom.sizing import false_positive_rate
+
+KEY = "grow:bloomfilter"
+
+
+def fingerprints(n: int, tag: str) -> list[str]:
+    """Return n distinct 40-hex-digit elements, as request fingerprints are."""
+    return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+def config(capacity: int, rate: float, **more: Any) -> BloomConfig:
+    return BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate, **more}
+    )
+
+
+def bloom_for(client: Any, cfg: BloomConfig, key: str = KEY, **kwargs: Any) -> RedisBloomFilter:
+    return RedisBloomFilter.from_config(client, key, cfg, **kwargs)
+
+
+def upper(queries: int, rate: float) -> float:
+    """Return the most false positives q new elements give at rate p, but for a 1e-9 chance."""
+    return queries * rate + 6 * math.sqrt(queries * rate * (1 - rate))
+
+
+# -- the geometry: pure numbers --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("capacity", "rate"), [(10_000, 1e-3), (1_000_000, 1e-4)])
+def test_the_compound_rate_stays_under_the_configured_one(capacity: int, rate: float) -> None:
+    growth = config(capacity, rate).growth
+    # Generation 0 is sized for p (1 - r); each later one for r times the one before.
+    assert growth.generation(0).error_rate <= rate * 0.5
+    for g in range(1, growth.last + 2):
+        assert growth.compound_rate(g) <= rate
+    assert growth.rate_bound <= rate
+
+
+def test_each_generation_takes_e_times_the_items_at_r_times_the_rate() -> None:
+    growth = config(1_000_000, 1e-4, BLOOMFILTER_EXPANSION=4).growth
+    share = growth.shard_capacity
+    for g in range(1, growth.last + 1):
+        gen = growth.generation(g)
+        assert gen.capacity == share * 4**g
+        if g > 1:
+            assert gen.error_rate == pytest.approx(growth.generation(g - 1).error_rate * 0.5)
+        assert gen.hash_count == math.ceil(math.log2(1 / gen.error_rate))
+        # Its own bits hold its items at its rate (the optimum, rounded up).
+        assert false_positive_rate(gen.bits, gen.hash_count, gen.capacity) <= gen.error_rate * 1.1
+
+
+def test_generation_0_has_headroom_for_the_spread_over_shards() -> None:
+    # 1,000,000 items over 21 shards: each gets its share +- sqrt(share). Without headroom,
+    # half the shards would grow at exactly the capacity; with 4 sigma, none.
+    growth = config(1_000_000, 1e-3).growth
+    share = growth.shard_capacity
+    assert growth.spec.shards > 1
+    assert growth.first_capacity >= share + 4 * math.sqrt(share)
+    # Its rate there stays within the bound, the rest of which the later generations share.
+    assert growth.generation(0).error_rate <= 0.75 * growth.bound
+    assert growth.rate_bound <= growth.bound <= 1e-3
+
+
+def test_generations_stop_where_a_redis_string_ends() -> None:
+    # 8 MiB shards doubling: the 7th generation would pass 512 MiB (2**32 bits).
+    growth = BloomConfig.from_settings({}).growth
+    assert growth.spec.shard_bits <= 2**26
+    assert 0 < growth.last < MAX_GENERATIONS - 1
+    assert growth.generation(growth.last).bits <= 2**32
+    assert Growth(growth.spec, growth.capacity, 2)._generation(growth.last + 1).bits > 2**32 - 256
+    # The default filter then holds 63x its capacity before its rate can rise.
+    assert growth.grown_capacity >= 63 * growth.capacity
+
+
+def test_no_growth_has_generation_0_only() -> None:
+    growth = config(10_000, 1e-3, BLOOMFILTER_EXPANSION=0).growth
+    assert growth.last == 0
+    assert growth.generation(0).error_rate <= 1e-3
+    with pytest.raises(ValueError, match="generations 0 to 0"):
+        growth.generation(1)
+
+
+# -- false-positive rate at 1x, 4x, 10x capacity ---------------------------------------
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fill", [1, 4, 10])
+def test_a_growing_filter_keeps_its_rate_at_any_fill(fill: int, redis_client: redis.Redis) -> None:
+    capacity, rate = 5_000, 0.01
+    cfg = config(capacity, rate)
+    bloom = bloom_for(redis_client, cfg)
+    members = fingerprints(capacity * fill, "member")
+    bloom.add_many(members)
+    queries = 50_000
+    hits = sum(bloom.contains_many(fingerprints(queries, "stranger")))
+    assert hits <= upper(queries, rate), (fill, hits)
+    # Every member is still there, in whichever generation holds it.
+    assert all(bloom.contains_many(members))
+    state = bloom.state()
+    assert len(state.generations) == cfg.growth.generations_for(capacity * fill / cfg.spec.shards)
+    assert state.estimated_fpr <= rate
+    assert state.estimated_items == pytest.approx(len(members), rel=0.05)
+    bloom.close()
+
+
+@pytest.mark.timeout(120)
+def test_without_growth_the_rate_explodes_past_capacity(redis_client: redis.Redis) -> None:
+    capacity, rate = 5_000, 0.01
+    cfg = config(capacity, rate, BLOOMFILTER_EXPANSION=0)
+    bloom = bloom_for(redis_client, cfg)
+    bloom.add_many(fingerprints(capacity * 4, "member"))
+    queries = 20_000
+    hits = sum(bloom.contains_many(fingerprints(queries, "stranger")))
+    theory = false_positive_rate(cfg.spec.bits, cfg.spec.hash_count, capacity * 4)
+    assert theory > 0.4  # what the README's table says: ~half of new URLs dropped
+    sigma = math.sqrt(queries * theory * (1 - theory))
+    assert abs(hits - queries * theory) <= 6 * sigma
+    bloom.close()
+
+
+# -- topologies: standalone, server list, cluster ---------------------------------------
+
+
+def _grow_and_check(client: Any) -> None:
+    cfg = config(2_000, 0.01, BLOOMFILTER_SHARDS=4)
+    bloom = bloom_for(client, cfg)
+    members = fingerprints(20_000, "member")
+    # Half through the hot path, half in bulk: one script, the same generations.
+    hot = [bloom.check_and_add(e) for e in members[:2_000]]
+    bulk = bloom.add_many(members[2_000:])
+    assert sum(hot) + sum(bulk) <= upper(20_000, 0.01)
+    assert all(bloom.contains_many(members))
+    assert all(bloom.check_and_add(e) for e in members[::97])
+    assert bloom.generations >= 4
+    assert bloom.events.counts["grown"] >= 4 * 3
+    hits = sum(bloom.contains_many(fingerprints(20_000, "stranger")))
+    assert hits <= upper(20_000, 0.01)
+    bloom.clear()
+    bloom.close()
+
+
+@pytest.mark.timeout(180)
+def test_growth_on_one_server(redis_client: redis.Redis) -> None:
+    _grow_and_check(redis_client)
+    assert redis_client.keys("*grow:bloomfilter*") == []  # clear() took every generation
+
+
+@pytest.mark.timeout(180)
+def test_growth_on_a_server_list(clients: list[redis.Redis]) -> None:
+    _grow_and_check(clients)
+    assert all(client.keys("*grow:bloomfilter*") == [] for client in clients)
+
+
+@pytest.mark.timeout(180)
+def test_growth_on_a_cluster(redis_cluster: RedisCluster) -> None:
+    # Every generation of a shard is in its slot: the script reaches them on its node.
+    _grow_and_check(redis_cluster)
+    assert redis_cluster.keys("*grow:bloomfilter*", target_nodes=RedisCluster.ALL_NODES) == []
+
+
+# -- no false negatives, whatever the order of adds ---------------------------------------
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batches=st.lists(
+        st.tuples(st.integers(0, 400), st.booleans()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_nothing_added_is_ever_reported_new(
+    redis_client: redis.Redis, batches: list[tuple[int, bool]]
+) -> None:
+    redis_client.flushdb()
+    cfg = config(100, 0.05, BLOOMFILTER_SHARDS=2, BLOOMFILTER_EXPANSION=3)
+    bloom = bloom_for(redis_client, cfg)
+    added: list[str] = []
+    for n, (size, bulk) in enumerate(batches):
+        batch = fingerprints(size, f"b{n}")
+        if bulk:
+            bloom.add_many(batch)
+        else:
+            for element in batch:
+                bloom.check_and_add(element)
+        added += batch
+        assert all(bloom.contains_many(added))
+    bloom.close()
+
+
+# -- the race at the growth boundary -----------------------------------------------------
+
+PROCESSES = 4
+RACE_ELEMENTS = 3_000
+RACE = {"BLOOMFILTER_CAPACITY": 100, "BLOOMFILTER_ERROR_RATE": 0.001, "BLOOMFILTER_SHARDS": 1}
+
+
+def _race(index: int, redis_url: str, barrier: Any, results: Any) -> None:
+    """Offer every element once, after the barrier; report those found new and growths."""
+    try:
+        client = redis.Redis.from_url(redis_url)
+        bloom = bloom_for(client, BloomConfig.from_settings(RACE))
+        bloom.open()
+        client.ping()
+        barrier.wait(timeout=60)
+        elements = fingerprints(RACE_ELEMENTS, "race")
+        new = [e for e in elements if not bloom.check_and_add(e)]
+        results.put((index, new, bloom.events.counts["grown"], None))
+        bloom.close()
+    except BaseException:
+        results.put((index, None, 0, traceback.format_exc()))
+
+
+@pytest.mark.timeout(180)
+def test_workers_crossing_the_growth_boundary_together_grow_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # One shard of 100 items: 3,000 items cross 5 boundaries, all 4 processes at once.
+    cfg = BloomConfig.from_settings(RACE)
+    bloom_for(redis_client, cfg).open()
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(PROCESSES)
+    results = context.Queue()
+    workers = [
+        context.Process(target=_race, args=(i, redis_url, barrier, results), daemon=True)
+        for i in range(PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    new_to: list[list[str]] = []
+    grown = 0
+    errors: list[str] = []
+    try:
+        for _ in workers:
+            try:
+                _, new, grew, error = results.get(timeout=150)
+            except queue.Empty:
+                pytest.fail("a racing process did not report in time")
+            if error is not None:
+                errors.append(error)
+            else:
+                new_to.append(new)
+                grown += grew
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+    assert errors == []
+    wins = collections.Counter(e for new in new_to for e in new)
+    assert [e for e, n in wins.items() if n > 1] == []  # new to one process at most
+    # Each new answer is one item counted in one generation: the full generations hold
+    # exactly their capacity, the newest its count. A generation started twice, or an
+    # item counted twice, breaks the sum.
+    growth = cfg.growth
+    key = "{grow:bloomfilter:0}:g0"
+    generations, count = (
+        redis_client.bitfield(key).get("u16", GENERATIONS_BIT).get("u32", COUNT_BIT).execute()
+    )
+    full = sum(growth.generation(g).capacity for g in range(generations - 1))
+    assert sum(wins.values()) == full + count
+    assert generations >= 5
+    assert grown == generations - 1  # each generation started by exactly one call
+    names = [f"{{grow:bloomfilter:0}}:g{g}" for g in range(MAX_GENERATIONS)]
+    assert redis_client.exists(*names) == generations
+    # Elements missed by all were false positives: rare, at most the compound rate.
+    assert RACE_ELEMENTS - len(wins) <= upper(RACE_ELEMENTS, growth.rate_bound)
+
+
+# -- a lost generation ------------------------------------------------------------------------
+
+
+def _grown(client: redis.Redis, **faults: Any) -> RedisBloomFilter:
+    from scrapy_redis_bloom.config import FaultPolicy
+
+    cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1)
+    bloom = bloom_for(client, cfg, faults=FaultPolicy(**faults))
+    bloom.add_many(fingerprints(700, "member"))
+    assert bloom.generations == 3
+    return bloom
+
+
+def test_a_lost_generation_stops_the_filter_by_default(redis_client: redis.Redis) -> None:
+    bloom = _grown(redis_client)
+    redis_client.delete("{grow:bloomfilter:0}:g1")
+    with pytest.raises(FilterDamagedError, match=r"g1' of shard 0 .* is gone .*ON_LOSS"):
+        bloom.check_and_add(fingerprints(1, "new")[0])
+    redis_client.set("{grow:bloomfilter:0}:g1", "not a filter")
+    with pytest.raises(FilterDamagedError, match="never overwritten"):
+        bloom.check_and_add(fingerprints(1, "new")[0])
+    assert redis_client.get("{grow:bloomfilter:0}:g1") == b"not a filter"
+
+
+def test_a_lost_generation_is_recreated_empty_when_asked(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    bloom = _grown(redis_client, on_loss="recreate")
+    redis_client.delete("{grow:bloomfilter:0}:g1")
+    assert bloom.check_and_add(fingerprints(1, "new")[0]) is False
+    assert bloom.events.counts["recreated"] == 1
+    assert "recreated empty" in caplog.text
+    assert redis_client.strlen("{grow:bloomfilter:0}:g1") > 32
+
+
+# -- the record: workers agree ------------------------------------------------------------------
+
+
+def test_the_record_decides_growth_and_ttl(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    bloom_for(redis_client, config(1_000, 0.01)).open()
+    stored = redis_client.hgetall("grow:bloomfilter:meta")
+    assert (stored[b"expansion"], stored[b"ttl"], stored[b"tightening"]) == (b"2", b"0", b"0.5")
+    # Another expansion: the record's applies, said in the log.
+    other = bloom_for(redis_client, config(1_000, 0.01, BLOOMFILTER_EXPANSION=4))
+    assert other.open().expansion == 2
+    assert "created with BLOOMFILTER_EXPANSION = 2" in caplog.text
+    # Another TTL: refused, every worker must forget alike.
+    with pytest.raises(ConfigMismatchError, match="BLOOMFILTER_TTL = 0"):
+        bloom_for(redis_client, config(1_000, 0.01, BLOOMFILTER_TTL=60)).open()
+
+
+def test_a_filter_from_before_growth_keeps_working(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = bloom_for(redis_client, config(1_000, 0.01, BLOOMFILTER_EXPANSION=0))
+    old.add_many(fingerprints(100, "member"))
+    for name in ("expansion", "tightening", "ttl"):
+        redis_client.hdel("grow:bloomfilter:meta", name)
+    redis_client.hset("grow:bloomfilter:meta", "generations", "0")
+    new = bloom_for(redis_client, config(1_000, 0.01))
+    assert new.open().expansion == 0
+    assert "It cannot grow" in caplog.text
+    assert all(new.contains_many(fingerprints(100, "member")))
+
+
+# -- re-crawl windows -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_url_is_remembered_for_ttl_and_forgotten_within_twice_ttl(
+    redis_client: redis.Redis,
+) -> None:
+    ttl = 2
+    cfg = config(1_000, 0.001, BLOOMFILTER_TTL=ttl, BLOOMFILTER_SHARDS=2)
+    bloom = bloom_for(redis_client, cfg, cache_size=0)
+    elements = fingerprints(40, "ttl")
+    added: dict[str, float] = {}
+    forgotten: dict[str, float] = {}
+    start = time.monotonic()
+    # Add one element every 0.1 s over a window and a half, so they fall at every phase.
+    for element in elements:
+        assert bloom.check_and_add(element) is False
+        added[element] = time.monotonic()
+        time.sleep(0.1)
+    deadline = start + 4 * ttl + 6
+    while len(forgotten) < len(elements) and time.monotonic() < deadline:
+        answers = bloom.contains_many(elements)
+        now = time.monotonic()
+        for element, there in zip(elements, answers, strict=True):
+            if not there and element not in forgotten:
+                forgotten[element] = now
+            assert there or element in forgotten or now - added[element] >= ttl
+        time.sleep(0.05)
+    assert len(forgotten) == len(elements)
+    for element in elements:
+        kept = forgotten[element] - added[element]
+        # Remembered at least TTL; forgotten by 2 x TTL (plus the polling step and the
+        # rounding of Redis TIME to whole seconds).
+        assert ttl - 0.05 <= kept <= 2 * ttl + 1.2, (element, kept)
+    # Every key that holds bits expires; the anchors, record and counters stay.
+    for name in redis_client.keys("*grow:bloomfilter*"):
+        text = name.decode()
+        if ":w" in text:
+            assert 0 < redis_client.ttl(name) <= 2 * ttl, text
+        else:
+            assert text.endswith((":g0", ":meta", ":count")), text
+            if text.endswith(":g0"):  # an anchor: the header alone
+                assert redis_client.strlen(name) == 32, text
+    # A forgotten URL is new again, once.
+    assert bloom.check_and_add(elements[0]) is False
+    assert bloom.check_and_add(elements[0]) is True
+    bloom.clear()
+    assert redis_client.keys("*grow:bloomfilter*") == []
+
+
+# -- one round trip per check ----------------------------------------------------------------
+
+
+HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH"}
+
+
+def client_commands(client: redis.Redis, action: Any) -> list[str]:
+    """Run ``action``; return the commands clients sent meanwhile (MONITOR, not scripts')."""
+    seen: list[str] = []
+    with client.monitor() as monitor:
+        done = threading.Event()
+
+        def read() -> None:
+            for command in monitor.listen():
+                text = command["command"]
+                if text == "ECHO monitor-stop":
+                    done.set()
+                    return
+                # Not the scripts' own commands, nor the handshake of this test's client.
+                if command.get("client_type") != "lua" and text.split()[0] not in HANDSHAKE:
+                    seen.append(text)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.2)
+        action()
+        client.echo("monitor-stop")
+        assert done.wait(10)
+        reader.join(5)
+    return seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ttl", [0, 60])
+def test_a_check_is_one_round_trip_however_grown(redis_client: redis.Redis, ttl: int) -> None:
+    cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1, BLOOMFILTER_TTL=ttl)
+    bloom = bloom_for(redis_client, cfg, cache_size=100)
+    bloom.add_many(fingerprints(1_000, "member"))  # 200 + 400 + 800: 3 generations
+    assert bloom.generations == 3
+    bloom.check_and_add("warm-up")  # the hot path's script is loaded once, on first use
+    bloom.sync_counters()
+    fresh = fingerprints(3, "fresh")
+    sent = client_commands(redis_client, lambda: [bloom.check_and_add(e) for e in fresh])
+    # (Counts reach Redis about once a second, in one HINCRBY per counter: not per check.)
+    sent = [command for command in sent if not command.startswith("HINCRBY ")]
+    assert len(sent) == 3, sent
+    assert all(command.startswith("EVALSHA ") for command in sent), sent
+    # A repeat is answered by the near-cache: no round trip at all.
+    assert client_commands(redis_client, lambda: bloom.check_and_add(fresh[0])) == []
+    bloom.close()
