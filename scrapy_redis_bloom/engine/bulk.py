@@ -30,13 +30,13 @@ import mmh3
 from ..errors import FilterDamagedError, FilterUnavailableError
 from ..hashing import FilterSpec, locate, offset_steps
 from .executor import Call, Executor, Kind, classify
-from .generations import WIDE
+from .generations import seed_arguments
 from .layout import HEADER_BITS, IDENTITY_BYTES
 from .node import Node, ReplyLostError, Ticket, TransportError
 from .parts import Parts
 from .scripts import MISMATCH, Script
 from .topology import Topology
-from .wire import BitfieldPacker, bulk_strings, encode, pack_command
+from .wire import BitfieldPacker, encode, pack_command
 
 #: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
 #: small enough for the kernel to take the send at once while Redis works on the chunk
@@ -228,13 +228,13 @@ class Bulk:
         seeds: dict[int, list[bytes]] = {}
         for i, element in enumerate(elements):
             h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-            shard, q = h1 % shards, h1 // shards
+            shard = h1 % shards
             group = groups.get(shard)
             if group is None:
                 group = groups[shard] = ([], [])
                 seeds[shard] = []
             group[0].append(i)
-            seeds[shard].append(bulk_strings(q % size, h2 % size, q % WIDE, h2 % WIDE))
+            seeds[shard].append(seed_arguments(h1, h2, shards, size))
         script = hooks.script()
         plans: dict[int, tuple[Node, list[_Command]]] = {}
         for shard, (positions, _) in groups.items():

@@ -43,7 +43,7 @@ from .cache import LRU
 from .counters import Counters
 from .events import FilterEvents, RateLimitedLog
 from .executor import Call, Executor, Kind, classify
-from .generations import WIDE
+from .generations import seed_arguments
 from .lease import WorkerLease, workers_of
 from .lifecycle import Lifecycle
 from .node import ReplyLostError, TransportError
@@ -51,7 +51,7 @@ from .parts import Parts
 from .record import FilterRecord
 from .state import FilterState, FilterTotals, read_state
 from .topology import Cluster, ServerList, Topology
-from .wire import bulk_strings, command_head, encode, pack_command
+from .wire import command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -323,11 +323,8 @@ class RedisBloomFilter:
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
-        q = h1 // spec.shards
         head, key = self._heads.get(shard) or self._head(shard)
-        payload = head + bulk_strings(
-            q % spec.shard_bits, h2 % spec.shard_bits, q % WIDE, h2 % WIDE
-        )
+        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits)
         ambiguous = False
         try:
             reply = self.topology.route(key, shard, None).call(payload)

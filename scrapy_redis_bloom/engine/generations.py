@@ -193,14 +193,31 @@ class Growth:
         return g
 
 
-def wide_seeds(h1: int, h2: int, shards: int) -> tuple[int, int]:
-    """Return the seeds of generations 1 and later, from an element's two hash halves.
+def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int) -> bytes:
+    """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
     Generation 0 is seeded with ``(h1 div N) mod S`` and ``h2 mod S`` (the hashing
-    scheme); later ones, of other sizes, take the same numbers before the mod
-    (cut to :data:`WIDE`), reduced by the script to each generation's size.
+    scheme); later ones, of other sizes, with the same numbers before the mod (cut to
+    :data:`WIDE`), which the script reduces to each generation's size. One format
+    operation: this runs for every request that misses the near-cache.
     """
-    return (h1 // shards) % WIDE, h2 % WIDE
+    q = h1 // shards
+    x, y, wx, wy = (
+        b"%d" % (q % shard_bits),
+        b"%d" % (h2 % shard_bits),
+        b"%d" % (q % WIDE),
+        b"%d" % (h2 % WIDE),
+    )
+    return b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+        len(x),
+        x,
+        len(y),
+        y,
+        len(wx),
+        wx,
+        len(wy),
+        wy,
+    )
 
 
 def window_key(key: str, shard: int, window: int, generation: int) -> str:

@@ -55,7 +55,7 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     identity; ``w`` (add) or ``r`` (check only); ``1`` to recreate a lost generation
     or window empty, ``0`` to report it; then four numbers per element: its seeds of
     generation 0 (x, y of the hashing scheme) and of later ones (see
-    :func:`.generations.wide_seeds`).
+    :func:`.generations.seed_arguments`).
 
     Reply: ``{0, flags, generations, answer...}``, one answer per element, 1 when it
     was (probably) there already, 0 when not (with ``w``, it is now); or

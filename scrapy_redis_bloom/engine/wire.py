@@ -30,11 +30,6 @@ def bulk_string(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
-def bulk_strings(*numbers: int) -> bytes:
-    """Pack integers as consecutive RESP bulk strings (a command's last arguments)."""
-    return b"".join(b"$%d\r\n%b\r\n" % (len(text), text) for text in map(b"%d".__mod__, numbers))
-
-
 def command_head(count: int, *args: Arg) -> bytes:
     """Pack the start of a command of ``count`` arguments: its first ``args``."""
     return b"*%d\r\n" % count + b"".join(bulk_string(encode(arg)) for arg in args)
