@@ -102,7 +102,8 @@ local cur = {{base = string.sub(KEYS[1], 1, -2)}}
 if not load(cur, true, false, true) then return {{{MISMATCH}, bad}} end
 local views = {{cur}}"""
     body = _one() if one else _many()
-    return Script(f"""
+    first = _first_generation(growth) if one and not ttl else ""
+    return Script(f"""{first}
 local id, write, recreate = ARGV[1], ARGV[2] == 'w', ARGV[3] == '1'
 local M = {{{table["M"]}}}
 local K = {{{table["K"]}}}
@@ -200,6 +201,40 @@ for i = 1, {hash_count - 1} do
 end
 return {{0, 0, 1, all}}
 """)
+
+
+def _first_generation(growth: Growth) -> str:
+    """Lua: the hot path of a growing shard that has one generation with room in it.
+
+    Until a shard grows (and a filter within its capacity never does), a check is the
+    fixed filter's: the identity and state in one ``GETRANGE``, k ``SETBIT``, and the
+    count written back for a new element; none of the general path's tables or
+    functions. Anything else falls through to the general path below.
+    """
+    first = growth.generation(0)
+    return f"""
+local head = redis.call('GETRANGE', KEYS[1], 0, {HEADER_BYTES - 1})
+if ARGV[2] == 'w' and string.sub(head, 1, {IDENTITY_BYTES}) == ARGV[1] then
+  local a, b, c1, c2, c3, c4 = string.byte(head, {IDENTITY_BYTES + 1}, {HEADER_BYTES})
+  local count = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+  if a * 256 + b <= 1 and count < {first.capacity} then
+    local key, s = KEYS[1], {first.bits}
+    local x, y = tonumber(ARGV[4]), tonumber(ARGV[5])
+    local all = redis.call('SETBIT', key, {HEADER_BITS} + x, '1')
+    for i = 1, {first.hash_count - 1} do
+      x = (x + y) % s
+      y = (y + i) % s
+      if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
+    end
+    if all == 0 then
+      count = count + 1
+      redis.call('SETRANGE', key, {IDENTITY_BYTES}, string.char(0, 1,
+        math.floor(count / 16777216) % 256, math.floor(count / 65536) % 256,
+        math.floor(count / 256) % 256, count % 256))
+    end
+    return {{0, 0, 1, all}}
+  end
+end"""
 
 
 def _many() -> str:
