@@ -335,9 +335,11 @@ class RedisBloomFilter:
             call = Call(payload, key=key, shard=shard, script=self._script)
             results = self.executor.run("check and add a request", [call], write=True)
             reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
-        if isinstance(reply, BaseException):
+        if reply.__class__ is int:  # the common reply: the answer alone
+            seen = reply == 1
+        elif isinstance(reply, BaseException):
             raise self.parts.refusal(reply, key, "check and add a request")
-        if reply[0] == scripts.MISMATCH:
+        elif reply[0] == scripts.MISMATCH:
             if recovered:
                 raise FilterDamagedError(
                     f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
@@ -345,12 +347,14 @@ class RedisBloomFilter:
                 )
             self._mismatch(shard, key, reply[1])
             return self._check_and_add(h1, h2, recovered=True)
-        if reply[1]:
-            self._note(shard, reply[1], reply[2])
-        if reply[3] == 1 and ambiguous:
+        else:
+            if reply[1] or reply[2] > self.generations:
+                self._note(shard, reply[1], reply[2])
+            seen = reply[3] == 1
+        if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
-        return bool(reply[3] == 1)
+        return seen
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.

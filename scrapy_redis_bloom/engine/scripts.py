@@ -58,7 +58,8 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     :func:`.generations.seed_arguments`).
 
     Reply: ``{0, flags, generations, answer...}``, one answer per element, 1 when it
-    was (probably) there already, 0 when not (with ``w``, it is now); or
+    was (probably) there already, 0 when not (with ``w``, it is now); from the hot
+    path's script, the answer alone when there is nothing else to report; or
     ``{MISMATCH, key}`` when ``key`` is missing or is not this filter's (nothing was
     written). An element is "there" when every one of its bits is set in some
     generation (of the window or the one before). Adds go to the newest generation,
@@ -182,9 +183,10 @@ end
 def _fixed(hash_count: int, shard_bits: int) -> Script:
     """Return the hot path's script for a filter that neither grows nor forgets.
 
-    The same arguments (always an add: ``w``) and reply as :func:`check_and_add`'s for
-    one element, with none of its generations: the identity check and k ``SETBIT``
-    calls, no tables, which saves about a third of the Redis time per check.
+    The same arguments (always an add: ``w``) as :func:`check_and_add`'s for one
+    element, replying the answer alone (or the mismatch), with none of its
+    generations: the identity check and k ``SETBIT`` calls, no tables, which saves
+    about a third of the Redis time per check.
     """
     return Script(f"""
 local key = KEYS[1]
@@ -199,7 +201,7 @@ for i = 1, {hash_count - 1} do
   y = (y + i) % s
   if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
 end
-return {{0, 0, 1, all}}
+return all
 """)
 
 
@@ -232,7 +234,7 @@ if ARGV[2] == 'w' and string.sub(head, 1, {IDENTITY_BYTES}) == ARGV[1] then
         math.floor(count / 16777216) % 256, math.floor(count / 65536) % 256,
         math.floor(count / 256) % 256, count % 256))
     end
-    return {{0, 0, 1, all}}
+    return all
   end
 end"""
 
