@@ -29,7 +29,11 @@ from scrapy_redis_bloom.engine.generations import (
     MAX_GENERATIONS,
     Growth,
 )
-from scrapy_redis_bloom.errors import ConfigMismatchError, FilterDamagedError
+from scrapy_redis_bloom.errors import (
+    ConfigMismatchError,
+    FilterDamagedError,
+    FilterUnavailableError,
+)
 from scrapy_redis_bloom.sizing import false_positive_rate
 
 KEY = "grow:bloomfilter"
@@ -468,3 +472,70 @@ def test_a_check_is_one_round_trip_however_grown(redis_client: redis.Redis, ttl:
     # A repeat is answered by the near-cache: no round trip at all.
     assert client_commands(redis_client, lambda: bloom.check_and_add(fresh[0])) == []
     bloom.close()
+
+
+# -- faults at the growth boundary ------------------------------------------------------------
+
+
+def _full_first_generation(client: redis.Redis, **faults: Any) -> tuple[RedisBloomFilter, str]:
+    """Return a one-shard filter whose generation 0 holds exactly its capacity, and its key."""
+    from scrapy_redis_bloom.config import FaultPolicy
+
+    cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1)
+    bloom = bloom_for(client, cfg, faults=FaultPolicy(**faults))
+    key = "{grow:bloomfilter:0}:g0"
+    capacity = cfg.growth.generation(0).capacity
+    for element in fingerprints(capacity * 2, "fill"):  # bounded: FPs aside, `capacity` do
+        bloom.check_and_add(element)
+        if client.bitfield(key).get("u32", COUNT_BIT).execute()[0] == capacity:
+            break
+    assert client.bitfield(key).get("u32", COUNT_BIT).execute()[0] == capacity
+    assert bloom.generations == 1
+    return bloom, key
+
+
+def test_out_of_memory_when_a_shard_must_grow_writes_nothing_and_never_answers_seen(
+    redis_client: redis.Redis,
+) -> None:
+    bloom, key = _full_first_generation(redis_client, retry_timeout=0.5)
+    header = redis_client.getrange(key, 0, 31)
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", used // 2)
+    element = fingerprints(1, "grow")[0]
+    try:
+        # Starting generation 1 is the call's first write: Redis refuses it whole.
+        with pytest.raises(FilterUnavailableError, match=r"Redis is out of memory"):
+            bloom.check_and_add(element)
+        assert redis_client.getrange(key, 0, 31) == header
+        assert not redis_client.exists("{grow:bloomfilter:0}:g1")
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert bloom.check_and_add(element) is False
+    assert bloom.generations == 2
+    assert bloom.check_and_add(element) is True
+
+
+@pytest.mark.timeout(60)
+def test_connections_killed_at_the_growth_boundary_lose_no_answer(
+    redis_client: redis.Redis,
+) -> None:
+    bloom, _ = _full_first_generation(redis_client)
+    elements = fingerprints(600, "kill")  # 200 -> generations 1 and 2 start meanwhile
+    stop = threading.Event()
+
+    def kill() -> None:
+        while not stop.wait(0.02):  # bounded by the adds below
+            redis_client.client_kill_filter(_type="normal", skipme=True)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        answers = [bloom.check_and_add(e) for e in elements]
+    finally:
+        stop.set()
+        killer.join(5)
+    # A new element is never "seen" (a lost reply answers "new"), and nothing is lost.
+    assert sum(answers) <= upper(len(elements), 0.01)
+    assert all(bloom.contains_many(elements))
+    assert bloom.generations >= 3

@@ -128,8 +128,11 @@ local function pack(high, low)
   return string.char(math.floor(high / 256) % 256, high % 256, math.floor(low / 16777216) % 256,
     math.floor(low / 65536) % 256, math.floor(low / 256) % 256, low % 256)
 end
+-- Allocate generation g whole, with the header. Its first write is the SETRANGE, which
+-- Redis refuses when out of memory: a DEL first would count as the script's first write
+-- and let the allocation pass maxmemory. (A stale key is left only by a recreation.)
 local function allocate(key, g)
-  redis.call('DEL', key)
+  if redis.call('EXISTS', key) == 1 then redis.call('DEL', key) end
   redis.call('SETRANGE', key, {HEADER_BYTES} + math.ceil(M[g + 1] / 8) - 1, string.char(0))
   redis.call('SETRANGE', key, 0, id)
   if expire then redis.call('EXPIREAT', key, expire) end
