@@ -108,3 +108,25 @@ def clients(servers: list[RedisServer]) -> Iterator[list[redis.Redis]]:
     yield made
     for client in made:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def bloom_redis_server() -> Iterator[RedisServer]:
+    """Start a redis-server with RedisBloom loaded (BF.*), or skip saying what is missing."""
+    from redis_modules import SKIP_REASON, bloom_server
+
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    with RedisServer("--loadmodule", module, binary=binary) as server:
+        yield server
+
+
+@pytest.fixture
+def bloom_redis_client(bloom_redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """Return a client of the BF.*-capable server, emptied for this test."""
+    client = bloom_redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
