@@ -69,6 +69,10 @@ class Generation:
         return (self.bits + 7) // 8
 
 
+#: Least margin, in items, between the scriptless path's counts and a shard's growth.
+SCRIPTLESS_MARGIN = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Growth:
     """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
@@ -113,6 +117,20 @@ class Growth:
         rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
         hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
         return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
+
+    @property
+    def scriptless_limit(self) -> int:
+        """Items a one-generation shard may hold before its checks go through the script.
+
+        Below it, a check of a growing shard needs no script: one ``BITFIELD`` reads the
+        shard's state, sets the element's bits in generation 0 and adds to its count the
+        items this worker found new since (see :mod:`.fastpath`). Counts arrive late by
+        at most one call per worker, so the margin (1% of generation 0, at least
+        :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of the growth boundary,
+        which only the script crosses. 0 when generation 0 is too small to have one.
+        """
+        first = self.first_capacity
+        return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
 
     @property
     def bound(self) -> float:
