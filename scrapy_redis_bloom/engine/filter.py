@@ -43,6 +43,7 @@ from .cache import LRU
 from .counters import Counters
 from .events import FilterEvents, RateLimitedLog
 from .executor import Call, Executor, Kind, classify
+from .fastpath import FastPath
 from .generations import seed_arguments
 from .lease import WorkerLease, workers_of
 from .lifecycle import Lifecycle
@@ -132,6 +133,8 @@ class RedisBloomFilter:
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
+        #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
+        self._fast: FastPath | None = None
         #: Most generations seen in a shard by this worker (for stats and the log).
         self.generations = 1
         self._identities: dict[int, bytes] = {}
@@ -213,6 +216,11 @@ class RedisBloomFilter:
             self._script = scripts.check_and_add(record.growth, one=True)
             self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
+            self._fast = (
+                FastPath(record.growth, self.parts.shard_key, self._identity)
+                if FastPath.applies(record.growth)
+                else None
+            )
             self._identities.clear()
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
@@ -236,6 +244,7 @@ class RedisBloomFilter:
     def close(self) -> None:
         """Close the filter's connections. It stays usable: they reopen on demand."""
         with self._lock:
+            self._flush_counts()
             self.executor.close()
 
     def clear(self) -> None:
@@ -268,6 +277,7 @@ class RedisBloomFilter:
         with self._lock:
             if self.record is None:
                 return None
+            self._flush_counts()
             return self.counters.sync(self.parts, self.spec)
 
     def sync_counters_if_due(self) -> None:
@@ -278,6 +288,7 @@ class RedisBloomFilter:
         """
         with self._lock:
             if self.record is not None and self.counters.due:
+                self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
 
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
@@ -294,8 +305,10 @@ class RedisBloomFilter:
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element; return True if it was (probably) there already.
 
-        One atomic script call in Redis (none when the near-cache knows the element):
-        of several workers adding the same element at once, exactly one gets False.
+        One atomic command in Redis (none when the near-cache knows the element): a
+        ``BITFIELD`` (:mod:`.fastpath`), or the check-and-add script where a shard has
+        grown or forgets. Of several workers adding the same element at once, exactly
+        one gets False.
         """
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as _tag()
@@ -316,6 +329,7 @@ class RedisBloomFilter:
                 if self._owed:
                     self._settle()
             if self.counters.due:
+                self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
             return seen
 
@@ -323,28 +337,19 @@ class RedisBloomFilter:
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
+        fast = self._fast
+        if fast is not None:
+            if fast.usable(shard):
+                return self._fast_check_and_add(fast, shard, h1, h2, recovered)
+            self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits)
-        ambiguous = False
-        try:
-            reply = self.topology.route(key, shard, None).call(payload)
-            if classify(reply) is not Kind.RESULT:
-                raise _Redo
-        except (TransportError, _Redo) as exc:
-            ambiguous = isinstance(exc, ReplyLostError)
-            call = Call(payload, key=key, shard=shard, script=self._script)
-            results = self.executor.run("check and add a request", [call], write=True)
-            reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
+        reply, ambiguous = self._call(payload, key, shard, self._script)
         if reply.__class__ is int:  # the common reply: the answer alone
             seen = reply == 1
-        elif isinstance(reply, BaseException):
-            raise self.parts.refusal(reply, key, "check and add a request")
         elif reply[0] == scripts.MISMATCH:
             if recovered:
-                raise FilterDamagedError(
-                    f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
-                    " after recovery."
-                )
+                raise self._still_wrong(key)
             self._mismatch(shard, key, reply[1])
             return self._check_and_add(h1, h2, recovered=True)
         else:
@@ -355,6 +360,82 @@ class RedisBloomFilter:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
+
+    def _fast_check_and_add(
+        self, fast: FastPath, shard: int, h1: int, h2: int, recovered: bool
+    ) -> bool:
+        """Check and add on the scriptless path: one BITFIELD (see :mod:`.fastpath`)."""
+        payload, key, counted = fast.pack(shard, h1, h2)
+        try:
+            reply, ambiguous = self._call(payload, key, shard, None)
+        except FilterUnavailableError:
+            fast.lost(shard, counted)
+            raise
+        try:
+            seen, generations = fast.read(shard, reply)
+        except ValueError as exc:
+            raise FilterUnavailableError(
+                f"Redis answered a check of {key!r} with a reply that is not this command's"
+                f" ({exc}); answering nothing from it."
+            ) from None
+        if seen is None:
+            # Its bits went wherever the key now points: the shard was lost (a bitmap
+            # without header now), or the filter was reset. Recover, then check again;
+            # "seen" then may be this call's own bits.
+            if recovered:
+                raise self._still_wrong(key)
+            self._recover(self.parts.identities([shard]))
+            seen, ambiguous = self._check_and_add(h1, h2, recovered=True), True
+        elif generations > self.generations:
+            self._note(shard, 0, generations)
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the bits may be this call's own, set by a lost attempt
+        return seen
+
+    def _call(self, payload: bytes, key: str, shard: int, script: scripts.Script | None) -> Any:
+        """Send one hot-path command; return its reply and whether it may have run twice.
+
+        First straight on the shard's connection; anything but a plain reply (a lost
+        connection, a redirection, NOSCRIPT, a busy server) goes to the executor, which
+        retries within BLOOMFILTER_RETRY_TIMEOUT. A refusal raises.
+        """
+        ambiguous = False
+        try:
+            reply = self.topology.route(key, shard, None).call(payload)
+            if classify(reply) is not Kind.RESULT:
+                raise _Redo
+        except (TransportError, _Redo) as exc:
+            ambiguous = isinstance(exc, ReplyLostError)
+            call = Call(payload, key=key, shard=shard, script=script)
+            results = self.executor.run("check and add a request", [call], write=True)
+            reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
+        if isinstance(reply, BaseException):
+            raise self.parts.refusal(reply, key, "check and add a request")
+        return reply, ambiguous
+
+    def _still_wrong(self, key: str) -> FilterDamagedError:
+        return FilterDamagedError(
+            f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
+            " after recovery."
+        )
+
+    def _flush_counts(self, only: int | None = None) -> None:
+        """Send the counts of items the scriptless path found new (see :mod:`.fastpath`).
+
+        ``only``: that shard's alone.
+        """
+        fast = self._fast
+        owed = fast.flushes(only) if fast is not None else []
+        if not owed:
+            return
+        assert fast is not None
+        calls = [Call(command, key=key, shard=shard) for shard, key, command, _ in owed]
+        try:
+            self.executor.run("add to the shards' counts", calls, write=True)
+        except FilterUnavailableError:
+            for shard, _, _, items in owed:
+                fast.lost(shard, items)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.
