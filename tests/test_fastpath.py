@@ -6,10 +6,15 @@ rates) is tested in test_generations.py, through this path wherever it applies.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 import redis
+from redis_server import RedisServer
 from test_generations import bloom_for, client_commands, config, fingerprints
 
+from scrapy_redis_bloom.config import FaultPolicy
 from scrapy_redis_bloom.engine.generations import COUNT_BIT, GENERATIONS_BIT
 from scrapy_redis_bloom.errors import FilterDamagedError
 
@@ -117,3 +122,57 @@ def test_a_deleted_shard_is_debris_for_the_script_not_a_silent_empty_filter(
     again = bloom_for(redis_client, cfg, KEY)
     assert again.check_and_add("after") is False
     assert again.check_and_add("after") is True
+
+
+# -- several elements in one exchange (a page's links) ---------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [100_000, 300])  # scriptless; grown, through the script
+def test_many_at_once_answer_as_one_at_a_time(redis_client: redis.Redis, capacity: int) -> None:
+    cfg = config(capacity, 0.001, BLOOMFILTER_SHARDS=4)
+    together = bloom_for(redis_client, cfg, KEY, cache_size=50)
+    alone = bloom_for(redis_client, cfg, "alone:bloomfilter", cache_size=50)
+    pages = [fingerprints(40, f"page-{p}") for p in range(30)]
+    for p, links in enumerate(pages):
+        # Links repeat inside a page and across pages, as navigation links do.
+        links = links + links[:5] + (pages[p - 1][:10] if p else [])
+        expected = [alone.check_and_add(link) for link in links]
+        assert together.check_and_add_many(links) == expected
+    if capacity == 300:
+        assert together.generations >= 2
+    redis_client.script_flush()  # a node that forgot the scripts: reloaded, answers unchanged
+    links = fingerprints(30, "after-flush")
+    assert together.check_and_add_many(links) == [alone.check_and_add(e) for e in links]
+
+
+def test_many_at_once_across_a_cluster(redis_cluster: Any) -> None:
+    cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=12)
+    bloom = bloom_for(redis_cluster, cfg, KEY)
+    links = fingerprints(200, "cluster")
+    assert bloom.check_and_add_many(links) == [False] * 200
+    assert bloom.check_and_add_many(links[::-1]) == [True] * 200
+
+
+def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> None:
+    server = RedisServer(appendonly=True).start()
+    try:
+        client = server.client()
+        cfg = config(100_000, 0.001)
+        lenient = FaultPolicy(retry_timeout=0.5, on_error="allow")
+        bloom = bloom_for(client, cfg, KEY, faults=lenient, cache_size=100)
+        links = fingerprints(20, "outage")
+        assert bloom.check_and_add_many(links[:10]) == [False] * 10
+        server.kill()
+        # The first ten from the near-cache; the others let through, and remembered.
+        assert bloom.check_and_add_many(links) == [True] * 10 + [False] * 10
+        assert bloom.events.counts["errors"] == 10
+        assert bloom.check_and_add_many(links[10:]) == [True] * 10
+        server.restart()
+        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        # Once Redis answers, the owed ones are added: another worker finds them all.
+        assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
+        other = bloom_for(client, cfg, KEY)
+        assert other.contains_many(links) == [True] * 20
+        client.close()
+    finally:
+        server.stop()
