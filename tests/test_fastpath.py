@@ -15,6 +15,7 @@ from redis_server import RedisServer
 from test_generations import bloom_for, client_commands, config, fingerprints
 
 from scrapy_redis_bloom.config import FaultPolicy
+from scrapy_redis_bloom.engine.fastpath import STATE_EVERY
 from scrapy_redis_bloom.engine.generations import COUNT_BIT, GENERATIONS_BIT
 from scrapy_redis_bloom.errors import FilterDamagedError
 
@@ -88,21 +89,24 @@ def test_a_worker_crossing_its_limit_hands_the_shard_to_the_script(
 def test_a_stale_view_of_a_grown_shard_never_answers_seen_wrongly(
     redis_client: redis.Redis,
 ) -> None:
-    # A looks at the shard while it is young; B then grows it. A's next check still
-    # goes scriptless, lands in generation 0 (read by every check), and A learns.
+    # A looks at the shard while it is young; B then grows it.
     cfg = config(2_500, 0.001, BLOOMFILTER_SHARDS=1)
     a, b = bloom_for(redis_client, cfg, KEY), bloom_for(redis_client, cfg, KEY)
     assert a.check_and_add("first") is False
     for element in fingerprints(9_000, "grow"):
         b.check_and_add(element)
     assert state(redis_client, 0)[0] >= 3
-    late = fingerprints(50, "late")
-    assert [a.check_and_add(e) for e in late[:1]] == [False]
-    assert b.check_and_add(late[0]) is True  # found in generation 0
+    late = fingerprints(STATE_EVERY + 30, "late")
+    # A's checks still go scriptless, into generation 0 (read by every check), until one
+    # of them reads the shard's state: new elements answer "new" (but for a rare false
+    # positive), and B finds them.
+    first = late[:STATE_EVERY]
+    assert [a.check_and_add(e) for e in first].count(True) <= 1
     assert a.generations >= 3
+    assert b.contains_many(first) == [True] * STATE_EVERY
     # From then on A uses the script: its answers and B's agree.
-    assert [a.check_and_add(e) for e in late[1:]].count(True) <= 1
-    assert b.contains_many(late) == [True] * 50
+    assert [a.check_and_add(e) for e in late[STATE_EVERY:]].count(True) <= 1
+    assert b.contains_many(late) == [True] * len(late)
 
 
 def test_a_deleted_shard_is_debris_for_the_script_not_a_silent_empty_filter(

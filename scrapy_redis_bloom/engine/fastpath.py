@@ -5,6 +5,8 @@ grown is a single command::
 
     BITFIELD {KEY:i}:g0 GET i64 32 [INCRBY u48 208 <n>] SET u1 <o1> 1 ... SET u1 <ok> 1
 
+(the state field only on some checks of a growing shard, see below).
+
 ``BITFIELD`` is atomic and replies the old value of every field, so "were all k bits
 already set" is check-and-add's answer, as in the scripts, at a fraction of their
 Redis time (no Lua, no ``redis.call`` per bit). The first field reads 8 bytes of
@@ -13,18 +15,21 @@ filter's was not written where this worker believes (the shard was lost, or the
 filter reset), and goes to the filter's recovery, its answer discarded.
 
 A growing shard also needs its count of items, which decides when it grows. The
-count cannot be raised in the same command only when the element turns out new,
-so each worker adds the items it found new to the count in its next command on
-that shard, or when it syncs its counters or closes. One ``INCRBY`` of the header's
-48-bit state (generations, u16, then the count, u32) adds them and replies both. Only the
-script crosses the growth boundary (it starts the next generation atomically), so
-this path is used while the count stays under :attr:`.Growth.scriptless_limit`,
-whose margin covers the counts still on their way from other workers. A shard
-found grown, or near its limit, is left to the script from then on.
+count cannot be raised in the same command only when the element turns out new, so
+each worker keeps the items it found new and sends them with one of its checks in
+:data:`STATE_EVERY` on that shard (sooner when that many are owed), and when it syncs
+its counters or closes: that check adds ``INCRBY u48 208 <n>`` to the header's
+48-bit state (generations, u16, then the count, u32), which adds them and replies
+both. Only the script crosses the growth boundary (it starts the next generation
+atomically), so this path is used while the count stays under
+:attr:`.Growth.scriptless_limit`, whose margin (at least 1,024 items) covers the
+counts other workers still hold (fewer than :data:`STATE_EVERY` each). A shard found
+grown, or near its limit, is left to the script from then on.
 
 What this path cannot see, and why it is safe: if a shard grew after this worker's
-last look, its element went to generation 0, which is still read by every check;
-"seen" there is a true Bloom answer, "new" at worst a duplicate fetch.
+last look (at most :data:`STATE_EVERY` checks ago), its element went to generation 0,
+which is still read by every check; "seen" there is a true Bloom answer, "new" at
+worst a duplicate fetch.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from ..hashing import offset_steps
 from .generations import GENERATIONS_BIT, Growth
 from .layout import HEADER_BITS
 from .wire import Arg, command_head, pack_command
+
+#: A worker's checks of a shard between two that read its state (and send its count).
+STATE_EVERY = 16
 
 #: Where the fields read before the bits live in a shard's header (bit offsets): 8 of
 #: the 16 random bytes of the filter id; the state, generations (u16) then count (u32),
@@ -53,9 +61,13 @@ def id_field(identity: bytes) -> int:
 class _Shard:
     """What this worker knows of one shard: its command's start, and its count."""
 
-    head: str
+    #: The command's start: without the state field, and with it.
+    plain: str
+    stated: str
     key: str
     expected: int
+    #: Checks since the last that read the state.
+    since: int = 0
     #: Items in generation 0 at this worker's last look (None: not looked yet).
     count: int | None = None
     #: Items this worker found new since, not yet added to the count in Redis.
@@ -85,7 +97,6 @@ class FastPath:
         self.steps = offset_steps(self.k)
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
-        self._fields = 1 + int(self.counted)  # replies before the bits
         self._ops = "$3\r\nSET\r\n$2\r\nu1\r\n$%d\r\n%d\r\n$1\r\n1\r\n" * self.k
 
     @staticmethod
@@ -103,19 +114,25 @@ class FastPath:
         if known is None:
             key = self.shard_key(shard)
             args: list[Arg] = [b"BITFIELD", key, b"GET", b"i64", ID_FIELD]
-            if self.counted:
-                args += [b"INCRBY", b"u48", STATE_FIELD]
-            # The command's start: the argument count covers the count and bits to come.
-            head = command_head(len(args) + int(self.counted) + 4 * self.k, *args)
-            known = _Shard(head.decode("latin-1"), key, id_field(self.identity(shard)))
+            # The argument counts cover the bits (and the count) to come.
+            plain = command_head(len(args) + 4 * self.k, *args)
+            stated = command_head(len(args) + 4 + 4 * self.k, *args, b"INCRBY", b"u48")
+            stated += command_head(0, STATE_FIELD)[4:]
+            known = _Shard(
+                plain.decode("latin-1"),
+                stated.decode("latin-1"),
+                key,
+                id_field(self.identity(shard)),
+            )
             self._shards[shard] = known
         return known
 
-    def pack(self, shard: int, h1: int, h2: int) -> tuple[bytes, str, int]:
-        """Return the command for an element (hashes ``h1``, ``h2``), key and count sent.
+    def pack(self, shard: int, h1: int, h2: int) -> tuple[bytes, str, int, int]:
+        """Return the command for an element (hashes ``h1``, ``h2``) and what it carries.
 
-        The count sent is what the command adds to the shard's count: :meth:`lost` gives
-        it back when the command surely did not run.
+        That is: the command, its key, the count it sends (what it adds to the shard's
+        count: :meth:`lost` gives it back when the command surely did not run), and the
+        fields it reads before the bits (1, or 2 with the state).
         """
         known = self._shard(shard)
         size = self.size
@@ -124,25 +141,30 @@ class FastPath:
         for i, c in self.steps:
             offset = (x + i * y + c) % size + HEADER_BITS
             args += (len(str(offset)), offset)
-        text = known.head
-        sent = 0
+        text = known.plain
+        sent, fields = 0, 1
         if self.counted:
-            sent, known.pending = known.pending, 0
-            text += f"${len(str(sent))}\r\n{sent}\r\n"
-        return (text + self._ops % tuple(args)).encode("latin-1"), known.key, sent
+            known.since += 1
+            if known.count is None or known.since >= STATE_EVERY or known.pending >= STATE_EVERY:
+                known.since = 0
+                sent, known.pending = known.pending, 0
+                text = f"{known.stated}${len(str(sent))}\r\n{sent}\r\n"
+                fields = 2
+        return (text + self._ops % tuple(args)).encode("latin-1"), known.key, sent, fields
 
     def lost(self, shard: int, sent: int) -> None:
         """Take back the count a command carried that surely did not run."""
         self._shard(shard).pending += sent
 
-    def read(self, shard: int, reply: Any) -> tuple[bool | None, int]:
+    def read(self, shard: int, reply: Any, fields: int) -> tuple[bool | None, int]:
         """Return a reply's answer and the shard's generations (1: it does not grow).
+
+        ``fields``: the fields the command read before the bits (see :meth:`pack`).
 
         The answer is True for "seen", None when the shard is not this filter's.
 
         A reply of the wrong shape raises ``ValueError``: it is not this command's.
         """
-        fields = self._fields
         if not isinstance(reply, list) or len(reply) != fields + self.k:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
         known = self._shard(shard)
@@ -150,17 +172,20 @@ class FastPath:
             known.count, known.pending = None, 0  # what it counted went to the wrong key
             return None, 1
         seen = 0 not in reply[fields:]
-        if self.counted:
-            generations, count = divmod(reply[1], 1 << 32)
-            if generations > 1:  # it grew since this worker looked
-                known.grown = True
-                known.pending = 0  # the count in Redis is now the newest generation's
-            else:
-                known.count = count
-                known.pending += int(not seen)
-                known.near = count + known.pending + 1 >= self.limit
-            return seen, max(generations, 1)
-        return seen, 1
+        if not self.counted:
+            return seen, 1
+        if fields == 1:  # no state read: only this worker's count moves
+            known.pending += int(not seen)
+            return seen, 1
+        generations, count = divmod(reply[1], 1 << 32)
+        if generations > 1:  # it grew since this worker looked
+            known.grown = True
+            known.pending = 0  # the count in Redis is now the newest generation's
+        else:
+            known.count = count
+            known.pending += int(not seen)
+            known.near = count + known.pending + 1 >= self.limit
+        return seen, max(generations, 1)
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items still to count.

@@ -88,6 +88,8 @@ class _Command:
     fast: FastPath | None = None
     #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
     counted: int = 0
+    #: Fields its BITFIELD reads before the bits (scriptless path).
+    fields: int = 0
 
     def give_back(self) -> None:
         """Keep the count it carried for a later command: this one did not run."""
@@ -458,8 +460,8 @@ class RedisBloomFilter:
         fast = self._fast
         if fast is not None:
             if fast.usable(shard):
-                payload, key, counted = fast.pack(shard, h1, h2)
-                return _Command(shard, key, payload, fast, counted)
+                payload, key, counted, fields = fast.pack(shard, h1, h2)
+                return _Command(shard, key, payload, fast, counted, fields)
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits)
@@ -500,7 +502,7 @@ class RedisBloomFilter:
             raise self.parts.refusal(reply, command.key, "check and add a request")
         if command.fast is not None:
             try:
-                seen, generations = command.fast.read(command.shard, reply)
+                seen, generations = command.fast.read(command.shard, reply, command.fields)
             except ValueError as exc:
                 raise FilterUnavailableError(
                     f"Redis answered a check of {command.key!r} with a reply that is not this"

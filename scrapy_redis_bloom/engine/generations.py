@@ -122,12 +122,13 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        Below it, a check of a growing shard needs no script: one ``BITFIELD`` reads the
-        shard's state, sets the element's bits in generation 0 and adds to its count the
-        items this worker found new since (see :mod:`.fastpath`). Counts arrive late by
-        at most one call per worker, so the margin (1% of generation 0, at least
-        :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of the growth boundary,
-        which only the script crosses. 0 when generation 0 is too small to have one.
+        Below it, a check of a growing shard needs no script: one ``BITFIELD`` sets the
+        element's bits in generation 0, and now and then reads the shard's state and adds
+        to its count the items this worker found new since (see :mod:`.fastpath`).
+        Counts arrive late, by fewer than 16 items per worker, so the margin (1% of
+        generation 0, at least :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of
+        the growth boundary, which only the script crosses. 0 when generation 0 is too
+        small to have one.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
