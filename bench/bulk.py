@@ -38,9 +38,11 @@ logger = logging.getLogger("bench.bulk")
 NAME_ADD_MANY = "ours: RedisBloomFilter.add_many"
 NAME_ADD_MANY_NATIVE = "ours, native: add_many"
 NAME_BF_MADD = "RedisBloom BF.MADD (pipelined)"
+NAME_BF_MADD_FIXED = "RedisBloom BF.MADD, NONSCALING"
 NAME_SETBIT = "redis-py pipeline of SETBIT"
 NAME_SET = "scrapy-redis SET (pipelined SADD)"
 NAME_REDISBLOOM_MEMORY = "RedisBloom (BF.RESERVE p n)"
+NAME_REDISBLOOM_FIXED = "RedisBloom (BF.RESERVE p n NONSCALING)"
 NAME_OURS_NATIVE_MEMORY = "ours, native"
 
 #: Commands per pipeline flush of the SETBIT baseline.
@@ -187,28 +189,28 @@ def measure_bulk(
         keep(throughput, NAME_SETBIT, "fp/s", setbit_count / elapsed, setbit_count)
         logger.info("  %-34s %10.0f fp/s", NAME_SETBIT, setbit_count / elapsed)
 
-    def run_madd() -> None:
+    def run_madd(name: str, memory_name: str, expansion: int) -> None:
         bench.flush()
         key = "bench:redisbloom"
-        bf_reserve(client, key, count, error_rate)
+        bf_reserve(client, key, count, error_rate, expansion)
         gc.collect()
         start = time.perf_counter()
         added = bf_madd(client, key, elements)
         elapsed = time.perf_counter() - start
-        keep(throughput, NAME_BF_MADD, "fp/s", count / elapsed, count).extra.setdefault(
-            "added", []
-        ).append(added)
+        keep(throughput, name, "fp/s", count / elapsed, count).extra.setdefault("added", []).append(
+            added
+        )
         keys, used = bench.memory_of_all_keys()
-        mem = keep(memory, NAME_REDISBLOOM_MEMORY, "B/fp", used / count, count)
+        mem = keep(memory, memory_name, "B/fp", used / count, count)
         geometry = bf_geometry(client, key)
         mem.extra.update(keys=keys, bytes=used, geometry=geometry)
         false = bf_mexists(client, key, never)
-        rate = keep(fpr, NAME_REDISBLOOM_MEMORY, "rate", false / probes, probes)
+        rate = keep(fpr, memory_name, "rate", false / probes, probes)
         rate.extra.setdefault("false_positives", []).append(false)
         if geometry:
             rate.extra["expected"] = bloom_rate(geometry["bits"], geometry["hashes"], count)
             mem.note = f"k={geometry['hashes']}, {geometry['bits']:,} bits"
-        logger.info("  %-34s %10.0f fp/s, %.3f B/fp, FPR %.2e", NAME_BF_MADD, count / elapsed,
+        logger.info("  %-34s %10.0f fp/s, %.3f B/fp, FPR %.2e", name, count / elapsed,
                     used / count, false / probes)  # fmt: skip
 
     runners: dict[str, Callable[[], None]] = {
@@ -220,7 +222,8 @@ def measure_bulk(
             NAME_ADD_MANY_NATIVE, NAME_OURS_NATIVE_MEMORY, "native"
         )
     if peers.bloom:
-        runners[NAME_BF_MADD] = run_madd
+        runners[NAME_BF_MADD] = lambda: run_madd(NAME_BF_MADD, NAME_REDISBLOOM_MEMORY, 2)
+        runners[NAME_BF_MADD_FIXED] = lambda: run_madd(NAME_BF_MADD_FIXED, NAME_REDISBLOOM_FIXED, 0)
     interleave(list(runners), rounds, lambda name, _: runners[name](), "(c, d) bulk add")
 
     memory[NAME_SET] = _set_memory(bench, elements)
