@@ -282,6 +282,7 @@ def _count_redis_time(outcome: CrawlOutcome, spent: CommandTime) -> None:
     outcome.filter_commands = len(mine)
     outcome.redis_usec = spent.usec(spent.commands)
     outcome.extra["filter_commands"] = spent.by_name(mine)
+    outcome.extra["filter_usec_by_command"] = spent.usec_by_name(mine)
     outcome.extra["all_commands"] = spent.by_name(spent.commands)
     if spent.dropped:
         outcome.extra["slowlog_dropped"] = spent.dropped
@@ -332,6 +333,15 @@ def _read_output(output: Path, log: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         return {"error": f"no output from the worker ({exc}); log tail: {tail}"}
+
+
+def _time_shares(outcomes: list[CrawlOutcome]) -> str:
+    """Which commands the filter's Redis time went to, over some crawls (top 4)."""
+    spent: collections.Counter[str] = collections.Counter()
+    for o in outcomes:
+        spent.update(o.extra.get("filter_usec_by_command", {}))
+    total = sum(spent.values()) or 1
+    return ", ".join(f"{name} {usec / total:.0%}" for name, usec in spent.most_common(4))
 
 
 def measure_crawl(
@@ -391,6 +401,8 @@ def measure_crawl(
 
         interleave(list(by_name), rounds, run_one, "(e) 2-worker crawl")
     bench.flush()
+    for name, per in samples["filter_usec"].items():
+        per.note = _time_shares([o for o in outcomes if o.contender == name and not o.error])
     for name in by_name:
         mine = [o for o in outcomes if o.contender == name]
         samples["span"][name].note = (
