@@ -118,6 +118,24 @@ def bloom_rate(bits: int, hashes: int, items: int) -> float:
     return float((-math.expm1(-hashes * items / bits)) ** hashes)
 
 
+def bf_expected_rate(client: redis.Redis, key: str) -> float:
+    """Return the expected false-positive rate of a RedisBloom filter, every layer.
+
+    From ``BF.DEBUG``: each layer's bits, hashes and items; a probe is a false
+    positive when any layer answers yes. NaN when BF.DEBUG is not there.
+    """
+    try:
+        reply = client.execute_command("BF.DEBUG", key)
+    except redis.ResponseError:
+        return float("nan")
+    lines = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
+    clear = 1.0
+    for line in lines[1:]:
+        fields = dict(part.split(":", 1) for part in line.split() if ":" in part)
+        clear *= 1 - bloom_rate(int(fields["bits"]), int(fields["hashes"]), int(fields["size"]))
+    return 1 - clear
+
+
 def old_plugin_offsets(values: Sequence[str], bit: int, hash_number: int) -> list[list[int]]:
     """scrapy-redis-bloomfilter 0.8.1's bit offsets of each value, one list per seed.
 
