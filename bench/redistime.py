@@ -5,8 +5,9 @@ Each contender's ``request_seen`` is called on distinct URLs (every call adds), 
 threshold 0 for top-level commands, ``INFO commandstats`` for the breakdown). The
 clock is reset after ``open()`` and read before ``close()``, so what is counted is
 what the checks cost the server: command time per check and commands per check.
-Ours also counts its round trips on the client (stat ``bloomfilter/round_trips``,
-where this version reports it); every peer sends one command per round trip.
+Ours also counts its round trips on the client (its filter's ``round_trips``, behind
+the stat ``bloomfilter/round_trips``, where this version has them); every peer sends
+one command per round trip.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ def contenders(peers: Peers) -> list[DupeFilter]:
 
 
 def _round_trips(dupefilter: Any) -> int | None:
+    """Ours' round trips so far: the filter's own count, else the stat; None if neither.
+
+    The stat ``bloomfilter/round_trips`` may be written only at close; the filter's
+    ``round_trips`` (where this version has it) is the live count behind it.
+    """
+    live = getattr(getattr(dupefilter, "bloom", None), "round_trips", None)
+    if isinstance(live, int):
+        return live
     stats = getattr(dupefilter, "stats", None)
     value = stats.get_value(ROUND_TRIPS_STAT) if stats is not None else None
     return int(value) if value is not None else None
