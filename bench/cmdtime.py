@@ -49,8 +49,8 @@ class CommandTime:
     commands: list[Command]
     #: ``INFO commandstats`` of the same span: {command: {"calls", "usec"}}, nested included.
     commandstats: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: Entries the slow log dropped (it was full): the sums then miss commands.
-    dropped: int = 0
+    #: The slow log was full, so it dropped its oldest entries: the sums miss commands.
+    overflowed: bool = False
 
     def select(self, keep: Callable[[Command], bool]) -> list[Command]:
         """Return the commands ``keep`` accepts."""
@@ -108,14 +108,18 @@ class CommandClock:
     def read(self) -> CommandTime:
         """Return the top-level commands run since :meth:`reset`, oldest first."""
         stats = self.client.info("commandstats")
-        length = int(self.client.slowlog_len())
         entries = self.client.execute_command("SLOWLOG", "GET", -1)
         commands = _top_level(entries, self.me)
         commandstats = {
             name.removeprefix("cmdstat_"): {"calls": int(v["calls"]), "usec": int(v["usec"])}
             for name, v in stats.items()
         }
-        return CommandTime(commands, commandstats, max(0, length - len(entries)))
+        overflowed = len(entries) >= SLOWLOG_MAX_LEN
+        if overflowed:
+            logger.warning(
+                "The slow log filled up (%d entries): Redis time is undercounted", len(entries)
+            )
+        return CommandTime(commands, commandstats, overflowed)
 
 
 _SLOWLOG_SETTINGS = ("slowlog-max-len", "slowlog-log-slower-than")

@@ -284,8 +284,8 @@ def _count_redis_time(outcome: CrawlOutcome, spent: CommandTime) -> None:
     outcome.extra["filter_commands"] = spent.by_name(mine)
     outcome.extra["filter_usec_by_command"] = spent.usec_by_name(mine)
     outcome.extra["all_commands"] = spent.by_name(spent.commands)
-    if spent.dropped:
-        outcome.extra["slowlog_dropped"] = spent.dropped
+    if spent.overflowed:
+        outcome.error = "the slow log filled up: Redis time undercounted"
 
 
 def _wait_ready(

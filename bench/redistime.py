@@ -131,7 +131,7 @@ def time_commands(
         "seen": seen,
         "commands": spent.by_name(spent.commands),
         "commandstats": spent.commandstats,
-        "dropped": spent.dropped,
+        "overflowed": spent.overflowed,
     }
 
 
@@ -166,7 +166,7 @@ def measure_command_time(
             )
             usec = out["usec"].setdefault(name, Samples(name, "usec", sample_size=len(urls)))
             usec.values.append(got["usec_per_check"])
-            for key in ("checks_per_s", "seen", "commands", "commandstats", "dropped"):
+            for key in ("checks_per_s", "seen", "commands", "commandstats", "overflowed"):
                 usec.extra.setdefault(key, []).append(got[key])
             commands = out["commands"].setdefault(
                 name, Samples(name, "commands", sample_size=len(urls))
