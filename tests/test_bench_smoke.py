@@ -208,3 +208,37 @@ def test_quick_fault_table_runs_and_writes_both_outputs(tmp_path: Path) -> None:
     markdown = (tmp_path / "faults.md").read_text()
     for heading in ("## Faults", "## Every crawl, in the order run", "## How it was measured"):
         assert heading in markdown
+
+
+def test_redisbloom_peer_answers_like_a_dupefilter(bloom_redis_server: Any) -> None:
+    """(a), (b), (t), (e)'s RedisBloom peer: BF.ADD's reply read as scrapy-redis reads SADD's."""
+    from peers import BFAddDupeFilter, bf_expected_rate, bf_madd, bf_mexists
+    from scrapy import Request
+    from scrapy.settings import Settings
+
+    settings = Settings(
+        {
+            "REDIS_URL": bloom_redis_server.url,
+            "REDISBLOOM_CAPACITY": 1000,
+            "REDISBLOOM_ERROR_RATE": 0.001,
+            "REDISBLOOM_EXPANSION": 0,
+        }
+    )
+    dupefilter = BFAddDupeFilter.from_settings(settings)
+    again = BFAddDupeFilter.from_settings(settings)  # the filter exists: kept, no error
+    try:
+        assert again.key == dupefilter.key
+        assert dupefilter.request_seen(Request("https://example.com/a")) is False
+        assert dupefilter.request_seen(Request("https://example.com/a")) is True
+        assert again.request_seen(Request("https://example.com/b")) is False
+        info = dupefilter.server.execute_command("BF.INFO", dupefilter.key, "CAPACITY")
+        values = list(info.values()) if isinstance(info, dict) else info
+        assert [int(v) for v in (values if isinstance(values, list) else [values])] == [1000]
+        elements = [f"{i:040x}" for i in range(500)]
+        assert bf_madd(dupefilter.server, dupefilter.key, elements) == 500
+        assert bf_mexists(dupefilter.server, dupefilter.key, elements) == 500
+        assert 0 < bf_expected_rate(dupefilter.server, dupefilter.key) < 0.001
+    finally:
+        dupefilter.clear()
+        dupefilter.server.close()
+        again.server.close()
