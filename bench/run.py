@@ -79,9 +79,16 @@ from micro import (  # noqa: E402
     measure_stream,
     measure_unique,
     old_plugin_installed,
+    redisbloom_settings,
 )
 from redis_modules import SKIP_REASON, bloom_server  # noqa: E402
-from redistime import NAME_NATIVE_SIZED, NAME_OURS_SIZED, measure_command_time  # noqa: E402
+from redistime import (  # noqa: E402
+    FIXED,
+    NAME_NATIVE_SIZED,
+    NAME_OURS_SIZED,
+    SIZED,
+    measure_command_time,
+)
 from report import Row, Target, ratio, rows_for, text_table, write_results  # noqa: E402
 
 logger = logging.getLogger("bench")
@@ -539,7 +546,11 @@ def method_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, A
 
 def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, Any]) -> list[str]:
     """How the measures added for issue 12 (Redis-side efficiency) were taken."""
+    from scrapy_redis_bloom.config import BloomConfig
+
     modules = ", ".join(redis_info.get("modules", [])) or "none"
+    default = redisbloom_settings({})
+    sized, fixed = (BloomConfig.from_settings(s).spec for s in (SIZED, FIXED))
     bitmap = (
         " Every 'ours' row without 'native' in its name sets BLOOMFILTER_BACKEND = 'bitmap'"
         " ('auto', the default, would pick the native backend on this server)."
@@ -553,8 +564,9 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         f"'{NAME_REDISBLOOM}' (bench/peers.py) is scrapy-redis's RFPDupeFilter with its SADD"
         " replaced by `BF.ADD key fingerprint` (scrapy-redis's fingerprint), after a"
         " `BF.RESERVE key p n` when it is built, with the capacity and expected error rate of"
-        " the ours it runs beside (for ours' defaults: n = 125,980,546, p = 0.0156, its"
-        " default EXPANSION 2; NONSCALING beside a fixed-size ours).",
+        f" the ours it runs beside (for ours' defaults: n = {default['REDISBLOOM_CAPACITY']:,},"
+        f" p = {default['REDISBLOOM_ERROR_RATE']:g}, its default EXPANSION 2; NONSCALING"
+        " beside a fixed-size ours).",
         f"(t) Redis command time per check: request_seen on {args.cmd_calls:,} distinct URLs"
         f" per contender ({args.slow_calls:,} for {NAME_OLD}), {args.rounds} round(s),"
         f" interleaved, after {args.cmd_warmup:,} other distinct URLs (ours allocates its"
@@ -570,8 +582,9 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " commands / checks; round trips per"
         " check: ours' own count (stat bloomfilter/round_trips) where this version reports"
         " it. 'this/scrapy-redis' compares with a SADD of the same fingerprint. '1M @ 1e-4'"
-        " rows size ours with BLOOMFILTER_CAPACITY 1,000,000 / ERROR_RATE 1e-4 (growing: k"
-        " = 14 in one shard; EXPANSION=0: k = 13 in 21 shards). The slow log costs Redis"
+        " rows size ours with BLOOMFILTER_CAPACITY 1,000,000 / ERROR_RATE 1e-4 (growing: k ="
+        f" {sized.hash_count} in {sized.shards} shard(s); EXPANSION=0: k = {fixed.hash_count}"
+        f" in {fixed.shards} shards). The slow log costs Redis"
         " some work per command, so (t)'s own checks/s are not compared: checks/s is (a)'s.",
         f"(c) False-positive rate: {args.probes:,} fingerprints never added, offered to each"
         f" filter filled with {args.bulk:,} in (d): ours with contains_many, RedisBloom with"
