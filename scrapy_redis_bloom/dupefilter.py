@@ -2,7 +2,7 @@
 
 Settings become a :class:`~.config.BloomConfig` once, at startup; each
 ``request_seen`` is then one fingerprint plus, unless the near-cache knows it, one
-atomic script call in Redis (:mod:`.engine.filter`). What happens to the filter
+atomic command in Redis (:mod:`.engine.filter`). What happens to the filter
 (retries, ambiguous answers, errors, recovered parts, passing its capacity) reaches
 the crawl's stats as it happens. When the filter cannot answer (Redis gone for longer
 than ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR = "raise"``, a lost

@@ -307,18 +307,16 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
         assert caught.value.commands == ("time",)
         assert "Redis ACL refused a command of the filter's script" in str(caught.value.__cause__)
 
-        # SETBIT, called by the check-and-add script: an error, never "seen" (nor "new").
-        admin.execute_command("ACL", "SETUSER", "bloom", "+time", "-setbit")
+        # BITFIELD, the hot path's one command (and the bulk path's): an error, never
+        # "seen" (nor "new").
+        admin.execute_command("ACL", "SETUSER", "bloom", "+time", "-bitfield")
         for element in (known[0], fingerprints(21)[20]):
             with pytest.raises(
                 AccessDeniedError,
                 match=rf"could not check and add a request \(key '\{{{KEY}:\d+\}}:g0'\): .* the"
-                r" command setbit: its Redis user 'bloom' lacks",
+                r" command bitfield: its Redis user 'bloom' lacks",
             ):
                 bloom.check_and_add(element)
-
-        # A command sent directly (BITFIELD, by the bulk path).
-        admin.execute_command("ACL", "SETUSER", "bloom", "+setbit", "-bitfield")
         with pytest.raises(
             AccessDeniedError,
             match=r"could not check in bulk .* the command bitfield: its Redis user",

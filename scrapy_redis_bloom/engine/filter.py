@@ -27,6 +27,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -43,10 +44,11 @@ from .cache import LRU
 from .counters import Counters
 from .events import FilterEvents, RateLimitedLog
 from .executor import Call, Executor, Kind, classify
+from .fastpath import FastPath
 from .generations import seed_arguments
 from .lease import WorkerLease, workers_of
 from .lifecycle import Lifecycle
-from .node import ReplyLostError, TransportError
+from .node import Node, ReplyLostError, Ticket, TransportError
 from .parts import Parts
 from .record import FilterRecord
 from .state import FilterState, FilterTotals, read_state
@@ -74,6 +76,23 @@ def _tag(element: str | bytes) -> int:
     """Return an element's 128-bit digest: the near-cache's key."""
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
     return h1 | h2 << 64
+
+
+@dataclass(slots=True)
+class _Command:
+    """One element's check-and-add, packed: a BITFIELD (``fast`` packed it) or the script."""
+
+    shard: int
+    key: str
+    payload: bytes
+    fast: FastPath | None = None
+    #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
+    counted: int = 0
+
+    def give_back(self) -> None:
+        """Keep the count it carried for a later command: this one did not run."""
+        if self.fast is not None:
+            self.fast.lost(self.shard, self.counted)
 
 
 class _Redo(Exception):  # noqa: N818  # internal signal, never raised to callers
@@ -132,6 +151,8 @@ class RedisBloomFilter:
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
+        #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
+        self._fast: FastPath | None = None
         #: Most generations seen in a shard by this worker (for stats and the log).
         self.generations = 1
         self._identities: dict[int, bytes] = {}
@@ -213,6 +234,11 @@ class RedisBloomFilter:
             self._script = scripts.check_and_add(record.growth, one=True)
             self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
+            self._fast = (
+                FastPath(record.growth, self.parts.shard_key, self._identity)
+                if FastPath.applies(record.growth)
+                else None
+            )
             self._identities.clear()
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
@@ -236,6 +262,7 @@ class RedisBloomFilter:
     def close(self) -> None:
         """Close the filter's connections. It stays usable: they reopen on demand."""
         with self._lock:
+            self._flush_counts()
             self.executor.close()
 
     def clear(self) -> None:
@@ -268,6 +295,7 @@ class RedisBloomFilter:
         with self._lock:
             if self.record is None:
                 return None
+            self._flush_counts()
             return self.counters.sync(self.parts, self.spec)
 
     def sync_counters_if_due(self) -> None:
@@ -278,6 +306,7 @@ class RedisBloomFilter:
         """
         with self._lock:
             if self.record is not None and self.counters.due:
+                self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
 
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
@@ -294,8 +323,10 @@ class RedisBloomFilter:
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element; return True if it was (probably) there already.
 
-        One atomic script call in Redis (none when the near-cache knows the element):
-        of several workers adding the same element at once, exactly one gets False.
+        One atomic command in Redis (none when the near-cache knows the element): a
+        ``BITFIELD`` (:mod:`.fastpath`), or the check-and-add script where a shard has
+        grown or forgets. Of several workers adding the same element at once, exactly
+        one gets False.
         """
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as _tag()
@@ -316,45 +347,213 @@ class RedisBloomFilter:
                 if self._owed:
                     self._settle()
             if self.counters.due:
+                self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
             return seen
 
+    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
+        """Add a few elements together; return, per element, whether it was there already.
+
+        The answers equal :meth:`check_and_add` called on each in order, under the same
+        contract (a repeat inside the call is "seen" after its first), but the commands
+        of every element the near-cache does not know go in one round trip per server:
+        the links of a page in one exchange. For thousands of elements, :meth:`add_many`.
+        """
+        answers = [True] * len(elements)
+        with self._lock:
+            todo: list[tuple[int, int, str | bytes]] = []
+            hashes: list[tuple[int, int]] = []
+            taken: set[int] = set()
+            for i, element in enumerate(elements):
+                h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+                tag = h1 | h2 << 64  # as _tag()
+                if tag in taken or self._cache.get(tag) or (self._owed and tag in self._owed):
+                    self.cache_hits += 1
+                    self.counters.record(0, 1)
+                    continue
+                taken.add(tag)
+                todo.append((i, tag, element))
+                hashes.append((h1, h2))
+            done, failure = self._check_and_add_all(hashes) if todo else ([], None)
+            for (i, tag, _), seen in zip(todo, done, strict=False):
+                answers[i] = seen
+                self.counters.record(int(not seen), int(seen))
+                self._cache.put(tag, True)
+            if failure is not None:
+                rest = todo[len(done) :]
+                self._unavailable(failure, len(rest))
+                for i, _, _ in rest:
+                    answers[i] = False
+                self._owe({tag: element for _, tag, element in rest})
+            elif self._owed and todo:
+                self._settle()
+            if self.counters.due:
+                self._flush_counts()
+                self.counters.sync(self.parts, self.spec)
+        return answers
+
     def _check_and_add(self, h1: int, h2: int, recovered: bool = False) -> bool:
+        command = self._prepare(h1, h2)
+        try:
+            reply, ambiguous = self._send(command)
+        except FilterUnavailableError:
+            command.give_back()
+            raise
+        return self._conclude(command, reply, ambiguous, h1, h2, recovered)
+
+    def _check_and_add_all(
+        self, hashes: list[tuple[int, int]]
+    ) -> tuple[list[bool], FilterUnavailableError | None]:
+        """Check and add elements (their hashes) with one exchange per node, in order.
+
+        Returns the answers, and the error that stopped them if Redis could not answer
+        (then the answers are those of the elements before it).
+        """
+        commands = [self._prepare(h1, h2) for h1, h2 in hashes]
+        nodes: dict[int, tuple[Node, list[int]]] = {}
+        for i, command in enumerate(commands):
+            node = self.topology.route(command.key, command.shard, None)
+            nodes.setdefault(id(node), (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(commands)
+        lost = [False] * len(commands)
+        sent: list[tuple[Node, list[int], Ticket | TransportError]] = []
+        for node, order in nodes.values():
+            payload = b"".join(commands[i].payload for i in order)
+            try:
+                sent.append((node, order, node.send(payload, len(order))))
+            except TransportError as exc:
+                sent.append((node, order, exc))
+        for node, order, ticket in sent:
+            try:
+                if isinstance(ticket, TransportError):
+                    raise ticket
+                got = node.receive(ticket)
+            except TransportError as exc:
+                for i in order:
+                    lost[i] = isinstance(exc, ReplyLostError)
+                continue
+            for i, reply in zip(order, got, strict=True):
+                if classify(reply) is Kind.RESULT:
+                    replies[i] = reply
+        answers: list[bool] = []
+        for i, command in enumerate(commands):
+            try:
+                if replies[i] is not None:
+                    reply, ambiguous = replies[i], False
+                else:
+                    reply, ambiguous = self._rerun(command, lost[i])
+            except FilterUnavailableError as exc:
+                for later in commands[i:]:
+                    later.give_back()
+                return answers, exc
+            h1, h2 = hashes[i]
+            answers.append(self._conclude(command, reply, ambiguous, h1, h2, False))
+        return answers, None
+
+    def _prepare(self, h1: int, h2: int) -> _Command:
+        """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
+        fast = self._fast
+        if fast is not None:
+            if fast.usable(shard):
+                payload, key, counted = fast.pack(shard, h1, h2)
+                return _Command(shard, key, payload, fast, counted)
+            self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits)
-        ambiguous = False
+        return _Command(shard, key, payload)
+
+    def _send(self, command: _Command) -> tuple[Any, bool]:
+        """Send one hot-path command; return its reply and whether it may have run twice.
+
+        First straight on the shard's connection; anything but a plain reply (a lost
+        connection, a redirection, NOSCRIPT, a busy server) goes to the executor.
+        """
         try:
-            reply = self.topology.route(key, shard, None).call(payload)
+            reply = self.topology.route(command.key, command.shard, None).call(command.payload)
             if classify(reply) is not Kind.RESULT:
                 raise _Redo
         except (TransportError, _Redo) as exc:
-            ambiguous = isinstance(exc, ReplyLostError)
-            call = Call(payload, key=key, shard=shard, script=self._script)
-            results = self.executor.run("check and add a request", [call], write=True)
-            reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
-        if reply.__class__ is int:  # the common reply: the answer alone
+            return self._rerun(command, isinstance(exc, ReplyLostError))
+        return reply, False
+
+    def _rerun(self, command: _Command, lost: bool) -> tuple[Any, bool]:
+        """Run a command through the executor, which retries within BLOOMFILTER_RETRY_TIMEOUT.
+
+        ``lost``: an attempt's reply was lost, so it may have run already.
+        """
+        script = None if command.fast is not None else self._script
+        call = Call(command.payload, key=command.key, shard=command.shard, script=script)
+        results = self.executor.run("check and add a request", [call], write=True)
+        return results.replies[0], lost or results.ambiguous[0]
+
+    def _conclude(
+        self, command: _Command, reply: Any, ambiguous: bool, h1: int, h2: int, recovered: bool
+    ) -> bool:
+        """Read a check-and-add's reply: its answer, after whatever it reports is handled.
+
+        A shard found wrong is recovered and the element checked again; a refusal raises.
+        """
+        if isinstance(reply, BaseException):
+            raise self.parts.refusal(reply, command.key, "check and add a request")
+        if command.fast is not None:
+            try:
+                seen, generations = command.fast.read(command.shard, reply)
+            except ValueError as exc:
+                raise FilterUnavailableError(
+                    f"Redis answered a check of {command.key!r} with a reply that is not this"
+                    f" command's ({exc}); answering nothing from it."
+                ) from None
+            if seen is None:
+                # Its bits went wherever the key now points: the shard was lost (a bitmap
+                # without a header now), or the filter reset. Recover, then check again;
+                # "seen" then may be this call's own bits.
+                if recovered:
+                    raise self._still_wrong(command.key)
+                self._recover(self.parts.identities([command.shard]))
+                seen, ambiguous = self._check_and_add(h1, h2, recovered=True), True
+            elif generations > self.generations:
+                self._note(command.shard, 0, generations)
+        elif reply.__class__ is int:  # the script's common reply: the answer alone
             seen = reply == 1
-        elif isinstance(reply, BaseException):
-            raise self.parts.refusal(reply, key, "check and add a request")
         elif reply[0] == scripts.MISMATCH:
             if recovered:
-                raise FilterDamagedError(
-                    f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
-                    " after recovery."
-                )
-            self._mismatch(shard, key, reply[1])
+                raise self._still_wrong(command.key)
+            self._mismatch(command.shard, command.key, reply[1])
             return self._check_and_add(h1, h2, recovered=True)
         else:
             if reply[1] or reply[2] > self.generations:
-                self._note(shard, reply[1], reply[2])
+                self._note(command.shard, reply[1], reply[2])
             seen = reply[3] == 1
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
+
+    def _still_wrong(self, key: str) -> FilterDamagedError:
+        return FilterDamagedError(
+            f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
+            " after recovery."
+        )
+
+    def _flush_counts(self, only: int | None = None) -> None:
+        """Send the counts of items the scriptless path found new (see :mod:`.fastpath`).
+
+        ``only``: that shard's alone.
+        """
+        fast = self._fast
+        owed = fast.flushes(only) if fast is not None else []
+        if not owed:
+            return
+        assert fast is not None
+        calls = [Call(command, key=key, shard=shard) for shard, key, command, _ in owed]
+        try:
+            self.executor.run("add to the shards' counts", calls, write=True)
+        except FilterUnavailableError:
+            for shard, _, _, items in owed:
+                fast.lost(shard, items)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.

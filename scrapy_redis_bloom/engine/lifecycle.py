@@ -116,10 +116,10 @@ class Lifecycle:
         # per shard is built.
         whole = wanted.spec.shards * shard_allocation(wanted.spec)
         health.check_room(self.key, servers, {}, spread=(whole, len(servers)))
+        found_all = self.parts.identities(range(wanted.spec.shards))
+        self._clear_debris({shard: found for shard, found in found_all.items() if _debris(found)})
         present = {
-            shard: found
-            for shard, found in self.parts.identities(range(wanted.spec.shards)).items()
-            if found
+            shard: found for shard, found in found_all.items() if found and not _debris(found)
         }
         markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
         self._check_places(markers, wanted.servers)
@@ -137,6 +137,29 @@ class Lifecycle:
             if record.state == "ready":
                 return self.verify(record, wanted)
         return self._finish_creation(record)
+
+    def _clear_debris(self, debris: dict[int, bytes]) -> None:
+        """Delete bitmaps without a header where a new filter's shards go.
+
+        A BITFIELD sent to a shard that was lost (the filter reset or flushed behind a
+        running worker) writes its bits into a new string with no header: no filter's
+        data, only what stood in the way of creating one. Each is deleted only if it is
+        still what was read.
+        """
+        if not debris:
+            return
+        calls = [
+            self.parts.delete_if_still(self.parts.shard_key(shard), "shard", found)
+            for shard, found in debris.items()
+        ]
+        self.parts.run("delete bitmaps left without a header", calls)
+        logger.warning(
+            "Deleted %d bitmap(s) without a header, such as %r, where the Bloom filter %r"
+            " is created: bits a worker wrote after the filter was lost.",
+            len(debris),
+            self.parts.shard_key(next(iter(debris))),
+            self.key,
+        )
 
     def _finish_creation(self, record: FilterRecord) -> FilterRecord:
         """Write every marker and shard of a record in state ``creating``; mark it ready."""
@@ -438,3 +461,8 @@ class Lifecycle:
         ]
         more = len(found) - NAMED
         return "; ".join(named) + (f"; and {more:,} more" if more > 0 else "")
+
+
+def _debris(found: bytes) -> bool:
+    """Tell whether a shard key's first bytes are those of a bitmap without a header."""
+    return bool(found) and not found.strip(b"\0")

@@ -48,7 +48,9 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
 
     ``one``: the hot path's script, for exactly one element: it sets the bits of the
     newest generation with ``SETBIT`` (k cheap calls) and builds no tables, where the
-    bulk path's sets those of many elements in a few ``BITFIELD`` calls.
+    bulk path's sets those of many elements in a few ``BITFIELD`` calls. The hot path
+    runs it only where it cannot do without (:mod:`.fastpath`): a shard that has grown
+    or nears its growth, and filters with re-crawl windows.
 
     ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its other generations and windows
     are named after it, in the same Redis Cluster slot. ``ARGV``: the shard's
@@ -66,8 +68,6 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     which is started first when the one before holds its capacity: decided here,
     atomically, so workers crossing the boundary together start it once.
     """
-    if one and not growth.expansion and not growth.ttl:
-        return _fixed(growth.spec.hash_count, growth.spec.shard_bits)
     gens = growth.generations
     ttl = growth.ttl
     # Items in the newest generation are counted where it may grow or is per window.
@@ -180,31 +180,6 @@ local function has(key, g, e)
   return true
 end
 {body}
-""")
-
-
-def _fixed(hash_count: int, shard_bits: int) -> Script:
-    """Return the hot path's script for a filter that neither grows nor forgets.
-
-    The same arguments (always an add: ``w``) as :func:`check_and_add`'s for one
-    element, replying the answer alone (or the mismatch), with none of its
-    generations: the identity check and k ``SETBIT`` calls, no tables, which saves
-    about a third of the Redis time per check.
-    """
-    return Script(f"""
-local key = KEYS[1]
-if redis.call('GETRANGE', key, 0, {IDENTITY_BYTES - 1}) ~= ARGV[1] then
-  return {{{MISMATCH}, key}}
-end
-local s = {shard_bits}
-local x, y = tonumber(ARGV[4]), tonumber(ARGV[5])
-local all = redis.call('SETBIT', key, {HEADER_BITS} + x, '1')
-for i = 1, {hash_count - 1} do
-  x = (x + y) % s
-  y = (y + i) % s
-  if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
-end
-return all
 """)
 
 

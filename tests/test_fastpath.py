@@ -1,0 +1,178 @@
+"""The scriptless hot path on real Redis: one BITFIELD per check, exact counts, safe edges.
+
+See :mod:`scrapy_redis_bloom.engine.fastpath`. Growth itself (the boundary, races at it,
+rates) is tested in test_generations.py, through this path wherever it applies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from redis_server import RedisServer
+from test_generations import bloom_for, client_commands, config, fingerprints
+
+from scrapy_redis_bloom.config import FaultPolicy
+from scrapy_redis_bloom.engine.generations import COUNT_BIT, GENERATIONS_BIT
+from scrapy_redis_bloom.errors import FilterDamagedError
+
+KEY = "fast:bloomfilter"
+
+
+def state(client: redis.Redis, shard: int) -> tuple[int, int]:
+    """Return a shard's (generations, count) as its header holds them."""
+    key = f"{{{KEY}:{shard}}}:g0"
+    generations, count = (
+        client.bitfield(key).get("u16", GENERATIONS_BIT).get("u32", COUNT_BIT).execute()
+    )
+    return generations, count
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("expansion", [2, 0])
+def test_a_check_is_one_bitfield_and_a_repeat_none(
+    redis_client: redis.Redis, expansion: int
+) -> None:
+    bloom = bloom_for(
+        redis_client,
+        config(100_000, 0.001, BLOOMFILTER_EXPANSION=expansion),
+        KEY,
+        cache_size=100,
+    )
+    bloom.open()
+    bloom.sync_counters()
+    fresh = fingerprints(5, "fresh")
+    sent = client_commands(redis_client, lambda: [bloom.check_and_add(e) for e in fresh])
+    assert len(sent) == 5, sent
+    assert all(command.startswith("BITFIELD ") for command in sent), sent
+    assert client_commands(redis_client, lambda: bloom.check_and_add(fresh[0])) == []
+    bloom.close()
+
+
+def test_counts_reach_the_header_exactly(redis_client: redis.Redis) -> None:
+    cfg = config(100_000, 0.001)
+    bloom = bloom_for(redis_client, cfg, KEY)
+    elements = fingerprints(3_000, "counted")
+    answers = [bloom.check_and_add(e) for e in elements + elements[:500]]
+    new = answers.count(False)
+    assert answers[3_000:] == [True] * 500
+    bloom.close()  # sends what each shard's last check found new
+    states = [state(redis_client, shard) for shard in range(cfg.spec.shards)]
+    assert all(generations <= 1 for generations, _ in states)
+    assert sum(count for _, count in states) == new
+    assert new >= 3_000 - 3  # a false positive at 3% of capacity is rare
+
+
+def test_a_worker_crossing_its_limit_hands_the_shard_to_the_script(
+    redis_client: redis.Redis,
+) -> None:
+    # One shard whose generation 0 takes ~2,600 items: the scriptless path stops 1,024
+    # short of that, the script grows the shard, and every new item is counted once.
+    cfg = config(2_500, 0.001, BLOOMFILTER_SHARDS=1)
+    growth = cfg.growth
+    assert 0 < growth.scriptless_limit < growth.first_capacity
+    bloom = bloom_for(redis_client, cfg, KEY)
+    elements = fingerprints(9_000, "cross")
+    new = [e for e in elements if not bloom.check_and_add(e)]
+    bloom.close()
+    generations, count = state(redis_client, 0)
+    assert generations >= 3
+    full = sum(growth.generation(g).capacity for g in range(generations - 1))
+    assert len(new) == full + count
+    fresh = bloom_for(redis_client, cfg, KEY)
+    assert fresh.contains_many(elements) == [True] * len(elements)
+
+
+def test_a_stale_view_of_a_grown_shard_never_answers_seen_wrongly(
+    redis_client: redis.Redis,
+) -> None:
+    # A looks at the shard while it is young; B then grows it. A's next check still
+    # goes scriptless, lands in generation 0 (read by every check), and A learns.
+    cfg = config(2_500, 0.001, BLOOMFILTER_SHARDS=1)
+    a, b = bloom_for(redis_client, cfg, KEY), bloom_for(redis_client, cfg, KEY)
+    assert a.check_and_add("first") is False
+    for element in fingerprints(9_000, "grow"):
+        b.check_and_add(element)
+    assert state(redis_client, 0)[0] >= 3
+    late = fingerprints(50, "late")
+    assert [a.check_and_add(e) for e in late[:1]] == [False]
+    assert b.check_and_add(late[0]) is True  # found in generation 0
+    assert a.generations >= 3
+    # From then on A uses the script: its answers and B's agree.
+    assert [a.check_and_add(e) for e in late[1:]].count(True) <= 1
+    assert b.contains_many(late) == [True] * 50
+
+
+def test_a_deleted_shard_is_debris_for_the_script_not_a_silent_empty_filter(
+    redis_client: redis.Redis,
+) -> None:
+    # The BITFIELD writes into the empty place of a deleted shard (Redis creates the
+    # string): the reply's id says so, the filter stops, and a new filter clears it away.
+    cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=1)
+    bloom = bloom_for(redis_client, cfg, KEY)
+    assert bloom.check_and_add("before") is False
+    redis_client.delete(f"{{{KEY}:0}}:g0")
+    with pytest.raises(FilterDamagedError, match="1 of the 1 shards"):
+        bloom.check_and_add("after")
+    debris = redis_client.getrange(f"{{{KEY}:0}}:g0", 0, 25)
+    assert debris == bytes(26)  # a bitmap without a header
+    redis_client.delete(f"{KEY}:meta")  # reset of the record (the shard is lost anyway)
+    again = bloom_for(redis_client, cfg, KEY)
+    assert again.check_and_add("after") is False
+    assert again.check_and_add("after") is True
+
+
+# -- several elements in one exchange (a page's links) ---------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [100_000, 300])  # scriptless; grown, through the script
+def test_many_at_once_answer_as_one_at_a_time(redis_client: redis.Redis, capacity: int) -> None:
+    cfg = config(capacity, 0.001, BLOOMFILTER_SHARDS=4)
+    together = bloom_for(redis_client, cfg, KEY, cache_size=50)
+    alone = bloom_for(redis_client, cfg, "alone:bloomfilter", cache_size=50)
+    pages = [fingerprints(40, f"page-{p}") for p in range(30)]
+    for p, links in enumerate(pages):
+        # Links repeat inside a page and across pages, as navigation links do.
+        links = links + links[:5] + (pages[p - 1][:10] if p else [])
+        expected = [alone.check_and_add(link) for link in links]
+        assert together.check_and_add_many(links) == expected
+    if capacity == 300:
+        assert together.generations >= 2
+    redis_client.script_flush()  # a node that forgot the scripts: reloaded, answers unchanged
+    links = fingerprints(30, "after-flush")
+    assert together.check_and_add_many(links) == [alone.check_and_add(e) for e in links]
+
+
+def test_many_at_once_across_a_cluster(redis_cluster: Any) -> None:
+    cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=12)
+    bloom = bloom_for(redis_cluster, cfg, KEY)
+    links = fingerprints(200, "cluster")
+    assert bloom.check_and_add_many(links) == [False] * 200
+    assert bloom.check_and_add_many(links[::-1]) == [True] * 200
+
+
+def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> None:
+    server = RedisServer(appendonly=True).start()
+    try:
+        client = server.client()
+        cfg = config(100_000, 0.001)
+        lenient = FaultPolicy(retry_timeout=0.5, on_error="allow")
+        bloom = bloom_for(client, cfg, KEY, faults=lenient, cache_size=100)
+        links = fingerprints(20, "outage")
+        assert bloom.check_and_add_many(links[:10]) == [False] * 10
+        server.kill()
+        # The first ten from the near-cache; the others let through, and remembered.
+        assert bloom.check_and_add_many(links) == [True] * 10 + [False] * 10
+        assert bloom.events.counts["errors"] == 10
+        assert bloom.check_and_add_many(links[10:]) == [True] * 10
+        server.restart()
+        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        # Once Redis answers, the owed ones are added: another worker finds them all.
+        assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
+        other = bloom_for(client, cfg, KEY)
+        assert other.contains_many(links) == [True] * 20
+        client.close()
+    finally:
+        server.stop()
