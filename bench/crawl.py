@@ -12,6 +12,11 @@ spider on a 5-second heartbeat, so a short crawl's wall time is mostly process s
 and idle waiting, the same for every dupefilter. The site records when it served each
 request, so the *crawl span* (first page served to last page served) measures the
 crawl itself; *to last page* adds the workers' start-up; *wall* is launch to exit.
+
+Redis's side of each crawl is measured too (``cmdtime.CommandClock``): the command
+time of the dupefilter's commands (those on a key other than the scheduler's queue
+and the start URLs) and of all the workers' commands, per page fetched, and ours'
+round trips as it counts them (stat ``bloomfilter/round_trips``, where reported).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,17 +34,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cmdtime import CommandClock, CommandTime
 from harness import TESTS, BenchRedis, Samples, interleave
-from micro import NAME_OLD, NAME_OURS, NAME_SCRAPY_REDIS, OLD, OURS, SCRAPY_REDIS
+from micro import (
+    NAME_OLD,
+    NAME_OURS,
+    NAME_REDISBLOOM,
+    NAME_SCRAPY_REDIS,
+    OLD,
+    OURS,
+    SCRAPY_REDIS,
+    Peers,
+)
+from peers import BF_ADD_CLASS
 from website import Site, SiteServer
 
 logger = logging.getLogger("bench.crawl")
 
 RUNNER = TESTS / "crawl_runner.py"
+HERE = Path(__file__).resolve().parent
 WORKERS = 2
 START_URLS_KEY = "shared:start_urls"
 #: Where each worker of crawl_runner.py adds its pid once it waits for start URLs.
 READY_KEY = "shared:ready"
+#: Keys of the crawl that are not the dupefilter's: scrapy-redis's queue, the start URLs.
+NOT_FILTER_KEYS = frozenset({"shared:requests", START_URLS_KEY, READY_KEY})
+ROUND_TRIPS_STAT = "bloomfilter/round_trips"
+BATCHING = "scrapy_redis_bloom.batching.BatchingMiddleware"
+NAME_OURS_BATCHED = "ours, batched"
 
 #: Our filter sized as in the test suite's crawls: 100,000 URLs at a 1e-6 error rate
 #: (351 KiB, k = 20), so a crawl of a few hundred pages never meets a false positive.
@@ -57,16 +80,26 @@ class CrawlContender:
     settings: dict[str, Any]
 
 
-def crawl_contenders(old_installed: bool) -> list[CrawlContender]:
-    """Return ours, scrapy-redis's, and scrapy-redis-bloomfilter's if installed.
+def crawl_contenders(peers: Peers, batching: bool = False) -> list[CrawlContender]:
+    """Return ours (and batched), scrapy-redis's, RedisBloom's and the old plugin's.
 
-    scrapy-redis-bloomfilter runs with its defaults (BLOOMFILTER_BIT 30, k 6).
+    ``batching``: ``BatchingMiddleware`` can be imported. scrapy-redis-bloomfilter
+    runs with its defaults (BLOOMFILTER_BIT 30, k 6); RedisBloom sized as ours.
     """
-    contenders = [
-        CrawlContender(NAME_OURS, OURS_SETTINGS),
-        CrawlContender(NAME_SCRAPY_REDIS, {"DUPEFILTER_CLASS": SCRAPY_REDIS}),
-    ]
-    if old_installed:
+    ours = {**OURS_SETTINGS, **peers.ours_settings()}
+    contenders = [CrawlContender(NAME_OURS, ours)]
+    if batching:
+        batched = {**ours, "SPIDER_MIDDLEWARES": {BATCHING: 0}}
+        contenders.append(CrawlContender(NAME_OURS_BATCHED, batched))
+    contenders.append(CrawlContender(NAME_SCRAPY_REDIS, {"DUPEFILTER_CLASS": SCRAPY_REDIS}))
+    if peers.bloom:
+        bloom = {
+            "DUPEFILTER_CLASS": BF_ADD_CLASS,
+            "REDISBLOOM_CAPACITY": OURS_SETTINGS["BLOOMFILTER_CAPACITY"],
+            "REDISBLOOM_ERROR_RATE": OURS_SETTINGS["BLOOMFILTER_ERROR_RATE"],
+        }
+        contenders.append(CrawlContender(NAME_REDISBLOOM, bloom))
+    if peers.old:
         contenders.append(CrawlContender(NAME_OLD, {"DUPEFILTER_CLASS": OLD}))
     return contenders
 
@@ -125,7 +158,18 @@ class CrawlOutcome:
     per_worker: list[int]
     requests_offered: int
     error: str | None = None
+    #: Redis command time of the dupefilter's commands, and of all the workers', usec.
+    filter_usec: int = 0
+    redis_usec: int = 0
+    filter_commands: int = 0
+    #: Ours' round trips (stat bloomfilter/round_trips summed), None if not reported.
+    round_trips: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fetches(self) -> int:
+        """Pages fetched, duplicate fetches included: what the per-page figures divide by."""
+        return self.pages_fetched + self.duplicate_fetches
 
 
 @dataclass(frozen=True)
@@ -150,9 +194,16 @@ class CrawlConfig:
 
 
 def run_crawl(
-    bench: BenchRedis, contender: CrawlContender, config: CrawlConfig, workdir: Path
+    bench: BenchRedis,
+    contender: CrawlContender,
+    config: CrawlConfig,
+    workdir: Path,
+    clock: CommandClock | None = None,
 ) -> CrawlOutcome:
-    """Run one 2-worker crawl on an empty Redis and a fresh site; return its outcome."""
+    """Run one 2-worker crawl on an empty Redis and a fresh site; return its outcome.
+
+    With ``clock``, Redis's command time is counted from the launch to the exit.
+    """
     bench.flush()
     site = Site(config.pages)
     starts = start_pages(site)
@@ -166,6 +217,12 @@ def run_crawl(
         logs = [workdir / f"{tag}-{i}.log" for i in range(WORKERS)]
         for stale in outputs:
             stale.unlink(missing_ok=True)
+        # The workers import the RedisBloom peer from bench/.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )}  # fmt: skip
+        if clock is not None:
+            clock.reset()
         launched = time.monotonic()
         procs = []
         for output, log in zip(outputs, logs, strict=True):
@@ -174,7 +231,9 @@ def run_crawl(
                 "--mode", "shared", "--settings", json.dumps(settings), "--output", str(output),
             ]  # fmt: skip
             with log.open("wb") as sink:
-                procs.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+                )
         # One start URL per worker, pushed once both poll for one: they start together.
         error = _wait_ready(bench, procs, launched + config.timeout)
         if error is None:
@@ -182,6 +241,7 @@ def run_crawl(
         # On an error, a deadline already passed: the workers are killed at once.
         error = _wait(procs, time.monotonic() if error else launched + config.timeout) or error
         ended = time.monotonic()
+        spent = clock.read() if clock is not None else None
         arrivals = list(server.arrivals)
         hits = server.hits_snapshot()
     finally:
@@ -207,7 +267,25 @@ def run_crawl(
         error="; ".join(str(e) for e in errors) or None,
     )
     outcome.extra["finish_reasons"] = [r.get("stats", {}).get("finish_reason") for r in results]
+    trips = [r.get("stats", {}).get(ROUND_TRIPS_STAT) for r in results]
+    if any(t is not None for t in trips):
+        outcome.round_trips = sum(int(t or 0) for t in trips)
+    if spent is not None:
+        _count_redis_time(outcome, spent)
     return outcome
+
+
+def _count_redis_time(outcome: CrawlOutcome, spent: CommandTime) -> None:
+    """Split the crawl's Redis time: the dupefilter's commands, and everything."""
+    mine = spent.select(lambda c: c.key is not None and c.key not in NOT_FILTER_KEYS)
+    outcome.filter_usec = spent.usec(mine)
+    outcome.filter_commands = len(mine)
+    outcome.redis_usec = spent.usec(spent.commands)
+    outcome.extra["filter_commands"] = spent.by_name(mine)
+    outcome.extra["filter_usec_by_command"] = spent.usec_by_name(mine)
+    outcome.extra["all_commands"] = spent.by_name(spent.commands)
+    if spent.overflowed:
+        outcome.error = "the slow log filled up: Redis time undercounted"
 
 
 def _wait_ready(
@@ -257,6 +335,15 @@ def _read_output(output: Path, log: Path) -> dict[str, Any]:
         return {"error": f"no output from the worker ({exc}); log tail: {tail}"}
 
 
+def _time_shares(outcomes: list[CrawlOutcome]) -> str:
+    """Which commands the filter's Redis time went to, over some crawls (top 4)."""
+    spent: collections.Counter[str] = collections.Counter()
+    for o in outcomes:
+        spent.update(o.extra.get("filter_usec_by_command", {}))
+    total = sum(spent.values()) or 1
+    return ", ".join(f"{name} {usec / total:.0%}" for name, usec in spent.most_common(4))
+
+
 def measure_crawl(
     bench: BenchRedis, contenders: list[CrawlContender], config: CrawlConfig, rounds: int
 ) -> tuple[dict[str, dict[str, Samples]], list[CrawlOutcome]]:
@@ -272,15 +359,22 @@ def measure_crawl(
         metric: {name: Samples(name, "s", sample_size=config.pages) for name in by_name}
         for metric in metrics
     }
-    with tempfile.TemporaryDirectory(prefix="srb-bench-crawl-") as tmp:
+    per_page = {"filter_usec": "usec", "redis_usec": "usec", "round_trips": "trips"}
+    for metric in per_page:
+        samples[metric] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="srb-bench-crawl-") as tmp,
+        CommandClock(bench.redis()) as clock,
+    ):
         workdir = Path(tmp)
 
         def run_one(name: str, round_index: int) -> None:
-            outcome = run_crawl(bench, by_name[name], config, workdir)
+            outcome = run_crawl(bench, by_name[name], config, workdir, clock)
             outcomes.append(outcome)
             logger.info(
                 "  %-34s span %.2fs, to last page %.2fs, wall %.2fs; %d/%d pages,"
-                " %d duplicate fetches, %d lost, per worker %s%s",
+                " %d duplicate fetches, %d lost, per worker %s; filter %.1f usec/page,"
+                " Redis %.1f usec/page, round trips %s%s",
                 name,
                 outcome.span,
                 outcome.to_last_page,
@@ -290,14 +384,25 @@ def measure_crawl(
                 outcome.duplicate_fetches,
                 outcome.lost_pages,
                 outcome.per_worker,
+                outcome.filter_usec / max(1, outcome.fetches),
+                outcome.redis_usec / max(1, outcome.fetches),
+                outcome.round_trips,
                 f"; ERROR {outcome.error}" if outcome.error else "",
             )
             if outcome.error is None:
                 for metric in metrics:
                     samples[metric][name].values.append(float(getattr(outcome, metric)))
+                for metric, unit in per_page.items():
+                    value = getattr(outcome, metric)
+                    if value is not None and outcome.fetches:
+                        samples[metric].setdefault(
+                            name, Samples(name, unit, sample_size=config.pages)
+                        ).values.append(value / outcome.fetches)
 
         interleave(list(by_name), rounds, run_one, "(e) 2-worker crawl")
     bench.flush()
+    for name, per in samples["filter_usec"].items():
+        per.note = _time_shares([o for o in outcomes if o.contender == name and not o.error])
     for name in by_name:
         mine = [o for o in outcomes if o.contender == name]
         samples["span"][name].note = (

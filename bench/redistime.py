@@ -1,0 +1,196 @@
+"""Measure (t): Redis command time and commands per check, per dupefilter.
+
+Each contender's ``request_seen`` is called on distinct URLs (every call adds), as in
+(a), while Redis times every command (``cmdtime.CommandClock``: the slow log at
+threshold 0 for top-level commands, ``INFO commandstats`` for the breakdown). The
+clock is reset after ``open()`` and read before ``close()``, so what is counted is
+what the checks cost the server: command time per check and commands per check.
+Ours also counts its round trips on the client (its filter's ``round_trips``, behind
+the stat ``bloomfilter/round_trips``, where this version has them); every peer sends
+one command per round trip.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cmdtime import CommandClock, per_call
+from harness import BenchRedis, Samples, interleave
+from micro import (
+    NAME_OURS,
+    NAME_OURS_NATIVE,
+    NAME_REDISBLOOM,
+    NAME_SCRAPY_REDIS,
+    OLD_DEFAULTS,
+    OURS,
+    SCRAPY_REDIS,
+    DupeFilter,
+    Peers,
+    build,
+    close,
+    redisbloom_settings,
+)
+from peers import BF_ADD_CLASS
+from scrapy import Request
+from workloads import unique_urls, url
+
+logger = logging.getLogger("bench.redistime")
+
+#: The sized filter of issue 12's figures: 1,000,000 fingerprints at 1e-4.
+SIZED: dict[str, Any] = {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
+FIXED: dict[str, Any] = {**SIZED, "BLOOMFILTER_EXPANSION": 0}
+
+NAME_OURS_SIZED = "ours, 1M @ 1e-4"
+NAME_OURS_FIXED = "ours, 1M @ 1e-4, BLOOMFILTER_EXPANSION=0"
+NAME_NATIVE_SIZED = "ours, native, 1M @ 1e-4"
+NAME_REDISBLOOM_SIZED = "RedisBloom BF.ADD, 1M @ 1e-4"
+ROUND_TRIPS_STAT = "bloomfilter/round_trips"
+
+
+def contenders(peers: Peers) -> list[DupeFilter]:
+    """Ours (bitmap: defaults, 1M @ 1e-4 growing and fixed; native), SADD, BF.ADD, old."""
+    bitmap = peers.ours_settings()
+    out = [
+        DupeFilter(NAME_OURS, OURS, bitmap),
+        DupeFilter(NAME_OURS_SIZED, OURS, {**bitmap, **SIZED}),
+        DupeFilter(NAME_OURS_FIXED, OURS, {**bitmap, **FIXED}),
+    ]
+    if peers.native:
+        native = {"BLOOMFILTER_BACKEND": "native"}
+        out += [
+            DupeFilter(NAME_OURS_NATIVE, OURS, native),
+            DupeFilter(NAME_NATIVE_SIZED, OURS, {**native, **SIZED}),
+        ]
+    out.append(DupeFilter(NAME_SCRAPY_REDIS, SCRAPY_REDIS))
+    if peers.bloom:
+        out += [
+            DupeFilter(NAME_REDISBLOOM, BF_ADD_CLASS, redisbloom_settings({})),
+            DupeFilter(NAME_REDISBLOOM_SIZED, BF_ADD_CLASS, redisbloom_settings(SIZED)),
+        ]
+    if peers.old:
+        out.append(OLD_DEFAULTS)
+    return out
+
+
+def _round_trips(dupefilter: Any) -> int | None:
+    """Ours' round trips so far: the filter's own count, else the stat; None if neither.
+
+    The stat ``bloomfilter/round_trips`` may be written only at close; the filter's
+    ``round_trips`` (where this version has it) is the live count behind it.
+    """
+    live = getattr(getattr(dupefilter, "bloom", None), "round_trips", None)
+    if isinstance(live, int):
+        return live
+    stats = getattr(dupefilter, "stats", None)
+    value = stats.get_value(ROUND_TRIPS_STAT) if stats is not None else None
+    return int(value) if value is not None else None
+
+
+def time_commands(
+    bench: BenchRedis,
+    clock: CommandClock,
+    contender: DupeFilter,
+    urls: Sequence[str],
+    warmup: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Call ``request_seen`` for fresh Requests of ``urls``; return what Redis spent.
+
+    ``warmup`` URLs (others) are checked first, outside the count: ours allocates a
+    shard on its first check there, which a long crawl pays once.
+    """
+    bench.flush()
+    dupefilter = build(contender, bench.url)
+    try:
+        for request in (Request(u) for u in warmup):
+            dupefilter.request_seen(request)
+        requests = [Request(u) for u in urls]
+        gc.collect()
+        trips_before = _round_trips(dupefilter)
+        clock.reset()
+        start = time.perf_counter()
+        seen = sum(bool(dupefilter.request_seen(r)) for r in requests)
+        elapsed = time.perf_counter() - start
+        spent = clock.read()
+        trips_after = _round_trips(dupefilter)
+    finally:
+        close(dupefilter)
+    checks = len(urls)
+    usec = spent.usec(spent.commands)
+    trips = None
+    if trips_before is not None and trips_after is not None:
+        trips = (trips_after - trips_before) / checks
+    return {
+        "usec_per_check": per_call(usec, checks),
+        "commands_per_check": len(spent.commands) / checks,
+        "round_trips_per_check": trips,
+        "checks_per_s": checks / elapsed,
+        "seen": seen,
+        "commands": spent.by_name(spent.commands),
+        "commandstats": spent.commandstats,
+        "overflowed": spent.overflowed,
+    }
+
+
+def measure_command_time(
+    bench: BenchRedis, peers: Peers, calls: int, slow_calls: int, rounds: int, warmup: int
+) -> dict[str, dict[str, Samples]]:
+    """Measure (t): per contender, usec per check, commands per check, round trips.
+
+    Each contender first checks ``warmup`` other URLs (the slow peer: at most
+    ``slow_calls``). Returns {metric: {contender: Samples}} for "usec", "commands" and
+    "round_trips" (the last only for contenders that report it).
+    """
+    by_name = {c.name: c for c in contenders(peers)}
+    full, slow = unique_urls(calls), unique_urls(slow_calls)
+    others = [url(calls + i) for i in range(warmup)]
+    out: dict[str, dict[str, Samples]] = {"usec": {}, "commands": {}, "round_trips": {}}
+    with CommandClock(bench.redis()) as clock:
+
+        def run_one(name: str, round_index: int) -> None:
+            contender = by_name[name]
+            urls = slow if contender.slow else full
+            warm = others[: len(urls)] if contender.slow else others
+            got = time_commands(bench, clock, contender, urls, warm)
+            logger.info(
+                "  %-40s %7.2f usec/check, %.3f commands/check%s",
+                name,
+                got["usec_per_check"],
+                got["commands_per_check"],
+                ""
+                if got["round_trips_per_check"] is None
+                else f", {got['round_trips_per_check']:.3f} round trips/check",
+            )
+            usec = out["usec"].setdefault(name, Samples(name, "usec", sample_size=len(urls)))
+            usec.values.append(got["usec_per_check"])
+            for key in ("checks_per_s", "seen", "commands", "commandstats", "overflowed"):
+                usec.extra.setdefault(key, []).append(got[key])
+            commands = out["commands"].setdefault(
+                name, Samples(name, "commands", sample_size=len(urls))
+            )
+            commands.values.append(got["commands_per_check"])
+            if got["round_trips_per_check"] is not None:
+                trips = out["round_trips"].setdefault(
+                    name, Samples(name, "trips", sample_size=len(urls))
+                )
+                trips.values.append(got["round_trips_per_check"])
+
+        interleave(list(by_name), rounds, run_one, "(t) Redis command time")
+    bench.flush()
+    for samples in out["usec"].values():
+        mix = samples.extra["commands"][-1]
+        total = sum(mix.values()) or 1
+        samples.note = ", ".join(f"{cmd} {n / total:.0%}" for cmd, n in sorted(mix.items()))
+    return out
+
+
+__all__ = [
+    "NAME_NATIVE_SIZED",
+    "NAME_OURS_FIXED",
+    "NAME_OURS_SIZED",
+    "NAME_REDISBLOOM_SIZED",
+    "measure_command_time",
+]
