@@ -191,6 +191,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         instance._owned_clients = clients
         if crawler is not None:
             _BY_CRAWLER[crawler] = instance
+            crawler.signals.connect(
+                instance.reservations.scheduled, signal=signals.request_scheduled
+            )
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
             interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0)
@@ -227,7 +230,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         docstring) and the request is answered new.
         """
         fingerprint = self._fingerprint(request)
-        answer = self.reservations.take(fingerprint)
+        answer = self.reservations.take(fingerprint, request)
         if answer is not None:
             return answer
         try:
@@ -383,6 +386,12 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self._progress is not None:
             self._progress.stop()
         self.reservations.close()
+        if self.reservations.forgotten:
+            logger.warning(
+                "The Bloom filter %r forgot %d unscheduled request(s) (too many to remember).",
+                self.key,
+                self.reservations.forgotten,
+            )
         if self.stats is not None:
             # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
             self.stats.inc_value("bloomfilter/added", self.bloom.counters.added)
