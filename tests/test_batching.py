@@ -385,6 +385,9 @@ def shared_site() -> Iterator[SiteServer]:
 def test_two_batching_workers_fetch_every_page_once(
     shared_site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    (tmp_path / "plain").mkdir()
+    plain = run_workers(shared_site, redis_url, tmp_path / "plain", {}, redis_client)
+    redis_client.flushdb()
     done = run_workers(shared_site, redis_url, tmp_path, BATCHING, redis_client)
     assert done.registered == 2
     for result in done.results:
@@ -395,8 +398,17 @@ def test_two_batching_workers_fetch_every_page_once(
     assert done.stat("bloomfilter/added") == len(shared_site.site.reachable())
     pages = done.stat("response_received_count")
     trips = done.stat("bloomfilter/round_trips")
-    logger.warning("two workers: %d pages, %d round trips (%.2f/page)", pages, trips, trips / pages)
+    before = plain.stat("bloomfilter/round_trips")
+    logger.warning(
+        "two workers: %d pages, round trips %d without batching (%.2f/page), %d with (%.2f/page)",
+        pages,
+        before,
+        before / plain.stat("response_received_count"),
+        trips,
+        trips / pages,
+    )
     assert trips <= pages
+    assert trips < before
 
 
 @pytest.mark.timeout(180)
