@@ -50,8 +50,11 @@ _F = TypeVar("_F", bound="RFPDupeFilter")
 #: The finish reason of a crawl stopped because the filter could not answer.
 FINISH_REASON = "bloomfilter_error"
 
-#: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`).
-_BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, RFPDupeFilter] = weakref.WeakKeyDictionary()
+#: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`). Weak
+#: both ways: the dupefilter refers to its crawler, and must not keep it alive.
+_BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
@@ -190,7 +193,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             raise
         instance._owned_clients = clients
         if crawler is not None:
-            _BY_CRAWLER[crawler] = instance
+            _BY_CRAWLER[crawler] = weakref.ref(instance)
             crawler.signals.connect(
                 instance.reservations.scheduled, signal=signals.request_scheduled
             )
@@ -219,7 +222,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> RFPDupeFilter | None:
         """Return the dupefilter built for ``crawler`` (None: none of ours, or not yet)."""
-        return _BY_CRAWLER.get(crawler)
+        ref = _BY_CRAWLER.get(crawler)
+        return ref() if ref is not None else None
 
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
