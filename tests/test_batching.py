@@ -11,11 +11,12 @@ the client (``bloomfilter/round_trips``), with the same crawl without it.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from batching_helpers import drops_links
 from redis_server import RedisServer
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
+from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 from shared_crawl import run_workers
 from test_crawl import assert_finished, crawl
@@ -249,6 +251,44 @@ def test_a_failed_batch_leaves_each_request_to_request_seen(
             df.bloom.close()
 
 
+# -- the middleware ---------------------------------------------------------------------
+
+
+def test_items_pass_at_once_and_requests_after_the_output_ends(
+    dupefilter: RFPDupeFilter, crawler: Crawler
+) -> None:
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    pulled: list[str] = []  # what the callback yielded so far, when each output came out
+    events: list[tuple[str, int]] = []
+
+    async def callback() -> AsyncIterator[Any]:
+        for output in [
+            {"item": 1},
+            Request("https://example.com/r1"),
+            {"item": 2},
+            Request("https://example.com/r2", dont_filter=True),
+            Request("https://example.com/r1"),
+        ]:
+            pulled.append(repr(output))
+            yield output
+
+    async def run() -> None:
+        response = HtmlResponse("https://example.com/", body=b"")
+        async for output in middleware.process_spider_output(response, callback()):
+            if not isinstance(output, Request):
+                kind = "item"
+            else:
+                kind = "free" if output.dont_filter else "request"
+            events.append((kind, len(pulled)))
+
+    asyncio.run(run())
+    # Items and dont_filter requests come out as soon as they are yielded; the other
+    # requests once the callback is done, checked together.
+    assert events == [("item", 1), ("item", 3), ("free", 4), ("request", 5), ("request", 5)]
+    assert dupefilter.batches == 1
+    assert dupefilter.batched == 2
+
+
 # -- the middleware's settings and position ----------------------------------------------
 
 
@@ -343,6 +383,18 @@ def test_a_batched_crawl_fetches_the_same_pages_in_at_most_one_trip_per_page(
 
 
 @pytest.mark.timeout(120)
+def test_at_most_batch_max_requests_are_held(
+    site_server: SiteServer, redis_url: str, tmp_path: Path
+) -> None:
+    settings = {**BATCHING, "BLOOMFILTER_BATCH_MAX": 2}
+    result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
+    assert_finished(result)
+    assert_each_once(result.fetched, site_server.reachable_urls())
+    # Each page yields up to 10 links: checked 2 at a time.
+    assert result.stats["bloomfilter/batches"] >= result.stats["bloomfilter/batched"] // 2
+
+
+@pytest.mark.timeout(120)
 def test_a_middleware_that_drops_links_after_ours_turns_batching_off(
     site_server: SiteServer, redis_url: str, tmp_path: Path
 ) -> None:
@@ -360,10 +412,22 @@ def test_a_middleware_that_drops_links_after_ours_turns_batching_off(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "reactor",
+    [
+        None,  # asyncio: Scrapy queues outputs, the generator runs ahead of the scheduler
+        "twisted.internet.epollreactor.EPollReactor",  # each output scheduled in turn
+    ],
+)
 def test_links_dropped_by_a_request_scheduled_handler_are_crawled_when_found_elsewhere(
-    site_server: SiteServer, redis_url: str, tmp_path: Path
+    site_server: SiteServer, redis_url: str, tmp_path: Path, reactor: str | None
 ) -> None:
-    settings = {**BATCHING, "EXTENSIONS": {"batching_helpers.DropScheduledExtension": 0}}
+    settings: dict[str, Any] = {
+        **BATCHING,
+        "EXTENSIONS": {"batching_helpers.DropScheduledExtension": 0},
+    }
+    if reactor:
+        settings["TWISTED_REACTOR"] = reactor
     result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
     expected = {site_server.page_url(p) for p in expected_pages(site_server.site)}
     assert_each_once(result.fetched, expected)
