@@ -206,13 +206,13 @@ class BatchingMiddleware:
             yield request
 
     def _check(self, dupefilter: RFPDupeFilter, held: list[Request]) -> None:
-        """Pre-answer the held requests; on a failure, leave each to ``request_seen``."""
+        """Pre-answer the held requests (see :meth:`.RFPDupeFilter.check_batch`)."""
         if not held:
             return
         try:
             dupefilter.check_batch(held)
         except Exception:
-            # A bug, not a Redis fault (those are handled by check_batch): say it, count
-            # it, and let every request be checked alone so that no page is lost.
-            logger.exception("Checking %d request(s) together failed", len(held))
+            # A bug past the filter call (check_batch handles the call's failures): said,
+            # counted; the requests go on, each checked alone by request_seen.
+            logger.exception("Holding the answers of %d request(s) failed", len(held))
             dupefilter.bloom.events.count("batch_failed")

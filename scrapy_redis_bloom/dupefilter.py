@@ -253,8 +253,15 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         held for :meth:`request_seen`, which counts and logs duplicates as before.
         Skipped, and left to ``request_seen``: ``dont_filter`` requests, fingerprints
         already held or unscheduled, and requests whose fingerprint fails (the
-        error is raised again there). If the filter cannot answer, nothing is held:
-        each request then gets ``request_seen``'s own handling of the fault.
+        error is raised again there).
+
+        If the batch fails, its commands may have run on some server, or before a
+        reply was lost: asking again one by one could answer "seen" for bits this
+        batch set. So every request of a failed batch answers "new", and the failure
+        is handled as ``request_seen`` handles one: the crawl stops (the requests go
+        to the scheduler, whose queue may outlive the run). Under
+        ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no failure: the
+        batch answers "new" for what it could not check (see the engine).
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -276,16 +283,21 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             answers = dict(zip(unique, self.bloom.check_and_add_batch(unique), strict=True))
         except BloomFilterError as exc:
             self.bloom.events.count("batch_failed")
-            self._log.log(
-                logging.WARNING,
-                "batch_failed",
-                "Could not check %d request(s) together in the Bloom filter %r (%s): each is"
-                " checked alone instead.",
+            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+                self.bloom.events.count("errors")
+            self._fail(exc)
+            answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
+        except Exception:
+            # A bug, not a Redis fault: said with its traceback, counted, and no page
+            # lost for it (a duplicate fetch at worst).
+            logger.exception(
+                "Checking %d request(s) together in the Bloom filter %r failed: they are"
+                " answered 'new'.",
                 len(unique),
                 self.key,
-                exc,
             )
-            return 0
+            self.bloom.events.count("batch_failed")
+            answers = dict.fromkeys(unique, False)
         self.reservations.reserve(batch, fingerprints, [answers[f] for f in fingerprints])
         self.batches += 1
         self.batched += len(batch)

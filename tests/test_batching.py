@@ -113,6 +113,53 @@ def test_repeats_are_answered_by_the_near_cache_with_no_round_trip(
     assert bloom.round_trips == trips + 1
 
 
+@pytest.mark.parametrize("where", ["servers", "cluster"])
+def test_a_batch_costs_one_round_trip_per_server(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    client = request.getfixturevalue("clients" if where == "servers" else "redis_cluster")
+    config = BloomConfig.from_settings({**SMALL, "BLOOMFILTER_SHARDS": 12})
+    batch = RedisBloomFilter.from_config(client, "spread", config, cache_size=100)
+    single = RedisBloomFilter.from_config(client, "spread1", config, cache_size=100)
+    elements = [*fingerprints(300, "s"), *fingerprints(100, "s")]
+    single.add_many(elements[:50])
+    batch.add_many(elements[:50])
+    batch.sync_counters()
+    before = batch.round_trips
+    answers = batch.check_and_add_batch(elements)
+    assert answers == [single.check_and_add(e) for e in elements]
+    assert batch.round_trips - before == 3  # three servers, or three cluster masters
+    batch.close()
+    single.close()
+
+
+def test_a_batch_redis_cannot_take_under_allow_answers_new_and_is_added_later() -> None:
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        config = BloomConfig.from_settings(
+            {**SMALL, "BLOOMFILTER_ON_ERROR": "allow", "BLOOMFILTER_RETRY_TIMEOUT": 0.5}
+        )
+        bloom = RedisBloomFilter.from_config(client, "allow", config, faults=config.faults)
+        bloom.open()
+        elements = fingerprints(20, "allow")
+        server.kill()
+        assert bloom.check_and_add_batch(elements) == [False] * 20  # a doubt: new
+        assert bloom.events.counts["errors"] == 20
+        # Let through by this worker: a second offer is a duplicate, with no trip.
+        trips = bloom.round_trips
+        assert bloom.check_and_add_batch(elements) == [True] * 20
+        assert bloom.round_trips == trips
+        server.restart()
+        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        assert bloom.check_and_add_batch(["e" * 40]) == [False]
+        # Redis answers again: what was let through is added for every worker.
+        other = RedisBloomFilter.from_config(client, "allow", config)
+        assert other.contains_many(elements) == [True] * 20
+        for made in (bloom, other):
+            made.close()
+        client.close()
+
+
 def test_round_trips_count_each_exchange_once(redis_client: redis.Redis) -> None:
     bloom = make(redis_client, "trips", cache_size=0)
     bloom.check_and_add("0" * 40)  # the script is loaded now
@@ -223,7 +270,7 @@ def test_an_answer_not_taken_when_the_crawl_ends_is_reported(
     assert stat(crawler, "bloomfilter/round_trips") > 0
 
 
-def test_a_failed_batch_leaves_each_request_to_request_seen(
+def test_a_failed_batch_answers_new_and_stops_the_crawl(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with RedisServer() as server:
@@ -240,12 +287,15 @@ def test_a_failed_batch_leaves_each_request_to_request_seen(
         try:
             server.stop()
             links = [Request("https://example.com/f1"), Request("https://example.com/f2")]
-            assert df.check_batch(links) == 0  # nothing held
+            assert df.check_batch(links) == 2
             assert stat(crawler, "bloomfilter/batch_failed") == 1
-            assert "each is checked alone instead" in caplog.text
-            # request_seen's own handling under ON_ERROR = "raise": answer new, stop.
+            assert stat(crawler, "bloomfilter/errors") == 2
+            # As request_seen under ON_ERROR = "raise": said once, the crawl stops, and
+            # the requests go to the scheduler (the batch may have set their bits).
+            assert caplog.text.count("cannot answer, so the crawl stops") == 1
+            trips = df.bloom.round_trips
             assert [df.request_seen(r) for r in links] == [False, False]
-            assert "cannot answer, so the crawl stops" in caplog.text
+            assert df.bloom.round_trips == trips
         finally:
             df.lease.stop()
             df.bloom.close()
@@ -287,6 +337,28 @@ def test_items_pass_at_once_and_requests_after_the_output_ends(
     assert events == [("item", 1), ("item", 3), ("free", 4), ("request", 5), ("request", 5)]
     assert dupefilter.batches == 1
     assert dupefilter.batched == 2
+
+
+def test_a_callback_that_fails_still_sends_what_it_yielded(
+    dupefilter: RFPDupeFilter, crawler: Crawler
+) -> None:
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    received: list[Any] = []
+
+    async def callback() -> AsyncIterator[Any]:
+        yield Request("https://example.com/before")
+        raise ValueError("the callback broke")
+
+    async def run() -> None:
+        response = HtmlResponse("https://example.com/", body=b"")
+        async for output in middleware.process_spider_output(response, callback()):
+            received.append(output)
+
+    with pytest.raises(ValueError, match="the callback broke"):
+        asyncio.run(run())
+    assert [r.url for r in received] == ["https://example.com/before"]
+    assert dupefilter.request_seen(received[0]) is False  # checked ahead, then taken
+    assert dupefilter.batches == 1
 
 
 # -- the middleware's settings and position ----------------------------------------------

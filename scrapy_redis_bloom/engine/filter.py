@@ -348,7 +348,14 @@ class RedisBloomFilter:
                 self.cache_hits += known
                 self.counters.record(0, known)
             if ask:
-                outcome = self._run_bulk(True, ask)
+                try:
+                    self._current()
+                    outcome = self._run_bulk(True, ask)
+                except FilterUnavailableError as exc:
+                    # Counted once, as check_and_add counts it; raised under "raise".
+                    let_through = self._unavailable(exc, len(ask))
+                    self._owe({_tag(e): e for e in ask})
+                    outcome = Outcome(answers=let_through, failed=list(ask))
                 self.counters.record(outcome.added, outcome.seen)
                 failed = {_tag(element) for element in outcome.failed}
                 for tag, position in asked.items():
