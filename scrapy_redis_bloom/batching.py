@@ -24,12 +24,13 @@ are reported (see :mod:`.reservations`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import Request, signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
+from scrapy.utils.python import global_object_name
 
 from .dupefilter import RFPDupeFilter
 
@@ -88,6 +89,18 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
         and not (isinstance(component, type) and issubclass(component, cls))
         and any(hasattr(component, method) for method in _OUTPUT_METHODS)
     ]
+
+
+def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:
+    """Name the middlewares whose output method comes after ``middleware``'s in ``methods``.
+
+    ``methods``: the ``process_spider_output`` chain as Scrapy calls it, first to last.
+    """
+    mine = [i for i, m in enumerate(methods) if getattr(m, "__self__", None) is middleware]
+    if not mine:
+        return []
+    later = [m for m in methods[mine[0] + 1 :] if m is not None]
+    return [global_object_name(type(getattr(m, "__self__", m))) for m in later]
 
 
 class BatchingMiddleware:
@@ -151,13 +164,9 @@ class BatchingMiddleware:
         except (AttributeError, KeyError, RuntimeError) as exc:  # Scrapy internals moved
             logger.debug("Could not read the spider middleware chain: %r", exc)
             return
-        mine = [i for i, m in enumerate(methods) if getattr(m, "__self__", None) is self]
-        if not mine:
-            return
-        later = [m for m in methods[mine[0] + 1 :] if m is not None]
+        later = later_in_chain(methods, self)
         if later:
-            names = ", ".join(type(getattr(m, "__self__", m)).__qualname__ for m in later)
-            self.disable(names)
+            self.disable(", ".join(later))
 
     def _resolve(self) -> RFPDupeFilter | None:
         """Find the crawl's dupefilter (built when the scheduler opens), once."""

@@ -25,6 +25,7 @@ import redis
 from batching_helpers import drops_links
 from redis_server import RedisServer
 from scrapy import Request, Spider
+from scrapy.core.spidermw import SpiderMiddlewareManager
 from scrapy.crawler import Crawler
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
@@ -33,7 +34,12 @@ from test_crawl import assert_finished, crawl
 from website import Site, SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.batching import BatchingMiddleware, batch_max, later_middlewares
+from scrapy_redis_bloom.batching import (
+    BatchingMiddleware,
+    batch_max,
+    later_in_chain,
+    later_middlewares,
+)
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 
 logger = logging.getLogger(__name__)
@@ -390,6 +396,23 @@ def test_later_middlewares_are_named() -> None:
     ]
     # HttpErrorMiddleware (50) has no process_spider_output: it cannot drop output.
     assert later({MIDDLEWARE: 49, **no_start}) == []
+
+
+def test_the_running_chain_is_checked_too() -> None:
+    settings = {
+        "DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.RFPDupeFilter",
+        "SPIDER_MIDDLEWARES": {MIDDLEWARE: 0, "batching_helpers.DropLinksMiddleware": -10},
+    }
+    manager = SpiderMiddlewareManager.from_crawler(get_crawler(settings_dict=settings))
+    ours = next(m for m in manager.middlewares if isinstance(m, BatchingMiddleware))
+    chain = list(manager.methods["process_spider_output"])
+    assert later_in_chain(chain, ours) == ["batching_helpers.DropLinksMiddleware"]
+    assert ours.disabled is not None  # the settings said so already
+    settings["SPIDER_MIDDLEWARES"] = {MIDDLEWARE: 0}
+    manager = SpiderMiddlewareManager.from_crawler(get_crawler(settings_dict=settings))
+    ours = next(m for m in manager.middlewares if isinstance(m, BatchingMiddleware))
+    assert later_in_chain(list(manager.methods["process_spider_output"]), ours) == []
+    assert ours.disabled is None
 
 
 def test_another_dupefilter_turns_the_middleware_off(caplog: pytest.LogCaptureFixture) -> None:
