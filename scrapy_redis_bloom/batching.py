@@ -76,7 +76,7 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
         if order is None:
             continue
         component = load_object(path) if isinstance(path, str) else path
-        name = path if isinstance(path, str) else f"{path.__module__}.{path.__qualname__}"
+        name = path if isinstance(path, str) else global_object_name(path)
         enabled.append((order, name, component))
     ours = [order for order, _, c in enabled if isinstance(c, type) and issubclass(c, cls)]
     if not ours:
