@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,12 +30,13 @@ from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 from .config import BloomConfig, SettingsLike, boolean_setting
 from .connection import filter_clients, url_address
 from .engine.cache import LRU
-from .engine.events import FilterEvents
+from .engine.events import FilterEvents, RateLimitedLog
 from .engine.filter import RedisBloomFilter
 from .engine.state import estimate_from_items
 from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
 from .progress import FilterProgress
+from .reservations import Reservations
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -47,6 +49,12 @@ _F = TypeVar("_F", bound="RFPDupeFilter")
 
 #: The finish reason of a crawl stopped because the filter could not answer.
 FINISH_REASON = "bloomfilter_error"
+
+#: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`). Weak
+#: both ways: the dupefilter refers to its crawler, and must not keep it alive.
+_BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
@@ -105,6 +113,12 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self._fingerprint = self._remembered_fingerprint
         self._finished = False
         self._failed = False
+        self._log = RateLimitedLog(logger)
+        #: Answers given ahead by check_batch, taken by request_seen.
+        self.reservations = Reservations(self._unscheduled, self.config.cache_size)
+        #: Batches checked, and the requests they pre-answered (stats at close).
+        self.batches = 0
+        self.batched = 0
         #: Clients this filter made (from_crawler / from_spider), closed when it closes.
         self._owned_clients: list[Any] = []
         self._progress: FilterProgress | None = None
@@ -179,6 +193,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             raise
         instance._owned_clients = clients
         if crawler is not None:
+            _BY_CRAWLER[crawler] = weakref.ref(instance)
+            crawler.signals.connect(
+                instance.reservations.scheduled, signal=signals.request_scheduled
+            )
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
             interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0)
@@ -201,20 +219,104 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """Build for scrapy-redis's Scheduler, which calls this when it opens."""
         return cls._build(spider.settings, spider.name, spider.crawler)
 
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> RFPDupeFilter | None:
+        """Return the dupefilter built for ``crawler`` (None: none of ours, or not yet)."""
+        ref = _BY_CRAWLER.get(crawler)
+        return ref() if ref is not None else None
+
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
 
         One atomic round trip to Redis: of several workers offering the same request
-        at once, exactly one is told it is new. When the filter cannot answer, the
-        crawl stops (see the module's docstring) and the request is answered new.
+        at once, exactly one is told it is new. None when :meth:`check_batch` answered
+        it ahead. When the filter cannot answer, the crawl stops (see the module's
+        docstring) and the request is answered new.
         """
+        fingerprint = self._fingerprint(request)
+        answer = self.reservations.take(fingerprint, request)
+        if answer is not None:
+            return answer
         try:
-            return self.bloom.check_and_add(self._fingerprint(request))
+            return self.bloom.check_and_add(fingerprint)
         except BloomFilterError as exc:
             if not isinstance(exc, FilterUnavailableError):  # counted by the engine
                 self.bloom.events.count("errors")
             self._fail(exc)
             return False  # a doubt: to the scheduler, whose queue may outlive this run
+
+    def check_batch(self, requests: Sequence[Request]) -> int:
+        """Check-and-add requests together, ahead of ``request_seen``; return how many.
+
+        One pipelined round trip per Redis server for all the fingerprints the
+        near-cache does not know; repeats among them are sent once. Each answer is
+        held for :meth:`request_seen`, which counts and logs duplicates as before.
+        Skipped, and left to ``request_seen``: ``dont_filter`` requests, fingerprints
+        already held or unscheduled, and requests whose fingerprint fails (the
+        error is raised again there).
+
+        If the batch fails, its commands may have run on some server, or before a
+        reply was lost: asking again one by one could answer "seen" for bits this
+        batch set. So every request of a failed batch answers "new", and the failure
+        is handled as ``request_seen`` handles one: the crawl stops (the requests go
+        to the scheduler, whose queue may outlive the run). Under
+        ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no failure: the
+        batch answers "new" for what it could not check (see the engine).
+        """
+        batch: list[Request] = []
+        fingerprints: list[str] = []
+        for request in requests:
+            if request.dont_filter:
+                continue
+            try:
+                fingerprint = self._fingerprint(request)
+            except Exception:  # raised again, and reported, by request_seen
+                continue
+            if fingerprint in self.reservations:
+                continue
+            batch.append(request)
+            fingerprints.append(fingerprint)
+        if not batch:
+            return 0
+        unique = list(dict.fromkeys(fingerprints))
+        try:
+            answers = dict(zip(unique, self.bloom.check_and_add_many(unique), strict=True))
+        except BloomFilterError as exc:
+            self.bloom.events.count("batch_failed")
+            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+                self.bloom.events.count("errors")
+            self._fail(exc)
+            answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
+        except Exception:
+            # A bug, not a Redis fault: said with its traceback, counted, and no page
+            # lost for it (a duplicate fetch at worst).
+            logger.exception(
+                "Checking %d request(s) together in the Bloom filter %r failed: they are"
+                " answered 'new'.",
+                len(unique),
+                self.key,
+            )
+            self.bloom.events.count("batch_failed")
+            answers = dict.fromkeys(unique, False)
+        self.reservations.reserve(batch, fingerprints, [answers[f] for f in fingerprints])
+        self.batches += 1
+        self.batched += len(batch)
+        return len(batch)
+
+    def _unscheduled(self, urls: list[str]) -> None:
+        """Report requests answered "new" by a batch that never reached the scheduler."""
+        self.bloom.events.count("batch_unscheduled", len(urls))
+        self._log.log(
+            logging.WARNING,
+            "unscheduled",
+            "%d request(s) checked together and answered 'new' never reached the scheduler"
+            " (e.g. %s): a request_scheduled handler dropped them, or the crawl ended first."
+            " The Bloom filter %r holds them now: this worker answers 'new' if it meets them"
+            " again; other workers, and later runs, take them for seen.",
+            len(urls),
+            urls[0],
+            self.key,
+        )
 
     def _fail(self, exc: BloomFilterError) -> None:
         """Say why the filter cannot answer, once, and stop the crawl."""
@@ -299,10 +401,20 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._finished = True
         if self._progress is not None:
             self._progress.stop()
+        self.reservations.close()
+        if self.reservations.forgotten:
+            logger.warning(
+                "The Bloom filter %r forgot %d unscheduled request(s) (too many to remember).",
+                self.key,
+                self.reservations.forgotten,
+            )
         if self.stats is not None:
             # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
             self.stats.inc_value("bloomfilter/added", self.bloom.counters.added)
             self.stats.inc_value("bloomfilter/cache_hits", self.bloom.cache_hits)
+            if self.batches:
+                self.stats.inc_value("bloomfilter/batches", self.batches)
+                self.stats.inc_value("bloomfilter/batched", self.batched)
         try:
             self.bloom.sync_counters()
             others = self.lease.release()
@@ -317,6 +429,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.close()
             for client in self._owned_clients:
                 client.close()
+            if self.stats is not None:  # the last trips (counters, lease) included
+                self.stats.inc_value("bloomfilter/round_trips", self.bloom.round_trips)
 
     def _record_state(self, full: bool) -> None:
         """Write the filter's configuration and state to the stats.

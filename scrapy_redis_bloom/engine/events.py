@@ -23,6 +23,9 @@ EVENTS = {
     "errors": "operations that failed after every retry (answered per BLOOMFILTER_ON_ERROR)",
     "recreated": "lost shards or servers recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "reopened": "times the filter was found reset and re-created elsewhere, and adopted",
+    "batch_failed": "batches of a response's requests that could not be checked together"
+    " (each request was then checked alone)",
+    "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
 }
 
 

@@ -363,6 +363,9 @@ class Executor:
         step = _Round()
         groups: dict[int, tuple[Node, list[int]]] = {}
         asked: set[int] = set()
+        # Per node and script: its load's outcome in this round. Many calls answered
+        # NOSCRIPT together (a fresh server) need one SCRIPT LOAD, not one each.
+        loads: dict[tuple[int, str], TransportError | None] = {}
         for i in todo:
             call = calls[i]
             target = asking.pop(i, None)
@@ -408,7 +411,10 @@ class Executor:
                         raise self.explain(denied)
                     replies[i] = reply
                 elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
-                    lost = self._load(node, script, operation)
+                    load = (id(node), script.sha)
+                    if load not in loads:
+                        loads[load] = self._load(node, script, operation)
+                    lost = loads[load]
                     if lost is None:
                         step.again.append(i)
                     else:  # the call itself did not run: resend it after a backoff

@@ -394,6 +394,11 @@ class RedisBloomFilter:
                 self.counters.sync(self.parts, self.spec)
         return answers
 
+    @property
+    def round_trips(self) -> int:
+        """Network round trips this filter made to Redis so far, from every thread."""
+        return self.topology.trips.value
+
     def _check_and_add(self, h1: int, h2: int, recovered: bool = False) -> bool:
         command = self._prepare(h1, h2)
         try:

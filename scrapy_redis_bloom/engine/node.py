@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +72,25 @@ class ReplyLostError(TransportError):
     """The commands may have run, but their replies will never be read."""
 
 
+class TripCounter:
+    """Network round trips made to Redis, shared by every node of one filter.
+
+    Each :meth:`Node.call` and each :meth:`Node.send` (whose replies one
+    :meth:`Node.receive` reads) counts one, however many commands it pipelines: the
+    figure to divide by the pages a crawl fetched. Thread-safe: the lease's thread
+    counts here too.
+    """
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        """Count one round trip."""
+        with self._lock:
+            self.value += 1
+
+
 @dataclass(slots=True, eq=False)
 class Ticket:
     """A sent batch of ``count`` commands whose replies are owed on connection ``serial``."""
@@ -100,10 +120,14 @@ class Node:
 
     Not thread-safe: each thread that talks to Redis uses its own nodes (see
     :meth:`.topology.Topology.copy`). After a fork, the child makes its own connection.
+    ``trips`` counts its round trips (a counter of its own if not given).
     """
 
-    def __init__(self, address: str, factory: Callable[[], Any]) -> None:
+    def __init__(
+        self, address: str, factory: Callable[[], Any], trips: TripCounter | None = None
+    ) -> None:
         self.address = address
+        self.trips = trips if trips is not None else TripCounter()
         self._factory = factory
         self._connection: Any = None
         self._serial = 0
@@ -167,6 +191,7 @@ class Node:
         the connection fails while sending (some of the commands may have arrived).
         """
         connection = self._connect()
+        self.trips.add()
         try:
             connection.send_packed_command([payload], check_health=False)
         except BaseException as exc:
@@ -217,6 +242,7 @@ class Node:
         if self._owed:
             return self.exchange(payload, 1)[0]
         connection = self._connect()
+        self.trips.add()
         try:
             connection.send_packed_command([payload], check_health=False)
             try:

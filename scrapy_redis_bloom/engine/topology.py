@@ -24,7 +24,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
 from ..errors import BloomFilterError
-from .node import Node, connection_factory
+from .node import Node, TripCounter, connection_factory
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ class Topology(ABC):
 
     #: Number of standalone servers the shards are spread over (1 for a cluster).
     servers: int = 1
+    #: Round trips made by every node of this topology and of its copies.
+    trips: TripCounter
 
     @abstractmethod
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:
@@ -82,13 +84,15 @@ class Topology(ABC):
 class ServerList(Topology):
     """One or several standalone servers: shard ``i`` on server ``i mod n``."""
 
-    def __init__(self, clients: Sequence[Any]) -> None:
+    def __init__(self, clients: Sequence[Any], trips: TripCounter | None = None) -> None:
         if not clients:
             raise ValueError("a filter needs at least one Redis client")
         self.clients = tuple(clients)
         self.servers = len(self.clients)
+        self.trips = trips if trips is not None else TripCounter()
         self.nodes = [
-            Node(server_address(c), connection_factory(c.connection_pool)) for c in self.clients
+            Node(server_address(c), connection_factory(c.connection_pool), self.trips)
+            for c in self.clients
         ]
 
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:
@@ -111,8 +115,8 @@ class ServerList(Topology):
         raise ValueError(f"{address} is not one of the filter's servers")
 
     def copy(self) -> ServerList:
-        """Return the same servers with connections of their own."""
-        return ServerList(self.clients)
+        """Return the same servers with connections of their own (and the same trip count)."""
+        return ServerList(self.clients, self.trips)
 
     def moved(self, address: str, reply: BaseException) -> None:
         """Refuse: a server that answers ``MOVED`` is a cluster node taken for a server."""
@@ -139,8 +143,9 @@ class ServerList(Topology):
 class Cluster(Topology):
     """A Redis Cluster, its slot map kept by a redis-py ``RedisCluster`` client."""
 
-    def __init__(self, client: RedisCluster) -> None:
+    def __init__(self, client: RedisCluster, trips: TripCounter | None = None) -> None:
         self.client = client
+        self.trips = trips if trips is not None else TripCounter()
         self._nodes: dict[str, Node] = {}
 
     def _node(self, cluster_node: Any) -> Node:
@@ -148,7 +153,8 @@ class Cluster(Topology):
         node = self._nodes.get(name)
         if node is None:
             redis_node = self.client.get_redis_connection(cluster_node)
-            node = self._nodes[name] = Node(name, connection_factory(redis_node.connection_pool))
+            factory = connection_factory(redis_node.connection_pool)
+            node = self._nodes[name] = Node(name, factory, self.trips)
         return node
 
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:

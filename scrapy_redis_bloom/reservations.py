@@ -1,0 +1,192 @@
+"""Answers given ahead to a response's links, kept until the scheduler asks for them.
+
+The batching middleware (:mod:`.batching`) checks-and-adds the links of a response in
+one round trip; the dupefilter's ``request_seen`` then takes each answer here instead
+of asking Redis. A Bloom filter cannot forget, so a link answered "new" is already
+marked seen in Redis: if its request never reaches ``request_seen`` (a
+``request_scheduled`` handler raised ``IgnoreRequest``, the crawl stopped first), no
+worker would fetch it again. Such requests are told apart without relying on when
+Scrapy resumes the middleware (under the asyncio reactor, Scrapy 2.19 queues up to
+``2 * CONCURRENT_ITEMS`` outputs before scheduling the first):
+
+* the engine calls ``request_scheduled`` handlers and then, with nothing in between,
+  the scheduler's ``request_seen``: a request seen by :meth:`Reservations.scheduled`
+  whose ``request_seen`` does not come next was dropped by a handler;
+* a request collected (weak reference) without having taken its answer never will;
+* at the end of the crawl, every answer not taken is reported.
+
+A "new" answer none of its requests took is *unscheduled*: reported, and remembered
+by this worker, which answers "new" the next time it meets the fingerprint. Other
+workers, and later runs, cannot know (see NOTES-batch12.md).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+#: Unscheduled fingerprints remembered at least, whatever the near-cache's size.
+MIN_UNSCHEDULED = 10_000
+
+
+@dataclass(eq=False)
+class _Reservation:
+    """The answer for one fingerprint, shared by the requests of one batch that carry it."""
+
+    fingerprint: str
+    url: str
+    #: The answer for the next request to take it: the batch's, then "seen".
+    answer: bool
+    #: The batch's requests with this fingerprint that did not take an answer yet.
+    members: dict[int, weakref.ref[Request]] = field(default_factory=dict)
+
+
+class Reservations:
+    """Answers by fingerprint, each taken once; "new" answers never taken are reported.
+
+    ``on_unscheduled(urls)`` is called with the URLs of requests answered "new" that
+    never reached ``request_seen``. ``size``: how many unscheduled fingerprints are
+    remembered (the oldest are forgotten first, counted in :attr:`forgotten`).
+    Single-threaded, as Scrapy's engine is; weak-reference callbacks only queue, and
+    what they queue is handled at the next call.
+    """
+
+    def __init__(
+        self,
+        on_unscheduled: Callable[[list[str]], None],
+        size: int = MIN_UNSCHEDULED,
+    ) -> None:
+        self._items: dict[str, _Reservation] = {}
+        #: id() of each member request, to its reservation.
+        self._members: dict[int, _Reservation] = {}
+        self._dead: deque[tuple[_Reservation, int, weakref.ref[Request]]] = deque()
+        #: A member that passed ``request_scheduled``, whose ``request_seen`` must come next.
+        self._pending: tuple[_Reservation, int] | None = None
+        self._unscheduled: dict[str, None] = {}
+        self._size = max(size, MIN_UNSCHEDULED)
+        self._on_unscheduled = on_unscheduled
+        #: Unscheduled fingerprints forgotten because too many were remembered.
+        self.forgotten = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, fingerprint: object) -> bool:
+        return fingerprint in self._items or fingerprint in self._unscheduled
+
+    def reserve(
+        self, requests: Sequence[Request], fingerprints: Sequence[str], answers: Sequence[bool]
+    ) -> None:
+        """Hold ``answers[i]`` for the first request with ``fingerprints[i]`` to take it.
+
+        The other requests with that fingerprint then take "seen". A fingerprint
+        held already (for an earlier batch) is skipped: its answer serves both.
+        """
+        self._settle()
+        new: dict[str, _Reservation] = {}
+        for fingerprint, answer, request in zip(fingerprints, answers, requests, strict=True):
+            reservation = new.get(fingerprint)
+            if reservation is None:
+                if fingerprint in self._items:
+                    continue
+                reservation = new[fingerprint] = _Reservation(fingerprint, request.url, answer)
+            key = id(request)
+            callback = partial(self._collected, reservation, key)
+            reservation.members[key] = weakref.ref(request, callback)
+            self._members[key] = reservation
+        self._items.update(new)
+
+    def scheduled(self, request: Request) -> None:
+        """Note a request the engine is about to schedule (a ``request_scheduled`` handler)."""
+        self._settle()
+        key = id(request)
+        reservation = self._members.get(key)
+        if reservation is not None and _alive(reservation, key) is request:
+            self._pending = (reservation, key)
+
+    def take(self, fingerprint: str, request: Request) -> bool | None:
+        """Return the answer held for ``fingerprint``, once (None: none held).
+
+        An unscheduled fingerprint answers "new" once: the request that carries it
+        now is fetched, and the filter already holds it.
+        """
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            if pending[1] != id(request):  # its request_seen never came: dropped
+                self._resolve(*pending, dropped=True)
+        if self._dead:
+            self._reap()
+        reservation = self._items.get(fingerprint)
+        if reservation is None:
+            if self._unscheduled and fingerprint in self._unscheduled:
+                del self._unscheduled[fingerprint]
+                return False
+            return None
+        answer, reservation.answer = reservation.answer, True
+        key = id(request)
+        if _alive(reservation, key) is request:
+            self._resolve(reservation, key, dropped=False)
+        return answer
+
+    def close(self) -> None:
+        """Report every "new" answer not taken: the crawl ends, no request will take it."""
+        self._settle()
+        left = [r for r in self._items.values() if not r.answer]
+        self._items.clear()
+        self._members.clear()
+        if left:
+            self._unschedule(left)
+
+    def _collected(self, reservation: _Reservation, key: int, ref: weakref.ref[Request]) -> None:
+        # A weak-reference callback runs wherever the collector does: only queue.
+        self._dead.append((reservation, key, ref))
+
+    def _settle(self) -> None:
+        """Resolve a pending request that was dropped, and the requests collected."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._resolve(*pending, dropped=True)
+        if self._dead:
+            self._reap()
+
+    def _reap(self) -> None:
+        while self._dead:
+            reservation, key, ref = self._dead.popleft()
+            if reservation.members.get(key) is ref:  # else it took its answer already
+                self._resolve(reservation, key, dropped=True)
+
+    def _resolve(self, reservation: _Reservation, key: int, dropped: bool) -> None:
+        """Settle a member that took its answer, or never will; the last one ends it."""
+        reservation.members.pop(key, None)
+        if self._members.get(key) is reservation:
+            del self._members[key]
+        if reservation.members:
+            return
+        if self._items.get(reservation.fingerprint) is reservation:
+            del self._items[reservation.fingerprint]
+        if dropped and not reservation.answer:
+            self._unschedule([reservation])
+
+    def _unschedule(self, lost: list[_Reservation]) -> None:
+        for reservation in lost:
+            self._unscheduled[reservation.fingerprint] = None
+        excess = len(self._unscheduled) - self._size
+        if excess > 0:
+            for fingerprint in list(self._unscheduled)[:excess]:
+                del self._unscheduled[fingerprint]
+            self.forgotten += excess
+        self._on_unscheduled([reservation.url for reservation in lost])
+
+
+def _alive(reservation: _Reservation, key: int) -> Request | None:
+    """Return the member request ``key`` of a reservation, if it is one and alive."""
+    ref = reservation.members.get(key)
+    return ref() if ref is not None else None
