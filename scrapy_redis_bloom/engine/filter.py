@@ -91,6 +91,9 @@ class RedisBloomFilter:
     :meth:`open` is called on first use.
     """
 
+    #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
+    backend = "bitmap"
+
     def __init__(
         self,
         client: Any,

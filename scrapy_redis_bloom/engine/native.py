@@ -1,0 +1,630 @@
+"""The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
+
+On servers with Bloom filters built in (Redis 8, Redis Stack / RedisBloom, Valkey with
+valkey-bloom: ``BF.*``), each shard is one scalable Bloom filter kept by the server
+(see :mod:`.native_parts` for the keys and their sizing). Elements go to the shard a
+bitmap filter of the same geometry would pick (``h1 mod shards``), so shards spread
+over servers and cluster masters alike.
+
+One command per check, one round trip, atomic across workers:
+``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE ITEMS <fingerprint>`` (never ``BF.ADD``, which
+would silently create a default filter in place of a lost one). The answer contract
+is the bitmap filter's (see :mod:`.filter`): "seen" only when Redis confirmed it in
+this call; a reply lost and re-run that finds the element answers "new" (counted as
+``ambiguous``); a missing shard goes to ``BLOOMFILTER_ON_LOSS``; errors never become
+answers. Bulk calls send ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard,
+pipelined. Re-crawl windows (``BLOOMFILTER_TTL``) are not supported here.
+
+Thread-safe: calls from several threads are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import mmh3
+
+from ..config import BloomConfig, FaultPolicy
+from ..errors import (
+    BloomFilterError,
+    FilterDamagedError,
+    FilterMissingError,
+    FilterUnavailableError,
+)
+from ..hashing import FilterSpec
+from . import health, native_parts
+from .bulk import Outcome
+from .cache import LRU
+from .counters import Counters
+from .events import FilterEvents, RateLimitedLog
+from .executor import Call, Executor, Kind, classify
+from .filter import MIN_OWED, make_topology
+from .lease import WorkerLease, workers_of
+from .lifecycle import sample
+from .node import ReplyLostError, TransportError
+from .parts import Parts
+from .record import FilterRecord
+from .scripts import Script
+from .state import FilterState, FilterTotals
+from .wire import command_head, encode, pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Items per ``BF.INSERT`` / ``BF.MEXISTS`` of the bulk path.
+CHUNK = 1000
+#: Commands per pipelined batch of the bulk path.
+BATCH = 32
+_INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
+
+
+class _Redo(Exception):  # noqa: N818  # internal signal, never raised to callers
+    """The hot path's reply asks for the executor (a redirection, a retry)."""
+
+
+class NativeBloomFilter:
+    """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
+
+    The same interface as :class:`.filter.RedisBloomFilter`; ``spec`` (only its shard
+    count is used to place elements) and ``capacity`` say what to create.
+    """
+
+    backend = "native"
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        spec: FilterSpec,
+        capacity: int,
+        cache_size: int = 0,
+        *,
+        sizing: str | None = None,
+        faults: FaultPolicy | None = None,
+        events: FilterEvents | None = None,
+        expansion: int = 0,
+    ) -> None:
+        self.key = key
+        self.capacity = capacity
+        self.topology = make_topology(client)
+        self.faults = faults if faults is not None else FaultPolicy()
+        self.events = events if events is not None else FilterEvents()
+        self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
+        weakref.finalize(self, self.topology.close)
+        self.parts = Parts(self.executor, key, spec)
+        if sizing is None:
+            sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
+        self.wanted = FilterRecord.new(
+            spec, capacity, sizing, self.topology.servers, expansion=expansion, backend="native"
+        )
+        self.record: FilterRecord | None = None
+        self.counters = Counters(key, capacity, self.events)
+        self.cache_size = cache_size
+        self._cache: LRU[int, bool] = LRU(cache_size)
+        self.cache_hits = 0
+        #: Elements let through while Redis could not answer, to add once it does.
+        self._owed: dict[int, str | bytes] = {}
+        self._lock = threading.RLock()
+        #: Per shard, its key and the packed start of its ``BF.INSERT``.
+        self._heads: list[tuple[str, bytes]] = []
+        #: Most sub-filters seen in a shard (for stats).
+        self.generations = 1
+        self._log = RateLimitedLog(logger)
+
+    @classmethod
+    def from_config(
+        cls, client: Any, key: str, config: BloomConfig, **options: Any
+    ) -> NativeBloomFilter:
+        """Return the filter a validated configuration asks for (``options``: see __init__)."""
+        if config.ttl:
+            raise ValueError(
+                "The native backend cannot forget URLs: set BLOOMFILTER_TTL = 0 or"
+                " BLOOMFILTER_BACKEND = 'bitmap'."
+            )
+        return cls(
+            client,
+            key,
+            config.spec,
+            config.capacity,
+            sizing=config.sizing.canonical(),
+            expansion=config.expansion,
+            **options,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<NativeBloomFilter key={self.key!r} shards={self.spec.shards}"
+            f" capacity={self.capacity} servers={self.topology.servers}>"
+        )
+
+    @property
+    def spec(self) -> FilterSpec:
+        """The geometry in use (its shard count places elements): the stored one once open."""
+        return self.parts.spec
+
+    @property
+    def shard_keys(self) -> list[str]:
+        """The keys of every shard, in shard order."""
+        filter_id = self._current().filter_id
+        return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self, create: bool = True) -> FilterRecord:
+        """Create the filter, or check this worker's settings and its shards against it.
+
+        Refuses servers without ``BF.*`` (:class:`~..errors.UnsupportedServerError`)
+        and, with ``create=False``, a missing filter (:class:`~..errors.FilterMissingError`).
+        """
+        with self._lock:
+            servers = health.survey(self.executor, self.topology)
+            health.check_versions(servers)
+            native_parts.require_bloom(self.executor, self.topology, self.key)
+            record = self.parts.read_record()
+            if record is None:
+                if not create:
+                    raise FilterMissingError(
+                        f"There is no Bloom filter {self.key!r} (no config record"
+                        f" {self.parts.meta_key!r}) on {self.topology.describe()}."
+                    )
+                record = self.parts.create_record(self.wanted)
+            record.check(self.key, self.wanted)
+            record = self._settle_record(record)
+            self.events.set("eviction_risk", health.warn_risks(self.key, servers))
+            return record
+
+    def _settle_record(self, record: FilterRecord) -> FilterRecord:
+        """Finish creating a filter, or check its shards; adopt its record."""
+        self.parts.spec = record.spec
+        self._adopt(record)
+        shards = record.spec.shards
+        if record.state == "creating":
+            self._reserve(record, range(shards))
+            self.parts.mark_ready()
+            record = record.ready()
+            self._adopt(record)
+            logger.debug("Created the native Bloom filter %r (id %s).", self.key, record.filter_id)
+        else:
+            self._check_shards(record, list(sample(shards, record.servers)))
+        return record
+
+    def _adopt(self, record: FilterRecord) -> None:
+        old, self.record = self.record, record
+        if old is None or old.filter_id != record.filter_id:
+            self._heads = [
+                (key, command_head(5, _INSERT_HEAD[0], encode(key), *_INSERT_HEAD[1:]))
+                for shard in range(record.spec.shards)
+                for key in [native_parts.shard_key(self.key, shard, record.filter_id)]
+            ]
+            self.counters.fixed = not record.expansion
+            if old is not None:
+                self._cache.clear()
+
+    def _current(self) -> FilterRecord:
+        if self.record is None:
+            self.open()
+        assert self.record is not None
+        return self.record
+
+    def _reserve(self, record: FilterRecord, shards: Iterable[int]) -> int:
+        """Create shards with ``BF.RESERVE``; one there already must be a Bloom filter.
+
+        Returns how many were created now (another worker may have created the rest).
+        """
+        order = [(shard, self._heads[shard][0]) for shard in shards]
+        calls = [native_parts.reserve_call(record, key, shard) for shard, key in order]
+        replies = self.executor.run("create the filter's shards", calls, write=True).replies
+        existing = [
+            (shard, key)
+            for (shard, key), reply in zip(order, replies, strict=True)
+            if isinstance(reply, BaseException) and "exists" in str(reply)
+        ]
+        for (shard, key), reply in zip(order, replies, strict=True):
+            if isinstance(reply, BaseException) and (shard, key) not in existing:
+                raise self.parts.refusal(reply, key, "create the filter's shards")
+        self._check_types(existing, native_parts.types(self.parts, existing))
+        return len(order) - len(existing)
+
+    def _check_types(self, keys: list[tuple[int, str]], found: list[str]) -> list[int]:
+        """Return the shards that are missing; refuse any key of another type."""
+        foreign = [
+            (key, kind)
+            for (_, key), kind in zip(keys, found, strict=True)
+            if kind not in ("none", native_parts.NATIVE_TYPE)
+        ]
+        if foreign:
+            named = "; ".join(f"{key!r} holds a {kind}" for key, kind in foreign[:5])
+            raise FilterDamagedError(
+                f"Where the native Bloom filter {self.key!r} keeps its shards, {named}. It is"
+                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
+            )
+        return [shard for (shard, _), kind in zip(keys, found, strict=True) if kind == "none"]
+
+    def _check_shards(self, record: FilterRecord, shards: list[int]) -> None:
+        """Check shards exist as Bloom filters; handle the missing ones (ON_LOSS)."""
+        keys = [(shard, self._heads[shard][0]) for shard in shards]
+        missing = self._check_types(keys, native_parts.types(self.parts, keys))
+        if missing:
+            self._lost(record, missing)
+
+    def _lost(self, record: FilterRecord, shards: list[int]) -> None:
+        """Raise for lost shards, or recreate them empty (``BLOOMFILTER_ON_LOSS``)."""
+        named = ", ".join(repr(self._heads[s][0]) for s in shards[:5])
+        if self.faults.on_loss == "raise":
+            raise FilterDamagedError(
+                f"{len(shards):,} of the {record.spec.shards:,} shards of the native Bloom"
+                f" filter {self.key!r} are gone from {self.topology.describe()}: {named}. They"
+                " were evicted (see maxmemory-policy), deleted, or their server lost its data"
+                " (a restart without persistence). The URLs they held would be taken for new,"
+                " so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on with"
+                " those shards empty (URLs they held may be fetched again), or reset the filter."
+            )
+        created = self._reserve(record, shards)
+        self.events.count("recreated", created)
+        self._log.log(
+            logging.WARNING,
+            "recreated",
+            "Recreated %d lost shard(s) of the native Bloom filter %r empty"
+            " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched again.",
+            len(shards),
+            self.key,
+            named,
+        )
+
+    def _recover(self, shards: list[int]) -> None:
+        """Sort out shards a command found missing: the filter reset, its record lost, a shard.
+
+        A record with another id: the filter was reset and created again, adopt it. No
+        record (evicted, or the server emptied): restored from this worker's copy, unless
+        every shard is gone and ``BLOOMFILTER_ON_LOSS = "raise"``. Then the shards.
+        """
+        record = self._current()
+        current = self.parts.read_record()
+        if current is not None and current.filter_id != record.filter_id:
+            self.events.count("reopened")
+            logger.warning(
+                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
+                " worker used it: going on with the new filter.",
+                self.key,
+                current.filter_id,
+                record.filter_id,
+            )
+            current.check(self.key, self.wanted)
+            self._settle_record(current)
+            return
+        if current is None:
+            everything = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+            gone = self._check_types(everything, native_parts.types(self.parts, everything))
+            if len(gone) == record.spec.shards and self.faults.on_loss == "raise":
+                self._lost(record, gone)
+            self.parts.create_record(record)
+            self.events.count("restored")
+            logger.warning(
+                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
+                " while this worker used it: restored from this worker's copy.",
+                self.parts.meta_key,
+                self.key,
+            )
+        self._check_shards(record, shards)
+
+    def exists(self) -> bool:
+        """Tell whether the filter's config record is in Redis."""
+        key = self.parts.meta_key
+        with self._lock:
+            (reply,) = self.parts.run(
+                "look for the filter", [Call(pack_command(b"EXISTS", key), key=key)]
+            )
+        return bool(reply)
+
+    def close(self) -> None:
+        """Close the filter's connections. It stays usable: they reopen on demand."""
+        with self._lock:
+            self.executor.close()
+
+    def clear(self) -> None:
+        """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
+        with self._lock:
+            record = self.record if self.record is not None else self.parts.read_record()
+            if record is not None:
+                delete(self.parts, record)
+            self.record = None
+            self._cache.clear()
+            self.counters.forget_unsynced()
+
+    def state(self) -> FilterState:
+        """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards))."""
+        with self._lock:
+            record = self._current()
+            keys = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+            found = native_parts.read_state(self.parts, record, keys)
+            generations = len(found.generations)
+            if generations > self.generations:
+                self.generations = generations
+                self.events.set("generations", generations)
+            return found
+
+    def totals(self) -> FilterTotals:
+        """Return the counts over all workers, as synced to Redis."""
+        with self._lock:
+            return self.counters.read(self.parts)
+
+    def sync_counters(self) -> FilterTotals | None:
+        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
+        with self._lock:
+            if self.record is None:
+                return None
+            return self.counters.sync(self.parts, self.spec)
+
+    def sync_counters_if_due(self) -> None:
+        """Sync the counts when some are unsynced and the interval passed (for a timer)."""
+        with self._lock:
+            if self.record is not None and self.counters.due:
+                self.counters.sync(self.parts, self.spec)
+
+    def lease(self, worker_id: str, ttl: float) -> WorkerLease:
+        """Return this worker's lease in the filter's registry of live workers."""
+        return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
+
+    def live_workers(self) -> list[str]:
+        """Return the ids of the workers holding a live lease."""
+        with self._lock:
+            return workers_of(self.executor, self.key)
+
+    # -- elements ----------------------------------------------------------------------
+
+    def check_and_add(self, element: str | bytes) -> bool:
+        """Add an element; return True if it was (probably) there already.
+
+        One ``BF.INSERT ... NOCREATE`` (none when the near-cache knows the element): of
+        several workers adding the same element at once, exactly one gets False.
+        """
+        h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+        tag = h1 | h2 << 64
+        with self._lock:
+            if self._cache.get(tag) or (self._owed and tag in self._owed):
+                self.cache_hits += 1
+                self.counters.record(0, 1)
+                seen = True
+            else:
+                try:
+                    seen = self._check_and_add(element, h1)
+                except FilterUnavailableError as exc:
+                    self._unavailable(exc, 1)
+                    self._owe({tag: element})
+                    return False
+                self.counters.record(int(not seen), int(seen))
+                self._cache.put(tag, True)
+                if self._owed:
+                    self._settle()
+            if self.counters.due:
+                self.counters.sync(self.parts, self.spec)
+            return seen
+
+    def _check_and_add(self, element: str | bytes, h1: int, recovered: bool = False) -> bool:
+        record = self.record if self.record is not None else self._current()
+        shard = h1 % record.spec.shards
+        key, head = self._heads[shard]
+        payload = head + b"$%d\r\n%b\r\n" % (len(item := encode(element)), item)
+        ambiguous = False
+        try:
+            reply = self.topology.route(key, shard, None).call(payload)
+            if classify(reply) is not Kind.RESULT:
+                raise _Redo
+        except (TransportError, _Redo) as exc:
+            ambiguous = isinstance(exc, ReplyLostError)
+            call = Call(payload, key=key, shard=shard)
+            results = self.executor.run("check and add a request", [call], write=True)
+            reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
+        if isinstance(reply, BaseException) or isinstance(reply[0], BaseException):
+            error = reply if isinstance(reply, BaseException) else reply[0]
+            if native_parts.is_not_found(error) and not recovered:
+                self._recover([shard])
+                return self._check_and_add(element, h1, recovered=True)
+            raise self._refused(error, key)
+        seen: bool = reply[0] == 0
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the element may be this call's own, added by a lost attempt
+        return seen
+
+    def _refused(self, error: BaseException, key: str) -> BloomFilterError:
+        if native_parts.is_full(error):
+            self.events.count("full")
+            return BloomFilterError(
+                f"Shard {key!r} of the native Bloom filter {self.key!r} is full: it was created"
+                " not to grow (BLOOMFILTER_EXPANSION = 0) and holds its capacity, so Redis"
+                " refuses new items. Reset it with a larger BLOOMFILTER_CAPACITY, or create it"
+                " growing (BLOOMFILTER_EXPANSION >= 2)."
+            )
+        if native_parts.is_not_found(error):
+            return FilterDamagedError(
+                f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
+                " recovery."
+            )
+        return self.parts.refusal(error, key, "check and add a request")
+
+    def _owe(self, elements: dict[int, str | bytes]) -> None:
+        """Remember elements let through while Redis could not answer (bounded)."""
+        room = max(self.cache_size, MIN_OWED) - len(self._owed)
+        if room < len(elements):
+            self._log.log(
+                logging.WARNING,
+                "owed",
+                "Could not remember %d request(s) let through while Redis could not answer:"
+                " they may be fetched again.",
+                len(elements) - max(room, 0),
+            )
+        for tag, element in list(elements.items())[: max(room, 0)]:
+            self._owed[tag] = element
+
+    def _settle(self) -> None:
+        """Add the elements let through while Redis could not answer, now that it answers."""
+        owed, self._owed = self._owed, {}
+        outcome = self._bulk(True, list(owed.values()))
+        self.counters.record(outcome.added, outcome.seen)
+        if outcome.failed:
+            failed = set(outcome.failed)
+            self._owe({tag: e for tag, e in owed.items() if e in failed})
+        for tag in owed:
+            self._cache.put(tag, True)
+        logger.info(
+            "Added %d request(s) to the Bloom filter %r that were let through while Redis"
+            " could not answer.",
+            len(owed) - len(outcome.failed),
+            self.key,
+        )
+
+    def _unavailable(self, exc: FilterUnavailableError, count: int) -> None:
+        """Apply ``BLOOMFILTER_ON_ERROR`` to requests Redis could not answer: raise, or log."""
+        self.events.count("errors", count)
+        if self.faults.on_error != "allow":
+            raise exc
+        self._log.log(
+            logging.WARNING,
+            "unavailable",
+            "Answering 'new' for %d request(s) the native Bloom filter %r could not check"
+            " (BLOOMFILTER_ON_ERROR = 'allow'; they may be fetched twice): %s",
+            count,
+            self.key,
+            exc,
+        )
+
+    def contains(self, element: str | bytes) -> bool:
+        """Return True if the element is (probably) in the filter. Changes nothing."""
+        return self.contains_many([element])[0]
+
+    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add elements in bulk; return, per element, whether it was there already.
+
+        Equals :meth:`check_and_add` on each element in order, under the same contract.
+        """
+        with self._lock:
+            outcome = self._bulk(True, list(elements))
+            self.counters.record(outcome.added, outcome.seen)
+            if outcome.failed:
+                self._owe({_tag(e): e for e in outcome.failed})
+            elif self._owed and outcome.answers:
+                self._settle()
+            if self.record is not None:
+                self.counters.sync(self.parts, self.spec)
+            return outcome.answers
+
+    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Return, per element, whether it is (probably) in the filter."""
+        with self._lock:
+            return self._bulk(False, list(elements)).answers
+
+    def _bulk(self, write: bool, items: list[str | bytes]) -> Outcome:
+        """Check (and add) ``items``: per shard, chunks of :data:`CHUNK` items per command."""
+        outcome = Outcome(answers=[False] * len(items))
+        try:
+            record = self._current()
+        except FilterUnavailableError as exc:
+            self._unavailable(exc, len(items))
+            outcome.errors, outcome.failed = len(items), list(items)
+            return outcome
+        shards = record.spec.shards
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            h1 = mmh3.hash64(item, seed=0, x64arch=True, signed=False)[0]
+            groups.setdefault(h1 % shards, []).append(i)
+        chunks = [
+            (shard, indexes[start : start + CHUNK])
+            for shard, indexes in groups.items()
+            for start in range(0, len(indexes), CHUNK)
+        ]
+        for start in range(0, len(chunks), BATCH):
+            self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
+        if write:
+            outcome.added = sum(1 for a in outcome.answers if not a) - outcome.errors
+            outcome.seen = len(items) - outcome.added - outcome.errors
+        self.events.count("ambiguous", outcome.ambiguous)
+        return outcome
+
+    def _bulk_batch(
+        self,
+        write: bool,
+        items: list[str | bytes],
+        chunks: list[tuple[int, list[int]]],
+        outcome: Outcome,
+        recovered: bool = False,
+    ) -> None:
+        verb = (b"BF.INSERT", b"NOCREATE", b"ITEMS") if write else (b"BF.MEXISTS",)
+        calls = [
+            Call(
+                pack_command(verb[0], self._heads[shard][0], *verb[1:], *(items[i] for i in part)),
+                key=self._heads[shard][0],
+                shard=shard,
+            )
+            for shard, part in chunks
+        ]
+        operation = "add requests in bulk" if write else "check requests in bulk"
+        try:
+            results = self.executor.run(operation, calls, write=write)
+        except FilterUnavailableError as exc:
+            count = sum(len(part) for _, part in chunks)
+            self._unavailable(exc, count)
+            outcome.errors += count
+            outcome.failed += [items[i] for _, part in chunks for i in part]
+            return
+        redo: list[tuple[int, list[int]]] = []
+        for (shard, part), reply, ambiguous in zip(
+            chunks, results.replies, results.ambiguous, strict=True
+        ):
+            error = reply if isinstance(reply, BaseException) else None
+            if error is None and reply and isinstance(reply[-1], BaseException):
+                error = reply[-1]
+            if error is not None:
+                if native_parts.is_not_found(error) and not recovered:
+                    redo.append((shard, part))
+                    continue
+                raise self._refused(error, self._heads[shard][0])
+            for i, answer in zip(part, reply, strict=True):
+                seen = answer == 0 if write else answer == 1
+                if seen and ambiguous and write:
+                    outcome.ambiguous += 1
+                    seen = False
+                outcome.answers[i] = seen
+        if redo:
+            self._recover(sorted({shard for shard, _ in redo}))
+            self._bulk_batch(write, items, redo, outcome, recovered=True)
+
+
+def _tag(element: str | bytes) -> int:
+    """Return an element's 128-bit digest: the near-cache's key."""
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    return h1 | h2 << 64
+
+
+#: Delete ``KEYS[1]`` only if it is still a Bloom filter (``ARGV[1]``: its Redis type).
+DELETE_BLOOM = Script(
+    """
+if redis.call('TYPE', KEYS[1])['ok'] ~= ARGV[1] then return 0 end
+return redis.call('UNLINK', KEYS[1])
+"""
+)
+
+
+def delete(parts: Parts, record: FilterRecord) -> int:
+    """Delete a native filter's parts, each only if still its own; return how many keys.
+
+    A shard key is deleted only when it still holds a Bloom filter (its name carries
+    the record's id); then the counters; the record last.
+    """
+    calls = [
+        Call(
+            pack_command(b"EVALSHA", DELETE_BLOOM.sha, 1, key, native_parts.NATIVE_TYPE),
+            key=key,
+            shard=shard,
+            script=DELETE_BLOOM,
+        )
+        for shard in range(record.spec.shards)
+        for key in [native_parts.shard_key(parts.key, shard, record.filter_id)]
+    ]
+    calls.append(parts.delete_if_still(parts.counter_key, "counters"))
+    deleted = sum(int(reply) for reply in parts.run("delete the filter", calls, write=True))
+    last = parts.delete_if_still(parts.meta_key, "record", record.filter_id)
+    return deleted + int(parts.run("delete the filter's record", [last], write=True)[0])
