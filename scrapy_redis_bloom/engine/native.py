@@ -527,19 +527,21 @@ class NativeBloomFilter:
             outcome.errors, outcome.failed = len(items), list(items)
             return outcome
         shards = record.spec.shards
-        groups: dict[int, list[int]] = {}
-        for i, item in enumerate(items):
-            h1 = mmh3.hash64(item, seed=0, x64arch=True, signed=False)[0]
-            groups.setdefault(h1 % shards, []).append(i)
+        hash64 = mmh3.hash64
+        places = [hash64(item, 0, True, False)[0] % shards for item in items]
+        groups: list[list[int]] = [[] for _ in range(shards)]
+        appenders = [group.append for group in groups]
+        for i, shard in enumerate(places):
+            appenders[shard](i)
         chunks = [
             (shard, indexes[start : start + CHUNK])
-            for shard, indexes in groups.items()
+            for shard, indexes in enumerate(groups)
             for start in range(0, len(indexes), CHUNK)
         ]
         for start in range(0, len(chunks), BATCH):
             self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
         if write:
-            outcome.added = sum(1 for a in outcome.answers if not a) - outcome.errors
+            outcome.added = outcome.answers.count(False) - outcome.errors
             outcome.seen = len(items) - outcome.added - outcome.errors
         self.events.count("ambiguous", outcome.ambiguous)
         return outcome
@@ -552,14 +554,17 @@ class NativeBloomFilter:
         outcome: Outcome,
         recovered: bool = False,
     ) -> None:
+        """Run one pipelined batch of bulk commands; recover lost shards and run theirs again."""
         verb = (b"BF.INSERT", b"NOCREATE", b"ITEMS") if write else (b"BF.MEXISTS",)
         calls = [
             Call(
-                pack_command(verb[0], self._heads[shard][0], *verb[1:], *(items[i] for i in part)),
-                key=self._heads[shard][0],
+                command_head(len(verb) + 1 + len(part), verb[0], encode(key), *verb[1:])
+                + pack_items([items[i] for i in part]),
+                key=key,
                 shard=shard,
             )
             for shard, part in chunks
+            for key in [self._heads[shard][0]]
         ]
         operation = "add requests in bulk" if write else "check requests in bulk"
         try:
@@ -571,9 +576,10 @@ class NativeBloomFilter:
             outcome.failed += [items[i] for _, part in chunks for i in part]
             return
         redo: list[tuple[int, list[int]]] = []
-        for (shard, part), reply, ambiguous in zip(
-            chunks, results.replies, results.ambiguous, strict=True
+        for (shard, part), call, reply, ambiguous in zip(
+            chunks, calls, results.replies, results.ambiguous, strict=True
         ):
+            key = call.key or ""
             error = reply if isinstance(reply, BaseException) else None
             if error is None and reply and isinstance(reply[-1], BaseException):
                 error = reply[-1]
@@ -581,16 +587,35 @@ class NativeBloomFilter:
                 if native_parts.is_not_found(error) and not recovered:
                     redo.append((shard, part))
                     continue
-                raise self._refused(error, self._heads[shard][0])
-            for i, answer in zip(part, reply, strict=True):
-                seen = answer == 0 if write else answer == 1
-                if seen and ambiguous and write:
-                    outcome.ambiguous += 1
-                    seen = False
-                outcome.answers[i] = seen
+                raise self._refused(error, key)
+            if len(reply) != len(part):
+                raise self._refused(ValueError(f"{len(reply)} replies to {len(part)}"), key)
+            answers = outcome.answers
+            if not write:
+                for i, answer in zip(part, reply, strict=True):
+                    answers[i] = answer == 1
+            elif ambiguous:  # "already there" may be this command's own lost attempt
+                outcome.ambiguous += reply.count(0)
+            else:
+                for i, answer in zip(part, reply, strict=True):
+                    answers[i] = answer == 0
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)
+
+
+def pack_items(items: list[str | bytes]) -> bytes:
+    """Pack items as RESP bulk strings: at C speed for ASCII text of one length (fingerprints)."""
+    texts = [item for item in items if isinstance(item, str)]
+    size = len(texts[0]) if texts else 0
+    if (
+        len(texts) == len(items)
+        and all(len(text) == size for text in texts)
+        and "".join(texts).isascii()
+    ):
+        head = f"${size}\r\n"
+        return (head + f"\r\n{head}".join(texts) + "\r\n").encode()
+    return b"".join([b"$%d\r\n%b\r\n" % (len(data), data) for data in map(encode, items)])
 
 
 def _tag(element: str | bytes) -> int:
