@@ -97,15 +97,7 @@ def make_filter(
     if config.backend == "bitmap":
         bloom = RedisBloomFilter.from_config(client, key, config, **options)
     else:
-        native = NativeBloomFilter(
-            client,
-            key,
-            config.spec,
-            config.capacity,
-            sizing=config.sizing.canonical(),
-            expansion=config.expansion,
-            **options,
-        )
+        native = NativeBloomFilter.from_config(client, key, config, **options)
         try:
             backend = choose(native, config)
         except BaseException:

@@ -21,8 +21,6 @@ Thread-safe: calls from several threads are serialised by a lock.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,18 +36,15 @@ from ..errors import (
 from ..hashing import FilterSpec
 from . import health, native_parts
 from .bulk import Outcome
-from .cache import LRU
-from .counters import Counters
-from .events import FilterEvents, RateLimitedLog
-from .executor import Call, Executor, Kind, classify
-from .filter import MIN_OWED, make_topology
-from .lease import WorkerLease, workers_of
-from .lifecycle import sample
+from .events import FilterEvents
+from .executor import Call, Kind, classify
+from .facade import Facade
+from .lifecycle import reopened, sample
 from .node import ReplyLostError, TransportError
 from .parts import Parts
 from .record import FilterRecord
 from .scripts import Script
-from .state import FilterState, FilterTotals
+from .state import FilterState
 from .wire import command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
@@ -65,7 +60,7 @@ class _Redo(Exception):  # noqa: N818  # internal signal, never raised to caller
     """The hot path's reply asks for the executor (a redirection, a retry)."""
 
 
-class NativeBloomFilter:
+class NativeBloomFilter(Facade):
     """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
 
     The same interface as :class:`.filter.RedisBloomFilter`; ``spec`` (only its shard
@@ -87,43 +82,25 @@ class NativeBloomFilter:
         events: FilterEvents | None = None,
         expansion: int = 0,
     ) -> None:
-        self.key = key
-        self.capacity = capacity
-        self.topology = make_topology(client)
-        self.faults = faults if faults is not None else FaultPolicy()
-        self.events = events if events is not None else FilterEvents()
-        self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
-        weakref.finalize(self, self.topology.close)
-        self.parts = Parts(self.executor, key, spec)
+        self._connect(client, key, spec, capacity, cache_size, faults, events, logger)
         if sizing is None:
             sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
         self.wanted = FilterRecord.new(
             spec, capacity, sizing, self.topology.servers, expansion=expansion, backend="native"
         )
-        self.record: FilterRecord | None = None
-        self.counters = Counters(key, capacity, self.events)
-        self.cache_size = cache_size
-        self._cache: LRU[int, bool] = LRU(cache_size)
-        self.cache_hits = 0
-        #: Elements let through while Redis could not answer, to add once it does.
-        self._owed: dict[int, str | bytes] = {}
-        self._lock = threading.RLock()
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
         #: Most sub-filters seen in a shard (for stats).
         self.generations = 1
-        self._log = RateLimitedLog(logger)
 
     @classmethod
     def from_config(
         cls, client: Any, key: str, config: BloomConfig, **options: Any
     ) -> NativeBloomFilter:
-        """Return the filter a validated configuration asks for (``options``: see __init__)."""
-        if config.ttl:
-            raise ValueError(
-                "The native backend cannot forget URLs: set BLOOMFILTER_TTL = 0 or"
-                " BLOOMFILTER_BACKEND = 'bitmap'."
-            )
+        """Return the filter a validated configuration asks for (``options``: see __init__).
+
+        ``BLOOMFILTER_TTL`` does not apply (:func:`.backend.make_filter` refuses it).
+        """
         return cls(
             client,
             key,
@@ -139,11 +116,6 @@ class NativeBloomFilter:
             f"<NativeBloomFilter key={self.key!r} shards={self.spec.shards}"
             f" capacity={self.capacity} servers={self.topology.servers}>"
         )
-
-    @property
-    def spec(self) -> FilterSpec:
-        """The geometry in use (its shard count places elements): the stored one once open."""
-        return self.parts.spec
 
     @property
     def shard_keys(self) -> list[str]:
@@ -284,14 +256,7 @@ class NativeBloomFilter:
         record = self._current()
         current = self.parts.read_record()
         if current is not None and current.filter_id != record.filter_id:
-            self.events.count("reopened")
-            logger.warning(
-                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
-                " worker used it: going on with the new filter.",
-                self.key,
-                current.filter_id,
-                record.filter_id,
-            )
+            reopened(self.events, self.key, current, record)
             current.check(self.key, self.wanted)
             self._settle_record(current)
             return
@@ -309,20 +274,6 @@ class NativeBloomFilter:
                 self.key,
             )
         self._check_shards(record, shards)
-
-    def exists(self) -> bool:
-        """Tell whether the filter's config record is in Redis."""
-        key = self.parts.meta_key
-        with self._lock:
-            (reply,) = self.parts.run(
-                "look for the filter", [Call(pack_command(b"EXISTS", key), key=key)]
-            )
-        return bool(reply)
-
-    def close(self) -> None:
-        """Close the filter's connections. It stays usable: they reopen on demand."""
-        with self._lock:
-            self.executor.close()
 
     def clear(self) -> None:
         """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
@@ -345,33 +296,6 @@ class NativeBloomFilter:
                 self.generations = generations
                 self.events.set("generations", generations)
             return found
-
-    def totals(self) -> FilterTotals:
-        """Return the counts over all workers, as synced to Redis."""
-        with self._lock:
-            return self.counters.read(self.parts)
-
-    def sync_counters(self) -> FilterTotals | None:
-        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
-        with self._lock:
-            if self.record is None:
-                return None
-            return self.counters.sync(self.parts, self.spec)
-
-    def sync_counters_if_due(self) -> None:
-        """Sync the counts when some are unsynced and the interval passed (for a timer)."""
-        with self._lock:
-            if self.record is not None and self.counters.due:
-                self.counters.sync(self.parts, self.spec)
-
-    def lease(self, worker_id: str, ttl: float) -> WorkerLease:
-        """Return this worker's lease in the filter's registry of live workers."""
-        return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
-
-    def live_workers(self) -> list[str]:
-        """Return the ids of the workers holding a live lease."""
-        with self._lock:
-            return workers_of(self.executor, self.key)
 
     # -- elements ----------------------------------------------------------------------
 
@@ -446,55 +370,8 @@ class NativeBloomFilter:
             )
         return self.parts.refusal(error, key, "check and add a request")
 
-    def _owe(self, elements: dict[int, str | bytes]) -> None:
-        """Remember elements let through while Redis could not answer (bounded)."""
-        room = max(self.cache_size, MIN_OWED) - len(self._owed)
-        if room < len(elements):
-            self._log.log(
-                logging.WARNING,
-                "owed",
-                "Could not remember %d request(s) let through while Redis could not answer:"
-                " they may be fetched again.",
-                len(elements) - max(room, 0),
-            )
-        for tag, element in list(elements.items())[: max(room, 0)]:
-            self._owed[tag] = element
-
-    def _settle(self) -> None:
-        """Add the elements let through while Redis could not answer, now that it answers."""
-        owed, self._owed = self._owed, {}
-        outcome = self._bulk(True, list(owed.values()))
-        self.counters.record(outcome.added, outcome.seen)
-        if outcome.failed:
-            failed = set(outcome.failed)
-            self._owe({tag: e for tag, e in owed.items() if e in failed})
-        for tag in owed:
-            self._cache.put(tag, True)
-        logger.info(
-            "Added %d request(s) to the Bloom filter %r that were let through while Redis"
-            " could not answer.",
-            len(owed) - len(outcome.failed),
-            self.key,
-        )
-
-    def _unavailable(self, exc: FilterUnavailableError, count: int) -> None:
-        """Apply ``BLOOMFILTER_ON_ERROR`` to requests Redis could not answer: raise, or log."""
-        self.events.count("errors", count)
-        if self.faults.on_error != "allow":
-            raise exc
-        self._log.log(
-            logging.WARNING,
-            "unavailable",
-            "Answering 'new' for %d request(s) the native Bloom filter %r could not check"
-            " (BLOOMFILTER_ON_ERROR = 'allow'; they may be fetched twice): %s",
-            count,
-            self.key,
-            exc,
-        )
-
-    def contains(self, element: str | bytes) -> bool:
-        """Return True if the element is (probably) in the filter. Changes nothing."""
-        return self.contains_many([element])[0]
+    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        return self._bulk(True, elements)
 
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Add elements in bulk; return, per element, whether it was there already.
