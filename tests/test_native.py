@@ -445,3 +445,46 @@ def test_threads_share_one_native_filter(bloom_redis_client: redis.Redis) -> Non
         t.join()
     assert sorted(new) == sorted(fps)
     bloom.close()
+
+
+# -- the CLI ----------------------------------------------------------------------------
+
+
+def test_cli_info_add_check_and_reset_on_a_native_filter(
+    capsys: pytest.CaptureFixture[str],
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    from cli_run import run, run_json, write_lines
+
+    url = bloom_redis_server.url
+    target = ("--redis-url", url, "--key", KEY)
+    bloom = native(bloom_redis_client)
+    bloom.add_many(fingerprints(300, "cli"))
+    bloom.close()
+    info = run_json(capsys, "info", *target)
+    assert info["backend"] == "native"
+    assert (info["estimated_items"], info["shards_missing"], info["generations"]) == (300, 0, 1)
+    assert info["total_added"] == 300
+    assert info["memory_bytes"] > 0
+    more = write_lines(tmp_path / "more.txt", fingerprints(310, "cli"))
+    added = run_json(capsys, "add", *target, more)
+    assert (added["new"], added["already_present"]) == (10, 300)
+    checked = run_json(capsys, "check", *target, more)
+    assert (checked["present"], checked["absent"]) == (310, 0)
+    bloom_redis_client.set("other", "1")
+    code, out, err = run(capsys, "reset", *target, "--yes")
+    assert (code, err) == (0, ""), err
+    assert "1 shard key(s)" in out or f"{bloom.spec.shards} shard key(s)" in out
+    assert bloom_redis_client.keys("*") == [b"other"]
+
+
+def test_bulk_packs_any_text_and_bytes(bloom_redis_client: redis.Redis) -> None:
+    one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0)
+    bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0)
+    items: list[str | bytes] = ["é", b"\x00\xff\r\n", "ab", "abc", "ab", b"ab", "", "é"]
+    assert bulk.add_many(items) == [one.check_and_add(item) for item in items]
+    assert bulk.add_many(items) == [True] * len(items)
+    one.close()
+    bulk.close()

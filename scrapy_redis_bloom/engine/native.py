@@ -111,6 +111,31 @@ class NativeBloomFilter(Facade):
             **options,
         )
 
+    @classmethod
+    def of_record(
+        cls, client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
+    ) -> NativeBloomFilter:
+        """Return the filter a stored record describes, not opened (for the CLI's reads)."""
+        bloom = cls(
+            client,
+            key,
+            record.spec,
+            record.capacity,
+            sizing=record.sizing,
+            faults=faults,
+            expansion=record.expansion,
+        )
+        bloom.parts.spec = record.spec
+        bloom._adopt(record)
+        return bloom
+
+    def existing(self) -> list[int]:
+        """Return the shards whose key holds a Bloom filter (any other type raises)."""
+        record = self._current()
+        keys = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+        gone = set(self._check_types(keys, native_parts.types(self.parts, keys)))
+        return [s for s in range(record.spec.shards) if s not in gone]
+
     def __repr__(self) -> str:
         return (
             f"<NativeBloomFilter key={self.key!r} shards={self.spec.shards}"
@@ -285,11 +310,15 @@ class NativeBloomFilter(Facade):
             self._cache.clear()
             self.counters.forget_unsynced()
 
-    def state(self) -> FilterState:
-        """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards))."""
+    def state(self, shards: list[int] | None = None) -> FilterState:
+        """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards)).
+
+        ``shards``: only those (the CLI leaves out missing ones).
+        """
         with self._lock:
             record = self._current()
-            keys = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+            chosen = range(record.spec.shards) if shards is None else shards
+            keys = [(s, self._heads[s][0]) for s in chosen]
             found = native_parts.read_state(self.parts, record, keys)
             generations = len(found.generations)
             if generations > self.generations:
