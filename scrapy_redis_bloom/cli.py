@@ -73,6 +73,7 @@ from .engine.inventory import MarkerCheck, Orphan, StoredRecord
 from .engine.native import NativeBloomFilter
 from .engine.native import delete as delete_native
 from .engine.record import FilterRecord
+from .engine.state import FilterState, FilterTotals
 from .errors import (
     BloomFilterError,
     ConfigMismatchError,
@@ -754,13 +755,21 @@ def cmd_info(ctx: _Context) -> int:
             f"{state.estimated_fpr:.3g}"
             + (" (all generations together)" if len(state.generations) > 1 else ""),
         ),
+    ]
+    _emit(ctx, data, _table(rows + _activity_rows(state, totals, workers)))
+    return EXIT_OK
+
+
+def _activity_rows(
+    state: FilterState, totals: FilterTotals, workers: list[str]
+) -> list[tuple[str, str]]:
+    """Return the info rows on memory, the workers' counts and the live workers."""
+    return [
         ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
         ("Added by all workers", f"{totals.added:,}"),
         ("Filtered by all workers", f"{totals.seen:,}"),
         ("Live workers", f"{len(workers)}" + (f" ({', '.join(workers)})" if workers else "")),
     ]
-    _emit(ctx, data, _table(rows))
-    return EXIT_OK
 
 
 def _info_native(ctx: _Context, bloom: NativeBloomFilter, record: FilterRecord) -> int:
@@ -807,12 +816,8 @@ def _info_native(ctx: _Context, bloom: NativeBloomFilter, record: FilterRecord) 
         ("Sub-filters (most in a shard)", f"{len(state.generations)}"),
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
-        ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
-        ("Added by all workers", f"{totals.added:,}"),
-        ("Filtered by all workers", f"{totals.seen:,}"),
-        ("Live workers", f"{len(workers)}" + (f" ({', '.join(workers)})" if workers else "")),
     ]
-    _emit(ctx, data, _table(rows))
+    _emit(ctx, data, _table(rows + _activity_rows(state, totals, workers)))
     return EXIT_OK
 
 
