@@ -34,6 +34,7 @@ from scrapy_redis_bloom.errors import (
     ConfigMismatchError,
     FilterDamagedError,
     FilterUnavailableError,
+    ServerListMismatchError,
     UnsupportedServerError,
 )
 
@@ -488,3 +489,38 @@ def test_bulk_packs_any_text_and_bytes(bloom_redis_client: redis.Redis) -> None:
     assert bulk.add_many(items) == [True] * len(items)
     one.close()
     bulk.close()
+
+
+@pytest.fixture
+def two_bloom_servers() -> Iterator[list[RedisServer]]:
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    with (
+        RedisServer("--loadmodule", module, binary=binary) as first,
+        RedisServer("--loadmodule", module, binary=binary) as second,
+    ):
+        yield [first, second]
+
+
+def test_shards_spread_over_servers_in_their_listed_order(
+    two_bloom_servers: list[RedisServer],
+) -> None:
+    clients = [server.client() for server in two_bloom_servers]
+    cfg = config(BLOOMFILTER_BACKEND="auto", BLOOMFILTER_SHARDS=4)
+    bloom = make_filter(clients, KEY, cfg)
+    assert isinstance(bloom, NativeBloomFilter)
+    fps = fingerprints(400, "spread")
+    assert bloom.add_many(fps) == [False] * 400
+    keys = bloom.shard_keys
+    for i, client in enumerate(clients):  # shard i on server i mod 2
+        assert sorted(client.keys("{nat:*}:bf:*")) == sorted(k.encode() for k in keys[i::2])
+    assert [bloom.check_and_add(fp) for fp in fps] == [True] * 400
+    swapped = make_filter(clients[::-1], KEY, cfg)
+    with pytest.raises(ServerListMismatchError, match="lists it as server"):
+        swapped.open()
+    bloom.clear()
+    assert [client.keys("*") for client in clients] == [[], []]
+    for closing in (bloom, swapped, *clients):
+        closing.close()

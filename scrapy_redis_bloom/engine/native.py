@@ -34,12 +34,12 @@ from ..errors import (
     FilterUnavailableError,
 )
 from ..hashing import FilterSpec
-from . import health, native_parts
+from . import health, layout, native_parts
 from .bulk import Outcome
 from .events import FilterEvents
 from .executor import Call, Kind, classify
 from .facade import Facade
-from .lifecycle import reopened, sample
+from .lifecycle import Lifecycle, reopened, sample
 from .node import ReplyLostError, TransportError
 from .parts import Parts
 from .record import FilterRecord
@@ -90,6 +90,8 @@ class NativeBloomFilter(Facade):
         )
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
+        #: For the server markers of a filter on several servers (as a bitmap filter's).
+        self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
         #: Most sub-filters seen in a shard (for stats).
         self.generations = 1
 
@@ -167,6 +169,11 @@ class NativeBloomFilter(Facade):
                         f"There is no Bloom filter {self.key!r} (no config record"
                         f" {self.parts.meta_key!r}) on {self.topology.describe()}."
                     )
+                servers_listed = self.wanted.servers
+                if servers_listed > 1:  # a server listed out of place: refused before writing
+                    self._lifecycle._check_places(
+                        self.parts.markers(servers_listed), servers_listed
+                    )
                 record = self.parts.create_record(self.wanted)
             record.check(self.key, self.wanted)
             record = self._settle_record(record)
@@ -178,6 +185,10 @@ class NativeBloomFilter(Facade):
         self.parts.spec = record.spec
         self._adopt(record)
         shards = record.spec.shards
+        if record.servers > 1:  # each server's place in the list, as for a bitmap filter
+            markers = self.parts.markers(record.servers)
+            self._lifecycle._check_markers(record, markers)
+            self.parts.write_markers(record, range(record.servers))
         if record.state == "creating":
             self._reserve(record, range(shards))
             self.parts.mark_ready()
@@ -543,7 +554,7 @@ def delete(parts: Parts, record: FilterRecord) -> int:
     """Delete a native filter's parts, each only if still its own; return how many keys.
 
     A shard key is deleted only when it still holds a Bloom filter (its name carries
-    the record's id); then the counters; the record last.
+    the record's id); then the counters and the server markers; the record last.
     """
     calls = [
         Call(
@@ -556,6 +567,15 @@ def delete(parts: Parts, record: FilterRecord) -> int:
         for key in [native_parts.shard_key(parts.key, shard, record.filter_id)]
     ]
     calls.append(parts.delete_if_still(parts.counter_key, "counters"))
+    calls += [
+        parts.delete_if_still(
+            parts.marker_key,
+            "marker",
+            layout.server_marker(record.filter_id, i, record.servers),
+            server=i,
+        )
+        for i in range(record.servers if record.servers > 1 else 0)
+    ]
     deleted = sum(int(reply) for reply in parts.run("delete the filter", calls, write=True))
     last = parts.delete_if_still(parts.meta_key, "record", record.filter_id)
     return deleted + int(parts.run("delete the filter's record", [last], write=True)[0])
