@@ -34,7 +34,7 @@ from ..errors import (
     FilterUnavailableError,
 )
 from ..hashing import FilterSpec
-from . import health, layout, native_parts
+from . import health, native_parts
 from .bulk import Outcome
 from .events import FilterEvents
 from .executor import Call, Kind, classify
@@ -567,15 +567,7 @@ def delete(parts: Parts, record: FilterRecord) -> int:
         for key in [native_parts.shard_key(parts.key, shard, record.filter_id)]
     ]
     calls.append(parts.delete_if_still(parts.counter_key, "counters"))
-    calls += [
-        parts.delete_if_still(
-            parts.marker_key,
-            "marker",
-            layout.server_marker(record.filter_id, i, record.servers),
-            server=i,
-        )
-        for i in range(record.servers if record.servers > 1 else 0)
-    ]
+    calls += parts.marker_deletions(record)
     deleted = sum(int(reply) for reply in parts.run("delete the filter", calls, write=True))
     last = parts.delete_if_still(parts.meta_key, "record", record.filter_id)
     return deleted + int(parts.run("delete the filter's record", [last], write=True)[0])
