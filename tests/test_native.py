@@ -198,11 +198,15 @@ def test_check_and_add_new_then_seen_and_stats(bloom_redis_client: redis.Redis) 
 @given(st.lists(st.sampled_from(fingerprints(60, "h")), max_size=120))
 def test_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[str]) -> None:
     bloom_redis_client.flushall()
-    one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0)
-    bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0)
+    # Three shards: a shard count that is not a power of two catches a bulk path that
+    # places elements otherwise than the hot path.
+    one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
+    bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
     singly = [one.check_and_add(fp) for fp in items]
     assert bulk.add_many(items) == singly
     assert bulk.contains_many(items) == [True] * len(items)
+    assert one.contains_many(items) == [True] * len(items)  # found where the hot path put it
+    assert [bulk.check_and_add(fp) for fp in items] == [True] * len(items)
     assert bulk.contains_many(fingerprints(5, "absent")) == [False] * 5
     one.close()
     bulk.close()
@@ -524,3 +528,35 @@ def test_shards_spread_over_servers_in_their_listed_order(
     assert [client.keys("*") for client in clients] == [[], []]
     for closing in (bloom, swapped, *clients):
         closing.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.crc import key_slot
+    from redis_cluster import RedisClusterNodes
+
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    monkeypatch.setenv("SRB_REDIS_SERVER", binary)
+    with RedisClusterNodes(extra_args=("--loadmodule", module)) as nodes:
+        client = nodes.client()
+        bloom = make_filter(client, KEY, config(BLOOMFILTER_SHARDS=6))
+        assert isinstance(bloom, NativeBloomFilter)  # auto: every master has BF.*
+        fps = fingerprints(600, "cluster")
+        assert bloom.add_many(fps) == [False] * 600
+        assert [bloom.check_and_add(fp) for fp in fps] == [True] * 600
+        masters = {
+            bloom.topology.route(key, shard, None).address
+            for shard, key in enumerate(bloom.shard_keys)
+        }
+        assert len(masters) > 1  # the hash tags spread shards over the masters
+        for shard, key in enumerate(bloom.shard_keys):
+            assert key_slot(key.encode()) == key_slot(f"{{{KEY}:{shard}}}".encode())
+            assert client.type(key) == NATIVE_TYPE.encode()
+        assert bloom.state().estimated_items == 600
+        bloom.clear()
+        assert client.keys("*") == []
+        bloom.close()
+        client.close()

@@ -445,7 +445,9 @@ class NativeBloomFilter(Facade):
             return outcome
         shards = record.spec.shards
         hash64 = mmh3.hash64
-        places = [hash64(item, 0, True, False)[0] % shards for item in items]
+        # Keywords: mmh3 ignores a positional ``signed``, which moves elements to other
+        # shards whenever the shard count is not a power of two.
+        places = [hash64(item, seed=0, x64arch=True, signed=False)[0] % shards for item in items]
         groups: list[list[int]] = [[] for _ in range(shards)]
         appenders = [group.append for group in groups]
         for i, shard in enumerate(places):
