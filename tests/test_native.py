@@ -560,3 +560,33 @@ def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch) -> 
         assert client.keys("*") == []
         bloom.close()
         client.close()
+
+
+def test_on_error_allow_answers_new_then_adds_what_it_let_through(
+    small_bloom_server: RedisServer,
+) -> None:
+    client = small_bloom_server.client()
+    events = Recorder()
+    bloom = native(
+        client,
+        events=events,
+        BLOOMFILTER_ON_ERROR="allow",
+        BLOOMFILTER_ON_LOSS="recreate",
+        BLOOMFILTER_RETRY_TIMEOUT=0.3,
+    )
+    bloom.open()
+    small_bloom_server.kill()
+    during = fingerprints(5, "down")
+    assert [bloom.check_and_add(fp) for fp in during] == [False] * 5  # answered new
+    assert bloom.check_and_add(during[0]) is True  # this worker remembers what it let through
+    assert bloom.add_many(fingerprints(3, "down-bulk")) == [False] * 3
+    assert events.seen["errors"] >= 8
+    small_bloom_server.restart()  # without persistence: the filter is gone
+    time.sleep(1.1)  # past the executor's probe interval
+    assert bloom.check_and_add("c" * 40) is False
+    assert events.seen["restored"] == 1
+    # The requests let through were added once Redis answered again.
+    assert bloom.contains_many(during) == [True] * 5
+    assert bloom.contains_many(fingerprints(3, "down-bulk")) == [True] * 3
+    bloom.close()
+    client.close()
