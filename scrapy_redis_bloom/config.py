@@ -453,12 +453,6 @@ class BloomConfig:
             " else bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack,"
             " RedisBloom or valkey-bloom).",
         )
-        if backend == "native" and ttl:
-            raise ValueError(
-                f"BLOOMFILTER_BACKEND = 'native' cannot forget URLs: BLOOMFILTER_TTL ({ttl}) is"
-                " for the bitmap backend only. Set BLOOMFILTER_TTL = 0, or BLOOMFILTER_BACKEND"
-                " = 'bitmap' or 'auto' (which picks bitmaps when a TTL is set)."
-            )
         share = (1 - DEFAULT_TIGHTENING if expansion else 1.0) * (0.5 if ttl else 1.0)
         sizing, capacity = _sizing(settings, share)
         try:

@@ -85,8 +85,7 @@ def test_backend_setting_is_validated() -> None:
     assert config(BLOOMFILTER_BACKEND="native").backend == "native"
     with pytest.raises(ValueError, match=r"BLOOMFILTER_BACKEND setting \('bloom'\) is invalid"):
         config(BLOOMFILTER_BACKEND="bloom")
-    with pytest.raises(ValueError, match=r"BLOOMFILTER_TTL .*bitmap backend only"):
-        config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_TTL=3600)
+    assert config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_TTL=3600).ttl == 3600
 
 
 def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -> None:
@@ -142,11 +141,10 @@ def test_auto_picks_native_where_bf_exists_and_records_it(
         b.close()
 
 
-def test_auto_picks_bitmap_with_a_ttl_and_where_bf_is_missing(
+def test_auto_picks_bitmap_where_bf_is_missing(
     bloom_redis_client: redis.Redis, redis_client: redis.Redis
 ) -> None:
-    ttl = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_TTL=3600))
-    assert isinstance(ttl, RedisBloomFilter)
+    ttl = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_BACKEND="bitmap"))
     assert ttl.open().backend == "bitmap"
     plain = make_filter([redis_client], KEY, config())
     assert isinstance(plain, RedisBloomFilter)
@@ -590,3 +588,68 @@ def test_on_error_allow_answers_new_then_adds_what_it_let_through(
     assert bloom.contains_many(fingerprints(3, "down-bulk")) == [True] * 3
     bloom.close()
     client.close()
+
+
+# -- re-crawl windows (BLOOMFILTER_TTL) --------------------------------------------------
+
+
+def test_ttl_windows_remember_then_forget(bloom_redis_client: redis.Redis) -> None:
+    bloom = native(bloom_redis_client, BLOOMFILTER_TTL=1, BLOOMFILTER_CACHE_SIZE=0)
+    fps = fingerprints(50, "ttl")
+    assert bloom.add_many(fps) == [False] * 50
+    assert [bloom.check_and_add(fp) for fp in fps] == [True] * 50
+    assert bloom.state().estimated_items >= 50
+    anchors = bloom.shard_keys
+    assert all(bloom_redis_client.type(k) == b"string" for k in anchors)
+    windows = bloom_redis_client.keys("{nat:*}:bf:*:w*")
+    assert windows
+    assert all(0 < bloom_redis_client.ttl(k) <= 2 for k in windows)  # expire at (w + 2) T
+    time.sleep(2.2)  # past 2T: every window that held them has expired
+    assert bloom.contains_many(fps) == [False] * 50
+    assert [bloom.check_and_add(fp) for fp in fps] == [False] * 50  # new again
+    bloom.clear()
+    assert bloom_redis_client.keys("*") == []
+    bloom.close()
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.sampled_from(fingerprints(40, "ttl-h")), max_size=80))
+def test_ttl_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[str]) -> None:
+    bloom_redis_client.flushall()
+    more = {"BLOOMFILTER_TTL": 3600, "BLOOMFILTER_CACHE_SIZE": 0, "BLOOMFILTER_SHARDS": 3}
+    one = native(bloom_redis_client, key="one", **more)
+    bulk = native(bloom_redis_client, key="bulk", **more)
+    assert bulk.add_many(items) == [one.check_and_add(fp) for fp in items]
+    assert one.contains_many(items) == [True] * len(items)
+    one.close()
+    bulk.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_ttl_a_lost_window_or_anchor(bloom_redis_client: redis.Redis, policy: str) -> None:
+    events = Recorder()
+    bloom = native(
+        bloom_redis_client,
+        events=events,
+        BLOOMFILTER_TTL=3600,
+        BLOOMFILTER_ON_LOSS=policy,
+        BLOOMFILTER_CACHE_SIZE=0,
+    )
+    fps = fingerprints(20, "lost")
+    bloom.add_many(fps)
+    bloom_redis_client.delete(*bloom_redis_client.keys("{nat:*}:bf:*:w*"))
+    if policy == "raise":
+        with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
+            bloom.check_and_add(fps[0])
+        bloom_redis_client.delete(*bloom.shard_keys)
+        with pytest.raises(FilterDamagedError, match="are gone"):
+            bloom.add_many(fps)
+        return
+    assert bloom.check_and_add(fps[0]) is False  # passed over, counted, and added anew
+    assert events.seen["recreated"] >= 1
+    bloom_redis_client.delete(*bloom.shard_keys)  # the anchors: recreated empty
+    assert bloom.add_many(fps[1:]) == [False] * 19
+    assert bloom.contains_many(fps) == [True] * 20
+    bloom.close()

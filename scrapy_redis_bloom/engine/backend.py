@@ -4,8 +4,7 @@
 * ``native``: :class:`.native.NativeBloomFilter`, the server's own Bloom filters (BF.*);
 * ``auto`` (the default): the backend of the filter's config record when it exists (so
   every worker agrees with the one that created it); else native when every server (or
-  cluster master) has ``BF.*`` and no re-crawl window (``BLOOMFILTER_TTL``) is asked
-  for, else bitmap.
+  cluster master) has ``BF.*``, else bitmap.
 
 An explicit backend that contradicts the record is refused when the filter opens
 (:meth:`.record.FilterRecord.check`), and ``native`` on a server without ``BF.*``
@@ -72,8 +71,6 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
         return record.backend if config.backend == "auto" else config.backend
     if config.backend != "auto":
         return config.backend
-    if config.ttl:
-        return "bitmap"
     missing = missing_bloom(native.executor, native.topology)
     if missing:
         logger.debug(
@@ -104,14 +101,6 @@ def make_filter(
             native.close()
             raise
         if backend == "native":
-            if config.ttl:
-                native.close()
-                raise ValueError(
-                    f"The Bloom filter {key!r} uses the native backend, which cannot forget"
-                    f" URLs: BLOOMFILTER_TTL ({config.ttl}) cannot apply to it. Set"
-                    " BLOOMFILTER_TTL = 0, choose another BLOOMFILTER_KEY, or reset the filter"
-                    f" (scrapy-redis-bloom reset --key {key!r})."
-                )
             bloom = native
         else:
             native.close()

@@ -13,7 +13,8 @@ is the bitmap filter's (see :mod:`.filter`): "seen" only when Redis confirmed it
 this call; a reply lost and re-run that finds the element answers "new" (counted as
 ``ambiguous``); a missing shard goes to ``BLOOMFILTER_ON_LOSS``; errors never become
 answers. Bulk calls send ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard,
-pipelined. Re-crawl windows (``BLOOMFILTER_TTL``) are not supported here.
+pipelined. With re-crawl windows (``BLOOMFILTER_TTL``) each shard is an anchor and a
+Bloom filter per window, checked and added by one script (see :mod:`.native_ttl`).
 
 Thread-safe: calls from several threads are serialised by a lock.
 """
@@ -34,7 +35,7 @@ from ..errors import (
     FilterUnavailableError,
 )
 from ..hashing import FilterSpec
-from . import health, native_parts
+from . import health, native_parts, native_ttl
 from .bulk import Outcome
 from .events import FilterEvents
 from .executor import Call, Kind, classify
@@ -81,17 +82,26 @@ class NativeBloomFilter(Facade):
         faults: FaultPolicy | None = None,
         events: FilterEvents | None = None,
         expansion: int = 0,
+        ttl: int = 0,
     ) -> None:
         self._connect(client, key, spec, capacity, cache_size, faults, events, logger)
         if sizing is None:
             sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
         self.wanted = FilterRecord.new(
-            spec, capacity, sizing, self.topology.servers, expansion=expansion, backend="native"
+            spec,
+            capacity,
+            sizing,
+            self.topology.servers,
+            expansion=expansion,
+            ttl=ttl,
+            backend="native",
         )
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
         #: For the server markers of a filter on several servers (as a bitmap filter's).
         self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        self._ttl = ttl
+        self._script: Script | None = None
         #: Most sub-filters seen in a shard (for stats).
         self.generations = 1
 
@@ -99,10 +109,7 @@ class NativeBloomFilter(Facade):
     def from_config(
         cls, client: Any, key: str, config: BloomConfig, **options: Any
     ) -> NativeBloomFilter:
-        """Return the filter a validated configuration asks for (``options``: see __init__).
-
-        ``BLOOMFILTER_TTL`` does not apply (:func:`.backend.make_filter` refuses it).
-        """
+        """Return the filter a validated configuration asks for (``options``: see __init__)."""
         return cls(
             client,
             key,
@@ -110,6 +117,7 @@ class NativeBloomFilter(Facade):
             config.capacity,
             sizing=config.sizing.canonical(),
             expansion=config.expansion,
+            ttl=config.ttl,
             **options,
         )
 
@@ -126,6 +134,7 @@ class NativeBloomFilter(Facade):
             sizing=record.sizing,
             faults=faults,
             expansion=record.expansion,
+            ttl=record.ttl,
         )
         bloom.parts.spec = record.spec
         bloom._adopt(record)
@@ -201,15 +210,34 @@ class NativeBloomFilter(Facade):
 
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
+        self._ttl = record.ttl
+        self._script = native_ttl.CHECK if record.ttl else None
         if old is None or old.filter_id != record.filter_id:
             self._heads = [
-                (key, command_head(5, _INSERT_HEAD[0], encode(key), *_INSERT_HEAD[1:]))
+                (key, self._command_head(record, key, True, 1))
                 for shard in range(record.spec.shards)
                 for key in [native_parts.shard_key(self.key, shard, record.filter_id)]
             ]
-            self.counters.fixed = not record.expansion
+            self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
                 self._cache.clear()
+
+    def _command_head(self, record: FilterRecord, key: str, write: bool, items: int) -> bytes:
+        """Pack the start of a check (and add) on a shard, before its ``items`` items.
+
+        ``BF.INSERT key NOCREATE ITEMS`` or ``BF.MEXISTS key``; with a TTL, the
+        :data:`.native_ttl.CHECK` script's call.
+        """
+        if record.ttl:
+            rate, capacity, _ = native_parts.reserve_arguments(record)
+            recreate = self.faults.on_loss == "recreate"
+            args = native_ttl.check_arguments(
+                record.ttl, rate, capacity, record.expansion, recreate, write
+            )
+            sha = native_ttl.CHECK.sha
+            return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
+        verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
+        return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
 
     def _current(self) -> FilterRecord:
         if self.record is None:
@@ -223,12 +251,19 @@ class NativeBloomFilter(Facade):
         Returns how many were created now (another worker may have created the rest).
         """
         order = [(shard, self._heads[shard][0]) for shard in shards]
-        calls = [native_parts.reserve_call(record, key, shard) for shard, key in order]
+        anchor = native_ttl.CREATE_ANCHOR
+        calls = [
+            Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
+            if record.ttl
+            else native_parts.reserve_call(record, key, shard)
+            for shard, key in order
+        ]
         replies = self.executor.run("create the filter's shards", calls, write=True).replies
         existing = [
             (shard, key)
             for (shard, key), reply in zip(order, replies, strict=True)
-            if isinstance(reply, BaseException) and "exists" in str(reply)
+            if (isinstance(reply, BaseException) and "exists" in str(reply))
+            or (record.ttl and reply != b"created")
         ]
         for (shard, key), reply in zip(order, replies, strict=True):
             if isinstance(reply, BaseException) and (shard, key) not in existing:
@@ -241,7 +276,7 @@ class NativeBloomFilter(Facade):
         foreign = [
             (key, kind)
             for (_, key), kind in zip(keys, found, strict=True)
-            if kind not in ("none", native_parts.NATIVE_TYPE)
+            if kind not in ("none", "string" if self._ttl else native_parts.NATIVE_TYPE)
         ]
         if foreign:
             named = "; ".join(f"{key!r} holds a {kind}" for key, kind in foreign[:5])
@@ -324,12 +359,19 @@ class NativeBloomFilter(Facade):
     def state(self, shards: list[int] | None = None) -> FilterState:
         """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards)).
 
-        ``shards``: only those (the CLI leaves out missing ones).
+        ``shards``: only those (the CLI leaves out missing ones). With a TTL, the live
+        re-crawl windows of each shard (an element may be in both: items are counted
+        per window).
         """
         with self._lock:
             record = self._current()
             chosen = range(record.spec.shards) if shards is None else shards
             keys = [(s, self._heads[s][0]) for s in chosen]
+            if record.ttl:
+                windows = self.parts.live_windows(record.ttl)
+                keys = [(s, native_ttl.window_key(k, w)) for s, k in keys for w in windows]
+                kinds = native_parts.types(self.parts, keys)
+                keys = [key for key, kind in zip(keys, kinds, strict=True) if kind != "none"]
             found = native_parts.read_state(self.parts, record, keys)
             generations = len(found.generations)
             if generations > self.generations:
@@ -379,22 +421,81 @@ class NativeBloomFilter(Facade):
                 raise _Redo
         except (TransportError, _Redo) as exc:
             ambiguous = isinstance(exc, ReplyLostError)
-            call = Call(payload, key=key, shard=shard)
+            call = Call(payload, key=key, shard=shard, script=self._script)
             results = self.executor.run("check and add a request", [call], write=True)
             reply, ambiguous = results.replies[0], ambiguous or results.ambiguous[0]
-        if isinstance(reply, BaseException) or isinstance(reply[0], BaseException):
-            error = reply if isinstance(reply, BaseException) else reply[0]
-            if native_parts.is_not_found(error) and not recovered:
-                self._recover([shard])
-                return self._check_and_add(element, h1, recovered=True)
-            raise self._refused(error, key)
-        seen: bool = reply[0] == 0
+        answers = self._read(reply, key, True, 1)
+        if answers is None:
+            if recovered:
+                raise self._refused(None, key)
+            self._recover([shard])
+            return self._check_and_add(element, h1, recovered=True)
+        seen = answers[0]
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the element may be this call's own, added by a lost attempt
         return seen
 
-    def _refused(self, error: BaseException, key: str) -> BloomFilterError:
+    def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
+        """Return per item whether a shard's reply says "seen"; None if the shard is missing.
+
+        Raises for any other error reply, and for a re-crawl window lost under
+        ``BLOOMFILTER_ON_LOSS = "raise"``.
+        """
+        error = reply if isinstance(reply, BaseException) else None
+        if error is None and reply and isinstance(reply[-1], BaseException):
+            error = reply[-1]  # RedisBloom stops at the first item it refuses
+        if error is not None:
+            if native_parts.is_not_found(error):
+                return None
+            raise self._refused(error, key)
+        if self._ttl:
+            code = reply[0]
+            if code == native_ttl.ANCHOR_LOST:
+                return None
+            if code < 0:
+                raise self._window_refused(code, reply, key)
+            if code & native_ttl.RECREATED:
+                self.events.count("recreated")
+                self._log.log(
+                    logging.WARNING,
+                    "recreated",
+                    "A lost re-crawl window of the native Bloom filter %r (shard key %r) was"
+                    " passed over (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
+                    " fetched again. See the maxmemory-policy of %s.",
+                    self.key,
+                    key,
+                    self.topology.describe(),
+                )
+            reply = reply[1:]
+        if len(reply) != items:
+            raise self._refused(ValueError(f"{len(reply)} replies to {items} items"), key)
+        if self._ttl or not write:
+            return [answer == 1 for answer in reply]
+        return [answer == 0 for answer in reply]  # BF.INSERT: 1 (or true) when added
+
+    def _window_refused(self, code: int, reply: Any, key: str) -> FilterDamagedError:
+        if code == native_ttl.WINDOW_LOST:
+            window = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            return FilterDamagedError(
+                f"Re-crawl window {window!r} of the native Bloom filter {self.key!r} is gone"
+                f" from {self.topology.describe()} before its time: it was evicted (see"
+                " maxmemory-policy) or deleted. The URLs it held would be taken for new, so the"
+                " crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on without it"
+                " (URLs it held may be fetched again), or reset the filter."
+            )
+        return FilterDamagedError(
+            f"Where the native Bloom filter {self.key!r} keeps the anchor of a shard ({key!r}),"
+            " Redis holds a string that is not one. It is never overwritten: remove that key,"
+            " or choose another BLOOMFILTER_KEY."
+        )
+
+    def _refused(self, error: BaseException | None, key: str) -> BloomFilterError:
+        if error is None:
+            return FilterDamagedError(
+                f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
+                " recovery."
+            )
         if native_parts.is_full(error):
             self.events.count("full")
             return BloomFilterError(
@@ -402,11 +503,6 @@ class NativeBloomFilter(Facade):
                 " not to grow (BLOOMFILTER_EXPANSION = 0) and holds its capacity, so Redis"
                 " refuses new items. Reset it with a larger BLOOMFILTER_CAPACITY, or create it"
                 " growing (BLOOMFILTER_EXPANSION >= 2)."
-            )
-        if native_parts.is_not_found(error):
-            return FilterDamagedError(
-                f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
-                " recovery."
             )
         return self.parts.refusal(error, key, "check and add a request")
 
@@ -474,13 +570,14 @@ class NativeBloomFilter(Facade):
         recovered: bool = False,
     ) -> None:
         """Run one pipelined batch of bulk commands; recover lost shards and run theirs again."""
-        verb = (b"BF.INSERT", b"NOCREATE", b"ITEMS") if write else (b"BF.MEXISTS",)
+        record = self._current()
         calls = [
             Call(
-                command_head(len(verb) + 1 + len(part), verb[0], encode(key), *verb[1:])
+                self._command_head(record, key, write, len(part))
                 + pack_items([items[i] for i in part]),
                 key=key,
                 shard=shard,
+                script=self._script,
             )
             for shard, part in chunks
             for key in [self._heads[shard][0]]
@@ -499,25 +596,18 @@ class NativeBloomFilter(Facade):
             chunks, calls, results.replies, results.ambiguous, strict=True
         ):
             key = call.key or ""
-            error = reply if isinstance(reply, BaseException) else None
-            if error is None and reply and isinstance(reply[-1], BaseException):
-                error = reply[-1]
-            if error is not None:
-                if native_parts.is_not_found(error) and not recovered:
-                    redo.append((shard, part))
-                    continue
-                raise self._refused(error, key)
-            if len(reply) != len(part):
-                raise self._refused(ValueError(f"{len(reply)} replies to {len(part)}"), key)
+            found = self._read(reply, key, write, len(part))
+            if found is None:
+                if recovered:
+                    raise self._refused(None, key)
+                redo.append((shard, part))
+                continue
             answers = outcome.answers
-            if not write:
-                for i, answer in zip(part, reply, strict=True):
-                    answers[i] = answer == 1
-            elif ambiguous:  # "already there" may be this command's own lost attempt
-                outcome.ambiguous += reply.count(0)
+            if write and ambiguous:  # "already there" may be this command's own lost attempt
+                outcome.ambiguous += found.count(True)
             else:
-                for i, answer in zip(part, reply, strict=True):
-                    answers[i] = answer == 0
+                for i, seen in zip(part, found, strict=True):
+                    answers[i] = seen
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)
@@ -543,30 +633,30 @@ def _tag(element: str | bytes) -> int:
     return h1 | h2 << 64
 
 
-#: Delete ``KEYS[1]`` only if it is still a Bloom filter (``ARGV[1]``: its Redis type).
-DELETE_BLOOM = Script(
-    """
-if redis.call('TYPE', KEYS[1])['ok'] ~= ARGV[1] then return 0 end
-return redis.call('UNLINK', KEYS[1])
-"""
-)
-
-
 def delete(parts: Parts, record: FilterRecord) -> int:
     """Delete a native filter's parts, each only if still its own; return how many keys.
 
     A shard key is deleted only when it still holds a Bloom filter (its name carries
-    the record's id); then the counters and the server markers; the record last.
+    the record's id), or with a TTL a string (its anchor), and the re-crawl windows
+    that may exist; then the counters and the server markers; the record last.
     """
-    calls = [
-        Call(
-            pack_command(b"EVALSHA", DELETE_BLOOM.sha, 1, key, native_parts.NATIVE_TYPE),
-            key=key,
-            shard=shard,
-            script=DELETE_BLOOM,
-        )
+    windows = parts.windows(record)  # with a TTL: those whose keys may exist now
+    typed = [
+        (key, shard, "string" if record.ttl else native_parts.NATIVE_TYPE)
         for shard in range(record.spec.shards)
         for key in [native_parts.shard_key(parts.key, shard, record.filter_id)]
+    ]
+    typed += [
+        (native_ttl.window_key(key, w), shard, native_parts.NATIVE_TYPE)
+        for key, shard, _ in list(typed)
+        for w in windows
+    ]
+    script = native_ttl.DELETE_TYPED
+    calls = [
+        Call(
+            pack_command(b"EVALSHA", script.sha, 1, key, kind), key=key, shard=shard, script=script
+        )
+        for key, shard, kind in typed
     ]
     calls.append(parts.delete_if_still(parts.counter_key, "counters"))
     calls += parts.marker_deletions(record)

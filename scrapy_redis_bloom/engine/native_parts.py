@@ -92,7 +92,8 @@ def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]
     every generation together stays under: the configured error rate (from the
     record's sizing request; :attr:`.Growth.bound` for a filter sized by bits and k,
     whose bitmap geometry then says the rate). A fixed-size filter (``NONSCALING``) is
-    not tightened: its one sub-filter gets the whole rate.
+    not tightened: its one sub-filter gets the whole rate. With ``BLOOMFILTER_TTL``
+    each re-crawl window gets half (two are consulted), as the bitmap's do.
     """
     growth = record.growth
     options: tuple[Any, ...] = (
@@ -100,6 +101,8 @@ def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]
     )
     asked = _ERROR_RATE.search(record.sizing)
     rate = float(asked.group(1)) if asked else growth.bound
+    if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
+        rate /= 2
     return rate, growth.first_capacity, options
 
 
