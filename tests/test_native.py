@@ -529,7 +529,8 @@ def test_shards_spread_over_servers_in_their_listed_order(
 
 
 @pytest.mark.timeout(120)
-def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ttl", [0, 3600])
+def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch, ttl: int) -> None:
     from redis.crc import key_slot
     from redis_cluster import RedisClusterNodes
 
@@ -540,7 +541,7 @@ def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SRB_REDIS_SERVER", binary)
     with RedisClusterNodes(extra_args=("--loadmodule", module)) as nodes:
         client = nodes.client()
-        bloom = make_filter(client, KEY, config(BLOOMFILTER_SHARDS=6))
+        bloom = make_filter(client, KEY, config(BLOOMFILTER_SHARDS=6, BLOOMFILTER_TTL=ttl))
         assert isinstance(bloom, NativeBloomFilter)  # auto: every master has BF.*
         fps = fingerprints(600, "cluster")
         assert bloom.add_many(fps) == [False] * 600
@@ -552,7 +553,7 @@ def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch) -> 
         assert len(masters) > 1  # the hash tags spread shards over the masters
         for shard, key in enumerate(bloom.shard_keys):
             assert key_slot(key.encode()) == key_slot(f"{{{KEY}:{shard}}}".encode())
-            assert client.type(key) == NATIVE_TYPE.encode()
+            assert client.type(key) == (b"string" if ttl else NATIVE_TYPE.encode())
         assert bloom.state().estimated_items == 600
         bloom.clear()
         assert client.keys("*") == []
