@@ -402,8 +402,9 @@ def test_restart_without_persistence(small_bloom_server: RedisServer) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["native", "auto"])
 def test_a_crawl_on_the_native_backend_fetches_every_page_once(
-    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis, tmp_path: Path
+    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis, tmp_path: Path, backend: str
 ) -> None:
     from test_crawl import assert_finished, crawl
     from website import Site, SiteServer
@@ -414,7 +415,7 @@ def test_a_crawl_on_the_native_backend_fetches_every_page_once(
             bloom_redis_server.url,
             tmp_path,
             mode="follow",
-            settings={"SCHEDULER_PERSIST": True, "BLOOMFILTER_BACKEND": "native"},
+            settings={"SCHEDULER_PERSIST": True, "BLOOMFILTER_BACKEND": backend},
         )
         assert_finished(result)
         reachable = site.reachable_urls()
