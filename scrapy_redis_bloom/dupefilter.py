@@ -349,6 +349,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             "bloomfilter/backend": self.bloom.backend,
         }
         values["bloomfilter/generations"] = len(state.generations)
+        if self.bloom.backend == "native" and state.generations:
+            # The server sizes its own filters: their bits and k, not the bitmap geometry.
+            values["bloomfilter/bits"] = state.total_bits
+            values["bloomfilter/hash_functions"] = state.generations[0].hash_count
         for name, value in values.items():
             self.stats.set_value(name, value)
         logger.info(

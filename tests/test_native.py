@@ -426,6 +426,10 @@ def test_a_crawl_on_the_native_backend_fetches_every_page_once(
     assert stats["bloomfilter/filtered"] > len(reachable)
     assert stats["bloomfilter/estimated_items"] == len(reachable)
     assert stats["bloomfilter/generations"] == 1
+    # The server's own sizing: 100,000 items at 1e-6 (growing: 5e-7 for the first filter).
+    assert stats["bloomfilter/hash_functions"] == 21
+    assert 100_000 * 30 < stats["bloomfilter/bits"] < 100_000 * 33  # shards get headroom
+    assert 0 < stats["bloomfilter/estimated_fpr"] < 1e-20
     assert stats["bloomfilter/memory_bytes"] > 0
     assert bloom_redis_client.hget("site:bloomfilter:meta", "backend") == b"native"
 
