@@ -659,3 +659,19 @@ def test_ttl_a_lost_window_or_anchor(bloom_redis_client: redis.Redis, policy: st
     assert bloom.add_many(fps[1:]) == [False] * 19
     assert bloom.contains_many(fps) == [True] * 20
     bloom.close()
+
+
+def test_auto_needs_bf_on_every_server(
+    bloom_redis_client: redis.Redis, redis_client: redis.Redis
+) -> None:
+    mixed = [bloom_redis_client, redis_client]
+    bloom = make_filter(mixed, KEY, config(BLOOMFILTER_SHARDS=2))
+    assert isinstance(bloom, RedisBloomFilter)  # one server lacks BF.*: bitmaps
+    bloom.close()
+    insisting = make_filter(mixed, KEY, config(BLOOMFILTER_BACKEND="native"))
+    plain = redis_client.connection_pool.connection_kwargs["port"]
+    with pytest.raises(UnsupportedServerError, match=f"Redis at 127.0.0.1:{plain} has none"):
+        insisting.open()
+    insisting.close()
+    assert bloom_redis_client.keys("*") == []
+    assert redis_client.keys("*") == []
