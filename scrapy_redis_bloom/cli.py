@@ -57,7 +57,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -67,9 +67,13 @@ from . import __version__
 from .config import BloomConfig, ConnectionConfig, FaultPolicy
 from .connection import DEFAULT_PARAMS, filter_clients, url_address
 from .engine import inventory, layout
+from .engine.backend import make_filter
 from .engine.filter import RedisBloomFilter
 from .engine.inventory import MarkerCheck, Orphan, StoredRecord
+from .engine.native import NativeBloomFilter
+from .engine.native import delete as delete_native
 from .engine.record import FilterRecord
+from .engine.state import FilterState, FilterTotals
 from .errors import (
     BloomFilterError,
     ConfigMismatchError,
@@ -157,6 +161,10 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+#: Either backend's filter, as owned by a command.
+_B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | NativeBloomFilter)
+
+
 @dataclass
 class _Context:
     """What every command gets: the arguments, the clients, and what to close at the end.
@@ -177,7 +185,7 @@ class _Context:
         """The filter's key (``--key``)."""
         return str(self.args.key)
 
-    def own(self, bloom: RedisBloomFilter) -> RedisBloomFilter:
+    def own(self, bloom: _B) -> _B:
         """Close ``bloom``'s connections when the command ends."""
         self.stack.callback(bloom.close)
         return bloom
@@ -476,7 +484,16 @@ def _sizing(args: argparse.Namespace) -> BloomConfig | None:
         raise UsageError(_option_names(str(exc))) from None
 
 
-def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
+def _native_if(ctx: _Context, record: FilterRecord | None) -> NativeBloomFilter | None:
+    """Return the native filter a record of the native backend describes (not opened)."""
+    if record is None or record.backend != "native":
+        return None
+    return ctx.own(NativeBloomFilter.of_record(ctx.clients, ctx.key, record, ctx.faults))
+
+
+def _open_for_writing(
+    ctx: _Context,
+) -> tuple[RedisBloomFilter | NativeBloomFilter, bool]:
     """Open the filter for ``add`` / ``migrate-set``: create it if sizing options allow.
 
     Returns the filter and whether this call created it.
@@ -493,13 +510,12 @@ def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
         )
     if record is not None:
         _check_servers(ctx, bloom, record)
+    opened: RedisBloomFilter | NativeBloomFilter = _native_if(ctx, record) or bloom
     if config is not None:
-        bloom = ctx.own(
-            RedisBloomFilter.from_config(ctx.clients, ctx.key, config, faults=ctx.faults)
-        )
+        opened = ctx.own(make_filter(ctx.clients, ctx.key, config, faults=ctx.faults))
     try:
         # Creates the filter only when sizing options were given, else checks it.
-        bloom.open(create=config is not None)
+        opened.open(create=config is not None)
     except ServerListMismatchError:
         raise
     except ConfigMismatchError as exc:
@@ -509,18 +525,19 @@ def _open_for_writing(ctx: _Context) -> tuple[RedisBloomFilter, bool]:
             "The sizing options do not match the existing filter (leave them out to use"
             f" the filter as it is): {exc}"
         ) from None
-    return bloom, record is None
+    return opened, record is None
 
 
-def _open_existing(ctx: _Context) -> RedisBloomFilter:
+def _open_existing(ctx: _Context) -> RedisBloomFilter | NativeBloomFilter:
     """Open a filter that must exist, with the geometry its record describes."""
     bloom, stored = _stored(ctx)
     record = _usable(stored)
     if record is None:
         raise _missing(ctx, bloom, "A crawl creates it on its first request.")
     _check_servers(ctx, bloom, record)
-    bloom.open(create=False)  # checks every part: a lost shard is an error, not "absent"
-    return bloom
+    opened = _native_if(ctx, record) or bloom
+    opened.open(create=False)  # checks every part: a lost shard is an error, not "absent"
+    return opened
 
 
 # -- input -----------------------------------------------------------------------
@@ -609,6 +626,8 @@ def cmd_info(ctx: _Context) -> int:
     if record is None:
         raise _missing(ctx, bloom)
     _check_servers(ctx, bloom, record)
+    if (native := _native_if(ctx, record)) is not None:
+        return _info_native(ctx, native, record)
     spec = record.spec
     shards = inventory.check_shards(bloom, record)
     markers = inventory.check_markers(bloom, record)
@@ -736,12 +755,69 @@ def cmd_info(ctx: _Context) -> int:
             f"{state.estimated_fpr:.3g}"
             + (" (all generations together)" if len(state.generations) > 1 else ""),
         ),
+    ]
+    _emit(ctx, data, _table(rows + _activity_rows(state, totals, workers)))
+    return EXIT_OK
+
+
+def _activity_rows(
+    state: FilterState, totals: FilterTotals, workers: list[str]
+) -> list[tuple[str, str]]:
+    """Return the info rows on memory, the workers' counts and the live workers."""
+    return [
         ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
         ("Added by all workers", f"{totals.added:,}"),
         ("Filtered by all workers", f"{totals.seen:,}"),
         ("Live workers", f"{len(workers)}" + (f" ({', '.join(workers)})" if workers else "")),
     ]
-    _emit(ctx, data, _table(rows))
+
+
+def _info_native(ctx: _Context, bloom: NativeBloomFilter, record: FilterRecord) -> int:
+    """Show a native filter (BF.* shards): its record, its shards' items, memory and rate."""
+    present = bloom.existing()
+    state = bloom.state(present)
+    totals = bloom.totals()
+    workers = bloom.live_workers()
+    places = [node.address for node in bloom.topology.primaries()]
+    missing = [s for s in range(record.spec.shards) if s not in present]
+    data: dict[str, Any] = {
+        "key": ctx.key,
+        "backend": "native",
+        "servers": places,
+        "id": record.filter_id,
+        "state": record.state,
+        "created": _utc(record.created).isoformat(),
+        "layout": record.layout,
+        "sizing": record.sizing,
+        "shards": record.spec.shards,
+        "shards_missing": len(missing),
+        "missing_shard_keys": [bloom.shard_keys[s] for s in missing],
+        "capacity": record.capacity,
+        "expansion": record.expansion,
+        "generations": len(state.generations),
+        "estimated_items": state.estimated_items,
+        "estimated_fpr": state.estimated_fpr,
+        "memory_bytes": state.memory_bytes,
+        "total_added": totals.added,
+        "total_filtered": totals.seen,
+        "live_workers": workers,
+    }
+    rows = [
+        ("Bloom filter", ctx.key),
+        ("Backend", "native (server-side Bloom filters, BF.*)"),
+        ("Filter id", record.filter_id),
+        ("State", record.state),
+        ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
+        ("Created", _utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Sizing", record.sizing),
+        ("Shards", f"{record.spec.shards:,}, {len(missing):,} missing"),
+        ("Capacity", f"{record.capacity:,} items"),
+        ("Growth", record.growth_text()),
+        ("Sub-filters (most in a shard)", f"{len(state.generations)}"),
+        ("Estimated items", f"{state.estimated_items:,}"),
+        ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
+    ]
+    _emit(ctx, data, _table(rows + _activity_rows(state, totals, workers)))
     return EXIT_OK
 
 
@@ -784,7 +860,11 @@ def _reset_filter(ctx: _Context, bloom: RedisBloomFilter, record: FilterRecord) 
     _refuse_live_workers(ctx, bloom)
     markers = inventory.check_markers(bloom, record)
     _refuse_foreign_markers(ctx, record, markers)
-    present = len(bloom.parts.existing(range(record.spec.shards)))
+    native = _native_if(ctx, record)
+    if native is not None:
+        present = len(native.existing())
+    else:
+        present = len(bloom.parts.existing(range(record.spec.shards)))
     counters = inventory.count_existing(bloom, [bloom.parts.counter_key]) > 0
     marked = sum(1 for marker in markers if marker.found is not None)
     created = _utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -798,7 +878,10 @@ def _reset_filter(ctx: _Context, bloom: RedisBloomFilter, record: FilterRecord) 
         f" {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
     )
     _confirm_or_abort(ctx, what)
-    bloom.parts.delete(record)
+    if native is not None:
+        delete_native(native.parts, record)
+    else:
+        bloom.parts.delete(record)
     data: dict[str, Any] = {
         "key": key,
         "server": ctx.address,

@@ -83,6 +83,10 @@ OnError = Literal["raise", "allow"]
 ON_ERROR: tuple[OnError, ...] = ("raise", "allow")
 OnLoss = Literal["raise", "recreate"]
 ON_LOSS: tuple[OnLoss, ...] = ("raise", "recreate")
+#: Values of BLOOMFILTER_BACKEND: choose by what the servers offer, our bitmaps, or
+#: the server's own Bloom filters (BF.*, see :mod:`.engine.native`).
+BackendSetting = Literal["auto", "bitmap", "native"]
+BACKEND: tuple[BackendSetting, ...] = ("auto", "bitmap", "native")
 
 _T = TypeVar("_T")
 
@@ -365,6 +369,7 @@ class BloomConfig:
     expansion: int = DEFAULT_EXPANSION
     ttl: int = 0
     faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
+    backend: BackendSetting = "auto"
 
     @property
     def growth(self) -> Growth:
@@ -440,6 +445,14 @@ class BloomConfig:
             ),
             0,
         )
+        backend = _choice(
+            settings,
+            "BLOOMFILTER_BACKEND",
+            BACKEND,
+            "It must be 'auto' (the server's own Bloom filters when every server has BF.*,"
+            " else bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack,"
+            " RedisBloom or valkey-bloom).",
+        )
         share = (1 - DEFAULT_TIGHTENING if expansion else 1.0) * (0.5 if ttl else 1.0)
         sizing, capacity = _sizing(settings, share)
         try:
@@ -498,6 +511,7 @@ class BloomConfig:
                 DEFAULT_CACHE_SIZE,
             ),
             faults=FaultPolicy.from_settings(settings),
+            backend=backend,
         )
 
 

@@ -29,9 +29,9 @@ from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from .config import BloomConfig, SettingsLike, boolean_setting
 from .connection import filter_clients, url_address
+from .engine.backend import make_filter
 from .engine.cache import LRU
 from .engine.events import FilterEvents, RateLimitedLog
-from .engine.filter import RedisBloomFilter
 from .engine.state import estimate_from_items
 from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
@@ -92,7 +92,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 lambda name, value: stats.set_value(f"bloomfilter/{name}", value),
             )
         clients = list(servers) if servers else [server]
-        self.bloom = RedisBloomFilter.from_config(
+        self.bloom = make_filter(
             clients,
             key,
             self.config,
@@ -442,7 +442,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             return
         spec = self.bloom.spec
         totals = self.bloom.totals()
-        if full:
+        if full or self.bloom.backend == "native":  # O(shards) in Redis: always affordable
             state = self.bloom.state()
         else:
             state = estimate_from_items(self.bloom.record.growth, totals.added)
@@ -460,8 +460,13 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             "bloomfilter/memory_bytes": state.memory_bytes,
             "bloomfilter/expansion": self.bloom.record.expansion,
             "bloomfilter/ttl": self.bloom.record.ttl,
+            "bloomfilter/backend": self.bloom.backend,
         }
         values["bloomfilter/generations"] = len(state.generations)
+        if self.bloom.backend == "native" and state.generations:
+            # The server sizes its own filters: their bits and k, not the bitmap geometry.
+            values["bloomfilter/bits"] = state.total_bits
+            values["bloomfilter/hash_functions"] = state.generations[0].hash_count
         for name, value in values.items():
             self.stats.set_value(name, value)
         logger.info(

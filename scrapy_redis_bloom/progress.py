@@ -24,7 +24,7 @@ from .engine.state import estimate_from_items
 from .errors import BloomFilterError
 
 if TYPE_CHECKING:
-    from .engine.filter import RedisBloomFilter
+    from .engine.backend import BloomBackend
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class FilterProgress:
     """From the reactor until stopped: syncs the counters, logs every ``interval`` seconds."""
 
-    def __init__(self, bloom: RedisBloomFilter, interval: float) -> None:
+    def __init__(self, bloom: BloomBackend, interval: float) -> None:
         self.bloom = bloom
         self.interval = interval
         self._tasks: list[task.LoopingCall] = []

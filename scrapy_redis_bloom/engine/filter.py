@@ -24,15 +24,12 @@ Thread-safe: calls from several threads are serialised by a lock.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import mmh3
-from redis.cluster import RedisCluster
 
 from ..config import BloomConfig, FaultPolicy
 from ..errors import FilterDamagedError, FilterUnavailableError
@@ -40,36 +37,18 @@ from ..hashing import FilterSpec
 from . import layout, scripts
 from .access import check_access
 from .bulk import Bulk, Outcome, ScriptHooks
-from .cache import LRU
-from .counters import Counters
-from .events import FilterEvents, RateLimitedLog
-from .executor import Call, Executor, Kind, classify
+from .events import FilterEvents
+from .executor import Call, Kind, classify
+from .facade import Facade
 from .fastpath import FastPath
 from .generations import seed_arguments
-from .lease import WorkerLease, workers_of
 from .lifecycle import Lifecycle
 from .node import Node, ReplyLostError, Ticket, TransportError
-from .parts import Parts
 from .record import FilterRecord
-from .state import FilterState, FilterTotals, read_state
-from .topology import Cluster, ServerList, Topology
-from .wire import command_head, encode, pack_command
+from .state import FilterState, read_state
+from .wire import command_head, encode
 
 logger = logging.getLogger(__name__)
-
-
-def make_topology(client: Any) -> Topology:
-    """Return the topology of a client: a cluster, one server, or a sequence of servers."""
-    clients = tuple(client) if isinstance(client, (list, tuple)) else (client,)
-    if len(clients) == 1 and isinstance(clients[0], RedisCluster):
-        return Cluster(clients[0])
-    if any(isinstance(c, RedisCluster) for c in clients):
-        raise ValueError("a filter lives on one Redis Cluster or on standalone servers, not both")
-    return ServerList(clients)
-
-
-#: Elements let through on error that are remembered at least, whatever the cache size.
-MIN_OWED = 10_000
 
 
 def _tag(element: str | bytes) -> int:
@@ -97,11 +76,7 @@ class _Command:
             self.fast.lost(self.shard, self.counted)
 
 
-class _Redo(Exception):  # noqa: N818  # internal signal, never raised to callers
-    """The hot path's reply asks for the executor (a redirection, a retry)."""
-
-
-class RedisBloomFilter:
+class RedisBloomFilter(Facade):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
     ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
@@ -111,6 +86,9 @@ class RedisBloomFilter:
     what to create; a filter that exists keeps the geometry stored in its record.
     :meth:`open` is called on first use.
     """
+
+    #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
+    backend = "bitmap"
 
     def __init__(
         self,
@@ -126,30 +104,14 @@ class RedisBloomFilter:
         expansion: int = 0,
         ttl: int = 0,
     ) -> None:
-        self.key = key
-        self.capacity = capacity
-        self.topology = make_topology(client)
-        self.faults = faults if faults is not None else FaultPolicy()
-        self.events = events if events is not None else FilterEvents()
-        self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
+        self._connect(client, key, spec, capacity, cache_size, faults, events, logger)
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
-        # Its connections are its own: closed with it, or when it is collected.
-        weakref.finalize(self, self.topology.close)
-        self.parts = Parts(self.executor, key, spec)
         self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
         if sizing is None:
             sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
         self.wanted = FilterRecord.new(
             spec, capacity, sizing, self.topology.servers, expansion=expansion, ttl=ttl
         )
-        self.record: FilterRecord | None = None
-        self.counters = Counters(key, capacity, self.events)
-        self.cache_size = cache_size
-        self._cache: LRU[int, bool] = LRU(cache_size)
-        self.cache_hits = 0
-        #: Elements let through while Redis could not answer, to add once it does.
-        self._owed: dict[int, str | bytes] = {}
-        self._lock = threading.RLock()
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
@@ -158,7 +120,6 @@ class RedisBloomFilter:
         #: Most generations seen in a shard by this worker (for stats and the log).
         self.generations = 1
         self._identities: dict[int, bytes] = {}
-        self._log = RateLimitedLog(logger)
         self._bulk = Bulk(
             self.topology,
             self.executor,
@@ -206,11 +167,6 @@ class RedisBloomFilter:
         )
 
     @property
-    def spec(self) -> FilterSpec:
-        """The geometry in use: the stored one once the filter is open."""
-        return self.parts.spec
-
-    @property
     def shard_keys(self) -> list[str]:
         """The keys of every shard, in shard order (built on demand)."""
         return [self.parts.shard_key(shard) for shard in range(self.spec.shards)]
@@ -252,21 +208,6 @@ class RedisBloomFilter:
         assert self.record is not None
         return self.record
 
-    def exists(self) -> bool:
-        """Tell whether the filter's config record is in Redis."""
-        key = self.parts.meta_key
-        with self._lock:
-            (reply,) = self.parts.run(
-                "look for the filter", [Call(pack_command(b"EXISTS", key), key=key)]
-            )
-        return bool(reply)
-
-    def close(self) -> None:
-        """Close the filter's connections. It stays usable: they reopen on demand."""
-        with self._lock:
-            self._flush_counts()
-            self.executor.close()
-
     def clear(self) -> None:
         """Delete the filter: its shards, counters and markers, then its record.
 
@@ -287,71 +228,11 @@ class RedisBloomFilter:
         with self._lock:
             return read_state(self.parts, self._current().growth)
 
-    def totals(self) -> FilterTotals:
-        """Return the counts over all workers, as synced to Redis."""
-        with self._lock:
-            return self.counters.read(self.parts)
-
-    def sync_counters(self) -> FilterTotals | None:
-        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
-        with self._lock:
-            if self.record is None:
-                return None
-            self._flush_counts()
-            return self.counters.sync(self.parts, self.spec)
-
-    def sync_counters_if_due(self) -> None:
-        """Sync the counts when some are unsynced and the interval passed (for a timer).
-
-        Calls sync them as they come; this keeps the totals live while the worker
-        waits (an idle spider, a slow site).
-        """
-        with self._lock:
-            if self.record is not None and self.counters.due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
-
-    def lease(self, worker_id: str, ttl: float) -> WorkerLease:
-        """Return this worker's lease in the filter's registry of live workers."""
-        return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
-
-    def live_workers(self) -> list[str]:
-        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
-        with self._lock:
-            return workers_of(self.executor, self.key)
-
     # -- elements ----------------------------------------------------------------------
 
-    def check_and_add(self, element: str | bytes) -> bool:
-        """Add an element; return True if it was (probably) there already.
-
-        One atomic command in Redis (none when the near-cache knows the element): a
-        ``BITFIELD`` (:mod:`.fastpath`), or the check-and-add script where a shard has
-        grown or forgets. Of several workers adding the same element at once, exactly
-        one gets False.
-        """
-        h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-        tag = h1 | h2 << 64  # as _tag()
-        with self._lock:
-            if self._cache.get(tag) or (self._owed and tag in self._owed):
-                self.cache_hits += 1
-                self.counters.record(0, 1)
-                seen = True
-            else:
-                try:
-                    seen = self._check_and_add(h1, h2)
-                except FilterUnavailableError as exc:
-                    answer = self._unavailable(exc, 1)[0]
-                    self._owe({tag: element})
-                    return answer
-                self.counters.record(int(not seen), int(seen))
-                self._cache.put(tag, True)
-                if self._owed:
-                    self._settle()
-            if self.counters.due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
-            return seen
+    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
+        """One ``BITFIELD`` (:mod:`.fastpath`), or the script where a shard has grown or forgets."""
+        return self._check_and_add(h1, h2)
 
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
         """Add a few elements together; return, per element, whether it was there already.
@@ -363,41 +244,25 @@ class RedisBloomFilter:
         """
         answers = [True] * len(elements)
         with self._lock:
-            todo: list[tuple[int, int, str | bytes]] = []
-            hashes: list[tuple[int, int]] = []
-            taken: set[int] = set()
-            for i, element in enumerate(elements):
-                h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-                tag = h1 | h2 << 64  # as _tag()
-                if tag in taken or self._cache.get(tag) or (self._owed and tag in self._owed):
-                    self.cache_hits += 1
-                    self.counters.record(0, 1)
-                    continue
-                taken.add(tag)
-                todo.append((i, tag, element))
-                hashes.append((h1, h2))
+            todo = self._unknown(elements)
+            hashes = [(h1, h2) for _, _, _, h1, h2 in todo]
             done, failure = self._check_and_add_all(hashes) if todo else ([], None)
-            for (i, tag, _), seen in zip(todo, done, strict=False):
+            for (i, tag, _, _, _), seen in zip(todo, done, strict=False):
                 answers[i] = seen
                 self.counters.record(int(not seen), int(seen))
                 self._cache.put(tag, True)
             if failure is not None:
                 rest = todo[len(done) :]
                 self._unavailable(failure, len(rest))
-                for i, _, _ in rest:
+                for i, _, _, _, _ in rest:
                     answers[i] = False
-                self._owe({tag: element for _, tag, element in rest})
+                self._owe({tag: element for _, tag, element, _, _ in rest})
             elif self._owed and todo:
                 self._settle()
             if self.counters.due:
                 self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
         return answers
-
-    @property
-    def round_trips(self) -> int:
-        """Network round trips this filter made to Redis so far, from every thread."""
-        return self.topology.trips.value
 
     def _check_and_add(self, h1: int, h2: int, recovered: bool = False) -> bool:
         command = self._prepare(h1, h2)
@@ -473,28 +338,14 @@ class RedisBloomFilter:
         return _Command(shard, key, payload)
 
     def _send(self, command: _Command) -> tuple[Any, bool]:
-        """Send one hot-path command; return its reply and whether it may have run twice.
-
-        First straight on the shard's connection; anything but a plain reply (a lost
-        connection, a redirection, NOSCRIPT, a busy server) goes to the executor.
-        """
-        try:
-            reply = self.topology.route(command.key, command.shard, None).call(command.payload)
-            if classify(reply) is not Kind.RESULT:
-                raise _Redo
-        except (TransportError, _Redo) as exc:
-            return self._rerun(command, isinstance(exc, ReplyLostError))
-        return reply, False
+        return self._hot_call(command.payload, command.key, command.shard, self._script_of(command))
 
     def _rerun(self, command: _Command, lost: bool) -> tuple[Any, bool]:
-        """Run a command through the executor, which retries within BLOOMFILTER_RETRY_TIMEOUT.
+        script = self._script_of(command)
+        return self._rerun_call(command.payload, command.key, command.shard, script, lost)
 
-        ``lost``: an attempt's reply was lost, so it may have run already.
-        """
-        script = None if command.fast is not None else self._script
-        call = Call(command.payload, key=command.key, shard=command.shard, script=script)
-        results = self.executor.run("check and add a request", [call], write=True)
-        return results.replies[0], lost or results.ambiguous[0]
+    def _script_of(self, command: _Command) -> scripts.Script | None:
+        return None if command.fast is not None else self._script
 
     def _conclude(
         self, command: _Command, reply: Any, ambiguous: bool, h1: int, h2: int, recovered: bool
@@ -660,57 +511,8 @@ class RedisBloomFilter:
         record = self.lifecycle.recover(self._current(), found, self.wanted)
         self._adopt(record)
 
-    def _owe(self, elements: dict[int, str | bytes]) -> None:
-        """Remember elements let through while Redis could not answer (bounded)."""
-        room = max(self.cache_size, MIN_OWED) - len(self._owed)
-        if room < len(elements):
-            self._log.log(
-                logging.WARNING,
-                "owed",
-                "Could not remember %d request(s) let through while Redis could not answer"
-                " (%d remembered already): they may be fetched again.",
-                len(elements) - max(room, 0),
-                len(self._owed),
-            )
-        for tag, element in list(elements.items())[: max(room, 0)]:
-            self._owed[tag] = element
-
-    def _settle(self) -> None:
-        """Add the elements let through while Redis could not answer, now that it answers."""
-        owed, self._owed = self._owed, {}
-        outcome = self._bulk.run(True, list(owed.values()))
-        self.counters.record(outcome.added, outcome.seen)
-        if outcome.failed:
-            failed = set(outcome.failed)
-            self._owe({tag: e for tag, e in owed.items() if e in failed})
-        for tag in owed:
-            self._cache.put(tag, True)
-        logger.info(
-            "Added %d request(s) to the Bloom filter %r that were let through while Redis"
-            " could not answer.",
-            len(owed) - len(outcome.failed),
-            self.key,
-        )
-
-    def _unavailable(self, exc: FilterUnavailableError, count: int) -> list[bool]:
-        """Apply BLOOMFILTER_ON_ERROR to requests Redis could not answer."""
-        self.events.count("errors", count)
-        if self.faults.on_error != "allow":
-            raise exc
-        self._log.log(
-            logging.WARNING,
-            "unavailable",
-            "Answering 'new' for %d request(s) the Bloom filter %r could not check"
-            " (BLOOMFILTER_ON_ERROR = 'allow'; they may be fetched twice): %s",
-            count,
-            self.key,
-            exc,
-        )
-        return [False] * count
-
-    def contains(self, element: str | bytes) -> bool:
-        """Return True if the element is (probably) in the filter. Changes nothing."""
-        return self.contains_many([element])[0]
+    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        return self._bulk.run(True, elements)
 
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Add elements in bulk; return, per element, whether it was there already.

@@ -47,7 +47,7 @@ def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]
     Needs no geometry: it works before a worker has created the filter. ``client`` is
     what :class:`~.filter.RedisBloomFilter` takes (the registry is on server 0).
     """
-    from .filter import make_topology
+    from .facade import make_topology
 
     topology = make_topology(client)
     try:

@@ -66,6 +66,18 @@ def sample(shards: int, servers: int) -> range | list[int]:
     return sorted(set(range(first)) | spread | {shards - 1})
 
 
+def reopened(events: FilterEvents, key: str, current: FilterRecord, old: FilterRecord) -> None:
+    """Count and log a filter found reset and created again while this worker used it."""
+    events.count("reopened")
+    logger.warning(
+        "The Bloom filter %r was reset and created again (id %s, was %s) while this"
+        " worker used it: going on with the new filter.",
+        key,
+        current.filter_id,
+        old.filter_id,
+    )
+
+
 class Lifecycle:
     """Opens, checks, recovers and deletes the filter whose parts ``parts`` reaches."""
 
@@ -328,14 +340,7 @@ class Lifecycle:
         """
         current = self.parts.read_record()
         if current is not None and current.filter_id != record.filter_id:
-            self.events.count("reopened")
-            logger.warning(
-                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
-                " worker used it: going on with the new filter.",
-                self.key,
-                current.filter_id,
-                record.filter_id,
-            )
+            reopened(self.events, self.key, current, record)
             if wanted is not None:
                 current.check(self.key, wanted)
             self.parts.spec = current.spec

@@ -289,6 +289,18 @@ class Parts:
             script=script,
         )
 
+    def marker_deletions(self, record: FilterRecord) -> list[Call]:
+        """Return the calls deleting a multi-server filter's markers (none on one server)."""
+        return [
+            self.delete_if_still(
+                self.marker_key,
+                "marker",
+                layout.server_marker(record.filter_id, i, record.servers),
+                server=i,
+            )
+            for i in range(record.servers if record.servers > 1 else 0)
+        ]
+
     def delete(self, record: FilterRecord) -> int:
         """Delete the filter's parts, each only if it is still this filter's; return how many.
 
@@ -305,16 +317,7 @@ class Parts:
             for name in self.part_keys(record, shard, windows)
         ]
         calls.append(self.delete_if_still(self.counter_key, "counters"))
-        if record.servers > 1:
-            calls += [
-                self.delete_if_still(
-                    self.marker_key,
-                    "marker",
-                    layout.server_marker(record.filter_id, i, record.servers),
-                    server=i,
-                )
-                for i in range(record.servers)
-            ]
+        calls += self.marker_deletions(record)
         deleted = sum(int(reply) for reply in self.run("delete the filter", calls, write=True))
         # The record goes last: a worker opening meanwhile never sees shards without it.
         last = self.delete_if_still(self.meta_key, "record", record.filter_id)

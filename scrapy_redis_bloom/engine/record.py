@@ -29,15 +29,23 @@ from .layout import ID_BYTES, LAYOUT_VERSION
 logger = logging.getLogger(__name__)
 
 State = Literal["creating", "ready"]
+#: Where a filter keeps its bits: our string bitmaps, or the server's own Bloom filters
+#: (RedisBloom / valkey-bloom ``BF.*``, see :mod:`.native`).
+Backend = Literal["bitmap", "native"]
+BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
+#: The layout of a native filter's keys (see :mod:`.native`): a release that reads
+#: layout 2 only refuses it, instead of taking its shards for lost bitmaps.
+NATIVE_LAYOUT = 3
 
 #: Fields of the record, in the order they are written.
 FIELDS = (
     "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
     "capacity", "sizing", "servers", "generations", "created",
-    "expansion", "tightening", "ttl",
+    "expansion", "tightening", "ttl", "backend",
 )  # fmt: skip
-#: Fields a record written before growth (0.1) lacks: read as no growth, no TTL.
-LATER_FIELDS = ("expansion", "tightening", "ttl")
+#: Fields a record written before growth (0.1) lacks: read as no growth, no TTL; and
+#: before the native backend: read as a bitmap filter.
+LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
 #: Most servers a filter may be spread over.
 MAX_SERVERS = 1024
@@ -69,6 +77,7 @@ class FilterRecord:
     tightening: float = DEFAULT_TIGHTENING
     ttl: int = 0
     state: State = "ready"
+    backend: Backend = "bitmap"
     layout: int = LAYOUT_VERSION
     scheme: int = SCHEME_VERSION
 
@@ -82,6 +91,7 @@ class FilterRecord:
         *,
         expansion: int = 0,
         ttl: int = 0,
+        backend: Backend = "bitmap",
     ) -> FilterRecord:
         """Return the record of a filter about to be created (state ``creating``)."""
         return cls(
@@ -94,6 +104,8 @@ class FilterRecord:
             expansion=expansion,
             ttl=ttl,
             state="creating",
+            backend=backend,
+            layout=NATIVE_LAYOUT if backend == "native" else LAYOUT_VERSION,
         )
 
     @property
@@ -135,6 +147,7 @@ class FilterRecord:
             "expansion": self.expansion,
             "tightening": repr(self.tightening),
             "ttl": self.ttl,
+            "backend": self.backend,
         }
         return {name: str(values[name]) for name in FIELDS}
 
@@ -151,11 +164,15 @@ class FilterRecord:
             )
 
         missing = [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]
-        if "layout" in fields and fields["layout"] != str(LAYOUT_VERSION):
+        backend = fields.get("backend", "bitmap")
+        if backend not in BACKENDS:
+            raise refuse(f"its backend is {backend!r}, not 'bitmap' or 'native'")
+        layout = LAYOUT_VERSION if backend == "bitmap" else NATIVE_LAYOUT
+        if "layout" in fields and fields["layout"] != str(layout):
             raise refuse(
                 f"it was written with layout {fields['layout']!r}, and this version reads"
-                f" layout {LAYOUT_VERSION} only (layout 1 was that of development builds"
-                " before 0.1.0)"
+                f" layout {LAYOUT_VERSION} (bitmap) or {NATIVE_LAYOUT} (native) only, as its"
+                f" backend says (layout 1 was that of development builds before 0.1.0)"
             )
         if missing:
             raise refuse(f"it lacks the field(s) {', '.join(missing)}")
@@ -214,7 +231,8 @@ class FilterRecord:
             created=created,
             servers=integer("servers", 1, MAX_SERVERS),
             state="creating" if state == "creating" else "ready",
-            layout=LAYOUT_VERSION,
+            backend="native" if backend == "native" else "bitmap",
+            layout=layout,
             scheme=SCHEME_VERSION,
         )
 
@@ -224,7 +242,8 @@ class FilterRecord:
         return (
             f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
             f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme},"
-            f" layout {self.layout} (sized for {self.capacity:,} items: {self.sizing}),"
+            f" layout {self.layout}{' (native backend)' if self.backend == 'native' else ''}"
+            f" (sized for {self.capacity:,} items: {self.sizing}),"
             f" {self.growth_text()}"
         )
 
@@ -249,6 +268,14 @@ class FilterRecord:
         same sizing (and then adopts the stored geometry, whatever this release would
         compute) or for the same geometry.
         """
+        if wanted.backend != self.backend:
+            raise ConfigMismatchError(
+                f"The Bloom filter {key!r} was created with BLOOMFILTER_BACKEND ="
+                f" {self.backend!r}; this worker asks for {wanted.backend!r}. Every worker"
+                " must use the filter's backend: set BLOOMFILTER_BACKEND = 'auto' (it adopts"
+                f" the filter's) or {self.backend!r}, choose another BLOOMFILTER_KEY, or reset"
+                f" the filter (scrapy-redis-bloom reset --key {key!r})."
+            )
         same_request = wanted.sizing == self.sizing or wanted.spec == self.spec
         if same_request and wanted.ttl != self.ttl:
             raise ConfigMismatchError(

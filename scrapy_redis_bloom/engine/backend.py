@@ -1,0 +1,109 @@
+"""Choosing a filter's backend (``BLOOMFILTER_BACKEND``) and the interface both share.
+
+* ``bitmap``: :class:`.filter.RedisBloomFilter`, our string bitmaps (any Redis >= 6.2);
+* ``native``: :class:`.native.NativeBloomFilter`, the server's own Bloom filters (BF.*);
+* ``auto`` (the default): the backend of the filter's config record when it exists (so
+  every worker agrees with the one that created it); else native when every server (or
+  cluster master) has ``BF.*``, else bitmap.
+
+An explicit backend that contradicts the record is refused when the filter opens
+(:meth:`.record.FilterRecord.check`), and ``native`` on a server without ``BF.*``
+too (:func:`.native_parts.require_bloom`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from ..config import BloomConfig
+from ..hashing import FilterSpec
+from .counters import Counters
+from .events import FilterEvents
+from .filter import RedisBloomFilter
+from .lease import WorkerLease
+from .native import NativeBloomFilter
+from .native_parts import missing_bloom
+from .record import Backend, FilterRecord
+from .state import FilterState, FilterTotals
+from .topology import Topology
+
+logger = logging.getLogger(__name__)
+
+
+class BloomBackend(Protocol):
+    """What the dupefilter and the CLI's element commands use of a filter, either backend."""
+
+    key: str
+    backend: str
+    topology: Topology
+    events: FilterEvents
+    counters: Counters
+    cache_hits: int
+
+    @property
+    def record(self) -> FilterRecord | None: ...  # noqa: D102
+    @property
+    def spec(self) -> FilterSpec: ...  # noqa: D102
+    def open(self, create: bool = True) -> FilterRecord: ...  # noqa: D102
+    def close(self) -> None: ...  # noqa: D102
+    def clear(self) -> None: ...  # noqa: D102
+    def state(self) -> FilterState: ...  # noqa: D102
+    def totals(self) -> FilterTotals: ...  # noqa: D102
+    def sync_counters(self) -> FilterTotals | None: ...  # noqa: D102
+    def sync_counters_if_due(self) -> None: ...  # noqa: D102
+    def lease(self, worker_id: str, ttl: float) -> WorkerLease: ...  # noqa: D102
+    def live_workers(self) -> list[str]: ...  # noqa: D102
+    def check_and_add(self, element: str | bytes) -> bool: ...  # noqa: D102
+    def contains(self, element: str | bytes) -> bool: ...  # noqa: D102
+    def add_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
+    def contains_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
+
+
+def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
+    """Return the backend a filter uses: its record's, else per ``config.backend``.
+
+    ``native`` is the filter built natively, used to read the record and probe the
+    servers (one round trip each).
+    """
+    record = native.parts.read_record()
+    if record is not None:
+        return record.backend if config.backend == "auto" else config.backend
+    if config.backend != "auto":
+        return config.backend
+    missing = missing_bloom(native.executor, native.topology)
+    if missing:
+        logger.debug(
+            "BLOOMFILTER_BACKEND = 'auto' picks bitmaps: Redis at %s has no BF.* commands.",
+            ", ".join(missing),
+        )
+        return "bitmap"
+    return "native"
+
+
+def make_filter(
+    client: Any, key: str, config: BloomConfig, **options: Any
+) -> RedisBloomFilter | NativeBloomFilter:
+    """Return the filter ``config`` asks for, of the backend :func:`choose` picks.
+
+    ``options``: the constructors' other arguments (``cache_size``, ``faults``,
+    ``events``). Reads the record (and, for a new filter under ``auto``, probes the
+    servers) once; :meth:`open` then checks everything as usual.
+    """
+    bloom: RedisBloomFilter | NativeBloomFilter
+    if config.backend == "bitmap":
+        bloom = RedisBloomFilter.from_config(client, key, config, **options)
+    else:
+        native = NativeBloomFilter.from_config(client, key, config, **options)
+        try:
+            backend = choose(native, config)
+        except BaseException:
+            native.close()
+            raise
+        if backend == "native":
+            bloom = native
+        else:
+            native.close()
+            bloom = RedisBloomFilter.from_config(client, key, config, **options)
+    bloom.events.set("backend", bloom.backend)
+    return bloom

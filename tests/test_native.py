@@ -1,0 +1,687 @@
+"""The native backend (BLOOMFILTER_BACKEND): server-side Bloom filters (BF.*) per shard.
+
+On real servers: RedisBloom loaded into redis-server 7 (``bloom_redis_*`` fixtures, which
+skip when no Bloom-capable server exists) and the plain redis-server of the suite.
+False-positive bounds are binomial, as in test_generations.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis_modules import SKIP_REASON, bloom_server
+from redis_server import RedisServer
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.events import FilterEvents
+from scrapy_redis_bloom.engine.native import NativeBloomFilter
+from scrapy_redis_bloom.engine.native_parts import NATIVE_TYPE, reserve_arguments
+from scrapy_redis_bloom.engine.record import FilterRecord
+from scrapy_redis_bloom.errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    FilterDamagedError,
+    FilterUnavailableError,
+    ServerListMismatchError,
+    UnsupportedServerError,
+)
+
+KEY = "nat"
+
+
+def fingerprints(n: int, tag: str) -> list[str]:
+    return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+def config(**more: Any) -> BloomConfig:
+    return BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-3, **more}
+    )
+
+
+def native(client: Any, key: str = KEY, events: FilterEvents | None = None, **more: Any) -> Any:
+    cfg = config(BLOOMFILTER_BACKEND="native", **more)
+    bloom = make_filter(
+        [client], key, cfg, events=events, faults=cfg.faults, cache_size=cfg.cache_size
+    )
+    assert isinstance(bloom, NativeBloomFilter)
+    return bloom
+
+
+def upper(queries: int, rate: float) -> float:
+    """Return the most false positives q new elements give at rate p, but for a 1e-9 chance."""
+    return queries * rate + 6 * math.sqrt(queries * rate * (1 - rate))
+
+
+class Recorder(FilterEvents):
+    """Events as a dict: counts summed, values set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, Any] = {}
+        self.connect(
+            lambda name, n: self.seen.__setitem__(name, self.seen.get(name, 0) + n),
+            self.seen.__setitem__,
+        )
+
+
+# -- settings and the record: no server --------------------------------------------------
+
+
+def test_backend_setting_is_validated() -> None:
+    assert config().backend == "auto"
+    assert config(BLOOMFILTER_BACKEND="native").backend == "native"
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_BACKEND setting \('bloom'\) is invalid"):
+        config(BLOOMFILTER_BACKEND="bloom")
+    assert config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_TTL=3600).ttl == 3600
+
+
+def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -> None:
+    cfg = config()
+    bitmap = FilterRecord.new(cfg.spec, cfg.capacity, "x")
+    fields = bitmap.fields()
+    del fields["backend"]
+    assert FilterRecord.parse("k:meta", fields).backend == "bitmap"
+    nat = FilterRecord.new(cfg.spec, cfg.capacity, "x", backend="native")
+    assert nat.fields()["layout"] == "3"
+    assert FilterRecord.parse("k:meta", nat.fields()) == nat
+    wrong = {**nat.fields(), "layout": "2"}
+    with pytest.raises(BloomFilterError, match="layout '2'"):
+        FilterRecord.parse("k:meta", wrong)
+    with pytest.raises(BloomFilterError, match="backend is 'bf'"):
+        FilterRecord.parse("k:meta", {**nat.fields(), "backend": "bf"})
+
+
+def test_reserve_gives_the_first_sub_filter_the_bitmaps_rate_share() -> None:
+    grown = FilterRecord.new(config().spec, 10_000, config().sizing.canonical(), expansion=2)
+    rate, capacity, options = reserve_arguments(grown)
+    assert rate == 1e-3  # RedisBloom halves it for the first sub-filter: 1 - tightening
+    assert capacity == grown.growth.first_capacity
+    assert options == (b"EXPANSION", 2)
+    fixed_cfg = config(BLOOMFILTER_EXPANSION=0)
+    fixed = FilterRecord.new(fixed_cfg.spec, 10_000, fixed_cfg.sizing.canonical())
+    shards = fixed.spec.shards
+    assert reserve_arguments(fixed) == (1e-3, math.ceil(10_000 / shards), (b"NONSCALING",))
+
+
+# -- choosing the backend ---------------------------------------------------------------
+
+
+def test_auto_picks_native_where_bf_exists_and_records_it(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    events = Recorder()
+    bloom = make_filter([bloom_redis_client], KEY, config(), events=events)
+    assert isinstance(bloom, NativeBloomFilter)
+    record = bloom.open()
+    assert record.backend == "native"
+    assert events.seen["backend"] == "native"
+    assert bloom_redis_client.hget(f"{KEY}:meta", "backend") == b"native"
+    assert bloom_redis_client.type(bloom.shard_keys[0]) == NATIVE_TYPE.encode()
+    # A second worker: auto adopts the record; explicit bitmap is refused naming both.
+    again = make_filter([bloom_redis_client], KEY, config())
+    assert isinstance(again, NativeBloomFilter)
+    assert again.open().filter_id == record.filter_id
+    other = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_BACKEND="bitmap"))
+    with pytest.raises(ConfigMismatchError, match=r"BLOOMFILTER_BACKEND = 'native'.*'bitmap'"):
+        other.open()
+    for b in (bloom, again, other):
+        b.close()
+
+
+def test_auto_picks_bitmap_where_bf_is_missing(
+    bloom_redis_client: redis.Redis, redis_client: redis.Redis
+) -> None:
+    ttl = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_BACKEND="bitmap"))
+    assert ttl.open().backend == "bitmap"
+    plain = make_filter([redis_client], KEY, config())
+    assert isinstance(plain, RedisBloomFilter)
+    plain.open()
+    # A bitmap filter's record wins over auto, and refuses an explicit native.
+    assert isinstance(make_filter([bloom_redis_client], KEY, config()), RedisBloomFilter)
+    explicit = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_BACKEND="native"))
+    with pytest.raises(ConfigMismatchError, match=r"BLOOMFILTER_BACKEND = 'bitmap'.*'native'"):
+        explicit.open()
+    for b in (ttl, plain, explicit):
+        b.close()
+
+
+def test_native_on_a_server_without_bf_is_refused_naming_it(redis_client: redis.Redis) -> None:
+    bloom = make_filter([redis_client], KEY, config(BLOOMFILTER_BACKEND="native"))
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    with pytest.raises(UnsupportedServerError) as caught:
+        bloom.open()
+    message = str(caught.value)
+    assert f":{port} has none" in message
+    assert "RedisBloom" in message
+    assert "\n" not in message
+    assert redis_client.keys("*") == []  # nothing was created
+    bloom.close()
+
+
+# -- the answer contract ----------------------------------------------------------------
+
+
+def test_check_and_add_new_then_seen_and_stats(bloom_redis_client: redis.Redis) -> None:
+    events = Recorder()
+    bloom = native(bloom_redis_client, events=events)
+    fps = fingerprints(500, "a")
+    assert [bloom.check_and_add(fp) for fp in fps] == [False] * 500
+    assert [bloom.check_and_add(fp) for fp in fps] == [True] * 500
+    state = bloom.state()
+    assert state.estimated_items == 500
+    assert len(state.generations) == 1
+    assert 0 < state.estimated_fpr < 1e-3
+    assert state.memory_bytes > 0
+    bloom.sync_counters()
+    assert bloom.totals().added == 500
+    bloom.close()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.sampled_from(fingerprints(60, "h")), max_size=120))
+def test_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[str]) -> None:
+    bloom_redis_client.flushall()
+    # Three shards: a shard count that is not a power of two catches a bulk path that
+    # places elements otherwise than the hot path.
+    one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
+    bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
+    singly = [one.check_and_add(fp) for fp in items]
+    assert bulk.add_many(items) == singly
+    assert bulk.contains_many(items) == [True] * len(items)
+    assert one.contains_many(items) == [True] * len(items)  # found where the hot path put it
+    assert [bulk.check_and_add(fp) for fp in items] == [True] * len(items)
+    assert bulk.contains_many(fingerprints(5, "absent")) == [False] * 5
+    one.close()
+    bulk.close()
+
+
+def _race(url: str, fps: list[str], start: Any, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    bloom = make_filter([client], KEY, config(BLOOMFILTER_BACKEND="native"))
+    bloom.open()
+    start.wait()
+    out.put([fp for fp in fps if not bloom.check_and_add(fp)])
+    bloom.close()
+
+
+def test_workers_racing_on_the_same_fingerprints_each_is_new_to_exactly_one(
+    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis
+) -> None:
+    fps = fingerprints(3000, "race")
+    native(bloom_redis_client).open()
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    workers = [
+        ctx.Process(target=_race, args=(bloom_redis_server.url, fps, start, out)) for _ in range(3)
+    ]
+    for w in workers:
+        w.start()
+    time.sleep(2)
+    start.set()
+    new = [fp for _ in workers for fp in out.get(timeout=60)]
+    for w in workers:
+        w.join(30)
+    assert sorted(new) == sorted(fps)  # every one new to exactly one worker
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fill", [1, 4, 10])
+def test_growth_keeps_the_false_positive_rate_under_the_configured_one(
+    bloom_redis_client: redis.Redis, fill: int
+) -> None:
+    rate, capacity, queries = 1e-2, 2_000, 20_000
+    cfg = BloomConfig.from_settings(
+        {
+            "BLOOMFILTER_CAPACITY": capacity,
+            "BLOOMFILTER_ERROR_RATE": rate,
+            "BLOOMFILTER_SHARDS": 2,
+            "BLOOMFILTER_BACKEND": "native",
+        }
+    )
+    bloom = make_filter([bloom_redis_client], KEY, cfg)
+    added = bloom.add_many(fingerprints(capacity * fill, "grow"))
+    assert sum(added) <= upper(len(added), rate)
+    false_positives = sum(bloom.contains_many(fingerprints(queries, "query")))
+    assert false_positives <= upper(queries, rate)
+    generations = len(bloom.state().generations)
+    assert generations == (1 if fill == 1 else 3 if fill == 4 else 4)
+    bloom.close()
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_a_shard_deleted_mid_crawl(bloom_redis_client: redis.Redis, policy: str) -> None:
+    events = Recorder()
+    bloom = native(bloom_redis_client, events=events, BLOOMFILTER_ON_LOSS=policy)
+    fps = fingerprints(200, "loss")
+    bloom.add_many(fps)
+    bloom_redis_client.delete(*bloom.shard_keys)
+    if policy == "raise":
+        with pytest.raises(FilterDamagedError, match="are gone"):
+            bloom.check_and_add(fps[0])
+        with pytest.raises(FilterDamagedError, match="are gone"):
+            bloom.add_many(fps)
+        return
+    assert bloom.check_and_add(fps[0]) is False  # the shard is recreated empty
+    assert events.seen["recreated"] >= 1
+    assert bloom.add_many(fps[1:]) == [False] * 199  # the others, recreated by bulk
+    assert all(bloom_redis_client.type(k) == NATIVE_TYPE.encode() for k in bloom.shard_keys)
+    bloom.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_flushall_mid_crawl(bloom_redis_client: redis.Redis, policy: str) -> None:
+    events = Recorder()
+    bloom = native(bloom_redis_client, events=events, BLOOMFILTER_ON_LOSS=policy)
+    bloom.add_many(fingerprints(100, "flush"))
+    bloom_redis_client.flushall()
+    if policy == "raise":
+        with pytest.raises(FilterDamagedError):
+            bloom.check_and_add("x" * 40)
+        return
+    assert bloom.check_and_add(fingerprints(1, "flush")[0]) is False
+    assert events.seen["restored"] == 1
+    assert bloom_redis_client.hget(f"{KEY}:meta", "backend") == b"native"
+    bloom.close()
+
+
+def test_a_filter_reset_and_recreated_elsewhere_is_adopted(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    events = Recorder()
+    first = native(bloom_redis_client, events=events, BLOOMFILTER_CACHE_SIZE=0)
+    first.check_and_add("a" * 40)
+    second = native(bloom_redis_client)
+    second.clear()
+    assert bloom_redis_client.keys("*") == []
+    second.open()
+    assert first.check_and_add("a" * 40) is False  # the new filter never saw it
+    assert events.seen["reopened"] == 1
+    for b in (first, second):
+        b.close()
+
+
+def test_clear_deletes_only_the_filters_bloom_filters(bloom_redis_client: redis.Redis) -> None:
+    bloom = native(bloom_redis_client)
+    bloom.check_and_add("a" * 40)
+    keys = bloom.shard_keys
+    bloom_redis_client.delete(keys[0])
+    bloom_redis_client.set(keys[0], "not ours")
+    bloom_redis_client.set("other", "1")
+    bloom.clear()
+    assert sorted(bloom_redis_client.keys("*")) == sorted([keys[0].encode(), b"other"])
+
+
+def test_client_kill_during_checks_never_answers_seen_for_a_new_fingerprint(
+    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis
+) -> None:
+    events = Recorder()
+    bloom = native(bloom_redis_client, events=events, BLOOMFILTER_CACHE_SIZE=0)
+    fps = fingerprints(4000, "kill")
+    with bloom_redis_server.connection_killer(interval=0.002) as killer:
+        answers = [bloom.check_and_add(fp) for fp in fps]
+    assert killer.killed > 0
+    assert not any(answers)  # every one was new
+    assert bloom.contains_many(fps) == [True] * len(fps)  # and every one is in
+    bloom.close()
+
+
+@pytest.fixture
+def small_bloom_server() -> Iterator[RedisServer]:
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    with RedisServer(
+        "--loadmodule", module, "--maxmemory-policy", "noeviction", binary=binary
+    ) as server:
+        yield server
+
+
+def test_out_of_memory_while_a_shard_must_scale_is_an_error_never_an_answer(
+    small_bloom_server: RedisServer,
+) -> None:
+    client = small_bloom_server.client()
+    bloom = native(client, BLOOMFILTER_RETRY_TIMEOUT=0.5)
+    fps = fingerprints(10_000, "oom")
+    assert bloom.add_many(fps) == [False] * len(fps)
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 4096)
+    answers: list[bool] = []
+
+    def fill() -> None:  # the shard must scale: its second sub-filter passes maxmemory
+        for fp in fingerprints(20_000, "more"):
+            answers.append(bloom.check_and_add(fp))
+
+    with pytest.raises(FilterUnavailableError, match="out of memory"):
+        fill()
+    assert len(answers) < 20_000
+    assert sum(answers) <= upper(len(answers), 1e-3)  # only false positives were "seen"
+    client.config_set("maxmemory", 0)
+    assert len(bloom.state().generations) == 2
+    assert bloom.contains_many(fps) == [True] * len(fps)
+    bloom.close()
+    client.close()
+
+
+def test_restart_without_persistence(small_bloom_server: RedisServer) -> None:
+    client = small_bloom_server.client()
+    strict = native(client)
+    lenient = native(client, key=KEY, BLOOMFILTER_ON_LOSS="recreate")
+    strict.add_many(fingerprints(50, "restart"))
+    lenient.open()
+    small_bloom_server.kill()
+    small_bloom_server.restart()
+    with pytest.raises(FilterDamagedError):
+        strict.check_and_add("b" * 40)
+    assert lenient.check_and_add("b" * 40) is False
+    assert strict.check_and_add("b" * 40) is True  # the lenient worker restored it
+    for b in (strict, lenient):
+        b.close()
+    client.close()
+
+
+# -- a real crawl -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["native", "auto"])
+def test_a_crawl_on_the_native_backend_fetches_every_page_once(
+    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis, tmp_path: Path, backend: str
+) -> None:
+    from test_crawl import assert_finished, crawl
+    from website import Site, SiteServer
+
+    with SiteServer(Site(120)) as site:
+        result = crawl(
+            site,
+            bloom_redis_server.url,
+            tmp_path,
+            mode="follow",
+            settings={"SCHEDULER_PERSIST": True, "BLOOMFILTER_BACKEND": backend},
+        )
+        assert_finished(result)
+        reachable = site.reachable_urls()
+        assert sorted(result.fetched) == sorted(reachable)
+    stats = result.stats
+    assert stats["bloomfilter/backend"] == "native"
+    assert stats["bloomfilter/added"] == len(reachable)
+    assert stats["bloomfilter/filtered"] > len(reachable)
+    assert stats["bloomfilter/estimated_items"] == len(reachable)
+    assert stats["bloomfilter/generations"] == 1
+    # The server's own sizing: 100,000 items at 1e-6 (growing: 5e-7 for the first filter).
+    assert stats["bloomfilter/hash_functions"] == 21
+    assert 100_000 * 30 < stats["bloomfilter/bits"] < 100_000 * 33  # shards get headroom
+    assert 0 < stats["bloomfilter/estimated_fpr"] < 1e-20
+    assert stats["bloomfilter/memory_bytes"] > 0
+    assert bloom_redis_client.hget("site:bloomfilter:meta", "backend") == b"native"
+
+
+def test_threads_share_one_native_filter(bloom_redis_client: redis.Redis) -> None:
+    bloom = native(bloom_redis_client)
+    fps = fingerprints(400, "threads")
+    new: list[str] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        for fp in fps:
+            if not bloom.check_and_add(fp):
+                with lock:
+                    new.append(fp)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(new) == sorted(fps)
+    bloom.close()
+
+
+# -- the CLI ----------------------------------------------------------------------------
+
+
+def test_cli_info_add_check_and_reset_on_a_native_filter(
+    capsys: pytest.CaptureFixture[str],
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    from cli_run import run, run_json, write_lines
+
+    url = bloom_redis_server.url
+    target = ("--redis-url", url, "--key", KEY)
+    bloom = native(bloom_redis_client)
+    bloom.add_many(fingerprints(300, "cli"))
+    bloom.close()
+    info = run_json(capsys, "info", *target)
+    assert info["backend"] == "native"
+    assert (info["estimated_items"], info["shards_missing"], info["generations"]) == (300, 0, 1)
+    assert info["total_added"] == 300
+    assert info["memory_bytes"] > 0
+    more = write_lines(tmp_path / "more.txt", fingerprints(310, "cli"))
+    added = run_json(capsys, "add", *target, more)
+    assert (added["new"], added["already_present"]) == (10, 300)
+    checked = run_json(capsys, "check", *target, more)
+    assert (checked["present"], checked["absent"]) == (310, 0)
+    bloom_redis_client.set("other", "1")
+    code, out, err = run(capsys, "reset", *target, "--yes")
+    assert (code, err) == (0, ""), err
+    assert "1 shard key(s)" in out or f"{bloom.spec.shards} shard key(s)" in out
+    assert bloom_redis_client.keys("*") == [b"other"]
+
+
+def test_bulk_packs_any_text_and_bytes(bloom_redis_client: redis.Redis) -> None:
+    one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0)
+    bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0)
+    items: list[str | bytes] = ["é", b"\x00\xff\r\n", "ab", "abc", "ab", b"ab", "", "é"]
+    assert bulk.add_many(items) == [one.check_and_add(item) for item in items]
+    assert bulk.add_many(items) == [True] * len(items)
+    one.close()
+    bulk.close()
+
+
+@pytest.fixture
+def two_bloom_servers() -> Iterator[list[RedisServer]]:
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    with (
+        RedisServer("--loadmodule", module, binary=binary) as first,
+        RedisServer("--loadmodule", module, binary=binary) as second,
+    ):
+        yield [first, second]
+
+
+def test_shards_spread_over_servers_in_their_listed_order(
+    two_bloom_servers: list[RedisServer],
+) -> None:
+    clients = [server.client() for server in two_bloom_servers]
+    cfg = config(BLOOMFILTER_BACKEND="auto", BLOOMFILTER_SHARDS=4)
+    bloom = make_filter(clients, KEY, cfg)
+    assert isinstance(bloom, NativeBloomFilter)
+    fps = fingerprints(400, "spread")
+    assert bloom.add_many(fps) == [False] * 400
+    keys = bloom.shard_keys
+    for i, client in enumerate(clients):  # shard i on server i mod 2
+        assert sorted(client.keys("{nat:*}:bf:*")) == sorted(k.encode() for k in keys[i::2])
+    assert [bloom.check_and_add(fp) for fp in fps] == [True] * 400
+    swapped = make_filter(clients[::-1], KEY, cfg)
+    with pytest.raises(ServerListMismatchError, match="lists it as server"):
+        swapped.open()
+    bloom.clear()
+    assert [client.keys("*") for client in clients] == [[], []]
+    for closing in (bloom, swapped, *clients):
+        closing.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ttl", [0, 3600])
+def test_a_cluster_of_bloom_capable_masters(monkeypatch: pytest.MonkeyPatch, ttl: int) -> None:
+    from redis.crc import key_slot
+    from redis_cluster import RedisClusterNodes
+
+    found = bloom_server()
+    if found is None:
+        pytest.skip(SKIP_REASON)
+    binary, module = found
+    monkeypatch.setenv("SRB_REDIS_SERVER", binary)
+    with RedisClusterNodes(extra_args=("--loadmodule", module)) as nodes:
+        client = nodes.client()
+        bloom = make_filter(client, KEY, config(BLOOMFILTER_SHARDS=6, BLOOMFILTER_TTL=ttl))
+        assert isinstance(bloom, NativeBloomFilter)  # auto: every master has BF.*
+        fps = fingerprints(600, "cluster")
+        assert bloom.add_many(fps) == [False] * 600
+        assert [bloom.check_and_add(fp) for fp in fps] == [True] * 600
+        masters = {
+            bloom.topology.route(key, shard, None).address
+            for shard, key in enumerate(bloom.shard_keys)
+        }
+        assert len(masters) > 1  # the hash tags spread shards over the masters
+        for shard, key in enumerate(bloom.shard_keys):
+            assert key_slot(key.encode()) == key_slot(f"{{{KEY}:{shard}}}".encode())
+            assert client.type(key) == (b"string" if ttl else NATIVE_TYPE.encode())
+        assert bloom.state().estimated_items == 600
+        bloom.clear()
+        assert client.keys("*") == []
+        bloom.close()
+        client.close()
+
+
+def test_on_error_allow_answers_new_then_adds_what_it_let_through(
+    small_bloom_server: RedisServer,
+) -> None:
+    client = small_bloom_server.client()
+    events = Recorder()
+    bloom = native(
+        client,
+        events=events,
+        BLOOMFILTER_ON_ERROR="allow",
+        BLOOMFILTER_ON_LOSS="recreate",
+        BLOOMFILTER_RETRY_TIMEOUT=0.3,
+    )
+    bloom.open()
+    small_bloom_server.kill()
+    during = fingerprints(5, "down")
+    assert [bloom.check_and_add(fp) for fp in during] == [False] * 5  # answered new
+    assert bloom.check_and_add(during[0]) is True  # this worker remembers what it let through
+    assert bloom.add_many(fingerprints(3, "down-bulk")) == [False] * 3
+    assert events.seen["errors"] >= 8
+    small_bloom_server.restart()  # without persistence: the filter is gone
+    time.sleep(1.1)  # past the executor's probe interval
+    assert bloom.check_and_add("c" * 40) is False
+    assert events.seen["restored"] == 1
+    # The requests let through were added once Redis answered again.
+    assert bloom.contains_many(during) == [True] * 5
+    assert bloom.contains_many(fingerprints(3, "down-bulk")) == [True] * 3
+    bloom.close()
+    client.close()
+
+
+# -- re-crawl windows (BLOOMFILTER_TTL) --------------------------------------------------
+
+
+def test_ttl_windows_remember_then_forget(bloom_redis_client: redis.Redis) -> None:
+    bloom = native(bloom_redis_client, BLOOMFILTER_TTL=1, BLOOMFILTER_CACHE_SIZE=0)
+    fps = fingerprints(50, "ttl")
+    assert bloom.add_many(fps) == [False] * 50
+    assert [bloom.check_and_add(fp) for fp in fps] == [True] * 50
+    assert bloom.state().estimated_items >= 50
+    anchors = bloom.shard_keys
+    assert all(bloom_redis_client.type(k) == b"string" for k in anchors)
+    windows = bloom_redis_client.keys("{nat:*}:bf:*:w*")
+    assert windows
+    assert all(0 < bloom_redis_client.ttl(k) <= 2 for k in windows)  # expire at (w + 2) T
+    time.sleep(2.2)  # past 2T: every window that held them has expired
+    assert bloom.contains_many(fps) == [False] * 50
+    assert [bloom.check_and_add(fp) for fp in fps] == [False] * 50  # new again
+    bloom.clear()
+    assert bloom_redis_client.keys("*") == []
+    bloom.close()
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.sampled_from(fingerprints(40, "ttl-h")), max_size=80))
+def test_ttl_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[str]) -> None:
+    bloom_redis_client.flushall()
+    more = {"BLOOMFILTER_TTL": 3600, "BLOOMFILTER_CACHE_SIZE": 0, "BLOOMFILTER_SHARDS": 3}
+    one = native(bloom_redis_client, key="one", **more)
+    bulk = native(bloom_redis_client, key="bulk", **more)
+    assert bulk.add_many(items) == [one.check_and_add(fp) for fp in items]
+    assert one.contains_many(items) == [True] * len(items)
+    one.close()
+    bulk.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_ttl_a_lost_window_or_anchor(bloom_redis_client: redis.Redis, policy: str) -> None:
+    events = Recorder()
+    bloom = native(
+        bloom_redis_client,
+        events=events,
+        BLOOMFILTER_TTL=3600,
+        BLOOMFILTER_ON_LOSS=policy,
+        BLOOMFILTER_CACHE_SIZE=0,
+    )
+    fps = fingerprints(20, "lost")
+    bloom.add_many(fps)
+    bloom_redis_client.delete(*bloom_redis_client.keys("{nat:*}:bf:*:w*"))
+    if policy == "raise":
+        with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
+            bloom.check_and_add(fps[0])
+        bloom_redis_client.delete(*bloom.shard_keys)
+        with pytest.raises(FilterDamagedError, match="are gone"):
+            bloom.add_many(fps)
+        return
+    assert bloom.check_and_add(fps[0]) is False  # passed over, counted, and added anew
+    assert events.seen["recreated"] >= 1
+    bloom_redis_client.delete(*bloom.shard_keys)  # the anchors: recreated empty
+    assert bloom.add_many(fps[1:]) == [False] * 19
+    assert bloom.contains_many(fps) == [True] * 20
+    bloom.close()
+
+
+def test_auto_needs_bf_on_every_server(
+    bloom_redis_client: redis.Redis, redis_client: redis.Redis
+) -> None:
+    mixed = [bloom_redis_client, redis_client]
+    bloom = make_filter(mixed, KEY, config(BLOOMFILTER_SHARDS=2))
+    assert isinstance(bloom, RedisBloomFilter)  # one server lacks BF.*: bitmaps
+    bloom.close()
+    insisting = make_filter(mixed, KEY, config(BLOOMFILTER_BACKEND="native"))
+    plain = redis_client.connection_pool.connection_kwargs["port"]
+    with pytest.raises(UnsupportedServerError, match=f"Redis at 127.0.0.1:{plain} has none"):
+        insisting.open()
+    insisting.close()
+    assert bloom_redis_client.keys("*") == []
+    assert redis_client.keys("*") == []
+
+
+def test_many_at_once_answer_as_one_at_a_time_on_native(bloom_redis_client: Any) -> None:
+    together = native(bloom_redis_client, "together")
+    alone = native(bloom_redis_client, "alone")
+    pages = [fingerprints(40, f"page-{p}") for p in range(10)]
+    for p, links in enumerate(pages):
+        links = links + links[:5] + (pages[p - 1][:10] if p else [])
+        expected = [alone.check_and_add(link) for link in links]
+        assert together.check_and_add_many(links) == expected
