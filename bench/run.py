@@ -614,7 +614,7 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " round trips per page: ours' stat bloomfilter/round_trips summed over both workers,"
         f" divided by the pages fetched. '{NAME_OURS_BATCHED}' is ours with SPIDER_MIDDLEWARES"
         " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0}. RedisBloom's crawl uses"
-        " BF.RESERVE 1e-6 100,000, as ours.",
+        " BF.RESERVE 1e-4 100,000.",
     ]
 
 
@@ -663,7 +663,7 @@ def _notes(
         f" {args.crawl_pages:,} pages with 10 links each (tests/website.py), {args.crawl_delay:g} s"
         f" latency per page, CONCURRENT_REQUESTS {args.crawl_concurrency},"
         f" MAX_IDLE_TIME_BEFORE_CLOSE {args.crawl_idle}. Only DUPEFILTER_CLASS differs (ours"
-        " sized BLOOMFILTER_CAPACITY 100,000 / ERROR_RATE 1e-6 as in the test suite; the"
+        " and RedisBloom sized for 100,000 URLs at 1e-4, ours growing with k = 14; the"
         " others with their defaults). The workers start at the home page and at the page"
         " farthest from it: a worker whose start page was already found sleeps on Scrapy's"
         " 5 s idle heartbeat and leaves the crawl to the other. 'span' = first to last page"
