@@ -114,6 +114,16 @@ BLOCKS: dict[str, Check] = {
         "exec + BloomConfig/ConnectionConfig (2**30 bits, k=6); refused beside"
         " Activate#1's ERROR_RATE; a crawl with it as written (130 MiB)",
     ),
+    "One round trip per page#1": Check(
+        "python", "SPIDER_MIDDLEWARES =", "test_batching_block",
+        "exec; the middleware loads, has the lowest order of Scrapy's spider middlewares"
+        " and batches (not disabled) beside Activate#1; a response's links in one trip",
+    ),
+    "Native Bloom filters (BF.*)#1": Check(
+        "python", "BLOOMFILTER_BACKEND =", "test_backend_block",
+        "exec + BloomConfig; 'auto' makes a bitmap filter on plain Redis and a native one"
+        " (recorded) on a server with RedisBloom; the other two values are accepted",
+    ),
     "Stats#1": Check(
         "text", "Bloom filter '", "test_progress_log_line",
         "output: same shape as a line FilterProgress logs on a real filter; figures"
@@ -336,6 +346,76 @@ def test_activate_bit_and_hash_number(
     stats = crawl({**written, **settings, "REDIS_URL": redis_url}, "https://example.com/a-2")
     assert stats["bloomfilter/bits"] == config.spec.bits
     assert stats["bloomfilter/hash_functions"] == settings["BLOOMFILTER_HASH_NUMBER"]
+
+
+def test_batching_block(
+    blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
+) -> None:
+    import asyncio
+
+    from scrapy.http import HtmlResponse
+
+    from scrapy_redis_bloom.batching import BatchingMiddleware, later_middlewares
+
+    settings = {
+        **exec_settings(block(blocks, "Activate#1")),
+        **exec_settings(block(blocks, "One round trip per page#1")),
+        "BLOOMFILTER_CAPACITY": SMALL_CAPACITY,
+        "REDIS_URL": redis_url,
+    }
+    (path, order), *_ = settings["SPIDER_MIDDLEWARES"].items()
+    assert load_object(path) is BatchingMiddleware
+    crawler = get_crawler(MySpider, settings)
+    assert later_middlewares(crawler.settings, BatchingMiddleware) == []
+    base = crawler.settings.getdict("SPIDER_MIDDLEWARES_BASE")
+    assert order < min(v for v in base.values() if v is not None)
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    assert middleware.disabled is None
+    dupefilter = RFPDupeFilter.from_crawler(crawler)  # found by the middleware, by crawler
+    try:
+        links = [Request(f"https://example.com/readme/{i}") for i in range(20)]
+        response = HtmlResponse("https://example.com/readme", body=b"")
+
+        async def output() -> Any:
+            for link in links:
+                yield link
+
+        async def run() -> list[Any]:
+            return [r async for r in middleware.process_spider_output(response, output())]
+
+        before = dupefilter.bloom.round_trips
+        assert asyncio.run(run()) == links
+        assert dupefilter.bloom.round_trips - before == 1  # the 20 links in one exchange
+        assert [dupefilter.request_seen(link) for link in links] == [False] * 20
+        assert dupefilter.bloom.round_trips - before == 1  # answered ahead
+    finally:
+        dupefilter.close("finished")
+
+
+def test_backend_block(blocks: dict[str, Block], redis_client: redis.Redis) -> None:
+    from redis_modules import bloom_server
+
+    from scrapy_redis_bloom.engine.backend import make_filter
+
+    settings = exec_settings(block(blocks, "Native Bloom filters (BF.*)#1"))
+    assert settings == {"BLOOMFILTER_BACKEND": "auto"}
+    for value in ("auto", "native", "bitmap"):
+        assert BloomConfig.from_settings({"BLOOMFILTER_BACKEND": value}).backend == value
+    config = BloomConfig.from_settings({**settings, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY})
+    plain = make_filter(redis_client, KEY, config)
+    assert plain.open().backend == "bitmap"
+    found = bloom_server()
+    if found is None:
+        return  # no RedisBloom here: the native half is tests/test_native.py's, skipped too
+    binary, module = found
+    with RedisServer("--loadmodule", module, binary=binary) as server:
+        client = server.client()
+        bloom = make_filter(client, KEY, config)
+        assert bloom.open().backend == "native"
+        assert bloom.check_and_add("f" * 40) is False
+        assert bloom.check_and_add("f" * 40) is True
+        bloom.close()
+        client.close()
 
 
 # -- output samples -------------------------------------------------------------------------
