@@ -62,6 +62,7 @@ NOT_FILTER_KEYS = frozenset({"shared:requests", START_URLS_KEY, READY_KEY})
 ROUND_TRIPS_STAT = "bloomfilter/round_trips"
 BATCHING = "scrapy_redis_bloom.batching.BatchingMiddleware"
 NAME_OURS_BATCHED = "ours, batched"
+NAME_OURS_NATIVE_BATCHED = "ours, native, batched"
 
 #: Ours and RedisBloom's BF.ADD peer sized alike for the crawl, at the issue's reference
 #: rate: 100,000 URLs at 1e-4 (ours growing: k = 14, 240 KiB).
@@ -93,6 +94,9 @@ def crawl_contenders(peers: Peers, batching: bool = False) -> list[CrawlContende
     if batching:
         batched = {**ours, "SPIDER_MIDDLEWARES": {BATCHING: 0}}
         contenders.append(CrawlContender(NAME_OURS_BATCHED, batched))
+        if peers.native:
+            native = {**batched, "BLOOMFILTER_BACKEND": "native"}
+            contenders.append(CrawlContender(NAME_OURS_NATIVE_BATCHED, native))
     contenders.append(CrawlContender(NAME_SCRAPY_REDIS, {"DUPEFILTER_CLASS": SCRAPY_REDIS}))
     if peers.bloom:
         bloom = {

@@ -57,6 +57,7 @@ from bulk import (  # noqa: E402
 )
 from crawl import (  # noqa: E402
     NAME_OURS_BATCHED,
+    NAME_OURS_NATIVE_BATCHED,
     CrawlConfig,
     crawl_contenders,
     measure_crawl,
@@ -482,7 +483,7 @@ def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Colle
             False,
         )
     )
-    for name in (NAME_OURS, NAME_OURS_BATCHED):  # N/A for a contender left out
+    for name in (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_NATIVE_BATCHED):  # N/A if left out
         got.targets.append(
             _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
                   filter_usec, name, 0.5)
@@ -613,8 +614,9 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " duplicate fetches); 'Redis usec/page' counts every command of the workers. Filter"
         " round trips per page: ours' stat bloomfilter/round_trips summed over both workers,"
         f" divided by the pages fetched. '{NAME_OURS_BATCHED}' is ours with SPIDER_MIDDLEWARES"
-        " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0}. RedisBloom's crawl uses"
-        " BF.RESERVE 1e-4 100,000.",
+        " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0};"
+        f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'. RedisBloom's"
+        " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
 
 
