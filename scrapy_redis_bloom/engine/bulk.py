@@ -1,21 +1,38 @@
-"""``add_many`` / ``contains_many``: elements in chunks, one BITFIELD per shard and batch.
+"""``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-Each chunk of :data:`CHUNK` elements is hashed in Python and grouped per shard; per
-shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD key SET u1
-<offset> 1 ...`` (or ``GET u1``) commands of about :data:`COMMAND_BITS` bits each.
-BITFIELD is atomic and replies the old bits, so "were all k bits already set" is
-exactly check-and-add's answer, at ~0.2 µs of Redis time per bit against ~1 µs for a
-Lua ``redis.call``. Chunk n+1 is sent before chunk n's replies are read, so Python
-packs while Redis works.
+With numpy (the optional extra ``numpy``), elements are read in blocks of
+:data:`BLOCK`, hashed at once and grouped per shard. A shard with enough of a block's
+elements (their bits against the shard's bytes: :data:`SNAPSHOT_MIN_BITS`,
+:data:`SNAPSHOT_BYTES_PER_BIT`) answers them through a snapshot (:mod:`.snapshot`):
+its bytes read under ``WATCH``, the answers computed in Python (:mod:`.local`), the new
+bits and a growing shard's count written back in one ``MULTI``/``EXEC``, which does
+nothing if another client wrote to the shard meanwhile. Redis then spends almost no
+time per element. A growing shard takes snapshots while it has one generation and its
+count plus the batch stays under :attr:`.generations.Growth.scriptless_limit`; a
+filter that forgets (TTL) never does. Elements of the other shards, and of every
+snapshot that was not taken (the shard changed, is lost or not as expected, a
+connection failed, an ACL refused it), go through the chunks below. Without numpy,
+every element does.
+
+Chunks: each chunk of :data:`CHUNK` elements is hashed in Python and grouped per
+shard; per shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD
+key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about :data:`COMMAND_BITS`
+bits each. BITFIELD is atomic and replies the old bits, so "were all k bits already
+set" is exactly check-and-add's answer, at ~0.2 µs of Redis time per bit against ~1
+µs for a Lua ``redis.call``. A filter that grows or forgets sends check-and-add script
+calls of :data:`PER_SCRIPT` elements instead (only the script crosses the growth
+boundary). Chunk n+1 is sent before chunk n's replies are read, so Python packs while
+Redis works.
 
 What the hot path's script checks atomically, the bulk path checks per chunk: a shard
 whose identity did not match answers "not there" for every element of the chunk in it
 (its BITFIELD may have written into a lost shard's place), and is handed to the
 filter's recovery, after which those elements are added again. A command that fails
-is run again through the executor; if it was a write that may already have run, the
-elements it carried answer "new" (ambiguous) whatever the re-run says. If the
-iterable raises, or anything else interrupts the work, the connections with replies
-still owed are thrown away, so no later call reads them.
+is run again through the executor; if it was a write that may already have run (a
+chunk's, or a snapshot's ``EXEC``), the elements it carried answer "new" (ambiguous)
+whatever the re-run says. If the iterable raises, or anything else interrupts the
+work, the connections with replies still owed are thrown away, so no later call reads
+them.
 """
 
 from __future__ import annotations

@@ -111,9 +111,11 @@ def _answer(
     if limit is not None:
         generations = int.from_bytes(found[_GENERATIONS], "big")
         count = int.from_bytes(found[_COUNT], "big")
-        if generations > 1 or count + n >= limit:
+        # A check reads generation 0 alone only while it is the one generation; an add
+        # must also leave the growth boundary to the script.
+        if generations > 1 or (write and count + n >= limit):
             _end(node, replies)
-            return Taken(grown=generations > 1 or count >= limit)
+            return Taken(grown=generations > 1 or (write and count >= limit))
     copy = bytearray(found)
     del found
     answers, low, high = check_vectorised(copy, offsets, write)
