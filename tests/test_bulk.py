@@ -92,7 +92,7 @@ def test_vectorised_seeds_and_offsets_are_the_schemes(
 def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObject) -> None:
     import numpy as np
 
-    from scrapy_redis_bloom.engine.local import check_vectorised
+    from scrapy_redis_bloom.engine import local
 
     size = data.draw(st.integers(1, 48))
     start = data.draw(st.binary(min_size=size, max_size=size))
@@ -104,7 +104,12 @@ def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObjec
     write = data.draw(st.booleans())
     vectorised, sequential = bytearray(start), bytearray(start)
     array = np.array(batch, dtype=np.int64).reshape(len(batch), k)
-    assert check_vectorised(vectorised, array, write) == check_sequential(sequential, batch, write)
+    part, local.PART = local.PART, data.draw(st.integers(1, 64))  # a batch in parts too
+    try:
+        got = local.check_vectorised(vectorised, array, write)
+    finally:
+        local.PART = part
+    assert got == check_sequential(sequential, batch, write)
     assert vectorised == sequential
     if not write:
         assert vectorised == start

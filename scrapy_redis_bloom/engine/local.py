@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
+#: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
+PART = 8_192
+
+
 def locate_many(
     elements: Sequence[str | bytes], shards: int, shard_bits: int
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
@@ -94,7 +98,23 @@ def check_vectorised(
 
     ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers
     (True: seen) and the span ``[low, high)`` of bytes changed (empty: ``low == high``).
+    Parts of :data:`PART` elements are answered one after the other, each on the bytes
+    the ones before left: sorts that fit the CPU's caches, the same answers.
     """
+    answers: list[bool] = []
+    low, high = len(buffer), 0
+    for first in range(0, offsets.shape[0], PART):
+        part, start, stop = _check_part(buffer, offsets[first : first + PART], write)
+        answers += part
+        if start < stop:
+            low, high = min(low, start), max(high, stop)
+    return (answers, low, high) if low < high else (answers, 0, 0)
+
+
+def _check_part(
+    buffer: bytearray, offsets: NDArray[Any], write: bool
+) -> tuple[list[bool], int, int]:
+    """Do what :func:`check_vectorised` does, for a part of a batch."""
     n = offsets.shape[0]
     if n == 0:
         return [], 0, 0
