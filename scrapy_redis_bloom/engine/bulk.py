@@ -50,7 +50,7 @@ from ..hashing import FilterSpec, locate, offset_steps
 from .executor import Call, Executor, Kind, classify
 from .generations import seed_arguments
 from .layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
-from .local import HAVE_NUMPY, crowded, locate_many, offsets_many, outside
+from .local import HAVE_NUMPY, crowded, locate_many, offsets_many, outside, placed
 from .node import Node, ReplyLostError, Ticket, TransportError
 from .parts import Parts
 from .scripts import MISMATCH, Script
@@ -212,8 +212,7 @@ class Bulk:
         if not groups:
             _merge(outcome, self._run_chunks(write, block))
             return
-        answers: list[bool] = [False] * len(block)
-        answered = []
+        answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
         for s, positions in groups.items():
             taken = self._snapshot(
@@ -223,14 +222,13 @@ class Bulk:
                 if taken.ambiguous:
                     doubtful.update(positions.tolist())
                 continue
-            answered.append(positions)
-            for position, answer in zip(positions.tolist(), taken.answers, strict=True):
-                answers[position] = answer
+            answered.append((positions, taken.answers))
             if write:
-                seen = sum(taken.answers)
+                seen = taken.answers.count(True)
                 outcome.seen += seen
                 outcome.added += len(taken.answers) - seen
-        others = outside(len(block), answered)
+        answers = placed(len(block), answered)
+        others = outside(len(block), [positions for positions, _ in answered])
         if others:
             second = self._run_chunks(write, [block[p] for p in others])
             for position, answer in zip(others, second.answers, strict=True):

@@ -78,6 +78,15 @@ def outside(n: int, taken: Sequence[NDArray[Any]]) -> list[int]:
     return [int(p) for p in np.flatnonzero(rest).tolist()]
 
 
+def placed(n: int, parts: Sequence[tuple[NDArray[Any], Sequence[bool]]]) -> list[bool]:
+    """Return n answers: each part's answers at its positions, False elsewhere."""
+    answers = np.zeros(n, dtype=bool)
+    for positions, values in parts:
+        answers[positions] = values
+    listed: list[bool] = answers.tolist()
+    return listed
+
+
 def offsets_many(
     x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int
 ) -> NDArray[Any]:
