@@ -292,3 +292,58 @@ def test_a_lost_shard_raises_by_default(path: str, redis_client: redis.Redis) ->
     redis_client.delete("{raise:1}:g0")
     with pytest.raises(FilterDamagedError):
         bloom.add_many(held)
+
+
+@needs_numpy
+def test_a_shard_lost_during_a_snapshot_is_found_and_recovered(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = make(redis_client, FIXED, "gone", faults=FaultPolicy(on_loss="recreate"))
+    held = fingerprints(3_000, "held")
+    assert bloom.add_many(held) == [False] * len(held)
+    kernel = snapshot.check_vectorised
+    deleted: list[int] = []
+
+    def losing_a_shard(buffer: bytearray, offsets: Any, write: bool) -> Any:
+        if not deleted:  # between the GET and the EXEC, the shard is lost
+            deleted.append(redis_client.delete("{gone:0}:g0"))
+        return kernel(buffer, offsets, write)
+
+    monkeypatch.setattr(snapshot, "check_vectorised", losing_a_shard)
+    # New elements too: the snapshot of shard 0 (the first taken) must write, and its
+    # EXEC finds the shard changed. (Had it nothing to write, its answers would stand:
+    # true when its GET ran, before the loss.)
+    batch = held + fingerprints(3_000, "new")
+    answers = bloom.add_many(batch)
+    assert deleted == [1]
+    lost = [locate(e, 3, bloom.spec.shard_bits)[0] == 0 for e in batch]
+    expected = [not gone and i < len(held) for i, gone in enumerate(lost)]
+    assert answers == expected  # the lost shard's elements are new again, no others
+    assert bloom.events.counts["recreated"] >= 1
+    assert bloom.contains_many(batch) == [True] * len(batch)
+
+
+@needs_numpy
+def test_a_lost_exec_reply_answers_new(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = make(redis_client, GROWING, "doubt")
+    held = fingerprints(300, "held")
+    assert bloom.add_many(held) == [False] * len(held)
+    batch = held + fingerprints(300, "new")
+    kernel = snapshot.check_vectorised
+    killed: list[int] = []
+
+    def dropping_the_connection(buffer: bytearray, offsets: Any, write: bool) -> Any:
+        if not killed:  # the filter's connection dies before its EXEC's reply is read
+            killed.append(redis_client.client_kill_filter(_type="normal", skipme=True))
+        return kernel(buffer, offsets, write)
+
+    monkeypatch.setattr(snapshot, "check_vectorised", dropping_the_connection)
+    answers = bloom.add_many(batch)
+    assert killed
+    assert killed[0] >= 1
+    # The EXEC may have run: what the re-run finds set may be this call's own bits.
+    assert answers == [False] * len(batch)
+    assert bloom.events.counts["ambiguous"] == len(held)
+    assert bloom.contains_many(batch) == [True] * len(batch)
