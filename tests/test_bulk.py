@@ -347,3 +347,31 @@ def test_a_lost_exec_reply_answers_new(
     assert answers == [False] * len(batch)
     assert bloom.events.counts["ambiguous"] == len(held)
     assert bloom.contains_many(batch) == [True] * len(batch)
+
+
+@pytest.mark.parametrize("where", ["cluster", "servers"])
+def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
+    path: str, where: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = request.getfixturevalue("redis_cluster" if where == "cluster" else "clients")
+    taken: list[bool] = []
+    original = bulk.take
+
+    def counted(*args: Any) -> snapshot.Taken:
+        result = original(*args)
+        taken.append(result.answers is not None)
+        return result
+
+    monkeypatch.setattr(bulk, "take", counted)
+    elements = fingerprints(4_000, "spread")
+    elements += elements[:500]
+    one = make(client, FIXED, "spread-one")
+    expected = [one.check_and_add(e) for e in elements]
+    many = make(client, FIXED, "spread-many")
+    assert many.add_many(elements[:3_000]) + many.add_many(elements[3_000:]) == expected
+    assert many.contains_many(elements) == [True] * len(elements)
+    if path == "snapshot":  # each shard's node took its snapshots, none fell back
+        assert len(taken) >= 3
+        assert all(taken)
+    else:
+        assert taken == []
