@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import multiprocessing
 import queue
 import random
@@ -375,3 +376,37 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
         assert all(taken)
     else:
         assert taken == []
+
+
+#: README's least-privilege grants (no WATCH, MULTI, EXEC: snapshots are refused).
+LEAST = (
+    "-@all +evalsha +script|load +getrange +bitfield +exists +get +set +hgetall +hset"
+    " +hincrby +hmget +strlen +type +unlink +setbit +getbit +expireat +setrange +del +time"
+    " +zadd +zcard +zrem +zrangebyscore +zremrangebyscore +zscore +pttl +pexpire +hkeys"
+    " +hget +hexists +bitcount +memory|usage +info"
+)
+
+
+@needs_numpy
+def test_a_user_without_transactions_gets_bitfield_and_is_told(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_client.execute_command(
+        "ACL", "SETUSER", "bulk", "on", ">secret", "~least*", "~{least:*", *LEAST.split()
+    )
+    try:
+        kwargs = redis_client.connection_pool.connection_kwargs
+        user = redis.Redis(
+            host=kwargs["host"], port=kwargs["port"], username="bulk", password="secret"
+        )
+        elements = fingerprints(3_000, "least")
+        bloom = make(user, FIXED, "least")
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            assert bloom.add_many(elements) == [False] * len(elements)
+            assert bloom.add_many(elements) == [True] * len(elements)
+        told = [r for r in caplog.records if "Bulk checks use BITFIELD" in r.getMessage()]
+        assert len(told) == 1  # said once, then snapshots are not tried again
+        assert "ACL: refused the command" in told[0].getMessage()
+        user.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "bulk")

@@ -215,6 +215,8 @@ class Bulk:
         answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
         for s, positions in groups.items():
+            if not self._snapshots:
+                break  # refused by an ACL: the rest go through the chunks
             taken = self._snapshot(
                 s, offsets_many(x[positions], y[positions], k, size), write, limit
             )
