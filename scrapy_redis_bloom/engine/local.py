@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
-from ..hashing import offset_steps
 from .layout import HEADER_BITS
 
 # HAVE_NUMPY: whether the optional extra is installed. The snapshot path is taken only
@@ -92,12 +91,21 @@ def offsets_many(
 ) -> NDArray[Any]:
     """Return each element's k bit offsets in its shard's string, header included.
 
-    :func:`..hashing.offsets` as an (n, k) array; ``i * y`` stays below 2**38.
+    :func:`..hashing.offsets` as an (n, k) array, by step 4 of the scheme as written:
+    both sums stay below 2 S, so a subtraction replaces the (slower) modulo.
     """
-    steps = offset_steps(hash_count)
-    i = np.array([step for step, _ in steps], dtype=np.int64)
-    c = np.array([const for _, const in steps], dtype=np.int64)
-    return (x[:, None] + y[:, None] * i + c) % shard_bits + HEADER_BITS
+    out = np.empty((hash_count, len(x)), dtype=np.int64)
+    cx, cy = x.astype(np.int64), y.astype(np.int64)
+    out[0] = cx
+    for i in range(1, hash_count):
+        cx += cy
+        cx -= shard_bits * (cx >= shard_bits)
+        cy += i % shard_bits
+        cy -= shard_bits * (cy >= shard_bits)
+        out[i] = cx
+    out += HEADER_BITS
+    transposed: NDArray[Any] = out.T  # a view: rows are elements
+    return transposed
 
 
 def check_vectorised(
