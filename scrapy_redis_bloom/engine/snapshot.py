@@ -6,8 +6,9 @@ round trips on the shard's node:
 
 1. ``WATCH key``, ``GET key``, ``MULTI``: the shard's bytes (at most 8 MiB and its
    header: one copy is held at a time), checked against the identity, and for a
-   growing shard its state: one generation, and room for the whole batch below
-   :attr:`.generations.Growth.scriptless_limit` (else the script must decide growth);
+   growing shard its state: one generation, and room below
+   :attr:`.generations.Growth.scriptless_limit` for the batch, or for its first
+   elements (the script decides growth for the others);
 2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE key <low> <the
    changed bytes>``, for a growing shard ``SETRANGE`` of its count (the u32 at bit
    224) plus the new elements, and ``EXEC``; or ``DISCARD`` when nothing changed.
@@ -47,6 +48,7 @@ class Taken:
     """What a snapshot did: the answers, or why the batch goes back to the other path."""
 
     #: Per element, True when seen; None: not answered, run it through the other path.
+    #: Fewer than the batch's elements: the first ones; the rest go through the other path.
     answers: list[bool] | None = None
     #: The writes may have run (a lost reply): the other path's "seen" answers become "new".
     ambiguous: bool = False
@@ -69,7 +71,8 @@ def take(
 
     ``offsets``: the (n, k) bit offsets of the batch (:func:`.local.offsets_many`);
     ``length``: the bytes the shard's string must have; ``limit``: for a growing shard,
-    the scriptless limit its count plus the batch must stay under (None: fixed).
+    the scriptless limit its count plus the elements added must stay under (None:
+    fixed); the batch's first elements up to it are answered, the rest are not.
     """
     packed = encode(key)
     opening = pack_command(b"GET", packed)
@@ -106,16 +109,18 @@ def _answer(
     if not isinstance(found, bytes) or len(found) != length or not found.startswith(identity):
         _end(node, replies)  # lost, foreign or odd: the other path finds out which
         return Taken()
-    n = offsets.shape[0]
     count = 0
     if limit is not None:
         generations = int.from_bytes(found[_GENERATIONS], "big")
         count = int.from_bytes(found[_COUNT], "big")
         # A check reads generation 0 alone only while it is the one generation; an add
-        # must also leave the growth boundary to the script.
-        if generations > 1 or (write and count + n >= limit):
+        # must also leave the growth boundary to the script: the snapshot takes the
+        # elements the shard has room for below the limit, the script the rest.
+        room = limit - 1 - count if write else offsets.shape[0]
+        if generations > 1 or room <= 0:
             _end(node, replies)
-            return Taken(grown=generations > 1 or (write and count >= limit))
+            return Taken(grown=True)
+        offsets = offsets[:room]
     copy = bytearray(found)
     del found
     answers, low, high = check_vectorised(copy, offsets, write)
