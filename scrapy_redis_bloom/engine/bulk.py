@@ -73,6 +73,10 @@ COMMAND_BITS = 5_000
 #: spreads a shard's transfer and round trips over more elements (+20% from 65,536 at 21
 #: shards). Memory: 8 k bytes of offsets per element, ~15 MiB at k = 14 in one shard.
 BLOCK = 131_072
+#: The most elements read at a time: a filter of many large shards reads more than BLOCK,
+#: for enough elements per shard (~30 of 8 MiB at 1e-4: ~600,000). Memory: ~50 bytes per
+#: element (hashes, seeds, positions), plus one shard's offsets and copy at a time.
+MAX_BLOCK = 1_048_576
 #: A shard's batch is answered through a snapshot when its bits (elements times k) are
 #: at least SNAPSHOT_MIN_BITS plus the shard's bytes / SNAPSHOT_BYTES_PER_BIT: BITFIELD
 #: costs ~0.25 µs of Redis time and ~0.5 µs of Python per bit, a snapshot two round
@@ -187,9 +191,19 @@ class Bulk:
             return self._run_chunks(write, elements)
         outcome = Outcome()
         remaining = iter(elements)
-        while block := list(itertools.islice(remaining, BLOCK)):
+        while block := list(itertools.islice(remaining, self._block_size())):
             self._run_block(write, block, outcome)
         return outcome
+
+    def _least(self) -> int:
+        """Return the fewest elements of a shard that it answers through a snapshot."""
+        spec = self.spec
+        bits = SNAPSHOT_MIN_BITS + spec.shard_bytes // SNAPSHOT_BYTES_PER_BIT
+        return -(-bits // spec.hash_count)
+
+    def _block_size(self) -> int:
+        """Return the elements to read next: enough for twice :meth:`_least` per shard."""
+        return min(MAX_BLOCK, max(BLOCK, 2 * self._least() * self.spec.shards))
 
     def _run_block(self, write: bool, block: list[str | bytes], outcome: Outcome) -> None:
         """Run a block: snapshots for the shards with many of its elements, chunks for the rest.
@@ -205,7 +219,7 @@ class Bulk:
         spec = self.spec
         k, size = spec.hash_count, spec.shard_bits
         shard, x, y = locate_many(block, spec.shards, size)
-        least = -(-(SNAPSHOT_MIN_BITS + spec.shard_bytes // SNAPSHOT_BYTES_PER_BIT) // k)
+        least = self._least()
         groups = {
             s: positions
             for s, positions in crowded(shard, spec.shards, least).items()
