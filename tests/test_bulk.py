@@ -416,3 +416,18 @@ def test_a_user_without_transactions_gets_bitfield_and_is_told(
         user.close()
     finally:
         redis_client.execute_command("ACL", "DELUSER", "bulk")
+
+
+@needs_numpy
+def test_a_grown_shard_takes_the_script_and_one_created_anew_snapshots(
+    redis_client: redis.Redis,
+) -> None:
+    bloom = make(redis_client, GROWING, "anew")
+    bloom.add_many(fingerprints(3_000, "first"))  # grows past generation 0
+    redis_client.config_resetstat()
+    assert bloom.add_many(fingerprints(500, "second")) == [False] * 500
+    assert calls(redis_client, "exec") == 0  # read, found grown: no snapshot write
+    assert calls(redis_client, "evalsha") > 0
+    bloom.clear()
+    assert bloom.add_many(fingerprints(500, "second")) == [False] * 500
+    assert calls(redis_client, "exec") == 1  # the new filter's one shard

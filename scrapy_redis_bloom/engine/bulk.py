@@ -177,8 +177,6 @@ class Bulk:
         self.hooks = hooks
         #: Whether snapshots may be taken: numpy is there and Redis's ACL allows them.
         self._snapshots = HAVE_NUMPY
-        #: Shards found grown (or full up to the scriptless limit): the script's from now on.
-        self._scripted: set[int] = set()
 
     @property
     def spec(self) -> FilterSpec:
@@ -220,11 +218,9 @@ class Bulk:
         k, size = spec.hash_count, spec.shard_bits
         shard, x, y = locate_many(block, spec.shards, size)
         least = self._least()
-        groups = {
-            s: positions
-            for s, positions in crowded(shard, spec.shards, least).items()
-            if s not in self._scripted
-        }
+        # (A grown shard is found so again at each block: a read of its bytes, small
+        # against the script calls its elements then take.)
+        groups = crowded(shard, spec.shards, least)
         if not groups:
             _merge(outcome, self._run_chunks(write, block))
             return
@@ -279,8 +275,6 @@ class Bulk:
         node = self.topology.route(key, shard, None)
         length = HEADER_BYTES + self.spec.shard_bytes
         taken = take(node, key, self.identity(shard), offsets, write, length, limit)
-        if taken.grown:
-            self._scripted.add(shard)
         if taken.denied is not None:
             self._snapshots = False
             logger.info(

@@ -58,7 +58,7 @@ class Taken:
     ambiguous: bool = False
     #: A Redis ACL refused a command ("command" or "key"): do not try snapshots again.
     denied: str | None = None
-    #: The shard has grown, or its count is past the limit: take the script from now on.
+    #: The shard has grown, or its count is past the limit: the script's to add to.
     grown: bool = False
 
 
