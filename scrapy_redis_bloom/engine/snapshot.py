@@ -58,8 +58,6 @@ class Taken:
     ambiguous: bool = False
     #: A Redis ACL refused a command ("command" or "key"): do not try snapshots again.
     denied: str | None = None
-    #: The shard has grown, or its count is past the limit: the script's to add to.
-    grown: bool = False
 
 
 def take(
@@ -134,7 +132,7 @@ def _answer(
         room = limit - 1 - count if write else offsets.shape[0]
         if generations > 1 or room <= 0:
             _end(node, write, replies)
-            return Taken(grown=True)
+            return Taken()  # grown, or full to the limit: the script's
         offsets = offsets[:room]
     del pieces, replies[:]
     answers, low, high = check_vectorised(copy, offsets, write)
