@@ -278,8 +278,9 @@ class Bulk:
         if taken.denied is not None:
             self._snapshots = False
             logger.info(
-                "Bulk checks use BITFIELD from now on: the Redis user may not run WATCH, GET,"
-                " MULTI, SETRANGE or EXEC on %r (ACL: refused the %s). Granting them makes"
+                "Bulk checks use BITFIELD (or the script) from now on, no snapshots: the"
+                " Redis user may not run WATCH, GET, GETRANGE, MULTI, SETRANGE, EXEC,"
+                " DISCARD or UNWATCH on %r (ACL: refused the %s). Granting them makes"
                 " add_many and contains_many faster.",
                 key,
                 taken.denied,
