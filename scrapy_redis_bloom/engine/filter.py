@@ -135,6 +135,7 @@ class RedisBloomFilter(Facade):
                 ),
                 note=self._note,
                 mismatch=self._mismatch,
+                scriptless=self._scriptless,
             ),
         )
 
@@ -497,6 +498,11 @@ class RedisBloomFilter(Facade):
             b"w" if write else b"r",
             recreate,
         )
+
+    def _scriptless(self) -> int:
+        """Return the scriptless limit of a filter that grows but does not forget; else 0."""
+        record = self._current()
+        return record.growth.scriptless_limit if record.expansion and not record.ttl else 0
 
     def _identity(self, shard: int) -> bytes:
         found = self._identities.get(shard)
