@@ -35,7 +35,7 @@ class BloomBackend(Protocol):
     """What the dupefilter and the CLI's element commands use of a filter, either backend."""
 
     key: str
-    backend: str
+    backend: Backend
     topology: Topology
     events: FilterEvents
     counters: Counters

@@ -12,12 +12,15 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import mmh3
 from redis.cluster import RedisCluster
 
 from ..config import FaultPolicy
+
+if TYPE_CHECKING:
+    from ..config import BloomConfig
 from ..errors import FilterUnavailableError
 from ..hashing import FilterSpec
 from .bulk import Outcome
@@ -28,7 +31,7 @@ from .executor import Call, Executor, Kind, classify
 from .lease import WorkerLease, workers_of
 from .node import ReplyLostError, TransportError
 from .parts import Parts
-from .record import FilterRecord
+from .record import Backend, FilterRecord
 from .state import FilterTotals
 from .topology import Cluster, ServerList, Topology
 from .wire import pack_command
@@ -49,6 +52,9 @@ def make_topology(client: Any) -> Topology:
     return ServerList(clients)
 
 
+_F = TypeVar("_F", bound="Facade")
+
+
 class Facade:
     """The part of a filter that does not depend on its backend."""
 
@@ -56,20 +62,30 @@ class Facade:
     record: FilterRecord | None
     parts: Parts
 
-    def _connect(
+    #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
+    backend: Backend = "bitmap"
+
+    def __init__(
         self,
         client: Any,
         key: str,
         spec: FilterSpec,
         capacity: int,
-        cache_size: int,
-        faults: FaultPolicy | None,
-        events: FilterEvents | None,
-        log: logging.Logger = logger,
+        cache_size: int = 0,
+        *,
+        sizing: str | None = None,
+        faults: FaultPolicy | None = None,
+        events: FilterEvents | None = None,
+        expansion: int = 0,
+        ttl: int = 0,
     ) -> None:
         """Set up what every filter has: connections, parts, counters, near-cache, lock.
 
-        ``log``: the subclass's logger, for the rate-limited warnings.
+        ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
+        of standalone clients; ``spec`` and ``capacity`` (and ``sizing``, the request
+        they come from) say what to create, with ``expansion`` and ``ttl``; a filter
+        that exists keeps what its record stores. The backend's own parts come from
+        :meth:`_setup`.
         """
         self.key = key
         self.capacity = capacity
@@ -88,7 +104,64 @@ class Facade:
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
-        self._log = RateLimitedLog(log)
+        self._log = RateLimitedLog(logging.getLogger(type(self).__module__))
+        if sizing is None:
+            sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
+        self.wanted = FilterRecord.new(
+            spec,
+            capacity,
+            sizing,
+            self.topology.servers,
+            expansion=expansion,
+            ttl=ttl,
+            backend=self.backend,
+        )
+        #: Most generations (sub-filters) seen in a shard by this worker (stats, the log).
+        self.generations = 1
+        self._setup()
+
+    def _setup(self) -> None:
+        """Set up the backend's own parts (called at the end of ``__init__``)."""
+
+    @classmethod
+    def from_config(
+        cls: type[_F], client: Any, key: str, config: BloomConfig, **options: Any
+    ) -> _F:
+        """Return the filter a validated configuration asks for: geometry, growth, TTL.
+
+        ``options``: the other arguments of the constructor (``cache_size``,
+        ``faults``, ``events``).
+        """
+        return cls(
+            client,
+            key,
+            config.spec,
+            config.capacity,
+            sizing=config.sizing.canonical(),
+            expansion=config.expansion,
+            ttl=config.ttl,
+            **options,
+        )
+
+    @classmethod
+    def of_record(
+        cls: type[_F],
+        client: Any,
+        key: str,
+        record: FilterRecord,
+        faults: FaultPolicy | None = None,
+    ) -> _F:
+        """Return a filter of a stored record's geometry, capacity and sizing; not opened."""
+        return cls(
+            client,
+            key,
+            record.spec,
+            record.capacity,
+            sizing=record.sizing,
+            faults=faults,
+            expansion=record.expansion,
+            ttl=record.ttl,
+        )
 
     @property
     def spec(self) -> FilterSpec:

@@ -31,13 +31,10 @@ from typing import Any
 
 import mmh3
 
-from ..config import BloomConfig, FaultPolicy
 from ..errors import FilterDamagedError, FilterUnavailableError
-from ..hashing import FilterSpec
 from . import layout, scripts
 from .access import check_access
 from .bulk import Bulk, Outcome, ScriptHooks
-from .events import FilterEvents
 from .executor import Call, Kind, classify
 from .facade import Facade
 from .fastpath import FastPath
@@ -87,38 +84,15 @@ class RedisBloomFilter(Facade):
     :meth:`open` is called on first use.
     """
 
-    #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
-    backend = "bitmap"
-
-    def __init__(
-        self,
-        client: Any,
-        key: str,
-        spec: FilterSpec,
-        capacity: int,
-        cache_size: int = 0,
-        *,
-        sizing: str | None = None,
-        faults: FaultPolicy | None = None,
-        events: FilterEvents | None = None,
-        expansion: int = 0,
-        ttl: int = 0,
-    ) -> None:
-        self._connect(client, key, spec, capacity, cache_size, faults, events, logger)
+    def _setup(self) -> None:
+        key = self.key
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
         self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
-        if sizing is None:
-            sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
-        self.wanted = FilterRecord.new(
-            spec, capacity, sizing, self.topology.servers, expansion=expansion, ttl=ttl
-        )
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
         #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
         self._fast: FastPath | None = None
-        #: Most generations seen in a shard by this worker (for stats and the log).
-        self.generations = 1
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
             self.topology,
@@ -137,26 +111,6 @@ class RedisBloomFilter(Facade):
                 mismatch=self._mismatch,
                 scriptless=self._scriptless,
             ),
-        )
-
-    @classmethod
-    def from_config(
-        cls, client: Any, key: str, config: BloomConfig, **options: Any
-    ) -> RedisBloomFilter:
-        """Return the filter a validated configuration asks for: geometry, growth, TTL.
-
-        ``options``: the other arguments of the constructor (``cache_size``,
-        ``faults``, ``events``).
-        """
-        return cls(
-            client,
-            key,
-            config.spec,
-            config.capacity,
-            sizing=config.sizing.canonical(),
-            expansion=config.expansion,
-            ttl=config.ttl,
-            **options,
         )
 
     def __repr__(self) -> str:

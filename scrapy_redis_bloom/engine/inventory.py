@@ -142,16 +142,7 @@ def of_record(
     (``open(create=False)``, or any element operation) checks every part, as a worker
     would.
     """
-    return RedisBloomFilter(
-        client,
-        key,
-        record.spec,
-        record.capacity,
-        sizing=record.sizing,
-        faults=faults,
-        expansion=record.expansion,
-        ttl=record.ttl,
-    )
+    return RedisBloomFilter.of_record(client, key, record, faults)
 
 
 def addresses(bloom: RedisBloomFilter) -> list[str]:

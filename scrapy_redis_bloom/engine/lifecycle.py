@@ -359,14 +359,7 @@ class Lifecycle:
                 if ident != layout.identity(record.filter_id, shard, k)
             }
         if current is None and (len(bad) < record.spec.shards or self.faults.on_loss != "raise"):
-            self.parts.create_record(record)
-            self.events.count("restored")
-            logger.warning(
-                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
-                " while this worker used it: restored from this worker's copy.",
-                self.parts.meta_key,
-                self.key,
-            )
+            restore_record(self.parts, self.events, record)
         foreign = {s: f for s, f in bad.items() if f and f.strip(b"\0")}
         lost = {s: f for s, f in bad.items() if s not in foreign}
         if foreign:
@@ -471,3 +464,15 @@ class Lifecycle:
 def _debris(found: bytes) -> bool:
     """Tell whether a shard key's first bytes are those of a bitmap without a header."""
     return bool(found) and not found.strip(b"\0")
+
+
+def restore_record(parts: Parts, events: FilterEvents, record: FilterRecord) -> None:
+    """Write back a record found gone while the filter was in use (a worker's copy), saying so."""
+    parts.create_record(record)
+    events.count("restored")
+    logger.warning(
+        "The config record %r of the Bloom filter %r was gone (evicted or deleted) while this"
+        " worker used it: restored from this worker's copy.",
+        parts.meta_key,
+        parts.key,
+    )

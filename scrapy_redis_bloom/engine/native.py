@@ -27,22 +27,20 @@ from typing import Any
 
 import mmh3
 
-from ..config import BloomConfig, FaultPolicy
+from ..config import FaultPolicy
 from ..errors import (
     BloomFilterError,
     FilterDamagedError,
     FilterMissingError,
     FilterUnavailableError,
 )
-from ..hashing import FilterSpec
 from . import health, native_parts, native_ttl
 from .bulk import Outcome
-from .events import FilterEvents
 from .executor import Call
 from .facade import Facade
-from .lifecycle import Lifecycle, reopened, sample
+from .lifecycle import Lifecycle, reopened, restore_record, sample
 from .parts import Parts
-from .record import FilterRecord
+from .record import Backend, FilterRecord
 from .scripts import Script
 from .state import FilterState
 from .wire import command_head, encode, pack_command
@@ -63,74 +61,22 @@ class NativeBloomFilter(Facade):
     count is used to place elements) and ``capacity`` say what to create.
     """
 
-    backend = "native"
+    backend: Backend = "native"
 
-    def __init__(
-        self,
-        client: Any,
-        key: str,
-        spec: FilterSpec,
-        capacity: int,
-        cache_size: int = 0,
-        *,
-        sizing: str | None = None,
-        faults: FaultPolicy | None = None,
-        events: FilterEvents | None = None,
-        expansion: int = 0,
-        ttl: int = 0,
-    ) -> None:
-        self._connect(client, key, spec, capacity, cache_size, faults, events, logger)
-        if sizing is None:
-            sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
-        self.wanted = FilterRecord.new(
-            spec,
-            capacity,
-            sizing,
-            self.topology.servers,
-            expansion=expansion,
-            ttl=ttl,
-            backend="native",
-        )
+    def _setup(self) -> None:
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
         #: For the server markers of a filter on several servers (as a bitmap filter's).
         self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
-        self._ttl = ttl
+        self._ttl = self.wanted.ttl
         self._script: Script | None = None
-        #: Most sub-filters seen in a shard (for stats).
-        self.generations = 1
-
-    @classmethod
-    def from_config(
-        cls, client: Any, key: str, config: BloomConfig, **options: Any
-    ) -> NativeBloomFilter:
-        """Return the filter a validated configuration asks for (``options``: see __init__)."""
-        return cls(
-            client,
-            key,
-            config.spec,
-            config.capacity,
-            sizing=config.sizing.canonical(),
-            expansion=config.expansion,
-            ttl=config.ttl,
-            **options,
-        )
 
     @classmethod
     def of_record(
         cls, client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
     ) -> NativeBloomFilter:
-        """Return the filter a stored record describes, not opened (for the CLI's reads)."""
-        bloom = cls(
-            client,
-            key,
-            record.spec,
-            record.capacity,
-            sizing=record.sizing,
-            faults=faults,
-            expansion=record.expansion,
-            ttl=record.ttl,
-        )
+        """Return the filter a stored record describes, adopted (for the CLI's reads)."""
+        bloom = super().of_record(client, key, record, faults)
         bloom.parts.spec = record.spec
         bloom._adopt(record)
         return bloom
@@ -331,14 +277,7 @@ class NativeBloomFilter(Facade):
             gone = self._check_types(everything, native_parts.types(self.parts, everything))
             if len(gone) == record.spec.shards and self.faults.on_loss == "raise":
                 self._lost(record, gone)
-            self.parts.create_record(record)
-            self.events.count("restored")
-            logger.warning(
-                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
-                " while this worker used it: restored from this worker's copy.",
-                self.parts.meta_key,
-                self.key,
-            )
+            restore_record(self.parts, self.events, record)
         self._check_shards(record, shards)
 
     def clear(self) -> None:
