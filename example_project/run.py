@@ -539,7 +539,7 @@ def report_filter(
         meta_key, {key.decode(): value.decode() for key, value in raw.items()}
     )
     spec = record.spec
-    bloom = RedisBloomFilter(client, FILTER_KEY, spec, record.capacity)
+    bloom = RedisBloomFilter.of_record(client, FILTER_KEY, record)
     state = bloom.state()
     fingerprints = [fingerprint(server.page_url(page)) for page in pages]
     present = sum(bloom.contains_many(fingerprints))
