@@ -357,6 +357,40 @@ def test_a_lost_exec_reply_answers_new(
     assert bloom.contains_many(batch) == [True] * len(batch)
 
 
+@pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
+def test_a_full_redis_never_answers_seen_and_the_elements_are_added_later(
+    path: str, settings_: dict[str, Any]
+) -> None:
+    import time
+
+    from redis_server import RedisServer
+
+    from scrapy_redis_bloom import FilterUnavailableError
+
+    with RedisServer() as server:
+        client = server.client()
+        strict = make(client, settings_, "oom", faults=FaultPolicy(retry_timeout=0.3))
+        lenient = make(
+            client, settings_, "oom", faults=FaultPolicy(retry_timeout=0.3, on_error="allow")
+        )
+        held = fingerprints(1_000, "held")
+        assert strict.add_many(held) == [False] * len(held)
+        batch = held + fingerprints(1_000, "new")
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", used // 2)
+        with pytest.raises(FilterUnavailableError, match="out of memory"):
+            strict.add_many(batch)
+        # Redis takes no write: every element is let through, none taken for seen.
+        assert lenient.add_many(batch) == [False] * len(batch)
+        assert lenient.events.counts["errors"] == len(batch)
+        client.config_set("maxmemory", 0)
+        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        assert lenient.add_many(fingerprints(10, "after")) == [False] * 10
+        assert strict.contains_many(batch) == [True] * len(batch)  # the owed ones added
+        client.close()
+
+
 @pytest.mark.parametrize("where", ["cluster", "servers"])
 def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
     path: str, where: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
