@@ -180,3 +180,24 @@ def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> No
         client.close()
     finally:
         server.stop()
+
+
+def test_counts_refused_by_a_full_redis_are_kept_and_sent_later() -> None:
+    server = RedisServer().start()
+    try:
+        client = server.client()
+        cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=1)
+        bloom = bloom_for(client, cfg, KEY, faults=FaultPolicy(retry_timeout=0.3))
+        elements = fingerprints(40, "kept")
+        new = [bloom.check_and_add(e) for e in elements].count(False)
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", used // 2)
+        assert bloom.sync_counters() is None  # refused, counts kept
+        client.config_set("maxmemory", 0)
+        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        bloom.close()
+        assert state(client, 0)[1] == new
+        client.close()
+    finally:
+        server.stop()

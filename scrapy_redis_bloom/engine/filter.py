@@ -31,7 +31,7 @@ from typing import Any
 
 import mmh3
 
-from ..errors import FilterDamagedError, FilterUnavailableError
+from ..errors import BloomFilterError, FilterDamagedError, FilterUnavailableError
 from . import layout, scripts
 from .access import check_access
 from .bulk import Bulk, Outcome, ScriptHooks
@@ -363,10 +363,12 @@ class RedisBloomFilter(Facade):
         assert fast is not None
         calls = [Call(command, key=key, shard=shard) for shard, key, command, _ in owed]
         try:
-            self.executor.run("add to the shards' counts", calls, write=True)
-        except FilterUnavailableError:
-            for shard, _, _, items in owed:
-                fast.lost(shard, items)
+            replies = self.executor.run("add to the shards' counts", calls, write=True).replies
+        except BloomFilterError:
+            replies = [None] * len(owed)  # the checks themselves report an outage
+        for (shard, _, _, items), reply in zip(owed, replies, strict=True):
+            if reply is None or isinstance(reply, BaseException):
+                fast.lost(shard, items)  # kept for the next sync (a refusal, out of memory)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.
