@@ -95,6 +95,11 @@ def locate(element: str | bytes, shards: int, shard_bits: int) -> tuple[int, int
     ``x`` and ``y`` seed the double hashing of step 4; see :func:`offsets`.
     """
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    return place(h1, h2, shards, shard_bits)
+
+
+def place(h1: int, h2: int, shards: int, shard_bits: int) -> tuple[int, int, int]:
+    """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`)."""
     return h1 % shards, (h1 // shards) % shard_bits, h2 % shard_bits
 
 

@@ -55,6 +55,12 @@ def make_topology(client: Any) -> Topology:
 _F = TypeVar("_F", bound="Facade")
 
 
+def tag(element: str | bytes) -> int:
+    """Return an element's 128-bit digest: the near-cache's key (its mmh3 halves, joined)."""
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    return h1 | h2 << 64
+
+
 class Facade:
     """The part of a filter that does not depend on its backend."""
 
@@ -232,7 +238,7 @@ class Facade:
         Which command is the backend's (:meth:`_check_and_add_one`).
         """
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-        tag = h1 | h2 << 64
+        tag = h1 | h2 << 64  # as tag()
         with self._lock:
             if self._cache.get(tag) or (self._owed and tag in self._owed):
                 self.cache_hits += 1
@@ -301,7 +307,7 @@ class Facade:
         taken: set[int] = set()
         for i, element in enumerate(elements):
             h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-            tag = h1 | h2 << 64
+            tag = h1 | h2 << 64  # as tag()
             if tag in taken or self._cache.get(tag) or (self._owed and tag in self._owed):
                 self.cache_hits += 1
                 self.counters.record(0, 1)

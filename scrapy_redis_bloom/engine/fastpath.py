@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hashing import offset_steps
+from ..hashing import offsets, place
 from .generations import GENERATIONS_BIT, Growth
 from .layout import HEADER_BITS
 from .wire import Arg, command_head, pack_command
@@ -94,7 +94,6 @@ class FastPath:
     def __post_init__(self) -> None:
         spec = self.growth.spec
         self.shards, self.size, self.k = spec.shards, spec.shard_bits, spec.hash_count
-        self.steps = offset_steps(self.k)
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
         self._ops = "$3\r\nSET\r\n$2\r\nu1\r\n$%d\r\n%d\r\n$1\r\n1\r\n" * self.k
@@ -116,8 +115,7 @@ class FastPath:
             args: list[Arg] = [b"BITFIELD", key, b"GET", b"i64", ID_FIELD]
             # The argument counts cover the bits (and the count) to come.
             plain = command_head(len(args) + 4 * self.k, *args)
-            stated = command_head(len(args) + 4 + 4 * self.k, *args, b"INCRBY", b"u48")
-            stated += command_head(0, STATE_FIELD)[4:]
+            stated = command_head(len(args) + 4 + 4 * self.k, *args, b"INCRBY", b"u48", STATE_FIELD)
             known = _Shard(
                 plain.decode("latin-1"),
                 stated.decode("latin-1"),
@@ -135,11 +133,10 @@ class FastPath:
         fields it reads before the bits (1, or 2 with the state).
         """
         known = self._shard(shard)
-        size = self.size
-        x, y = (h1 // self.shards) % size, h2 % size
+        _, x, y = place(h1, h2, self.shards, self.size)
         args: list[int] = []
-        for i, c in self.steps:
-            offset = (x + i * y + c) % size + HEADER_BITS
+        for offset in offsets(x, y, self.k, self.size):
+            offset += HEADER_BITS  # a shard's bits start after its header
             args += (len(str(offset)), offset)
         text = known.plain
         sent, fields = 0, 1

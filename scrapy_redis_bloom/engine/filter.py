@@ -29,14 +29,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import mmh3
-
 from ..errors import BloomFilterError, FilterDamagedError, FilterUnavailableError
 from . import layout, scripts
 from .access import check_access
 from .bulk import Bulk, Outcome, ScriptHooks
 from .executor import Call, Kind, classify
-from .facade import Facade
+from .facade import Facade, tag
 from .fastpath import FastPath
 from .generations import seed_arguments
 from .lifecycle import Lifecycle
@@ -46,12 +44,6 @@ from .state import FilterState, read_state
 from .wire import command_head, encode
 
 logger = logging.getLogger(__name__)
-
-
-def _tag(element: str | bytes) -> int:
-    """Return an element's 128-bit digest: the near-cache's key."""
-    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-    return h1 | h2 << 64
 
 
 @dataclass(slots=True)
@@ -202,16 +194,16 @@ class RedisBloomFilter(Facade):
             todo = self._unknown(elements)
             hashes = [(h1, h2) for _, _, _, h1, h2 in todo]
             done, failure = self._check_and_add_all(hashes) if todo else ([], None)
-            for (i, tag, _, _, _), seen in zip(todo, done, strict=False):
+            for (i, digest, _, _, _), seen in zip(todo, done, strict=False):
                 answers[i] = seen
                 self.counters.record(int(not seen), int(seen))
-                self._cache.put(tag, True)
+                self._cache.put(digest, True)
             if failure is not None:
                 rest = todo[len(done) :]
                 self._unavailable(failure, len(rest))
                 for i, _, _, _, _ in rest:
                     answers[i] = False
-                self._owe({tag: element for _, tag, element, _, _ in rest})
+                self._owe({digest: element for _, digest, element, _, _ in rest})
             elif self._owed and todo:
                 self._settle()
             if self.counters.due:
@@ -509,7 +501,7 @@ class RedisBloomFilter(Facade):
                     outcome.errors,
                 )
         if write and outcome.failed:
-            self._owe({_tag(e): e for e in outcome.failed})
+            self._owe({tag(e): e for e in outcome.failed})
         elif write and self._owed and len(outcome.answers) > outcome.errors:
             self._settle()
         return outcome

@@ -37,7 +37,7 @@ from ..errors import (
 from . import health, native_parts, native_ttl
 from .bulk import Outcome
 from .executor import Call
-from .facade import Facade
+from .facade import Facade, tag
 from .lifecycle import Lifecycle, reopened, restore_record, sample
 from .parts import Parts
 from .record import Backend, FilterRecord
@@ -419,7 +419,7 @@ class NativeBloomFilter(Facade):
             outcome = self._bulk(True, list(elements))
             self.counters.record(outcome.added, outcome.seen)
             if outcome.failed:
-                self._owe({_tag(e): e for e in outcome.failed})
+                self._owe({tag(e): e for e in outcome.failed})
             elif self._owed and outcome.answers:
                 self._settle()
             if self.record is not None:
@@ -440,12 +440,12 @@ class NativeBloomFilter(Facade):
                 outcome = self._bulk(True, [element for _, _, element, _, _ in todo])
                 self.counters.record(outcome.added, outcome.seen)
                 failed = set(outcome.failed)
-                for (i, tag, element, _, _), seen in zip(todo, outcome.answers, strict=True):
+                for (i, digest, element, _, _), seen in zip(todo, outcome.answers, strict=True):
                     answers[i] = seen
                     if element not in failed:
-                        self._cache.put(tag, True)
+                        self._cache.put(digest, True)
                 if outcome.failed:
-                    self._owe({_tag(e): e for e in outcome.failed})
+                    self._owe({tag(e): e for e in outcome.failed})
                 elif self._owed:
                     self._settle()
             if self.counters.due:
@@ -552,12 +552,6 @@ def pack_items(items: list[str | bytes]) -> bytes:
         head = f"${size}\r\n"
         return (head + f"\r\n{head}".join(texts) + "\r\n").encode()
     return b"".join([b"$%d\r\n%b\r\n" % (len(data), data) for data in map(encode, items)])
-
-
-def _tag(element: str | bytes) -> int:
-    """Return an element's 128-bit digest: the near-cache's key."""
-    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-    return h1 | h2 << 64
 
 
 def delete(parts: Parts, record: FilterRecord) -> int:
