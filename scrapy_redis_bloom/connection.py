@@ -3,7 +3,8 @@
 The filter connects through scrapy-redis's connection settings (``REDIS_URL``,
 ``REDIS_PARAMS``, ...) unless ``BLOOMFILTER_REDIS_URL`` (one server, or with
 ``BLOOMFILTER_REDIS_CLUSTER`` a Redis Cluster) or ``BLOOMFILTER_REDIS_URLS`` (several
-standalone servers) give it its own. Either way it gets clients of its own, whose
+standalone servers) or ``BLOOMFILTER_REDIS_SENTINELS`` (a primary found through Sentinel,
+see :mod:`.sentinel`) give it its own. Either way it gets clients of its own, whose
 settings its connections copy (see :mod:`.engine.node`), with short timeouts by
 default so that a dead server is noticed in seconds: the filter retries by its own
 policy (``BLOOMFILTER_RETRY_TIMEOUT``), not by one long socket timeout.
@@ -24,6 +25,7 @@ from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
 from .config import ConnectionConfig, SettingsLike, check_url, client_params
 from .redact import masked, scrub, url_secrets
+from .sentinel import SentinelRedis
 
 #: Defaults for the filter's clients: a stalled server fails one attempt in seconds,
 #: and the retry policy decides what happens next.
@@ -53,11 +55,16 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
 
 
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
-    """Return the filter's clients: one (a server or a cluster) or one per server."""
-    if not config.urls:
+    """Return the filter's clients: one (server, Sentinel primary, cluster) or one per server."""
+    if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
     params = {**DEFAULT_PARAMS, **dict(config.params)}
     with _named("BLOOMFILTER_REDIS_PARAMS", params):
+        if config.sentinels:
+            client = SentinelRedis(
+                sentinels=list(config.sentinels), service_name=config.service, **params
+            )
+            return [_checked(client)]
         if config.cluster:
             return [RedisCluster.from_url(config.urls[0], **params)]
         return [_checked(redis.Redis.from_url(url, **params)) for url in config.urls]
