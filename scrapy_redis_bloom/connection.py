@@ -36,10 +36,17 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
 
     Its defaults (30 s timeouts) give way to :data:`DEFAULT_PARAMS`; whatever the user
-    set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins.
+    set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins. Its default
+    ``retry_on_timeout`` is left out: redis-py 6+ retries timeouts anyway and deprecates
+    the argument (the filter's connections retry nothing themselves, see :mod:`.engine.node`).
     """
     user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
-    params: dict[str, Any] = {**scrapy_redis_defaults.REDIS_PARAMS, **DEFAULT_PARAMS, **user}
+    defaults = {
+        name: value
+        for name, value in scrapy_redis_defaults.REDIS_PARAMS.items()
+        if name != "retry_on_timeout"
+    }
+    params: dict[str, Any] = {**defaults, **DEFAULT_PARAMS, **user}
     for setting, name in SETTINGS_PARAMS_MAP.items():
         value = settings.get(setting)
         if value:
