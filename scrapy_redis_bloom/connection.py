@@ -23,7 +23,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
-from .config import ConnectionConfig, SettingsLike, check_url, client_params
+from .config import ConnectionConfig, SettingError, SettingsLike, check_url, client_params
 from .redact import masked, scrub, url_secrets
 from .sentinel import SentinelRedis
 
@@ -98,6 +98,8 @@ def _named(settings: str, params: dict[str, Any]) -> Iterator[None]:
     """
     try:
         yield
+    except SettingError:
+        raise  # it names its setting already
     except (TypeError, ValueError) as exc:
         raise ValueError(
             f"The Redis client refuses the arguments of the {settings} setting(s)"

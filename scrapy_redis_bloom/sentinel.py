@@ -28,10 +28,19 @@ from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.connection import Connection, SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from .config import check_sentinel_params, client_params, parse_sentinels, sentinel_service
+from .config import (
+    SettingError,
+    check_sentinel_params,
+    client_params,
+    parse_sentinels,
+    sentinel_service,
+)
 from .redact import masked
 
 #: Retries of a failed command, about one a second after the first few (backoff 0.1 s
@@ -39,6 +48,60 @@ from .redact import masked
 FAILOVER_RETRIES = 30
 #: Where scrapy-redis's parameters come from, for the error messages.
 SETTING = "REDIS_PARAMS"
+
+
+class PrimaryConnection(SentinelManagedConnection):
+    """A connection to the Sentinel's primary that follows it, even on a reconnect.
+
+    Every (re)connection asks the sentinels where the primary is (see
+    :meth:`connect_check_health`). redis-py already drops a connection that meets a
+    demoted primary (``READONLY``). A primary whose replica was just promoted is not
+    demoted yet: Sentinel reconfigures it seconds later, and what it accepted meanwhile
+    is lost. With ``min-replicas-to-write`` it refuses writes at once (``NOREPLICAS``);
+    this connection then drops itself and raises ``ConnectionError``, so the command is
+    retried on a new connection, to the primary the sentinels name now. Nothing was run:
+    retrying is safe.
+    """
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        """Connect to the primary the sentinels name now, when not connected.
+
+        redis-py 8 reconnects a dropped connection from ``send_packed_command`` through
+        this method, to the address it had: the old primary, again and again, when a
+        command is retried after a failover. Ask the sentinels first, as ``connect()`` does.
+        """
+        if not self._sock:
+            self.host, self.port = self.connection_pool.get_master_address()
+        self._connect_here(check_health, retry_socket_connect)
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        """Connect to ``address`` (the primary, just looked up by ``connect()``)."""
+        self.host, self.port = address
+        self._connect_here(self.connection_pool.check_connection, False)
+
+    def _connect_here(self, check_health: bool, retry_socket_connect: bool) -> None:
+        # The plain connection's connect, past SentinelManagedConnection's lookup.
+        Connection.connect_check_health(
+            self, check_health=check_health, retry_socket_connect=retry_socket_connect
+        )
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """Read a reply; turn ``NOREPLICAS`` into a reconnect (see the class)."""
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if not str(exc).startswith("NOREPLICAS") or not self.connection_pool.is_master:
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            raise RedisConnectionError(
+                f"the primary refuses writes ({exc}): asking the sentinels for the primary again"
+            ) from exc
+
+
+class PrimarySSLConnection(PrimaryConnection, SSLConnection):
+    """:class:`PrimaryConnection` over TLS."""
 
 
 def failover_retry() -> Retry:
@@ -68,7 +131,7 @@ class SentinelRedis(redis.Redis):
         **kwargs: Any,
     ) -> None:
         if sentinels is None or service_name is None:
-            raise ValueError(
+            raise SettingError(
                 f"The {SETTING} setting gives redis_cls SentinelRedis without"
                 f" {'sentinels' if sentinels is None else 'service_name'}: add"
                 " 'sentinels': ['host:26379', ...] and 'service_name': '<monitored name>'."
@@ -77,21 +140,27 @@ class SentinelRedis(redis.Redis):
         service = sentinel_service(f"{SETTING}['service_name']", service_name)
         check_sentinel_params(SETTING, {**kwargs, "sentinel_kwargs": sentinel_kwargs})
         client_params(SETTING, kwargs)
+        given = dict(kwargs)
         kwargs.setdefault("retry", failover_retry())
         # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
         )
+        connection_class = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
         pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
-            service, self.sentinel_manager, is_master=True, **kwargs
+            service,
+            self.sentinel_manager,
+            is_master=True,
+            connection_class=connection_class,
+            **kwargs,
         )
         try:
             pool.connection_class(**pool.connection_kwargs)  # an unknown argument, now
         except TypeError as exc:
             self.sentinel_manager.close()
-            raise ValueError(
+            raise SettingError(
                 f"The Redis client refuses the arguments of the {SETTING} setting"
-                f" ({masked(kwargs)}) for the Sentinel-managed primary: {exc}."
+                f" ({masked(given)}) for the Sentinel-managed primary: {exc}."
             ) from None
         super().__init__(connection_pool=pool)
         self.auto_close_connection_pool = True
@@ -101,7 +170,7 @@ class SentinelRedis(redis.Redis):
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SentinelRedis:
         """Refuse a URL: it names one server, where the sentinels are to name the primary."""
-        raise ValueError(
+        raise SettingError(
             "The REDIS_URL setting names one server, but REDIS_PARAMS makes the client"
             " SentinelRedis, whose primary the sentinels name: remove REDIS_URL (give the"
             " password and db in REDIS_PARAMS)."

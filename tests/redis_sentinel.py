@@ -245,6 +245,21 @@ class SentinelGroup:
         self._wait(done, timeout, "the failover")
         return self.primary()
 
+    def wait_for_replica(self, timeout: float = 30.0) -> RedisServer:
+        """Wait until the primary has a replica in sync (it takes writes again); return it."""
+        primary = self.primary()
+
+        def synced() -> bool:
+            info = primary.info("replication")
+            return any(
+                isinstance(value, dict) and value.get("state") == "online"
+                for name, value in info.items()
+                if name.startswith("slave")
+            )
+
+        self._wait(synced, timeout, "a replica of the new primary")
+        return primary
+
     def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
