@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the tables of bad values read best one case a line)
 """Sentinel: one REDIS_PARAMS gives scrapy-redis's queue and the filter the same primary.
 
 Real processes (:mod:`redis_sentinel`): a primary, a replica and three sentinels (quorum
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from redis_sentinel import SERVICE, SentinelGroup
 from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
@@ -64,7 +64,9 @@ def test_sentinel_settings_are_read() -> None:
     assert connection.urls == ()
     [client] = filter_clients(connection, settings)  # made, not connected
     assert isinstance(client, SentinelRedis)
-    assert repr(client) == "<SentinelRedis(service=bloom, sentinels=[10.0.0.1:26379,10.0.0.2:26380])>"
+    assert (
+        repr(client) == "<SentinelRedis(service=bloom, sentinels=[10.0.0.1:26379,10.0.0.2:26380])>"
+    )
     assert client.connection_pool.connection_kwargs["db"] == 2
     client.close()
 
@@ -83,7 +85,9 @@ def test_sentinel_settings_are_read() -> None:
 def test_bad_redis_params_for_sentinel_are_refused(
     params: dict[str, Any], url: str | None, message: str
 ) -> None:
-    settings = {"REDIS_PARAMS": {"redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis", **params}}
+    settings = {
+        "REDIS_PARAMS": {"redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis", **params}
+    }
     if url:
         settings["REDIS_URL"] = url
     with pytest.raises(ValueError, match=message):
@@ -224,9 +228,7 @@ def crawl_through(
 
 def report(site: SiteServer, done: Crawl, seen: dict[str, Any]) -> dict[str, Any]:
     served = site.hits_snapshot()
-    lost = {
-        url for url in site.reachable_urls() if served[url.removeprefix(site.url)] == 0
-    }
+    lost = {url for url in site.reachable_urls() if served[url.removeprefix(site.url)] == 0}
     figures = {
         "lost": len(lost),
         "duplicates": sum(n - 1 for n in served.values() if n > 1),
