@@ -40,6 +40,7 @@ class SentinelProcess:
         down_after_ms: int,
         binary: str,
         service: str = SERVICE,
+        auth_pass: str | None = None,
     ) -> None:
         self.binary = binary
         self.port = free_port()
@@ -55,6 +56,7 @@ class SentinelProcess:
             f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
             f"sentinel failover-timeout {service} 10000\n"
             f"sentinel parallel-syncs {service} 1\n"
+            + (f"sentinel auth-pass {service} {auth_pass}\n" if auth_pass else "")
         )
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -112,7 +114,8 @@ class SentinelGroup:
 
     ``servers`` are the two data servers (:class:`RedisServer`); which one is the primary
     changes with a failover: ask :meth:`primary`. ``server_args`` go to both (e.g.
-    ``"--min-replicas-to-write", "1"``).
+    ``"--min-replicas-to-write", "1"``). With ``password`` the servers require it (and
+    use it to replicate) and the sentinels know it; the sentinels themselves need none.
     """
 
     def __init__(
@@ -122,8 +125,10 @@ class SentinelGroup:
         down_after_ms: int = 1000,
         server_args: tuple[str, ...] = (),
         binary: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.password = password
         self.down_after_ms = down_after_ms
         self.quorum = quorum
         self.sentinel_count = sentinels
@@ -136,12 +141,16 @@ class SentinelGroup:
     def start(self, timeout: float = 30.0) -> SentinelGroup:
         """Start everything; return once the sentinels know the replica and each other."""
         try:
-            primary = RedisServer(*self.server_args, binary=self.binary).start()
+            # With a password, each server also uses it to reach its primary (masterauth).
+            auth = ("--masterauth", self.password) if self.password else ()
+            args = (*self.server_args, *auth)
+            primary = RedisServer(*args, binary=self.binary, password=self.password).start()
             self.servers.append(primary)
             replica = RedisServer(
-                *self.server_args,
+                *args,
                 "--replicaof", "127.0.0.1", str(primary.port),
                 binary=self.binary,
+                password=self.password,
             ).start()  # fmt: skip
             self.servers.append(replica)
             self._wait(
@@ -151,7 +160,11 @@ class SentinelGroup:
             )
             for _ in range(self.sentinel_count):
                 sentinel = SentinelProcess(
-                    primary.port, self.quorum, self.down_after_ms, self.binary
+                    primary.port,
+                    self.quorum,
+                    self.down_after_ms,
+                    self.binary,
+                    auth_pass=self.password,
                 )
                 self.sentinels.append(sentinel)
                 sentinel.start()

@@ -257,3 +257,35 @@ def test_a_crawl_through_a_failover_loses_no_page(
     assert 0 < seen["hits_before"] < PAGES
     assert done.stat("bloomfilter/failovers") >= 1
     assert any("(a failover): the Bloom filter follows it" in log for log in done.logs)
+
+
+# -- credentials ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_wrong_password_is_named_by_setting_and_never_shown(tmp_path: Path) -> None:
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+    from scrapy_redis_bloom.errors import BloomFilterError
+
+    with SentinelGroup(password="s3cret-pw") as group:
+        base = {
+            "BLOOMFILTER_REDIS_SENTINELS": group.addresses,
+            "BLOOMFILTER_REDIS_SENTINEL_SERVICE": SERVICE,
+            "BLOOMFILTER_CAPACITY": 10_000,
+        }
+        wrong = {**base, "BLOOMFILTER_REDIS_PARAMS": {"password": "not-it-pw"}}
+        with pytest.raises(BloomFilterError) as refused:
+            RFPDupeFilter.from_crawler(get_crawler(settings_dict=wrong))
+        message = str(refused.value)
+        assert message.startswith(f"Redis at {SERVICE} (Sentinel) refused the password given")
+        assert "Set it in BLOOMFILTER_REDIS_PARAMS" in message
+        assert "not-it-pw" not in message
+        right = {**base, "BLOOMFILTER_REDIS_PARAMS": {"password": "s3cret-pw"}}
+        dupefilter = RFPDupeFilter.from_crawler(get_crawler(settings_dict=right))
+        try:
+            assert group.primary().client().keys("*bloomfilter:meta")  # created, on the primary
+            assert dupefilter.bloom.topology.describe() == f"Redis at {SERVICE} (Sentinel)"
+        finally:
+            dupefilter.close("finished")
