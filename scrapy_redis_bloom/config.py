@@ -101,13 +101,9 @@ class SettingsLike(Protocol):
         """Return the value of a setting, or ``default`` when it is not set."""
 
 
-class SettingError(ValueError):
-    """A bad setting, the message already naming it: shown as it is, never re-worded."""
-
-
 def _invalid(name: str, value: object, allowed: str) -> ValueError:
     """Return the error for a bad setting: its name, value (secrets masked), what is allowed."""
-    return SettingError(f"The value of the {name} setting ({masked(value)}) is invalid. {allowed}")
+    return ValueError(f"The value of the {name} setting ({masked(value)}) is invalid. {allowed}")
 
 
 def _number(settings: SettingsLike, name: str, integer: bool, allowed: str) -> float | None:
@@ -387,12 +383,12 @@ def _sentinel_settings(
             if service is None
             else ("BLOOMFILTER_REDIS_SENTINEL_SERVICE", "BLOOMFILTER_REDIS_SENTINELS")
         )
-        raise SettingError(
+        raise ValueError(
             f"The {given} setting needs {missing}: the sentinels' addresses and the name"
             " they monitor the primary under go together."
         )
     if urls or boolean_setting(settings, "BLOOMFILTER_REDIS_CLUSTER"):
-        raise SettingError(
+        raise ValueError(
             "The setting BLOOMFILTER_REDIS_SENTINELS contradicts BLOOMFILTER_REDIS_URL,"
             " BLOOMFILTER_REDIS_URLS and BLOOMFILTER_REDIS_CLUSTER: give the sentinels of"
             " one Sentinel-managed primary, or the servers themselves, not both."

@@ -23,7 +23,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
-from .config import ConnectionConfig, SettingError, SettingsLike, check_url, client_params
+from .config import ConnectionConfig, SettingsLike, check_url, client_params
 from .redact import masked, scrub, url_secrets
 from .sentinel import SentinelRedis
 
@@ -57,6 +57,9 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     url = params.pop("url", None)
     if url is not None:
         check_url("REDIS_URL", url)
+    if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
+        # Its errors name REDIS_PARAMS and the argument at fault themselves.
+        return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
     with _named("REDIS_URL and REDIS_PARAMS", params):
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
 
@@ -66,12 +69,15 @@ def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any
     if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
     params = {**DEFAULT_PARAMS, **dict(config.params)}
+    if config.sentinels:
+        client = SentinelRedis(
+            sentinels=list(config.sentinels),
+            service_name=config.service,
+            setting="BLOOMFILTER_REDIS_PARAMS",
+            **params,
+        )
+        return [_checked(client)]
     with _named("BLOOMFILTER_REDIS_PARAMS", params):
-        if config.sentinels:
-            client = SentinelRedis(
-                sentinels=list(config.sentinels), service_name=config.service, **params
-            )
-            return [_checked(client)]
         if config.cluster:
             return [RedisCluster.from_url(config.urls[0], **params)]
         return [_checked(redis.Redis.from_url(url, **params)) for url in config.urls]
@@ -98,8 +104,6 @@ def _named(settings: str, params: dict[str, Any]) -> Iterator[None]:
     """
     try:
         yield
-    except SettingError:
-        raise  # it names its setting already
     except (TypeError, ValueError) as exc:
         raise ValueError(
             f"The Redis client refuses the arguments of the {settings} setting(s)"

@@ -35,7 +35,6 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from .config import (
-    SettingError,
     check_sentinel_params,
     client_params,
     parse_sentinels,
@@ -44,10 +43,9 @@ from .config import (
 from .redact import masked
 
 #: Retries of a failed command, about one a second after the first few (backoff 0.1 s
-#: doubling to 1 s): longer than a failover with ``down-after-milliseconds`` up to 20 s.
-FAILOVER_RETRIES = 30
-#: Where scrapy-redis's parameters come from, for the error messages.
-SETTING = "REDIS_PARAMS"
+#: doubling to 1 s): about a minute, longer than a failover under Sentinel's default
+#: ``down-after-milliseconds`` (30 s) plus its election.
+FAILOVER_RETRIES = 60
 
 
 class PrimaryConnection(SentinelManagedConnection):
@@ -117,8 +115,9 @@ class SentinelRedis(redis.Redis):
     arguments of the connections to the sentinels (their password, TLS); by default
     the ``socket_*`` ones of the primary's. ``min_other_sentinels``: ignore a sentinel
     that sees fewer peers (one cut off from the others may name a stale primary).
-    Every other argument is a connection argument of the primary's, as for
-    ``redis.Redis``; ``host``, ``port`` and ``url`` are refused (the sentinels name it).
+    ``setting``: the setting these arguments come from, named in errors. Every other
+    argument is a connection argument of the primary's, as for ``redis.Redis``;
+    ``host``, ``port`` and ``url`` are refused (the sentinels name it).
     """
 
     def __init__(
@@ -128,18 +127,19 @@ class SentinelRedis(redis.Redis):
         service_name: object = None,
         sentinel_kwargs: dict[str, Any] | None = None,
         min_other_sentinels: int = 0,
+        setting: str = "REDIS_PARAMS",
         **kwargs: Any,
     ) -> None:
         if sentinels is None or service_name is None:
-            raise SettingError(
-                f"The {SETTING} setting gives redis_cls SentinelRedis without"
+            raise ValueError(
+                f"The {setting} setting gives redis_cls SentinelRedis without"
                 f" {'sentinels' if sentinels is None else 'service_name'}: add"
                 " 'sentinels': ['host:26379', ...] and 'service_name': '<monitored name>'."
             )
-        addresses = parse_sentinels(f"{SETTING}['sentinels']", sentinels)
-        service = sentinel_service(f"{SETTING}['service_name']", service_name)
-        check_sentinel_params(SETTING, {**kwargs, "sentinel_kwargs": sentinel_kwargs})
-        client_params(SETTING, kwargs)
+        addresses = parse_sentinels(f"{setting}['sentinels']", sentinels)
+        service = sentinel_service(f"{setting}['service_name']", service_name)
+        check_sentinel_params(setting, {**kwargs, "sentinel_kwargs": sentinel_kwargs})
+        client_params(setting, kwargs)
         given = dict(kwargs)
         kwargs.setdefault("retry", failover_retry())
         # redis-py's Sentinel classes are untyped.
@@ -158,8 +158,8 @@ class SentinelRedis(redis.Redis):
             pool.connection_class(**pool.connection_kwargs)  # an unknown argument, now
         except TypeError as exc:
             self.sentinel_manager.close()
-            raise SettingError(
-                f"The Redis client refuses the arguments of the {SETTING} setting"
+            raise ValueError(
+                f"The Redis client refuses the arguments of the {setting} setting"
                 f" ({masked(given)}) for the Sentinel-managed primary: {exc}."
             ) from None
         super().__init__(connection_pool=pool)
@@ -170,7 +170,7 @@ class SentinelRedis(redis.Redis):
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SentinelRedis:
         """Refuse a URL: it names one server, where the sentinels are to name the primary."""
-        raise SettingError(
+        raise ValueError(
             "The REDIS_URL setting names one server, but REDIS_PARAMS makes the client"
             " SentinelRedis, whose primary the sentinels name: remove REDIS_URL (give the"
             " password and db in REDIS_PARAMS)."

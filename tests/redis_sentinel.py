@@ -1,4 +1,4 @@
-"""A Sentinel-managed primary for the tests: a primary, a replica and three sentinels.
+"""A Sentinel-managed primary for the tests: a primary, its replicas and three sentinels.
 
 Every process is the same ``redis-server`` binary (:func:`redis_server.find_redis_server`),
 the sentinels started as ``redis-server <conf> --sentinel``, all bound to 127.0.0.1 on
@@ -110,7 +110,7 @@ class SentinelProcess:
 
 
 class SentinelGroup:
-    """A primary, one replica (``replicaof``) and ``sentinels`` sentinels (quorum 2).
+    """A primary, ``replicas`` replicas (``replicaof``) and ``sentinels`` sentinels (quorum 2).
 
     ``servers`` are the two data servers (:class:`RedisServer`); which one is the primary
     changes with a failover: ask :meth:`primary`. ``server_args`` go to both (e.g.
@@ -126,9 +126,11 @@ class SentinelGroup:
         server_args: tuple[str, ...] = (),
         binary: str | None = None,
         password: str | None = None,
+        replicas: int = 1,
     ) -> None:
         self.binary = binary or find_redis_server()
         self.password = password
+        self.replicas = replicas
         self.down_after_ms = down_after_ms
         self.quorum = quorum
         self.sentinel_count = sentinels
@@ -146,17 +148,21 @@ class SentinelGroup:
             args = (*self.server_args, *auth)
             primary = RedisServer(*args, binary=self.binary, password=self.password).start()
             self.servers.append(primary)
-            replica = RedisServer(
-                *args,
-                "--replicaof", "127.0.0.1", str(primary.port),
-                binary=self.binary,
-                password=self.password,
-            ).start()  # fmt: skip
-            self.servers.append(replica)
+            for _ in range(self.replicas):
+                replica = RedisServer(
+                    *args,
+                    "--replicaof", "127.0.0.1", str(primary.port),
+                    binary=self.binary,
+                    password=self.password,
+                ).start()  # fmt: skip
+                self.servers.append(replica)
             self._wait(
-                lambda: replica.info("replication").get("master_link_status") == "up",
+                lambda: all(
+                    s.info("replication").get("master_link_status") == "up"
+                    for s in self.servers[1:]
+                ),
                 timeout,
-                "the replica to sync",
+                "the replicas to sync",
             )
             for _ in range(self.sentinel_count):
                 sentinel = SentinelProcess(
@@ -179,7 +185,7 @@ class SentinelGroup:
             with contextlib.closing(sentinel.client()) as client:
                 state = client.sentinel_master(SERVICE)
             if (
-                int(state["num-slaves"]) < 1
+                int(state["num-slaves"]) < self.replicas
                 or int(state["num-other-sentinels"]) < self.sentinel_count - 1
             ):
                 return False
