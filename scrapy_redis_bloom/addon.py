@@ -59,9 +59,12 @@ def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
     from scrapy.utils.misc import load_object
 
     current = settings.get(name)
-    if settings.getpriority(name) is not None and (settings.getpriority(name) or 0) > (_priority()):
+    if (settings.getpriority(name) or 0) > _priority():
         ours = load_object(path)
-        given = load_object(current) if isinstance(current, str) else current
+        try:
+            given = load_object(current) if isinstance(current, str) else current
+        except (ImportError, NameError, AttributeError, ValueError):
+            given = None  # not even a class: certainly not ours
         if not (isinstance(given, type) and issubclass(given, ours)):
             raise ValueError(
                 f"The {name} setting ({current!r}) contradicts the scrapy_redis_bloom.Addon"

@@ -178,6 +178,7 @@ def test_our_dupefilter_or_a_subclass_in_the_project_is_accepted() -> None:
     [
         ({"DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
         ({"DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
+        ({"DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.NoSuchFilter"}, "DUPEFILTER_CLASS"),
         (
             {"SCHEDULER": "scrapy.core.scheduler.Scheduler", "BLOOMFILTER_ADDON_SCHEDULER": True},
             "SCHEDULER",
