@@ -141,6 +141,9 @@ class SentinelRedis(redis.Redis):
         check_sentinel_params(setting, {**kwargs, "sentinel_kwargs": sentinel_kwargs})
         client_params(setting, kwargs)
         given = dict(kwargs)
+        if kwargs.get("retry_on_timeout") is True:
+            # scrapy-redis's default: what redis-py 6+ does anyway, and deprecates.
+            del kwargs["retry_on_timeout"]
         kwargs.setdefault("retry", failover_retry())
         # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
