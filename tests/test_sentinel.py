@@ -71,6 +71,25 @@ def test_sentinel_settings_are_read() -> None:
     client.close()
 
 
+def test_scrapy_redis_builds_it_from_redis_params_without_a_warning() -> None:
+    from scrapy.settings import Settings
+    from scrapy_redis.connection import get_redis_from_settings
+
+    from scrapy_redis_bloom.sentinel import FAILOVER_RETRIES
+
+    params = {"redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis", "sentinels": ["a:1"]}
+    # pytest turns warnings into errors: redis-py's deprecation of retry_on_timeout too.
+    client = get_redis_from_settings(Settings({"REDIS_PARAMS": {**params, "service_name": "m"}}))
+    try:
+        assert isinstance(client, SentinelRedis)
+        kwargs = client.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == 30  # scrapy-redis's defaults reach the primary
+        assert "retry_on_timeout" not in kwargs
+        assert kwargs["retry"].get_retries() == FAILOVER_RETRIES
+    finally:
+        client.close()
+
+
 def test_an_unknown_client_argument_names_the_filter_setting() -> None:
     settings = {
         "BLOOMFILTER_REDIS_SENTINELS": ["a:1"],
