@@ -53,6 +53,10 @@ class FilterExistsError(BloomFilterError):
     """The target of a restore already holds a filter (or keys) where the restored one goes."""
 
 
+class RestoreFailedError(BloomFilterError):
+    """Redis failed a restore half-way; what it had written was deleted (or could not be)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreSummary:
     """What :func:`restore_filter` wrote: the record as written, where from and to.
@@ -452,10 +456,9 @@ def _write(
             if chunk.kind == NATIVE or held >= PIECE or len(batch) >= BATCH:
                 parts.run("restore the filter's shards", batch, write=True)
                 batch, held = [], 0
-                progress(reader.offset)
+            progress(reader.offset)
         if batch:
             parts.run("restore the filter's shards", batch, write=True)
-        progress(reader.offset)
         if verified.counters:
             done.counters = True
             fields = [item for pair in sorted(verified.counters.items()) for item in pair]
@@ -473,6 +476,13 @@ def _write(
             )
     except BaseException as exc:
         _undo(bloom, target, done, exc)
+        if isinstance(exc, DumpFileError | FilterExistsError):
+            raise type(exc)(f"{exc} What the restore had written was deleted.") from None
+        if isinstance(exc, BloomFilterError):
+            raise RestoreFailedError(
+                f"Restoring {name} as the Bloom filter {bloom.key!r} failed, and what it had"
+                f" written was deleted: {exc}"
+            ) from exc
         raise
 
 
@@ -483,6 +493,8 @@ def _exists(parts: Parts, key: str, shard: int) -> bool:
 
 def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
     """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
+
+    Raises :class:`RestoreFailedError` naming both failures if deleting fails too.
 
     Through an executor of its own: the restore's may be failing fast after an outage
     (an out-of-memory Redis refuses writes, yet ``DEL`` still runs).
@@ -501,16 +513,11 @@ def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException
         for first in range(0, len(calls), BATCH):
             parts.run("undo a failed restore", calls[first : first + BATCH], write=True)
     except BloomFilterError as undo:
-        logger.error(
-            "Restoring the Bloom filter %r failed (%s), and deleting what it had written failed"
-            " too (%s): reset the filter %r to delete its parts.",
-            bloom.key,
-            exc,
-            undo,
-            bloom.key,
-        )
-        return
-    logger.warning(
+        raise RestoreFailedError(
+            f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"
+            f" written failed too ({undo}): reset the filter {bloom.key!r} to delete its parts."
+        ) from exc
+    logger.info(
         "Restoring the Bloom filter %r failed; the %d key(s) it had written were deleted: %s",
         bloom.key,
         len(done.keys) + done.counters + done.record,
