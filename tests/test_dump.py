@@ -112,6 +112,7 @@ def round_trip(source: Any, target: Any, tmp_path: Path, members: list[str], cfg
     """Dump, reset, restore into ``target``; check the answers, the bits, the record."""
     bloom = filled(source, cfg, members)
     before = part_bytes(source, bloom)
+    state = bloom.state()
     record = bloom.parts.read_record()
     totals = bloom.totals()
     path = tmp_path / "filter.dump"
@@ -127,6 +128,8 @@ def round_trip(source: Any, target: Any, tmp_path: Path, members: list[str], cfg
     again = reopened(target, cfg)
     after = part_bytes(target, again)
     assert after == before  # every part, byte for byte: same fill, BITCOUNT, headers
+    assert again.state().bits_set == state.bits_set
+    assert again.state().estimated_items == state.estimated_items
     got = again.parts.read_record()
     assert got.filter_id == record.filter_id
     assert (got.spec, got.capacity, got.sizing) == (record.spec, record.capacity, record.sizing)
@@ -299,6 +302,18 @@ def test_a_filter_in_place_is_refused_unless_replaced(
     assert summary.replaced
     assert other.parts.read_record().filter_id == summary.record.filter_id != other_id
     other.close()
+
+
+def test_a_dump_restores_under_another_key(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(10_000, 0.01, BLOOMFILTER_SHARDS=2)
+    members = fingerprints(5_000, "renamed")
+    bloom = filled(redis_client, cfg, members)
+    dump(bloom, tmp_path / "renamed.dump")
+    bloom.close()
+    restore(redis_client, tmp_path / "renamed.dump", key="elsewhere")
+    again = reopened(redis_client, cfg, key="elsewhere")
+    assert all(again.contains_many(members))
+    again.close()
 
 
 def test_keys_in_the_way_are_refused_and_kept(redis_client: redis.Redis, dumped: bytes) -> None:

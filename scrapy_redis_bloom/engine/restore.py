@@ -320,7 +320,7 @@ def _prepare(
     bloom: Facade, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
 ) -> bool:
     """Check the target servers and key; delete a filter there if asked. Return if one was."""
-    parts, where = bloom.parts, bloom.topology.describe()
+    where = bloom.topology.describe()
     servers = health.survey(bloom.executor, bloom.topology)
     health.check_versions(servers)
     if target.backend == "native":
@@ -347,7 +347,6 @@ def _prepare(
         address = bloom.topology.route(layout.shard_key(bloom.key, shard), shard, None).address
         needs[address] = needs.get(address, 0) + size
     health.check_room(bloom.key, servers, needs)
-    del parts
     return replaced
 
 

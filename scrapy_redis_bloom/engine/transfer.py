@@ -100,9 +100,12 @@ def dump_filter(
     :func:`.inventory.of_record` or ``NativeBloomFilter.of_record``, or any filter of
     that key). ``out`` is a binary stream, written sequentially (a file, a pipe).
     ``progress(done, total)`` is called after each piece with the data bytes dumped.
-    Refuses (:class:`~..errors.BloomFilterError` subclasses, nothing written to
-    ``out``): a missing filter, one still being created, one with a TTL, a damaged
-    one, and one with live workers unless ``force`` (see the module's docstring).
+    Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
+    ``out``: a missing filter, one still being created, one with a TTL, one with live
+    workers unless ``force`` (see the module's docstring), one whose shard (generation
+    0) is missing or foreign. A generation found damaged or changed while it is read,
+    or Redis failing, raises with the file incomplete: it has no trailer, so a restore
+    refuses it as truncated (the caller should delete it).
     """
     started = time.monotonic()
     parts = bloom.parts
