@@ -9,8 +9,9 @@ it back into any topology.
   started, byte for byte, headers included (they carry the filter's id and a growing
   shard's state). A shard missing or not carrying the record's identity refuses the
   dump: a dump of a damaged filter would restore the damage.
-* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as RedisBloom
-  cuts them (a sub-filter's bits in one chunk: the module caps a sub-filter's size).
+* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module
+  cuts them (RedisBloom: at most 10 or 16 MiB, by version), which bounds the memory a
+  native dump or restore holds at once.
 * Filters with ``BLOOMFILTER_TTL`` are refused: their bits live in re-crawl windows
   that expire on the source servers' clock; restored later, they would forget on
   another schedule. Such a filter forgets everything within 2 TTL anyway.
@@ -230,8 +231,14 @@ def _generation_counts(parts: Parts, record: FilterRecord) -> array[int]:
         for shard, head in zip(shards, heads, strict=True):
             head = bytes(head)
             _check_identity(parts, record, shard, 0, head)
-            if record.expansion:
-                counts[shard] = min(generations_in(head), record.growth.last + 1)
+            found = generations_in(head) if record.expansion else 1
+            if found > record.growth.last + 1:
+                raise FilterDamagedError(
+                    f"Cannot dump the Bloom filter {parts.key!r}: the header of its shard"
+                    f" {shard} claims {found} generations, and it can have"
+                    f" {record.growth.last + 1} at most (the header is corrupted)."
+                )
+            counts[shard] = found
     return counts
 
 
