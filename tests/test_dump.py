@@ -22,7 +22,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
-from scrapy_redis_bloom.engine import dumpfile
+from scrapy_redis_bloom.engine import dumpfile, inventory
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.dumpfile import DumpFileError
 from scrapy_redis_bloom.engine.native import NativeBloomFilter
@@ -209,6 +209,26 @@ def test_a_native_dump_is_refused_by_a_server_without_bf(
     assert all_keys(redis_client) == []
 
 
+def test_progress_counts_up_to_the_total_and_a_probe_dumps_any_backend(
+    bloom_redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_BACKEND="native")
+    filled(bloom_redis_client, cfg, fingerprints(30_000, "p")).close()
+    seen: list[tuple[int, int]] = []
+    probe = inventory.probe(bloom_redis_client, KEY)  # a bitmap filter object, unopened
+    summary = dump(probe, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    assert summary.record.backend == "native"
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (summary.totals.data_bytes, summary.totals.data_bytes)
+    bloom_redis_client.flushall()
+    seen.clear()
+    restore(bloom_redis_client, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    size = (tmp_path / "p.dump").stat().st_size
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (2 * size, 2 * size)
+    probe.close()
+
+
 # -- refused files: nothing is left behind -------------------------------------------------
 
 
@@ -342,6 +362,21 @@ def test_a_ttl_filter_is_refused(redis_client: redis.Redis, tmp_path: Path) -> N
     with pytest.raises(BloomFilterError, match=r"BLOOMFILTER_TTL = 3600.*not supported"):
         dump(bloom, tmp_path / "ttl.dump")
     bloom.close()
+
+
+def test_a_dump_stopped_by_a_lost_generation_is_refused_as_truncated(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(2_000, 0.01, BLOOMFILTER_SHARDS=2)
+    bloom = filled(redis_client, cfg, fingerprints(20_000, "lost"))
+    redis_client.delete("{" + KEY + ":1}:g1")
+    with pytest.raises(BloomFilterError, match=r"generation 1 of its shard 1 .* holds missing"):
+        dump(bloom, tmp_path / "stopped.dump")
+    bloom.close()
+    redis_client.flushall()
+    with pytest.raises(DumpFileError, match=r"truncated: the frame after chunk \d+ ends at"):
+        restore(redis_client, tmp_path / "stopped.dump")
+    assert all_keys(redis_client) == []
 
 
 def test_a_damaged_filter_is_not_dumped(redis_client: redis.Redis, tmp_path: Path) -> None:

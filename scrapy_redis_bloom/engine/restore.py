@@ -121,6 +121,8 @@ def verify_dump(
         if progress is not None:
             progress(reader.offset)
     checker.finish()
+    if progress is not None:
+        progress(reader.offset)
     assert reader.totals is not None  # set once the trailer was checked
     return VerifiedDump(header, record, counters, reader.totals, checker.shard_bytes)
 
@@ -458,6 +460,7 @@ def _write(
             progress(reader.offset)
         if batch:
             parts.run("restore the filter's shards", batch, write=True)
+        progress(reader.offset)  # the trailer too: the whole file
         if verified.counters:
             done.counters = True
             fields = [item for pair in sorted(verified.counters.items()) for item in pair]

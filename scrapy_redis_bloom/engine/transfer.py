@@ -97,10 +97,12 @@ def dump_filter(
 ) -> DumpSummary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
-    ``bloom`` needs no opening: the record is read from Redis as it is (build it with
-    :func:`.inventory.of_record` or ``NativeBloomFilter.of_record``, or any filter of
-    that key). ``out`` is a binary stream, written sequentially (a file, a pipe).
-    ``progress(done, total)`` is called after each piece with the data bytes dumped.
+    ``bloom`` needs no opening and may be of either class whatever the filter's
+    backend: the record is read from Redis as it is, and decides (so
+    :func:`.inventory.probe` of the key will do). ``out`` is a binary stream, written
+    sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
+    with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
+    from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
     Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
     ``out``: a missing filter, one still being created, one with a TTL, one with live
     workers unless ``force`` (see the module's docstring), one whose shard (generation
@@ -170,6 +172,8 @@ def dump_filter(
         if progress is not None:
             progress(writer.data_bytes, total)
     totals = writer.finish()
+    if progress is not None:
+        progress(totals.data_bytes, totals.data_bytes)
     seconds = time.monotonic() - started
     logger.info(
         "Dumped the Bloom filter %r from %s: %d part(s), %d chunk(s), %d data bytes in %.1f s.",
