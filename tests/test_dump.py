@@ -295,6 +295,45 @@ def test_wrong_magic_version_and_trailing_bytes_are_refused(
     refused(redis_client, b"", r"not a scrapy-redis-bloom dump")
 
 
+def rewritten(data: bytes, keep: Any) -> bytes:
+    """Return the dump ``data`` with only the chunks ``keep(chunk)`` accepts, checksummed anew."""
+    reader = dumpfile.DumpReader(io.BytesIO(data), "in")
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header(reader.header())
+    for chunk in reader.chunks():
+        if keep(chunk):
+            writer.chunk(chunk.kind, chunk.shard, chunk.generation, chunk.position, chunk.data)
+    writer.finish()
+    return out.getvalue()
+
+
+def test_well_checksummed_chunks_that_do_not_make_the_filter_are_refused(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    assert rewritten(dumped, lambda chunk: True) == dumped
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 1),
+        r"chunk 1 of shard 2 \(generation 0\) comes where shard 1 was due",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 2),
+        r"it holds 2 of the filter's 3 shards",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: (chunk.shard, chunk.generation) != (0, 1)),
+        r"chunk 1 of shard 0 \(generation 2\) comes where generation 1 was due",
+    )
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header({"record": {"layout": "2", "scheme": "1"}})
+    writer.finish()
+    refused(redis_client, out.getvalue(), r"the config record it holds cannot be used: it lacks")
+
+
 def test_a_pipe_is_refused_before_anything_is_read(redis_client: redis.Redis) -> None:
     read, write = os.pipe()
     with (

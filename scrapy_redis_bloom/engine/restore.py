@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 from ..config import FaultPolicy
 from ..errors import BloomFilterError, UnsupportedServerError
 from . import health, layout, native, native_parts
-from .dumpfile import BITMAP, NATIVE, Chunk, DumpFileError, DumpReader, Totals
+from .dumpfile import BITMAP, NATIVE, Chunk, DumpFileError, DumpReader, Totals, part_name
 from .executor import Call, Executor
 from .facade import Facade
 from .filter import RedisBloomFilter
@@ -135,8 +135,9 @@ def _record_of(header: dict[str, Any], reader: DumpReader) -> FilterRecord:
         raise reader.refuse("its header holds no config record")
     try:
         record = FilterRecord.parse("KEY:meta", fields)
-    except BloomFilterError as exc:
-        raise reader.refuse(f"the config record it holds cannot be used ({exc})") from None
+    except BloomFilterError as exc:  # its advice (reset the key) is not for a file
+        problem = str(exc).split(" cannot be used: ", 1)[-1].split(". Check that", 1)[0]
+        raise reader.refuse(f"the config record it holds cannot be used: {problem}") from None
     if record.ttl or record.state != "ready":
         raise reader.refuse("its config record is not that of a ready filter without a TTL")
     return record
@@ -223,7 +224,7 @@ class _Checker:
         length = part_bytes(self.record, self.generation)
         if self.offset != length:
             raise self.fail(
-                f"{dumpname(self.shard, self.generation)} holds {self.offset:,} bytes of"
+                f"{part_name(BITMAP, self.shard, self.generation)} holds {self.offset:,} bytes of"
                 f" {length:,} (the file is corrupted)"
             )
 
@@ -244,11 +245,6 @@ class _Checker:
                 f"it holds {self.shard + 1:,} of the filter's {shards:,} shards (the file is"
                 " corrupted)"
             )
-
-
-def dumpname(shard: int, generation: int) -> str:
-    """Name a bitmap part in a message."""
-    return f"shard {shard} (generation {generation})"
 
 
 def restore_filter(
@@ -275,7 +271,8 @@ def restore_filter(
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
     for a taken key, :class:`~..errors.BloomFilterError` subclasses for Redis failures;
-    in every case nothing of the restore is left on the target.
+    in every case nothing of the restore is left on the target (with ``replace``, the
+    filter that was there is gone too once the file was verified and the target checked).
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))
