@@ -469,7 +469,7 @@ def test_a_file_changed_between_the_passes_leaves_nothing(
 
 
 @pytest.mark.timeout(300)
-def test_memory_stays_flat_for_a_64_mib_filter(redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_memory_stays_flat_for_an_80_mib_filter(redis_client: redis.Redis, tmp_path: Path) -> None:
     cfg = BloomConfig.from_settings(
         {"BLOOMFILTER_BIT": 29, "BLOOMFILTER_HASH_NUMBER": 7, "BLOOMFILTER_SHARDS": 8}
     )
@@ -493,7 +493,7 @@ def test_memory_stays_flat_for_a_64_mib_filter(redis_client: redis.Redis, tmp_pa
         tracemalloc.stop()
     bloom.close()
     print(
-        f"64 MiB filter: file {summary.totals.file_bytes:,} bytes; dump {dumped_in:.2f} s, peak"
+        f"80 MiB filter: file {summary.totals.file_bytes:,} bytes; dump {dumped_in:.2f} s, peak"
         f" {dump_peak:,} B; restore {restored_in:.2f} s, peak {restore_peak:,} B"
     )
     assert dump_peak < 8 << 20

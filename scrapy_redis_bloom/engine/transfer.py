@@ -89,7 +89,7 @@ def read_counters(parts: Parts) -> dict[str, int]:
     """Return the filter's counters (``added``, ``seen``) as stored; empty when there are none."""
     call = Call(pack_command(b"HGETALL", parts.counter_key), key=parts.counter_key)
     fields = pairs(parts.run("read the filter's counters", [call])[0])
-    return {name: int(value) for name, value in fields.items() if value.lstrip("-").isdigit()}
+    return {name: int(value) for name, value in fields.items() if value.isdigit()}
 
 
 def dump_filter(
