@@ -47,13 +47,23 @@ def run(args: argparse.Namespace, settings: SettingsLike, rename: Any = str) -> 
     spec = config.spec
     growth = config.growth
     memory = filter_allocation(spec)
-    bit = math.log2(spec.bits)
+    wanted, _ = config.sizing.geometry()
+    if config.sizing.capacity is not None:
+        other = (
+            f"BLOOMFILTER_BIT = {math.ceil(math.log2(wanted))},"
+            f" BLOOMFILTER_HASH_NUMBER = {spec.hash_count} (at least as many bits)"
+        )
+    else:
+        other = (
+            f"BLOOMFILTER_CAPACITY = {config.capacity},"
+            f" BLOOMFILTER_ERROR_RATE = {config.expected_error_rate:.3g}"
+        )
     data: dict[str, Any] = {
         "sizing": config.sizing.canonical(),
         "capacity": config.capacity,
         "error_rate_at_capacity": config.expected_error_rate,
         "bits": spec.bits,
-        "bit": bit,
+        "bits_asked": wanted,
         "hash_number": spec.hash_count,
         "shards": spec.shards,
         "shard_bits": spec.shard_bits,
@@ -66,9 +76,9 @@ def run(args: argparse.Namespace, settings: SettingsLike, rename: Any = str) -> 
     }
     rows = [
         ("Sizing asked for", config.sizing.canonical()),
-        ("Bits (m)", f"{spec.bits:,} = 2**{bit:.2f} ({format_bytes(spec.total_bytes)})"),
+        ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)}; {wanted:,} asked)"),
         ("Hash functions (k)", str(spec.hash_count)),
-        ("As BIT / HASH_NUMBER", f"BLOOMFILTER_BIT = {math.ceil(bit)} holds at least m bits"),
+        ("The same, the other way", other),
         ("Capacity", f"{config.capacity:,} items"),
         ("Expected FP rate at capacity", f"{config.expected_error_rate:.3g}"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits"),
