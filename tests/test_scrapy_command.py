@@ -463,3 +463,65 @@ def test_migrate_resumes_after_an_interruption(project: Path, redis_client: redi
     # Run again: nothing to resume, every member already present.
     again = json.loads(scrapy(project, "bloom", "migrate", "--spider", "books", "--json").out)
     assert (again["resumed"], again["new"], again["already_present"]) == (False, 0, len(members))
+
+
+# -- dump and restore --------------------------------------------------------------------
+
+
+def test_dump_reset_restore_on_another_topology(
+    project: Path,
+    redis_client: redis.Redis,
+    redis_cluster_url: str,
+    redis_cluster: RedisCluster,
+    tmp_path: Path,
+) -> None:
+    items = fingerprints(20_000, "dump")
+    stored_filter(redis_client, "books:bloomfilter", items)
+    before = json.loads(scrapy(project, "bloom", "info", "--spider", "books", "--json").out)
+    path = tmp_path / "books.dump"
+    dumped = scrapy(project, "bloom", "dump", "--spider", "books", str(path), "--json")
+    assert dumped.code == 0, dumped
+    summary = json.loads(dumped.out)
+    assert summary["items"] == len(items)
+    assert summary["file_bytes"] == path.stat().st_size
+    assert summary["sha256"] == hashlib.sha256(path.read_bytes()[:-32]).hexdigest()
+    assert not path.with_name("books.dump.partial").exists()
+    assert scrapy(project, "bloom", "reset", "--spider", "books", "--yes").code == 0
+    assert redis_client.dbsize() == 0
+    # Into a Redis Cluster: the same filter, bit for bit, and every item in it.
+    cluster = [
+        "-s",
+        f"BLOOMFILTER_REDIS_URL={redis_cluster_url}",
+        "-s",
+        "BLOOMFILTER_REDIS_CLUSTER=1",
+    ]
+    restored = scrapy(project, "bloom", "restore", "--spider", "books", *cluster, str(path))
+    assert restored.code == 0, restored
+    assert "Restored the Bloom filter 'books:bloomfilter'" in restored.out
+    after = json.loads(
+        scrapy(project, "bloom", "info", "--spider", "books", *cluster, "--json").out
+    )
+    same = ("id", "bits_set", "bits_set_per_shard", "capacity", "total_added", "hash_count")
+    assert {k: after[k] for k in same} == {k: before[k] for k in same}
+    check = scrapy(project, "bloom", "check", "--spider", "books", *cluster, stdin="\n".join(items))
+    assert f"{len(items):,} present, 0 absent" in check.out
+    # Restoring over it again is refused: the key is taken.
+    again = scrapy(project, "bloom", "restore", "--spider", "books", *cluster, str(path))
+    assert "already a Bloom filter" in one_line_error(again, 1)
+
+
+def test_a_corrupted_dump_is_refused_and_leaves_nothing(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(2000))
+    path = tmp_path / "books.dump"
+    assert scrapy(project, "bloom", "dump", "--spider", "books", str(path)).code == 0
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "bad.dump"
+    bad.write_bytes(bytes(data))
+    result = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(bad))
+    assert "bad.dump" in one_line_error(result, 1)
+    assert redis_client.keys("*copy:bf*") == []
+    missing = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(tmp_path / "none.dump"))
+    assert "No such file" in one_line_error(missing, 1)

@@ -23,7 +23,7 @@ from scrapy.settings import Settings
 from scrapy.utils.misc import load_object
 
 from ..config import BloomConfig
-from . import feed, info, migrate, reset, size, watch
+from . import feed, info, migrate, reset, size, transfer, watch
 from .alias import SIZING_OPTIONS, key_argument, positive_int, seconds_argument
 from .context import (
     Context,
@@ -48,6 +48,8 @@ _HANDLERS: dict[str, Callable[[Context], int]] = {
     "check": feed.check,
     "migrate": migrate.run,
     "watch": watch.run,
+    "dump": transfer.dump,
+    "restore": transfer.restore,
 }
 
 
@@ -166,6 +168,31 @@ class BloomCommand(ScrapyCommand):
             default=BATCH,
             metavar="N",
             help="fingerprints per bulk call and per progress save (default: %(default)s)",
+        )
+        dumping = sub(
+            "dump",
+            "write the filter to a file (streamed, checksummed)",
+            "Write the filter's record, counters and bits to FILE, in checksummed chunks:"
+            " memory stays flat whatever its size. Refuses while workers hold live leases"
+            " unless --force.",
+        )
+        dumping.add_argument("file", metavar="FILE", help="the dump file to write")
+        dumping.add_argument(
+            "--force",
+            action="store_true",
+            help="dump even while workers add (URLs they add meanwhile may be missing)",
+        )
+        restoring = sub(
+            "restore",
+            "restore a dump file as the filter, on any topology",
+            "Check FILE whole (every checksum), then write the filter it holds on the servers"
+            " the settings name; a refused or failed restore leaves nothing behind.",
+        )
+        restoring.add_argument("file", metavar="FILE", help="the dump file to read")
+        restoring.add_argument(
+            "--replace",
+            action="store_true",
+            help="delete a filter already under the key first (else refused)",
         )
         watching = sub(
             "watch",
