@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -26,50 +22,20 @@ from redis.cluster import RedisCluster
 from redis_server import RedisServer, free_port
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
+from scrapy_run import (
+    NOT_INSTALLED,
+    SCRAPY,
+    SUBCOMMANDS,
+    make_project,
+    one_line_error,
+    scrapy,
+)
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.commands.migrate import marker_key
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 
-SCRAPY = Path(sys.executable).with_name("scrapy")
-SUBCOMMANDS = ("info", "size", "reset", "add", "check", "migrate", "watch")
-
-pytestmark = pytest.mark.skipif(
-    not SCRAPY.exists() or "bloom" not in {e.name for e in entry_points(group="scrapy.commands")},
-    reason="scrapy bloom is not installed in this environment (pip install -e '.[test]')",
-)
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-def scrapy(cwd: Path, *argv: str, stdin: str | None = None, timeout: float = 60) -> Result:
-    """Run ``scrapy ARGV`` in ``cwd``, as a user would; return its exit status and output."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCRAPY_", "REDIS_URL"))}
-    done = subprocess.run(
-        [str(SCRAPY), *argv],
-        cwd=cwd,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return Result(done.returncode, done.stdout, done.stderr)
-
-
-def one_line_error(result: Result, code: int) -> str:
-    """Check that a command failed with ``code`` and one error line, no traceback."""
-    assert result.code == code, result
-    assert result.err.startswith("scrapy bloom: error: "), result.err
-    assert result.err.count("\n") == 1, result.err
-    assert "Traceback" not in result.err
-    return result.err
+pytestmark = NOT_INSTALLED
 
 
 SIZING = {"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_ERROR_RATE": 0.0001}
@@ -91,36 +57,6 @@ def fingerprints(n: int, salt: str = "") -> list[str]:
 def write(path: Path, lines: list[str]) -> str:
     path.write_text("".join(line + "\n" for line in lines))
     return str(path)
-
-
-SPIDER = """
-import scrapy
-
-
-class BooksSpider(scrapy.Spider):
-    name = "books"
-
-
-class NewsSpider(scrapy.Spider):
-    name = "news"
-    custom_settings = {"BLOOMFILTER_KEY": "fresh:%(spider)s"}
-"""
-
-
-def make_project(root: Path, settings: str) -> Path:
-    """Write a Scrapy project (scrapy.cfg, settings.py, two spiders); return its directory."""
-    package = root / "shop"
-    (package / "spiders").mkdir(parents=True)
-    (root / "scrapy.cfg").write_text("[settings]\ndefault = shop.settings\n")
-    (package / "__init__.py").write_text("")
-    (package / "spiders" / "__init__.py").write_text("")
-    (package / "spiders" / "books.py").write_text(SPIDER)
-    (package / "settings.py").write_text(
-        'BOT_NAME = "shop"\nSPIDER_MODULES = ["shop.spiders"]\n'
-        'DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"\n'
-        "BLOOMFILTER_CAPACITY = 20_000\nBLOOMFILTER_ERROR_RATE = 0.0001\n" + settings
-    )
-    return root
 
 
 @pytest.fixture
