@@ -68,6 +68,10 @@ class BooksSpider(scrapy.Spider):
     name = "books"
 
 
+class MySpider(scrapy.Spider):
+    name = "myspider"
+
+
 class NewsSpider(scrapy.Spider):
     name = "news"
     custom_settings = {"BLOOMFILTER_KEY": "fresh:%(spider)s"}
@@ -75,7 +79,10 @@ class NewsSpider(scrapy.Spider):
 
 
 def make_project(root: Path, settings: str) -> Path:
-    """Write a Scrapy project (scrapy.cfg, settings.py, two spiders); return its directory."""
+    """Write a Scrapy project (scrapy.cfg, settings.py, three spiders); return its directory.
+
+    ``settings`` is appended to settings.py: it may override the sizing given first.
+    """
     package = root / "shop"
     (package / "spiders").mkdir(parents=True)
     (root / "scrapy.cfg").write_text("[settings]\ndefault = shop.settings\n")
