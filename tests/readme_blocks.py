@@ -399,12 +399,17 @@ def _cli(args: list[str]) -> list[str]:
         return []
     if args == ["--help"]:
         return [] if parser.format_help() else ["--help prints nothing"]
+    return _subcommand("scrapy-redis-bloom", parser, args)
+
+
+def _subcommand(program: str, parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """Check that ``args[0]`` is a subcommand of ``parser`` and has the options given."""
     choices: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:  # argparse keeps its subcommands private
         if isinstance(action, argparse._SubParsersAction):
             choices.update(action.choices)
     if args[0] not in choices:
-        return [f"scrapy-redis-bloom has no command {args[0]!r} (it has {sorted(choices)})"]
+        return [f"{program} has no command {args[0]!r} (it has {sorted(choices)})"]
     sub = choices[args[0]]
     known = {opt for action in sub._actions for opt in action.option_strings}
     return [f"{args[0]} has no option {flag}" for flag in _flags(args[1:]) if flag not in known]
@@ -425,15 +430,7 @@ def _scrapy_bloom(args: list[str]) -> list[str]:
     command.add_options(parser)
     if not args or args == ["--help"]:
         return []
-    choices: dict[str, argparse.ArgumentParser] = {}
-    for action in parser._actions:  # argparse keeps its subcommands private
-        if isinstance(action, argparse._SubParsersAction):
-            choices.update(action.choices)
-    if args[0] not in choices:
-        return [f"scrapy bloom has no command {args[0]!r} (it has {sorted(choices)})"]
-    sub = choices[args[0]]
-    known = {opt for action in sub._actions for opt in action.option_strings}
-    return [f"{args[0]} has no option {flag}" for flag in _flags(args[1:]) if flag not in known]
+    return _subcommand("scrapy bloom", parser, args)
 
 
 def _scrapy_crawl(args: list[str]) -> list[str]:
