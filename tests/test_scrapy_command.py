@@ -444,6 +444,11 @@ def test_dump_reset_restore_on_another_topology(
     # Restoring over it again is refused: the key is taken.
     again = scrapy(project, "bloom", "restore", "--spider", "books", *cluster, str(path))
     assert "already a Bloom filter" in one_line_error(again, 1)
+    assert "(--replace)" in again.err
+    replaced = scrapy(
+        project, "bloom", "restore", "--spider", "books", *cluster, str(path), "--replace"
+    )
+    assert "deleted first (--replace)" in replaced.out, replaced
 
 
 def test_a_corrupted_dump_is_refused_and_leaves_nothing(
@@ -451,7 +456,22 @@ def test_a_corrupted_dump_is_refused_and_leaves_nothing(
 ) -> None:
     stored_filter(redis_client, "books:bloomfilter", fingerprints(2000))
     path = tmp_path / "books.dump"
-    assert scrapy(project, "bloom", "dump", "--spider", "books", str(path)).code == 0
+    # A worker crawls: the dump is refused unless forced, and no file is left.
+    bloom = RedisBloomFilter.from_config(
+        redis_client, "books:bloomfilter", BloomConfig.from_settings(SIZING)
+    )
+    lease = bloom.lease("crawler-9:99:feed", 30.0)
+    lease.renew()
+    try:
+        busy = scrapy(project, "bloom", "dump", "--spider", "books", str(path))
+        assert "(--force)" in one_line_error(busy, 1)
+        assert not path.exists()
+        assert not path.with_name("books.dump.partial").exists()
+        forced = scrapy(project, "bloom", "dump", "--spider", "books", str(path), "--force")
+        assert "Workers held leases meanwhile" in forced.out, forced
+    finally:
+        lease.release()
+        bloom.close()
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     bad = tmp_path / "bad.dump"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.dumpfile import DumpFileError
-from ..engine.restore import restore_filter
-from ..engine.transfer import dump_filter
+from ..engine.restore import FilterExistsError, restore_filter
+from ..engine.transfer import FilterBusyError, dump_filter
 from ..sizing import format_bytes
 from .context import EXIT_OK, CLIError, Context
 from .opening import check_servers, missing, native_if, stored, usable
@@ -54,6 +54,8 @@ def dump(ctx: Context) -> int:
         with open(partial, "wb") as out:
             summary = dump_filter(source, out, bar, force=ctx.args.force)
         os.replace(partial, path)
+    except FilterBusyError as exc:
+        raise CLIError(f"{exc} (--force)") from None
     finally:
         bar.close()
         partial.unlink(missing_ok=True)
@@ -101,6 +103,8 @@ def restore(ctx: Context) -> int:
             )
     except DumpFileError as exc:
         raise CLIError(str(exc)) from None
+    except FilterExistsError as exc:
+        raise CLIError(f"{exc} (--replace)") from None
     finally:
         bar.close()
     totals = summary.totals
