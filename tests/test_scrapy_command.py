@@ -9,10 +9,15 @@ against real redis-server processes: one server, a server list, a Redis Cluster.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import signal
+import struct
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -481,3 +486,29 @@ def test_a_corrupted_dump_is_refused_and_leaves_nothing(
     assert redis_client.keys("*copy:bf*") == []
     missing = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(tmp_path / "none.dump"))
     assert "No such file" in one_line_error(missing, 1)
+
+
+def test_progress_bar_on_a_terminal_only(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    stored_filter(redis_client, "books:bloomfilter", [])
+    data = write(tmp_path / "fp.txt", fingerprints(10_000))
+    argv = [str(SCRAPY), "bloom", "add", "--spider", "books", data]
+    # stderr a terminal (100 columns): the bar is drawn there, the result goes to stdout.
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    process = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    drawn = b""
+    with contextlib.suppress(OSError):  # EIO once the process closed the terminal
+        while chunk := os.read(leader, 4096):
+            drawn += chunk
+    os.close(leader)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert b"Added 10,000 fingerprint(s)" in out
+    assert b"Added: 10.0kfp [" in drawn, drawn
+    # Not a terminal: no bar, stderr stays empty.
+    again = scrapy(project, "bloom", "add", "--spider", "books", data)
+    assert (again.code, again.err) == (0, "")
+    assert "10,000 already present" in again.out
