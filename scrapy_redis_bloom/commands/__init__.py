@@ -4,7 +4,8 @@ One module per job: :mod:`.context` connects from the crawl settings and turns
 failures into one error line; :mod:`.opening` finds and opens the filter;
 :mod:`.output` prints results, JSON, prompts and progress bars; :mod:`.inputs` reads
 fingerprints and URLs; then one module per subcommand (:mod:`.info`, :mod:`.size`,
-:mod:`.reset`, :mod:`.feed` for ``add``/``check``, :mod:`.migrate`, :mod:`.watch`).
+:mod:`.reset`, :mod:`.feed` for ``add``/``check``, :mod:`.migrate`, :mod:`.watch`,
+:mod:`.transfer` for ``dump``/``restore``).
 :mod:`.scrapy_command` is the Scrapy command (``BloomCommand``, registered in the
 ``scrapy.commands`` entry point group); :mod:`.alias` the older command line.
 """
