@@ -22,7 +22,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
-from scrapy_redis_bloom.engine import dumpfile
+from scrapy_redis_bloom.engine import dumpfile, inventory
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.dumpfile import DumpFileError
 from scrapy_redis_bloom.engine.native import NativeBloomFilter
@@ -112,6 +112,7 @@ def round_trip(source: Any, target: Any, tmp_path: Path, members: list[str], cfg
     """Dump, reset, restore into ``target``; check the answers, the bits, the record."""
     bloom = filled(source, cfg, members)
     before = part_bytes(source, bloom)
+    state = bloom.state()
     record = bloom.parts.read_record()
     totals = bloom.totals()
     path = tmp_path / "filter.dump"
@@ -127,6 +128,8 @@ def round_trip(source: Any, target: Any, tmp_path: Path, members: list[str], cfg
     again = reopened(target, cfg)
     after = part_bytes(target, again)
     assert after == before  # every part, byte for byte: same fill, BITCOUNT, headers
+    assert again.state().bits_set == state.bits_set
+    assert again.state().estimated_items == state.estimated_items
     got = again.parts.read_record()
     assert got.filter_id == record.filter_id
     assert (got.spec, got.capacity, got.sizing) == (record.spec, record.capacity, record.sizing)
@@ -206,6 +209,26 @@ def test_a_native_dump_is_refused_by_a_server_without_bf(
     assert all_keys(redis_client) == []
 
 
+def test_progress_counts_up_to_the_total_and_a_probe_dumps_any_backend(
+    bloom_redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_BACKEND="native")
+    filled(bloom_redis_client, cfg, fingerprints(30_000, "p")).close()
+    seen: list[tuple[int, int]] = []
+    probe = inventory.probe(bloom_redis_client, KEY)  # a bitmap filter object, unopened
+    summary = dump(probe, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    assert summary.record.backend == "native"
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (summary.totals.data_bytes, summary.totals.data_bytes)
+    bloom_redis_client.flushall()
+    seen.clear()
+    restore(bloom_redis_client, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    size = (tmp_path / "p.dump").stat().st_size
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (2 * size, 2 * size)
+    probe.close()
+
+
 # -- refused files: nothing is left behind -------------------------------------------------
 
 
@@ -272,6 +295,45 @@ def test_wrong_magic_version_and_trailing_bytes_are_refused(
     refused(redis_client, b"", r"not a scrapy-redis-bloom dump")
 
 
+def rewritten(data: bytes, keep: Any) -> bytes:
+    """Return the dump ``data`` with only the chunks ``keep(chunk)`` accepts, checksummed anew."""
+    reader = dumpfile.DumpReader(io.BytesIO(data), "in")
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header(reader.header())
+    for chunk in reader.chunks():
+        if keep(chunk):
+            writer.chunk(chunk.kind, chunk.shard, chunk.generation, chunk.position, chunk.data)
+    writer.finish()
+    return out.getvalue()
+
+
+def test_well_checksummed_chunks_that_do_not_make_the_filter_are_refused(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    assert rewritten(dumped, lambda chunk: True) == dumped
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 1),
+        r"chunk 1 of shard 2 \(generation 0\) comes where shard 1 was due",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 2),
+        r"it holds 2 of the filter's 3 shards",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: (chunk.shard, chunk.generation) != (0, 1)),
+        r"chunk 1 of shard 0 \(generation 2\) comes where generation 1 was due",
+    )
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header({"record": {"layout": "2", "scheme": "1"}})
+    writer.finish()
+    refused(redis_client, out.getvalue(), r"the config record it holds cannot be used: it lacks")
+
+
 def test_a_pipe_is_refused_before_anything_is_read(redis_client: redis.Redis) -> None:
     read, write = os.pipe()
     with (
@@ -299,6 +361,18 @@ def test_a_filter_in_place_is_refused_unless_replaced(
     assert summary.replaced
     assert other.parts.read_record().filter_id == summary.record.filter_id != other_id
     other.close()
+
+
+def test_a_dump_restores_under_another_key(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(10_000, 0.01, BLOOMFILTER_SHARDS=2)
+    members = fingerprints(5_000, "renamed")
+    bloom = filled(redis_client, cfg, members)
+    dump(bloom, tmp_path / "renamed.dump")
+    bloom.close()
+    restore(redis_client, tmp_path / "renamed.dump", key="elsewhere")
+    again = reopened(redis_client, cfg, key="elsewhere")
+    assert all(again.contains_many(members))
+    again.close()
 
 
 def test_keys_in_the_way_are_refused_and_kept(redis_client: redis.Redis, dumped: bytes) -> None:
@@ -329,13 +403,26 @@ def test_a_ttl_filter_is_refused(redis_client: redis.Redis, tmp_path: Path) -> N
     bloom.close()
 
 
-def test_a_damaged_filter_is_not_dumped(redis_client: redis.Redis, tmp_path: Path) -> None:
-    cfg = config(10_000, 0.01, BLOOMFILTER_SHARDS=4)
-    bloom = filled(redis_client, cfg, fingerprints(100, "d"))
-    redis_client.delete("{" + KEY + ":2}:g0")
-    with pytest.raises(BloomFilterError, match=r"generation 0 of its shard 2 .* holds missing"):
-        dump(bloom, tmp_path / "damaged.dump")
+@pytest.mark.parametrize("generation", [0, 1])
+def test_a_damaged_filter_is_not_dumped(
+    redis_client: redis.Redis, tmp_path: Path, generation: int
+) -> None:
+    cfg = config(2_000, 0.01, BLOOMFILTER_SHARDS=2)
+    bloom = filled(redis_client, cfg, fingerprints(20_000, "lost"))
+    redis_client.delete("{" + KEY + f":1}}:g{generation}")
+    path = tmp_path / "damaged.dump"
+    match = f"generation {generation} of its shard 1 .* holds missing"
+    with pytest.raises(BloomFilterError, match=match):
+        dump(bloom, path)
     bloom.close()
+    redis_client.flushall()
+    if generation == 0:  # found before anything was written
+        assert path.read_bytes() == b""
+        return
+    # Found on the way: the file has no trailer, and a restore refuses it.
+    with pytest.raises(DumpFileError, match=r"truncated: the frame after chunk \d+ ends at"):
+        restore(redis_client, path)
+    assert all_keys(redis_client) == []
 
 
 def test_out_of_memory_mid_restore_leaves_nothing(redis_client: redis.Redis, dumped: bytes) -> None:
@@ -382,7 +469,7 @@ def test_a_file_changed_between_the_passes_leaves_nothing(
 
 
 @pytest.mark.timeout(300)
-def test_memory_stays_flat_for_a_64_mib_filter(redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_memory_stays_flat_for_an_80_mib_filter(redis_client: redis.Redis, tmp_path: Path) -> None:
     cfg = BloomConfig.from_settings(
         {"BLOOMFILTER_BIT": 29, "BLOOMFILTER_HASH_NUMBER": 7, "BLOOMFILTER_SHARDS": 8}
     )
@@ -406,7 +493,7 @@ def test_memory_stays_flat_for_a_64_mib_filter(redis_client: redis.Redis, tmp_pa
         tracemalloc.stop()
     bloom.close()
     print(
-        f"64 MiB filter: file {summary.totals.file_bytes:,} bytes; dump {dumped_in:.2f} s, peak"
+        f"80 MiB filter: file {summary.totals.file_bytes:,} bytes; dump {dumped_in:.2f} s, peak"
         f" {dump_peak:,} B; restore {restored_in:.2f} s, peak {restore_peak:,} B"
     )
     assert dump_peak < 8 << 20

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 from ..config import FaultPolicy
 from ..errors import BloomFilterError, UnsupportedServerError
 from . import health, layout, native, native_parts
-from .dumpfile import BITMAP, NATIVE, Chunk, DumpFileError, DumpReader, Totals
+from .dumpfile import BITMAP, NATIVE, Chunk, DumpFileError, DumpReader, Totals, part_name
 from .executor import Call, Executor
 from .facade import Facade
 from .filter import RedisBloomFilter
@@ -121,6 +121,8 @@ def verify_dump(
         if progress is not None:
             progress(reader.offset)
     checker.finish()
+    if progress is not None:
+        progress(reader.offset)
     assert reader.totals is not None  # set once the trailer was checked
     return VerifiedDump(header, record, counters, reader.totals, checker.shard_bytes)
 
@@ -133,8 +135,9 @@ def _record_of(header: dict[str, Any], reader: DumpReader) -> FilterRecord:
         raise reader.refuse("its header holds no config record")
     try:
         record = FilterRecord.parse("KEY:meta", fields)
-    except BloomFilterError as exc:
-        raise reader.refuse(f"the config record it holds cannot be used ({exc})") from None
+    except BloomFilterError as exc:  # its advice (reset the key) is not for a file
+        problem = str(exc).split(" cannot be used: ", 1)[-1].split(". Check that", 1)[0]
+        raise reader.refuse(f"the config record it holds cannot be used: {problem}") from None
     if record.ttl or record.state != "ready":
         raise reader.refuse("its config record is not that of a ready filter without a TTL")
     return record
@@ -221,7 +224,7 @@ class _Checker:
         length = part_bytes(self.record, self.generation)
         if self.offset != length:
             raise self.fail(
-                f"{dumpname(self.shard, self.generation)} holds {self.offset:,} bytes of"
+                f"{part_name(BITMAP, self.shard, self.generation)} holds {self.offset:,} bytes of"
                 f" {length:,} (the file is corrupted)"
             )
 
@@ -242,11 +245,6 @@ class _Checker:
                 f"it holds {self.shard + 1:,} of the filter's {shards:,} shards (the file is"
                 " corrupted)"
             )
-
-
-def dumpname(shard: int, generation: int) -> str:
-    """Name a bitmap part in a message."""
-    return f"shard {shard} (generation {generation})"
 
 
 def restore_filter(
@@ -273,7 +271,8 @@ def restore_filter(
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
     for a taken key, :class:`~..errors.BloomFilterError` subclasses for Redis failures;
-    in every case nothing of the restore is left on the target.
+    in every case nothing of the restore is left on the target (with ``replace``, the
+    filter that was there is gone too once the file was verified and the target checked).
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))
@@ -320,7 +319,7 @@ def _prepare(
     bloom: Facade, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
 ) -> bool:
     """Check the target servers and key; delete a filter there if asked. Return if one was."""
-    parts, where = bloom.parts, bloom.topology.describe()
+    where = bloom.topology.describe()
     servers = health.survey(bloom.executor, bloom.topology)
     health.check_versions(servers)
     if target.backend == "native":
@@ -347,7 +346,6 @@ def _prepare(
         address = bloom.topology.route(layout.shard_key(bloom.key, shard), shard, None).address
         needs[address] = needs.get(address, 0) + size
     health.check_room(bloom.key, servers, needs)
-    del parts
     return replaced
 
 
@@ -459,6 +457,7 @@ def _write(
             progress(reader.offset)
         if batch:
             parts.run("restore the filter's shards", batch, write=True)
+        progress(reader.offset)  # the trailer too: the whole file
         if verified.counters:
             done.counters = True
             fields = [item for pair in sorted(verified.counters.items()) for item in pair]

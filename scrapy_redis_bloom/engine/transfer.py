@@ -9,8 +9,9 @@ it back into any topology.
   started, byte for byte, headers included (they carry the filter's id and a growing
   shard's state). A shard missing or not carrying the record's identity refuses the
   dump: a dump of a damaged filter would restore the damage.
-* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as RedisBloom
-  cuts them (a sub-filter's bits in one chunk: the module caps a sub-filter's size).
+* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module
+  cuts them (RedisBloom: at most 10 or 16 MiB, by version), which bounds the memory a
+  native dump or restore holds at once.
 * Filters with ``BLOOMFILTER_TTL`` are refused: their bits live in re-crawl windows
   that expire on the source servers' clock; restored later, they would forget on
   another schedule. Such a filter forgets everything within 2 TTL anyway.
@@ -88,7 +89,7 @@ def read_counters(parts: Parts) -> dict[str, int]:
     """Return the filter's counters (``added``, ``seen``) as stored; empty when there are none."""
     call = Call(pack_command(b"HGETALL", parts.counter_key), key=parts.counter_key)
     fields = pairs(parts.run("read the filter's counters", [call])[0])
-    return {name: int(value) for name, value in fields.items() if value.lstrip("-").isdigit()}
+    return {name: int(value) for name, value in fields.items() if value.isdigit()}
 
 
 def dump_filter(
@@ -96,13 +97,18 @@ def dump_filter(
 ) -> DumpSummary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
-    ``bloom`` needs no opening: the record is read from Redis as it is (build it with
-    :func:`.inventory.of_record` or ``NativeBloomFilter.of_record``, or any filter of
-    that key). ``out`` is a binary stream, written sequentially (a file, a pipe).
-    ``progress(done, total)`` is called after each piece with the data bytes dumped.
-    Refuses (:class:`~..errors.BloomFilterError` subclasses, nothing written to
-    ``out``): a missing filter, one still being created, one with a TTL, a damaged
-    one, and one with live workers unless ``force`` (see the module's docstring).
+    ``bloom`` needs no opening and may be of either class whatever the filter's
+    backend: the record is read from Redis as it is, and decides (so
+    :func:`.inventory.probe` of the key will do). ``out`` is a binary stream, written
+    sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
+    with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
+    from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
+    Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
+    ``out``: a missing filter, one still being created, one with a TTL, one with live
+    workers unless ``force`` (see the module's docstring), one whose shard (generation
+    0) is missing or foreign. A generation found damaged or changed while it is read,
+    or Redis failing, raises with the file incomplete: it has no trailer, so a restore
+    refuses it as truncated (the caller should delete it).
     """
     started = time.monotonic()
     parts = bloom.parts
@@ -166,6 +172,8 @@ def dump_filter(
         if progress is not None:
             progress(writer.data_bytes, total)
     totals = writer.finish()
+    if progress is not None:
+        progress(totals.data_bytes, totals.data_bytes)
     seconds = time.monotonic() - started
     logger.info(
         "Dumped the Bloom filter %r from %s: %d part(s), %d chunk(s), %d data bytes in %.1f s.",
@@ -227,8 +235,14 @@ def _generation_counts(parts: Parts, record: FilterRecord) -> array[int]:
         for shard, head in zip(shards, heads, strict=True):
             head = bytes(head)
             _check_identity(parts, record, shard, 0, head)
-            if record.expansion:
-                counts[shard] = min(generations_in(head), record.growth.last + 1)
+            found = generations_in(head) if record.expansion else 1
+            if found > record.growth.last + 1:
+                raise FilterDamagedError(
+                    f"Cannot dump the Bloom filter {parts.key!r}: the header of its shard"
+                    f" {shard} claims {found} generations, and it can have"
+                    f" {record.growth.last + 1} at most (the header is corrupted)."
+                )
+            counts[shard] = found
     return counts
 
 
