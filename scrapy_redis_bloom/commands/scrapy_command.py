@@ -54,7 +54,7 @@ _HANDLERS: dict[str, Callable[[Context], int]] = {
 
 
 class BloomCommand(ScrapyCommand):
-    """``scrapy bloom``: inspect, size, reset, feed, migrate and watch the Bloom filter."""
+    """``scrapy bloom``: inspect, size, reset, feed, migrate, dump, restore, watch the filter."""
 
     requires_project = False
     requires_crawler_process = False
@@ -65,7 +65,7 @@ class BloomCommand(ScrapyCommand):
 
     def short_desc(self) -> str:
         """Return the line ``scrapy -h`` shows."""
-        return "Inspect, size, reset, feed, migrate or watch the Bloom filter (scrapy-redis-bloom)"
+        return "Inspect, size, reset, feed, migrate, dump, restore or watch the Bloom filter"
 
     def long_desc(self) -> str:
         """Return the description ``scrapy bloom -h`` shows."""
@@ -256,7 +256,7 @@ def _for_spider(settings: Settings, name: str | None) -> Settings:
         from scrapy.spiderloader import get_spider_loader
 
         loader: Any = get_spider_loader(settings)
-    except ImportError:  # Scrapy < 2.13.1
+    except ImportError:  # an older Scrapy, without get_spider_loader
         loader = load_object(settings["SPIDER_LOADER_CLASS"]).from_settings(settings.frozencopy())
     known = loader.list()
     if name not in known:
