@@ -512,3 +512,25 @@ def test_progress_bar_on_a_terminal_only(
     again = scrapy(project, "bloom", "add", "--spider", "books", data)
     assert (again.code, again.err) == (0, "")
     assert "10,000 already present" in again.out
+
+
+def test_info_add_check_through_sentinel(outside: Path, tmp_path: Path) -> None:
+    """With the Sentinel settings (once they exist), the commands reach the named primary."""
+    redis_sentinel = pytest.importorskip(
+        "redis_sentinel", reason="tests/redis_sentinel.py (the Sentinel fixtures) is not here"
+    )
+    with redis_sentinel.SentinelGroup() as group:
+        where = [
+            "-s", f"BLOOMFILTER_REDIS_SENTINELS={','.join(group.addresses)}",
+            "-s", f"BLOOMFILTER_REDIS_SENTINEL_SERVICE={redis_sentinel.SERVICE}",
+            "--key", "watched:bf",
+        ]  # fmt: skip
+        data = write(tmp_path / "fp.txt", fingerprints(300))
+        added = scrapy(outside, "bloom", "add", *where, "-s", "BLOOMFILTER_CAPACITY=10000", data)
+        assert "300 new" in added.out, added
+        assert f"{redis_sentinel.SERVICE} (Sentinel)" in added.out
+        assert group.primary().client().exists("watched:bf:meta")
+        info = json.loads(scrapy(outside, "bloom", "info", *where, "--json").out)
+        assert info["total_added"] == 300
+        check = scrapy(outside, "bloom", "check", *where, data)
+        assert "300 present, 0 absent" in check.out, check
