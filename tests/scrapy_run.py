@@ -22,7 +22,7 @@ SUBCOMMANDS = ("info", "size", "reset", "add", "check", "migrate", "dump", "rest
 
 NOT_INSTALLED = pytest.mark.skipif(
     not SCRAPY.exists() or "bloom" not in {e.name for e in entry_points(group="scrapy.commands")},
-    reason="scrapy bloom is not installed in this environment (pip install -e '.[test]')",
+    reason="scrapy bloom is not installed in this environment (pip install -e .)",
 )
 
 
