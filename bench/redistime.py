@@ -13,6 +13,7 @@ one command per round trip.
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from micro import (
     close,
     redisbloom_settings,
 )
-from peers import BF_ADD_CLASS
+from peers import BF_ADD_CLASS, BFAddDupeFilter, bf_madd
 from scrapy import Request
 from workloads import unique_urls, url
 
@@ -49,6 +50,33 @@ NAME_OURS_FIXED = "ours, 1M @ 1e-4, BLOOMFILTER_EXPANSION=0"
 NAME_NATIVE_SIZED = "ours, native, 1M @ 1e-4"
 NAME_REDISBLOOM_SIZED = "RedisBloom BF.ADD, 1M @ 1e-4"
 ROUND_TRIPS_STAT = "bloomfilter/round_trips"
+#: Fingerprints per pipelined SADD of the prefill.
+SADD_CHUNK = 1_000
+
+
+def prefill(dupefilter: Any, count: int) -> bool:
+    """Add ``count`` other fingerprints in bulk; return False if this contender cannot.
+
+    A crawl's filter is resident: its pages were touched by the checks before. A
+    RedisBloom filter is calloc'd at BF.RESERVE, so without this its first checks
+    each pay page faults (at 128 MiB, tens of thousands) that a long crawl pays once.
+    Every contender gets the same prefill, through its bulk path: ours' ``add_many``,
+    ``BF.MADD``, pipelined ``SADD``.
+    """
+    fingerprints = [hashlib.sha1(b"prefill %d" % i).hexdigest() for i in range(count)]
+    bloom = getattr(dupefilter, "bloom", None)
+    if bloom is not None and hasattr(bloom, "add_many"):
+        bloom.add_many(fingerprints)
+    elif isinstance(dupefilter, BFAddDupeFilter):
+        bf_madd(dupefilter.server, dupefilter.key, fingerprints)
+    elif hasattr(dupefilter, "server") and hasattr(dupefilter, "key") and not bloom:
+        pipe = dupefilter.server.pipeline(transaction=False)
+        for i in range(0, count, SADD_CHUNK):
+            pipe.sadd(dupefilter.key, *fingerprints[i : i + SADD_CHUNK])
+        pipe.execute()
+    else:
+        return False
+    return True
 
 
 def contenders(peers: Peers) -> list[DupeFilter]:
@@ -96,15 +124,19 @@ def time_commands(
     contender: DupeFilter,
     urls: Sequence[str],
     warmup: Sequence[str] = (),
+    prefilled: int = 0,
 ) -> dict[str, Any]:
     """Call ``request_seen`` for fresh Requests of ``urls``; return what Redis spent.
 
-    ``warmup`` URLs (others) are checked first, outside the count: ours allocates a
+    ``prefilled`` other fingerprints are added in bulk first (:func:`prefill`), then
+    ``warmup`` URLs (others) are checked, both outside the count: ours allocates a
     shard on its first check there, which a long crawl pays once.
     """
     bench.flush()
     dupefilter = build(contender, bench.url)
     try:
+        if prefilled and not contender.slow and not prefill(dupefilter, prefilled):
+            raise RuntimeError(f"(t) cannot prefill {contender.name}")
         for request in (Request(u) for u in warmup):
             dupefilter.request_seen(request)
         requests = [Request(u) for u in urls]
@@ -136,12 +168,19 @@ def time_commands(
 
 
 def measure_command_time(
-    bench: BenchRedis, peers: Peers, calls: int, slow_calls: int, rounds: int, warmup: int
+    bench: BenchRedis,
+    peers: Peers,
+    calls: int,
+    slow_calls: int,
+    rounds: int,
+    warmup: int,
+    prefilled: int = 0,
 ) -> dict[str, dict[str, Samples]]:
     """Measure (t): per contender, usec per check, commands per check, round trips.
 
-    Each contender first checks ``warmup`` other URLs (the slow peer: at most
-    ``slow_calls``). Returns {metric: {contender: Samples}} for "usec", "commands" and
+    Each contender first gets ``prefilled`` other fingerprints in bulk (not the slow
+    peer, which has no bulk path) and checks ``warmup`` other URLs (the slow peer: at
+    most ``slow_calls``). Returns {metric: {contender: Samples}} for "usec", "commands" and
     "round_trips" (the last only for contenders that report it).
     """
     by_name = {c.name: c for c in contenders(peers)}
@@ -154,7 +193,7 @@ def measure_command_time(
             contender = by_name[name]
             urls = slow if contender.slow else full
             warm = others[: len(urls)] if contender.slow else others
-            got = time_commands(bench, clock, contender, urls, warm)
+            got = time_commands(bench, clock, contender, urls, warm, prefilled)
             logger.info(
                 "  %-40s %7.2f usec/check, %.3f commands/check%s",
                 name,

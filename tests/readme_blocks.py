@@ -331,6 +331,8 @@ def _simple(argv: list[str], state: ShellState) -> list[str]:
         return problems + _cli(args)
     if program == "scrapy" and args[:1] == ["crawl"]:
         return problems + _scrapy_crawl(args[1:])
+    if program == "scrapy" and args[:1] == ["bloom"]:
+        return problems + _scrapy_bloom(args[1:])
     return [*problems, f"no rule checks {program!r} commands (add one to tests/readme_blocks.py)"]
 
 
@@ -397,15 +399,38 @@ def _cli(args: list[str]) -> list[str]:
         return []
     if args == ["--help"]:
         return [] if parser.format_help() else ["--help prints nothing"]
+    return _subcommand("scrapy-redis-bloom", parser, args)
+
+
+def _subcommand(program: str, parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """Check that ``args[0]`` is a subcommand of ``parser`` and has the options given."""
     choices: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:  # argparse keeps its subcommands private
         if isinstance(action, argparse._SubParsersAction):
             choices.update(action.choices)
     if args[0] not in choices:
-        return [f"scrapy-redis-bloom has no command {args[0]!r} (it has {sorted(choices)})"]
+        return [f"{program} has no command {args[0]!r} (it has {sorted(choices)})"]
     sub = choices[args[0]]
     known = {opt for action in sub._actions for opt in action.option_strings}
     return [f"{args[0]} has no option {flag}" for flag in _flags(args[1:]) if flag not in known]
+
+
+def _scrapy_bloom(args: list[str]) -> list[str]:
+    """``scrapy bloom [COMMAND] [options]``: the entry point, command and options must exist."""
+    from scrapy.settings import Settings
+
+    from scrapy_redis_bloom.commands import BloomCommand
+
+    group = pyproject()["project"].get("entry-points", {}).get("scrapy.commands", {})
+    if group.get("bloom") != "scrapy_redis_bloom.commands:BloomCommand":
+        return ["pyproject.toml registers no scrapy.commands entry point bloom = BloomCommand"]
+    command = BloomCommand()
+    command.settings = Settings()
+    parser = argparse.ArgumentParser()
+    command.add_options(parser)
+    if not args or args == ["--help"]:
+        return []
+    return _subcommand("scrapy bloom", parser, args)
 
 
 def _scrapy_crawl(args: list[str]) -> list[str]:

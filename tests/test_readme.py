@@ -30,11 +30,14 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import logging
+import os
 import re
 import shlex
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -64,6 +67,8 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler
 from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 from scrapy_redis.scheduler import Scheduler as ScrapyRedisScheduler
+from scrapy_run import NOT_INSTALLED, make_project
+from scrapy_run import scrapy as scrapy_run
 from tls_certs import TlsFiles, make_tls_files
 
 from scrapy_redis_bloom import Addon, RedisBloomFilter
@@ -89,6 +94,12 @@ class Check:
     #: What that test does with it.
     how: str
 
+
+#: The ``scrapy bloom`` sessions of the Operations section, in order (see
+#: :func:`test_scrapy_bloom_sessions`).
+OPERATIONS_SESSIONS = (
+    "size", "info", "check", "add", "migrate", "watch", "dump", "reset", "restore",
+)  # fmt: skip
 
 #: Every README block, by id, and how it is checked. A new block needs an entry here.
 BLOCKS: dict[str, Check] = {
@@ -146,7 +157,16 @@ BLOCKS: dict[str, Check] = {
         "exec + ConnectionConfig; with the same real sentinels, a crawl's filter lives on"
         " their primary while its queue's REDIS_URL is another server",
     ),
-    "Operations#1": Check(
+    **{
+        f"Operations#{i}": Check(
+            "console", f"$ scrapy bloom {command}", "test_scrapy_bloom_sessions",
+            "run in order in a project (subprocess scrapy, settings as the prose says) after"
+            " a crawl of 3,000 URLs and a scrapy-redis SET; the output printed, numbers, ids"
+            " and bars aside, is the README's line for line",
+        )
+        for i, command in enumerate(OPERATIONS_SESSIONS, 1)
+    },
+    f"Operations#{len(OPERATIONS_SESSIONS) + 1}": Check(
         "bash", "scrapy-redis-bloom info", "test_operations_commands",
         "every line run in order (one server, a list of two, a 3-master cluster) after"
         " a crawl and a scrapy-redis SET; the migrated filter then answers a crawl",
@@ -644,7 +664,7 @@ def test_operations_commands(
     redis_cluster_nodes: RedisClusterNodes,
     redis_cluster_url: str,
 ) -> None:
-    found = block(blocks, "Operations#1")
+    found = block(blocks, f"Operations#{len(OPERATIONS_SESSIONS) + 1}")
     monkeypatch.delenv("REDIS_URL", raising=False)
     r1, r2 = servers[0].url, servers[1].url
     hosts = Hosts(
@@ -939,3 +959,127 @@ def test_inline_commands() -> None:
         for problem in shell_problems(code)
     ]
     assert not problems, "\n".join(problems)
+
+
+# -- the scrapy bloom sessions -----------------------------------------------------------
+
+
+_NORMALISE = (
+    (re.compile(r"\b[0-9a-f]{32,64}\b"), "<hex>"),
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"), "<date>"),
+    (re.compile(r"[█▉▊▋▌▍▎▏]+"), "<bar>"),
+    (re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"), "<n>"),
+    (re.compile(r"[ \t]+"), " "),
+)
+
+
+def normalised(text: str) -> list[str]:
+    """Return the lines of an output with what changes from run to run replaced."""
+    lines = []
+    for line in text.strip("\n").splitlines():
+        for pattern, replacement in _NORMALISE:
+            line = pattern.sub(replacement, line)
+        lines.append(line.strip())
+    return lines
+
+
+def session(found: Block) -> tuple[str, str]:
+    """Split a console block into its command (after ``$``) and the output shown."""
+    first, _, output = found.text.partition("\n")
+    assert first.startswith("$ "), f"{found.where()}: a session starts with '$ '"
+    return first[2:], output
+
+
+@NOT_INSTALLED
+def test_scrapy_bloom_sessions(
+    blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """Run the Operations sessions in order; each prints what the README shows.
+
+    With ``SRB_README_CAPTURE=FILE`` the outputs are also written to FILE (JSON), to
+    paste into the README when the commands' output changes.
+    """
+    sessions = [
+        session(block(blocks, f"Operations#{i}")) for i in range(1, len(OPERATIONS_SESSIONS) + 1)
+    ]
+    project = make_project(
+        tmp_path / "project",
+        f"REDIS_URL = {redis_url!r}\n"
+        "BLOOMFILTER_CAPACITY = 1_000_000\nBLOOMFILTER_ERROR_RATE = 0.0001\n"
+        "BLOOMFILTER_SHARD_BIT = 20\n",
+    )
+    settings = {
+        "REDIS_URL": redis_url,
+        "BLOOMFILTER_CAPACITY": 1_000_000,
+        "BLOOMFILTER_ERROR_RATE": 0.0001,
+        "BLOOMFILTER_SHARD_BIT": 20,
+    }
+    # The state: a crawl saw 3,000 URLs; scrapy-redis's own dupefilter kept a SET of
+    # 500 (half of them crawled); files of URLs and fingerprints to check and add.
+    crawled = [f"https://example.com/page/{i}" for i in range(3000)]
+    df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
+    try:
+        assert not any(df.request_seen(Request(url)) for url in crawled)
+    finally:
+        df.close("finished")
+    old = ScrapyRedisDupeFilter(server=redis_client, key=f"{SPIDER}:dupefilter")
+    for i in range(2750, 3250):
+        old.request_seen(Request(f"https://example.com/page/{i}"))
+    (project / "urls.txt").write_text(
+        "".join(f"https://example.com/page/{i}\n" for i in range(2900, 3100))
+    )
+    (project / "fingerprints.txt").write_text(
+        "".join(hashlib.sha1(f"fp{i}".encode()).hexdigest() + "\n" for i in range(1000))
+    )
+    captured = {}
+    wrong = []
+    for command, shown in sessions:
+        argv = shlex.split(command)
+        assert argv[:2] == ["scrapy", "bloom"], command
+        with _adding_while(redis_client, settings, argv[2] == "watch"):
+            result = scrapy_run(project, *argv[1:])
+        assert (result.code, result.err) == (0, ""), f"{command}: {result}"
+        captured[command] = result.out
+        if normalised(result.out) != normalised(shown):
+            wrong.append(f"{command} printed:\n{result.out}")
+    capture = os.environ.get("SRB_README_CAPTURE")
+    if capture:
+        Path(capture).write_text(json.dumps(captured, indent=2))
+    assert not wrong, "\n".join(wrong)
+
+
+@contextlib.contextmanager
+def _adding_while(client: redis.Redis, settings: dict[str, Any], active: bool) -> Iterator[None]:
+    """Add fingerprints to the README's filter from a thread, as a crawl's worker would.
+
+    Only if ``active``; the worker holds a lease, as a crawl's does, so it shows as live.
+    """
+    if not active:
+        yield
+        return
+    stop = threading.Event()
+
+    def crawl() -> None:
+        bloom = RedisBloomFilter.from_config(client, KEY, BloomConfig.from_settings(settings))
+        lease = bloom.lease("crawler-1:4242:9f3a61c2", 30.0)
+        try:
+            bloom.open()
+            lease.renew()
+            batch = 0
+            while not stop.wait(0.5):
+                batch += 1
+                bloom.add_many(
+                    [hashlib.sha1(f"w{batch}:{i}".encode()).hexdigest() for i in range(700)]
+                )
+                bloom.sync_counters()
+        finally:
+            lease.release()
+            bloom.close()
+
+    worker = threading.Thread(target=crawl)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join()

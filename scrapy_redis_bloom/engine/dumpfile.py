@@ -1,0 +1,258 @@
+"""The dump file of a filter: a versioned header, checksummed chunks, a checksummed trailer.
+
+Written and read as a stream, one chunk at a time, so memory stays flat whatever the
+filter's size (see :mod:`.transfer` for what goes into it). All integers big-endian.
+
+* **Header**: the magic ``SRBDUMP`` and a NUL byte (8 bytes), the format version (u16,
+  :data:`VERSION`), the length of the header's JSON (u32), the JSON, and the CRC32 of
+  the JSON (u32). The JSON holds the filter's key, its config record (the hash fields
+  of ``KEY:meta``, see :mod:`.record`), its counters, where it was dumped from (for
+  information only: a restore may go to another topology) and when.
+* **Chunks**, each a frame: ``C``, the part's kind (u8: 0 a bitmap shard's
+  generation, 1 a native ``BF.*`` shard), shard (u32), generation (u16), position
+  (u64: a bitmap's byte offset, or the ``BF.SCANDUMP`` iterator of a native chunk),
+  data length (u32), CRC32 of the data (u32), then the data. A part's chunks follow
+  each other, in order.
+* **Trailer**: ``E``, the number of parts (u64), of chunks (u64), of data bytes (u64),
+  then the SHA-256 of every byte of the file before it (32 bytes). Nothing may follow.
+
+A file that is truncated, corrupted, of another format or version, or followed by
+extra bytes raises :class:`DumpFileError` naming the problem and where it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+#: First bytes of a dump file.
+MAGIC = b"SRBDUMP\0"
+#: Version of the format described above.
+VERSION = 1
+#: Kinds of parts a chunk belongs to.
+BITMAP, NATIVE = 0, 1
+#: Largest chunk a reader accepts: a bitmap's are 1 MiB; RedisBloom's BF.SCANDUMP
+#: chunks are at most its sub-filter size cap (far below this).
+MAX_CHUNK = 1 << 30
+#: Largest header JSON a reader accepts.
+MAX_HEADER = 1 << 20
+
+_START = struct.Struct("!8sHI")
+_CHUNK = struct.Struct("!BIHQII")
+_TRAILER = struct.Struct("!QQQ")
+_U32 = struct.Struct("!I")
+_SHA = 32
+
+
+class DumpFileError(ValueError):
+    """A dump file that cannot be restored: truncated, corrupted, or of another format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk read back: which part it belongs to, where in it, its data.
+
+    ``number`` counts the file's chunks from 1; ``index`` the part's own from 1.
+    """
+
+    kind: int
+    shard: int
+    generation: int
+    position: int
+    data: bytes
+    number: int
+    index: int
+
+    def where(self) -> str:
+        """Name the chunk as a message does: ``chunk 17 of shard 3 (generation 0)``."""
+        return f"chunk {self.index} of {part_name(self.kind, self.shard, self.generation)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """The trailer's counts, and the whole file's SHA-256 (hex)."""
+
+    parts: int
+    chunks: int
+    data_bytes: int
+    file_bytes: int
+    sha256: str
+
+
+def part_name(kind: int, shard: int, generation: int) -> str:
+    """Name a part in a message: ``shard 3 (generation 1)`` or ``native shard 3``."""
+    return f"native shard {shard}" if kind == NATIVE else f"shard {shard} (generation {generation})"
+
+
+class DumpWriter:
+    """Writes a dump file to ``out`` as a stream, hashing every byte as it goes."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self._sha = hashlib.sha256()
+        self.file_bytes = 0
+        self.parts = 0
+        self.chunks = 0
+        self.data_bytes = 0
+        self._part: tuple[int, int, int] | None = None
+
+    def _write(self, data: bytes) -> None:
+        self.out.write(data)
+        self._sha.update(data)
+        self.file_bytes += len(data)
+
+    def header(self, fields: dict[str, Any]) -> None:
+        """Write the magic, the version and the header's JSON (``fields``)."""
+        body = json.dumps(fields, sort_keys=True).encode()
+        self._write(_START.pack(MAGIC, VERSION, len(body)) + body + _U32.pack(zlib.crc32(body)))
+
+    def chunk(self, kind: int, shard: int, generation: int, position: int, data: bytes) -> None:
+        """Write one chunk of a part; a part's chunks must be written one after another."""
+        if (kind, shard, generation) != self._part:
+            self._part = (kind, shard, generation)
+            self.parts += 1
+        self.chunks += 1
+        self.data_bytes += len(data)
+        head = _CHUNK.pack(kind, shard, generation, position, len(data), zlib.crc32(data))
+        self._write(b"C" + head)
+        self._write(data)
+
+    def finish(self) -> Totals:
+        """Write the trailer; return the counts and the file's SHA-256."""
+        self._write(b"E" + _TRAILER.pack(self.parts, self.chunks, self.data_bytes))
+        digest = self._sha.digest()
+        self.out.write(digest)
+        self.file_bytes += len(digest)
+        self.out.flush()
+        return Totals(self.parts, self.chunks, self.data_bytes, self.file_bytes, digest.hex())
+
+
+class DumpReader:
+    """Reads a dump file from ``inp`` as a stream, checking every checksum on the way.
+
+    ``name`` names the file in messages. Read :meth:`header` first, then iterate
+    :meth:`chunks` to the end: the trailer is checked when the last chunk was read,
+    and only then is the file known to be whole (:attr:`totals`).
+    """
+
+    def __init__(self, inp: BinaryIO, name: str) -> None:
+        self.inp = inp
+        self.name = name
+        self._sha = hashlib.sha256()
+        self.offset = 0
+        self.totals: Totals | None = None
+        self._header: dict[str, Any] | None = None
+
+    def refuse(self, problem: str) -> DumpFileError:
+        """Return the error refusing the file for ``problem``, naming the file."""
+        return DumpFileError(f"The dump file {self.name} cannot be restored: {problem}.")
+
+    def _read(self, size: int, what: str) -> bytes:
+        """Read exactly ``size`` bytes of ``what``, or refuse the file as truncated."""
+        data = self.inp.read(size)
+        if len(data) != size:
+            raise self.refuse(
+                f"it is truncated: {what} ends at byte {self.offset + len(data):,} of the file,"
+                f" {size - len(data):,} byte(s) short of its length"
+            )
+        self._sha.update(data)
+        self.offset += size
+        return data
+
+    def header(self) -> dict[str, Any]:
+        """Read and check the magic, the version and the header's JSON; return the JSON."""
+        if self._header is not None:
+            return self._header
+        start = self.inp.read(_START.size)
+        if len(start) < len(MAGIC) or start[: len(MAGIC)] != MAGIC:
+            raise self.refuse(
+                "it is not a scrapy-redis-bloom dump (it does not start with"
+                f" {MAGIC!r}, but {start[: len(MAGIC)]!r})"
+            )
+        if len(start) < _START.size:
+            raise self.refuse("it is truncated inside its header")
+        self._sha.update(start)
+        self.offset += len(start)
+        _, version, size = _START.unpack(start)
+        if version != VERSION:
+            raise self.refuse(
+                f"it has format version {version}, and this version of scrapy-redis-bloom"
+                f" reads version {VERSION} only"
+            )
+        if size > MAX_HEADER:
+            raise self.refuse(f"its header claims {size:,} bytes (at most {MAX_HEADER:,})")
+        body = self._read(size, "the header")
+        (crc,) = _U32.unpack(self._read(_U32.size, "the header's checksum"))
+        if zlib.crc32(body) != crc:
+            raise self.refuse("its header's checksum does not match (the header is corrupted)")
+        try:
+            fields = json.loads(body)
+        except ValueError as exc:
+            raise self.refuse(f"its header is not JSON ({exc})") from None
+        if not isinstance(fields, dict):
+            raise self.refuse("its header is not a JSON object")
+        self._header = fields
+        return fields
+
+    def chunks(self) -> Iterator[Chunk]:
+        """Yield every chunk, checked against its CRC32; then check the trailer."""
+        self.header()
+        number = index = 0
+        part: tuple[int, int, int] | None = None
+        parts = data_bytes = 0
+        while True:
+            tag = self._read(1, f"the frame after chunk {number}")
+            if tag == b"E":
+                break
+            if tag != b"C":
+                raise self.refuse(
+                    f"byte {self.offset - 1:,} should start a chunk or the trailer, and holds"
+                    f" {tag!r} (the file is corrupted)"
+                )
+            number += 1
+            head = self._read(_CHUNK.size, f"the frame of chunk {number}")
+            kind, shard, generation, position, size, crc = _CHUNK.unpack(head)
+            if kind not in (BITMAP, NATIVE) or size > MAX_CHUNK:
+                raise self.refuse(f"the frame of chunk {number} is corrupted")
+            if (kind, shard, generation) != part:
+                part, index = (kind, shard, generation), 0
+                parts += 1
+            index += 1
+            chunk = Chunk(kind, shard, generation, position, b"", number, index)
+            data = self._read(size, f"{chunk.where()} (chunk {number} of the file)")
+            end = self.offset
+            if zlib.crc32(data) != crc:
+                raise self.refuse(
+                    f"{chunk.where()} (chunk {number} of the file, bytes"
+                    f" {end - size:,} to {end:,}) fails its checksum: the file is corrupted"
+                )
+            data_bytes += size
+            yield Chunk(kind, shard, generation, position, data, number, index)
+        self._trailer(parts, number, data_bytes)
+
+    def _trailer(self, parts: int, chunks: int, data_bytes: int) -> None:
+        counts = _TRAILER.unpack(self._read(_TRAILER.size, "the trailer"))
+        expected = self._sha.digest()
+        digest = self.inp.read(_SHA)
+        if len(digest) != _SHA:
+            raise self.refuse(
+                f"it is truncated: the trailer's SHA-256 ends at byte {self.offset + len(digest):,}"
+                f" of the file, {_SHA - len(digest)} byte(s) short"
+            )
+        self.offset += _SHA
+        if counts != (parts, chunks, data_bytes):
+            raise self.refuse(
+                f"its trailer counts {counts[0]:,} part(s), {counts[1]:,} chunk(s) and"
+                f" {counts[2]:,} byte(s), and the file holds {parts:,}, {chunks:,} and"
+                f" {data_bytes:,} (the file is corrupted)"
+            )
+        if digest != expected:
+            raise self.refuse("its SHA-256 does not match its content (the file is corrupted)")
+        if self.inp.read(1):
+            raise self.refuse(f"bytes follow its trailer (at byte {self.offset:,})")
+        self.totals = Totals(parts, chunks, data_bytes, self.offset, expected.hex())

@@ -1,0 +1,503 @@
+"""Dump and restore of a filter (engine side), on real servers: exact round trips, refusals.
+
+A round trip is exact when every fingerprint added answers "seen" afterwards AND the
+bits are identical (each part's bytes, so BITCOUNT per shard), the record keeps its
+geometry and id, the counters their counts, and fresh fingerprints answer "new" at
+the rate the filter was sized for. A refused file leaves no key behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from scrapy_redis_bloom import BloomConfig, FaultPolicy
+from scrapy_redis_bloom.engine import dumpfile, inventory
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.dumpfile import DumpFileError
+from scrapy_redis_bloom.engine.native import NativeBloomFilter
+from scrapy_redis_bloom.engine.restore import FilterExistsError, RestoreFailedError, restore_filter
+from scrapy_redis_bloom.engine.transfer import FilterBusyError, dump_filter
+from scrapy_redis_bloom.errors import BloomFilterError, UnsupportedServerError
+
+KEY = "dumped"
+
+
+def fingerprints(n: int, tag: str) -> list[str]:
+    return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+def config(capacity: int, rate: float, **more: Any) -> BloomConfig:
+    return BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate, **more}
+    )
+
+
+def upper(queries: int, rate: float) -> float:
+    """Return the most false positives q new elements give at rate p, but for a 1e-9 chance."""
+    return queries * rate + 6 * math.sqrt(queries * rate * (1 - rate))
+
+
+def filled(client: Any, cfg: BloomConfig, members: list[str], key: str = KEY) -> Any:
+    bloom = make_filter(client, key, cfg, faults=cfg.faults)
+    bloom.add_many(members)
+    bloom.sync_counters()
+    return bloom
+
+
+def part_bytes(client: Any, bloom: Any) -> dict[str, bytes]:
+    """Return every part's bytes by key name: shards and their generations (or BF dumps)."""
+    out: dict[str, bytes] = {}
+    record = bloom.parts.read_record()
+    pattern = "{" + bloom.key + ":*}:*"
+    clients = client if isinstance(client, list) else [client]
+    for c in clients:
+        if isinstance(c, RedisCluster):
+            keys = c.keys(pattern, target_nodes=RedisCluster.ALL_NODES)
+        else:
+            keys = c.keys(pattern)
+        for name in keys:
+            name = name.decode()
+            if record.backend == "native":
+                chunks, cursor = [], 0
+                while True:
+                    cursor, data = c.execute_command("BF.SCANDUMP", name, cursor)
+                    if cursor == 0:
+                        break
+                    chunks.append(bytes(data))
+                out[name] = b"".join(chunks)
+            else:
+                out[name] = c.get(name)
+    return out
+
+
+def all_keys(client: Any) -> list[bytes]:
+    clients = client if isinstance(client, list) else [client]
+    found: list[bytes] = []
+    for c in clients:
+        if isinstance(c, RedisCluster):
+            found += c.keys("*", target_nodes=RedisCluster.ALL_NODES)
+        else:
+            found += c.keys("*")
+    return sorted(found)
+
+
+def dump(bloom: Any, path: Path, **kwargs: Any) -> Any:
+    with path.open("wb") as out:
+        return dump_filter(bloom, out, **kwargs)
+
+
+def restore(client: Any, path: Path, key: str = KEY, **kwargs: Any) -> Any:
+    with path.open("rb") as inp:
+        return restore_filter(client, key, inp, **kwargs)
+
+
+def reopened(client: Any, cfg: BloomConfig, key: str = KEY) -> Any:
+    bloom = make_filter(client, key, cfg, faults=cfg.faults)
+    bloom.open(create=False)
+    return bloom
+
+
+def round_trip(source: Any, target: Any, tmp_path: Path, members: list[str], cfg: Any) -> None:
+    """Dump, reset, restore into ``target``; check the answers, the bits, the record."""
+    bloom = filled(source, cfg, members)
+    before = part_bytes(source, bloom)
+    state = bloom.state()
+    record = bloom.parts.read_record()
+    totals = bloom.totals()
+    path = tmp_path / "filter.dump"
+    summary = dump(bloom, path)
+    assert summary.added == totals.added
+    assert totals.added + totals.seen == len(members)
+    assert summary.totals.file_bytes == path.stat().st_size
+    bloom.clear()
+    bloom.close()
+    assert all_keys(source) == []
+    restored = restore(target, path)
+    assert restored.totals == summary.totals
+    again = reopened(target, cfg)
+    after = part_bytes(target, again)
+    assert after == before  # every part, byte for byte: same fill, BITCOUNT, headers
+    assert again.state().bits_set == state.bits_set
+    assert again.state().estimated_items == state.estimated_items
+    got = again.parts.read_record()
+    assert got.filter_id == record.filter_id
+    assert (got.spec, got.capacity, got.sizing) == (record.spec, record.capacity, record.sizing)
+    assert (got.expansion, got.created) == (record.expansion, record.created)
+    assert got.servers == (len(target) if isinstance(target, list) else 1)
+    assert again.totals() == totals
+    assert all(again.contains_many(members))
+    strangers = fingerprints(20_000, "stranger")
+    assert sum(again.contains_many(strangers)) <= upper(20_000, cfg.expected_error_rate)
+    assert sum(again.check_and_add_many(strangers[:1000])) <= upper(1000, cfg.expected_error_rate)
+    again.close()
+
+
+# -- round trips ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_200k_fingerprints_survive_dump_reset_restore_exactly(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(250_000, 1e-3, BLOOMFILTER_SHARDS=8)
+    round_trip(redis_client, redis_client, tmp_path, fingerprints(200_000, "seen"), cfg)
+
+
+@pytest.mark.timeout(300)
+def test_restore_into_a_cluster(
+    redis_client: redis.Redis, redis_cluster: RedisCluster, tmp_path: Path
+) -> None:
+    cfg = config(250_000, 1e-3, BLOOMFILTER_SHARDS=8)
+    round_trip(redis_client, redis_cluster, tmp_path, fingerprints(200_000, "seen"), cfg)
+
+
+@pytest.mark.timeout(300)
+def test_restore_into_a_server_list_and_back(
+    redis_client: redis.Redis, clients: list[redis.Redis], tmp_path: Path
+) -> None:
+    cfg = config(100_000, 1e-3, BLOOMFILTER_SHARDS=5)
+    members = fingerprints(80_000, "seen")
+    round_trip(redis_client, clients, tmp_path, members, cfg)
+    # On three servers it has a marker on each; back to one server, it has none.
+    assert [c.get(f"{KEY}:server") is not None for c in clients] == [True] * 3
+    for client in clients:
+        client.flushall()
+    (tmp_path / "back").mkdir()
+    round_trip(clients, redis_client, tmp_path / "back", members, cfg)
+    assert redis_client.get(f"{KEY}:server") is None
+
+
+@pytest.mark.timeout(300)
+def test_a_grown_filter_keeps_every_generation(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(2_000, 0.01, BLOOMFILTER_SHARDS=4)
+    members = fingerprints(20_000, "grown")
+    bloom = filled(redis_client, cfg, members)
+    assert len(redis_client.keys("{" + KEY + ":0}:g*")) >= 4  # several generations
+    bloom.close()
+    redis_client.flushall()
+    round_trip(redis_client, redis_client, tmp_path, members, cfg)
+
+
+@pytest.mark.timeout(300)
+def test_a_native_filter_round_trips(bloom_redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=3, BLOOMFILTER_BACKEND="native")
+    members = fingerprints(50_000, "native")  # past its capacity: sub-filters were added
+    round_trip(bloom_redis_client, bloom_redis_client, tmp_path, members, cfg)
+
+
+def test_a_native_dump_is_refused_by_a_server_without_bf(
+    bloom_redis_client: redis.Redis, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_BACKEND="native")
+    bloom = filled(bloom_redis_client, cfg, fingerprints(1000, "n"))
+    assert isinstance(bloom, NativeBloomFilter)
+    dump(bloom, tmp_path / "native.dump")
+    bloom.close()
+    with pytest.raises(UnsupportedServerError, match=r"native filter .* has no BF\.\* commands"):
+        restore(redis_client, tmp_path / "native.dump")
+    assert all_keys(redis_client) == []
+
+
+def test_progress_counts_up_to_the_total_and_a_probe_dumps_any_backend(
+    bloom_redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_BACKEND="native")
+    filled(bloom_redis_client, cfg, fingerprints(30_000, "p")).close()
+    seen: list[tuple[int, int]] = []
+    probe = inventory.probe(bloom_redis_client, KEY)  # a bitmap filter object, unopened
+    summary = dump(probe, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    assert summary.record.backend == "native"
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (summary.totals.data_bytes, summary.totals.data_bytes)
+    bloom_redis_client.flushall()
+    seen.clear()
+    restore(bloom_redis_client, tmp_path / "p.dump", progress=lambda d, t: seen.append((d, t)))
+    size = (tmp_path / "p.dump").stat().st_size
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (2 * size, 2 * size)
+    probe.close()
+
+
+# -- refused files: nothing is left behind -------------------------------------------------
+
+
+@pytest.fixture
+def dumped(redis_client: redis.Redis, tmp_path: Path) -> bytes:
+    """Return the bytes of a dump of a small grown filter; the server is emptied after."""
+    cfg = config(5_000, 0.01, BLOOMFILTER_SHARDS=3)
+    bloom = filled(redis_client, cfg, fingerprints(30_000, "small"))
+    out = io.BytesIO()
+    dump_filter(bloom, out)
+    bloom.close()
+    redis_client.flushall()
+    return out.getvalue()
+
+
+def refused(client: Any, data: bytes, match: str) -> None:
+    """Restoring ``data`` raises DumpFileError matching ``match``; the target stays empty."""
+    with pytest.raises(DumpFileError, match=match) as caught:
+        restore_filter(client, KEY, io.BytesIO(data), name="x.dump")
+    assert "\n" not in str(caught.value)
+    assert all_keys(client) == []
+
+
+def test_a_corrupted_byte_is_refused_naming_the_chunk(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    data = bytearray(dumped)
+    data[len(data) // 2] ^= 0x10
+    refused(
+        redis_client,
+        bytes(data),
+        r"x\.dump cannot be restored: chunk \d+ of shard \d \(generation \d\) \(chunk \d+ of the"
+        r" file, bytes [\d,]+ to [\d,]+\) fails its checksum",
+    )
+
+
+@pytest.mark.parametrize(
+    ("cut", "match"),
+    [
+        (-1, r"truncated: the trailer's SHA-256 ends at byte"),
+        (-40, r"truncated: the trailer ends at byte"),
+        (
+            0.5,
+            r"truncated: chunk \d+ of shard \d \(generation \d\) \(chunk \d+ of the file\) ends at",
+        ),
+        (30, r"truncated: the header ends at byte 30 of the file"),
+        (10, r"truncated inside its header"),
+    ],
+)
+def test_a_truncated_file_is_refused_naming_where(
+    redis_client: redis.Redis, dumped: bytes, cut: float, match: str
+) -> None:
+    end = int(len(dumped) * cut) if isinstance(cut, float) else cut % len(dumped)
+    refused(redis_client, dumped[:end], match)
+
+
+def test_wrong_magic_version_and_trailing_bytes_are_refused(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    refused(redis_client, b"REDIS0009" + dumped[9:], r"not a scrapy-redis-bloom dump")
+    later = dumped[:8] + (dumpfile.VERSION + 1).to_bytes(2, "big") + dumped[10:]
+    refused(redis_client, later, r"format version 2, .* reads version 1 only")
+    refused(redis_client, dumped + b"\0", r"bytes follow its trailer")
+    refused(redis_client, b"", r"not a scrapy-redis-bloom dump")
+
+
+def rewritten(data: bytes, keep: Any) -> bytes:
+    """Return the dump ``data`` with only the chunks ``keep(chunk)`` accepts, checksummed anew."""
+    reader = dumpfile.DumpReader(io.BytesIO(data), "in")
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header(reader.header())
+    for chunk in reader.chunks():
+        if keep(chunk):
+            writer.chunk(chunk.kind, chunk.shard, chunk.generation, chunk.position, chunk.data)
+    writer.finish()
+    return out.getvalue()
+
+
+def test_well_checksummed_chunks_that_do_not_make_the_filter_are_refused(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    assert rewritten(dumped, lambda chunk: True) == dumped
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 1),
+        r"chunk 1 of shard 2 \(generation 0\) comes where shard 1 was due",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: chunk.shard != 2),
+        r"it holds 2 of the filter's 3 shards",
+    )
+    refused(
+        redis_client,
+        rewritten(dumped, lambda chunk: (chunk.shard, chunk.generation) != (0, 1)),
+        r"chunk 1 of shard 0 \(generation 2\) comes where generation 1 was due",
+    )
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header({"record": {"layout": "2", "scheme": "1"}})
+    writer.finish()
+    refused(redis_client, out.getvalue(), r"the config record it holds cannot be used: it lacks")
+
+
+def test_a_pipe_is_refused_before_anything_is_read(redis_client: redis.Redis) -> None:
+    read, write = os.pipe()
+    with (
+        os.fdopen(write, "wb"),
+        os.fdopen(read, "rb") as inp,
+        pytest.raises(DumpFileError, match=r"cannot seek \(a pipe\).*Save it to a file"),
+    ):
+        restore_filter(redis_client, KEY, inp)
+
+
+# -- refused in Redis: a taken key, live workers, a fault mid-restore ---------------------
+
+
+def test_a_filter_in_place_is_refused_unless_replaced(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    cfg = config(1_000, 0.01)
+    other = make_filter(redis_client, KEY, cfg)
+    other.open()
+    other_id = other.parts.read_record().filter_id
+    with pytest.raises(FilterExistsError, match=r"already a Bloom filter 'dumped' .*replace"):
+        restore_filter(redis_client, KEY, io.BytesIO(dumped))
+    assert other.parts.read_record().filter_id == other_id  # untouched
+    summary = restore_filter(redis_client, KEY, io.BytesIO(dumped), replace=True)
+    assert summary.replaced
+    assert other.parts.read_record().filter_id == summary.record.filter_id != other_id
+    other.close()
+
+
+def test_a_dump_restores_under_another_key(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(10_000, 0.01, BLOOMFILTER_SHARDS=2)
+    members = fingerprints(5_000, "renamed")
+    bloom = filled(redis_client, cfg, members)
+    dump(bloom, tmp_path / "renamed.dump")
+    bloom.close()
+    restore(redis_client, tmp_path / "renamed.dump", key="elsewhere")
+    again = reopened(redis_client, cfg, key="elsewhere")
+    assert all(again.contains_many(members))
+    again.close()
+
+
+def test_keys_in_the_way_are_refused_and_kept(redis_client: redis.Redis, dumped: bytes) -> None:
+    redis_client.set("{" + KEY + ":1}:g0", b"someone else's")
+    with pytest.raises(FilterExistsError, match=r"already holds '\{dumped:1\}:g0'"):
+        restore_filter(redis_client, KEY, io.BytesIO(dumped))
+    assert all_keys(redis_client) == [b"{" + KEY.encode() + b":1}:g0"]
+
+
+def test_live_workers_refuse_a_dump_unless_forced(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(10_000, 0.01)
+    bloom = filled(redis_client, cfg, fingerprints(1000, "w"))
+    lease = bloom.lease("host:1:abc", ttl=30)
+    lease.renew()
+    with pytest.raises(FilterBusyError, match=r"1 worker\(s\) hold a live lease .*host:1:abc"):
+        dump(bloom, tmp_path / "busy.dump")
+    assert dump(bloom, tmp_path / "busy.dump", force=True).forced
+    bloom.close()
+
+
+def test_a_ttl_filter_is_refused(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = config(10_000, 0.01, BLOOMFILTER_TTL=3600)
+    bloom = filled(redis_client, cfg, fingerprints(10, "t"))
+    with pytest.raises(BloomFilterError, match=r"BLOOMFILTER_TTL = 3600.*not supported"):
+        dump(bloom, tmp_path / "ttl.dump")
+    bloom.close()
+
+
+@pytest.mark.parametrize("generation", [0, 1])
+def test_a_damaged_filter_is_not_dumped(
+    redis_client: redis.Redis, tmp_path: Path, generation: int
+) -> None:
+    cfg = config(2_000, 0.01, BLOOMFILTER_SHARDS=2)
+    bloom = filled(redis_client, cfg, fingerprints(20_000, "lost"))
+    redis_client.delete("{" + KEY + f":1}}:g{generation}")
+    path = tmp_path / "damaged.dump"
+    match = f"generation {generation} of its shard 1 .* holds missing"
+    with pytest.raises(BloomFilterError, match=match):
+        dump(bloom, path)
+    bloom.close()
+    redis_client.flushall()
+    if generation == 0:  # found before anything was written
+        assert path.read_bytes() == b""
+        return
+    # Found on the way: the file has no trailer, and a restore refuses it.
+    with pytest.raises(DumpFileError, match=r"truncated: the frame after chunk \d+ ends at"):
+        restore(redis_client, path)
+    assert all_keys(redis_client) == []
+
+
+def test_out_of_memory_mid_restore_leaves_nothing(redis_client: redis.Redis, dumped: bytes) -> None:
+    used = int(redis_client.info("memory")["used_memory"])
+
+    def squeeze(done: int, total: int) -> None:
+        if done > total * 3 // 4:  # half-way through writing: the server fills up
+            redis_client.config_set("maxmemory", used + 64 * 1024)
+
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    try:
+        with pytest.raises(RestoreFailedError, match=r"written was deleted: .* out of memory"):
+            restore_filter(
+                redis_client,
+                KEY,
+                io.BytesIO(dumped),
+                squeeze,
+                faults=FaultPolicy(retry_timeout=0.3),
+            )
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert all_keys(redis_client) == []
+
+
+def test_a_file_changed_between_the_passes_leaves_nothing(
+    redis_client: redis.Redis, dumped: bytes
+) -> None:
+    stream = io.BytesIO(dumped)
+    tampered: list[int] = []
+
+    def tamper(done: int, total: int) -> None:
+        if done > total // 2 and not tampered:  # the first chunk of the writing pass
+            tampered.append(done)
+            with stream.getbuffer() as view:  # a byte the reader has not reached yet
+                view[len(dumped) - 100] ^= 1
+
+    with pytest.raises(DumpFileError, match=r"(checksum|SHA-256 does not match).* was deleted\."):
+        restore_filter(redis_client, KEY, stream, tamper)
+    assert tampered
+    assert all_keys(redis_client) == []
+
+
+# -- memory stays flat ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_memory_stays_flat_for_an_80_mib_filter(redis_client: redis.Redis, tmp_path: Path) -> None:
+    cfg = BloomConfig.from_settings(
+        {"BLOOMFILTER_BIT": 29, "BLOOMFILTER_HASH_NUMBER": 7, "BLOOMFILTER_SHARDS": 8}
+    )
+    bloom = filled(redis_client, cfg, fingerprints(10_000, "big"))
+    size = bloom.parts.read_record().spec.bits // 8
+    assert size >= 64 << 20
+    path = tmp_path / "big.dump"
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        summary = dump(bloom, path)
+        dumped_in = time.monotonic() - started
+        _, dump_peak = tracemalloc.get_traced_memory()
+        bloom.clear()
+        tracemalloc.reset_peak()
+        started = time.monotonic()
+        restore(redis_client, path)
+        restored_in = time.monotonic() - started
+        _, restore_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    bloom.close()
+    print(
+        f"80 MiB filter: file {summary.totals.file_bytes:,} bytes; dump {dumped_in:.2f} s, peak"
+        f" {dump_peak:,} B; restore {restored_in:.2f} s, peak {restore_peak:,} B"
+    )
+    assert dump_peak < 8 << 20
+    assert restore_peak < 8 << 20
+    again = reopened(redis_client, cfg)
+    assert all(again.contains_many(fingerprints(10_000, "big")))
+    again.close()

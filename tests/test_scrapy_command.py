@@ -1,0 +1,534 @@
+"""``scrapy bloom``: the Scrapy command, run as a user runs it, in a subprocess.
+
+The ``scrapy`` executable beside the running Python must have the command through
+the ``scrapy.commands`` entry point (an install of this package: ``pip install -e
+.``), or these tests are skipped, saying so. Each runs inside a temporary Scrapy
+project made of files (scrapy.cfg, settings.py, a spider), or outside any project,
+against real redis-server processes: one server, a server list, a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from redis_server import RedisServer, free_port
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+from scrapy_run import (
+    NOT_INSTALLED,
+    SCRAPY,
+    SUBCOMMANDS,
+    make_project,
+    one_line_error,
+    scrapy,
+)
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.commands.migrate import marker_key
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+
+pytestmark = NOT_INSTALLED
+
+
+SIZING = {"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_ERROR_RATE": 0.0001}
+
+
+def stored_filter(client: redis.Redis, key: str, items: list[str]) -> None:
+    """Create a filter of the project's sizing holding ``items``, as a crawl would."""
+    bloom = RedisBloomFilter.from_config(client, key, BloomConfig.from_settings(SIZING))
+    bloom.open()
+    bloom.add_many(items)
+    bloom.sync_counters()
+    bloom.close()
+
+
+def fingerprints(n: int, salt: str = "") -> list[str]:
+    return [hashlib.sha1(f"{salt}{i}".encode()).hexdigest() for i in range(n)]
+
+
+def write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+@pytest.fixture
+def project(tmp_path: Path, redis_url: str) -> Path:
+    """Return a project whose crawls use ``redis_url`` (scrapy-redis's REDIS_URL)."""
+    return make_project(tmp_path / "project", f"REDIS_URL = {redis_url!r}\n")
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """Return a directory in no Scrapy project."""
+    path = tmp_path / "elsewhere"
+    path.mkdir()
+    return path
+
+
+# -- help ------------------------------------------------------------------------------
+
+
+def test_help_lists_the_subcommands_outside_a_project(outside: Path) -> None:
+    result = scrapy(outside, "bloom", "--help")
+    assert (result.code, result.err) == (0, "")
+    for name in SUBCOMMANDS:
+        assert f"\n    {name} " in result.out, name
+    listing = scrapy(outside, "-h")
+    assert "bloom" in listing.out
+    assert "Bloom filter" in listing.out
+
+
+def test_help_lists_the_subcommands_inside_a_project(project: Path) -> None:
+    result = scrapy(project, "bloom", "--help")
+    assert (result.code, result.err) == (0, "")
+    for name in SUBCOMMANDS:
+        assert f"\n    {name} " in result.out, name
+    sub = scrapy(project, "bloom", "check", "--help")
+    assert sub.code == 0
+    assert "--urls" in sub.out
+    assert "--spider" in sub.out
+
+
+def test_without_a_subcommand_is_a_usage_error(outside: Path) -> None:
+    result = scrapy(outside, "bloom")
+    assert result.code == 2
+    assert "COMMAND" in result.err
+    assert "Traceback" not in result.err
+
+
+# -- the project's settings ------------------------------------------------------------
+
+
+def test_the_project_settings_name_and_reach_the_filter(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    data = write(tmp_path / "fp.txt", fingerprints(300))
+    added = scrapy(project, "bloom", "add", "--spider", "books", data)
+    assert added.code == 0, added
+    # The project's sizing created the filter, under the crawl's key for the spider.
+    assert "Created the Bloom filter 'books:bloomfilter'" in added.out
+    assert "300 new, 0 already present" in added.out
+    assert redis_client.exists("books:bloomfilter:meta")
+    info = scrapy(project, "bloom", "info", "--spider", "books", "--json")
+    assert info.code == 0, info
+    shown = json.loads(info.out)
+    assert (shown["key"], shown["capacity"], shown["backend"]) == (
+        "books:bloomfilter",
+        20_000,
+        "bitmap",
+    )
+    assert shown["estimated_items"] == pytest.approx(300, rel=0.05)
+    assert shown["total_added"] == 300
+    # A spider's custom_settings apply, as in `scrapy crawl news`.
+    news = scrapy(project, "bloom", "add", "--spider", "news", data)
+    assert "Created the Bloom filter 'fresh:news'" in news.out
+    # --key names a filter directly; a spider the project does not have is refused.
+    check = scrapy(project, "bloom", "check", "--key", "books:bloomfilter", data)
+    assert "300 present, 0 absent" in check.out
+    unknown = scrapy(project, "bloom", "info", "--spider", "bokos")
+    assert "No spider named 'bokos'" in one_line_error(unknown, 2)
+    which = scrapy(project, "bloom", "info")
+    assert "--spider NAME" in one_line_error(which, 2)
+
+
+def test_s_overrides_the_project_settings(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}"
+    project = make_project(tmp_path / "p", f"REDIS_URL = {dead!r}\n")
+    data = write(tmp_path / "fp.txt", fingerprints(50))
+    failed = scrapy(project, "bloom", "add", "--key", "k", data)
+    assert "cannot connect" in one_line_error(failed, 1)
+    # -s before or after the subcommand's name.
+    first = scrapy(project, "bloom", "-s", f"REDIS_URL={redis_url}", "add", "--key", "k", data)
+    assert "50 new, 0 already present" in first.out, first
+    second = scrapy(project, "bloom", "add", "--key", "k", data, "-s", f"REDIS_URL={redis_url}")
+    assert "0 new, 50 already present" in second.out, second
+    assert redis_client.exists("k:meta")
+    # A sizing setting given with -s that does not match the filter is refused.
+    other = scrapy(project, "bloom", "add", "--key", "k", data, "-s", f"REDIS_URL={redis_url}",
+                   "-s", "BLOOMFILTER_CAPACITY=30000")  # fmt: skip
+    assert "do not match the existing filter" in one_line_error(other, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "named"),
+    [
+        ("BLOOMFILTER_ERROR_RATE", "2", "BLOOMFILTER_ERROR_RATE"),
+        ("BLOOMFILTER_REDIS_URL", "http://127.0.0.1:1", "BLOOMFILTER_REDIS_URL"),
+        ("BLOOMFILTER_RETRY_TIMEOUT", "-1", "BLOOMFILTER_RETRY_TIMEOUT"),
+        ("BLOOMFILTER_KEY", "a{b}", "BLOOMFILTER_KEY"),
+    ],
+)
+def test_bad_settings_are_one_line(outside: Path, name: str, value: str, named: str) -> None:
+    result = scrapy(outside, "bloom", "info", "--key", "k", "-s", f"{name}={value}")
+    assert named in one_line_error(result, 2)
+    if name in ("BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_KEY"):  # what the calculator reads
+        sized = scrapy(outside, "bloom", "size", "-s", f"{name}={value}")
+        assert named in one_line_error(sized, 2)
+
+
+def test_passwords_are_not_shown(outside: Path) -> None:
+    url = f"redis://:pw5678@127.0.0.1:{free_port()}"
+    result = scrapy(outside, "bloom", "info", "--key", "k", "-s", f"BLOOMFILTER_REDIS_URL={url}")
+    err = one_line_error(result, 1)
+    assert "pw5678" not in err
+    assert "127.0.0.1" in err
+
+
+# -- URLs fingerprinted as the crawl does ------------------------------------------------
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+@pytest.mark.parametrize("fingerprinter", ["scrapy-redis", "crawler"])
+def test_check_urls_sees_what_the_dupefilter_marked(
+    project: Path, redis_url: str, tmp_path: Path, fingerprinter: str
+) -> None:
+    seen = [f"https://example.com/book/{i}?b=2&a=1" for i in range(40)]
+    unseen = [f"https://example.com/other/{i}" for i in range(25)]
+    settings = {"REDIS_URL": redis_url, "BLOOMFILTER_FINGERPRINTER": fingerprinter, **SIZING}
+    dupefilter = RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
+    try:
+        assert all(dupefilter.request_seen(Request(url)) is False for url in seen)
+    finally:
+        dupefilter.close("finished")
+    given = ["-s", f"BLOOMFILTER_FINGERPRINTER={fingerprinter}", "--spider", "books", "--urls"]
+    # Canonicalised as the crawl does: the same URL with its query in another order.
+    reordered = [url.replace("?b=2&a=1", "?a=1&b=2") for url in seen]
+    result = scrapy(
+        project, "bloom", "check", *given, write(tmp_path / "u.txt", reordered + unseen)
+    )
+    assert result.code == 0, result
+    assert "40 present, 25 absent" in result.out
+    # From stdin, and added by URL: then the crawl's dupefilter finds them seen.
+    added = scrapy(project, "bloom", "add", *given, stdin="\n".join(unseen) + "\n")
+    assert "25 new, 0 already present" in added.out, added
+    again = RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
+    try:
+        assert all(again.request_seen(Request(url)) for url in unseen)
+    finally:
+        again.close("finished")
+    bad = scrapy(project, "bloom", "check", *given, stdin="https://example.com/x\nnot a url\n")
+    assert "<stdin>:2: not a URL" in one_line_error(bad, 1)
+
+
+# -- topologies --------------------------------------------------------------------------
+
+
+def test_info_add_check_on_a_server_list(
+    outside: Path, servers: list[RedisServer], clients: list[redis.Redis], tmp_path: Path
+) -> None:
+    urls = ",".join(server.url for server in servers)
+    where = ["-s", f"BLOOMFILTER_REDIS_URLS={urls}", "--key", "listed:bf"]
+    sizing = ["-s", "BLOOMFILTER_CAPACITY=10000", "-s", "BLOOMFILTER_SHARD_BIT=12"]
+    data = write(tmp_path / "fp.txt", fingerprints(500))
+    added = scrapy(outside, "bloom", "add", *where, *sizing, data)
+    assert "500 new" in added.out, added
+    info = json.loads(scrapy(outside, "bloom", "info", *where, "--json").out)
+    assert info["servers"] == [f"127.0.0.1:{server.port}" for server in servers]
+    assert info["shards_missing"] == 0
+    # Every server holds part of the filter.
+    assert all(any(k.startswith(b"{listed:bf") for k in client.scan_iter()) for client in clients)
+    check = scrapy(
+        outside, "bloom", "check", *where, data, write(tmp_path / "n.txt", fingerprints(100, "x"))
+    )
+    assert check.code == 0, check
+    assert "600 fingerprint(s)" in check.out
+    assert "500 present" in check.out
+    # Given one server of the three, the command refuses rather than misplace shards.
+    one = scrapy(
+        outside,
+        "bloom",
+        "check",
+        "-s",
+        f"BLOOMFILTER_REDIS_URL={servers[0].url}",
+        "--key",
+        "listed:bf",
+        data,
+    )
+    assert "created on 3 server(s); 1 given" in one_line_error(one, 1)
+
+
+def test_info_add_check_on_a_cluster(
+    outside: Path, redis_cluster_url: str, redis_cluster: RedisCluster, tmp_path: Path
+) -> None:
+    where = [
+        "-s",
+        f"BLOOMFILTER_REDIS_URL={redis_cluster_url}",
+        "-s",
+        "BLOOMFILTER_REDIS_CLUSTER=True",
+    ]
+    sizing = ["-s", "BLOOMFILTER_CAPACITY=10000", "-s", "BLOOMFILTER_SHARD_BIT=12"]
+    data = write(tmp_path / "fp.txt", fingerprints(400))
+    added = scrapy(outside, "bloom", "add", *where, *sizing, "--key", "clustered:bf", data)
+    assert "400 new" in added.out, added
+    info = scrapy(outside, "bloom", "info", *where, "--key", "clustered:bf")
+    assert info.code == 0, info
+    assert "Redis Cluster, 3 master(s)" in info.out
+    assert "Fill, shard" in info.out
+    check = scrapy(outside, "bloom", "check", *where, "--key", "clustered:bf", data)
+    assert "400 present, 0 absent" in check.out
+    # A cluster node given as a plain server is named for what it is.
+    plain = scrapy(
+        outside,
+        "bloom",
+        "info",
+        "-s",
+        f"BLOOMFILTER_REDIS_URL={redis_cluster_url}",
+        "--key",
+        "clustered:bf",
+    )
+    assert "BLOOMFILTER_REDIS_CLUSTER" in one_line_error(plain, 2)
+
+
+# -- reset, size, watch ------------------------------------------------------------------
+
+
+def test_reset_asks_unless_yes(project: Path, redis_client: redis.Redis, redis_url: str) -> None:
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(10))
+    refused = scrapy(project, "bloom", "reset", "--spider", "books", stdin="y\n")
+    assert "--yes" in one_line_error(refused, 2)
+    assert redis_client.exists("books:bloomfilter:meta")
+    done = scrapy(project, "bloom", "reset", "--spider", "books", "--yes")
+    assert done.code == 0, done
+    assert "Deleted the Bloom filter 'books:bloomfilter'" in done.out
+    assert redis_client.keys("*books:bloomfilter*") == []
+    again = scrapy(project, "bloom", "reset", "--spider", "books", "--yes")
+    assert "nothing to delete" in again.out
+
+
+def test_size_calculator(outside: Path) -> None:
+    by_rate = json.loads(
+        scrapy(
+            outside, "bloom", "size", "--capacity", "1000000", "--error-rate", "0.001", "--json"
+        ).out
+    )
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 0.001}
+    )
+    assert (by_rate["bits"], by_rate["hash_number"]) == (config.spec.bits, config.spec.hash_count)
+    assert by_rate["memory_bytes"] >= config.spec.total_bytes
+    text = scrapy(
+        outside,
+        "bloom",
+        "size",
+        "--bit",
+        "20",
+        "--hash-number",
+        "5",
+        "-s",
+        "BLOOMFILTER_EXPANSION=0",
+    )
+    assert text.code == 0, text
+    assert "BLOOMFILTER_CAPACITY = " in text.out
+    assert "a fixed size" in text.out
+    # Options of one way replace the project's settings of the other (no contradiction).
+    project = make_project(outside / "p", "")
+    assert scrapy(project, "bloom", "size", "--bit", "20", "--hash-number", "5").code == 0
+    bad = scrapy(outside, "bloom", "size", "--capacity", "0")
+    assert "BLOOMFILTER_CAPACITY" in one_line_error(bad, 2)
+
+
+def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> None:
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(1000))
+    result = scrapy(
+        project, "bloom", "watch", "--spider", "books", "--interval", "0.2", "--count", "3"
+    )
+    assert result.code == 0, result
+    lines = result.out.splitlines()
+    assert len(lines) == 3
+    assert all("1,000 items (5.00 % of 20,000)" in line for line in lines)
+    sample = json.loads(
+        scrapy(project, "bloom", "watch", "--spider", "books", "--count", "1", "--json").out
+    )
+    assert sample["items"] == 1000
+    assert 0 < sample["fill_ratio"] < 1
+
+
+# -- migrate -----------------------------------------------------------------------------
+
+
+def test_migrate_resumes_after_an_interruption(project: Path, redis_client: redis.Redis) -> None:
+    members = fingerprints(30_000, "set")
+    for start in range(0, len(members), 5000):
+        redis_client.sadd("books:dupefilter", *members[start : start + 5000])
+    argv = [str(SCRAPY), "bloom", "migrate", "--spider", "books", "--batch", "100"]
+    process = subprocess.Popen(
+        argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    marker = marker_key("books:dupefilter")
+    deadline = time.monotonic() + 60
+    while not redis_client.exists(marker) and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, (out, err)
+    assert err.strip() == "scrapy bloom: error: interrupted"
+    saved = redis_client.hgetall(marker)
+    assert int(saved[b"cursor"]) != 0
+    copied = int(saved[b"new"]) + int(saved[b"present"])
+    assert 0 < copied < len(members)
+
+    resumed = scrapy(project, "bloom", "migrate", "--spider", "books", "--json")
+    assert resumed.code == 0, resumed
+    data = json.loads(resumed.out)
+    assert data["resumed"] is True
+    # The counts carry over; the members of the batch cut short count as present.
+    assert data["fingerprints"] >= len(members)
+    assert data["new"] <= len(members)
+    assert not redis_client.exists(marker)
+    bloom = RedisBloomFilter.from_config(
+        redis_client, "books:bloomfilter", BloomConfig.from_settings(SIZING)
+    )
+    assert all(bloom.contains_many(members))
+    bloom.close()
+    # Run again: nothing to resume, every member already present.
+    again = json.loads(scrapy(project, "bloom", "migrate", "--spider", "books", "--json").out)
+    assert (again["resumed"], again["new"], again["already_present"]) == (False, 0, len(members))
+
+
+# -- dump and restore --------------------------------------------------------------------
+
+
+def test_dump_reset_restore_on_another_topology(
+    project: Path,
+    redis_client: redis.Redis,
+    redis_cluster_url: str,
+    redis_cluster: RedisCluster,
+    tmp_path: Path,
+) -> None:
+    items = fingerprints(20_000, "dump")
+    stored_filter(redis_client, "books:bloomfilter", items)
+    before = json.loads(scrapy(project, "bloom", "info", "--spider", "books", "--json").out)
+    path = tmp_path / "books.dump"
+    dumped = scrapy(project, "bloom", "dump", "--spider", "books", str(path), "--json")
+    assert dumped.code == 0, dumped
+    summary = json.loads(dumped.out)
+    assert summary["items"] == len(items)
+    assert summary["file_bytes"] == path.stat().st_size
+    assert summary["sha256"] == hashlib.sha256(path.read_bytes()[:-32]).hexdigest()
+    assert not path.with_name("books.dump.partial").exists()
+    assert scrapy(project, "bloom", "reset", "--spider", "books", "--yes").code == 0
+    assert redis_client.dbsize() == 0
+    # Into a Redis Cluster: the same filter, bit for bit, and every item in it.
+    cluster = [
+        "-s",
+        f"BLOOMFILTER_REDIS_URL={redis_cluster_url}",
+        "-s",
+        "BLOOMFILTER_REDIS_CLUSTER=1",
+    ]
+    restored = scrapy(project, "bloom", "restore", "--spider", "books", *cluster, str(path))
+    assert restored.code == 0, restored
+    assert "Restored the Bloom filter 'books:bloomfilter'" in restored.out
+    after = json.loads(
+        scrapy(project, "bloom", "info", "--spider", "books", *cluster, "--json").out
+    )
+    same = ("id", "bits_set", "bits_set_per_shard", "capacity", "total_added", "hash_count")
+    assert {k: after[k] for k in same} == {k: before[k] for k in same}
+    check = scrapy(project, "bloom", "check", "--spider", "books", *cluster, stdin="\n".join(items))
+    assert f"{len(items):,} present, 0 absent" in check.out
+    # Restoring over it again is refused: the key is taken.
+    again = scrapy(project, "bloom", "restore", "--spider", "books", *cluster, str(path))
+    assert "already a Bloom filter" in one_line_error(again, 1)
+    assert "(--replace)" in again.err
+    replaced = scrapy(
+        project, "bloom", "restore", "--spider", "books", *cluster, str(path), "--replace"
+    )
+    assert "deleted first (--replace)" in replaced.out, replaced
+
+
+def test_a_corrupted_dump_is_refused_and_leaves_nothing(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(2000))
+    path = tmp_path / "books.dump"
+    # A worker crawls: the dump is refused unless forced, and no file is left.
+    bloom = RedisBloomFilter.from_config(
+        redis_client, "books:bloomfilter", BloomConfig.from_settings(SIZING)
+    )
+    lease = bloom.lease("crawler-9:99:feed", 30.0)
+    lease.renew()
+    try:
+        busy = scrapy(project, "bloom", "dump", "--spider", "books", str(path))
+        assert "(--force)" in one_line_error(busy, 1)
+        assert not path.exists()
+        assert not path.with_name("books.dump.partial").exists()
+        forced = scrapy(project, "bloom", "dump", "--spider", "books", str(path), "--force")
+        assert "Workers held leases meanwhile" in forced.out, forced
+    finally:
+        lease.release()
+        bloom.close()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "bad.dump"
+    bad.write_bytes(bytes(data))
+    result = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(bad))
+    assert "bad.dump" in one_line_error(result, 1)
+    assert redis_client.keys("*copy:bf*") == []
+    missing = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(tmp_path / "none.dump"))
+    assert "No such file" in one_line_error(missing, 1)
+
+
+def test_progress_bar_on_a_terminal_only(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    stored_filter(redis_client, "books:bloomfilter", [])
+    data = write(tmp_path / "fp.txt", fingerprints(10_000))
+    argv = [str(SCRAPY), "bloom", "add", "--spider", "books", data]
+    # stderr a terminal (100 columns): the bar is drawn there, the result goes to stdout.
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    process = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    drawn = b""
+    with contextlib.suppress(OSError):  # EIO once the process closed the terminal
+        while chunk := os.read(leader, 4096):
+            drawn += chunk
+    os.close(leader)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert b"Added 10,000 fingerprint(s)" in out
+    assert b"Added: 10.0kfp [" in drawn, drawn
+    # Not a terminal: no bar, stderr stays empty.
+    again = scrapy(project, "bloom", "add", "--spider", "books", data)
+    assert (again.code, again.err) == (0, "")
+    assert "10,000 already present" in again.out
+
+
+def test_info_add_check_through_sentinel(outside: Path, tmp_path: Path) -> None:
+    """With the Sentinel settings (once they exist), the commands reach the named primary."""
+    redis_sentinel = pytest.importorskip(
+        "redis_sentinel", reason="tests/redis_sentinel.py (the Sentinel fixtures) is not here"
+    )
+    with redis_sentinel.SentinelGroup() as group:
+        where = [
+            "-s", f"BLOOMFILTER_REDIS_SENTINELS={','.join(group.addresses)}",
+            "-s", f"BLOOMFILTER_REDIS_SENTINEL_SERVICE={redis_sentinel.SERVICE}",
+            "--key", "watched:bf",
+        ]  # fmt: skip
+        data = write(tmp_path / "fp.txt", fingerprints(300))
+        added = scrapy(outside, "bloom", "add", *where, "-s", "BLOOMFILTER_CAPACITY=10000", data)
+        assert "300 new" in added.out, added
+        assert f"{redis_sentinel.SERVICE} (Sentinel)" in added.out
+        assert group.primary().client().exists("watched:bf:meta")
+        info = json.loads(scrapy(outside, "bloom", "info", *where, "--json").out)
+        assert info["total_added"] == 300
+        check = scrapy(outside, "bloom", "check", *where, data)
+        assert "300 present, 0 absent" in check.out, check
