@@ -1,12 +1,13 @@
 """scrapy-redis-bloom: a Bloom-filter dupefilter for scrapy-redis.
 
-Activate it in a Scrapy project's settings.py::
+Activate it in a Scrapy project's settings.py, with the add-on (:class:`Addon`)::
 
-    DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"
+    ADDONS = {"scrapy_redis_bloom.Addon": 100}
     BLOOMFILTER_CAPACITY = 1_000_000_000
     BLOOMFILTER_ERROR_RATE = 0.0001
 
-The engine (:mod:`.engine`) and the configuration (:mod:`.config`) import without
+(or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). The engine
+(:mod:`.engine`), the configuration (:mod:`.config`) and the add-on import without
 Scrapy; ``RFPDupeFilter`` is loaded on first access.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
+from .addon import Addon
 from .config import BloomConfig, FaultPolicy
 from .engine.events import FilterEvents
 from .engine.filter import RedisBloomFilter
@@ -41,6 +43,7 @@ __version__ = version("scrapy-redis-bloom")
 
 __all__ = [
     "SCHEME_VERSION",
+    "Addon",
     "BloomConfig",
     "BloomFilterError",
     "ConfigMismatchError",

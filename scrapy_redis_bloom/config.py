@@ -230,6 +230,55 @@ def client_params(name: str, params: object) -> dict[str, Any]:
     return params
 
 
+def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
+    """Read a list of Sentinel addresses: ``"host:port"`` strings or ``(host, port)`` pairs.
+
+    One comma-separated string is accepted too (``-s NAME=a:26379,b:26379``). ``name``
+    is the setting (or parameter) shown in the error.
+    """
+    allowed = (
+        "It must be a non-empty list of Sentinel addresses, e.g."
+        " ['10.0.0.1:26379', '10.0.0.2:26379'] (or [('10.0.0.1', 26379), ...], or one"
+        " comma-separated string)."
+    )
+    listed = value.split(",") if isinstance(value, str) else value
+    if not isinstance(listed, (list, tuple)) or not listed:
+        raise _invalid(name, value, allowed)
+    found: list[tuple[str, int]] = []
+    for entry in listed:
+        if isinstance(entry, str):
+            host, sep, port_text = entry.strip().rpartition(":")
+            port: object = int(port_text) if sep and port_text.isdigit() else None
+        elif isinstance(entry, (list, tuple)) and len(entry) == 2:
+            host, port = entry
+        else:
+            raise _invalid(name, value, allowed)
+        if (
+            not isinstance(host, str)
+            or not host
+            or isinstance(port, bool)
+            or not isinstance(port, int)
+            or not 0 < port < 65536
+        ):
+            raise _invalid(name, value, f"Its entry {entry!r} is no host:port. {allowed}")
+        found.append((host.strip("[]"), port))
+    if len(set(found)) != len(found):
+        raise _invalid(name, value, "It lists the same Sentinel more than once.")
+    return tuple(found)
+
+
+def sentinel_service(name: str, value: object) -> str:
+    """Check the name of the service (the ``sentinel monitor`` name) Sentinel watches."""
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        raise _invalid(
+            name,
+            value,
+            "It must be the name the sentinels monitor the primary under"
+            " (sentinel monitor <name> ...), e.g. 'mymaster'.",
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
     """Where the filter's bits live, when not on scrapy-redis's own connection.
@@ -237,12 +286,15 @@ class ConnectionConfig:
     ``urls`` is empty to use scrapy-redis's connection (``REDIS_URL``,
     ``REDIS_PARAMS``); one URL for one server or, with ``cluster``, a Redis Cluster
     node to start from; several URLs for several standalone servers, shard ``i``
-    living on server ``i mod len(urls)``.
+    living on server ``i mod len(urls)``. ``sentinels`` (with ``service``) instead: the
+    primary that these Sentinels name for that service, followed through failovers.
     """
 
     urls: tuple[str, ...] = ()
     cluster: bool = False
     params: tuple[tuple[str, Any], ...] = ()
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> ConnectionConfig:
@@ -279,14 +331,70 @@ class ConnectionConfig:
                 "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
                 " one node of the cluster to start from (the client discovers the others)."
             )
+        sentinels, service = _sentinel_settings(settings, found)
         params = client_params("BLOOMFILTER_REDIS_PARAMS", settings.get("BLOOMFILTER_REDIS_PARAMS"))
-        if params and not found:
+        if params and not found and not sentinels:
             raise ValueError(
-                "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or"
-                " BLOOMFILTER_REDIS_URLS; without them the filter uses scrapy-redis's"
-                " connection, set by REDIS_URL and REDIS_PARAMS."
+                "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL,"
+                " BLOOMFILTER_REDIS_URLS or BLOOMFILTER_REDIS_SENTINELS; without them the"
+                " filter uses scrapy-redis's connection, set by REDIS_URL and REDIS_PARAMS."
             )
-        return cls(urls=found, cluster=cluster, params=tuple(sorted(params.items())))
+        if sentinels:
+            check_sentinel_params("BLOOMFILTER_REDIS_PARAMS", params)
+        return cls(
+            urls=found,
+            cluster=cluster,
+            params=tuple(sorted(params.items())),
+            sentinels=sentinels,
+            service=service,
+        )
+
+
+#: Client arguments that name one server: with Sentinel, the sentinels name the primary.
+_ONE_SERVER_PARAMS = ("host", "port", "url", "unix_socket_path", "path")
+
+
+def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
+    """Refuse client arguments that would name the server the sentinels are to name."""
+    fixed = [param for param in _ONE_SERVER_PARAMS if param in params]
+    if fixed:
+        raise _invalid(
+            name,
+            params,
+            f"With Sentinel the primary's address comes from the sentinels: remove"
+            f" {', '.join(map(repr, fixed))}.",
+        )
+    inner = params.get("sentinel_kwargs")
+    if inner is not None:
+        client_params(f"{name}['sentinel_kwargs']", inner)
+
+
+def _sentinel_settings(
+    settings: SettingsLike, urls: tuple[str, ...]
+) -> tuple[tuple[tuple[str, int], ...], str]:
+    """Read ``BLOOMFILTER_REDIS_SENTINELS`` and ``_SENTINEL_SERVICE`` (both or neither)."""
+    raw = settings.get("BLOOMFILTER_REDIS_SENTINELS")
+    service = settings.get("BLOOMFILTER_REDIS_SENTINEL_SERVICE")
+    if raw is None and service is None:
+        return (), ""
+    if raw is None or service is None:
+        given, missing = (
+            ("BLOOMFILTER_REDIS_SENTINELS", "BLOOMFILTER_REDIS_SENTINEL_SERVICE")
+            if service is None
+            else ("BLOOMFILTER_REDIS_SENTINEL_SERVICE", "BLOOMFILTER_REDIS_SENTINELS")
+        )
+        raise ValueError(
+            f"The {given} setting needs {missing}: the sentinels' addresses and the name"
+            " they monitor the primary under go together."
+        )
+    if urls or boolean_setting(settings, "BLOOMFILTER_REDIS_CLUSTER"):
+        raise ValueError(
+            "The setting BLOOMFILTER_REDIS_SENTINELS contradicts BLOOMFILTER_REDIS_URL,"
+            " BLOOMFILTER_REDIS_URLS and BLOOMFILTER_REDIS_CLUSTER: give the sentinels of"
+            " one Sentinel-managed primary, or the servers themselves, not both."
+        )
+    sentinels = parse_sentinels("BLOOMFILTER_REDIS_SENTINELS", raw)
+    return sentinels, sentinel_service("BLOOMFILTER_REDIS_SENTINEL_SERVICE", service)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 The filter connects through scrapy-redis's connection settings (``REDIS_URL``,
 ``REDIS_PARAMS``, ...) unless ``BLOOMFILTER_REDIS_URL`` (one server, or with
 ``BLOOMFILTER_REDIS_CLUSTER`` a Redis Cluster) or ``BLOOMFILTER_REDIS_URLS`` (several
-standalone servers) give it its own. Either way it gets clients of its own, whose
+standalone servers) or ``BLOOMFILTER_REDIS_SENTINELS`` (a primary found through Sentinel,
+see :mod:`.sentinel`) give it its own. Either way it gets clients of its own, whose
 settings its connections copy (see :mod:`.engine.node`), with short timeouts by
 default so that a dead server is noticed in seconds: the filter retries by its own
 policy (``BLOOMFILTER_RETRY_TIMEOUT``), not by one long socket timeout.
@@ -24,6 +25,7 @@ from scrapy_redis.connection import SETTINGS_PARAMS_MAP
 
 from .config import ConnectionConfig, SettingsLike, check_url, client_params
 from .redact import masked, scrub, url_secrets
+from .sentinel import SentinelRedis
 
 #: Defaults for the filter's clients: a stalled server fails one attempt in seconds,
 #: and the retry policy decides what happens next.
@@ -34,10 +36,17 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
 
     Its defaults (30 s timeouts) give way to :data:`DEFAULT_PARAMS`; whatever the user
-    set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins.
+    set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins. Its default
+    ``retry_on_timeout`` is left out: redis-py 6+ retries timeouts anyway and deprecates
+    the argument (the filter's connections retry nothing themselves, see :mod:`.engine.node`).
     """
     user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
-    params: dict[str, Any] = {**scrapy_redis_defaults.REDIS_PARAMS, **DEFAULT_PARAMS, **user}
+    defaults = {
+        name: value
+        for name, value in scrapy_redis_defaults.REDIS_PARAMS.items()
+        if name != "retry_on_timeout"
+    }
+    params: dict[str, Any] = {**defaults, **DEFAULT_PARAMS, **user}
     for setting, name in SETTINGS_PARAMS_MAP.items():
         value = settings.get(setting)
         if value:
@@ -48,15 +57,26 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     url = params.pop("url", None)
     if url is not None:
         check_url("REDIS_URL", url)
+    if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
+        # Its errors name REDIS_PARAMS and the argument at fault themselves.
+        return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
     with _named("REDIS_URL and REDIS_PARAMS", params):
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
 
 
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
-    """Return the filter's clients: one (a server or a cluster) or one per server."""
-    if not config.urls:
+    """Return the filter's clients: one (server, Sentinel primary, cluster) or one per server."""
+    if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
     params = {**DEFAULT_PARAMS, **dict(config.params)}
+    if config.sentinels:
+        client = SentinelRedis(
+            sentinels=list(config.sentinels),
+            service_name=config.service,
+            setting="BLOOMFILTER_REDIS_PARAMS",
+            **params,
+        )
+        return [_checked(client)]
     with _named("BLOOMFILTER_REDIS_PARAMS", params):
         if config.cluster:
             return [RedisCluster.from_url(config.urls[0], **params)]

@@ -489,7 +489,9 @@ def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterEr
     """
     where = ", ".join(server_address(client) for client in clients)
     settings = (
-        "BLOOMFILTER_REDIS_URLS"
+        "BLOOMFILTER_REDIS_PARAMS"
+        if config.connection.sentinels
+        else "BLOOMFILTER_REDIS_URLS"
         if len(config.connection.urls) > 1
         else "BLOOMFILTER_REDIS_URL"
         if config.connection.urls
@@ -504,6 +506,10 @@ def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterEr
     return BloomFilterError(
         f"Redis at {where} {problem} for the Bloom filter"
         + (" (a wrong password or user, or a disabled user)" if given else "")
-        + f". Set it in {settings}, e.g."
-        " redis://user:password@host:6379/0."
+        + f". Set it in {settings}, e.g. "
+        + (
+            "{'username': 'user', 'password': '...'}."
+            if config.connection.sentinels
+            else "redis://user:password@host:6379/0."
+        )
     )

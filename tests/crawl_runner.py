@@ -18,7 +18,8 @@ Redis) or ``default`` (Scrapy's own). Spider modes:
   closes once the shared queue has been idle for ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds.
 
 ``--spider-name`` renames the spider (the filter's key is ``<name>:bloomfilter``) and
-``--start-dont-filter`` gives the start requests ``dont_filter=True``.
+``--start-dont-filter`` gives the start requests ``dont_filter=True``. In ``--settings``, a
+null removes a base setting (``{"DUPEFILTER_CLASS": null}``: no dupefilter line).
 
 The output file holds:
 
@@ -226,6 +227,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings["REDIS_URL"] = args.redis_url
     settings["SCHEDULER"] = SCHEDULERS[args.scheduler]
     settings.update(json.loads(args.settings))
+    # A null removes a base setting (e.g. DUPEFILTER_CLASS, to test the add-on alone).
+    settings = {name: value for name, value in settings.items() if value is not None}
 
     spidercls: type[scrapy.Spider] = SharedSiteSpider if args.mode == "shared" else SiteSpider
     if args.spider_name:
@@ -266,7 +269,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         error = {"type": "BootstrapFailed", "message": "the crawl failed to start", "chain": []}
 
     spider = crawler.spider
-    stats = crawler.stats.get_stats() if crawler.stats is not None else {}
+    try:
+        stats = crawler.stats.get_stats() if crawler.stats is not None else {}
+    except RuntimeError:  # Scrapy 2.14+: no stats before the crawl starts (an add-on refused)
+        stats = {}
     return {
         "error": error,
         "spider": crawler.spidercls.name,

@@ -238,7 +238,7 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_URL": "redis://a/zero"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a/zero'\) is invalid\. Its database \('zero'\) must be a number"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a/0?socket_timeout=soon"}, r"BLOOMFILTER_REDIS_URL setting .* is invalid\. It is not a valid Redis URL: Invalid value for .socket_timeout. in connection URL"),
     ({"BLOOMFILTER_KEY": "%s"}, r"BLOOMFILTER_KEY setting \('%s'\) is invalid\. It may contain the placeholder"),
-    ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL or BLOOMFILTER_REDIS_URLS"),
+    ({"BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 3}}, r"BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL, BLOOMFILTER_REDIS_URLS or BLOOMFILTER_REDIS_SENTINELS"),
     ({"BLOOMFILTER_WORKER_TTL": 0}, r"BLOOMFILTER_WORKER_TTL setting \(0\) is invalid\. It must be a number of seconds from 1 to 86,400"),
     ({"BLOOMFILTER_WORKER_TTL": 5e12}, r"BLOOMFILTER_WORKER_TTL setting \(5000000000000\.0\) is invalid"),
     ({"BLOOMFILTER_WORKER_TTL": "soon"}, r"BLOOMFILTER_WORKER_TTL setting \('soon'\) is invalid"),

@@ -62,6 +62,7 @@ from readme_blocks import (
 from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer, TlsRedisServer, find_tls_redis_server
 from scrapy import Request, Spider
+from scrapy.settings import Settings
 from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler
 from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
@@ -70,7 +71,8 @@ from scrapy_run import NOT_INSTALLED, make_project
 from scrapy_run import scrapy as scrapy_run
 from tls_certs import TlsFiles, make_tls_files
 
-from scrapy_redis_bloom import RedisBloomFilter
+from scrapy_redis_bloom import Addon, RedisBloomFilter
+from scrapy_redis_bloom.addon import DUPEFILTER
 from scrapy_redis_bloom.config import BloomConfig, ConnectionConfig
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.state import estimate_from_items
@@ -116,11 +118,16 @@ BLOCKS: dict[str, Check] = {
         "not run (pip): the extra exists; install and test lines are .ci/run's",
     ),
     "Activate#1": Check(
-        "python", "DUPEFILTER_CLASS =", "test_activate_capacity_and_error_rate",
-        "exec + BloomConfig/ConnectionConfig; geometry = the Sizing table's row; a crawl"
-        " under scrapy-redis's Scheduler and under Scrapy's (capacity scaled down)",
+        "python", "ADDONS =", "test_activate_capacity_and_error_rate",
+        "exec + BloomConfig/ConnectionConfig; the add-on sets our DUPEFILTER_CLASS;"
+        " geometry = the Sizing table's row; a crawl under scrapy-redis's Scheduler and"
+        " under Scrapy's (capacity scaled down)",
     ),
     "Activate#2": Check(
+        "python", "DUPEFILTER_CLASS =", "test_activate_without_the_addon",
+        "exec; the class the add-on sets; a crawl with it and Activate#1's sizing",
+    ),
+    "Activate#3": Check(
         "python", "BLOOMFILTER_BIT =", "test_activate_bit_and_hash_number",
         "exec + BloomConfig/ConnectionConfig (2**30 bits, k=6); refused beside"
         " Activate#1's ERROR_RATE; a crawl with it as written (130 MiB)",
@@ -139,6 +146,16 @@ BLOCKS: dict[str, Check] = {
         "text", "Bloom filter '", "test_progress_log_line",
         "output: same shape as a line FilterProgress logs on a real filter; figures"
         " consistent with Activate#1's sizing",
+    ),
+    "Sentinel#1": Check(
+        "python", "REDIS_PARAMS = {", "test_sentinel_blocks",
+        "exec; the sentinels replaced by three real ones (quorum 2): scrapy-redis's own"
+        " client and the filter of a crawl both reach the primary they name",
+    ),
+    "Sentinel#2": Check(
+        "python", "BLOOMFILTER_REDIS_SENTINELS =", "test_sentinel_blocks",
+        "exec + ConnectionConfig; with the same real sentinels, a crawl's filter lives on"
+        " their primary while its queue's REDIS_URL is another server",
     ),
     **{
         f"Operations#{i}": Check(
@@ -326,7 +343,11 @@ def test_activate_capacity_and_error_rate(
     settings = exec_settings(block(blocks, "Activate#1"))
     config, connection = validate(settings)
     assert connection == ConnectionConfig()  # scrapy-redis's own connection
-    assert load_object(settings["DUPEFILTER_CLASS"]) is RFPDupeFilter
+    assert load_object(next(iter(settings["ADDONS"]))) is Addon
+    applied = Settings()
+    applied.setdict(settings, priority="project")
+    Addon().update_settings(applied)
+    assert load_object(applied["DUPEFILTER_CLASS"]) is RFPDupeFilter
     capacity, rate = settings["BLOOMFILTER_CAPACITY"], settings["BLOOMFILTER_ERROR_RATE"]
     assert config.capacity == capacity
     assert config.expected_error_rate <= rate
@@ -344,11 +365,57 @@ def test_activate_capacity_and_error_rate(
     assert redis_client.exists(f"{KEY}:meta")  # Scrapy's scheduler: the filter outlives it
 
 
+def test_activate_without_the_addon(
+    blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
+) -> None:
+    settings = exec_settings(block(blocks, "Activate#2"))
+    assert settings == {"DUPEFILTER_CLASS": DUPEFILTER}  # what the add-on sets
+    sizing = {k: v for k, v in exec_settings(block(blocks, "Activate#1")).items() if k != "ADDONS"}
+    small = {**sizing, **settings, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY, "REDIS_URL": redis_url}
+    stats = crawl(small, "https://example.com/activate-2")
+    assert stats["bloomfilter/added"] == 1
+
+
+def test_sentinel_blocks(
+    blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
+) -> None:
+    from redis_sentinel import SERVICE, SentinelGroup
+    from scrapy_redis.connection import get_redis_from_settings
+
+    from scrapy_redis_bloom.sentinel import SentinelRedis
+
+    sizing = {**exec_settings(block(blocks, "Activate#1")), "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
+    shared = exec_settings(block(blocks, "Sentinel#1"))
+    params = shared["REDIS_PARAMS"]
+    own = exec_settings(block(blocks, "Sentinel#2"))
+    connection = ConnectionConfig.from_settings(own)
+    assert len(connection.sentinels) == len(params["sentinels"]) == 3
+    assert connection.service == params["service_name"] == SERVICE
+    with SentinelGroup() as group:
+        primary = group.primary()
+        # Sentinel#1: scrapy-redis's own client and the filter reach the named primary.
+        shared["REDIS_PARAMS"] = {**params, "sentinels": group.addresses}
+        server = get_redis_from_settings(Settings(shared))
+        try:
+            assert isinstance(server, SentinelRedis)
+            assert server.connection_pool.get_master_address()[1] == primary.port
+        finally:
+            server.close()
+        crawl({**sizing, **shared}, "https://example.com/sentinel-1")
+        assert primary.client().exists(f"{KEY}:meta")
+        primary.client().flushall()
+        # Sentinel#2: the filter on the sentinels' primary, the queue's REDIS_URL elsewhere.
+        own["BLOOMFILTER_REDIS_SENTINELS"] = group.addresses
+        crawl({**sizing, **own, "REDIS_URL": redis_url}, "https://example.com/sentinel-2")
+        assert primary.client().exists(f"{KEY}:meta")
+        assert not redis_client.exists(f"{KEY}:meta")
+
+
 def test_activate_bit_and_hash_number(
     blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
 ) -> None:
     by_rate = exec_settings(block(blocks, "Activate#1"))
-    settings = exec_settings(block(blocks, "Activate#2"))
+    settings = exec_settings(block(blocks, "Activate#3"))
     config, connection = validate(settings)
     assert connection == ConnectionConfig()
     bits = 2 ** settings["BLOOMFILTER_BIT"]

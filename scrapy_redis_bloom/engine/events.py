@@ -23,6 +23,8 @@ EVENTS = {
     "errors": "operations that failed after every retry (answered per BLOOMFILTER_ON_ERROR)",
     "recreated": "lost shards or servers recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "reopened": "times the filter was found reset and re-created elsewhere, and adopted",
+    "failovers": "new connections that reached another server than before: a Sentinel"
+    " failover followed",
     "batch_failed": "batches of a response's requests that could not be checked together"
     " (each request was then checked alone)",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",

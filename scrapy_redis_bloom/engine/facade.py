@@ -8,6 +8,7 @@ supplies ``contains_many``, ``record`` and ``spec``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -98,6 +99,8 @@ class Facade:
         self.topology = make_topology(client)
         self.faults = faults if faults is not None else FaultPolicy()
         self.events = events if events is not None else FilterEvents()
+        # The events, not the filter: a reference back to it would keep it alive.
+        self.topology.trips.on_moved = functools.partial(self.events.count, "failovers")
         self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
         # Its connections are its own: closed with it, or when it is collected.
         weakref.finalize(self, self.topology.close)

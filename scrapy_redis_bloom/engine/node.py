@@ -17,6 +17,7 @@ health-check PING sent while replies are owed would read one of them as its PONG
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import threading
@@ -33,6 +34,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ..errors import CertificateError
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a connection may sit unused before a send first checks it is still open.
 IDLE_CHECK = 1.0
@@ -78,17 +81,25 @@ class TripCounter:
     Each :meth:`Node.call` and each :meth:`Node.send` (whose replies one
     :meth:`Node.receive` reads) counts one, however many commands it pipelines: the
     figure to divide by the pages a crawl fetched. Thread-safe: the lease's thread
-    counts here too.
+    counts here too. Being shared by the filter's nodes, it also passes on when one of
+    them follows a failover (:attr:`on_moved`).
     """
 
     def __init__(self) -> None:
         self.value = 0
         self._lock = threading.Lock()
+        #: Told when a node's new connection reached another server (a failover).
+        self.on_moved: Callable[[], None] | None = None
 
     def add(self) -> None:
         """Count one round trip."""
         with self._lock:
             self.value += 1
+
+    def moved(self) -> None:
+        """Report that a node now reaches another server than before (a failover)."""
+        if self.on_moved is not None:
+            self.on_moved()
 
 
 @dataclass(slots=True, eq=False)
@@ -134,6 +145,8 @@ class Node:
         self._owed: deque[Ticket] = deque()
         self._pid = os.getpid()
         self._used = 0.0
+        #: ``host:port`` the last connection reached (it changes after a failover).
+        self._peer: str | None = None
 
     def __repr__(self) -> str:
         return f"<Node {self.address} owed={len(self._owed)}>"
@@ -175,7 +188,26 @@ class Node:
                 raise NotSentError(self.address, exc) from exc
             self._connection = connection
             self._serial += 1
+            self._note_peer(connection)
         return self._connection
+
+    def _note_peer(self, connection: Any) -> None:
+        """Log when a new connection reaches another server than the last one did.
+
+        Only a connection that looks its server up as it connects (redis-py's
+        Sentinel-managed one) can: that is a failover, and the filter follows it.
+        """
+        peer = f"{getattr(connection, 'host', '')}:{getattr(connection, 'port', '')}"
+        if self._peer is not None and peer != self._peer:
+            logger.warning(
+                "Redis %s is now served at %s, no longer at %s (a failover): the Bloom"
+                " filter follows it.",
+                self.address,
+                peer,
+                self._peer,
+            )
+            self.trips.moved()
+        self._peer = peer
 
     def _stale(self) -> bool:
         """Tell whether an idle connection has something to read: EOF, an error, junk."""

@@ -22,6 +22,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
+from redis.sentinel import SentinelConnectionPool
 
 from ..errors import BloomFilterError
 from .node import Node, TripCounter, connection_factory
@@ -34,7 +35,10 @@ def server_address(client: Any) -> str:
     if isinstance(client, RedisCluster):
         nodes = getattr(client.nodes_manager, "startup_nodes", None) or {}
         return ", ".join(sorted(nodes)) or "a Redis Cluster"
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):  # the primary changes: name the service
+        return f"{pool.service_name} (Sentinel)"
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"

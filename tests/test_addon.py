@@ -1,0 +1,206 @@
+"""The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` alone turns the filter on.
+
+Real crawls (``crawl_runner.py`` against the local site and the session's redis-server)
+with no ``DUPEFILTER_CLASS`` line: the add-on sets it, and with its settings also
+scrapy-redis's Scheduler and the batching middleware. A bad filter setting stops the
+crawl before any request, with the setting's ValueError. The refusals of a contradicting
+project setting are checked on Scrapy's own ``Settings``, as Scrapy hands them to it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from scrapy.settings import Settings
+from test_crawl import PAGES, assert_finished, crawl, filter_keys
+from website import Site, SiteServer
+
+from scrapy_redis_bloom import Addon
+from scrapy_redis_bloom.addon import BATCHING, DUPEFILTER, SCHEDULER
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+
+ADDON = {"scrapy_redis_bloom.Addon": 100}
+#: The runner's base settings name the dupefilter and the scheduler: remove both lines.
+NO_COMPONENTS: dict[str, Any] = {"DUPEFILTER_CLASS": None, "SCHEDULER": None, "ADDONS": ADDON}
+
+
+@pytest.fixture
+def site_server() -> Iterator[SiteServer]:
+    with SiteServer(Site(PAGES)) as server:
+        yield server
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scrapy_redis_scheduler", [True, False])
+def test_the_addon_alone_activates_the_filter(
+    scrapy_redis_scheduler: bool,
+    site_server: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    settings = {**NO_COMPONENTS, "BLOOMFILTER_ADDON_SCHEDULER": scrapy_redis_scheduler}
+    result = crawl(
+        site_server,
+        redis_url,
+        tmp_path,
+        mode="seed003",
+        settings=settings,
+        spider_name="addon",
+    )
+
+    assert_finished(result)
+    stats = result.stats
+    assert result.output["offered"] == 110
+    assert stats["bloomfilter/filtered"] == 10  # our filter dropped the 10 duplicates
+    assert stats["dupefilter/filtered"] == 10
+    assert stats["bloomfilter/added"] == 100
+    assert stats["bloomfilter/capacity"] == 100_000
+    served = site_server.hits_snapshot()
+    assert served == collections.Counter({f"/search?wd={wd}": 1 for wd in range(100)})
+    assert "Enabled addons" in result.log
+    assert "scrapy_redis_bloom.addon.Addon" in result.log
+    if scrapy_redis_scheduler:
+        assert stats["scheduler/enqueued/redis"] == 100  # scrapy-redis's queue
+    else:
+        assert "scheduler/enqueued/redis" not in stats
+        assert stats["scheduler/enqueued"] == 100
+        assert "addon:bloomfilter:meta" in filter_keys(redis_client, "addon")
+
+
+@pytest.mark.timeout(120)
+def test_the_addon_enables_batching_when_asked(
+    site_server: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    settings = {**NO_COMPONENTS, "BLOOMFILTER_ADDON_BATCHING": True}
+    result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
+
+    assert_finished(result)
+    stats = result.stats
+    assert stats["bloomfilter/batches"] > 0
+    assert stats["bloomfilter/batched"] > stats["bloomfilter/batches"]
+    assert "bloomfilter/batching_disabled" not in stats
+    assert stats["response_received_count"] == len(site_server.site.reachable())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            {"BLOOMFILTER_ERROR_RATE": 2},
+            "The value of the BLOOMFILTER_ERROR_RATE setting (2) is invalid. It must be a"
+            " number strictly between 0 and 1",
+        ),
+        (
+            {"BLOOMFILTER_ON_ERROR": "ignore"},
+            "The value of the BLOOMFILTER_ON_ERROR setting ('ignore') is invalid.",
+        ),
+        (
+            {"BLOOMFILTER_REDIS_SENTINELS": ["127.0.0.1:26379"]},
+            "The BLOOMFILTER_REDIS_SENTINELS setting needs BLOOMFILTER_REDIS_SENTINEL_SERVICE",
+        ),
+        (
+            {"BLOOMFILTER_ADDON_SCHEDULER": "sometimes"},
+            "The value of the BLOOMFILTER_ADDON_SCHEDULER setting ('sometimes') is invalid.",
+        ),
+    ],
+)
+def test_a_bad_setting_stops_the_crawl_before_it_starts(
+    bad: dict[str, Any],
+    message: str,
+    site_server: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    settings = {**NO_COMPONENTS, **bad}
+    result = crawl(
+        site_server, redis_url, tmp_path, mode="seed003", settings=settings, spider_name="bad"
+    )
+
+    assert result.returncode == 1
+    assert result.output["error"]["type"] == "ValueError"
+    assert result.output["error"]["message"].startswith(message)
+    assert message in result.log
+    assert site_server.hits_snapshot() == collections.Counter()  # not one request
+    assert redis_client.keys("*") == []  # nothing written
+
+
+def project_settings(**values: Any) -> Settings:
+    """Scrapy's settings with ``values`` at the project's priority, as settings.py gives them."""
+    settings = Settings()
+    settings.setdict(values, priority="project")
+    return settings
+
+
+def test_the_addon_sets_the_components_at_its_priority() -> None:
+    settings = project_settings(BLOOMFILTER_ADDON_SCHEDULER=True, BLOOMFILTER_ADDON_BATCHING=True)
+    Addon().update_settings(settings)
+    assert settings["DUPEFILTER_CLASS"] == DUPEFILTER
+    assert settings.getpriority("DUPEFILTER_CLASS") == 15  # "addon": the command line wins
+    assert settings["SCHEDULER"] == SCHEDULER
+    assert settings.getwithbase("SPIDER_MIDDLEWARES")[BATCHING] == 0
+
+
+def test_without_its_settings_the_addon_sets_only_the_dupefilter() -> None:
+    settings = project_settings()
+    Addon().update_settings(settings)
+    assert settings["DUPEFILTER_CLASS"] == DUPEFILTER
+    assert settings["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+    assert BATCHING not in settings.getwithbase("SPIDER_MIDDLEWARES")
+
+
+def test_a_batching_order_the_project_gives_wins() -> None:
+    settings = project_settings(BLOOMFILTER_ADDON_BATCHING=True, SPIDER_MIDDLEWARES={BATCHING: 5})
+    Addon().update_settings(settings)
+    assert settings.getwithbase("SPIDER_MIDDLEWARES")[BATCHING] == 5
+
+
+class OurSubclass(RFPDupeFilter):
+    """A project's own subclass of the Bloom dupefilter: accepted beside the add-on."""
+
+
+def test_our_dupefilter_or_a_subclass_in_the_project_is_accepted() -> None:
+    for value in (DUPEFILTER, f"{__name__}.OurSubclass", OurSubclass):
+        settings = project_settings(DUPEFILTER_CLASS=value)
+        Addon().update_settings(settings)
+        assert settings["DUPEFILTER_CLASS"] == value
+
+
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [
+        ({"DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
+        ({"DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
+        ({"DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.NoSuchFilter"}, "DUPEFILTER_CLASS"),
+        (
+            {"SCHEDULER": "scrapy.core.scheduler.Scheduler", "BLOOMFILTER_ADDON_SCHEDULER": True},
+            "SCHEDULER",
+        ),
+    ],
+)
+def test_another_component_set_by_the_project_is_refused(values: dict[str, Any], name: str) -> None:
+    settings = project_settings(**values)
+    with pytest.raises(ValueError, match=f"^The {name} setting .* contradicts") as refused:
+        Addon().update_settings(settings)
+    assert f"Remove that {name} line" in str(refused.value)
+    assert settings[name] == values[name]  # left as it was
+
+
+def test_a_command_line_component_is_refused_too() -> None:
+    settings = Settings()
+    settings.set("DUPEFILTER_CLASS", "scrapy.dupefilters.RFPDupeFilter", priority="cmdline")
+    with pytest.raises(ValueError, match=r"contradicts the scrapy_redis_bloom\.Addon"):
+        Addon().update_settings(settings)
+
+
+def test_a_bad_redis_params_is_refused_by_the_addon() -> None:
+    settings = project_settings(REDIS_PARAMS={"socket_timeout": "soon"})
+    with pytest.raises(ValueError, match=r"^The value of the REDIS_PARAMS setting .* 'soon'"):
+        Addon().update_settings(settings)
