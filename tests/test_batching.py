@@ -102,6 +102,32 @@ def test_a_batch_answers_as_one_at_a_time_in_one_round_trip(
     assert batch.counters.seen == single.counters.seen
 
 
+def test_a_batch_on_a_server_without_the_script_loads_it_once_and_resends_together(
+    redis_client: redis.Redis,
+) -> None:
+    # A filter that forgets checks through its script: every check is an EVALSHA.
+    config = BloomConfig.from_settings({**SMALL, "BLOOMFILTER_TTL": 3600})
+    bloom, single = (
+        RedisBloomFilter.from_config(redis_client, key, config, cache_size=0)
+        for key in ("noscript", "noscript-single")
+    )
+    for each in (bloom, single):
+        each.open()
+    assert bloom._fast is None
+    elements = fingerprints(20, "s")
+    bloom.add_many(elements[:5])
+    single.add_many(elements[:5])
+    bloom.sync_counters()
+    redis_client.script_flush()  # as after a restart: every EVALSHA answers NOSCRIPT
+    before = bloom.round_trips
+    answers = bloom.check_and_add_many(elements)
+    # The batch, one SCRIPT LOAD, the batch again: not one trip per element.
+    assert bloom.round_trips - before == 3
+    assert answers == [True] * 5 + [False] * 15
+    assert answers == [single.check_and_add(e) for e in elements]
+    assert bloom.events.counts["ambiguous"] == 0  # NOSCRIPT: the calls did not run
+
+
 def test_repeats_are_answered_by_the_near_cache_with_no_round_trip(
     redis_client: redis.Redis,
 ) -> None:

@@ -413,7 +413,7 @@ class Executor:
                 elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
                     load = (id(node), script.sha)
                     if load not in loads:
-                        loads[load] = self._load(node, script, operation)
+                        loads[load] = self.load(node, script, operation)
                     lost = loads[load]
                     if lost is None:
                         step.again.append(i)
@@ -433,7 +433,7 @@ class Executor:
                     replies[i] = reply
         return step
 
-    def _load(self, node: Node, script: Script, operation: str) -> TransportError | None:
+    def load(self, node: Node, script: Script, operation: str) -> TransportError | None:
         """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
 
         Returns the transport failure if the load was not confirmed (SCRIPT LOAD is

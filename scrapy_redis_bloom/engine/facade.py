@@ -289,9 +289,26 @@ class Facade:
 
         ``lost``: an attempt's reply was lost, so it may have run already.
         """
-        call = Call(payload, key=key, shard=shard, script=script)
-        results = self.executor.run("check and add a request", [call], write=True)
-        return results.replies[0], lost or results.ambiguous[0]
+        ((reply, ambiguous),) = self._rerun_calls([(payload, key, shard, script, lost)])
+        return reply, ambiguous
+
+    def _rerun_calls(
+        self, commands: Sequence[tuple[bytes, str, int, Any, bool]]
+    ) -> list[tuple[Any, bool]]:
+        """:meth:`_rerun_call` for several commands ``(payload, key, shard, script, lost)``.
+
+        One executor batch: pipelined per node, and one ``SCRIPT LOAD`` per node and
+        script when they all answered ``NOSCRIPT`` (a fresh or restarted server), not
+        one round trip each.
+        """
+        calls = [Call(p, key=k, shard=s, script=script) for p, k, s, script, _ in commands]
+        results = self.executor.run("check and add a request", calls, write=True)
+        return [
+            (reply, command[4] or ambiguous)
+            for command, reply, ambiguous in zip(
+                commands, results.replies, results.ambiguous, strict=True
+            )
+        ]
 
     @property
     def round_trips(self) -> int:

@@ -251,22 +251,37 @@ class RedisBloomFilter(Facade):
                 for i in order:
                     lost[i] = isinstance(exc, ReplyLostError)
                 continue
+            loaded = False
             for i, reply in zip(order, got, strict=True):
-                if classify(reply) is Kind.RESULT:
+                kind = classify(reply)
+                if kind is Kind.RESULT:
                     replies[i] = reply
+                elif kind is Kind.NOSCRIPT and not loaded and self._script_of(commands[i]):
+                    # A fresh or restarted server: load once, so the rerun runs at once.
+                    self.executor.load(node, self._script, "check and add a request")
+                    loaded = True
+        # What the first exchange did not answer goes through the executor together.
+        ambiguous = [False] * len(commands)
+        pending = [i for i, reply in enumerate(replies) if reply is None]
+        failure: FilterUnavailableError | None = None
+        if pending:
+            rerun = [
+                (c.payload, c.key, c.shard, self._script_of(c), lost[i])
+                for i, c in ((i, commands[i]) for i in pending)
+            ]
+            try:
+                for i, (reply, doubt) in zip(pending, self._rerun_calls(rerun), strict=True):
+                    replies[i], ambiguous[i] = reply, doubt
+            except FilterUnavailableError as exc:
+                failure = exc
         answers: list[bool] = []
         for i, command in enumerate(commands):
-            try:
-                if replies[i] is not None:
-                    reply, ambiguous = replies[i], False
-                else:
-                    reply, ambiguous = self._rerun(command, lost[i])
-            except FilterUnavailableError as exc:
+            if failure is not None and replies[i] is None:  # the executor gave up: owed
                 for later in commands[i:]:
                     later.give_back()
-                return answers, exc
+                return answers, failure
             h1, h2 = hashes[i]
-            answers.append(self._conclude(command, reply, ambiguous, h1, h2, False))
+            answers.append(self._conclude(command, replies[i], ambiguous[i], h1, h2, False))
         return answers, None
 
     def _prepare(self, h1: int, h2: int) -> _Command:
@@ -286,10 +301,6 @@ class RedisBloomFilter(Facade):
 
     def _send(self, command: _Command) -> tuple[Any, bool]:
         return self._hot_call(command.payload, command.key, command.shard, self._script_of(command))
-
-    def _rerun(self, command: _Command, lost: bool) -> tuple[Any, bool]:
-        script = self._script_of(command)
-        return self._rerun_call(command.payload, command.key, command.shard, script, lost)
 
     def _script_of(self, command: _Command) -> scripts.Script | None:
         return None if command.fast is not None else self._script
