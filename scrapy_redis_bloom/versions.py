@@ -1,0 +1,74 @@
+"""The oldest versions of the libraries the dupefilter runs with, checked when it is built.
+
+pip enforces ``pyproject.toml``'s minimums at install time only: an environment put
+together otherwise (a pinned lock file, ``--no-deps``, a system package) may hold an
+older Scrapy or redis-py, which would fail later in ways that name neither. The
+dupefilter checks the installed versions once, when it is built, and refuses an old
+one with a message that names it and the minimum (README, Requirements).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+
+#: Distribution name -> (name a reader knows, oldest supported version). Keep in step
+#: with pyproject.toml's dependencies and README's Requirements.
+MINIMUMS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "scrapy": ("Scrapy", (2, 13)),
+    "scrapy-redis": ("scrapy-redis", (0, 9)),
+    "redis": ("redis-py", (7, 0)),
+    "mmh3": ("mmh3", (4, 0)),
+}
+
+
+class UnsupportedVersionError(ImportError):
+    """An installed library is older than the oldest version this package supports."""
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """Return the leading numeric release of a version string: ``"8.1.0b1"`` -> (8, 1, 0)."""
+    found = re.match(r"\d+(?:\.\d+)*", text.strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not a version number")
+    return tuple(int(part) for part in found.group().split("."))
+
+
+def check_versions(installed: Mapping[str, str]) -> None:
+    """Refuse any library of ``installed`` (distribution -> version) below its minimum.
+
+    A distribution missing from ``installed`` is not checked (importing it fails on
+    its own, with Python's message).
+    """
+    too_old = []
+    upgrades = []
+    for dist, (name, minimum) in MINIMUMS.items():
+        have = installed.get(dist)
+        if have is not None and parse_version(have) < minimum:
+            need = ".".join(map(str, minimum))
+            too_old.append(f"{name} {have} is installed, and it needs {name} {need} or newer")
+            upgrades.append(f'"{dist}>={need}"')
+    if too_old:
+        raise UnsupportedVersionError(
+            f"scrapy-redis-bloom cannot run here: {'; '.join(too_old)}."
+            f" Upgrade with: pip install {' '.join(upgrades)}"
+        )
+
+
+@functools.cache
+def installed_versions() -> dict[str, str]:
+    """Return the installed version of each library of :data:`MINIMUMS` that is installed."""
+    found = {}
+    for dist in MINIMUMS:
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def check_installed() -> None:
+    """Refuse an installed library older than supported (see :func:`check_versions`)."""
+    check_versions(installed_versions())
