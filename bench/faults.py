@@ -855,7 +855,7 @@ def redis_version() -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     """Run every crawl; print the table, write faults.md and faults.json; return the status."""
     started = time.monotonic()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     faults = [FAULTS_BY_KEY[key] for key in args.only]
     redis_info = redis_version()
     logger.info("redis-server %s at %s", redis_info["version"], redis_info["binary"])

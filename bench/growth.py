@@ -25,7 +25,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -412,7 +412,7 @@ def report(
         f" p = {BIG_RATE:g} show in bytes per item what sizing generation 0 for p/2 costs.",
         "",
         f"- Command: `{COMMAND}`",
-        f"- Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- Date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Redis: {redis_version}",
         f"- Run time: {seconds:.0f} s",
         f"- Growing filter: {growth_cfg.describe()}",

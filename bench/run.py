@@ -252,7 +252,7 @@ def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the selected measures; print and write the results; return the exit status."""
     started = time.monotonic()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     found = None if args.no_bloom else bloom_server()
     got = Collected()
     with BenchRedis(found) as bench, quiet_loggers(() if args.verbose else CHATTY):

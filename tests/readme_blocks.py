@@ -21,12 +21,11 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from scrapy_redis_bloom.cli import build_parser
 from scrapy_redis_bloom.config import BloomConfig
@@ -231,14 +230,8 @@ class Hosts:
 
 @functools.cache
 def pyproject() -> dict[str, Any]:
-    """Return pyproject.toml, parsed (tomllib; on Python 3.10, tomli if installed)."""
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib.loads(text)
-    tomli = pytest.importorskip("tomli", reason="reading pyproject.toml on Python 3.10")
-    parsed: dict[str, Any] = tomli.loads(text)
+    """Return pyproject.toml, parsed."""
+    parsed: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     return parsed
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ def test_info_json_matches_engine_state(
     assert data["generations"][0]["estimated_items"] == data["estimated_items"]
     assert data["created_timestamp"] == record.created
     created = datetime.fromisoformat(data["created"])
-    assert created.utcoffset() == timezone.utc.utcoffset(None)
+    assert created.utcoffset() == UTC.utcoffset(None)
     assert created.timestamp() == pytest.approx(record.created)
 
 

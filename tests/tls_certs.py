@@ -185,7 +185,7 @@ def _with_cryptography(files: TlsFiles) -> None:
             decipher_only=False,
         )
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_name = name("scrapy-redis-bloom test CA")
 
     def certificate(

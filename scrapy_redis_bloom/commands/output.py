@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from tqdm import tqdm
@@ -124,7 +124,7 @@ def orphan_data(orphans: Sequence[Orphan]) -> list[dict[str, str]]:
 
 def utc(timestamp: float) -> datetime:
     """Return a Unix timestamp as an aware UTC datetime."""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return datetime.fromtimestamp(timestamp, tz=UTC)
 
 
 def stdin_is_tty() -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..engine.filter import RedisBloomFilter
@@ -35,7 +35,7 @@ def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
         state = estimate_from_items(record.growth, totals.added)
         items, fill = totals.added, state.fill_ratio
     return {
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "items": items,
         "capacity": record.capacity,
         "fill_ratio": fill,
