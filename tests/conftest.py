@@ -21,6 +21,15 @@ from redis_cluster import RedisClusterNodes  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Close the reactor's asyncio loop, which no test runs: not left to the collector."""
+    from twisted.internet import reactor
+
+    loop = getattr(reactor, "_asyncioEventloop", None)
+    if loop is not None and not loop.is_running() and not loop.is_closed():
+        loop.close()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     with RedisServer() as server:
