@@ -40,6 +40,7 @@ from .config import (
     parse_sentinels,
     sentinel_service,
 )
+from .engine.executor import error_code
 from .redact import masked
 
 #: Retries of a failed command, about one a second after the first few (backoff 0.1 s
@@ -86,11 +87,16 @@ class PrimaryConnection(SentinelManagedConnection):
         )
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        """Read a reply; turn ``NOREPLICAS`` into a reconnect (see the class)."""
+        """Read a reply; turn ``NOREPLICAS`` or ``READONLY`` into a reconnect (see the class).
+
+        Also from inside a script, where Redis 6.2 wraps the code in ``Error running
+        script`` (redis-py's own ``READONLY`` check sees only the bare reply).
+        """
         try:
             return super().read_response(*args, **kwargs)
         except ResponseError as exc:
-            if not str(exc).startswith("NOREPLICAS") or not self.connection_pool.is_master:
+            code = error_code(exc)
+            if code not in ("NOREPLICAS", "READONLY") or not self.connection_pool.is_master:
                 raise
             self.disconnect()  # type: ignore[no-untyped-call]  # untyped in redis-py
             raise RedisConnectionError(

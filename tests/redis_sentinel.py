@@ -238,9 +238,29 @@ class SentinelGroup:
 
     # -- faults ---------------------------------------------------------------------------
 
-    def failover(self) -> RedisServer:
-        """``SENTINEL FAILOVER``: promote the replica of a healthy primary; return the old one."""
+    def failover(self, pause_ms: int = 4000) -> RedisServer:
+        """Switch the primary over as planned; return the old primary.
+
+        As an operator does it: ``CLIENT PAUSE pause_ms WRITE`` on the primary, wait
+        until every replica has all it wrote, then ``SENTINEL FAILOVER``. Without the
+        pause, a write the primary acknowledged an instant before the promotion may not
+        have reached the replica yet, and is lost with the old primary's data (Redis
+        replication is asynchronous). Writes held by the pause meet, once it ends, a
+        primary whose replica left (``NOREPLICAS`` under ``min-replicas-to-write``):
+        nothing ran, and they are retried on the new primary.
+        """
         old = self.primary()
+        with contextlib.closing(old.client()) as client:
+            client.execute_command("CLIENT", "PAUSE", pause_ms, "WRITE")
+            offset = int(client.info("replication")["master_repl_offset"])
+        replicas = [s for s in self.servers if s is not old]
+
+        def caught_up() -> bool:
+            return all(
+                int(r.info("replication").get("slave_repl_offset", -1)) >= offset for r in replicas
+            )
+
+        self._wait(caught_up, pause_ms / 2000, "the replicas to catch up")
         with contextlib.closing(self.sentinels[0].client()) as client:
             client.execute_command("SENTINEL", "FAILOVER", SERVICE)
         return old

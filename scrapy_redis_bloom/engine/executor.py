@@ -66,7 +66,12 @@ MAX_REDIRECTS = 16
 _ASKING = pack_command(b"ASKING")
 
 #: Error-reply prefixes that mean "not run, try again later".
-_LATER = ("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
+#: ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its replicas (one
+#: being promoted, say) refuses writes before running them: retried like the others.
+_LATER = (
+    *("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"),
+    "NOREPLICAS",
+)
 
 
 class Kind(Enum):
