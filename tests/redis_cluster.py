@@ -24,13 +24,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis_server import PauseThread, RedisServer
+from running import Running
 
 HOST = "127.0.0.1"
 #: The cluster bus listens on the client port + 10000, so client ports stay below this.
@@ -85,7 +85,7 @@ def _log_tail(server: RedisServer, lines: int = 15) -> str:
     return os.linesep.join("    " + line for line in text.splitlines()[-lines:])
 
 
-class RedisClusterNodes:
+class RedisClusterNodes(Running):
     """A Redis Cluster of ``n`` masters on 127.0.0.1, as a context manager.
 
     Each master gets ``replicas`` replicas (default none). Nodes ``0 .. n-1`` start as the
@@ -317,17 +317,6 @@ class RedisClusterNodes:
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = ""
-
-    def __enter__(self) -> RedisClusterNodes:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- state ----------------------------------------------------------------------------
 

@@ -22,10 +22,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 import redis
 from redis_server import RedisServer, _tail, find_redis_server, free_port, no_retry
+from running import Running
 
 SERVICE = "mymaster"
 
@@ -109,7 +109,7 @@ class SentinelProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class SentinelGroup:
+class SentinelGroup(Running):
     """A primary, ``replicas`` replicas (``replicaof``) and ``sentinels`` sentinels (quorum 2).
 
     ``servers`` are the two data servers (:class:`RedisServer`); which one is the primary
@@ -197,17 +197,6 @@ class SentinelGroup:
             sentinel.stop()
         for server in self.servers:
             server.stop()
-
-    def __enter__(self) -> SentinelGroup:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- inspection -----------------------------------------------------------------------
 

@@ -27,12 +27,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from running import Running
 from tls_certs import TlsFiles
 
 
@@ -119,7 +119,7 @@ def no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
-class RedisServer:
+class RedisServer(Running):
     """One redis-server bound to 127.0.0.1 on a free port.
 
     Without ``appendonly`` there is no persistence at all. With it, the server runs with
@@ -282,17 +282,6 @@ class RedisServer:
             f"redis-server on port {self.port} did not come back within {timeout:g} s:"
             f" {self.log_tail()}"
         )
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- inspection -----------------------------------------------------------------------
 

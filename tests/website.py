@@ -19,8 +19,9 @@ import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from urllib.parse import parse_qs, urlsplit
+
+from running import Running
 
 _PAGE = re.compile(r"/page/(0|[1-9][0-9]*)")
 
@@ -106,7 +107,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-class SiteServer:
+class SiteServer(Running):
     """A threaded ``http.server`` on 127.0.0.1, on a free port, serving a :class:`Site`.
 
     Use it as a context manager. ``url`` is the base URL (no trailing slash);
@@ -173,17 +174,6 @@ class SiteServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-
-    def __enter__(self) -> SiteServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _handler_for(server: SiteServer) -> type[BaseHTTPRequestHandler]:
