@@ -139,13 +139,21 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
     return opened, record is None
 
 
-def open_existing(ctx: Context) -> RedisBloomFilter | NativeBloomFilter:
-    """Open a filter that must exist, with the geometry its record describes."""
+def existing(ctx: Context, hint: str) -> RedisBloomFilter | NativeBloomFilter:
+    """Return the stored filter, which must exist (else ``hint`` says what to do).
+
+    Not opened: the caller decides whether its parts are checked first.
+    """
     bloom, found = stored(ctx)
     record = usable(found)
     if record is None:
-        raise missing(ctx, bloom, "A crawl creates it on its first request.")
+        raise missing(ctx, bloom, hint)
     check_servers(ctx, bloom, record)
-    opened = native_if(ctx, record) or bloom
+    return native_if(ctx, record) or bloom
+
+
+def open_existing(ctx: Context) -> RedisBloomFilter | NativeBloomFilter:
+    """Open a filter that must exist, with the geometry its record describes."""
+    opened = existing(ctx, "A crawl creates it on its first request.")
     opened.open(create=False)  # checks every part: a lost shard is an error, not "absent"
     return opened

@@ -20,7 +20,7 @@ from ..engine.restore import FilterExistsError, restore_filter
 from ..engine.transfer import FilterBusyError, dump_filter
 from ..sizing import format_bytes
 from .context import EXIT_OK, CLIError, Context
-from .opening import check_servers, missing, native_if, stored, usable
+from .opening import existing
 from .output import emit, progress
 
 
@@ -42,12 +42,7 @@ class _Bar:
 def dump(ctx: Context) -> int:
     """Write the filter to ``FILE``: its record, counters and every part's bytes."""
     path = Path(ctx.args.file)
-    bloom, found = stored(ctx)
-    record = usable(found)
-    if record is None:
-        raise missing(ctx, bloom, "Nothing to dump.")
-    check_servers(ctx, bloom, record)
-    source = native_if(ctx, record) or bloom
+    source = existing(ctx, "Nothing to dump.")
     partial = path.with_name(path.name + ".partial")
     bar = _Bar("Dumping")
     try:
