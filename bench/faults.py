@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from harness import TESTS, machine, rotated, run_main  # noqa: E402  # also puts tests/ on sys.path
+from harness import TESTS, bench_parser, finish_args, machine, rotated, run_main  # noqa: E402  # also puts tests/ on sys.path
 from redis_server import RedisServer, no_retry  # noqa: E402
 from report import grid, md_table  # noqa: E402
 from website import SiteServer, TreeSite  # noqa: E402
@@ -798,15 +798,10 @@ QUICK: dict[str, Any] = {
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line; --quick changes the defaults, explicit options win."""
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n", 1)[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="smaller site, one round")
+    parser = bench_parser(__doc__, "smaller site, one round", "faults.md/json")
     parser.add_argument(
         "--only", default=",".join(FAULTS_BY_KEY), help="faults to run, comma-separated"
     )
-    parser.add_argument("--out", type=Path, default=HERE, help="directory for faults.md/json")
     parser.add_argument("--verbose", action="store_true", help="log each crawl's details")
     parser.add_argument(
         "--logs", type=Path, help="keep each crawl's log and output here (default: deleted)"
@@ -826,14 +821,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument("--runaway", type=int, help="CLOSESPIDER_PAGECOUNT, in pages of the site")
     group.add_argument("--closespider-timeout", type=float, help="CLOSESPIDER_TIMEOUT, seconds")
     group.add_argument("--crawl-timeout", type=float, help="wall-clock limit per crawl, seconds")
-    args = parser.parse_args(argv)
-    for name, value in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK.get(name, value) if args.quick else value)
-    only = [f.strip() for f in args.only.split(",") if f.strip()]
-    if not only or set(only) - set(FAULTS_BY_KEY):
-        parser.error(f"--only takes faults among {','.join(FAULTS_BY_KEY)}, got {args.only!r}")
-    args.only = only
+    args = finish_args(parser, argv, DEFAULTS, QUICK, list(FAULTS_BY_KEY), "faults")
     if args.rounds < 1 or args.pages < 7 or args.runaway < 2:
         parser.error("--rounds must be at least 1, --pages at least 7, --runaway at least 2")
     if not 0 < args.trigger < 1 or args.delay < 0 or args.outage <= 0:

@@ -8,6 +8,7 @@ them instead of favouring whichever ran first; medians over rounds are reported.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.metadata
 import logging
@@ -243,13 +244,54 @@ def machine() -> dict[str, Any]:
     }
 
 
+def bench_parser(doc: str | None, quick: str, out: str) -> argparse.ArgumentParser:
+    """Start a benchmark script's parser: its description, ``--quick`` and ``--out``.
+
+    ``quick`` says what --quick does, ``out`` what --out holds. Each script adds ``--only``
+    (checked by :func:`finish_args`) and its own options.
+    """
+    parser = argparse.ArgumentParser(
+        description=(doc or "").split("\n", 1)[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench", help=f"directory for {out}")
+    return parser
+
+
+def finish_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    defaults: dict[str, Any],
+    quick: dict[str, Any],
+    choices: Sequence[str],
+    what: str,
+) -> argparse.Namespace:
+    """Parse; fill unset sizes from ``defaults`` (``quick`` first under --quick); check --only.
+
+    Explicit options win over both. ``--only`` becomes the list of ``choices`` asked for, in
+    the order given; anything else is a usage error naming ``what`` they are.
+    """
+    args = parser.parse_args(argv)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick.get(name, value) if args.quick else value)
+    only = [item.strip() for item in args.only.split(",") if item.strip()]
+    if not only or set(only) - set(choices):
+        parser.error(f"--only takes {what} among {','.join(choices)}, got {args.only!r}")
+    args.only = only
+    return args
+
+
 __all__ = [
     "ROOT",
     "TESTS",
     "BenchRedis",
     "RedisServer",
     "Samples",
+    "bench_parser",
     "find_redis_server",
+    "finish_args",
     "interleave",
     "machine",
     "quiet_loggers",

@@ -62,7 +62,15 @@ from crawl import (  # noqa: E402
     crawl_contenders,
     measure_crawl,
 )
-from harness import BenchRedis, Samples, machine, quiet_loggers, run_main  # noqa: E402
+from harness import (  # noqa: E402
+    BenchRedis,
+    Samples,
+    bench_parser,
+    finish_args,
+    machine,
+    quiet_loggers,
+    run_main,
+)
 from micro import (  # noqa: E402
     NAME_OLD,
     NAME_OURS,
@@ -144,13 +152,8 @@ QUICK: dict[str, Any] = {
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line; --quick changes the defaults, explicit options win."""
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n", 1)[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes, one round: a smoke run")
+    parser = bench_parser(__doc__, "small sizes, one round: a smoke run", "results.md/json")
     parser.add_argument("--only", default=",".join(MEASURES), help="measures to run, e.g. a,b")
-    parser.add_argument("--out", type=Path, default=HERE, help="directory for results.md/json")
     parser.add_argument("--verbose", action="store_true", help="log the libraries' INFO lines")
     parser.add_argument(
         "--no-bloom",
@@ -192,14 +195,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument(
         "--probes", type=int, help="(c) never-added fingerprints offered to measure false positives"
     )
-    args = parser.parse_args(argv)
-    for name, value in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK.get(name, value) if args.quick else value)
-    only = {m.strip() for m in args.only.split(",") if m.strip()}
-    if not only or only - set(MEASURES):
-        parser.error(f"--only takes measures among {','.join(MEASURES)}, got {args.only!r}")
-    args.only = only
+    args = finish_args(parser, argv, DEFAULTS, QUICK, MEASURES, "measures")
     positive = (
         *("rounds", "bulk_rounds", "crawl_rounds", "unique_calls", "stream_calls"),
         *("slow_calls", "bulk", "setbit", "old_memory_sample", "crawl_pages"),
@@ -274,11 +270,11 @@ def run(args: argparse.Namespace) -> int:
             redis_info["binary_source"],
             ", ".join(redis_info["modules"]) or "none",
         )
-        if {"a", "b"} & args.only:
+        if {"a", "b"} & set(args.only):
             _micro(bench, peers, args, got)
         if "t" in args.only:
             _command_time(bench, peers, args, got)
-        if {"c", "d"} & args.only:
+        if {"c", "d"} & set(args.only):
             _bulk(bench, peers, args, got)
         if "e" in args.only:
             _crawl(bench, peers, args, got)
@@ -288,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         "date": date,
         "elapsed": elapsed,
         "command": shlex.join([Path(sys.executable).name, "bench/run.py", *sys.argv[1:]]),
-        "arguments": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()},
+        "arguments": dict(vars(args)),
         "machine": machine(),
         "redis": redis_info,
         "cache_setting_recognised": peers.cache,
