@@ -63,6 +63,10 @@ ROUND_TRIPS_STAT = "bloomfilter/round_trips"
 BATCHING = "scrapy_redis_bloom.batching.BatchingMiddleware"
 NAME_OURS_BATCHED = "ours, batched"
 NAME_OURS_NATIVE_BATCHED = "ours, native, batched"
+#: BLOOMFILTER_BATCH_WINDOW of the windowed contenders, seconds.
+WINDOW = 0.05
+NAME_OURS_WINDOW = f"ours, batched, {WINDOW * 1000:g} ms window"
+NAME_OURS_NATIVE_WINDOW = f"ours, native, batched, {WINDOW * 1000:g} ms window"
 
 #: Ours and RedisBloom's BF.ADD peer sized alike for the crawl, at the issue's reference
 #: rate: 100,000 URLs at 1e-4 (ours growing: k = 14, 240 KiB).
@@ -83,7 +87,7 @@ class CrawlContender:
 
 
 def crawl_contenders(peers: Peers, batching: bool = False) -> list[CrawlContender]:
-    """Return ours (and batched), scrapy-redis's, RedisBloom's and the old plugin's.
+    """Return ours (batched too: per response, windowed), scrapy-redis's and the peers'.
 
     ``batching``: ``BatchingMiddleware`` can be imported. scrapy-redis-bloomfilter
     runs with its defaults (BLOOMFILTER_BIT 30, k 6); ours and RedisBloom sized for
@@ -94,9 +98,13 @@ def crawl_contenders(peers: Peers, batching: bool = False) -> list[CrawlContende
     if batching:
         batched = {**ours, "SPIDER_MIDDLEWARES": {BATCHING: 0}}
         contenders.append(CrawlContender(NAME_OURS_BATCHED, batched))
+        windowed = {**batched, "BLOOMFILTER_BATCH_WINDOW": WINDOW}
+        contenders.append(CrawlContender(NAME_OURS_WINDOW, windowed))
         if peers.native:
             native = {**batched, "BLOOMFILTER_BACKEND": "native"}
             contenders.append(CrawlContender(NAME_OURS_NATIVE_BATCHED, native))
+            native_windowed = {**windowed, "BLOOMFILTER_BACKEND": "native"}
+            contenders.append(CrawlContender(NAME_OURS_NATIVE_WINDOW, native_windowed))
     contenders.append(CrawlContender(NAME_SCRAPY_REDIS, {"DUPEFILTER_CLASS": SCRAPY_REDIS}))
     if peers.bloom:
         bloom = {

@@ -58,6 +58,9 @@ from bulk import (  # noqa: E402
 from crawl import (  # noqa: E402
     NAME_OURS_BATCHED,
     NAME_OURS_NATIVE_BATCHED,
+    NAME_OURS_NATIVE_WINDOW,
+    NAME_OURS_WINDOW,
+    WINDOW,
     CrawlConfig,
     crawl_contenders,
     measure_crawl,
@@ -492,7 +495,8 @@ def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Colle
             False,
         )
     )
-    for name in (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_NATIVE_BATCHED):  # N/A if left out
+    ours = (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_WINDOW)
+    for name in (*ours, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW):  # N/A if left out
         got.targets.append(
             _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
                   filter_usec, name, 0.5)
@@ -627,7 +631,9 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " round trips per page: ours' stat bloomfilter/round_trips summed over both workers,"
         f" divided by the pages fetched. '{NAME_OURS_BATCHED}' is ours with SPIDER_MIDDLEWARES"
         " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0};"
-        f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'. RedisBloom's"
+        f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'; the"
+        f" 'window' ones add BLOOMFILTER_BATCH_WINDOW = {WINDOW:g} (the links of every response"
+        " whose output ends within it checked together). RedisBloom's"
         " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
 

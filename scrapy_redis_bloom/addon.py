@@ -43,9 +43,10 @@ class Addon:
         if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
             _claim(settings, "SCHEDULER", SCHEDULER, "scrapy-redis's Scheduler")
         if boolean_setting(settings, "BLOOMFILTER_ADDON_BATCHING"):
-            from .batching import batch_max
+            from .batching import batch_max, batch_window
 
             batch_max(settings)
+            batch_window(settings)
             # An order the project gave the middleware itself (priority "project") wins.
             settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
         _validate(settings)

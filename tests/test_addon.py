@@ -204,3 +204,12 @@ def test_a_bad_redis_params_is_refused_by_the_addon() -> None:
     settings = project_settings(REDIS_PARAMS={"socket_timeout": "soon"})
     with pytest.raises(ValueError, match=r"^The value of the REDIS_PARAMS setting .* 'soon'"):
         Addon().update_settings(settings)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("BLOOMFILTER_BATCH_MAX", 0), ("BLOOMFILTER_BATCH_WINDOW", "soon")]
+)
+def test_a_bad_batching_setting_is_refused_by_the_addon(name: str, value: Any) -> None:
+    settings = project_settings(BLOOMFILTER_ADDON_BATCHING=True, **{name: value})
+    with pytest.raises(ValueError, match=f"^The value of the {name} setting"):
+        Addon().update_settings(settings)

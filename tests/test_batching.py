@@ -37,6 +37,7 @@ from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.batching import (
     BatchingMiddleware,
     batch_max,
+    batch_window,
     later_in_chain,
     later_middlewares,
 )
@@ -393,6 +394,85 @@ def test_a_callback_that_fails_still_sends_what_it_yielded(
     assert dupefilter.batches == 1
 
 
+def test_a_window_checks_the_requests_of_several_responses_together(
+    dupefilter: RFPDupeFilter, crawler: Crawler
+) -> None:
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    middleware.window = 0.5
+    resumed: list[tuple[str, float]] = []
+
+    async def callback(page: str, links: int) -> AsyncIterator[Any]:
+        for i in range(links):
+            yield Request(f"https://example.com/{page}/{i}")
+        yield Request("https://example.com/shared")  # a link both pages carry
+
+    async def respond(page: str, links: int, delay: float) -> list[Request]:
+        await asyncio.sleep(delay)
+        response = HtmlResponse(f"https://example.com/{page}", body=b"")
+        out = [r async for r in middleware.process_spider_output(response, callback(page, links))]
+        resumed.append((page, time.monotonic()))
+        return out
+
+    async def run() -> tuple[list[Request], list[Request]]:
+        return await asyncio.gather(respond("a", 3, 0.0), respond("b", 2, 0.05))
+
+    started = time.monotonic()
+    first, second = asyncio.run(run())
+    # One check for both responses, when the window the first one opened closed.
+    assert (dupefilter.batches, dupefilter.batched) == (1, 7)
+    assert all(0.49 <= at - started < 2.0 for _, at in resumed)
+    assert [r.url.rsplit("/", 2)[-2:] for r in first][-1] == ["example.com", "shared"]
+    # Each answer is taken once: the shared link is new for the first taker only.
+    answers = [dupefilter.request_seen(r) for r in [*first, *second]]
+    assert answers == [False] * 4 + [False, False, True]
+
+
+def test_a_full_window_closes_before_its_time(dupefilter: RFPDupeFilter, crawler: Crawler) -> None:
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    middleware.window, middleware.limit = 5.0, 4
+
+    async def callback(page: str) -> AsyncIterator[Any]:
+        for i in range(2):
+            yield Request(f"https://example.com/{page}/{i}")
+
+    async def respond(page: str) -> list[Request]:
+        response = HtmlResponse(f"https://example.com/{page}", body=b"")
+        return [r async for r in middleware.process_spider_output(response, callback(page))]
+
+    async def run() -> list[list[Request]]:
+        return list(await asyncio.gather(respond("a"), respond("b")))
+
+    started = time.monotonic()
+    outputs = asyncio.run(run())
+    assert time.monotonic() - started < 2.0  # the fourth request closed it, not the 5 s
+    assert [len(out) for out in outputs] == [2, 2]
+    assert (dupefilter.batches, dupefilter.batched) == (1, 4)
+
+
+def test_without_an_asyncio_loop_the_window_is_off_and_said(
+    dupefilter: RFPDupeFilter, crawler: Crawler, caplog: pytest.LogCaptureFixture
+) -> None:
+    from twisted.internet.defer import Deferred
+
+    middleware = BatchingMiddleware.from_crawler(crawler)
+    middleware.window = 0.05
+
+    async def callback() -> AsyncIterator[Any]:
+        yield Request("https://example.com/a")
+
+    async def collect() -> list[Any]:
+        response = HtmlResponse("https://example.com/", body=b"")
+        return [r async for r in middleware.process_spider_output(response, callback())]
+
+    # Twisted drives the coroutine, as under a reactor other than asyncio's: no loop runs.
+    got: list[list[Any]] = []
+    Deferred.fromCoroutine(collect()).addCallback(got.append)
+    assert [r.url for r in got[0]] == ["https://example.com/a"]
+    assert middleware.window == 0.0
+    assert dupefilter.batches == 1  # checked alone, at once
+    assert "BLOOMFILTER_BATCH_WINDOW is ignored" in caplog.text
+
+
 # -- the middleware's settings and position ----------------------------------------------
 
 
@@ -403,6 +483,18 @@ def test_batch_max_is_checked() -> None:
         settings = get_crawler(settings_dict={"BLOOMFILTER_BATCH_MAX": bad}).settings
         with pytest.raises(ValueError, match=r"BLOOMFILTER_BATCH_MAX setting \("):
             batch_max(settings)
+
+
+@pytest.mark.parametrize("value", [-0.1, 11, "soon", float("nan"), True, "inf"])
+def test_batch_window_is_checked(value: Any) -> None:
+    assert batch_window(get_crawler(settings_dict={}).settings) == 0.0
+    assert (
+        batch_window(get_crawler(settings_dict={"BLOOMFILTER_BATCH_WINDOW": "0.05"}).settings)
+        == 0.05
+    )
+    settings = get_crawler(settings_dict={"BLOOMFILTER_BATCH_WINDOW": value}).settings
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_BATCH_WINDOW setting \(.*\) is invalid"):
+        batch_window(settings)
 
 
 def test_later_middlewares_are_named() -> None:
@@ -501,6 +593,32 @@ def test_a_batched_crawl_fetches_the_same_pages_in_at_most_one_trip_per_page(
     assert batched.stats["bloomfilter/batches"] > 0
     assert "bloomfilter/batch_unscheduled" not in batched.stats
     assert "bloomfilter/batching_disabled" not in batched.stats
+
+
+@pytest.mark.timeout(180)
+def test_a_window_fetches_the_same_pages_in_fewer_round_trips(
+    site_server: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    per_page = crawl(site_server, redis_url, tmp_path, mode="follow", settings=BATCHING)
+    redis_client.flushdb()
+    windowed = crawl(
+        site_server,
+        redis_url,
+        tmp_path,
+        mode="follow",
+        settings={**BATCHING, "BLOOMFILTER_BATCH_WINDOW": 0.05},
+    )
+    for result in (per_page, windowed):
+        assert_finished(result)
+        assert_each_once(result.fetched, site_server.reachable_urls())
+    for name in ("bloomfilter/added", "bloomfilter/filtered", "dupefilter/filtered"):
+        assert windowed.stats[name] == per_page.stats[name], name
+    trips = [r.stats["bloomfilter/round_trips"] for r in (per_page, windowed)]
+    batches = [r.stats["bloomfilter/batches"] for r in (per_page, windowed)]
+    logger.warning("round trips %s, batches %s: per response, then a 50 ms window", trips, batches)
+    assert batches[1] < batches[0]
+    assert trips[1] < trips[0]
+    assert "bloomfilter/batch_unscheduled" not in windowed.stats
 
 
 @pytest.mark.timeout(120)
