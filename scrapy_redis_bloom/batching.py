@@ -31,9 +31,7 @@ are reported (see :mod:`.reservations`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +40,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 
+from .config import float_setting, int_setting
 from .dupefilter import RFPDupeFilter
 
 if TYPE_CHECKING:
@@ -68,35 +67,25 @@ _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
 
 def batch_max(settings: BaseSettings) -> int:
     """Return ``BLOOMFILTER_BATCH_MAX``, checked: an integer of at least 1."""
-    value = settings.get("BLOOMFILTER_BATCH_MAX", DEFAULT_BATCH_MAX)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"The value of the BLOOMFILTER_BATCH_MAX setting ({value!r}) is invalid. It must"
-            " be a whole number of at least 1: the requests held before they are checked."
-        )
-    return value
+    return int_setting(
+        settings,
+        "BLOOMFILTER_BATCH_MAX",
+        DEFAULT_BATCH_MAX,
+        lambda value: value >= 1,
+        "It must be a whole number of at least 1: the requests held before they are checked.",
+    )
 
 
 def batch_window(settings: BaseSettings) -> float:
     """Return ``BLOOMFILTER_BATCH_WINDOW``, checked: seconds from 0 (off) to 10."""
-    value = settings.get("BLOOMFILTER_BATCH_WINDOW", DEFAULT_BATCH_WINDOW)
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):  # a bad string is refused below, as it is
-            value = float(value)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 <= value <= MAX_BATCH_WINDOW
-    ):
-        raise ValueError(
-            f"The value of the BLOOMFILTER_BATCH_WINDOW setting ({value!r}) is invalid. It"
-            f" must be a number of seconds from 0 (off) to {MAX_BATCH_WINDOW:g}: how long"
-            " a response's requests wait to be checked with those of other responses."
-        )
-    return float(value)
+    return float_setting(
+        settings,
+        "BLOOMFILTER_BATCH_WINDOW",
+        DEFAULT_BATCH_WINDOW,
+        lambda value: 0 <= value <= MAX_BATCH_WINDOW,
+        f"It must be a number of seconds from 0 (off) to {MAX_BATCH_WINDOW:g}: how long a"
+        " response's requests wait to be checked with those of other responses.",
+    )
 
 
 class _Window:

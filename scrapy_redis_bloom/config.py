@@ -148,6 +148,20 @@ def _or_default(value: _T | None, default: _T) -> _T:
     return default if value is None else value
 
 
+def int_setting(
+    settings: SettingsLike, name: str, default: int, ok: Callable[[int], bool], allowed: str
+) -> int:
+    """Read an integer setting (a number or a string) that ``ok`` accepts; ``default`` if unset."""
+    return _or_default(_int(settings, name, ok, allowed), default)
+
+
+def float_setting(
+    settings: SettingsLike, name: str, default: float, ok: Callable[[float], bool], allowed: str
+) -> float:
+    """Read a finite number setting (number or string) that ``ok`` accepts; ``default`` if unset."""
+    return _or_default(_float(settings, name, ok, allowed), default)
+
+
 def _float(
     settings: SettingsLike, name: str, ok: Callable[[float], bool], allowed: str
 ) -> float | None:
