@@ -715,8 +715,9 @@ def test_two_batching_workers_fetch_every_page_once(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("window", [0, 0.05], ids=["per-response", "window"])
 def test_redis_killed_during_batched_crawl_under_allow_loses_no_page(
-    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, window: float
 ) -> None:
     with SiteServer(TreeSite(400), delay=0.03) as site, RedisServer(appendonly=True) as bloom:
         admin = bloom.client()
@@ -729,6 +730,7 @@ def test_redis_killed_during_batched_crawl_under_allow_loses_no_page(
 
         settings = {
             **BATCHING,
+            "BLOOMFILTER_BATCH_WINDOW": window,
             "BLOOMFILTER_REDIS_URL": bloom.url,
             "BLOOMFILTER_ON_ERROR": "allow",
             "BLOOMFILTER_RETRY_TIMEOUT": 1,

@@ -107,9 +107,21 @@ def test_cluster_master_killed_and_replica_promoted(
     assert done.duplicates() <= PAGES // 10
 
 
+#: BatchingMiddleware checking the links of several responses together (a 50 ms window).
+WINDOWED = {
+    "SPIDER_MIDDLEWARES": {"scrapy_redis_bloom.batching.BatchingMiddleware": 0},
+    "BLOOMFILTER_BATCH_WINDOW": 0.05,
+}
+
+
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("batching", [{}, WINDOWED], ids=["per-request", "windowed-batches"])
 def test_a_full_redis_stops_the_crawl_with_the_reason(
-    site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    site: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    batching: dict[str, Any],
 ) -> None:
     with RedisServer() as bloom_redis:
         admin = bloom_redis.client()
@@ -119,7 +131,7 @@ def test_a_full_redis_stops_the_crawl_with_the_reason(
             admin.config_set("maxmemory-policy", "noeviction")
             admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) // 2)
 
-        settings = filter_settings(bloom_redis.url, BLOOMFILTER_RETRY_TIMEOUT=1)
+        settings = filter_settings(bloom_redis.url, BLOOMFILTER_RETRY_TIMEOUT=1, **batching)
         done = run_workers(site, redis_url, tmp_path, settings, admin, during=fill)
         admin.close()
     reasons = {r["stats"]["finish_reason"] for r in done.results}
@@ -127,6 +139,8 @@ def test_a_full_redis_stops_the_crawl_with_the_reason(
     assert done.stat("bloomfilter/errors") >= 2
     assert all("Redis is out of memory" in log for log in done.logs)
     assert all("cannot answer, so the crawl stops" in log for log in done.logs)
+    if batching:  # the windows met the full Redis, not only request_seen
+        assert done.stat("bloomfilter/batch_failed") >= 1
 
 
 @pytest.mark.timeout(180)
