@@ -59,6 +59,7 @@ from bulk import (  # noqa: E402
 )
 from crawl import (  # noqa: E402
     NAME_OURS_BATCHED,
+    NAME_OURS_BLOCKED_WINDOW,
     NAME_OURS_NATIVE_BATCHED,
     NAME_OURS_NATIVE_WINDOW,
     NAME_OURS_WINDOW,
@@ -509,7 +510,8 @@ def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Colle
         )
     )
     ours = (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_WINDOW)
-    for name in (*ours, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW):  # N/A if left out
+    others = (NAME_OURS_BLOCKED_WINDOW, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW)
+    for name in (*ours, *others):  # N/A where left out
         got.targets.append(
             _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
                   filter_usec, name, 0.5)
@@ -648,7 +650,8 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0};"
         f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'; the"
         f" 'window' ones add BLOOMFILTER_BATCH_WINDOW = {WINDOW:g} (the links of every response"
-        " whose output ends within it checked together). RedisBloom's"
+        f" whose output ends within it checked together); '{NAME_OURS_BLOCKED_WINDOW}' adds"
+        " BLOOMFILTER_BLOCKED = True to the bitmap one. RedisBloom's"
         " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
 
