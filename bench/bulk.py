@@ -38,6 +38,7 @@ logger = logging.getLogger("bench.bulk")
 
 NAME_ADD_MANY = "ours: RedisBloomFilter.add_many"
 NAME_ADD_MANY_NATIVE = "ours, native: add_many"
+NAME_ADD_MANY_BLOCKED = "ours, blocked: add_many"
 NAME_BF_MADD = "RedisBloom BF.MADD (pipelined)"
 NAME_BF_MADD_FIXED = "RedisBloom BF.MADD, NONSCALING"
 NAME_SETBIT = "redis-py pipeline of SETBIT"
@@ -45,6 +46,7 @@ NAME_SET = "scrapy-redis SET (pipelined SADD)"
 NAME_REDISBLOOM_MEMORY = "RedisBloom (BF.RESERVE p n)"
 NAME_REDISBLOOM_FIXED = "RedisBloom (BF.RESERVE p n NONSCALING)"
 NAME_OURS_NATIVE_MEMORY = "ours, native"
+NAME_OURS_BLOCKED_MEMORY = "ours, blocked"
 
 #: Commands per pipeline flush of the SETBIT baseline.
 SETBIT_BATCH = 10_000
@@ -89,14 +91,17 @@ class BulkResults:
     failed: list[str]
 
 
-def _ours_filter(client: Any, capacity: int, error_rate: float, backend: str | None) -> Any:
+def _ours_filter(
+    client: Any, capacity: int, error_rate: float, backend: str | None, blocked: bool = False
+) -> Any:
     """Ours on bitmaps, fixed size: it takes the BITFIELD bulk path.
 
     A growing one (the default) is sized for half the rate and adds through its
     script: bench/growth.py measures it. ``backend`` is BLOOMFILTER_BACKEND (None: a
     version without the setting); the filter is built as the package builds it. The
     native backend keeps its default growth: a fixed native shard refuses items past
-    its share of the capacity, and shards fill unevenly.
+    its share of the capacity, and shards fill unevenly. ``blocked`` sets
+    BLOOMFILTER_BLOCKED (sizing then picks the bits the blocked rate needs).
     """
     from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 
@@ -104,6 +109,8 @@ def _ours_filter(client: Any, capacity: int, error_rate: float, backend: str | N
         "BLOOMFILTER_CAPACITY": capacity,
         "BLOOMFILTER_ERROR_RATE": error_rate,
     }
+    if blocked:
+        settings["BLOOMFILTER_BLOCKED"] = True
     if backend != "native":
         settings["BLOOMFILTER_EXPANSION"] = 0
     if backend is not None:
@@ -158,9 +165,9 @@ def measure_bulk(
         samples.values.append(value)
         return samples
 
-    def fill_ours(name: str, memory_name: str, which: str | None) -> None:
+    def fill_ours(name: str, memory_name: str, which: str | None, blocked: bool = False) -> None:
         bench.flush()
-        bloom = _ours_filter(client, count, error_rate, which)
+        bloom = _ours_filter(client, count, error_rate, which, blocked)
         gc.collect()
         start = time.perf_counter()
         flags = bloom.add_many(elements)
@@ -181,6 +188,8 @@ def measure_bulk(
             # A probe goes to one shard, each as likely: the mean of the shards' rates.
             rates = [bf_expected_rate(client, key) for key in native]
             rate.extra["expected"] = sum(rates) / len(rates) if rates else float("nan")
+        else:
+            _describe(mem, rate, bloom.spec, count)
         rate.extra.setdefault("false_positives", []).append(false)
         bloom.close()
         logger.info("  %-34s %10.0f fp/s, %.3f B/fp, FPR %.2e", name, count / elapsed,
@@ -222,8 +231,12 @@ def measure_bulk(
 
     runners: dict[str, Callable[[], None]] = {
         NAME_ADD_MANY: lambda: fill_ours(NAME_ADD_MANY, NAME_OURS, backend),
-        NAME_SETBIT: run_setbit,
     }
+    if peers.blocked:
+        runners[NAME_ADD_MANY_BLOCKED] = lambda: fill_ours(
+            NAME_ADD_MANY_BLOCKED, NAME_OURS_BLOCKED_MEMORY, backend, blocked=True
+        )
+    runners[NAME_SETBIT] = run_setbit
     if peers.native:
         runners[NAME_ADD_MANY_NATIVE] = lambda: fill_ours(
             NAME_ADD_MANY_NATIVE, NAME_OURS_NATIVE_MEMORY, "native"
@@ -235,17 +248,7 @@ def measure_bulk(
 
     memory[NAME_SET] = _set_memory(bench, elements)
     optimum = optimum_bytes_per_item(error_rate)
-    ours_memory = memory[NAME_OURS]
-    ours_memory.extra.update(
-        shards=spec.shards,
-        shard_bits=spec.shard_bits,
-        hash_count=spec.hash_count,
-        bits=spec.bits,
-        bitmap_bytes=spec.total_bytes,
-        optimum_bytes_per_item=optimum,
-    )
-    ours_memory.note = f"k={spec.hash_count}, {spec.shards} shards"
-    fpr[NAME_OURS].extra["expected"] = bloom_rate(spec.bits, spec.hash_count, count)
+    memory[NAME_OURS].extra["optimum_bytes_per_item"] = optimum
     failed: list[str] = []
     if peers.old:
         memory[NAME_OLD] = _old_plugin_memory(bench, count, error_rate, old_sample)
@@ -262,6 +265,33 @@ def measure_bulk(
         "probes": probes,
     }
     return BulkResults(throughput, memory, fpr, info, failed)
+
+
+def _describe(memory: Samples, rate: Samples, spec: Any, count: int) -> None:
+    """Note a bitmap filter's geometry on its (c) rows; its expected rate at ``count`` items.
+
+    The expected rate is the package's own formula for the spec: (1 - e^(-kn/m))^k, or
+    for a blocked filter its mean over the blocks' Poisson loads.
+    """
+    from scrapy_redis_bloom.sizing import false_positive_rate
+
+    block_bits = getattr(spec, "block_bits", 0)
+    memory.extra.update(
+        shards=spec.shards,
+        shard_bits=spec.shard_bits,
+        hash_count=spec.hash_count,
+        bits=spec.bits,
+        bitmap_bytes=spec.total_bytes,
+        block_bits=block_bits,
+    )
+    memory.note = f"k={spec.hash_count}, {spec.shards} shards, {spec.bits:,} bits" + (
+        f", blocks of {block_bits} bits" if block_bits else ""
+    )
+    rate.extra["expected"] = (
+        false_positive_rate(spec.bits, spec.hash_count, count, block_bits)
+        if block_bits
+        else bloom_rate(spec.bits, spec.hash_count, count)
+    )
 
 
 def _old_plugin_fpr(

@@ -40,7 +40,7 @@ def main() -> int:
             bloom = RedisBloomFilter(client, f"fpr:{capacity}", spec, capacity)
             bloom.add_many(fingerprints(capacity, "member"))
             hits = sum(bloom.contains_many(fingerprints(queries, "stranger")))
-            theory = false_positive_rate(spec.bits, spec.hash_count, capacity)
+            theory = false_positive_rate(spec.bits, spec.hash_count, capacity, spec.block_bits)
             sigma = math.sqrt(queries * theory * (1 - theory))
             expected = queries * theory
             sys.stdout.write(

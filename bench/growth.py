@@ -157,7 +157,11 @@ def fill_series(
             hits = false_positives(bloom, strangers)
             state = bloom.state()
             spec = state.spec
-            theory = None if expansion else false_positive_rate(spec.bits, spec.hash_count, items)
+            theory = (
+                None
+                if expansion
+                else false_positive_rate(spec.bits, spec.hash_count, items, spec.block_bits)
+            )
             points.append(
                 Point(
                     mode,

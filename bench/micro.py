@@ -82,6 +82,11 @@ def backend_setting_recognised() -> bool:
     return setting_recognised("BLOOMFILTER_BACKEND", "native")
 
 
+def blocked_setting_recognised() -> bool:
+    """Tell whether this package knows ``BLOOMFILTER_BLOCKED`` (hash scheme 2)."""
+    return setting_recognised("BLOOMFILTER_BLOCKED", True)
+
+
 def batching_middleware() -> str | None:
     """Return why ``scrapy_redis_bloom.batching.BatchingMiddleware`` cannot be used, or None."""
     try:
@@ -103,6 +108,8 @@ class Peers:
     bloom: bool
     #: The package knows BLOOMFILTER_BACKEND.
     backend: bool
+    #: The package knows BLOOMFILTER_BLOCKED.
+    blocked: bool = False
 
     @property
     def native(self) -> bool:

@@ -44,9 +44,13 @@ logger = logging.getLogger("bench.redistime")
 #: The sized filter of issue 12's figures: 1,000,000 fingerprints at 1e-4.
 SIZED: dict[str, Any] = {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
 FIXED: dict[str, Any] = {**SIZED, "BLOOMFILTER_EXPANSION": 0}
+#: Every element's k bits in one 512-bit block of its shard (hash scheme 2).
+BLOCKED: dict[str, Any] = {"BLOOMFILTER_BLOCKED": True}
 
 NAME_OURS_SIZED = "ours, 1M @ 1e-4"
 NAME_OURS_FIXED = "ours, 1M @ 1e-4, BLOOMFILTER_EXPANSION=0"
+NAME_OURS_BLOCKED = "ours, blocked"
+NAME_OURS_SIZED_BLOCKED = "ours, 1M @ 1e-4, blocked"
 NAME_NATIVE_SIZED = "ours, native, 1M @ 1e-4"
 NAME_REDISBLOOM_SIZED = "RedisBloom BF.ADD, 1M @ 1e-4"
 ROUND_TRIPS_STAT = "bloomfilter/round_trips"
@@ -80,13 +84,18 @@ def prefill(dupefilter: Any, count: int) -> bool:
 
 
 def contenders(peers: Peers) -> list[DupeFilter]:
-    """Ours (bitmap: defaults, 1M @ 1e-4 growing and fixed; native), SADD, BF.ADD, old."""
+    """Ours (bitmap: defaults and 1M @ 1e-4, fixed, blocked; native), SADD, BF.ADD, old."""
     bitmap = peers.ours_settings()
     out = [
         DupeFilter(NAME_OURS, OURS, bitmap),
         DupeFilter(NAME_OURS_SIZED, OURS, {**bitmap, **SIZED}),
         DupeFilter(NAME_OURS_FIXED, OURS, {**bitmap, **FIXED}),
     ]
+    if peers.blocked:
+        out += [
+            DupeFilter(NAME_OURS_BLOCKED, OURS, {**bitmap, **BLOCKED}),
+            DupeFilter(NAME_OURS_SIZED_BLOCKED, OURS, {**bitmap, **SIZED, **BLOCKED}),
+        ]
     if peers.native:
         native = {"BLOOMFILTER_BACKEND": "native"}
         out += [
@@ -227,9 +236,12 @@ def measure_command_time(
 
 
 __all__ = [
+    "BLOCKED",
     "NAME_NATIVE_SIZED",
+    "NAME_OURS_BLOCKED",
     "NAME_OURS_FIXED",
     "NAME_OURS_SIZED",
+    "NAME_OURS_SIZED_BLOCKED",
     "NAME_REDISBLOOM_SIZED",
     "measure_command_time",
 ]

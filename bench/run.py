@@ -48,15 +48,18 @@ if str(HERE) not in sys.path:
 
 from bulk import (  # noqa: E402
     NAME_ADD_MANY,
+    NAME_ADD_MANY_BLOCKED,
     NAME_ADD_MANY_NATIVE,
     NAME_BF_MADD,
     NAME_BF_MADD_FIXED,
+    NAME_OURS_BLOCKED_MEMORY,
     NAME_SET,
     NAME_SETBIT,
     measure_bulk,
 )
 from crawl import (  # noqa: E402
     NAME_OURS_BATCHED,
+    NAME_OURS_BLOCKED_WINDOW,
     NAME_OURS_NATIVE_BATCHED,
     NAME_OURS_NATIVE_WINDOW,
     NAME_OURS_WINDOW,
@@ -86,6 +89,7 @@ from micro import (  # noqa: E402
     Peers,
     backend_setting_recognised,
     batching_middleware,
+    blocked_setting_recognised,
     cache_setting_recognised,
     dupefilters,
     measure_stream,
@@ -95,9 +99,12 @@ from micro import (  # noqa: E402
 )
 from redis_modules import SKIP_REASON, bloom_server  # noqa: E402
 from redistime import (  # noqa: E402
+    BLOCKED,
     FIXED,
     NAME_NATIVE_SIZED,
+    NAME_OURS_BLOCKED,
     NAME_OURS_SIZED,
+    NAME_OURS_SIZED_BLOCKED,
     SIZED,
     measure_command_time,
 )
@@ -245,6 +252,11 @@ def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
         out.append("ours with BLOOMFILTER_BACKEND = 'native': the server has no BF.* commands.")
     if not peers.cache:
         out.append("BLOOMFILTER_CACHE_SIZE is not recognised by this version: no cache-off row.")
+    if not peers.blocked:
+        out.append(
+            "ours with BLOOMFILTER_BLOCKED = True ((t), (c)): this version of the package does"
+            " not know the setting."
+        )
     return out
 
 
@@ -260,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
             cache=cache_setting_recognised(),
             bloom=bench.bloom,
             backend=backend_setting_recognised(),
+            blocked=blocked_setting_recognised(),
         )
         got.skipped = _skipped(peers, args.no_bloom)
         for why in got.skipped:
@@ -292,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
         "redis": redis_info,
         "cache_setting_recognised": peers.cache,
         "backend_setting_recognised": peers.backend,
+        "blocked_setting_recognised": peers.blocked,
         "redisbloom": peers.bloom,
         "old_plugin_installed": peers.old,
         "skipped": got.skipped,
@@ -378,7 +392,7 @@ def _command_time(
         for name, s in usec.items()
         if any(s.extra["overflowed"])
     ]
-    for name in (NAME_OURS, NAME_OURS_SIZED):
+    for name in (NAME_OURS, NAME_OURS_SIZED, NAME_OURS_BLOCKED, NAME_OURS_SIZED_BLOCKED):
         got.targets.append(_cost("t", f"{name}: Redis time per check <= 3x SADD", usec, name, 3.0))
     for name in (NAME_OURS_NATIVE, NAME_NATIVE_SIZED):  # N/A when native is left out
         got.targets.append(
@@ -496,7 +510,8 @@ def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Colle
         )
     )
     ours = (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_WINDOW)
-    for name in (*ours, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW):  # N/A if left out
+    others = (NAME_OURS_BLOCKED_WINDOW, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW)
+    for name in (*ours, *others):  # N/A where left out
         got.targets.append(
             _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
                   filter_usec, name, 0.5)
@@ -565,6 +580,7 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
     modules = ", ".join(redis_info.get("modules", [])) or "none"
     default = redisbloom_settings({})
     sized, fixed = (BloomConfig.from_settings(s).spec for s in (SIZED, FIXED))
+    t_blocked, c_blocked = _blocked_notes(args) if peers.blocked else ("", "")
     bitmap = (
         " Every 'ours' row without 'native' in its name sets BLOOMFILTER_BACKEND = 'bitmap'"
         " ('auto', the default, would pick the native backend on this server)."
@@ -601,7 +617,7 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " it. 'this/scrapy-redis' compares with a SADD of the same fingerprint. '1M @ 1e-4'"
         " rows size ours with BLOOMFILTER_CAPACITY 1,000,000 / ERROR_RATE 1e-4 (growing: k ="
         f" {sized.hash_count} in {sized.shards} shard(s); EXPANSION=0: k = {fixed.hash_count}"
-        f" in {fixed.shards} shards). The slow log costs Redis"
+        f" in {fixed.shards} shards).{t_blocked} The slow log costs Redis"
         " some work per command, so (t)'s own checks/s are not compared: checks/s is (a)'s.",
         f"(c) False-positive rate: {args.probes:,} fingerprints never added, offered to each"
         f" filter filled with {args.bulk:,} in (d): ours with contains_many, RedisBloom with"
@@ -609,7 +625,8 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         f" spec; RedisBloom's BF.DEBUG). {NAME_OLD}: its bit array is rebuilt in memory from"
         " its own offsets (its HashMap.hash, reproduced modulo 2**BIT for all fingerprints"
         " at once and checked equal to its code on 1,000 of them), since its exists() would"
-        " take 2k round trips per fingerprint; a probe is seen when all its bits are set.",
+        " take 2k round trips per fingerprint; a probe is seen when all its bits are set."
+        + c_blocked,
         f"(d) '{NAME_BF_MADD}': BF.RESERVE key {args.error_rate:g} {args.bulk:,} (RedisBloom's"
         " default EXPANSION 2, which sizes its first layer for p/2: k = 15 at 1e-4), then"
         " BF.MADD of 1,000 fingerprints per command, 10 commands per pipeline flush, the same"
@@ -633,9 +650,41 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0};"
         f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'; the"
         f" 'window' ones add BLOOMFILTER_BATCH_WINDOW = {WINDOW:g} (the links of every response"
-        " whose output ends within it checked together). RedisBloom's"
+        f" whose output ends within it checked together); '{NAME_OURS_BLOCKED_WINDOW}' adds"
+        " BLOOMFILTER_BLOCKED = True to the bitmap one. RedisBloom's"
         " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
+
+
+def _blocked_notes(args: argparse.Namespace) -> tuple[str, str]:
+    """Say what the blocked contenders of (t) and (c) are and trade, with their geometry."""
+    from scrapy_redis_bloom.config import BloomConfig
+    from scrapy_redis_bloom.hashing import BLOCK_BITS
+
+    default, sized = (BloomConfig.from_settings({**s, **BLOCKED}).spec for s in ({}, SIZED))
+    bulk = {
+        "BLOOMFILTER_CAPACITY": args.bulk,
+        "BLOOMFILTER_ERROR_RATE": args.error_rate,
+        "BLOOMFILTER_EXPANSION": 0,
+    }
+    plain, blocked = (BloomConfig.from_settings(s).spec for s in (bulk, {**bulk, **BLOCKED}))
+    t = (
+        f" '{NAME_OURS_BLOCKED}' and '{NAME_OURS_SIZED_BLOCKED}' are 'ours' and"
+        f" '{NAME_OURS_SIZED}' with BLOOMFILTER_BLOCKED = True: each URL's k bits fall in one"
+        f" {BLOCK_BITS}-bit block of its shard, so a check costs Redis one or two cache misses"
+        " instead of k, for a higher error rate at the same bits (defaults: k ="
+        f" {default.hash_count} in {default.shards} shards) or more bits at the same error"
+        f" rate (1M @ 1e-4: k = {sized.hash_count} in {sized.shards} shards; see (c))."
+    )
+    c = (
+        f" '{NAME_OURS_BLOCKED_MEMORY}' is ours with BLOOMFILTER_BLOCKED = True, sized for the"
+        f" same n and p: its row shows the memory one-block checks cost (m = {blocked.bits:,},"
+        f" k = {blocked.hash_count}, against m = {plain.bits:,}, k = {plain.hash_count}"
+        " unblocked); its 'expected' is the blocked rate, the mean of"
+        " (1 - (1 - 1/B)^(kj))^k over a block's Poisson load j (sizing.false_positive_rate)."
+        f" '{NAME_ADD_MANY_BLOCKED}' in (d) is its fill."
+    )
+    return t, c
 
 
 def _notes(

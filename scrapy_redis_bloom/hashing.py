@@ -26,6 +26,24 @@ compute the same bits:
 All k bits of an element live in one shard, so one element touches one Redis key and
 therefore one Redis Cluster hash slot. The Lua scripts in :mod:`.scripts` run step 4
 on the server from ``(x, y)``, so a request sends two numbers, not k offsets.
+
+Scheme version 2, **blocked** (``BLOOMFILTER_BLOCKED``): all k bits of an element
+fall in one block of ``B = 512`` bits (64 bytes, a cache line) of its shard, so a
+check costs Redis one or two cache misses instead of k (Putze, Sanders and Singler,
+"Cache-, hash- and space-efficient Bloom filters", 2007). ``S`` is a multiple of B.
+Steps 1 and 2 as above; then::
+
+       shard = h1 mod N
+       x     = (h1 div N) mod S          (the block is x div B, x mod B its start)
+       y     = h2 mod B**2
+
+       offset[i] = (x - x mod B) + (x mod B + i * (y mod B) + i (i - 1) / 2 * (y div B)
+                   + (i**3 - i) / 6) mod B
+
+that is enhanced *triple* hashing inside the block: with double hashing two elements
+of a block share all k offsets with probability 1/B**2, which doubles the rate at
+1e-4; the third seed ``y div B`` makes that 1/B**3. Version 1 is the same formula
+with B = S (``y < S``, so its third seed is 0), which is how the code computes both.
 """
 
 from __future__ import annotations
@@ -38,6 +56,9 @@ import mmh3
 #: Version of the scheme above. Stored in the filter's config record: a worker with
 #: another version refuses to touch the filter.
 SCHEME_VERSION = 1
+#: The blocked scheme's version, and its block: 512 bits, one 64-byte cache line.
+BLOCKED_SCHEME = 2
+BLOCK_BITS = 512
 
 #: Most bits in one shard: a Redis string holds at most 512 MiB (2**32 bits), and
 #: each shard starts with a 256-bit header (see :mod:`.engine.layout`).
@@ -59,6 +80,9 @@ class FilterSpec:
     shards: int
     shard_bits: int
     hash_count: int
+    #: 0: the bits of an element anywhere in its shard (scheme 1); :data:`BLOCK_BITS`:
+    #: in one block of the shard (scheme 2, "blocked").
+    block_bits: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= MAX_SHARDS:
@@ -72,6 +96,18 @@ class FilterSpec:
             raise ValueError(
                 f"a filter has 1 to {MAX_HASH_COUNT} hash functions, got {self.hash_count:,}"
             )
+        if self.block_bits not in (0, BLOCK_BITS):
+            raise ValueError(f"a block has {BLOCK_BITS} bits (or 0: none), got {self.block_bits:,}")
+        if self.block_bits and self.shard_bits % self.block_bits:
+            raise ValueError(
+                f"a blocked filter's shard holds a whole number of {self.block_bits}-bit blocks,"
+                f" got {self.shard_bits:,} bits"
+            )
+
+    @property
+    def scheme(self) -> int:
+        """The hashing scheme's version: 1, or 2 when blocked."""
+        return BLOCKED_SCHEME if self.block_bits else SCHEME_VERSION
 
     @property
     def bits(self) -> int:
@@ -89,32 +125,47 @@ class FilterSpec:
         return self.shards * self.shard_bytes
 
 
-def locate(element: str | bytes, shards: int, shard_bits: int) -> tuple[int, int, int]:
+def locate(
+    element: str | bytes, shards: int, shard_bits: int, block_bits: int = 0
+) -> tuple[int, int, int]:
     """Return ``(shard, x, y)`` for an element: steps 2 and 3 of the scheme.
 
-    ``x`` and ``y`` seed the double hashing of step 4; see :func:`offsets`.
+    ``x`` and ``y`` seed the hashing of step 4; see :func:`offsets`. ``block_bits``:
+    the spec's (0 for scheme 1).
     """
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-    return place(h1, h2, shards, shard_bits)
+    return place(h1, h2, shards, shard_bits, block_bits)
 
 
-def place(h1: int, h2: int, shards: int, shard_bits: int) -> tuple[int, int, int]:
+def place(
+    h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0
+) -> tuple[int, int, int]:
     """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`)."""
-    return h1 % shards, (h1 // shards) % shard_bits, h2 % shard_bits
+    return h1 % shards, (h1 // shards) % shard_bits, h2 % seed_range(shard_bits, block_bits)
 
 
-def offsets(x: int, y: int, hash_count: int, shard_bits: int) -> list[int]:
+def seed_range(bits: int, block_bits: int) -> int:
+    """Return what ``y`` is taken modulo: S (scheme 1), or B**2 (blocked: two seeds)."""
+    return block_bits * block_bits if block_bits else bits
+
+
+def offsets(x: int, y: int, hash_count: int, shard_bits: int, block_bits: int = 0) -> list[int]:
     """Return the k bit offsets inside a shard: step 4 of the scheme.
 
     Computed in closed form: unrolling step 4 gives ``offset[i] = (x + i*y +
-    (i**3 - i) / 6) mod S``, the same numbers with one multiplication instead of a
-    loop-carried chain (the bulk path computes millions of them). The Lua scripts
-    run the loop as written.
+    (i**3 - i) / 6) mod S`` (blocked: inside x's block, with the third seed), the same
+    numbers with one multiplication instead of a loop-carried chain (the bulk path
+    computes millions of them). The Lua scripts run the loop.
     """
-    return [(x + i * y + c) % shard_bits for i, c in offset_steps(hash_count)]
+    span = block_bits or shard_bits
+    start = x % span
+    base, step, third = x - start, y % span, y // span
+    return [
+        base + (start + i * step + t * third + c) % span for i, t, c in offset_steps(hash_count)
+    ]
 
 
 @lru_cache(maxsize=64)
-def offset_steps(hash_count: int) -> tuple[tuple[int, int], ...]:
-    """Return ``(i, (i**3 - i) // 6)`` for i in 0 .. k-1: the constants of offsets()."""
-    return tuple((i, (i**3 - i) // 6) for i in range(hash_count))
+def offset_steps(hash_count: int) -> tuple[tuple[int, int, int], ...]:
+    """Return ``(i, i (i - 1) / 2, (i**3 - i) / 6)`` for i in 0 .. k-1: offsets()'s constants."""
+    return tuple((i, i * (i - 1) // 2, (i**3 - i) // 6) for i in range(hash_count))

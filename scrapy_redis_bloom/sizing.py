@@ -4,7 +4,9 @@ Two ways to size a filter:
 
 * ``bit`` / ``hash_number``: m = 2**bit bits and k hash functions, as in
   scrapy-redis-bloomfilter;
-* ``capacity`` / ``error_rate``: m = -n ln p / (ln 2)**2 and k = (m / n) ln 2.
+* ``capacity`` / ``error_rate``: m = -n ln p / (ln 2)**2 and k = (m / n) ln 2
+  (a blocked filter: the least m, and its k, that the blocked rate allows, see
+  :func:`false_positive_rate`).
 
 The bits are then split into equal shards sized to fill the blocks Redis's allocator
 (jemalloc) reserves for them, so the spare bytes of a block become bits that lower
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .engine.layout import HEADER_BYTES
-from .hashing import MAX_SHARD_BITS, FilterSpec
+from .hashing import BLOCK_BITS, MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 
 #: Shards of at most 2**26 bits (8 MiB): allocating one stalls Redis for
 #: milliseconds, not the ~300 ms of a 512 MiB string.
@@ -46,9 +49,56 @@ def optimal_hash_count(bits: int, capacity: int) -> int:
     return max(1, round(bits / capacity * math.log(2)))
 
 
-def false_positive_rate(bits: int, hash_count: int, items: float) -> float:
-    """Return the false-positive rate expected after ``items`` insertions: (1 - e**(-kn/m))**k."""
-    return (-math.expm1(-hash_count * items / bits)) ** hash_count
+def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: int = 0) -> float:
+    """Return the false-positive rate expected after ``items`` insertions.
+
+    ``(1 - e**(-kn/m))**k``; for a blocked filter (blocks of B bits) the mean over a
+    block's load: its items are Poisson with mean ``B n / m``, and a block holding j
+    of them answers a probe falsely with ``(1 - (1 - 1/B)**(k j))**k`` (Putze et al.,
+    2007). A busy block costs more than a quiet one saves, hence a higher rate than
+    the same bits unblocked.
+    """
+    if not block_bits:
+        return (-math.expm1(-hash_count * items / bits)) ** hash_count
+    load = block_bits * items / bits
+    if load <= 0:
+        return 0.0
+    miss = math.log1p(-1 / block_bits) * hash_count
+    spread = 12 * math.sqrt(load) + 40
+    total = 0.0
+    for j in range(max(0, int(load - spread)), int(load + spread) + 1):
+        weight = math.exp(j * math.log(load) - load - math.lgamma(j + 1))
+        total += weight * (-math.expm1(miss * j)) ** hash_count
+    return min(1.0, total)
+
+
+@lru_cache(maxsize=256)
+def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> tuple[int, int]:
+    """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
+
+    Unblocked: :func:`optimal_bits` and :func:`optimal_hash_count`. Blocked: for each
+    k near the unblocked optimum, the fewest bits (whole blocks) whose blocked rate is
+    at most ``error_rate``, found by bisection; the k needing fewest bits wins.
+    """
+    bits = optimal_bits(capacity, error_rate)
+    if not block_bits:
+        return bits, optimal_hash_count(bits, capacity)
+    best: tuple[int, int] | None = None
+    centre = optimal_hash_count(bits, capacity)
+    for k in range(max(1, centre - 8), min(MAX_HASH_COUNT, centre + 3) + 1):
+        low, high = bits // block_bits, 2 * bits // block_bits + 1
+        while false_positive_rate(high * block_bits, k, capacity, block_bits) > error_rate:
+            low, high = high, 2 * high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if false_positive_rate(middle * block_bits, k, capacity, block_bits) > error_rate:
+                low = middle
+            else:
+                high = middle
+        if best is None or high * block_bits < best[0]:
+            best = (high * block_bits, k)
+    assert best is not None
+    return best
 
 
 def optimal_capacity(bits: int, hash_count: int) -> int:
@@ -103,6 +153,8 @@ class Sizing:
     hash_number: int | None = None
     shard_bit: int | None = None
     shards: int | None = None
+    #: Each element's bits in one 512-bit block (hash scheme 2, ``BLOOMFILTER_BLOCKED``).
+    blocked: bool = False
     #: The share of ``error_rate`` generation 0 is sized for: below 1 when the filter
     #: grows (``1 - tightening``) or checks two re-crawl windows (1/2), so that all its
     #: generations and windows together stay under ``error_rate``. Not part of the
@@ -117,62 +169,75 @@ class Sizing:
             for name in ("capacity", "error_rate", "bit", "hash_number", "shard_bit", "shards")
             if (value := getattr(self, name)) is not None
         ]
+        if self.blocked:  # absent from unblocked requests: their text predates it
+            parts.append("blocked=True")
         return " ".join(parts)
 
     def geometry(self) -> tuple[int, int]:
         """Return (m, k) before sharding: the bits wanted and the hash functions."""
         if self.capacity is not None and self.error_rate is not None:
-            bits = optimal_bits(self.capacity, self.error_rate * self.rate_share)
-            return bits, optimal_hash_count(bits, self.capacity)
+            rate = self.error_rate * self.rate_share
+            return optimal_geometry(self.capacity, rate, self.block_bits)
         if self.bit is None or self.hash_number is None:
             raise ValueError(f"an incomplete sizing: {self.canonical()!r}")
         return 2**self.bit, self.hash_number
 
+    @property
+    def block_bits(self) -> int:
+        """The block of the hashing scheme: :data:`..hashing.BLOCK_BITS`, or 0."""
+        return BLOCK_BITS if self.blocked else 0
+
     def spec(self) -> FilterSpec:
         """Return the geometry this release gives the request."""
         bits, k = self.geometry()
-        return split(bits, k, self.shards, self.shard_bit)
+        return split(bits, k, self.shards, self.shard_bit, self.block_bits)
 
 
-def split(bits: int, hash_count: int, shards: int | None, shard_bit: int | None) -> FilterSpec:
+def split(
+    bits: int, hash_count: int, shards: int | None, shard_bit: int | None, block_bits: int = 0
+) -> FilterSpec:
     """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
 
     With ``shards`` given, that many. Otherwise the largest allocator block (at most
     2**``shard_bit`` bits of payload) whose shards together take at most
     :data:`ALLOCATION_SLACK` more than ``bits`` needs (blocks and per-key overhead),
-    or failing that the block that takes least. Raises ValueError for a request no
-    geometry satisfies.
+    or failing that the block that takes least. A blocked filter's shards hold whole
+    blocks (``block_bits``): the allocator block's last partial one is left unused.
+    Raises ValueError for a request no geometry satisfies.
     """
+    unit = max(block_bits, 8)  # shard payloads in whole bytes, or whole blocks
     overhead = STRING_OVERHEAD + HEADER_BYTES
-    need = -(-bits // 8)  # bytes of bits
+    need = -(-bits // unit) * unit // 8  # bytes of bits
     if shards is not None:
-        payload = -(-need // shards)
+        payload = -(-need * 8 // shards // unit) * unit // 8
         if payload * 8 > MAX_SHARD_BITS:
             raise ValueError(f"{shards:,} shards of {payload * 8:,} bits exceed a Redis string")
         block = allocation(payload + overhead)
-        shard_bits = min((block - overhead) * 8, MAX_SHARD_BITS)
-        return FilterSpec(shards=shards, shard_bits=shard_bits, hash_count=hash_count)
+        shard_bits = min((block - overhead) * 8, MAX_SHARD_BITS) // unit * unit
+        return FilterSpec(shards, shard_bits, hash_count, block_bits)
 
     max_payload = min(2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit), MAX_SHARD_BITS)
     max_payload //= 8
     # The smallest block that holds as much payload as wanted, and the classes below it
     # whose payload is within the maximum.
     cap = allocation(min(max_payload, need) + overhead)
-    candidates = [c for c in allocation_classes(cap) if overhead < c <= max_payload + overhead]
-    best: tuple[int, int] | None = None  # (total bytes, block size)
+    candidates = [
+        c
+        for c in allocation_classes(cap)
+        if overhead < c <= max_payload + overhead and (c - overhead) * 8 >= unit
+    ]
+    best: tuple[int, int] | None = None  # (total bytes, payload bits)
     for block in candidates:
-        total = -(-need // (block - overhead)) * (block + KEY_OVERHEAD)
+        payload_bits = (block - overhead) * 8 // unit * unit
+        total = -(-need * 8 // payload_bits) * (block + KEY_OVERHEAD)
         if best is None or total < best[0]:
-            best = (total, block)
+            best = (total, payload_bits)
         if total <= need * (1 + ALLOCATION_SLACK):
-            best = (total, block)
+            best = (total, payload_bits)
             break
     if best is None:
         raise ValueError(f"no shard of at most {max_payload:,} bytes fits an allocator block")
-    payload_bits = (best[1] - overhead) * 8
-    return FilterSpec(
-        shards=-(-bits // payload_bits), shard_bits=payload_bits, hash_count=hash_count
-    )
+    return FilterSpec(-(-bits // best[1]), best[1], hash_count, block_bits)
 
 
 def format_bytes(nbytes: int) -> str:

@@ -32,6 +32,7 @@ LEFT_OUT_REASONS = (
     ("native", "BLOOMFILTER_BACKEND = 'native'"),
     ("BF.MADD", "RedisBloom"),
     ("batched", "ours, batched"),
+    ("blocked", "BLOOMFILTER_BLOCKED"),
 )
 
 needs_old_peer = pytest.mark.skipif(
@@ -105,6 +106,15 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
         assert usec[name]["median"] > 0, name
         assert commands[name]["median"] >= 1, name
     assert commands[old]["median"] >= 2  # k GETBITs, then k SETBITs for a new URL
+    if document["blocked_setting_recognised"]:  # BLOOMFILTER_BLOCKED beside the unblocked
+        for name in ("ours, blocked", "ours, 1M @ 1e-4, blocked"):
+            assert usec[name]["median"] > 0, name
+            assert commands[name]["median"] >= 1, name
+        assert measures["c"]["ours, blocked"]["median"] > 0
+        assert measures["c"]["ours, blocked"]["extra"]["block_bits"] > 0
+        assert fpr["ours, blocked"]["extra"]["expected"] > 0
+    else:
+        assert "BLOOMFILTER_BLOCKED" in skipped
     for name in peers:
         assert measures["e"]["span"][name]["median"] > 0, name
         assert measures["e"]["filter_usec"][name]["median"] > 0, name

@@ -56,6 +56,13 @@ SIZING_OPTIONS = {
     "shards": "BLOOMFILTER_SHARDS",
     "expansion": "BLOOMFILTER_EXPANSION",
     "ttl": "BLOOMFILTER_TTL",
+    "blocked": "BLOOMFILTER_BLOCKED",
+}
+#: The ``--blocked`` flag: BLOOMFILTER_BLOCKED = True when given, the settings' otherwise.
+BLOCKED_FLAG: dict[str, Any] = {
+    "action": "store_const",
+    "const": True,
+    "help": "BLOOMFILTER_BLOCKED (each URL's bits in one 512-bit block)",
 }
 #: Other settings named in messages from the configuration and the engine.
 _OTHER_OPTIONS = {
@@ -193,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--ttl", type=int, metavar="SECONDS", help="BLOOMFILTER_TTL (default 0: forever)"
     )
+    group.add_argument("--blocked", **BLOCKED_FLAG)
 
     files = _ArgumentParser(add_help=False)
     files.add_argument(

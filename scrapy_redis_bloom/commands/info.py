@@ -50,7 +50,7 @@ def run(ctx: Context) -> int:
     workers = bloom.live_workers()
     places = inventory.addresses(bloom)
     created = utc(record.created)
-    at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity)
+    at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     growth = record.growth
     written = sum(1 for ones in state.bits_set_per_shard if ones)
     damaged = [(shard, "missing") for shard in shards.missing] + list(shards.foreign)
@@ -68,6 +68,7 @@ def run(ctx: Context) -> int:
         "created_timestamp": record.created,
         "layout": record.layout,
         "scheme": record.scheme,
+        "block_bits": spec.block_bits,
         "sizing": record.sizing,
         "record_servers": record.servers,
         "bits": spec.bits,
@@ -132,7 +133,11 @@ def run(ctx: Context) -> int:
         ("State", state_text),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
         ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
-        ("Layout / hash scheme", f"{record.layout} / {record.scheme}"),
+        (
+            "Layout / hash scheme",
+            f"{record.layout} / {record.scheme}"
+            + (f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""),
+        ),
         ("Sizing", record.sizing),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),

@@ -24,7 +24,13 @@ from scrapy.utils.misc import load_object
 
 from ..config import BloomConfig
 from . import feed, info, migrate, reset, size, transfer, watch
-from .alias import SIZING_OPTIONS, key_argument, positive_int, seconds_argument
+from .alias import (
+    BLOCKED_FLAG,
+    SIZING_OPTIONS,
+    key_argument,
+    positive_int,
+    seconds_argument,
+)
 from .context import (
     Context,
     Frontend,
@@ -121,6 +127,9 @@ class BloomCommand(ScrapyCommand):
             target=False,
         )
         for name, setting in SIZING_OPTIONS.items():
+            if name == "blocked":
+                sizing.add_argument("--blocked", **BLOCKED_FLAG)
+                continue
             kind: type = float if name == "error_rate" else int
             sizing.add_argument("--" + name.replace("_", "-"), type=kind, help=setting)
         resetting = sub(

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace, settings: SettingsLike, rename: Any = str) -> 
         "hash_number": spec.hash_count,
         "shards": spec.shards,
         "shard_bits": spec.shard_bits,
+        "block_bits": spec.block_bits,
         "bytes": spec.total_bytes,
         "memory_bytes": memory,
         "expansion": config.expansion,
@@ -82,6 +83,11 @@ def run(args: argparse.Namespace, settings: SettingsLike, rename: Any = str) -> 
         ("Capacity", f"{config.capacity:,} items"),
         ("Expected FP rate at capacity", f"{config.expected_error_rate:.3g}"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits"),
+        *(
+            [("Blocked", f"each URL's bits in one {spec.block_bits}-bit block (hash scheme 2)")]
+            if spec.block_bits
+            else []
+        ),
         ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, generation 0)"),
     ]
     if config.expansion:

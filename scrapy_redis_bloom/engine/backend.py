@@ -71,6 +71,8 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
         return record.backend if config.backend == "auto" else config.backend
     if config.backend != "auto":
         return config.backend
+    if config.spec.block_bits:  # a blocked filter is a bitmap layout
+        return "bitmap"
     missing = missing_bloom(native.executor, native.topology)
     if missing:
         logger.debug(

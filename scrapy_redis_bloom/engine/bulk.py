@@ -216,7 +216,7 @@ class Bulk:
         limit = mode[0]
         spec = self.spec
         k, size = spec.hash_count, spec.shard_bits
-        shard, x, y = locate_many(block, spec.shards, size)
+        shard, x, y = locate_many(block, spec.shards, size, spec.block_bits)
         least = self._least()
         # (A grown shard is found so again at each block: a read of its bytes, small
         # against the script calls its elements then take.)
@@ -230,7 +230,7 @@ class Bulk:
             if not self._snapshots:
                 break  # refused by an ACL: the rest go through the chunks
             taken = self._snapshot(
-                s, offsets_many(x[positions], y[positions], k, size), write, limit
+                s, offsets_many(x[positions], y[positions], k, size, spec.block_bits), write, limit
             )
             if taken.answers is None:
                 if taken.ambiguous:
@@ -336,17 +336,22 @@ class Bulk:
         if self.hooks is not None and self.hooks.active():
             return self._prepare_scripted(write, elements, self.hooks)
         spec = self.spec
-        k, size, shards = spec.hash_count, spec.shard_bits, spec.shards
+        k, size, shards, block = spec.hash_count, spec.shard_bits, spec.shards, spec.block_bits
         steps = offset_steps(k)
-        base = HEADER_BITS  # a shard's bits start after its header
+        width = block or size  # where an element's bits fall: its block, or the shard
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for i, element in enumerate(elements):
-            shard, x, y = locate(element, shards, size)
+            shard, x, y = locate(element, shards, size, block)
             group = groups.get(shard)
             if group is None:
                 group = groups[shard] = ([], [])
             group[0].append(i)
-            group[1].extend([(x + j * y + c) % size + base for j, c in steps])  # offsets(), inlined
+            # offsets(), inlined; a shard's bits start after its header
+            start = x % width
+            base, step, third = x - start + HEADER_BITS, y % width, y // width
+            group[1].extend(
+                [base + (start + j * step + t * third + c) % width for j, t, c in steps]
+            )
         per_command = max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
         plans: dict[int, tuple[Node, list[_Command]]] = {}
@@ -371,7 +376,7 @@ class Bulk:
         The path of a filter that grows or forgets: only the script knows a shard's
         generations and windows. Its groups carry the packed seeds of each element.
         """
-        shards, size = self.spec.shards, self.spec.shard_bits
+        shards, size, block = self.spec.shards, self.spec.shard_bits, self.spec.block_bits
         groups: dict[int, tuple[list[int], list[int]]] = {}
         seeds: dict[int, list[bytes]] = {}
         for i, element in enumerate(elements):
@@ -382,7 +387,7 @@ class Bulk:
                 group = groups[shard] = ([], [])
                 seeds[shard] = []
             group[0].append(i)
-            seeds[shard].append(seed_arguments(h1, h2, shards, size))
+            seeds[shard].append(seed_arguments(h1, h2, shards, size, block))
         script = hooks.script()
         plans: dict[int, tuple[Node, list[_Command]]] = {}
         for shard, (positions, _) in groups.items():

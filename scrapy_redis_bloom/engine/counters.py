@@ -117,8 +117,8 @@ class Counters:
         if multiple <= self._warned_at:
             return
         self._warned_at = multiple
-        now = false_positive_rate(spec.bits, spec.hash_count, items)
-        planned = false_positive_rate(spec.bits, spec.hash_count, self.capacity)
+        now = false_positive_rate(spec.bits, spec.hash_count, items, spec.block_bits)
+        planned = false_positive_rate(spec.bits, spec.hash_count, self.capacity, spec.block_bits)
         logger.warning(
             "The Bloom filter %r holds about %s items, %.1fx its capacity of %s: its"
             " false-positive rate is now about %.3g (%.3g at capacity), so that share of new"

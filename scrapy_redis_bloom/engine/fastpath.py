@@ -94,6 +94,7 @@ class FastPath:
     def __post_init__(self) -> None:
         spec = self.growth.spec
         self.shards, self.size, self.k = spec.shards, spec.shard_bits, spec.hash_count
+        self.block = spec.block_bits
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
         self._ops = "$3\r\nSET\r\n$2\r\nu1\r\n$%d\r\n%d\r\n$1\r\n1\r\n" * self.k
@@ -133,9 +134,9 @@ class FastPath:
         fields it reads before the bits (1, or 2 with the state).
         """
         known = self._shard(shard)
-        _, x, y = place(h1, h2, self.shards, self.size)
+        _, x, y = place(h1, h2, self.shards, self.size, self.block)
         args: list[int] = []
-        for offset in offsets(x, y, self.k, self.size):
+        for offset in offsets(x, y, self.k, self.size, self.block):
             offset += HEADER_BITS  # a shard's bits start after its header
             args += (len(str(offset)), offset)
         text = known.plain

@@ -296,7 +296,7 @@ class RedisBloomFilter(Facade):
                 return _Command(shard, key, payload, fast, counted, fields)
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
-        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits)
+        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
         return _Command(shard, key, payload)
 
     def _send(self, command: _Command) -> tuple[Any, bool]:

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from ..hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
-from ..sizing import false_positive_rate, optimal_bits
+from ..hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec, seed_range
+from ..sizing import false_positive_rate, optimal_bits, optimal_geometry
 
 #: Most generations a shard may have (fewer when their bits would pass a Redis
 #: string's 512 MiB, see :attr:`Growth.last`).
@@ -56,12 +57,26 @@ COUNT_BIT = 224
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """One generation of a shard: items it takes, bits, hash functions, its error rate."""
+    """One generation of a shard: items it takes, bits, hash functions, its error rate.
+
+    ``block_bits``: the filter's block (0: unblocked), as in :class:`..hashing.FilterSpec`.
+    """
 
     capacity: int
     bits: int
     hash_count: int
     error_rate: float
+    block_bits: int = 0
+
+    @property
+    def span(self) -> int:
+        """Where an element's k bits fall: its block, or the whole generation."""
+        return self.block_bits or self.bits
+
+    @property
+    def seed_range(self) -> int:
+        """What the script takes an element's second seed modulo, in this generation."""
+        return seed_range(self.bits, self.block_bits)
 
     @property
     def nbytes(self) -> int:
@@ -106,15 +121,21 @@ class Growth:
         return self._generation(g)
 
     def _generation(self, g: int) -> Generation:
-        spec, nominal = self.spec, self.shard_capacity
+        return _generation_of(self, g)
+
+    def _compute(self, g: int) -> Generation:
+        spec, nominal, block = self.spec, self.shard_capacity, self.spec.block_bits
         if g == 0:
             capacity = self.first_capacity
-            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity)
-            return Generation(capacity, spec.shard_bits, spec.hash_count, rate)
+            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block)
+            return Generation(capacity, spec.shard_bits, spec.hash_count, rate, block)
         capacity = nominal * self.expansion**g
         # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
         rest = self.bound - self._generation(0).error_rate
         rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
+        if block:
+            bits, hash_count = optimal_geometry(capacity, rate, block)
+            return Generation(capacity, bits, hash_count, rate, block)
         hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
         return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
 
@@ -141,7 +162,9 @@ class Growth:
         shards``: about p (1 - r) for a filter sized by error rate p, so the bound is p.
         """
         spec = self.spec
-        p0 = false_positive_rate(spec.shard_bits, spec.hash_count, self.shard_capacity)
+        p0 = false_positive_rate(
+            spec.shard_bits, spec.hash_count, self.shard_capacity, spec.block_bits
+        )
         return p0 / (1 - self.tightening) if self.expansion else p0
 
     @property
@@ -157,13 +180,17 @@ class Growth:
         if not self.expansion or self.spec.shards == 1:
             return nominal
         spec, ceiling = self.spec, 0.75 * self.bound
+
+        def rate(items: int) -> float:
+            return false_positive_rate(spec.shard_bits, spec.hash_count, items, spec.block_bits)
+
         high = nominal + math.ceil(4 * math.sqrt(nominal))
-        if false_positive_rate(spec.shard_bits, spec.hash_count, high) <= ceiling:
+        if rate(high) <= ceiling:
             return high
         low = nominal  # its rate is (1 - r) of the bound: under the ceiling
         while high - low > 1:
             middle = (low + high) // 2
-            if false_positive_rate(spec.shard_bits, spec.hash_count, middle) <= ceiling:
+            if rate(middle) <= ceiling:
                 low = middle
             else:
                 high = middle
@@ -172,6 +199,9 @@ class Growth:
     @property
     def last(self) -> int:
         """The last generation a shard may have: its bits and items must fit a Redis string."""
+        return _last_of(self)
+
+    def _count(self) -> int:
         if not self.expansion:
             return 0
         g = 0
@@ -212,18 +242,31 @@ class Growth:
         return g
 
 
-def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int) -> bytes:
+# Generations are pure functions of a Growth (frozen, hashable), asked for on every
+# growth event and state read; a blocked one is sized by bisection over a Poisson sum.
+@lru_cache(maxsize=4096)
+def _generation_of(growth: Growth, g: int) -> Generation:
+    return growth._compute(g)
+
+
+@lru_cache(maxsize=256)
+def _last_of(growth: Growth) -> int:
+    return growth._count()
+
+
+def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0 is seeded with ``(h1 div N) mod S`` and ``h2 mod S`` (the hashing
-    scheme); later ones, of other sizes, with the same numbers before the mod (cut to
-    :data:`WIDE`), which the script reduces to each generation's size. One format
-    operation: this runs for every request that misses the near-cache.
+    Generation 0 is seeded with ``x = (h1 div N) mod S`` and ``y = h2 mod S`` (B**2
+    when blocked: the hashing scheme's :func:`..hashing.place`); later ones, of other
+    sizes, with the same numbers before the mod (cut to :data:`WIDE`, a multiple of
+    B**2), which the script reduces by each generation's :attr:`Generation.seed_range`.
+    One format operation: this runs for every request that misses the near-cache.
     """
     q = h1 // shards
     x, y, wx, wy = (
         b"%d" % (q % shard_bits),
-        b"%d" % (h2 % shard_bits),
+        b"%d" % (h2 % seed_range(shard_bits, block_bits)),
         b"%d" % (q % WIDE),
         b"%d" % (h2 % WIDE),
     )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
+from ..hashing import seed_range
 from .layout import HEADER_BITS
 
 # HAVE_NUMPY: whether the optional extra is installed. The snapshot path is taken only
@@ -42,7 +43,7 @@ PART = 8_192
 
 
 def locate_many(
-    elements: Sequence[str | bytes], shards: int, shard_bits: int
+    elements: Sequence[str | bytes], shards: int, shard_bits: int, block_bits: int = 0
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Return ``(shard, x, y)`` arrays for elements: :func:`..hashing.locate`, vectorised.
 
@@ -54,7 +55,7 @@ def locate_many(
     return (
         (h1 % n).astype(np.int64),
         ((h1 // n) % s).astype(np.int64),
-        (h2 % s).astype(np.int64),
+        (h2 % np.uint64(seed_range(shard_bits, block_bits))).astype(np.int64),
     )
 
 
@@ -87,23 +88,28 @@ def placed(n: int, parts: Sequence[tuple[NDArray[Any], Sequence[bool]]]) -> list
 
 
 def offsets_many(
-    x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int
+    x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int, block_bits: int = 0
 ) -> NDArray[Any]:
     """Return each element's k bit offsets in its shard's string, header included.
 
-    :func:`..hashing.offsets` as an (n, k) array, by step 4 of the scheme as written:
-    both sums stay below 2 S, so a subtraction replaces the (slower) modulo.
+    :func:`..hashing.offsets` as an (n, k) array, by step 4 of the scheme as the
+    scripts run it: the sums stay below 3 S (or 3 B), so subtractions replace the
+    (slower) modulo.
     """
+    span = block_bits or shard_bits
     out = np.empty((hash_count, len(x)), dtype=np.int64)
     cx, cy = x.astype(np.int64), y.astype(np.int64)
+    cx, base = cx % span, cx - cx % span + HEADER_BITS
+    cy, third = cy % span, cy // span
     out[0] = cx
     for i in range(1, hash_count):
         cx += cy
-        cx -= shard_bits * (cx >= shard_bits)
-        cy += i % shard_bits
-        cy -= shard_bits * (cy >= shard_bits)
+        cx -= span * (cx >= span)
+        cy += i % span + third
+        cy -= span * (cy >= span)
+        cy -= span * (cy >= span)
         out[i] = cx
-    out += HEADER_BITS
+    out += base
     transposed: NDArray[Any] = out.T  # a view: rows are elements
     return transposed
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..errors import BloomFilterError, ConfigMismatchError, ServerListMismatchError
-from ..hashing import SCHEME_VERSION, FilterSpec
+from ..hashing import BLOCK_BITS, BLOCKED_SCHEME, SCHEME_VERSION, FilterSpec
 from .generations import DEFAULT_TIGHTENING, Growth
 from .layout import ID_BYTES, LAYOUT_VERSION
 
@@ -106,6 +106,7 @@ class FilterRecord:
             state="creating",
             backend=backend,
             layout=NATIVE_LAYOUT if backend == "native" else LAYOUT_VERSION,
+            scheme=spec.scheme,
         )
 
     @property
@@ -183,11 +184,14 @@ class FilterRecord:
                 raise refuse(f"its {name} is {text!r}, not an integer from {low:,} to {high:,}")
             return int(text)
 
-        if fields["scheme"] != str(SCHEME_VERSION):
+        if fields["scheme"] not in (str(SCHEME_VERSION), str(BLOCKED_SCHEME)):
             raise refuse(
-                f"its hash scheme is {fields['scheme']!r}; this version knows scheme"
-                f" {SCHEME_VERSION} only"
+                f"its hash scheme is {fields['scheme']!r}; this version knows schemes"
+                f" {SCHEME_VERSION} and {BLOCKED_SCHEME} (blocked) only"
             )
+        scheme = int(fields["scheme"])
+        if scheme == BLOCKED_SCHEME and backend == "native":
+            raise refuse("its hash scheme is the blocked one, which the native backend has not")
         if not _ID.fullmatch(fields["id"]):
             raise refuse(f"its id is {fields['id']!r}, not {2 * ID_BYTES} hex digits")
         state = fields["state"]
@@ -198,6 +202,7 @@ class FilterRecord:
                 shards=integer("shards", 1, 2**63),
                 shard_bits=integer("shard_bits", 1, 2**63),
                 hash_count=integer("hash_count", 1, 2**63),
+                block_bits=BLOCK_BITS if scheme == BLOCKED_SCHEME else 0,
             )
         except ValueError as exc:
             raise refuse(f"its geometry is impossible ({exc})") from None
@@ -233,7 +238,7 @@ class FilterRecord:
             state="creating" if state == "creating" else "ready",
             backend="native" if backend == "native" else "bitmap",
             layout=layout,
-            scheme=SCHEME_VERSION,
+            scheme=scheme,
         )
 
     def describe(self) -> str:
@@ -241,7 +246,8 @@ class FilterRecord:
         spec = self.spec
         return (
             f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
-            f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme},"
+            f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme}"
+            f"{f' (blocked, {spec.block_bits}-bit blocks)' if spec.block_bits else ''},"
             f" layout {self.layout}{' (native backend)' if self.backend == 'native' else ''}"
             f" (sized for {self.capacity:,} items: {self.sizing}),"
             f" {self.growth_text()}"

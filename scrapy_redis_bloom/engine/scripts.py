@@ -76,6 +76,8 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
         "M": ", ".join(str(gen.bits) for gen in gens),
         "K": ", ".join(str(gen.hash_count) for gen in gens),
         "C": ", ".join(str(gen.capacity) for gen in gens),
+        "B": ", ".join(str(gen.span) for gen in gens),
+        "W": ", ".join(str(gen.seed_range) for gen in gens),
     }
     # Where the shard's bits are: the shard itself, or its windows (anchor in KEYS[1]).
     if ttl:
@@ -109,6 +111,8 @@ local id, write, recreate = ARGV[1], ARGV[2] == 'w', ARGV[3] == '1'
 local M = {{{table["M"]}}}
 local K = {{{table["K"]}}}
 local C = {{{table["C"]}}}
+local B = {{{table["B"]}}}
+local W = {{{table["W"]}}}
 local LAST = {len(gens)}
 local COUNTED = {"true" if counted else "false"}
 local H = {HEADER_BITS}
@@ -164,18 +168,25 @@ local function load(view, needed, create, shard)
   return true
 end
 {where}
--- Whether every bit of an element (ARGV from e) is set in generation g of ``key``,
--- by enhanced double hashing; GETBIT stops at the first clear bit.
-local function has(key, g, e)
-  local m, k = M[g + 1], K[g + 1]
-  local x, y
+-- An element's seeds (ARGV from e) in generation g, by the hashing scheme: the first bit
+-- of its block in the string, and x, y, z inside the block of b bits (unblocked, the block
+-- is the generation, and z is 0). Its bits: x, then x = (x + y) % b, y = (y + i + z) % b.
+local function seeds(g, e)
+  local b, x, y = B[g + 1]
   if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
-  else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
-  if redis.call('GETBIT', key, H + x) == 0 then return false end
-  for i = 1, k - 1 do
-    x = (x + y) % m
-    y = (y + i) % m
-    if redis.call('GETBIT', key, H + x) == 0 then return false end
+  else x, y = tonumber(ARGV[e + 2]) % M[g + 1], tonumber(ARGV[e + 3]) % W[g + 1] end
+  local start = x % b
+  return H + x - start, start, y % b, math.floor(y / b), b
+end
+-- Whether every bit of an element (ARGV from e) is set in generation g of ``key``;
+-- GETBIT stops at the first clear bit.
+local function has(key, g, e)
+  local base, x, y, z, b = seeds(g, e)
+  if redis.call('GETBIT', key, base + x) == 0 then return false end
+  for i = 1, K[g + 1] - 1 do
+    x = (x + y) % b
+    y = (y + i + z) % b
+    if redis.call('GETBIT', key, base + x) == 0 then return false end
   end
   return true
 end
@@ -198,13 +209,16 @@ if ARGV[2] == 'w' and string.sub(head, 1, {IDENTITY_BYTES}) == ARGV[1] then
   local a, b, c1, c2, c3, c4 = string.byte(head, {IDENTITY_BYTES + 1}, {HEADER_BYTES})
   local count = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
   if a * 256 + b <= 1 and count < {first.capacity} then
-    local key, s = KEYS[1], {first.bits}
+    local key, b = KEYS[1], {first.span}
     local x, y = tonumber(ARGV[4]), tonumber(ARGV[5])
-    local all = redis.call('SETBIT', key, {HEADER_BITS} + x, '1')
+    local start = x % b
+    local base, z = {HEADER_BITS} + x - start, math.floor(y / b)
+    x, y = start, y % b
+    local all = redis.call('SETBIT', key, base + x, '1')
     for i = 1, {first.hash_count - 1} do
-      x = (x + y) % s
-      y = (y + i) % s
-      if redis.call('SETBIT', key, {HEADER_BITS} + x, '1') == 0 then all = 0 end
+      x = (x + y) % b
+      y = (y + i + z) % b
+      if redis.call('SETBIT', key, base + x, '1') == 0 then all = 0 end
     end
     if all == 0 then
       count = count + 1
@@ -224,21 +238,18 @@ def _many() -> str:
 -- at most PER_BITFIELD elements; put whether all of each one's bits were set in ``seen``.
 local PER_BITFIELD = math.floor(7000 / (4 * K[LAST]))
 local function set(key, g, batch, seen)
-  local m, k = M[g + 1], K[g + 1]
+  local k = K[g + 1]
   for first = 1, #batch, PER_BITFIELD do
     local last = math.min(first + PER_BITFIELD - 1, #batch)
     local args, n = {{}}, 0
     for b = first, last do
-      local e = batch[b]
-      local x, y
-      if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
-      else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
-      args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', H + x, '1'
+      local base, x, y, z, s = seeds(g, batch[b])
+      args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', base + x, '1'
       n = n + 4
       for i = 1, k - 1 do
-        x = (x + y) % m
-        y = (y + i) % m
-        args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', H + x, '1'
+        x = (x + y) % s
+        y = (y + i + z) % s
+        args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'SET', 'u1', base + x, '1'
         n = n + 4
       end
     end
@@ -314,15 +325,13 @@ for _, view in ipairs(views) do
 end
 if not seen and write then
   local g = cur.G - 1
-  local key, m, k = cur.base .. g, M[g + 1], K[g + 1]
-  local x, y
-  if g == 0 then x, y = tonumber(ARGV[e]), tonumber(ARGV[e + 1])
-  else x, y = tonumber(ARGV[e + 2]) % m, tonumber(ARGV[e + 3]) % m end
-  local all = redis.call('SETBIT', key, H + x, '1')
-  for i = 1, k - 1 do
-    x = (x + y) % m
-    y = (y + i) % m
-    if redis.call('SETBIT', key, H + x, '1') == 0 then all = 0 end
+  local key = cur.base .. g
+  local base, x, y, z, b = seeds(g, e)
+  local all = redis.call('SETBIT', key, base + x, '1')
+  for i = 1, K[g + 1] - 1 do
+    x = (x + y) % b
+    y = (y + i + z) % b
+    if redis.call('SETBIT', key, base + x, '1') == 0 then all = 0 end
   end
   seen = all == 1
   if not seen then cur.count, cur.dirty = cur.count + 1, true end

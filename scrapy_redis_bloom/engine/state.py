@@ -75,11 +75,23 @@ class FilterState:
         """Chance that a new element is reported seen now: the mean of (X/S)**k over shards."""
         if self.fpr is not None:
             return self.fpr
-        size, k = self.spec.shard_bits, self.spec.hash_count
+        spec = self.spec
+        size, k, block = spec.shard_bits, spec.hash_count, spec.block_bits
         if not self.bits_set_per_shard:
-            return self.fill_ratio**k
-        rates = [(ones / size) ** k for ones in self.bits_set_per_shard]
+            return _rate(spec.bits, k, round(self.fill_ratio * spec.bits), block)
+        rates = [_rate(size, k, ones, block) for ones in self.bits_set_per_shard]
         return sum(rates) / len(rates)
+
+
+def _rate(bits: int, k: int, ones: int, block: int) -> float:
+    """Return the rate of a part with ``ones`` of its ``bits`` set: (X/m)**k unblocked.
+
+    Blocked, a fill says less (busy blocks answer falsely more often than the mean
+    fill does): the blocked rate of the items that fill gives (:func:`_items`).
+    """
+    if not block:
+        return (ones / bits) ** k
+    return false_positive_rate(bits, k, _items(bits, k, ones), block)
 
 
 def _items(bits: int, k: int, ones: int) -> float:
@@ -201,7 +213,7 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
     for (shard, g, _), found in zip(keys, ones, strict=True):
         gen = gens[g]
         per_gen.setdefault(g, []).append(found)
-        clear[shard] += math.log1p(-((found / gen.bits) ** gen.hash_count))
+        clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
         if g == 0:
             per_shard[shard] += found
     states = tuple(
@@ -213,7 +225,10 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
             hash_count=gens[g].hash_count,
             capacity=gens[g].capacity * len(found),
             estimated_items=round(sum(_items(gens[g].bits, gens[g].hash_count, x) for x in found)),
-            estimated_fpr=sum((x / gens[g].bits) ** gens[g].hash_count for x in found) / len(found),
+            estimated_fpr=sum(
+                _rate(gens[g].bits, gens[g].hash_count, x, gens[g].block_bits) for x in found
+            )
+            / len(found),
         )
         for g, found in sorted(per_gen.items())
     )
@@ -243,7 +258,7 @@ def estimate_from_items(growth: Growth, items: int) -> FilterState:
     for gen in growth.generations:
         share = min(per_shard, gen.capacity) if gen is not growth.generations[-1] else per_shard
         fill = -math.expm1(-gen.hash_count * share / gen.bits)
-        rate = fill**gen.hash_count
+        rate = false_positive_rate(gen.bits, gen.hash_count, share, gen.block_bits)
         clear += math.log1p(-rate)
         states.append(
             GenerationState(
@@ -276,4 +291,4 @@ def estimate_from_items(growth: Growth, items: int) -> FilterState:
 
 def expected_fpr(spec: FilterSpec, items: int) -> float:
     """Return the false-positive rate expected after ``items`` insertions."""
-    return false_positive_rate(spec.bits, spec.hash_count, items)
+    return false_positive_rate(spec.bits, spec.hash_count, items, spec.block_bits)

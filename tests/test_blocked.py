@@ -1,0 +1,529 @@
+"""The blocked hashing scheme (``BLOOMFILTER_BLOCKED``, scheme 2) on real Redis.
+
+Why: a blocked filter's bits are computed in several places (hashing.offsets for the hot
+path's BITFIELD, the numpy snapshot kernel, the pure-Python BITFIELD chunks, and the Lua
+scripts of growing and TTL filters, whose later generations reseed), and its sizing rests
+on a rate formula of its own. A slip in any of them silently loses URLs or drops new ones.
+
+What: the scheme against an independent re-implementation of the formula written in
+hashing.py; the bits each path leaves in Redis (read back from the shard strings, after
+their header) against that reference; elements added by one path answered "seen" by all
+others; the false-positive rate of a full blocked filter against
+``sizing.false_positive_rate`` (binomial bounds, as in test_generations.py); the setting,
+the record (scheme 2) and the refusals; a cluster; and ``auto`` on a server with BF.*.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mmh3
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from test_bulk import calls
+from test_generations import bloom_for, config, fingerprints, upper
+from test_hashing import reference as reference_v1
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.engine import bulk
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.generations import GENERATIONS_BIT, WIDE, Generation
+from scrapy_redis_bloom.engine.layout import HEADER_BITS, HEADER_BYTES, meta_key, shard_key
+from scrapy_redis_bloom.engine.local import HAVE_NUMPY
+from scrapy_redis_bloom.errors import ConfigMismatchError
+from scrapy_redis_bloom.hashing import (
+    BLOCK_BITS,
+    BLOCKED_SCHEME,
+    SCHEME_VERSION,
+    FilterSpec,
+    locate,
+    offsets,
+)
+from scrapy_redis_bloom.sizing import (
+    Sizing,
+    false_positive_rate,
+    optimal_bits,
+    optimal_geometry,
+)
+
+KEY = "blocked:bloomfilter"
+B = BLOCK_BITS
+
+needs_numpy = pytest.mark.skipif(not HAVE_NUMPY, reason="numpy (the numpy extra) is not installed")
+
+
+def blocked(capacity: int, rate: float, **more: Any) -> BloomConfig:
+    """Return the config of a blocked filter (see test_generations.config)."""
+    return config(capacity, rate, BLOOMFILTER_BLOCKED=True, **more)
+
+
+def lower(queries: int, rate: float) -> float:
+    """Return the fewest false positives q new elements give at rate p, but for a 1e-9 chance."""
+    return queries * rate - 6 * math.sqrt(queries * rate * (1 - rate))
+
+
+# -- the scheme, written out independently ------------------------------------------------
+
+
+def in_block(x: int, y: int, k: int) -> list[int]:
+    """Return offset[i] of hashing.py's formula, term by term (y < B**2)."""
+    return [
+        (x - x % B) + (x % B + i * (y % B) + i * (i - 1) // 2 * (y // B) + (i**3 - i) // 6) % B
+        for i in range(k)
+    ]
+
+
+def reference(element: bytes, shards: int, size: int, k: int) -> tuple[int, list[int]]:
+    """Return (shard, offsets) of scheme 2 from its written description."""
+    digest = mmh3.hash_bytes(element, 0)  # MurmurHash3_x64_128, seed 0
+    h1 = int.from_bytes(digest[:8], "little")
+    h2 = int.from_bytes(digest[8:], "little")
+    return h1 % shards, in_block((h1 // shards) % size, h2 % B**2, k)
+
+
+def expected(element: str, shards: int, gen: Generation, g: int) -> tuple[int, set[int]]:
+    """Return an element's shard and bits in generation ``g`` of it.
+
+    Generation 0 is the scheme itself; later ones take the seeds before the mod, cut to
+    WIDE, modulo their own size (generations.seed_arguments).
+    """
+    digest = mmh3.hash_bytes(element.encode(), 0)
+    h1 = int.from_bytes(digest[:8], "little")
+    h2 = int.from_bytes(digest[8:], "little")
+    q = h1 // shards
+    x = q % gen.bits if g == 0 else q % WIDE % gen.bits
+    return h1 % shards, set(in_block(x, h2 % WIDE % B**2, gen.hash_count))
+
+
+def union(elements: list[str], shards: int, gen: Generation, g: int = 0) -> list[set[int]]:
+    """Return, per shard, the bits the elements set in generation ``g``."""
+    out: list[set[int]] = [set() for _ in range(shards)]
+    for element in elements:
+        shard, bits = expected(element, shards, gen, g)
+        out[shard] |= bits
+    return out
+
+
+def bits_set(client: Any, key: str | bytes) -> set[int]:
+    """Return the offsets of the bits set in a shard string, after its header."""
+    raw = client.get(key)
+    assert raw is not None, key
+    body = raw[HEADER_BYTES:]
+    return {8 * i + j for i, byte in enumerate(body) if byte for j in range(8) if byte & 0x80 >> j}
+
+
+def shard_bits_set(client: Any, bloom: RedisBloomFilter, g: int = 0) -> list[set[int]]:
+    """Return, per shard, the bits set in its generation ``g``."""
+    return [bits_set(client, shard_key(bloom.key, s, g)) for s in range(bloom.spec.shards)]
+
+
+# -- pure: the scheme, the spec, the sizing ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shards", "size", "k"), [(1, 2**26, 7), (16, 512, 13), (7, 512 * 187, 20)]
+)
+def test_blocked_offsets_follow_the_written_formula(shards: int, size: int, k: int) -> None:
+    for element in ["", "a" * 1000, "ünï", *fingerprints(500, "scheme")]:
+        shard, x, y = locate(element, shards, size, B)
+        got = offsets(x, y, k, size, B)
+        assert (shard, got) == reference(element.encode(), shards, size, k)
+        assert 0 <= y < B**2
+        # One block: the one x falls in, inside the shard.
+        assert {o // B for o in got} == {x // B}
+        assert all(0 <= o < size for o in got)
+
+
+def test_without_a_block_the_scheme_is_version_1() -> None:
+    for element in fingerprints(300, "v1"):
+        for shards, size, k in [(16, 2**26, 6), (7, 95_851, 13)]:
+            shard, x, y = locate(element, shards, size, 0)
+            assert (shard, x, y) == locate(element, shards, size)
+            expected_v1 = reference_v1(element.encode(), shards, size, k)
+            assert (shard, offsets(x, y, k, size, 0)) == expected_v1
+    assert FilterSpec(1, 1024, 3).scheme == SCHEME_VERSION == 1
+    assert FilterSpec(1, 1024, 3, B).scheme == BLOCKED_SCHEME == 2
+
+
+@needs_numpy
+def test_the_snapshot_kernel_computes_the_same_blocked_offsets() -> None:
+    from scrapy_redis_bloom.engine.local import locate_many, offsets_many
+
+    elements = fingerprints(3_000, "vector")
+    for shards, size, k in [(1, 2**26, 7), (5, 512, 14), (3, 512 * 313, 30)]:
+        shard, x, y = locate_many(elements, shards, size, B)
+        located = [locate(e, shards, size, B) for e in elements]
+        assert list(zip(shard.tolist(), x.tolist(), y.tolist(), strict=True)) == located
+        got = offsets_many(x, y, k, size, B).tolist()
+        assert got == [
+            [HEADER_BITS + o for o in offsets(sx, sy, k, size, B)] for _, sx, sy in located
+        ]
+
+
+def test_spec_refuses_other_blocks_and_partial_blocks() -> None:
+    for block in (1, 256, 1024, -512):
+        with pytest.raises(ValueError, match=f"a block has 512 bits .*got {block:,}"):
+            FilterSpec(1, 512 * 4, 3, block)
+    for size in (1000, 513, 511):
+        with pytest.raises(ValueError, match="whole number of 512-bit blocks"):
+            FilterSpec(2, size, 3, B)
+    assert FilterSpec(2, 512 * 3, 3, B).bits == 2 * 1536
+    assert FilterSpec(2, 1000, 3, 0).bits == 2000  # unblocked: any size
+
+
+@pytest.mark.parametrize(
+    ("capacity", "rate"), [(1_000, 1e-2), (50_000, 1e-3), (1_000_000, 1e-4), (3_000_000, 1e-5)]
+)
+def test_blocked_sizing_meets_the_rate_in_whole_blocks_with_more_bits(
+    capacity: int, rate: float
+) -> None:
+    sizing = Sizing(capacity=capacity, error_rate=rate, blocked=True)
+    spec = sizing.spec()
+    assert (spec.block_bits, spec.scheme) == (B, 2)
+    assert spec.shard_bits % B == 0
+    assert false_positive_rate(spec.bits, spec.hash_count, capacity, B) <= rate
+    # The least bits for its k: one block fewer misses the rate.
+    m, k = sizing.geometry()
+    assert (m, k) == optimal_geometry(capacity, rate, B)
+    assert m % B == 0
+    assert (
+        false_positive_rate(m, k, capacity, B) <= rate < false_positive_rate(m - B, k, capacity, B)
+    )
+    # Blocks cost bits: more than the unblocked request gets, before and after sharding.
+    plain = Sizing(capacity=capacity, error_rate=rate)
+    assert m > optimal_bits(capacity, rate) == plain.geometry()[0]
+    assert spec.bits > plain.spec().bits
+    assert sizing.canonical() == f"{plain.canonical()} blocked=True"
+    assert "blocked" not in plain.canonical()
+
+
+@pytest.mark.parametrize(
+    ("bits", "k", "items"), [(512 * 400, 7, 20_000), (512 * 2_000, 13, 50_000)]
+)
+def test_the_blocked_rate_is_the_poisson_mixture_over_block_loads(
+    bits: int, k: int, items: int
+) -> None:
+    # Recomputed independently: pmf by recurrence, j far past any significant term.
+    load = B * items / bits
+    total, pmf = 0.0, math.exp(-load)
+    for j in range(int(load + 60 * math.sqrt(load) + 200)):
+        total += pmf * (1 - (1 - 1 / B) ** (k * j)) ** k
+        pmf *= load / (j + 1)
+    assert false_positive_rate(bits, k, items, B) == pytest.approx(total, rel=1e-9)
+    # Uneven block loads cost: above the unblocked rate of the same bits.
+    assert total > false_positive_rate(bits, k, items)
+
+
+# -- the bits in Redis, path by path ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings_", "command"),
+    [
+        ({"BLOOMFILTER_EXPANSION": 0, "BLOOMFILTER_SHARDS": 3}, "bitfield"),
+        ({"BLOOMFILTER_SHARDS": 3}, "bitfield"),  # growing, far below its limit
+        # One shard of 1,000 items has no scriptless margin: the script's first generation.
+        ({"BLOOMFILTER_SHARDS": 1}, "evalsha"),
+    ],
+    ids=["fixed", "growing", "script"],
+)
+def test_a_hot_path_check_sets_exactly_its_k_bits_in_one_block(
+    redis_client: redis.Redis, settings_: dict[str, Any], command: str
+) -> None:
+    capacity = 1_000 if command == "evalsha" else 20_000
+    bloom = bloom_for(redis_client, blocked(capacity, 1e-3, **settings_), KEY, cache_size=0)
+    record = bloom.open()
+    spec, gen = record.spec, record.growth.generation(0)
+    redis_client.config_resetstat()
+    elements = fingerprints(40, "hot")
+    first = elements[0]
+    assert bloom.check_and_add(first) is False
+    shard, bits = expected(first, spec.shards, gen, 0)
+    assert len({o // B for o in bits}) == 1
+    key = shard_key(KEY, shard)
+    assert [redis_client.getbit(key, HEADER_BITS + o) for o in sorted(bits)] == [1] * len(bits)
+    assert redis_client.bitcount(key, HEADER_BYTES, -1) == len(bits)  # those, no others
+    answers = [bloom.check_and_add(e) for e in elements[1:]]
+    assert answers.count(True) <= upper(len(answers), 1e-3)
+    assert shard_bits_set(redis_client, bloom) == union(elements, spec.shards, gen)
+    other = "evalsha" if command == "bitfield" else "bitfield"
+    assert calls(redis_client, command) >= len(elements)
+    assert calls(redis_client, other) == 0
+
+
+@pytest.mark.parametrize("kind", ["fixed", "growing"])
+@pytest.mark.parametrize("path", ["snapshot", "pure"])
+def test_add_many_sets_the_schemes_bits(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, kind: str, path: str
+) -> None:
+    if path == "pure":
+        monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+    elif not HAVE_NUMPY:
+        pytest.skip("numpy (the numpy extra) is not installed")
+    more = {"BLOOMFILTER_EXPANSION": 0} if kind == "fixed" else {}
+    bloom = bloom_for(redis_client, blocked(20_000, 1e-3, BLOOMFILTER_SHARDS=2, **more), KEY)
+    record = bloom.open()
+    redis_client.config_resetstat()
+    elements = fingerprints(1_500, "bulk")
+    answers = bloom.add_many(elements)
+    assert answers.count(True) <= upper(len(elements), 1e-3)
+    gen = record.growth.generation(0)
+    assert shard_bits_set(redis_client, bloom) == union(elements, record.spec.shards, gen)
+    # The path taken: a snapshot per shard (MULTI/EXEC), or BITFIELD chunks / scripts.
+    if path == "snapshot":
+        assert calls(redis_client, "exec") == record.spec.shards
+    else:
+        assert calls(redis_client, "exec") == 0
+        assert calls(redis_client, "bitfield" if kind == "fixed" else "evalsha") > 0
+
+
+def test_a_ttl_filter_keeps_the_schemes_bits_in_its_window(redis_client: redis.Redis) -> None:
+    cfg = blocked(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_TTL=3_600)
+    bloom = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    record = bloom.open()
+    redis_client.config_resetstat()
+    hot, many = fingerprints(30, "ttl-hot"), fingerprints(600, "ttl-bulk")
+    assert [bloom.check_and_add(e) for e in hot].count(True) <= 1
+    assert bloom.add_many(many).count(True) <= upper(len(many), 1e-3)
+    spec, gen = record.spec, record.growth.generation(0)
+    for shard, wanted in enumerate(union(hot + many, spec.shards, gen)):
+        assert redis_client.strlen(shard_key(KEY, shard)) == HEADER_BYTES  # the anchor
+        # (A window turning meanwhile splits the bits over two: their union is the same.)
+        windows = redis_client.keys(f"{{{KEY}:{shard}}}:w*:g0")
+        assert 1 <= len(windows) <= 2
+        found: set[int] = set()
+        for window in windows:
+            found |= bits_set(redis_client, window)
+        assert found == wanted
+    # Only the scripts know the windows: no snapshot.
+    assert calls(redis_client, "evalsha") > 0
+    assert calls(redis_client, "exec") == 0
+
+
+def test_a_grown_shard_puts_new_bits_in_its_newest_generation(redis_client: redis.Redis) -> None:
+    bloom = bloom_for(redis_client, blocked(200, 0.01, BLOOMFILTER_SHARDS=1), KEY, cache_size=0)
+    growth = bloom.open().growth
+    bloom.add_many(fingerprints(260, "fill"))  # generation 0 takes 200
+    g0 = shard_key(KEY, 0)
+    assert redis_client.bitfield(g0).get("u16", GENERATIONS_BIT).execute() == [2]
+    gen = growth.generation(1)
+    assert gen.bits % B == 0
+    assert gen.bits != growth.generation(0).bits  # reseeded: x modulo another size
+    g1 = shard_key(KEY, 0, 1)
+    assert redis_client.strlen(g1) == HEADER_BYTES + gen.nbytes
+    before_g0 = bits_set(redis_client, g0)
+    # The hot path's script, one element at a time: exactly its bits, in generation 1.
+    written = 0
+    for element in fingerprints(25, "one"):
+        before = bits_set(redis_client, g1)
+        if bloom.check_and_add(element):
+            continue  # a false positive: nothing written
+        written += 1
+        _, bits = expected(element, 1, gen, 1)
+        assert bits <= bits_set(redis_client, g1)
+        assert bits_set(redis_client, g1) - before <= bits
+    # The bulk path's script, many per call.
+    batch = fingerprints(60, "many")
+    before = bits_set(redis_client, g1)
+    new = [e for e, seen in zip(batch, bloom.add_many(batch), strict=True) if not seen]
+    after = bits_set(redis_client, g1)
+    wanted = union(new, 1, gen, 1)[0]
+    assert wanted <= after
+    assert after - before <= wanted
+    assert written + len(new) >= 85 - upper(85, 0.01)
+    assert bits_set(redis_client, g0) == before_g0  # the full generation is left alone
+
+
+# -- cross-path agreement ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "more",
+    [{"BLOOMFILTER_EXPANSION": 0}, {}, {"BLOOMFILTER_TTL": 3_600}],
+    ids=["fixed", "growing", "ttl"],
+)
+def test_what_one_path_adds_every_other_path_finds(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, more: dict[str, Any]
+) -> None:
+    cfg = blocked(20_000, 1e-3, BLOOMFILTER_SHARDS=3, **more)
+    vector = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk, "HAVE_NUMPY", False)
+        plain = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    hot = fingerprints(300, "by-hot")
+    by_vector, by_plain = fingerprints(2_000, "by-vector"), fingerprints(2_000, "by-plain")
+    news = [not vector.check_and_add(e) for e in hot]
+    news += [not seen for seen in vector.add_many(by_vector)]
+    news += [not seen for seen in plain.add_many(by_plain)]
+    assert news.count(False) <= upper(len(news), 1e-3)
+    everything = hot + by_vector + by_plain
+    assert vector.contains_many(everything) == [True] * len(everything)
+    assert plain.contains_many(everything) == [True] * len(everything)
+    # The hot path of a third worker (no near-cache) finds each, and adds nothing.
+    third = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    assert [third.check_and_add(e) for e in everything[::7]] == [True] * len(everything[::7])
+    strangers = fingerprints(3_000, "stranger")
+    assert sum(vector.contains_many(strangers)) <= upper(len(strangers), 1e-3)
+    assert plain.contains_many(strangers) == vector.contains_many(strangers)
+
+
+def test_a_filter_grown_over_several_generations_finds_everything(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rate = 0.01
+    cfg = blocked(300, rate, BLOOMFILTER_SHARDS=2)
+    bloom = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    members = fingerprints(6_000, "member")
+    # Half through the hot path, half in bulk: the same generations.
+    seen = [bloom.check_and_add(e) for e in members[:1_500]] + bloom.add_many(members[1_500:])
+    assert sum(seen) <= upper(len(members), rate)
+    assert bloom.generations >= 4
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk, "HAVE_NUMPY", False)
+        plain = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    assert bloom.contains_many(members) == [True] * len(members)
+    assert plain.contains_many(members) == [True] * len(members)
+    other = bloom_for(redis_client, cfg, KEY, cache_size=0)
+    assert [other.check_and_add(e) for e in members[::11]] == [True] * len(members[::11])
+    assert cfg.growth.rate_bound <= rate
+    strangers = fingerprints(20_000, "stranger")
+    assert sum(bloom.contains_many(strangers)) <= upper(len(strangers), rate)
+
+
+# -- the false-positive rate -------------------------------------------------------------------
+
+
+def _full(client: redis.Redis, capacity: int, rate: float) -> RedisBloomFilter:
+    """Return a fixed-size blocked filter holding exactly ``capacity`` members."""
+    cfg = blocked(capacity, rate, BLOOMFILTER_EXPANSION=0)
+    bloom = bloom_for(client, cfg, KEY)
+    bloom.add_many(fingerprints(capacity, "member"))
+    return bloom
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("capacity", "rate", "queries"), [(50_000, 1e-2, 400_000), (50_000, 1e-3, 1_000_000)]
+)
+def test_a_full_blocked_filter_has_the_blocked_rate(
+    redis_client: redis.Redis, capacity: int, rate: float, queries: int
+) -> None:
+    bloom = _full(redis_client, capacity, rate)
+    spec = bloom.spec
+    theory = false_positive_rate(spec.bits, spec.hash_count, capacity, B)
+    assert theory <= rate
+    # These bits unblocked would give far fewer: the bound tells the layouts apart.
+    assert queries * false_positive_rate(spec.bits, spec.hash_count, capacity) < lower(
+        queries, theory
+    )
+    hits = sum(bloom.contains_many(fingerprints(queries, "stranger")))
+    assert lower(queries, theory) <= hits <= upper(queries, theory), (hits, queries * theory)
+
+
+def test_the_state_of_a_full_blocked_filter_estimates_its_blocked_rate(
+    redis_client: redis.Redis,
+) -> None:
+    capacity = 50_000
+    bloom = _full(redis_client, capacity, 1e-3)
+    spec = bloom.spec
+    state = bloom.state()
+    assert state.estimated_items == pytest.approx(capacity, rel=0.03)
+    # What a new element meets: the blocked rate (the unblocked (X/S)**k is ~40% lower).
+    theory = false_positive_rate(spec.bits, spec.hash_count, capacity, B)
+    assert state.estimated_fpr == pytest.approx(theory, rel=0.1)
+
+
+# -- the setting, the record -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(True, True), (False, False), ("1", True), ("0", False), ("true", True)]
+)
+def test_the_setting_takes_booleans(value: object, on: bool) -> None:
+    cfg = config(10_000, 1e-3, BLOOMFILTER_BLOCKED=value)
+    assert cfg.sizing.blocked is on
+    assert cfg.spec.block_bits == (B if on else 0)
+    assert ("blocked=True" in cfg.sizing.canonical()) is on
+    assert config(10_000, 1e-3).spec.block_bits == 0  # the default
+
+
+def test_the_setting_refuses_anything_else_by_name() -> None:
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_BLOCKED setting \('maybe'\) is invalid"):
+        config(10_000, 1e-3, BLOOMFILTER_BLOCKED="maybe")
+
+
+def test_blocked_and_native_are_refused_together() -> None:
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_BLOCKED.*BLOOMFILTER_BACKEND"):
+        blocked(10_000, 1e-3, BLOOMFILTER_BACKEND="native")
+    for backend in ("bitmap", "auto"):
+        assert blocked(10_000, 1e-3, BLOOMFILTER_BACKEND=backend).spec.block_bits == B
+
+
+def test_the_record_says_scheme_2_and_other_schemes_are_refused(redis_client: redis.Redis) -> None:
+    cfg = blocked(10_000, 1e-3)
+    first = bloom_for(redis_client, cfg, KEY)
+    first.add_many(fingerprints(100, "member"))
+    stored = redis_client.hgetall(meta_key(KEY))
+    assert stored[b"scheme"] == b"2"
+    assert b"blocked=True" in stored[b"sizing"]
+    assert int(stored[b"shard_bits"]) % B == 0
+    # A second blocked worker adopts it and finds what the first added.
+    second = bloom_for(redis_client, cfg, KEY)
+    assert second.open().spec.block_bits == B
+    assert second.contains_many(fingerprints(100, "member")) == [True] * 100
+    # An unblocked worker with the same capacity and rate is refused, and told why.
+    with pytest.raises(ConfigMismatchError, match="blocked"):
+        bloom_for(redis_client, config(10_000, 1e-3), KEY).open()
+    # And the other way round.
+    bloom_for(redis_client, config(10_000, 1e-3), "plain").open()
+    assert redis_client.hget(meta_key("plain"), "scheme") == b"1"
+    with pytest.raises(ConfigMismatchError, match="blocked"):
+        bloom_for(redis_client, cfg, "plain").open()
+
+
+# -- topologies and backends -------------------------------------------------------------------
+
+
+def test_a_blocked_filter_on_a_cluster_answers_as_on_one_server(
+    redis_cluster: RedisCluster, redis_client: redis.Redis
+) -> None:
+    cfg = blocked(20_000, 1e-3, BLOOMFILTER_SHARDS=6)
+    members, strangers = fingerprints(2_000, "member"), fingerprints(2_000, "stranger")
+    answers: list[tuple[list[bool], list[bool], list[set[int]]]] = []
+    for client in (redis_cluster, redis_client):
+        bloom = bloom_for(client, cfg, KEY)
+        added = [bloom.check_and_add(e) for e in members[:200]] + bloom.add_many(members[200:])
+        assert bloom.contains_many(members) == [True] * len(members)
+        fresh = bloom.contains_many(strangers)
+        assert sum(fresh) <= upper(len(strangers), 1e-3)
+        answers.append((added, fresh, shard_bits_set(client, bloom)))
+        bloom.close()
+    assert answers[0] == answers[1]  # the same answers and the same bits
+
+
+def test_auto_makes_a_new_blocked_filter_a_bitmap_one_on_a_bloom_server(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    # The control: unblocked, auto picks the server's BF.* filters.
+    native = make_filter(bloom_redis_client, "plain", config(10_000, 1e-3))
+    assert native.backend == "native"
+    cfg = blocked(10_000, 1e-3, BLOOMFILTER_BACKEND="auto")
+    bloom = make_filter(bloom_redis_client, KEY, cfg)
+    assert isinstance(bloom, RedisBloomFilter)
+    assert bloom.backend == "bitmap"
+    elements = fingerprints(500, "member")
+    assert bloom.add_many(elements).count(True) <= upper(len(elements), 1e-3)
+    assert bloom.contains_many(elements) == [True] * len(elements)
+    stored = bloom_redis_client.hgetall(meta_key(KEY))
+    assert (stored[b"backend"], stored[b"scheme"]) == (b"bitmap", b"2")
+    types = {bloom_redis_client.type(name) for name in bloom_redis_client.keys(f"*{KEY}*")}
+    assert types == {b"hash", b"string"}  # the record and counters, and bitmaps: no BF.*
+    # A later worker under auto adopts the record's backend.
+    again = make_filter(bloom_redis_client, KEY, cfg)
+    assert again.backend == "bitmap"
+    assert again.contains_many(elements) == [True] * len(elements)
+    native.close()
+    bloom.close()
+    again.close()
