@@ -149,6 +149,24 @@ def test_many_at_once_answer_as_one_at_a_time(redis_client: redis.Redis, capacit
     assert together.check_and_add_many(links) == [alone.check_and_add(e) for e in links]
 
 
+def test_a_deleted_shard_under_a_batch_is_recreated_once_and_answers_new(
+    redis_client: redis.Redis,
+) -> None:
+    # Every element of the batch finds the wrong id (their BITFIELDs went out together):
+    # the first recreates the shard (BLOOMFILTER_ON_LOSS = "recreate"), the others find it
+    # recreated, and each is checked again, answered "new".
+    cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=1)
+    recreate = FaultPolicy(on_loss="recreate")
+    bloom = bloom_for(redis_client, cfg, KEY, cache_size=0, faults=recreate)
+    links = fingerprints(20, "lost")
+    assert bloom.check_and_add_many(links) == [False] * 20
+    redis_client.delete(f"{{{KEY}:0}}:g0")
+    assert bloom.check_and_add_many(links) == [False] * 20  # the shard forgot them: "new"
+    assert bloom.check_and_add_many(links) == [True] * 20
+    assert redis_client.getrange(f"{{{KEY}:0}}:g0", 0, 15) != bytes(16)  # a header again
+    bloom.close()
+
+
 def test_many_at_once_across_a_cluster(redis_cluster: Any) -> None:
     cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=12)
     bloom = bloom_for(redis_cluster, cfg, KEY)

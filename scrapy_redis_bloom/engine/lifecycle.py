@@ -358,6 +358,11 @@ class Lifecycle:
                 for shard, ident in found.items()
                 if ident != layout.identity(record.filter_id, shard, k)
             }
+        else:
+            # A shard recreated since it was read (by an earlier element of the same batch,
+            # or by another worker) is this filter's again: nothing to sort out there.
+            k = record.spec.hash_count
+            bad = {s: f for s, f in bad.items() if f != layout.identity(record.filter_id, s, k)}
         if current is None and (len(bad) < record.spec.shards or self.faults.on_loss != "raise"):
             restore_record(self.parts, self.events, record)
         foreign = {s: f for s, f in bad.items() if f and f.strip(b"\0")}
