@@ -18,7 +18,7 @@ Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
 
 ``BLOOMFILTER_BLOCKED`` (default False) keeps each URL's k bits in one 512-bit block
 (hash scheme 2, :mod:`.hashing`): a check costs Redis one or two cache misses instead
-of k, for about 3% (at 1e-2) to 14% (at 1e-4) more bits at the same error rate.
+of k, for about 4% (at 1e-2) to 14% (at 1e-4) more bits at the same error rate.
 
 Growth and forgetting (see :mod:`.engine.generations`): ``BLOOMFILTER_EXPANSION``
 (default 2; 0 for a fixed-size filter) lets each shard start a larger generation when

@@ -72,17 +72,26 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
     return min(1.0, total)
 
 
+#: How much a blocked filter's measured rate runs above :func:`false_positive_rate`, at
+#: most: 2-4% in simulations of the scheme (8 million probes each at k = 6, 9 and 12; the
+#: formula prices a block by its mean fill, and the scheme's offsets are not independent
+#: draws), so blocked sizing aims this much lower and the rate asked for holds.
+BLOCKED_HEADROOM = 1.05
+
+
 @lru_cache(maxsize=256)
 def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> tuple[int, int]:
     """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
 
     Unblocked: :func:`optimal_bits` and :func:`optimal_hash_count`. Blocked: for each
     k near the unblocked optimum, the fewest bits (whole blocks) whose blocked rate is
-    at most ``error_rate``, found by bisection; the k needing fewest bits wins.
+    at most ``error_rate / BLOCKED_HEADROOM``, found by bisection; the k needing fewest
+    bits wins.
     """
     bits = optimal_bits(capacity, error_rate)
     if not block_bits:
         return bits, optimal_hash_count(bits, capacity)
+    error_rate /= BLOCKED_HEADROOM
     best: tuple[int, int] | None = None
     centre = optimal_hash_count(bits, capacity)
     for k in range(max(1, centre - 8), min(MAX_HASH_COUNT, centre + 3) + 1):
