@@ -399,15 +399,17 @@ def _created(record: dict[bytes, bytes]) -> str:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("blocked", [False, True])
 def test_a_crawl_ten_times_past_capacity_loses_no_page(
-    site_server: Any, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    site_server: Any, redis_url: str, redis_client: redis.Redis, tmp_path: Path, blocked: bool
 ) -> None:
     # 300 pages through a filter sized for 30: it grows (BLOOMFILTER_EXPANSION's default)
-    # and keeps its rate, so every page is fetched, once.
+    # and keeps its rate, so every page is fetched, once; blocked or not.
     settings = {
         "SCHEDULER_PERSIST": True,
         "BLOOMFILTER_CAPACITY": 30,
         "BLOOMFILTER_ERROR_RATE": 1e-6,
+        "BLOOMFILTER_BLOCKED": blocked,
     }
     result = crawl(site_server, redis_url, tmp_path, mode="follow", settings=settings)
 

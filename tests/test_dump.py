@@ -190,6 +190,17 @@ def test_a_grown_filter_keeps_every_generation(redis_client: redis.Redis, tmp_pa
 
 
 @pytest.mark.timeout(300)
+def test_a_blocked_filter_round_trips_into_a_cluster_with_its_scheme(
+    redis_client: redis.Redis, redis_cluster: RedisCluster, tmp_path: Path
+) -> None:
+    cfg = config(50_000, 0.01, BLOOMFILTER_SHARDS=4, BLOOMFILTER_BLOCKED=True)
+    assert cfg.spec.block_bits
+    members = fingerprints(40_000, "blocked")
+    round_trip(redis_client, redis_cluster, tmp_path, members, cfg)
+    assert redis_cluster.hget(f"{KEY}:meta", "scheme") in (b"2", "2")
+
+
+@pytest.mark.timeout(300)
 def test_a_native_filter_round_trips(bloom_redis_client: redis.Redis, tmp_path: Path) -> None:
     cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=3, BLOOMFILTER_BACKEND="native")
     members = fingerprints(50_000, "native")  # past its capacity: sub-filters were added
