@@ -31,18 +31,24 @@ from scrapy_redis_bloom.engine.health import ServerHealth, check_versions
 
 SETTINGS = {"BLOOMFILTER_CAPACITY": 200_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
 CONFIG = BloomConfig.from_settings(SETTINGS)
+#: The same with each element's bits in one block (hash scheme 2): the same commands,
+#: other offsets; the fault tests that send them run both.
+BLOCKED = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_BLOCKED": True})
+SCHEMES = pytest.mark.parametrize("blocked", [False, True], ids=["scheme1", "blocked"])
 
 
 def fingerprints(n: int, salt: str) -> list[str]:
     return [hashlib.sha1(f"{salt}{i}".encode()).hexdigest() for i in range(n)]
 
 
-def make(client: redis.Redis, key: str = "faults", **faults: object) -> RedisBloomFilter:
+def make(
+    client: redis.Redis, key: str = "faults", blocked: bool = False, **faults: object
+) -> RedisBloomFilter:
     # The filter the settings give: growing, as by default.
     return RedisBloomFilter.from_config(
         client,
         key,
-        CONFIG,
+        BLOCKED if blocked else CONFIG,
         faults=FaultPolicy(**faults),  # type: ignore[arg-type]
     )
 
@@ -57,9 +63,10 @@ def server() -> Iterator[RedisServer]:
 # -- dropped connections ---------------------------------------------------------------
 
 
-def test_client_kill_every_50ms_during_check_and_add(server: RedisServer) -> None:
+@SCHEMES
+def test_client_kill_every_50ms_during_check_and_add(server: RedisServer, blocked: bool) -> None:
     client = server.client()
-    bloom = make(client)
+    bloom = make(client, blocked=blocked)
     new = fingerprints(30_000, "hot")
     with server.connection_killer(interval=0.05) as killer:
         answers = [bloom.check_and_add(fp) for fp in new]
@@ -70,9 +77,10 @@ def test_client_kill_every_50ms_during_check_and_add(server: RedisServer) -> Non
     client.close()
 
 
-def test_client_kill_during_add_many(server: RedisServer) -> None:
+@SCHEMES
+def test_client_kill_during_add_many(server: RedisServer, blocked: bool) -> None:
     client = server.client()
-    bloom = make(client)
+    bloom = make(client, blocked=blocked)
     new = fingerprints(150_000, "bulk")
     with server.connection_killer(interval=0.3) as killer:
         answers = bloom.add_many(new)
@@ -123,10 +131,11 @@ def test_an_iterable_that_raises_leaves_no_reply_behind(server: RedisServer) -> 
 # -- a server that stops, restarts, stalls -----------------------------------------------
 
 
-def test_redis_killed_and_restarted_with_aof_costs_no_answer() -> None:
+@SCHEMES
+def test_redis_killed_and_restarted_with_aof_costs_no_answer(blocked: bool) -> None:
     with RedisServer(appendonly=True) as server:
         client = server.client()
-        bloom = make(client, retry_timeout=20)
+        bloom = make(client, blocked=blocked, retry_timeout=20)
         new = fingerprints(4_000, "restart")
         answers: list[bool] = []
         errors: list[BaseException] = []
@@ -205,10 +214,11 @@ def test_unavailable_redis_raises_a_clear_error_or_allows() -> None:
 # -- a full or evicting Redis ------------------------------------------------------------
 
 
-def test_out_of_memory_under_noeviction_is_named(server: RedisServer) -> None:
+@SCHEMES
+def test_out_of_memory_under_noeviction_is_named(server: RedisServer, blocked: bool) -> None:
     client = server.client()
-    strict = make(client, "strict", retry_timeout=0.5)
-    lenient = make(client, "lenient", retry_timeout=0.5, on_error="allow")
+    strict = make(client, "strict", blocked, retry_timeout=0.5)
+    lenient = make(client, "lenient", blocked, retry_timeout=0.5, on_error="allow")
     strict.open()
     lenient.open()
     used = int(client.info("memory")["used_memory"])
