@@ -149,8 +149,13 @@ def seed_range(bits: int, block_bits: int) -> int:
     return block_bits * block_bits if block_bits else bits
 
 
-def offsets(x: int, y: int, hash_count: int, shard_bits: int, block_bits: int = 0) -> list[int]:
+def offsets(
+    x: int, y: int, hash_count: int, shard_bits: int, block_bits: int = 0, first: int = 0
+) -> list[int]:
     """Return the k bit offsets inside a shard: step 4 of the scheme.
+
+    ``first``: added to each, the offset of the shard's first bit in its string (the
+    engine's callers pass the header's size).
 
     Computed in closed form: unrolling step 4 gives ``offset[i] = (x + i*y +
     (i**3 - i) / 6) mod S`` (blocked: inside x's block, with the third seed), the same
@@ -159,7 +164,7 @@ def offsets(x: int, y: int, hash_count: int, shard_bits: int, block_bits: int = 
     """
     span = block_bits or shard_bits
     start = x % span
-    base, step, third = x - start, y % span, y // span
+    base, step, third = x - start + first, y % span, y // span
     return [
         base + (start + i * step + t * third + c) % span for i, t, c in offset_steps(hash_count)
     ]

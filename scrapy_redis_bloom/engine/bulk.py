@@ -47,7 +47,7 @@ from typing import Any
 import mmh3
 
 from ..errors import FilterDamagedError, FilterUnavailableError
-from ..hashing import FilterSpec, locate, offset_steps
+from ..hashing import FilterSpec, locate, offsets
 from .executor import Call, Executor, Kind, classify
 from .generations import seed_arguments
 from .layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
@@ -337,8 +337,6 @@ class Bulk:
             return self._prepare_scripted(write, elements, self.hooks)
         spec = self.spec
         k, size, shards, block = spec.hash_count, spec.shard_bits, spec.shards, spec.block_bits
-        steps = offset_steps(k)
-        width = block or size  # where an element's bits fall: its block, or the shard
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for i, element in enumerate(elements):
             shard, x, y = locate(element, shards, size, block)
@@ -346,12 +344,8 @@ class Bulk:
             if group is None:
                 group = groups[shard] = ([], [])
             group[0].append(i)
-            # offsets(), inlined; a shard's bits start after its header
-            start = x % width
-            base, step, third = x - start + HEADER_BITS, y % width, y // width
-            group[1].extend(
-                [base + (start + j * step + t * third + c) % width for j, t, c in steps]
-            )
+            # A shard's bits start after its header.
+            group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
         per_command = max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
         plans: dict[int, tuple[Node, list[_Command]]] = {}

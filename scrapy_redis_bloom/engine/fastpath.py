@@ -136,8 +136,8 @@ class FastPath:
         known = self._shard(shard)
         _, x, y = place(h1, h2, self.shards, self.size, self.block)
         args: list[int] = []
-        for offset in offsets(x, y, self.k, self.size, self.block):
-            offset += HEADER_BITS  # a shard's bits start after its header
+        # A shard's bits start after its header.
+        for offset in offsets(x, y, self.k, self.size, self.block, HEADER_BITS):
             args += (len(str(offset)), offset)
         text = known.plain
         sent, fields = 0, 1
