@@ -351,18 +351,11 @@ class Lifecycle:
             # A record lost alone (evicted: LRU picks it first, it is read only at open)
             # is restored from this worker's copy. A filter gone entirely (reset, flushed,
             # its server emptied) is lost, and restored only to be recreated.
-            k = record.spec.hash_count
-            found = self.parts.identities(range(record.spec.shards))
-            bad = {
-                shard: ident
-                for shard, ident in found.items()
-                if ident != layout.identity(record.filter_id, shard, k)
-            }
-        else:
-            # A shard recreated since it was read (by an earlier element of the same batch,
-            # or by another worker) is this filter's again: nothing to sort out there.
-            k = record.spec.hash_count
-            bad = {s: f for s, f in bad.items() if f != layout.identity(record.filter_id, s, k)}
+            bad = self.parts.identities(range(record.spec.shards))
+        # Only shards that do not carry their header now: one read wrong may have been
+        # recreated since (by an earlier element of the same batch, or another worker).
+        k = record.spec.hash_count
+        bad = {s: f for s, f in bad.items() if f != layout.identity(record.filter_id, s, k)}
         if current is None and (len(bad) < record.spec.shards or self.faults.on_loss != "raise"):
             restore_record(self.parts, self.events, record)
         foreign = {s: f for s, f in bad.items() if f and f.strip(b"\0")}
