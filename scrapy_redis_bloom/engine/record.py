@@ -79,7 +79,6 @@ class FilterRecord:
     state: State = "ready"
     backend: Backend = "bitmap"
     layout: int = LAYOUT_VERSION
-    scheme: int = SCHEME_VERSION
 
     @classmethod
     def new(
@@ -106,8 +105,12 @@ class FilterRecord:
             state="creating",
             backend=backend,
             layout=NATIVE_LAYOUT if backend == "native" else LAYOUT_VERSION,
-            scheme=spec.scheme,
         )
+
+    @property
+    def scheme(self) -> int:
+        """The hashing scheme's version, as its geometry says (blocked or not)."""
+        return self.spec.scheme
 
     @property
     def growth(self) -> Growth:
@@ -238,7 +241,6 @@ class FilterRecord:
             state="creating" if state == "creating" else "ready",
             backend="native" if backend == "native" else "bitmap",
             layout=layout,
-            scheme=scheme,
         )
 
     def describe(self) -> str:
