@@ -209,15 +209,15 @@ if ARGV[2] == 'w' and string.sub(head, 1, {IDENTITY_BYTES}) == ARGV[1] then
   local a, b, c1, c2, c3, c4 = string.byte(head, {IDENTITY_BYTES + 1}, {HEADER_BYTES})
   local count = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
   if a * 256 + b <= 1 and count < {first.capacity} then
-    local key, b = KEYS[1], {first.span}
+    local key, s = KEYS[1], {first.span}
     local x, y = tonumber(ARGV[4]), tonumber(ARGV[5])
-    local start = x % b
-    local base, z = {HEADER_BITS} + x - start, math.floor(y / b)
-    x, y = start, y % b
+    local start = x % s
+    local base, z = {HEADER_BITS} + x - start, math.floor(y / s)
+    x, y = start, y % s
     local all = redis.call('SETBIT', key, base + x, '1')
     for i = 1, {first.hash_count - 1} do
-      x = (x + y) % b
-      y = (y + i + z) % b
+      x = (x + y) % s
+      y = (y + i + z) % s
       if redis.call('SETBIT', key, base + x, '1') == 0 then all = 0 end
     end
     if all == 0 then
