@@ -152,10 +152,11 @@ class BenchRedis:
             source = "tests/redis_modules.py bloom_server()"
         elif os.environ.get("SRB_REDIS_SERVER"):
             source = "$SRB_REDIS_SERVER"
-        modules = [
-            f"{_text(m.get('name', m.get(b'name')))} {m.get('ver', m.get(b'ver'))}"
-            for m in client.execute_command("MODULE", "LIST")
-        ]
+        modules = []
+        for found in client.execute_command("MODULE", "LIST"):
+            # A map, or (redis-py < 7.1) a flat list of its fields and values.
+            m = found if isinstance(found, dict) else dict(zip(*[iter(found)] * 2, strict=True))
+            modules.append(f"{_text(m.get('name', m.get(b'name')))} {m.get('ver', m.get(b'ver'))}")
         return {
             "version": str(server.get("redis_version")),
             "allocator": str(memory.get("mem_allocator")),

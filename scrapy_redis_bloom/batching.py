@@ -140,7 +140,7 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
     ``cls`` or a subclass of it.
     """
     enabled: list[tuple[float, str, Any]] = []
-    for path, order in settings.get_component_priority_dict_with_base("SPIDER_MIDDLEWARES").items():
+    for path, order in _with_base(settings, "SPIDER_MIDDLEWARES").items():
         if order is None:
             continue
         component = load_object(path) if isinstance(path, str) else path
@@ -157,6 +157,14 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
         and not (isinstance(component, type) and issubclass(component, cls))
         and any(hasattr(component, method) for method in _OUTPUT_METHODS)
     ]
+
+
+def _with_base(settings: BaseSettings, name: str) -> dict[Any, Any]:
+    """Return a component setting merged with its ``_BASE``: ``{component: order}``."""
+    merged = getattr(settings, "get_component_priority_dict_with_base", None)
+    if merged is not None:  # Scrapy >= 2.14: also merges a class given as its path
+        return dict(merged(name))
+    return dict(settings.getwithbase(name))
 
 
 def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:

@@ -243,8 +243,12 @@ def client_params(name: str, params: object) -> dict[str, Any]:
     for param in _NUMERIC_PARAMS:
         value = params.get(param)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise _invalid(name, params, f"Its {param!r} must be a number, not {value!r}.")
+            raise _invalid(name, params, f"Its {param!r} must be a number, not {masked(value)}.")
     return params
+
+
+#: A host name or IP address (IPv6 in brackets): no user, password, scheme or path.
+_HOST = re.compile(r"[A-Za-z0-9._%-]+|\[[0-9A-Fa-f:.%]+\]")
 
 
 def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
@@ -272,12 +276,12 @@ def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
             raise _invalid(name, value, allowed)
         if (
             not isinstance(host, str)
-            or not host
+            or not _HOST.fullmatch(host)
             or isinstance(port, bool)
             or not isinstance(port, int)
             or not 0 < port < 65536
         ):
-            raise _invalid(name, value, f"Its entry {entry!r} is no host:port. {allowed}")
+            raise _invalid(name, value, f"Its entry {masked(entry)} is no host:port. {allowed}")
         found.append((host.strip("[]"), port))
     if len(set(found)) != len(found):
         raise _invalid(name, value, "It lists the same Sentinel more than once.")
@@ -495,6 +499,9 @@ class BloomConfig:
     ttl: int = 0
     faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
     backend: BackendSetting = "auto"
+    #: The false-positive rate above which the Spidermon monitor fails a crawl (None:
+    #: :attr:`design_error_rate`).
+    monitor_max_fpr: float | None = None
 
     @property
     def growth(self) -> Growth:
@@ -506,6 +513,11 @@ class BloomConfig:
         """False-positive rate expected once ``capacity`` items are in the filter."""
         spec = self.spec
         return false_positive_rate(spec.bits, spec.hash_count, self.capacity, spec.block_bits)
+
+    @property
+    def design_error_rate(self) -> float:
+        """The false-positive rate the filter is made for: ERROR_RATE, else that at capacity."""
+        return self.sizing.error_rate or self.expected_error_rate
 
     def key_for(self, spider_name: str | None) -> str:
         """Return the filter's Redis key for a spider (``%(spider)s`` filled in)."""
@@ -645,6 +657,12 @@ class BloomConfig:
             ),
             faults=FaultPolicy.from_settings(settings),
             backend=backend,
+            monitor_max_fpr=_float(
+                settings,
+                "BLOOMFILTER_MONITOR_MAX_FPR",
+                lambda v: 0 < v < 1,
+                "It must be a false-positive rate between 0 and 1, e.g. 0.001.",
+            ),
         )
 
 

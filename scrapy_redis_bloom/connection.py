@@ -56,7 +56,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
         redis_cls = load_object(redis_cls)
     url = params.pop("url", None)
     if url is not None:
-        check_url("REDIS_URL", url)
+        check_url("REDIS_URL" if settings.get("REDIS_URL") else "REDIS_PARAMS['url']", url)
     if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
         # Its errors name REDIS_PARAMS and the argument at fault themselves.
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))

@@ -32,11 +32,10 @@ from .connection import filter_clients, url_address
 from .engine.backend import make_filter
 from .engine.cache import LRU
 from .engine.events import FilterEvents, RateLimitedLog
-from .engine.state import estimate_from_items
 from .engine.topology import server_address
 from .errors import BloomFilterError, FilterUnavailableError
-from .progress import FilterProgress
 from .reservations import Reservations
+from .stats import FilterStats
 from .versions import check_installed
 
 if TYPE_CHECKING:
@@ -87,11 +86,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.stats = stats
         self.crawler = crawler
         events = FilterEvents()
-        if stats is not None:
-            events.connect(
-                lambda name, n: stats.inc_value(f"bloomfilter/{name}", n),
-                lambda name, value: stats.set_value(f"bloomfilter/{name}", value),
-            )
         clients = list(servers) if servers else [server]
         self.bloom = make_filter(
             clients,
@@ -117,12 +111,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._log = RateLimitedLog(logger)
         #: Answers given ahead by check_batch, taken by request_seen.
         self.reservations = Reservations(self._unscheduled, self.config.cache_size)
-        #: Batches checked, and the requests they pre-answered (stats at close).
-        self.batches = 0
-        self.batched = 0
         #: Clients this filter made (from_crawler / from_spider), closed when it closes.
         self._owned_clients: list[Any] = []
-        self._progress: FilterProgress | None = None
+        interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
+        #: The ``bloomfilter/*`` stats, kept current while the crawl runs.
+        self.filter_stats = FilterStats(self.bloom, stats, interval)
         where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
@@ -201,9 +194,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             )
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
             crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
-            interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0)
-            instance._progress = FilterProgress(instance.bloom, interval)
-            crawler.signals.connect(instance._progress.start, signal=signals.spider_opened)
+            crawler.signals.connect(instance.filter_stats.start, signal=signals.spider_opened)
+            # Out of requests: everything is final now, for monitors that run at close.
+            crawler.signals.connect(instance.filter_stats.publish, signal=signals.spider_idle)
         return instance
 
     @classmethod
@@ -301,8 +294,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.events.count("batch_failed")
             answers = dict.fromkeys(unique, False)
         self.reservations.reserve(batch, fingerprints, [answers[f] for f in fingerprints])
-        self.batches += 1
-        self.batched += len(batch)
+        self.filter_stats.batches += 1
+        self.filter_stats.batched += len(batch)
         return len(batch)
 
     def _unscheduled(self, urls: list[str]) -> None:
@@ -401,8 +394,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self._finished:
             return
         self._finished = True
-        if self._progress is not None:
-            self._progress.stop()
+        self.filter_stats.stop()
         self.reservations.close()
         if self.reservations.forgotten:
             logger.warning(
@@ -410,13 +402,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 self.key,
                 self.reservations.forgotten,
             )
-        if self.stats is not None:
-            # inc_value: a shared stats collector (scrapy-redis's) sums the workers.
-            self.stats.inc_value("bloomfilter/added", self.bloom.counters.added)
-            self.stats.inc_value("bloomfilter/cache_hits", self.bloom.cache_hits)
-            if self.batches:
-                self.stats.inc_value("bloomfilter/batches", self.batches)
-                self.stats.inc_value("bloomfilter/batched", self.batched)
         try:
             self.bloom.sync_counters()
             others = self.lease.release()
@@ -431,46 +416,22 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.close()
             for client in self._owned_clients:
                 client.close()
-            if self.stats is not None:  # the last trips (counters, lease) included
-                self.stats.inc_value("bloomfilter/round_trips", self.bloom.round_trips)
+            self.filter_stats.publish(counts_only=True)  # the last trips (counters, lease)
 
     def _record_state(self, full: bool) -> None:
-        """Write the filter's configuration and state to the stats.
+        """Write the filter's stats, and log its state.
 
         ``full``: count the bits in Redis (BITCOUNT of every shard); otherwise
         estimate the state from the items the counters hold.
         """
-        if self.stats is None or self.bloom.record is None:
+        if self.bloom.record is None:
             return
-        spec = self.bloom.spec
-        totals = self.bloom.totals()
+        totals = self.bloom.counters.current()
         if full or self.bloom.backend == "native":  # O(shards) in Redis: always affordable
             state = self.bloom.state()
         else:
-            state = estimate_from_items(self.bloom.record.growth, totals.added)
-        values: dict[str, Any] = {
-            "bloomfilter/total_added": totals.added,
-            "bloomfilter/total_filtered": totals.seen,
-            "bloomfilter/capacity": self.bloom.record.capacity,
-            "bloomfilter/bits": spec.bits,
-            "bloomfilter/hash_functions": spec.hash_count,
-            "bloomfilter/shards": spec.shards,
-            "bloomfilter/bits_set": state.bits_set,
-            "bloomfilter/fill_ratio": round(state.fill_ratio, 6),
-            "bloomfilter/estimated_items": state.estimated_items,
-            "bloomfilter/estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
-            "bloomfilter/memory_bytes": state.memory_bytes,
-            "bloomfilter/expansion": self.bloom.record.expansion,
-            "bloomfilter/ttl": self.bloom.record.ttl,
-            "bloomfilter/backend": self.bloom.backend,
-        }
-        values["bloomfilter/generations"] = len(state.generations)
-        if self.bloom.backend == "native" and state.generations:
-            # The server sizes its own filters: their bits and k, not the bitmap geometry.
-            values["bloomfilter/bits"] = state.total_bits
-            values["bloomfilter/hash_functions"] = state.generations[0].hash_count
-        for name, value in values.items():
-            self.stats.set_value(name, value)
+            state = self.bloom.estimate(totals.added)
+        self.filter_stats.publish(state)
         logger.info(
             "Bloom filter %r: about %s items, %.2f%% of bits set, false-positive rate now"
             " %.3g, %s bytes in Redis%s",

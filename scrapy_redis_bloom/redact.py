@@ -25,8 +25,20 @@ def is_secret(name: str) -> bool:
     return any(part in lowered for part in _SECRET_PARTS)
 
 
-#: ``scheme://user:password@``: the password part of any URL in a text.
-_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:)[^\s@/'\"]*@", re.IGNORECASE)
+#: A run of text up to its last ``@``: where a URL's ``user:password@`` would end.
+_BEFORE_AT = re.compile(r"[^\s'\"()\[\],]*@")
+#: A scheme (``redis://``, or forgotten colon or slash: ``redis//``, ``redis:/``).
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*(?::/{1,2}|//)", re.IGNORECASE)
+
+
+def _mask_credentials(found: re.Match[str]) -> str:
+    """Mask from the first colon after the scheme to the ``@``: ``user:***@``."""
+    before = found.group(0)[:-1]
+    scheme = _SCHEME.match(before)
+    colon = before.find(":", scheme.end() if scheme else 0)
+    return found.group(0) if colon < 0 else f"{before[: colon + 1]}{MASK}@"
+
+
 #: ``password=...`` (any name :func:`is_secret` would mask) in a URL's query.
 _QUERY_PASSWORD = re.compile(
     rf"([?&][^=&\s]*(?:{'|'.join(_SECRET_PARTS)})[^=&\s]*=)[^&\s'\"]*", re.IGNORECASE
@@ -34,8 +46,15 @@ _QUERY_PASSWORD = re.compile(
 
 
 def url_secrets(url: str) -> list[str]:
-    """Return the secrets a Redis URL carries (raw and percent-decoded), longest first."""
+    """Return the secrets a Redis URL carries (raw and percent-decoded), longest first.
+
+    A malformed URL's too: whatever stands where ``user:password@`` would.
+    """
     found: list[str] = []
+    for run in _BEFORE_AT.finditer(url):  # parseable or not
+        masked = _mask_credentials(run)
+        if masked != run.group(0):
+            found.append(run.group(0)[masked.index(MASK) : -1])
     try:
         parts = urlsplit(url)
         if parts.password:
@@ -47,8 +66,11 @@ def url_secrets(url: str) -> list[str]:
 
 
 def mask_url(url: str) -> str:
-    """Return a URL with its password (and any secret query parameter) masked."""
-    text = _URL_CREDENTIALS.sub(rf"\1{MASK}@", url)
+    """Return a text with every URL password (and secret query parameter) masked.
+
+    Malformed URLs too: whatever looks like ``user:password@`` or ``:password@``.
+    """
+    text = _BEFORE_AT.sub(_mask_credentials, url)
     return _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
 
 

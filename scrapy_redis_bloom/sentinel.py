@@ -166,7 +166,7 @@ class SentinelRedis(redis.Redis):
         try:
             pool.connection_class(**pool.connection_kwargs)  # an unknown argument, now
         except TypeError as exc:
-            self.sentinel_manager.close()
+            self._close_sentinels()
             raise ValueError(
                 f"The Redis client refuses the arguments of the {setting} setting"
                 f" ({masked(given)}) for the Sentinel-managed primary: {exc}."
@@ -192,4 +192,8 @@ class SentinelRedis(redis.Redis):
     def close(self) -> None:
         """Close the connections to the primary and to the sentinels."""
         super().close()
-        self.sentinel_manager.close()
+        self._close_sentinels()
+
+    def _close_sentinels(self) -> None:
+        for sentinel in self.sentinel_manager.sentinels:  # Sentinel.close(): redis-py >= 7.1
+            sentinel.close()

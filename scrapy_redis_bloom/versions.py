@@ -21,7 +21,11 @@ MINIMUMS: dict[str, tuple[str, tuple[int, ...]]] = {
     "scrapy-redis": ("scrapy-redis", (0, 9)),
     "redis": ("redis-py", (7, 0)),
     "mmh3": ("mmh3", (4, 0)),
+    "tqdm": ("tqdm", (4, 60)),
 }
+
+#: The ``numpy`` extra's minimum: an older numpy is not used (the bulk path does without).
+NUMPY_MINIMUM = (1, 24)
 
 
 class UnsupportedVersionError(ImportError):

@@ -37,8 +37,8 @@ class DropLinksMiddleware:
     """Drop the requests yielded by dropping pages (enable it with a low order)."""
 
     async def process_spider_output(
-        self, response: Response, result: AsyncIterator[Any]
-    ) -> AsyncIterator[Any]:
+        self, response: Response, result: AsyncIterator[Any], spider: Any = None
+    ) -> AsyncIterator[Any]:  # Scrapy < 2.14 passes the spider too
         """Yield everything but the requests of a dropping page."""
         match = _PAGE.search(response.url.encode())
         dropping = bool(match) and drops_links(int(match.group(1)))  # type: ignore[union-attr]

@@ -183,7 +183,8 @@ class SentinelGroup(Running):
     def _settled(self) -> bool:
         for sentinel in self.sentinels:
             with contextlib.closing(sentinel.client()) as client:
-                state = client.sentinel_master(SERVICE)
+                # sentinel_masters(): redis-py 7.0.0's sentinel_master() cannot parse.
+                state = client.sentinel_masters()[SERVICE]
             if (
                 int(state["num-slaves"]) < self.replicas
                 or int(state["num-other-sentinels"]) < self.sentinel_count - 1
@@ -213,7 +214,8 @@ class SentinelGroup(Running):
                 contextlib.suppress(redis.RedisError),
                 contextlib.closing(sentinel.client()) as client,
             ):
-                address = client.sentinel_get_master_addr_by_name(SERVICE)
+                # Sent raw: redis-py 7.0's sentinel_get_master_addr_by_name() cannot parse.
+                address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
                 if address:
                     ports.add(int(address[1]))
         return ports

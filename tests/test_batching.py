@@ -368,8 +368,8 @@ def test_items_pass_at_once_and_requests_after_the_output_ends(
     # Items and dont_filter requests come out as soon as they are yielded; the other
     # requests once the callback is done, checked together.
     assert events == [("item", 1), ("item", 3), ("free", 4), ("request", 5), ("request", 5)]
-    assert dupefilter.batches == 1
-    assert dupefilter.batched == 2
+    assert dupefilter.filter_stats.batches == 1
+    assert dupefilter.filter_stats.batched == 2
 
 
 def test_a_callback_that_fails_still_sends_what_it_yielded(
@@ -391,7 +391,7 @@ def test_a_callback_that_fails_still_sends_what_it_yielded(
         asyncio.run(run())
     assert [r.url for r in received] == ["https://example.com/before"]
     assert dupefilter.request_seen(received[0]) is False  # checked ahead, then taken
-    assert dupefilter.batches == 1
+    assert dupefilter.filter_stats.batches == 1
 
 
 def test_a_window_checks_the_requests_of_several_responses_together(
@@ -419,7 +419,7 @@ def test_a_window_checks_the_requests_of_several_responses_together(
     started = time.monotonic()
     first, second = asyncio.run(run())
     # One check for both responses, when the window the first one opened closed.
-    assert (dupefilter.batches, dupefilter.batched) == (1, 7)
+    assert (dupefilter.filter_stats.batches, dupefilter.filter_stats.batched) == (1, 7)
     assert all(0.49 <= at - started < 2.0 for _, at in resumed)
     assert [r.url.rsplit("/", 2)[-2:] for r in first][-1] == ["example.com", "shared"]
     # Each answer is taken once: the shared link is new for the first taker only.
@@ -446,7 +446,7 @@ def test_a_full_window_closes_before_its_time(dupefilter: RFPDupeFilter, crawler
     outputs = asyncio.run(run())
     assert time.monotonic() - started < 2.0  # the fourth request closed it, not the 5 s
     assert [len(out) for out in outputs] == [2, 2]
-    assert (dupefilter.batches, dupefilter.batched) == (1, 4)
+    assert (dupefilter.filter_stats.batches, dupefilter.filter_stats.batched) == (1, 4)
 
 
 def test_without_an_asyncio_loop_the_window_is_off_and_said(
@@ -469,7 +469,7 @@ def test_without_an_asyncio_loop_the_window_is_off_and_said(
     Deferred.fromCoroutine(collect()).addCallback(got.append)
     assert [r.url for r in got[0]] == ["https://example.com/a"]
     assert middleware.window == 0.0
-    assert dupefilter.batches == 1  # checked alone, at once
+    assert dupefilter.filter_stats.batches == 1  # checked alone, at once
     assert "BLOOMFILTER_BATCH_WINDOW is ignored" in caplog.text
 
 

@@ -44,7 +44,12 @@ CRAWL_TIMEOUT = 90  # seconds per subprocess; a crawl takes 1 to 4 here
 
 # scrapy-redis 0.9.1 passes spider= to StatsCollector.inc_value(), deprecated by Scrapy
 # 2.19. Every other warning in a crawl subprocess fails the test.
-KNOWN_WARNINGS = ("Passing a 'spider' argument to StatsCollector.inc_value() is deprecated",)
+#: Warnings other libraries raise, matched by their text: scrapy-redis's, and Spidermon's
+#: (its runner logs through Spider.log(), deprecated in Scrapy 2.19).
+KNOWN_WARNINGS = (
+    "Passing a 'spider' argument to StatsCollector.inc_value() is deprecated",
+    "spidermon/contrib/scrapy/runners.py:119: ScrapyDeprecationWarning: Spider.log()",
+)
 
 
 _outputs = itertools.count()

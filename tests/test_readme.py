@@ -77,8 +77,8 @@ from scrapy_redis_bloom.config import BloomConfig, ConnectionConfig
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.state import estimate_from_items
 from scrapy_redis_bloom.errors import AccessDeniedError, CertificateError
-from scrapy_redis_bloom.progress import FilterProgress
 from scrapy_redis_bloom.sizing import format_bytes
+from scrapy_redis_bloom.stats import FilterStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +144,13 @@ BLOCKS: dict[str, Check] = {
     ),
     "Stats#1": Check(
         "text", "Bloom filter '", "test_progress_log_line",
-        "output: same shape as a line FilterProgress logs on a real filter; figures"
+        "output: same shape as a line FilterStats logs on a real filter; figures"
         " consistent with Activate#1's sizing",
+    ),
+    "Monitoring with Spidermon#1": Check(
+        "python", "SPIDERMON_ENABLED = True", "test_spidermon_block",
+        "exec + BloomConfig (the threshold); a crawl under scrapy-redis's Scheduler with these"
+        " settings runs the suite, and every monitor of it passes",
     ),
     "Sentinel#1": Check(
         "python", "REDIS_PARAMS = {", "test_sentinel_blocks",
@@ -533,11 +538,11 @@ def test_progress_log_line(
         for url in ("https://example.com/1", "https://example.com/1", "https://example.com/2"):
             df.request_seen(Request(url))
         df.bloom.sync_counters()
-        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.progress"):
-            FilterProgress(df.bloom, 60).log()
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.stats"):
+            FilterStats(df.bloom, None, 60).log()
     finally:
         df.close("finished")
-    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.progress"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.stats"]
     assert len(logged) == 1
     assert shape(sample) == shape(logged[0]), f"README:\n{sample}\nlogged:\n{logged[0]}"
     # The figures are those of Activate#1's filter with that many items.
@@ -1085,3 +1090,17 @@ def _adding_while(client: redis.Redis, settings: dict[str, Any], active: bool) -
     finally:
         stop.set()
         worker.join()
+
+
+def test_spidermon_block(blocks: dict[str, Block], redis_url: str, tmp_path: Path) -> None:
+    from test_crawl import assert_finished, crawl
+    from website import Site, SiteServer
+
+    settings = exec_settings(block(blocks, "Monitoring with Spidermon#1"))
+    assert BloomConfig.from_settings(settings).monitor_max_fpr == 0.001
+    with SiteServer(Site(60)) as site:
+        result = crawl(site, redis_url, tmp_path, mode="follow", settings=settings)
+    assert_finished(result)
+    for monitor in ("holds no more items than its capacity", "has room to grow", "no failover"):
+        assert f"{monitor}... OK" in result.log
+    assert "... FAIL" not in result.log

@@ -116,3 +116,73 @@ def test_the_right_password_works_and_logs_no_secret(
     assert SECRET not in caplog.text
     assert SECRET not in repr(crawler.stats.get_stats())
     assert f"127.0.0.1:{guarded.port}" in caplog.text
+
+
+# -- malformed URLs: masked whether they parse or not ---------------------------------
+
+#: URLs that do not parse as Redis URLs, each with the password SECRET in it.
+MALFORMED = {
+    "colon forgotten": f"redis//user:{SECRET}@127.0.0.1:6379",
+    "one slash": f"redis:/user:{SECRET}@127.0.0.1:6379",
+    "no scheme": f"user:{SECRET}@127.0.0.1:6379/0",
+    "password only, no scheme": f":{SECRET}@127.0.0.1:6379",
+    "another scheme": f"http://user:{SECRET}@127.0.0.1:6379/0",
+    "bad port": f"redis://user:{SECRET}@127.0.0.1:port/0",
+    "bad database": f"redis://:{SECRET}@127.0.0.1:6379/zero",
+}
+
+
+def _settings_with(setting: str, url: str) -> dict[str, Any]:
+    """Put a URL where each setting that can hold one keeps it."""
+    return {
+        "BLOOMFILTER_REDIS_URL": {"BLOOMFILTER_REDIS_URL": url},
+        "BLOOMFILTER_REDIS_URLS": {"BLOOMFILTER_REDIS_URLS": ["redis://127.0.0.1:6379/0", url]},
+        "REDIS_URL": {"REDIS_URL": url},
+        "REDIS_PARAMS": {"REDIS_PARAMS": {"url": url}},
+        "BLOOMFILTER_REDIS_PARAMS": {
+            "BLOOMFILTER_REDIS_URL": "redis://127.0.0.1:6379/0",
+            "BLOOMFILTER_REDIS_PARAMS": {"password": SECRET, "socket_timeout": url},
+        },
+        "BLOOMFILTER_REDIS_SENTINELS": {
+            "BLOOMFILTER_REDIS_SENTINELS": ["127.0.0.1:26379", url],
+            "BLOOMFILTER_REDIS_SENTINEL_SERVICE": "mymaster",
+        },
+    }[setting]
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "BLOOMFILTER_REDIS_URL",
+        "BLOOMFILTER_REDIS_URLS",
+        "REDIS_URL",
+        "REDIS_PARAMS",
+        "BLOOMFILTER_REDIS_PARAMS",
+        "BLOOMFILTER_REDIS_SENTINELS",
+    ],
+)
+def test_a_malformed_url_is_refused_without_its_password(
+    setting: str, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = get_crawler(SecretSpider, {"BLOOMFILTER_CAPACITY": 1_000,
+                                         **_settings_with(setting, MALFORMED[shape])})  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises((ValueError, BloomFilterError)) as raised:
+        _use(crawler)
+    said = "\n".join([str(raised.value), repr(raised.value), caplog.text])
+    assert SECRET not in said
+    assert setting in said  # the error names the setting to fix
+    assert "***" in said
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+def test_the_commands_show_no_password_of_a_malformed_url(
+    shape: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_run import run
+
+    code, out, err = run(capsys, "info", "--key", "k", "--redis-url", MALFORMED[shape])
+    assert code == 2
+    assert SECRET not in out + err
+    assert "--redis-url" in err

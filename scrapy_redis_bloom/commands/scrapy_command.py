@@ -223,6 +223,11 @@ class BloomCommand(ScrapyCommand):
         """Apply ``-s`` given before or after the subcommand; refuse stray arguments."""
         opts.set = [*opts.set, *getattr(opts, "sub_set", [])]
         super().process_options(args, opts)
+        if not hasattr(ScrapyCommand, "requires_crawler_process"):
+            # Scrapy < 2.14 starts a crawler process for every command, whose log says
+            # "Scrapy started" before a command's output: this command logs nothing.
+            assert self.settings is not None
+            self.settings.set("LOG_ENABLED", False, priority="cmdline")
         if args:
             raise ScrapyUsageError(f"unexpected argument(s): {' '.join(args)}", print_help=False)
 

@@ -40,15 +40,19 @@ class BloomBackend(Protocol):
     events: FilterEvents
     counters: Counters
     cache_hits: int
+    generations: int
 
     @property
     def record(self) -> FilterRecord | None: ...  # noqa: D102
     @property
     def spec(self) -> FilterSpec: ...  # noqa: D102
+    @property
+    def round_trips(self) -> int: ...  # noqa: D102
     def open(self, create: bool = True) -> FilterRecord: ...  # noqa: D102
     def close(self) -> None: ...  # noqa: D102
     def clear(self) -> None: ...  # noqa: D102
     def state(self) -> FilterState: ...  # noqa: D102
+    def estimate(self, items: int) -> FilterState: ...  # noqa: D102
     def totals(self) -> FilterTotals: ...  # noqa: D102
     def sync_counters(self) -> FilterTotals | None: ...  # noqa: D102
     def sync_counters_if_due(self) -> None: ...  # noqa: D102

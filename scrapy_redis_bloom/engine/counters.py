@@ -41,6 +41,8 @@ class Counters:
         self._unsynced_added = self._unsynced_seen = 0
         self._next_sync = time.monotonic() + SYNC_INTERVAL
         self._warned_at = 0  # the capacity multiple last warned about
+        #: The totals over all workers Redis gave at the last sync or read (None: none yet).
+        self.synced: FilterTotals | None = None
         #: A fixed-size filter that remembers forever: passing its capacity raises its
         #: false-positive rate, which is warned about here. A filter that grows or
         #: forgets reports from its check-and-add script instead (growth, a full shard).
@@ -53,6 +55,13 @@ class Counters:
         self.seen += seen
         self._unsynced_added += added
         self._unsynced_seen += seen
+
+    def current(self) -> FilterTotals:
+        """Return the totals as last synced, plus this worker's counts not synced since."""
+        synced = self.synced or FilterTotals(added=0, seen=0)
+        return FilterTotals(
+            added=synced.added + self._unsynced_added, seen=synced.seen + self._unsynced_seen
+        )
 
     @property
     def due(self) -> bool:
@@ -93,7 +102,7 @@ class Counters:
                 exc,
             )
             return None
-        totals = FilterTotals(added=int(replies[0]), seen=int(replies[1]))
+        totals = self.synced = FilterTotals(added=int(replies[0]), seen=int(replies[1]))
         self.check_capacity(totals.added, spec)
         return totals
 
@@ -102,7 +111,8 @@ class Counters:
         key = parts.counter_key
         call = Call(pack_command(b"HMGET", key, b"added", b"seen"), key=key)
         added, seen = parts.run("read the filter's counters", [call])[0]
-        return FilterTotals(added=int(added or 0), seen=int(seen or 0))
+        self.synced = FilterTotals(added=int(added or 0), seen=int(seen or 0))
+        return self.synced
 
     def check_capacity(self, items: int, spec: FilterSpec) -> None:
         """Warn once per doubling past the capacity: 1x, 2x, 4x, ..."""

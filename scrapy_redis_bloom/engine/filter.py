@@ -40,7 +40,7 @@ from .generations import seed_arguments
 from .lifecycle import Lifecycle
 from .node import Node, ReplyLostError, Ticket, TransportError
 from .record import FilterRecord
-from .state import FilterState, read_state
+from .state import FilterState, estimate_from_items, read_state
 from .wire import command_head, encode
 
 logger = logging.getLogger(__name__)
@@ -169,6 +169,10 @@ class RedisBloomFilter(Facade):
             self.record = None
             self._cache.clear()
             self.counters.forget_unsynced()
+
+    def estimate(self, items: int) -> FilterState:
+        """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""
+        return estimate_from_items(self._current().growth, items)
 
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis)."""

@@ -23,16 +23,18 @@ from typing import TYPE_CHECKING, Any
 import mmh3
 
 from ..hashing import seed_range
+from ..versions import NUMPY_MINIMUM, parse_version
 from .layout import HEADER_BITS
 
-# HAVE_NUMPY: whether the optional extra is installed. The snapshot path is taken only
-# with it (in pure Python it is slower than Redis's BITFIELD, which is used instead).
+# HAVE_NUMPY: whether the optional extra is installed, at its minimum version or newer.
+# The snapshot path is taken only with it (in pure Python it is slower than Redis's
+# BITFIELD, which is used instead).
 try:
     import numpy as np
 except ImportError:
     HAVE_NUMPY = False
 else:
-    HAVE_NUMPY = True
+    HAVE_NUMPY = parse_version(np.__version__) >= NUMPY_MINIMUM
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -290,6 +290,10 @@ class NativeBloomFilter(Facade):
             self._cache.clear()
             self.counters.forget_unsynced()
 
+    def estimate(self, items: int) -> FilterState:
+        """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
+        return native_parts.estimate(self._current(), items)
+
     def state(self, shards: list[int] | None = None) -> FilterState:
         """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards)).
 

@@ -176,15 +176,37 @@ def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str
     replies = parts.run("read the filter's shards", calls)
     infos = [pairs(reply) for reply in replies[: len(order)]]
     memory = sum(int(reply or 0) for reply in replies[len(order) :])
-    most = max((int(info.get("Number of filters", "1")) for info in infos), default=1)
+    shards = [
+        (int(info.get("Number of items inserted", "0")), int(info.get("Number of filters", "1")))
+        for info in infos
+    ]
+    return _state(record, shards, memory)
+
+
+def estimate(record: FilterRecord, items: int) -> FilterState:
+    """Return the state ``items`` adds leave, spread evenly over the shards: no Redis call."""
+    shards = record.spec.shards
+    share, more = divmod(items, shards)
+    links_needed, held = 1, 0
+    for link in links(record, 64):
+        held += link.capacity
+        if share + 1 <= held or not record.expansion:
+            break
+        links_needed += 1
+    per_shard = [(share + (i < more), links_needed) for i in range(shards)]
+    memory = shards * sum(link.bits // 8 for link in links(record, links_needed))
+    return _state(record, per_shard, memory)
+
+
+def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> FilterState:
+    """Return the state of shards holding ``(items, sub-filters)`` each."""
+    most = max((count for _, count in shards), default=1)
     shape = links(record, most)
     per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per shard
     clear = 0.0  # sum over shards of the chance a new element is found by none of its links
     items_total = 0
-    for info in infos:
-        items = int(info.get("Number of items inserted", "0"))
+    for items, count in shards:
         items_total += items
-        count = int(info.get("Number of filters", "1"))
         missed = 0.0  # log of the chance that every link misses a new element
         left = items
         for g, link in enumerate(shape[:count]):
@@ -214,6 +236,6 @@ def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str
         memory_bytes=memory,
         estimated_items=items_total,
         generations=generations,
-        fpr=clear / max(1, len(infos)),
+        fpr=clear / max(1, len(shards)),
         total_bits=sum(gen.bits for gen in generations) or record.spec.bits,
     )
