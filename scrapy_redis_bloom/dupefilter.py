@@ -426,7 +426,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """
         if self.bloom.record is None:
             return
-        totals = self.bloom.counters.current()
+        totals = self.bloom.totals()  # read now: other workers may have synced since
         if full or self.bloom.backend == "native":  # O(shards) in Redis: always affordable
             state = self.bloom.state()
         else:

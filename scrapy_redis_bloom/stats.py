@@ -101,8 +101,9 @@ class FilterStats:
         self.interval = interval
         #: Requests checked in batches (the dupefilter counts them).
         self.batches = self.batched = 0
-        #: What of each count was added to the stats (None: not even 0 yet).
-        self._given: dict[str, int | None] = dict.fromkeys(_COUNTS)
+        #: What of each count was added to the stats (None: not even 0 yet; batches are
+        #: only written once there are some).
+        self._given: dict[str, int | None] = {**dict.fromkeys(_COUNTS), "batches": 0, "batched": 0}
         self._tasks: list[task.LoopingCall] = []
         if stats is not None:
             bloom.events.connect(
