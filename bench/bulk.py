@@ -273,7 +273,7 @@ def _describe(memory: Samples, rate: Samples, spec: Any, count: int) -> None:
     The expected rate is the package's own formula for the spec: (1 - e^(-kn/m))^k, or
     for a blocked filter its mean over the blocks' Poisson loads.
     """
-    from scrapy_redis_bloom.sizing import false_positive_rate
+    from scrapy_redis_bloom.core.sizing import false_positive_rate
 
     block_bits = getattr(spec, "block_bits", 0)
     memory.extra.update(
@@ -325,7 +325,7 @@ def setbit_pipeline(client: Any, spec: Any, elements: Sequence[str]) -> None:
     The shard and the k offsets are those of the hashing scheme (``hashing.locate``
     and ``hashing.offsets``), so the bits set are exactly the filter's.
     """
-    from scrapy_redis_bloom.hashing import locate, offsets
+    from scrapy_redis_bloom.core.hashing import locate, offsets
 
     shards, shard_bits, k = spec.shards, spec.shard_bits, spec.hash_count
     keys = [f"bench:setbit:{i}" for i in range(shards)]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.sizing import false_positive_rate
+from scrapy_redis_bloom.core.sizing import false_positive_rate
 
 CASES = [(20_000, 0.01, 200_000), (100_000, 0.001, 1_000_000), (1_000_000, 1e-4, 2_000_000)]
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from redis_server import RedisServer  # type: ignore[import-not-found,unused-ignore]
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.sizing import false_positive_rate
+from scrapy_redis_bloom.core.sizing import false_positive_rate
 
 logger = logging.getLogger("bench.growth")
 

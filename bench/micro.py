@@ -59,7 +59,7 @@ def setting_recognised(name: str, value: Any) -> bool:
     A setting it validates rejects a bad value, naming the setting; a setting it
     reads changes the configuration when set to ``value``. An unknown one does neither.
     """
-    from scrapy_redis_bloom.config import BloomConfig
+    from scrapy_redis_bloom.core.settings import BloomConfig
 
     try:
         BloomConfig.from_settings({name: object()})
@@ -90,11 +90,11 @@ def blocked_setting_recognised() -> bool:
 def batching_middleware() -> str | None:
     """Return why ``scrapy_redis_bloom.batching.BatchingMiddleware`` cannot be used, or None."""
     try:
-        module = importlib.import_module("scrapy_redis_bloom.batching")
+        module = importlib.import_module("scrapy_redis_bloom.scrapy.batching")
     except ImportError as exc:
-        return f"scrapy_redis_bloom.batching cannot be imported ({exc})"
+        return f"scrapy_redis_bloom.scrapy.batching cannot be imported ({exc})"
     if not hasattr(module, "BatchingMiddleware"):
-        return "scrapy_redis_bloom.batching has no BatchingMiddleware"
+        return "scrapy_redis_bloom.scrapy.batching has no BatchingMiddleware"
     return None
 
 
@@ -146,7 +146,7 @@ def redisbloom_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
     RedisBloom grows (EXPANSION 2, its default) when ours does, else it is NONSCALING.
     """
-    from scrapy_redis_bloom.config import BloomConfig
+    from scrapy_redis_bloom.core.settings import BloomConfig
 
     config = BloomConfig.from_settings(settings)
     return {

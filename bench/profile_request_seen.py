@@ -18,7 +18,7 @@ from redis_server import RedisServer
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 CALLS = 20_000
 

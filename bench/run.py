@@ -575,7 +575,7 @@ def method_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, A
 
 def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, Any]) -> list[str]:
     """How the measures added for issue 12 (Redis-side efficiency) were taken."""
-    from scrapy_redis_bloom.config import BloomConfig
+    from scrapy_redis_bloom.core.settings import BloomConfig
 
     modules = ", ".join(redis_info.get("modules", [])) or "none"
     default = redisbloom_settings({})
@@ -658,8 +658,8 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
 
 def _blocked_notes(args: argparse.Namespace) -> tuple[str, str]:
     """Say what the blocked contenders of (t) and (c) are and trade, with their geometry."""
-    from scrapy_redis_bloom.config import BloomConfig
-    from scrapy_redis_bloom.hashing import BLOCK_BITS
+    from scrapy_redis_bloom.core.hashing import BLOCK_BITS
+    from scrapy_redis_bloom.core.settings import BloomConfig
 
     default, sized = (BloomConfig.from_settings({**s, **BLOCKED}).spec for s in ({}, SIZED))
     bulk = {

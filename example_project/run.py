@@ -58,9 +58,9 @@ try:
     )
 
     from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-    from scrapy_redis_bloom.engine.record import FilterRecord
-    from scrapy_redis_bloom.engine.topology import server_address
-    from scrapy_redis_bloom.sizing import false_positive_rate
+    from scrapy_redis_bloom.core.record import FilterRecord
+    from scrapy_redis_bloom.core.sizing import false_positive_rate
+    from scrapy_redis_bloom.transport.topology import server_address
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(
         f"run.py: {exc}. Install the project and the example's extra first, from the"

@@ -16,13 +16,7 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from .addon import Addon
-from .config import BloomConfig, FaultPolicy
-from .engine.events import FilterEvents
-from .engine.filter import RedisBloomFilter
-from .engine.lease import WorkerLease
-from .engine.state import FilterState, FilterTotals
-from .errors import (
+from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
     FilterDamagedError,
@@ -34,10 +28,16 @@ from .errors import (
     UnsupportedServerError,
     WrongTypeError,
 )
-from .hashing import SCHEME_VERSION, FilterSpec
+from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.hashing import SCHEME_VERSION, FilterSpec
+from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.lease import WorkerLease
+from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
+from scrapy_redis_bloom.scrapy.addon import Addon
 
 if TYPE_CHECKING:
-    from .dupefilter import RFPDupeFilter
+    from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 __version__ = version("scrapy-redis-bloom")
 
@@ -69,7 +69,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "RFPDupeFilter":
-        from .dupefilter import RFPDupeFilter
+        from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
         return RFPDupeFilter
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from spidermon import Monitor, MonitorSuite, monitors
 
-from scrapy_redis_bloom.stats import PREFIX, STATS
+from scrapy_redis_bloom.scrapy.stats import PREFIX, STATS
 
 
 @monitors.name("What a monitor sees")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scrapy_redis_bloom.cli import build_parser
-from scrapy_redis_bloom.config import BloomConfig
+from scrapy_redis_bloom.core.settings import BloomConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -441,10 +441,10 @@ def _scrapy_bloom(args: list[str]) -> list[str]:
     """``scrapy bloom [COMMAND] [options]``: the entry point, command and options must exist."""
     from scrapy.settings import Settings
 
-    from scrapy_redis_bloom.commands import BloomCommand
+    from scrapy_redis_bloom.cli import BloomCommand
 
     group = pyproject()["project"].get("entry-points", {}).get("scrapy.commands", {})
-    if group.get("bloom") != "scrapy_redis_bloom.commands:BloomCommand":
+    if group.get("bloom") != "scrapy_redis_bloom.cli:BloomCommand":
         return ["pyproject.toml registers no scrapy.commands entry point bloom = BloomCommand"]
     command = BloomCommand()
     command.settings = Settings()

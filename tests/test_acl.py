@@ -24,11 +24,11 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.config import FaultPolicy
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.core.errors import AccessDeniedError
+from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.access import check_access, probe_keys, probes
-from scrapy_redis_bloom.engine.node import Node
-from scrapy_redis_bloom.errors import AccessDeniedError
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.transport.node import Node
 
 #: The commands of the README's "Least privilege" section, as ACL rules.
 FILTER_COMMANDS = [

@@ -21,8 +21,8 @@ from test_crawl import PAGES, assert_finished, crawl, filter_keys
 from website import Site, SiteServer
 
 from scrapy_redis_bloom import Addon
-from scrapy_redis_bloom.addon import BATCHING, DUPEFILTER, SCHEDULER
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.scrapy.addon import BATCHING, DUPEFILTER, SCHEDULER
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 ADDON = {"scrapy_redis_bloom.Addon": 100}
 #: The runner's base settings name the dupefilter and the scheduler: remove both lines.
@@ -64,7 +64,7 @@ def test_the_addon_alone_activates_the_filter(
     served = site_server.hits_snapshot()
     assert served == collections.Counter({f"/search?wd={wd}": 1 for wd in range(100)})
     assert "Enabled addons" in result.log
-    assert "scrapy_redis_bloom.addon.Addon" in result.log
+    assert "scrapy_redis_bloom.scrapy.addon.Addon" in result.log
     if scrapy_redis_scheduler:
         assert stats["scheduler/enqueued/redis"] == 100  # scrapy-redis's queue
     else:
@@ -178,7 +178,10 @@ def test_our_dupefilter_or_a_subclass_in_the_project_is_accepted() -> None:
     [
         ({"DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
         ({"DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}, "DUPEFILTER_CLASS"),
-        ({"DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.NoSuchFilter"}, "DUPEFILTER_CLASS"),
+        (
+            {"DUPEFILTER_CLASS": "scrapy_redis_bloom.scrapy.dupefilter.NoSuchFilter"},
+            "DUPEFILTER_CLASS",
+        ),
         (
             {"SCHEDULER": "scrapy.core.scheduler.Scheduler", "BLOOMFILTER_ADDON_SCHEDULER": True},
             "SCHEDULER",

@@ -34,14 +34,14 @@ from test_crawl import assert_finished, crawl
 from website import Site, SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.batching import (
+from scrapy_redis_bloom.scrapy.batching import (
     BatchingMiddleware,
     batch_max,
     batch_window,
     later_in_chain,
     later_middlewares,
 )
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 logger = logging.getLogger(__name__)
 

@@ -27,13 +27,9 @@ from test_generations import bloom_for, config, fingerprints, upper
 from test_hashing import reference as reference_v1
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine import bulk
-from scrapy_redis_bloom.engine.backend import make_filter
-from scrapy_redis_bloom.engine.generations import GENERATIONS_BIT, WIDE, Generation
-from scrapy_redis_bloom.engine.layout import HEADER_BITS, HEADER_BYTES, meta_key, shard_key
-from scrapy_redis_bloom.engine.local import HAVE_NUMPY
-from scrapy_redis_bloom.errors import ConfigMismatchError
-from scrapy_redis_bloom.hashing import (
+from scrapy_redis_bloom.core.errors import ConfigMismatchError
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, WIDE, Generation
+from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     BLOCKED_SCHEME,
     SCHEME_VERSION,
@@ -41,13 +37,17 @@ from scrapy_redis_bloom.hashing import (
     locate,
     offsets,
 )
-from scrapy_redis_bloom.sizing import (
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, meta_key, shard_key
+from scrapy_redis_bloom.core.sizing import (
     BLOCKED_HEADROOM,
     Sizing,
     false_positive_rate,
     optimal_bits,
     optimal_geometry,
 )
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.bitmap import bulk
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 
 KEY = "blocked:bloomfilter"
 B = BLOCK_BITS
@@ -150,7 +150,7 @@ def test_without_a_block_the_scheme_is_version_1() -> None:
 
 @needs_numpy
 def test_the_snapshot_kernel_computes_the_same_blocked_offsets() -> None:
-    from scrapy_redis_bloom.engine.local import locate_many, offsets_many
+    from scrapy_redis_bloom.engine.bitmap.local import locate_many, offsets_many
 
     elements = fingerprints(3_000, "vector")
     for shards, size, k in [(1, 2**26, 7), (5, 512, 14), (3, 512 * 313, 30)]:

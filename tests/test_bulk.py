@@ -24,11 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy, RedisBloomFilter
-from scrapy_redis_bloom.engine import bulk, snapshot
-from scrapy_redis_bloom.engine.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.engine.layout import HEADER_BITS
-from scrapy_redis_bloom.engine.local import HAVE_NUMPY, check_sequential
-from scrapy_redis_bloom.hashing import MAX_SHARD_BITS, locate, offsets
+from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
+from scrapy_redis_bloom.core.hashing import MAX_SHARD_BITS, locate, offsets
+from scrapy_redis_bloom.core.layout import HEADER_BITS
+from scrapy_redis_bloom.engine.bitmap import bulk, snapshot
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, check_sequential
 
 needs_numpy = pytest.mark.skipif(not HAVE_NUMPY, reason="numpy (the numpy extra) is not installed")
 
@@ -84,7 +84,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 def test_vectorised_seeds_and_offsets_are_the_schemes(
     elements: list[str | bytes], k: int, size: int, shards: int
 ) -> None:
-    from scrapy_redis_bloom.engine.local import locate_many, offsets_many
+    from scrapy_redis_bloom.engine.bitmap.local import locate_many, offsets_many
 
     shard, x, y = locate_many(elements, shards, size)
     expected = [locate(e, shards, size) for e in elements]
@@ -99,7 +99,7 @@ def test_vectorised_seeds_and_offsets_are_the_schemes(
 def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObject) -> None:
     import numpy as np
 
-    from scrapy_redis_bloom.engine import local
+    from scrapy_redis_bloom.engine.bitmap import local
 
     size = data.draw(st.integers(1, 48))
     start = data.draw(st.binary(min_size=size, max_size=size))

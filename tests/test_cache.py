@@ -14,7 +14,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 
 from scrapy_redis_bloom import FilterSpec, RedisBloomFilter
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SPEC = FilterSpec(shards=3, shard_bits=30_000, hash_count=6)
 

@@ -18,7 +18,7 @@ from cli_run import assert_one_line_error, run, run_json, write_lines
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.record import FilterRecord
+from scrapy_redis_bloom.core.record import FilterRecord
 
 KEY = "myspider:bloomfilter"
 #: A small filter over several shards, so that sharding is exercised.

@@ -14,7 +14,7 @@ from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.layout import shard_key
+from scrapy_redis_bloom.core.layout import shard_key
 
 KEY = "myspider:bloomfilter"
 SETTINGS = {

@@ -14,10 +14,10 @@ from scrapy.utils.test import get_crawler
 from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 from scrapy_redis_bloom import BloomConfig, FilterTotals, RedisBloomFilter
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.engine.layout import shard_key
-from scrapy_redis_bloom.engine.topology import Cluster
-from scrapy_redis_bloom.errors import BloomFilterError
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.layout import shard_key
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.transport.topology import Cluster
 
 CONFIG = BloomConfig.from_settings(
     {"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_ERROR_RATE": 1e-4, "BLOOMFILTER_SHARD_BIT": 14}

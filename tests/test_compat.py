@@ -28,10 +28,10 @@ from test_crawl import assert_finished, assert_site_crawled_once, crawl
 from website import Site, SiteServer
 
 from scrapy_redis_bloom import BloomConfig
+from scrapy_redis_bloom.core.errors import UnsupportedServerError
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.backend import make_filter
-from scrapy_redis_bloom.engine.native import NativeBloomFilter
-from scrapy_redis_bloom.errors import UnsupportedServerError
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 
 KEY = "compat:bloomfilter"
 #: Pages of the crawled site: a crawl takes a second or two.

@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redis_bloom.config import DEFAULT_KEY, BloomConfig, ConnectionConfig, FaultPolicy
-from scrapy_redis_bloom.connection import filter_clients
-from scrapy_redis_bloom.engine.layout import HEADER_BYTES
-from scrapy_redis_bloom.hashing import MAX_SHARD_BITS, FilterSpec
-from scrapy_redis_bloom.sizing import (
+from scrapy_redis_bloom.core.hashing import MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.core.settings import DEFAULT_KEY, BloomConfig, ConnectionConfig, FaultPolicy
+from scrapy_redis_bloom.core.sizing import (
     ALLOCATION_SLACK,
     KEY_OVERHEAD,
     STRING_OVERHEAD,
@@ -24,6 +23,7 @@ from scrapy_redis_bloom.sizing import (
     optimal_hash_count,
     shard_allocation,
 )
+from scrapy_redis_bloom.transport.connection import filter_clients
 
 #: What a shard string holds besides its bits.
 OVERHEAD = HEADER_BYTES + STRING_OVERHEAD

@@ -28,8 +28,8 @@ from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 from website import Site, SiteServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.layout import HEADER_BYTES
-from scrapy_redis_bloom.engine.record import FilterRecord
+from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.core.record import FilterRecord
 
 HERE = Path(__file__).parent
 RUNNER = HERE / "crawl_runner.py"
@@ -381,7 +381,9 @@ def test_other_sizing_fails_with_config_mismatch(
     ).describe()
     log = result.log
     assert "[twisted] CRITICAL: Unhandled error in Deferred:" in log
-    error = "scrapy_redis_bloom.errors.ConfigMismatchError: The Bloom filter 'seed003:bloomfilter'"
+    error = (
+        "scrapy_redis_bloom.core.errors.ConfigMismatchError: The Bloom filter 'seed003:bloomfilter'"
+    )
     assert error in log
     for text in (
         f"in Redis was created on {_created(record)} with {stored};",

@@ -22,13 +22,13 @@ import redis
 from redis.cluster import RedisCluster
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
-from scrapy_redis_bloom.engine import dumpfile, inventory
+from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
 from scrapy_redis_bloom.engine.backend import make_filter
-from scrapy_redis_bloom.engine.dumpfile import DumpFileError
-from scrapy_redis_bloom.engine.native import NativeBloomFilter
-from scrapy_redis_bloom.engine.restore import FilterExistsError, RestoreFailedError, restore_filter
-from scrapy_redis_bloom.engine.transfer import FilterBusyError, dump_filter
-from scrapy_redis_bloom.errors import BloomFilterError, UnsupportedServerError
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.ops import dumpfile, inventory
+from scrapy_redis_bloom.ops.dump import FilterBusyError, dump_filter
+from scrapy_redis_bloom.ops.dumpfile import DumpFileError
+from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreFailedError, restore_filter
 
 KEY = "dumped"
 

@@ -17,8 +17,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 import scrapy_redis_bloom
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.errors import BloomFilterError, ConfigMismatchError, WrongTypeError
+from scrapy_redis_bloom.core.errors import BloomFilterError, ConfigMismatchError, WrongTypeError
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
 

@@ -11,20 +11,20 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scrapy_redis_bloom.config import BloomConfig, FaultPolicy
-from scrapy_redis_bloom.engine.bulk import CHUNK
-from scrapy_redis_bloom.engine.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.layout import HEADER_BITS, HEADER_BYTES, header
-from scrapy_redis_bloom.engine.state import FilterTotals
-from scrapy_redis_bloom.errors import (
+from scrapy_redis_bloom.core.errors import (
     ConfigMismatchError,
     FilterDamagedError,
     FilterMissingError,
     OrphanedShardsError,
     WrongTypeError,
 )
-from scrapy_redis_bloom.hashing import FilterSpec, locate, offsets
-from scrapy_redis_bloom.sizing import STRING_OVERHEAD, allocation, false_positive_rate
+from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, header
+from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
+from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation, false_positive_rate
+from scrapy_redis_bloom.engine.bitmap.bulk import CHUNK
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.state import FilterTotals
 
 SMALL = FilterSpec(shards=4, shard_bits=4096, hash_count=5)
 

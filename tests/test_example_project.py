@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.record import FilterRecord
+from scrapy_redis_bloom.core.record import FilterRecord
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = REPO / "example_project"

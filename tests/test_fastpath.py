@@ -1,6 +1,6 @@
 """The scriptless hot path on real Redis: one BITFIELD per check, exact counts, safe edges.
 
-See :mod:`scrapy_redis_bloom.engine.fastpath`. Growth itself (the boundary, races at it,
+See :mod:`scrapy_redis_bloom.engine.bitmap.fastpath`. Growth itself (the boundary, races at it,
 rates) is tested in test_generations.py, through this path wherever it applies.
 """
 
@@ -14,10 +14,10 @@ import redis
 from redis_server import RedisServer
 from test_generations import bloom_for, client_commands, config, fingerprints
 
-from scrapy_redis_bloom.config import FaultPolicy
-from scrapy_redis_bloom.engine.fastpath import STATE_EVERY
-from scrapy_redis_bloom.engine.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.errors import FilterDamagedError
+from scrapy_redis_bloom.core.errors import FilterDamagedError
+from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
 
 KEY = "fast:bloomfilter"
 

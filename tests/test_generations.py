@@ -23,18 +23,18 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.generations import (
+from scrapy_redis_bloom.core.errors import (
+    ConfigMismatchError,
+    FilterDamagedError,
+    FilterUnavailableError,
+)
+from scrapy_redis_bloom.core.generations import (
     COUNT_BIT,
     GENERATIONS_BIT,
     MAX_GENERATIONS,
     Growth,
 )
-from scrapy_redis_bloom.errors import (
-    ConfigMismatchError,
-    FilterDamagedError,
-    FilterUnavailableError,
-)
-from scrapy_redis_bloom.sizing import false_positive_rate
+from scrapy_redis_bloom.core.sizing import false_positive_rate
 
 KEY = "grow:bloomfilter"
 
@@ -309,7 +309,7 @@ def test_workers_crossing_the_growth_boundary_together_grow_once(
 
 
 def _grown(client: redis.Redis, **faults: Any) -> RedisBloomFilter:
-    from scrapy_redis_bloom.config import FaultPolicy
+    from scrapy_redis_bloom.core.settings import FaultPolicy
 
     cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1)
     bloom = bloom_for(client, cfg, faults=FaultPolicy(**faults))
@@ -479,7 +479,7 @@ def test_a_check_is_one_round_trip_however_grown(redis_client: redis.Redis, ttl:
 
 def _full_first_generation(client: redis.Redis, **faults: Any) -> tuple[RedisBloomFilter, str]:
     """Return a one-shard filter whose generation 0 holds exactly its capacity, and its key."""
-    from scrapy_redis_bloom.config import FaultPolicy
+    from scrapy_redis_bloom.core.settings import FaultPolicy
 
     cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1)
     bloom = bloom_for(client, cfg, faults=FaultPolicy(**faults))

@@ -7,7 +7,7 @@ import math
 import mmh3
 import pytest
 
-from scrapy_redis_bloom.hashing import SCHEME_VERSION, FilterSpec, locate, offsets
+from scrapy_redis_bloom.core.hashing import SCHEME_VERSION, FilterSpec, locate, offsets
 
 FP = "27adcc2e8979cdee0c9cecbbe8bf8ff51edefb61"
 

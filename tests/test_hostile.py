@@ -17,13 +17,13 @@ from cli_run import assert_one_line_error, run
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.lifecycle import VERIFIED, sample
-from scrapy_redis_bloom.errors import (
+from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     FilterDamagedError,
     NotEnoughMemoryError,
     WrongTypeError,
 )
+from scrapy_redis_bloom.engine.lifecycle import VERIFIED, sample
 
 
 def make(client: redis.Redis, key: str, **settings: object) -> RedisBloomFilter:

@@ -4,7 +4,7 @@ Spidermon runs its ``SPIDERMON_SPIDER_CLOSE_MONITORS`` from its own ``spider_clo
 handler, connected before the dupefilter exists, so before the dupefilter's. Real
 crawls (scrapy-redis's Scheduler with a persistent queue, Scrapy's own scheduler) show
 that every stat is there by then, and equal to the final one; the suite of
-:mod:`scrapy_redis_bloom.monitors` then passes. Each of its monitors is also run on
+:mod:`scrapy_redis_bloom.scrapy.monitors` then passes. Each of its monitors is also run on
 stats that must fail it, and its message must name the stat.
 """
 
@@ -20,7 +20,7 @@ from test_crawl import assert_finished, crawl
 from website import Site, SiteServer
 
 # The module, not its classes: pytest would collect the monitors (unittest cases) here.
-from scrapy_redis_bloom import monitors
+from scrapy_redis_bloom.scrapy import monitors
 
 PAGES = 200
 SPIDERMON = {

@@ -24,12 +24,7 @@ from redis_modules import SKIP_REASON, bloom_server
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.backend import make_filter
-from scrapy_redis_bloom.engine.events import FilterEvents
-from scrapy_redis_bloom.engine.native import NativeBloomFilter
-from scrapy_redis_bloom.engine.native_parts import NATIVE_TYPE, reserve_arguments
-from scrapy_redis_bloom.engine.record import FilterRecord
-from scrapy_redis_bloom.errors import (
+from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
     FilterDamagedError,
@@ -37,6 +32,11 @@ from scrapy_redis_bloom.errors import (
     ServerListMismatchError,
     UnsupportedServerError,
 )
+from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE, reserve_arguments
 
 KEY = "nat"
 

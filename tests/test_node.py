@@ -11,8 +11,8 @@ import redis
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.engine.node import Node, NotSentError, ReplyLostError, connection_factory
-from scrapy_redis_bloom.engine.wire import pack_command
+from scrapy_redis_bloom.transport.node import Node, NotSentError, ReplyLostError, connection_factory
+from scrapy_redis_bloom.transport.wire import pack_command
 
 SETTINGS = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 0.001}
 

@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from scrapy_redis_bloom import FilterSpec, RedisBloomFilter
-from scrapy_redis_bloom.config import false_positive_rate
-from scrapy_redis_bloom.hashing import locate, offsets
+from scrapy_redis_bloom.core.hashing import locate, offsets
+from scrapy_redis_bloom.core.settings import false_positive_rate
 
 PROCESSES = 4
 ELEMENTS = 5_000

@@ -72,13 +72,13 @@ from scrapy_run import scrapy as scrapy_run
 from tls_certs import TlsFiles, make_tls_files
 
 from scrapy_redis_bloom import Addon, RedisBloomFilter
-from scrapy_redis_bloom.addon import DUPEFILTER
-from scrapy_redis_bloom.config import BloomConfig, ConnectionConfig
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.core.errors import AccessDeniedError, CertificateError
+from scrapy_redis_bloom.core.settings import BloomConfig, ConnectionConfig
+from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine.state import estimate_from_items
-from scrapy_redis_bloom.errors import AccessDeniedError, CertificateError
-from scrapy_redis_bloom.sizing import format_bytes
-from scrapy_redis_bloom.stats import FilterStats
+from scrapy_redis_bloom.scrapy.addon import DUPEFILTER
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+from scrapy_redis_bloom.scrapy.stats import FilterStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +387,7 @@ def test_sentinel_blocks(
     from redis_sentinel import SERVICE, SentinelGroup
     from scrapy_redis.connection import get_redis_from_settings
 
-    from scrapy_redis_bloom.sentinel import SentinelRedis
+    from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 
     sizing = {**exec_settings(block(blocks, "Activate#1")), "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
     shared = exec_settings(block(blocks, "Sentinel#1"))
@@ -447,7 +447,7 @@ def test_batching_block(
 
     from scrapy.http import HtmlResponse
 
-    from scrapy_redis_bloom.batching import BatchingMiddleware, later_middlewares
+    from scrapy_redis_bloom.scrapy.batching import BatchingMiddleware, later_middlewares
 
     settings = {
         **exec_settings(block(blocks, "Activate#1")),
@@ -538,11 +538,11 @@ def test_progress_log_line(
         for url in ("https://example.com/1", "https://example.com/1", "https://example.com/2"):
             df.request_seen(Request(url))
         df.bloom.sync_counters()
-        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.stats"):
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.scrapy.stats"):
             FilterStats(df.bloom, None, 60).log()
     finally:
         df.close("finished")
-    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.stats"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.scrapy.stats"]
     assert len(logged) == 1
     assert shape(sample) == shape(logged[0]), f"README:\n{sample}\nlogged:\n{logged[0]}"
     # The figures are those of Activate#1's filter with that many items.

@@ -16,8 +16,8 @@ from redis_server import RedisServer, free_port
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.errors import BloomFilterError
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SECRET = "Pa55-w0rd-in-url"  # test passwords
 WRONG = "Wr0ng-pa55-in-url"

@@ -22,9 +22,9 @@ from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.config import ConnectionConfig
-from scrapy_redis_bloom.connection import filter_clients, scrapy_redis_client
-from scrapy_redis_bloom.sentinel import SentinelRedis
+from scrapy_redis_bloom.core.settings import ConnectionConfig
+from scrapy_redis_bloom.transport.connection import filter_clients, scrapy_redis_client
+from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 
 PAGES = 400
 
@@ -75,7 +75,7 @@ def test_scrapy_redis_builds_it_from_redis_params_without_a_warning() -> None:
     from scrapy.settings import Settings
     from scrapy_redis.connection import get_redis_from_settings
 
-    from scrapy_redis_bloom.sentinel import FAILOVER_RETRIES
+    from scrapy_redis_bloom.transport.sentinel import FAILOVER_RETRIES
 
     params = {"redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis", "sentinels": ["a:1"]}
     # pytest turns warnings into errors: redis-py's deprecation of retry_on_timeout too.
@@ -303,8 +303,8 @@ def test_a_crawl_through_a_failover_loses_no_page(
 def test_a_wrong_password_is_named_by_setting_and_never_shown(tmp_path: Path) -> None:
     from scrapy.utils.test import get_crawler
 
-    from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-    from scrapy_redis_bloom.errors import BloomFilterError
+    from scrapy_redis_bloom.core.errors import BloomFilterError
+    from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
     with SentinelGroup(password="s3cret-pw") as group:
         base = {

@@ -19,8 +19,8 @@ from scrapy_redis_bloom import (
     RedisBloomFilter,
     ServerListMismatchError,
 )
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.errors import BloomFilterError
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SPEC = FilterSpec(shards=7, shard_bits=8192, hash_count=5)
 
@@ -190,7 +190,7 @@ def test_an_evicted_marker_is_restored(clients: list[redis.Redis]) -> None:
 
 
 def bf_shard(fingerprint: str) -> int:
-    from scrapy_redis_bloom.hashing import locate
+    from scrapy_redis_bloom.core.hashing import locate
 
     return locate(fingerprint, SPEC.shards, SPEC.shard_bits)[0]
 

@@ -31,8 +31,8 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 from tls_certs import Backend, TlsFiles, make_tls_files
 
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.errors import CertificateError, FilterUnavailableError
+from scrapy_redis_bloom.core.errors import CertificateError, FilterUnavailableError
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 
 def _no_tls_reason() -> str:

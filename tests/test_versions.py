@@ -1,6 +1,6 @@
 """Minimum library versions, refused with a clear message when the dupefilter is built.
 
-pip enforces pyproject.toml's minimums at install time; :mod:`scrapy_redis_bloom.versions`
+pip enforces pyproject.toml's minimums at install time; :mod:`scrapy_redis_bloom.core.versions`
 checks them again at run time, for environments assembled otherwise. The check runs
 here on real version strings; the installed libraries (whatever CI installed, the oldest
 supported ones in its second virtualenv) must pass it, and build a dupefilter.
@@ -15,8 +15,7 @@ import pytest
 import redis
 from readme_blocks import pyproject
 
-from scrapy_redis_bloom.dupefilter import RFPDupeFilter
-from scrapy_redis_bloom.versions import (
+from scrapy_redis_bloom.core.versions import (
     MINIMUMS,
     NUMPY_MINIMUM,
     UnsupportedVersionError,
@@ -24,6 +23,7 @@ from scrapy_redis_bloom.versions import (
     installed_versions,
     parse_version,
 )
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 
 def test_parse_version_reads_the_release_numbers() -> None:

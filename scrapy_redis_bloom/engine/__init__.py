@@ -1,21 +1,12 @@
-"""The Redis engine: the Bloom filter in sharded Redis bitmaps, knowing nothing of Scrapy.
+"""The engine: a Bloom filter in Redis, knowing nothing of Scrapy.
 
-Modules, from the wire up:
-
-* :mod:`.wire`: Redis commands packed by hand (RESP);
-* :mod:`.node`: one server's connection, every reply matched to its command;
-* :mod:`.topology`: which server holds which key (server lists, Redis Cluster);
-* :mod:`.executor`: runs commands under the retry policy; tells which answers to trust;
-* :mod:`.layout`, :mod:`.record`, :mod:`.scripts`: key names and shard headers, the
-  config record, the Lua scripts;
-* :mod:`.parts`: reading and writing the record, shards and markers;
-* :mod:`.health`: server version and memory checks;
-* :mod:`.lifecycle`: opening, creating, verifying, recovering and clearing a filter;
-* :mod:`.bulk`: ``add_many`` / ``contains_many``;
-* :mod:`.counters`, :mod:`.state`, :mod:`.lease`, :mod:`.cache`, :mod:`.events`:
-  totals and the capacity warning, fill and memory, worker leases, the near-cache,
-  what happened;
-* :mod:`.filter`: :class:`~.filter.RedisBloomFilter`, the facade over all of them.
+:mod:`.backend` chooses the backend: :mod:`.bitmap` (bits in Redis strings) or
+:mod:`.native` (``BF.*``). Both build on :mod:`.base` (the filter's shared
+bookkeeping: near-cache, replies owed, outage accounting, counters), with
+:mod:`.lifecycle` (open, create, verify, recover, clear), :mod:`.parts` (the record,
+shards and markers in Redis), :mod:`.scripts` (the Lua), :mod:`.counters`,
+:mod:`.state` (fill and memory), :mod:`.lease` (worker leases), :mod:`.cache`, and the
+server checks of :mod:`.health` and :mod:`.access`.
 
 Import the public names from the package root (``scrapy_redis_bloom``).
 """

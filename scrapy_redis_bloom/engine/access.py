@@ -46,11 +46,10 @@ from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from ..errors import AccessDeniedError, FilterUnavailableError
-from .executor import Call, Executor, acl_denial
-from .scripts import Script
-from .topology import Cluster, ServerList, Topology
-from .wire import Arg, pack_command
+from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
+from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial
+from scrapy_redis_bloom.transport.topology import Cluster, ServerList, Topology
+from scrapy_redis_bloom.transport.wire import Arg, Script, pack_command
 
 logger = logging.getLogger(__name__)
 

@@ -16,17 +16,17 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from ..config import BloomConfig
-from ..hashing import FilterSpec
-from .counters import Counters
-from .events import FilterEvents
-from .filter import RedisBloomFilter
-from .lease import WorkerLease
-from .native import NativeBloomFilter
-from .native_parts import missing_bloom
-from .record import Backend, FilterRecord
-from .state import FilterState, FilterTotals
-from .topology import Topology
+from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.record import Backend, FilterRecord
+from scrapy_redis_bloom.core.settings import BloomConfig
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.counters import Counters
+from scrapy_redis_bloom.engine.lease import WorkerLease
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.engine.native.parts import missing_bloom
+from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
+from scrapy_redis_bloom.transport.topology import Topology
 
 logger = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import BloomFilterError
-from ..hashing import FilterSpec
-from ..sizing import false_positive_rate
-from .events import FilterEvents, RateLimitedLog
-from .executor import Call
-from .parts import Parts
-from .state import FilterTotals
-from .wire import pack_command
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.sizing import false_positive_rate
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.state import FilterTotals
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import FilterUnavailableError, NotEnoughMemoryError, UnsupportedServerError
-from ..sizing import format_bytes
-from .executor import Call, Executor, acl_denial
-from .parts import text
-from .topology import Topology
-from .wire import pack_command
+from scrapy_redis_bloom.core.errors import (
+    FilterUnavailableError,
+    NotEnoughMemoryError,
+    UnsupportedServerError,
+)
+from scrapy_redis_bloom.core.sizing import format_bytes
+from scrapy_redis_bloom.engine.parts import text
+from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 

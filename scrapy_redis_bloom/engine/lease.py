@@ -16,19 +16,20 @@ import weakref
 from functools import partial
 from typing import Any
 
-from ..errors import BloomFilterError
-from . import layout, scripts
-from .access import check_access
-from .events import RateLimitedLog
-from .executor import Call, Executor
-from .parts import refusal, text
-from .topology import Topology
-from .wire import pack_command
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.events import RateLimitedLog
+from scrapy_redis_bloom.engine import scripts
+from scrapy_redis_bloom.engine.access import check_access
+from scrapy_redis_bloom.engine.parts import refusal, text
+from scrapy_redis_bloom.transport.executor import Call, Executor
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import Script, pack_command
 
 logger = logging.getLogger(__name__)
 
 
-def _script_call(script: scripts.Script, key: str, *args: bytes | str | int) -> Call:
+def _script_call(script: Script, key: str, *args: bytes | str | int) -> Call:
     return Call(pack_command(b"EVALSHA", script.sha, 1, key, *args), key=key, script=script)
 
 
@@ -47,7 +48,7 @@ def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]
     Needs no geometry: it works before a worker has created the filter. ``client`` is
     what :class:`~.filter.RedisBloomFilter` takes (the registry is on server 0).
     """
-    from .facade import make_topology
+    from scrapy_redis_bloom.transport.topology import make_topology
 
     topology = make_topology(client)
     try:

@@ -28,21 +28,22 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ..config import FaultPolicy
-from ..errors import (
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import (
     FilterDamagedError,
     FilterMissingError,
     OrphanedShardsError,
     ServerListMismatchError,
 )
-from ..sizing import format_bytes, shard_allocation
-from . import access, health, layout
-from .events import FilterEvents
-from .executor import Call
-from .parts import Parts
-from .record import FilterRecord
-from .topology import Topology
-from .wire import pack_command
+from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.core.sizing import format_bytes, shard_allocation
+from scrapy_redis_bloom.engine import access, health
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import BloomFilterError, WrongTypeError
-from ..hashing import FilterSpec
-from . import layout, scripts
-from .executor import Call, Executor, access_denied, error_text
-from .generations import window_key
-from .record import FilterRecord
-from .wire import pack_command
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import BloomFilterError, WrongTypeError
+from scrapy_redis_bloom.core.generations import window_key
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.engine import scripts
+from scrapy_redis_bloom.transport.executor import Call, Executor, access_denied, error_text
+from scrapy_redis_bloom.transport.wire import pack_command
 
 #: Commands sent in one batch by the maintenance operations.
 BATCH = 1000

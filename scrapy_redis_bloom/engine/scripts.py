@@ -15,23 +15,9 @@ executor (:mod:`.executor`), on whichever node answered so.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
-
-from .generations import Growth
-from .layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
-
-
-@dataclass(frozen=True)
-class Script:
-    """A Lua script and its SHA1, as ``EVALSHA`` names it."""
-
-    source: str
-    sha: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
-
+from scrapy_redis_bloom.core.generations import Growth
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.transport.wire import Script
 
 #: Reply of the check-and-add scripts when the shard's header is not the expected one.
 MISMATCH = 2

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hashing import FilterSpec
-from ..sizing import allocation, false_positive_rate
-from .executor import Call
-from .generations import GENERATIONS_BIT, Growth, window_key
-from .layout import HEADER_BYTES
-from .parts import Parts
-from .wire import pack_command
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Growth, window_key
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.core.sizing import allocation, false_positive_rate
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.wire import pack_command
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,31 @@
+"""The operations commands: ``scrapy bloom COMMAND``, and the ``scrapy-redis-bloom`` alias.
+
+One module per job: :mod:`.context` connects from the crawl settings and turns
+failures into one error line; :mod:`.opening` finds and opens the filter;
+:mod:`.output` prints results, JSON, prompts and progress bars; :mod:`.inputs` reads
+fingerprints and URLs; then one module per subcommand (:mod:`.info`, :mod:`.size`,
+:mod:`.reset`, :mod:`.feed` for ``add``/``check``, :mod:`.migrate`, :mod:`.watch`,
+:mod:`.transfer` for ``dump``/``restore``).
+:mod:`.scrapy_command` is the Scrapy command (``BloomCommand``, registered in the
+``scrapy.commands`` entry point group); :mod:`.alias` the older command line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scrapy_redis_bloom.cli.alias import PROG, build_parser, main
+
+if TYPE_CHECKING:
+    from scrapy_redis_bloom.cli.scrapy_command import BloomCommand
+
+__all__ = ["PROG", "BloomCommand", "build_parser", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first access: the alias runs without importing Scrapy's command machinery.
+    if name == "BloomCommand":
+        from scrapy_redis_bloom.cli.scrapy_command import BloomCommand
+
+        return BloomCommand
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

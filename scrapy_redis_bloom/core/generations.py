@@ -1,0 +1,287 @@
+"""How a filter's shards grow and forget: generations and re-crawl windows.
+
+**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Elements hash uniformly over
+the shards, so each shard grows on its own, decided inside the script that checks
+the element (see :mod:`.scripts`): when the newest generation of a shard holds its
+capacity, the next add starts generation ``g + 1`` with E times the items at r times
+the error rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). Generation 0 is the
+shard as created; its rate at its share of the capacity is ``p_0``, and the rates of
+all generations together stay under the bound ``B = p_0 / (1 - r)``: generation 0
+takes a little more than its share (headroom for the uneven spread of items over
+shards, see :attr:`Growth.first_capacity`) at a rate p_0' a little above p_0, and
+generation ``g >= 1`` is sized for ``(B - p_0') (1 - r) r**(g - 1)``. A filter sized
+by capacity and error rate p is created for ``p_0 = p (1 - r)`` when it may grow
+(:class:`..sizing.Sizing`), so that B is p.
+
+**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Time is cut into
+windows ``w = floor(Redis TIME / T)``; a shard's bits live in one growing filter per
+window, ``{KEY:<i>}:w<w>:g<g>``, each key expiring at ``(w + 2) T``. A check consults
+windows w - 1 and w and adds to w, so an element added at time t is found until the
+end of window w + 1 (at least T after t) and forgotten when that window's keys expire
+(at most 2T after t). The shard's own key ``{KEY:<i>}:g0`` is then a 32-byte anchor
+(its header) holding the newest window's number, so a window lost to eviction is
+told from one that expired.
+
+Everything here is a pure function of the config record, so every worker and the
+script compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec, seed_range
+from scrapy_redis_bloom.core.sizing import false_positive_rate, optimal_bits, optimal_geometry
+
+#: Most generations a shard may have (fewer when their bits would pass a Redis
+#: string's 512 MiB, see :attr:`Growth.last`).
+MAX_GENERATIONS = 16
+#: RedisBloom's default tightening ratio of the error rate per generation.
+DEFAULT_TIGHTENING = 0.5
+#: Default expansion: each generation takes twice the items of the one before.
+DEFAULT_EXPANSION = 2
+#: Most items a generation may take: the script counts them in a u32 of the header.
+MAX_GENERATION_ITEMS = 2**32 - 1
+#: Width of the seeds of generations after the first (Lua doubles are exact below 2**53).
+WIDE = 2**52
+
+#: Bit offsets in a header of its state (after the 26-byte identity). A shard's (or a
+#: window's) generation 0: the number of generations (u16; 0 reads as 1) and the items
+#: in the newest one (u32). A TTL filter's anchor: whether the window before the newest
+#: existed when the newest was started (u16), and the newest window's number (u32).
+GENERATIONS_BIT = 208
+COUNT_BIT = 224
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generation of a shard: items it takes, bits, hash functions, its error rate.
+
+    ``block_bits``: the filter's block (0: unblocked), as in :class:`..hashing.FilterSpec`.
+    """
+
+    capacity: int
+    bits: int
+    hash_count: int
+    error_rate: float
+    block_bits: int = 0
+
+    @property
+    def span(self) -> int:
+        """Where an element's k bits fall: its block, or the whole generation."""
+        return self.block_bits or self.bits
+
+    @property
+    def seed_range(self) -> int:
+        """What the script takes an element's second seed modulo, in this generation."""
+        return seed_range(self.bits, self.block_bits)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its bitmap."""
+        return (self.bits + 7) // 8
+
+
+#: Least margin, in items, between the scriptless path's counts and a shard's growth.
+SCRIPTLESS_MARGIN = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
+
+    ``spec`` and ``capacity`` are the filter's own: generation 0 of every shard.
+    """
+
+    spec: FilterSpec
+    capacity: int
+    expansion: int = 0
+    tightening: float = DEFAULT_TIGHTENING
+    ttl: int = 0
+
+    def __post_init__(self) -> None:
+        if self.expansion < 0 or self.expansion == 1:
+            raise ValueError(f"expansion is 0 (no growth) or at least 2, got {self.expansion}")
+        if not 0 < self.tightening < 1:
+            raise ValueError(f"tightening is strictly between 0 and 1, got {self.tightening}")
+        if self.ttl < 0:
+            raise ValueError(f"a TTL is 0 (remember forever) or more seconds, got {self.ttl}")
+
+    @property
+    def shard_capacity(self) -> int:
+        """Items generation 0 of one shard takes: its share of the capacity."""
+        return math.ceil(self.capacity / self.spec.shards)
+
+    def generation(self, g: int) -> Generation:
+        """Return generation ``g`` of a shard (0: the filter's own shard geometry)."""
+        if not 0 <= g <= self.last:
+            raise ValueError(f"a shard has generations 0 to {self.last}, not {g}")
+        return self._generation(g)
+
+    def _generation(self, g: int) -> Generation:
+        return _generation_of(self, g)
+
+    def _compute(self, g: int) -> Generation:
+        spec, nominal, block = self.spec, self.shard_capacity, self.spec.block_bits
+        if g == 0:
+            capacity = self.first_capacity
+            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block)
+            return Generation(capacity, spec.shard_bits, spec.hash_count, rate, block)
+        capacity = nominal * self.expansion**g
+        # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
+        rest = self.bound - self._generation(0).error_rate
+        rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
+        if block:
+            bits, hash_count = optimal_geometry(capacity, rate, block)
+            return Generation(capacity, bits, hash_count, rate, block)
+        hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
+        return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
+
+    @property
+    def scriptless_limit(self) -> int:
+        """Items a one-generation shard may hold before its checks go through the script.
+
+        Below it, a check of a growing shard needs no script: one ``BITFIELD`` sets the
+        element's bits in generation 0, and now and then reads the shard's state and adds
+        to its count the items this worker found new since (see :mod:`.fastpath`).
+        Counts arrive late, by fewer than 16 items per worker, so the margin (1% of
+        generation 0, at least :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of
+        the growth boundary, which only the script crosses. 0 when generation 0 is too
+        small to have one.
+        """
+        first = self.first_capacity
+        return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
+
+    @property
+    def bound(self) -> float:
+        """The rate every generation together stays under: p_0 / (1 - r).
+
+        ``p_0`` is generation 0's rate at its share of the capacity, ``capacity /
+        shards``: about p (1 - r) for a filter sized by error rate p, so the bound is p.
+        """
+        spec = self.spec
+        p0 = false_positive_rate(
+            spec.shard_bits, spec.hash_count, self.shard_capacity, spec.block_bits
+        )
+        return p0 / (1 - self.tightening) if self.expansion else p0
+
+    @property
+    def first_capacity(self) -> int:
+        """Items generation 0 of a shard takes before the shard grows.
+
+        Its share of the capacity, plus headroom for the spread of items over shards
+        (4 standard deviations of a binomial share, while generation 0's rate stays
+        under 3/4 of :attr:`bound`): a filter filled to its capacity has not grown,
+        whereas without headroom half of its shards would pass their share.
+        """
+        nominal = self.shard_capacity
+        if not self.expansion or self.spec.shards == 1:
+            return nominal
+        spec, ceiling = self.spec, 0.75 * self.bound
+
+        def rate(items: int) -> float:
+            return false_positive_rate(spec.shard_bits, spec.hash_count, items, spec.block_bits)
+
+        high = nominal + math.ceil(4 * math.sqrt(nominal))
+        if rate(high) <= ceiling:
+            return high
+        low = nominal  # its rate is (1 - r) of the bound: under the ceiling
+        while high - low > 1:
+            middle = (low + high) // 2
+            if rate(middle) <= ceiling:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    @property
+    def last(self) -> int:
+        """The last generation a shard may have: its bits and items must fit a Redis string."""
+        return _last_of(self)
+
+    def _count(self) -> int:
+        if not self.expansion:
+            return 0
+        g = 0
+        while g + 1 < MAX_GENERATIONS:
+            nxt = self._generation(g + 1)
+            if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
+                break
+            g += 1
+        return g
+
+    @property
+    def generations(self) -> list[Generation]:
+        """Every generation a shard may have, in order."""
+        return [self._generation(g) for g in range(self.last + 1)]
+
+    @property
+    def grown_capacity(self) -> int:
+        """Items the whole filter takes before its shards run out of generations."""
+        return sum(gen.capacity for gen in self.generations) * self.spec.shards
+
+    def compound_rate(self, generations: int) -> float:
+        """Return the false-positive rate bound of a shard with ``generations`` full ones."""
+        return sum(self._generation(g).error_rate for g in range(generations))
+
+    @property
+    def rate_bound(self) -> float:
+        """The false-positive rate the filter stays under at any fill, while it can grow."""
+        return self.compound_rate(self.last + 1)
+
+    def generations_for(self, items_per_shard: float) -> int:
+        """Return how many generations a shard holding ``items_per_shard`` items has."""
+        held, g = 0, 0
+        for gen in self.generations:
+            held += gen.capacity
+            g += 1
+            if items_per_shard <= held:
+                break
+        return g
+
+
+# Generations are pure functions of a Growth (frozen, hashable), asked for on every
+# growth event and state read; a blocked one is sized by bisection over a Poisson sum.
+@lru_cache(maxsize=4096)
+def _generation_of(growth: Growth, g: int) -> Generation:
+    return growth._compute(g)
+
+
+@lru_cache(maxsize=256)
+def _last_of(growth: Growth) -> int:
+    return growth._count()
+
+
+def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0) -> bytes:
+    """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
+
+    Generation 0 is seeded with ``x = (h1 div N) mod S`` and ``y = h2 mod S`` (B**2
+    when blocked: the hashing scheme's :func:`..hashing.place`); later ones, of other
+    sizes, with the same numbers before the mod (cut to :data:`WIDE`, a multiple of
+    B**2), which the script reduces by each generation's :attr:`Generation.seed_range`.
+    One format operation: this runs for every request that misses the near-cache.
+    """
+    q = h1 // shards
+    x, y, wx, wy = (
+        b"%d" % (q % shard_bits),
+        b"%d" % (h2 % seed_range(shard_bits, block_bits)),
+        b"%d" % (q % WIDE),
+        b"%d" % (h2 % WIDE),
+    )
+    return b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+        len(x),
+        x,
+        len(y),
+        y,
+        len(wx),
+        wx,
+        len(wy),
+        wy,
+    )
+
+
+def window_key(key: str, shard: int, window: int, generation: int) -> str:
+    """Return the key of generation ``generation`` of a shard's re-crawl window."""
+    return f"{{{key}:{shard}}}:w{window}:g{generation}"

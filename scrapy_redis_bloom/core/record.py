@@ -1,0 +1,329 @@
+"""The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
+
+The record says everything a worker needs to read the bits: the geometry (shards,
+bits per shard, k), the hashing scheme, the layout, the servers it is spread over,
+and the filter's random id, which every shard header and server marker repeats. It
+also keeps the sizing request the filter was created from (``sizing``), so that a
+worker asking for the same filter adopts the geometry stored here even if a later
+release of this package would size that request differently.
+
+A record is validated before it is trusted: a corrupt or foreign hash is refused with
+one error naming the key, never half-used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    ServerListMismatchError,
+)
+from scrapy_redis_bloom.core.generations import DEFAULT_TIGHTENING, Growth
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS, BLOCKED_SCHEME, SCHEME_VERSION, FilterSpec
+from scrapy_redis_bloom.core.layout import ID_BYTES, LAYOUT_VERSION
+
+logger = logging.getLogger(__name__)
+
+State = Literal["creating", "ready"]
+#: Where a filter keeps its bits: our string bitmaps, or the server's own Bloom filters
+#: (RedisBloom / valkey-bloom ``BF.*``, see :mod:`.native`).
+Backend = Literal["bitmap", "native"]
+BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
+#: The layout of a native filter's keys (see :mod:`.native`): a release that reads
+#: layout 2 only refuses it, instead of taking its shards for lost bitmaps.
+NATIVE_LAYOUT = 3
+
+#: Fields of the record, in the order they are written.
+FIELDS = (
+    "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
+    "capacity", "sizing", "servers", "generations", "created",
+    "expansion", "tightening", "ttl", "backend",
+)  # fmt: skip
+#: Fields a record written before growth (0.1) lacks: read as no growth, no TTL; and
+#: before the native backend: read as a bitmap filter.
+LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
+
+#: Most servers a filter may be spread over.
+MAX_SERVERS = 1024
+_ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
+
+
+def new_id() -> str:
+    """Return a fresh random filter id, as hex."""
+    return secrets.token_hex(ID_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRecord:
+    """The config record of one filter.
+
+    ``state`` is ``creating`` from the moment the record is written until every shard
+    (and, on several servers, every server marker) exists; any worker that opens the
+    filter meanwhile finishes the job, so a creator that dies half-way leaves nothing
+    broken. ``sizing`` is the canonical sizing request (:meth:`..sizing.Sizing.canonical`).
+    """
+
+    spec: FilterSpec
+    capacity: int
+    filter_id: str
+    sizing: str
+    created: float
+    servers: int = 1
+    expansion: int = 0
+    tightening: float = DEFAULT_TIGHTENING
+    ttl: int = 0
+    state: State = "ready"
+    backend: Backend = "bitmap"
+    layout: int = LAYOUT_VERSION
+
+    @classmethod
+    def new(
+        cls,
+        spec: FilterSpec,
+        capacity: int,
+        sizing: str,
+        servers: int = 1,
+        *,
+        expansion: int = 0,
+        ttl: int = 0,
+        backend: Backend = "bitmap",
+    ) -> FilterRecord:
+        """Return the record of a filter about to be created (state ``creating``)."""
+        return cls(
+            spec=spec,
+            capacity=capacity,
+            filter_id=new_id(),
+            sizing=sizing,
+            created=time.time(),
+            servers=servers,
+            expansion=expansion,
+            ttl=ttl,
+            state="creating",
+            backend=backend,
+            layout=NATIVE_LAYOUT if backend == "native" else LAYOUT_VERSION,
+        )
+
+    @property
+    def scheme(self) -> int:
+        """The hashing scheme's version, as its geometry says (blocked or not)."""
+        return self.spec.scheme
+
+    @property
+    def growth(self) -> Growth:
+        """How the filter's shards grow and forget (see :mod:`.generations`)."""
+        return Growth(self.spec, self.capacity, self.expansion, self.tightening, self.ttl)
+
+    @property
+    def anchored(self) -> bool:
+        """True when the shard keys are anchors only (a TTL filter keeps bits in windows)."""
+        return self.ttl > 0
+
+    @property
+    def shard_payload(self) -> int:
+        """Bytes of bits a shard key holds after its header: none for an anchor."""
+        return 0 if self.anchored else self.spec.shard_bytes
+
+    def ready(self) -> FilterRecord:
+        """Return this record in state ``ready``."""
+        return replace(self, state="ready")
+
+    def fields(self) -> dict[str, str]:
+        """Return the record as the hash fields written to Redis."""
+        spec = self.spec
+        values: dict[str, object] = {
+            "layout": self.layout,
+            "scheme": self.scheme,
+            "id": self.filter_id,
+            "state": self.state,
+            "shards": spec.shards,
+            "shard_bits": spec.shard_bits,
+            "hash_count": spec.hash_count,
+            "bits": spec.bits,
+            "capacity": self.capacity,
+            "sizing": self.sizing,
+            "servers": self.servers,
+            "generations": self.growth.last + 1,
+            "created": repr(self.created),
+            "expansion": self.expansion,
+            "tightening": repr(self.tightening),
+            "ttl": self.ttl,
+            "backend": self.backend,
+        }
+        return {name: str(values[name]) for name in FIELDS}
+
+    @classmethod
+    def parse(cls, key: str, fields: dict[str, str]) -> FilterRecord:
+        """Build a record from the hash read back; refuse one this version cannot trust."""
+
+        def refuse(problem: str) -> BloomFilterError:
+            return BloomFilterError(
+                f"The config record {key!r} cannot be used: {problem}. Check that"
+                " BLOOMFILTER_KEY names a filter created by this version of"
+                f" scrapy-redis-bloom; reset it (scrapy-redis-bloom reset --key"
+                f" {key.removesuffix(':meta')!r}) to start over."
+            )
+
+        missing = [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]
+        backend = fields.get("backend", "bitmap")
+        if backend not in BACKENDS:
+            raise refuse(f"its backend is {backend!r}, not 'bitmap' or 'native'")
+        layout = LAYOUT_VERSION if backend == "bitmap" else NATIVE_LAYOUT
+        if "layout" in fields and fields["layout"] != str(layout):
+            raise refuse(
+                f"it was written with layout {fields['layout']!r}, and this version reads"
+                f" layout {LAYOUT_VERSION} (bitmap) or {NATIVE_LAYOUT} (native) only, as its"
+                f" backend says (layout 1 was that of development builds before 0.1.0)"
+            )
+        if missing:
+            raise refuse(f"it lacks the field(s) {', '.join(missing)}")
+
+        def integer(name: str, low: int, high: int) -> int:
+            text = fields[name]
+            if not re.fullmatch(r"[0-9]{1,20}", text) or not low <= int(text) <= high:
+                raise refuse(f"its {name} is {text!r}, not an integer from {low:,} to {high:,}")
+            return int(text)
+
+        if fields["scheme"] not in (str(SCHEME_VERSION), str(BLOCKED_SCHEME)):
+            raise refuse(
+                f"its hash scheme is {fields['scheme']!r}; this version knows schemes"
+                f" {SCHEME_VERSION} and {BLOCKED_SCHEME} (blocked) only"
+            )
+        scheme = int(fields["scheme"])
+        if scheme == BLOCKED_SCHEME and backend == "native":
+            raise refuse("its hash scheme is the blocked one, which the native backend has not")
+        if not _ID.fullmatch(fields["id"]):
+            raise refuse(f"its id is {fields['id']!r}, not {2 * ID_BYTES} hex digits")
+        state = fields["state"]
+        if state not in ("creating", "ready"):
+            raise refuse(f"its state is {state!r}, not 'creating' or 'ready'")
+        try:
+            spec = FilterSpec(
+                shards=integer("shards", 1, 2**63),
+                shard_bits=integer("shard_bits", 1, 2**63),
+                hash_count=integer("hash_count", 1, 2**63),
+                block_bits=BLOCK_BITS if scheme == BLOCKED_SCHEME else 0,
+            )
+        except ValueError as exc:
+            raise refuse(f"its geometry is impossible ({exc})") from None
+        if integer("bits", 1, 2**63) != spec.bits:
+            raise refuse(f"its bits ({fields['bits']}) are not shards x shard_bits ({spec.bits})")
+        try:
+            created = float(fields["created"])
+        except ValueError:
+            created = math.nan
+        if not math.isfinite(created) or created < 0:
+            raise refuse(f"its creation time is {fields['created']!r}, not a Unix timestamp")
+        expansion = integer("expansion", 0, 2**16) if "expansion" in fields else 0
+        if expansion == 1:
+            raise refuse("its expansion is 1: 0 (no growth) or at least 2")
+        try:
+            tightening = float(fields.get("tightening", DEFAULT_TIGHTENING))
+        except ValueError:
+            tightening = math.nan
+        if not 0 < tightening < 1:
+            raise refuse(
+                f"its tightening is {fields['tightening']!r}, not a number between 0 and 1"
+            )
+        return cls(
+            spec=spec,
+            expansion=expansion,
+            tightening=tightening,
+            ttl=integer("ttl", 0, 2**31) if "ttl" in fields else 0,
+            capacity=integer("capacity", 1, 2**63),
+            filter_id=fields["id"],
+            sizing=fields["sizing"],
+            created=created,
+            servers=integer("servers", 1, MAX_SERVERS),
+            state="creating" if state == "creating" else "ready",
+            backend="native" if backend == "native" else "bitmap",
+            layout=layout,
+        )
+
+    def describe(self) -> str:
+        """Return the geometry as the user would compare it with settings."""
+        spec = self.spec
+        return (
+            f"m={spec.bits:,} bits in {spec.shards:,} shard(s) of {spec.shard_bits:,} bits,"
+            f" k={spec.hash_count}, {self.servers} server(s), hash scheme {self.scheme}"
+            f"{f' (blocked, {spec.block_bits}-bit blocks)' if spec.block_bits else ''},"
+            f" layout {self.layout}{' (native backend)' if self.backend == 'native' else ''}"
+            f" (sized for {self.capacity:,} items: {self.sizing}),"
+            f" {self.growth_text()}"
+        )
+
+    def growth_text(self) -> str:
+        """Say how the filter grows and forgets, as settings would."""
+        grows = f"growing {self.expansion}x per generation" if self.expansion else "fixed size"
+        ttl = (
+            f"URLs forgotten after {self.ttl:,} to {2 * self.ttl:,} s"
+            if self.ttl
+            else ("URLs remembered forever")
+        )
+        return f"{grows}, {ttl}"
+
+    def created_text(self) -> str:
+        """Return the creation time as ``YYYY-MM-DD HH:MM:SS UTC``."""
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.created))
+
+    def check(self, key: str, wanted: FilterRecord) -> None:
+        """Refuse a worker whose request is not this filter's.
+
+        The worker is accepted when it lists as many servers and asks either for the
+        same sizing (and then adopts the stored geometry, whatever this release would
+        compute) or for the same geometry.
+        """
+        if wanted.backend != self.backend:
+            raise ConfigMismatchError(
+                f"The Bloom filter {key!r} was created with BLOOMFILTER_BACKEND ="
+                f" {self.backend!r}; this worker asks for {wanted.backend!r}. Every worker"
+                " must use the filter's backend: set BLOOMFILTER_BACKEND = 'auto' (it adopts"
+                f" the filter's) or {self.backend!r}, choose another BLOOMFILTER_KEY, or reset"
+                f" the filter (scrapy-redis-bloom reset --key {key!r})."
+            )
+        same_request = wanted.sizing == self.sizing or wanted.spec == self.spec
+        if same_request and wanted.ttl != self.ttl:
+            raise ConfigMismatchError(
+                f"The Bloom filter {key!r} was created with BLOOMFILTER_TTL = {self.ttl}"
+                f" ({self.growth_text()}); this worker sets {wanted.ttl}. Every worker must"
+                " forget URLs after the same time: set BLOOMFILTER_TTL as the filter was"
+                " created, choose another BLOOMFILTER_KEY, or reset the filter"
+                f" (scrapy-redis-bloom reset --key {key!r})."
+            )
+        if same_request and wanted.servers == self.servers:
+            if wanted.expansion != self.expansion:
+                logger.warning(
+                    "The Bloom filter %r was created with BLOOMFILTER_EXPANSION = %d; this"
+                    " worker's setting (%d) does not apply to it, so that all workers grow"
+                    " it alike.%s",
+                    key,
+                    self.expansion,
+                    wanted.expansion,
+                    " It cannot grow: past its capacity its false-positive rate rises (reset"
+                    " it to create it growing)."
+                    if not self.expansion
+                    else "",
+                )
+            return
+        if same_request:
+            raise ServerListMismatchError(
+                f"The Bloom filter {key!r} was created on {self.servers} server(s); this worker"
+                f" lists {wanted.servers}. List the servers in BLOOMFILTER_REDIS_URLS exactly as"
+                " when the filter was created (same servers, same order): shards are never"
+                " re-mapped to other servers."
+            )
+        raise ConfigMismatchError(
+            f"The Bloom filter {key!r} in Redis was created on {self.created_text()} with"
+            f" {self.describe()}; this worker is configured with {wanted.describe()}."
+            " A filter's layout cannot change once it holds bits. Either start this"
+            " worker with the settings the filter was created with, choose another"
+            " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
+            f" {key!r}), which forgets every URL it has seen."
+        )

@@ -1,0 +1,397 @@
+"""What both backends' filters share: connections, counters, leases, the near-cache, outages.
+
+:class:`Facade` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
+:class:`.native.NativeBloomFilter` (``BF.*``): everything here is the same whatever
+keeps the bits. A subclass calls :meth:`Facade._connect` first in its constructor and
+supplies ``contains_many``, ``record`` and ``spec``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import mmh3
+
+from scrapy_redis_bloom.core.settings import FaultPolicy
+
+if TYPE_CHECKING:
+    from scrapy_redis_bloom.core.settings import BloomConfig
+from scrapy_redis_bloom.core.errors import FilterUnavailableError
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.record import Backend, FilterRecord
+from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.engine.counters import Counters
+from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.state import FilterTotals
+from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
+from scrapy_redis_bloom.transport.node import ReplyLostError, TransportError
+from scrapy_redis_bloom.transport.topology import make_topology
+from scrapy_redis_bloom.transport.wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Elements let through on error that are remembered at least, whatever the cache size.
+MIN_OWED = 10_000
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a bulk call found: answers in order, and counts for the filter's stats."""
+
+    answers: list[bool] = field(default_factory=list)
+    added: int = 0
+    seen: int = 0
+    ambiguous: int = 0
+    errors: int = 0
+    #: Elements Redis could not take (answered "new" by BLOOMFILTER_ON_ERROR = "allow").
+    failed: list[str | bytes] = field(default_factory=list)
+
+
+_F = TypeVar("_F", bound="Facade")
+
+
+def tag(element: str | bytes) -> int:
+    """Return an element's 128-bit digest: the near-cache's key (its mmh3 halves, joined)."""
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    return h1 | h2 << 64
+
+
+class Facade:
+    """The part of a filter that does not depend on its backend."""
+
+    key: str
+    record: FilterRecord | None
+    parts: Parts
+
+    #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
+    backend: Backend = "bitmap"
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        spec: FilterSpec,
+        capacity: int,
+        cache_size: int = 0,
+        *,
+        sizing: str | None = None,
+        faults: FaultPolicy | None = None,
+        events: FilterEvents | None = None,
+        expansion: int = 0,
+        ttl: int = 0,
+    ) -> None:
+        """Set up what every filter has: connections, parts, counters, near-cache, lock.
+
+        ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
+        of standalone clients; ``spec`` and ``capacity`` (and ``sizing``, the request
+        they come from) say what to create, with ``expansion`` and ``ttl``; a filter
+        that exists keeps what its record stores. The backend's own parts come from
+        :meth:`_setup`.
+        """
+        self.key = key
+        self.capacity = capacity
+        self.topology = make_topology(client)
+        self.faults = faults if faults is not None else FaultPolicy()
+        self.events = events if events is not None else FilterEvents()
+        # The events, not the filter: a reference back to it would keep it alive.
+        self.topology.trips.on_moved = functools.partial(self.events.count, "failovers")
+        self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
+        # Its connections are its own: closed with it, or when it is collected.
+        weakref.finalize(self, self.topology.close)
+        self.parts = Parts(self.executor, key, spec)
+        self.record = None
+        self.counters = Counters(key, capacity, self.events)
+        self.cache_size = cache_size
+        self._cache: LRU[int, bool] = LRU(cache_size)
+        self.cache_hits = 0
+        #: Elements let through while Redis could not answer, to add once it does.
+        self._owed: dict[int, str | bytes] = {}
+        self._lock = threading.RLock()
+        self._log = RateLimitedLog(logging.getLogger(type(self).__module__))
+        if sizing is None:
+            sizing = f"shards={spec.shards} shard_bits={spec.shard_bits} k={spec.hash_count}"
+        self.wanted = FilterRecord.new(
+            spec,
+            capacity,
+            sizing,
+            self.topology.servers,
+            expansion=expansion,
+            ttl=ttl,
+            backend=self.backend,
+        )
+        #: Most generations (sub-filters) seen in a shard by this worker (stats, the log).
+        self.generations = 1
+        self._setup()
+
+    def _setup(self) -> None:
+        """Set up the backend's own parts (called at the end of ``__init__``)."""
+
+    @classmethod
+    def from_config(
+        cls: type[_F], client: Any, key: str, config: BloomConfig, **options: Any
+    ) -> _F:
+        """Return the filter a validated configuration asks for: geometry, growth, TTL.
+
+        ``options``: the other arguments of the constructor (``cache_size``,
+        ``faults``, ``events``).
+        """
+        return cls(
+            client,
+            key,
+            config.spec,
+            config.capacity,
+            sizing=config.sizing.canonical(),
+            expansion=config.expansion,
+            ttl=config.ttl,
+            **options,
+        )
+
+    @classmethod
+    def of_record(
+        cls: type[_F],
+        client: Any,
+        key: str,
+        record: FilterRecord,
+        faults: FaultPolicy | None = None,
+    ) -> _F:
+        """Return a filter of a stored record's geometry, capacity and sizing; not opened."""
+        return cls(
+            client,
+            key,
+            record.spec,
+            record.capacity,
+            sizing=record.sizing,
+            faults=faults,
+            expansion=record.expansion,
+            ttl=record.ttl,
+        )
+
+    @property
+    def spec(self) -> FilterSpec:
+        """The geometry in use: the stored one once the filter is open."""
+        return self.parts.spec
+
+    def exists(self) -> bool:
+        """Tell whether the filter's config record is in Redis."""
+        key = self.parts.meta_key
+        with self._lock:
+            (reply,) = self.parts.run(
+                "look for the filter", [Call(pack_command(b"EXISTS", key), key=key)]
+            )
+        return bool(reply)
+
+    def close(self) -> None:
+        """Close the filter's connections. It stays usable: they reopen on demand."""
+        with self._lock:
+            self._flush_counts()
+            self.executor.close()
+
+    def totals(self) -> FilterTotals:
+        """Return the counts over all workers, as synced to Redis."""
+        with self._lock:
+            return self.counters.read(self.parts)
+
+    def sync_counters(self) -> FilterTotals | None:
+        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
+        with self._lock:
+            if self.record is None:
+                return None
+            self._flush_counts()
+            return self.counters.sync(self.parts, self.spec)
+
+    def sync_counters_if_due(self) -> None:
+        """Sync the counts when some are unsynced and the interval passed (for a timer).
+
+        Calls sync them as they come; this keeps the totals live while the worker
+        waits (an idle spider, a slow site).
+        """
+        with self._lock:
+            if self.record is not None and self.counters.due:
+                self._flush_counts()
+                self.counters.sync(self.parts, self.spec)
+
+    def lease(self, worker_id: str, ttl: float) -> WorkerLease:
+        """Return this worker's lease in the filter's registry of live workers."""
+        return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
+
+    def live_workers(self) -> list[str]:
+        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
+        with self._lock:
+            return workers_of(self.executor, self.key)
+
+    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Return, per element, whether it is (probably) in the filter."""
+        raise NotImplementedError
+
+    def contains(self, element: str | bytes) -> bool:
+        """Return True if the element is (probably) in the filter. Changes nothing."""
+        return self.contains_many([element])[0]
+
+    def check_and_add(self, element: str | bytes) -> bool:
+        """Add an element; return True if it was (probably) there already.
+
+        One atomic command in Redis (none when the near-cache knows the element): of
+        several workers adding the same element at once, exactly one gets False.
+        Which command is the backend's (:meth:`_check_and_add_one`).
+        """
+        h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+        tag = h1 | h2 << 64  # as tag()
+        with self._lock:
+            if self._cache.get(tag) or (self._owed and tag in self._owed):
+                self.cache_hits += 1
+                self.counters.record(0, 1)
+                seen = True
+            else:
+                try:
+                    seen = self._check_and_add_one(element, h1, h2)
+                except FilterUnavailableError as exc:
+                    answer = self._unavailable(exc, 1)[0]
+                    self._owe({tag: element})
+                    return answer
+                self.counters.record(int(not seen), int(seen))
+                self._cache.put(tag, True)
+                if self._owed:
+                    self._settle()
+            if self.counters.due:
+                self._flush_counts()
+                self.counters.sync(self.parts, self.spec)
+            return seen
+
+    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
+        """Ask Redis to check and add one element (its mmh3 halves ``h1``, ``h2``)."""
+        raise NotImplementedError
+
+    def _hot_call(self, payload: bytes, key: str, shard: int, script: Any) -> tuple[Any, bool]:
+        """Send one hot-path command; return its reply and whether it may have run twice.
+
+        First straight on the shard's connection; anything but a plain reply (a lost
+        connection, a redirection, NOSCRIPT, a busy server) goes to the executor
+        (:meth:`_rerun_call`).
+        """
+        try:
+            reply = self.topology.route(key, shard, None).call(payload)
+        except TransportError as exc:
+            return self._rerun_call(payload, key, shard, script, isinstance(exc, ReplyLostError))
+        if classify(reply) is not Kind.RESULT:
+            return self._rerun_call(payload, key, shard, script, False)
+        return reply, False
+
+    def _rerun_call(
+        self, payload: bytes, key: str, shard: int, script: Any, lost: bool
+    ) -> tuple[Any, bool]:
+        """Run a command through the executor, which retries within BLOOMFILTER_RETRY_TIMEOUT.
+
+        ``lost``: an attempt's reply was lost, so it may have run already.
+        """
+        ((reply, ambiguous),) = self._rerun_calls([(payload, key, shard, script, lost)])
+        return reply, ambiguous
+
+    def _rerun_calls(
+        self, commands: Sequence[tuple[bytes, str, int, Any, bool]]
+    ) -> list[tuple[Any, bool]]:
+        """:meth:`_rerun_call` for several commands ``(payload, key, shard, script, lost)``.
+
+        One executor batch: pipelined per node, and one ``SCRIPT LOAD`` per node and
+        script when they all answered ``NOSCRIPT`` (a fresh or restarted server), not
+        one round trip each.
+        """
+        calls = [Call(p, key=k, shard=s, script=script) for p, k, s, script, _ in commands]
+        results = self.executor.run("check and add a request", calls, write=True)
+        return [
+            (reply, command[4] or ambiguous)
+            for command, reply, ambiguous in zip(
+                commands, results.replies, results.ambiguous, strict=True
+            )
+        ]
+
+    @property
+    def round_trips(self) -> int:
+        """Network round trips this filter made to Redis so far, from every thread."""
+        return self.topology.trips.value
+
+    def _unknown(
+        self, elements: Sequence[str | bytes]
+    ) -> list[tuple[int, int, str | bytes, int, int]]:
+        """Return the elements Redis must answer: ``(position, tag, element, h1, h2)``.
+
+        The others, which the near-cache or the elements let through know, or repeats
+        of an earlier one, answer "seen" and are counted so, as in ``check_and_add``.
+        """
+        todo: list[tuple[int, int, str | bytes, int, int]] = []
+        taken: set[int] = set()
+        for i, element in enumerate(elements):
+            h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+            tag = h1 | h2 << 64  # as tag()
+            if tag in taken or self._cache.get(tag) or (self._owed and tag in self._owed):
+                self.cache_hits += 1
+                self.counters.record(0, 1)
+                continue
+            taken.add(tag)
+            todo.append((i, tag, element, h1, h2))
+        return todo
+
+    def _flush_counts(self, only: int | None = None) -> None:
+        """Send what the backend holds back from Redis between syncs (nothing by default).
+
+        Called before every counter sync and at close; ``only``: for that shard alone.
+        """
+
+    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        """Add elements in bulk for :meth:`_settle` (the backend's bulk path)."""
+        raise NotImplementedError
+
+    def _settle(self) -> None:
+        """Add the elements let through while Redis could not answer, now that it answers."""
+        owed, self._owed = self._owed, {}
+        outcome = self._add_owed(list(owed.values()))
+        self.counters.record(outcome.added, outcome.seen)
+        if outcome.failed:
+            failed = set(outcome.failed)
+            self._owe({tag: e for tag, e in owed.items() if e in failed})
+        for tag in owed:
+            self._cache.put(tag, True)
+        logger.info(
+            "Added %d request(s) to the Bloom filter %r that were let through while Redis"
+            " could not answer.",
+            len(owed) - len(outcome.failed),
+            self.key,
+        )
+
+    def _owe(self, elements: dict[int, str | bytes]) -> None:
+        """Remember elements let through while Redis could not answer (bounded)."""
+        room = max(self.cache_size, MIN_OWED) - len(self._owed)
+        if room < len(elements):
+            self._log.log(
+                logging.WARNING,
+                "owed",
+                "Could not remember %d request(s) let through while Redis could not answer"
+                " (%d remembered already): they may be fetched again.",
+                len(elements) - max(room, 0),
+                len(self._owed),
+            )
+        for tag, element in list(elements.items())[: max(room, 0)]:
+            self._owed[tag] = element
+
+    def _unavailable(self, exc: FilterUnavailableError, count: int) -> list[bool]:
+        """Apply BLOOMFILTER_ON_ERROR to requests Redis could not answer."""
+        self.events.count("errors", count)
+        if self.faults.on_error != "allow":
+            raise exc
+        self._log.log(
+            logging.WARNING,
+            "unavailable",
+            "Answering 'new' for %d request(s) the Bloom filter %r could not check"
+            " (BLOOMFILTER_ON_ERROR = 'allow'; they may be fetched twice): %s",
+            count,
+            self.key,
+            exc,
+        )
+        return [False] * count

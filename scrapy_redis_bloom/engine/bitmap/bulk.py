@@ -1,0 +1,578 @@
+"""``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
+
+With numpy (the optional extra ``numpy``), elements are read in blocks of
+:data:`BLOCK`, hashed at once and grouped per shard. A shard with enough of a block's
+elements (their bits against the shard's bytes: :data:`SNAPSHOT_MIN_BITS`,
+:data:`SNAPSHOT_BYTES_PER_BIT`) answers them through a snapshot (:mod:`.snapshot`):
+its bytes read under ``WATCH``, the answers computed in Python (:mod:`.local`), the new
+bits and a growing shard's count written back in one ``MULTI``/``EXEC``, which does
+nothing if another client wrote to the shard meanwhile. Redis then spends almost no
+time per element. A growing shard takes snapshots while it has one generation, for
+the elements of a batch that keep its count under
+:attr:`.generations.Growth.scriptless_limit` (the script takes the others and crosses
+the growth boundary); a filter that forgets (TTL) never does. Elements of the other
+shards, and of every snapshot that was not taken (the shard changed, is lost or not
+as expected, a connection failed, an ACL refused it), go through the chunks below.
+Without numpy, every element does.
+
+Chunks: each chunk of :data:`CHUNK` elements is hashed in Python and grouped per
+shard; per shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD
+key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about :data:`COMMAND_BITS`
+bits each. BITFIELD is atomic and replies the old bits, so "were all k bits already
+set" is exactly check-and-add's answer, at ~0.2 µs of Redis time per bit against ~1
+µs for a Lua ``redis.call``. A filter that grows or forgets sends check-and-add script
+calls of :data:`PER_SCRIPT` elements instead (only the script crosses the growth
+boundary). Chunk n+1 is sent before chunk n's replies are read, so Python packs while
+Redis works.
+
+What the hot path's script checks atomically, the bulk path checks per chunk: a shard
+whose identity did not match answers "not there" for every element of the chunk in it
+(its BITFIELD may have written into a lost shard's place), and is handed to the
+filter's recovery, after which those elements are added again. A command that fails
+is run again through the executor; if it was a write that may already have run (a
+chunk's, or a snapshot's ``EXEC``), the elements it carried answer "new" (ambiguous)
+whatever the re-run says. If the iterable raises, or anything else interrupts the
+work, the connections with replies still owed are thrown away, so no later call reads
+them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mmh3
+
+from scrapy_redis_bloom.core.errors import FilterDamagedError, FilterUnavailableError
+from scrapy_redis_bloom.core.generations import seed_arguments
+from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.engine.base import Outcome
+from scrapy_redis_bloom.engine.bitmap.local import (
+    HAVE_NUMPY,
+    crowded,
+    locate_many,
+    offsets_many,
+    outside,
+    placed,
+)
+from scrapy_redis_bloom.engine.bitmap.snapshot import Taken, take
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.scripts import MISMATCH
+from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
+from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
+#: small enough for the kernel to take the send at once while Redis works on the chunk
+#: before (10,000 made the send wait for Redis, serialising the two: -10% on 2 vCPUs).
+CHUNK = 4_000
+#: Bits per BITFIELD command (a multiple of k is used): about 1 ms of Redis time, so
+#: other clients wait no longer than that between two commands.
+COMMAND_BITS = 5_000
+#: Elements read from the iterable at a time when snapshots may be taken: each shard with
+#: enough of them is answered through one snapshot (:mod:`.snapshot`), so a larger block
+#: spreads a shard's transfer and round trips over more elements (+20% from 65,536 at 21
+#: shards). Memory: 8 k bytes of offsets per element, ~15 MiB at k = 14 in one shard.
+BLOCK = 131_072
+#: The most elements read at a time: a filter of many large shards reads more than BLOCK,
+#: for enough elements per shard (~30 of 8 MiB at 1e-4: ~600,000). Memory: ~50 bytes per
+#: element (hashes, seeds, positions), plus one shard's offsets and copy at a time.
+MAX_BLOCK = 1_048_576
+#: A shard's batch is answered through a snapshot when its bits (elements times k) are
+#: at least SNAPSHOT_MIN_BITS plus the shard's bytes / SNAPSHOT_BYTES_PER_BIT: BITFIELD
+#: costs ~0.25 µs of Redis time and ~0.5 µs of Python per bit, a snapshot two round
+#: trips and ~4 ns per byte moved (read and written back).
+SNAPSHOT_MIN_BITS = 1_024
+SNAPSHOT_BYTES_PER_BIT = 64
+
+
+@dataclass(frozen=True)
+class ScriptHooks:
+    """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
+
+    ``active()``: whether the filter is such a filter now (its record says so);
+    ``script()``: the check-and-add script; ``head(shard, write, n)``: the packed start
+    of a call over n elements; ``note(shard, flags, generations)``: report what a call
+    did beside answering; ``mismatch(shard, shard_key, bad_key)``: sort out a part a
+    call found wrong.
+    """
+
+    active: Callable[[], bool]
+    script: Callable[[], Script]
+    head: Callable[[int, bool, int], bytes]
+    note: Callable[[int, int, int], None]
+    mismatch: Callable[[int, str, object], None]
+    #: For a filter that grows but does not forget, :attr:`.generations.Growth.scriptless_limit`:
+    #: its shards with one generation and room take snapshots too. None (or returning
+    #: 0): the script always.
+    scriptless: Callable[[], int] | None = None
+
+
+#: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
+PER_SCRIPT = 100
+
+
+@dataclass(slots=True)
+class _Command:
+    """A command of a chunk: a shard's identity check, or a BITFIELD over some elements."""
+
+    call: Call
+    shard: int
+    #: Elements of the shard's group it carries (BITFIELD), or None (identity check).
+    elements: range | None = None
+    #: A check-and-add script call (which checks the identity itself).
+    scripted: bool = False
+
+
+@dataclass
+class _Chunk:
+    write: bool
+    elements: Sequence[str | bytes]
+    #: Per shard: the positions of its elements in the chunk, and their k offsets each.
+    groups: dict[int, tuple[list[int], list[int]]]
+    #: Per node: the node and its commands, in sending order.
+    plans: dict[int, tuple[Node, list[_Command]]]
+    #: Per node: a ticket of replies owed, the replies read early, or why none come.
+    sent: dict[int, Ticket | list[Any] | TransportError] = field(default_factory=dict)
+
+
+class Bulk:
+    """Runs bulk checks on a filter's shards.
+
+    ``identity(shard)`` returns the bytes the shard's header must start with (they
+    change if the filter is adopted anew); ``recover(found)`` sorts out shards whose
+    header did not match (it raises, or returns once they are usable); ``allow``:
+    answer "new" for a chunk Redis could not take within the retry timeout, instead
+    of raising.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        executor: Executor,
+        parts: Parts,
+        identity: Callable[[int], bytes],
+        recover: Callable[[dict[int, bytes]], None],
+        allow: bool,
+        hooks: ScriptHooks | None = None,
+    ) -> None:
+        self.topology = topology
+        self.executor = executor
+        self.parts = parts
+        self.identity = identity
+        self.recover = recover
+        self.allow = allow
+        self.hooks = hooks
+        #: Whether snapshots may be taken: numpy is there and Redis's ACL allows them.
+        self._snapshots = HAVE_NUMPY
+
+    @property
+    def spec(self) -> FilterSpec:
+        """The geometry in use (the record's)."""
+        return self.parts.spec
+
+    def run(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        """Check (and with ``write``, add) the elements; return the answers in order."""
+        if not self._snapshots:
+            return self._run_chunks(write, elements)
+        outcome = Outcome()
+        remaining = iter(elements)
+        while block := list(itertools.islice(remaining, self._block_size())):
+            self._run_block(write, block, outcome)
+        return outcome
+
+    def _least(self) -> int:
+        """Return the fewest elements of a shard that it answers through a snapshot."""
+        spec = self.spec
+        bits = SNAPSHOT_MIN_BITS + spec.shard_bytes // SNAPSHOT_BYTES_PER_BIT
+        return -(-bits // spec.hash_count)
+
+    def _block_size(self) -> int:
+        """Return the elements to read next: enough for twice :meth:`_least` per shard."""
+        return min(MAX_BLOCK, max(BLOCK, 2 * self._least() * self.spec.shards))
+
+    def _run_block(self, write: bool, block: list[str | bytes], outcome: Outcome) -> None:
+        """Run a block: snapshots for the shards with many of its elements, chunks for the rest.
+
+        Elements of different shards touch different bits, so each shard's elements may
+        be answered apart from the others' without changing any answer.
+        """
+        mode = self._snapshot_mode()
+        if mode is None:
+            _merge(outcome, self._run_chunks(write, block))
+            return
+        limit = mode[0]
+        spec = self.spec
+        k, size = spec.hash_count, spec.shard_bits
+        shard, x, y = locate_many(block, spec.shards, size, spec.block_bits)
+        least = self._least()
+        # (A grown shard is found so again at each block: a read of its bytes, small
+        # against the script calls its elements then take.)
+        groups = crowded(shard, spec.shards, least)
+        if not groups:
+            _merge(outcome, self._run_chunks(write, block))
+            return
+        answered: list[tuple[Any, list[bool]]] = []
+        doubtful: set[int] = set()
+        for s, positions in groups.items():
+            if not self._snapshots:
+                break  # refused by an ACL: the rest go through the chunks
+            taken = self._snapshot(
+                s, offsets_many(x[positions], y[positions], k, size, spec.block_bits), write, limit
+            )
+            if taken.answers is None:
+                if taken.ambiguous:
+                    doubtful.update(positions.tolist())
+                continue
+            answered.append((positions[: len(taken.answers)], taken.answers))
+            if write:
+                seen = taken.answers.count(True)
+                outcome.seen += seen
+                outcome.added += len(taken.answers) - seen
+        answers = placed(len(block), answered)
+        others = outside(len(block), [positions for positions, _ in answered])
+        if others:
+            second = self._run_chunks(write, [block[p] for p in others])
+            for position, answer in zip(others, second.answers, strict=True):
+                if answer and position in doubtful:
+                    answer = False  # the bits may be this batch's own, from a lost EXEC
+                    second.ambiguous += 1
+                    if write:
+                        second.seen -= 1
+                        second.added += 1
+                answers[position] = answer
+            second.answers = []
+            _merge(outcome, second)
+        outcome.answers.extend(answers)
+
+    def _snapshot_mode(self) -> tuple[int | None] | None:
+        """Whether snapshots may be taken now: None if not, else (the scriptless limit,).
+
+        The limit is None for a filter that neither grows nor forgets; a filter that
+        forgets (TTL) takes the script always.
+        """
+        hooks = self.hooks
+        if hooks is None or not hooks.active():
+            return (None,)
+        limit = hooks.scriptless() if hooks.scriptless is not None else None
+        return (limit,) if limit else None
+
+    def _snapshot(self, shard: int, offsets: Any, write: bool, limit: int | None) -> Taken:
+        """Take a snapshot of a shard for a batch (see :mod:`.snapshot`); note what it says."""
+        key = self.parts.shard_key(shard)
+        node = self.topology.route(key, shard, None)
+        length = HEADER_BYTES + self.spec.shard_bytes
+        taken = take(node, key, self.identity(shard), offsets, write, length, limit)
+        if taken.denied is not None:
+            self._snapshots = False
+            logger.info(
+                "Bulk checks use BITFIELD (or the script) from now on, no snapshots: the"
+                " Redis user may not run WATCH, GET, GETRANGE, MULTI, SETRANGE, EXEC,"
+                " DISCARD or UNWATCH on %r (ACL: refused the %s). Granting them makes"
+                " add_many and contains_many faster.",
+                key,
+                taken.denied,
+            )
+        return taken
+
+    def _run_chunks(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        """Check (and add) elements in chunks of BITFIELD or script calls, pipelined."""
+        outcome = Outcome()
+        retry: list[tuple[int, str | bytes]] = []  # elements of shards that were recovered
+        pending: _Chunk | None = None  # sent, replies not read yet
+        prepared: _Chunk | None = None  # sent after pending, replies not read yet
+        remaining = iter(elements)
+        done = 0
+        try:
+            while chunk := list(itertools.islice(remaining, CHUNK)):
+                prepared = self._prepare(write, chunk)
+                self._send(prepared)
+                if pending is not None:
+                    retry += self._collect(pending, prepared, outcome, done)
+                    done += len(pending.elements)
+                pending, prepared = prepared, None
+            if pending is not None:
+                retry += self._collect(pending, None, outcome, done)
+                pending = None
+        finally:
+            # Interrupted (the iterable raised, Redis refused...): replies may be owed.
+            for unread in (pending, prepared):
+                if unread is not None:
+                    self._abandon(unread)
+        if retry:
+            self._again(write, retry, outcome)
+        return outcome
+
+    def _again(self, write: bool, retry: list[tuple[int, str | bytes]], outcome: Outcome) -> None:
+        """Check again the elements of shards that were recovered; keep "new" answers."""
+        again = Bulk(
+            self.topology, self.executor, self.parts, self.identity, _refuse, self.allow, self.hooks
+        )
+        second = again.run(write, [element for _, element in retry])
+        for (position, _), answer in zip(retry, second.answers, strict=True):
+            outcome.answers[position] = answer
+        outcome.added += second.added
+        outcome.seen += second.seen
+        outcome.ambiguous += second.ambiguous
+        outcome.errors += second.errors
+        outcome.failed += second.failed
+
+    # -- planning --------------------------------------------------------------------
+
+    def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
+        """Hash a chunk and plan its commands: per node, per shard, COMMAND_BITS bits each."""
+        if self.hooks is not None and self.hooks.active():
+            return self._prepare_scripted(write, elements, self.hooks)
+        spec = self.spec
+        k, size, shards, block = spec.hash_count, spec.shard_bits, spec.shards, spec.block_bits
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for i, element in enumerate(elements):
+            shard, x, y = locate(element, shards, size, block)
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = ([], [])
+            group[0].append(i)
+            # A shard's bits start after its header.
+            group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
+        per_command = max(1, COMMAND_BITS // k)
+        packer = BitfieldPacker(write)
+        plans: dict[int, tuple[Node, list[_Command]]] = {}
+        for shard, (positions, bits) in groups.items():
+            key = self.parts.shard_key(shard)
+            node = self.topology.route(key, shard, None)
+            commands = plans.setdefault(id(node), (node, []))[1]
+            check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
+            commands.append(_Command(Call(check, key=key, shard=shard), shard))
+            packed_key = encode(key)
+            for first in range(0, len(positions), per_command):
+                span = range(first, min(first + per_command, len(positions)))
+                payload = packer.pack(packed_key, bits[span.start * k : span.stop * k])
+                commands.append(_Command(Call(payload, key=key, shard=shard), shard, span))
+        return _Chunk(write, elements, groups, plans)
+
+    def _prepare_scripted(
+        self, write: bool, elements: Sequence[str | bytes], hooks: ScriptHooks
+    ) -> _Chunk:
+        """Plan a chunk as check-and-add script calls of up to PER_SCRIPT elements each.
+
+        The path of a filter that grows or forgets: only the script knows a shard's
+        generations and windows. Its groups carry the packed seeds of each element.
+        """
+        shards, size, block = self.spec.shards, self.spec.shard_bits, self.spec.block_bits
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        seeds: dict[int, list[bytes]] = {}
+        for i, element in enumerate(elements):
+            h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+            shard = h1 % shards
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = ([], [])
+                seeds[shard] = []
+            group[0].append(i)
+            seeds[shard].append(seed_arguments(h1, h2, shards, size, block))
+        script = hooks.script()
+        plans: dict[int, tuple[Node, list[_Command]]] = {}
+        for shard, (positions, _) in groups.items():
+            key = self.parts.shard_key(shard)
+            node = self.topology.route(key, shard, None)
+            commands = plans.setdefault(id(node), (node, []))[1]
+            packed = seeds[shard]
+            for first in range(0, len(positions), PER_SCRIPT):
+                span = range(first, min(first + PER_SCRIPT, len(positions)))
+                payload = hooks.head(shard, write, len(span)) + b"".join(
+                    packed[span.start : span.stop]
+                )
+                call = Call(payload, key=key, shard=shard, script=script)
+                commands.append(_Command(call, shard, span, scripted=True))
+        return _Chunk(write, elements, groups, plans)
+
+    # -- sending and reading -----------------------------------------------------------
+
+    def _send(self, chunk: _Chunk) -> None:
+        for node_id, (node, commands) in chunk.plans.items():
+            try:
+                chunk.sent[node_id] = node.send(
+                    b"".join(command.call.payload for command in commands), len(commands)
+                )
+            except TransportError as exc:
+                chunk.sent[node_id] = exc
+
+    def _abandon(self, chunk: _Chunk) -> None:
+        """Throw away the connections on which a chunk's replies are still owed."""
+        for node_id, (node, _) in chunk.plans.items():
+            if isinstance(chunk.sent.get(node_id), Ticket):
+                node.abandon()
+
+    def _drain(self, chunk: _Chunk | None) -> None:
+        """Read a later chunk's owed replies now, so another command may use its nodes."""
+        if chunk is None:
+            return
+        for node_id, (node, _) in chunk.plans.items():
+            sent = chunk.sent.get(node_id)
+            if isinstance(sent, Ticket):
+                try:
+                    chunk.sent[node_id] = node.receive(sent)
+                except TransportError as exc:
+                    chunk.sent[node_id] = exc
+
+    def _collect(
+        self,
+        chunk: _Chunk,
+        later: _Chunk | None,
+        outcome: Outcome,
+        offset: int,
+    ) -> list[tuple[int, str | bytes]]:
+        """Read a chunk's replies (running failed commands again); add its answers.
+
+        Returns the elements of shards that had to be recovered, with their positions,
+        for a second pass.
+        """
+        k = self.spec.hash_count
+        write = chunk.write
+        old_bits: dict[int, list[int]] = {shard: [] for shard in chunk.groups}
+        doubtful: dict[int, set[int]] = {shard: set() for shard in chunk.groups}
+        mismatched: dict[int, bytes] = {}
+        scripted = False
+        try:
+            for node_id, (node, commands) in chunk.plans.items():
+                replies, unsure = self._replies(chunk, node_id, node, commands, later)
+                for command, reply, maybe_twice in zip(commands, replies, unsure, strict=True):
+                    if isinstance(reply, BaseException):
+                        raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
+                    if command.elements is None:
+                        found = bytes(reply)
+                        if found != self.identity(command.shard):
+                            mismatched[command.shard] = found
+                        continue
+                    if command.scripted:
+                        scripted = True
+                        if self._scripted_reply(command, reply, mismatched):
+                            old_bits[command.shard].extend(reply[3:])
+                        if maybe_twice:
+                            doubtful[command.shard].update(command.elements)
+                        continue
+                    old_bits[command.shard].extend(reply)
+                    if maybe_twice:
+                        doubtful[command.shard].update(command.elements)
+        except FilterUnavailableError:
+            self._abandon(chunk)
+            if not self.allow:
+                raise
+            outcome.answers.extend([False] * len(chunk.elements))
+            outcome.errors += len(chunk.elements)
+            outcome.failed.extend(chunk.elements)
+            return []
+        size = len(chunk.elements)
+        answers = [False] * size
+        if scripted:
+            k = 1  # one answer per element, not k old bits
+        for shard, (positions, _) in chunk.groups.items():
+            if shard in mismatched:
+                continue
+            bits, unsure_here = old_bits[shard], doubtful[shard]
+            for n, position in enumerate(positions):
+                seen = 0 not in bits[n * k : n * k + k]
+                if seen and n in unsure_here:
+                    seen = False  # the set bits may be this call's own, from a lost reply
+                    outcome.ambiguous += 1
+                answers[position] = seen
+        if write:
+            added = size - sum(answers)
+            outcome.added += added
+            outcome.seen += size - added
+        outcome.answers.extend(answers)
+        if not mismatched:
+            return []
+        self._drain(later)  # recovery talks to these nodes too (this chunk's are read)
+        if scripted:  # the script names the wrong key: read what the shards hold
+            mismatched = self.parts.identities(mismatched)
+        self.recover(mismatched)
+        return [
+            (offset + position, chunk.elements[position])
+            for shard in mismatched
+            for position in chunk.groups[shard][0]
+        ]
+
+    def _scripted_reply(self, command: _Command, reply: Any, mismatched: dict[int, bytes]) -> bool:
+        """Take a script call's reply apart; return True when it carries answers.
+
+        A shard key found wrong is noted in ``mismatched`` for recovery; a generation
+        or window found wrong is the hooks' to raise about.
+        """
+        assert self.hooks is not None
+        shard, key = command.shard, command.call.key or ""
+        if reply[0] == MISMATCH:
+            bad = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            if bad != key:
+                self.hooks.mismatch(shard, key, bad)
+            mismatched[shard] = b""
+            return False
+        if reply[1] or reply[2] > 1:
+            self.hooks.note(shard, reply[1], reply[2])
+        return True
+
+    def _replies(
+        self,
+        chunk: _Chunk,
+        node_id: int,
+        node: Node,
+        commands: list[_Command],
+        later: _Chunk | None,
+    ) -> tuple[list[Any], list[bool]]:
+        """Return a node's replies for a chunk, and per command whether it may have run twice."""
+        sent = chunk.sent.get(node_id)
+        replies: list[Any] | None = None
+        lost = isinstance(sent, ReplyLostError)
+        if isinstance(sent, Ticket):
+            try:
+                replies = chunk.sent[node_id] = node.receive(sent)
+            except ReplyLostError as exc:
+                chunk.sent[node_id] = exc
+                lost = True
+        elif isinstance(sent, list):
+            replies = sent
+        if replies is None:
+            redo = list(range(len(commands)))
+            replies = [None] * len(commands)
+        else:
+            redo = [i for i, reply in enumerate(replies) if classify(reply) is not Kind.RESULT]
+        unsure = [lost and chunk.write] * len(commands)
+        if redo:
+            # The executor may use any node: first read every reply owed on them, this
+            # chunk's, then the next one's (the order they were sent in).
+            self._drain(chunk)
+            self._drain(later)
+            results = self.executor.run(
+                "add in bulk" if chunk.write else "check in bulk",
+                [commands[i].call for i in redo],
+                write=chunk.write,
+            )
+            for i, reply, twice in zip(redo, results.replies, results.ambiguous, strict=True):
+                replies[i] = reply
+                unsure[i] = unsure[i] or twice
+        return replies, unsure
+
+
+def _merge(outcome: Outcome, part: Outcome) -> None:
+    """Add a part's answers and counts to an outcome."""
+    outcome.answers.extend(part.answers)
+    outcome.added += part.added
+    outcome.seen += part.seen
+    outcome.ambiguous += part.ambiguous
+    outcome.errors += part.errors
+    outcome.failed += part.failed
+
+
+def _refuse(found: dict[int, bytes]) -> None:
+    """Recovery for a second pass: shards that still do not match were not recovered."""
+    raise FilterDamagedError(
+        f"Shard(s) {sorted(found)} of the Bloom filter still do not carry its id after"
+        " being recovered."
+    )

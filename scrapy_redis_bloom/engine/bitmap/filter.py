@@ -1,0 +1,527 @@
+"""The Bloom filter in Redis: :class:`RedisBloomFilter`, the facade over the engine.
+
+It knows Redis and the hashing scheme, nothing of Scrapy. Elements are request
+fingerprints as hex strings (see :mod:`..hashing`). The answer contract, for
+:meth:`~RedisBloomFilter.check_and_add`, :meth:`~RedisBloomFilter.add_many` and
+:meth:`~RedisBloomFilter.contains_many` alike:
+
+* "seen" (True) only when Redis confirmed, in this call, that every bit of the
+  element was already set in a shard that carries this filter's id;
+* any doubt answers "new" (False): a reply lost after the command was sent, with a
+  re-run finding the bits set (counted as ``ambiguous``); a shard found lost;
+  Redis unavailable for ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR =
+  "allow"`` (counted as ``errors``). A duplicate fetch is cheap; a lost page is not.
+* otherwise an error, never a wrong answer: :class:`~..errors.FilterUnavailableError`,
+  :class:`~..errors.FilterDamagedError`, :class:`~..errors.WrongTypeError`, ...
+
+Elements let through under ``"allow"`` are remembered by this worker (a second offer
+is a duplicate: it answers "seen") and added to the filter once Redis answers again,
+so that other workers learn of them too.
+
+Thread-safe: calls from several threads are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterDamagedError,
+    FilterUnavailableError,
+)
+from scrapy_redis_bloom.core.generations import seed_arguments
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.engine import scripts
+from scrapy_redis_bloom.engine.access import check_access
+from scrapy_redis_bloom.engine.base import Facade, Outcome, tag
+from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
+from scrapy_redis_bloom.engine.bitmap.fastpath import FastPath
+from scrapy_redis_bloom.engine.lifecycle import Lifecycle
+from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
+from scrapy_redis_bloom.transport.executor import Call, Kind, classify
+from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
+from scrapy_redis_bloom.transport.wire import Script, command_head, encode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Command:
+    """One element's check-and-add, packed: a BITFIELD (``fast`` packed it) or the script."""
+
+    shard: int
+    key: str
+    payload: bytes
+    fast: FastPath | None = None
+    #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
+    counted: int = 0
+    #: Fields its BITFIELD reads before the bits (scriptless path).
+    fields: int = 0
+
+    def give_back(self) -> None:
+        """Keep the count it carried for a later command: this one did not run."""
+        if self.fast is not None:
+            self.fast.lost(self.shard, self.counted)
+
+
+class RedisBloomFilter(Facade):
+    """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
+
+    ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
+    of standalone clients (several servers: shard ``i`` on server ``i mod n``); the
+    filter makes its own connections from their settings. ``spec`` and ``capacity``
+    (and ``sizing``, the request they come from, see :class:`..sizing.Sizing`) say
+    what to create; a filter that exists keeps the geometry stored in its record.
+    :meth:`open` is called on first use.
+    """
+
+    def _setup(self) -> None:
+        key = self.key
+        self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
+        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        self._script = scripts.check_and_add(self.wanted.growth, one=True)
+        self._bulk_script = scripts.check_and_add(self.wanted.growth)
+        self._heads: dict[int, tuple[bytes, str]] = {}
+        #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
+        self._fast: FastPath | None = None
+        self._identities: dict[int, bytes] = {}
+        self._bulk = Bulk(
+            self.topology,
+            self.executor,
+            self.parts,
+            self._identity,
+            self._recover,
+            allow=self.faults.on_error == "allow",
+            hooks=ScriptHooks(
+                active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
+                script=lambda: self._bulk_script,
+                head=lambda shard, write, n: self._scripted_head(
+                    shard, write, n, self._bulk_script
+                ),
+                note=self._note,
+                mismatch=self._mismatch,
+                scriptless=self._scriptless,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        spec = self.spec
+        return (
+            f"<RedisBloomFilter key={self.key!r} bits={spec.bits} shards={spec.shards}"
+            f" hash_count={spec.hash_count} capacity={self.capacity}"
+            f" servers={self.topology.servers}>"
+        )
+
+    @property
+    def shard_keys(self) -> list[str]:
+        """The keys of every shard, in shard order (built on demand)."""
+        return [self.parts.shard_key(shard) for shard in range(self.spec.shards)]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self, create: bool = True) -> FilterRecord:
+        """Create the filter, or check this worker's settings and every part against it.
+
+        With ``create=False`` a missing filter raises
+        :class:`~..errors.FilterMissingError`. See :mod:`.lifecycle` for what is
+        checked and how lost parts are handled.
+        """
+        with self._lock:
+            record = self.lifecycle.open(self.wanted, create)
+            self._adopt(record)
+            return record
+
+    def _adopt(self, record: FilterRecord) -> None:
+        """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
+        old, self.record = self.record, record
+        if old is None or old.filter_id != record.filter_id or old.growth != record.growth:
+            self._script = scripts.check_and_add(record.growth, one=True)
+            self._bulk_script = scripts.check_and_add(record.growth)
+            self._heads.clear()
+            self._fast = (
+                FastPath(record.growth, self.parts.shard_key, self._identity)
+                if FastPath.applies(record.growth)
+                else None
+            )
+            self._identities.clear()
+            self.counters.fixed = not (record.expansion or record.ttl)
+            if old is not None:
+                self._cache.clear()
+
+    def _current(self) -> FilterRecord:
+        if self.record is None:
+            self.open()
+        assert self.record is not None
+        return self.record
+
+    def clear(self) -> None:
+        """Delete the filter: its shards, counters and markers, then its record.
+
+        Only keys proven to be this filter's (see :meth:`.parts.Parts.delete`). The
+        worker registry is kept: leases belong to the workers. The next use creates
+        the filter anew.
+        """
+        with self._lock:
+            record = self.record if self.record is not None else self.parts.read_record()
+            if record is not None:
+                self.lifecycle.delete(record)
+            self.record = None
+            self._cache.clear()
+            self.counters.forget_unsynced()
+
+    def estimate(self, items: int) -> FilterState:
+        """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""
+        return estimate_from_items(self._current().growth, items)
+
+    def state(self) -> FilterState:
+        """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis)."""
+        with self._lock:
+            return read_state(self.parts, self._current().growth)
+
+    # -- elements ----------------------------------------------------------------------
+
+    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
+        """One ``BITFIELD`` (:mod:`.fastpath`), or the script where a shard has grown or forgets."""
+        return self._check_and_add(h1, h2)
+
+    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
+        """Add a few elements together; return, per element, whether it was there already.
+
+        The answers equal :meth:`check_and_add` called on each in order, under the same
+        contract (a repeat inside the call is "seen" after its first), but the commands
+        of every element the near-cache does not know go in one round trip per server:
+        the links of a page in one exchange. For thousands of elements, :meth:`add_many`.
+        """
+        answers = [True] * len(elements)
+        with self._lock:
+            todo = self._unknown(elements)
+            hashes = [(h1, h2) for _, _, _, h1, h2 in todo]
+            done, failure = self._check_and_add_all(hashes) if todo else ([], None)
+            for (i, digest, _, _, _), seen in zip(todo, done, strict=False):
+                answers[i] = seen
+                self.counters.record(int(not seen), int(seen))
+                self._cache.put(digest, True)
+            if failure is not None:
+                rest = todo[len(done) :]
+                self._unavailable(failure, len(rest))
+                for i, _, _, _, _ in rest:
+                    answers[i] = False
+                self._owe({digest: element for _, digest, element, _, _ in rest})
+            elif self._owed and todo:
+                self._settle()
+            if self.counters.due:
+                self._flush_counts()
+                self.counters.sync(self.parts, self.spec)
+        return answers
+
+    def _check_and_add(self, h1: int, h2: int, recovered: bool = False) -> bool:
+        command = self._prepare(h1, h2)
+        try:
+            reply, ambiguous = self._send(command)
+        except FilterUnavailableError:
+            command.give_back()
+            raise
+        return self._conclude(command, reply, ambiguous, h1, h2, recovered)
+
+    def _check_and_add_all(
+        self, hashes: list[tuple[int, int]]
+    ) -> tuple[list[bool], FilterUnavailableError | None]:
+        """Check and add elements (their hashes) with one exchange per node, in order.
+
+        Returns the answers, and the error that stopped them if Redis could not answer
+        (then the answers are those of the elements before it).
+        """
+        commands = [self._prepare(h1, h2) for h1, h2 in hashes]
+        nodes: dict[int, tuple[Node, list[int]]] = {}
+        for i, command in enumerate(commands):
+            node = self.topology.route(command.key, command.shard, None)
+            nodes.setdefault(id(node), (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(commands)
+        lost = [False] * len(commands)
+        sent: list[tuple[Node, list[int], Ticket | TransportError]] = []
+        for node, order in nodes.values():
+            payload = b"".join(commands[i].payload for i in order)
+            try:
+                sent.append((node, order, node.send(payload, len(order))))
+            except TransportError as exc:
+                sent.append((node, order, exc))
+        for node, order, ticket in sent:
+            try:
+                if isinstance(ticket, TransportError):
+                    raise ticket
+                got = node.receive(ticket)
+            except TransportError as exc:
+                for i in order:
+                    lost[i] = isinstance(exc, ReplyLostError)
+                continue
+            loaded = False
+            for i, reply in zip(order, got, strict=True):
+                kind = classify(reply)
+                if kind is Kind.RESULT:
+                    replies[i] = reply
+                elif kind is Kind.NOSCRIPT and not loaded and self._script_of(commands[i]):
+                    # A fresh or restarted server: load once, so the rerun runs at once.
+                    self.executor.load(node, self._script, "check and add a request")
+                    loaded = True
+        # What the first exchange did not answer goes through the executor together.
+        ambiguous = [False] * len(commands)
+        pending = [i for i, reply in enumerate(replies) if reply is None]
+        failure: FilterUnavailableError | None = None
+        if pending:
+            rerun = [
+                (c.payload, c.key, c.shard, self._script_of(c), lost[i])
+                for i, c in ((i, commands[i]) for i in pending)
+            ]
+            try:
+                for i, (reply, doubt) in zip(pending, self._rerun_calls(rerun), strict=True):
+                    replies[i], ambiguous[i] = reply, doubt
+            except FilterUnavailableError as exc:
+                failure = exc
+        answers: list[bool] = []
+        for i, command in enumerate(commands):
+            if failure is not None and replies[i] is None:  # the executor gave up: owed
+                for later in commands[i:]:
+                    later.give_back()
+                return answers, failure
+            h1, h2 = hashes[i]
+            answers.append(self._conclude(command, replies[i], ambiguous[i], h1, h2, False))
+        return answers, None
+
+    def _prepare(self, h1: int, h2: int) -> _Command:
+        """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
+        record = self.record if self.record is not None else self._current()
+        spec = record.spec
+        shard = h1 % spec.shards
+        fast = self._fast
+        if fast is not None:
+            if fast.usable(shard):
+                payload, key, counted, fields = fast.pack(shard, h1, h2)
+                return _Command(shard, key, payload, fast, counted, fields)
+            self._flush_counts(shard)  # the script counts from here: give it this worker's
+        head, key = self._heads.get(shard) or self._head(shard)
+        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
+        return _Command(shard, key, payload)
+
+    def _send(self, command: _Command) -> tuple[Any, bool]:
+        return self._hot_call(command.payload, command.key, command.shard, self._script_of(command))
+
+    def _script_of(self, command: _Command) -> Script | None:
+        return None if command.fast is not None else self._script
+
+    def _conclude(
+        self, command: _Command, reply: Any, ambiguous: bool, h1: int, h2: int, recovered: bool
+    ) -> bool:
+        """Read a check-and-add's reply: its answer, after whatever it reports is handled.
+
+        A shard found wrong is recovered and the element checked again; a refusal raises.
+        """
+        if isinstance(reply, BaseException):
+            raise self.parts.refusal(reply, command.key, "check and add a request")
+        if command.fast is not None:
+            try:
+                seen, generations = command.fast.read(command.shard, reply, command.fields)
+            except ValueError as exc:
+                raise FilterUnavailableError(
+                    f"Redis answered a check of {command.key!r} with a reply that is not this"
+                    f" command's ({exc}); answering nothing from it."
+                ) from None
+            if seen is None:
+                # Its bits went wherever the key now points: the shard was lost (a bitmap
+                # without a header now), or the filter reset. Recover, then check again;
+                # "seen" then may be this call's own bits.
+                if recovered:
+                    raise self._still_wrong(command.key)
+                self._recover(self.parts.identities([command.shard]))
+                seen, ambiguous = self._check_and_add(h1, h2, recovered=True), True
+            elif generations > self.generations:
+                self._note(command.shard, 0, generations)
+        elif reply.__class__ is int:  # the script's common reply: the answer alone
+            seen = reply == 1
+        elif reply[0] == scripts.MISMATCH:
+            if recovered:
+                raise self._still_wrong(command.key)
+            self._mismatch(command.shard, command.key, reply[1])
+            return self._check_and_add(h1, h2, recovered=True)
+        else:
+            if reply[1] or reply[2] > self.generations:
+                self._note(command.shard, reply[1], reply[2])
+            seen = reply[3] == 1
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the bits may be this call's own, set by a lost attempt
+        return seen
+
+    def _still_wrong(self, key: str) -> FilterDamagedError:
+        return FilterDamagedError(
+            f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
+            " after recovery."
+        )
+
+    def _flush_counts(self, only: int | None = None) -> None:
+        """Send the counts of items the scriptless path found new (see :mod:`.fastpath`).
+
+        ``only``: that shard's alone.
+        """
+        fast = self._fast
+        owed = fast.flushes(only) if fast is not None else []
+        if not owed:
+            return
+        assert fast is not None
+        calls = [Call(command, key=key, shard=shard) for shard, key, command, _ in owed]
+        try:
+            replies = self.executor.run("add to the shards' counts", calls, write=True).replies
+        except BloomFilterError:
+            replies = [None] * len(owed)  # the checks themselves report an outage
+        for (shard, _, _, items), reply in zip(owed, replies, strict=True):
+            if reply is None or isinstance(reply, BaseException):
+                fast.lost(shard, items)  # kept for the next sync (a refusal, out of memory)
+
+    def _mismatch(self, shard: int, key: str, found: object) -> None:
+        """Sort out the part a script found wrong: the shard itself, or a generation of it.
+
+        A wrong shard key goes to :meth:`_recover`; a generation or a re-crawl window
+        that is missing (with ``BLOOMFILTER_ON_LOSS = "raise"``) or foreign raises.
+        """
+        bad = found.decode() if isinstance(found, bytes) else str(found)
+        if bad == key:
+            self._recover(self.parts.identities([shard]))
+        else:
+            raise self.lifecycle.lost_part(self._current(), shard, bad)
+
+    def _note(self, shard: int, flags: int, generations: int) -> None:
+        """Report what a check-and-add did beside answering: growth, a full shard, a loss."""
+        if generations > self.generations:
+            self.generations = generations
+            self.events.set("generations", generations)
+        if flags & scripts.GREW:
+            self.events.count("grown")
+            growth = self._current().growth
+            self._log.log(
+                logging.INFO,
+                "grown",
+                "The Bloom filter %r grows: shard %d started generation %d of at most %d"
+                " (it takes %s more items at a false-positive rate of %.2g).",
+                self.key,
+                shard,
+                generations - 1,
+                growth.last,
+                f"{growth.generation(generations - 1).capacity:,}",
+                growth.generation(generations - 1).error_rate,
+            )
+        if flags & scripts.FULL:
+            self.events.count("full")
+            self._log.log(
+                logging.WARNING,
+                "full",
+                "Shard %d of the Bloom filter %r is past the capacity of its last generation"
+                " (%d generations, %s items in all): it cannot grow further, and its"
+                " false-positive rate now rises, so some new URLs will be taken for seen."
+                " Create a larger filter (a higher BLOOMFILTER_CAPACITY) for this crawl.",
+                shard,
+                self.key,
+                generations,
+                f"{self._current().growth.grown_capacity:,}",
+            )
+        if flags & scripts.RECREATED:
+            self.events.count("recreated")
+            self._log.log(
+                logging.WARNING,
+                "recreated",
+                "A lost generation or re-crawl window of shard %d of the Bloom filter %r was"
+                " recreated empty (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
+                " fetched again. It was evicted or deleted; see the maxmemory-policy of %s.",
+                shard,
+                self.key,
+                self.topology.describe(),
+            )
+
+    def _head(self, shard: int) -> tuple[bytes, str]:
+        """Pack ``EVALSHA sha 1 <shard key> <identity> w <recreate>`` for a shard; and its key."""
+        key = self.parts.shard_key(shard)
+        head = self._scripted_head(shard, True)
+        self._heads[shard] = head, key
+        return head, key
+
+    def _scripted_head(
+        self, shard: int, write: bool, elements: int = 1, script: Script | None = None
+    ) -> bytes:
+        """Pack the start of a check-and-add call over ``elements`` elements.
+
+        ``script``: the bulk path's script (same reply), else the hot path's.
+        """
+        recreate = b"1" if self.faults.on_loss == "recreate" else b"0"
+        return command_head(
+            7 + 4 * elements,
+            b"EVALSHA",
+            (script or self._script).sha,
+            b"1",
+            encode(self.parts.shard_key(shard)),
+            self._identity(shard),
+            b"w" if write else b"r",
+            recreate,
+        )
+
+    def _scriptless(self) -> int:
+        """Return the scriptless limit of a filter that grows but does not forget; else 0."""
+        record = self._current()
+        return record.growth.scriptless_limit if record.expansion and not record.ttl else 0
+
+    def _identity(self, shard: int) -> bytes:
+        found = self._identities.get(shard)
+        if found is None:
+            record = self._current()
+            found = layout.identity(record.filter_id, shard, record.spec.hash_count)
+            self._identities[shard] = found
+        return found
+
+    def _recover(self, found: dict[int, bytes]) -> None:
+        """Sort out shards whose header did not match (see :meth:`.Lifecycle.recover`)."""
+        record = self.lifecycle.recover(self._current(), found, self.wanted)
+        self._adopt(record)
+
+    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        return self._bulk.run(True, elements)
+
+    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add elements in bulk; return, per element, whether it was there already.
+
+        The result equals calling :meth:`check_and_add` on each element in order,
+        under the same answer contract. The counts reach Redis before it returns.
+        """
+        with self._lock:
+            outcome = self._run_bulk(True, elements)
+            self.counters.record(outcome.added, outcome.seen)
+            if self.record is not None:
+                self.counters.sync(self.parts, self.spec)
+            return outcome.answers
+
+    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Return, per element, whether it is (probably) in the filter."""
+        with self._lock:
+            return self._run_bulk(False, elements).answers
+
+    def _run_bulk(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        try:
+            self._current()
+        except FilterUnavailableError as exc:
+            items: Sequence[str | bytes] = list(elements)
+            outcome = Outcome(answers=self._unavailable(exc, len(items)), failed=list(items))
+        else:
+            outcome = self._bulk.run(write, elements)
+            self.events.count("ambiguous", outcome.ambiguous)
+            if outcome.errors:
+                self._unavailable(
+                    FilterUnavailableError(f"Redis could not take {outcome.errors:,} element(s)"),
+                    outcome.errors,
+                )
+        if write and outcome.failed:
+            self._owe({tag(e): e for e in outcome.failed})
+        elif write and self._owed and len(outcome.answers) > outcome.errors:
+            self._settle()
+        return outcome

@@ -1,0 +1,190 @@
+"""Check-and-add computed in Python on a copy of a shard's bytes (the snapshot kernel).
+
+The bulk path's snapshot (see :mod:`.snapshot`) reads a shard's bytes, answers a whole
+batch of elements here and writes the new bits back in one transaction: Redis then
+spends almost nothing per element. The answers must equal check-and-add on each
+element in order, so an element is "seen" when each of its bits was set in the copy
+*or* is set by an element before it in the batch (a duplicate, or a collision).
+
+:func:`check_sequential` does exactly that, one element after the other, in pure
+Python: the definition, kept simple. :func:`check_vectorised` computes the same with
+numpy (the optional extra ``numpy``) in a few array operations: for each bit clear in
+the copy, the first element that sets it is new; every other element is seen. The
+tests hold the two to identical answers and identical bytes.
+
+Offsets are the hashing scheme's (:mod:`..hashing`), plus the header's bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import mmh3
+
+from scrapy_redis_bloom.core.hashing import seed_range
+from scrapy_redis_bloom.core.layout import HEADER_BITS
+from scrapy_redis_bloom.core.versions import NUMPY_MINIMUM, parse_version
+
+# HAVE_NUMPY: whether the optional extra is installed, at its minimum version or newer.
+# The snapshot path is taken only with it (in pure Python it is slower than Redis's
+# BITFIELD, which is used instead).
+try:
+    import numpy as np
+except ImportError:
+    HAVE_NUMPY = False
+else:
+    HAVE_NUMPY = parse_version(np.__version__) >= NUMPY_MINIMUM
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+
+#: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
+PART = 8_192
+
+
+def locate_many(
+    elements: Sequence[str | bytes], shards: int, shard_bits: int, block_bits: int = 0
+) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """Return ``(shard, x, y)`` arrays for elements: :func:`..hashing.locate`, vectorised.
+
+    ``mmh3.hash_bytes`` is the digest whose little-endian halves are ``h1`` and ``h2``.
+    """
+    raw = np.frombuffer(b"".join(map(mmh3.hash_bytes, elements)), dtype="<u8")
+    h1, h2 = raw[0::2], raw[1::2]
+    n, s = np.uint64(shards), np.uint64(shard_bits)
+    return (
+        (h1 % n).astype(np.int64),
+        ((h1 // n) % s).astype(np.int64),
+        (h2 % np.uint64(seed_range(shard_bits, block_bits))).astype(np.int64),
+    )
+
+
+def crowded(shard: NDArray[Any], shards: int, least: int) -> dict[int, NDArray[Any]]:
+    """Return the positions of the elements of each shard that has at least ``least``."""
+    counts = np.bincount(shard, minlength=shards)
+    busy = np.flatnonzero(counts >= least)
+    if not len(busy):
+        return {}
+    order = np.argsort(shard, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    return {int(s): order[starts[s] : starts[s + 1]] for s in busy.tolist()}
+
+
+def outside(n: int, taken: Sequence[NDArray[Any]]) -> list[int]:
+    """Return the positions below ``n`` that are in none of the ``taken`` arrays."""
+    rest = np.ones(n, dtype=bool)
+    for positions in taken:
+        rest[positions] = False
+    return [int(p) for p in np.flatnonzero(rest).tolist()]
+
+
+def placed(n: int, parts: Sequence[tuple[NDArray[Any], Sequence[bool]]]) -> list[bool]:
+    """Return n answers: each part's answers at its positions, False elsewhere."""
+    answers = np.zeros(n, dtype=bool)
+    for positions, values in parts:
+        answers[positions] = values
+    listed: list[bool] = answers.tolist()
+    return listed
+
+
+def offsets_many(
+    x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int, block_bits: int = 0
+) -> NDArray[Any]:
+    """Return each element's k bit offsets in its shard's string, header included.
+
+    :func:`..hashing.offsets` as an (n, k) array, by step 4 of the scheme as the
+    scripts run it: the sums stay below 3 S (or 3 B), so subtractions replace the
+    (slower) modulo.
+    """
+    span = block_bits or shard_bits
+    out = np.empty((hash_count, len(x)), dtype=np.int64)
+    cx, cy = x.astype(np.int64), y.astype(np.int64)
+    cx, base = cx % span, cx - cx % span + HEADER_BITS
+    cy, third = cy % span, cy // span
+    out[0] = cx
+    for i in range(1, hash_count):
+        cx += cy
+        cx -= span * (cx >= span)
+        cy += i % span + third
+        cy -= span * (cy >= span)
+        cy -= span * (cy >= span)
+        out[i] = cx
+    out += base
+    transposed: NDArray[Any] = out.T  # a view: rows are elements
+    return transposed
+
+
+def check_vectorised(
+    buffer: bytearray, offsets: NDArray[Any], write: bool
+) -> tuple[list[bool], int, int]:
+    """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
+
+    ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers
+    (True: seen) and the span ``[low, high)`` of bytes changed (empty: ``low == high``).
+    Parts of :data:`PART` elements are answered one after the other, each on the bytes
+    the ones before left: sorts that fit the CPU's caches, the same answers.
+    """
+    answers: list[bool] = []
+    low, high = len(buffer), 0
+    for first in range(0, offsets.shape[0], PART):
+        part, start, stop = _check_part(buffer, offsets[first : first + PART], write)
+        answers += part
+        if start < stop:
+            low, high = min(low, start), max(high, stop)
+    return (answers, low, high) if low < high else (answers, 0, 0)
+
+
+def _check_part(
+    buffer: bytearray, offsets: NDArray[Any], write: bool
+) -> tuple[list[bool], int, int]:
+    """Do what :func:`check_vectorised` does, for a part of a batch."""
+    n = offsets.shape[0]
+    if n == 0:
+        return [], 0, 0
+    copy = np.frombuffer(buffer, dtype=np.uint8)
+    flat = offsets.reshape(-1)
+    have = ((copy[flat >> 3] >> (7 - (flat & 7)).astype(np.uint8)) & 1).astype(bool)
+    have = have.reshape(offsets.shape)
+    if not write:
+        return have.all(axis=1).tolist(), 0, 0
+    clear = ~have
+    if not clear.any():
+        return [True] * n, 0, 0
+    # Each clear bit with the element that wants it, sorted by bit then element: the
+    # first of each bit's run is the element that sets it, and so is new.
+    shift = max(1, n.bit_length())
+    owners = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], offsets.shape)[clear]
+    keys = np.sort((offsets[clear] << shift) | owners)
+    bits = keys >> shift
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = bits[1:] != bits[:-1]
+    new = np.zeros(n, dtype=bool)
+    new[keys[first] & ((1 << shift) - 1)] = True
+    # Set the clear bits: OR the masks of bits sharing a byte, then into the copy.
+    wanted = bits[first]
+    where = wanted >> 3
+    masks = (np.uint8(0x80) >> (wanted & 7).astype(np.uint8)).astype(np.uint8)
+    starts = np.flatnonzero(np.concatenate(([True], where[1:] != where[:-1])))
+    copy[where[starts]] |= np.bitwise_or.reduceat(masks, starts)
+    return (~new).tolist(), int(where[0]), int(where[-1]) + 1
+
+
+def check_sequential(
+    buffer: bytearray, offsets: Sequence[Sequence[int]], write: bool
+) -> tuple[list[bool], int, int]:
+    """Do what :func:`check_vectorised` does, one element at a time (the definition)."""
+    answers: list[bool] = []
+    low, high = len(buffer), 0
+    for element in offsets:
+        seen = True
+        for offset in element:
+            byte, mask = offset >> 3, 0x80 >> (offset & 7)
+            if not buffer[byte] & mask:
+                seen = False
+                if write:
+                    buffer[byte] |= mask
+                    low, high = min(low, byte), max(high, byte + 1)
+        answers.append(seen)
+    return (answers, low, high) if low < high else (answers, 0, 0)

@@ -1,0 +1,590 @@
+"""The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
+
+On servers with Bloom filters built in (Redis 8, Redis Stack / RedisBloom, Valkey with
+valkey-bloom: ``BF.*``), each shard is one scalable Bloom filter kept by the server
+(see :mod:`.native_parts` for the keys and their sizing). Elements go to the shard a
+bitmap filter of the same geometry would pick (``h1 mod shards``), so shards spread
+over servers and cluster masters alike.
+
+One command per check, one round trip, atomic across workers:
+``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE ITEMS <fingerprint>`` (never ``BF.ADD``, which
+would silently create a default filter in place of a lost one). The answer contract
+is the bitmap filter's (see :mod:`.filter`): "seen" only when Redis confirmed it in
+this call; a reply lost and re-run that finds the element answers "new" (counted as
+``ambiguous``); a missing shard goes to ``BLOOMFILTER_ON_LOSS``; errors never become
+answers. Bulk calls send ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard,
+pipelined. With re-crawl windows (``BLOOMFILTER_TTL``) each shard is an anchor and a
+Bloom filter per window, checked and added by one script (see :mod:`.native_ttl`).
+
+Thread-safe: calls from several threads are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import mmh3
+
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterDamagedError,
+    FilterMissingError,
+    FilterUnavailableError,
+)
+from scrapy_redis_bloom.core.record import Backend, FilterRecord
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine import health
+from scrapy_redis_bloom.engine.base import Facade, Outcome, tag
+from scrapy_redis_bloom.engine.lifecycle import Lifecycle, reopened, restore_record, sample
+from scrapy_redis_bloom.engine.native import parts as native_parts
+from scrapy_redis_bloom.engine.native import ttl as native_ttl
+from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.state import FilterState
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Items per ``BF.INSERT`` / ``BF.MEXISTS`` of the bulk path.
+CHUNK = 1000
+#: Commands per pipelined batch of the bulk path.
+BATCH = 32
+_INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
+
+
+class NativeBloomFilter(Facade):
+    """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
+
+    The same interface as :class:`.filter.RedisBloomFilter`; ``spec`` (only its shard
+    count is used to place elements) and ``capacity`` say what to create.
+    """
+
+    backend: Backend = "native"
+
+    def _setup(self) -> None:
+        #: Per shard, its key and the packed start of its ``BF.INSERT``.
+        self._heads: list[tuple[str, bytes]] = []
+        #: For the server markers of a filter on several servers (as a bitmap filter's).
+        self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        self._ttl = self.wanted.ttl
+        self._script: Script | None = None
+
+    @classmethod
+    def of_record(
+        cls, client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
+    ) -> NativeBloomFilter:
+        """Return the filter a stored record describes, adopted (for the CLI's reads)."""
+        bloom = super().of_record(client, key, record, faults)
+        bloom.parts.spec = record.spec
+        bloom._adopt(record)
+        return bloom
+
+    def existing(self) -> list[int]:
+        """Return the shards whose key holds a Bloom filter (any other type raises)."""
+        record = self._current()
+        keys = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+        gone = set(self._check_types(keys, native_parts.types(self.parts, keys)))
+        return [s for s in range(record.spec.shards) if s not in gone]
+
+    def __repr__(self) -> str:
+        return (
+            f"<NativeBloomFilter key={self.key!r} shards={self.spec.shards}"
+            f" capacity={self.capacity} servers={self.topology.servers}>"
+        )
+
+    @property
+    def shard_keys(self) -> list[str]:
+        """The keys of every shard, in shard order."""
+        filter_id = self._current().filter_id
+        return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self, create: bool = True) -> FilterRecord:
+        """Create the filter, or check this worker's settings and its shards against it.
+
+        Refuses servers without ``BF.*`` (:class:`~..errors.UnsupportedServerError`)
+        and, with ``create=False``, a missing filter (:class:`~..errors.FilterMissingError`).
+        """
+        with self._lock:
+            servers = health.survey(self.executor, self.topology)
+            health.check_versions(servers)
+            native_parts.require_bloom(self.executor, self.topology, self.key)
+            record = self.parts.read_record()
+            if record is None:
+                if not create:
+                    raise FilterMissingError(
+                        f"There is no Bloom filter {self.key!r} (no config record"
+                        f" {self.parts.meta_key!r}) on {self.topology.describe()}."
+                    )
+                servers_listed = self.wanted.servers
+                if servers_listed > 1:  # a server listed out of place: refused before writing
+                    self._lifecycle._check_places(
+                        self.parts.markers(servers_listed), servers_listed
+                    )
+                record = self.parts.create_record(self.wanted)
+            record.check(self.key, self.wanted)
+            record = self._settle_record(record)
+            self.events.set("eviction_risk", health.warn_risks(self.key, servers))
+            return record
+
+    def _settle_record(self, record: FilterRecord) -> FilterRecord:
+        """Finish creating a filter, or check its shards; adopt its record."""
+        self.parts.spec = record.spec
+        self._adopt(record)
+        shards = record.spec.shards
+        if record.servers > 1:  # each server's place in the list, as for a bitmap filter
+            markers = self.parts.markers(record.servers)
+            self._lifecycle._check_markers(record, markers)
+            self.parts.write_markers(record, range(record.servers))
+        if record.state == "creating":
+            self._reserve(record, range(shards))
+            self.parts.mark_ready()
+            record = record.ready()
+            self._adopt(record)
+            logger.debug("Created the native Bloom filter %r (id %s).", self.key, record.filter_id)
+        else:
+            self._check_shards(record, list(sample(shards, record.servers)))
+        return record
+
+    def _adopt(self, record: FilterRecord) -> None:
+        old, self.record = self.record, record
+        self._ttl = record.ttl
+        self._script = native_ttl.CHECK if record.ttl else None
+        if old is None or old.filter_id != record.filter_id:
+            self._heads = [
+                (key, self._command_head(record, key, True, 1))
+                for shard in range(record.spec.shards)
+                for key in [native_parts.shard_key(self.key, shard, record.filter_id)]
+            ]
+            self.counters.fixed = not (record.expansion or record.ttl)
+            if old is not None:
+                self._cache.clear()
+
+    def _command_head(self, record: FilterRecord, key: str, write: bool, items: int) -> bytes:
+        """Pack the start of a check (and add) on a shard, before its ``items`` items.
+
+        ``BF.INSERT key NOCREATE ITEMS`` or ``BF.MEXISTS key``; with a TTL, the
+        :data:`.native_ttl.CHECK` script's call.
+        """
+        if record.ttl:
+            rate, capacity, _ = native_parts.reserve_arguments(record)
+            recreate = self.faults.on_loss == "recreate"
+            args = native_ttl.check_arguments(
+                record.ttl, rate, capacity, record.expansion, recreate, write
+            )
+            sha = native_ttl.CHECK.sha
+            return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
+        verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
+        return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
+
+    def _current(self) -> FilterRecord:
+        if self.record is None:
+            self.open()
+        assert self.record is not None
+        return self.record
+
+    def _reserve(self, record: FilterRecord, shards: Iterable[int]) -> int:
+        """Create shards with ``BF.RESERVE``; one there already must be a Bloom filter.
+
+        Returns how many were created now (another worker may have created the rest).
+        """
+        order = [(shard, self._heads[shard][0]) for shard in shards]
+        anchor = native_ttl.CREATE_ANCHOR
+        calls = [
+            Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
+            if record.ttl
+            else native_parts.reserve_call(record, key, shard)
+            for shard, key in order
+        ]
+        replies = self.executor.run("create the filter's shards", calls, write=True).replies
+        existing = [
+            (shard, key)
+            for (shard, key), reply in zip(order, replies, strict=True)
+            if (isinstance(reply, BaseException) and "exists" in str(reply))
+            or (record.ttl and reply != b"created")
+        ]
+        for (shard, key), reply in zip(order, replies, strict=True):
+            if isinstance(reply, BaseException) and (shard, key) not in existing:
+                raise self.parts.refusal(reply, key, "create the filter's shards")
+        self._check_types(existing, native_parts.types(self.parts, existing))
+        return len(order) - len(existing)
+
+    def _check_types(self, keys: list[tuple[int, str]], found: list[str]) -> list[int]:
+        """Return the shards that are missing; refuse any key of another type."""
+        foreign = [
+            (key, kind)
+            for (_, key), kind in zip(keys, found, strict=True)
+            if kind not in ("none", "string" if self._ttl else native_parts.NATIVE_TYPE)
+        ]
+        if foreign:
+            named = "; ".join(f"{key!r} holds a {kind}" for key, kind in foreign[:5])
+            raise FilterDamagedError(
+                f"Where the native Bloom filter {self.key!r} keeps its shards, {named}. It is"
+                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
+            )
+        return [shard for (shard, _), kind in zip(keys, found, strict=True) if kind == "none"]
+
+    def _check_shards(self, record: FilterRecord, shards: list[int]) -> None:
+        """Check shards exist as Bloom filters; handle the missing ones (ON_LOSS)."""
+        keys = [(shard, self._heads[shard][0]) for shard in shards]
+        missing = self._check_types(keys, native_parts.types(self.parts, keys))
+        if missing:
+            self._lost(record, missing)
+
+    def _lost(self, record: FilterRecord, shards: list[int]) -> None:
+        """Raise for lost shards, or recreate them empty (``BLOOMFILTER_ON_LOSS``)."""
+        named = ", ".join(repr(self._heads[s][0]) for s in shards[:5])
+        if self.faults.on_loss == "raise":
+            raise FilterDamagedError(
+                f"{len(shards):,} of the {record.spec.shards:,} shards of the native Bloom"
+                f" filter {self.key!r} are gone from {self.topology.describe()}: {named}. They"
+                " were evicted (see maxmemory-policy), deleted, or their server lost its data"
+                " (a restart without persistence). The URLs they held would be taken for new,"
+                " so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on with"
+                " those shards empty (URLs they held may be fetched again), or reset the filter."
+            )
+        created = self._reserve(record, shards)
+        self.events.count("recreated", created)
+        self._log.log(
+            logging.WARNING,
+            "recreated",
+            "Recreated %d lost shard(s) of the native Bloom filter %r empty"
+            " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched again.",
+            len(shards),
+            self.key,
+            named,
+        )
+
+    def _recover(self, shards: list[int]) -> None:
+        """Sort out shards a command found missing: the filter reset, its record lost, a shard.
+
+        A record with another id: the filter was reset and created again, adopt it. No
+        record (evicted, or the server emptied): restored from this worker's copy, unless
+        every shard is gone and ``BLOOMFILTER_ON_LOSS = "raise"``. Then the shards.
+        """
+        record = self._current()
+        current = self.parts.read_record()
+        if current is not None and current.filter_id != record.filter_id:
+            reopened(self.events, self.key, current, record)
+            current.check(self.key, self.wanted)
+            self._settle_record(current)
+            return
+        if current is None:
+            everything = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
+            gone = self._check_types(everything, native_parts.types(self.parts, everything))
+            if len(gone) == record.spec.shards and self.faults.on_loss == "raise":
+                self._lost(record, gone)
+            restore_record(self.parts, self.events, record)
+        self._check_shards(record, shards)
+
+    def clear(self) -> None:
+        """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
+        with self._lock:
+            record = self.record if self.record is not None else self.parts.read_record()
+            if record is not None:
+                delete(self.parts, record)
+            self.record = None
+            self._cache.clear()
+            self.counters.forget_unsynced()
+
+    def estimate(self, items: int) -> FilterState:
+        """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
+        return native_parts.estimate(self._current(), items)
+
+    def state(self, shards: list[int] | None = None) -> FilterState:
+        """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards)).
+
+        ``shards``: only those (the CLI leaves out missing ones). With a TTL, the live
+        re-crawl windows of each shard (an element may be in both: items are counted
+        per window).
+        """
+        with self._lock:
+            record = self._current()
+            chosen = range(record.spec.shards) if shards is None else shards
+            keys = [(s, self._heads[s][0]) for s in chosen]
+            if record.ttl:
+                windows = self.parts.live_windows(record.ttl)
+                keys = [(s, native_ttl.window_key(k, w)) for s, k in keys for w in windows]
+                kinds = native_parts.types(self.parts, keys)
+                keys = [key for key, kind in zip(keys, kinds, strict=True) if kind != "none"]
+            found = native_parts.read_state(self.parts, record, keys)
+            generations = len(found.generations)
+            if generations > self.generations:
+                self.generations = generations
+                self.events.set("generations", generations)
+            return found
+
+    # -- elements ----------------------------------------------------------------------
+
+    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
+        """One ``BF.INSERT ... NOCREATE`` (the TTL script where the filter forgets)."""
+        return self._check_and_add(element, h1)
+
+    def _check_and_add(self, element: str | bytes, h1: int, recovered: bool = False) -> bool:
+        record = self.record if self.record is not None else self._current()
+        shard = h1 % record.spec.shards
+        key, head = self._heads[shard]
+        payload = head + b"$%d\r\n%b\r\n" % (len(item := encode(element)), item)
+        reply, ambiguous = self._hot_call(payload, key, shard, self._script)
+        answers = self._read(reply, key, True, 1)
+        if answers is None:
+            if recovered:
+                raise self._refused(None, key)
+            self._recover([shard])
+            return self._check_and_add(element, h1, recovered=True)
+        seen = answers[0]
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the element may be this call's own, added by a lost attempt
+        return seen
+
+    def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
+        """Return per item whether a shard's reply says "seen"; None if the shard is missing.
+
+        Raises for any other error reply, and for a re-crawl window lost under
+        ``BLOOMFILTER_ON_LOSS = "raise"``.
+        """
+        error = reply if isinstance(reply, BaseException) else None
+        if error is None and reply and isinstance(reply[-1], BaseException):
+            error = reply[-1]  # RedisBloom stops at the first item it refuses
+        if error is not None:
+            if native_parts.is_not_found(error):
+                return None
+            raise self._refused(error, key)
+        if self._ttl:
+            code = reply[0]
+            if code == native_ttl.ANCHOR_LOST:
+                return None
+            if code < 0:
+                raise self._window_refused(code, reply, key)
+            if code & native_ttl.RECREATED:
+                self.events.count("recreated")
+                self._log.log(
+                    logging.WARNING,
+                    "recreated",
+                    "A lost re-crawl window of the native Bloom filter %r (shard key %r) was"
+                    " passed over (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
+                    " fetched again. See the maxmemory-policy of %s.",
+                    self.key,
+                    key,
+                    self.topology.describe(),
+                )
+            reply = reply[1:]
+        if len(reply) != items:
+            raise self._refused(ValueError(f"{len(reply)} replies to {items} items"), key)
+        if self._ttl or not write:
+            return [answer == 1 for answer in reply]
+        return [answer == 0 for answer in reply]  # BF.INSERT: 1 (or true) when added
+
+    def _window_refused(self, code: int, reply: Any, key: str) -> FilterDamagedError:
+        if code == native_ttl.WINDOW_LOST:
+            window = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            return FilterDamagedError(
+                f"Re-crawl window {window!r} of the native Bloom filter {self.key!r} is gone"
+                f" from {self.topology.describe()} before its time: it was evicted (see"
+                " maxmemory-policy) or deleted. The URLs it held would be taken for new, so the"
+                " crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on without it"
+                " (URLs it held may be fetched again), or reset the filter."
+            )
+        return FilterDamagedError(
+            f"Where the native Bloom filter {self.key!r} keeps the anchor of a shard ({key!r}),"
+            " Redis holds a string that is not one. It is never overwritten: remove that key,"
+            " or choose another BLOOMFILTER_KEY."
+        )
+
+    def _refused(self, error: BaseException | None, key: str) -> BloomFilterError:
+        if error is None:
+            return FilterDamagedError(
+                f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
+                " recovery."
+            )
+        if native_parts.is_full(error):
+            self.events.count("full")
+            return BloomFilterError(
+                f"Shard {key!r} of the native Bloom filter {self.key!r} is full: it was created"
+                " not to grow (BLOOMFILTER_EXPANSION = 0) and holds its capacity, so Redis"
+                " refuses new items. Reset it with a larger BLOOMFILTER_CAPACITY, or create it"
+                " growing (BLOOMFILTER_EXPANSION >= 2)."
+            )
+        return self.parts.refusal(error, key, "check and add a request")
+
+    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        return self._bulk(True, elements)
+
+    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add elements in bulk; return, per element, whether it was there already.
+
+        Equals :meth:`check_and_add` on each element in order, under the same contract.
+        """
+        with self._lock:
+            outcome = self._bulk(True, list(elements))
+            self.counters.record(outcome.added, outcome.seen)
+            if outcome.failed:
+                self._owe({tag(e): e for e in outcome.failed})
+            elif self._owed and outcome.answers:
+                self._settle()
+            if self.record is not None:
+                self.counters.sync(self.parts, self.spec)
+            return outcome.answers
+
+    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
+        """Add a few elements together; return, per element, whether it was there already.
+
+        As :meth:`check_and_add` on each in order (a repeat inside the call is "seen"
+        after its first), with the elements the near-cache does not know sent in one
+        ``BF.INSERT`` per shard, one exchange per server: the links of a page.
+        """
+        answers = [True] * len(elements)
+        with self._lock:
+            todo = self._unknown(elements)
+            if todo:
+                outcome = self._bulk(True, [element for _, _, element, _, _ in todo])
+                self.counters.record(outcome.added, outcome.seen)
+                failed = set(outcome.failed)
+                for (i, digest, element, _, _), seen in zip(todo, outcome.answers, strict=True):
+                    answers[i] = seen
+                    if element not in failed:
+                        self._cache.put(digest, True)
+                if outcome.failed:
+                    self._owe({tag(e): e for e in outcome.failed})
+                elif self._owed:
+                    self._settle()
+            if self.counters.due:
+                self.counters.sync(self.parts, self.spec)
+        return answers
+
+    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Return, per element, whether it is (probably) in the filter."""
+        with self._lock:
+            return self._bulk(False, list(elements)).answers
+
+    def _bulk(self, write: bool, items: list[str | bytes]) -> Outcome:
+        """Check (and add) ``items``: per shard, chunks of :data:`CHUNK` items per command."""
+        outcome = Outcome(answers=[False] * len(items))
+        try:
+            record = self._current()
+        except FilterUnavailableError as exc:
+            self._unavailable(exc, len(items))
+            outcome.errors, outcome.failed = len(items), list(items)
+            return outcome
+        shards = record.spec.shards
+        hash64 = mmh3.hash64
+        # Keywords: mmh3 ignores a positional ``signed``, which moves elements to other
+        # shards whenever the shard count is not a power of two.
+        places = [hash64(item, seed=0, x64arch=True, signed=False)[0] % shards for item in items]
+        groups: list[list[int]] = [[] for _ in range(shards)]
+        appenders = [group.append for group in groups]
+        for i, shard in enumerate(places):
+            appenders[shard](i)
+        chunks = [
+            (shard, indexes[start : start + CHUNK])
+            for shard, indexes in enumerate(groups)
+            for start in range(0, len(indexes), CHUNK)
+        ]
+        for start in range(0, len(chunks), BATCH):
+            self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
+        if write:
+            outcome.added = outcome.answers.count(False) - outcome.errors
+            outcome.seen = len(items) - outcome.added - outcome.errors
+        self.events.count("ambiguous", outcome.ambiguous)
+        return outcome
+
+    def _bulk_batch(
+        self,
+        write: bool,
+        items: list[str | bytes],
+        chunks: list[tuple[int, list[int]]],
+        outcome: Outcome,
+        recovered: bool = False,
+    ) -> None:
+        """Run one pipelined batch of bulk commands; recover lost shards and run theirs again."""
+        record = self._current()
+        calls = [
+            Call(
+                self._command_head(record, key, write, len(part))
+                + pack_items([items[i] for i in part]),
+                key=key,
+                shard=shard,
+                script=self._script,
+            )
+            for shard, part in chunks
+            for key in [self._heads[shard][0]]
+        ]
+        operation = "add requests in bulk" if write else "check requests in bulk"
+        try:
+            results = self.executor.run(operation, calls, write=write)
+        except FilterUnavailableError as exc:
+            count = sum(len(part) for _, part in chunks)
+            self._unavailable(exc, count)
+            outcome.errors += count
+            outcome.failed += [items[i] for _, part in chunks for i in part]
+            return
+        redo: list[tuple[int, list[int]]] = []
+        for (shard, part), call, reply, ambiguous in zip(
+            chunks, calls, results.replies, results.ambiguous, strict=True
+        ):
+            key = call.key or ""
+            found = self._read(reply, key, write, len(part))
+            if found is None:
+                if recovered:
+                    raise self._refused(None, key)
+                redo.append((shard, part))
+                continue
+            answers = outcome.answers
+            if write and ambiguous:  # "already there" may be this command's own lost attempt
+                outcome.ambiguous += found.count(True)
+            else:
+                for i, seen in zip(part, found, strict=True):
+                    answers[i] = seen
+        if redo:
+            self._recover(sorted({shard for shard, _ in redo}))
+            self._bulk_batch(write, items, redo, outcome, recovered=True)
+
+
+def pack_items(items: list[str | bytes]) -> bytes:
+    """Pack items as RESP bulk strings: at C speed for ASCII text of one length (fingerprints)."""
+    texts = [item for item in items if isinstance(item, str)]
+    size = len(texts[0]) if texts else 0
+    if (
+        len(texts) == len(items)
+        and all(len(text) == size for text in texts)
+        and "".join(texts).isascii()
+    ):
+        head = f"${size}\r\n"
+        return (head + f"\r\n{head}".join(texts) + "\r\n").encode()
+    return b"".join([b"$%d\r\n%b\r\n" % (len(data), data) for data in map(encode, items)])
+
+
+def delete(parts: Parts, record: FilterRecord) -> int:
+    """Delete a native filter's parts, each only if still its own; return how many keys.
+
+    A shard key is deleted only when it still holds a Bloom filter (its name carries
+    the record's id), or with a TTL a string (its anchor), and the re-crawl windows
+    that may exist; then the counters and the server markers; the record last.
+    """
+    windows = parts.windows(record)  # with a TTL: those whose keys may exist now
+    typed = [
+        (key, shard, "string" if record.ttl else native_parts.NATIVE_TYPE)
+        for shard in range(record.spec.shards)
+        for key in [native_parts.shard_key(parts.key, shard, record.filter_id)]
+    ]
+    typed += [
+        (native_ttl.window_key(key, w), shard, native_parts.NATIVE_TYPE)
+        for key, shard, _ in list(typed)
+        for w in windows
+    ]
+    script = native_ttl.DELETE_TYPED
+    calls = [
+        Call(
+            pack_command(b"EVALSHA", script.sha, 1, key, kind), key=key, shard=shard, script=script
+        )
+        for key, shard, kind in typed
+    ]
+    calls.append(parts.delete_if_still(parts.counter_key, "counters"))
+    calls += parts.marker_deletions(record)
+    deleted = sum(int(reply) for reply in parts.run("delete the filter", calls, write=True))
+    last = parts.delete_if_still(parts.meta_key, "record", record.filter_id)
+    return deleted + int(parts.run("delete the filter's record", [last], write=True)[0])

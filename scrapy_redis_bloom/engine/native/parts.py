@@ -1,0 +1,241 @@
+"""The parts of a native filter in Redis: server-side Bloom filters (``BF.*``), one per shard.
+
+Layout 3 (record field ``backend = native``). A filter named ``KEY`` is:
+
+* ``KEY:meta``, ``KEY:count``, ``KEY:workers``: as for a bitmap filter (:mod:`.layout`);
+* ``{KEY:<i>}:bf:<id>``, a RedisBloom scalable Bloom filter (Redis type
+  :data:`NATIVE_TYPE`) for shard ``i``, ``<id>`` the filter's random id from its
+  record. The id in the name is the shard's proof of ownership, as the header of a
+  bitmap shard is: a filter reset and created again has other shard keys, so a worker
+  still using the old one finds its shard missing and re-reads the record. The hash
+  tag keeps shard ``i`` in one Redis Cluster slot, as for a bitmap filter, so shards
+  spread over servers and cluster masters alike.
+
+Each shard is created with ``BF.RESERVE key <rate> <capacity> EXPANSION <e>`` (or
+``NONSCALING``), sized by :func:`reserve_arguments`. The hot path never creates one:
+``BF.INSERT ... NOCREATE`` answers ``ERR not found`` for a missing shard, which
+``BLOOMFILTER_ON_LOSS`` then handles, as for a lost bitmap shard.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy_redis_bloom.core.errors import UnsupportedServerError
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.engine.parts import Parts, pairs, text
+from scrapy_redis_bloom.engine.state import FilterState, GenerationState
+from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import pack_command
+
+#: The Redis type of a RedisBloom (and valkey-bloom) Bloom filter.
+NATIVE_TYPE = "MBbloom--"
+#: RedisBloom tightens each new sub-filter's error rate by this ratio, the first one
+#: included when the filter scales (measured with ``BF.DEBUG`` on RedisBloom 2.8).
+NATIVE_TIGHTENING = 0.5
+#: What to install when a server lacks ``BF.*``.
+INSTALL_HINT = (
+    "Redis 8 (Bloom filters built in), Redis Stack, the RedisBloom module, or Valkey with"
+    " valkey-bloom"
+)
+
+
+_ERROR_RATE = re.compile(r"(?:^| )error_rate=([0-9.e+-]+)(?: |$)")
+
+
+def shard_key(key: str, shard: int, filter_id: str) -> str:
+    """Return the key of a native filter's shard ``shard``."""
+    return f"{{{key}:{shard}}}:bf:{filter_id}"
+
+
+def is_not_found(reply: object) -> bool:
+    """Tell whether an error reply is RedisBloom's answer for a missing key (``NOCREATE``)."""
+    return isinstance(reply, BaseException) and error_text(reply).endswith("not found")
+
+
+def is_full(reply: object) -> bool:
+    """Tell whether an error reply says a non-scaling filter is full."""
+    return isinstance(reply, BaseException) and "full" in error_text(reply)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One sub-filter a shard's scalable Bloom filter has or may add (its "generation")."""
+
+    capacity: int
+    error_rate: float
+
+    @property
+    def bits(self) -> int:
+        """Bits RedisBloom gives it: -n ln p / (ln 2)**2."""
+        return math.ceil(-self.capacity * math.log(self.error_rate) / math.log(2) ** 2)
+
+    @property
+    def hash_count(self) -> int:
+        """Hash functions RedisBloom gives it: ceil(-log2 p)."""
+        return max(1, math.ceil(-math.log2(self.error_rate)))
+
+
+def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
+    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
+
+    The capacity is the shard's share with the headroom :attr:`.Growth.first_capacity`
+    gives a bitmap shard. The rate is chosen so that the first sub-filter gets the
+    rate a bitmap shard's generation 0 is sized for: RedisBloom tightens a scaling
+    filter's first sub-filter by :data:`NATIVE_TIGHTENING` itself, which is the rate
+    share (``1 - tightening``) our growth applies, so the rate passed is the bound
+    every generation together stays under: the configured error rate (from the
+    record's sizing request; :attr:`.Growth.bound` for a filter sized by bits and k,
+    whose bitmap geometry then says the rate). A fixed-size filter (``NONSCALING``) is
+    not tightened: its one sub-filter gets the whole rate. With ``BLOOMFILTER_TTL``
+    each re-crawl window gets half (two are consulted), as the bitmap's do.
+    """
+    growth = record.growth
+    options: tuple[Any, ...] = (
+        (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
+    )
+    asked = _ERROR_RATE.search(record.sizing)
+    rate = float(asked.group(1)) if asked else growth.bound
+    if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
+        rate /= 2
+    return rate, growth.first_capacity, options
+
+
+def links(record: FilterRecord, count: int) -> list[Link]:
+    """Return the first ``count`` sub-filters of a shard, as RedisBloom sizes them."""
+    rate, capacity, _ = reserve_arguments(record)
+    if not record.expansion:
+        return [Link(capacity, rate)]
+    return [
+        Link(capacity * record.expansion**g, rate * NATIVE_TIGHTENING ** (g + 1))
+        for g in range(count)
+    ]
+
+
+def reserve_call(record: FilterRecord, key: str, shard: int) -> Call:
+    """Return the ``BF.RESERVE`` call that creates a shard."""
+    rate, capacity, options = reserve_arguments(record)
+    return Call(
+        pack_command(b"BF.RESERVE", key, repr(rate), capacity, *options), key=key, shard=shard
+    )
+
+
+def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
+    """Return the addresses of the servers (cluster masters) that have no ``BF.INSERT``.
+
+    Probed with ``COMMAND INFO BF.INSERT``; a server that refuses ``COMMAND`` (an ACL)
+    is counted as lacking it, and one that does not answer raises
+    :class:`~..errors.FilterUnavailableError`.
+    """
+    nodes = topology.primaries()
+    calls = [
+        Call(pack_command(b"COMMAND", b"INFO", b"BF.INSERT"), server=i) for i in range(len(nodes))
+    ]
+    replies = executor.run("look for Bloom filter commands (BF.*)", calls).replies
+    return [
+        node.address
+        for node, reply in zip(nodes, replies, strict=True)
+        if isinstance(reply, BaseException) or not reply or reply[0] is None
+    ]
+
+
+def require_bloom(executor: Executor, topology: Topology, key: str) -> None:
+    """Refuse servers without ``BF.*``, naming them and what to install."""
+    missing = missing_bloom(executor, topology)
+    if missing:
+        raise UnsupportedServerError(
+            f"BLOOMFILTER_BACKEND = 'native' needs Bloom filter commands (BF.*) on every server"
+            f" of the filter {key!r}, and Redis at {', '.join(missing)} has none: install"
+            f" {INSTALL_HINT}, or set BLOOMFILTER_BACKEND = 'bitmap' (or 'auto')."
+        )
+
+
+def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
+    """Return the Redis type of each ``(shard, key)`` (``none`` when missing)."""
+    calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard) for shard, key in keys]
+    return [text(reply) for reply in parts.run("check the filter's shards", calls)]
+
+
+def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str]]) -> FilterState:
+    """Read every shard's ``BF.INFO`` and ``MEMORY USAGE``: items, sub-filters, memory.
+
+    O(shards) in Redis. Per sub-filter, the bits set and the false-positive rate are
+    estimated from its items and RedisBloom's sizing (:func:`links`): sub-filters
+    before the last are full.
+    """
+    order = list(keys)
+    calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in order]
+    calls += [
+        Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard) for shard, key in order
+    ]
+    replies = parts.run("read the filter's shards", calls)
+    infos = [pairs(reply) for reply in replies[: len(order)]]
+    memory = sum(int(reply or 0) for reply in replies[len(order) :])
+    shards = [
+        (int(info.get("Number of items inserted", "0")), int(info.get("Number of filters", "1")))
+        for info in infos
+    ]
+    return _state(record, shards, memory)
+
+
+def estimate(record: FilterRecord, items: int) -> FilterState:
+    """Return the state ``items`` adds leave, spread evenly over the shards: no Redis call."""
+    shards = record.spec.shards
+    share, more = divmod(items, shards)
+    links_needed, held = 1, 0
+    for link in links(record, 64):
+        held += link.capacity
+        if share + 1 <= held or not record.expansion:
+            break
+        links_needed += 1
+    per_shard = [(share + (i < more), links_needed) for i in range(shards)]
+    memory = shards * sum(link.bits // 8 for link in links(record, links_needed))
+    return _state(record, per_shard, memory)
+
+
+def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> FilterState:
+    """Return the state of shards holding ``(items, sub-filters)`` each."""
+    most = max((count for _, count in shards), default=1)
+    shape = links(record, most)
+    per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per shard
+    clear = 0.0  # sum over shards of the chance a new element is found by none of its links
+    items_total = 0
+    for items, count in shards:
+        items_total += items
+        missed = 0.0  # log of the chance that every link misses a new element
+        left = items
+        for g, link in enumerate(shape[:count]):
+            held = left if g == count - 1 else min(left, link.capacity)
+            left -= held
+            fill = -math.expm1(-link.hash_count * held / link.bits)
+            rate = fill**link.hash_count
+            missed += math.log1p(-min(rate, 1 - 1e-12))
+            per_gen.setdefault(g, []).append((held, rate, round(fill * link.bits)))
+        clear += -math.expm1(missed)
+    generations = tuple(
+        GenerationState(
+            generation=g,
+            shards=len(found),
+            bits=shape[g].bits * len(found),
+            bits_set=sum(ones for _, _, ones in found),
+            hash_count=shape[g].hash_count,
+            capacity=shape[g].capacity * len(found),
+            estimated_items=sum(held for held, _, _ in found),
+            estimated_fpr=sum(rate for _, rate, _ in found) / len(found),
+        )
+        for g, found in sorted(per_gen.items())
+    )
+    return FilterState(
+        spec=record.spec,
+        bits_set=sum(gen.bits_set for gen in generations),
+        memory_bytes=memory,
+        estimated_items=items_total,
+        generations=generations,
+        fpr=clear / max(1, len(shards)),
+        total_bits=sum(gen.bits for gen in generations) or record.spec.bits,
+    )

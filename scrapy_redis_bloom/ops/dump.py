@@ -1,0 +1,333 @@
+"""Dumping a filter to a stream: every part's bytes, chunked and checksummed (see :mod:`.dumpfile`).
+
+:func:`dump_filter` writes a filter's config record, counters and bits to a binary
+stream, in pieces of at most :data:`PIECE` bytes, so memory stays flat for any size
+(a Redis string of 512 MiB is read as 512 ``GETRANGE`` pieces). :mod:`.restore` reads
+it back into any topology.
+
+* **Bitmap** filters: every shard's string, and every generation a growing shard
+  started, byte for byte, headers included (they carry the filter's id and a growing
+  shard's state). A shard missing or not carrying the record's identity refuses the
+  dump: a dump of a damaged filter would restore the damage.
+* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module
+  cuts them (RedisBloom: at most 10 or 16 MiB, by version), which bounds the memory a
+  native dump or restore holds at once.
+* Filters with ``BLOOMFILTER_TTL`` are refused: their bits live in re-crawl windows
+  that expire on the source servers' clock; restored later, they would forget on
+  another schedule. Such a filter forgets everything within 2 TTL anyway.
+
+**Consistency.** A dump reads the parts one piece after another, not in one atomic
+snapshot, so it refuses to run while workers hold a live lease on the filter
+(``KEY:workers``) unless ``force``. Forced, URLs added meanwhile may be missing from
+the dump, in part or in whole: restored, they answer "new" and are fetched again (the
+safe direction); a shard that starts a generation during the dump refuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import TYPE_CHECKING, BinaryIO
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import BloomFilterError, FilterDamagedError, FilterMissingError
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.engine.native import parts as native_parts
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
+from scrapy_redis_bloom.ops import dumpfile
+from scrapy_redis_bloom.ops.dumpfile import DumpWriter, Totals
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.wire import pack_command
+
+if TYPE_CHECKING:
+    from scrapy_redis_bloom.engine.base import Facade
+
+logger = logging.getLogger(__name__)
+
+#: Bytes read or written per command, at most (1 MiB, as :mod:`.snapshot` reads).
+PIECE = 1 << 20
+#: ``progress(done, total)``: bytes of the filter's data done so far, of ``total``.
+Progress = Callable[[int, int], None]
+_GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
+
+
+@dataclass(frozen=True, slots=True)
+class DumpSummary:
+    """What :func:`dump_filter` wrote: the filter, where from, the file's counts and SHA-256.
+
+    ``added``: the filter's item count (its counters); ``forced``: workers held leases
+    while it was dumped (see the module's docstring).
+    """
+
+    key: str
+    record: FilterRecord
+    source: str
+    totals: Totals
+    seconds: float
+    added: int
+    forced: bool
+
+
+class FilterBusyError(BloomFilterError):
+    """Workers hold live leases on a filter that is to be dumped (or restored over)."""
+
+
+def part_bytes(record: FilterRecord, generation: int) -> int:
+    """Return the length of a bitmap shard's generation: its header and its bits."""
+    return layout.HEADER_BYTES + record.growth.generation(generation).nbytes
+
+
+def generations_in(head: bytes) -> int:
+    """Return how many generations a shard's generation-0 header says it has (0 reads 1)."""
+    return max(1, int.from_bytes(head[_GENERATIONS], "big"))
+
+
+def read_counters(parts: Parts) -> dict[str, int]:
+    """Return the filter's counters (``added``, ``seen``) as stored; empty when there are none."""
+    call = Call(pack_command(b"HGETALL", parts.counter_key), key=parts.counter_key)
+    fields = pairs(parts.run("read the filter's counters", [call])[0])
+    return {name: int(value) for name, value in fields.items() if value.isdigit()}
+
+
+def dump_filter(
+    bloom: Facade, out: BinaryIO, progress: Progress | None = None, *, force: bool = False
+) -> DumpSummary:
+    """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
+
+    ``bloom`` needs no opening and may be of either class whatever the filter's
+    backend: the record is read from Redis as it is, and decides (so
+    :func:`.inventory.probe` of the key will do). ``out`` is a binary stream, written
+    sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
+    with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
+    from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
+    Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
+    ``out``: a missing filter, one still being created, one with a TTL, one with live
+    workers unless ``force`` (see the module's docstring), one whose shard (generation
+    0) is missing or foreign. A generation found damaged or changed while it is read,
+    or Redis failing, raises with the file incomplete: it has no trailer, so a restore
+    refuses it as truncated (the caller should delete it).
+    """
+    started = time.monotonic()
+    parts = bloom.parts
+    record = parts.read_record()
+    where = bloom.topology.describe()
+    if record is None:
+        raise FilterMissingError(
+            f"There is no Bloom filter {bloom.key!r} (no config record {parts.meta_key!r})"
+            f" on {where}: nothing to dump."
+        )
+    if record.state != "ready":
+        raise BloomFilterError(
+            f"The Bloom filter {bloom.key!r} on {where} is still being created (its record is"
+            " in state 'creating'): open it once (any worker does) and dump it then."
+        )
+    if record.ttl:
+        raise BloomFilterError(
+            f"The Bloom filter {bloom.key!r} forgets URLs (BLOOMFILTER_TTL = {record.ttl}):"
+            " its bits live in re-crawl windows that expire, and a dump of it is not"
+            " supported. It forgets everything within 2 x BLOOMFILTER_TTL anyway: start the"
+            " filter anew on the target servers."
+        )
+    workers = bloom.live_workers()
+    if workers and not force:
+        raise FilterBusyError(
+            f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r}"
+            f" (such as {workers[0]}): a dump taken while they add would miss some of their"
+            " URLs. Stop the crawl first, or force the dump (URLs added meanwhile may then"
+            " be fetched again after a restore)."
+        )
+    parts.spec = record.spec
+    counters = read_counters(parts)
+    writer = DumpWriter(out)
+    header = {
+        "format": "scrapy-redis-bloom dump",
+        "version": version("scrapy-redis-bloom"),
+        "key": bloom.key,
+        "record": record.fields(),
+        "counters": counters,
+        "source": where,
+        "dumped": time.time(),
+        "forced": bool(workers),
+    }
+    pieces: _Pieces
+    if record.backend == "native":
+        keys = native_keys(parts.key, record)
+        total = _native_total(parts, keys)
+        pieces = _native_pieces(parts, keys)
+    else:
+        counts = _generation_counts(parts, record)
+        total = sum(
+            part_bytes(record, g)
+            for shard in range(record.spec.shards)
+            for g in range(counts[shard])
+        )
+        pieces = _bitmap_pieces(parts, record, counts)
+    writer.header(header)
+    for kind, shard, generation, position, data in pieces:
+        writer.chunk(kind, shard, generation, position, data)
+        total = max(total, writer.data_bytes)
+        if progress is not None:
+            progress(writer.data_bytes, total)
+    totals = writer.finish()
+    if progress is not None:
+        progress(totals.data_bytes, totals.data_bytes)
+    seconds = time.monotonic() - started
+    logger.info(
+        "Dumped the Bloom filter %r from %s: %d part(s), %d chunk(s), %d data bytes in %.1f s.",
+        bloom.key,
+        where,
+        totals.parts,
+        totals.chunks,
+        totals.data_bytes,
+        seconds,
+    )
+    return DumpSummary(
+        key=bloom.key,
+        record=record,
+        source=where,
+        totals=totals,
+        seconds=seconds,
+        added=counters.get("added", 0),
+        forced=bool(workers),
+    )
+
+
+#: What the piece generators yield: (kind, shard, generation, position, data).
+_Pieces = Iterator[tuple[int, int, int, int, bytes]]
+
+
+def _bitmap_pieces(parts: Parts, record: FilterRecord, counts: array[int]) -> _Pieces:
+    """Yield every bitmap shard's generations in pieces, read in batches of about a MiB."""
+    batch: list[tuple[int, int, int, int, Call]] = []  # (shard, g, start, size, call)
+    held = 0
+    for shard in range(record.spec.shards):
+        for g in range(counts[shard]):
+            key = layout.shard_key(parts.key, shard, g)
+            length = part_bytes(record, g)
+            for start in range(0, length, PIECE):
+                size = min(PIECE, length - start)
+                call = Call(
+                    pack_command(b"GETRANGE", key, start, start + size - 1), key=key, shard=shard
+                )
+                batch.append((shard, g, start, size, call))
+                held += size
+                if held >= PIECE or len(batch) >= BATCH:
+                    yield from _read_pieces(parts, record, counts, batch)
+                    batch, held = [], 0
+    if batch:
+        yield from _read_pieces(parts, record, counts, batch)
+
+
+def _generation_counts(parts: Parts, record: FilterRecord) -> array[int]:
+    """Read every shard's header: check its identity; return its number of generations."""
+    counts = array("H", [1]) * record.spec.shards
+    for first in range(0, record.spec.shards, BATCH):
+        shards = range(first, min(first + BATCH, record.spec.shards))
+        calls = [
+            Call(pack_command(b"GETRANGE", key, 0, layout.HEADER_BYTES - 1), key=key, shard=s)
+            for s in shards
+            for key in [layout.shard_key(parts.key, s, 0)]
+        ]
+        heads = parts.run("read the filter's shard headers", calls)
+        for shard, head in zip(shards, heads, strict=True):
+            head = bytes(head)
+            _check_identity(parts, record, shard, 0, head)
+            found = generations_in(head) if record.expansion else 1
+            if found > record.growth.last + 1:
+                raise FilterDamagedError(
+                    f"Cannot dump the Bloom filter {parts.key!r}: the header of its shard"
+                    f" {shard} claims {found} generations, and it can have"
+                    f" {record.growth.last + 1} at most (the header is corrupted)."
+                )
+            counts[shard] = found
+    return counts
+
+
+def _check_identity(parts: Parts, record: FilterRecord, shard: int, g: int, head: bytes) -> None:
+    """Refuse to dump a part that is missing or not this filter's."""
+    expected = layout.identity(record.filter_id, shard, record.spec.hash_count)
+    if head[: layout.IDENTITY_BYTES] == expected:
+        return
+    found = layout.describe_identity(head[: layout.IDENTITY_BYTES], record.filter_id, shard)
+    raise FilterDamagedError(
+        f"Cannot dump the Bloom filter {parts.key!r}: where generation {g} of its shard {shard}"
+        f" belongs ({layout.shard_key(parts.key, shard, g)!r}), Redis holds {found}. A dump"
+        " of a damaged filter would restore the damage: repair or reset it first."
+    )
+
+
+def _read_pieces(
+    parts: Parts,
+    record: FilterRecord,
+    counts: array[int],
+    batch: list[tuple[int, int, int, int, Call]],
+) -> _Pieces:
+    """Read a batch of pieces; check each is whole and carries its identity; yield them."""
+    replies = parts.run("dump the filter's shards", [call for *_, call in batch])
+    for (shard, g, start, size, _), reply in zip(batch, replies, strict=True):
+        data = bytes(reply)
+        if start == 0:
+            _check_identity(parts, record, shard, g, data)
+            if g == 0 and record.expansion and generations_in(data) != counts[shard]:
+                raise BloomFilterError(
+                    f"Shard {shard} of the Bloom filter {parts.key!r} started a generation"
+                    " while it was dumped: dump it again with no worker running."
+                )
+        if len(data) != size:
+            raise FilterDamagedError(
+                f"Cannot dump the Bloom filter {parts.key!r}: generation {g} of its shard"
+                f" {shard} is {start + len(data):,} bytes long where it should be"
+                f" {part_bytes(record, g):,} (it was truncated or replaced)."
+            )
+        yield dumpfile.BITMAP, shard, g, start, data
+
+
+def native_keys(key: str, record: FilterRecord) -> list[tuple[int, str]]:
+    """Return ``(shard, key)`` of every shard of a native filter."""
+    return [
+        (s, native_parts.shard_key(key, s, record.filter_id)) for s in range(record.spec.shards)
+    ]
+
+
+def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
+    """Check every shard is a Bloom filter; return their sizes (``BF.INFO``) added up."""
+    total = 0
+    for first in range(0, len(keys), BATCH):
+        group = keys[first : first + BATCH]
+        found = native_parts.types(parts, group)
+        wrong = [
+            (s, key, t)
+            for (s, key), t in zip(group, found, strict=True)
+            if t != native_parts.NATIVE_TYPE
+        ]
+        if wrong:
+            shard, key, kind = wrong[0]
+            what = "missing" if kind == "none" else f"a {kind}, not a Bloom filter"
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            raise FilterDamagedError(
+                f"Cannot dump the Bloom filter {parts.key!r}: its shard {shard} ({key!r}) is"
+                f" {what}{more}. A dump of a damaged filter would restore the damage: repair"
+                " or reset it first."
+            )
+        calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=s) for s, key in group]
+        for info in parts.run("measure the filter's shards", calls):
+            total += int(pairs(info).get("Size", "0"))
+    return total
+
+
+def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
+    """Yield every shard's ``BF.SCANDUMP`` chunks, one command each (each needs the last)."""
+    for shard, key in keys:
+        cursor = 0
+        while True:
+            call = Call(pack_command(b"BF.SCANDUMP", key, cursor), key=key, shard=shard)
+            reply = parts.run("dump the filter's shards", [call])[0]
+            cursor = int(text(reply[0]))
+            if cursor == 0:
+                break
+            yield dumpfile.NATIVE, shard, 0, cursor, bytes(reply[1])

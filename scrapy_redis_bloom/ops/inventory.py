@@ -1,0 +1,498 @@
+"""A filter as it is in Redis, read without opening it: what the operations CLI needs.
+
+:meth:`.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
+restores an evicted record or server marker, finishes a creation, recreates lost
+shards when told to. Someone inspecting or deleting a filter must see it as it is,
+change nothing, and be able to delete a filter too broken to open. So here:
+
+* :func:`probe` builds a :class:`~.filter.RedisBloomFilter` to reach the filter's
+  keys before its geometry is known, :func:`read_record` reads the config record
+  (usable or not), :func:`of_record` builds the filter of the stored geometry; none
+  is ever opened here;
+* :func:`check_shards` and :func:`check_markers` compare each shard's header and each
+  server's marker with what the record expects (present, missing, foreign); deleting a
+  filter that has a record is :meth:`.parts.Parts.delete`;
+* :func:`find_orphans` finds by ``SCAN``, on every server or master, the parts of a
+  filter that has no usable record, and tells those it can prove are the filter's
+  (a shard header or marker carrying a filter id) from keys that only share a name;
+  :func:`delete_orphans` deletes the proven ones, each only if it is still what was
+  proven (compare-and-delete in one script).
+
+Every command goes through the filter's :class:`~.executor.Executor`: routed, retried
+and accounted like the hot path's, on one server, a server list or a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.parts import BATCH, pairs, text
+from scrapy_redis_bloom.engine.state import FilterState, read_state
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.topology import Cluster
+from scrapy_redis_bloom.transport.wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Geometry of a filter built before its record is read. Nothing that touches bits
+#: may be asked of such a filter: only what needs no geometry (records, workers, SCAN).
+UNKNOWN_SPEC = FilterSpec(shards=1, shard_bits=1, hash_count=1)
+#: COUNT hint of each SCAN call.
+SCAN_COUNT = 1000
+#: Fields every config record has had, whatever its layout: a hash with both was
+#: written by scrapy-redis-bloom.
+RECORD_MARKS = ("layout", "scheme")
+#: Fields of the counter hash.
+COUNTER_FIELDS = frozenset({"added", "seen"})
+
+
+# -- the record ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """The hash at ``KEY:meta`` as stored, and the record it makes (None if unusable).
+
+    ``problem`` says why an unusable record cannot be used (the refusal of
+    :meth:`.record.FilterRecord.parse`).
+    """
+
+    fields: dict[str, str]
+    record: FilterRecord | None
+    problem: str = ""
+
+    @property
+    def written_by_us(self) -> bool:
+        """Tell whether the hash is a config record of some version of this package."""
+        return all(name in self.fields for name in RECORD_MARKS)
+
+
+def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
+    """Read ``KEY:meta`` without creating or restoring anything; None when it is absent.
+
+    Raises :class:`~..errors.WrongTypeError` if the key is not a hash.
+    """
+    parts = bloom.parts
+    call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
+    fields = pairs(parts.run("read the filter's record", [call])[0])
+    return stored_record(bloom, fields) if fields else None
+
+
+def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
+    """Make a record of the hash read back, if it can be trusted.
+
+    Besides :meth:`.record.FilterRecord.parse`'s checks, a record that claims more
+    shards than its servers hold keys is refused: checking or deleting it shard by
+    shard would take minutes for nothing. It is corrupt, or its shards are gone; its
+    parts are found by SCAN instead.
+    """
+    meta = bloom.parts.meta_key
+    try:
+        record = FilterRecord.parse(meta, fields)
+    except BloomFilterError as exc:
+        return StoredRecord(fields, None, str(exc))
+    if record.servers not in (1, len(addresses(bloom))):
+        return StoredRecord(fields, record)  # the wrong servers: refused by name later
+    keys = key_count(bloom)
+    if record.spec.shards > keys:
+        return StoredRecord(
+            fields,
+            None,
+            f"The config record {meta!r} cannot be used: it claims {record.spec.shards:,}"
+            f" shards, but its server(s) hold {keys:,} key(s) in all, so it is corrupt or the"
+            f" filter has lost its shards. Reset it (scrapy-redis-bloom reset --key"
+            f" {bloom.key!r}): the filter's parts are then found by SCAN.",
+        )
+    return StoredRecord(fields, record)
+
+
+def key_count(bloom: RedisBloomFilter) -> int:
+    """Return the number of keys (DBSIZE) over every server or cluster master."""
+    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
+    return sum(int(reply) for reply in bloom.parts.run("count the keys", calls))
+
+
+def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
+    """Return a filter to look at ``key`` before its geometry is known (never open it).
+
+    ``client`` is what :class:`~.filter.RedisBloomFilter` takes. The filter has the
+    geometry :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
+    its live workers, :func:`find_orphans`, :func:`cluster_nodes`).
+    """
+    return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
+
+
+def of_record(
+    client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
+) -> RedisBloomFilter:
+    """Return a filter of the stored geometry, capacity and sizing request; not opened.
+
+    What it is asked (:func:`state`, totals, workers, :func:`check_shards`,
+    :func:`delete_filter`) reads or deletes the parts as they are. Opening it
+    (``open(create=False)``, or any element operation) checks every part, as a worker
+    would.
+    """
+    return RedisBloomFilter.of_record(client, key, record, faults)
+
+
+def addresses(bloom: RedisBloomFilter) -> list[str]:
+    """Return the address of every server (or cluster master) the filter's topology holds."""
+    return [node.address for node in bloom.topology.primaries()]
+
+
+def is_cluster(bloom: RedisBloomFilter) -> bool:
+    """Tell whether the filter lives on a Redis Cluster."""
+    return isinstance(bloom.topology, Cluster)
+
+
+def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
+    """Return the addresses of the listed standalone servers that are Redis Cluster nodes.
+
+    Such a server answers ``MOVED`` for most keys: it must be reached as a cluster.
+    One attempt each (``INFO cluster``); a server that does not answer or refuses INFO
+    is not counted, and the command that needs it reports it.
+    """
+    if is_cluster(bloom):
+        return []
+    found = []
+    for server, node in enumerate(bloom.topology.primaries()):
+        call = Call(pack_command(b"INFO", b"cluster"), server=server)
+        try:
+            (reply,) = bloom.executor.run("read INFO", [call], timeout=0).replies
+        except FilterUnavailableError:
+            continue
+        if not isinstance(reply, BaseException) and "cluster_enabled:1" in text(reply):
+            found.append(node.address)
+    return found
+
+
+def state(bloom: RedisBloomFilter) -> FilterState:
+    """Count the bits set per shard and their memory (BITCOUNT), without opening the filter."""
+    return read_state(bloom.parts, (bloom.record or bloom.wanted).growth)
+
+
+# -- checking the parts --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCheck:
+    """Each shard's header compared with the identity the record expects.
+
+    ``foreign`` holds ``(shard, what is there)`` for a key holding anything but this
+    filter's shard (another filter's shard, a bitmap without header, other data).
+    """
+
+    shards: int
+    missing: tuple[int, ...] = ()
+    foreign: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def damaged(self) -> int:
+        """Number of shards missing or not this filter's."""
+        return len(self.missing) + len(self.foreign)
+
+
+def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
+    """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing.
+
+    Raises :class:`~..errors.WrongTypeError` for a shard key that is not a string.
+    """
+    spec = record.spec
+    found = bloom.parts.identities(range(spec.shards))
+    missing: list[int] = []
+    foreign: list[tuple[int, str]] = []
+    for shard, ident in found.items():
+        if ident == layout.identity(record.filter_id, shard, spec.hash_count):
+            continue
+        if not ident:
+            missing.append(shard)
+        else:
+            foreign.append((shard, layout.describe_identity(ident, record.filter_id, shard)))
+    return ShardCheck(spec.shards, tuple(missing), tuple(foreign))
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerCheck:
+    """One server's marker (``KEY:server``) compared with the one the record expects."""
+
+    server: int
+    address: str
+    found: str | None
+    expected: str
+
+    @property
+    def status(self) -> Literal["ok", "missing", "foreign"]:
+        """``ok``; ``missing`` (evicted or deleted); ``foreign`` (another place or filter)."""
+        if self.found is None:
+            return "missing"
+        return "ok" if self.found == self.expected else "foreign"
+
+
+def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerCheck]:
+    """Read every server's marker; empty for a filter on one server (which has none)."""
+    if record.servers <= 1:
+        return []
+    found = bloom.parts.markers(record.servers)
+    places = addresses(bloom)
+    return [
+        MarkerCheck(
+            server=i,
+            address=places[i] if i < len(places) else "?",
+            found=value,
+            expected=layout.server_marker(record.filter_id, i, record.servers),
+        )
+        for i, value in enumerate(found)
+    ]
+
+
+def count_existing(bloom: RedisBloomFilter, keys: Sequence[str]) -> int:
+    """Count which of the filter's non-shard keys (record, counters...) exist (EXISTS)."""
+    calls = [Call(pack_command(b"EXISTS", key), key=key) for key in keys]
+    return sum(int(reply) for reply in bloom.parts.run("look for the filter's keys", calls))
+
+
+# -- orphaned parts --------------------------------------------------------------------
+
+
+def glob_escape(literal: str) -> str:
+    """Escape a literal for a SCAN MATCH pattern."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", literal)
+
+
+def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
+    """Return ``(server, key)`` for every key matching ``pattern`` on every server or master.
+
+    ``server`` indexes :meth:`.topology.Topology.primaries`. ``kind`` limits the keys to
+    a Redis type (``string``, ``hash``...). O(keys) on each server, in SCAN steps.
+    """
+    found: list[tuple[int, str]] = []
+    only: tuple[bytes | str, ...] = (b"TYPE", kind) if kind else ()
+    for server in range(len(bloom.topology.primaries())):
+        cursor = b"0"
+        while True:
+            command = pack_command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_COUNT, *only)
+            (reply,) = bloom.parts.run("look for the filter's keys", [Call(command, server=server)])
+            cursor, keys = bytes(reply[0]), reply[1]
+            found += [(server, text(name)) for name in keys]
+            if cursor == b"0":
+                break
+    return found
+
+
+OrphanKind = Literal["shard", "marker", "counters", "record"]
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A key named like a part of the filter, found on server ``server`` at ``address``.
+
+    ``kind`` is the part it was proven to be, or None if nothing proves it is the
+    filter's (then it is left alone). ``proof`` is what proved it (a shard's identity,
+    a marker's value), compared again when deleting; ``filter_id`` the id it carries.
+    ``shard`` is the index in a shard key's name. ``what`` describes it.
+    """
+
+    key: str
+    server: int
+    address: str
+    what: str
+    kind: OrphanKind | None = None
+    proof: bytes = b""
+    filter_id: str = ""
+    shard: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Orphans:
+    """What :func:`find_orphans` found: parts to delete, and keys to leave alone.
+
+    ``blocking`` holds config records that make deleting unsafe: one on another
+    server than the record's (the servers are given in another order than the
+    filter's), or a usable one (the filter was created since its record was looked
+    for). Deleting parts then would break the filter that record describes.
+    """
+
+    deletable: tuple[Orphan, ...] = ()
+    kept: tuple[Orphan, ...] = ()
+    blocking: tuple[Orphan, ...] = ()
+
+
+def find_orphans(bloom: RedisBloomFilter) -> Orphans:
+    """Find, on every server or master, the parts of the filter ``bloom.key`` by SCAN.
+
+    Only what carries a filter id, or cannot be anything else, is deletable:
+
+    * ``{KEY:<n>}:g<m>`` and ``{KEY:<n>}:w<w>:g<m>`` (a generation, a re-crawl window): a
+      string whose header is a layout-2 identity of shard ``n``;
+    * ``KEY:server``: a string ``<32 hex digits> <i>/<n>``;
+    * ``KEY:count``: a hash whose fields are among ``added`` and ``seen``;
+    * ``KEY:meta``: a hash with the fields every record has (an unusable record), on
+      the server that holds the record.
+
+    Anything else so named is kept. Other keys (``KEY:workers``, keys that merely look
+    alike) are not listed at all.
+    """
+    key = bloom.key
+    shard_name = re.compile(r"\{" + re.escape(key) + r":([0-9]+)\}:(?:w[0-9]+:)?g[0-9]+")
+    names = {
+        bloom.parts.marker_key: "marker",
+        bloom.parts.counter_key: "counters",
+        bloom.parts.meta_key: "record",
+    }
+    places = addresses(bloom)
+    shards = {
+        (server, name): int(match.group(1))
+        for server, name in scan(bloom, "{" + glob_escape(key) + ":*}:*")
+        if (match := shard_name.fullmatch(name))
+    }
+    candidates: list[tuple[int, str, str]] = [  # (server, key, the part it would be)
+        (server, name, "shard")
+        for (server, name), _ in sorted(shards.items(), key=lambda item: (item[1], item[0]))
+    ]
+    candidates += sorted(
+        (server, name, names[name])
+        for server, name in scan(bloom, glob_escape(key) + ":*")
+        if name in names
+    )
+    kinds = _run_each(bloom, candidates, lambda name, _: pack_command(b"TYPE", name))
+    contents = _run_each(bloom, candidates, _read_command)
+    home = bloom.topology.route(bloom.parts.meta_key, None, None).address
+    deletable: list[Orphan] = []
+    kept: list[Orphan] = []
+    blocking: list[Orphan] = []
+    for (server, name, part), kind, content in zip(candidates, kinds, contents, strict=True):
+        found = Orphan(name, server, places[server], f"a {text(kind)}")
+        if part == "shard":
+            found = replace(found, shard=shards[server, name])
+            orphan = _as_shard(found, text(kind), content, shards[server, name])
+        elif part == "marker":
+            orphan = _as_marker(found, text(kind), content)
+        elif part == "counters":
+            orphan = _as_counters(found, text(kind), content)
+        else:
+            orphan, usable = _as_record(bloom, found, text(kind), content)
+            why = ""
+            if orphan.kind is not None and places[server] != home:
+                why = (
+                    f", on another server than the record's ({home}): the servers are given in"
+                    " another order than the filter's BLOOMFILTER_REDIS_URLS"
+                )
+            elif usable:
+                why = ": the filter exists (created since its record was looked for)"
+            if why:
+                blocking.append(replace(orphan, what=orphan.what + why))
+                continue
+        (deletable if orphan.kind is not None else kept).append(orphan)
+    logger.debug(
+        "Parts of the Bloom filter %r found by SCAN: %d deletable, %d kept, %d blocking.",
+        key,
+        len(deletable),
+        len(kept),
+        len(blocking),
+    )
+    return Orphans(tuple(deletable), tuple(kept), tuple(blocking))
+
+
+def _read_command(name: str, part: str) -> bytes:
+    """Return the command that reads what proves a candidate is the filter's part.
+
+    An error reply (WRONGTYPE) only means the key is of another type, which ``TYPE``
+    says: the candidate is then kept.
+    """
+    if part in ("counters", "record"):
+        return pack_command(b"HGETALL", name)
+    if part == "marker":
+        return pack_command(b"GETRANGE", name, 0, 255)  # a marker is about 40 bytes
+    return pack_command(b"GETRANGE", name, 0, layout.IDENTITY_BYTES - 1)
+
+
+def _run_each(
+    bloom: RedisBloomFilter,
+    candidates: Sequence[tuple[int, str, str]],
+    command: Callable[[str, str], bytes],
+) -> list[Any]:
+    """Run one command per candidate key, where it was found; error replies are returned."""
+    calls = [
+        Call(command(name, part), key=name, server=server) for server, name, part in candidates
+    ]
+    out: list[Any] = []
+    for start in range(0, len(calls), BATCH):
+        out += bloom.executor.run("read the filter's keys", calls[start : start + BATCH]).replies
+    return out
+
+
+def _as_shard(found: Orphan, kind: str, content: Any, shard: int) -> Orphan:
+    if kind != "string" or isinstance(content, BaseException):
+        return found
+    head = bytes(content)
+    ident = layout.Identity.parse(head)
+    if ident is None or ident.shard != shard:
+        return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
+    what = f"shard {shard} of filter id {ident.filter_id}"
+    return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
+
+
+def _as_marker(found: Orphan, kind: str, content: Any) -> Orphan:
+    if kind != "string" or isinstance(content, BaseException):
+        return found
+    value = bytes(content)
+    marker = layout.parse_marker(text(value))
+    if marker is None:
+        return replace(found, what="a string that is not a server marker (no filter id)")
+    what = f"server marker {text(value)!r}"
+    return replace(found, what=what, kind="marker", proof=value, filter_id=marker[0])
+
+
+def _as_counters(found: Orphan, kind: str, content: Any) -> Orphan:
+    if kind != "hash" or isinstance(content, BaseException):
+        return found
+    fields = pairs(content)
+    if not fields or not set(fields) <= COUNTER_FIELDS:
+        return replace(found, what="a hash with other fields than the counters'")
+    counts = ", ".join(f"{name}={fields[name]}" for name in sorted(fields))
+    return replace(found, what=f"counters ({counts})", kind="counters")
+
+
+def _as_record(
+    bloom: RedisBloomFilter, found: Orphan, kind: str, content: Any
+) -> tuple[Orphan, bool]:
+    """Tell whether a hash at ``KEY:meta`` is a config record, and whether it is usable."""
+    if kind != "hash" or isinstance(content, BaseException):
+        return found, False
+    stored = stored_record(bloom, pairs(content))
+    if not stored.written_by_us:
+        return replace(found, what="a hash that is not a config record"), False
+    filter_id = stored.fields.get("id", "")
+    if stored.record is None:
+        what = f"a config record that cannot be used ({stored.problem.split(': ', 1)[-1]})"
+        return replace(found, what=what, kind="record", filter_id=filter_id), False
+    what = f"the config record of filter id {filter_id}"
+    return replace(found, what=what, kind="record", filter_id=filter_id), True
+
+
+def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:
+    """Delete proven parts, each only if it is still what was proven; return those deleted.
+
+    The config record goes last, as :meth:`.parts.Parts.delete` does it.
+    """
+    order = sorted((o for o in orphans if o.kind is not None), key=lambda o: o.kind == "record")
+    calls = [bloom.parts.delete_if_still(o.key, o.kind or "", o.proof, o.server) for o in order]
+    replies = bloom.parts.run("delete the filter's orphaned parts", calls, write=True)
+    deleted = [o for o, reply in zip(order, replies, strict=True) if int(reply)]
+    if len(deleted) < len(order):
+        logger.warning(
+            "%d part(s) of the Bloom filter %r changed after they were listed and were left alone.",
+            len(order) - len(deleted),
+            bloom.key,
+        )
+    return deleted

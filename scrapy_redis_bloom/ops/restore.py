@@ -1,0 +1,535 @@
+"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.transfer`) into any topology, all or nothing.
+
+:func:`restore_filter` reads the file twice, as a stream (memory stays flat):
+
+1. **Verify**, writing nothing: the header, every chunk's CRC32, the trailer's counts
+   and the whole file's SHA-256, and that the chunks make the filter the record
+   describes (every shard, every generation a shard's header names, each part whole,
+   with the record's identity). A truncated, corrupted or foreign file is refused here
+   with :class:`~.dumpfile.DumpFileError` naming the problem.
+2. **Write** the parts (``SETRANGE`` pieces of at most 1 MiB, or ``BF.LOADCHUNK``), the
+   counters, the server markers of a server list, and the config record last. Until
+   the record exists no worker uses the filter. If anything fails (Redis out of memory,
+   a server gone, the file changed between the passes) every key written is deleted
+   and the error says so: a refused restore leaves nothing behind.
+
+The target may be another topology than the source: one server, a server list (the
+record's ``servers`` becomes the list's length: shard ``i`` on server ``i mod n``) or
+a Redis Cluster. The filter keeps its id, geometry, sizing request, creation time and
+counters, so workers configured as for the source adopt it. A target that already
+has a filter under the key is refused unless ``replace``; a native (``BF.*``) dump
+needs ``BF.*`` on every target server (its bits cannot become a bitmap filter's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine import health
+from scrapy_redis_bloom.engine.base import Facade
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native import filter as native
+from scrapy_redis_bloom.engine.native import parts as native_parts
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs
+from scrapy_redis_bloom.ops.dump import PIECE, FilterBusyError, Progress, generations_in, part_bytes
+from scrapy_redis_bloom.ops.dumpfile import (
+    BITMAP,
+    NATIVE,
+    Chunk,
+    DumpFileError,
+    DumpReader,
+    Totals,
+    part_name,
+)
+from scrapy_redis_bloom.transport.executor import Call, Executor
+from scrapy_redis_bloom.transport.wire import pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Keys named in a message, at most.
+NAMED = 5
+
+
+class FilterExistsError(BloomFilterError):
+    """The target of a restore already holds a filter (or keys) where the restored one goes."""
+
+
+class RestoreFailedError(BloomFilterError):
+    """Redis failed a restore half-way; what it had written was deleted (or could not be)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreSummary:
+    """What :func:`restore_filter` wrote: the record as written, where from and to.
+
+    ``totals``: the file's counts and SHA-256; ``replaced``: a filter under the key was
+    deleted first; ``counters``: the counts restored.
+    """
+
+    key: str
+    record: FilterRecord
+    source: str
+    target: str
+    totals: Totals
+    seconds: float
+    replaced: bool
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedDump:
+    """A dump file checked whole (pass 1): its header, record, counters and totals.
+
+    ``shard_bytes`` holds the bytes of each shard's parts (for the memory check).
+    """
+
+    header: dict[str, Any]
+    record: FilterRecord
+    counters: dict[str, int]
+    totals: Totals
+    shard_bytes: array[int]
+
+
+def _size(inp: BinaryIO, name: str) -> tuple[int, int]:
+    """Return the stream's position and its bytes from there; refuse one that cannot seek."""
+    if not inp.seekable():
+        raise DumpFileError(
+            f"The dump file {name} cannot be restored from a stream that cannot seek (a pipe):"
+            " a restore reads it twice, to check every checksum before it writes anything,"
+            " then to write. Save it to a file first."
+        )
+    start = inp.tell()
+    end = inp.seek(0, 2)
+    inp.seek(start)
+    return start, end - start
+
+
+def verify_dump(
+    inp: BinaryIO, name: str, progress: Callable[[int], None] | None = None
+) -> VerifiedDump:
+    """Read a whole dump file and check it (pass 1); write nothing anywhere.
+
+    ``progress(done)`` is called after each chunk with the file's bytes read. Raises
+    :class:`~.dumpfile.DumpFileError` naming the first problem found.
+    """
+    reader = DumpReader(inp, name)
+    header = reader.header()
+    record = _record_of(header, reader)
+    counters = _counters_of(header, reader)
+    checker = _Checker(record, reader)
+    for chunk in reader.chunks():
+        checker.take(chunk)
+        if progress is not None:
+            progress(reader.offset)
+    checker.finish()
+    if progress is not None:
+        progress(reader.offset)
+    assert reader.totals is not None  # set once the trailer was checked
+    return VerifiedDump(header, record, counters, reader.totals, checker.shard_bytes)
+
+
+def _record_of(header: dict[str, Any], reader: DumpReader) -> FilterRecord:
+    fields = header.get("record")
+    if not isinstance(fields, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in fields.items()
+    ):
+        raise reader.refuse("its header holds no config record")
+    try:
+        record = FilterRecord.parse("KEY:meta", fields)
+    except BloomFilterError as exc:  # its advice (reset the key) is not for a file
+        problem = str(exc).split(" cannot be used: ", 1)[-1].split(". Check that", 1)[0]
+        raise reader.refuse(f"the config record it holds cannot be used: {problem}") from None
+    if record.ttl or record.state != "ready":
+        raise reader.refuse("its config record is not that of a ready filter without a TTL")
+    return record
+
+
+def _counters_of(header: dict[str, Any], reader: DumpReader) -> dict[str, int]:
+    counters = header.get("counters", {})
+    if not isinstance(counters, dict) or not all(
+        name in ("added", "seen") and isinstance(value, int) and value >= 0
+        for name, value in counters.items()
+    ):
+        raise reader.refuse("its counters are not 'added' and 'seen' counts")
+    return {str(name): int(value) for name, value in counters.items()}
+
+
+class _Checker:
+    """Checks, chunk by chunk, that a file's chunks make the filter its record describes."""
+
+    def __init__(self, record: FilterRecord, reader: DumpReader) -> None:
+        self.record = record
+        self.fail = reader.refuse
+        self.kind = NATIVE if record.backend == "native" else BITMAP
+        self.shard = -1
+        self.generation = 0
+        self.generations = 1
+        self.offset = 0
+        self.shard_bytes = array("Q", [0]) * record.spec.shards
+
+    def take(self, chunk: Chunk) -> None:
+        """Check one chunk against the parts before it and the record."""
+        if chunk.kind != self.kind:
+            raise self.fail(
+                f"{chunk.where()} is a {'native' if chunk.kind == NATIVE else 'bitmap'} chunk,"
+                f" and its record is of a {self.record.backend} filter (the file is corrupted)"
+            )
+        if chunk.index == 1:
+            self._start(chunk)
+        if self.kind == BITMAP and chunk.position != self.offset:
+            raise self.fail(
+                f"{chunk.where()} starts at byte {chunk.position:,} of its part, where byte"
+                f" {self.offset:,} was due (the file is corrupted)"
+            )
+        if self.kind == NATIVE and chunk.position == 0:
+            raise self.fail(f"{chunk.where()} has no BF.SCANDUMP position (corrupted)")
+        self.offset += len(chunk.data)
+        self.shard_bytes[chunk.shard] += len(chunk.data)
+        if self.kind == BITMAP and self.offset > part_bytes(self.record, chunk.generation):
+            length = part_bytes(self.record, chunk.generation)
+            raise self.fail(f"{chunk.where()} ends past the part's {length:,} bytes (corrupted)")
+
+    def _start(self, chunk: Chunk) -> None:
+        """Check a part's first chunk: the next shard or generation, with the identity."""
+        if chunk.generation == 0:
+            self._end_shard()
+            due = (self.shard + 1, 0)
+        else:
+            self._end_part()
+            due = (self.shard, self.generation + 1)
+        if (chunk.shard, chunk.generation) != due or chunk.shard >= self.record.spec.shards:
+            raise self.fail(
+                f"{chunk.where()} comes where {'generation' if due[1] else 'shard'}"
+                f" {due[1] if due[1] else due[0]} was due (the file is corrupted)"
+            )
+        if chunk.generation >= self.generations:
+            raise self.fail(
+                f"{chunk.where()} is past the {self.generations} generation(s) its shard's"
+                " header names (the file is corrupted)"
+            )
+        self.shard, self.generation, self.offset = chunk.shard, chunk.generation, 0
+        if self.kind == NATIVE:
+            return
+        expected = layout.identity(self.record.filter_id, chunk.shard, self.record.spec.hash_count)
+        if chunk.data[: layout.IDENTITY_BYTES] != expected:
+            raise self.fail(f"{chunk.where()} does not carry the record's filter id and shard")
+        if chunk.generation == 0:
+            found = generations_in(chunk.data) if self.record.expansion else 1
+            if found > self.record.growth.last + 1:
+                raise self.fail(f"{chunk.where()}'s header claims {found} generations")
+            self.generations = found
+
+    def _end_part(self) -> None:
+        if self.shard < 0 or self.kind == NATIVE:
+            return
+        length = part_bytes(self.record, self.generation)
+        if self.offset != length:
+            raise self.fail(
+                f"{part_name(BITMAP, self.shard, self.generation)} holds {self.offset:,} bytes of"
+                f" {length:,} (the file is corrupted)"
+            )
+
+    def _end_shard(self) -> None:
+        self._end_part()
+        if self.shard >= 0 and self.generation + 1 != self.generations:
+            raise self.fail(
+                f"shard {self.shard} has {self.generation + 1} generation(s) in the file, and"
+                f" its header says {self.generations} (the file is corrupted)"
+            )
+
+    def finish(self) -> None:
+        """Check that the last shard was whole and every shard was there."""
+        self._end_shard()
+        shards = self.record.spec.shards
+        if self.shard != shards - 1:
+            raise self.fail(
+                f"it holds {self.shard + 1:,} of the filter's {shards:,} shards (the file is"
+                " corrupted)"
+            )
+
+
+def restore_filter(
+    client: Any,
+    key: str,
+    inp: BinaryIO,
+    progress: Progress | None = None,
+    *,
+    replace: bool = False,
+    name: str | None = None,
+    faults: FaultPolicy | None = None,
+) -> RestoreSummary:
+    """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
+
+    ``client``: what :class:`~.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
+    ``RedisCluster``, or a list of standalone clients): the target topology, which may
+    differ from the source's. ``inp``: a binary file, seekable (read twice, see the
+    module's docstring), from its current position. ``progress(done, total)``: file
+    bytes processed over both passes (``total`` is twice the file's size).
+    ``replace``: delete a filter already under ``key`` (once the file is
+    verified, and unless workers hold leases on it) instead of refusing. ``name``
+    names the file in messages (default: ``inp.name``). ``faults``: the retry policy
+    (its ``retry_timeout`` bounds how long a failing Redis is retried).
+
+    Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
+    for a taken key, :class:`~..errors.BloomFilterError` subclasses for Redis failures;
+    in every case nothing of the restore is left on the target (with ``replace``, the
+    filter that was there is gone too once the file was verified and the target checked).
+    """
+    started = time.monotonic()
+    name = name if name is not None else str(getattr(inp, "name", "<stream>"))
+    start, size = _size(inp, name)
+    report = progress if progress is not None else (lambda done, total: None)
+    verified = verify_dump(inp, name, lambda done: report(done, 2 * size))
+    record = verified.record
+    target_class: type[Facade] = (
+        native.NativeBloomFilter if record.backend == "native" else RedisBloomFilter
+    )
+    bloom = target_class.of_record(client, key, record, faults)
+    try:
+        target = dataclasses.replace(record, servers=bloom.topology.servers, state="ready")
+        replaced = _prepare(bloom, target, verified, name, replace)
+        inp.seek(start)
+        _write(bloom, target, verified, inp, name, lambda done: report(size + done, 2 * size))
+        where = bloom.topology.describe()
+    finally:
+        bloom.topology.close()
+    totals = verified.totals
+    seconds = time.monotonic() - started
+    logger.info(
+        "Restored the Bloom filter %r on %s from %s: %d part(s), %d data bytes in %.1f s.",
+        key,
+        where,
+        name,
+        totals.parts,
+        totals.data_bytes,
+        seconds,
+    )
+    return RestoreSummary(
+        key=key,
+        record=target,
+        source=str(verified.header.get("source", "?")),
+        target=where,
+        totals=totals,
+        seconds=seconds,
+        replaced=replaced,
+        counters=verified.counters,
+    )
+
+
+def _prepare(
+    bloom: Facade, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
+) -> bool:
+    """Check the target servers and key; delete a filter there if asked. Return if one was."""
+    where = bloom.topology.describe()
+    servers = health.survey(bloom.executor, bloom.topology)
+    health.check_versions(servers)
+    if target.backend == "native":
+        missing = native_parts.missing_bloom(bloom.executor, bloom.topology)
+        if missing:
+            raise UnsupportedServerError(
+                f"The dump file {name} holds a native filter (the server's own Bloom filters,"
+                f" BF.*), and Redis at {', '.join(missing)} has no BF.* commands: restore it"
+                f" on servers with {native_parts.INSTALL_HINT}. A native filter's bits cannot"
+                " be turned into a bitmap filter."
+            )
+    replaced = _clear_existing(bloom, where, replace)
+    conflicts = _taken(bloom, target)
+    if conflicts:
+        named = ", ".join(repr(k) for k in conflicts[:NAMED])
+        more = f" and {len(conflicts) - NAMED:,} more" if len(conflicts) > NAMED else ""
+        raise FilterExistsError(
+            f"Cannot restore {name} as the Bloom filter {bloom.key!r}: {where} already holds"
+            f" {named}{more}, where its parts go. Reset the filter {bloom.key!r} (it deletes"
+            " orphaned parts too) or restore it under another key."
+        )
+    needs: dict[str, int] = {}
+    for shard, size in enumerate(verified.shard_bytes):
+        address = bloom.topology.route(layout.shard_key(bloom.key, shard), shard, None).address
+        needs[address] = needs.get(address, 0) + size
+    health.check_room(bloom.key, servers, needs)
+    return replaced
+
+
+def _clear_existing(bloom: Facade, where: str, replace: bool) -> bool:
+    """Refuse a filter under the key, or delete it when asked; return whether one was."""
+    parts = bloom.parts
+    call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
+    fields = pairs(parts.run("look for a filter", [call])[0])
+    if not fields:
+        return False
+    if not replace:
+        raise FilterExistsError(
+            f"There is already a Bloom filter {bloom.key!r} on {where} (config record"
+            f" {parts.meta_key!r}): restoring would overwrite it. Reset it first, restore"
+            " under another key, or ask to replace it."
+        )
+    existing = FilterRecord.parse(parts.meta_key, fields)  # refuses an unusable one by name
+    workers = bloom.live_workers()
+    if workers:
+        raise FilterBusyError(
+            f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"
+            f" {where} (such as {workers[0]}): stop them before replacing it."
+        )
+    if existing.backend == "native":
+        native.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
+    else:
+        Parts(bloom.executor, bloom.key, existing.spec).delete(existing)
+    logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
+    return True
+
+
+def _shard_key(key: str, record: FilterRecord, shard: int, generation: int = 0) -> str:
+    if record.backend == "native":
+        return native_parts.shard_key(key, shard, record.filter_id)
+    return layout.shard_key(key, shard, generation)
+
+
+def _taken(bloom: Facade, target: FilterRecord) -> list[str]:
+    """Return which keys of the restored filter's shards (generation 0), counters, markers exist."""
+    parts = bloom.parts
+    calls = [
+        Call(pack_command(b"EXISTS", key), key=key, shard=s)
+        for s in range(target.spec.shards)
+        for key in [_shard_key(bloom.key, target, s)]
+    ]
+    calls.append(Call(pack_command(b"EXISTS", parts.counter_key), key=parts.counter_key))
+    if target.servers > 1:
+        calls += [
+            Call(pack_command(b"EXISTS", parts.marker_key), key=parts.marker_key, server=i)
+            for i in range(target.servers)
+        ]
+    found: list[str] = []
+    for first in range(0, len(calls), BATCH):
+        batch = calls[first : first + BATCH]
+        for call, reply in zip(batch, parts.run("look for the filter's keys", batch), strict=True):
+            if int(reply):
+                found.append(str(call.key))
+    return found
+
+
+class _Writes:
+    """The keys a restore wrote, to delete them all if it fails."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[str, int]] = []  # (key, shard)
+        self.counters = False
+        self.markers = False
+        self.record = False
+
+
+def _write(
+    bloom: Facade,
+    target: FilterRecord,
+    verified: VerifiedDump,
+    inp: BinaryIO,
+    name: str,
+    progress: Callable[[int], None],
+) -> None:
+    """Write every part, the counters, the markers, then the record; undo all on failure."""
+    parts, done = bloom.parts, _Writes()
+    try:
+        reader = DumpReader(inp, name)
+        reader.header()
+        batch: list[Call] = []
+        held = 0
+        for chunk in reader.chunks():
+            key = _shard_key(bloom.key, target, chunk.shard, chunk.generation)
+            if chunk.index == 1:
+                if chunk.generation > 0 and _exists(parts, key, chunk.shard):
+                    raise FilterExistsError(
+                        f"Cannot restore {name} as the Bloom filter {bloom.key!r}: Redis"
+                        f" already holds {key!r}, where a generation of its shard"
+                        f" {chunk.shard} goes. Reset the filter or restore under another key."
+                    )
+                done.keys.append((key, chunk.shard))
+            command = b"BF.LOADCHUNK" if chunk.kind == NATIVE else b"SETRANGE"
+            batch.append(
+                Call(
+                    pack_command(command, key, chunk.position, chunk.data),
+                    key=key,
+                    shard=chunk.shard,
+                )
+            )
+            held += len(chunk.data)
+            # BF.LOADCHUNK goes one at a time: each chunk needs the one before.
+            if chunk.kind == NATIVE or held >= PIECE or len(batch) >= BATCH:
+                parts.run("restore the filter's shards", batch, write=True)
+                batch, held = [], 0
+            progress(reader.offset)
+        if batch:
+            parts.run("restore the filter's shards", batch, write=True)
+        progress(reader.offset)  # the trailer too: the whole file
+        if verified.counters:
+            done.counters = True
+            fields = [item for pair in sorted(verified.counters.items()) for item in pair]
+            call = Call(pack_command(b"HSET", parts.counter_key, *fields), key=parts.counter_key)
+            parts.run("restore the filter's counters", [call], write=True)
+        if target.servers > 1:
+            done.markers = True
+            parts.write_markers(target, range(target.servers))
+        done.record = True
+        stored = parts.create_record(target)
+        if stored.filter_id != target.filter_id:
+            raise FilterExistsError(
+                f"Another Bloom filter {bloom.key!r} (id {stored.filter_id}) was created on"
+                f" {bloom.topology.describe()} while {name} was restored."
+            )
+    except BaseException as exc:
+        _undo(bloom, target, done, exc)
+        if isinstance(exc, DumpFileError | FilterExistsError):
+            raise type(exc)(f"{exc} What the restore had written was deleted.") from None
+        if isinstance(exc, BloomFilterError):
+            raise RestoreFailedError(
+                f"Restoring {name} as the Bloom filter {bloom.key!r} failed, and what it had"
+                f" written was deleted: {exc}"
+            ) from exc
+        raise
+
+
+def _exists(parts: Parts, key: str, shard: int) -> bool:
+    call = Call(pack_command(b"EXISTS", key), key=key, shard=shard)
+    return bool(int(parts.run("look for the filter's keys", [call])[0]))
+
+
+def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
+    """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
+
+    Raises :class:`RestoreFailedError` naming both failures if deleting fails too.
+
+    Through an executor of its own: the restore's may be failing fast after an outage
+    (an out-of-memory Redis refuses writes, yet ``DEL`` still runs).
+    """
+    executor = Executor(bloom.topology, bloom.faults.retry_timeout)
+    parts = Parts(executor, bloom.key, target.spec)
+    calls: list[Call] = []
+    if done.record:
+        calls.append(parts.delete_if_still(parts.meta_key, "record", target.filter_id))
+    if done.markers:
+        calls += parts.marker_deletions(target)
+    if done.counters:
+        calls.append(parts.delete_if_still(parts.counter_key, "counters"))
+    calls += [Call(pack_command(b"DEL", key), key=key, shard=shard) for key, shard in done.keys]
+    try:
+        for first in range(0, len(calls), BATCH):
+            parts.run("undo a failed restore", calls[first : first + BATCH], write=True)
+    except BloomFilterError as undo:
+        raise RestoreFailedError(
+            f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"
+            f" written failed too ({undo}): reset the filter {bloom.key!r} to delete its parts."
+        ) from exc
+    logger.info(
+        "Restoring the Bloom filter %r failed; the %d key(s) it had written were deleted: %s",
+        bloom.key,
+        len(done.keys) + done.counters + done.record,
+        exc,
+    )

@@ -1,0 +1,109 @@
+"""The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` turns the filter on.
+
+It sets ``DUPEFILTER_CLASS`` to :class:`~.dupefilter.RFPDupeFilter` at the ``addon``
+priority; with ``BLOOMFILTER_ADDON_SCHEDULER = True`` also scrapy-redis's Scheduler
+(``SCHEDULER``), and with ``BLOOMFILTER_ADDON_BATCHING = True`` the
+:class:`~.batching.BatchingMiddleware` at order 0 (see README, "One round trip per
+page"). Then it reads every filter setting (:meth:`.config.BloomConfig.from_settings`)
+and makes, without connecting, the filter's Redis clients, so that a bad value stops
+the crawl before it starts, with the same ``ValueError`` the dupefilter would raise.
+
+A ``DUPEFILTER_CLASS`` (or, when the add-on is asked to set it, a ``SCHEDULER``) that
+the project gives explicitly and that is not ours is refused, not overridden nor let
+through: the project's settings outrank an add-on's, so the crawl would run without the
+Bloom filter while ``ADDONS`` says it runs with it. Our class or a subclass of it is
+accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy_redis_bloom.core.settings import BloomConfig, boolean_setting
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+DUPEFILTER = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"
+SCHEDULER = "scrapy_redis.scheduler.Scheduler"
+BATCHING = "scrapy_redis_bloom.batching.BatchingMiddleware"
+#: The settings' priority the add-on writes at (Scrapy's ``SETTINGS_PRIORITIES``).
+PRIORITY = "addon"
+
+
+class Addon:
+    """Activate the Bloom dupefilter (and optionally scrapy-redis's Scheduler, batching)."""
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        """Set the components, then validate every filter setting (ValueError if bad)."""
+        _claim(settings, "DUPEFILTER_CLASS", DUPEFILTER, "the Bloom dupefilter")
+        if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
+            _claim(settings, "SCHEDULER", SCHEDULER, "scrapy-redis's Scheduler")
+        if boolean_setting(settings, "BLOOMFILTER_ADDON_BATCHING"):
+            from scrapy_redis_bloom.scrapy.batching import batch_max, batch_window
+
+            batch_max(settings)
+            batch_window(settings)
+            # An order the project gave the middleware itself (priority "project") wins.
+            settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
+        _validate(settings)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__module__}.{type(self).__name__}>"
+
+
+def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
+    """Set ``name`` to ``path``, unless the project set something else above the add-on."""
+    from scrapy.utils.misc import load_object
+
+    current = settings.get(name)
+    if (settings.getpriority(name) or 0) > _priority():
+        ours = load_object(path)
+        try:
+            given = load_object(current) if isinstance(current, str) else current
+        except (ImportError, NameError, AttributeError, ValueError):
+            given = None  # not even a class: certainly not ours
+        if not (isinstance(given, type) and issubclass(given, ours)):
+            raise ValueError(
+                f"The {name} setting ({current!r}) contradicts the scrapy_redis_bloom.Addon"
+                f" of the ADDONS setting, which sets it to {path!r}: the project's value"
+                f" outranks the add-on's, so {what} would not run. Remove that {name} line"
+                " (or remove the add-on)."
+            )
+        return
+    settings.set(name, path, PRIORITY)
+
+
+def _priority() -> int:
+    from scrapy.settings import SETTINGS_PRIORITIES
+
+    return SETTINGS_PRIORITIES[PRIORITY]
+
+
+def _validate(settings: BaseSettings) -> None:
+    """Read the filter's settings and make its clients (no connection), as a crawl will."""
+    from scrapy_redis_bloom.transport.connection import filter_clients
+
+    config = BloomConfig.from_settings(settings)
+    if config.connection.cluster or _cluster_class(settings):
+        return  # a cluster client connects as it is made: checked when the filter opens
+    clients: list[Any] = filter_clients(config.connection, settings)
+    for client in clients:
+        client.close()
+    logger.debug("scrapy_redis_bloom.Addon: %s", config.describe())
+
+
+def _cluster_class(settings: BaseSettings) -> bool:
+    """Tell whether REDIS_PARAMS gives scrapy-redis a client class other than a redis.Redis."""
+    import redis
+    from scrapy.utils.misc import load_object
+
+    params = settings.get("REDIS_PARAMS")
+    redis_cls = params.get("redis_cls") if isinstance(params, dict) else None
+    if redis_cls is None:
+        return False
+    loaded = load_object(redis_cls) if isinstance(redis_cls, str) else redis_cls
+    return not (isinstance(loaded, type) and issubclass(loaded, redis.Redis))

@@ -1,0 +1,332 @@
+"""One filter round trip per crawled page: a spider middleware checks a response's links together.
+
+Without it, each link a response yields costs ``request_seen`` one round trip to Redis
+(unless the near-cache knows it). With it, the requests of a response are held until
+its output ends (or :data:`DEFAULT_BATCH_MAX` are held), then checked-and-added in one
+pipelined call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), and yielded; the
+dupefilter's ``request_seen`` then takes each answer with no round trip, and stays
+where a request is counted and logged as a duplicate. Items, ``dont_filter`` requests
+and anything else pass through at once.
+
+With ``BLOOMFILTER_BATCH_WINDOW`` (seconds, default 0: off), the requests of every
+response whose output ends within the window are checked together, in one round trip for
+several pages: each response waits at most the window (under the asyncio reactor,
+Scrapy's default; under another reactor the window is off, with a WARNING). Fewer, larger
+commands cost the shared Redis less per page: each command a crawl sends rarely runs with
+cold caches.
+
+Enable it with the lowest order of all spider middlewares, so that it processes the
+output last (Scrapy calls ``process_spider_output`` from the highest order down)::
+
+    SPIDER_MIDDLEWARES = {"scrapy_redis_bloom.batching.BatchingMiddleware": 0}
+
+A Bloom filter cannot forget: a link answered "new" is marked seen at once, so nothing
+may drop it afterwards. If an enabled middleware with a ``process_spider_output``
+would run after this one, batching is off for the crawl (a WARNING names it, and the
+stat ``bloomfilter/batching_disabled`` is 1): every request is checked alone, as
+without the middleware. Requests answered "new" that still never reach the scheduler
+are reported (see :mod:`.reservations`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from scrapy import Request, signals
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.misc import load_object
+from scrapy.utils.python import global_object_name
+
+from scrapy_redis_bloom.core.settings import float_setting, int_setting
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound="BatchingMiddleware")
+
+#: Requests held at most before they are checked (``BLOOMFILTER_BATCH_MAX``).
+DEFAULT_BATCH_MAX = 1000
+
+#: Seconds a response's requests wait for others to check with (``BLOOMFILTER_BATCH_WINDOW``).
+DEFAULT_BATCH_WINDOW = 0.0
+
+#: The longest window accepted: longer holds a response's links for no gain.
+MAX_BATCH_WINDOW = 10.0
+
+_OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
+
+
+def batch_max(settings: BaseSettings) -> int:
+    """Return ``BLOOMFILTER_BATCH_MAX``, checked: an integer of at least 1."""
+    return int_setting(
+        settings,
+        "BLOOMFILTER_BATCH_MAX",
+        DEFAULT_BATCH_MAX,
+        lambda value: value >= 1,
+        "It must be a whole number of at least 1: the requests held before they are checked.",
+    )
+
+
+def batch_window(settings: BaseSettings) -> float:
+    """Return ``BLOOMFILTER_BATCH_WINDOW``, checked: seconds from 0 (off) to 10."""
+    return float_setting(
+        settings,
+        "BLOOMFILTER_BATCH_WINDOW",
+        DEFAULT_BATCH_WINDOW,
+        lambda value: 0 <= value <= MAX_BATCH_WINDOW,
+        f"It must be a number of seconds from 0 (off) to {MAX_BATCH_WINDOW:g}: how long a"
+        " response's requests wait to be checked with those of other responses.",
+    )
+
+
+class _Window:
+    """The requests of several responses, checked together when the window closes.
+
+    The first response to join starts the timer; the window closes when it runs out or
+    when ``limit`` requests are held, whichever comes first. Every response that joined
+    resumes after the one check. Runs on the asyncio loop (the reactor's), single-threaded.
+    """
+
+    def __init__(self, check: Callable[[list[Request]], None], seconds: float, limit: int):
+        self._check = check
+        self._seconds = seconds
+        self._limit = limit
+        self._held: list[Request] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def join(self, requests: list[Request]) -> None:
+        """Hold ``requests`` until the window closes and they are checked."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._held.extend(requests)
+        self._waiters.append(waiter)
+        if len(self._held) >= self._limit:
+            self.close()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._seconds, self.close)
+        await waiter
+
+    def close(self) -> None:
+        """Check every held request in one call, then resume the responses that wait."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, waiters = self._held, self._waiters
+        self._held, self._waiters = [], []
+        try:
+            self._check(held)
+        finally:
+            for waiter in waiters:
+                if not waiter.done():  # a response cancelled meanwhile (the crawl stops)
+                    waiter.set_result(None)
+
+
+def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
+    """Name the enabled spider middlewares whose output processing runs after ``cls``'s.
+
+    Those of an order lower than (or equal to) ``cls``'s in SPIDER_MIDDLEWARES and
+    SPIDER_MIDDLEWARES_BASE that have a ``process_spider_output``: any of them could
+    drop a request after it was checked. Ours is the first entry that loads as
+    ``cls`` or a subclass of it.
+    """
+    enabled: list[tuple[float, str, Any]] = []
+    for path, order in _with_base(settings, "SPIDER_MIDDLEWARES").items():
+        if order is None:
+            continue
+        component = load_object(path) if isinstance(path, str) else path
+        name = path if isinstance(path, str) else global_object_name(path)
+        enabled.append((order, name, component))
+    ours = [order for order, _, c in enabled if isinstance(c, type) and issubclass(c, cls)]
+    if not ours:
+        return []
+    mine = ours[0]
+    return [
+        f"{name} (order {order})"
+        for order, name, component in sorted(enabled, key=lambda e: e[0])
+        if order <= mine
+        and not (isinstance(component, type) and issubclass(component, cls))
+        and any(hasattr(component, method) for method in _OUTPUT_METHODS)
+    ]
+
+
+def _with_base(settings: BaseSettings, name: str) -> dict[Any, Any]:
+    """Return a component setting merged with its ``_BASE``: ``{component: order}``."""
+    merged = getattr(settings, "get_component_priority_dict_with_base", None)
+    if merged is not None:  # Scrapy >= 2.14: also merges a class given as its path
+        return dict(merged(name))
+    return dict(settings.getwithbase(name))
+
+
+def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:
+    """Name the middlewares whose output method comes after ``middleware``'s in ``methods``.
+
+    ``methods``: the ``process_spider_output`` chain as Scrapy calls it, first to last.
+    """
+    mine = [i for i, m in enumerate(methods) if getattr(m, "__self__", None) is middleware]
+    if not mine:
+        return []
+    later = [m for m in methods[mine[0] + 1 :] if m is not None]
+    return [global_object_name(type(getattr(m, "__self__", m))) for m in later]
+
+
+class BatchingMiddleware:
+    """Check the links of each response in one filter round trip (see the module).
+
+    Works with :class:`.dupefilter.RFPDupeFilter` (or a subclass) as the crawl's
+    dupefilter, under scrapy-redis's Scheduler or Scrapy's; with any other, it
+    passes the output through.
+    """
+
+    def __init__(
+        self, crawler: Crawler, limit: int = DEFAULT_BATCH_MAX, window: float = 0.0
+    ) -> None:
+        self.crawler = crawler
+        self.limit = limit
+        #: Seconds the requests of a response wait for other responses' (0: none).
+        self.window = window
+        self._window: _Window | None = None
+        #: Why batching is off for this crawl, or None.
+        self.disabled: str | None = None
+        self._dupefilter: RFPDupeFilter | None = None
+        self._resolved = False
+
+    @classmethod
+    def from_crawler(cls: type[_M], crawler: Crawler) -> _M:
+        """Build for a crawl; NotConfigured (and an INFO line) if its dupefilter is not ours."""
+        settings = crawler.settings
+        dupefilter_cls = load_object(settings["DUPEFILTER_CLASS"])
+        if not (isinstance(dupefilter_cls, type) and issubclass(dupefilter_cls, RFPDupeFilter)):
+            logger.info(
+                "BatchingMiddleware is off: DUPEFILTER_CLASS is %s, not"
+                " scrapy_redis_bloom.dupefilter.RFPDupeFilter.",
+                settings["DUPEFILTER_CLASS"],
+            )
+            raise NotConfigured
+        middleware = cls(crawler, batch_max(settings), batch_window(settings))
+        later = later_middlewares(settings, cls)
+        if later:
+            middleware.disable(", ".join(later))
+        crawler.signals.connect(middleware._spider_opened, signal=signals.spider_opened)
+        return middleware
+
+    def disable(self, later: str) -> None:
+        """Stop batching for the crawl: ``later`` processes the output after this middleware."""
+        self.disabled = later
+        logger.warning(
+            "BatchingMiddleware does not batch in this crawl: %s process(es) the spider"
+            " output after it and could drop a request already marked seen in the Bloom"
+            " filter. Each request is checked alone instead. Give BatchingMiddleware the"
+            " lowest order in SPIDER_MIDDLEWARES (e.g. 0) to batch.",
+            later,
+        )
+        if self.crawler.stats is not None:
+            self.crawler.stats.set_value("bloomfilter/batching_disabled", 1)
+
+    def _spider_opened(self, spider: Spider) -> None:
+        self._resolve()
+        if self.disabled is None:
+            self._check_chain()
+
+    def _check_chain(self) -> None:
+        """Check the running middleware chain too: nothing may process the output after us."""
+        try:
+            manager = self.crawler.engine.scraper.spidermw
+            methods = list(manager.methods["process_spider_output"])
+        except (AttributeError, KeyError, RuntimeError) as exc:  # Scrapy internals moved
+            logger.debug("Could not read the spider middleware chain: %r", exc)
+            return
+        later = later_in_chain(methods, self)
+        if later:
+            self.disable(", ".join(later))
+
+    def _resolve(self) -> RFPDupeFilter | None:
+        """Find the crawl's dupefilter (built when the scheduler opens), once."""
+        if not self._resolved:
+            self._resolved = True
+            self._dupefilter = RFPDupeFilter.for_crawler(self.crawler)
+            if self._dupefilter is None:
+                logger.info(
+                    "BatchingMiddleware passes the output through: this crawl's scheduler"
+                    " uses no scrapy_redis_bloom dupefilter."
+                )
+        return self._dupefilter
+
+    async def process_spider_output(
+        self,
+        response: Response,
+        result: AsyncIterator[Any],
+        spider: Spider | None = None,
+    ) -> AsyncIterator[Any]:
+        """Yield items at once; hold the requests to filter, check them together, yield them."""
+        dupefilter = None if self.disabled is not None else self._resolve()
+        if dupefilter is None:
+            async for output in result:
+                yield output
+            return
+        held: list[Request] = []
+        try:
+            async for output in result:
+                if isinstance(output, Request) and not output.dont_filter:
+                    held.append(output)
+                    if len(held) >= self.limit:
+                        self._check(dupefilter, held)
+                        for request in held:
+                            yield request
+                        held = []
+                else:
+                    yield output
+        except Exception:
+            # The callback failed: what it yielded before is scheduled, as without us.
+            self._check(dupefilter, held)
+            for request in held:
+                yield request
+            raise
+        window = self._window_for(dupefilter) if held else None
+        if window is None:
+            self._check(dupefilter, held)
+        else:
+            await window.join(held)
+        for request in held:
+            yield request
+
+    def _window_for(self, dupefilter: RFPDupeFilter) -> _Window | None:
+        """Return the window this crawl's responses share, or None (off, or no asyncio loop)."""
+        if self.window <= 0:
+            return None
+        if self._window is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                self.window = 0.0
+                logger.warning(
+                    "BLOOMFILTER_BATCH_WINDOW is ignored: it needs Scrapy's asyncio reactor"
+                    " (TWISTED_REACTOR = 'twisted.internet.asyncioreactor."
+                    "AsyncioSelectorReactor', the default). Each response is checked alone."
+                )
+                return None
+            self._window = _Window(
+                lambda held: self._check(dupefilter, held), self.window, self.limit
+            )
+        return self._window
+
+    def _check(self, dupefilter: RFPDupeFilter, held: list[Request]) -> None:
+        """Pre-answer the held requests (see :meth:`.RFPDupeFilter.check_batch`)."""
+        if not held:
+            return
+        try:
+            dupefilter.check_batch(held)
+        except Exception:
+            # A bug past the filter call (check_batch handles the call's failures): said,
+            # counted; the requests go on, each checked alone by request_seen.
+            logger.exception("Holding the answers of %d request(s) failed", len(held))
+            dupefilter.bloom.events.count("batch_failed")

@@ -1,0 +1,478 @@
+"""Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
+
+Settings become a :class:`~.config.BloomConfig` once, at startup; each
+``request_seen`` is then one fingerprint plus, unless the near-cache knows it, one
+atomic command in Redis (:mod:`.engine.filter`). What happens to the filter
+(retries, ambiguous answers, errors, recovered parts, passing its capacity) reaches
+the crawl's stats as it happens. When the filter cannot answer (Redis gone for longer
+than ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR = "raise"``, a lost
+shard under ``BLOOMFILTER_ON_LOSS = "raise"``), the error is logged once, the crawl
+is stopped with the finish reason ``bloomfilter_error``, and the request in hand is
+let through to the scheduler rather than dropped: with a persistent queue it is
+fetched on the next run. Never a crawl that ends "finished" with pages silently lost,
+never a page dropped for a doubt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
+from scrapy import signals
+from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
+
+from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
+from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_setting
+from scrapy_redis_bloom.core.versions import check_installed
+from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.scrapy.reservations import Reservations
+from scrapy_redis_bloom.scrapy.stats import FilterStats
+from scrapy_redis_bloom.transport.connection import filter_clients, url_address
+from scrapy_redis_bloom.transport.topology import server_address
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound="RFPDupeFilter")
+
+#: The finish reason of a crawl stopped because the filter could not answer.
+FINISH_REASON = "bloomfilter_error"
+
+#: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`). Weak
+#: both ways: the dupefilter refers to its crawler, and must not keep it alive.
+_BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
+    """Request duplicates filter backed by a sharded Bloom filter in Redis.
+
+    A drop-in replacement for ``scrapy_redis.dupefilter.RFPDupeFilter``: use it as
+    ``DUPEFILTER_CLASS`` under scrapy-redis's Scheduler (``from_spider``) or Scrapy's
+    own scheduler (``from_crawler``). It never deletes the filter on close; under
+    scrapy-redis's Scheduler, ``SCHEDULER_PERSIST = False`` and
+    ``SCHEDULER_FLUSH_ON_START`` clear it through :meth:`clear`.
+    """
+
+    logger = logger
+
+    def __init__(
+        self,
+        server: Any,
+        key: str,
+        debug: bool = False,
+        *,
+        config: BloomConfig | None = None,
+        stats: StatsCollector | None = None,
+        fingerprint: Callable[[Request], str] | None = None,
+        servers: Sequence[Any] | None = None,
+        crawler: Crawler | None = None,
+    ) -> None:
+        super().__init__(server, key, debug)
+        self.config = config if config is not None else BloomConfig.from_settings({})
+        self.stats = stats
+        self.crawler = crawler
+        events = FilterEvents()
+        clients = list(servers) if servers else [server]
+        self.bloom = make_filter(
+            clients,
+            key,
+            self.config,
+            cache_size=self.config.cache_size,
+            faults=self.config.faults,
+            events=events,
+        )
+        self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
+        # scrapy-redis's fingerprint is a pure function of method, URL and body: for the
+        # GET requests without body that links make, remember it by URL, as many as the
+        # near-cache holds. A repeated link then costs no canonicalisation, JSON or SHA1.
+        self._memo: LRU[str, str] = LRU(self.config.cache_size)
+        if (
+            fingerprint is None
+            and self.config.cache_size
+            and type(self).request_fingerprint is _RedisRFPDupeFilter.request_fingerprint
+        ):
+            self._fingerprint = self._remembered_fingerprint
+        self._finished = False
+        self._failed = False
+        self._log = RateLimitedLog(logger)
+        #: Answers given ahead by check_batch, taken by request_seen.
+        self.reservations = Reservations(self._unscheduled, self.config.cache_size)
+        #: Clients this filter made (from_crawler / from_spider), closed when it closes.
+        self._owned_clients: list[Any] = []
+        interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
+        #: The ``bloomfilter/*`` stats, kept current while the crawl runs.
+        self.filter_stats = FilterStats(self.bloom, stats, interval)
+        where = self.bloom.topology.describe()
+        worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = self.bloom.lease(worker, self.config.worker_ttl)
+        try:
+            record = self.bloom.open()
+            others = self.lease.renew()
+        except BaseException:
+            self.lease.close()
+            self.bloom.close()
+            raise
+        self.lease.start()
+        logger.info(
+            "Bloom filter %r (id %s) on %s: %s; worker %s joins %d other live worker(s)",
+            key,
+            record.filter_id,
+            where,
+            self.config.describe(),
+            worker,
+            others,
+        )
+
+    @classmethod
+    def _build(
+        cls: type[_F],
+        settings: SettingsLike,
+        spider_name: str | None,
+        crawler: Crawler | None,
+    ) -> _F:
+        check_installed()  # pip enforced the minimums at install time only
+        config = BloomConfig.from_settings(settings)
+        key = config.key_for(spider_name)
+        fingerprint: Callable[[Request], str] | None = None
+        if config.fingerprinter == "crawler":
+            if crawler is None:
+                raise ValueError(
+                    "BLOOMFILTER_FINGERPRINTER = 'crawler' needs the crawler's request"
+                    " fingerprinter: build the dupefilter with from_crawler() or from_spider()."
+                )
+            fingerprinter = crawler.request_fingerprinter
+
+            def fingerprint(request: Request) -> str:
+                return fingerprinter.fingerprint(request).hex()
+
+        debug = boolean_setting(settings, "DUPEFILTER_DEBUG")
+        try:
+            clients = filter_clients(config.connection, settings)
+        except (RedisError, RedisClusterException) as exc:
+            where = ", ".join(url_address(url) for url in config.connection.urls)
+            raise BloomFilterError(
+                f"Cannot connect to the Bloom filter's Redis at {where}: {exc}"
+            ) from exc
+        try:
+            instance = cls(
+                clients[0],
+                key,
+                debug=debug,
+                config=config,
+                stats=crawler.stats if crawler is not None else None,
+                fingerprint=fingerprint,
+                servers=clients,
+                crawler=crawler,
+            )
+        except AuthenticationError:
+            for client in clients:
+                client.close()
+            raise _credentials_error(clients, config) from None
+        except BaseException:
+            for client in clients:  # a refused start leaves no connection behind
+                client.close()
+            raise
+        instance._owned_clients = clients
+        if crawler is not None:
+            _BY_CRAWLER[crawler] = weakref.ref(instance)
+            crawler.signals.connect(
+                instance.reservations.scheduled, signal=signals.request_scheduled
+            )
+            # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
+            crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
+            crawler.signals.connect(instance.filter_stats.start, signal=signals.spider_opened)
+            # Out of requests: everything is final now, for monitors that run at close.
+            crawler.signals.connect(instance.filter_stats.publish, signal=signals.spider_idle)
+        return instance
+
+    @classmethod
+    def from_settings(cls: type[_F], settings: SettingsLike) -> _F:
+        """Build without a crawler: BLOOMFILTER_KEY must then not use %(spider)s."""
+        return cls._build(settings, None, None)
+
+    @classmethod
+    def from_crawler(cls: type[_F], crawler: Crawler) -> _F:
+        """Build for Scrapy's own scheduler (``DUPEFILTER_CLASS``)."""
+        return cls._build(crawler.settings, crawler.spidercls.name, crawler)
+
+    @classmethod
+    def from_spider(cls: type[_F], spider: Spider) -> _F:
+        """Build for scrapy-redis's Scheduler, which calls this when it opens."""
+        return cls._build(spider.settings, spider.name, spider.crawler)
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> RFPDupeFilter | None:
+        """Return the dupefilter built for ``crawler`` (None: none of ours, or not yet)."""
+        ref = _BY_CRAWLER.get(crawler)
+        return ref() if ref is not None else None
+
+    def request_seen(self, request: Request) -> bool:
+        """Add the request's fingerprint; return True if it was seen before.
+
+        One atomic round trip to Redis: of several workers offering the same request
+        at once, exactly one is told it is new. None when :meth:`check_batch` answered
+        it ahead. When the filter cannot answer, the crawl stops (see the module's
+        docstring) and the request is answered new.
+        """
+        fingerprint = self._fingerprint(request)
+        answer = self.reservations.take(fingerprint, request)
+        if answer is not None:
+            return answer
+        try:
+            return self.bloom.check_and_add(fingerprint)
+        except BloomFilterError as exc:
+            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+                self.bloom.events.count("errors")
+            self._fail(exc)
+            return False  # a doubt: to the scheduler, whose queue may outlive this run
+
+    def check_batch(self, requests: Sequence[Request]) -> int:
+        """Check-and-add requests together, ahead of ``request_seen``; return how many.
+
+        One pipelined round trip per Redis server for all the fingerprints the
+        near-cache does not know; repeats among them are sent once. Each answer is
+        held for :meth:`request_seen`, which counts and logs duplicates as before.
+        Skipped, and left to ``request_seen``: ``dont_filter`` requests, fingerprints
+        already held or unscheduled, and requests whose fingerprint fails (the
+        error is raised again there).
+
+        If the batch fails, its commands may have run on some server, or before a
+        reply was lost: asking again one by one could answer "seen" for bits this
+        batch set. So every request of a failed batch answers "new", and the failure
+        is handled as ``request_seen`` handles one: the crawl stops (the requests go
+        to the scheduler, whose queue may outlive the run). Under
+        ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no failure: the
+        batch answers "new" for what it could not check (see the engine).
+        """
+        batch: list[Request] = []
+        fingerprints: list[str] = []
+        for request in requests:
+            if request.dont_filter:
+                continue
+            try:
+                fingerprint = self._fingerprint(request)
+            except Exception:  # raised again, and reported, by request_seen
+                continue
+            if fingerprint in self.reservations:
+                continue
+            batch.append(request)
+            fingerprints.append(fingerprint)
+        if not batch:
+            return 0
+        unique = list(dict.fromkeys(fingerprints))
+        try:
+            answers = dict(zip(unique, self.bloom.check_and_add_many(unique), strict=True))
+        except BloomFilterError as exc:
+            self.bloom.events.count("batch_failed")
+            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+                self.bloom.events.count("errors")
+            self._fail(exc)
+            answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
+        except Exception:
+            # A bug, not a Redis fault: said with its traceback, counted, and no page
+            # lost for it (a duplicate fetch at worst).
+            logger.exception(
+                "Checking %d request(s) together in the Bloom filter %r failed: they are"
+                " answered 'new'.",
+                len(unique),
+                self.key,
+            )
+            self.bloom.events.count("batch_failed")
+            answers = dict.fromkeys(unique, False)
+        self.reservations.reserve(batch, fingerprints, [answers[f] for f in fingerprints])
+        self.filter_stats.batches += 1
+        self.filter_stats.batched += len(batch)
+        return len(batch)
+
+    def _unscheduled(self, urls: list[str]) -> None:
+        """Report requests answered "new" by a batch that never reached the scheduler."""
+        self.bloom.events.count("batch_unscheduled", len(urls))
+        self._log.log(
+            logging.WARNING,
+            "unscheduled",
+            "%d request(s) checked together and answered 'new' never reached the scheduler"
+            " (e.g. %s): a request_scheduled handler dropped them, or the crawl ended first."
+            " The Bloom filter %r holds them now: this worker answers 'new' if it meets them"
+            " again; other workers, and later runs, take them for seen.",
+            len(urls),
+            urls[0],
+            self.key,
+        )
+
+    def _fail(self, exc: BloomFilterError) -> None:
+        """Say why the filter cannot answer, once, and stop the crawl."""
+        if self._failed:
+            return
+        self._failed = True
+        logger.error(
+            "The Bloom filter %r cannot answer, so the crawl stops (finish reason %r): %s",
+            self.key,
+            FINISH_REASON,
+            exc,
+        )
+        try:
+            engine = self.crawler.engine if self.crawler is not None else None
+        except RuntimeError:  # Scrapy >= 2.19 raises before the crawl starts
+            engine = None
+        spider = getattr(engine, "spider", None)
+        if engine is None or spider is None:
+            return
+        close_async = getattr(engine, "close_spider_async", None)
+        if close_async is not None:  # Scrapy >= 2.14
+            from scrapy.utils.defer import deferred_from_coro
+
+            deferred = deferred_from_coro(close_async(reason=FINISH_REASON))
+        else:
+            deferred = engine.close_spider(spider, FINISH_REASON)
+        deferred.addErrback(lambda failure: logger.debug("Closing the spider: %s", failure))
+
+    def _remembered_fingerprint(self, request: Request) -> str:
+        if request.method != "GET" or request.body:
+            return self.request_fingerprint(request)  # type: ignore[no-any-return]
+        url = request.url
+        fingerprint = self._memo.get(url)
+        if fingerprint is None:
+            fingerprint = self.request_fingerprint(request)
+            self._memo.put(url, fingerprint)
+        return fingerprint
+
+    def log(self, request: Request, spider: Spider) -> None:
+        """Log a filtered request as Scrapy does, and count it in the stats."""
+        super().log(request, spider)
+        if self.stats is not None:
+            self.stats.inc_value("bloomfilter/filtered")
+            self.stats.inc_value("dupefilter/filtered")
+
+    def clear(self) -> None:
+        """Forget every request: delete the filter's record and bits from Redis.
+
+        Only when no other worker holds a live lease on the filter: scrapy-redis calls
+        this when ANY worker closes (``SCHEDULER_PERSIST = False``) or starts
+        (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
+        elsewhere. The filter's state is first written to the stats, with this worker's
+        last counts in the totals.
+        """
+        self.bloom.sync_counters()
+        others = self.lease.others()
+        if others:
+            self._record_state(full=False)
+            logger.info(
+                "Not clearing the Bloom filter %r: %d other worker(s) still use it. The last"
+                " worker to close clears it (a crashed worker stops counting %ss after its"
+                " last lease renewal).",
+                self.key,
+                others,
+                f"{self.config.worker_ttl:g}",
+            )
+            return
+        self._record_state(full=True)
+        self.bloom.clear()
+        logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
+
+    def close(self, reason: str = "") -> None:
+        """Report the filter's state and leave the registry. The filter stays in Redis."""
+        self._finish()
+
+    def _on_spider_closed(self, spider: Spider, reason: str) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.filter_stats.stop()
+        self.reservations.close()
+        if self.reservations.forgotten:
+            logger.warning(
+                "The Bloom filter %r forgot %d unscheduled request(s) (too many to remember).",
+                self.key,
+                self.reservations.forgotten,
+            )
+        try:
+            self.bloom.sync_counters()
+            others = self.lease.release()
+            # The last worker to leave counts the bits (O(m) in Redis); the others
+            # estimate from the counters, so a closing worker costs O(1).
+            if self.bloom.record is not None:
+                self._record_state(full=others == 0)
+        except BloomFilterError as exc:
+            logger.warning("Could not record the Bloom filter %r's state: %s", self.key, exc)
+        finally:
+            self.lease.close()
+            self.bloom.close()
+            for client in self._owned_clients:
+                client.close()
+            self.filter_stats.publish(counts_only=True)  # the last trips (counters, lease)
+
+    def _record_state(self, full: bool) -> None:
+        """Write the filter's stats, and log its state.
+
+        ``full``: count the bits in Redis (BITCOUNT of every shard); otherwise
+        estimate the state from the items the counters hold.
+        """
+        if self.bloom.record is None:
+            return
+        totals = self.bloom.totals()  # read now: other workers may have synced since
+        if full or self.bloom.backend == "native":  # O(shards) in Redis: always affordable
+            state = self.bloom.state()
+        else:
+            state = self.bloom.estimate(totals.added)
+        self.filter_stats.publish(state)
+        logger.info(
+            "Bloom filter %r: about %s items, %.2f%% of bits set, false-positive rate now"
+            " %.3g, %s bytes in Redis%s",
+            self.key,
+            f"{state.estimated_items:,}",
+            100 * state.fill_ratio,
+            state.estimated_fpr,
+            f"{state.memory_bytes:,}",
+            "" if full else " (estimated from the counters)",
+        )
+
+
+def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
+    """Say which Redis refused the filter's credentials, and which setting sets them.
+
+    Redis's own text (``NOAUTH``, ``HELLO must be called ...``, ``WRONGPASS``) says
+    neither, so it is left out.
+    """
+    where = ", ".join(server_address(client) for client in clients)
+    settings = (
+        "BLOOMFILTER_REDIS_PARAMS"
+        if config.connection.sentinels
+        else "BLOOMFILTER_REDIS_URLS"
+        if len(config.connection.urls) > 1
+        else "BLOOMFILTER_REDIS_URL"
+        if config.connection.urls
+        else "REDIS_URL (or REDIS_PARAMS)"
+    )
+    given = any(
+        client.get_connection_kwargs().get("password")
+        for client in clients
+        if hasattr(client, "get_connection_kwargs")
+    )
+    problem = "refused the password given" if given else "needs a password, and none was given"
+    return BloomFilterError(
+        f"Redis at {where} {problem} for the Bloom filter"
+        + (" (a wrong password or user, or a disabled user)" if given else "")
+        + f". Set it in {settings}, e.g. "
+        + (
+            "{'username': 'user', 'password': '...'}."
+            if config.connection.sentinels
+            else "redis://user:password@host:6379/0."
+        )
+    )

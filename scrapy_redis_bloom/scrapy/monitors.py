@@ -1,0 +1,147 @@
+"""Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates.
+
+Install the extra (``pip install "scrapy-redis-bloom[spidermon]"``) and add the suite
+to the monitors Spidermon runs when the spider closes::
+
+    SPIDERMON_ENABLED = True
+    EXTENSIONS = {"spidermon.contrib.scrapy.extensions.Spidermon": 500}
+    SPIDERMON_SPIDER_CLOSE_MONITORS = ["scrapy_redis_bloom.monitors.BloomFilterMonitorSuite"]
+
+Each monitor reads the ``bloomfilter/*`` stats (see :mod:`.stats`), which are current
+before any ``spider_closed`` handler runs, and fails with a message that names the stat
+and what to do:
+
+* :class:`CapacityMonitor`: the filter holds more items than it was created for
+  (``bloomfilter/over_capacity``), or a shard cannot grow further (``bloomfilter/full``);
+* :class:`FalsePositiveRateMonitor`: the estimated false-positive rate
+  (``bloomfilter/estimated_fpr``) passed ``BLOOMFILTER_MONITOR_MAX_FPR`` (default: the
+  rate the filter is configured for, ``BLOOMFILTER_ERROR_RATE``);
+* :class:`DoubtMonitor`: requests answered "new" because Redis could not answer
+  (``bloomfilter/errors``), because a reply was lost (``bloomfilter/ambiguous``), or
+  because a batch failed (``bloomfilter/batch_failed``): duplicate fetches, and a fault
+  to look into;
+* :class:`FailoverMonitor`: the filter followed a failover (``bloomfilter/failovers``):
+  writes the old primary had not replicated are lost, so some URLs may be fetched twice.
+
+The monitors are unittest-style classes: a project may run some of them only, in a
+suite of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+try:
+    from spidermon import MonitorSuite, monitors
+    from spidermon.contrib.scrapy.monitors.base import BaseScrapyMonitor
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError(
+        "scrapy_redis_bloom.monitors needs Spidermon: pip install 'scrapy-redis-bloom[spidermon]'"
+    ) from exc
+
+from scrapy_redis_bloom.core.settings import BloomConfig
+from scrapy_redis_bloom.scrapy.stats import PREFIX
+
+
+class _FilterMonitor(BaseScrapyMonitor):  # type: ignore[misc]  # Spidermon is untyped
+    """Reads the filter's stats."""
+
+    def stat(self, name: str, default: Any = 0) -> Any:
+        """Return the stat ``bloomfilter/<name>``."""
+        return self.data.stats.get(PREFIX + name, default)
+
+
+@monitors.name("Bloom filter capacity")
+class CapacityMonitor(_FilterMonitor):
+    """Check that the filter stayed within the items it was created for."""
+
+    @monitors.name("holds no more items than its capacity")  # type: ignore[untyped-decorator]
+    def test_within_capacity(self) -> None:
+        """Fail when the items over all workers passed ``bloomfilter/capacity``."""
+        over = self.stat("over_capacity", None)
+        if over:
+            self.fail(
+                f"bloomfilter/over_capacity is {over}: the filter holds {over}x the"
+                f" {self.stat('capacity', '?'):,} items it was created for, so its false-positive"
+                " rate is above the design (or it grew to keep it). Reset it with a larger"
+                " BLOOMFILTER_CAPACITY before the next crawl, or use a new BLOOMFILTER_KEY.",
+            )
+
+    @monitors.name("has room to grow")  # type: ignore[untyped-decorator]
+    def test_not_full(self) -> None:
+        """Fail when a shard passed the capacity of its last generation."""
+        full = self.stat("full")
+        if full:
+            self.fail(
+                f"bloomfilter/full is {full}: shards of the filter passed the capacity of their"
+                " last generation and cannot grow further, so new URLs are being taken for seen."
+                " Create a larger filter (a higher BLOOMFILTER_CAPACITY) for this crawl.",
+            )
+
+
+@monitors.name("Bloom filter false-positive rate")
+class FalsePositiveRateMonitor(_FilterMonitor):
+    """Check the filter's estimated false-positive rate against a threshold."""
+
+    @monitors.name("estimated false-positive rate under the threshold")  # type: ignore[untyped-decorator]
+    def test_false_positive_rate(self) -> None:
+        """Fail when ``bloomfilter/estimated_fpr`` passed ``BLOOMFILTER_MONITOR_MAX_FPR``."""
+        settings = self.crawler.settings
+        config = BloomConfig.from_settings(settings)
+        limit = config.monitor_max_fpr or config.design_error_rate
+        rate = self.stat("estimated_fpr", None)
+        if rate is None:
+            self.fail("bloomfilter/estimated_fpr is missing: the filter wrote no state.")
+        if rate > limit:
+            self.fail(
+                f"bloomfilter/estimated_fpr is {rate:.3g}, above {limit:.3g}"
+                " (BLOOMFILTER_MONITOR_MAX_FPR, else the rate the filter is configured for): that"
+                " share of new URLs is dropped as seen. Size the filter for the crawl (a higher"
+                " BLOOMFILTER_CAPACITY, or BLOOMFILTER_EXPANSION to let it grow) and reset it.",
+            )
+
+
+@monitors.name("Bloom filter answers")
+class DoubtMonitor(_FilterMonitor):
+    """Check that no request was answered "new" for doubt."""
+
+    @monitors.name("no request answered 'new' for doubt")  # type: ignore[untyped-decorator]
+    def test_no_doubt(self) -> None:
+        """Fail on ``bloomfilter/errors``, ``bloomfilter/ambiguous`` or ``batch_failed``."""
+        doubts = {name: self.stat(name) for name in ("errors", "ambiguous", "batch_failed")}
+        said = ", ".join(f"bloomfilter/{name} is {n}" for name, n in doubts.items() if n)
+        if said:
+            self.fail(
+                f"{said}: the filter answered 'new' where Redis could not confirm (no page is"
+                " lost, but some may have been fetched twice). Look for the fault in the log"
+                " (Redis unreachable, restarted, out of memory, a connection killed) and see"
+                " BLOOMFILTER_RETRY_TIMEOUT and BLOOMFILTER_ON_ERROR.",
+            )
+
+
+@monitors.name("Bloom filter failovers")
+class FailoverMonitor(_FilterMonitor):
+    """Check that the filter's Redis did not fail over during the crawl."""
+
+    @monitors.name("no failover")  # type: ignore[untyped-decorator]
+    def test_no_failover(self) -> None:
+        """Fail on ``bloomfilter/failovers``."""
+        failovers = self.stat("failovers")
+        if failovers:
+            self.fail(
+                f"bloomfilter/failovers is {failovers}: the filter followed its Redis to another"
+                " server. Writes the old primary had not replicated are gone, so some URLs may be"
+                " fetched again; use min-replicas-to-write on the primary to keep them (README,"
+                " Sentinel).",
+            )
+
+
+class BloomFilterMonitorSuite(MonitorSuite):  # type: ignore[misc]
+    """Every monitor of the filter: capacity, false-positive rate, doubt, failovers."""
+
+    monitors: ClassVar[list[type[_FilterMonitor]]] = [
+        CapacityMonitor,
+        FalsePositiveRateMonitor,
+        DoubtMonitor,
+        FailoverMonitor,
+    ]

@@ -1,0 +1,223 @@
+"""What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
+
+Every stat the filter gives is listed once, in :data:`STATS`. They are written while
+the crawl runs, not only when it ends, so that monitors reading them before the
+filter's own ``spider_closed`` handler runs (Spidermon's, an extension's, a spider's
+own) see them all:
+
+* what happens to the filter (retries, ambiguous answers, errors, failovers, growth)
+  as it happens, through the engine's :class:`~.engine.events.FilterEvents`;
+* every second, from a reactor timer: this worker's counts (added to the stats as
+  increments, so that a stats collector shared by the workers sums them), the totals
+  over all workers (the counters in Redis, synced then, plus this worker's part not
+  synced yet) and the fill and false-positive rate those totals imply;
+* when the crawl runs out of requests (``spider_idle``), when Scrapy's scheduler closes
+  the dupefilter, and when scrapy-redis's clears it: all of it, final;
+* when the filter closes: the same, with the bits counted in Redis by the last worker.
+
+At the same interval as Scrapy's LogStats (``LOGSTATS_INTERVAL``) an INFO line says
+what the filter holds and how it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import task
+
+from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.engine.counters import SYNC_INTERVAL
+
+if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_redis_bloom.engine.backend import BloomBackend
+    from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
+
+logger = logging.getLogger(__name__)
+
+#: The prefix of every stat the filter gives.
+PREFIX = "bloomfilter/"
+
+#: Every stat the filter gives (without :data:`PREFIX`), and what it says.
+STATS: dict[str, str] = {
+    # This worker's answers (summed over the workers by a shared stats collector).
+    "added": "requests this worker added to the filter (answered 'new')",
+    "filtered": "requests this worker dropped as duplicates (also dupefilter/filtered)",
+    "cache_hits": "duplicates this worker's near-cache answered, with no round trip",
+    "round_trips": "network round trips this worker made to the filter's Redis",
+    "batches": "batches of requests checked together (BatchingMiddleware)",
+    "batched": "requests checked in those batches",
+    # What happened, as it happened.
+    "retries": "rounds of retrying a Redis command that failed (with backoff)",
+    "ambiguous": "requests answered 'new' because a reply was lost after the command was sent",
+    "errors": "requests Redis could not answer, handled per BLOOMFILTER_ON_ERROR",
+    "failovers": "new connections that reached another server than before (a failover)",
+    "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
+    "restored": "lost metadata (record, server marker) rewritten from intact shards",
+    "reopened": "times the filter was found reset and created again, and adopted",
+    "grown": "generations a shard started because it held its capacity",
+    "full": "checks of a shard past the capacity of its last generation",
+    "batch_failed": "batches that could not be checked (their requests answered 'new')",
+    "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
+    "batching_disabled": "1 when a later middleware could drop requests: no batching",
+    "eviction_risk": "servers whose maxmemory-policy may evict the filter's keys",
+    "over_capacity": "items over all workers, as a multiple of the capacity (when past it)",
+    # The filter, over all workers.
+    "backend": "where the bits are: 'bitmap' (this package's) or 'native' (BF.*)",
+    "capacity": "items the filter was created for",
+    "bits": "bits of the filter's first generation (of all generations, native)",
+    "hash_functions": "hash functions k",
+    "shards": "shards the bits are split into",
+    "expansion": "growth per generation (0: fixed size)",
+    "ttl": "seconds a URL is remembered at least (0: forever)",
+    "generations": "most generations a shard has started",
+    "total_added": "items added by every worker",
+    "total_filtered": "duplicates found by every worker",
+    "bits_set": "bits set (counted by the last worker to close, else estimated)",
+    "fill_ratio": "share of the bits that are set",
+    "estimated_items": "items the bits set stand for",
+    "estimated_fpr": "chance that a new URL is taken for a seen one, now",
+    "memory_bytes": "bytes Redis holds for the filter (estimated until counted)",
+}
+
+#: Counts of this worker, added to the stats as increments.
+_COUNTS = ("added", "cache_hits", "round_trips", "batches", "batched")
+
+
+class FilterStats:
+    """Writes one worker's filter stats to the crawl's stats, and logs a line now and then.
+
+    ``bloom``: the filter; ``stats``: the crawl's stats collector (None: only the log
+    line); ``interval``: seconds between log lines (``LOGSTATS_INTERVAL``; 0: none).
+    """
+
+    def __init__(
+        self, bloom: BloomBackend, stats: StatsCollector | None, interval: float = 0.0
+    ) -> None:
+        self.bloom = bloom
+        self.stats = stats
+        self.interval = interval
+        #: Requests checked in batches (the dupefilter counts them).
+        self.batches = self.batched = 0
+        #: What of each count was added to the stats (None: not even 0 yet; batches are
+        #: only written once there are some).
+        self._given: dict[str, int | None] = {**dict.fromkeys(_COUNTS), "batches": 0, "batched": 0}
+        self._tasks: list[task.LoopingCall] = []
+        if stats is not None:
+            bloom.events.connect(
+                lambda name, n: stats.inc_value(PREFIX + name, n),
+                lambda name, value: stats.set_value(PREFIX + name, value),
+            )
+
+    def start(self) -> None:
+        """Start the timers: the stats every second, the log line every ``interval``."""
+        if self._tasks:
+            return
+        timers = [(self.tick, SYNC_INTERVAL)]
+        if self.interval > 0:
+            timers.append((self.log, self.interval))
+        for call, every in timers:
+            timer = task.LoopingCall(call)
+            timer.start(every, now=False)
+            self._tasks.append(timer)
+
+    def stop(self) -> None:
+        """Stop the timers."""
+        for timer in self._tasks:
+            if timer.running:
+                timer.stop()
+        self._tasks = []
+
+    def tick(self) -> None:
+        """Sync what an idle worker still holds, then publish: the timer's call."""
+        self.bloom.sync_counters_if_due()
+        self.publish()
+
+    def publish(self, state: FilterState | None = None, counts_only: bool = False) -> None:
+        """Write every stat now; ``state``: the filter's, counted in Redis (else estimated).
+
+        ``counts_only``: only this worker's counts (the state written last stays).
+        """
+        stats, bloom = self.stats, self.bloom
+        record = bloom.record
+        if stats is None:
+            return
+        counts = {
+            "added": bloom.counters.added,
+            "cache_hits": bloom.cache_hits,
+            "round_trips": bloom.round_trips,
+            "batches": self.batches,
+            "batched": self.batched,
+        }
+        for name, value in counts.items():
+            given = self._given[name]
+            if value != given:
+                stats.inc_value(PREFIX + name, value - (given or 0))
+                self._given[name] = value
+        if record is None or counts_only:
+            return
+        totals = self._totals()
+        if state is None:
+            state = bloom.estimate(totals.added)
+        spec = bloom.spec
+        values: dict[str, Any] = {
+            "total_added": totals.added,
+            "total_filtered": totals.seen,
+            "capacity": record.capacity,
+            "bits": spec.bits,
+            "hash_functions": spec.hash_count,
+            "shards": spec.shards,
+            "bits_set": state.bits_set,
+            "fill_ratio": round(state.fill_ratio, 6),
+            "estimated_items": state.estimated_items,
+            "estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
+            "memory_bytes": state.memory_bytes,
+            "expansion": record.expansion,
+            "ttl": record.ttl,
+            "backend": bloom.backend,
+            "generations": max(len(state.generations), bloom.generations),
+        }
+        if bloom.backend == "native" and state.generations:
+            # The server sizes its own filters: their bits and k, not the bitmap geometry.
+            values["bits"] = state.total_bits
+            values["hash_functions"] = state.generations[0].hash_count
+        for name, value in values.items():
+            stats.set_value(PREFIX + name, value)
+
+    def _totals(self) -> FilterTotals:
+        """Return the totals over all workers: as last synced, plus this worker's unsynced."""
+        counters = self.bloom.counters
+        if counters.synced is None:
+            self.bloom.sync_counters()  # the first: reads them
+        return counters.current()
+
+    def log(self) -> None:
+        """Log one line; a Redis that does not answer is said in the line, not raised."""
+        bloom = self.bloom
+        record = bloom.record
+        if record is None:
+            return
+        here = bloom.counters
+        mine = (
+            f"this worker: {here.added:,} new, {here.seen:,} seen"
+            f" ({bloom.cache_hits:,} of them from its near-cache, no round trip)"
+        )
+        try:
+            totals = bloom.totals()
+        except BloomFilterError as exc:
+            logger.info("Bloom filter %r: %s; totals unavailable: %s", bloom.key, mine, exc)
+            return
+        state = bloom.estimate(totals.added)
+        logger.info(
+            "Bloom filter %r: %s items from all workers (%.1f%% of capacity %s), %.2f%% of"
+            " bits set, false-positive rate now %.3g; %s",
+            bloom.key,
+            f"{totals.added:,}",
+            100 * totals.added / record.capacity,
+            f"{record.capacity:,}",
+            100 * state.fill_ratio,
+            state.estimated_fpr,
+            mine,
+        )

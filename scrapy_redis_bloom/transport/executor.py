@@ -1,0 +1,509 @@
+"""Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
+
+Every command the filter sends goes through :meth:`Executor.run`: a batch of
+:class:`Call` objects, routed to nodes by the :mod:`.topology`, pipelined per node,
+each reply matched to its call (:mod:`.node`). What happens to a reply depends on
+what it says:
+
+* a result, or an error that retrying cannot fix (``WRONGTYPE``, a permission
+  denied): handed to the caller; except a Redis ACL refusing a command inside one of
+  the filter's scripts (or the ``SCRIPT LOAD`` of one), raised at once as
+  :class:`~..errors.AccessDeniedError` naming the operation and the key;
+* ``NOSCRIPT``: the script is loaded on that node and the call sent again at once;
+* ``MOVED`` / ``ASK``: the slot map is refreshed (or the ``ASK`` target asked) and the
+  call sent again at once;
+* an error saying Redis cannot run commands right now (out of memory, loading its
+  data set, busy with a script, a cluster or replica without its master, a replica
+  that was a master): retried after a backoff;
+* no reply at all (the server cannot be reached, the connection drops, a timeout):
+  retried after a backoff, and if the call was a write that may already have run,
+  marked **ambiguous**: its caller must not trust a re-run's "already there".
+
+Retries go on, with backoff from 50 ms to 1 s, until ``retry_timeout`` seconds have
+passed since the first failure; then :class:`~..errors.FilterUnavailableError`. After
+that the executor fails fast (one attempt per second at most, no backoff) until Redis
+answers again, so a filter answering per ``BLOOMFILTER_ON_ERROR`` does not stall the
+crawl for the whole timeout on every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    BusyLoadingError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+
+from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
+from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.transport.node import (
+    ERROR_REPLIES,
+    Node,
+    NotSentError,
+    ReplyLostError,
+    TransportError,
+)
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import Script, pack_command
+
+logger = logging.getLogger(__name__)
+
+#: Backoff between retry rounds: from the first, doubling, up to the last.
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+#: After the retry timeout ran out, at most one attempt per this many seconds.
+PROBE_INTERVAL = 1.0
+#: Redirections and script loads followed at once for one batch, before waiting.
+MAX_REDIRECTS = 16
+
+_ASKING = pack_command(b"ASKING")
+
+#: Error-reply prefixes that mean "not run, try again later".
+#: ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its replicas (one
+#: being promoted, say) refuses writes before running them: retried like the others.
+_LATER = (
+    *("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"),
+    "NOREPLICAS",
+)
+
+
+class Kind(Enum):
+    """What a reply means for its call."""
+
+    RESULT = "result"
+    NOSCRIPT = "noscript"
+    MOVED = "moved"
+    ASK = "ask"
+    LATER = "later"
+
+
+def error_text(reply: BaseException) -> str:
+    """Return an error reply's text with its prefix (redis-py strips known prefixes)."""
+    text = str(reply)
+    prefixes = {
+        "OutOfMemoryError": "OOM",
+        "BusyLoadingError": "LOADING",
+        "ReadOnlyError": "READONLY",
+        "NoScriptError": "NOSCRIPT",
+        "TryAgainError": "TRYAGAIN",
+        "MasterDownError": "MASTERDOWN",
+        "ClusterDownError": "CLUSTERDOWN",
+        "NoPermissionError": "NOPERM",
+        "MovedError": "MOVED",
+        "AskError": "ASK",
+    }
+    prefix = prefixes.get(type(reply).__name__)
+    if prefix and not text.startswith(prefix):
+        return f"{prefix} {text}"
+    return text
+
+
+#: An error code inside a script's error: "... @user_script: 7: -OOM command not ...".
+_IN_SCRIPT = re.compile(r"(?:^|\s)-([A-Z]{2,})\s")
+
+
+def error_code(reply: BaseException) -> str:
+    """Return an error reply's code (``OOM``, ``MOVED``...), also from inside a script's error.
+
+    A script fails as a whole with ``ERR Error running script``: the code of the command
+    that failed inside it says what happened (Redis refuses a script's first write when
+    out of memory, before anything was written).
+    """
+    text = error_text(reply)
+    word = text.split(" ", 1)[0]
+    if "script" in text and (inside := _IN_SCRIPT.search(text)):
+        return inside.group(1)
+    return word
+
+
+def acl_denial(reply: Any) -> str | None:
+    """Say whether a reply is a Redis ACL refusal: ``"command"``, ``"key"``, or None.
+
+    Redis words it differently by version and by where the command ran: directly,
+    ``NOPERM this user has no permissions to run the 'time' command`` (6.2 adds "or
+    its subcommand") or ``... to access one of the keys used as arguments``; inside a
+    script, ``The user executing the script can't run this command or subcommand`` or
+    ``... can't access at least one of the keys mentioned in the command arguments``
+    (6.2 wraps it in ``Error running script``, 7.0 does not, neither says ``NOPERM``).
+    """
+    if reply.__class__ is int or not isinstance(reply, ResponseError):
+        return None
+    message = error_text(reply)
+    if not message.startswith("NOPERM") and "user executing the script can't" not in message:
+        return None
+    # The command is named in quotes ('hkeys'): look at Redis's words around it only.
+    if "no permissions to run" in message or "can't run this command" in message:
+        return "command"
+    return "key" if "access" in message else "command"
+
+
+def access_denied(
+    reply: Any, operation: str, key: str | None, where: str
+) -> AccessDeniedError | None:
+    """Return the error for a reply by which a Redis ACL refused a command; None otherwise.
+
+    ``where`` names the server as a noun phrase (``Redis at host:port``). The message
+    says what the filter was doing, on which key, and what to grant: a denial inside a
+    script names no command, so it points at the list in the README.
+    """
+    kind = acl_denial(reply)
+    if kind is None:
+        return None
+    message = error_text(reply)
+    inside = "executing the script" in message
+    what = {
+        (True, "command"): "refused a command of the filter's script",
+        (True, "key"): "refused the filter's script a key",
+        (False, "command"): "refused the command",
+        (False, "key"): "refused the key",
+    }[inside, kind]
+    on_key = f" (key {key!r})" if key else ""
+    return AccessDeniedError(
+        f"{where} could not {operation}{on_key}: a Redis ACL {what} (Redis: {message})."
+        " Grant the filter's Redis user the commands and key patterns listed in README"
+        " 'Least privilege' (ACL SETUSER).",
+        server=where,
+    )
+
+
+def classify(reply: Any) -> Kind:
+    """Say what a reply means: a result (or final error), or something to act on."""
+    if reply.__class__ is int or not isinstance(reply, ERROR_REPLIES):
+        return Kind.RESULT
+    if isinstance(reply, AuthenticationError):
+        return Kind.RESULT
+    if isinstance(reply, BusyLoadingError):
+        return Kind.LATER
+    word = error_code(reply)
+    if word == "NOSCRIPT":
+        return Kind.NOSCRIPT
+    if word == "MOVED":
+        return Kind.MOVED
+    if word == "ASK":
+        return Kind.ASK
+    if word in _LATER:
+        return Kind.LATER
+    return Kind.RESULT
+
+
+def _ask_target(reply: ResponseError) -> str:
+    """Return the ``host:port`` an ``ASK`` reply redirects to."""
+    if isinstance(reply, AskError):
+        return f"{reply.host}:{reply.port}"
+    return error_text(reply).split()[-1]
+
+
+def describe_failure(failure: BaseException | str) -> str:
+    """Say in words why Redis did not carry out a command."""
+    if isinstance(failure, NotSentError):
+        return f"cannot connect ({failure.cause})"
+    if isinstance(failure, ReplyLostError):
+        return f"the connection failed before the reply came ({failure.cause})"
+    if isinstance(failure, ResponseError | BusyLoadingError):
+        text = error_text(failure)
+        word = error_code(failure)
+        meaning = {
+            "OOM": "Redis is out of memory (used_memory is above maxmemory, so it refuses"
+            " writes; see maxmemory and maxmemory-policy)",
+            "LOADING": "Redis is loading its data set after a restart",
+            "BUSY": "Redis is busy running a script",
+            "READONLY": "the server is a read-only replica (a failover moved its master)",
+            "MASTERDOWN": "the replica has lost its master",
+            "CLUSTERDOWN": "the Redis Cluster is down",
+            "TRYAGAIN": "a cluster slot is being migrated",
+        }.get(word)
+        return f"{meaning}: {text}" if meaning else text
+    return str(failure)
+
+
+@dataclass(slots=True)
+class Call:
+    """One command: packed, and routed by its key, its shard or an explicit server.
+
+    ``script`` is the script an ``EVALSHA`` payload calls, loaded on ``NOSCRIPT``.
+    """
+
+    payload: bytes
+    key: str | None = None
+    shard: int | None = None
+    server: int | None = None
+    script: Script | None = None
+
+
+@dataclass(slots=True)
+class Results:
+    """Replies of a batch, in call order; ``ambiguous[i]`` if call ``i`` may have run twice.
+
+    A reply is the result, or the error reply (an exception object) that retrying
+    could not fix.
+    """
+
+    replies: list[Any]
+    ambiguous: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class _Outage:
+    """Redis failing a kind of command (reads or writes) for a whole retry window."""
+
+    since: float
+    why: str
+    where: str
+    next_attempt: float = 0.0
+
+
+@dataclass
+class _Round:
+    """What one round of sending a batch left to do."""
+
+    again: list[int] = field(default_factory=list)  # at once: redirected, script loaded
+    later: list[int] = field(default_factory=list)  # after a backoff
+    failure: BaseException | None = None
+    where: str = ""
+
+
+class Executor:
+    """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
+
+    Not thread-safe (its topology's nodes are not): one executor per thread.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        retry_timeout: float,
+        events: FilterEvents | None = None,
+    ) -> None:
+        self.topology = topology
+        self.retry_timeout = retry_timeout
+        self.events = events if events is not None else FilterEvents()
+        #: Called when Redis refuses a script: raises the error naming what is missing.
+        self.explain_denial: Callable[[], None] | None = None
+        #: Per kind of command (write or not): an outage after which runs fail fast. Kept
+        #: apart because an out-of-memory Redis refuses writes and still serves reads.
+        self._outages: dict[bool, _Outage] = {}
+
+    def run(
+        self,
+        operation: str,
+        calls: list[Call],
+        *,
+        write: bool = False,
+        timeout: float | None = None,
+    ) -> Results:
+        """Run the calls; return their replies. ``operation`` names them in errors.
+
+        ``write``: the calls change data, so one whose reply was lost and that is
+        sent again is marked ambiguous. ``timeout`` replaces the retry timeout for
+        this run (0: one attempt). Raises :class:`FilterUnavailableError` when Redis
+        does not answer in time, and ``redis.exceptions.AuthenticationError`` for bad
+        credentials.
+        """
+        started = time.monotonic()
+        budget = self.retry_timeout if timeout is None else timeout
+        outage = self._outages.get(write)
+        if outage is not None:
+            if started < outage.next_attempt:
+                raise self._still_failing(operation, outage, started)
+            budget = 0.0  # one attempt: it has been failing for a while
+        replies: list[Any] = [None] * len(calls)
+        ambiguous = [False] * len(calls)
+        asking: dict[int, str] = {}
+        todo = list(range(len(calls)))
+        backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
+        while todo:
+            step = self._round(calls, todo, replies, ambiguous, asking, write, operation)
+            if step.again and redirects < MAX_REDIRECTS and not step.later:
+                redirects += 1
+                todo = step.again
+                continue
+            todo = step.again + step.later
+            if not todo:
+                break
+            now = time.monotonic()
+            first_failure = first_failure or now
+            if now - first_failure >= budget:
+                why = describe_failure(step.failure or "no answer")
+                if timeout is None:  # a whole retry window: fail fast from now on
+                    if outage is None:
+                        outage = self._outages[write] = _Outage(first_failure, why, step.where)
+                    outage.why, outage.where = why, step.where
+                    outage.next_attempt = now + PROBE_INTERVAL
+                raise self._unavailable(operation, why, step.where, started)
+            self.events.count("retries")
+            time.sleep(min(backoff * (0.5 + random.random()), budget - (now - first_failure)))
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            redirects = 0
+            if isinstance(step.failure, TransportError):
+                self.topology.refresh()
+        if outage is not None:
+            logger.warning(
+                "%s carries out %s again, after %.1f s of: %s",
+                self.topology.describe(),
+                "writes" if write else "reads",
+                time.monotonic() - outage.since,
+                outage.why,
+            )
+            del self._outages[write]
+        return Results(replies, ambiguous)
+
+    def _round(
+        self,
+        calls: list[Call],
+        todo: list[int],
+        replies: list[Any],
+        ambiguous: list[bool],
+        asking: dict[int, str],
+        write: bool,
+        operation: str,
+    ) -> _Round:
+        """Send the calls still to do, pipelined per node; sort out their replies."""
+        step = _Round()
+        groups: dict[int, tuple[Node, list[int]]] = {}
+        asked: set[int] = set()
+        # Per node and script: its load's outcome in this round. Many calls answered
+        # NOSCRIPT together (a fresh server) need one SCRIPT LOAD, not one each.
+        loads: dict[tuple[int, str], TransportError | None] = {}
+        for i in todo:
+            call = calls[i]
+            target = asking.pop(i, None)
+            try:
+                if target is None:
+                    node = self.topology.route(call.key, call.shard, call.server)
+                else:
+                    node = self.topology.node_at(target)
+                    asked.add(i)
+            except (RedisError, RedisClusterException, ValueError) as exc:
+                step.later.append(i)  # e.g. a slot no node covers during a failover
+                step.failure = exc
+                continue
+            groups.setdefault(id(node), (node, []))[1].append(i)
+        for node, indexes in groups.values():
+            payload = b"".join((_ASKING if i in asked else b"") + calls[i].payload for i in indexes)
+            try:
+                got = node.exchange(payload, len(indexes) + len(asked.intersection(indexes)))
+            except TransportError as exc:
+                if write and isinstance(exc, ReplyLostError):
+                    for i in indexes:
+                        ambiguous[i] = True
+                step.later += indexes
+                step.failure, step.where = exc, node.address
+                continue
+            if asked:  # drop the replies to ASKING
+                kept, position = [], 0
+                for i in indexes:
+                    position += i in asked
+                    kept.append(got[position])
+                    position += 1
+                got = kept
+            for i, reply in zip(indexes, got, strict=True):
+                kind = classify(reply)
+                if kind is Kind.RESULT:
+                    if isinstance(reply, AuthenticationError):
+                        raise reply
+                    if calls[i].script is not None and (
+                        denied := access_denied(
+                            reply, operation, calls[i].key, f"Redis at {node.address}"
+                        )
+                    ):
+                        raise self.explain(denied)
+                    replies[i] = reply
+                elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
+                    load = (id(node), script.sha)
+                    if load not in loads:
+                        loads[load] = self.load(node, script, operation)
+                    lost = loads[load]
+                    if lost is None:
+                        step.again.append(i)
+                    else:  # the call itself did not run: resend it after a backoff
+                        step.later.append(i)
+                        step.failure, step.where = lost, node.address
+                elif kind is Kind.MOVED:
+                    self.topology.moved(node.address, reply)
+                    step.again.append(i)
+                elif kind is Kind.ASK:
+                    asking[i] = _ask_target(reply)
+                    step.again.append(i)
+                elif kind is Kind.LATER:
+                    step.later.append(i)
+                    step.failure, step.where = reply, node.address
+                else:
+                    replies[i] = reply
+        return step
+
+    def load(self, node: Node, script: Script, operation: str) -> TransportError | None:
+        """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
+
+        Returns the transport failure if the load was not confirmed (SCRIPT LOAD is
+        idempotent, so the next NOSCRIPT simply loads it again).
+        """
+        try:
+            (reply,) = node.exchange(pack_command(b"SCRIPT", b"LOAD", script.source), 1)
+        except TransportError as exc:
+            return exc
+        if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:
+            where = f"Redis at {node.address}"
+            denied = access_denied(reply, f"load a script to {operation}", None, where)
+            raise reply if denied is None else self.explain(denied)
+        return None
+
+    def explain(self, denied: AccessDeniedError) -> AccessDeniedError:
+        """Return the error naming what a refused script lacked, or ``denied`` itself.
+
+        Inside a script Redis names neither the command nor the key it refused; the
+        :attr:`explain_denial` probe (:func:`.access.check_access`), run only now, does.
+        """
+        probe, self.explain_denial = self.explain_denial, None  # the probe runs no script
+        if probe is None:
+            return denied
+        try:
+            probe()
+        except AccessDeniedError as precise:
+            # "Redis at X could not <operation> (key K)", then what the probe found.
+            doing = str(denied).partition(": a Redis ACL")[0]
+            named = AccessDeniedError(
+                f"{doing}: {precise}", precise.server, precise.commands, precise.keys
+            )
+            named.__cause__ = denied
+            return named
+        finally:
+            self.explain_denial = probe
+        return denied
+
+    def _where(self, where: str) -> str:
+        return f"Redis at {where}" if where else self.topology.describe()
+
+    def _unavailable(
+        self, operation: str, why: str, where: str, started: float
+    ) -> FilterUnavailableError:
+        waited = time.monotonic() - started
+        place = self._where(where)
+        message = (
+            f"{place} could not {operation}: {why}. Retried for {waited:.1f} s"
+            f" (BLOOMFILTER_RETRY_TIMEOUT = {self.retry_timeout:g} s)."
+        )
+        return FilterUnavailableError(message, operation=operation, server=place)
+
+    def _still_failing(self, operation: str, outage: _Outage, now: float) -> FilterUnavailableError:
+        place = self._where(outage.where)
+        message = (
+            f"{place} could not {operation}: still failing after {now - outage.since:.0f} s"
+            f" ({outage.why}; tried again once a second meanwhile)."
+        )
+        return FilterUnavailableError(message, operation=operation, server=place)
+
+    def close(self) -> None:
+        """Close the topology's connections."""
+        self.topology.close()

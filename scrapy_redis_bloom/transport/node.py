@@ -1,0 +1,305 @@
+"""One Redis server as the filter talks to it: a connection it owns, every reply accounted.
+
+A :class:`Node` sends packed commands (:mod:`.wire`) and reads their replies in the
+order they were sent. It keeps a ticket for every batch whose replies are still owed;
+a reply is only ever handed to the ticket it belongs to. When anything goes wrong
+between a send and its last reply (a dropped connection, a timeout, an interrupt),
+the connection is thrown away with everything owed on it: a reply that was not read
+is never read later as the answer to another command. The caller learns whether the
+commands may have run (:class:`ReplyLostError`) or certainly did not (:class:`NotSentError`);
+that difference decides whether a retried write's answer can be trusted.
+
+The connection is of the client's own connection class and settings (TCP, TLS or a
+Unix socket; RESP2 or 3; credentials; hiredis when installed) but made by the node,
+with redis-py's retries and health checks off: retrying is the executor's job, and a
+health-check PING sent while replies are owed would read one of them as its PONG.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from scrapy_redis_bloom.core.errors import CertificateError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a connection may sit unused before a send first checks it is still open.
+IDLE_CHECK = 1.0
+#: Errors of the connection itself, after which it is thrown away.
+CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+#: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
+#: and -NOAUTH as ConnectionError subclasses, although they are replies.)
+ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """Tell whether a failed connect is a certificate that did not verify (not a fault).
+
+    A client certificate the server refuses may only show as a closed connection
+    (TLS 1.3); that one is retried like any dropped connection.
+    """
+    causes = [exc, exc.__cause__, exc.__context__]
+    return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
+        "CERTIFICATE_VERIFY_FAILED" in str(exc)
+    )
+
+
+class TransportError(Exception):
+    """A batch's replies cannot be read. ``address`` names the server, ``cause`` why."""
+
+    def __init__(self, address: str, cause: BaseException | str) -> None:
+        super().__init__(f"{address}: {cause}")
+        self.address = address
+        self.cause = cause
+
+
+class NotSentError(TransportError):
+    """Nothing was sent: the server could not be reached. Retrying is safe."""
+
+
+class ReplyLostError(TransportError):
+    """The commands may have run, but their replies will never be read."""
+
+
+class TripCounter:
+    """Network round trips made to Redis, shared by every node of one filter.
+
+    Each :meth:`Node.call` and each :meth:`Node.send` (whose replies one
+    :meth:`Node.receive` reads) counts one, however many commands it pipelines: the
+    figure to divide by the pages a crawl fetched. Thread-safe: the lease's thread
+    counts here too. Being shared by the filter's nodes, it also passes on when one of
+    them follows a failover (:attr:`on_moved`).
+    """
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+        #: Told when a node's new connection reached another server (a failover).
+        self.on_moved: Callable[[], None] | None = None
+
+    def add(self) -> None:
+        """Count one round trip."""
+        with self._lock:
+            self.value += 1
+
+    def moved(self) -> None:
+        """Report that a node now reaches another server than before (a failover)."""
+        if self.on_moved is not None:
+            self.on_moved()
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """A sent batch of ``count`` commands whose replies are owed on connection ``serial``."""
+
+    serial: int
+    count: int
+
+
+def connection_factory(pool: Any) -> Callable[[], Any]:
+    """Return a maker of connections like those of a redis-py connection pool.
+
+    Same class and settings, but without redis-py's retries, health checks or
+    response decoding: the filter reads raw bytes and decides itself what to retry.
+    """
+    kwargs = {
+        **pool.connection_kwargs,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        "decode_responses": False,
+    }
+    connection_class = pool.connection_class
+    return lambda: connection_class(**kwargs)
+
+
+class Node:
+    """A server at ``address`` (``host:port``, never a password), reached through ``factory``.
+
+    Not thread-safe: each thread that talks to Redis uses its own nodes (see
+    :meth:`.topology.Topology.copy`). After a fork, the child makes its own connection.
+    ``trips`` counts its round trips (a counter of its own if not given).
+    """
+
+    def __init__(
+        self, address: str, factory: Callable[[], Any], trips: TripCounter | None = None
+    ) -> None:
+        self.address = address
+        self.trips = trips if trips is not None else TripCounter()
+        self._factory = factory
+        self._connection: Any = None
+        self._serial = 0
+        self._owed: deque[Ticket] = deque()
+        self._pid = os.getpid()
+        self._used = 0.0
+        #: ``host:port`` the last connection reached (it changes after a failover).
+        self._peer: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Node {self.address} owed={len(self._owed)}>"
+
+    @property
+    def owed(self) -> int:
+        """Number of batches whose replies are still to be read."""
+        return len(self._owed)
+
+    def _connect(self) -> Any:
+        if self._pid != os.getpid():  # a forked child: the socket is the parent's
+            self._connection, self._pid = None, os.getpid()
+            self._owed.clear()
+        if (
+            self._connection is not None
+            and time.monotonic() - self._used >= IDLE_CHECK
+            and not self._owed
+            and self._stale()
+        ):
+            # Closed by the server while idle (its timeout, a restart, CLIENT KILL):
+            # found before sending, so nothing is in doubt.
+            self.abandon()
+        if self._connection is None:
+            connection = self._factory()
+            try:
+                connection.connect()
+            except AuthenticationError:
+                connection.disconnect()
+                raise
+            except CONNECTION_ERRORS as exc:
+                connection.disconnect()
+                if _certificate_refused(exc):
+                    raise CertificateError(
+                        f"Redis at {self.address} cannot be reached over TLS: {exc}. Check the"
+                        " CA (ssl_ca_certs), the client certificate and key (ssl_certfile,"
+                        " ssl_keyfile) and the host name in the URL, in BLOOMFILTER_REDIS_PARAMS"
+                        " or REDIS_PARAMS (see README, TLS)."
+                    ) from None
+                raise NotSentError(self.address, exc) from exc
+            self._connection = connection
+            self._serial += 1
+            self._note_peer(connection)
+        return self._connection
+
+    def _note_peer(self, connection: Any) -> None:
+        """Log when a new connection reaches another server than the last one did.
+
+        Only a connection that looks its server up as it connects (redis-py's
+        Sentinel-managed one) can: that is a failover, and the filter follows it.
+        """
+        peer = f"{getattr(connection, 'host', '')}:{getattr(connection, 'port', '')}"
+        if self._peer is not None and peer != self._peer:
+            logger.warning(
+                "Redis %s is now served at %s, no longer at %s (a failover): the Bloom"
+                " filter follows it.",
+                self.address,
+                peer,
+                self._peer,
+            )
+            self.trips.moved()
+        self._peer = peer
+
+    def _stale(self) -> bool:
+        """Tell whether an idle connection has something to read: EOF, an error, junk."""
+        try:
+            return bool(self._connection.can_read(timeout=0))
+        except CONNECTION_ERRORS:
+            return True
+
+    def send(self, payload: bytes, count: int) -> Ticket:
+        """Send ``count`` packed commands; return the ticket to read their replies with.
+
+        Raises :class:`NotSentError` if the server cannot be reached, :class:`ReplyLostError` if
+        the connection fails while sending (some of the commands may have arrived).
+        """
+        connection = self._connect()
+        self.trips.add()
+        try:
+            connection.send_packed_command([payload], check_health=False)
+        except BaseException as exc:
+            self.abandon()
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise ReplyLostError(self.address, exc) from exc
+            raise
+        ticket = Ticket(self._serial, count)
+        self._owed.append(ticket)
+        self._used = time.monotonic()
+        return ticket
+
+    def receive(self, ticket: Ticket) -> list[Any]:
+        """Read a ticket's replies, in order; an error reply comes back as its exception.
+
+        Tickets are read in the order they were sent. Raises :class:`ReplyLostError` if
+        the connection the ticket was sent on is gone or fails while reading.
+        """
+        if self._connection is None or ticket.serial != self._serial or ticket not in self._owed:
+            raise ReplyLostError(self.address, "the connection was dropped before the replies came")
+        if self._owed[0] is not ticket:
+            self.abandon()
+            raise RuntimeError("replies read out of order: the connection was dropped")
+        connection = self._connection
+        replies: list[Any] = []
+        try:
+            for _ in range(ticket.count):
+                try:
+                    replies.append(connection.read_response(disconnect_on_error=False))
+                except ERROR_REPLIES as exc:
+                    replies.append(exc)
+        except BaseException as exc:
+            self.abandon()
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise ReplyLostError(self.address, exc) from exc
+            raise
+        self._owed.popleft()
+        self._used = time.monotonic()
+        return replies
+
+    def call(self, payload: bytes) -> Any:
+        """Send one packed command and return its reply: :meth:`exchange` for the hot path.
+
+        The same accounting without a ticket: nothing is owed before (else it falls
+        back to :meth:`exchange`), one reply is read after, or the connection is thrown
+        away with :class:`ReplyLostError`.
+        """
+        if self._owed:
+            return self.exchange(payload, 1)[0]
+        connection = self._connect()
+        self.trips.add()
+        try:
+            connection.send_packed_command([payload], check_health=False)
+            try:
+                reply = connection.read_response(disconnect_on_error=False)
+            except ERROR_REPLIES as exc:
+                reply = exc
+        except BaseException as exc:
+            self.abandon()
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise ReplyLostError(self.address, exc) from exc
+            raise
+        self._used = time.monotonic()
+        return reply
+
+    def exchange(self, payload: bytes, count: int) -> list[Any]:
+        """Send ``count`` packed commands and return their replies (see :meth:`receive`)."""
+        return self.receive(self.send(payload, count))
+
+    def abandon(self) -> None:
+        """Throw the connection away, with every reply still owed on it."""
+        connection, self._connection = self._connection, None
+        self._owed.clear()
+        if connection is not None:
+            connection.disconnect()
+
+    def close(self) -> None:
+        """Close the connection (nothing may be owed: the caller is done with it)."""
+        self.abandon()

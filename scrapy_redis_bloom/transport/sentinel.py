@@ -1,0 +1,199 @@
+"""A Redis client of the primary a group of Sentinels names, followed through failovers.
+
+scrapy-redis has no Sentinel support of its own: it builds its client as
+``REDIS_PARAMS["redis_cls"](**REDIS_PARAMS)``. :class:`SentinelRedis` is such a class, so
+one ``REDIS_PARAMS`` gives scrapy-redis's queue and this filter the same primary::
+
+    REDIS_PARAMS = {
+        "redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis",
+        "sentinels": ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"],
+        "service_name": "mymaster",
+        "password": "...",                          # the primary's
+        "sentinel_kwargs": {"password": "..."},     # the sentinels', if they ask for one
+    }
+
+It is a plain ``redis.Redis`` over redis-py's ``SentinelConnectionPool``: every new
+connection asks the sentinels where the primary is, and a connection that meets a
+demoted primary (``READONLY``) is dropped and made again. The filter's own connections
+copy the pool's connection class and settings (see :mod:`.engine.node`), so they ask
+the sentinels too. Unless ``retry`` is given, a command that meets a dead primary is
+retried for about :data:`FAILOVER_RETRIES` seconds: scrapy-redis's queue rides through
+a failover instead of losing the request in hand (the filter retries by its own policy,
+``BLOOMFILTER_RETRY_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.connection import Connection, SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+
+from scrapy_redis_bloom.core.redact import masked
+from scrapy_redis_bloom.core.settings import (
+    check_sentinel_params,
+    client_params,
+    parse_sentinels,
+    sentinel_service,
+)
+from scrapy_redis_bloom.transport.executor import error_code
+
+#: Retries of a failed command, about one a second after the first few (backoff 0.1 s
+#: doubling to 1 s): about a minute, longer than a failover under Sentinel's default
+#: ``down-after-milliseconds`` (30 s) plus its election.
+FAILOVER_RETRIES = 60
+
+
+class PrimaryConnection(SentinelManagedConnection):
+    """A connection to the Sentinel's primary that follows it, even on a reconnect.
+
+    Every (re)connection asks the sentinels where the primary is (see
+    :meth:`connect_check_health`). redis-py already drops a connection that meets a
+    demoted primary (``READONLY``). A primary whose replica was just promoted is not
+    demoted yet: Sentinel reconfigures it seconds later, and what it accepted meanwhile
+    is lost. With ``min-replicas-to-write`` it refuses writes at once (``NOREPLICAS``);
+    this connection then drops itself and raises ``ConnectionError``, so the command is
+    retried on a new connection, to the primary the sentinels name now. Nothing was run:
+    retrying is safe.
+    """
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        """Connect to the primary the sentinels name now, when not connected.
+
+        redis-py 8 reconnects a dropped connection from ``send_packed_command`` through
+        this method, to the address it had: the old primary, again and again, when a
+        command is retried after a failover. Ask the sentinels first, as ``connect()`` does.
+        """
+        if not self._sock:
+            self.host, self.port = self.connection_pool.get_master_address()
+        self._connect_here(check_health, retry_socket_connect)
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        """Connect to ``address`` (the primary, just looked up by ``connect()``)."""
+        self.host, self.port = address
+        self._connect_here(self.connection_pool.check_connection, False)
+
+    def _connect_here(self, check_health: bool, retry_socket_connect: bool) -> None:
+        # The plain connection's connect, past SentinelManagedConnection's lookup.
+        Connection.connect_check_health(
+            self, check_health=check_health, retry_socket_connect=retry_socket_connect
+        )
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """Read a reply; turn ``NOREPLICAS`` or ``READONLY`` into a reconnect (see the class).
+
+        Also from inside a script, where Redis 6.2 wraps the code in ``Error running
+        script`` (redis-py's own ``READONLY`` check sees only the bare reply).
+        """
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            code = error_code(exc)
+            if code not in ("NOREPLICAS", "READONLY") or not self.connection_pool.is_master:
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            raise RedisConnectionError(
+                f"the primary refuses writes ({exc}): asking the sentinels for the primary again"
+            ) from exc
+
+
+class PrimarySSLConnection(PrimaryConnection, SSLConnection):
+    """:class:`PrimaryConnection` over TLS."""
+
+
+def failover_retry() -> Retry:
+    """Return the default retry of a :class:`SentinelRedis`: ride through a failover."""
+    return Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES)
+
+
+class SentinelRedis(redis.Redis):
+    """A client of the primary that ``sentinels`` name for ``service_name``.
+
+    Usable as scrapy-redis's ``redis_cls`` (see the module docstring). ``sentinels``:
+    ``"host:port"`` strings or ``(host, port)`` pairs. ``sentinel_kwargs``: the
+    arguments of the connections to the sentinels (their password, TLS); by default
+    the ``socket_*`` ones of the primary's. ``min_other_sentinels``: ignore a sentinel
+    that sees fewer peers (one cut off from the others may name a stale primary).
+    ``setting``: the setting these arguments come from, named in errors. Every other
+    argument is a connection argument of the primary's, as for ``redis.Redis``;
+    ``host``, ``port`` and ``url`` are refused (the sentinels name it).
+    """
+
+    def __init__(
+        self,
+        *,
+        sentinels: object = None,
+        service_name: object = None,
+        sentinel_kwargs: dict[str, Any] | None = None,
+        min_other_sentinels: int = 0,
+        setting: str = "REDIS_PARAMS",
+        **kwargs: Any,
+    ) -> None:
+        if sentinels is None or service_name is None:
+            raise ValueError(
+                f"The {setting} setting gives redis_cls SentinelRedis without"
+                f" {'sentinels' if sentinels is None else 'service_name'}: add"
+                " 'sentinels': ['host:26379', ...] and 'service_name': '<monitored name>'."
+            )
+        addresses = parse_sentinels(f"{setting}['sentinels']", sentinels)
+        service = sentinel_service(f"{setting}['service_name']", service_name)
+        check_sentinel_params(setting, {**kwargs, "sentinel_kwargs": sentinel_kwargs})
+        client_params(setting, kwargs)
+        given = dict(kwargs)
+        if kwargs.get("retry_on_timeout") is True:
+            # scrapy-redis's default: what redis-py 6+ does anyway, and deprecates.
+            del kwargs["retry_on_timeout"]
+        kwargs.setdefault("retry", failover_retry())
+        # redis-py's Sentinel classes are untyped.
+        self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
+            addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
+        )
+        connection_class = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            service,
+            self.sentinel_manager,
+            is_master=True,
+            connection_class=connection_class,
+            **kwargs,
+        )
+        try:
+            pool.connection_class(**pool.connection_kwargs)  # an unknown argument, now
+        except TypeError as exc:
+            self._close_sentinels()
+            raise ValueError(
+                f"The Redis client refuses the arguments of the {setting} setting"
+                f" ({masked(given)}) for the Sentinel-managed primary: {exc}."
+            ) from None
+        super().__init__(connection_pool=pool)
+        self.auto_close_connection_pool = True
+        self.service_name = service
+        self.sentinel_addresses = addresses
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> SentinelRedis:
+        """Refuse a URL: it names one server, where the sentinels are to name the primary."""
+        raise ValueError(
+            "The REDIS_URL setting names one server, but REDIS_PARAMS makes the client"
+            " SentinelRedis, whose primary the sentinels name: remove REDIS_URL (give the"
+            " password and db in REDIS_PARAMS)."
+        )
+
+    def __repr__(self) -> str:
+        where = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
+        return f"<{type(self).__name__}(service={self.service_name}, sentinels=[{where}])>"
+
+    def close(self) -> None:
+        """Close the connections to the primary and to the sentinels."""
+        super().close()
+        self._close_sentinels()
+
+    def _close_sentinels(self) -> None:
+        for sentinel in self.sentinel_manager.sentinels:  # Sentinel.close(): redis-py >= 7.1
+            sentinel.close()
