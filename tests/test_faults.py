@@ -82,8 +82,19 @@ def test_client_kill_during_add_many(server: RedisServer, blocked: bool) -> None
     client = server.client()
     bloom = make(client, blocked=blocked)
     new = fingerprints(150_000, "bulk")
+
+    def halted_halfway() -> Iterator[str]:
+        # A fast machine loads all of it within one kill interval: halfway through,
+        # wait (bounded) for a kill, so it surely falls inside the call.
+        for i, fp in enumerate(new):
+            if i == len(new) // 2:
+                deadline = time.monotonic() + 10
+                while not killer.killed and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            yield fp
+
     with server.connection_killer(interval=0.3) as killer:
-        answers = bloom.add_many(new)
+        answers = bloom.add_many(halted_halfway())
     assert killer.killed >= 1
     assert answers == [False] * len(new)
     assert bloom.contains_many(new) == [True] * len(new)

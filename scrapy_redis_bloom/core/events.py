@@ -2,7 +2,8 @@
 
 The engine knows nothing of Scrapy: it counts events (a retry, an ambiguous answer,
 an error answered by policy, a part of the filter recreated) and sets values (how far
-past its capacity the filter is) on a :class:`FilterEvents`. The dupefilter connects
+past its capacity the filter is) on a :class:`FilterEvents`; each is the stat
+``bloomfilter/<name>``, listed in :data:`scrapy_redis_bloom.scrapy.stats.STATS`. The dupefilter connects
 that to the crawl's stats, so a fault shows in the stats while the crawl runs, not
 only at its end. Warnings that could repeat on every request go through
 :class:`RateLimitedLog`.
@@ -15,20 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
-
-#: Events counted (each is the stat ``bloomfilter/<name>``):
-EVENTS = {
-    "retries": "rounds of retrying a Redis command that failed (with backoff)",
-    "ambiguous": "answers 'new' given because a reply was lost after the command was sent",
-    "errors": "operations that failed after every retry (answered per BLOOMFILTER_ON_ERROR)",
-    "recreated": "lost shards or servers recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
-    "reopened": "times the filter was found reset and re-created elsewhere, and adopted",
-    "failovers": "new connections that reached another server than before: a Sentinel"
-    " failover followed",
-    "batch_failed": "batches of a response's requests that could not be checked together"
-    " (each request was then checked alone)",
-    "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
-}
 
 
 class FilterEvents:

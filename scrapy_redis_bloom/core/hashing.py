@@ -141,7 +141,9 @@ def place(
     h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0
 ) -> tuple[int, int, int]:
     """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`)."""
-    return h1 % shards, (h1 // shards) % shard_bits, h2 % seed_range(shard_bits, block_bits)
+    # seed_range(shard_bits, block_bits), written out: the hot path calls this per request.
+    seeds = block_bits * block_bits if block_bits else shard_bits
+    return h1 % shards, (h1 // shards) % shard_bits, h2 % seeds
 
 
 def seed_range(bits: int, block_bits: int) -> int:

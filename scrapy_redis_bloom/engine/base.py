@@ -22,7 +22,7 @@ from scrapy_redis_bloom.core.settings import FaultPolicy
 
 if TYPE_CHECKING:
     from scrapy_redis_bloom.core.settings import BloomConfig
-from scrapy_redis_bloom.core.errors import FilterUnavailableError
+from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
@@ -31,8 +31,7 @@ from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterTotals
-from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
-from scrapy_redis_bloom.transport.node import ReplyLostError, TransportError
+from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.topology import make_topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -245,72 +244,34 @@ class Facade:
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as tag()
         with self._lock:
-            if self._cache.get(tag) or (self._owed and tag in self._owed):
+            if (self.cache_size and self._cache.get(tag)) or (self._owed and tag in self._owed):
                 self.cache_hits += 1
-                self.counters.record(0, 1)
+                due = self.counters.record(0, 1)
                 seen = True
             else:
                 try:
-                    seen = self._check_and_add_one(element, h1, h2)
-                except FilterUnavailableError as exc:
+                    seen = self._check_and_add(element, h1, h2)
+                except (FilterUnavailableError, AccessDeniedError) as exc:
                     answer = self._unavailable(exc, 1)[0]
                     self._owe({tag: element})
                     return answer
-                self.counters.record(int(not seen), int(seen))
-                self._cache.put(tag, True)
+                due = self.counters.record(int(not seen), int(seen))
+                if self.cache_size:
+                    self._cache.put(tag, True)
                 if self._owed:
                     self._settle()
-            if self.counters.due:
+            if due:
                 self._flush_counts()
                 self.counters.sync(self.parts, self.spec)
             return seen
 
-    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
-        """Ask Redis to check and add one element (its mmh3 halves ``h1``, ``h2``)."""
+    def _check_and_add(self, element: str | bytes, h1: int, h2: int) -> bool:
+        """Check and add one element (its mmh3 halves ``h1``, ``h2``): one backend command.
+
+        Sent with :meth:`.Executor.call`; raises what the executor raises, for
+        :meth:`check_and_add` to apply ``BLOOMFILTER_ON_ERROR``.
+        """
         raise NotImplementedError
-
-    def _hot_call(self, payload: bytes, key: str, shard: int, script: Any) -> tuple[Any, bool]:
-        """Send one hot-path command; return its reply and whether it may have run twice.
-
-        First straight on the shard's connection; anything but a plain reply (a lost
-        connection, a redirection, NOSCRIPT, a busy server) goes to the executor
-        (:meth:`_rerun_call`).
-        """
-        try:
-            reply = self.topology.route(key, shard, None).call(payload)
-        except TransportError as exc:
-            return self._rerun_call(payload, key, shard, script, isinstance(exc, ReplyLostError))
-        if classify(reply) is not Kind.RESULT:
-            return self._rerun_call(payload, key, shard, script, False)
-        return reply, False
-
-    def _rerun_call(
-        self, payload: bytes, key: str, shard: int, script: Any, lost: bool
-    ) -> tuple[Any, bool]:
-        """Run a command through the executor, which retries within BLOOMFILTER_RETRY_TIMEOUT.
-
-        ``lost``: an attempt's reply was lost, so it may have run already.
-        """
-        ((reply, ambiguous),) = self._rerun_calls([(payload, key, shard, script, lost)])
-        return reply, ambiguous
-
-    def _rerun_calls(
-        self, commands: Sequence[tuple[bytes, str, int, Any, bool]]
-    ) -> list[tuple[Any, bool]]:
-        """:meth:`_rerun_call` for several commands ``(payload, key, shard, script, lost)``.
-
-        One executor batch: pipelined per node, and one ``SCRIPT LOAD`` per node and
-        script when they all answered ``NOSCRIPT`` (a fresh or restarted server), not
-        one round trip each.
-        """
-        calls = [Call(p, key=k, shard=s, script=script) for p, k, s, script, _ in commands]
-        results = self.executor.run("check and add a request", calls, write=True)
-        return [
-            (reply, command[4] or ambiguous)
-            for command, reply, ambiguous in zip(
-                commands, results.replies, results.ambiguous, strict=True
-            )
-        ]
 
     @property
     def round_trips(self) -> int:
@@ -330,7 +291,11 @@ class Facade:
         for i, element in enumerate(elements):
             h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
             tag = h1 | h2 << 64  # as tag()
-            if tag in taken or self._cache.get(tag) or (self._owed and tag in self._owed):
+            if (
+                tag in taken
+                or (self.cache_size and self._cache.get(tag))
+                or (self._owed and tag in self._owed)
+            ):
                 self.cache_hits += 1
                 self.counters.record(0, 1)
                 continue
@@ -351,7 +316,19 @@ class Facade:
     def _settle(self) -> None:
         """Add the elements let through while Redis could not answer, now that it answers."""
         owed, self._owed = self._owed, {}
-        outcome = self._add_owed(list(owed.values()))
+        try:
+            outcome = self._add_owed(list(owed.values()))
+        except (FilterUnavailableError, AccessDeniedError) as exc:
+            # Still failing somewhere (a server refusing, say): kept for the next time.
+            self._owed.update(owed)
+            self._log.log(
+                logging.WARNING,
+                "settle",
+                "Could not yet add %d request(s) let through while Redis could not answer: %s",
+                len(owed),
+                exc,
+            )
+            return
         self.counters.record(outcome.added, outcome.seen)
         if outcome.failed:
             failed = set(outcome.failed)
@@ -380,8 +357,10 @@ class Facade:
         for tag, element in list(elements.items())[: max(room, 0)]:
             self._owed[tag] = element
 
-    def _unavailable(self, exc: FilterUnavailableError, count: int) -> list[bool]:
-        """Apply BLOOMFILTER_ON_ERROR to requests Redis could not answer."""
+    def _unavailable(
+        self, exc: FilterUnavailableError | AccessDeniedError, count: int
+    ) -> list[bool]:
+        """Apply BLOOMFILTER_ON_ERROR to requests Redis could not answer, or refused."""
         self.events.count("errors", count)
         if self.faults.on_error != "allow":
             raise exc

@@ -49,12 +49,13 @@ class Counters:
         self.fixed = True
         self._log = RateLimitedLog(logger)
 
-    def record(self, added: int, seen: int) -> None:
-        """Count outcomes of this worker."""
+    def record(self, added: int, seen: int) -> bool:
+        """Count outcomes of this worker; return whether a sync is due (see :attr:`due`)."""
         self.added += added
         self.seen += seen
         self._unsynced_added += added
         self._unsynced_seen += seen
+        return time.monotonic() >= self._next_sync
 
     def current(self) -> FilterTotals:
         """Return the totals as last synced, plus this worker's counts not synced since."""

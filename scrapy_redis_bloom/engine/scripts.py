@@ -425,3 +425,13 @@ if #ARGV > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
 end
 return redis.call('HGETALL', KEYS[1])
 """)
+
+#: Clear bits a scriptless check set in a shard that turned out not to be its filter's
+#: (see :meth:`.fastpath.FastPath.strays`), while the shard still carries the id the
+#: check found. ``KEYS[1]`` the shard; ``ARGV[1]`` the 8 bytes of the header at byte 4
+#: it found; the other ``ARGV`` the bit offsets to clear.
+TAKE_BACK = Script("""
+if redis.call('GETRANGE', KEYS[1], 4, 11) ~= ARGV[1] then return 0 end
+for i = 2, #ARGV do redis.call('SETBIT', KEYS[1], ARGV[i], 0) end
+return 1
+""")

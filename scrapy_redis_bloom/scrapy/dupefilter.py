@@ -27,7 +27,11 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from scrapy import signals
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError
+from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
+    BloomFilterError,
+    FilterUnavailableError,
+)
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_setting
 from scrapy_redis_bloom.core.versions import check_installed
@@ -44,6 +48,10 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
 logger = logging.getLogger(__name__)
+
+#: Failures the engine counts in ``bloomfilter/errors`` itself (it applied
+#: BLOOMFILTER_ON_ERROR to them); the dupefilter counts any other.
+COUNTED = (FilterUnavailableError, AccessDeniedError)
 
 _F = TypeVar("_F", bound="RFPDupeFilter")
 
@@ -234,8 +242,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             return answer
         try:
             return self.bloom.check_and_add(fingerprint)
-        except BloomFilterError as exc:
-            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+        except Exception as exc:  # whatever failed, the request is not dropped
+            if not isinstance(exc, COUNTED):  # counted by the engine
                 self.bloom.events.count("errors")
             self._fail(exc)
             return False  # a doubt: to the scheduler, whose queue may outlive this run
@@ -278,7 +286,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             answers = dict(zip(unique, self.bloom.check_and_add_many(unique), strict=True))
         except BloomFilterError as exc:
             self.bloom.events.count("batch_failed")
-            if not isinstance(exc, FilterUnavailableError):  # counted by the engine
+            if not isinstance(exc, COUNTED):  # counted by the engine
                 self.bloom.events.count("errors")
             self._fail(exc)
             answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
@@ -313,8 +321,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.key,
         )
 
-    def _fail(self, exc: BloomFilterError) -> None:
-        """Say why the filter cannot answer, once, and stop the crawl."""
+    def _fail(self, exc: Exception) -> None:
+        """Say why the filter cannot answer, once, and stop the crawl.
+
+        An error that is not the package's own is a bug: said with its traceback.
+        """
         if self._failed:
             return
         self._failed = True
@@ -322,7 +333,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             "The Bloom filter %r cannot answer, so the crawl stops (finish reason %r): %s",
             self.key,
             FINISH_REASON,
-            exc,
+            exc if isinstance(exc, BloomFilterError) else f"{type(exc).__name__}: {exc}",
+            exc_info=not isinstance(exc, BloomFilterError),
         )
         try:
             engine = self.crawler.engine if self.crawler is not None else None

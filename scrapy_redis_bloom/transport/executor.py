@@ -52,7 +52,9 @@ from scrapy_redis_bloom.transport.node import (
     ERROR_REPLIES,
     Node,
     NotSentError,
+    RefusedError,
     ReplyLostError,
+    Ticket,
     TransportError,
 )
 from scrapy_redis_bloom.transport.topology import Topology
@@ -252,6 +254,8 @@ class Results:
 
     replies: list[Any]
     ambiguous: list[bool] = field(default_factory=list)
+    #: With ``partial=True``: why the calls whose reply is None were given up on.
+    failure: FilterUnavailableError | None = None
 
 
 @dataclass
@@ -265,6 +269,23 @@ class _Outage:
 
 
 @dataclass
+class _Batch:
+    """A run's calls and what is known of them so far."""
+
+    operation: str
+    calls: list[Call]
+    write: bool
+    replies: list[Any] = field(init=False)
+    ambiguous: list[bool] = field(init=False)
+    #: Calls to send next to the node an ``ASK`` named.
+    asking: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.replies = [None] * len(self.calls)
+        self.ambiguous = [False] * len(self.calls)
+
+
+@dataclass
 class _Round:
     """What one round of sending a batch left to do."""
 
@@ -272,6 +293,11 @@ class _Round:
     later: list[int] = field(default_factory=list)  # after a backoff
     failure: BaseException | None = None
     where: str = ""
+    #: Calls sent after ``ASKING`` in this round.
+    asked: set[int] = field(default_factory=set)
+    #: Per node and script: its load's outcome in this round. Many calls answered
+    #: NOSCRIPT together (a fresh server) need one SCRIPT LOAD, not one each.
+    loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
 
 
 class Executor:
@@ -302,29 +328,33 @@ class Executor:
         *,
         write: bool = False,
         timeout: float | None = None,
+        partial: bool = False,
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
         ``write``: the calls change data, so one whose reply was lost and that is
         sent again is marked ambiguous. ``timeout`` replaces the retry timeout for
         this run (0: one attempt). Raises :class:`FilterUnavailableError` when Redis
-        does not answer in time, and ``redis.exceptions.AuthenticationError`` for bad
-        credentials.
+        does not answer in time (with ``partial``, returns instead the replies it has,
+        None for the others, and the error in :attr:`Results.failure`), and
+        :class:`AccessDeniedError` when Redis refuses the credentials or an ACL
+        refuses a script.
         """
         started = time.monotonic()
         budget = self.retry_timeout if timeout is None else timeout
         outage = self._outages.get(write)
         if outage is not None:
             if started < outage.next_attempt:
-                raise self._still_failing(operation, outage, started)
+                failure = self._still_failing(operation, outage, started)
+                if partial:
+                    return Results([None] * len(calls), [False] * len(calls), failure)
+                raise failure
             budget = 0.0  # one attempt: it has been failing for a while
-        replies: list[Any] = [None] * len(calls)
-        ambiguous = [False] * len(calls)
-        asking: dict[int, str] = {}
+        batch = _Batch(operation, calls, write)
         todo = list(range(len(calls)))
         backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
         while todo:
-            step = self._round(calls, todo, replies, ambiguous, asking, write, operation)
+            step = self._round(batch, todo)
             if step.again and redirects < MAX_REDIRECTS and not step.later:
                 redirects += 1
                 todo = step.again
@@ -341,7 +371,10 @@ class Executor:
                         outage = self._outages[write] = _Outage(first_failure, why, step.where)
                     outage.why, outage.where = why, step.where
                     outage.next_attempt = now + PROBE_INTERVAL
-                raise self._unavailable(operation, why, step.where, started)
+                failure = self._unavailable(operation, why, step.where, started)
+                if partial:
+                    return Results(batch.replies, batch.ambiguous, failure)
+                raise failure
             self.events.count("retries")
             time.sleep(min(backoff * (0.5 + random.random()), budget - (now - first_failure)))
             backoff = min(backoff * 2, MAX_BACKOFF)
@@ -357,28 +390,16 @@ class Executor:
                 outage.why,
             )
             del self._outages[write]
-        return Results(replies, ambiguous)
+        return Results(batch.replies, batch.ambiguous)
 
-    def _round(
-        self,
-        calls: list[Call],
-        todo: list[int],
-        replies: list[Any],
-        ambiguous: list[bool],
-        asking: dict[int, str],
-        write: bool,
-        operation: str,
-    ) -> _Round:
+    def _round(self, batch: _Batch, todo: list[int]) -> _Round:
         """Send the calls still to do, pipelined per node; sort out their replies."""
         step = _Round()
+        calls, asked = batch.calls, step.asked
         groups: dict[int, tuple[Node, list[int]]] = {}
-        asked: set[int] = set()
-        # Per node and script: its load's outcome in this round. Many calls answered
-        # NOSCRIPT together (a fresh server) need one SCRIPT LOAD, not one each.
-        loads: dict[tuple[int, str], TransportError | None] = {}
         for i in todo:
             call = calls[i]
-            target = asking.pop(i, None)
+            target = batch.asking.pop(i, None)
             try:
                 if target is None:
                     node = self.topology.route(call.key, call.shard, call.server)
@@ -390,58 +411,124 @@ class Executor:
                 step.failure = exc
                 continue
             groups.setdefault(id(node), (node, []))[1].append(i)
+        # Every node's batch is sent before any is read: one round trip in all.
+        sent: list[tuple[Node, list[int], Ticket | TransportError]] = []
         for node, indexes in groups.values():
             payload = b"".join((_ASKING if i in asked else b"") + calls[i].payload for i in indexes)
             try:
-                got = node.exchange(payload, len(indexes) + len(asked.intersection(indexes)))
+                ticket: Ticket | TransportError = node.send(
+                    payload, len(indexes) + len(asked.intersection(indexes))
+                )
             except TransportError as exc:
-                if write and isinstance(exc, ReplyLostError):
-                    for i in indexes:
-                        ambiguous[i] = True
-                step.later += indexes
-                step.failure, step.where = exc, node.address
-                continue
-            if asked:  # drop the replies to ASKING
-                kept, position = [], 0
-                for i in indexes:
-                    position += i in asked
-                    kept.append(got[position])
-                    position += 1
-                got = kept
-            for i, reply in zip(indexes, got, strict=True):
-                kind = classify(reply)
-                if kind is Kind.RESULT:
-                    if isinstance(reply, AuthenticationError):
-                        raise reply
-                    if calls[i].script is not None and (
-                        denied := access_denied(
-                            reply, operation, calls[i].key, f"Redis at {node.address}"
-                        )
-                    ):
-                        raise self.explain(denied)
-                    replies[i] = reply
-                elif kind is Kind.NOSCRIPT and (script := calls[i].script) is not None:
-                    load = (id(node), script.sha)
-                    if load not in loads:
-                        loads[load] = self.load(node, script, operation)
-                    lost = loads[load]
-                    if lost is None:
-                        step.again.append(i)
-                    else:  # the call itself did not run: resend it after a backoff
-                        step.later.append(i)
-                        step.failure, step.where = lost, node.address
-                elif kind is Kind.MOVED:
-                    self.topology.moved(node.address, reply)
-                    step.again.append(i)
-                elif kind is Kind.ASK:
-                    asking[i] = _ask_target(reply)
-                    step.again.append(i)
-                elif kind is Kind.LATER:
-                    step.later.append(i)
-                    step.failure, step.where = reply, node.address
-                else:
-                    replies[i] = reply
+                ticket = exc
+            sent.append((node, indexes, ticket))
+        try:
+            for node, indexes, ticket in sent:
+                self._sort_out(batch, step, node, indexes, ticket)
+        finally:
+            # An error raised above (a refusal) leaves other nodes' replies unread:
+            # throw those connections away, so no later call reads them as its own.
+            for node, _, ticket in sent:
+                if isinstance(ticket, Ticket) and node.owes(ticket):
+                    node.abandon()
         return step
+
+    def _sort_out(
+        self,
+        batch: _Batch,
+        step: _Round,
+        node: Node,
+        indexes: list[int],
+        ticket: Ticket | TransportError,
+    ) -> None:
+        """Read one node's replies of a round and sort them into ``step``."""
+        try:
+            if isinstance(ticket, TransportError):
+                raise ticket
+            got = node.receive(ticket)
+        except RefusedError as exc:
+            raise self.refused(batch.operation, exc) from None
+        except TransportError as exc:
+            if batch.write and isinstance(exc, ReplyLostError):
+                for i in indexes:
+                    batch.ambiguous[i] = True
+            step.later += indexes
+            step.failure, step.where = exc, node.address
+            return
+        if step.asked:  # drop the replies to ASKING
+            kept, position = [], 0
+            for i in indexes:
+                position += i in step.asked
+                kept.append(got[position])
+                position += 1
+            got = kept
+        for i, reply in zip(indexes, got, strict=True):
+            kind = classify(reply)
+            if kind is Kind.RESULT:
+                if isinstance(reply, AuthenticationError):
+                    raise self.refused(batch.operation, RefusedError(node.address, reply))
+                if batch.calls[i].script is not None and (
+                    denied := access_denied(
+                        reply, batch.operation, batch.calls[i].key, f"Redis at {node.address}"
+                    )
+                ):
+                    raise self.explain(denied)
+                batch.replies[i] = reply
+            elif kind is Kind.NOSCRIPT and (script := batch.calls[i].script) is not None:
+                load = (id(node), script.sha)
+                if load not in step.loads:
+                    step.loads[load] = self.load(node, script, batch.operation)
+                lost = step.loads[load]
+                if lost is None:
+                    step.again.append(i)
+                else:  # the call itself did not run: resend it after a backoff
+                    step.later.append(i)
+                    step.failure, step.where = lost, node.address
+            elif kind is Kind.MOVED:
+                self.topology.moved(node.address, reply)
+                step.again.append(i)
+            elif kind is Kind.ASK:
+                batch.asking[i] = _ask_target(reply)
+                step.again.append(i)
+            elif kind is Kind.LATER:
+                step.later.append(i)
+                step.failure, step.where = reply, node.address
+            else:
+                batch.replies[i] = reply
+
+    def call(
+        self, operation: str, payload: bytes, key: str, shard: int, script: Script | None
+    ) -> tuple[Any, bool]:
+        """Run one write on a shard's key; return its reply and whether it may have run twice.
+
+        The hot path's way to Redis: straight on the shard's node, one round trip.
+        Anything but a plain reply (no reply, a redirection, ``NOSCRIPT``, a busy
+        server) goes to :meth:`run`, which retries it under the same policy.
+        """
+        try:
+            reply = self.topology.route(key, shard, None).call(payload)
+        except ReplyLostError:
+            lost = True
+        except RefusedError as exc:
+            raise self.refused(operation, exc) from None
+        except (TransportError, RedisError, RedisClusterException, ValueError):
+            lost = False  # not sent, or no node for the slot now (a failover): retried
+        else:
+            if reply.__class__ is int or classify(reply) is Kind.RESULT:
+                return reply, False
+            lost = False
+        results = self.run(operation, [Call(payload, key, shard, script=script)], write=True)
+        return results.replies[0], lost or results.ambiguous[0]
+
+    def refused(self, operation: str, exc: RefusedError) -> AccessDeniedError:
+        """Return the error for credentials Redis refused (a rotated password, say)."""
+        return AccessDeniedError(
+            f"Redis at {exc.address} refused the filter's credentials, so it could not"
+            f" {operation} ({exc.cause}). Check the user name and password of the filter's"
+            " Redis URL (BLOOMFILTER_REDIS_URL, REDIS_URL or REDIS_PARAMS) and the user's"
+            " ACL (README 'Least privilege').",
+            server=f"Redis at {exc.address}",
+        )
 
     def load(self, node: Node, script: Script, operation: str) -> TransportError | None:
         """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
@@ -451,6 +538,8 @@ class Executor:
         """
         try:
             (reply,) = node.exchange(pack_command(b"SCRIPT", b"LOAD", script.source), 1)
+        except RefusedError as exc:
+            raise self.refused(f"load a script to {operation}", exc) from None
         except TransportError as exc:
             return exc
         if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:

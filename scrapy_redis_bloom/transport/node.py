@@ -75,26 +75,38 @@ class ReplyLostError(TransportError):
     """The commands may have run, but their replies will never be read."""
 
 
+class RefusedError(TransportError):
+    """The server refused the connection's credentials (``AUTH``): retrying cannot help."""
+
+
 class TripCounter:
     """Network round trips made to Redis, shared by every node of one filter.
 
     Each :meth:`Node.call` and each :meth:`Node.send` (whose replies one
     :meth:`Node.receive` reads) counts one, however many commands it pipelines: the
-    figure to divide by the pages a crawl fetched. Thread-safe: the lease's thread
-    counts here too. Being shared by the filter's nodes, it also passes on when one of
-    them follows a failover (:attr:`on_moved`).
+    figure to divide by the pages a crawl fetched. Each node counts its own (a node
+    belongs to one thread, so no lock is taken on the hot path); :attr:`value` sums
+    the nodes of every topology sharing this counter, the lease thread's copy
+    included. Being shared, it also passes on when a node follows a failover
+    (:attr:`on_moved`).
     """
 
     def __init__(self) -> None:
-        self.value = 0
+        self._nodes: list[Node] = []
         self._lock = threading.Lock()
         #: Told when a node's new connection reached another server (a failover).
         self.on_moved: Callable[[], None] | None = None
 
-    def add(self) -> None:
-        """Count one round trip."""
+    def register(self, node: Node) -> None:
+        """Count ``node``'s round trips in :attr:`value` (from any thread)."""
         with self._lock:
-            self.value += 1
+            self._nodes.append(node)
+
+    @property
+    def value(self) -> int:
+        """Round trips made so far by every node registered."""
+        with self._lock:
+            return sum(node.trips_made for node in self._nodes)
 
     def moved(self) -> None:
         """Report that a node now reaches another server than before (a failover)."""
@@ -139,6 +151,9 @@ class Node:
     ) -> None:
         self.address = address
         self.trips = trips if trips is not None else TripCounter()
+        #: Round trips made by this node (summed by :attr:`trips`).
+        self.trips_made = 0
+        self.trips.register(self)
         self._factory = factory
         self._connection: Any = None
         self._serial = 0
@@ -155,6 +170,10 @@ class Node:
     def owed(self) -> int:
         """Number of batches whose replies are still to be read."""
         return len(self._owed)
+
+    def owes(self, ticket: Ticket) -> bool:
+        """Tell whether ``ticket``'s replies are still to be read on this connection."""
+        return ticket in self._owed
 
     def _connect(self) -> Any:
         if self._pid != os.getpid():  # a forked child: the socket is the parent's
@@ -173,9 +192,9 @@ class Node:
             connection = self._factory()
             try:
                 connection.connect()
-            except AuthenticationError:
+            except AuthenticationError as exc:
                 connection.disconnect()
-                raise
+                raise RefusedError(self.address, exc) from exc
             except CONNECTION_ERRORS as exc:
                 connection.disconnect()
                 if _certificate_refused(exc):
@@ -223,13 +242,14 @@ class Node:
         the connection fails while sending (some of the commands may have arrived).
         """
         connection = self._connect()
-        self.trips.add()
+        self.trips_made += 1
         try:
             connection.send_packed_command([payload], check_health=False)
-        except BaseException as exc:
+        except Exception as exc:  # the connection failed, or a reply could not be parsed
             self.abandon()
-            if isinstance(exc, CONNECTION_ERRORS):
-                raise ReplyLostError(self.address, exc) from exc
+            raise ReplyLostError(self.address, exc) from exc
+        except BaseException:  # an interrupt: nothing owed may be read later
+            self.abandon()
             raise
         ticket = Ticket(self._serial, count)
         self._owed.append(ticket)
@@ -245,8 +265,10 @@ class Node:
         if self._connection is None or ticket.serial != self._serial or ticket not in self._owed:
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
         if self._owed[0] is not ticket:
+            # A caller left an earlier batch unread: its replies come first on the
+            # socket, so none can be matched to this batch. Thrown away, as lost.
             self.abandon()
-            raise RuntimeError("replies read out of order: the connection was dropped")
+            raise ReplyLostError(self.address, "replies owed to an earlier batch were not read")
         connection = self._connection
         replies: list[Any] = []
         try:
@@ -255,10 +277,11 @@ class Node:
                     replies.append(connection.read_response(disconnect_on_error=False))
                 except ERROR_REPLIES as exc:
                     replies.append(exc)
-        except BaseException as exc:
+        except Exception as exc:  # the connection failed, or a reply could not be parsed
             self.abandon()
-            if isinstance(exc, CONNECTION_ERRORS):
-                raise ReplyLostError(self.address, exc) from exc
+            raise ReplyLostError(self.address, exc) from exc
+        except BaseException:  # an interrupt: nothing owed may be read later
+            self.abandon()
             raise
         self._owed.popleft()
         self._used = time.monotonic()
@@ -271,20 +294,28 @@ class Node:
         back to :meth:`exchange`), one reply is read after, or the connection is thrown
         away with :class:`ReplyLostError`.
         """
-        if self._owed:
-            return self.exchange(payload, 1)[0]
-        connection = self._connect()
-        self.trips.add()
+        connection = self._connection
+        if (
+            connection is None
+            or self._owed
+            or self._pid != os.getpid()
+            or time.monotonic() - self._used >= IDLE_CHECK
+        ):
+            if self._owed:
+                return self.exchange(payload, 1)[0]
+            connection = self._connect()
+        self.trips_made += 1
         try:
             connection.send_packed_command([payload], check_health=False)
             try:
                 reply = connection.read_response(disconnect_on_error=False)
             except ERROR_REPLIES as exc:
                 reply = exc
-        except BaseException as exc:
+        except Exception as exc:  # the connection failed, or a reply could not be parsed
             self.abandon()
-            if isinstance(exc, CONNECTION_ERRORS):
-                raise ReplyLostError(self.address, exc) from exc
+            raise ReplyLostError(self.address, exc) from exc
+        except BaseException:  # an interrupt: nothing owed may be read later
+            self.abandon()
             raise
         self._used = time.monotonic()
         return reply

@@ -40,7 +40,7 @@ from typing import Any
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Growth
 from scrapy_redis_bloom.core.hashing import offsets, place
 from scrapy_redis_bloom.core.layout import HEADER_BITS
-from scrapy_redis_bloom.transport.wire import Arg, command_head, pack_command
+from scrapy_redis_bloom.transport.wire import Arg, Script, command_head, pack_command
 
 #: A worker's checks of a shard between two that read its state (and send its count).
 STATE_EVERY = 16
@@ -78,6 +78,29 @@ class _Shard:
     near: bool = False
 
 
+@dataclass(slots=True)
+class Command:
+    """One element's check-and-add, packed: a BITFIELD (``fast`` packed it) or the script."""
+
+    shard: int
+    key: str
+    payload: bytes
+    #: The script an ``EVALSHA`` payload runs (loaded on ``NOSCRIPT``); None for BITFIELD.
+    script: Script | None = None
+    fast: FastPath | None = None
+    #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
+    counted: int = 0
+    #: Fields its BITFIELD reads before the bits (scriptless path).
+    fields: int = 0
+    #: The bit offsets it sets (scriptless path), to take back from a shard not this filter's.
+    bits: list[int] | None = None
+
+    def give_back(self) -> None:
+        """Keep the count it carried for a later command: this one did not run."""
+        if self.fast is not None:
+            self.fast.lost(self.shard, self.counted)
+
+
 @dataclass
 class FastPath:
     """Packs and reads the scriptless check-and-add of one filter (see the module doc).
@@ -104,11 +127,6 @@ class FastPath:
         """Tell whether a filter has this path: it does not forget, and may grow."""
         return not growth.ttl and (not growth.expansion or growth.scriptless_limit > 0)
 
-    def usable(self, shard: int) -> bool:
-        """Tell whether a check on ``shard`` may go without the script now."""
-        known = self._shards.get(shard)
-        return not self.counted or known is None or not (known.grown or known.near)
-
     def _shard(self, shard: int) -> _Shard:
         known = self._shards.get(shard)
         if known is None:
@@ -126,18 +144,22 @@ class FastPath:
             self._shards[shard] = known
         return known
 
-    def pack(self, shard: int, h1: int, h2: int) -> tuple[bytes, str, int, int]:
-        """Return the command for an element (hashes ``h1``, ``h2``) and what it carries.
+    def pack(self, h1: int, h2: int) -> Command | None:
+        """Return the command for an element (hashes ``h1``, ``h2``); None: use the script.
 
-        That is: the command, its key, the count it sends (what it adds to the shard's
-        count: :meth:`lost` gives it back when the command surely did not run), and the
-        fields it reads before the bits (1, or 2 with the state).
+        The command carries the count it sends (what it adds to the shard's count:
+        :meth:`lost` gives it back when the command surely did not run) and the fields
+        it reads before the bits (1, or 2 with the state). None when the element's
+        shard has grown or nears its limit: its checks are the script's.
         """
-        known = self._shard(shard)
-        _, x, y = place(h1, h2, self.shards, self.size, self.block)
+        shard, x, y = place(h1, h2, self.shards, self.size, self.block)
+        known = self._shards.get(shard) or self._shard(shard)
+        if self.counted and (known.grown or known.near):
+            return None
         args: list[int] = []
         # A shard's bits start after its header.
-        for offset in offsets(x, y, self.k, self.size, self.block, HEADER_BITS):
+        bits = offsets(x, y, self.k, self.size, self.block, HEADER_BITS)
+        for offset in bits:
             args += (len(str(offset)), offset)
         text = known.plain
         sent, fields = 0, 1
@@ -148,7 +170,19 @@ class FastPath:
                 sent, known.pending = known.pending, 0
                 text = f"{known.stated}${len(str(sent))}\r\n{sent}\r\n"
                 fields = 2
-        return (text + self._ops % tuple(args)).encode("latin-1"), known.key, sent, fields
+        payload = (text + self._ops % tuple(args)).encode("latin-1")
+        return Command(shard, known.key, payload, None, self, sent, fields, bits)
+
+    def strays(self, command: Command, reply: list[Any]) -> tuple[bytes, list[int]]:
+        """Return what a command that found a foreign shard set there: its id field, bits.
+
+        A ``BITFIELD`` sets its bits before its reply can show the shard is not this
+        filter's (a reset under the same key, a lost shard): the bits it found clear
+        were set in another filter, and :data:`.scripts.TAKE_BACK` clears them.
+        """
+        found = reply[0].to_bytes(8, "big", signed=True)
+        old = reply[command.fields :]
+        return found, [bit for bit, was in zip(command.bits or [], old, strict=True) if not was]
 
     def lost(self, shard: int, sent: int) -> None:
         """Take back the count a command carried that surely did not run."""
@@ -165,7 +199,7 @@ class FastPath:
         """
         if not isinstance(reply, list) or len(reply) != fields + self.k:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
-        known = self._shard(shard)
+        known = self._shards.get(shard) or self._shard(shard)
         if reply[0] != known.expected:
             known.count, known.pending = None, 0  # what it counted went to the wrong key
             return None, 1

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
     BloomFilterError,
     FilterDamagedError,
     FilterUnavailableError,
@@ -41,33 +41,16 @@ from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import Facade, Outcome, tag
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
-from scrapy_redis_bloom.engine.bitmap.fastpath import FastPath
+from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
-from scrapy_redis_bloom.transport.executor import Call, Kind, classify
-from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
-from scrapy_redis_bloom.transport.wire import Script, command_head, encode
+from scrapy_redis_bloom.transport.executor import Call, Results
+from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _Command:
-    """One element's check-and-add, packed: a BITFIELD (``fast`` packed it) or the script."""
-
-    shard: int
-    key: str
-    payload: bytes
-    fast: FastPath | None = None
-    #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
-    counted: int = 0
-    #: Fields its BITFIELD reads before the bits (scriptless path).
-    fields: int = 0
-
-    def give_back(self) -> None:
-        """Keep the count it carried for a later command: this one did not run."""
-        if self.fast is not None:
-            self.fast.lost(self.shard, self.counted)
+#: What a check-and-add does, in the executor's errors.
+OPERATION = "check and add a request"
 
 
 class RedisBloomFilter(Facade):
@@ -186,10 +169,6 @@ class RedisBloomFilter(Facade):
 
     # -- elements ----------------------------------------------------------------------
 
-    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
-        """One ``BITFIELD`` (:mod:`.fastpath`), or the script where a shard has grown or forgets."""
-        return self._check_and_add(h1, h2)
-
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
         """Add a few elements together; return, per element, whether it was there already.
 
@@ -201,8 +180,7 @@ class RedisBloomFilter(Facade):
         answers = [True] * len(elements)
         with self._lock:
             todo = self._unknown(elements)
-            hashes = [(h1, h2) for _, _, _, h1, h2 in todo]
-            done, failure = self._check_and_add_all(hashes) if todo else ([], None)
+            done, failure = self._check_and_add_all(todo) if todo else ([], None)
             for (i, digest, _, _, _), seen in zip(todo, done, strict=False):
                 answers[i] = seen
                 self.counters.record(int(not seen), int(seen))
@@ -220,102 +198,80 @@ class RedisBloomFilter(Facade):
                 self.counters.sync(self.parts, self.spec)
         return answers
 
-    def _check_and_add(self, h1: int, h2: int, recovered: bool = False) -> bool:
-        command = self._prepare(h1, h2)
+    def _check_and_add(
+        self, element: str | bytes, h1: int, h2: int, recovered: bool = False
+    ) -> bool:
+        """One ``BITFIELD`` (:mod:`.fastpath`), or the script where a shard has grown or forgets."""
+        fast = self._fast
+        command = fast.pack(h1, h2) if fast is not None else None
+        if command is None:
+            command = self._scripted(h1, h2)
         try:
-            reply, ambiguous = self._send(command)
-        except FilterUnavailableError:
+            reply, ambiguous = self.executor.call(
+                OPERATION, command.payload, command.key, command.shard, command.script
+            )
+        except (FilterUnavailableError, AccessDeniedError):
             command.give_back()
             raise
-        return self._conclude(command, reply, ambiguous, h1, h2, recovered)
+        return self._conclude(command, reply, ambiguous, element, h1, h2, recovered)
 
     def _check_and_add_all(
-        self, hashes: list[tuple[int, int]]
-    ) -> tuple[list[bool], FilterUnavailableError | None]:
-        """Check and add elements (their hashes) with one exchange per node, in order.
+        self, todo: list[tuple[int, int, str | bytes, int, int]]
+    ) -> tuple[list[bool], FilterUnavailableError | AccessDeniedError | None]:
+        """Check and add elements (``(position, tag, element, h1, h2)``) in one executor batch.
 
-        Returns the answers, and the error that stopped them if Redis could not answer
-        (then the answers are those of the elements before it).
+        Pipelined, one round trip per node. Returns the answers, and the error that
+        stopped them if Redis could not answer or refused (then the answers are those
+        of the elements before it; the rest are owed).
         """
-        commands = [self._prepare(h1, h2) for h1, h2 in hashes]
-        nodes: dict[int, tuple[Node, list[int]]] = {}
-        for i, command in enumerate(commands):
-            node = self.topology.route(command.key, command.shard, None)
-            nodes.setdefault(id(node), (node, []))[1].append(i)
-        replies: list[Any] = [None] * len(commands)
-        lost = [False] * len(commands)
-        sent: list[tuple[Node, list[int], Ticket | TransportError]] = []
-        for node, order in nodes.values():
-            payload = b"".join(commands[i].payload for i in order)
-            try:
-                sent.append((node, order, node.send(payload, len(order))))
-            except TransportError as exc:
-                sent.append((node, order, exc))
-        for node, order, ticket in sent:
-            try:
-                if isinstance(ticket, TransportError):
-                    raise ticket
-                got = node.receive(ticket)
-            except TransportError as exc:
-                for i in order:
-                    lost[i] = isinstance(exc, ReplyLostError)
-                continue
-            loaded = False
-            for i, reply in zip(order, got, strict=True):
-                kind = classify(reply)
-                if kind is Kind.RESULT:
-                    replies[i] = reply
-                elif kind is Kind.NOSCRIPT and not loaded and self._script_of(commands[i]):
-                    # A fresh or restarted server: load once, so the rerun runs at once.
-                    self.executor.load(node, self._script, "check and add a request")
-                    loaded = True
-        # What the first exchange did not answer goes through the executor together.
-        ambiguous = [False] * len(commands)
-        pending = [i for i, reply in enumerate(replies) if reply is None]
-        failure: FilterUnavailableError | None = None
-        if pending:
-            rerun = [
-                (c.payload, c.key, c.shard, self._script_of(c), lost[i])
-                for i, c in ((i, commands[i]) for i in pending)
-            ]
-            try:
-                for i, (reply, doubt) in zip(pending, self._rerun_calls(rerun), strict=True):
-                    replies[i], ambiguous[i] = reply, doubt
-            except FilterUnavailableError as exc:
-                failure = exc
+        commands = [self._prepare(h1, h2) for _, _, _, h1, h2 in todo]
+        calls = [Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands]
+        try:
+            results = self.executor.run(OPERATION, calls, write=True, partial=True)
+        except AccessDeniedError as exc:
+            results = Results([None] * len(calls), [False] * len(calls), None)
+            failure: FilterUnavailableError | AccessDeniedError | None = exc
+        else:
+            failure = results.failure
         answers: list[bool] = []
         for i, command in enumerate(commands):
-            if failure is not None and replies[i] is None:  # the executor gave up: owed
+            reply = results.replies[i]
+            if reply is None:  # given up on: this one and the rest are owed
                 for later in commands[i:]:
                     later.give_back()
                 return answers, failure
-            h1, h2 = hashes[i]
-            answers.append(self._conclude(command, replies[i], ambiguous[i], h1, h2, False))
+            _, _, element, h1, h2 = todo[i]
+            answers.append(
+                self._conclude(command, reply, results.ambiguous[i], element, h1, h2, False)
+            )
         return answers, None
 
-    def _prepare(self, h1: int, h2: int) -> _Command:
+    def _prepare(self, h1: int, h2: int) -> Command:
         """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
+        fast = self._fast
+        command = fast.pack(h1, h2) if fast is not None else None
+        return command if command is not None else self._scripted(h1, h2)
+
+    def _scripted(self, h1: int, h2: int) -> Command:
+        """Pack an element's check-and-add script (its shard has grown, or forgets)."""
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
-        fast = self._fast
-        if fast is not None:
-            if fast.usable(shard):
-                payload, key, counted, fields = fast.pack(shard, h1, h2)
-                return _Command(shard, key, payload, fast, counted, fields)
+        if self._fast is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
-        return _Command(shard, key, payload)
-
-    def _send(self, command: _Command) -> tuple[Any, bool]:
-        return self._hot_call(command.payload, command.key, command.shard, self._script_of(command))
-
-    def _script_of(self, command: _Command) -> Script | None:
-        return None if command.fast is not None else self._script
+        return Command(shard, key, payload, script=self._script)
 
     def _conclude(
-        self, command: _Command, reply: Any, ambiguous: bool, h1: int, h2: int, recovered: bool
+        self,
+        command: Command,
+        reply: Any,
+        ambiguous: bool,
+        element: str | bytes,
+        h1: int,
+        h2: int,
+        recovered: bool,
     ) -> bool:
         """Read a check-and-add's reply: its answer, after whatever it reports is handled.
 
@@ -337,8 +293,9 @@ class RedisBloomFilter(Facade):
                 # "seen" then may be this call's own bits.
                 if recovered:
                     raise self._still_wrong(command.key)
+                self._take_back(command, reply)
                 self._recover(self.parts.identities([command.shard]))
-                seen, ambiguous = self._check_and_add(h1, h2, recovered=True), True
+                seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
                 self._note(command.shard, 0, generations)
         elif reply.__class__ is int:  # the script's common reply: the answer alone
@@ -347,7 +304,7 @@ class RedisBloomFilter(Facade):
             if recovered:
                 raise self._still_wrong(command.key)
             self._mismatch(command.shard, command.key, reply[1])
-            return self._check_and_add(h1, h2, recovered=True)
+            return self._check_and_add(element, h1, h2, recovered=True)
         else:
             if reply[1] or reply[2] > self.generations:
                 self._note(command.shard, reply[1], reply[2])
@@ -356,6 +313,26 @@ class RedisBloomFilter(Facade):
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
+
+    def _take_back(self, command: Command, reply: list[Any]) -> None:
+        """Clear the bits a scriptless check set in a shard that is not this filter's.
+
+        Only while the shard still carries the id the check found there; a bit another
+        worker set meanwhile may be cleared too: a duplicate fetch at worst, never a
+        page lost to bits of another filter.
+        """
+        assert command.fast is not None
+        found, bits = command.fast.strays(command, reply)
+        if not bits:
+            return
+        call = Call(
+            pack_command(b"EVALSHA", scripts.TAKE_BACK.sha, 1, command.key, found, *bits),
+            key=command.key,
+            shard=command.shard,
+            script=scripts.TAKE_BACK,
+        )
+        self.executor.run("take back bits set in a foreign shard", [call], write=True)
+        self.events.count("taken_back", len(bits))
 
     def _still_wrong(self, key: str) -> FilterDamagedError:
         return FilterDamagedError(

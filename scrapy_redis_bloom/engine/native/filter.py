@@ -47,6 +47,9 @@ from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack
 
 logger = logging.getLogger(__name__)
 
+#: What a check-and-add does, in the executor's errors.
+OPERATION = "check and add a request"
+
 #: Items per ``BF.INSERT`` / ``BF.MEXISTS`` of the bulk path.
 CHUNK = 1000
 #: Commands per pipelined batch of the bulk path.
@@ -319,22 +322,21 @@ class NativeBloomFilter(Facade):
 
     # -- elements ----------------------------------------------------------------------
 
-    def _check_and_add_one(self, element: str | bytes, h1: int, h2: int) -> bool:
+    def _check_and_add(
+        self, element: str | bytes, h1: int, h2: int, recovered: bool = False
+    ) -> bool:
         """One ``BF.INSERT ... NOCREATE`` (the TTL script where the filter forgets)."""
-        return self._check_and_add(element, h1)
-
-    def _check_and_add(self, element: str | bytes, h1: int, recovered: bool = False) -> bool:
         record = self.record if self.record is not None else self._current()
         shard = h1 % record.spec.shards
         key, head = self._heads[shard]
         payload = head + b"$%d\r\n%b\r\n" % (len(item := encode(element)), item)
-        reply, ambiguous = self._hot_call(payload, key, shard, self._script)
+        reply, ambiguous = self.executor.call(OPERATION, payload, key, shard, self._script)
         answers = self._read(reply, key, True, 1)
         if answers is None:
             if recovered:
                 raise self._refused(None, key)
             self._recover([shard])
-            return self._check_and_add(element, h1, recovered=True)
+            return self._check_and_add(element, h1, h2, recovered=True)
         seen = answers[0]
         if seen and ambiguous:
             self.events.count("ambiguous")
@@ -409,7 +411,7 @@ class NativeBloomFilter(Facade):
                 " refuses new items. Reset it with a larger BLOOMFILTER_CAPACITY, or create it"
                 " growing (BLOOMFILTER_EXPANSION >= 2)."
             )
-        return self.parts.refusal(error, key, "check and add a request")
+        return self.parts.refusal(error, key, OPERATION)
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         return self._bulk(True, elements)
