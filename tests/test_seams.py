@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+
 import mmh3
 import pytest
 import redis
@@ -22,7 +23,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import BloomConfig, FilterSpec, RedisBloomFilter
-from scrapy_redis_bloom.core.errors import AccessDeniedError, ConfigMismatchError
+from scrapy_redis_bloom.core.errors import ConfigMismatchError
 from scrapy_redis_bloom.core.hashing import offsets, place
 from scrapy_redis_bloom.core.layout import HEADER_BITS
 from scrapy_redis_bloom.core.settings import FaultPolicy

@@ -3,9 +3,9 @@
 The engine knows nothing of Scrapy: it counts events (a retry, an ambiguous answer,
 an error answered by policy, a part of the filter recreated) and sets values (how far
 past its capacity the filter is) on a :class:`FilterEvents`; each is the stat
-``bloomfilter/<name>``, listed in :data:`scrapy_redis_bloom.scrapy.stats.STATS`. The dupefilter connects
-that to the crawl's stats, so a fault shows in the stats while the crawl runs, not
-only at its end. Warnings that could repeat on every request go through
+``bloomfilter/<name>``, listed in :data:`scrapy_redis_bloom.scrapy.stats.STATS`.
+The dupefilter connects that to the crawl's stats, so a fault shows in the stats
+while the crawl runs, not only at its end. Warnings that could repeat on every request go through
 :class:`RateLimitedLog`.
 """
 
