@@ -228,7 +228,69 @@ class Facade:
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Return, per element, whether it is (probably) in the filter."""
+        with self._lock:
+            return self._many(False, elements).answers
+
+    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add elements in bulk; return, per element, whether it was there already.
+
+        The result equals calling :meth:`check_and_add` on each element in order,
+        under the same answer contract. The counts reach Redis before it returns.
+        """
+        with self._lock:
+            outcome = self._many(True, elements)
+            self.counters.record(outcome.added, outcome.seen)
+            self._owe_or_settle(outcome)
+            if self.record is not None:
+                self.counters.sync(self.parts, self.spec)
+            return outcome.answers
+
+    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
+        """Add a few elements together; return, per element, whether it was there already.
+
+        The answers equal :meth:`check_and_add` called on each in order, under the same
+        contract (a repeat inside the call is "seen" after its first), but the commands
+        of every element the near-cache does not know go in one round trip per server:
+        the links of a page in one exchange. For thousands of elements, :meth:`add_many`.
+        """
+        answers = [True] * len(elements)
+        with self._lock:
+            todo = self._unknown(elements)
+            if todo:
+                outcome = self._check_and_add_all(todo)
+                self.counters.record(outcome.added, outcome.seen)
+                failed = set(outcome.failed)
+                for (i, digest, element, _, _), seen in zip(todo, outcome.answers, strict=True):
+                    answers[i] = seen
+                    if self.cache_size and element not in failed:
+                        self._cache.put(digest, True)
+                self._owe_or_settle(outcome)
+            if self.counters.due:
+                self._flush_counts()
+                self.counters.sync(self.parts, self.spec)
+        return answers
+
+    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        """Check (and with ``write`` add) elements in bulk: the backend's bulk path.
+
+        Applies BLOOMFILTER_ON_ERROR to what Redis could not take (``Outcome.failed``).
+        """
         raise NotImplementedError
+
+    def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
+        """Check and add a few elements (``(position, tag, element, h1, h2)``) together.
+
+        One round trip per server; applies BLOOMFILTER_ON_ERROR to what Redis could not
+        take (``Outcome.failed``). By default the bulk path's.
+        """
+        return self._many(True, [element for _, _, element, _, _ in todo])
+
+    def _owe_or_settle(self, outcome: Outcome) -> None:
+        """Remember what a write let through; else add what earlier ones did, if any."""
+        if outcome.failed:
+            self._owe({tag(e): e for e in outcome.failed})
+        elif self._owed and len(outcome.answers) > outcome.errors:
+            self._settle()
 
     def contains(self, element: str | bytes) -> bool:
         """Return True if the element is (probably) in the filter. Changes nothing."""

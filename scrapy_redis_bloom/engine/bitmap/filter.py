@@ -39,7 +39,7 @@ from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
-from scrapy_redis_bloom.engine.base import Facade, Outcome, tag
+from scrapy_redis_bloom.engine.base import Facade, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
@@ -155,6 +155,7 @@ class RedisBloomFilter(Facade):
             if record is not None:
                 self.lifecycle.delete(record)
             self.record = None
+            self._fast = None  # the next check opens the filter anew first
             self._cache.clear()
             self.counters.forget_unsynced()
 
@@ -168,35 +169,6 @@ class RedisBloomFilter(Facade):
             return read_state(self.parts, self._current().growth)
 
     # -- elements ----------------------------------------------------------------------
-
-    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
-        """Add a few elements together; return, per element, whether it was there already.
-
-        The answers equal :meth:`check_and_add` called on each in order, under the same
-        contract (a repeat inside the call is "seen" after its first), but the commands
-        of every element the near-cache does not know go in one round trip per server:
-        the links of a page in one exchange. For thousands of elements, :meth:`add_many`.
-        """
-        answers = [True] * len(elements)
-        with self._lock:
-            todo = self._unknown(elements)
-            done, failure = self._check_and_add_all(todo) if todo else ([], None)
-            for (i, digest, _, _, _), seen in zip(todo, done, strict=False):
-                answers[i] = seen
-                self.counters.record(int(not seen), int(seen))
-                self._cache.put(digest, True)
-            if failure is not None:
-                rest = todo[len(done) :]
-                self._unavailable(failure, len(rest))
-                for i, _, _, _, _ in rest:
-                    answers[i] = False
-                self._owe({digest: element for _, digest, element, _, _ in rest})
-            elif self._owed and todo:
-                self._settle()
-            if self.counters.due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
-        return answers
 
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
@@ -215,36 +187,35 @@ class RedisBloomFilter(Facade):
             raise
         return self._conclude(command, reply, ambiguous, element, h1, h2, recovered)
 
-    def _check_and_add_all(
-        self, todo: list[tuple[int, int, str | bytes, int, int]]
-    ) -> tuple[list[bool], FilterUnavailableError | AccessDeniedError | None]:
+    def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in one executor batch.
 
-        Pipelined, one round trip per node. Returns the answers, and the error that
-        stopped them if Redis could not answer or refused (then the answers are those
-        of the elements before it; the rest are owed).
+        Pipelined, one round trip per node. When Redis cannot answer or refuses, the
+        elements from the first unanswered one on are handled per BLOOMFILTER_ON_ERROR.
         """
         commands = [self._prepare(h1, h2) for _, _, _, h1, h2 in todo]
         calls = [Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands]
         try:
             results = self.executor.run(OPERATION, calls, write=True, partial=True)
+            failure: FilterUnavailableError | AccessDeniedError | None = results.failure
         except AccessDeniedError as exc:
-            results = Results([None] * len(calls), [False] * len(calls), None)
-            failure: FilterUnavailableError | AccessDeniedError | None = exc
-        else:
-            failure = results.failure
-        answers: list[bool] = []
+            results, failure = Results([None] * len(calls), [False] * len(calls)), exc
+        outcome = Outcome()
         for i, command in enumerate(commands):
             reply = results.replies[i]
-            if reply is None:  # given up on: this one and the rest are owed
+            if reply is None and failure is not None:  # given up on: this one and the rest
                 for later in commands[i:]:
                     later.give_back()
-                return answers, failure
+                rest = [element for _, _, element, _, _ in todo[i:]]
+                outcome.answers += self._unavailable(failure, len(rest))
+                outcome.errors, outcome.failed = len(rest), rest
+                break
             _, _, element, h1, h2 = todo[i]
-            answers.append(
-                self._conclude(command, reply, results.ambiguous[i], element, h1, h2, False)
-            )
-        return answers, None
+            seen = self._conclude(command, reply, results.ambiguous[i], element, h1, h2, False)
+            outcome.answers.append(seen)
+            outcome.added += not seen
+            outcome.seen += seen
+        return outcome
 
     def _prepare(self, h1: int, h2: int) -> Command:
         """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
@@ -465,25 +436,8 @@ class RedisBloomFilter(Facade):
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         return self._bulk.run(True, elements)
 
-    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add elements in bulk; return, per element, whether it was there already.
-
-        The result equals calling :meth:`check_and_add` on each element in order,
-        under the same answer contract. The counts reach Redis before it returns.
-        """
-        with self._lock:
-            outcome = self._run_bulk(True, elements)
-            self.counters.record(outcome.added, outcome.seen)
-            if self.record is not None:
-                self.counters.sync(self.parts, self.spec)
-            return outcome.answers
-
-    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element, whether it is (probably) in the filter."""
-        with self._lock:
-            return self._run_bulk(False, elements).answers
-
-    def _run_bulk(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        """Check (and add) elements in bulk (see :mod:`.bulk`)."""
         try:
             self._current()
         except FilterUnavailableError as exc:
@@ -497,8 +451,4 @@ class RedisBloomFilter(Facade):
                     FilterUnavailableError(f"Redis could not take {outcome.errors:,} element(s)"),
                     outcome.errors,
                 )
-        if write and outcome.failed:
-            self._owe({tag(e): e for e in outcome.failed})
-        elif write and self._owed and len(outcome.answers) > outcome.errors:
-            self._settle()
         return outcome

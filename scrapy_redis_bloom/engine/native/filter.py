@@ -22,12 +22,13 @@ Thread-safe: calls from several threads are serialised by a lock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import mmh3
 
 from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
     BloomFilterError,
     FilterDamagedError,
     FilterMissingError,
@@ -36,7 +37,7 @@ from scrapy_redis_bloom.core.errors import (
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
-from scrapy_redis_bloom.engine.base import Facade, Outcome, tag
+from scrapy_redis_bloom.engine.base import Facade, Outcome
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle, reopened, restore_record, sample
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -414,57 +415,11 @@ class NativeBloomFilter(Facade):
         return self.parts.refusal(error, key, OPERATION)
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        return self._bulk(True, elements)
+        return self._many(True, elements)
 
-    def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add elements in bulk; return, per element, whether it was there already.
-
-        Equals :meth:`check_and_add` on each element in order, under the same contract.
-        """
-        with self._lock:
-            outcome = self._bulk(True, list(elements))
-            self.counters.record(outcome.added, outcome.seen)
-            if outcome.failed:
-                self._owe({tag(e): e for e in outcome.failed})
-            elif self._owed and outcome.answers:
-                self._settle()
-            if self.record is not None:
-                self.counters.sync(self.parts, self.spec)
-            return outcome.answers
-
-    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
-        """Add a few elements together; return, per element, whether it was there already.
-
-        As :meth:`check_and_add` on each in order (a repeat inside the call is "seen"
-        after its first), with the elements the near-cache does not know sent in one
-        ``BF.INSERT`` per shard, one exchange per server: the links of a page.
-        """
-        answers = [True] * len(elements)
-        with self._lock:
-            todo = self._unknown(elements)
-            if todo:
-                outcome = self._bulk(True, [element for _, _, element, _, _ in todo])
-                self.counters.record(outcome.added, outcome.seen)
-                failed = set(outcome.failed)
-                for (i, digest, element, _, _), seen in zip(todo, outcome.answers, strict=True):
-                    answers[i] = seen
-                    if element not in failed:
-                        self._cache.put(digest, True)
-                if outcome.failed:
-                    self._owe({tag(e): e for e in outcome.failed})
-                elif self._owed:
-                    self._settle()
-            if self.counters.due:
-                self.counters.sync(self.parts, self.spec)
-        return answers
-
-    def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element, whether it is (probably) in the filter."""
-        with self._lock:
-            return self._bulk(False, list(elements)).answers
-
-    def _bulk(self, write: bool, items: list[str | bytes]) -> Outcome:
-        """Check (and add) ``items``: per shard, chunks of :data:`CHUNK` items per command."""
+    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+        """Check (and add) elements: per shard, chunks of :data:`CHUNK` items per command."""
+        items = list(elements)
         outcome = Outcome(answers=[False] * len(items))
         try:
             record = self._current()
@@ -518,7 +473,7 @@ class NativeBloomFilter(Facade):
         operation = "add requests in bulk" if write else "check requests in bulk"
         try:
             results = self.executor.run(operation, calls, write=write)
-        except FilterUnavailableError as exc:
+        except (FilterUnavailableError, AccessDeniedError) as exc:
             count = sum(len(part) for _, part in chunks)
             self._unavailable(exc, count)
             outcome.errors += count
