@@ -419,6 +419,11 @@ class Facade:
         for tag, element in list(elements.items())[: max(room, 0)]:
             self._owed[tag] = element
 
+    def _report(self, event: str, level: int, message: str, *args: object) -> None:
+        """Count an event (the stat ``bloomfilter/<event>``) and say it, rate-limited."""
+        self.events.count(event)
+        self._log.log(level, event, message, *args)
+
     def _unavailable(
         self, exc: FilterUnavailableError | AccessDeniedError, count: int
     ) -> list[bool]:

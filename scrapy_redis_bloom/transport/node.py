@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
@@ -245,12 +245,8 @@ class Node:
         self.trips_made += 1
         try:
             connection.send_packed_command([payload], check_health=False)
-        except Exception as exc:  # the connection failed, or a reply could not be parsed
-            self.abandon()
-            raise ReplyLostError(self.address, exc) from exc
-        except BaseException:  # an interrupt: nothing owed may be read later
-            self.abandon()
-            raise
+        except BaseException as exc:
+            self._broken(exc)
         ticket = Ticket(self._serial, count)
         self._owed.append(ticket)
         self._used = time.monotonic()
@@ -277,12 +273,8 @@ class Node:
                     replies.append(connection.read_response(disconnect_on_error=False))
                 except ERROR_REPLIES as exc:
                     replies.append(exc)
-        except Exception as exc:  # the connection failed, or a reply could not be parsed
-            self.abandon()
-            raise ReplyLostError(self.address, exc) from exc
-        except BaseException:  # an interrupt: nothing owed may be read later
-            self.abandon()
-            raise
+        except BaseException as exc:
+            self._broken(exc)
         self._owed.popleft()
         self._used = time.monotonic()
         return replies
@@ -311,18 +303,26 @@ class Node:
                 reply = connection.read_response(disconnect_on_error=False)
             except ERROR_REPLIES as exc:
                 reply = exc
-        except Exception as exc:  # the connection failed, or a reply could not be parsed
-            self.abandon()
-            raise ReplyLostError(self.address, exc) from exc
-        except BaseException:  # an interrupt: nothing owed may be read later
-            self.abandon()
-            raise
+        except BaseException as exc:
+            self._broken(exc)
         self._used = time.monotonic()
         return reply
 
     def exchange(self, payload: bytes, count: int) -> list[Any]:
         """Send ``count`` packed commands and return their replies (see :meth:`receive`)."""
         return self.receive(self.send(payload, count))
+
+    def _broken(self, exc: BaseException) -> NoReturn:
+        """Throw the connection away after a failure between a send and its last reply.
+
+        Whatever failed (the connection, a timeout, a reply that could not be parsed),
+        the commands may have run and their replies are lost: :class:`ReplyLostError`.
+        An interrupt goes on as it is; nothing owed is ever read later either way.
+        """
+        self.abandon()
+        if isinstance(exc, Exception):
+            raise ReplyLostError(self.address, exc) from exc
+        raise exc
 
     def abandon(self) -> None:
         """Throw the connection away, with every reply still owed on it."""

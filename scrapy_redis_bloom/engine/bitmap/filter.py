@@ -348,11 +348,10 @@ class RedisBloomFilter(Facade):
             self.generations = generations
             self.events.set("generations", generations)
         if flags & scripts.GREW:
-            self.events.count("grown")
             growth = self._current().growth
-            self._log.log(
-                logging.INFO,
+            self._report(
                 "grown",
+                logging.INFO,
                 "The Bloom filter %r grows: shard %d started generation %d of at most %d"
                 " (it takes %s more items at a false-positive rate of %.2g).",
                 self.key,
@@ -363,10 +362,9 @@ class RedisBloomFilter(Facade):
                 growth.generation(generations - 1).error_rate,
             )
         if flags & scripts.FULL:
-            self.events.count("full")
-            self._log.log(
-                logging.WARNING,
+            self._report(
                 "full",
+                logging.WARNING,
                 "Shard %d of the Bloom filter %r is past the capacity of its last generation"
                 " (%d generations, %s items in all): it cannot grow further, and its"
                 " false-positive rate now rises, so some new URLs will be taken for seen."
@@ -377,10 +375,9 @@ class RedisBloomFilter(Facade):
                 f"{self._current().growth.grown_capacity:,}",
             )
         if flags & scripts.RECREATED:
-            self.events.count("recreated")
-            self._log.log(
-                logging.WARNING,
+            self._report(
                 "recreated",
+                logging.WARNING,
                 "A lost generation or re-crawl window of shard %d of the Bloom filter %r was"
                 " recreated empty (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
                 " fetched again. It was evicted or deleted; see the maxmemory-policy of %s.",

@@ -364,10 +364,9 @@ class NativeBloomFilter(Facade):
             if code < 0:
                 raise self._window_refused(code, reply, key)
             if code & native_ttl.RECREATED:
-                self.events.count("recreated")
-                self._log.log(
-                    logging.WARNING,
+                self._report(
                     "recreated",
+                    logging.WARNING,
                     "A lost re-crawl window of the native Bloom filter %r (shard key %r) was"
                     " passed over (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
                     " fetched again. See the maxmemory-policy of %s.",
