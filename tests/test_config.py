@@ -11,7 +11,7 @@ from scrapy.settings import Settings
 
 from scrapy_redis_bloom.core.hashing import MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
-from scrapy_redis_bloom.core.settings import DEFAULT_KEY, BloomConfig, ConnectionConfig, FaultPolicy
+from scrapy_redis_bloom.core.settings import KEY, BloomConfig, ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.core.sizing import (
     ALLOCATION_SLACK,
     KEY_OVERHEAD,
@@ -49,7 +49,7 @@ def test_defaults_match_scrapy_redis_bloomfilter() -> None:
     # 16 shards of 8 MiB would each take a 10 MiB block: 26 of 5 MiB reserve 130 MiB.
     assert (config.spec.shards, config.spec.shard_bytes) == (26, 5 * 2**20 - OVERHEAD)
     assert config.capacity == math.floor(config.spec.bits * math.log(2) / 6)
-    assert config.key == DEFAULT_KEY == "%(spider)s:bloomfilter"
+    assert config.key == KEY.default == "%(spider)s:bloomfilter"
     assert config.fingerprinter == "scrapy-redis"
     assert config.sizing == Sizing(bit=30, hash_number=6)
     assert config.faults == FaultPolicy(retry_timeout=20.0, on_error="raise", on_loss="raise")

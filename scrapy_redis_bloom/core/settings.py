@@ -1,35 +1,27 @@
-"""Settings to a validated, immutable filter configuration.
+"""Settings to a validated, immutable filter configuration, through one table of settings.
 
-Every ``BLOOMFILTER_*`` setting is read once, here, into a frozen
-:class:`BloomConfig`. A bad value raises :class:`ValueError` naming the setting, the
-value and what is allowed, so a crawl fails at startup rather than halfway through.
-Nothing here talks to Redis or needs a crawler: any object with a ``get(name)``
-method (Scrapy's ``Settings``, a ``dict``) will do.
+:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: its type, default,
+allowed values, meaning and check. The configuration reads each setting through its
+row (:meth:`Setting.read`), the README's settings table is rendered from the rows
+(:func:`reference`; tests/test_settings_table.py keeps the two equal), and ``scrapy
+bloom size`` takes defaults and ranges from them (:data:`SIZING`). The values end up
+in a frozen :class:`BloomConfig`. A bad value raises :class:`ValueError` naming the
+setting, the value and what is allowed, so a crawl fails at startup rather than
+halfway through. Nothing here talks to Redis or needs a crawler: any object with a
+``get(name)`` method (Scrapy's ``Settings``, a ``dict``) will do.
 
 Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
 
 * ``BLOOMFILTER_BIT`` / ``BLOOMFILTER_HASH_NUMBER``: m = 2**BIT bits and k hash
   functions, as in scrapy-redis-bloomfilter. ``BLOOMFILTER_CAPACITY`` may be added
   to state how many items you expect (for the capacity warning and the reported
-  false-positive rate). This is the default: BIT 30 (128 MiB), k = 6.
+  false-positive rate). This is the default.
 * ``BLOOMFILTER_CAPACITY`` / ``BLOOMFILTER_ERROR_RATE``: m = -n ln p / (ln 2)**2
-  and k = (m / n) ln 2, rounded. ERROR_RATE defaults to 0.001 when only CAPACITY
-  is given.
+  and k = (m / n) ln 2, rounded. ERROR_RATE has a default when only CAPACITY is given.
 
-``BLOOMFILTER_BLOCKED`` (default False) keeps each URL's k bits in one 512-bit block
-(hash scheme 2, :mod:`.hashing`): a check costs Redis one or two cache misses instead
-of k, for about 4% (at 1e-2) to 14% (at 1e-4) more bits at the same error rate.
-
-Growth and forgetting (see :mod:`.engine.generations`): ``BLOOMFILTER_EXPANSION``
-(default 2; 0 for a fixed-size filter) lets each shard start a larger generation when
-it is full, so the false-positive rate stays under ERROR_RATE at any fill;
-``BLOOMFILTER_TTL`` (seconds, default 0: forever) forgets a URL between TTL and 2 x TTL
-after it was added. Both shrink the error rate generation 0 is sized for (see
-:attr:`.sizing.Sizing.rate_share`).
-
-Faults, in :class:`FaultPolicy`: how long to retry (``BLOOMFILTER_RETRY_TIMEOUT``),
-what to answer when Redis stays unavailable (``BLOOMFILTER_ON_ERROR``) and what to do
-when part of the filter is lost (``BLOOMFILTER_ON_LOSS``).
+Growth (``BLOOMFILTER_EXPANSION``) and forgetting (``BLOOMFILTER_TTL``) shrink the
+error rate generation 0 is sized for (see :attr:`.sizing.Sizing.rate_share`), so that
+every generation and window together stay under ERROR_RATE.
 """
 
 from __future__ import annotations
@@ -38,15 +30,16 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
 
 from scrapy_redis_bloom.core.generations import DEFAULT_EXPANSION, DEFAULT_TIGHTENING, Growth
-from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.redact import masked, scrub
 from scrapy_redis_bloom.core.sizing import (
+    DEFAULT_SHARD_BIT,
     Sizing,
     false_positive_rate,
     format_bytes,
@@ -54,47 +47,18 @@ from scrapy_redis_bloom.core.sizing import (
     optimal_geometry,
 )
 
-DEFAULT_KEY = "%(spider)s:bloomfilter"
-DEFAULT_BIT = 30
-DEFAULT_HASH_NUMBER = 6
-DEFAULT_ERROR_RATE = 0.001
-#: Fingerprints each worker remembers locally (about 150 bytes each: 15 MB).
-DEFAULT_CACHE_SIZE = 100_000
-MAX_CACHE_SIZE = 100_000_000
-#: Seconds a worker's lease lasts without renewal (it renews every third of that).
-DEFAULT_WORKER_TTL = 30.0
-
-#: Seconds a failing Redis call is retried (with backoff, across reconnects) before
-#: BLOOMFILTER_ON_ERROR decides: long enough for a Redis restart or a failover.
-DEFAULT_RETRY_TIMEOUT = 20.0
-MAX_RETRY_TIMEOUT = 3600.0
-MAX_WORKER_TTL = 86_400.0
-
-#: 2**47 bits = 16 TiB: 2,097,165 shards of the default size, within MAX_SHARDS.
-#: Most generations a shard's items may grow by per generation.
-MAX_EXPANSION = 1024
-#: Longest re-crawl window: ten years.
-MAX_TTL = 10 * 365 * 86_400
+#: The largest filter: 2**47 bits = 16 TiB, 2,097,165 shards of the default size,
+#: within :data:`.hashing.MAX_SHARDS`.
 MAX_BIT = 47
-MAX_HASH_NUMBER = 64
-#: Smallest shard: 2**7 bits, the payload of the smallest allocator block that holds a
-#: shard's header and string overhead.
-MIN_SHARD_BIT = 7
-MAX_SHARD_BIT = 32
 
 OnError = Literal["raise", "allow"]
-ON_ERROR: tuple[OnError, ...] = ("raise", "allow")
 OnLoss = Literal["raise", "recreate"]
-ON_LOSS: tuple[OnLoss, ...] = ("raise", "recreate")
 #: Values of BLOOMFILTER_BACKEND: choose by what the servers offer, our bitmaps, or
 #: the server's own Bloom filters (BF.*, see :mod:`.engine.native`).
 BackendSetting = Literal["auto", "bitmap", "native"]
-BACKEND: tuple[BackendSetting, ...] = ("auto", "bitmap", "native")
+Fingerprinter = Literal["scrapy-redis", "crawler"]
 
 _T = TypeVar("_T")
-
-Fingerprinter = Literal["scrapy-redis", "crawler"]
-FINGERPRINTERS: tuple[Fingerprinter, ...] = ("scrapy-redis", "crawler")
 
 
 class SettingsLike(Protocol):
@@ -109,11 +73,10 @@ def _invalid(name: str, value: object, allowed: str) -> ValueError:
     return ValueError(f"The value of the {name} setting ({masked(value)}) is invalid. {allowed}")
 
 
-def _number(settings: SettingsLike, name: str, integer: bool, allowed: str) -> float | None:
-    """Read a numeric setting given as a number or a string; None when unset."""
-    raw = settings.get(name)
-    if raw is None:
-        return None
+def _checked_number(
+    name: str, raw: object, integer: bool, ok: Callable[[float], bool], allowed: str
+) -> float:
+    """Return a number given as a number or a string, if finite (whole) and ``ok``."""
     try:
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
             raise TypeError
@@ -122,23 +85,15 @@ def _number(settings: SettingsLike, name: str, integer: bool, allowed: str) -> f
             raise ValueError
     except (TypeError, ValueError, OverflowError):
         raise _invalid(name, raw, allowed) from None
-    if integer and isinstance(raw, int):
-        return raw  # exact, even beyond a float's 53 bits
-    return int(value) if integer else value
+    if integer:
+        value = raw if isinstance(raw, int) else int(value)  # exact beyond a float's 53 bits
+    if not ok(value):
+        raise _invalid(name, raw, allowed)
+    return value
 
 
-def _int(settings: SettingsLike, name: str, ok: Callable[[int], bool], allowed: str) -> int | None:
-    value = _number(settings, name, True, allowed)
-    if value is None:
-        return None
-    if not ok(int(value)):
-        raise _invalid(name, settings.get(name), allowed)
-    return int(value)
-
-
-def boolean_setting(settings: SettingsLike, name: str, default: bool = False) -> bool:
-    """Read a boolean setting as Scrapy's ``getbool`` does, refusing anything else by name."""
-    raw = settings.get(name, default)
+def _boolean(name: str, raw: object) -> bool:
+    """Read a boolean as Scrapy's ``getbool`` does, refusing anything else by name."""
     value = raw.lower() if isinstance(raw, str) else raw
     if value in (True, 1, "true", "1"):
         return True
@@ -147,31 +102,31 @@ def boolean_setting(settings: SettingsLike, name: str, default: bool = False) ->
     raise _invalid(name, raw, "It must be a boolean: True, False, 1 or 0.")
 
 
-def _or_default(value: _T | None, default: _T) -> _T:
-    return default if value is None else value
+def boolean_setting(settings: SettingsLike, name: str, default: bool = False) -> bool:
+    """Read a boolean setting by name (``DUPEFILTER_DEBUG``); ``default`` if unset."""
+    raw = settings.get(name)
+    return default if raw is None else _boolean(name, raw)
 
 
 def int_setting(
     settings: SettingsLike, name: str, default: int, ok: Callable[[int], bool], allowed: str
 ) -> int:
-    """Read an integer setting (a number or a string) that ``ok`` accepts; ``default`` if unset."""
-    return _or_default(_int(settings, name, ok, allowed), default)
+    """Read an integer setting (a number or a string) that ``ok`` accepts; ``default`` if unset.
+
+    For settings read outside this module; those in :data:`SETTINGS` use :meth:`Setting.read`.
+    """
+    raw = settings.get(name)
+    if raw is None:
+        return default
+    return int(_checked_number(name, raw, True, lambda v: ok(int(v)), allowed))
 
 
 def float_setting(
     settings: SettingsLike, name: str, default: float, ok: Callable[[float], bool], allowed: str
 ) -> float:
     """Read a finite number setting (number or string) that ``ok`` accepts; ``default`` if unset."""
-    return _or_default(_float(settings, name, ok, allowed), default)
-
-
-def _float(
-    settings: SettingsLike, name: str, ok: Callable[[float], bool], allowed: str
-) -> float | None:
-    value = _number(settings, name, False, allowed)
-    if value is not None and not ok(value):
-        raise _invalid(name, settings.get(name), allowed)
-    return value
+    raw = settings.get(name)
+    return default if raw is None else _checked_number(name, raw, False, ok, allowed)
 
 
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -199,25 +154,43 @@ def check_url(name: str, value: object, where: object = None) -> str:
     return value
 
 
-def check_key(key: str) -> None:
-    """Refuse a filter key (before ``%(spider)s`` is filled in) that cannot name Redis keys.
+def _url_list(name: str, value: object) -> tuple[str, ...]:
+    """Read a non-empty list of distinct Redis URLs, or one comma-separated string of them."""
+    listed = value.split(",") if isinstance(value, str) else value
+    if not isinstance(listed, (list, tuple)) or not listed:
+        raise _invalid(
+            name,
+            value,
+            "It must be a non-empty list of Redis URLs (or one comma-separated string).",
+        )
+    found = tuple(check_url(name, u.strip() if isinstance(u, str) else u, value) for u in listed)
+    if len(set(found)) != len(found):
+        raise _invalid(name, value, "It lists the same server more than once.")
+    return found
+
+
+def _key(name: str, value: object) -> str:
+    """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys.
 
     Braces would change the Redis Cluster hash tags the filter derives from the key;
     any %-sequence but ``%(spider)s`` and ``%%`` would be filled in with junk.
     """
-    if "{" in key or "}" in key:
+    if not isinstance(value, str) or not value:
+        raise _invalid(name, value, "It must be a non-empty string.")
+    if "{" in value or "}" in value:
         raise _invalid(
-            "BLOOMFILTER_KEY",
-            key,
+            name,
+            value,
             "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
         )
-    if re.sub(r"%%|%\(spider\)s", "", key).count("%"):
+    if re.sub(r"%%|%\(spider\)s", "", value).count("%"):
         raise _invalid(
-            "BLOOMFILTER_KEY",
-            key,
+            name,
+            value,
             "It may contain the placeholder %(spider)s and no other %-sequences"
             " (write a literal % as %%).",
         )
+    return value
 
 
 #: Client keyword arguments that must be numbers (seconds, counts, indexes).
@@ -300,6 +273,525 @@ def sentinel_service(name: str, value: object) -> str:
     return value
 
 
+#: Client arguments that name one server: with Sentinel, the sentinels name the primary.
+_ONE_SERVER_PARAMS = ("host", "port", "url", "unix_socket_path", "path")
+
+
+def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
+    """Refuse client arguments that would name the server the sentinels are to name."""
+    fixed = [param for param in _ONE_SERVER_PARAMS if param in params]
+    if fixed:
+        raise _invalid(
+            name,
+            params,
+            f"With Sentinel the primary's address comes from the sentinels: remove"
+            f" {', '.join(map(repr, fixed))}.",
+        )
+    inner = params.get("sentinel_kwargs")
+    if inner is not None:
+        client_params(f"{name}['sentinel_kwargs']", inner)
+
+
+#: How a setting's value is read: a number (int or float) in a range, a boolean, one of
+#: a few words, or anything else its own ``parse`` function checks ("text").
+Kind = Literal["int", "float", "bool", "choice", "text"]
+_TYPE_CELL: dict[Kind, str] = {
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "choice": "str",
+    "text": "",
+}
+
+
+def _figure(value: float | None) -> str:
+    """Write a bound as the README does: no needless decimals, thousands separated from 10,000."""
+    if value is None:
+        return ""
+    if not float(value).is_integer():
+        return f"{value:g}"
+    return f"{value:,.0f}" if value >= 10_000 else f"{value:.0f}"
+
+
+def _words(choices: tuple[str, ...]) -> str:
+    """Write choices as Markdown: ```"a"`, `"b"` or `"c"```."""
+    quoted = [f'`"{choice}"`' for choice in choices]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # a row is itself: compared by identity
+class Setting(Generic[_T]):
+    """One setting: how it is read and checked, its default, and its row in the README.
+
+    Numbers (``kind`` int or float) are accepted from ``low`` to ``high`` (either
+    None: unbounded), both excluded when ``open``, and 0 besides when ``zero`` (0
+    turns the feature off). ``rule`` is the error's second sentence, with ``{low}``
+    and ``{high}`` filled in. ``choice`` settings take one of ``choices``; ``text``
+    settings are checked by ``parse(name, value)``, and ``allowed`` says what it
+    accepts. ``shape`` is the unit of a number (``seconds``) or the type of a text
+    setting; ``default_text`` the README's default when the value alone misleads.
+    """
+
+    name: str
+    kind: Kind
+    default: _T
+    meaning: str
+    rule: str = ""
+    low: float | None = None
+    high: float | None = None
+    open: bool = False
+    zero: bool = False
+    choices: tuple[str, ...] = ()
+    parse: Callable[[str, Any], Any] | None = None
+    shape: str = ""
+    allowed: str = ""
+    default_text: str = ""
+
+    def given(self, settings: SettingsLike) -> _T | None:
+        """Return the checked value of the setting, or None when it is not set."""
+        raw = settings.get(self.name)
+        return None if raw is None else self.check(raw)
+
+    def read(self, settings: SettingsLike) -> _T:
+        """Return the checked value of the setting, or its default when it is not set."""
+        value = self.given(settings)
+        return self.default if value is None else value
+
+    def check(self, raw: object) -> _T:
+        """Return the value ``raw`` stands for; raise ValueError naming the setting if bad."""
+        if self.parse is not None:
+            return cast(_T, self.parse(self.name, raw))
+        if self.kind == "bool":
+            return cast(_T, _boolean(self.name, raw))
+        if self.kind == "choice":
+            for choice in self.choices:
+                if raw == choice:
+                    return cast(_T, choice)
+            raise _invalid(self.name, raw, self.rule)
+        value = _checked_number(self.name, raw, self.kind == "int", self.accepts, self.message)
+        return cast(_T, value)
+
+    def accepts(self, value: float) -> bool:
+        """Whether a number is in the setting's range."""
+        if self.zero and value == 0:
+            return True
+        if self.low is not None and (value <= self.low if self.open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.open else value <= self.high)
+
+    @property
+    def message(self) -> str:
+        """What the error for a bad value says is allowed."""
+        return self.rule.format(low=self.low, high=self.high)
+
+    @property
+    def type_text(self) -> str:
+        """The README's type: ``int``, ``float, seconds``, ``list of str``..."""
+        return ", ".join(part for part in (_TYPE_CELL[self.kind], self.shape) if part)
+
+    @property
+    def allowed_text(self) -> str:
+        """The README's allowed values: a range, the words, or what ``parse`` accepts."""
+        if self.kind == "bool":
+            return "`True` or `False`"
+        if self.kind == "choice":
+            return _words(self.choices)
+        if self.kind == "text":
+            return self.allowed
+        low, high = _figure(self.low), _figure(self.high)
+        if self.open:
+            return f"({low}, {high})"
+        span = f"≥ {low}" if self.high is None else f"{low}\N{EN DASH}{high}"
+        return f"0, or {span}" if self.zero else span
+
+    @property
+    def default_cell(self) -> str:
+        """The README's default: the value as it is written in settings.py."""
+        value: object = self.default
+        if self.default_text:
+            return self.default_text
+        if value is None or value == ():
+            return "—"
+        if isinstance(value, str):
+            return f'`"{value}"`'
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"`{value:_}`"
+        if isinstance(value, float):
+            return f"`{value:g}`"
+        return f"`{value!r}`"
+
+    def row(self) -> str:
+        """Return the setting's row of the README's settings table."""
+        cells = (f"`{self.name}`", self.type_text, self.default_cell, self.allowed_text)
+        return f"| {' | '.join(cells)} | {self.meaning} |"
+
+    def summary(self) -> str:
+        """One plain line for a command's help: ``BLOOMFILTER_BIT (int, 1-47; default 30)``."""
+        default = "" if self.default_cell == "—" else f"; default {self.default_cell}"
+        return f"{self.name} ({self.type_text}, {self.allowed_text}{default})".replace("`", "")
+
+
+CAPACITY: Setting[int | None] = Setting(
+    "BLOOMFILTER_CAPACITY",
+    "int",
+    None,
+    low=1,
+    rule="It must be a positive integer (the number of items you expect).",
+    meaning="Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it"
+    " sizes the filter; beside `BLOOMFILTER_BIT` it only states the load at which the expected"
+    " false-positive rate is logged and reported. Example: `1_000_000_000`.",
+)
+ERROR_RATE: Setting[float] = Setting(
+    "BLOOMFILTER_ERROR_RATE",
+    "float",
+    0.001,
+    low=0,
+    high=1,
+    open=True,
+    rule="It must be a number strictly between 0 and 1, e.g. 0.001.",
+    default_text="`0.001` when only a capacity is given",
+    meaning="False-positive rate wanted at capacity. Needs `BLOOMFILTER_CAPACITY`."
+    " Example: `0.0001`.",
+)
+BIT: Setting[int] = Setting(
+    "BLOOMFILTER_BIT",
+    "int",
+    30,
+    low=1,
+    high=MAX_BIT,
+    rule="It must be an integer from {low} to {high} (the filter has 2**BIT bits).",
+    meaning="The filter has 2**BIT bits (rounded up to whole allocator blocks)."
+    " Example: `32` (512 MiB).",
+)
+HASH_NUMBER: Setting[int] = Setting(
+    "BLOOMFILTER_HASH_NUMBER",
+    "int",
+    6,
+    low=1,
+    high=MAX_HASH_COUNT,
+    rule="It must be an integer from {low} to {high}.",
+    meaning="k, the number of hash functions, with `BLOOMFILTER_BIT`.",
+)
+EXPANSION: Setting[int] = Setting(
+    "BLOOMFILTER_EXPANSION",
+    "int",
+    DEFAULT_EXPANSION,
+    low=2,
+    high=1024,
+    zero=True,
+    rule="It must be 0 (a fixed-size filter) or an integer from {low} to {high}: how many"
+    " times the items of the generation before a new one takes.",
+    meaning="When a shard's newest generation holds its capacity, the next add starts one with"
+    " EXPANSION x the items at half the error rate, so the filter never fills up (see"
+    " [Growth](#growth-and-re-crawl-windows)). 0: a fixed-size filter, whose rate rises past"
+    " its capacity. Stored in the filter's record: a filter keeps the expansion it was"
+    " created with.",
+)
+TTL: Setting[int] = Setting(
+    "BLOOMFILTER_TTL",
+    "int",
+    0,
+    low=0,
+    high=10 * 365 * 86_400,
+    shape="seconds",
+    rule="It must be 0 (remember URLs forever) or a whole number of seconds up to {high:,}"
+    " (ten years) after which a URL may be crawled again.",
+    meaning='Re-crawl window: a URL answered "new" is remembered at least TTL seconds and'
+    " forgotten within 2 x TTL, then may be crawled again. 0: remember forever. With a TTL,"
+    " `BLOOMFILTER_CAPACITY` is the items added per TTL. All workers must use the same TTL"
+    " (a worker with another is refused).",
+)
+KEY: Setting[str] = Setting(
+    "BLOOMFILTER_KEY",
+    "text",
+    "%(spider)s:bloomfilter",
+    parse=_key,
+    shape="str",
+    allowed="not empty; no `{` or `}`; no %-sequence but `%(spider)s` and `%%`",
+    meaning="Redis key prefix of the filter; `%(spider)s` is the spider's name."
+    ' Example: `"bf:%(spider)s"`.',
+)
+BLOCKED: Setting[bool] = Setting(
+    "BLOOMFILTER_BLOCKED",
+    "bool",
+    False,
+    meaning="Keep each URL's k bits in one 512-bit block (hash scheme 2): less Redis time per"
+    " check for 4 to 14% more memory at 1e-2 to 1e-4 (see [Blocked filters](#sizing)). Stored in"
+    " the filter's record.",
+)
+SHARD_BIT: Setting[int] = Setting(
+    "BLOOMFILTER_SHARD_BIT",
+    "int",
+    DEFAULT_SHARD_BIT,
+    # The smallest allocator block that holds a shard's header and string overhead has a
+    # payload of 2**7 bits; a Redis string holds at most 2**32.
+    low=7,
+    high=32,
+    rule="It must be an integer from {low} to {high}: a shard holds at most 2**{high} bits"
+    " (Redis's 512 MB string limit).",
+    meaning="Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so"
+    " that they fill their allocator blocks.",
+)
+SHARDS: Setting[int | None] = Setting(
+    "BLOOMFILTER_SHARDS",
+    "int",
+    None,
+    low=1,
+    rule="It must be a positive integer (the number of Redis keys the bits are split over).",
+    meaning="Exact number of shards instead (each ≤ 2**32 - 256 bits). Not together with"
+    " `BLOOMFILTER_SHARD_BIT`.",
+)
+REDIS_URL: Setting[str | None] = Setting(
+    "BLOOMFILTER_REDIS_URL",
+    "text",
+    None,
+    parse=check_url,
+    shape="str",
+    allowed="`redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS) or"
+    " `unix:///path/to/socket`",
+    default_text="— (scrapy-redis's connection)",
+    meaning="The filter's own Redis, when it should not live beside the queue."
+    ' Example: `"redis://bloom-host:6379/0"`.',
+)
+REDIS_CLUSTER: Setting[bool] = Setting(
+    "BLOOMFILTER_REDIS_CLUSTER",
+    "bool",
+    False,
+    meaning="Treat `BLOOMFILTER_REDIS_URL` as a node of a Redis Cluster (redis-py's"
+    " `RedisCluster`).",
+)
+REDIS_URLS: Setting[tuple[str, ...]] = Setting(
+    "BLOOMFILTER_REDIS_URLS",
+    "text",
+    (),
+    parse=_url_list,
+    shape="list of str",
+    allowed="Redis URLs, at least one, none twice (or one comma-separated string)",
+    meaning="Several standalone servers; shard i lives on server i mod n."
+    ' Example: `["redis://r1:6379", "redis://r2:6379"]`.',
+)
+REDIS_PARAMS: Setting[dict[str, Any]] = Setting(
+    "BLOOMFILTER_REDIS_PARAMS",
+    "text",
+    {},
+    parse=client_params,
+    shape="dict",
+    allowed="keyword arguments of the Redis client (`socket_timeout`, `port`, `db`... numbers)",
+    meaning="Client keyword arguments for the URLs above (e.g. TLS options), or for the primary"
+    " the sentinels name (`password`, `db`, TLS; `sentinel_kwargs` for the sentinels' own"
+    " connections).",
+)
+SENTINELS: Setting[tuple[tuple[str, int], ...]] = Setting(
+    "BLOOMFILTER_REDIS_SENTINELS",
+    "text",
+    (),
+    parse=parse_sentinels,
+    shape='list of `"host:port"`',
+    allowed='`"host:port"` or `(host, port)`, at least one, none twice (or one'
+    " comma-separated string)",
+    meaning="The filter's own Sentinel-managed primary, found through these sentinels and"
+    " followed through failovers (see [Sentinel](#sentinel)). Needs"
+    " `BLOOMFILTER_REDIS_SENTINEL_SERVICE`; not with the URL settings."
+    ' Example: `["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]`.',
+)
+SENTINEL_SERVICE: Setting[str] = Setting(
+    "BLOOMFILTER_REDIS_SENTINEL_SERVICE",
+    "text",
+    "",
+    parse=sentinel_service,
+    shape="str",
+    allowed="a name without surrounding spaces",
+    default_text="—",
+    meaning="The name the sentinels monitor the primary under (`sentinel monitor <name> ...`)."
+    ' Example: `"mymaster"`.',
+)
+ADDON_SCHEDULER: Setting[bool] = Setting(
+    "BLOOMFILTER_ADDON_SCHEDULER",
+    "bool",
+    False,
+    meaning="With the [add-on](#activate): also set `SCHEDULER` to scrapy-redis's Scheduler.",
+)
+ADDON_BATCHING: Setting[bool] = Setting(
+    "BLOOMFILTER_ADDON_BATCHING",
+    "bool",
+    False,
+    meaning="With the add-on: also enable `BatchingMiddleware` at order 0 (an order your"
+    " `SPIDER_MIDDLEWARES` gives it wins).",
+)
+WORKER_TTL: Setting[float] = Setting(
+    "BLOOMFILTER_WORKER_TTL",
+    "float",
+    30.0,
+    low=1,
+    high=86_400,
+    shape="seconds",
+    rule="It must be a number of seconds from {low} to {high:,} (a day).",
+    meaning="Seconds a worker's lease lasts unless renewed (it renews every third of that).",
+)
+RETRY_TIMEOUT: Setting[float] = Setting(
+    "BLOOMFILTER_RETRY_TIMEOUT",
+    "float",
+    20.0,
+    low=0,
+    high=3600,
+    shape="seconds",
+    rule="It must be a number of seconds from {low} (no retry) to {high}.",
+    meaning="Seconds a failing Redis call is retried (backoff 50 ms to 1 s, across reconnects)"
+    " before `BLOOMFILTER_ON_ERROR` decides. Long enough for a restart or a failover; `0` never"
+    " retries. See [Faults](#faults).",
+)
+ON_ERROR: Setting[OnError] = Setting(
+    "BLOOMFILTER_ON_ERROR",
+    "choice",
+    "raise",
+    choices=("raise", "allow"),
+    rule="It must be 'raise' (stop with an error once retries are exhausted, the default) or"
+    " 'allow' (let the request through: a possible duplicate fetch).",
+    meaning='When Redis stays unavailable past the retry timeout: `"raise"` a'
+    " `FilterUnavailableError` naming the server and the operation, and stop the crawl (finish"
+    ' reason `bloomfilter_error`); `"allow"` the request (answer "new": it may be fetched'
+    " twice), count it in `bloomfilter/errors` and warn once a minute.",
+)
+ON_LOSS: Setting[OnLoss] = Setting(
+    "BLOOMFILTER_ON_LOSS",
+    "choice",
+    "raise",
+    choices=("raise", "recreate"),
+    rule="It must be 'raise' (stop with an error when part of the filter is lost, the default)"
+    " or 'recreate' (recreate the lost part empty and go on).",
+    meaning="When part of the filter is gone (a shard evicted or deleted, a server emptied or"
+    ' replaced): `"raise"` a `FilterDamagedError` naming the parts, and stop the crawl; or'
+    ' `"recreate"` the lost parts empty and go on, with a warning (the URLs they held may be'
+    " fetched again, never dropped).",
+)
+BACKEND: Setting[BackendSetting] = Setting(
+    "BLOOMFILTER_BACKEND",
+    "choice",
+    "auto",
+    choices=("auto", "bitmap", "native"),
+    rule="It must be 'auto' (the server's own Bloom filters when every server has BF.*, else"
+    " bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack, RedisBloom or"
+    " valkey-bloom).",
+    meaning="Where the bits live: our sharded bitmaps, or the server's own Bloom filters"
+    ' (BF.*); `"auto"` takes native where every server has BF.* (see [Native Bloom'
+    " filters](#native-bloom-filters-bf)). Stored in the filter's record.",
+)
+BATCH_MAX: Setting[int] = Setting(
+    "BLOOMFILTER_BATCH_MAX",
+    "int",
+    1000,
+    low=1,
+    rule="It must be a whole number of at least {low}: the requests held before they are checked.",
+    meaning="Most requests `BatchingMiddleware` holds before checking them together (see [One"
+    " round trip per page](#one-round-trip-per-page)).",
+)
+BATCH_WINDOW: Setting[float] = Setting(
+    "BLOOMFILTER_BATCH_WINDOW",
+    "float",
+    0.0,
+    low=0,
+    high=10,
+    shape="seconds",
+    rule="It must be a number of seconds from {low} (off) to {high}: how long a response's"
+    " requests wait to be checked with those of other responses.",
+    default_text="`0` (off)",
+    meaning="How long `BatchingMiddleware` holds a response's requests to check them with those"
+    " of other responses: one round trip for several pages (see [One round trip per"
+    " page](#one-round-trip-per-page)). Needs the asyncio reactor (Scrapy's default); ignored,"
+    " with a WARNING, under another.",
+)
+CACHE_SIZE: Setting[int] = Setting(
+    "BLOOMFILTER_CACHE_SIZE",
+    "int",
+    100_000,
+    low=0,
+    high=100_000_000,
+    rule="It must be an integer from {low} (no near-cache) to {high:,}: the number of"
+    " fingerprints this worker remembers locally.",
+    meaning="Fingerprints each worker remembers locally (the near-cache, about 150 bytes each:"
+    " 15 MB by default). `0` turns it off.",
+)
+MONITOR_MAX_FPR: Setting[float | None] = Setting(
+    "BLOOMFILTER_MONITOR_MAX_FPR",
+    "float",
+    None,
+    low=0,
+    high=1,
+    open=True,
+    rule="It must be a false-positive rate between 0 and 1, e.g. 0.001.",
+    default_text="the filter's design rate",
+    meaning="The false-positive rate above which the Spidermon `FalsePositiveRateMonitor` fails"
+    " a crawl (see [Monitoring with Spidermon](#monitoring-with-spidermon)).",
+)
+FINGERPRINTER: Setting[Fingerprinter] = Setting(
+    "BLOOMFILTER_FINGERPRINTER",
+    "choice",
+    "scrapy-redis",
+    choices=("scrapy-redis", "crawler"),
+    rule="It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or 'crawler'"
+    " (the crawler's REQUEST_FINGERPRINTER_CLASS).",
+    meaning="Which fingerprint is hashed: scrapy-redis's, or the crawler's"
+    " `REQUEST_FINGERPRINTER_CLASS`. Changing it on a filter that holds data makes old"
+    " requests look new.",
+)
+
+#: Every ``BLOOMFILTER_*`` setting, in the order of the README's table.
+SETTINGS: tuple[Setting[Any], ...] = (
+    CAPACITY,
+    ERROR_RATE,
+    BIT,
+    HASH_NUMBER,
+    EXPANSION,
+    TTL,
+    KEY,
+    BLOCKED,
+    SHARD_BIT,
+    SHARDS,
+    REDIS_URL,
+    REDIS_CLUSTER,
+    REDIS_URLS,
+    REDIS_PARAMS,
+    SENTINELS,
+    SENTINEL_SERVICE,
+    ADDON_SCHEDULER,
+    ADDON_BATCHING,
+    WORKER_TTL,
+    RETRY_TIMEOUT,
+    ON_ERROR,
+    ON_LOSS,
+    BACKEND,
+    BATCH_MAX,
+    BATCH_WINDOW,
+    CACHE_SIZE,
+    MONITOR_MAX_FPR,
+    FINGERPRINTER,
+)
+#: The settings that size a filter, those ``scrapy bloom size`` reads.
+SIZING: tuple[Setting[Any], ...] = (
+    CAPACITY,
+    ERROR_RATE,
+    BIT,
+    HASH_NUMBER,
+    SHARD_BIT,
+    SHARDS,
+    EXPANSION,
+    TTL,
+    BLOCKED,
+)
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def setting(name: str) -> Setting[Any]:
+    """Return the row of a setting by its name (KeyError for a name not in the table)."""
+    return _BY_NAME[name]
+
+
+def reference() -> str:
+    """Return the README's settings table, in Markdown: one row per setting."""
+    head = "| setting | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
+    return head + "".join(row.row() + "\n" for row in SETTINGS)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
     """Where the filter's bits live, when not on scrapy-redis's own connection.
@@ -320,40 +812,22 @@ class ConnectionConfig:
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> ConnectionConfig:
         """Read ``BLOOMFILTER_REDIS_*``. Raises ValueError naming a bad setting."""
-        url = settings.get("BLOOMFILTER_REDIS_URL")
-        urls = settings.get("BLOOMFILTER_REDIS_URLS")
-        if url is not None and urls is not None:
+        url = REDIS_URL.given(settings)
+        urls = REDIS_URLS.read(settings)
+        if url is not None and urls:
             raise ValueError(
                 "The settings BLOOMFILTER_REDIS_URL and BLOOMFILTER_REDIS_URLS contradict each"
                 " other: give one server (or cluster node) or a list of servers, not both."
             )
-        found: tuple[str, ...] = ()
-        if url is not None:
-            found = (check_url("BLOOMFILTER_REDIS_URL", url),)
-        elif urls is not None:
-            listed = urls.split(",") if isinstance(urls, str) else urls
-            if not isinstance(listed, (list, tuple)) or not listed:
-                raise _invalid(
-                    "BLOOMFILTER_REDIS_URLS",
-                    urls,
-                    "It must be a non-empty list of Redis URLs (or one comma-separated string).",
-                )
-            found = tuple(
-                check_url("BLOOMFILTER_REDIS_URLS", u.strip() if isinstance(u, str) else u, urls)
-                for u in listed
-            )
-            if len(set(found)) != len(found):
-                raise _invalid(
-                    "BLOOMFILTER_REDIS_URLS", urls, "It lists the same server more than once."
-                )
-        cluster = boolean_setting(settings, "BLOOMFILTER_REDIS_CLUSTER")
+        found = urls if url is None else (url,)
+        cluster = REDIS_CLUSTER.read(settings)
         if cluster and len(found) != 1:
             raise ValueError(
                 "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
                 " one node of the cluster to start from (the client discovers the others)."
             )
         sentinels, service = _sentinel_settings(settings, found)
-        params = client_params("BLOOMFILTER_REDIS_PARAMS", settings.get("BLOOMFILTER_REDIS_PARAMS"))
+        params = REDIS_PARAMS.read(settings)
         if params and not found and not sentinels:
             raise ValueError(
                 "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL,"
@@ -361,7 +835,7 @@ class ConnectionConfig:
                 " filter uses scrapy-redis's connection, set by REDIS_URL and REDIS_PARAMS."
             )
         if sentinels:
-            check_sentinel_params("BLOOMFILTER_REDIS_PARAMS", params)
+            check_sentinel_params(REDIS_PARAMS.name, params)
         return cls(
             urls=found,
             cluster=cluster,
@@ -371,51 +845,31 @@ class ConnectionConfig:
         )
 
 
-#: Client arguments that name one server: with Sentinel, the sentinels name the primary.
-_ONE_SERVER_PARAMS = ("host", "port", "url", "unix_socket_path", "path")
-
-
-def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
-    """Refuse client arguments that would name the server the sentinels are to name."""
-    fixed = [param for param in _ONE_SERVER_PARAMS if param in params]
-    if fixed:
-        raise _invalid(
-            name,
-            params,
-            f"With Sentinel the primary's address comes from the sentinels: remove"
-            f" {', '.join(map(repr, fixed))}.",
-        )
-    inner = params.get("sentinel_kwargs")
-    if inner is not None:
-        client_params(f"{name}['sentinel_kwargs']", inner)
-
-
 def _sentinel_settings(
     settings: SettingsLike, urls: tuple[str, ...]
 ) -> tuple[tuple[tuple[str, int], ...], str]:
     """Read ``BLOOMFILTER_REDIS_SENTINELS`` and ``_SENTINEL_SERVICE`` (both or neither)."""
-    raw = settings.get("BLOOMFILTER_REDIS_SENTINELS")
-    service = settings.get("BLOOMFILTER_REDIS_SENTINEL_SERVICE")
+    raw = settings.get(SENTINELS.name)
+    service = settings.get(SENTINEL_SERVICE.name)
     if raw is None and service is None:
         return (), ""
     if raw is None or service is None:
         given, missing = (
-            ("BLOOMFILTER_REDIS_SENTINELS", "BLOOMFILTER_REDIS_SENTINEL_SERVICE")
+            (SENTINELS.name, SENTINEL_SERVICE.name)
             if service is None
-            else ("BLOOMFILTER_REDIS_SENTINEL_SERVICE", "BLOOMFILTER_REDIS_SENTINELS")
+            else (SENTINEL_SERVICE.name, SENTINELS.name)
         )
         raise ValueError(
             f"The {given} setting needs {missing}: the sentinels' addresses and the name"
             " they monitor the primary under go together."
         )
-    if urls or boolean_setting(settings, "BLOOMFILTER_REDIS_CLUSTER"):
+    if urls or REDIS_CLUSTER.read(settings):
         raise ValueError(
             "The setting BLOOMFILTER_REDIS_SENTINELS contradicts BLOOMFILTER_REDIS_URL,"
             " BLOOMFILTER_REDIS_URLS and BLOOMFILTER_REDIS_CLUSTER: give the sentinels of"
             " one Sentinel-managed primary, or the servers themselves, not both."
         )
-    sentinels = parse_sentinels("BLOOMFILTER_REDIS_SENTINELS", raw)
-    return sentinels, sentinel_service("BLOOMFILTER_REDIS_SENTINEL_SERVICE", service)
+    return SENTINELS.check(raw), SENTINEL_SERVICE.check(service)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,50 +885,18 @@ class FaultPolicy:
     empty and go on, with a warning.
     """
 
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT
-    on_error: OnError = "raise"
-    on_loss: OnLoss = "raise"
+    retry_timeout: float = RETRY_TIMEOUT.default
+    on_error: OnError = ON_ERROR.default
+    on_loss: OnLoss = ON_LOSS.default
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> FaultPolicy:
         """Read ``BLOOMFILTER_RETRY_TIMEOUT``, ``_ON_ERROR`` and ``_ON_LOSS``."""
-        timeout = _float(
-            settings,
-            "BLOOMFILTER_RETRY_TIMEOUT",
-            lambda v: 0 <= v <= MAX_RETRY_TIMEOUT,
-            f"It must be a number of seconds from 0 (no retry) to {MAX_RETRY_TIMEOUT:g}.",
-        )
         return cls(
-            retry_timeout=_or_default(timeout, DEFAULT_RETRY_TIMEOUT),
-            on_error=_choice(
-                settings,
-                "BLOOMFILTER_ON_ERROR",
-                ON_ERROR,
-                "It must be 'raise' (stop with an error once retries are exhausted, the"
-                " default) or 'allow' (let the request through: a possible duplicate fetch).",
-            ),
-            on_loss=_choice(
-                settings,
-                "BLOOMFILTER_ON_LOSS",
-                ON_LOSS,
-                "It must be 'raise' (stop with an error when part of the filter is lost, the"
-                " default) or 'recreate' (recreate the lost part empty and go on).",
-            ),
+            retry_timeout=RETRY_TIMEOUT.read(settings),
+            on_error=ON_ERROR.read(settings),
+            on_loss=ON_LOSS.read(settings),
         )
-
-
-_C = TypeVar("_C", bound=str)
-
-
-def _choice(settings: SettingsLike, name: str, allowed: tuple[_C, ...], message: str) -> _C:
-    """Read a setting that takes one of a few words; the first is the default."""
-    raw = settings.get(name)
-    if raw is None:
-        return allowed[0]
-    for value in allowed:
-        if raw == value:
-            return value
-    raise _invalid(name, raw, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,18 +912,20 @@ class BloomConfig:
     key: str
     spec: FilterSpec
     capacity: int
-    sizing: Sizing = field(default_factory=lambda: Sizing(bit=30, hash_number=6))
-    fingerprinter: Fingerprinter = "scrapy-redis"
+    sizing: Sizing = field(
+        default_factory=lambda: Sizing(bit=BIT.default, hash_number=HASH_NUMBER.default)
+    )
+    fingerprinter: Fingerprinter = FINGERPRINTER.default
     connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
-    worker_ttl: float = DEFAULT_WORKER_TTL
-    cache_size: int = DEFAULT_CACHE_SIZE
-    expansion: int = DEFAULT_EXPANSION
-    ttl: int = 0
+    worker_ttl: float = WORKER_TTL.default
+    cache_size: int = CACHE_SIZE.default
+    expansion: int = EXPANSION.default
+    ttl: int = TTL.default
     faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
-    backend: BackendSetting = "auto"
+    backend: BackendSetting = BACKEND.default
     #: The false-positive rate above which the Spidermon monitor fails a crawl (None:
     #: :attr:`design_error_rate`).
-    monitor_max_fpr: float | None = None
+    monitor_max_fpr: float | None = MONITOR_MAX_FPR.default
 
     @property
     def growth(self) -> Growth:
@@ -563,34 +987,9 @@ class BloomConfig:
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
         """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError."""
-        expansion = _or_default(
-            _int(
-                settings,
-                "BLOOMFILTER_EXPANSION",
-                lambda v: v == 0 or 2 <= v <= MAX_EXPANSION,
-                f"It must be 0 (a fixed-size filter) or an integer from 2 to {MAX_EXPANSION}:"
-                " how many times the items of the generation before a new one takes.",
-            ),
-            DEFAULT_EXPANSION,
-        )
-        ttl = _or_default(
-            _int(
-                settings,
-                "BLOOMFILTER_TTL",
-                lambda v: 0 <= v <= MAX_TTL,
-                f"It must be 0 (remember URLs forever) or a whole number of seconds up to"
-                f" {MAX_TTL:,} (ten years) after which a URL may be crawled again.",
-            ),
-            0,
-        )
-        backend = _choice(
-            settings,
-            "BLOOMFILTER_BACKEND",
-            BACKEND,
-            "It must be 'auto' (the server's own Bloom filters when every server has BF.*,"
-            " else bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack,"
-            " RedisBloom or valkey-bloom).",
-        )
+        expansion = EXPANSION.read(settings)
+        ttl = TTL.read(settings)
+        backend = BACKEND.read(settings)
         share = (1 - DEFAULT_TIGHTENING if expansion else 1.0) * (0.5 if ttl else 1.0)
         sizing, capacity = _sizing(settings, share)
         if sizing.blocked and backend == "native":
@@ -604,65 +1003,27 @@ class BloomConfig:
             spec = sizing.spec()
         except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
             name, value = (
-                ("BLOOMFILTER_SHARDS", sizing.shards)
+                (SHARDS.name, sizing.shards)
                 if sizing.shards is not None
-                else ("BLOOMFILTER_SHARD_BIT", sizing.shard_bit)
+                else (SHARD_BIT.name, sizing.shard_bit)
             )
             raise _invalid(
                 name, value, f"It cannot split the filter's bits into shards ({exc})."
             ) from None
-        if capacity is None:
-            capacity = optimal_capacity(spec.bits, spec.hash_count)
-        key = settings.get("BLOOMFILTER_KEY")
-        key = DEFAULT_KEY if key is None else key
-        if not isinstance(key, str) or not key:
-            raise _invalid("BLOOMFILTER_KEY", key, "It must be a non-empty string.")
-        check_key(key)
-        fingerprinter = settings.get("BLOOMFILTER_FINGERPRINTER")
-        fingerprinter = "scrapy-redis" if fingerprinter is None else fingerprinter
-        if fingerprinter not in FINGERPRINTERS:
-            raise _invalid(
-                "BLOOMFILTER_FINGERPRINTER",
-                fingerprinter,
-                "It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or"
-                " 'crawler' (the crawler's REQUEST_FINGERPRINTER_CLASS).",
-            )
         return cls(
-            key=key,
+            key=KEY.read(settings),
             spec=spec,
-            capacity=capacity,
+            capacity=optimal_capacity(spec.bits, spec.hash_count) if capacity is None else capacity,
             sizing=sizing,
-            fingerprinter=fingerprinter,
+            fingerprinter=FINGERPRINTER.read(settings),
             connection=ConnectionConfig.from_settings(settings),
-            worker_ttl=_or_default(
-                _float(
-                    settings,
-                    "BLOOMFILTER_WORKER_TTL",
-                    lambda v: 1 <= v <= MAX_WORKER_TTL,
-                    f"It must be a number of seconds from 1 to {MAX_WORKER_TTL:,.0f} (a day).",
-                ),
-                DEFAULT_WORKER_TTL,
-            ),
+            worker_ttl=WORKER_TTL.read(settings),
             expansion=expansion,
             ttl=ttl,
-            cache_size=_or_default(
-                _int(
-                    settings,
-                    "BLOOMFILTER_CACHE_SIZE",
-                    lambda v: 0 <= v <= MAX_CACHE_SIZE,
-                    f"It must be an integer from 0 (no near-cache) to {MAX_CACHE_SIZE:,}: the"
-                    " number of fingerprints this worker remembers locally.",
-                ),
-                DEFAULT_CACHE_SIZE,
-            ),
+            cache_size=CACHE_SIZE.read(settings),
             faults=FaultPolicy.from_settings(settings),
             backend=backend,
-            monitor_max_fpr=_float(
-                settings,
-                "BLOOMFILTER_MONITOR_MAX_FPR",
-                lambda v: 0 < v < 1,
-                "It must be a false-positive rate between 0 and 1, e.g. 0.001.",
-            ),
+            monitor_max_fpr=MONITOR_MAX_FPR.read(settings),
         )
 
 
@@ -672,56 +1033,20 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
     ``share``: the part of the error rate generation 0 is sized for (see
     :attr:`.sizing.Sizing.rate_share`).
     """
-    bit = _int(
-        settings,
-        "BLOOMFILTER_BIT",
-        lambda v: 1 <= v <= MAX_BIT,
-        f"It must be an integer from 1 to {MAX_BIT} (the filter has 2**BIT bits).",
-    )
-    hash_number = _int(
-        settings,
-        "BLOOMFILTER_HASH_NUMBER",
-        lambda v: 1 <= v <= MAX_HASH_NUMBER,
-        f"It must be an integer from 1 to {MAX_HASH_NUMBER}.",
-    )
-    capacity = _int(
-        settings,
-        "BLOOMFILTER_CAPACITY",
-        lambda v: v > 0,
-        "It must be a positive integer (the number of items you expect).",
-    )
-    error_rate = _float(
-        settings,
-        "BLOOMFILTER_ERROR_RATE",
-        lambda v: 0 < v < 1,
-        "It must be a number strictly between 0 and 1, e.g. 0.001.",
-    )
-    shard_bit = _int(
-        settings,
-        "BLOOMFILTER_SHARD_BIT",
-        lambda v: MIN_SHARD_BIT <= v <= MAX_SHARD_BIT,
-        f"It must be an integer from {MIN_SHARD_BIT} to {MAX_SHARD_BIT}: a shard holds"
-        f" at most 2**{MAX_SHARD_BIT} bits (Redis's 512 MB string limit).",
-    )
-    blocked = boolean_setting(settings, "BLOOMFILTER_BLOCKED")
-    block_bits = BLOCK_BITS if blocked else 0
-    shards = _int(
-        settings,
-        "BLOOMFILTER_SHARDS",
-        lambda v: v >= 1,
-        "It must be a positive integer (the number of Redis keys the bits are split over).",
-    )
+    bit = BIT.given(settings)
+    hash_number = HASH_NUMBER.given(settings)
+    capacity = CAPACITY.given(settings)
+    error_rate = ERROR_RATE.given(settings)
+    shard_bit = SHARD_BIT.given(settings)
+    blocked = BLOCKED.read(settings)
+    shards = SHARDS.given(settings)
     if shards is not None and shard_bit is not None:
         raise ValueError(
             "The settings BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict each other:"
             " give the number of shards or the largest shard size, not both."
         )
     if error_rate is not None:
-        given = [
-            n
-            for n, v in (("BLOOMFILTER_BIT", bit), ("BLOOMFILTER_HASH_NUMBER", hash_number))
-            if v is not None
-        ]
+        given = [s.name for s, v in ((BIT, bit), (HASH_NUMBER, hash_number)) if v is not None]
         if given:
             raise ValueError(
                 f"The settings BLOOMFILTER_ERROR_RATE and {' and '.join(given)} contradict"
@@ -734,19 +1059,19 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
                 " rate holds for a given number of items."
             )
     if capacity is not None and bit is None and hash_number is None:
-        rate = DEFAULT_ERROR_RATE if error_rate is None else error_rate
-        bits, k = optimal_geometry(capacity, rate * share, block_bits)
-        if k > MAX_HASH_NUMBER:
+        rate = ERROR_RATE.default if error_rate is None else error_rate
+        bits, k = optimal_geometry(capacity, rate * share, BLOCK_BITS if blocked else 0)
+        if k > MAX_HASH_COUNT:
             raise _invalid(
-                "BLOOMFILTER_ERROR_RATE",
+                ERROR_RATE.name,
                 rate,
-                f"It needs {k} hash functions; at most {MAX_HASH_NUMBER} are supported,"
+                f"It needs {k} hash functions; at most {MAX_HASH_COUNT} are supported,"
                 " so the error rate must be at least 1e-19.",
             )
         if bits > 2**MAX_BIT:
             raise _invalid(
-                "BLOOMFILTER_CAPACITY",
-                settings.get("BLOOMFILTER_CAPACITY"),
+                CAPACITY.name,
+                settings.get(CAPACITY.name),
                 f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
                 " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
             )
@@ -759,20 +1084,20 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
             rate_share=share,
         )
     else:
-        bit = DEFAULT_BIT if bit is None else bit
-        hash_number = DEFAULT_HASH_NUMBER if hash_number is None else hash_number
         sizing = Sizing(
-            bit=bit, hash_number=hash_number, shard_bit=shard_bit, shards=shards, blocked=blocked
+            bit=BIT.read(settings),
+            hash_number=HASH_NUMBER.read(settings),
+            shard_bit=shard_bit,
+            shards=shards,
+            blocked=blocked,
         )
     bits = sizing.geometry()[0]
     if shards is not None:
         if shards > bits:
-            raise _invalid(
-                "BLOOMFILTER_SHARDS", shards, f"The filter has only {bits:,} bits to split."
-            )
+            raise _invalid(SHARDS.name, shards, f"The filter has only {bits:,} bits to split.")
         if -(-bits // shards) > MAX_SHARD_BITS:
             raise _invalid(
-                "BLOOMFILTER_SHARDS",
+                SHARDS.name,
                 shards,
                 f"Each of its shards would hold {-(-bits // shards):,} bits, more than a Redis"
                 f" string holds ({MAX_SHARD_BITS:,} after the shard header): use at least"
