@@ -108,27 +108,6 @@ def boolean_setting(settings: SettingsLike, name: str, default: bool = False) ->
     return default if raw is None else _boolean(name, raw)
 
 
-def int_setting(
-    settings: SettingsLike, name: str, default: int, ok: Callable[[int], bool], allowed: str
-) -> int:
-    """Read an integer setting (a number or a string) that ``ok`` accepts; ``default`` if unset.
-
-    For settings read outside this module; those in :data:`SETTINGS` use :meth:`Setting.read`.
-    """
-    raw = settings.get(name)
-    if raw is None:
-        return default
-    return int(_checked_number(name, raw, True, lambda v: ok(int(v)), allowed))
-
-
-def float_setting(
-    settings: SettingsLike, name: str, default: float, ok: Callable[[float], bool], allowed: str
-) -> float:
-    """Read a finite number setting (number or string) that ``ok`` accepts; ``default`` if unset."""
-    raw = settings.get(name)
-    return default if raw is None else _checked_number(name, raw, False, ok, allowed)
-
-
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
 #: redis-py's reading of a Redis URL (untyped there).
 parse_url: Callable[[str], dict[str, Any]] = _redis_parse_url

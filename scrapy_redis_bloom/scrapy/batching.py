@@ -2,7 +2,7 @@
 
 Without it, each link a response yields costs ``request_seen`` one round trip to Redis
 (unless the near-cache knows it). With it, the requests of a response are held until
-its output ends (or :data:`DEFAULT_BATCH_MAX` are held), then checked-and-added in one
+its output ends (or ``BLOOMFILTER_BATCH_MAX`` are held), then checked-and-added in one
 pipelined call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), and yielded; the
 dupefilter's ``request_seen`` then takes each answer with no round trip, and stays
 where a request is counted and logged as a duplicate. Items, ``dont_filter`` requests
@@ -40,7 +40,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 
-from scrapy_redis_bloom.core.settings import float_setting, int_setting
+from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 if TYPE_CHECKING:
@@ -53,39 +53,17 @@ logger = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound="BatchingMiddleware")
 
-#: Requests held at most before they are checked (``BLOOMFILTER_BATCH_MAX``).
-DEFAULT_BATCH_MAX = 1000
-
-#: Seconds a response's requests wait for others to check with (``BLOOMFILTER_BATCH_WINDOW``).
-DEFAULT_BATCH_WINDOW = 0.0
-
-#: The longest window accepted: longer holds a response's links for no gain.
-MAX_BATCH_WINDOW = 10.0
-
 _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
 
 
 def batch_max(settings: BaseSettings) -> int:
     """Return ``BLOOMFILTER_BATCH_MAX``, checked: an integer of at least 1."""
-    return int_setting(
-        settings,
-        "BLOOMFILTER_BATCH_MAX",
-        DEFAULT_BATCH_MAX,
-        lambda value: value >= 1,
-        "It must be a whole number of at least 1: the requests held before they are checked.",
-    )
+    return BATCH_MAX.read(settings)
 
 
 def batch_window(settings: BaseSettings) -> float:
     """Return ``BLOOMFILTER_BATCH_WINDOW``, checked: seconds from 0 (off) to 10."""
-    return float_setting(
-        settings,
-        "BLOOMFILTER_BATCH_WINDOW",
-        DEFAULT_BATCH_WINDOW,
-        lambda value: 0 <= value <= MAX_BATCH_WINDOW,
-        f"It must be a number of seconds from 0 (off) to {MAX_BATCH_WINDOW:g}: how long a"
-        " response's requests wait to be checked with those of other responses.",
-    )
+    return BATCH_WINDOW.read(settings)
 
 
 class _Window:
@@ -188,7 +166,7 @@ class BatchingMiddleware:
     """
 
     def __init__(
-        self, crawler: Crawler, limit: int = DEFAULT_BATCH_MAX, window: float = 0.0
+        self, crawler: Crawler, limit: int = BATCH_MAX.default, window: float = 0.0
     ) -> None:
         self.crawler = crawler
         self.limit = limit
