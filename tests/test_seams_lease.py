@@ -16,11 +16,13 @@ Four bugs found in the seams between the lease, the lifecycle and the counters:
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
@@ -79,3 +81,40 @@ def test_the_lease_round_trips_on_a_cluster_are_counted(redis_cluster: RedisClus
     assert lease.release() == 0
     bloom.clear()
     bloom.close()
+
+
+# -- 9. the capacity warning measures against the filter's capacity ---------------------
+
+
+def test_the_capacity_warning_uses_the_capacity_of_the_filter_adopted(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two configurations of one geometry (same BIT and HASH_NUMBER), differing only in
+    # the capacity they state: a worker of either adopts a filter the other created. Of
+    # fixed size: a filter that grows reports from its script instead.
+    geometry = {"BLOOMFILTER_BIT": 20, "BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_EXPANSION": 0}
+    small = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000})
+    large = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000_000})
+    assert small.spec == large.spec
+
+    def fill(creator: BloomConfig, worker: BloomConfig, key: str) -> list[str]:
+        """Create with ``creator``, add 2,500 items as ``worker``; return the warnings."""
+        first = RedisBloomFilter.from_config(redis_client, key, creator)
+        first.open()
+        first.close()
+        adopter = RedisBloomFilter.from_config(redis_client, key, worker)
+        assert adopter.open().capacity == creator.capacity
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            for element in fingerprints(2_500, key):
+                adopter.check_and_add(element)
+            adopter.sync_counters()
+        adopter.close()
+        return [r.message for r in caplog.records if "its capacity of" in r.message]
+
+    # Created for 1,000 items: a worker stating 1,000,000 is still warned at 2.5x.
+    warned = fill(small, large, "created-small:bloomfilter")
+    assert len(warned) == 1
+    assert "2.5x its capacity of 1,000:" in warned[0]
+    # Created for 1,000,000 items: a worker stating 1,000 is not warned at all.
+    assert fill(large, small, "created-large:bloomfilter") == []
