@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from scrapy import Spider
+from redis_server import RedisServer
+from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
@@ -64,6 +67,164 @@ def wait_until(condition: Any, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+# -- 2. the lease thread survives any failure, and clear() respects live leases ---------
+
+
+@contextmanager
+def crawling_as_acl_user() -> Iterator[tuple[RedisServer, redis.Redis, RFPDupeFilter]]:
+    """Yield a server, an admin client, and a worker crawling as the ACL user ``bloom``.
+
+    The worker's lease lasts 1 s (renewed every third of that); it is closed while
+    its server still runs.
+    """
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "bloom", "on", ">pw", "~*", "+@all")
+        url = f"redis://bloom:pw@127.0.0.1:{server.port}/0"
+        crawling = dupefilter(url, BLOOMFILTER_WORKER_TTL=1.0)
+        try:
+            assert crawling.request_seen(Request("https://example.com/1")) is False
+            yield server, admin, crawling
+        finally:
+            crawling.close("finished")
+            admin.close()
+
+
+def rotate_password(admin: redis.Redis) -> None:
+    """Rotate the user's password and drop its connections: its renewals now fail."""
+    admin.execute_command("ACL", "SETUSER", "bloom", "resetpass", ">new")
+    admin.execute_command("CLIENT", "KILL", "USER", "bloom")
+
+
+def test_the_lease_thread_survives_a_password_rotation_says_why_and_counts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with crawling_as_acl_user() as (_, admin, crawling):
+        worker = crawling.lease.worker_id
+        thread = crawling.lease._thread
+        assert thread is not None
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            rotate_password(admin)  # redis-py's AuthenticationError from now on
+            time.sleep(1.5)  # a few renewals (every third of the TTL)
+        assert thread.is_alive(), "the lease thread died"
+        warned = [r for r in caplog.records if "renew the lease of worker" in r.message]
+        assert warned, caplog.text
+        assert warned[0].levelno == logging.WARNING
+        assert worker in warned[0].message
+        assert "AuthenticationError: invalid username-password pair" in warned[0].message
+        assert len(warned) <= 2  # rate-limited: a line per TTL at most, not per attempt
+        assert crawling.crawler.stats.get_value("bloomfilter/lease_failed") >= 2
+        # The old password is accepted again: the same thread renews the lease.
+        admin.execute_command("ACL", "SETUSER", "bloom", ">pw")
+        registry = "books:bloomfilter:workers"
+        assert wait_until(lambda: admin.zscore(registry, worker) is not None, 5.0)
+        assert crawling.lease._thread is thread
+
+
+def test_no_worker_clears_the_filter_under_a_crawl_whose_renewals_failed_a_while() -> None:
+    with crawling_as_acl_user() as (server, admin, crawling):
+        rotate_password(admin)
+        time.sleep(1.5)  # renewals fail for longer than the TTL
+        admin.execute_command("ACL", "SETUSER", "bloom", ">pw")
+        time.sleep(1.5)  # longer than the TTL: only a lease renewed since is live now
+        # Another worker closing with SCHEDULER_PERSIST = False leaves the filter alone.
+        closing = dupefilter(server.url, BLOOMFILTER_WORKER_TTL=1.0)
+        closing.clear()
+        closing.close("finished")
+        assert admin.exists("books:bloomfilter:meta"), "cleared under a running crawl"
+        assert crawling.request_seen(Request("https://example.com/1")) is True
+
+
+# -- 3. a worker that starts while another clears ----------------------------------------
+
+
+def clear_while_another_starts(
+    first: RFPDupeFilter, url: str, settings: dict[str, Any]
+) -> RFPDupeFilter:
+    """Clear ``first`` while another worker of the same filter starts; return that one.
+
+    The two begin together, as two workers under ``SCHEDULER_FLUSH_ON_START`` do: one
+    flushes (scrapy-redis's Scheduler.open calls ``clear()``) as the other opens.
+    """
+    started = threading.Barrier(2)
+    failures: list[BaseException] = []
+    second: list[RFPDupeFilter] = []
+
+    def clear() -> None:
+        started.wait()
+        first.clear()
+
+    def start() -> None:
+        started.wait()
+        try:
+            second.append(dupefilter(url, **settings))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=clear), threading.Thread(target=start)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    return second[0]
+
+
+def test_a_worker_starting_while_another_clears_never_opens_a_filter_being_deleted(
+    redis_client: redis.Redis, redis_url: str, opened: list[RFPDupeFilter]
+) -> None:
+    # Many shards: opening checks each one, clearing deletes each one, so the two overlap.
+    for attempt in range(3):
+        key = f"flush{attempt}:bloomfilter"
+        settings = {"BLOOMFILTER_KEY": key, "BLOOMFILTER_SHARDS": 2048}
+        first = dupefilter(redis_url, **settings)
+        opened.append(first)
+        assert first.request_seen(Request("https://example.com/old")) is False
+        late = clear_while_another_starts(first, redis_url, settings)
+        opened.append(late)
+        # Whichever came first, the filter the second worker opened is whole: it answers,
+        # with no error (the first worker cleared it only if it was alone, before).
+        assert late.request_seen(Request("https://example.com/new")) is False
+        assert late.request_seen(Request("https://example.com/new")) is True
+        assert not late._failed
+        assert late.bloom.events.counts.get("errors", 0) == 0
+        assert redis_client.exists(f"{key}:meta")
+
+
+def test_a_claim_to_clear_holds_off_a_starting_worker_until_the_filter_is_gone(
+    redis_client: redis.Redis,
+) -> None:
+    config = BloomConfig.from_settings(SMALL)
+    key = "claim:bloomfilter"
+    clearer = RedisBloomFilter.from_config(redis_client, key, config)
+    clearer.open()
+    lease = clearer.lease("clearer", 5.0)
+    lease.start()
+    with lease.clearing() as others:
+        assert others == 0
+        assert clearer.live_workers() == ["clearer"]  # the claim is no worker
+        starter = RedisBloomFilter.from_config(redis_client, key, config)
+        waiting = starter.lease("starter", 5.0)
+        joined: list[int] = []
+        thread = threading.Thread(target=lambda: joined.append(waiting.start()))
+        thread.start()
+        time.sleep(0.5)
+        assert joined == []  # it waits for the filter to be deleted
+        assert lease.others() == 0
+        clearer.clear()
+    thread.join(timeout=5)
+    assert joined == [1]  # then it joins the clearer
+    assert not redis_client.exists(f"{key}:meta")
+    # With a live worker, nothing is claimed: the filter stays, and nobody waits.
+    with waiting.clearing() as others:
+        assert others == 1
+    assert waiting.renew() == 1
+    waiting.release()
+    assert lease.release() == 0
+    starter.close()
+    clearer.close()
 
 
 # -- 4. the lease's round trips on a cluster ------------------------------------------
