@@ -34,6 +34,8 @@ class Counters:
 
     def __init__(self, key: str, capacity: int, events: FilterEvents) -> None:
         self.key = key
+        #: The capacity warned about: the filter record's (from the first sync after
+        #: opening), which a worker that adopted the filter may not have asked for.
         self.capacity = capacity
         self.events = events
         #: Outcomes of this worker, since it started.
@@ -104,6 +106,9 @@ class Counters:
             )
             return None
         totals = self.synced = FilterTotals(added=int(replies[0]), seen=int(replies[1]))
+        if parts.capacity is not None and parts.capacity != self.capacity:
+            self.capacity = parts.capacity
+            self._warned_at = 0
         self.check_capacity(totals.added, spec)
         return totals
 

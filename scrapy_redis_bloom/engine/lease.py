@@ -6,19 +6,29 @@ would wipe a crawl other workers are still running. Each worker holds a lease,
 renewed from a daemon thread, and the filter is only cleared by a worker that finds
 no other live lease. Expiry is judged by the Redis server's clock (``TIME`` in the
 script), never by the workers' clocks.
+
+The check for other workers and the clear are one step for the workers: a worker that
+finds none claims the registry in the same script (:meth:`WorkerLease.clearing`), and
+until the filter is deleted no worker takes a lease: one that starts waits, then opens
+the filter anew. A worker takes its lease before it opens the filter, so it never
+opens one being deleted. The renewing thread survives any failure: it says what
+failed, counts it (``lease_failed``) and tries again sooner.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError
-from scrapy_redis_bloom.core.events import RateLimitedLog
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.parts import refusal, text
@@ -27,6 +37,11 @@ from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import Script, pack_command
 
 logger = logging.getLogger(__name__)
+
+#: The reply of a renewal while another worker clears the filter: no lease was taken.
+CLEARING = -1
+#: Seconds between two tries to take a lease while another worker clears the filter.
+WAIT_STEP = 0.05
 
 
 def _script_call(script: Script, key: str, *args: bytes | str | int) -> Call:
@@ -63,16 +78,24 @@ class WorkerLease:
     The lease lasts ``ttl`` seconds unless renewed; :meth:`start` renews it every
     ``ttl / 3`` seconds from a daemon thread, so a worker that dies stops counting as
     live within ``ttl``. It talks to Redis on connections of its own (a copy of the
-    filter's topology), from whichever thread calls it.
+    filter's topology), from whichever thread calls it. ``events``: where failed
+    renewals are counted (the filter's, so they reach the crawl's stats).
     """
 
     def __init__(
-        self, topology: Topology, key: str, worker_id: str, ttl: float, retry_timeout: float
+        self,
+        topology: Topology,
+        key: str,
+        worker_id: str,
+        ttl: float,
+        retry_timeout: float,
+        events: FilterEvents | None = None,
     ) -> None:
         self._filter_key = key
         self.key = layout.workers_key(key)
         self.worker_id = worker_id
         self.ttl = ttl
+        self.events = events if events is not None else FilterEvents()
         # A renewal that waits longer than a third of the TTL is late anyway.
         self._executor = Executor(topology.copy(), retry_timeout=min(retry_timeout, ttl / 3))
         self._executor.explain_denial = partial(
@@ -83,48 +106,120 @@ class WorkerLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._log = RateLimitedLog(logger, interval=ttl)
+        #: Whether this worker holds the registry's claim to clear the filter.
+        self._claimed = False
 
     def _call(self, action: str) -> int:
         ttl_ms = max(1, round(self.ttl * 1000))
-        call = _script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
-        with self._lock:
+        with self._lock:  # the claim is held or dropped in the same step as its flag
+            if action == "renew" and self._claimed:
+                action = "hold"
+            elif action == "unclaim":
+                self._claimed = False  # a failed unclaim: the claim lapses within the TTL
+            call = _script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
             (reply,) = self._executor.run(f"{action} a worker lease", [call], write=True).replies
-        if isinstance(reply, BaseException):
-            raise refusal(self._executor, self._filter_key, reply, self.key, f"{action} a lease")
+            if isinstance(reply, BaseException):
+                raise refusal(
+                    self._executor, self._filter_key, reply, self.key, f"{action} a lease"
+                )
+            if action == "claim" and int(reply) == 0:
+                self._claimed = True
         return int(reply)
 
     def renew(self) -> int:
-        """Take or extend the lease; return how many other workers are live."""
+        """Take or extend the lease; return how many other workers are live.
+
+        :data:`CLEARING` (-1) when another worker is clearing the filter: no lease is
+        taken then (see :meth:`start`, which waits).
+        """
         return self._call("renew")
 
     def others(self) -> int:
         """Return how many other workers hold a live lease."""
         return self._call("count")
 
-    def start(self) -> None:
-        """Take the lease and keep renewing it in the background until :meth:`release`."""
-        self.renew()
+    @contextmanager
+    def clearing(self) -> Iterator[int]:
+        """Claim the registry to clear the filter; yield how many other workers are live.
+
+        The check and the claim are one script: when it yields 0, no other worker
+        holds a live lease, and none takes one (a starting worker waits) until the
+        block ends, so the filter can be deleted under nobody's crawl. The claim is
+        renewed with the lease, and lapses within the TTL if this worker dies. When it
+        yields more, nothing is claimed and the filter must stay.
+        """
+        others = self._call("claim")
+        if others:
+            yield others
+            return
+        try:
+            yield 0
+        finally:
+            try:
+                self._call("unclaim")
+            except Exception as exc:  # the clear's own outcome matters more
+                what = (
+                    f"end worker {self.worker_id}'s claim to clear the Bloom filter"
+                    f" {self._filter_key!r} (it lapses within {self.ttl:g}s; workers starting"
+                    " meanwhile wait)"
+                )
+                self._failed("unclaim", what, exc)
+
+    def start(self) -> int:
+        """Take the lease and keep renewing it in the background until :meth:`release`.
+
+        Returns how many other workers are live. While another worker clears the
+        filter it waits (the clearer holds the registry until the filter is deleted,
+        at most ``ttl`` after it died): take the lease before opening the filter, so
+        that no worker deletes it while this one opens it.
+        """
+        others = self.renew()
+        if others == CLEARING:
+            logger.info(
+                "Worker %s waits: another worker is clearing the Bloom filter %r.",
+                self.worker_id,
+                self._filter_key,
+            )
+        while others == CLEARING:
+            time.sleep(WAIT_STEP)
+            others = self.renew()
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(
                 target=self._keep, name=f"bloomfilter-lease-{self.worker_id}", daemon=True
             )
             self._thread.start()
+        return others
 
     def _keep(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+        """Renew until stopped. Survives any failure: says it, counts it, retries sooner."""
+        wait = self.ttl / 3
+        while not self._stop.wait(wait):
+            failure: BaseException | str | None
             try:
-                self.renew()
-            except BloomFilterError as exc:
-                self._log.log(
-                    logging.WARNING,
-                    "renew",
-                    "Could not renew the lease of worker %s (other workers take it for gone"
-                    " %ss after its last renewal): %s",
-                    self.worker_id,
-                    f"{self.ttl:g}",
-                    exc,
-                )
+                failure = _TAKEN if self.renew() == CLEARING else None
+            except Exception as exc:  # any failure: the thread must go on renewing
+                failure = exc
+            if failure is None:
+                wait = self.ttl / 3
+            else:
+                wait = min(self.ttl / 3, 1.0)  # the lease must not lapse for one failure
+                self._failed("renew", self._renewing, failure)
+
+    @property
+    def _renewing(self) -> str:
+        """What the thread does, for its warning."""
+        return (
+            f"renew the lease of worker {self.worker_id} (other workers take it for gone"
+            f" {self.ttl:g}s after its last renewal; trying again)"
+        )
+
+    def _failed(self, topic: str, what: str, failure: BaseException | str) -> None:
+        """Count a failure of the lease (``lease_failed``) and say it, at most once per TTL."""
+        self.events.count("lease_failed")
+        if isinstance(failure, BaseException) and not isinstance(failure, BloomFilterError):
+            failure = f"{type(failure).__name__}: {failure}"  # redis-py's words need its name
+        self._log.log(logging.WARNING, topic, "Could not %s: %s", what, failure)
 
     def stop(self) -> None:
         """Stop renewing; the lease then lapses after its TTL (as if the worker died)."""
@@ -145,3 +240,10 @@ class WorkerLease:
         """Close the lease's own connections."""
         with self._lock:
             self._executor.close()
+
+
+#: Why a renewal took no lease while another worker clears the filter.
+_TAKEN = (
+    "another worker is clearing the filter, as this worker's lease had lapsed: the filter"
+    " may be deleted under its crawl (a longer BLOOMFILTER_WORKER_TTL avoids this)"
+)

@@ -95,6 +95,9 @@ class Parts:
         self.executor = executor
         self.key = key
         self.spec = spec
+        #: The capacity in the record last read or written: the filter's, which a worker
+        #: that adopted it measures against, whatever it asked for (None: none yet).
+        self.capacity: int | None = None
         self.meta_key = layout.meta_key(key)
         self.counter_key = layout.counter_key(key)
         self.workers_key = layout.workers_key(key)
@@ -128,7 +131,7 @@ class Parts:
         """Read the config record; None when there is none."""
         call = Call(pack_command(b"HGETALL", self.meta_key), key=self.meta_key)
         fields = pairs(self.run("read the filter's record", [call])[0])
-        return FilterRecord.parse(self.meta_key, fields) if fields else None
+        return self._known(FilterRecord.parse(self.meta_key, fields)) if fields else None
 
     def create_record(self, record: FilterRecord) -> FilterRecord:
         """Write ``record`` unless a record exists; return the record in Redis."""
@@ -140,7 +143,12 @@ class Parts:
             script=script,
         )
         fields = pairs(self.run("create the filter's record", [call], write=True)[0])
-        return FilterRecord.parse(self.meta_key, fields)
+        return self._known(FilterRecord.parse(self.meta_key, fields))
+
+    def _known(self, record: FilterRecord) -> FilterRecord:
+        """Note the capacity of a record read or written; return the record."""
+        self.capacity = record.capacity
+        return record
 
     def mark_ready(self) -> None:
         """Set the record's state to ``ready``: every part exists."""

@@ -15,6 +15,7 @@ never a page dropped for a doubt.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -127,14 +128,17 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
+        self.lease.events = events  # its failed renewals reach the stats too
         try:
+            # The lease first: no other worker clears the filter while this one opens it.
+            others = self.lease.start()
             record = self.bloom.open()
-            others = self.lease.renew()
         except BaseException:
+            with contextlib.suppress(Exception):  # the start's own error is the one raised
+                self.lease.release()  # so that it holds up no other worker's clear
             self.lease.close()
             self.bloom.close()
             raise
-        self.lease.start()
         logger.info(
             "Bloom filter %r (id %s) on %s: %s; worker %s joins %d other live worker(s)",
             key,
@@ -375,24 +379,26 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         Only when no other worker holds a live lease on the filter: scrapy-redis calls
         this when ANY worker closes (``SCHEDULER_PERSIST = False``) or starts
         (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
-        elsewhere. The filter's state is first written to the stats, with this worker's
-        last counts in the totals.
+        elsewhere. The check and the claim to clear are one step in Redis, and no worker
+        joins until the filter is deleted (see :meth:`.lease.WorkerLease.clearing`). The
+        filter's state is first written to the stats, with this worker's last counts in
+        the totals.
         """
         self.bloom.sync_counters()
-        others = self.lease.others()
-        if others:
-            self._record_state(full=False)
-            logger.info(
-                "Not clearing the Bloom filter %r: %d other worker(s) still use it. The last"
-                " worker to close clears it (a crashed worker stops counting %ss after its"
-                " last lease renewal).",
-                self.key,
-                others,
-                f"{self.config.worker_ttl:g}",
-            )
-            return
-        self._record_state(full=True)
-        self.bloom.clear()
+        with self.lease.clearing() as others:
+            if others:
+                self._record_state(full=False)
+                logger.info(
+                    "Not clearing the Bloom filter %r: %d other worker(s) still use it. The"
+                    " last worker to close clears it (a crashed worker stops counting %ss after"
+                    " its last lease renewal).",
+                    self.key,
+                    others,
+                    f"{self.config.worker_ttl:g}",
+                )
+                return
+            self._record_state(full=True)
+            self.bloom.clear()
         logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
 
     def close(self, reason: str = "") -> None:

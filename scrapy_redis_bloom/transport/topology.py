@@ -189,8 +189,8 @@ class Cluster(Topology):
         return node
 
     def copy(self) -> Cluster:
-        """Return the same cluster with connections of its own (the slot map is shared)."""
-        return Cluster(self.client)
+        """Return the same cluster with connections of its own (slot map and trip count shared)."""
+        return Cluster(self.client, self.trips)
 
     def moved(self, address: str, reply: BaseException) -> None:
         """Follow a ``MOVED``: the slot map is stale, re-read it."""

@@ -1,0 +1,281 @@
+"""Leases, clearing, the lease's round trips and the capacity warning, on real servers (issue 22).
+
+Four bugs found in the seams between the lease, the lifecycle and the counters:
+
+* the lease's renewing thread died on any error that was not the package's own (a
+  password rotated under an ACL user), so the worker's lease lapsed and another worker's
+  ``clear()`` deleted the filter under its running crawl;
+* a worker that started while another cleared the filter (``SCHEDULER_FLUSH_ON_START``)
+  opened it before it held a lease, so the clear went on under it;
+* on a Redis Cluster the lease's copy of the topology counted its round trips apart,
+  so they were missing from the stats;
+* the capacity warning measured against the worker's ``BLOOMFILTER_CAPACITY``, not
+  that of the filter it adopted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from redis_server import RedisServer
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+
+#: Small, to keep a test fast; the same sizing for every worker of a test.
+SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+def fingerprints(n: int, salt: str = "") -> list[str]:
+    return [hashlib.sha1(f"lease{salt}{i}".encode()).hexdigest() for i in range(n)]
+
+
+def dupefilter(url: str, **settings: Any) -> RFPDupeFilter:
+    """Build a worker's dupefilter as a crawl does (a crawler, its stats)."""
+    crawler = get_crawler(BooksSpider, {"REDIS_URL": url, **SMALL, **settings})
+    return RFPDupeFilter.from_crawler(crawler)
+
+
+@pytest.fixture
+def opened() -> Iterator[list[RFPDupeFilter]]:
+    """Dupefilters a test built: closed at its end (their lease threads stop)."""
+    made: list[RFPDupeFilter] = []
+    yield made
+    for df in made:
+        df.close("finished")
+
+
+def wait_until(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- 2. the lease thread survives any failure, and clear() respects live leases ---------
+
+
+@contextmanager
+def crawling_as_acl_user() -> Iterator[tuple[RedisServer, redis.Redis, RFPDupeFilter]]:
+    """Yield a server, an admin client, and a worker crawling as the ACL user ``bloom``.
+
+    The worker's lease lasts 1 s (renewed every third of that); it is closed while
+    its server still runs.
+    """
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "bloom", "on", ">pw", "~*", "+@all")
+        url = f"redis://bloom:pw@127.0.0.1:{server.port}/0"
+        crawling = dupefilter(url, BLOOMFILTER_WORKER_TTL=1.0)
+        try:
+            assert crawling.request_seen(Request("https://example.com/1")) is False
+            yield server, admin, crawling
+        finally:
+            crawling.close("finished")
+            admin.close()
+
+
+def rotate_password(admin: redis.Redis) -> None:
+    """Rotate the user's password and drop its connections: its renewals now fail."""
+    admin.execute_command("ACL", "SETUSER", "bloom", "resetpass", ">new")
+    admin.execute_command("CLIENT", "KILL", "USER", "bloom")
+
+
+def test_the_lease_thread_survives_a_password_rotation_says_why_and_counts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with crawling_as_acl_user() as (_, admin, crawling):
+        worker = crawling.lease.worker_id
+        thread = crawling.lease._thread
+        assert thread is not None
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            rotate_password(admin)  # redis-py's AuthenticationError from now on
+            time.sleep(1.5)  # a few renewals (every third of the TTL)
+        assert thread.is_alive(), "the lease thread died"
+        warned = [r for r in caplog.records if "renew the lease of worker" in r.message]
+        assert warned, caplog.text
+        assert warned[0].levelno == logging.WARNING
+        assert worker in warned[0].message
+        assert "AuthenticationError: invalid username-password pair" in warned[0].message
+        assert len(warned) <= 2  # rate-limited: a line per TTL at most, not per attempt
+        assert crawling.crawler.stats.get_value("bloomfilter/lease_failed") >= 2
+        # The old password is accepted again: the same thread renews the lease.
+        admin.execute_command("ACL", "SETUSER", "bloom", ">pw")
+        registry = "books:bloomfilter:workers"
+        assert wait_until(lambda: admin.zscore(registry, worker) is not None, 5.0)
+        assert crawling.lease._thread is thread
+
+
+def test_no_worker_clears_the_filter_under_a_crawl_whose_renewals_failed_a_while() -> None:
+    with crawling_as_acl_user() as (server, admin, crawling):
+        rotate_password(admin)
+        time.sleep(1.5)  # renewals fail for longer than the TTL
+        admin.execute_command("ACL", "SETUSER", "bloom", ">pw")
+        time.sleep(1.5)  # longer than the TTL: only a lease renewed since is live now
+        # Another worker closing with SCHEDULER_PERSIST = False leaves the filter alone.
+        closing = dupefilter(server.url, BLOOMFILTER_WORKER_TTL=1.0)
+        closing.clear()
+        closing.close("finished")
+        assert admin.exists("books:bloomfilter:meta"), "cleared under a running crawl"
+        assert crawling.request_seen(Request("https://example.com/1")) is True
+
+
+# -- 3. a worker that starts while another clears ----------------------------------------
+
+
+def clear_while_another_starts(
+    first: RFPDupeFilter, url: str, settings: dict[str, Any]
+) -> RFPDupeFilter:
+    """Clear ``first`` while another worker of the same filter starts; return that one.
+
+    The two begin together, as two workers under ``SCHEDULER_FLUSH_ON_START`` do: one
+    flushes (scrapy-redis's Scheduler.open calls ``clear()``) as the other opens.
+    """
+    started = threading.Barrier(2)
+    failures: list[BaseException] = []
+    second: list[RFPDupeFilter] = []
+
+    def clear() -> None:
+        started.wait()
+        first.clear()
+
+    def start() -> None:
+        started.wait()
+        try:
+            second.append(dupefilter(url, **settings))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=clear), threading.Thread(target=start)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    return second[0]
+
+
+def test_a_worker_starting_while_another_clears_never_opens_a_filter_being_deleted(
+    redis_client: redis.Redis, redis_url: str, opened: list[RFPDupeFilter]
+) -> None:
+    # Many shards: opening checks each one, clearing deletes each one, so the two overlap.
+    for attempt in range(3):
+        key = f"flush{attempt}:bloomfilter"
+        settings = {"BLOOMFILTER_KEY": key, "BLOOMFILTER_SHARDS": 2048}
+        first = dupefilter(redis_url, **settings)
+        opened.append(first)
+        assert first.request_seen(Request("https://example.com/old")) is False
+        late = clear_while_another_starts(first, redis_url, settings)
+        opened.append(late)
+        # Whichever came first, the filter the second worker opened is whole: it answers,
+        # with no error (the first worker cleared it only if it was alone, before).
+        assert late.request_seen(Request("https://example.com/new")) is False
+        assert late.request_seen(Request("https://example.com/new")) is True
+        assert not late._failed
+        assert late.bloom.events.counts.get("errors", 0) == 0
+        assert redis_client.exists(f"{key}:meta")
+
+
+def test_a_claim_to_clear_holds_off_a_starting_worker_until_the_filter_is_gone(
+    redis_client: redis.Redis,
+) -> None:
+    config = BloomConfig.from_settings(SMALL)
+    key = "claim:bloomfilter"
+    clearer = RedisBloomFilter.from_config(redis_client, key, config)
+    clearer.open()
+    lease = clearer.lease("clearer", 5.0)
+    lease.start()
+    with lease.clearing() as others:
+        assert others == 0
+        assert clearer.live_workers() == ["clearer"]  # the claim is no worker
+        starter = RedisBloomFilter.from_config(redis_client, key, config)
+        waiting = starter.lease("starter", 5.0)
+        joined: list[int] = []
+        thread = threading.Thread(target=lambda: joined.append(waiting.start()))
+        thread.start()
+        time.sleep(0.5)
+        assert joined == []  # it waits for the filter to be deleted
+        assert lease.others() == 0
+        clearer.clear()
+    thread.join(timeout=5)
+    assert joined == [1]  # then it joins the clearer
+    assert not redis_client.exists(f"{key}:meta")
+    # With a live worker, nothing is claimed: the filter stays, and nobody waits.
+    with waiting.clearing() as others:
+        assert others == 1
+    assert waiting.renew() == 1
+    waiting.release()
+    assert lease.release() == 0
+    starter.close()
+    clearer.close()
+
+
+# -- 4. the lease's round trips on a cluster ------------------------------------------
+
+
+def test_the_lease_round_trips_on_a_cluster_are_counted(redis_cluster: RedisCluster) -> None:
+    config = BloomConfig.from_settings(SMALL)
+    bloom = RedisBloomFilter.from_config(redis_cluster, "cluster:bloomfilter", config)
+    bloom.open()
+    lease = bloom.lease("w1", 30.0)
+    before = bloom.round_trips
+    assert lease.renew() == 0
+    assert lease.others() == 0
+    assert bloom.round_trips >= before + 2  # one round trip each, at least
+    assert lease.release() == 0
+    bloom.clear()
+    bloom.close()
+
+
+# -- 9. the capacity warning measures against the filter's capacity ---------------------
+
+
+def test_the_capacity_warning_uses_the_capacity_of_the_filter_adopted(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two configurations of one geometry (same BIT and HASH_NUMBER), differing only in
+    # the capacity they state: a worker of either adopts a filter the other created. Of
+    # fixed size: a filter that grows reports from its script instead.
+    geometry = {"BLOOMFILTER_BIT": 20, "BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_EXPANSION": 0}
+    small = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000})
+    large = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000_000})
+    assert small.spec == large.spec
+
+    def fill(creator: BloomConfig, worker: BloomConfig, key: str) -> list[str]:
+        """Create with ``creator``, add 2,500 items as ``worker``; return the warnings."""
+        first = RedisBloomFilter.from_config(redis_client, key, creator)
+        first.open()
+        first.close()
+        adopter = RedisBloomFilter.from_config(redis_client, key, worker)
+        assert adopter.open().capacity == creator.capacity
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            for element in fingerprints(2_500, key):
+                adopter.check_and_add(element)
+            adopter.sync_counters()
+        adopter.close()
+        return [r.message for r in caplog.records if "its capacity of" in r.message]
+
+    # Created for 1,000 items: a worker stating 1,000,000 is still warned at 2.5x.
+    warned = fill(small, large, "created-small:bloomfilter")
+    assert len(warned) == 1
+    assert "2.5x its capacity of 1,000:" in warned[0]
+    # Created for 1,000,000 items: a worker stating 1,000 is not warned at all.
+    assert fill(large, small, "created-large:bloomfilter") == []
