@@ -7,6 +7,8 @@
    other nodes: the next call failed with "replies read out of order".
 6. The scriptless fast path set the bits before it learned the shard's identity: a
    stale worker, after a reset under the same key, wrote into the new filter.
+7. The scriptless growth margin (16 late counts per worker) covered about 64 workers;
+   with more, generation 0 overfilled before generation 1 started.
 """
 
 from __future__ import annotations
@@ -159,3 +161,32 @@ def bit_offsets(spec: FilterSpec, h1: int, h2: int) -> list[int]:
 def bit_is_set(raw: bytes, bit: int) -> bool:
     byte = bit // 8
     return byte < len(raw) and bool(raw[byte] >> (7 - bit % 8) & 1)
+
+
+def test_the_scriptless_margin_widens_with_the_live_workers(redis_client: redis.Redis) -> None:
+    settings = {"BLOOMFILTER_CAPACITY": 100_000, "BLOOMFILTER_SHARDS": 1}
+    config = BloomConfig.from_settings(settings)
+    bloom = RedisBloomFilter.from_config(redis_client, "crowd:bloomfilter", config, cache_size=0)
+    first = bloom.open().growth.first_capacity
+    margin = first - bloom.open().growth.scriptless_limit
+    workers = 200  # their late counts (16 each) pass the fixed margin
+    assert 16 * workers > margin + 1000
+    others = [bloom.lease(f"other-{i}", ttl=60) for i in range(workers - 1)]
+    for lease in others:
+        lease.renew()
+    mine = bloom.lease("me", ttl=60)
+    assert mine.renew() == workers - 1
+    # Generation 0 holds all but 16 * workers - 500 items: past the 200 workers' margin,
+    # within the fixed one. Checks of it must go through the script, which alone crosses
+    # the growth boundary.
+    assert bloom.add_many(fingerprints(first - 16 * workers + 500, "fill")).count(True) < 50
+    scripted_before = evalsha_calls(redis_client)
+    for fp in fingerprints(40, "late"):
+        bloom.check_and_add(fp)
+    assert evalsha_calls(redis_client) - scripted_before >= 30
+    mine.release()
+    bloom.close()
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))

@@ -148,8 +148,9 @@ class Growth:
         to its count the items this worker found new since (see :mod:`.fastpath`).
         Counts arrive late, by fewer than 16 items per worker, so the margin (1% of
         generation 0, at least :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of
-        the growth boundary, which only the script crosses. 0 when generation 0 is too
-        small to have one.
+        the growth boundary, which only the script crosses; the fast path widens it to
+        16 items per live worker when there are more than that covers. 0 when
+        generation 0 is too small to have one.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))

@@ -128,6 +128,8 @@ class Facade:
         )
         #: Most generations (sub-filters) seen in a shard by this worker (stats, the log).
         self.generations = 1
+        #: Workers holding a live lease, this one included, as its lease last saw (1: none).
+        self.workers = 1
         self._setup()
 
     def _setup(self) -> None:
@@ -218,8 +220,19 @@ class Facade:
                 self.counters.sync(self.parts, self.spec)
 
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
-        """Return this worker's lease in the filter's registry of live workers."""
-        return WorkerLease(self.topology, self.key, worker_id, ttl, self.faults.retry_timeout)
+        """Return this worker's lease in the filter's registry of live workers.
+
+        Its renewals tell the filter how many workers are live (:attr:`workers`).
+        """
+        lease = WorkerLease(
+            self.topology, self.key, worker_id, ttl, self.faults.retry_timeout, self.events
+        )
+        lease.on_workers = self._workers_live
+        return lease
+
+    def _workers_live(self, workers: int) -> None:
+        """Note how many workers hold a live lease (from the lease's thread)."""
+        self.workers = workers
 
     def live_workers(self) -> list[str]:
         """Return the ids (``host:pid:random``) of the workers holding a live lease."""

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -108,6 +108,8 @@ class WorkerLease:
         self._log = RateLimitedLog(logger, interval=ttl)
         #: Whether this worker holds the registry's claim to clear the filter.
         self._claimed = False
+        #: Told the number of live workers (this one included) at every renewal.
+        self.on_workers: Callable[[int], None] | None = None
 
     def _call(self, action: str) -> int:
         ttl_ms = max(1, round(self.ttl * 1000))
@@ -124,6 +126,8 @@ class WorkerLease:
                 )
             if action == "claim" and int(reply) == 0:
                 self._claimed = True
+        if action in ("renew", "hold") and int(reply) >= 0 and self.on_workers is not None:
+            self.on_workers(int(reply) + 1)
         return int(reply)
 
     def renew(self) -> int:

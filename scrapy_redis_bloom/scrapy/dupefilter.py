@@ -128,7 +128,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
-        self.lease.events = events  # its failed renewals reach the stats too
         try:
             # The lease first: no other worker clears the filter while this one opens it.
             others = self.lease.start()

@@ -22,9 +22,10 @@ its counters or closes: that check adds ``INCRBY u48 208 <n>`` to the header's
 48-bit state (generations, u16, then the count, u32), which adds them and replies
 both. Only the script crosses the growth boundary (it starts the next generation
 atomically), so this path is used while the count stays under
-:attr:`.Growth.scriptless_limit`, whose margin (at least 1,024 items) covers the
-counts other workers still hold (fewer than :data:`STATE_EVERY` each). A shard found
-grown, or near its limit, is left to the script from then on.
+:attr:`.Growth.scriptless_limit` and leaves room for the counts every live worker may
+still hold (:data:`STATE_EVERY` each, the workers counted by the lease registry): the
+bound holds for any number of workers. A shard found grown, or near its limit, is left
+to the script from then on.
 
 What this path cannot see, and why it is safe: if a shard grew after this worker's
 last look (at most :data:`STATE_EVERY` checks ago), its element went to generation 0,
@@ -34,6 +35,7 @@ worst a duplicate fetch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +114,8 @@ class FastPath:
     growth: Growth
     shard_key: Any
     identity: Any
+    #: How many workers hold a live lease (their late counts widen the margin).
+    workers: Callable[[], int] = lambda: 1
     _shards: dict[int, _Shard] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,6 +124,7 @@ class FastPath:
         self.block = spec.block_bits
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
+        self.first = self.growth.first_capacity
         self._ops = "$3\r\nSET\r\n$2\r\nu1\r\n$%d\r\n%d\r\n$1\r\n1\r\n" * self.k
 
     @staticmethod
@@ -216,7 +221,9 @@ class FastPath:
         else:
             known.count = count
             known.pending += int(not seen)
-            known.near = count + known.pending + 1 >= self.limit
+            # Each other live worker may hold up to STATE_EVERY items not counted yet.
+            late = STATE_EVERY * self.workers()
+            known.near = count + known.pending + 1 >= min(self.limit, self.first - late)
         return seen, max(generations, 1)
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:

@@ -128,7 +128,7 @@ class RedisBloomFilter(Facade):
             self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
             self._fast = (
-                FastPath(record.growth, self.parts.shard_key, self._identity)
+                FastPath(record.growth, self.parts.shard_key, self._identity, lambda: self.workers)
                 if FastPath.applies(record.growth)
                 else None
             )
