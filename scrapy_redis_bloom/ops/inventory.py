@@ -5,21 +5,23 @@ restores an evicted record or server marker, finishes a creation, recreates lost
 shards when told to. Someone inspecting or deleting a filter must see it as it is,
 change nothing, and be able to delete a filter too broken to open. So here:
 
-* :func:`probe` builds a :class:`~.filter.RedisBloomFilter` to reach the filter's
-  keys before its geometry is known, :func:`read_record` reads the config record
-  (usable or not), :func:`of_record` builds the filter of the stored geometry; none
-  is ever opened here;
+* :func:`probe` builds a :class:`~..engine.bitmap.filter.RedisBloomFilter` to reach
+  the filter's keys before its geometry is known, and :func:`read_record` reads the
+  config record (usable or not); :meth:`~..engine.base.Facade.of_record` then builds
+  the filter of the stored geometry; none is ever opened here;
 * :func:`check_shards` and :func:`check_markers` compare each shard's header and each
   server's marker with what the record expects (present, missing, foreign); deleting a
-  filter that has a record is :meth:`.parts.Parts.delete`;
+  filter that has a record is :meth:`..engine.parts.Parts.delete`;
 * :func:`find_orphans` finds by ``SCAN``, on every server or master, the parts of a
   filter that has no usable record, and tells those it can prove are the filter's
   (a shard header or marker carrying a filter id) from keys that only share a name;
   :func:`delete_orphans` deletes the proven ones, each only if it is still what was
   proven (compare-and-delete in one script).
 
-Every command goes through the filter's :class:`~.executor.Executor`: routed, retried
-and accounted like the hot path's, on one server, a server list or a Redis Cluster.
+Every command goes through the filter's :class:`~..transport.executor.Executor`: routed,
+retried and accounted like the hot path's, on one server, a server list or a Redis
+Cluster. :func:`read_hash`, :func:`existing_keys` and :func:`run_all` are the reads
+and batches :mod:`.dump` and :mod:`.restore` share with it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.parts import BATCH, pairs, text
-from scrapy_redis_bloom.engine.state import FilterState, read_state
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -82,9 +83,7 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 
     Raises :class:`~..errors.WrongTypeError` if the key is not a hash.
     """
-    parts = bloom.parts
-    call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
-    fields = pairs(parts.run("read the filter's record", [call])[0])
+    fields = read_hash(bloom.parts, bloom.parts.meta_key, "read the filter's record")
     return stored_record(bloom, fields) if fields else None
 
 
@@ -132,27 +131,9 @@ def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloo
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
 
 
-def of_record(
-    client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
-) -> RedisBloomFilter:
-    """Return a filter of the stored geometry, capacity and sizing request; not opened.
-
-    What it is asked (:func:`state`, totals, workers, :func:`check_shards`,
-    :func:`delete_filter`) reads or deletes the parts as they are. Opening it
-    (``open(create=False)``, or any element operation) checks every part, as a worker
-    would.
-    """
-    return RedisBloomFilter.of_record(client, key, record, faults)
-
-
 def addresses(bloom: RedisBloomFilter) -> list[str]:
     """Return the address of every server (or cluster master) the filter's topology holds."""
     return [node.address for node in bloom.topology.primaries()]
-
-
-def is_cluster(bloom: RedisBloomFilter) -> bool:
-    """Tell whether the filter lives on a Redis Cluster."""
-    return isinstance(bloom.topology, Cluster)
 
 
 def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
@@ -162,7 +143,7 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     One attempt each (``INFO cluster``); a server that does not answer or refuses INFO
     is not counted, and the command that needs it reports it.
     """
-    if is_cluster(bloom):
+    if isinstance(bloom.topology, Cluster):
         return []
     found = []
     for server, node in enumerate(bloom.topology.primaries()):
@@ -174,11 +155,6 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
         if not isinstance(reply, BaseException) and "cluster_enabled:1" in text(reply):
             found.append(node.address)
     return found
-
-
-def state(bloom: RedisBloomFilter) -> FilterState:
-    """Count the bits set per shard and their memory (BITCOUNT), without opening the filter."""
-    return read_state(bloom.parts, (bloom.record or bloom.wanted).growth)
 
 
 # -- checking the parts --------------------------------------------------------------
@@ -255,10 +231,25 @@ def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerC
     ]
 
 
-def count_existing(bloom: RedisBloomFilter, keys: Sequence[str]) -> int:
-    """Count which of the filter's non-shard keys (record, counters...) exist (EXISTS)."""
-    calls = [Call(pack_command(b"EXISTS", key), key=key) for key in keys]
-    return sum(int(reply) for reply in bloom.parts.run("look for the filter's keys", calls))
+def read_hash(parts: Parts, key: str, operation: str) -> dict[str, str]:
+    """Read one of the filter's hashes (HGETALL): its fields, empty when it does not exist."""
+    call = Call(pack_command(b"HGETALL", key), key=key)
+    return pairs(parts.run(operation, [call])[0])
+
+
+def run_all(parts: Parts, operation: str, calls: Sequence[Call], write: bool = False) -> list[Any]:
+    """Run calls in batches of :data:`~..engine.parts.BATCH`; return every reply, in order."""
+    replies: list[Any] = []
+    for first in range(0, len(calls), BATCH):
+        replies += parts.run(operation, list(calls[first : first + BATCH]), write=write)
+    return replies
+
+
+def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None]]) -> list[str]:
+    """Return which keys exist (EXISTS), each given as ``(key, shard, server)`` to route it."""
+    calls = [Call(pack_command(b"EXISTS", k), key=k, shard=s, server=i) for k, s, i in keys]
+    replies = run_all(parts, "look for the filter's keys", calls)
+    return [key for (key, _, _), reply in zip(keys, replies, strict=True) if int(reply)]
 
 
 # -- orphaned parts --------------------------------------------------------------------
