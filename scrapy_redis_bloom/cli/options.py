@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -164,9 +164,9 @@ COMMANDS = (
     ),
 )
 
-#: The subcommands of each front end that work on a filter in Redis: all but ``size``.
-ON_FILTER = ("info", "reset", "add", "check", "migrate", "dump", "restore", "watch")
-ALIAS_COMMANDS = ("info", "reset", "add", "check", "migrate-set")
+#: The subcommands that work on a filter in Redis (all but ``size``), by ``scrapy bloom``'s
+#: names: the alias has the first five (``migrate`` named ``migrate-set``).
+ON_FILTER = "info reset add check migrate dump restore watch"
 #: Titles of the help's sections.
 WHERE = "where the filter lives (as the crawl's settings)"
 SIZING = "sizing (to create a missing filter; checked against an existing one)"
@@ -176,17 +176,17 @@ SIZING = "sizing (to create a missing filter; checked against an existing one)"
 class Option:
     """An option (or argument) as argparse takes it, and the subcommands that take it.
 
-    ``scrapy`` and ``alias`` name the subcommands of each front end that take it;
-    ``in_alias`` holds what the alias declares otherwise (``--key`` is required
-    there, having no ``--spider`` beside it). ``group`` is its section in the help;
-    ``setting`` the crawl setting it stands for in the alias, whose messages name the
-    option instead.
+    ``scrapy`` and ``alias`` name the subcommands of each front end that take it, by
+    ``scrapy bloom``'s names; ``kwargs`` are argparse's, and ``in_alias`` what the alias
+    declares otherwise (``--key`` is required there, having no ``--spider`` beside it).
+    ``group`` is its section in the help; ``setting`` the crawl setting it stands for in
+    the alias, whose messages name the option instead.
     """
 
     flags: tuple[str, ...]
+    scrapy: tuple[str, ...]
+    alias: tuple[str, ...]
     kwargs: dict[str, Any]
-    scrapy: tuple[str, ...] = ()
-    alias: tuple[str, ...] = ()
     in_alias: dict[str, Any] = field(default_factory=dict)
     group: str | None = None
     setting: str = ""
@@ -198,133 +198,141 @@ class Option:
 
 
 def option(
-    *flags: str,
-    scrapy: Iterable[str] = (),
-    alias: Iterable[str] = (),
+    flags: str,
+    scrapy: str,
+    alias: str,
+    help: str,
+    *,
     in_alias: dict[str, Any] | None = None,
     group: str | None = None,
     setting: str = "",
     **kwargs: Any,
 ) -> Option:
-    """Declare an option: ``kwargs`` are argparse's ``add_argument`` keywords."""
-    return Option(flags, kwargs, tuple(scrapy), tuple(alias), in_alias or {}, group, setting)
-
-
-def sizing(flag: str, kind: type, metavar: str, more: str = "") -> Option:
-    """Declare a sizing option, which stands for the setting of its name."""
-    setting = "BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper()
-    return option(
-        flag,
-        scrapy=["size"],
-        alias=["add", "migrate-set"],
-        group=SIZING,
-        setting=setting,
-        type=kind,
-        metavar=metavar,
-        help=setting + more,
+    """Declare an option: flags and subcommands as words; ``kwargs`` are argparse's."""
+    return Option(
+        tuple(flags.split()),
+        tuple(scrapy.split()),
+        tuple(alias.split()),
+        {"help": help, **kwargs},
+        in_alias or {},
+        group,
+        setting,
     )
 
 
+def switch(flags: str, scrapy: str, alias: str, help: str, **kwargs: Any) -> Option:
+    """Declare an option that is off unless given (``store_true``)."""
+    return option(flags, scrapy, alias, help, action="store_true", **kwargs)
+
+
+def sizing(flag: str, kind: type, metavar: str, more: str = "") -> Option:
+    """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
+
+    It stands for the setting of its name, which its help names.
+    """
+    setting = "BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper()
+    help = setting + more
+    return option(
+        flag, "size", "add migrate", help, type=kind, metavar=metavar, group=SIZING, setting=setting
+    )
+
+
+#: Each option: its flags, the subcommands of ``scrapy bloom`` and of the alias that take
+#: it, its help, then argparse's keywords.
 OPTIONS = (
     option(
-        "-s",
-        "--set",
-        scrapy=[*ON_FILTER, "size"],
+        "-s --set",
+        ON_FILTER + " size",
+        "",
+        "set/override setting (may be repeated)",
         dest="sub_set",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="set/override setting (may be repeated)",
     ),
     option(
         "--redis-url",
-        alias=ALIAS_COMMANDS,
-        group=WHERE,
-        setting="BLOOMFILTER_REDIS_URL",
-        action="append",
-        metavar="URL",
-        help="Redis URL; give it several times for a server list, in the crawl's order"
+        "",
+        ON_FILTER,
+        "Redis URL; give it several times for a server list, in the crawl's order"
         " (BLOOMFILTER_REDIS_URLS: shard i on server i mod n). Default: $REDIS_URL, else"
         f" {DEFAULT_REDIS_URL}",
+        action="append",
+        metavar="URL",
+        group=WHERE,
+        setting="BLOOMFILTER_REDIS_URL",
     ),
-    option(
+    switch(
         "--cluster",
-        alias=ALIAS_COMMANDS,
+        "",
+        ON_FILTER,
+        "the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
         group=WHERE,
         setting="BLOOMFILTER_REDIS_CLUSTER",
-        action="store_true",
-        help="the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
     ),
     option(
         "--tls-ca-cert",
-        alias=ALIAS_COMMANDS,
-        group=WHERE,
+        "",
+        ON_FILTER,
+        "CA certificate(s) (PEM) to verify a rediss:// server with (ssl_ca_certs)",
         metavar="FILE",
-        help="CA certificate(s) (PEM) to verify a rediss:// server with (ssl_ca_certs)",
+        group=WHERE,
     ),
     option(
         "--tls-cert",
-        alias=ALIAS_COMMANDS,
-        group=WHERE,
+        "",
+        ON_FILTER,
+        "client certificate (PEM) for servers that require one (ssl_certfile)",
         metavar="FILE",
-        help="client certificate (PEM) for servers that require one (ssl_certfile)",
+        group=WHERE,
     ),
     option(
         "--tls-key",
-        alias=ALIAS_COMMANDS,
-        group=WHERE,
+        "",
+        ON_FILTER,
+        "the client certificate's private key (ssl_keyfile)",
         metavar="FILE",
-        help="the client certificate's private key (ssl_keyfile)",
+        group=WHERE,
     ),
     option(
         "--spider",
-        scrapy=ON_FILTER,
+        ON_FILTER,
+        "",
+        "the spider whose filter it is: fills in BLOOMFILTER_KEY's %%(spider)s (or give --key)",
         metavar="NAME",
-        help="the spider whose filter it is: fills in BLOOMFILTER_KEY's %%(spider)s (or give"
-        " --key)",
     ),
     option(
         "--key",
-        scrapy=ON_FILTER,
-        alias=ALIAS_COMMANDS,
-        in_alias={"required": True},
+        ON_FILTER,
+        ON_FILTER,
+        "the filter's key: BLOOMFILTER_KEY with the spider's name filled in,"
+        " e.g. myspider:bloomfilter",
         type=key_argument,
         metavar="KEY",
-        help="the filter's key: BLOOMFILTER_KEY with the spider's name filled in,"
-        " e.g. myspider:bloomfilter",
+        in_alias={"required": True},
     ),
-    option(
-        "--json",
-        scrapy=[*ON_FILTER, "size"],
-        alias=ALIAS_COMMANDS,
-        action="store_true",
-        help="print the result as JSON",
-    ),
+    switch("--json", ON_FILTER + " size", ON_FILTER, "print the result as JSON"),
     option(
         "--timeout",
-        alias=ALIAS_COMMANDS,
+        "",
+        ON_FILTER,
+        "socket timeout of each Redis command (default: %(default)s)",
         type=seconds_argument,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help="socket timeout of each Redis command (default: %(default)s)",
     ),
     option(
         "--retry-timeout",
-        alias=ALIAS_COMMANDS,
-        setting="BLOOMFILTER_RETRY_TIMEOUT",
+        "",
+        ON_FILTER,
+        "how long a failing Redis command is retried, 0 for once"
+        " (BLOOMFILTER_RETRY_TIMEOUT; default: %(default)s)",
         type=functools.partial(seconds_argument, zero_ok=True),
         default=DEFAULT_RETRY_TIMEOUT,
         metavar="SECONDS",
-        help="how long a failing Redis command is retried, 0 for once"
-        " (BLOOMFILTER_RETRY_TIMEOUT; default: %(default)s)",
+        setting="BLOOMFILTER_RETRY_TIMEOUT",
     ),
-    option(
-        "-v",
-        "--verbose",
-        alias=ALIAS_COMMANDS,
-        action="store_true",
-        help="log what the engine does on stderr",
-    ),
+    switch("-v --verbose", "", ON_FILTER, "log what the engine does on stderr"),
     sizing("--capacity", int, "N"),
     sizing("--error-rate", float, "P"),
     sizing("--bit", int, "B", " (m = 2**B bits)"),
@@ -335,102 +343,82 @@ OPTIONS = (
     sizing("--ttl", int, "SECONDS", " (default 0: forever)"),
     option(
         "--blocked",
-        scrapy=["size"],
-        alias=["add", "migrate-set"],
-        group=SIZING,
-        setting="BLOOMFILTER_BLOCKED",
+        "size",
+        "add migrate",
+        "BLOOMFILTER_BLOCKED (each URL's bits in one 512-bit block)",
         action="store_const",
         const=True,
-        help="BLOOMFILTER_BLOCKED (each URL's bits in one 512-bit block)",
+        group=SIZING,
+        setting="BLOOMFILTER_BLOCKED",
     ),
-    option(
-        "-y",
-        "--yes",
-        scrapy=["reset"],
-        alias=["reset"],
-        action="store_true",
-        help="do not ask for confirmation",
-    ),
-    option(
-        "--force",
-        scrapy=["reset"],
-        alias=["reset"],
-        action="store_true",
-        help="reset even while workers hold live leases",
-    ),
+    switch("-y --yes", "reset", "reset", "do not ask for confirmation"),
+    switch("--force", "reset", "reset", "reset even while workers hold live leases"),
     option(
         "files",
-        scrapy=["add", "check"],
-        alias=["add", "check"],
+        "add check",
+        "add check",
+        "files of fingerprints (40 hex digits), one a line; - for stdin, which is read when no"
+        " FILE is given",
         nargs="*",
         default=[],
         metavar="FILE",
-        help="files of fingerprints (40 hex digits), one a line; - for stdin, which is read"
-        " when no FILE is given",
     ),
-    option(
+    switch(
         "--urls",
-        scrapy=["add", "check"],
-        action="store_true",
-        help="the lines are URLs: fingerprint them as the crawl's dupefilter does",
+        "add check",
+        "",
+        "the lines are URLs: fingerprint them as the crawl's dupefilter does",
     ),
     option(
         "--set-key",
-        scrapy=["migrate"],
-        alias=["migrate-set"],
-        in_alias={"required": True, "help": "the SET to read, e.g. myspider:dupefilter"},
+        "migrate",
+        "migrate",
+        "the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
         metavar="KEY",
-        help="the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
+        in_alias={"required": True, "help": "the SET to read, e.g. myspider:dupefilter"},
     ),
-    option(
+    switch(
         "--restart",
-        scrapy=["migrate"],
-        alias=["migrate-set"],
-        action="store_true",
-        help="start over, ignoring the progress marker an interrupted run left",
+        "migrate",
+        "migrate",
+        "start over, ignoring the progress marker an interrupted run left",
     ),
     option(
         "--batch",
-        scrapy=["migrate"],
-        alias=["migrate-set"],
+        "migrate",
+        "migrate",
+        "fingerprints per bulk call, and between two saves of the progress marker"
+        " (default: %(default)s)",
         type=positive_int,
         default=BATCH,
         metavar="N",
-        help="fingerprints per bulk call, and between two saves of the progress marker"
-        " (default: %(default)s)",
     ),
-    option(
-        "file",
-        scrapy=["dump", "restore"],
-        metavar="FILE",
-        help="the dump file to write (dump) or read (restore)",
-    ),
-    option(
+    option("file", "dump restore", "", "the dump file to write (dump) or read (restore)"),
+    switch(
         "--force",
-        scrapy=["dump"],
-        action="store_true",
-        help="dump even while workers add (URLs they add meanwhile may be missing)",
+        "dump",
+        "",
+        "dump even while workers add (URLs they add meanwhile may be missing)",
     ),
-    option(
-        "--replace",
-        scrapy=["restore"],
-        action="store_true",
-        help="delete a filter already under the key first (else refused)",
+    switch(
+        "--replace", "restore", "", "delete a filter already under the key first (else refused)"
     ),
     option(
         "--interval",
-        scrapy=["watch"],
+        "watch",
+        "",
+        "seconds between lines (default: %(default)s)",
         type=seconds_argument,
         default=5.0,
         metavar="SECONDS",
-        help="seconds between lines (default: %(default)s)",
     ),
     option(
         "--count",
-        scrapy=["watch"],
+        "watch",
+        "",
+        "stop after N lines (default: never)",
         type=positive_int,
         metavar="N",
-        help="stop after N lines (default: never)",
     ),
 )
 
@@ -449,7 +437,7 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
         sub.set_defaults(handler=command.handler)
         groups: dict[str | None, Any] = {None: sub}
         for spec in OPTIONS:
-            if name not in (spec.scrapy if front == "scrapy" else spec.alias):
+            if command.name not in (spec.scrapy if front == "scrapy" else spec.alias):
                 continue
             if spec.group not in groups:
                 groups[spec.group] = sub.add_argument_group(spec.group)

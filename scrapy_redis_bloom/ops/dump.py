@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Bytes read or written per command, at most (1 MiB, as :mod:`.snapshot` reads).
+#: Bytes read or written per command, at most (1 MiB).
 PIECE = 1 << 20
 #: ``progress(done, total)``: bytes of the filter's data done so far, of ``total``.
 Progress = Callable[[int, int], None]
@@ -106,7 +106,7 @@ def dump_filter(
     sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
     with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
     from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
-    Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
+    Refuses with :class:`~..core.errors.BloomFilterError` subclasses, before writing to
     ``out``: a missing filter, one still being created, one with a TTL, one with live
     workers unless ``force`` (see the module's docstring), one whose shard (generation
     0) is missing or foreign. A generation found damaged or changed while it is read,

@@ -1,6 +1,6 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
-:meth:`.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
+:meth:`..engine.bitmap.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
 restores an evicted record or server marker, finishes a creation, recreates lost
 shards when told to. Someone inspecting or deleting a filter must see it as it is,
 change nothing, and be able to delete a filter too broken to open. So here:
@@ -65,7 +65,7 @@ class StoredRecord:
     """The hash at ``KEY:meta`` as stored, and the record it makes (None if unusable).
 
     ``problem`` says why an unusable record cannot be used (the refusal of
-    :meth:`.record.FilterRecord.parse`).
+    :meth:`..core.record.FilterRecord.parse`).
     """
 
     fields: dict[str, str]
@@ -81,7 +81,7 @@ class StoredRecord:
 def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
     """Read ``KEY:meta`` without creating or restoring anything; None when it is absent.
 
-    Raises :class:`~..errors.WrongTypeError` if the key is not a hash.
+    Raises :class:`~..core.errors.WrongTypeError` if the key is not a hash.
     """
     fields = read_hash(bloom.parts, bloom.parts.meta_key, "read the filter's record")
     return stored_record(bloom, fields) if fields else None
@@ -90,7 +90,7 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    Besides :meth:`.record.FilterRecord.parse`'s checks, a record that claims more
+    Besides :meth:`..core.record.FilterRecord.parse`'s checks, a record that claims more
     shards than its servers hold keys is refused: checking or deleting it shard by
     shard would take minutes for nothing. It is corrupt, or its shards are gone; its
     parts are found by SCAN instead.
@@ -124,7 +124,7 @@ def key_count(bloom: RedisBloomFilter) -> int:
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
     """Return a filter to look at ``key`` before its geometry is known (never open it).
 
-    ``client`` is what :class:`~.filter.RedisBloomFilter` takes. The filter has the
+    ``client`` is what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes. The filter has the
     geometry :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
     its live workers, :func:`find_orphans`, :func:`cluster_nodes`).
     """
@@ -181,7 +181,7 @@ class ShardCheck:
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
     """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing.
 
-    Raises :class:`~..errors.WrongTypeError` for a shard key that is not a string.
+    Raises :class:`~..core.errors.WrongTypeError` for a shard key that is not a string.
     """
     spec = record.spec
     found = bloom.parts.identities(range(spec.shards))
@@ -263,7 +263,7 @@ def glob_escape(literal: str) -> str:
 def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
     """Return ``(server, key)`` for every key matching ``pattern`` on every server or master.
 
-    ``server`` indexes :meth:`.topology.Topology.primaries`. ``kind`` limits the keys to
+    ``server`` indexes :meth:`..transport.topology.Topology.primaries`. ``kind`` limits the keys to
     a Redis type (``string``, ``hash``...). O(keys) on each server, in SCAN steps.
     """
     found: list[tuple[int, str]] = []
@@ -474,7 +474,7 @@ def _as_record(
 def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:
     """Delete proven parts, each only if it is still what was proven; return those deleted.
 
-    The config record goes last, as :meth:`.parts.Parts.delete` does it.
+    The config record goes last, as :meth:`..engine.parts.Parts.delete` does it.
     """
     order = sorted((o for o in orphans if o.kind is not None), key=lambda o: o.kind == "record")
     calls = [bloom.parts.delete_if_still(o.key, o.kind or "", o.proof, o.server) for o in order]

@@ -1,4 +1,4 @@
-"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.transfer`) into any topology, all or nothing.
+"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.dump`) into any topology, all or nothing.
 
 :func:`restore_filter` reads the file twice, as a stream (memory stays flat):
 
@@ -278,7 +278,7 @@ def restore_filter(
 ) -> RestoreSummary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
-    ``client``: what :class:`~.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
+    ``client``: what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
     ``RedisCluster``, or a list of standalone clients): the target topology, which may
     differ from the source's. ``inp``: a binary file, seekable (read twice, see the
     module's docstring), from its current position. ``progress(done, total)``: file
@@ -289,7 +289,7 @@ def restore_filter(
     (its ``retry_timeout`` bounds how long a failing Redis is retried).
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
-    for a taken key, :class:`~..errors.BloomFilterError` subclasses for Redis failures;
+    for a taken key, :class:`~..core.errors.BloomFilterError` subclasses for Redis failures;
     in every case nothing of the restore is left on the target (with ``replace``, the
     filter that was there is gone too once the file was verified and the target checked).
     """
