@@ -34,6 +34,8 @@ from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.lease import WorkerLease
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
+from scrapy_redis_bloom.ops.dump import dump_filter
+from scrapy_redis_bloom.ops.restore import restore_filter
 from scrapy_redis_bloom.scrapy.addon import Addon
 
 if TYPE_CHECKING:
@@ -64,6 +66,8 @@ __all__ = [
     "WorkerLease",
     "WrongTypeError",
     "__version__",
+    "dump_filter",
+    "restore_filter",
 ]
 
 

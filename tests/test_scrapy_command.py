@@ -37,7 +37,7 @@ from scrapy_run import (
 )
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.cli.migrate import marker_key
+from scrapy_redis_bloom.cli.contents import marker_key
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 pytestmark = NOT_INSTALLED

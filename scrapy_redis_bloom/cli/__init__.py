@@ -1,13 +1,14 @@
 """The operations commands: ``scrapy bloom COMMAND``, and the ``scrapy-redis-bloom`` alias.
 
-One module per job: :mod:`.context` connects from the crawl settings and turns
-failures into one error line; :mod:`.opening` finds and opens the filter;
-:mod:`.output` prints results, JSON, prompts and progress bars; :mod:`.inputs` reads
-fingerprints and URLs; then one module per subcommand (:mod:`.info`, :mod:`.size`,
-:mod:`.reset`, :mod:`.feed` for ``add``/``check``, :mod:`.migrate`, :mod:`.watch`,
-:mod:`.transfer` for ``dump``/``restore``).
-:mod:`.scrapy_command` is the Scrapy command (``BloomCommand``, registered in the
-``scrapy.commands`` entry point group); :mod:`.alias` the older command line.
+One module per job: :mod:`.context` connects from the crawl settings, turns failures
+into one error line and finds and opens the filter; :mod:`.streams` prints results,
+JSON, prompts and progress bars, and reads fingerprints and URLs; :mod:`.figures`
+holds the commands that show figures (``info``, ``watch``, ``size``), :mod:`.contents`
+those that change or move what a filter holds (``add``, ``check``, ``migrate``,
+``dump``, ``restore``, ``reset``); :mod:`.options` is the one table of the commands and
+their options both front ends build their parsers from: :mod:`.scrapy_command` the
+Scrapy command (``BloomCommand``, registered in the ``scrapy.commands`` entry point
+group), :mod:`.alias` the older command line.
 """
 
 from __future__ import annotations

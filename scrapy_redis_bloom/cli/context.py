@@ -1,10 +1,16 @@
-"""What every operations command gets: its connection to the filter's Redis, and its errors.
+"""What every operations command stands on: its connection, its errors, and the filter it opens.
 
 Both front ends (``scrapy bloom`` and the ``scrapy-redis-bloom`` alias) turn their
-command line into crawl settings and call :func:`connect`, which builds the clients
-exactly as a crawl does (:func:`..connection.filter_clients`), then run the
-subcommand under :func:`guarded`, which turns every failure into one line on stderr
-and an exit status, with passwords scrubbed.
+command line into crawl settings and call :func:`run_command`, which builds the clients
+exactly as a crawl does (:func:`..transport.connection.filter_clients`) and runs the
+subcommand, all under :func:`guarded`, which turns every failure into one line on
+stderr and an exit status, with passwords scrubbed.
+
+A command never guesses a filter's geometry: it reads the config record
+(``KEY:meta``) and opens the filter it describes, bitmap or native (BF.*)
+(:func:`stored`, :func:`existing`). Only ``add`` and ``migrate`` may create a missing
+filter, and only from sizing settings given on purpose (:attr:`Context.sizing`,
+:func:`open_for_writing`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    ConfigMismatchError,
+    FilterUnavailableError,
+    ServerListMismatchError,
+)
+from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.redact import is_secret, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import (
     BloomConfig,
@@ -30,8 +43,11 @@ from scrapy_redis_bloom.core.settings import (
     FaultPolicy,
     SettingsLike,
 )
+from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.ops import inventory
+from scrapy_redis_bloom.ops.inventory import StoredRecord
 from scrapy_redis_bloom.transport.connection import filter_clients, url_address
 from scrapy_redis_bloom.transport.topology import server_address
 
@@ -45,18 +61,6 @@ EXIT_INTERRUPTED = 130
 #: Seconds a failing Redis command is retried: shorter than a crawl's default (20 s),
 #: since someone is waiting at the terminal.
 DEFAULT_RETRY_TIMEOUT = 5.0
-
-#: The settings that size a filter: given any, ``add`` / ``migrate`` may create it.
-SIZING_SETTINGS = (
-    "BLOOMFILTER_CAPACITY",
-    "BLOOMFILTER_ERROR_RATE",
-    "BLOOMFILTER_BIT",
-    "BLOOMFILTER_HASH_NUMBER",
-    "BLOOMFILTER_SHARD_BIT",
-    "BLOOMFILTER_SHARDS",
-    "BLOOMFILTER_EXPANSION",
-    "BLOOMFILTER_TTL",
-)
 
 
 class CLIError(Exception):
@@ -75,10 +79,6 @@ class UsageError(CLIError):
         super().__init__(message, EXIT_USAGE)
 
 
-def _same(message: str) -> str:
-    return message
-
-
 @dataclass
 class Frontend:
     """How a front end names itself and the settings in messages.
@@ -89,7 +89,7 @@ class Frontend:
     """
 
     prog: str
-    rename: Callable[[str], str] = _same
+    rename: Callable[[str], str] = str
     #: How to name a Redis Cluster, for a command given one of its nodes as a server.
     cluster_hint: str = (
         "set BLOOMFILTER_REDIS_CLUSTER = True, with the URL of one node as BLOOMFILTER_REDIS_URL"
@@ -128,10 +128,9 @@ class Context:
         """The filter's key."""
         return str(self.args.key)
 
-    @property
-    def prog(self) -> str:
-        """The command that runs these commands, for the commands messages suggest."""
-        return self.frontend.prog
+    def result(self, **fields: Any) -> dict[str, Any]:
+        """Return a command's result for JSON: the filter's key and servers, then ``fields``."""
+        return {"key": self.key, "server": self.address, **fields}
 
     def own(self, bloom: _B) -> _B:
         """Close ``bloom``'s connections when the command ends."""
@@ -177,31 +176,6 @@ def settings_secrets(settings: SettingsLike) -> list[str]:
     return found
 
 
-def faults_from(settings: SettingsLike, rename: Callable[[str], str] = _same) -> FaultPolicy:
-    """Return the commands' fault policy: the retry timeout; errors and losses raise.
-
-    A command never answers "new" for a filter it cannot reach (a crawl may, under
-    ``BLOOMFILTER_ON_ERROR = "allow"``): someone is waiting for a true answer.
-    """
-    timeout = settings.get("BLOOMFILTER_RETRY_TIMEOUT")
-    try:
-        return FaultPolicy.from_settings(
-            {"BLOOMFILTER_RETRY_TIMEOUT": DEFAULT_RETRY_TIMEOUT if timeout is None else timeout}
-        )
-    except ValueError as exc:
-        raise UsageError(rename(str(exc))) from None
-
-
-def sizing_from(settings: SettingsLike, rename: Callable[[str], str] = _same) -> BloomConfig | None:
-    """Return the configuration the sizing settings describe; None when none is set."""
-    if all(settings.get(name) is None for name in SIZING_SETTINGS):
-        return None
-    try:
-        return BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(rename(str(exc))) from None
-
-
 def connect(
     args: argparse.Namespace,
     settings: SettingsLike,
@@ -210,21 +184,24 @@ def connect(
 ) -> Context:
     """Build the clients from the settings as a crawl does; return the command's context."""
     rename = frontend.rename
+    # The commands' fault policy is the retry timeout alone: errors and losses raise. A
+    # command never answers "new" for a filter it cannot reach (a crawl may, under
+    # BLOOMFILTER_ON_ERROR = "allow"): someone is waiting for a true answer.
+    timeout = settings.get("BLOOMFILTER_RETRY_TIMEOUT")
+    retry = {"BLOOMFILTER_RETRY_TIMEOUT": DEFAULT_RETRY_TIMEOUT if timeout is None else timeout}
     try:
         config = ConnectionConfig.from_settings(settings)
+        faults = FaultPolicy.from_settings(retry)
     except ValueError as exc:
         raise UsageError(rename(str(exc))) from None
-    faults = faults_from(settings, rename)
+    where, address = describe(config.urls, config.cluster)
     try:
         clients = filter_clients(config, settings)
     except ValueError as exc:  # e.g. a port that is not a number
         raise UsageError(rename(str(exc))) from None
     except RedisClusterException as exc:  # the cluster client reads the slot map at once
-        where = describe(config.urls, config.cluster)[0]
         raise CLIError(f"cannot connect to {where}: {exc}") from None
-    if config.urls:
-        where, address = describe(config.urls, config.cluster)
-    else:  # scrapy-redis's connection: REDIS_URL, REDIS_HOST/PORT, REDIS_PARAMS
+    if not config.urls:  # scrapy-redis's connection: REDIS_URL, REDIS_HOST/PORT, REDIS_PARAMS
         where = address = server_address(clients[0])
     ctx = Context(
         args=args,
@@ -244,10 +221,37 @@ def connect(
     return ctx
 
 
+def run_command(
+    args: argparse.Namespace,
+    settings: SettingsLike,
+    frontend: Frontend,
+    sizing: BloomConfig | None = None,
+) -> int:
+    """Connect as :func:`connect` does and run the subcommand (``args.handler``); its status.
+
+    ``reset`` (the one command with ``--yes``) is refused first when it cannot ask.
+    """
+    if getattr(args, "yes", True) is False and not stdin_is_tty():
+        raise UsageError(
+            "reset deletes the filter and cannot ask for confirmation (stdin is not a"
+            " terminal): pass --yes to confirm."
+        )
+    ctx = connect(args, settings, frontend, sizing)
+    with ctx.stack:
+        code: int = args.handler(ctx)
+        return code
+
+
 def err(text: str) -> None:
     """Write a line to stderr."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def stdin_is_tty() -> bool:
+    """Tell whether stdin is an interactive terminal."""
+    stdin = sys.stdin
+    return stdin is not None and not stdin.closed and stdin.isatty()
 
 
 def guarded(
@@ -306,3 +310,126 @@ def guarded(
     finally:
         package_logger.removeHandler(handler)
         package_logger.setLevel(level)
+
+
+# -- the filter a command works on --------------------------------------------------
+
+
+def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
+    """Read the filter's record; return a filter of the stored geometry (never opened)."""
+    bloom = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults))
+    nodes = inventory.cluster_nodes(bloom)  # they would answer MOVED until the retry timeout
+    if nodes:
+        raise UsageError(
+            f"Redis at {', '.join(nodes)} is a node of a Redis Cluster:"
+            f" {ctx.frontend.cluster_hint}."
+        )
+    found = inventory.read_record(bloom)
+    if found is not None and found.record is not None:
+        bloom.close()
+        bloom = ctx.own(RedisBloomFilter.of_record(ctx.clients, ctx.key, found.record, ctx.faults))
+    return bloom, found
+
+
+def usable(found: StoredRecord | None) -> FilterRecord | None:
+    """Return the stored record; refuse one this version cannot use (reset deletes it)."""
+    if found is None:
+        return None
+    if found.record is None:
+        raise CLIError(found.problem)
+    return found.record
+
+
+def missing(ctx: Context, bloom: RedisBloomFilter, hint: str = "") -> CLIError:
+    """Return the error for a filter whose config record does not exist."""
+    key = ctx.key
+    meta = layout.meta_key(key)
+    message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."
+    first_shard = layout.shard_key(key, 0)
+    if key.endswith(":meta"):
+        message += f" Give the filter's key without ':meta': --key {key[: -len(':meta')]!r}."
+    elif bloom.parts.existing([0]):
+        message += (
+            f" Its shard key {first_shard!r} exists without the record (orphaned bits):"
+            f" delete them with '{ctx.frontend.prog} reset --key {key}'."
+        )
+    elif hint:
+        message += " " + hint
+    return CLIError(message)
+
+
+def check_servers(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -> None:
+    """Refuse a server list of another length than the filter's: shards would be misplaced."""
+    given = bloom.topology.servers
+    if record.servers == given:
+        return
+    raise CLIError(
+        ctx.frontend.rename(
+            f"The Bloom filter {ctx.key!r} (id {record.filter_id}) was created on"
+            f" {record.servers} server(s); {given} given. Give each of its servers in"
+            " BLOOMFILTER_REDIS_URLS, in the crawl's order: shard i lives on"
+            f" server i mod {record.servers}."
+        )
+    )
+
+
+def native_if(ctx: Context, record: FilterRecord | None) -> NativeBloomFilter | None:
+    """Return the native filter a record of the native backend describes (not opened)."""
+    if record is None or record.backend != "native":
+        return None
+    return ctx.own(NativeBloomFilter.of_record(ctx.clients, ctx.key, record, ctx.faults))
+
+
+def existing(
+    ctx: Context, hint: str = ""
+) -> tuple[RedisBloomFilter | NativeBloomFilter, FilterRecord]:
+    """Return the stored filter and its record; it must exist (else ``hint`` says what to do).
+
+    Not opened: the caller decides whether its parts are checked first.
+    """
+    bloom, found = stored(ctx)
+    record = usable(found)
+    if record is None:
+        raise missing(ctx, bloom, hint)
+    check_servers(ctx, bloom, record)
+    return native_if(ctx, record) or bloom, record
+
+
+def open_existing(
+    ctx: Context, hint: str = "A crawl creates it on its first request."
+) -> RedisBloomFilter | NativeBloomFilter:
+    """Open a filter that must exist, with the geometry its record describes."""
+    opened, _ = existing(ctx, hint)
+    opened.open(create=False)  # checks every part: a lost shard is an error, not "absent"
+    return opened
+
+
+def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter, bool]:
+    """Open the filter for ``add`` / ``migrate``: create it if sizing was given.
+
+    Returns the filter and whether this call created it.
+    """
+    if ctx.sizing is None:
+        hint = (
+            "Start the crawl once to create it, or give its sizing (BLOOMFILTER_CAPACITY and"
+            " BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER) to"
+            " create it here."
+        )
+        return open_existing(ctx, ctx.frontend.rename(hint)), False
+    bloom, found = stored(ctx)
+    record = usable(found)
+    if record is not None:
+        check_servers(ctx, bloom, record)
+    opened = ctx.own(make_filter(ctx.clients, ctx.key, ctx.sizing, faults=ctx.faults))
+    try:
+        opened.open(create=True)
+    except ServerListMismatchError:
+        raise
+    except ConfigMismatchError as exc:
+        raise CLIError(
+            ctx.frontend.rename(
+                "The sizing settings do not match the existing filter (leave them out to use"
+                f" the filter as it is): {exc}"
+            )
+        ) from None
+    return opened, record is None

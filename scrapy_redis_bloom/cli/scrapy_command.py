@@ -14,7 +14,6 @@ as in ``scrapy crawl NAME``), or given whole with ``--key``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from scrapy.commands import ScrapyCommand
@@ -22,41 +21,19 @@ from scrapy.exceptions import UsageError as ScrapyUsageError
 from scrapy.settings import Settings
 from scrapy.utils.misc import load_object
 
-from scrapy_redis_bloom.cli import feed, info, migrate, reset, size, transfer, watch
-from scrapy_redis_bloom.cli.alias import (
-    BLOCKED_FLAG,
-    SIZING_OPTIONS,
-    key_argument,
-    positive_int,
-    seconds_argument,
-)
 from scrapy_redis_bloom.cli.context import (
-    Context,
     Frontend,
     Layered,
     UsageError,
-    connect,
     guarded,
+    run_command,
     settings_secrets,
-    sizing_from,
 )
-from scrapy_redis_bloom.cli.inputs import BATCH
-from scrapy_redis_bloom.cli.output import stdin_is_tty
+from scrapy_redis_bloom.cli.figures import size, size_overrides
+from scrapy_redis_bloom.cli.options import add_commands, sizing_from, sizing_given
 from scrapy_redis_bloom.core.settings import BloomConfig
 
 FRONTEND = Frontend(prog="scrapy bloom")
-
-#: The subcommands that work on a filter in Redis, and what runs them.
-_HANDLERS: dict[str, Callable[[Context], int]] = {
-    "info": info.run,
-    "reset": reset.run,
-    "add": feed.add,
-    "check": feed.check,
-    "migrate": migrate.run,
-    "watch": watch.run,
-    "dump": transfer.dump,
-    "restore": transfer.restore,
-}
 
 
 class BloomCommand(ScrapyCommand):
@@ -85,139 +62,7 @@ class BloomCommand(ScrapyCommand):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """Add Scrapy's global options and one subparser per subcommand."""
         super().add_options(parser)
-        commands = parser.add_subparsers(dest="bloom_command", metavar="COMMAND", title="commands")
-        commands.required = True
-
-        def sub(name: str, text: str, description: str, target: bool = True) -> Any:
-            found = commands.add_parser(name, help=text, description=description)
-            found.add_argument(
-                "-s",
-                "--set",
-                dest="sub_set",
-                action="append",
-                default=[],
-                metavar="NAME=VALUE",
-                help="set/override setting (may be repeated)",
-            )
-            found.add_argument("--json", action="store_true", help="print the result as JSON")
-            if target:
-                found.add_argument(
-                    "--spider",
-                    metavar="NAME",
-                    help="the spider whose filter it is: fills in BLOOMFILTER_KEY's %%(spider)s",
-                )
-                found.add_argument(
-                    "--key",
-                    type=key_argument,
-                    metavar="KEY",
-                    help="the filter's key itself (instead of --spider)",
-                )
-            return found
-
-        sub(
-            "info",
-            "show the filter: capacity, items, fill, FP rate, memory, backend, workers",
-            "Show the filter's record and the state of its bits (a bar chart of the shards'"
-            " fill), its counters and live workers. Repairs nothing.",
-        )
-        sizing = sub(
-            "size",
-            "sizing calculator: capacity/error rate <-> BIT/HASH_NUMBER, with memory",
-            "Say what a crawl creates from the sizing settings, overridden by these options.",
-            target=False,
-        )
-        for name, setting in SIZING_OPTIONS.items():
-            if name == "blocked":
-                sizing.add_argument("--blocked", **BLOCKED_FLAG)
-                continue
-            kind: type = float if name == "error_rate" else int
-            sizing.add_argument("--" + name.replace("_", "-"), type=kind, help=setting)
-        resetting = sub(
-            "reset",
-            "delete the filter: its record and every part, on every server",
-            "Delete the filter's record, shards, counters and server markers. Asks first"
-            " unless --yes; refuses while workers hold live leases unless --force.",
-        )
-        resetting.add_argument("-y", "--yes", action="store_true", help="do not ask")
-        resetting.add_argument(
-            "--force", action="store_true", help="reset even while workers hold live leases"
-        )
-        for name, text in (
-            ("add", "add fingerprints (or --urls) from files or stdin"),
-            ("check", "count how many fingerprints (or --urls) the filter holds"),
-        ):
-            feeding = sub(name, text, text[0].upper() + text[1:] + ".")
-            feeding.add_argument(
-                "files",
-                nargs="*",
-                default=[],
-                metavar="FILE",
-                help="files of fingerprints (40 hex digits) or URLs, one a line; - or none: stdin",
-            )
-            feeding.add_argument(
-                "--urls",
-                action="store_true",
-                help="the lines are URLs: fingerprint them as the crawl's dupefilter does",
-            )
-        migrating = sub(
-            "migrate",
-            "copy a scrapy-redis fingerprint SET into the filter (resumable)",
-            "Copy the fingerprints of scrapy-redis's dupefilter SET into the filter by SSCAN;"
-            " an interrupted run continues where it stopped. The SET is left in place.",
-        )
-        migrating.add_argument(
-            "--set-key",
-            metavar="KEY",
-            help="the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
-        )
-        migrating.add_argument("--restart", action="store_true", help="ignore saved progress")
-        migrating.add_argument(
-            "--batch",
-            type=positive_int,
-            default=BATCH,
-            metavar="N",
-            help="fingerprints per bulk call and per progress save (default: %(default)s)",
-        )
-        dumping = sub(
-            "dump",
-            "write the filter to a file (streamed, checksummed)",
-            "Write the filter's record, counters and bits to FILE, in checksummed chunks:"
-            " memory stays flat whatever its size. Refuses while workers hold live leases"
-            " unless --force.",
-        )
-        dumping.add_argument("file", metavar="FILE", help="the dump file to write")
-        dumping.add_argument(
-            "--force",
-            action="store_true",
-            help="dump even while workers add (URLs they add meanwhile may be missing)",
-        )
-        restoring = sub(
-            "restore",
-            "restore a dump file as the filter, on any topology",
-            "Check FILE whole (every checksum), then write the filter it holds on the servers"
-            " the settings name; a refused or failed restore leaves nothing behind.",
-        )
-        restoring.add_argument("file", metavar="FILE", help="the dump file to read")
-        restoring.add_argument(
-            "--replace",
-            action="store_true",
-            help="delete a filter already under the key first (else refused)",
-        )
-        watching = sub(
-            "watch",
-            "print live items, fill and FP rate every interval while a crawl runs",
-            "Print one line of the filter's live figures every --interval seconds.",
-        )
-        watching.add_argument(
-            "--interval",
-            type=seconds_argument,
-            default=5.0,
-            metavar="SECONDS",
-            help="seconds between lines (default: %(default)s)",
-        )
-        watching.add_argument(
-            "--count", type=positive_int, metavar="N", help="stop after N lines (default: never)"
-        )
+        add_commands(parser, "scrapy", dest="bloom_command", title="commands")
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         """Apply ``-s`` given before or after the subcommand; refuse stray arguments."""
@@ -240,20 +85,12 @@ class BloomCommand(ScrapyCommand):
         def body() -> int:
             nonlocal settings
             if opts.bloom_command == "size":
-                given = {s: getattr(opts, n) for n, s in SIZING_OPTIONS.items()}
-                return size.run(opts, Layered(settings, size.overrides(given)))
+                return size(opts, Layered(settings, size_overrides(sizing_given(opts))))
             settings = _for_spider(settings, opts.spider)
             _resolve_key(opts, settings)
             if opts.bloom_command == "migrate" and opts.set_key is None:
                 opts.set_key = _set_key(settings, opts.spider)
-            if opts.bloom_command == "reset" and not opts.yes and not stdin_is_tty():
-                raise UsageError(
-                    "reset deletes the filter and cannot ask for confirmation (stdin is not a"
-                    " terminal): pass --yes to confirm."
-                )
-            ctx = connect(opts, settings, FRONTEND, sizing_from(settings))
-            with ctx.stack:
-                return _HANDLERS[opts.bloom_command](ctx)
+            return run_command(opts, settings, FRONTEND, sizing_from(settings))
 
         self.exitcode = guarded(FRONTEND, lambda: settings_secrets(settings), body)
 

@@ -41,6 +41,7 @@ from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
 from scrapy_redis_bloom.ops import dumpfile
 from scrapy_redis_bloom.ops.dumpfile import DumpWriter, Totals
+from scrapy_redis_bloom.ops.inventory import read_hash
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Bytes read or written per command, at most (1 MiB, as :mod:`.snapshot` reads).
+#: Bytes read or written per command, at most (1 MiB).
 PIECE = 1 << 20
 #: ``progress(done, total)``: bytes of the filter's data done so far, of ``total``.
 Progress = Callable[[int, int], None]
@@ -87,11 +88,11 @@ def generations_in(head: bytes) -> int:
     return max(1, int.from_bytes(head[_GENERATIONS], "big"))
 
 
-def read_counters(parts: Parts) -> dict[str, int]:
-    """Return the filter's counters (``added``, ``seen``) as stored; empty when there are none."""
-    call = Call(pack_command(b"HGETALL", parts.counter_key), key=parts.counter_key)
-    fields = pairs(parts.run("read the filter's counters", [call])[0])
-    return {name: int(value) for name, value in fields.items() if value.isdigit()}
+def part_key(key: str, record: FilterRecord, shard: int, generation: int = 0) -> str:
+    """Return the key of a shard's generation (bitmap), or of a native shard."""
+    if record.backend == "native":
+        return native_parts.shard_key(key, shard, record.filter_id)
+    return layout.shard_key(key, shard, generation)
 
 
 def dump_filter(
@@ -105,7 +106,7 @@ def dump_filter(
     sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
     with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
     from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
-    Refuses with :class:`~..errors.BloomFilterError` subclasses, before writing to
+    Refuses with :class:`~..core.errors.BloomFilterError` subclasses, before writing to
     ``out``: a missing filter, one still being created, one with a TTL, one with live
     workers unless ``force`` (see the module's docstring), one whose shard (generation
     0) is missing or foreign. A generation found damaged or changed while it is read,
@@ -142,7 +143,8 @@ def dump_filter(
             " be fetched again after a restore)."
         )
     parts.spec = record.spec
-    counters = read_counters(parts)
+    fields = read_hash(parts, parts.counter_key, "read the filter's counters")
+    counters = {name: int(value) for name, value in fields.items() if value.isdigit()}
     writer = DumpWriter(out)
     header = {
         "format": "scrapy-redis-bloom dump",
@@ -289,9 +291,7 @@ def _read_pieces(
 
 def native_keys(key: str, record: FilterRecord) -> list[tuple[int, str]]:
     """Return ``(shard, key)`` of every shard of a native filter."""
-    return [
-        (s, native_parts.shard_key(key, s, record.filter_id)) for s in range(record.spec.shards)
-    ]
+    return [(s, part_key(key, record, s)) for s in range(record.spec.shards)]
 
 
 def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:

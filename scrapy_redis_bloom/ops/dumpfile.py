@@ -1,12 +1,12 @@
 """The dump file of a filter: a versioned header, checksummed chunks, a checksummed trailer.
 
 Written and read as a stream, one chunk at a time, so memory stays flat whatever the
-filter's size (see :mod:`.transfer` for what goes into it). All integers big-endian.
+filter's size (see :mod:`.dump` for what goes into it). All integers big-endian.
 
 * **Header**: the magic ``SRBDUMP`` and a NUL byte (8 bytes), the format version (u16,
   :data:`VERSION`), the length of the header's JSON (u32), the JSON, and the CRC32 of
   the JSON (u32). The JSON holds the filter's key, its config record (the hash fields
-  of ``KEY:meta``, see :mod:`.record`), its counters, where it was dumped from (for
+  of ``KEY:meta``, see :mod:`..core.record`), its counters, where it was dumped from (for
   information only: a restore may go to another topology) and when.
 * **Chunks**, each a frame: ``C``, the part's kind (u8: 0 a bitmap shard's
   generation, 1 a native ``BF.*`` shard), shard (u32), generation (u16), position

@@ -1,25 +1,27 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
-:meth:`.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
+:meth:`..engine.bitmap.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
 restores an evicted record or server marker, finishes a creation, recreates lost
 shards when told to. Someone inspecting or deleting a filter must see it as it is,
 change nothing, and be able to delete a filter too broken to open. So here:
 
-* :func:`probe` builds a :class:`~.filter.RedisBloomFilter` to reach the filter's
-  keys before its geometry is known, :func:`read_record` reads the config record
-  (usable or not), :func:`of_record` builds the filter of the stored geometry; none
-  is ever opened here;
+* :func:`probe` builds a :class:`~..engine.bitmap.filter.RedisBloomFilter` to reach
+  the filter's keys before its geometry is known, and :func:`read_record` reads the
+  config record (usable or not); :meth:`~..engine.base.Facade.of_record` then builds
+  the filter of the stored geometry; none is ever opened here;
 * :func:`check_shards` and :func:`check_markers` compare each shard's header and each
   server's marker with what the record expects (present, missing, foreign); deleting a
-  filter that has a record is :meth:`.parts.Parts.delete`;
+  filter that has a record is :meth:`..engine.parts.Parts.delete`;
 * :func:`find_orphans` finds by ``SCAN``, on every server or master, the parts of a
   filter that has no usable record, and tells those it can prove are the filter's
   (a shard header or marker carrying a filter id) from keys that only share a name;
   :func:`delete_orphans` deletes the proven ones, each only if it is still what was
   proven (compare-and-delete in one script).
 
-Every command goes through the filter's :class:`~.executor.Executor`: routed, retried
-and accounted like the hot path's, on one server, a server list or a Redis Cluster.
+Every command goes through the filter's :class:`~..transport.executor.Executor`: routed,
+retried and accounted like the hot path's, on one server, a server list or a Redis
+Cluster. :func:`read_hash`, :func:`existing_keys` and :func:`run_all` are the reads
+and batches :mod:`.dump` and :mod:`.restore` share with it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.parts import BATCH, pairs, text
-from scrapy_redis_bloom.engine.state import FilterState, read_state
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -64,7 +65,7 @@ class StoredRecord:
     """The hash at ``KEY:meta`` as stored, and the record it makes (None if unusable).
 
     ``problem`` says why an unusable record cannot be used (the refusal of
-    :meth:`.record.FilterRecord.parse`).
+    :meth:`..core.record.FilterRecord.parse`).
     """
 
     fields: dict[str, str]
@@ -80,18 +81,16 @@ class StoredRecord:
 def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
     """Read ``KEY:meta`` without creating or restoring anything; None when it is absent.
 
-    Raises :class:`~..errors.WrongTypeError` if the key is not a hash.
+    Raises :class:`~..core.errors.WrongTypeError` if the key is not a hash.
     """
-    parts = bloom.parts
-    call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
-    fields = pairs(parts.run("read the filter's record", [call])[0])
+    fields = read_hash(bloom.parts, bloom.parts.meta_key, "read the filter's record")
     return stored_record(bloom, fields) if fields else None
 
 
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    Besides :meth:`.record.FilterRecord.parse`'s checks, a record that claims more
+    Besides :meth:`..core.record.FilterRecord.parse`'s checks, a record that claims more
     shards than its servers hold keys is refused: checking or deleting it shard by
     shard would take minutes for nothing. It is corrupt, or its shards are gone; its
     parts are found by SCAN instead.
@@ -125,34 +124,16 @@ def key_count(bloom: RedisBloomFilter) -> int:
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
     """Return a filter to look at ``key`` before its geometry is known (never open it).
 
-    ``client`` is what :class:`~.filter.RedisBloomFilter` takes. The filter has the
+    ``client`` is what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes. The filter has the
     geometry :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
     its live workers, :func:`find_orphans`, :func:`cluster_nodes`).
     """
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
 
 
-def of_record(
-    client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
-) -> RedisBloomFilter:
-    """Return a filter of the stored geometry, capacity and sizing request; not opened.
-
-    What it is asked (:func:`state`, totals, workers, :func:`check_shards`,
-    :func:`delete_filter`) reads or deletes the parts as they are. Opening it
-    (``open(create=False)``, or any element operation) checks every part, as a worker
-    would.
-    """
-    return RedisBloomFilter.of_record(client, key, record, faults)
-
-
 def addresses(bloom: RedisBloomFilter) -> list[str]:
     """Return the address of every server (or cluster master) the filter's topology holds."""
     return [node.address for node in bloom.topology.primaries()]
-
-
-def is_cluster(bloom: RedisBloomFilter) -> bool:
-    """Tell whether the filter lives on a Redis Cluster."""
-    return isinstance(bloom.topology, Cluster)
 
 
 def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
@@ -162,7 +143,7 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     One attempt each (``INFO cluster``); a server that does not answer or refuses INFO
     is not counted, and the command that needs it reports it.
     """
-    if is_cluster(bloom):
+    if isinstance(bloom.topology, Cluster):
         return []
     found = []
     for server, node in enumerate(bloom.topology.primaries()):
@@ -174,11 +155,6 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
         if not isinstance(reply, BaseException) and "cluster_enabled:1" in text(reply):
             found.append(node.address)
     return found
-
-
-def state(bloom: RedisBloomFilter) -> FilterState:
-    """Count the bits set per shard and their memory (BITCOUNT), without opening the filter."""
-    return read_state(bloom.parts, (bloom.record or bloom.wanted).growth)
 
 
 # -- checking the parts --------------------------------------------------------------
@@ -205,7 +181,7 @@ class ShardCheck:
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
     """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing.
 
-    Raises :class:`~..errors.WrongTypeError` for a shard key that is not a string.
+    Raises :class:`~..core.errors.WrongTypeError` for a shard key that is not a string.
     """
     spec = record.spec
     found = bloom.parts.identities(range(spec.shards))
@@ -255,10 +231,25 @@ def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerC
     ]
 
 
-def count_existing(bloom: RedisBloomFilter, keys: Sequence[str]) -> int:
-    """Count which of the filter's non-shard keys (record, counters...) exist (EXISTS)."""
-    calls = [Call(pack_command(b"EXISTS", key), key=key) for key in keys]
-    return sum(int(reply) for reply in bloom.parts.run("look for the filter's keys", calls))
+def read_hash(parts: Parts, key: str, operation: str) -> dict[str, str]:
+    """Read one of the filter's hashes (HGETALL): its fields, empty when it does not exist."""
+    call = Call(pack_command(b"HGETALL", key), key=key)
+    return pairs(parts.run(operation, [call])[0])
+
+
+def run_all(parts: Parts, operation: str, calls: Sequence[Call], write: bool = False) -> list[Any]:
+    """Run calls in batches of :data:`~..engine.parts.BATCH`; return every reply, in order."""
+    replies: list[Any] = []
+    for first in range(0, len(calls), BATCH):
+        replies += parts.run(operation, list(calls[first : first + BATCH]), write=write)
+    return replies
+
+
+def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None]]) -> list[str]:
+    """Return which keys exist (EXISTS), each given as ``(key, shard, server)`` to route it."""
+    calls = [Call(pack_command(b"EXISTS", k), key=k, shard=s, server=i) for k, s, i in keys]
+    replies = run_all(parts, "look for the filter's keys", calls)
+    return [key for (key, _, _), reply in zip(keys, replies, strict=True) if int(reply)]
 
 
 # -- orphaned parts --------------------------------------------------------------------
@@ -272,7 +263,7 @@ def glob_escape(literal: str) -> str:
 def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
     """Return ``(server, key)`` for every key matching ``pattern`` on every server or master.
 
-    ``server`` indexes :meth:`.topology.Topology.primaries`. ``kind`` limits the keys to
+    ``server`` indexes :meth:`..transport.topology.Topology.primaries`. ``kind`` limits the keys to
     a Redis type (``string``, ``hash``...). O(keys) on each server, in SCAN steps.
     """
     found: list[tuple[int, str]] = []
@@ -483,7 +474,7 @@ def _as_record(
 def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:
     """Delete proven parts, each only if it is still what was proven; return those deleted.
 
-    The config record goes last, as :meth:`.parts.Parts.delete` does it.
+    The config record goes last, as :meth:`..engine.parts.Parts.delete` does it.
     """
     order = sorted((o for o in orphans if o.kind is not None), key=lambda o: o.kind == "record")
     calls = [bloom.parts.delete_if_still(o.key, o.kind or "", o.proof, o.server) for o in order]

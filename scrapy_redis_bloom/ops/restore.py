@@ -1,4 +1,4 @@
-"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.transfer`) into any topology, all or nothing.
+"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.dump`) into any topology, all or nothing.
 
 :func:`restore_filter` reads the file twice, as a stream (memory stays flat):
 
@@ -40,8 +40,15 @@ from scrapy_redis_bloom.engine.base import Facade
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native import filter as native
 from scrapy_redis_bloom.engine.native import parts as native_parts
-from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs
-from scrapy_redis_bloom.ops.dump import PIECE, FilterBusyError, Progress, generations_in, part_bytes
+from scrapy_redis_bloom.engine.parts import BATCH, Parts
+from scrapy_redis_bloom.ops.dump import (
+    PIECE,
+    FilterBusyError,
+    Progress,
+    generations_in,
+    part_bytes,
+    part_key,
+)
 from scrapy_redis_bloom.ops.dumpfile import (
     BITMAP,
     NATIVE,
@@ -51,6 +58,7 @@ from scrapy_redis_bloom.ops.dumpfile import (
     Totals,
     part_name,
 )
+from scrapy_redis_bloom.ops.inventory import existing_keys, read_hash, run_all
 from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -270,7 +278,7 @@ def restore_filter(
 ) -> RestoreSummary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
-    ``client``: what :class:`~.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
+    ``client``: what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
     ``RedisCluster``, or a list of standalone clients): the target topology, which may
     differ from the source's. ``inp``: a binary file, seekable (read twice, see the
     module's docstring), from its current position. ``progress(done, total)``: file
@@ -281,7 +289,7 @@ def restore_filter(
     (its ``retry_timeout`` bounds how long a failing Redis is retried).
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
-    for a taken key, :class:`~..errors.BloomFilterError` subclasses for Redis failures;
+    for a taken key, :class:`~..core.errors.BloomFilterError` subclasses for Redis failures;
     in every case nothing of the restore is left on the target (with ``replace``, the
     filter that was there is gone too once the file was verified and the target checked).
     """
@@ -363,8 +371,7 @@ def _prepare(
 def _clear_existing(bloom: Facade, where: str, replace: bool) -> bool:
     """Refuse a filter under the key, or delete it when asked; return whether one was."""
     parts = bloom.parts
-    call = Call(pack_command(b"HGETALL", parts.meta_key), key=parts.meta_key)
-    fields = pairs(parts.run("look for a filter", [call])[0])
+    fields = read_hash(parts, parts.meta_key, "look for a filter")
     if not fields:
         return False
     if not replace:
@@ -388,33 +395,15 @@ def _clear_existing(bloom: Facade, where: str, replace: bool) -> bool:
     return True
 
 
-def _shard_key(key: str, record: FilterRecord, shard: int, generation: int = 0) -> str:
-    if record.backend == "native":
-        return native_parts.shard_key(key, shard, record.filter_id)
-    return layout.shard_key(key, shard, generation)
-
-
 def _taken(bloom: Facade, target: FilterRecord) -> list[str]:
     """Return which keys of the restored filter's shards (generation 0), counters, markers exist."""
     parts = bloom.parts
-    calls = [
-        Call(pack_command(b"EXISTS", key), key=key, shard=s)
-        for s in range(target.spec.shards)
-        for key in [_shard_key(bloom.key, target, s)]
-    ]
-    calls.append(Call(pack_command(b"EXISTS", parts.counter_key), key=parts.counter_key))
+    keys: list[tuple[str, int | None, int | None]]
+    keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
+    keys.append((parts.counter_key, None, None))
     if target.servers > 1:
-        calls += [
-            Call(pack_command(b"EXISTS", parts.marker_key), key=parts.marker_key, server=i)
-            for i in range(target.servers)
-        ]
-    found: list[str] = []
-    for first in range(0, len(calls), BATCH):
-        batch = calls[first : first + BATCH]
-        for call, reply in zip(batch, parts.run("look for the filter's keys", batch), strict=True):
-            if int(reply):
-                found.append(str(call.key))
-    return found
+        keys += [(parts.marker_key, None, i) for i in range(target.servers)]
+    return existing_keys(parts, keys)
 
 
 class _Writes:
@@ -443,9 +432,9 @@ def _write(
         batch: list[Call] = []
         held = 0
         for chunk in reader.chunks():
-            key = _shard_key(bloom.key, target, chunk.shard, chunk.generation)
+            key = part_key(bloom.key, target, chunk.shard, chunk.generation)
             if chunk.index == 1:
-                if chunk.generation > 0 and _exists(parts, key, chunk.shard):
+                if chunk.generation > 0 and existing_keys(parts, [(key, chunk.shard, None)]):
                     raise FilterExistsError(
                         f"Cannot restore {name} as the Bloom filter {bloom.key!r}: Redis"
                         f" already holds {key!r}, where a generation of its shard"
@@ -496,11 +485,6 @@ def _write(
         raise
 
 
-def _exists(parts: Parts, key: str, shard: int) -> bool:
-    call = Call(pack_command(b"EXISTS", key), key=key, shard=shard)
-    return bool(int(parts.run("look for the filter's keys", [call])[0]))
-
-
 def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
     """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
 
@@ -520,8 +504,7 @@ def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException
         calls.append(parts.delete_if_still(parts.counter_key, "counters"))
     calls += [Call(pack_command(b"DEL", key), key=key, shard=shard) for key, shard in done.keys]
     try:
-        for first in range(0, len(calls), BATCH):
-            parts.run("undo a failed restore", calls[first : first + BATCH], write=True)
+        run_all(parts, "undo a failed restore", calls, write=True)
     except BloomFilterError as undo:
         raise RestoreFailedError(
             f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"

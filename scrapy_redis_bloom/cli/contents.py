@@ -1,0 +1,514 @@
+"""The commands that change or move what a filter holds: add, check, migrate, dump, restore, reset.
+
+``add`` feeds fingerprints (or URLs) from files or stdin to the filter and counts
+those new and those already present (a false positive counts as present); it may
+create a missing filter from sizing settings. ``check`` counts how many the filter
+(probably) holds and changes nothing. Both send batches of :data:`.streams.BATCH`
+through the engine's bulk calls, with a progress bar.
+
+``migrate`` copies a scrapy-redis fingerprint SET into the filter, resumably. The SET
+is read by SSCAN through the first client (or the cluster client): it lives where
+scrapy-redis keeps it, not in the filter's shards. Its members go to the filter in
+bulk calls; after each call the SSCAN cursor reached and the counts so far are saved
+in a progress marker beside the SET (``SETKEY:bloom-migration``, a hash naming the
+filter's id). A migration that is interrupted (Ctrl-C, a lost connection) continues
+from that cursor when run again; one that finishes deletes the marker. SSCAN returns
+every member present for the whole scan at least once, across a resume too; a member
+added twice counts as already present. ``--restart`` ignores a marker. The SET itself
+is left in place.
+
+``dump FILE`` and ``restore FILE`` move a filter between Redis deployments, as a file:
+thin wrappers of :func:`..ops.dump.dump_filter` and :func:`..ops.restore.restore_filter`
+(streamed, chunked, checksummed: see :mod:`..ops.dumpfile`), with a progress bar.
+``dump`` writes ``FILE.partial`` and renames it to ``FILE`` once whole, so a failed dump
+leaves no file that looks complete. ``restore`` checks the whole file before it writes
+anything, and a refused or failed restore leaves nothing behind; the target may be
+another topology than the source (one server, a server list, a Redis Cluster).
+
+``reset`` deletes the config record, every shard, the counters and the server markers,
+each only if it is still the filter's; it refuses while workers hold live leases unless
+``--force``. With no usable record, it finds the filter's parts by SCAN on every server
+and deletes only those that carry its id (or can be nothing else): keys that only share
+a name are listed and left alone. It asks first, unless ``--yes``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from scrapy_redis_bloom.cli.context import (
+    EXIT_OK,
+    CLIError,
+    Context,
+    check_servers,
+    existing,
+    native_if,
+    open_existing,
+    open_for_writing,
+    stored,
+)
+from scrapy_redis_bloom.cli.streams import (
+    FINGERPRINT,
+    BadLineError,
+    bad_line,
+    confirm_or_abort,
+    emit,
+    input_paths,
+    listing,
+    orphan_data,
+    parser_for,
+    progress,
+    read_lines,
+    utc,
+)
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.sizing import format_bytes
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native.filter import delete as delete_native
+from scrapy_redis_bloom.ops import inventory
+from scrapy_redis_bloom.ops.dump import DumpSummary, FilterBusyError, Progress, dump_filter
+from scrapy_redis_bloom.ops.dumpfile import DumpFileError
+from scrapy_redis_bloom.ops.inventory import MarkerCheck, StoredRecord
+from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreSummary, restore_filter
+
+#: COUNT hint of each SSCAN call.
+SCAN_COUNT = 1000
+#: Fields of the progress marker that hold counts.
+_COUNTS = ("new", "present", "skipped")
+
+
+def _created(ctx: Context, created: bool) -> list[str]:
+    """Return the line saying the command created the filter, if it did."""
+    return [f"Created the Bloom filter {ctx.key!r} on {ctx.where}."] if created else []
+
+
+# -- add and check ---------------------------------------------------------------------
+
+
+def _count_hits(
+    ctx: Context,
+    paths: Sequence[str],
+    operation: Callable[[list[bytes]], list[bool]],
+    verb: str,
+) -> tuple[int, int]:
+    """Run a bulk operation over the fingerprints read; return (true, false) counts."""
+    hits = misses = 0
+    parse = parser_for(ctx)
+    with progress(None, "fp", verb.capitalize()) as bar:
+        try:
+            for batch in read_lines(paths, parse):
+                flags = operation(batch)
+                found = sum(flags)
+                hits += found
+                misses += len(flags) - found
+                bar.update(len(flags))
+        except BadLineError as exc:
+            raise bad_line(ctx, exc, hits + misses, verb) from None
+    return hits, misses
+
+
+def add(ctx: Context) -> int:
+    """Add fingerprints read from files or stdin to the filter."""
+    paths = input_paths(ctx)
+    bloom, created = open_for_writing(ctx)
+    present, new = _count_hits(ctx, paths, bloom.add_many, "added")
+    total = new + present
+    data = ctx.result(
+        created_filter=created,
+        fingerprints=total,
+        new=new,
+        already_present=present,
+    )
+    lines = _created(ctx, created)
+    lines.append(
+        f"Added {total:,} fingerprint(s) to the Bloom filter {ctx.key!r} on {ctx.where}:"
+        f" {new:,} new, {present:,} already present."
+    )
+    emit(ctx, data, lines)
+    return EXIT_OK
+
+
+def check(ctx: Context) -> int:
+    """Count how many fingerprints read from files or stdin the filter holds."""
+    paths = input_paths(ctx)
+    bloom = open_existing(ctx)
+    present, absent = _count_hits(ctx, paths, bloom.contains_many, "checked")
+    total = present + absent
+    data = ctx.result(
+        fingerprints=total,
+        present=present,
+        absent=absent,
+    )
+    emit(
+        ctx,
+        data,
+        [
+            f"Checked {total:,} fingerprint(s) against the Bloom filter {ctx.key!r} on"
+            f" {ctx.where}: {present:,} present, {absent:,} absent."
+        ],
+    )
+    return EXIT_OK
+
+
+# -- migrate ----------------------------------------------------------------------------
+
+
+def marker_key(set_key: str) -> str:
+    """Return the key of a migration's progress marker: beside the SET it reads."""
+    return f"{set_key}:bloom-migration"
+
+
+def _decode(value: Any) -> str:
+    """Decode a reply item, whether or not the client decodes responses."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _resume_point(client: Any, marker: str, filter_id: str) -> tuple[int, dict[str, int]]:
+    """Return the cursor and counts a marker of this filter saved; (0, zeros) if none."""
+    fields = {_decode(k): _decode(v) for k, v in (client.hgetall(marker) or {}).items()}
+    counts = dict.fromkeys(_COUNTS, 0)
+    if fields.get("filter_id") != filter_id:
+        return 0, counts
+    try:
+        return int(fields["cursor"]), {name: int(fields[name]) for name in _COUNTS}
+    except (KeyError, ValueError):  # not a marker this version wrote: start over
+        return 0, counts
+
+
+def migrate(ctx: Context) -> int:
+    """Copy a scrapy-redis fingerprint SET into the filter, from where a run stopped."""
+    set_key = str(ctx.args.set_key)
+    batch_size = int(ctx.args.batch)
+    client = ctx.clients[0]
+    source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
+    kind = _decode(client.type(set_key))
+    if kind == "none":
+        raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
+    if kind != "set":
+        raise CLIError(
+            f"Redis key {set_key!r} on {source} holds a {kind}, not a set of request"
+            " fingerprints like scrapy-redis's dupefilter keeps."
+        )
+    size = int(client.scard(set_key))
+    bloom, created = open_for_writing(ctx)
+    record = bloom.record
+    assert record is not None  # opened
+    marker = marker_key(set_key)
+    cursor, counts = (0, dict.fromkeys(_COUNTS, 0))
+    if not ctx.args.restart:
+        cursor, counts = _resume_point(client, marker, record.filter_id)
+    resumed = cursor != 0
+    batch: list[bytes] = []
+    with progress(size, "fp", "Migrating") as bar:
+        bar.update(min(size, sum(counts.values())))
+
+        def flush(reached: int) -> None:
+            seen = bloom.add_many(batch) if batch else []
+            hits = sum(seen)
+            counts["present"] += hits
+            counts["new"] += len(seen) - hits
+            bar.update(len(seen))
+            batch.clear()
+            if reached:
+                client.hset(
+                    marker, mapping={"filter_id": record.filter_id, "cursor": reached, **counts}
+                )
+
+        while True:
+            cursor, members = client.sscan(set_key, cursor, count=min(SCAN_COUNT, batch_size))
+            cursor = int(cursor)
+            for member in members:
+                text = member.strip() if isinstance(member, bytes) else str(member).encode()
+                if FINGERPRINT.fullmatch(text.strip()):
+                    batch.append(text.strip().lower())
+                else:
+                    counts["skipped"] += 1
+                    bar.update(1)
+            if cursor == 0:
+                break
+            if len(batch) >= batch_size:
+                flush(cursor)
+        flush(0)
+    client.delete(marker)
+    new, present, skipped = (counts[name] for name in _COUNTS)
+    total = new + present
+    data = ctx.result(
+        set_key=set_key,
+        created_filter=created,
+        resumed=resumed,
+        fingerprints=total,
+        new=new,
+        already_present=present,
+        skipped=skipped,
+    )
+    lines = _created(ctx, created)
+    if resumed:
+        lines.append(f"Resumed the migration where it stopped (progress marker {marker!r}).")
+    lines.append(
+        f"Migrated {total:,} fingerprint(s) from the set {set_key!r} into the Bloom filter"
+        f" {ctx.key!r} on {ctx.where}: {new:,} new, {present:,} already present."
+    )
+    if skipped:
+        lines.append(f"Skipped {skipped:,} member(s) that are not 40-hex-digit fingerprints.")
+    lines.append(
+        f"The set {set_key!r} is left in place: delete it once the crawl runs on the filter."
+    )
+    emit(ctx, data, lines)
+    return EXIT_OK
+
+
+# -- dump and restore -------------------------------------------------------------------
+
+
+def _follow(bar: tqdm[Any]) -> Progress:
+    """Return a ``progress(done, total)`` callback of the ops layer that moves ``bar``."""
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    return update
+
+
+def _file_result(
+    ctx: Context, path: Path, summary: DumpSummary | RestoreSummary, items: int, **more: Any
+) -> dict[str, Any]:
+    """Return the JSON result of ``dump`` or ``restore``: the file, the filter, the counts."""
+    totals = summary.totals
+    return ctx.result(
+        file=str(path),
+        id=summary.record.filter_id,
+        items=items,
+        parts=totals.parts,
+        data_bytes=totals.data_bytes,
+        sha256=totals.sha256,
+        seconds=summary.seconds,
+        **more,
+    )
+
+
+def dump(ctx: Context) -> int:
+    """Write the filter to ``FILE``: its record, counters and every part's bytes."""
+    path = Path(ctx.args.file)
+    source, _ = existing(ctx, "Nothing to dump.")
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with progress(None, "B", "Dumping") as bar, open(partial, "wb") as out:
+            summary = dump_filter(source, out, _follow(bar), force=ctx.args.force)
+        os.replace(partial, path)
+    except FilterBusyError as exc:
+        raise CLIError(f"{exc} (--force)") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    totals = summary.totals
+    data = _file_result(
+        ctx,
+        path,
+        summary,
+        summary.added,
+        chunks=totals.chunks,
+        file_bytes=totals.file_bytes,
+        forced=summary.forced,
+    )
+    lines = [
+        f"Dumped the Bloom filter {ctx.key!r} (id {summary.record.filter_id}) from {ctx.where}"
+        f" to {str(path)!r}: {totals.parts:,} part(s), {summary.added:,} items,"
+        f" {format_bytes(totals.file_bytes)} in {summary.seconds:.1f} s.",
+        f"SHA-256 {totals.sha256}",
+    ]
+    if summary.forced:
+        lines.append("Workers held leases meanwhile: URLs they added may be missing (--force).")
+    emit(ctx, data, lines)
+    return EXIT_OK
+
+
+def restore(ctx: Context) -> int:
+    """Restore ``FILE`` as the filter, on the servers the settings name."""
+    path = Path(ctx.args.file)
+    try:
+        with progress(None, "B", "Restoring") as bar, open(path, "rb") as inp:
+            summary = restore_filter(
+                ctx.clients,
+                ctx.key,
+                inp,
+                _follow(bar),
+                replace=ctx.args.replace,
+                name=repr(str(path)),
+                faults=ctx.faults,
+            )
+    except DumpFileError as exc:
+        raise CLIError(str(exc)) from None
+    except FilterExistsError as exc:
+        raise CLIError(f"{exc} (--replace)") from None
+    totals = summary.totals
+    added = summary.counters.get("added", 0)
+    data = _file_result(ctx, path, summary, added, source=summary.source, replaced=summary.replaced)
+    lines = [
+        f"Restored the Bloom filter {ctx.key!r} (id {summary.record.filter_id}) on {ctx.where}"
+        f" from {str(path)!r} (dumped from {summary.source}): {totals.parts:,} part(s),"
+        f" {added:,} items, {format_bytes(totals.data_bytes)} in {summary.seconds:.1f} s."
+    ]
+    if summary.replaced:
+        lines.append("The filter that was under this key was deleted first (--replace).")
+    emit(ctx, data, lines)
+    return EXIT_OK
+
+
+# -- reset ------------------------------------------------------------------------------
+
+
+def reset(ctx: Context) -> int:
+    """Delete the filter on every server, or the parts it left without a usable record."""
+    bloom, found = stored(ctx)
+    if found is not None and found.record is not None:
+        return _reset_filter(ctx, bloom, found.record)
+    return _reset_orphans(ctx, bloom, found)
+
+
+def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -> int:
+    """Delete a filter that has a record: every part its geometry and server count name."""
+    key = ctx.key
+    check_servers(ctx, bloom, record)
+    refuse_live_workers(ctx, bloom)
+    markers = inventory.check_markers(bloom, record)
+    _refuse_foreign_markers(ctx, record, markers)
+    native = native_if(ctx, record)
+    if native is not None:
+        present = len(native.existing())
+    else:
+        present = len(bloom.parts.existing(range(record.spec.shards)))
+    counters = bool(inventory.existing_keys(bloom.parts, [(bloom.parts.counter_key, None, None)]))
+    marked = sum(1 for marker in markers if marker.found is not None)
+    created = utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
+    parts = ["its config record", f"{present:,} shard key(s)"]
+    if counters:
+        parts.append("its counters")
+    if marked:
+        parts.append(f"its server markers on {marked} server(s)")
+    what = (
+        f"the Bloom filter {key!r} on {ctx.where} (id {record.filter_id}, created {created},"
+        f" {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
+    )
+    confirm_or_abort(ctx, what)
+    if native is not None:
+        delete_native(native.parts, record)
+    else:
+        bloom.parts.delete(record)
+    data = ctx.result(
+        servers=inventory.addresses(bloom),
+        deleted=True,
+        record=True,
+        id=record.filter_id,
+        shard_keys=present,
+        counters=counters,
+        server_markers=marked,
+    )
+    emit(ctx, data, [f"Deleted {what}."])
+    return EXIT_OK
+
+
+def _refuse_foreign_markers(
+    ctx: Context, record: FilterRecord, markers: Sequence[MarkerCheck]
+) -> None:
+    """Refuse to reset by a server list that does not match the servers' markers.
+
+    Deleting by geometry on servers listed in another order would miss parts, and on
+    a server of another filter, or holding another program's key, delete theirs.
+    """
+    for marker in markers:
+        if marker.status != "foreign" or marker.found is None:
+            continue
+        found = layout.parse_marker(marker.found)
+        if found is None:
+            problem = (
+                f"its key {layout.server_key(ctx.key)!r} holds {marker.found!r}, which is no"
+                " filter's server marker: another program's key where the filter keeps its"
+                " marker. Remove or rename that key, then reset again"
+            )
+        elif found[0] == record.filter_id:
+            problem = (
+                f"it is server {found[1]}/{found[2]} of the filter, given as server"
+                f" {marker.server}/{record.servers}. Give the servers in BLOOMFILTER_REDIS_URLS"
+                " in the crawl's order"
+            )
+        else:
+            problem = (
+                f"it holds part of another Bloom filter named {ctx.key!r} (id {found[0]}): the"
+                " servers given mix two filters'. Give this filter's own servers; reset"
+                " another filter's leftovers on their server alone"
+            )
+        raise CLIError(
+            ctx.frontend.rename(
+                f"Cannot reset the Bloom filter {ctx.key!r} (id {record.filter_id}) on"
+                f" {ctx.where}: Redis at {marker.address} is not its server {marker.server}:"
+                f" {problem}. Nothing was deleted."
+            )
+        )
+
+
+def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord | None) -> int:
+    """Delete what a filter without a usable record left, if it carries the filter's id."""
+    key = ctx.key
+    refuse_live_workers(ctx, bloom)
+    found = inventory.find_orphans(bloom)
+    if found.blocking:
+        record = found.blocking[0]
+        raise CLIError(
+            ctx.frontend.rename(
+                f"Cannot delete parts of the Bloom filter {key!r} on {ctx.where} as orphans:"
+                f" {record.key!r} on {record.address} is {record.what}. Give the servers in"
+                " BLOOMFILTER_REDIS_URLS in the filter's order, then reset again. Nothing was"
+                " deleted."
+            )
+        )
+    kept = list(found.kept)
+    data = ctx.result(
+        servers=inventory.addresses(bloom),
+        record=False,
+        not_deleted=orphan_data(kept),
+    )
+    kept_lines = ["Not deleted (carries no filter id):", *listing(key, kept)] if kept else []
+    if not found.deletable:
+        data.update(deleted=False, shard_keys=0, deleted_keys=[])
+        lines = [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete.", *kept_lines]
+        emit(ctx, data, lines)
+        return EXIT_OK
+    orphans = list(found.deletable)
+    shards = sum(1 for o in orphans if o.kind == "shard")
+    others = len(orphans) - shards
+    why = "its config record cannot be used" if unusable is not None else "it has no config record"
+    what = (
+        f"{shards:,} orphaned shard key(s)"
+        + (f" and {others:,} other part(s)" if others else "")
+        + f" of the Bloom filter {key!r} on {ctx.where} ({why})"
+    )
+    confirm_or_abort(ctx, what, [f"To delete, {what}:", *listing(key, orphans), *kept_lines])
+    deleted = inventory.delete_orphans(bloom, orphans)
+    changed = [o for o in orphans if o not in deleted]
+    data.update(
+        deleted=True, shard_keys=sum(1 for o in deleted if o.kind == "shard"),
+        deleted_keys=orphan_data(deleted), changed=orphan_data(changed),
+    )  # fmt: skip
+    lines = [f"Deleted {what}:", *listing(key, deleted)]
+    if changed:
+        lines += ["Not deleted (changed since listed):", *listing(key, changed)]
+    emit(ctx, data, lines + kept_lines)
+    return EXIT_OK
+
+
+def refuse_live_workers(ctx: Context, bloom: RedisBloomFilter) -> None:
+    """Refuse to reset while workers hold live leases, unless ``--force``."""
+    workers = bloom.live_workers()
+    if workers and not ctx.args.force:
+        raise CLIError(
+            f"{len(workers)} worker(s) still crawl with the Bloom filter {ctx.key!r} on"
+            f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"
+            " (they would go on adding to a filter that forgot what they saw)."
+        )

@@ -1,0 +1,446 @@
+"""The commands that show figures and change nothing: ``info``, ``watch`` and ``size``.
+
+``info`` reads the config record (``KEY:meta``), checks each shard's header and each
+server's marker against it, and counts its bits (BITCOUNT per shard): identity,
+geometry, creation time, bits set, fill ratio (with a bar chart of the shards' fill),
+estimated items, false-positive rate now, memory, totals, live workers, and the
+shards that are missing or not this filter's. A native filter (BF.*) shows its items
+and memory. It repairs nothing.
+
+``watch`` prints one line of live figures per interval while a crawl runs. Each line
+reads the counters every worker adds to about once a second (one read, no BITCOUNT,
+as the crawl's own progress line in :mod:`..scrapy.stats`): items from all
+workers, the share of the capacity, the fill and false-positive rate they imply, how
+many were added since the last line, and the live workers. A native filter reports
+what its shards say they hold. ``--count N`` stops after N lines (scripts, tests);
+otherwise Ctrl-C ends it, with exit status 0.
+
+``size`` is the sizing calculator, capacity and error rate <-> bits and hash
+functions. It reads the sizing settings (``BLOOMFILTER_CAPACITY`` / ``_ERROR_RATE`` or
+``_BIT`` / ``_HASH_NUMBER``, with ``_SHARD_BIT``, ``_SHARDS``, ``_EXPANSION``,
+``_TTL``) and says what a crawl would create from them: the geometry this release
+gives them (:mod:`..core.sizing`), the other way of writing it, the rate expected at
+capacity, what growth buys and the memory Redis reserves. Validated as a crawl
+validates them (:class:`..core.settings.BloomConfig`): a bad value is one error line.
+No Redis needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from scrapy_redis_bloom.cli.context import EXIT_OK, Context, UsageError, existing, open_existing
+from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table, utc
+from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.engine.state import (
+    FilterState,
+    estimate_from_items,
+    read_state,
+)
+from scrapy_redis_bloom.ops import inventory
+
+#: The two ways of sizing: given one, the other's settings are set aside.
+_BY_RATE = ("BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE")
+_BY_BITS = ("BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER")
+
+
+# -- info ------------------------------------------------------------------------------
+
+
+def shard_address(bloom: RedisBloomFilter, shard: int) -> str:
+    """Return where a shard lives."""
+    return bloom.topology.route(bloom.parts.shard_key(shard), shard, None).address
+
+
+def _servers_text(ctx: Context, places: Sequence[str]) -> str:
+    """Say where the filter lives, for the info table."""
+    if ctx.cluster:
+        return f"Redis Cluster, {len(places)} master(s): {', '.join(places)}"
+    if len(places) == 1:
+        return places[0]
+    return f"{len(places)}: " + ", ".join(f"{i}={place}" for i, place in enumerate(places))
+
+
+def info(ctx: Context) -> int:
+    """Show the filter's record, the state of its parts and of its bits; repair nothing."""
+    key = ctx.key
+    bloom, record = existing(ctx)
+    if isinstance(bloom, NativeBloomFilter):
+        return _native_info(ctx, bloom, record)
+    spec = record.spec
+    shards = inventory.check_shards(bloom, record)
+    markers = inventory.check_markers(bloom, record)
+    state = read_state(bloom.parts, record.growth)
+    activity, activity_rows = _activity(bloom, state)
+    places = inventory.addresses(bloom)
+    created = utc(record.created)
+    at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
+    growth = record.growth
+    written = sum(1 for ones in state.bits_set_per_shard if ones)
+    damaged = [(shard, "missing") for shard in shards.missing] + list(shards.foreign)
+    damaged.sort()
+    bad_markers = [m for m in markers if m.status != "ok"]
+    data: dict[str, Any] = {
+        "key": key,
+        "backend": "bitmap",
+        "server": ctx.address,
+        "servers": places,
+        "cluster": ctx.cluster,
+        "id": record.filter_id,
+        "state": record.state,
+        "created": created.isoformat(),
+        "created_timestamp": record.created,
+        "layout": record.layout,
+        "scheme": record.scheme,
+        "block_bits": spec.block_bits,
+        "sizing": record.sizing,
+        "record_servers": record.servers,
+        "bits": spec.bits,
+        "bytes": spec.total_bytes,
+        "shards": spec.shards,
+        "shard_bits": spec.shard_bits,
+        "hash_count": spec.hash_count,
+        "capacity": record.capacity,
+        "expected_fpr_at_capacity": at_capacity,
+        "bits_set": state.bits_set,
+        "fill_ratio": state.fill_ratio,
+        "estimated_items": state.estimated_items,
+        "estimated_fpr": state.estimated_fpr,
+        **activity,
+        "shards_with_bits_set": written,
+        "shards_missing": len(shards.missing),
+        "shards_foreign": len(shards.foreign),
+        "damaged_shards": [
+            {
+                "shard": shard,
+                "key": bloom.parts.shard_key(shard),
+                "server": shard_address(bloom, shard),
+                "found": what,
+            }
+            for shard, what in damaged
+        ],
+        "server_markers": [
+            {"server": m.address, "marker": m.found, "status": m.status} for m in markers
+        ],
+        "bits_set_per_shard": list(state.bits_set_per_shard),
+        "expansion": record.expansion,
+        "tightening": record.tightening,
+        "ttl": record.ttl,
+        "max_generations": growth.last + 1,
+        "grown_capacity": growth.grown_capacity,
+        "rate_bound": growth.rate_bound,
+        "generations": [
+            {
+                "generation": gen.generation,
+                "shards": gen.shards,
+                "bits": gen.bits,
+                "hash_count": gen.hash_count,
+                "capacity": gen.capacity,
+                "bits_set": gen.bits_set,
+                "fill_ratio": gen.fill_ratio,
+                "estimated_items": gen.estimated_items,
+                "estimated_fpr": gen.estimated_fpr,
+            }
+            for gen in state.generations
+        ],
+    }
+    state_text: str = record.state
+    if record.state == "creating":
+        state_text += " (being created, or its creator stopped: a worker opening it finishes it)"
+    rows = [
+        ("Bloom filter", key),
+        ("Filter id", record.filter_id),
+        ("Backend", "bitmap (Redis strings, hashed client-side)"),
+        ("State", state_text),
+        ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
+        ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        (
+            "Layout / hash scheme",
+            f"{record.layout} / {record.scheme}"
+            + (f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""),
+        ),
+        ("Sizing", record.sizing),
+        ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
+        ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
+        ("Missing or foreign shards", _damaged_text(bloom, damaged)),
+    ]
+    if markers:
+        rows.append(
+            (
+                "Server markers",
+                f"{len(markers) - len(bad_markers)} of {len(markers)} in place"
+                + "".join(f"; {m.address}: {m.status} ({m.found!r})" for m in bad_markers),
+            )
+        )
+    rows += [
+        ("Hash functions (k)", str(spec.hash_count)),
+        ("Capacity", f"{record.capacity:,} items"),
+        ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
+        ("Growth / re-crawl", _growth_text(record)),
+    ]
+    rows += [
+        (
+            f"Generation {gen.generation}",
+            f"{gen.shards:,} shard(s), k={gen.hash_count}, {100 * gen.fill_ratio:.2f} % of"
+            f" {format_bytes((gen.bits + 7) // 8)} set, ~{gen.estimated_items:,} of"
+            f" {gen.capacity:,} items, FP rate {gen.estimated_fpr:.3g}",
+        )
+        for gen in state.generations
+        if record.expansion or record.ttl
+    ]
+    rows += [
+        ("Bits set", f"{state.bits_set:,}"),
+        ("Fill ratio", f"{100 * state.fill_ratio:.4f} %"),
+        *fill_chart(state.bits_set_per_shard, state.total_bits // spec.shards),
+        ("Estimated items", f"{state.estimated_items:,}"),
+        (
+            "Estimated FP rate now",
+            f"{state.estimated_fpr:.3g}"
+            + (" (all generations together)" if len(state.generations) > 1 else ""),
+        ),
+    ]
+    emit(ctx, data, table(rows + activity_rows))
+    return EXIT_OK
+
+
+def _activity(
+    bloom: RedisBloomFilter | NativeBloomFilter, state: FilterState
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Return the data and the info rows on memory, the workers' counts and the live workers."""
+    totals = bloom.totals()
+    workers = bloom.live_workers()
+    data = {
+        "memory_bytes": state.memory_bytes,
+        "total_added": totals.added,
+        "total_filtered": totals.seen,
+        "live_workers": workers,
+    }
+    return data, [
+        ("Memory in Redis", f"{format_bytes(state.memory_bytes)} ({state.memory_bytes:,} bytes)"),
+        ("Added by all workers", f"{totals.added:,}"),
+        ("Filtered by all workers", f"{totals.seen:,}"),
+        ("Live workers", f"{len(workers)}" + (f" ({', '.join(workers)})" if workers else "")),
+    ]
+
+
+def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -> int:
+    """Show a native filter (BF.* shards): its record, its shards' items, memory and rate."""
+    present = bloom.existing()
+    state = bloom.state(present)
+    activity, activity_rows = _activity(bloom, state)
+    places = [node.address for node in bloom.topology.primaries()]
+    absent = [s for s in range(record.spec.shards) if s not in present]
+    data: dict[str, Any] = {
+        "key": ctx.key,
+        "backend": "native",
+        "servers": places,
+        "id": record.filter_id,
+        "state": record.state,
+        "created": utc(record.created).isoformat(),
+        "layout": record.layout,
+        "sizing": record.sizing,
+        "shards": record.spec.shards,
+        "shards_missing": len(absent),
+        "missing_shard_keys": [bloom.shard_keys[s] for s in absent],
+        "capacity": record.capacity,
+        "expansion": record.expansion,
+        "generations": len(state.generations),
+        "estimated_items": state.estimated_items,
+        "estimated_fpr": state.estimated_fpr,
+        **activity,
+    }
+    rows = [
+        ("Bloom filter", ctx.key),
+        ("Backend", "native (server-side Bloom filters, BF.*)"),
+        ("Filter id", record.filter_id),
+        ("State", record.state),
+        ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
+        ("Created", utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Sizing", record.sizing),
+        ("Shards", f"{record.spec.shards:,}, {len(absent):,} missing"),
+        ("Capacity", f"{record.capacity:,} items"),
+        ("Growth", record.growth_text()),
+        ("Sub-filters (most in a shard)", f"{len(state.generations)}"),
+        ("Estimated items", f"{state.estimated_items:,}"),
+        ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
+    ]
+    emit(ctx, data, table(rows + activity_rows))
+    return EXIT_OK
+
+
+def _growth_text(record: FilterRecord) -> str:
+    """Say how the filter grows and forgets, with what growth buys."""
+    growth = record.growth
+    text = record.growth_text()
+    if record.expansion:
+        text += (
+            f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
+            f" in all at an FP rate under {growth.rate_bound:.3g}"
+        )
+    return text
+
+
+def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
+    """Say which shards are missing or not this filter's: the first few, then a count."""
+    if not damaged:
+        return "0"
+    named = [
+        f"{bloom.parts.shard_key(shard)!r} on {shard_address(bloom, shard)}: {what}"
+        for shard, what in damaged[:5]
+    ]
+    more = f"; and {len(damaged) - 5:,} more" if len(damaged) > 5 else ""
+    return f"{len(damaged):,} ({'; '.join(named)}{more})"
+
+
+# -- watch ------------------------------------------------------------------------------
+
+
+def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
+    """Read the filter's live figures once."""
+    record = bloom.record
+    assert record is not None  # opened
+    totals = bloom.totals()
+    if isinstance(bloom, NativeBloomFilter):
+        state = bloom.state(bloom.existing())
+        items, fill = state.estimated_items, None
+    else:
+        state = estimate_from_items(record.growth, totals.added)
+        items, fill = totals.added, state.fill_ratio
+    return {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "items": items,
+        "capacity": record.capacity,
+        "fill_ratio": fill,
+        "estimated_fpr": state.estimated_fpr,
+        "filtered": totals.seen,
+        "live_workers": len(bloom.live_workers()),
+    }
+
+
+def _line(sample: dict[str, Any], previous: dict[str, Any] | None) -> str:
+    """Lay a sample out as one line."""
+    added = sample["items"] - previous["items"] if previous else 0
+    fill = sample["fill_ratio"]
+    return (
+        f"{sample['time'][11:19]}  {sample['items']:,} items"
+        f" ({100 * sample['items'] / sample['capacity']:.2f} % of {sample['capacity']:,})"
+        f"  +{added:,}"
+        + (f"  fill {100 * fill:.4f} %" if fill is not None else "")
+        + f"  FP rate {sample['estimated_fpr']:.3g}"
+        f"  {sample['filtered']:,} filtered  {sample['live_workers']} live worker(s)"
+    )
+
+
+def watch(ctx: Context) -> int:
+    """Print a line of figures every ``--interval`` seconds, ``--count`` times or until Ctrl-C."""
+    bloom = open_existing(ctx)
+    interval = float(ctx.args.interval)
+    count: int | None = ctx.args.count
+    previous: dict[str, Any] | None = None
+    done = 0
+    try:
+        while count is None or done < count:
+            if done:
+                time.sleep(interval)
+            sample = _sample(bloom)
+            out(json.dumps(sample) if ctx.args.json else _line(sample, previous))
+            previous = sample
+            done += 1
+    except KeyboardInterrupt:
+        pass  # the way to stop a watch without --count
+    return EXIT_OK
+
+
+# -- size -------------------------------------------------------------------------------
+
+
+def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
+    """Return the settings a calculation overrides: those given, and the other way unset.
+
+    Options for one way of sizing replace the project's settings of the other way,
+    which a crawl would refuse beside them.
+    """
+    found = {name: value for name, value in given.items() if value is not None}
+    if any(name in found for name in _BY_RATE):
+        found.update({name: None for name in _BY_BITS if name not in found})
+    elif any(name in found for name in _BY_BITS):
+        found.update({name: None for name in _BY_RATE if name not in found})
+    return found
+
+
+def size(args: argparse.Namespace, settings: SettingsLike) -> int:
+    """Print the geometry, rates and memory the sizing settings give."""
+    try:
+        config = BloomConfig.from_settings(settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    spec = config.spec
+    growth = config.growth
+    memory = filter_allocation(spec)
+    wanted, _ = config.sizing.geometry()
+    if config.sizing.capacity is not None:
+        other = (
+            f"BLOOMFILTER_BIT = {math.ceil(math.log2(wanted))},"
+            f" BLOOMFILTER_HASH_NUMBER = {spec.hash_count} (at least as many bits)"
+        )
+    else:
+        other = (
+            f"BLOOMFILTER_CAPACITY = {config.capacity},"
+            f" BLOOMFILTER_ERROR_RATE = {config.expected_error_rate:.3g}"
+        )
+    data: dict[str, Any] = {
+        "sizing": config.sizing.canonical(),
+        "capacity": config.capacity,
+        "error_rate_at_capacity": config.expected_error_rate,
+        "bits": spec.bits,
+        "bits_asked": wanted,
+        "hash_number": spec.hash_count,
+        "shards": spec.shards,
+        "shard_bits": spec.shard_bits,
+        "block_bits": spec.block_bits,
+        "bytes": spec.total_bytes,
+        "memory_bytes": memory,
+        "expansion": config.expansion,
+        "ttl": config.ttl,
+        "grown_capacity": growth.grown_capacity,
+        "rate_bound": growth.rate_bound,
+    }
+    rows = [
+        ("Sizing asked for", config.sizing.canonical()),
+        ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)}; {wanted:,} asked)"),
+        ("Hash functions (k)", str(spec.hash_count)),
+        ("The same, the other way", other),
+        ("Capacity", f"{config.capacity:,} items"),
+        ("Expected FP rate at capacity", f"{config.expected_error_rate:.3g}"),
+        ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits"),
+        *(
+            [("Blocked", f"each URL's bits in one {spec.block_bits}-bit block (hash scheme 2)")]
+            if spec.block_bits
+            else []
+        ),
+        ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, generation 0)"),
+    ]
+    if config.expansion:
+        rows.append(
+            (
+                "Growth",
+                f"x{config.expansion} per generation, up to {growth.grown_capacity:,} items"
+                f" at an FP rate under {growth.rate_bound:.3g}",
+            )
+        )
+    else:
+        rows.append(("Growth", "none (BLOOMFILTER_EXPANSION = 0): a fixed size"))
+    if config.ttl:
+        rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
+    emit(args, data, table(rows))
+    return EXIT_OK

@@ -1,0 +1,466 @@
+"""The table of the commands and their options, declared once for both front ends.
+
+``scrapy bloom`` (:mod:`.scrapy_command`) and the ``scrapy-redis-bloom`` alias
+(:mod:`.alias`) build their parsers from :data:`COMMANDS` and :data:`OPTIONS` with
+:func:`add_commands`. Each option names the subcommands of each front end that take
+it: the alias says where the filter lives and how to size it with flags
+(``--redis-url``, ``--capacity``...), each standing for a crawl setting
+(:attr:`Option.setting`), where ``scrapy bloom`` reads the project's settings
+(``-s NAME=VALUE``, ``--spider``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, restore
+from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, UsageError
+from scrapy_redis_bloom.cli.figures import info, watch
+from scrapy_redis_bloom.cli.streams import BATCH
+from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+
+#: Where the alias connects without ``--redis-url`` (and without ``$REDIS_URL``).
+DEFAULT_REDIS_URL = "redis://localhost:6379"
+#: The alias's socket timeout of each Redis command, in seconds.
+DEFAULT_TIMEOUT = 30.0
+
+#: A front end: ``scrapy bloom`` or the alias.
+Front = Literal["scrapy", "alias"]
+
+
+def key_argument(value: str) -> str:
+    """Validate ``--key``: a literal Redis key, not a settings template."""
+    if not value:
+        raise argparse.ArgumentTypeError("the key must not be empty")
+    if "%(spider)s" in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is the BLOOMFILTER_KEY template: give the key with the spider's name"
+            f" filled in, e.g. {value.replace('%(spider)s', 'myspider')!r}"
+        )
+    if "{" in value or "}" in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} contains {{ or }}, which no filter's key does (its shards' Redis"
+            " Cluster hash tags derive from it)"
+        )
+    return value
+
+
+def seconds_argument(value: str, zero_ok: bool = False) -> float:
+    """Parse a finite number of seconds: positive, or also 0 if ``zero_ok``."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not (math.isfinite(number) and (number > 0 or (zero_ok and number == 0))):
+        which = "non-negative" if zero_ok else "positive"
+        raise argparse.ArgumentTypeError(f"must be a {which} number, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    """Parse a positive whole number."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A subcommand: its name in ``scrapy bloom`` and in the alias (None: not there).
+
+    ``handler`` runs it on a connected :class:`.context.Context`; ``size``, which
+    needs no Redis, has none (the Scrapy command runs it itself).
+    """
+
+    name: str
+    alias: str | None
+    handler: Callable[[Context], int] | None
+    help: str
+    description: str
+
+
+COMMANDS = (
+    Command(
+        "info",
+        "info",
+        info,
+        "show the filter: capacity, items, fill, FP rate, memory, backend, workers",
+        "Show the filter's configuration (from its record) and the state of its bits: bits"
+        " set, fill ratio (a bar chart of the shards' fill), estimated items and"
+        " false-positive rate now, its counters and live workers. Repairs nothing.",
+    ),
+    Command(
+        "size",
+        None,
+        None,
+        "sizing calculator: capacity/error rate <-> BIT/HASH_NUMBER, with memory",
+        "Say what a crawl creates from the sizing settings, overridden by these options.",
+    ),
+    Command(
+        "reset",
+        "reset",
+        reset,
+        "delete the filter: its record and every part, on every server",
+        "Delete the filter's record, shards, counters and server markers, forgetting every"
+        " request it has seen. Stop the crawl first: a filter with live workers (see info)"
+        " is refused unless --force. Asks for confirmation on a terminal; otherwise pass"
+        " --yes. A filter that does not exist is not an error.",
+    ),
+    Command(
+        "add",
+        "add",
+        add,
+        "add fingerprints from files or stdin",
+        "Add request fingerprints to the filter and count those new and those already"
+        " present (a false positive counts as present).",
+    ),
+    Command(
+        "check",
+        "check",
+        check,
+        "count how many fingerprints the filter holds",
+        "Count the fingerprints the filter (probably) holds. Changes nothing.",
+    ),
+    Command(
+        "migrate",
+        "migrate-set",
+        migrate,
+        "copy a scrapy-redis dupefilter SET into the filter (resumable)",
+        "Copy the fingerprints of scrapy-redis's dupefilter SET into the filter by SSCAN, in"
+        " batches; an interrupted run continues where it stopped. The SET is left in place.",
+    ),
+    Command(
+        "dump",
+        None,
+        dump,
+        "write the filter to a file (streamed, checksummed)",
+        "Write the filter's record, counters and bits to FILE, in checksummed chunks:"
+        " memory stays flat whatever its size. Refuses while workers hold live leases"
+        " unless --force.",
+    ),
+    Command(
+        "restore",
+        None,
+        restore,
+        "restore a dump file as the filter, on any topology",
+        "Check FILE whole (every checksum), then write the filter it holds on the servers"
+        " the settings name; a refused or failed restore leaves nothing behind.",
+    ),
+    Command(
+        "watch",
+        None,
+        watch,
+        "print live items, fill and FP rate every interval while a crawl runs",
+        "Print one line of the filter's live figures every --interval seconds.",
+    ),
+)
+
+#: The subcommands that work on a filter in Redis (all but ``size``), by ``scrapy bloom``'s
+#: names: the alias has the first five (``migrate`` named ``migrate-set``).
+ON_FILTER = "info reset add check migrate dump restore watch"
+#: Titles of the help's sections.
+WHERE = "where the filter lives (as the crawl's settings)"
+SIZING = "sizing (to create a missing filter; checked against an existing one)"
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """An option (or argument) as argparse takes it, and the subcommands that take it.
+
+    ``scrapy`` and ``alias`` name the subcommands of each front end that take it, by
+    ``scrapy bloom``'s names; ``kwargs`` are argparse's, and ``in_alias`` what the alias
+    declares otherwise (``--key`` is required there, having no ``--spider`` beside it).
+    ``group`` is its section in the help; ``setting`` the crawl setting it stands for in
+    the alias, whose messages name the option instead.
+    """
+
+    flags: tuple[str, ...]
+    scrapy: tuple[str, ...]
+    alias: tuple[str, ...]
+    kwargs: dict[str, Any]
+    in_alias: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    setting: str = ""
+
+    @property
+    def dest(self) -> str:
+        """The attribute the parsed arguments hold the option's value in."""
+        return str(self.kwargs.get("dest") or self.flags[-1].lstrip("-").replace("-", "_"))
+
+
+def option(
+    flags: str,
+    scrapy: str,
+    alias: str,
+    help: str,
+    *,
+    in_alias: dict[str, Any] | None = None,
+    group: str | None = None,
+    setting: str = "",
+    **kwargs: Any,
+) -> Option:
+    """Declare an option: flags and subcommands as words; ``kwargs`` are argparse's."""
+    return Option(
+        tuple(flags.split()),
+        tuple(scrapy.split()),
+        tuple(alias.split()),
+        {"help": help, **kwargs},
+        in_alias or {},
+        group,
+        setting,
+    )
+
+
+def switch(flags: str, scrapy: str, alias: str, help: str, **kwargs: Any) -> Option:
+    """Declare an option that is off unless given (``store_true``)."""
+    return option(flags, scrapy, alias, help, action="store_true", **kwargs)
+
+
+def sizing(flag: str, kind: type, metavar: str, more: str = "") -> Option:
+    """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
+
+    It stands for the setting of its name, which its help names.
+    """
+    setting = "BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper()
+    help = setting + more
+    return option(
+        flag, "size", "add migrate", help, type=kind, metavar=metavar, group=SIZING, setting=setting
+    )
+
+
+#: Each option: its flags, the subcommands of ``scrapy bloom`` and of the alias that take
+#: it, its help, then argparse's keywords.
+OPTIONS = (
+    option(
+        "-s --set",
+        ON_FILTER + " size",
+        "",
+        "set/override setting (may be repeated)",
+        dest="sub_set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+    ),
+    option(
+        "--redis-url",
+        "",
+        ON_FILTER,
+        "Redis URL; give it several times for a server list, in the crawl's order"
+        " (BLOOMFILTER_REDIS_URLS: shard i on server i mod n). Default: $REDIS_URL, else"
+        f" {DEFAULT_REDIS_URL}",
+        action="append",
+        metavar="URL",
+        group=WHERE,
+        setting="BLOOMFILTER_REDIS_URL",
+    ),
+    switch(
+        "--cluster",
+        "",
+        ON_FILTER,
+        "the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
+        group=WHERE,
+        setting="BLOOMFILTER_REDIS_CLUSTER",
+    ),
+    option(
+        "--tls-ca-cert",
+        "",
+        ON_FILTER,
+        "CA certificate(s) (PEM) to verify a rediss:// server with (ssl_ca_certs)",
+        metavar="FILE",
+        group=WHERE,
+    ),
+    option(
+        "--tls-cert",
+        "",
+        ON_FILTER,
+        "client certificate (PEM) for servers that require one (ssl_certfile)",
+        metavar="FILE",
+        group=WHERE,
+    ),
+    option(
+        "--tls-key",
+        "",
+        ON_FILTER,
+        "the client certificate's private key (ssl_keyfile)",
+        metavar="FILE",
+        group=WHERE,
+    ),
+    option(
+        "--spider",
+        ON_FILTER,
+        "",
+        "the spider whose filter it is: fills in BLOOMFILTER_KEY's %%(spider)s (or give --key)",
+        metavar="NAME",
+    ),
+    option(
+        "--key",
+        ON_FILTER,
+        ON_FILTER,
+        "the filter's key: BLOOMFILTER_KEY with the spider's name filled in,"
+        " e.g. myspider:bloomfilter",
+        type=key_argument,
+        metavar="KEY",
+        in_alias={"required": True},
+    ),
+    switch("--json", ON_FILTER + " size", ON_FILTER, "print the result as JSON"),
+    option(
+        "--timeout",
+        "",
+        ON_FILTER,
+        "socket timeout of each Redis command (default: %(default)s)",
+        type=seconds_argument,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+    ),
+    option(
+        "--retry-timeout",
+        "",
+        ON_FILTER,
+        "how long a failing Redis command is retried, 0 for once"
+        " (BLOOMFILTER_RETRY_TIMEOUT; default: %(default)s)",
+        type=functools.partial(seconds_argument, zero_ok=True),
+        default=DEFAULT_RETRY_TIMEOUT,
+        metavar="SECONDS",
+        setting="BLOOMFILTER_RETRY_TIMEOUT",
+    ),
+    switch("-v --verbose", "", ON_FILTER, "log what the engine does on stderr"),
+    sizing("--capacity", int, "N"),
+    sizing("--error-rate", float, "P"),
+    sizing("--bit", int, "B", " (m = 2**B bits)"),
+    sizing("--hash-number", int, "K"),
+    sizing("--shard-bit", int, "S"),
+    sizing("--shards", int, "N"),
+    sizing("--expansion", int, "E", " (default 2; 0: fixed)"),
+    sizing("--ttl", int, "SECONDS", " (default 0: forever)"),
+    option(
+        "--blocked",
+        "size",
+        "add migrate",
+        "BLOOMFILTER_BLOCKED (each URL's bits in one 512-bit block)",
+        action="store_const",
+        const=True,
+        group=SIZING,
+        setting="BLOOMFILTER_BLOCKED",
+    ),
+    switch("-y --yes", "reset", "reset", "do not ask for confirmation"),
+    switch("--force", "reset", "reset", "reset even while workers hold live leases"),
+    option(
+        "files",
+        "add check",
+        "add check",
+        "files of fingerprints (40 hex digits), one a line; - for stdin, which is read when no"
+        " FILE is given",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+    ),
+    switch(
+        "--urls",
+        "add check",
+        "",
+        "the lines are URLs: fingerprint them as the crawl's dupefilter does",
+    ),
+    option(
+        "--set-key",
+        "migrate",
+        "migrate",
+        "the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
+        metavar="KEY",
+        in_alias={"required": True, "help": "the SET to read, e.g. myspider:dupefilter"},
+    ),
+    switch(
+        "--restart",
+        "migrate",
+        "migrate",
+        "start over, ignoring the progress marker an interrupted run left",
+    ),
+    option(
+        "--batch",
+        "migrate",
+        "migrate",
+        "fingerprints per bulk call, and between two saves of the progress marker"
+        " (default: %(default)s)",
+        type=positive_int,
+        default=BATCH,
+        metavar="N",
+    ),
+    option("file", "dump restore", "", "the dump file to write (dump) or read (restore)"),
+    switch(
+        "--force",
+        "dump",
+        "",
+        "dump even while workers add (URLs they add meanwhile may be missing)",
+    ),
+    switch(
+        "--replace", "restore", "", "delete a filter already under the key first (else refused)"
+    ),
+    option(
+        "--interval",
+        "watch",
+        "",
+        "seconds between lines (default: %(default)s)",
+        type=seconds_argument,
+        default=5.0,
+        metavar="SECONDS",
+    ),
+    option(
+        "--count",
+        "watch",
+        "",
+        "stop after N lines (default: never)",
+        type=positive_int,
+        metavar="N",
+    ),
+)
+
+
+def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: Any) -> None:
+    """Add the subcommands of ``front`` to ``parser``, each with its options and handler.
+
+    ``subparsers`` are ``add_subparsers``' keywords (the ``dest`` of the command's name).
+    """
+    commands = parser.add_subparsers(metavar="COMMAND", required=True, **subparsers)
+    for command in COMMANDS:
+        name = command.name if front == "scrapy" else command.alias
+        if name is None:
+            continue
+        sub = commands.add_parser(name, help=command.help, description=command.description)
+        sub.set_defaults(handler=command.handler)
+        groups: dict[str | None, Any] = {None: sub}
+        for spec in OPTIONS:
+            if command.name not in (spec.scrapy if front == "scrapy" else spec.alias):
+                continue
+            if spec.group not in groups:
+                groups[spec.group] = sub.add_argument_group(spec.group)
+            kwargs = {**spec.kwargs, **(spec.in_alias if front == "alias" else {})}
+            groups[spec.group].add_argument(*spec.flags, **kwargs)
+
+
+def sizing_from(settings: SettingsLike, rename: Callable[[str], str] = str) -> BloomConfig | None:
+    """Return the configuration the sizing settings describe; None when none is set.
+
+    ``BLOOMFILTER_BLOCKED`` alone sizes nothing: it shapes a filter other settings size.
+    """
+    names = [spec.setting for spec in OPTIONS if spec.group == SIZING]
+    if all(settings.get(name) is None for name in names if name != "BLOOMFILTER_BLOCKED"):
+        return None
+    try:
+        return BloomConfig.from_settings(settings)
+    except ValueError as exc:
+        raise UsageError(rename(str(exc))) from None
+
+
+def sizing_given(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the sizing settings the options give: setting -> value (None: not given)."""
+    return {
+        spec.setting: getattr(args, spec.dest, None) for spec in OPTIONS if spec.group == SIZING
+    }

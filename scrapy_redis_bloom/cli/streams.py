@@ -1,0 +1,278 @@
+"""What the commands print and read: results, JSON, prompts and progress; fingerprints and URLs.
+
+Everything a command prints goes through here: stdout carries the result only (so
+``--json`` output can be piped), stderr the prompts, the progress bars (``tqdm``,
+shown only when stderr is a terminal) and the errors (:func:`.context.err`).
+
+What ``add`` and ``check`` feed the filter is read here too: fingerprints, 40 hex
+digits, one per line, or URLs (``--urls``), which become the fingerprint the crawl's
+dupefilter gives a GET request for them (:func:`url_fingerprinter`), so ``check
+--urls`` answers what a crawl would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import IO, TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+from scrapy_redis_bloom.cli.context import CLIError, Context, UsageError, err, stdin_is_tty
+from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+from scrapy_redis_bloom.ops.inventory import Orphan
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+#: Keys listed one per line in text output, at most (JSON lists them all).
+LISTED = 20
+#: Rows of the shard fill chart, at most: shards are bucketed beyond that.
+CHART_ROWS = 16
+#: Width of the chart's longest bar, in characters.
+CHART_WIDTH = 30
+_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+
+def out(text: str = "") -> None:
+    """Write a line to stdout (looked up at call time, so capture works)."""
+    sys.stdout.write(text + "\n")
+
+
+def emit(ctx: Context | argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -> None:
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``lines``."""
+    args = ctx.args if isinstance(ctx, Context) else ctx
+    if args.json:
+        out(json.dumps(data, indent=2))
+    else:
+        for line in lines:
+            out(line)
+
+
+def table(rows: Sequence[tuple[str, str]]) -> list[str]:
+    """Lay out label/value rows in two aligned columns."""
+    width = max(len(label) for label, _ in rows)
+    return [f"{label:<{width}}  {value}" for label, value in rows]
+
+
+def bar(fraction: float, width: int = CHART_WIDTH) -> str:
+    """Draw ``fraction`` (0 to 1) of ``width`` characters with block eighths."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    return ("█" * full + (_EIGHTHS[rest] if rest else "")).ljust(width)
+
+
+def fill_chart(per_shard: Sequence[int], bits_per_shard: int) -> list[tuple[str, str]]:
+    """Return rows of a bar chart of the shards' fill: one per shard, or per bucket.
+
+    Bars are scaled to the fullest row (a young filter's fill is a small fraction:
+    unscaled bars would all be empty); each row also says its fill in percent.
+    """
+    if not per_shard or bits_per_shard <= 0:
+        return []
+    size = -(-len(per_shard) // CHART_ROWS)
+    rows: list[tuple[str, float]] = []
+    for start in range(0, len(per_shard), size):
+        bucket = per_shard[start : start + size]
+        label = f"{start}" if len(bucket) == 1 else f"{start}-{start + len(bucket) - 1}"
+        rows.append((label, sum(bucket) / (len(bucket) * bits_per_shard)))
+    top = max(fill for _, fill in rows) or 1.0
+    name = "Fill, shards" if size > 1 else "Fill, shard"
+    return [(f"{name} {label}", f"{bar(fill / top)} {100 * fill:.4f} %") for label, fill in rows]
+
+
+def progress(total: int | None, unit: str, what: str) -> tqdm[Any]:
+    """Return a progress bar on stderr, quiet when stderr is not a terminal."""
+    stream = sys.stderr
+    quiet = stream is None or not stream.isatty()
+    return tqdm(total=total, unit=unit, desc=what, file=stream, disable=quiet, unit_scale=True)
+
+
+def listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
+    """List keys one per line, indented, at most :data:`LISTED` of them.
+
+    The shard keys of one filter id are summed up on one line: a filter has thousands.
+    """
+    groups: dict[str, list[Orphan]] = {}
+    for orphan in orphans:
+        if orphan.kind == "shard":
+            groups.setdefault(orphan.filter_id, []).append(orphan)
+    lines = []
+    for filter_id, shards in groups.items():
+        places = sorted({o.address for o in shards})
+        pattern = "{" + key + ":<i>}:g<m>"
+        lines.append(
+            f"  {len(shards):,} shard key(s) {pattern!r} of filter id {filter_id}:"
+            f" shards {ranges(o.shard or 0 for o in shards)}, on {', '.join(places)}"
+        )
+    rest = [o for o in orphans if o.kind != "shard"]
+    lines += [f"  {o.key!r} on {o.address}: {o.what}" for o in rest[:LISTED]]
+    if len(rest) > LISTED:
+        lines.append(f"  ... and {len(rest) - LISTED:,} more")
+    return lines
+
+
+def ranges(numbers: Iterable[int]) -> str:
+    """Write numbers as ranges: ``0-5, 7, 9-12``."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def orphan_data(orphans: Sequence[Orphan]) -> list[dict[str, str]]:
+    """Describe keys for JSON."""
+    return [{"key": o.key, "server": o.address, "what": o.what} for o in orphans]
+
+
+def utc(timestamp: float) -> datetime:
+    """Return a Unix timestamp as an aware UTC datetime."""
+    return datetime.fromtimestamp(timestamp, tz=UTC)
+
+
+def confirm_or_abort(ctx: Context, what: str, lines: Sequence[str] = ()) -> None:
+    """Ask before deleting, unless ``--yes``; raise if the answer is not an explicit yes."""
+    if ctx.args.yes:
+        return
+    for line in lines:
+        err(line)
+    sys.stderr.write(f"Delete {what}? Every request it has seen will be forgotten. [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise CLIError("Not confirmed: nothing was deleted.")
+
+
+# -- what add and check read ----------------------------------------------------
+
+#: Fingerprints sent to the engine per bulk call: bounds the commands' memory.
+BATCH = 10_000
+
+FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")
+_URL = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+class BadLineError(Exception):
+    """An input line that is not what the command reads."""
+
+    def __init__(self, source: str, lineno: int, text: bytes) -> None:
+        super().__init__(source, lineno, text)
+        self.source = source
+        self.lineno = lineno
+        self.text = text
+
+
+def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
+    """Return the function the crawl's dupefilter fingerprints a URL's GET request with.
+
+    As :class:`..dupefilter.RFPDupeFilter` does: with ``BLOOMFILTER_FINGERPRINTER =
+    "crawler"``, the project's ``REQUEST_FINGERPRINTER_CLASS`` (built for a crawler of
+    these settings); otherwise the ``request_fingerprint`` of ``DUPEFILTER_CLASS``
+    when it is a scrapy-redis dupefilter (ours is), else scrapy-redis's own.
+    """
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+    from scrapy.utils.misc import build_from_crawler, load_object
+    from scrapy_redis.dupefilter import RFPDupeFilter as RedisDupeFilter
+
+    config = BloomConfig.from_settings(settings)
+    if config.fingerprinter == "crawler":
+        crawler = Crawler(Spider, settings if isinstance(settings, (Settings, dict)) else None)
+        fingerprinter: Any = build_from_crawler(
+            load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
+        )
+
+        def by_crawler(url: str) -> str:
+            return str(fingerprinter.fingerprint(Request(url)).hex())
+
+        return by_crawler
+    dupefilter: Any = RedisDupeFilter
+    named = settings.get("DUPEFILTER_CLASS")
+    if named:
+        loaded = load_object(named)
+        if isinstance(loaded, type) and issubclass(loaded, RedisDupeFilter):
+            dupefilter = loaded
+    # request_fingerprint is a pure function of the request: no instance state is needed,
+    # and building a dupefilter would open the filter and join it as a worker.
+    bare = dupefilter.__new__(dupefilter)
+
+    def by_dupefilter(url: str) -> str:
+        request: Request = Request(url)
+        return str(bare.request_fingerprint(request))
+
+    return by_dupefilter
+
+
+def read_lines(
+    paths: Sequence[str], parse: Callable[[bytes], bytes | None]
+) -> Iterator[list[bytes]]:
+    """Yield batches of parsed lines read from files (``-`` is stdin).
+
+    Blank lines are skipped. At a line ``parse`` refuses (None), the lines before it
+    are yielded, then :class:`BadLineError` is raised.
+    """
+    batch: list[bytes] = []
+    for path in paths:
+        source = "<stdin>" if path == "-" else path
+        with contextlib.ExitStack() as stack:
+            stream: IO[bytes]
+            stream = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+            for lineno, line in enumerate(stream, 1):
+                text = line.strip()
+                if not text:
+                    continue
+                parsed = parse(text)
+                if parsed is None:
+                    if batch:
+                        yield batch
+                    raise BadLineError(source, lineno, text)
+                batch.append(parsed)
+                if len(batch) == BATCH:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def parser_for(ctx: Context) -> Callable[[bytes], bytes | None]:
+    """Return how a line becomes a fingerprint: as given, or from its URL (``--urls``)."""
+    if not getattr(ctx.args, "urls", False):
+        return lambda text: text.lower() if FINGERPRINT.fullmatch(text) else None
+    fingerprint = url_fingerprinter(ctx.settings)
+
+    def from_url(text: bytes) -> bytes | None:
+        if not _URL.fullmatch(text):
+            return None
+        return fingerprint(text.decode(errors="replace")).encode()
+
+    return from_url
+
+
+def input_paths(ctx: Context) -> list[str]:
+    """Return the input files; stdin when none is given, unless it is a terminal."""
+    paths = [str(path) for path in ctx.args.files]
+    if not paths and stdin_is_tty():
+        what = "URLs" if getattr(ctx.args, "urls", False) else "fingerprints"
+        raise UsageError(
+            f"no FILE given and stdin is a terminal: give files of {what}, or pipe"
+            " them in (use - to type them on the terminal)"
+        )
+    return paths or ["-"]
+
+
+def bad_line(ctx: Context, exc: BadLineError, done: int, verb: str) -> CLIError:
+    """Return the error for an input line that is not a fingerprint (or URL)."""
+    shown = exc.text[:60].decode(errors="replace")
+    what = "URL" if getattr(ctx.args, "urls", False) else "request fingerprint (40 hex digits)"
+    return CLIError(
+        f"{exc.source}:{exc.lineno}: not a {what}: {shown!r}."
+        f" Stopped there; the {done:,} fingerprint(s) before it were {verb}."
+    )
