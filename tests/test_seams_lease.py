@@ -113,7 +113,7 @@ def test_the_lease_thread_survives_a_password_rotation_says_why_and_counts_it(
         assert warned, caplog.text
         assert warned[0].levelno == logging.WARNING
         assert worker in warned[0].message
-        assert "AuthenticationError: invalid username-password pair" in warned[0].message
+        assert "refused the filter's credentials" in warned[0].message
         assert len(warned) <= 2  # rate-limited: a line per TTL at most, not per attempt
         assert crawling.crawler.stats.get_value("bloomfilter/lease_failed") >= 2
         # The old password is accepted again: the same thread renews the lease.

@@ -58,6 +58,7 @@ STATS: dict[str, str] = {
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
     "reopened": "times the filter was found reset and created again, and adopted",
     "taken_back": "bits a check set in a shard found not to be this filter's, cleared again",
+    "lease_failed": "renewals of this worker's lease that failed (retried every second)",
     "grown": "generations a shard started because it held its capacity",
     "full": "checks of a shard past the capacity of its last generation",
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
