@@ -35,7 +35,9 @@ a name are listed and left alone. It asks first, unless ``--yes``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -397,10 +399,11 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
         f" {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
     )
     confirm_or_abort(ctx, what)
-    if native is not None:
-        delete_native(native.parts, record)
-    else:
-        bloom.parts.delete(record)
+    with claimed(ctx, bloom):
+        if native is not None:
+            delete_native(native.parts, record)
+        else:
+            bloom.parts.delete(record)
     data = ctx.result(
         servers=inventory.addresses(bloom),
         deleted=True,
@@ -490,7 +493,8 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
         + f" of the Bloom filter {key!r} on {ctx.where} ({why})"
     )
     confirm_or_abort(ctx, what, [f"To delete, {what}:", *listing(key, orphans), *kept_lines])
-    deleted = inventory.delete_orphans(bloom, orphans)
+    with claimed(ctx, bloom):
+        deleted = inventory.delete_orphans(bloom, orphans)
     changed = [o for o in orphans if o not in deleted]
     data.update(
         deleted=True, shard_keys=sum(1 for o in deleted if o.kind == "shard"),
@@ -501,6 +505,27 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
         lines += ["Not deleted (changed since listed):", *listing(key, changed)]
     emit(ctx, data, lines + kept_lines)
     return EXIT_OK
+
+
+@contextmanager
+def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
+    """Hold the worker registry while deleting: no worker starts on a filter half gone.
+
+    The check for live workers and the claim are one script (see
+    :meth:`.WorkerLease.clearing`): a worker that started since the prompt is refused
+    here too. With ``--force``, nothing is claimed.
+    """
+    if ctx.args.force:
+        yield
+        return
+    lease = bloom.lease(f"scrapy-bloom-reset:{socket.gethostname()}:{os.getpid()}", ttl=30)
+    try:
+        with lease.clearing() as others:
+            if others:
+                refuse_live_workers(ctx, bloom)
+            yield
+    finally:
+        lease.close()
 
 
 def refuse_live_workers(ctx: Context, bloom: RedisBloomFilter) -> None:
