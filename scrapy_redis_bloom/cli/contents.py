@@ -497,9 +497,11 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
         deleted = inventory.delete_orphans(bloom, orphans)
     changed = [o for o in orphans if o not in deleted]
     data.update(
-        deleted=True, shard_keys=sum(1 for o in deleted if o.kind == "shard"),
-        deleted_keys=orphan_data(deleted), changed=orphan_data(changed),
-    )  # fmt: skip
+        deleted=True,
+        shard_keys=sum(1 for o in deleted if o.kind == "shard"),
+        deleted_keys=orphan_data(deleted),
+        changed=orphan_data(changed),
+    )
     lines = [f"Deleted {what}:", *listing(key, deleted)]
     if changed:
         lines += ["Not deleted (changed since listed):", *listing(key, changed)]

@@ -22,7 +22,7 @@ from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, re
 from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, UsageError
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
-from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, setting
 
 #: Where the alias connects without ``--redis-url`` (and without ``$REDIS_URL``).
 DEFAULT_REDIS_URL = "redis://localhost:6379"
@@ -225,15 +225,23 @@ def switch(flags: str, scrapy: str, alias: str, help: str, **kwargs: Any) -> Opt
     return option(flags, scrapy, alias, help, action="store_true", **kwargs)
 
 
-def sizing(flag: str, kind: type, metavar: str, more: str = "") -> Option:
+def sizing(flag: str, metavar: str) -> Option:
     """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
 
-    It stands for the setting of its name, which its help names.
+    It stands for the setting of its name: its type, range and default, in its help,
+    come from that setting's row of the settings table.
     """
-    setting = "BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper()
-    help = setting + more
+    row = setting("BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper())
+    kind = int if row.kind == "int" else float
     return option(
-        flag, "size", "add migrate", help, type=kind, metavar=metavar, group=SIZING, setting=setting
+        flag,
+        "size",
+        "add migrate",
+        row.summary(),
+        type=kind,
+        metavar=metavar,
+        group=SIZING,
+        setting=row.name,
     )
 
 
@@ -333,14 +341,14 @@ OPTIONS = (
         setting="BLOOMFILTER_RETRY_TIMEOUT",
     ),
     switch("-v --verbose", "", ON_FILTER, "log what the engine does on stderr"),
-    sizing("--capacity", int, "N"),
-    sizing("--error-rate", float, "P"),
-    sizing("--bit", int, "B", " (m = 2**B bits)"),
-    sizing("--hash-number", int, "K"),
-    sizing("--shard-bit", int, "S"),
-    sizing("--shards", int, "N"),
-    sizing("--expansion", int, "E", " (default 2; 0: fixed)"),
-    sizing("--ttl", int, "SECONDS", " (default 0: forever)"),
+    sizing("--capacity", "N"),
+    sizing("--error-rate", "P"),
+    sizing("--bit", "B"),
+    sizing("--hash-number", "K"),
+    sizing("--shard-bit", "S"),
+    sizing("--shards", "N"),
+    sizing("--expansion", "E"),
+    sizing("--ttl", "SECONDS"),
     option(
         "--blocked",
         "size",
