@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
+    CredentialsRefusedError,
     FilterDamagedError,
     FilterMissingError,
     FilterUnavailableError,
@@ -49,6 +50,7 @@ __all__ = [
     "BloomConfig",
     "BloomFilterError",
     "ConfigMismatchError",
+    "CredentialsRefusedError",
     "FaultPolicy",
     "FilterDamagedError",
     "FilterEvents",

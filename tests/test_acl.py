@@ -256,13 +256,13 @@ def test_each_server_of_a_list_is_checked_in_one_round_trip(
     try:
         bloom = RedisBloomFilter(users, KEY, CONFIG.spec, CONFIG.capacity)
         exchanges: list[tuple[str, int]] = []
-        exchange = Node.exchange
+        send = Node.send
 
-        def counted(node: Node, payload: bytes, count: int) -> list[Any]:
+        def counted(node: Node, payload: bytes, count: int) -> Any:
             exchanges.append((node.address, count))
-            return exchange(node, payload, count)
+            return send(node, payload, count)
 
-        monkeypatch.setattr(Node, "exchange", counted)
+        monkeypatch.setattr(Node, "send", counted)
         with pytest.raises(AccessDeniedError) as caught:
             check_access(bloom.executor, bloom.topology, KEY)
         monkeypatch.undo()
@@ -285,11 +285,13 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
         admin = server.client()
         set_user(admin, [*KEY_PATTERNS, *FILTER_COMMANDS])
         user = redis.Redis(port=server.port, username="bloom", password="pw")
-        # Even a filter that answers "new" when Redis fails raises on a refusal.
+        strict = FaultPolicy(retry_timeout=1.0, on_error="raise")
+        bloom = RedisBloomFilter(user, KEY, CONFIG.spec, CONFIG.capacity, faults=strict)
         lenient = FaultPolicy(retry_timeout=1.0, on_error="allow")
-        bloom = RedisBloomFilter(user, KEY, CONFIG.spec, CONFIG.capacity, faults=lenient)
+        allowing = RedisBloomFilter(user, KEY, CONFIG.spec, CONFIG.capacity, faults=lenient)
         known = fingerprints(20)
         assert bloom.add_many(known) == [False] * 20
+        allowing.open()
         lease = bloom.lease("w1", ttl=30)
         assert lease.renew() == 0
         where = f"Redis at localhost:{server.port}"
@@ -322,6 +324,11 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
             match=r"could not check in bulk .* the command bitfield: its Redis user",
         ):
             bloom.contains_many(known)
+        # Under BLOOMFILTER_ON_ERROR = "allow", a refused check answers "new", counted
+        # and said, like any check Redis could not answer: never "seen", never raised.
+        assert allowing.check_and_add(fingerprints(22)[21]) is False
+        assert allowing.events.counts["errors"] == 1
+        allowing.close()
 
         # SCRIPT LOAD, when a node forgot the scripts.
         # (Redis 6.2 cannot take a subcommand away: "-script" takes them all.)
@@ -344,7 +351,8 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
         assert bloom.check_and_add(known[0]) is True
         assert bloom.contains_many(known) == [True] * 20
         assert lease.release() == 0
-        assert bloom.events.counts.get("errors", 0) == 0  # refusals are not outages
+        # Each refused check went through BLOOMFILTER_ON_ERROR ("raise" here): counted.
+        assert bloom.events.counts.get("errors", 0) == 3
         bloom.close()
         user.close()
         admin.close()

@@ -86,5 +86,9 @@ class AccessDeniedError(BloomFilterError):
         self.keys = keys
 
 
+class CredentialsRefusedError(AccessDeniedError):
+    """Redis refused the filter's user name or password (``AUTH``): a setting to fix."""
+
+
 class CertificateError(BloomFilterError):
     """The TLS handshake failed on a certificate: a setting to fix, not a fault to retry."""

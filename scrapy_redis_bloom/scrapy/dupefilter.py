@@ -31,6 +31,7 @@ from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     BloomFilterError,
+    CredentialsRefusedError,
     FilterUnavailableError,
 )
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
@@ -189,7 +190,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 servers=clients,
                 crawler=crawler,
             )
-        except AuthenticationError:
+        except (AuthenticationError, CredentialsRefusedError):
             for client in clients:
                 client.close()
             raise _credentials_error(clients, config) from None

@@ -46,7 +46,11 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
+from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
+    CredentialsRefusedError,
+    FilterUnavailableError,
+)
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.transport.node import (
     ERROR_REPLIES,
@@ -520,9 +524,9 @@ class Executor:
         results = self.run(operation, [Call(payload, key, shard, script=script)], write=True)
         return results.replies[0], lost or results.ambiguous[0]
 
-    def refused(self, operation: str, exc: RefusedError) -> AccessDeniedError:
+    def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:
         """Return the error for credentials Redis refused (a rotated password, say)."""
-        return AccessDeniedError(
+        return CredentialsRefusedError(
             f"Redis at {exc.address} refused the filter's credentials, so it could not"
             f" {operation} ({exc.cause}). Check the user name and password of the filter's"
             " Redis URL (BLOOMFILTER_REDIS_URL, REDIS_URL or REDIS_PARAMS) and the user's"
