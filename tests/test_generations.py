@@ -11,6 +11,7 @@ import hashlib
 import math
 import multiprocessing
 import queue
+import struct
 import threading
 import time
 import traceback
@@ -21,6 +22,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import (
@@ -422,6 +424,47 @@ def test_a_url_is_remembered_for_ttl_and_forgotten_within_twice_ttl(
     assert redis_client.keys("*grow:bloomfilter*") == []
 
 
+def test_windows_when_the_server_clock_steps_back(redis_client: redis.Redis) -> None:
+    """The window model both backends share (``engine/lua/windows.lua``), clock behind the anchor.
+
+    As after a failover to a replica whose clock is behind: a window the anchor shows
+    was started (and not expired) must exist, a missing one is reported; a window it
+    does not show is started quietly; the anchor never moves back. The native
+    backend's twin: tests/test_native.py.
+    """
+    ttl, anchor = 86_400, "{grow:bloomfilter:0}:g0"
+    bloom = bloom_for(
+        redis_client, config(1_000, 0.001, BLOOMFILTER_TTL=ttl, BLOOMFILTER_SHARDS=1), cache_size=0
+    )
+    element, other = fingerprints(2, "clock")
+    assert bloom.check_and_add(element) is False
+    w = int(redis_client.time()[0]) // ttl
+    window = f"{{grow:bloomfilter:0}}:w{w}:g0"
+
+    def set_anchor(before: int, newest: int) -> None:
+        redis_client.setrange(anchor, GENERATIONS_BIT // 8, struct.pack(">HI", before, newest))
+
+    def newest() -> int:
+        return int(struct.unpack(">I", redis_client.getrange(anchor, COUNT_BIT // 8, 31))[0])
+
+    # Window w + 1 started, w existed then: w is consulted; the anchor stays at w + 1.
+    set_anchor(1, w + 1)
+    assert bloom.check_and_add(element) is True
+    assert newest() == w + 1
+    # Two windows ahead, nothing said of w: w is no loss, it is started anew.
+    set_anchor(0, w + 2)
+    redis_client.delete(window)
+    assert bloom.check_and_add(other) is False
+    assert redis_client.exists(window)
+    assert newest() == w + 2
+    # The anchor says w existed when w + 1 started: w missing is a loss, reported.
+    set_anchor(1, w + 1)
+    redis_client.delete(window)
+    with pytest.raises(FilterDamagedError, match="gone"):
+        bloom.check_and_add(other)
+    bloom.close()
+
+
 # -- one round trip per check ----------------------------------------------------------------
 
 
@@ -430,7 +473,15 @@ HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH"}
 
 def client_commands(client: redis.Redis, action: Any) -> list[str]:
     """Run ``action``; return the commands clients sent meanwhile (MONITOR, not scripts')."""
-    seen: list[str] = []
+    return [text for by_script, text in monitored(client, action) if not by_script]
+
+
+def monitored(client: redis.Redis, action: Any) -> list[tuple[bool, str]]:
+    """Run ``action``; return the commands run meanwhile, each with whether a script ran it.
+
+    The handshake of this test's client is left out.
+    """
+    seen: list[tuple[bool, str]] = []
     with client.monitor() as monitor:
         done = threading.Event()
 
@@ -440,9 +491,9 @@ def client_commands(client: redis.Redis, action: Any) -> list[str]:
                 if text == "ECHO monitor-stop":
                     done.set()
                     return
-                # Not the scripts' own commands, nor the handshake of this test's client.
-                if command.get("client_type") != "lua" and text.split()[0] not in HANDSHAKE:
-                    seen.append(text)
+                by_script = command.get("client_type") == "lua"
+                if by_script or text.split()[0] not in HANDSHAKE:
+                    seen.append((by_script, text))
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -452,6 +503,41 @@ def client_commands(client: redis.Redis, action: Any) -> list[str]:
         assert done.wait(10)
         reader.join(5)
     return seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ttl", [0, 60])
+def test_the_keys_a_script_names_itself_are_in_the_slot_of_its_key(
+    redis_client: redis.Redis, ttl: int
+) -> None:
+    """Issue 22, bug 8: the limit the README states, and where it holds.
+
+    A check passes the shard's key alone in KEYS; the script touches the shard's later
+    generations and re-crawl windows by names it builds from it (how many, and which
+    window, only the script knows). Each such name carries the shard key's hash tag, so
+    it is in the same slot: Redis and Valkey (one server, Sentinel, Cluster:
+    ``test_growth_on_a_cluster``) run such scripts; a proxy that routes or locks by the
+    keys declared does not.
+    """
+    cfg = config(200, 0.01, BLOOMFILTER_SHARDS=2, BLOOMFILTER_TTL=ttl)
+    bloom = bloom_for(redis_client, cfg, cache_size=0)
+    bloom.add_many(fingerprints(2_000, "member"))  # several generations per shard
+
+    def checks() -> None:
+        for element in fingerprints(50, "fresh"):
+            bloom.check_and_add(element)
+        bloom.contains_many(fingerprints(50, "member"))
+
+    commands = monitored(redis_client, checks)
+    declared = {text.split()[3] for by_script, text in commands if text.startswith("EVALSHA ")}
+    touched = {text.split()[1] for by_script, text in commands if by_script and " " in text}
+    tags = {key[: key.index("}") + 1] for key in declared}
+    assert len(tags) == 2  # both shards checked
+    assert touched - declared  # names the scripts built: later generations, windows
+    for key in touched:
+        assert key[: key.index("}") + 1] in tags, key
+        assert key_slot(key.encode()) in {key_slot(k.encode()) for k in declared}, key
+    bloom.close()
 
 
 @pytest.mark.timeout(60)

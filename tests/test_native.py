@@ -661,6 +661,39 @@ def test_ttl_a_lost_window_or_anchor(bloom_redis_client: redis.Redis, policy: st
     bloom.close()
 
 
+def test_ttl_windows_when_the_server_clock_steps_back(bloom_redis_client: redis.Redis) -> None:
+    """The window model the bitmap backend shares (``engine/lua/windows.lua``), clock behind.
+
+    A window the anchor shows was started must exist; one it does not show is started
+    quietly (before the shared model: reported lost); the anchor never moves back. The
+    bitmap backend's twin: tests/test_generations.py.
+    """
+    ttl = 86_400
+    more = {"BLOOMFILTER_TTL": ttl, "BLOOMFILTER_CACHE_SIZE": 0, "BLOOMFILTER_SHARDS": 1}
+    bloom = native(bloom_redis_client, **more)
+    element, other = fingerprints(2, "clock")
+    assert bloom.check_and_add(element) is False
+    (anchor,) = bloom.shard_keys
+    w = int(bloom_redis_client.time()[0]) // ttl
+    window = f"{anchor}:w{w}"
+    # Window w + 1 started, w existed then: w is consulted; the anchor stays at w + 1.
+    bloom_redis_client.set(anchor, f"{w + 1} 1")
+    assert bloom.check_and_add(element) is True
+    assert bloom_redis_client.get(anchor) == f"{w + 1} 1".encode()
+    # Two windows ahead, nothing said of w: w is no loss, it is started anew.
+    bloom_redis_client.set(anchor, f"{w + 2} 0")
+    bloom_redis_client.delete(window)
+    assert bloom.check_and_add(other) is False
+    assert bloom_redis_client.exists(window)
+    assert bloom_redis_client.get(anchor) == f"{w + 2} 0".encode()
+    # The anchor says w existed when w + 1 started: w missing is a loss, reported.
+    bloom_redis_client.set(anchor, f"{w + 1} 1")
+    bloom_redis_client.delete(window)
+    with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
+        bloom.check_and_add(other)
+    bloom.close()
+
+
 def test_auto_needs_bf_on_every_server(
     bloom_redis_client: redis.Redis, redis_client: redis.Redis
 ) -> None:

@@ -19,8 +19,10 @@ window, ``{KEY:<i>}:w<w>:g<g>``, each key expiring at ``(w + 2) T``. A check con
 windows w - 1 and w and adds to w, so an element added at time t is found until the
 end of window w + 1 (at least T after t) and forgotten when that window's keys expire
 (at most 2T after t). The shard's own key ``{KEY:<i>}:g0`` is then a 32-byte anchor
-(its header) holding the newest window's number, so a window lost to eviction is
-told from one that expired.
+(its header) holding the newest window's number and whether the one before it existed
+then, so a window lost to eviction is told from one that expired. The native backend
+keeps its windows by the same model (one Lua function for both, ``engine/lua/windows.lua``),
+its anchor the same two numbers as text (see :mod:`..engine.native.ttl`).
 
 Everything here is a pure function of the config record, so every worker and the
 script compute the same numbers.

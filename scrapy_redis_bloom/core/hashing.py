@@ -24,8 +24,10 @@ compute the same bits:
            offset[i] = x
 
 All k bits of an element live in one shard, so one element touches one Redis key and
-therefore one Redis Cluster hash slot. The Lua scripts in :mod:`.scripts` run step 4
-on the server from ``(x, y)``, so a request sends two numbers, not k offsets.
+therefore one Redis Cluster hash slot. The scripts run step 4 on the server from
+``(x, y)``, so a request sends two numbers, not k offsets: its one Lua copy is
+``engine/lua/scheme.lua``, and tests/test_scheme_lua.py shows it gives the bits of
+:func:`offsets` for every scheme.
 
 Scheme version 2, **blocked** (``BLOOMFILTER_BLOCKED``): all k bits of an element
 fall in one block of ``B = 512`` bits (64 bytes, a cache line) of its shard, so a
@@ -162,7 +164,7 @@ def offsets(
     Computed in closed form: unrolling step 4 gives ``offset[i] = (x + i*y +
     (i**3 - i) / 6) mod S`` (blocked: inside x's block, with the third seed), the same
     numbers with one multiplication instead of a loop-carried chain (the bulk path
-    computes millions of them). The Lua scripts run the loop.
+    computes millions of them). The Lua copy (``engine/lua/scheme.lua``) runs the loop.
     """
     span = block_bits or shard_bits
     start = x % span

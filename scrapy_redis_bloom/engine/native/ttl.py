@@ -14,12 +14,20 @@ Time is cut into windows ``w = floor(Redis TIME / T)``, as for a bitmap filter (
 round trip, atomic): an element added at time t is found until the end of window
 w + 1 (at least T after t), and forgotten when that window expires (at most 2T).
 Each window is created for half the error rate (two are consulted).
+
+The window arithmetic (which window is current, which must exist, when the anchor
+moves on) is the bitmap backend's too: one Lua function, ``lua/windows.lua``. Only the
+anchor's encoding differs, and stays as filters already store it: this text here, the
+two numbers in the shard's header there (the bitmap shard's header is its identity,
+checked by everything that opens a shard, and a worker of an older version reading
+the other encoding would take its filter for a foreign one).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from scrapy_redis_bloom.engine.scripts import declare, lua
 from scrapy_redis_bloom.transport.wire import Script
 
 #: What a new shard's anchor holds: no window started yet.
@@ -31,72 +39,23 @@ WINDOW_LOST = -3
 #: Flag: a lost window was passed over (``BLOOMFILTER_ON_LOSS = "recreate"``).
 RECREATED = 1
 
-#: Check (and add) items in a shard's live windows. ``KEYS[1]`` the anchor; ARGV: the
-#: TTL, BF.RESERVE's rate and capacity, the expansion (0: NONSCALING), ``1`` to go on
-#: past a lost window, ``w`` to add or ``r`` to only check, then the items. Reply:
-#: ``{flags, answer...}`` with 1 for "seen in a live window"; or ``{ANCHOR_LOST}``,
-#: ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
-CHECK = Script(f"""
-local anchor = KEYS[1]
-local ttl = tonumber(ARGV[1])
-local state = redis.call('GET', anchor)
-if not state then return {{{ANCHOR_LOST}}} end
-local newest, before = string.match(state, '^(-?%d+) ([01])$')
-if not newest then return {{{FOREIGN}}} end
-newest, before = tonumber(newest), tonumber(before)
-local w = math.floor(tonumber(redis.call('TIME')[1]) / ttl)
-local cur, prev = anchor .. ':w' .. w, anchor .. ':w' .. (w - 1)
-local flags = 0
-local has_prev = redis.call('EXISTS', prev) == 1
-if not has_prev and (newest == w - 1 or (newest == w and before == 1)) then
-  if ARGV[5] ~= '1' then return {{{WINDOW_LOST}, prev}} end
-  flags = {RECREATED}
-end
-local has_cur = redis.call('EXISTS', cur) == 1
-if not has_cur and newest >= w then
-  if ARGV[5] ~= '1' then return {{{WINDOW_LOST}, cur}} end
-  flags = {RECREATED}
-end
-local write = ARGV[6] == 'w'
-if write and not has_cur then
-  if ARGV[4] == '0' then
-    redis.call('BF.RESERVE', cur, ARGV[2], ARGV[3], 'NONSCALING')
-  else
-    redis.call('BF.RESERVE', cur, ARGV[2], ARGV[3], 'EXPANSION', ARGV[4])
-  end
-  redis.call('EXPIREAT', cur, (w + 2) * ttl)
-  if newest < w then redis.call('SET', anchor, w .. ' ' .. (has_prev and 1 or 0)) end
-  has_cur = true
-end
-local before_hits = has_prev and redis.call('BF.MEXISTS', prev, unpack(ARGV, 7)) or nil
-local now_hits = nil
-if write then
-  now_hits = redis.call('BF.INSERT', cur, 'NOCREATE', 'ITEMS', unpack(ARGV, 7))
-elseif has_cur then
-  now_hits = redis.call('BF.MEXISTS', cur, unpack(ARGV, 7))
-end
-local out = {{flags}}
-for i = 1, #ARGV - 6 do
-  local seen = before_hits ~= nil and before_hits[i] == 1
-  if now_hits ~= nil then
-    if write then seen = seen or now_hits[i] == 0 else seen = seen or now_hits[i] == 1 end
-  end
-  out[i + 1] = seen and 1 or 0
-end
-return out
-""")
+#: Check (and add) items in a shard's live windows (``lua/native_windows.lua``, on the
+#: window model of ``lua/windows.lua`` it shares with the bitmap backend). ``KEYS[1]``
+#: the anchor; ARGV: the TTL, BF.RESERVE's rate and capacity, the expansion (0:
+#: NONSCALING), ``1`` to go on past a lost window, ``w`` to add or ``r`` to only check,
+#: then the items. Reply: ``{flags, answer...}`` with 1 for "seen in a live window"; or
+#: ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
+CHECK = Script(
+    declare(ANCHOR_LOST=ANCHOR_LOST, FOREIGN=FOREIGN, WINDOW_LOST=WINDOW_LOST, RECREATED=RECREATED)
+    + lua("windows")
+    + lua("native_windows")
+)
 
 #: Create a shard's anchor unless the key exists; reply with its type then.
-CREATE_ANCHOR = Script(f"""
-if redis.call('SET', KEYS[1], '{EMPTY_ANCHOR}', 'NX') then return 'created' end
-return redis.call('TYPE', KEYS[1])['ok']
-""")
+CREATE_ANCHOR = Script(declare(EMPTY_ANCHOR=EMPTY_ANCHOR) + lua("create_anchor"))
 
 #: Delete a shard's anchor or window only if it is still of the type given.
-DELETE_TYPED = Script("""
-if redis.call('TYPE', KEYS[1])['ok'] ~= ARGV[1] then return 0 end
-return redis.call('UNLINK', KEYS[1])
-""")
+DELETE_TYPED = Script(lua("delete_typed"))
 
 
 def window_key(anchor: str, window: int) -> str:

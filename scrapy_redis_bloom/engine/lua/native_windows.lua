@@ -1,0 +1,53 @@
+-- Check (and add) items in a native shard's live windows (windows.lua): a RedisBloom
+-- filter per window, {KEY:<i>}:bf:<id>:w<w>, created by the first add of that window.
+-- KEYS[1] the shard's anchor, a string "<newest window> <0|1>" ("-1 0" before any).
+-- ARGV: the TTL, BF.RESERVE's rate and capacity, the expansion (0: NONSCALING), ``1`` to
+-- go on past a lost window, ``w`` to add or ``r`` to only check, then the items. Reply:
+-- {flags, answer...} with 1 for "seen in a live window"; or {ANCHOR_LOST}, {FOREIGN},
+-- {WINDOW_LOST, key}.
+local anchor = KEYS[1]
+local state = redis.call('GET', anchor)
+if not state then return {ANCHOR_LOST} end
+local newest, before = string.match(state, '^(-?%d+) ([01])$')
+if not newest then return {FOREIGN} end
+local w, need_prev, need_cur, moves, expire =
+  window_plan(tonumber(ARGV[1]), tonumber(newest), tonumber(before))
+local cur, prev = anchor .. ':w' .. w, anchor .. ':w' .. (w - 1)
+local flags = 0
+local has_prev = redis.call('EXISTS', prev) == 1
+if not has_prev and need_prev then
+  if ARGV[5] ~= '1' then return {WINDOW_LOST, prev} end
+  flags = RECREATED
+end
+local has_cur = redis.call('EXISTS', cur) == 1
+if not has_cur and need_cur then
+  if ARGV[5] ~= '1' then return {WINDOW_LOST, cur} end
+  flags = RECREATED
+end
+local write = ARGV[6] == 'w'
+if write and not has_cur then
+  if ARGV[4] == '0' then
+    redis.call('BF.RESERVE', cur, ARGV[2], ARGV[3], 'NONSCALING')
+  else
+    redis.call('BF.RESERVE', cur, ARGV[2], ARGV[3], 'EXPANSION', ARGV[4])
+  end
+  redis.call('EXPIREAT', cur, expire)
+  has_cur = true
+end
+if write and moves then redis.call('SET', anchor, w .. ' ' .. (has_prev and 1 or 0)) end
+local before_hits = has_prev and redis.call('BF.MEXISTS', prev, unpack(ARGV, 7)) or nil
+local now_hits = nil
+if write then
+  now_hits = redis.call('BF.INSERT', cur, 'NOCREATE', 'ITEMS', unpack(ARGV, 7))
+elseif has_cur then
+  now_hits = redis.call('BF.MEXISTS', cur, unpack(ARGV, 7))
+end
+local out = {flags}
+for i = 1, #ARGV - 6 do
+  local seen = before_hits ~= nil and before_hits[i] == 1
+  if now_hits ~= nil then
+    if write then seen = seen or now_hits[i] == 0 else seen = seen or now_hits[i] == 1 end
+  end
+  out[i + 1] = seen and 1 or 0
+end
+return out
