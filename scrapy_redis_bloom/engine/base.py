@@ -1,8 +1,8 @@
 """What both backends' filters share: connections, counters, leases, the near-cache, outages.
 
-:class:`Facade` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
+:class:`FilterBase` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
 :class:`.native.NativeBloomFilter` (``BF.*``): everything here is the same whatever
-keeps the bits. A subclass calls :meth:`Facade._connect` first in its constructor and
+keeps the bits. A subclass calls :meth:`FilterBase._connect` first in its constructor and
 supplies ``contains_many``, ``record`` and ``spec``.
 """
 
@@ -54,7 +54,7 @@ class Outcome:
     failed: list[str | bytes] = field(default_factory=list)
 
 
-_F = TypeVar("_F", bound="Facade")
+_F = TypeVar("_F", bound="FilterBase")
 
 
 def tag(element: str | bytes) -> int:
@@ -63,7 +63,7 @@ def tag(element: str | bytes) -> int:
     return h1 | h2 << 64
 
 
-class Facade:
+class FilterBase:
     """The part of a filter that does not depend on its backend."""
 
     key: str

@@ -46,7 +46,7 @@ from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
 
 if TYPE_CHECKING:
-    from scrapy_redis_bloom.engine.base import Facade
+    from scrapy_redis_bloom.engine.base import FilterBase
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def part_key(key: str, record: FilterRecord, shard: int, generation: int = 0) ->
 
 
 def dump_filter(
-    bloom: Facade, out: BinaryIO, progress: Progress | None = None, *, force: bool = False
+    bloom: FilterBase, out: BinaryIO, progress: Progress | None = None, *, force: bool = False
 ) -> DumpSummary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 

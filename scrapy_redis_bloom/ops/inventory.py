@@ -7,7 +7,7 @@ change nothing, and be able to delete a filter too broken to open. So here:
 
 * :func:`probe` builds a :class:`~..engine.bitmap.filter.RedisBloomFilter` to reach
   the filter's keys before its geometry is known, and :func:`read_record` reads the
-  config record (usable or not); :meth:`~..engine.base.Facade.of_record` then builds
+  config record (usable or not); :meth:`~..engine.base.FilterBase.of_record` then builds
   the filter of the stored geometry; none is ever opened here;
 * :func:`check_shards` and :func:`check_markers` compare each shard's header and each
   server's marker with what the record expects (present, missing, foreign); deleting a

@@ -36,7 +36,7 @@ from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerEr
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
-from scrapy_redis_bloom.engine.base import Facade
+from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native import filter as native
 from scrapy_redis_bloom.engine.native import parts as native_parts
@@ -299,7 +299,7 @@ def restore_filter(
     report = progress if progress is not None else (lambda done, total: None)
     verified = verify_dump(inp, name, lambda done: report(done, 2 * size))
     record = verified.record
-    target_class: type[Facade] = (
+    target_class: type[FilterBase] = (
         native.NativeBloomFilter if record.backend == "native" else RedisBloomFilter
     )
     bloom = target_class.of_record(client, key, record, faults)
@@ -335,7 +335,7 @@ def restore_filter(
 
 
 def _prepare(
-    bloom: Facade, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
+    bloom: FilterBase, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
 ) -> bool:
     """Check the target servers and key; delete a filter there if asked. Return if one was."""
     where = bloom.topology.describe()
@@ -368,7 +368,7 @@ def _prepare(
     return replaced
 
 
-def _clear_existing(bloom: Facade, where: str, replace: bool) -> bool:
+def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
     """Refuse a filter under the key, or delete it when asked; return whether one was."""
     parts = bloom.parts
     fields = read_hash(parts, parts.meta_key, "look for a filter")
@@ -395,7 +395,7 @@ def _clear_existing(bloom: Facade, where: str, replace: bool) -> bool:
     return True
 
 
-def _taken(bloom: Facade, target: FilterRecord) -> list[str]:
+def _taken(bloom: FilterBase, target: FilterRecord) -> list[str]:
     """Return which keys of the restored filter's shards (generation 0), counters, markers exist."""
     parts = bloom.parts
     keys: list[tuple[str, int | None, int | None]]
@@ -417,7 +417,7 @@ class _Writes:
 
 
 def _write(
-    bloom: Facade,
+    bloom: FilterBase,
     target: FilterRecord,
     verified: VerifiedDump,
     inp: BinaryIO,
@@ -485,7 +485,7 @@ def _write(
         raise
 
 
-def _undo(bloom: Facade, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
+def _undo(bloom: FilterBase, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
     """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
 
     Raises :class:`RestoreFailedError` naming both failures if deleting fails too.

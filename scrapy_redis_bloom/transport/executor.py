@@ -75,6 +75,8 @@ PROBE_INTERVAL = 1.0
 MAX_REDIRECTS = 16
 
 _ASKING = pack_command(b"ASKING")
+#: Reply types that are results, whatever they hold (the hot path's replies).
+_PLAIN = (int, list)
 
 #: Error-reply prefixes that mean "not run, try again later".
 #: ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its replicas (one
@@ -518,7 +520,8 @@ class Executor:
         except (TransportError, RedisError, RedisClusterException, ValueError):
             lost = False  # not sent, or no node for the slot now (a failover): retried
         else:
-            if reply.__class__ is int or classify(reply) is Kind.RESULT:
+            # An int or an array is never an error reply: no need to classify it.
+            if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 return reply, False
             lost = False
         results = self.run(operation, [Call(payload, key, shard, script=script)], write=True)

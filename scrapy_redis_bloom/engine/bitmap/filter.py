@@ -1,4 +1,4 @@
-"""The Bloom filter in Redis: :class:`RedisBloomFilter`, the facade over the engine.
+"""The bitmap backend's filter: :class:`RedisBloomFilter`, bits in Redis strings, sharded.
 
 It knows Redis and the hashing scheme, nothing of Scrapy. Elements are request
 fingerprints as hex strings (see :mod:`..hashing`). The answer contract, for
@@ -39,7 +39,7 @@ from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
-from scrapy_redis_bloom.engine.base import Facade, Outcome
+from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 OPERATION = "check and add a request"
 
 
-class RedisBloomFilter(Facade):
+class RedisBloomFilter(FilterBase):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
     ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence

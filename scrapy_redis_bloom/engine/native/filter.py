@@ -37,7 +37,7 @@ from scrapy_redis_bloom.core.errors import (
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
-from scrapy_redis_bloom.engine.base import Facade, Outcome
+from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle, reopened, restore_record, sample
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -58,7 +58,7 @@ BATCH = 32
 _INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
 
 
-class NativeBloomFilter(Facade):
+class NativeBloomFilter(FilterBase):
     """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
 
     The same interface as :class:`.filter.RedisBloomFilter`; ``spec`` (only its shard
