@@ -41,7 +41,11 @@ from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, meta_key, 
 from scrapy_redis_bloom.core.sizing import (
     BLOCKED_HEADROOM,
     Sizing,
+    check_cost,
     false_positive_rate,
+    filter_allocation,
+    layout_costs,
+    miss_share,
     optimal_bits,
     optimal_geometry,
 )
@@ -206,6 +210,57 @@ def test_blocked_sizing_meets_the_rate_in_whole_blocks_with_more_bits(
     assert "blocked" not in default.canonical()
     for request in (sizing, plain, default):
         assert Sizing.parse(request.canonical()) == request
+
+
+# -- what each layout costs ------------------------------------------------------------
+
+#: Redis µs per check of a new fingerprint, measured on 2026-11-26 (bench/run.py --only t,
+#: ratios to SADD at 1.6 µs): (layout, capacity, rate, measured low, high), growing filters.
+MEASURED = [
+    ("classic", 1_000_000, 1e-4, 2.3 * 1.6, 3.4 * 1.6),
+    ("blocked", 1_000_000, 1e-4, 1.7 * 1.6, 2.0 * 1.6),
+    ("classic", 100_000_000, 1e-4, 7.7, 8.3),
+    ("blocked", 100_000_000, 1e-4, 4.3, 4.3),
+    ("native", 100_000_000, 1e-4, 1.16 * 3.0, 1.16 * 3.1),
+]
+
+
+@pytest.mark.parametrize(("layout", "capacity", "rate", "low", "high"), MEASURED)
+def test_the_cost_model_gives_the_measured_figures_within_15_percent(
+    layout: str, capacity: int, rate: float, low: float, high: float
+) -> None:
+    costs = {c.layout: c for c in layout_costs(Sizing(capacity, rate, rate_share=0.5), capacity)}
+    assert 0.85 * low <= costs[layout].check_us <= 1.15 * high
+
+
+def test_the_cost_model_scales_with_size_and_k_as_documented() -> None:
+    # Nothing missed in cache, nearly everything a hundred times past it.
+    assert miss_share(2**20) == 0.0 < miss_share(2**22) < miss_share(2**28) < 1.0
+    small, big = 2**20, 2**28
+    # Classic: every one of k bits misses; blocked: one block whatever k.
+    classic = [check_cost("classic", k, big) - check_cost("classic", k, small) for k in (6, 13)]
+    blocked = [check_cost("blocked", k, big) - check_cost("blocked", k, small) for k in (6, 13)]
+    assert classic[1] == pytest.approx(classic[0] * 13 / 6)
+    assert blocked[1] == pytest.approx(blocked[0])
+    assert all(check_cost("blocked", k, big) < check_cost("classic", k, big) for k in (6, 13))
+    # A fixed-size filter's command has one field fewer.
+    assert check_cost("classic", 6, big, growing=False) < check_cost("classic", 6, big)
+
+
+@pytest.mark.parametrize("rate", [1e-3, 1e-4, 1e-6])
+def test_each_layouts_memory_is_its_geometrys(rate: float) -> None:
+    n = 100_000_000
+    growing = config(n, rate)  # the default: growing, blocked
+    costs = {c.layout: c for c in layout_costs(growing.sizing, n)}
+    assert costs["blocked"].memory_bytes == filter_allocation(growing.spec)
+    classic = config(n, rate, BLOOMFILTER_BLOCKED=False)
+    assert costs["classic"].memory_bytes == filter_allocation(classic.spec)
+    assert costs["classic"].hash_count == classic.spec.hash_count
+    # Blocks cost memory, more as the rate falls: 9% at 1e-3, 18.5% at 1e-4, 40% at 1e-6.
+    extra = costs["blocked"].memory_bytes / costs["classic"].memory_bytes - 1
+    assert extra == pytest.approx({1e-3: 0.094, 1e-4: 0.185, 1e-6: 0.40}[rate], abs=0.005)
+    # Each meets the rate generation 0 is sized for (half: it may grow).
+    assert all(c.error_rate <= rate / 2 * 1.01 for c in costs.values())
 
 
 @pytest.mark.parametrize(

@@ -498,7 +498,8 @@ BLOCKED: Setting[bool | None] = Setting(
     default_text="blocked for a new bitmap filter",
     meaning="Keep each URL's k bits in one 512-bit block (hash scheme 2): on a filter bigger"
     " than the CPU's caches about half the Redis time per check of the classic layout, for"
-    " 9 to 18% more memory at 1e-3 to 1e-4 (see [Sizing](#sizing)). Unset: blocked for a new"
+    " 9% more memory at 1e-3, 19% at 1e-4 (see [Layouts](#layouts-classic-blocked-native))."
+    " Unset: blocked for a new"
     " bitmap filter, unblocked for a native one, and an existing filter keeps the layout it"
     " was created with. `False`: the classic (unblocked, scheme 1) layout; `True`: blocked"
     " (bitmap backend only). Stored in the filter's record: a worker asking for the other"
