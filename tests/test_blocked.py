@@ -41,7 +41,11 @@ from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, meta_key, 
 from scrapy_redis_bloom.core.sizing import (
     BLOCKED_HEADROOM,
     Sizing,
+    check_cost,
     false_positive_rate,
+    filter_allocation,
+    layout_costs,
+    miss_share,
     optimal_bits,
     optimal_geometry,
 )
@@ -193,12 +197,70 @@ def test_blocked_sizing_meets_the_rate_in_whole_blocks_with_more_bits(
     assert (
         false_positive_rate(m, k, capacity, B) <= aim < false_positive_rate(m - B, k, capacity, B)
     )
-    # Blocks cost bits: more than the unblocked request gets, before and after sharding.
-    plain = Sizing(capacity=capacity, error_rate=rate)
+    # Blocks cost bits: more than the classic request gets, before and after sharding.
+    plain = Sizing(capacity=capacity, error_rate=rate, blocked=False)
     assert m > optimal_bits(capacity, rate) == plain.geometry()[0]
     assert spec.bits > plain.spec().bits
-    assert sizing.canonical() == f"{plain.canonical()} blocked=True"
-    assert "blocked" not in plain.canonical()
+    # Blocked is the default; the text says the layout only when it was asked for, so a
+    # default request's text is the one classic filters were created with before.
+    default = Sizing(capacity=capacity, error_rate=rate)
+    assert default.spec() == spec
+    assert sizing.canonical() == f"{default.canonical()} blocked=True"
+    assert plain.canonical() == f"{default.canonical()} blocked=False"
+    assert "blocked" not in default.canonical()
+    for request in (sizing, plain, default):
+        assert Sizing.parse(request.canonical()) == request
+
+
+# -- what each layout costs ------------------------------------------------------------
+
+#: Redis µs per check of a new fingerprint, measured on 2026-11-26 (bench/run.py --only t,
+#: ratios to SADD at 1.6 µs): (layout, capacity, rate, measured low, high), growing filters.
+MEASURED = [
+    ("classic", 1_000_000, 1e-4, 2.3 * 1.6, 3.4 * 1.6),
+    ("blocked", 1_000_000, 1e-4, 1.7 * 1.6, 2.0 * 1.6),
+    ("classic", 100_000_000, 1e-4, 7.7, 8.3),
+    ("blocked", 100_000_000, 1e-4, 4.3, 4.3),
+    ("native", 100_000_000, 1e-4, 1.16 * 3.0, 1.16 * 3.1),
+]
+
+
+@pytest.mark.parametrize(("layout", "capacity", "rate", "low", "high"), MEASURED)
+def test_the_cost_model_gives_the_measured_figures_within_15_percent(
+    layout: str, capacity: int, rate: float, low: float, high: float
+) -> None:
+    costs = {c.layout: c for c in layout_costs(Sizing(capacity, rate, rate_share=0.5), capacity)}
+    assert 0.85 * low <= costs[layout].check_us <= 1.15 * high
+
+
+def test_the_cost_model_scales_with_size_and_k_as_documented() -> None:
+    # Nothing missed in cache, nearly everything a hundred times past it.
+    assert miss_share(2**20) == 0.0 < miss_share(2**22) < miss_share(2**28) < 1.0
+    small, big = 2**20, 2**28
+    # Classic: every one of k bits misses; blocked: one block whatever k.
+    classic = [check_cost("classic", k, big) - check_cost("classic", k, small) for k in (6, 13)]
+    blocked = [check_cost("blocked", k, big) - check_cost("blocked", k, small) for k in (6, 13)]
+    assert classic[1] == pytest.approx(classic[0] * 13 / 6)
+    assert blocked[1] == pytest.approx(blocked[0])
+    assert all(check_cost("blocked", k, big) < check_cost("classic", k, big) for k in (6, 13))
+    # A fixed-size filter's command has one field fewer.
+    assert check_cost("classic", 6, big, growing=False) < check_cost("classic", 6, big)
+
+
+@pytest.mark.parametrize("rate", [1e-3, 1e-4, 1e-6])
+def test_each_layouts_memory_is_its_geometrys(rate: float) -> None:
+    n = 100_000_000
+    growing = config(n, rate)  # the default: growing, blocked
+    costs = {c.layout: c for c in layout_costs(growing.sizing, n)}
+    assert costs["blocked"].memory_bytes == filter_allocation(growing.spec)
+    classic = config(n, rate, BLOOMFILTER_BLOCKED=False)
+    assert costs["classic"].memory_bytes == filter_allocation(classic.spec)
+    assert costs["classic"].hash_count == classic.spec.hash_count
+    # Blocks cost memory, more as the rate falls: 9% at 1e-3, 18.5% at 1e-4, 40% at 1e-6.
+    extra = costs["blocked"].memory_bytes / costs["classic"].memory_bytes - 1
+    assert extra == pytest.approx({1e-3: 0.094, 1e-4: 0.185, 1e-6: 0.40}[rate], abs=0.005)
+    # Each meets the rate generation 0 is sized for (half: it may grow).
+    assert all(c.error_rate <= rate / 2 * 1.01 for c in costs.values())
 
 
 @pytest.mark.parametrize(
@@ -447,8 +509,10 @@ def test_the_setting_takes_booleans(value: object, on: bool) -> None:
     cfg = config(10_000, 1e-3, BLOOMFILTER_BLOCKED=value)
     assert cfg.sizing.blocked is on
     assert cfg.spec.block_bits == (B if on else 0)
-    assert ("blocked=True" in cfg.sizing.canonical()) is on
-    assert config(10_000, 1e-3).spec.block_bits == 0  # the default
+    assert f"blocked={on}" in cfg.sizing.canonical()
+    default = config(10_000, 1e-3)  # unset: blocked, and the text says nothing
+    assert (default.sizing.blocked, default.spec.block_bits) == (None, B)
+    assert "blocked" not in default.sizing.canonical()
 
 
 def test_the_setting_refuses_anything_else_by_name() -> None:
@@ -475,14 +539,50 @@ def test_the_record_says_scheme_2_and_other_schemes_are_refused(redis_client: re
     second = bloom_for(redis_client, cfg, KEY)
     assert second.open().spec.block_bits == B
     assert second.contains_many(fingerprints(100, "member")) == [True] * 100
-    # An unblocked worker with the same capacity and rate is refused, and told why.
+    # A classic worker with the same capacity and rate is refused, and told why.
+    classic = config(10_000, 1e-3, BLOOMFILTER_BLOCKED=False)
     with pytest.raises(ConfigMismatchError, match="blocked"):
-        bloom_for(redis_client, config(10_000, 1e-3), KEY).open()
+        bloom_for(redis_client, classic, KEY).open()
     # And the other way round.
-    bloom_for(redis_client, config(10_000, 1e-3), "plain").open()
+    bloom_for(redis_client, classic, "plain").open()
     assert redis_client.hget(meta_key("plain"), "scheme") == b"1"
     with pytest.raises(ConfigMismatchError, match="blocked"):
         bloom_for(redis_client, cfg, "plain").open()
+
+
+def test_a_default_worker_keeps_a_classic_filter_and_creates_blocked_ones(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A classic filter, as every filter was before blocked became the default.
+    classic = config(10_000, 1e-3, BLOOMFILTER_BLOCKED=False)
+    first = bloom_for(redis_client, classic, "plain")
+    first.add_many(fingerprints(100, "member"))
+    before = redis_client.hgetall(meta_key("plain"))
+    assert before[b"scheme"] == b"1"
+    # A worker with the default settings opens it with one INFO line, keeping its layout.
+    default = config(10_000, 1e-3)
+    assert default.spec.block_bits == B
+    caplog.set_level("INFO")
+    worker = bloom_for(redis_client, default, "plain")
+    assert worker.open().spec == first.spec
+    assert worker.spec.block_bits == 0
+    assert worker.contains_many(fingerprints(100, "member")) == [True] * 100
+    said = [r for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
+    assert [r.levelname for r in said if r.levelno >= 20] == ["INFO"]
+    assert "keeps the classic (unblocked) layout" in said[0].getMessage()
+    assert redis_client.hgetall(meta_key("plain")) == before  # nothing rewritten
+    # A new filter of the default settings is blocked; its text names no layout, so a
+    # worker asking for blocked filters adopts it and one asking for classic is refused.
+    fresh = bloom_for(redis_client, default, KEY)
+    assert fresh.open().spec.block_bits == B
+    stored = redis_client.hgetall(meta_key(KEY))
+    assert stored[b"scheme"] == b"2"
+    assert b"blocked" not in stored[b"sizing"]
+    assert bloom_for(redis_client, blocked(10_000, 1e-3), KEY).open().spec == fresh.spec
+    with pytest.raises(ConfigMismatchError, match="blocked"):
+        bloom_for(redis_client, classic, KEY).open()
+    for bloom in (first, worker, fresh):
+        bloom.close()
 
 
 # -- topologies and backends -------------------------------------------------------------------
@@ -508,9 +608,12 @@ def test_a_blocked_filter_on_a_cluster_answers_as_on_one_server(
 def test_auto_makes_a_new_blocked_filter_a_bitmap_one_on_a_bloom_server(
     bloom_redis_client: redis.Redis,
 ) -> None:
-    # The control: unblocked, auto picks the server's BF.* filters.
+    # The control: the default layout, where auto picks the server's BF.* filters,
+    # sized unblocked (blocks are the bitmap backend's default, not a reason to pick it).
     native = make_filter(bloom_redis_client, "plain", config(10_000, 1e-3))
     assert native.backend == "native"
+    assert native.open().spec.block_bits == 0
+    assert bloom_redis_client.hget(meta_key("plain"), "scheme") == b"1"
     cfg = blocked(10_000, 1e-3, BLOOMFILTER_BACKEND="auto")
     bloom = make_filter(bloom_redis_client, KEY, cfg)
     assert isinstance(bloom, RedisBloomFilter)

@@ -19,6 +19,7 @@ from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.sizing import filter_allocation, format_bytes
 
 KEY = "myspider:bloomfilter"
 #: A small filter over several shards, so that sharding is exercised.
@@ -117,6 +118,44 @@ def test_info_human_table(
     assert rows["Created"].endswith(" UTC")
     assert rows["Bits (m)"].startswith(f"{bloom.spec.bits:,} (")
     assert rows["Live workers"] == "0"
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_info_shows_each_layouts_memory_and_redis_time(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str, blocked: bool
+) -> None:
+    config = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_BLOCKED": blocked})
+    bloom = RedisBloomFilter.from_config(redis_client, KEY, config)
+    spec = bloom.open().spec
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    layouts = {entry["layout"]: entry for entry in data["layouts"]}
+    assert list(layouts) == ["classic", "blocked", "native"]
+    this = "blocked" if blocked else "classic"
+    assert [name for name, entry in layouts.items() if entry["current"]] == [this]
+    # This filter's own row is its geometry, exactly; the other bitmap layout's is what
+    # the same capacity and rate give it (blocked: more bits for the same rate).
+    other = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_BLOCKED": not blocked}).spec
+    for name, geometry in ((this, spec), ("classic" if blocked else "blocked", other)):
+        assert layouts[name]["hash_count"] == geometry.hash_count
+        assert layouts[name]["memory_bytes"] == filter_allocation(geometry)
+    assert layouts["blocked"]["memory_bytes"] > layouts["classic"]["memory_bytes"]
+    assert all(entry["error_rate_at_capacity"] <= 1e-4 for entry in layouts.values())
+    assert all(entry["redis_us_per_check"] > 0 for entry in layouts.values())
+    # The table says the same in rows, this filter's marked.
+    code, out, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert (code, err) == (0, "")
+    rows = {
+        label.strip(): value.strip()
+        for label, value in (line.split("  ", 1) for line in out.splitlines())
+    }
+    mark = "Blocked layout (this filter)" if blocked else "Classic layout (unblocked) (this filter)"
+    assert rows[mark].startswith(
+        f"k={spec.hash_count}, {format_bytes(filter_allocation(spec))}, FP rate at capacity"
+    )
+    assert rows[mark].endswith("µs of Redis per check")
+    assert "model" in rows["Layouts"]
+    assert rows["Native (BF.*)"].startswith(f"k={layouts['native']['hash_count']}, ")
+    bloom.close()
 
 
 def test_info_of_an_empty_filter(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_redis_bloom.core.hashing import MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 from scrapy_redis_bloom.core.settings import KEY, BloomConfig, ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.core.sizing import (
@@ -27,6 +28,9 @@ from scrapy_redis_bloom.transport.connection import filter_clients
 
 #: What a shard string holds besides its bits.
 OVERHEAD = HEADER_BYTES + STRING_OVERHEAD
+#: The classic (unblocked, scheme 1) layout, whose shards fill their blocks to the byte
+#: and whose m and k are the textbook formulas; a new filter is blocked by default.
+CLASSIC = {"BLOOMFILTER_BLOCKED": False}
 
 
 def reserved(spec: FilterSpec) -> int:
@@ -43,11 +47,16 @@ def assert_snug(spec: FilterSpec, bits: int, slack: float = ALLOCATION_SLACK) ->
 
 
 def test_defaults_match_scrapy_redis_bloomfilter() -> None:
-    config = BloomConfig.from_settings({})
-    assert config.spec.hash_count == 6
-    assert_snug(config.spec, 2**30)
+    classic = BloomConfig.from_settings(CLASSIC)
+    assert classic.spec.hash_count == 6
+    assert_snug(classic.spec, 2**30)
     # 16 shards of 8 MiB would each take a 10 MiB block: 26 of 5 MiB reserve 130 MiB.
-    assert (config.spec.shards, config.spec.shard_bytes) == (26, 5 * 2**20 - OVERHEAD)
+    assert (classic.spec.shards, classic.spec.shard_bytes) == (26, 5 * 2**20 - OVERHEAD)
+    # The default is the same bits and k, blocked: each shard's last partial block unused.
+    config = BloomConfig.from_settings({})
+    whole_blocks = classic.spec.shard_bits // BLOCK_BITS * BLOCK_BITS
+    assert config.spec == replace(classic.spec, shard_bits=whole_blocks, block_bits=BLOCK_BITS)
+    assert shard_allocation(config.spec) == shard_allocation(classic.spec)
     assert config.capacity == math.floor(config.spec.bits * math.log(2) / 6)
     assert config.key == KEY.default == "%(spider)s:bloomfilter"
     assert config.fingerprinter == "scrapy-redis"
@@ -62,18 +71,32 @@ def test_defaults_match_scrapy_redis_bloomfilter() -> None:
 FIXED = {"BLOOMFILTER_EXPANSION": 0}
 
 PINNED = [
-    ({}, FilterSpec(shards=26, shard_bits=41_942_656, hash_count=6)),
+    (CLASSIC, FilterSpec(shards=26, shard_bits=41_942_656, hash_count=6)),
     (
-        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED},
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED, **CLASSIC},
         FilterSpec(shards=21, shard_bits=917_120, hash_count=13),
     ),
     (
-        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED},
+        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED, **CLASSIC},
         FilterSpec(shards=286, shard_bits=67_108_480, hash_count=13),
     ),
     (
-        {"BLOOMFILTER_CAPACITY": 100_000, "BLOOMFILTER_ERROR_RATE": 1e-3, **FIXED},
+        {"BLOOMFILTER_CAPACITY": 100_000, "BLOOMFILTER_ERROR_RATE": 1e-3, **FIXED, **CLASSIC},
         FilterSpec(shards=9, shard_bits=163_456, hash_count=10),
+    ),
+    # The default layout, blocked.
+    ({}, FilterSpec(shards=26, shard_bits=41_942_528, hash_count=6, block_bits=BLOCK_BITS)),
+    (
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED},
+        FilterSpec(shards=17, shard_bits=1_310_208, hash_count=12, block_bits=BLOCK_BITS),
+    ),
+    (
+        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED},
+        FilterSpec(shards=329, shard_bits=67_108_352, hash_count=12, block_bits=BLOCK_BITS),
+    ),
+    (
+        {"BLOOMFILTER_CAPACITY": 100_000, "BLOOMFILTER_ERROR_RATE": 1e-3, **FIXED},
+        FilterSpec(shards=1, shard_bits=1_572_352, hash_count=9, block_bits=BLOCK_BITS),
     ),
 ]
 
@@ -93,7 +116,7 @@ def test_sizing_is_stored_in_a_stable_form() -> None:
 
 def test_bit_and_hash_number_accept_strings_from_the_command_line() -> None:
     config = BloomConfig.from_settings(
-        Settings({"BLOOMFILTER_BIT": "20", "BLOOMFILTER_HASH_NUMBER": "7"})
+        Settings({"BLOOMFILTER_BIT": "20", "BLOOMFILTER_HASH_NUMBER": "7", **CLASSIC})
     )
     assert config.spec.hash_count == 7
     # 128 KiB: no block size meets 2% once each key's bookkeeping counts; the least is 2.1%.
@@ -102,7 +125,7 @@ def test_bit_and_hash_number_accept_strings_from_the_command_line() -> None:
 
 def test_capacity_and_error_rate_give_the_optimal_m_and_k() -> None:
     config = BloomConfig.from_settings(
-        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 0.001, **FIXED}
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 0.001, **FIXED, **CLASSIC}
     )
     m = math.ceil(-1_000_000 * math.log(0.001) / math.log(2) ** 2)
     assert m == optimal_bits(1_000_000, 0.001) == 14_377_588
@@ -112,12 +135,14 @@ def test_capacity_and_error_rate_give_the_optimal_m_and_k() -> None:
 
 
 def test_capacity_alone_uses_the_default_error_rate() -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": "1e6", **FIXED})
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": "1e6", **FIXED, **CLASSIC})
     assert_snug(config.spec, optimal_bits(1_000_000, 0.001))
 
 
 def test_capacity_may_accompany_bit_sizing_to_report_the_expected_rate() -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_CAPACITY": 10**8})
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_BIT": 30, "BLOOMFILTER_CAPACITY": 10**8, **CLASSIC}
+    )
     assert config.capacity == 10**8
     expected = false_positive_rate(config.spec.bits, 6, 10**8)
     assert config.expected_error_rate == pytest.approx(expected)
@@ -125,20 +150,22 @@ def test_capacity_may_accompany_bit_sizing_to_report_the_expected_rate() -> None
 
 
 def test_bit_40_exceeds_one_redis_string() -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 40})
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 40, **CLASSIC})
     assert_snug(config.spec, 2**40)
     assert config.spec.shard_bits <= 2**26
     assert config.spec.shards > 2**14
 
 
 def test_shard_bit_sets_the_largest_shard() -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARD_BIT": 32})
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_BIT": 40, "BLOOMFILTER_SHARD_BIT": 32, **CLASSIC}
+    )
     assert_snug(config.spec, 2**40)
     assert 2**26 < config.spec.shard_bits <= 2**32
 
 
 def test_shard_count_splits_bits_into_equal_shards() -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_SHARDS": 3})
+    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_SHARDS": 3, **CLASSIC})
     assert config.spec.shards == 3
     assert config.spec.shard_bits >= math.ceil(2**30 / 3)
     # The shards fill the 48 MiB blocks Redis reserves for them.
@@ -148,7 +175,7 @@ def test_shard_count_splits_bits_into_equal_shards() -> None:
 
 def test_capacity_sizing_rounds_up_to_whole_shards_only() -> None:
     config = BloomConfig.from_settings(
-        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED}
+        {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 1e-4, **FIXED, **CLASSIC}
     )
     wanted = optimal_bits(10**9, 1e-4)
     assert_snug(config.spec, wanted)
@@ -164,7 +191,7 @@ def test_key_for_fills_in_the_spider() -> None:
 
 
 def test_describe_names_m_k_shards_and_rate() -> None:
-    text = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30}).describe()
+    text = BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, **CLASSIC}).describe()
     assert "m=1,090,509,056 bits (130.0 MiB)" in text
     assert "26 shard(s) of 41,942,656 bits" in text
     assert "k=6" in text
@@ -206,13 +233,15 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "nan"}, r"BLOOMFILTER_ERROR_RATE setting \('nan'\) is invalid"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "1%"}, r"BLOOMFILTER_ERROR_RATE setting \('1%'\) is invalid"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 8\d hash functions; at most 64"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25, **CLASSIC}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 8\d hash functions; at most 64"),
     ({"BLOOMFILTER_CAPACITY": 10**15, "BLOOMFILTER_ERROR_RATE": 1e-9}, r"BLOOMFILTER_CAPACITY setting \(1000000000000000\) is invalid\. At error rate 1e-09 it needs .* more than the 2\*\*47"),
     ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
     ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),
     ({"BLOOMFILTER_ERROR_RATE": 0.01}, r"BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY"),
     ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 7 to 32: a shard holds at most 2\*\*32 bits"),
     ({"BLOOMFILTER_SHARD_BIT": 6}, r"BLOOMFILTER_SHARD_BIT setting \(6\) is invalid\. It must be an integer from 7 to 32"),
-    ({"BLOOMFILTER_BIT": 47, "BLOOMFILTER_SHARD_BIT": 7}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),
+    ({"BLOOMFILTER_BIT": 47, "BLOOMFILTER_SHARD_BIT": 7, **CLASSIC}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),
+    ({"BLOOMFILTER_BIT": 24, "BLOOMFILTER_SHARD_BIT": 8}, r"BLOOMFILTER_SHARD_BIT setting \(8\) is invalid\. It cannot split .* A blocked filter's shards hold whole 512-bit blocks: give larger shards, or set BLOOMFILTER_BLOCKED = False"),
     ({"BLOOMFILTER_SHARD_BIT": 2}, r"BLOOMFILTER_SHARD_BIT setting \(2\) is invalid"),
     ({"BLOOMFILTER_SHARDS": 0}, r"BLOOMFILTER_SHARDS setting \(0\) is invalid\. It must be a positive integer"),
     ({"BLOOMFILTER_SHARDS": 4, "BLOOMFILTER_SHARD_BIT": 20}, r"BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict"),
@@ -305,9 +334,13 @@ def test_fault_policy_settings() -> None:
 
 @pytest.mark.parametrize("shard_bit", range(7, 33))
 def test_every_documented_shard_bit_works(shard_bit: int) -> None:
-    config = BloomConfig.from_settings({"BLOOMFILTER_BIT": 24, "BLOOMFILTER_SHARD_BIT": shard_bit})
-    assert config.spec.bits >= 2**24
-    assert config.spec.shard_bits <= 2**shard_bit
+    settings = {"BLOOMFILTER_BIT": 24, "BLOOMFILTER_SHARD_BIT": shard_bit}
+    # As documented: any in the classic layout, 9 or more (whole 512-bit blocks) blocked.
+    layouts = [CLASSIC, {}] if shard_bit >= 9 else [CLASSIC]
+    for layout in layouts:
+        config = BloomConfig.from_settings({**settings, **layout})
+        assert config.spec.bits >= 2**24
+        assert config.spec.shard_bits <= 2**shard_bit
 
 
 SECRET = "Sup3r-s3cret"  # a test password

@@ -18,6 +18,7 @@ from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 import scrapy_redis_bloom
 from scrapy_redis_bloom.core.errors import BloomFilterError, ConfigMismatchError, WrongTypeError
+from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
@@ -176,7 +177,12 @@ def test_resolved_config_is_logged_once_without_the_password(
     assert len(lines) == 1
     assert "'books:bloomfilter' (id " in lines[0]
     assert f") on Redis at 127.0.0.1:{server.port}: m=" in lines[0]
-    assert "k=21" in lines[0]  # sized for half the rate: it may grow
+    # Sized for half the rate, as it may grow: more hash functions than a fixed size's
+    # (the default layout, blocked: k = 17 here; classic: 21).
+    growing = BloomConfig.from_settings(SMALL).spec.hash_count
+    fixed = BloomConfig.from_settings({**SMALL, "BLOOMFILTER_EXPANSION": 0}).spec.hash_count
+    assert growing > fixed
+    assert f"k={growing} hash functions" in lines[0]
     assert "grows 2x per generation" in lines[0]
     assert "expected false-positive rate at capacity" in lines[0]
     assert "s3cret" not in caplog.text

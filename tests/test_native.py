@@ -94,7 +94,8 @@ def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -
     fields = bitmap.fields()
     del fields["backend"]
     assert FilterRecord.parse("k:meta", fields).backend == "bitmap"
-    nat = FilterRecord.new(cfg.spec, cfg.capacity, "x", backend="native")
+    native_cfg = config(BLOOMFILTER_BACKEND="native")  # unblocked: native has no blocks
+    nat = FilterRecord.new(native_cfg.spec, cfg.capacity, "x", backend="native")
     assert nat.fields()["layout"] == "3"
     assert FilterRecord.parse("k:meta", nat.fields()) == nat
     wrong = {**nat.fields(), "layout": "2"}
@@ -476,6 +477,11 @@ def test_cli_info_add_check_and_reset_on_a_native_filter(
     assert (info["estimated_items"], info["shards_missing"], info["generations"]) == (300, 0, 1)
     assert info["total_added"] == 300
     assert info["memory_bytes"] > 0
+    # Each layout's memory and Redis time at the filter's capacity and rate: this one native.
+    layouts = {entry["layout"]: entry for entry in info["layouts"]}
+    assert list(layouts) == ["classic", "blocked", "native"]
+    assert [name for name, entry in layouts.items() if entry["current"]] == ["native"]
+    assert layouts["blocked"]["memory_bytes"] > layouts["classic"]["memory_bytes"]
     more = write_lines(tmp_path / "more.txt", fingerprints(310, "cli"))
     added = run_json(capsys, "add", *target, more)
     assert (added["new"], added["already_present"]) == (10, 300)

@@ -324,10 +324,11 @@ class SizingRow:
 
 
 def sizing_rows(markdown: str) -> list[SizingRow]:
-    """Return the README's Sizing table."""
+    """Return the README's Sizing table: the section's first (the layouts' tables follow)."""
     section = markdown.split("\n## Sizing\n", 1)[1].split("\n## ", 1)[0]
+    first = section[section.index("\n|") :].split("\n\n", 1)[0]
     rows = []
-    for line in section.splitlines():
+    for line in first.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 7 and cells[0][:1].isdigit():
             rows.append(

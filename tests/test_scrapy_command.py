@@ -38,6 +38,7 @@ from scrapy_run import (
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli.contents import marker_key
+from scrapy_redis_bloom.core.sizing import filter_allocation, format_bytes
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 pytestmark = NOT_INSTALLED
@@ -343,6 +344,43 @@ def test_size_calculator(outside: Path) -> None:
     assert scrapy(project, "bloom", "size", "--bit", "20", "--hash-number", "5").code == 0
     bad = scrapy(outside, "bloom", "size", "--capacity", "0")
     assert "BLOOMFILTER_CAPACITY" in one_line_error(bad, 2)
+
+
+def test_size_compares_the_layouts(outside: Path) -> None:
+    asked = ("--capacity", "100000000", "--error-rate", "0.0001")
+    data = json.loads(scrapy(outside, "bloom", "size", *asked, "--json").out)
+    layouts = {entry["layout"]: entry for entry in data["layouts"]}
+    assert list(layouts) == ["classic", "blocked", "native"]
+    # A new bitmap filter is blocked by default; --no-blocked asks for the classic layout.
+    assert [name for name, entry in layouts.items() if entry["current"]] == ["blocked"]
+    assert data["block_bits"] == 512
+    settings = {"BLOOMFILTER_CAPACITY": 10**8, "BLOOMFILTER_ERROR_RATE": 1e-4}
+    for name, blocked in (("classic", False), ("blocked", True)):
+        spec = BloomConfig.from_settings({**settings, "BLOOMFILTER_BLOCKED": blocked}).spec
+        assert layouts[name]["memory_bytes"] == filter_allocation(spec)
+        assert layouts[name]["hash_count"] == spec.hash_count
+    # The memory the README's sizing table states, and the model's order of the layouts.
+    assert format_bytes(layouts["classic"]["memory_bytes"]) == "248.0 MiB"
+    assert format_bytes(layouts["blocked"]["memory_bytes"]) == "294.0 MiB"
+    times = {name: entry["redis_us_per_check"] for name, entry in layouts.items()}
+    assert times["native"] < times["blocked"] < times["classic"]
+    classic = json.loads(scrapy(outside, "bloom", "size", *asked, "--no-blocked", "--json").out)
+    assert [e["layout"] for e in classic["layouts"] if e["current"]] == ["classic"]
+    assert classic["block_bits"] == 0
+    assert classic["layouts"] == [
+        {**e, "current": not e["current"]} if e["layout"] != "native" else e
+        for e in data["layouts"]
+    ]
+    text = scrapy(outside, "bloom", "size", *asked)
+    rows = {
+        label.strip(): value.strip()
+        for label, value in (line.split("  ", 1) for line in text.out.splitlines())
+    }
+    assert rows["Blocked layout (these settings)"].startswith(
+        "k=13, 294.0 MiB, FP rate at capacity"
+    )
+    assert rows["Classic layout (unblocked)"].startswith("k=14, 248.0 MiB, FP rate at capacity")
+    assert rows["Native (BF.*)"].endswith("µs of Redis per check")
 
 
 def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> None:

@@ -5,7 +5,9 @@ server's marker against it, and counts its bits (BITCOUNT per shard): identity,
 geometry, creation time, bits set, fill ratio (with a bar chart of the shards' fill),
 estimated items, false-positive rate now, memory, totals, live workers, and the
 shards that are missing or not this filter's. A native filter (BF.*) shows its items
-and memory. It repairs nothing.
+and memory. Both show what each layout (classic, blocked, native) would take in memory
+and Redis time per check at the filter's capacity and rate (:func:`..core.sizing.layout_costs`).
+It repairs nothing.
 
 ``watch`` prints one line of live figures per interval while a crawl runs. Each line
 reads the counters every worker adds to about once a second (one read, no BITCOUNT,
@@ -20,7 +22,9 @@ functions. It reads the sizing settings (``BLOOMFILTER_CAPACITY`` / ``_ERROR_RAT
 ``_BIT`` / ``_HASH_NUMBER``, with ``_SHARD_BIT``, ``_SHARDS``, ``_EXPANSION``,
 ``_TTL``) and says what a crawl would create from them: the geometry this release
 gives them (:mod:`..core.sizing`), the other way of writing it, the rate expected at
-capacity, what growth buys and the memory Redis reserves. Validated as a crawl
+capacity, what growth buys, the memory Redis reserves, and each layout's memory and
+estimated Redis time per check (the blocked one is a new bitmap filter's default, see
+:data:`..core.settings.BLOCKED`). Validated as a crawl
 validates them (:class:`..core.settings.BloomConfig`): a bad value is one error line.
 No Redis needed.
 """
@@ -39,7 +43,15 @@ from scrapy_redis_bloom.cli.context import EXIT_OK, Context, UsageError, existin
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table, utc
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
-from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.core.sizing import (
+    LayoutCost,
+    Sizing,
+    false_positive_rate,
+    filter_allocation,
+    format_bytes,
+    layout_costs,
+    rate_share,
+)
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.state import (
@@ -188,6 +200,9 @@ def info(ctx: Context) -> int:
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
         ("Growth / re-crawl", _growth_text(record)),
     ]
+    layouts, layout_rows = _record_layouts(record)
+    data["layouts"] = layouts
+    rows += layout_rows
     rows += [
         (
             f"Generation {gen.generation}",
@@ -240,6 +255,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
     activity, activity_rows = _activity(bloom, state)
     places = [node.address for node in bloom.topology.primaries()]
     absent = [s for s in range(record.spec.shards) if s not in present]
+    layouts, layout_rows = _record_layouts(record)
     data: dict[str, Any] = {
         "key": ctx.key,
         "backend": "native",
@@ -257,6 +273,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         "generations": len(state.generations),
         "estimated_items": state.estimated_items,
         "estimated_fpr": state.estimated_fpr,
+        "layouts": layouts,
         **activity,
     }
     rows = [
@@ -270,12 +287,66 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Shards", f"{record.spec.shards:,}, {len(absent):,} missing"),
         ("Capacity", f"{record.capacity:,} items"),
         ("Growth", record.growth_text()),
+        *layout_rows,
         ("Sub-filters (most in a shard)", f"{len(state.generations)}"),
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
     ]
     emit(ctx, data, table(rows + activity_rows))
     return EXIT_OK
+
+
+#: What the layouts' rows say of their Redis time, once.
+_MODEL = "est. Redis time per check: a model of Redis 7.0 on 2 vCPUs (README: Sizing)"
+_LAYOUT_NAMES = {
+    "classic": "Classic layout (unblocked)",
+    "blocked": "Blocked layout",
+    "native": "Native (BF.*)",
+}
+
+
+def _layouts(
+    costs: Sequence[LayoutCost], current: str | None, mark: str
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Return each layout's figures as data and as rows; ``current`` is marked ``mark``."""
+    data = [
+        {
+            "layout": cost.layout,
+            "hash_count": cost.hash_count,
+            "memory_bytes": cost.memory_bytes,
+            "error_rate_at_capacity": cost.error_rate,
+            "redis_us_per_check": round(cost.check_us, 2),
+            "current": cost.layout == current,
+        }
+        for cost in costs
+    ]
+    rows = [("Layouts", _MODEL)] + [
+        (
+            _LAYOUT_NAMES[cost.layout] + (f" ({mark})" if cost.layout == current else ""),
+            f"k={cost.hash_count}, {format_bytes(cost.memory_bytes)}, FP rate at capacity"
+            f" {cost.error_rate:.3g}, ~{cost.check_us:.1f} µs of Redis per check",
+        )
+        for cost in costs
+    ]
+    return data, rows
+
+
+def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Return what each layout costs at the filter's capacity and rate, this one marked."""
+    share = rate_share(record.expansion, record.ttl, record.tightening)
+    sizing = Sizing.parse(record.sizing, share)
+    if sizing is None:  # a filter made from a bare geometry: its capacity at its own rate
+        spec = record.spec
+        rate = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
+        sizing = Sizing(capacity=record.capacity, error_rate=rate)
+    costs = layout_costs(
+        sizing, record.capacity, growing=bool(record.expansion), servers=record.servers
+    )
+    if record.backend == "native":
+        current = "native"
+    else:
+        current = "blocked" if record.spec.block_bits else "classic"
+    return _layouts(costs, current, "this filter")
 
 
 def _growth_text(record: FilterRecord) -> str:
@@ -415,6 +486,14 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         "grown_capacity": growth.grown_capacity,
         "rate_bound": growth.rate_bound,
     }
+    costs = layout_costs(
+        config.sizing,
+        config.capacity,
+        growing=bool(config.expansion),
+        servers=max(1, len(config.connection.urls)),
+    )
+    current = "blocked" if spec.block_bits else "classic"
+    data["layouts"], layout_rows = _layouts(costs, current, "these settings")
     rows = [
         ("Sizing asked for", config.sizing.canonical()),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)}; {wanted:,} asked)"),
@@ -429,6 +508,7 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
             else []
         ),
         ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, generation 0)"),
+        *layout_rows,
     ]
     if config.expansion:
         rows.append(

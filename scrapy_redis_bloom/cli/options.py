@@ -353,9 +353,9 @@ OPTIONS = (
         "--blocked",
         "size",
         "add migrate",
-        "BLOOMFILTER_BLOCKED (each URL's bits in one 512-bit block)",
-        action="store_const",
-        const=True,
+        "BLOOMFILTER_BLOCKED: each URL's bits in one 512-bit block, a new bitmap filter's"
+        " default; --no-blocked for the classic (unblocked) layout",
+        action=argparse.BooleanOptionalAction,
         group=SIZING,
         setting="BLOOMFILTER_BLOCKED",
     ),

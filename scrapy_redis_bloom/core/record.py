@@ -278,7 +278,9 @@ class FilterRecord:
 
         The worker is accepted when it lists as many servers and asks either for the
         same sizing (and then adopts the stored geometry, whatever this release would
-        compute) or for the same geometry.
+        compute) or for the same geometry. A worker that leaves ``BLOOMFILTER_BLOCKED``
+        unset asks for the same sizing in either layout (:func:`same_sizing`): it adopts
+        a classic filter created before blocked filters became the default.
         """
         if wanted.backend != self.backend:
             raise ConfigMismatchError(
@@ -288,7 +290,15 @@ class FilterRecord:
                 f" the filter's) or {self.backend!r}, choose another BLOOMFILTER_KEY, or reset"
                 f" the filter (scrapy-redis-bloom reset --key {key!r})."
             )
-        same_request = wanted.sizing == self.sizing or wanted.spec == self.spec
+        blocked = bool(self.spec.block_bits)
+        same_request = same_sizing(wanted.sizing, self.sizing, blocked) or wanted.spec == self.spec
+        if same_request and wanted.spec.block_bits != self.spec.block_bits:
+            logger.info(
+                "The Bloom filter %r keeps the %s layout it was created with"
+                " (BLOOMFILTER_BLOCKED is unset: a new bitmap filter would be blocked).",
+                key,
+                "blocked" if blocked else "classic (unblocked)",
+            )
         if same_request and wanted.ttl != self.ttl:
             raise ConfigMismatchError(
                 f"The Bloom filter {key!r} was created with BLOOMFILTER_TTL = {self.ttl}"
@@ -327,3 +337,25 @@ class FilterRecord:
             " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
             f" {key!r}), which forgets every URL it has seen."
         )
+
+
+#: The layout's word in a sizing request's text (:meth:`..sizing.Sizing.canonical`).
+_BLOCKED_WORDS = ("blocked=True", "blocked=False")
+
+
+def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
+    """Tell whether a worker's sizing request asks for the filter stored with ``stored``.
+
+    ``blocked`` is the stored filter's layout (its hash scheme). The texts must be equal
+    but for the layout's word: a request that says none (``BLOOMFILTER_BLOCKED`` unset)
+    takes either layout, one that says ``blocked=True`` or ``blocked=False`` only that
+    one. The stored text's own word is not needed: the scheme says the layout, and a
+    filter created by a default request since blocked became the default says none.
+    """
+    words = wanted.split()
+    if [w for w in words if w not in _BLOCKED_WORDS] != [
+        w for w in stored.split() if w not in _BLOCKED_WORDS
+    ]:
+        return False
+    said = [w for w in words if w in _BLOCKED_WORDS]
+    return not said or said == [f"blocked={blocked!r}"]

@@ -29,14 +29,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
 
 from scrapy_redis_bloom.core.generations import DEFAULT_EXPANSION, DEFAULT_TIGHTENING, Growth
-from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.redact import masked, scrub
 from scrapy_redis_bloom.core.sizing import (
     DEFAULT_SHARD_BIT,
@@ -45,6 +45,7 @@ from scrapy_redis_bloom.core.sizing import (
     format_bytes,
     optimal_capacity,
     optimal_geometry,
+    rate_share,
 )
 
 #: The largest filter: 2**47 bits = 16 TiB, 2,097,165 shards of the default size,
@@ -490,13 +491,19 @@ KEY: Setting[str] = Setting(
     meaning="Redis key prefix of the filter; `%(spider)s` is the spider's name."
     ' Example: `"bf:%(spider)s"`.',
 )
-BLOCKED: Setting[bool] = Setting(
+BLOCKED: Setting[bool | None] = Setting(
     "BLOOMFILTER_BLOCKED",
     "bool",
-    False,
-    meaning="Keep each URL's k bits in one 512-bit block (hash scheme 2): less Redis time per"
-    " check for 4 to 14% more memory at 1e-2 to 1e-4 (see [Blocked filters](#sizing)). Stored in"
-    " the filter's record.",
+    None,
+    default_text="blocked for a new bitmap filter",
+    meaning="Keep each URL's k bits in one 512-bit block (hash scheme 2): on a filter bigger"
+    " than the CPU's caches about half the Redis time per check of the classic layout, for"
+    " 9% more memory at 1e-3, 19% at 1e-4 (see [Layouts](#layouts-classic-blocked-native))."
+    " Unset: blocked for a new"
+    " bitmap filter, unblocked for a native one, and an existing filter keeps the layout it"
+    " was created with. `False`: the classic (unblocked, scheme 1) layout; `True`: blocked"
+    " (bitmap backend only). Stored in the filter's record: a worker asking for the other"
+    " layout is refused.",
 )
 SHARD_BIT: Setting[int] = Setting(
     "BLOOMFILTER_SHARD_BIT",
@@ -509,7 +516,8 @@ SHARD_BIT: Setting[int] = Setting(
     rule="It must be an integer from {low} to {high}: a shard holds at most 2**{high} bits"
     " (Redis's 512 MB string limit).",
     meaning="Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so"
-    " that they fill their allocator blocks.",
+    " that they fill their allocator blocks. A blocked filter's shards hold whole 512-bit"
+    " blocks: 9 or more.",
 )
 SHARDS: Setting[int | None] = Setting(
     "BLOOMFILTER_SHARDS",
@@ -922,6 +930,25 @@ class BloomConfig:
         """The false-positive rate the filter is made for: ERROR_RATE, else that at capacity."""
         return self.sizing.error_rate or self.expected_error_rate
 
+    def for_native(self) -> BloomConfig:
+        """Return this configuration as a native filter's (BF.*), which has no blocks.
+
+        ``BLOOMFILTER_BACKEND = 'auto'`` learns only from the servers which backend a new
+        filter gets: :attr:`spec` is the bitmap filter's (blocked unless
+        ``BLOOMFILTER_BLOCKED = False``), this the native one's, unblocked unless
+        ``BLOOMFILTER_BLOCKED = True`` was asked for (which such a filter then refuses,
+        as the record says). A capacity derived from the bits follows them.
+        """
+        if self.sizing.native:
+            return self
+        sizing = replace(self.sizing, native=True)
+        spec = sizing.spec() if sizing.block_bits != self.spec.block_bits else self.spec
+        derived = self.sizing.capacity is None and self.capacity == optimal_capacity(
+            self.spec.bits, self.spec.hash_count
+        )
+        capacity = optimal_capacity(spec.bits, spec.hash_count) if derived else self.capacity
+        return replace(self, sizing=sizing, spec=spec, capacity=capacity)
+
     def key_for(self, spider_name: str | None) -> str:
         """Return the filter's Redis key for a spider (``%(spider)s`` filled in)."""
         if "%(spider)s" not in self.key:
@@ -969,14 +996,14 @@ class BloomConfig:
         expansion = EXPANSION.read(settings)
         ttl = TTL.read(settings)
         backend = BACKEND.read(settings)
-        share = (1 - DEFAULT_TIGHTENING if expansion else 1.0) * (0.5 if ttl else 1.0)
-        sizing, capacity = _sizing(settings, share)
+        share = rate_share(expansion, ttl, DEFAULT_TIGHTENING)
+        sizing, capacity = _sizing(settings, share, native=backend == "native")
         if sizing.blocked and backend == "native":
             raise ValueError(
                 "The settings BLOOMFILTER_BLOCKED = True and BLOOMFILTER_BACKEND = 'native'"
                 " contradict each other: blocks are a layout of the bitmap backend (the"
                 " server's BF.* filters have their own). Use BLOOMFILTER_BACKEND = 'bitmap'"
-                " or 'auto', or leave BLOOMFILTER_BLOCKED off."
+                " or 'auto', or leave BLOOMFILTER_BLOCKED unset (or False)."
             )
         try:
             spec = sizing.spec()
@@ -986,8 +1013,14 @@ class BloomConfig:
                 if sizing.shards is not None
                 else (SHARD_BIT.name, sizing.shard_bit)
             )
+            blocks = (
+                f" A blocked filter's shards hold whole {sizing.block_bits}-bit blocks: give"
+                " larger shards, or set BLOOMFILTER_BLOCKED = False."
+                if sizing.block_bits
+                else ""
+            )
             raise _invalid(
-                name, value, f"It cannot split the filter's bits into shards ({exc})."
+                name, value, f"It cannot split the filter's bits into shards ({exc}).{blocks}"
             ) from None
         return cls(
             key=KEY.read(settings),
@@ -1006,18 +1039,22 @@ class BloomConfig:
         )
 
 
-def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | None]:
+def _sizing(
+    settings: SettingsLike, share: float = 1.0, *, native: bool = False
+) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
     ``share``: the part of the error rate generation 0 is sized for (see
-    :attr:`.sizing.Sizing.rate_share`).
+    :attr:`.sizing.Sizing.rate_share`); ``native``: the request is for a native filter
+    (unblocked unless ``BLOOMFILTER_BLOCKED`` says otherwise, see
+    :attr:`.sizing.Sizing.layout_blocked`).
     """
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)
     capacity = CAPACITY.given(settings)
     error_rate = ERROR_RATE.given(settings)
     shard_bit = SHARD_BIT.given(settings)
-    blocked = BLOCKED.read(settings)
+    blocked = BLOCKED.given(settings)
     shards = SHARDS.given(settings)
     if shards is not None and shard_bit is not None:
         raise ValueError(
@@ -1039,7 +1076,8 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
             )
     if capacity is not None and bit is None and hash_number is None:
         rate = ERROR_RATE.default if error_rate is None else error_rate
-        bits, k = optimal_geometry(capacity, rate * share, BLOCK_BITS if blocked else 0)
+        layout = Sizing(blocked=blocked, native=native)
+        bits, k = optimal_geometry(capacity, rate * share, layout.block_bits)
         if k > MAX_HASH_COUNT:
             raise _invalid(
                 ERROR_RATE.name,
@@ -1060,6 +1098,7 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
             shard_bit=shard_bit,
             shards=shards,
             blocked=blocked,
+            native=native,
             rate_share=share,
         )
     else:
@@ -1069,6 +1108,7 @@ def _sizing(settings: SettingsLike, share: float = 1.0) -> tuple[Sizing, int | N
             shard_bit=shard_bit,
             shards=shards,
             blocked=blocked,
+            native=native,
         )
     bits = sizing.geometry()[0]
     if shards is not None:

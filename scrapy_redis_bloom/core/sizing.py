@@ -20,8 +20,10 @@ sizes differently never locks users out of a filter they already have.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from ast import literal_eval
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Literal
 
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
@@ -86,14 +88,15 @@ def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> t
     Unblocked: :func:`optimal_bits` and :func:`optimal_hash_count`. Blocked: for each
     k near the unblocked optimum, the fewest bits (whole blocks) whose blocked rate is
     at most ``error_rate / BLOCKED_HEADROOM``, found by bisection; the k needing fewest
-    bits wins.
+    bits wins. A rate that needs far more than :data:`MAX_HASH_COUNT` hash functions
+    gets the unblocked answer, whose k the caller refuses.
     """
     bits = optimal_bits(capacity, error_rate)
-    if not block_bits:
-        return bits, optimal_hash_count(bits, capacity)
+    centre = optimal_hash_count(bits, capacity)
+    if not block_bits or centre - 8 > MAX_HASH_COUNT:
+        return bits, centre
     error_rate /= BLOCKED_HEADROOM
     best: tuple[int, int] | None = None
-    centre = optimal_hash_count(bits, capacity)
     for k in range(max(1, centre - 8), min(MAX_HASH_COUNT, centre + 3) + 1):
         low, high = bits // block_bits, 2 * bits // block_bits + 1
         while false_positive_rate(high * block_bits, k, capacity, block_bits) > error_rate:
@@ -162,8 +165,13 @@ class Sizing:
     hash_number: int | None = None
     shard_bit: int | None = None
     shards: int | None = None
-    #: Each element's bits in one 512-bit block (hash scheme 2, ``BLOOMFILTER_BLOCKED``).
-    blocked: bool = False
+    #: Each element's bits in one 512-bit block (hash scheme 2, ``BLOOMFILTER_BLOCKED``):
+    #: True or False when asked for, None (the default) for the layout's default, which
+    #: is blocked for a bitmap filter and unblocked for a native one (:attr:`layout_blocked`).
+    blocked: bool | None = None
+    #: The request is for a native filter (BF.*), which has no blocks: ``blocked = None``
+    #: then means unblocked. Not part of the request's text: it follows from the backend.
+    native: bool = False
     #: The share of ``error_rate`` generation 0 is sized for: below 1 when the filter
     #: grows (``1 - tightening``) or checks two re-crawl windows (1/2), so that all its
     #: generations and windows together stay under ``error_rate``. Not part of the
@@ -178,9 +186,33 @@ class Sizing:
             for name in ("capacity", "error_rate", "bit", "hash_number", "shard_bit", "shards")
             if (value := getattr(self, name)) is not None
         ]
-        if self.blocked:  # absent from unblocked requests: their text predates it
-            parts.append("blocked=True")
+        # Only when asked for: a default request's text is that of the requests made
+        # before blocked became the default, so a default worker adopts their filters
+        # (and their layout, which the record's hash scheme says: see ..record).
+        if self.blocked is not None:
+            parts.append(f"blocked={self.blocked!r}")
         return " ".join(parts)
+
+    @property
+    def layout_blocked(self) -> bool:
+        """Whether a new filter of this request is blocked: as asked, else as its backend does."""
+        return self.blocked if self.blocked is not None else not self.native
+
+    @classmethod
+    def parse(cls, text: str, rate_share: float = 1.0) -> Sizing | None:
+        """Read back a request's :meth:`canonical` text; None for text it did not write."""
+        values: dict[str, object] = {}
+        for part in text.split():
+            name, sep, value = part.partition("=")
+            if not sep or name not in _CANONICAL or name in values:
+                return None
+            try:
+                values[name] = literal_eval(value)
+            except (ValueError, SyntaxError):
+                return None
+        if not values or not all(_fits(name, value) for name, value in values.items()):
+            return None
+        return cls(**values, rate_share=rate_share)  # type: ignore[arg-type]
 
     def geometry(self) -> tuple[int, int]:
         """Return (m, k) before sharding: the bits wanted and the hash functions."""
@@ -194,12 +226,40 @@ class Sizing:
     @property
     def block_bits(self) -> int:
         """The block of the hashing scheme: :data:`..hashing.BLOCK_BITS`, or 0."""
-        return BLOCK_BITS if self.blocked else 0
+        return BLOCK_BITS if self.layout_blocked else 0
 
     def spec(self) -> FilterSpec:
         """Return the geometry this release gives the request."""
         bits, k = self.geometry()
         return split(bits, k, self.shards, self.shard_bit, self.block_bits)
+
+
+#: The fields of a request's text and their types (:meth:`Sizing.parse`).
+_CANONICAL: dict[str, type] = {
+    "capacity": int,
+    "error_rate": float,
+    "bit": int,
+    "hash_number": int,
+    "shard_bit": int,
+    "shards": int,
+    "blocked": bool,
+}
+
+
+def _fits(name: str, value: object) -> bool:
+    """Tell whether a value read back from a request's text has its field's type."""
+    kind = _CANONICAL[name]
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else int)
+
+
+def rate_share(expansion: int, ttl: int, tightening: float) -> float:
+    """Return the share of the error rate generation 0 is sized for (:attr:`Sizing.rate_share`).
+
+    ``1 - tightening`` when the filter grows, halved when it checks two re-crawl windows.
+    """
+    return (1 - tightening if expansion else 1.0) * (0.5 if ttl else 1.0)
 
 
 def split(
@@ -257,3 +317,125 @@ def format_bytes(nbytes: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+# -- what each layout costs: memory, and Redis time per check --------------------------
+
+#: The layouts :func:`layout_costs` compares: the bitmap backend's classic (unblocked,
+#: hash scheme 1) and blocked (scheme 2) layouts, and the native backend (BF.*).
+Layout = Literal["classic", "blocked", "native"]
+LAYOUTS: tuple[Layout, ...] = ("classic", "blocked", "native")
+
+# The cost model of :func:`check_cost`. Its parameters are FITTED (least squares, the
+# first four points weighted 3x), not derived from the hardware, to the Redis command
+# time per check of new fingerprints that bench/run.py --only t measured on 2026-11-26
+# (Redis 7.0.15 with RedisBloom 2.8.2 on a 2-vCPU AMD EPYC VM; interleaved rounds of
+# 10,000; ratios to SADD taken at SADD = 1.6 us), growing filters:
+#
+#   filter                          classic          blocked          native
+#   1M @ 1e-4 (2.5 MiB; bl. 2.9)    4.6 us (k = 14)  3.0 us (k = 13)  1.7 us (k = 15)
+#   100M @ 1e-4 (248 MiB; bl. 294)  8.0 us           4.3 us           3.5 us
+#   2**30 bits, k = 6 (130 MiB)     4.6 us           2.8 us           2.6 us (k = 7)
+#
+# It gives them within 15% (blocked at 100M: 4.0 us; at 1M: 3.3 us; native at
+# 2**30 bits: 2.2 us): the measurements themselves moved by 10-30% between runs.
+#
+#: Bytes of a filter that stay in the CPU's caches between two checks (fitted: a share
+#: of a busy VM's L2 and L3). Past it, a random bit is a cache miss more and more often.
+CACHE_BYTES = 1_887_437  # 1.8 MiB
+#: A BITFIELD's own cost, and each field's (the k bits, the shard's identity, and the
+#: item count of a growing shard) when its bit is in cache.
+COMMAND_US = 1.05
+FIELD_US = 0.12
+#: What a bit costs when it misses the caches (classic: k bits in k places; the misses
+#: of one command partly overlap), and what a blocked filter's one block costs (its one
+#: or two cache lines, and the TLB miss of a page of a filter far bigger than the TLB
+#: covers).
+BIT_MISS_US = 0.37
+BLOCK_MISS_US = 1.22
+#: The native backend (BF.INSERT ... NOCREATE): its command, and each of its k bits on a
+#: miss (fitted to the first two native points only).
+NATIVE_COMMAND_US = 0.95
+NATIVE_MISS_US = 0.174
+
+
+def miss_share(nbytes: int) -> float:
+    """Return the share of a filter's random bit reads that miss the CPU's caches.
+
+    ``1 - CACHE_BYTES / nbytes``: none while the filter fits in :data:`CACHE_BYTES`,
+    almost all once it is a hundred times bigger (a 2.5 MiB filter: 28%; 248 MiB: 99.3%).
+    """
+    return max(0.0, 1.0 - CACHE_BYTES / nbytes) if nbytes > 0 else 0.0
+
+
+def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
+    """Return the estimated Redis time (µs) one check of a new fingerprint costs.
+
+    A model, calibrated on Redis 7.0 on a 2-vCPU VM (see :data:`CACHE_BYTES` and the
+    table above it), for one Redis server holding ``nbytes`` of the filter with
+    ``hash_count`` (k) bits per element:
+
+    * classic: ``COMMAND + (k + 2) FIELD + k BIT_MISS miss_share``: every one of the k
+      bits is in another place of the filter, so a filter bigger than the caches pays k
+      misses per check, and the cost grows with k and with the filter's size;
+    * blocked: ``COMMAND + (k + 2) FIELD + BLOCK_MISS miss_share``: the k bits are in one
+      64-byte block, so a big filter pays one miss (a block) whatever k;
+    * native: ``NATIVE_COMMAND + k NATIVE_MISS miss_share``: RedisBloom's k bits, as
+      classic but in C without fields to parse.
+
+    A fixed-size filter's BITFIELD has one field fewer (no item count). On another
+    machine the figures move (``SADD`` itself took 1.3-1.9 µs across runs of one VM);
+    the ratios between layouts at one size are what the model is for.
+    """
+    share = miss_share(nbytes)
+    if layout == "native":
+        return NATIVE_COMMAND_US + hash_count * NATIVE_MISS_US * share
+    fields = hash_count + (2 if growing else 1)
+    misses = BLOCK_MISS_US if layout == "blocked" else hash_count * BIT_MISS_US
+    return COMMAND_US + fields * FIELD_US + misses * share
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutCost:
+    """One layout's figures for a request: its k, memory, rate at capacity, time per check."""
+
+    layout: Layout
+    hash_count: int
+    memory_bytes: int
+    error_rate: float
+    check_us: float
+
+
+def layout_costs(
+    sizing: Sizing, capacity: int, *, growing: bool = True, servers: int = 1
+) -> tuple[LayoutCost, ...]:
+    """Return what each layout (:data:`LAYOUTS`) costs for ``sizing`` at ``capacity`` items.
+
+    Classic and blocked: this release's geometry for the request in each layout (by
+    capacity and error rate, blocked takes more bits for the same rate; by bits and k,
+    the same bits at a higher rate) and the bytes Redis reserves for generation 0
+    (:func:`filter_allocation`). Native: RedisBloom's sizing of the classic filter's
+    capacity and rate (m = -n ln p / (ln 2)**2, k = ceil(-log2 p)) in as many shards,
+    each one allocation. The time is :func:`check_cost` for the share one of
+    ``servers`` holds.
+    """
+    found: list[LayoutCost] = []
+    classic = replace(sizing, blocked=False, native=False).spec()
+    if sizing.capacity is not None and sizing.error_rate is not None:
+        rate = sizing.error_rate * sizing.rate_share
+    else:
+        rate = false_positive_rate(classic.bits, classic.hash_count, capacity)
+    for layout in LAYOUTS:
+        if layout == "native":
+            bits = optimal_bits(capacity, rate)
+            k = max(1, math.ceil(-math.log2(rate)))
+            per_shard = -(-bits // classic.shards) // 8 + 1
+            memory = classic.shards * allocation(per_shard + STRING_OVERHEAD)
+            expected = false_positive_rate(bits, k, capacity)
+        else:
+            spec = classic if layout == "classic" else replace(sizing, blocked=True).spec()
+            k, memory = spec.hash_count, filter_allocation(spec)
+            expected = false_positive_rate(spec.bits, k, capacity, spec.block_bits)
+        cost = check_cost(layout, k, memory // max(1, servers), growing=growing)
+        found.append(LayoutCost(layout, k, memory, expected, cost))
+    return tuple(found)

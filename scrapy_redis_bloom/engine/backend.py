@@ -4,7 +4,9 @@
 * ``native``: :class:`.native.NativeBloomFilter`, the server's own Bloom filters (BF.*);
 * ``auto`` (the default): the backend of the filter's config record when it exists (so
   every worker agrees with the one that created it); else native when every server (or
-  cluster master) has ``BF.*``, else bitmap.
+  cluster master) has ``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else
+  bitmap. Blocked is the bitmap filter's default layout, not a reason to pick bitmaps:
+  a native filter is sized unblocked (:meth:`.settings.BloomConfig.for_native`).
 
 An explicit backend that contradicts the record is refused when the filter opens
 (:meth:`.record.FilterRecord.check`), and ``native`` on a server without ``BF.*``
@@ -75,7 +77,7 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
         return record.backend if config.backend == "auto" else config.backend
     if config.backend != "auto":
         return config.backend
-    if config.spec.block_bits:  # a blocked filter is a bitmap layout
+    if config.sizing.blocked:  # asked for: a blocked filter is a bitmap layout
         return "bitmap"
     missing = missing_bloom(native.executor, native.topology)
     if missing:
@@ -100,7 +102,7 @@ def make_filter(
     if config.backend == "bitmap":
         bloom = RedisBloomFilter.from_config(client, key, config, **options)
     else:
-        native = NativeBloomFilter.from_config(client, key, config, **options)
+        native = NativeBloomFilter.from_config(client, key, config.for_native(), **options)
         try:
             backend = choose(native, config)
         except BaseException:

@@ -230,13 +230,22 @@ class Lifecycle:
                 if example is not None
                 else f"server markers {self.parts.marker_key!r}"
             )
+            # A default worker asks for a blocked filter: shards of a classic one it would
+            # have adopted from the record are not its own without it.
+            classic = (
+                " If the filter was created with the classic layout (before blocked filters"
+                " became the default), set BLOOMFILTER_BLOCKED = False: a worker asking for"
+                " it restores the record from the shards."
+                if spec.block_bits and "blocked=" not in wanted.sizing
+                else ""
+            )
             raise OrphanedShardsError(
                 f"{what} of a Bloom filter {self.key!r} exist, but its config record"
                 f" {self.parts.meta_key!r} does not, and they do not form the filter this"
                 " worker asks for, so the layout of their bits is unknown. (A record"
                 " evicted under maxmemory-policy allkeys-* does this.) Reset the filter"
                 f" (scrapy-redis-bloom reset --key {self.key!r}) or choose another"
-                " BLOOMFILTER_KEY."
+                f" BLOOMFILTER_KEY.{classic}"
             )
         restored = replace(wanted, filter_id=filter_id, state="ready")
         record = self.parts.create_record(restored)
