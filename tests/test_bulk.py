@@ -54,17 +54,19 @@ def calls(client: redis.Redis, command: str) -> int:
     return int(stats.get("calls", 0))
 
 
-@pytest.fixture(params=["snapshot", "snapshot-in-pieces", "pure"])
+@pytest.fixture(params=["snapshot", "snapshot-in-pieces", "pure", "chunks"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which bulk path new filters take: snapshots (with numpy), or BITFIELD and scripts.
+    """Which bulk path new filters take: snapshots, or BITFIELD and scripts (``chunks``).
 
     ``snapshot-in-pieces``: shards read in GETRANGEs of 777 bytes (as 8 MiB ones are in
-    MiBs).
+    MiBs). ``pure``: snapshots answered in Python, as without numpy.
     """
-    if request.param != "pure" and not HAVE_NUMPY:
+    if request.param in ("snapshot", "snapshot-in-pieces") and not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
     if request.param == "pure":
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+    if request.param == "chunks":
+        monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     if request.param == "snapshot-in-pieces":
         monkeypatch.setattr(snapshot, "PIECE", 777)
     return str(request.param)
@@ -91,6 +93,44 @@ def test_vectorised_seeds_and_offsets_are_the_schemes(
     assert list(zip(shard.tolist(), x.tolist(), y.tolist(), strict=True)) == expected
     got = offsets_many(x, y, k, size).tolist()
     assert got == [[o + HEADER_BITS for o in offsets(sx, sy, k, size)] for _, sx, sy in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.text(max_size=20) | st.binary(max_size=20), max_size=40),
+    st.integers(1, 32),
+    st.integers(1, 2**20),
+    st.integers(1, 64),
+    st.sampled_from([0, 512]),
+    st.integers(1, 5),
+)
+def test_located_groups_and_offsets_are_the_schemes_with_and_without_numpy(
+    elements: list[str | bytes], k: int, size: int, shards: int, block: int, least: int
+) -> None:
+    from scrapy_redis_bloom.core.hashing import FilterSpec
+    from scrapy_redis_bloom.engine.bitmap.local import Located
+
+    size = max(size - size % block, block) if block else size
+    spec = FilterSpec(shards=shards, shard_bits=size, hash_count=k, block_bits=block)
+    seeds = [locate(e, shards, size, block) for e in elements]
+    expected: dict[int, list[int]] = {}
+    for position, (shard, _, _) in enumerate(seeds):
+        expected.setdefault(shard, []).append(position)
+    expected = {s: p for s, p in expected.items() if len(p) >= least}
+    for vectorised in [False, True] if HAVE_NUMPY else [False]:
+        located = Located(elements, spec, vectorised)
+        groups = located.crowded(least)
+        assert {s: [int(p) for p in g] for s, g in groups.items()} == expected
+        for positions in groups.values():
+            got = located.offsets(positions)
+            got = got.tolist() if vectorised else got
+            assert got == [
+                offsets(seeds[p][1], seeds[p][2], k, size, block, HEADER_BITS) for p in positions
+            ]
+        parts = [(g, [True] * len(g)) for g in groups.values()]
+        taken = {int(p) for g in groups.values() for p in g}
+        assert located.placed(parts) == [p in taken for p in range(len(elements))]
+        assert located.outside(list(groups.values())) == sorted(set(range(len(elements))) - taken)
 
 
 @needs_numpy
@@ -160,7 +200,7 @@ def test_bulk_answers_are_those_of_one_call_per_element(
     if settings_ is GROWING:
         assert _state(redis_client, "many") == _state(redis_client, "one")
         assert _state(redis_client, "one")[0] >= 3  # the boundary was crossed twice
-    if path != "pure":
+    if path != "chunks":
         assert calls(redis_client, "exec") >= 2
     else:
         assert calls(redis_client, "exec") == 0
@@ -412,7 +452,7 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
     many = make(client, FIXED, "spread-many")
     assert many.add_many(elements[:3_000]) + many.add_many(elements[3_000:]) == expected
     assert many.contains_many(elements) == [True] * len(elements)
-    if path != "pure":  # each shard's node took its snapshots, none fell back
+    if path != "chunks":  # each shard's node took its snapshots, none fell back
         assert len(taken) >= 3
         assert all(taken)
     else:

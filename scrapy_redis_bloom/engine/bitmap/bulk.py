@@ -1,19 +1,18 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-With numpy (the optional extra ``numpy``), elements are read in blocks of
-:data:`BLOCK`, hashed at once and grouped per shard. A shard with enough of a block's
-elements (their bits against the shard's bytes: :data:`SNAPSHOT_MIN_BITS`,
-:data:`SNAPSHOT_BYTES_PER_BIT`) answers them through a snapshot (:mod:`.snapshot`):
+Elements are read in blocks of :data:`BLOCK`, hashed and grouped per shard (with numpy,
+the optional extra ``numpy``, at once; else in Python, :class:`.local.Located`). A shard
+with enough of a block's elements answers them through a snapshot (:mod:`.snapshot`):
 its bytes read under ``WATCH``, the answers computed in Python (:mod:`.local`), the new
 bits and a growing shard's count written back in one ``MULTI``/``EXEC``, which does
 nothing if another client wrote to the shard meanwhile. Redis then spends almost no
-time per element. A growing shard takes snapshots while it has one generation, for
-the elements of a batch that keep its count under
-:attr:`.generations.Growth.scriptless_limit` (the script takes the others and crosses
-the growth boundary); a filter that forgets (TTL) never does. Elements of the other
-shards, and of every snapshot that was not taken (the shard changed, is lost or not
-as expected, a connection failed, an ACL refused it), go through the chunks below.
-Without numpy, every element does.
+time per element. "Enough" weighs the snapshot's cost (bytes moved) against the other
+path's (:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
+snapshots while it has one generation, for the elements of a batch that keep its count
+under :attr:`.generations.Growth.scriptless_limit` (the script takes the others and
+crosses the growth boundary); a filter that forgets (TTL) never does. Elements of the
+other shards, and of every snapshot that was not taken (the shard changed, is lost or
+not as expected, a connection failed, an ACL refused it), go through the chunks below.
 
 Chunks: each chunk of :data:`CHUNK` elements is hashed in Python and grouped per
 shard; per shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD
@@ -51,14 +50,7 @@ from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.base import Outcome
-from scrapy_redis_bloom.engine.bitmap.local import (
-    HAVE_NUMPY,
-    crowded,
-    locate_many,
-    offsets_many,
-    outside,
-    placed,
-)
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, Located
 from scrapy_redis_bloom.engine.bitmap.snapshot import Taken, take
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.scripts import MISMATCH
@@ -80,17 +72,24 @@ COMMAND_BITS = 5_000
 #: enough of them is answered through one snapshot (:mod:`.snapshot`), so a larger block
 #: spreads a shard's transfer and round trips over more elements (+20% from 65,536 at 21
 #: shards). Memory: 8 k bytes of offsets per element, ~15 MiB at k = 14 in one shard.
+#: Without numpy, the most read at a time (Python's lists take ~200 bytes per element).
 BLOCK = 131_072
 #: The most elements read at a time: a filter of many large shards reads more than BLOCK,
 #: for enough elements per shard (~30 of 8 MiB at 1e-4: ~600,000). Memory: ~50 bytes per
 #: element (hashes, seeds, positions), plus one shard's offsets and copy at a time.
 MAX_BLOCK = 1_048_576
-#: A shard's batch is answered through a snapshot when its bits (elements times k) are
-#: at least SNAPSHOT_MIN_BITS plus the shard's bytes / SNAPSHOT_BYTES_PER_BIT: BITFIELD
-#: costs ~0.25 µs of Redis time and ~0.5 µs of Python per bit, a snapshot two round
-#: trips and ~4 ns per byte moved (read and written back).
-SNAPSHOT_MIN_BITS = 1_024
-SNAPSHOT_BYTES_PER_BIT = 64
+#: What decides whether a shard's elements go through a snapshot: its cost, about
+#: SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard (read, and written back:
+#: measured 0.7 to 1.5 ns with and without hiredis, on 8 MiB), against the other path's,
+#: BITFIELD_NS_PER_BIT per bit (~0.3 µs of Redis time and as much of Python; 4 to 10 µs
+#: an element at k = 14) or, for a growing shard, SCRIPT_NS_PER_ELEMENT per element (10
+#: to 14 µs of Redis time measured at 1M and 100M).
+SNAPSHOT_NS = 200_000
+SNAPSHOT_NS_PER_BYTE = 2
+BITFIELD_NS_PER_BIT = 500
+SCRIPT_NS_PER_ELEMENT = 10_000
+#: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
+SNAPSHOTS = True
 
 
 @dataclass(frozen=True)
@@ -170,8 +169,8 @@ class Bulk:
         self.recover = recover
         self.allow = allow
         self.hooks = hooks
-        #: Whether snapshots may be taken: numpy is there and Redis's ACL allows them.
-        self._snapshots = HAVE_NUMPY
+        #: Whether snapshots may be taken: Redis's ACL allows them.
+        self._snapshots = SNAPSHOTS
 
     @property
     def spec(self) -> FilterSpec:
@@ -188,15 +187,21 @@ class Bulk:
             self._run_block(write, block, outcome)
         return outcome
 
-    def _least(self) -> int:
-        """Return the fewest elements of a shard that it answers through a snapshot."""
+    def _least(self, scripted: bool) -> int:
+        """Return the fewest elements of a shard that it answers through a snapshot.
+
+        ``scripted``: the other path is the script (a growing filter), else BITFIELD.
+        """
         spec = self.spec
-        bits = SNAPSHOT_MIN_BITS + spec.shard_bytes // SNAPSHOT_BYTES_PER_BIT
-        return -(-bits // spec.hash_count)
+        cost = SNAPSHOT_NS + SNAPSHOT_NS_PER_BYTE * spec.shard_bytes
+        each = SCRIPT_NS_PER_ELEMENT if scripted else BITFIELD_NS_PER_BIT * spec.hash_count
+        return max(1, -(-cost // each))
 
     def _block_size(self) -> int:
         """Return the elements to read next: enough for twice :meth:`_least` per shard."""
-        return min(MAX_BLOCK, max(BLOCK, 2 * self._least() * self.spec.shards))
+        if not HAVE_NUMPY:
+            return BLOCK
+        return min(MAX_BLOCK, max(BLOCK, 2 * self._least(False) * self.spec.shards))
 
     def _run_block(self, write: bool, block: list[str | bytes], outcome: Outcome) -> None:
         """Run a block: snapshots for the shards with many of its elements, chunks for the rest.
@@ -209,13 +214,10 @@ class Bulk:
             _merge(outcome, self._run_chunks(write, block))
             return
         limit = mode[0]
-        spec = self.spec
-        k, size = spec.hash_count, spec.shard_bits
-        shard, x, y = locate_many(block, spec.shards, size, spec.block_bits)
-        least = self._least()
+        located = Located(block, self.spec, HAVE_NUMPY)
         # (A grown shard is found so again at each block: a read of its bytes, small
         # against the script calls its elements then take.)
-        groups = crowded(shard, spec.shards, least)
+        groups = located.crowded(self._least(limit is not None))
         if not groups:
             _merge(outcome, self._run_chunks(write, block))
             return
@@ -224,20 +226,18 @@ class Bulk:
         for s, positions in groups.items():
             if not self._snapshots:
                 break  # refused by an ACL: the rest go through the chunks
-            taken = self._snapshot(
-                s, offsets_many(x[positions], y[positions], k, size, spec.block_bits), write, limit
-            )
+            taken = self._snapshot(s, located.offsets(positions), write, limit)
             if taken.answers is None:
                 if taken.ambiguous:
-                    doubtful.update(positions.tolist())
+                    doubtful.update(int(p) for p in positions)
                 continue
             answered.append((positions[: len(taken.answers)], taken.answers))
             if write:
                 seen = taken.answers.count(True)
                 outcome.seen += seen
                 outcome.added += len(taken.answers) - seen
-        answers = placed(len(block), answered)
-        others = outside(len(block), [positions for positions, _ in answered])
+        answers = located.placed(answered)
+        others = located.outside([positions for positions, _ in answered])
         if others:
             second = self._run_chunks(write, [block[p] for p in others])
             for position, answer in zip(others, second.answers, strict=True):

@@ -7,10 +7,15 @@ element in order, so an element is "seen" when each of its bits was set in the c
 *or* is set by an element before it in the batch (a duplicate, or a collision).
 
 :func:`check_sequential` does exactly that, one element after the other, in pure
-Python: the definition, kept simple. :func:`check_vectorised` computes the same with
-numpy (the optional extra ``numpy``) in a few array operations: for each bit clear in
-the copy, the first element that sets it is new; every other element is seen. The
-tests hold the two to identical answers and identical bytes.
+Python: the definition, kept simple, and the kernel of a default install (without
+numpy, where moving a shard's bytes still costs less than a ``BITFIELD`` per bit or
+a script call per element). :func:`check_vectorised` computes the same with numpy
+(the optional extra ``numpy``) in a few array operations: for each bit clear in the
+copy, the first element that sets it is new; every other element is seen. The tests
+hold the two to identical answers and identical bytes.
+
+:class:`Located` hashes a block of elements and groups them per shard, with numpy's
+arrays or with Python's lists, so that the bulk path reads the same either way.
 
 Offsets are the hashing scheme's (:mod:`..hashing`), plus the header's bits.
 """
@@ -22,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
-from scrapy_redis_bloom.core.hashing import seed_range
+from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets, seed_range
 from scrapy_redis_bloom.core.layout import HEADER_BITS
 from scrapy_redis_bloom.core.versions import NUMPY_MINIMUM, parse_version
 
 # HAVE_NUMPY: whether the optional extra is installed, at its minimum version or newer.
-# The snapshot path is taken only with it (in pure Python it is slower than Redis's
-# BITFIELD, which is used instead).
+# Without it, snapshots are answered by check_sequential, in Python.
 try:
     import numpy as np
 except ImportError:
@@ -42,6 +46,69 @@ if TYPE_CHECKING:
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 PART = 8_192
+
+
+class Located:
+    """A block of elements hashed: each one's shard and seeds, and offsets on demand.
+
+    ``vectorised``: numpy's arrays (positions are arrays), else Python's lists.
+    """
+
+    def __init__(self, elements: Sequence[str | bytes], spec: FilterSpec, vectorised: bool) -> None:
+        self.size = len(elements)
+        self.spec = spec
+        self.vectorised = vectorised
+        shards, bits, block = spec.shards, spec.shard_bits, spec.block_bits
+        if vectorised:
+            self.shard, self.x, self.y = locate_many(elements, shards, bits, block)
+            self._seeds: list[tuple[int, int, int]] = []
+        else:
+            self._seeds = [locate(element, shards, bits, block) for element in elements]
+
+    def crowded(self, least: int) -> dict[int, Any]:
+        """Return the positions of the elements of each shard with at least ``least``."""
+        if self.vectorised:
+            return crowded(self.shard, self.spec.shards, least)
+        groups: dict[int, list[int]] = {}
+        for position, (shard, _, _) in enumerate(self._seeds):
+            group = groups.get(shard)
+            if group is None:
+                groups[shard] = [position]
+            else:
+                group.append(position)
+        return {shard: group for shard, group in groups.items() if len(group) >= least}
+
+    def offsets(self, positions: Any) -> Any:
+        """Return the bit offsets (header included) of the elements at ``positions``.
+
+        An (n, k) array (:func:`offsets_many`), or a list of n lists of k offsets.
+        """
+        spec = self.spec
+        k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
+        if self.vectorised:
+            return offsets_many(self.x[positions], self.y[positions], k, bits, block)
+        seeds = self._seeds
+        return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
+
+    def outside(self, taken: Sequence[Any]) -> list[int]:
+        """Return the positions that are in none of the ``taken`` groups of positions."""
+        if self.vectorised:
+            return outside(self.size, taken)
+        rest = [True] * self.size
+        for positions in taken:
+            for position in positions:
+                rest[position] = False
+        return [position for position, left in enumerate(rest) if left]
+
+    def placed(self, parts: Sequence[tuple[Any, Sequence[bool]]]) -> list[bool]:
+        """Return the answers: each part's answers at its positions, False elsewhere."""
+        if self.vectorised:
+            return placed(self.size, parts)
+        answers = [False] * self.size
+        for positions, values in parts:
+            for position, value in zip(positions, values, strict=True):
+                answers[position] = value
+        return answers
 
 
 def locate_many(
@@ -174,9 +241,12 @@ def _check_part(
 def check_sequential(
     buffer: bytearray, offsets: Sequence[Sequence[int]], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_vectorised` does, one element at a time (the definition)."""
+    """Do what :func:`check_vectorised` does, one element at a time (the definition).
+
+    Also the kernel without numpy, hence the plain loop (no calls per bit).
+    """
     answers: list[bool] = []
-    low, high = len(buffer), 0
+    low, high = len(buffer), -1
     for element in offsets:
         seen = True
         for offset in element:
@@ -185,6 +255,9 @@ def check_sequential(
                 seen = False
                 if write:
                     buffer[byte] |= mask
-                    low, high = min(low, byte), max(high, byte + 1)
+                    if byte < low:
+                        low = byte
+                    if byte > high:
+                        high = byte
         answers.append(seen)
-    return (answers, low, high) if low < high else (answers, 0, 0)
+    return (answers, low, high + 1) if low <= high else (answers, 0, 0)

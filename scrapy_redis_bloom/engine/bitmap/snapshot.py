@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.engine.bitmap.local import check_vectorised
+from scrapy_redis_bloom.engine.bitmap.local import check_sequential, check_vectorised
 from scrapy_redis_bloom.transport.executor import acl_denial
 from scrapy_redis_bloom.transport.node import Node, NotSentError, TransportError
-from scrapy_redis_bloom.transport.wire import encode, pack_command
+from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,8 @@ def take(
 ) -> Taken:
     """Check (and with ``write``, add) a batch of one shard through a snapshot of it.
 
-    ``offsets``: the (n, k) bit offsets of the batch (:func:`.local.offsets_many`);
+    ``offsets``: the (n, k) bit offsets of the batch (:func:`.local.offsets_many`), or
+    n lists of k (answered by :func:`.local.check_sequential`, without numpy);
     ``length``: the bytes the shard's string must have; ``limit``: for a growing shard,
     the scriptless limit its count plus the elements added must stay under (None:
     fixed); the batch's first elements up to it are answered, the rest are not.
@@ -129,24 +130,34 @@ def _answer(
         # A check reads generation 0 alone only while it is the one generation; an add
         # must also leave the growth boundary to the script: the snapshot takes the
         # elements the shard has room for below the limit, the script the rest.
-        room = limit - 1 - count if write else offsets.shape[0]
+        room = limit - 1 - count if write else len(offsets)
         if generations > 1 or room <= 0:
             _end(node, write, replies)
             return Taken()  # grown, or full to the limit: the script's
         offsets = offsets[:room]
     del pieces, replies[:]
-    answers, low, high = check_vectorised(copy, offsets, write)
+    kernel = check_sequential if isinstance(offsets, list) else check_vectorised
+    answers, low, high = kernel(copy, offsets, write)
     if not write:
         return Taken(answers)
-    commands = []
+    # The changed bytes go out copied once (a shard's are MiBs: each copy of them costs
+    # about as much as sending them).
+    commands: list[bytes | memoryview] = []
+    sent = 1  # EXEC
     if low < high:  # else every element was seen: an empty EXEC confirms the read
-        commands.append(pack_command(b"SETRANGE", key, low, bytes(copy[low:high])))
+        commands += (
+            command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
+            memoryview(copy)[low:high],
+            b"\r\n",
+        )
+        sent += 1
     if limit is not None and low < high:
+        sent += 1
         count += answers.count(False)
         commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     commands.append(pack_command(b"EXEC"))
     try:
-        done = node.exchange(b"".join(commands), len(commands))
+        done = node.exchange(b"".join(commands), sent)
     except NotSentError:
         return Taken()
     except TransportError:
