@@ -1,8 +1,10 @@
-"""README.md's code blocks, read from the README itself, for :mod:`test_readme`.
+"""The code blocks of README.md and the docs' pages, read from them, for :mod:`test_readme`.
 
-:func:`parse_blocks` finds every fenced code block (also one indented inside a list
-item) and names it by its section heading and its place in that section
-(``Operations#1``). :func:`commands` joins a shell block's continued lines into
+:func:`parse_blocks` finds every fenced code block of a page (also one indented inside a
+list item; MyST directives such as ```` ```{toctree} ```` are not code) and names it by its
+section heading and its place in that section (``Sentinel#1``); :func:`all_blocks` reads
+README.md and every page of :func:`pages` (the tutorial has its own test,
+test_tutorial.py). :func:`commands` joins a shell block's continued lines into
 commands, :func:`exec_settings` runs a ``settings.py`` block into a dict, and
 :class:`Hosts` puts the test's servers and files where a block names hosts such as
 ``redis://localhost:6379`` or certificate paths, refusing any it has no stand-in for.
@@ -32,6 +34,10 @@ from scrapy_redis_bloom.core.settings import BloomConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+#: Pages of docs/ whose blocks are not checked here: the tutorial (test_tutorial.py runs
+#: it), and the design notes, which hold diagrams rather than code.
+NOT_HERE = ("tutorial.md", "architecture.md", "design/", "_build/", "reference/generated/")
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 _HEADING = re.compile(r"^#{1,6} +(?P<title>.+?) *#*$")
@@ -48,8 +54,10 @@ class Block:
     lang: str
     #: The content, without the fence lines and without the fence's indentation.
     text: str
-    #: 1-based line of the opening fence in the README.
+    #: 1-based line of the opening fence in its page.
     line: int
+    #: The page, relative to the repository: ``README.md``, ``docs/howto/tls-acl.md``.
+    source: str = "README.md"
 
     @property
     def id(self) -> str:
@@ -58,16 +66,48 @@ class Block:
 
     def where(self) -> str:
         """Name the block for a failure message."""
-        return f"README block {self.id!r} (```{self.lang} at README.md line {self.line})"
+        return f"block {self.id!r} (```{self.lang} at {self.source} line {self.line})"
 
 
-def parse_blocks(markdown: str) -> list[Block]:
+def pages() -> list[Path]:
+    """Return README.md and the docs' pages whose blocks test_readme.py checks."""
+    found = [
+        path
+        for path in sorted(DOCS.rglob("*.md"))
+        if not any(path.relative_to(DOCS).as_posix().startswith(p) for p in NOT_HERE)
+    ]
+    return [README, *found]
+
+
+def all_blocks() -> list[Block]:
+    """Return the blocks of every page of :func:`pages`, each named by its page too."""
+    return [
+        block
+        for path in pages()
+        for block in parse_blocks(
+            path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()
+        )
+    ]
+
+
+def docs_text() -> str:
+    """Return README.md and the docs' pages, one after the other."""
+    return "\n".join(path.read_text(encoding="utf-8") for path in pages())
+
+
+def page_text(relative: str) -> str:
+    """Return one page of the repository (``docs/howto/size-a-filter.md``)."""
+    return (ROOT / relative).read_text(encoding="utf-8")
+
+
+def parse_blocks(markdown: str, source: str = "README.md") -> list[Block]:
     """Return every fenced code block of ``markdown``, in order.
 
     A block is named by the closest heading above it (``#`` to ``######``; headings
     inside blocks do not count) and numbered within that section. A fence may be
     indented (a block inside a list item); its indentation is removed from the lines.
-    An unclosed fence is an error, not a block that runs to the end.
+    An unclosed fence is an error, not a block that runs to the end. A MyST directive
+    (a fence whose info starts with ``{``) is not a code block.
     """
     blocks: list[Block] = []
     section = "(before any heading)"
@@ -95,9 +135,12 @@ def parse_blocks(markdown: str) -> list[Block]:
             body.append(line[indent:] if line[:indent].strip() == "" else line.lstrip())
             i += 1
         else:
-            raise ValueError(f"README.md line {start + 1}: the code fence is never closed")
-        counts[section] = counts.get(section, 0) + 1
+            raise ValueError(f"{source} line {start + 1}: the code fence is never closed")
         info = opening["info"].strip()
+        if info.startswith("{"):
+            i += 1
+            continue
+        counts[section] = counts.get(section, 0) + 1
         blocks.append(
             Block(
                 section=section,
@@ -105,6 +148,7 @@ def parse_blocks(markdown: str) -> list[Block]:
                 lang=info.split()[0] if info else "",
                 text="\n".join(body) + "\n",
                 line=start + 1,
+                source=source,
             )
         )
         i += 1
@@ -327,6 +371,8 @@ def _simple(argv: list[str], state: ShellState) -> list[str]:
         return problems
     if program == "scrapy-redis-bloom":
         return problems + _cli(args)
+    if program == "sphinx-build":
+        return problems + _sphinx_build(args)
     if program == "scrapy" and args[:1] == ["crawl"]:
         return problems + _scrapy_crawl(args[1:])
     if program == "scrapy" and args[:1] == ["bloom"]:
@@ -453,6 +499,18 @@ def _scrapy_bloom(args: list[str]) -> list[str]:
     if not args or args == ["--help"]:
         return []
     return _subcommand("scrapy bloom", parser, args)
+
+
+def _sphinx_build(args: list[str]) -> list[str]:
+    """``sphinx-build [options] SOURCE OUTPUT``: the docs' sources and configuration exist."""
+    if len(args) < 2:
+        return ["sphinx-build needs a source and an output directory"]
+    source = ROOT / args[-2]
+    if not (source / "conf.py").is_file():
+        return [f"sphinx-build's source {args[-2]!r} has no conf.py"]
+    if "docs" not in groups():
+        return ["pyproject.toml has no docs dependency group to install Sphinx from"]
+    return []
 
 
 def _scrapy_crawl(args: list[str]) -> list[str]:

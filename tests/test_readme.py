@@ -1,8 +1,9 @@
-"""Every code block of README.md is run, or checked against the code, read from the README.
+"""Every code block of README.md and of the docs' pages is run, or checked against the code.
 
-The blocks are parsed out of README.md (:mod:`readme_blocks`) and named by section and
-place (``Operations#1``). :data:`BLOCKS` maps each one to the test that checks it; a
-block that is not in the table, or a table entry whose block is gone or moved, fails
+The blocks are parsed out of README.md and the docs' pages (:mod:`readme_blocks`; the
+tutorial's are test_tutorial.py's) and named by section and place (``Sentinel#1``).
+:data:`BLOCKS` maps each one to the test that checks it; a block that is not in the table,
+or a table entry whose block is gone or moved, fails
 :func:`test_every_readme_block_has_a_check`, naming it.
 
 - Settings blocks are executed into a dict, validated by ``BloomConfig`` and
@@ -51,12 +52,15 @@ from readme_blocks import (
     Block,
     Hosts,
     ShellState,
+    all_blocks,
     commands,
+    docs_text,
     exec_settings,
     inline_code,
+    page_text,
+    pages,
     parse_blocks,
     prose,
-    readme_text,
     shell_problems,
 )
 from redis_cluster import RedisClusterNodes
@@ -95,11 +99,23 @@ class Check:
     how: str
 
 
-#: The ``scrapy bloom`` sessions of the Operations section, in order (see
-#: :func:`test_scrapy_bloom_sessions`).
-OPERATIONS_SESSIONS = (
-    "size", "info", "check", "add", "migrate", "watch", "dump", "reset", "restore",
-)  # fmt: skip
+#: The ``scrapy bloom`` sessions, in the order they run (see
+#: :func:`test_scrapy_bloom_sessions`): each command and its block, in the how-to pages.
+OPERATE = "Operate a filter with `scrapy bloom`"
+BACKUP = "Back up and restore a filter"
+OPERATIONS_SESSIONS = {
+    "size": f"{OPERATE}#1",
+    "info": f"{OPERATE}#2",
+    "check": f"{OPERATE}#3",
+    "add": f"{OPERATE}#4",
+    "migrate": "Move from scrapy-redis's SET#1",
+    "watch": f"{OPERATE}#5",
+    "dump": f"{BACKUP}#1",
+    "reset": f"{BACKUP}#2",
+    "restore": f"{BACKUP}#3",
+}
+#: The alias's block of commands.
+ALIAS = "Without a project: `scrapy-redis-bloom`#1"
 
 #: Every README block, by id, and how it is checked. A new block needs an entry here.
 BLOCKS: dict[str, Check] = {
@@ -123,11 +139,15 @@ BLOCKS: dict[str, Check] = {
         " geometry = the Sizing table's row; a crawl under scrapy-redis's Scheduler and"
         " under Scrapy's (capacity scaled down)",
     ),
-    "Activate#2": Check(
+    "Activate the filter#1": Check(
+        "python", "ADDONS =", "test_activate_pages_agree",
+        "the same block as the README's Activate#1 (which is run)",
+    ),
+    "Activate the filter#2": Check(
         "python", "DUPEFILTER_CLASS =", "test_activate_without_the_addon",
         "exec; the class the add-on sets; a crawl with it and Activate#1's sizing",
     ),
-    "Activate#3": Check(
+    "Activate the filter#3": Check(
         "python", "BLOOMFILTER_BIT =", "test_activate_bit_and_hash_number",
         "exec + BloomConfig/ConnectionConfig (2**30 bits, k=6); refused beside"
         " Activate#1's ERROR_RATE; a crawl with it as written (130 MiB)",
@@ -137,12 +157,12 @@ BLOCKS: dict[str, Check] = {
         "exec; the middleware loads, has the lowest order of Scrapy's spider middlewares"
         " and batches (not disabled) beside Activate#1; a response's links in one trip",
     ),
-    "Native Bloom filters (BF.*)#1": Check(
+    "Use the server's own Bloom filters (BF.*)#1": Check(
         "python", "BLOOMFILTER_BACKEND =", "test_backend_block",
         "exec + BloomConfig; 'auto' makes a bitmap filter on plain Redis and a native one"
         " (recorded) on a server with RedisBloom; the other two values are accepted",
     ),
-    "Stats#1": Check(
+    "Watch a crawl: stats, the log line, Spidermon#1": Check(
         "text", "Bloom filter '", "test_progress_log_line",
         "output: same shape as a line FilterStats logs on a real filter; figures"
         " consistent with Activate#1's sizing",
@@ -162,16 +182,21 @@ BLOCKS: dict[str, Check] = {
         "exec + ConnectionConfig; with the same real sentinels, a crawl's filter lives on"
         " their primary while its queue's REDIS_URL is another server",
     ),
+    "After a crawl#1": Check(
+        "text", "'bloomfilter/added':", "test_stats_sample",
+        "output: every stat is one the filter or Scrapy gives, with a value of its type;"
+        " test_tutorial.py finds each in a real crawl's stats",
+    ),
     **{
-        f"Operations#{i}": Check(
+        block_id: Check(
             "console", f"$ scrapy bloom {command}", "test_scrapy_bloom_sessions",
             "run in order in a project (subprocess scrapy, settings as the prose says) after"
             " a crawl of 3,000 URLs and a scrapy-redis SET; the output printed, numbers, ids"
             " and bars aside, is the README's line for line",
         )
-        for i, command in enumerate(OPERATIONS_SESSIONS, 1)
+        for command, block_id in OPERATIONS_SESSIONS.items()
     },
-    f"Operations#{len(OPERATIONS_SESSIONS) + 1}": Check(
+    ALIAS: Check(
         "bash", "scrapy-redis-bloom info", "test_operations_commands",
         "every line run in order (one server, a list of two, a 3-master cluster) after"
         " a crawl and a scrapy-redis SET; the migrated filter then answers a crawl",
@@ -188,16 +213,27 @@ BLOCKS: dict[str, Check] = {
         "bash", "scrapy-redis-bloom info --redis-url rediss://", "test_tls_blocks",
         "run against the mutual-TLS server, on the filter TLS#1's crawl made",
     ),
-    "Requirements#1": Check(
+    "Least privilege#1": Check(
         "", "ACL SETUSER crawler", "test_acl_setuser_line",
         "run on a real server; a crawl and the bulk API as that user; +scan +dbsize"
         " then let the CLI's info and reset run as that user",
     ),
-    "Benchmark#1": Check(
+    "The benchmark: method and results#1": Check(
         "bash", "pip install -e . --group bench", "test_benchmark_command",
         "not run (pip; 4 minutes): the group exists, bench/run.py --help works",
     ),
+    "Development#1": Check(
+        "bash", "pip install -e . --group docs", "test_docs_build_command",
+        "not run (pip): the group and docs/conf.py exist; the build line is .ci/run's",
+    ),
+    "The documentation#1": Check(
+        "bash", "pip install -e . --group docs", "test_docs_build_command",
+        "the same as the README's Development#1",
+    ),
 }  # fmt: skip
+
+#: The how-to page whose table test_activate_capacity_and_error_rate checks Activate#1 by.
+SIZING_PAGE = "docs/howto/size-a-filter.md"
 
 #: The crawl's spider: the README's commands name the filter ``myspider:bloomfilter``.
 SPIDER = "myspider"
@@ -215,7 +251,11 @@ class MySpider(Spider):
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, Block]:
-    return {b.id: b for b in parse_blocks(readme_text())}
+    found = all_blocks()
+    by_id = {b.id: b for b in found}
+    twice = sorted({b.id for b in found if by_id[b.id] is not b})
+    assert not twice, f"blocks named twice (give their sections other headings): {twice}"
+    return by_id
 
 
 def block(blocks: dict[str, Block], block_id: str) -> Block:
@@ -224,7 +264,7 @@ def block(blocks: dict[str, Block], block_id: str) -> Block:
     Its fence's language is checked apart, by :func:`test_block_is_labelled`, so that
     a wrong label does not hide what the block's own test finds.
     """
-    assert block_id in blocks, f"README has no block {block_id!r} any more; update BLOCKS"
+    assert block_id in blocks, f"no page has the block {block_id!r} any more; update BLOCKS"
     found = blocks[block_id]
     check = BLOCKS[block_id]
     first = found.text.strip().splitlines()[0].strip() if found.text.strip() else ""
@@ -241,9 +281,9 @@ def test_every_readme_block_has_a_check(blocks: dict[str, Block]) -> None:
         for b in blocks.values()
         if b.id not in BLOCKS
     ]
-    assert not unknown, "README blocks no test checks; add them to BLOCKS:\n" + "\n".join(unknown)
+    assert not unknown, "blocks no test checks; add them to BLOCKS:\n" + "\n".join(unknown)
     gone = sorted(set(BLOCKS) - set(blocks))
-    assert not gone, f"BLOCKS names blocks the README no longer has: {gone}"
+    assert not gone, f"BLOCKS names blocks no page has any more: {gone}"
     tests = {name for name, value in globals().items() if name.startswith("test_")}
     missing = {c.test for c in BLOCKS.values()} - tests
     assert not missing, f"BLOCKS names tests that do not exist: {sorted(missing)}"
@@ -324,9 +364,8 @@ class SizingRow:
 
 
 def sizing_rows(markdown: str) -> list[SizingRow]:
-    """Return the README's Sizing table: the section's first (the layouts' tables follow)."""
-    section = markdown.split("\n## Sizing\n", 1)[1].split("\n## ", 1)[0]
-    first = section[section.index("\n|") :].split("\n\n", 1)[0]
+    """Return the how-to page's Sizing table: its first (the layouts' tables follow)."""
+    first = markdown[markdown.index("\n|") :].split("\n\n", 1)[0]
     rows = []
     for line in first.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -358,7 +397,8 @@ def test_activate_capacity_and_error_rate(
     assert config.capacity == capacity
     assert config.expected_error_rate <= rate
     # The geometry it gets is the Sizing table's row for it.
-    rows = [r for r in sizing_rows(readme_text()) if (r.capacity, r.error_rate) == (capacity, rate)]
+    table = sizing_rows(page_text(SIZING_PAGE))
+    rows = [r for r in table if (r.capacity, r.error_rate) == (capacity, rate)]
     assert rows, f"the Sizing table has no row for capacity {capacity:,} at {rate}"
     assert (config.spec.hash_count, config.spec.shards) == (rows[0].k, rows[0].shards)
     assert format_bytes(config.spec.total_bytes) == rows[0].memory
@@ -374,12 +414,17 @@ def test_activate_capacity_and_error_rate(
 def test_activate_without_the_addon(
     blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
 ) -> None:
-    settings = exec_settings(block(blocks, "Activate#2"))
+    settings = exec_settings(block(blocks, "Activate the filter#2"))
     assert settings == {"DUPEFILTER_CLASS": DUPEFILTER}  # what the add-on sets
     sizing = {k: v for k, v in exec_settings(block(blocks, "Activate#1")).items() if k != "ADDONS"}
     small = {**sizing, **settings, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY, "REDIS_URL": redis_url}
     stats = crawl(small, "https://example.com/activate-2")
     assert stats["bloomfilter/added"] == 1
+
+
+def test_activate_pages_agree(blocks: dict[str, Block]) -> None:
+    """The README's add-on block is the docs' one: the README's is run, the docs' compared."""
+    assert block(blocks, "Activate the filter#1").text == block(blocks, "Activate#1").text
 
 
 def test_sentinel_blocks(
@@ -421,7 +466,7 @@ def test_activate_bit_and_hash_number(
     blocks: dict[str, Block], redis_client: redis.Redis, redis_url: str
 ) -> None:
     by_rate = exec_settings(block(blocks, "Activate#1"))
-    settings = exec_settings(block(blocks, "Activate#3"))
+    settings = exec_settings(block(blocks, "Activate the filter#3"))
     config, connection = validate(settings)
     assert connection == ConnectionConfig()
     bits = 2 ** settings["BLOOMFILTER_BIT"]
@@ -492,7 +537,7 @@ def test_backend_block(blocks: dict[str, Block], redis_client: redis.Redis) -> N
 
     from scrapy_redis_bloom.engine.backend import make_filter
 
-    settings = exec_settings(block(blocks, "Native Bloom filters (BF.*)#1"))
+    settings = exec_settings(block(blocks, "Use the server's own Bloom filters (BF.*)#1"))
     assert settings == {"BLOOMFILTER_BACKEND": "auto"}
     for value in ("auto", "native", "bitmap"):
         assert BloomConfig.from_settings({"BLOOMFILTER_BACKEND": value}).backend == value
@@ -531,7 +576,7 @@ def numbers(line: str) -> list[float]:
 def test_progress_log_line(
     blocks: dict[str, Block], redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sample = block(blocks, "Stats#1").text.strip()
+    sample = block(blocks, "Watch a crawl: stats, the log line, Spidermon#1").text.strip()
     assert "\n" not in sample
     settings = {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
     df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
@@ -672,7 +717,7 @@ def test_operations_commands(
     redis_cluster_nodes: RedisClusterNodes,
     redis_cluster_url: str,
 ) -> None:
-    found = block(blocks, f"Operations#{len(OPERATIONS_SESSIONS) + 1}")
+    found = block(blocks, ALIAS)
     monkeypatch.delenv("REDIS_URL", raising=False)
     r1, r2 = servers[0].url, servers[1].url
     hosts = Hosts(
@@ -821,7 +866,7 @@ def test_tls_certificate_error_sample(
 ) -> None:
     """The TLS section's example of a certificate that does not verify (a wrong CA)."""
     certs, binary = tls_files
-    sample = inline_sample(readme_text(), "Redis at bloom-host:6380 cannot be reached over TLS")
+    sample = inline_sample(docs_text(), "Redis at bloom-host:6380 cannot be reached over TLS")
     wrong = make_tls_files(tmp_path / "wrong")
     own = block(blocks, "TLS#1")
     server = TlsRedisServer(certs, binary=binary)
@@ -838,7 +883,7 @@ def inline_sample(markdown: str, start: str) -> str:
     """Return the inline code span of the prose that starts with ``start``, unwrapped."""
     text = re.sub(r"\n\s*", " ", prose(markdown))
     match = re.search(rf"`({re.escape(start)}[^`]*)`", text)
-    assert match, f"the README has no sample starting {start!r} any more"
+    assert match, f"no page has a sample starting {start!r} any more"
     return match.group(1)
 
 
@@ -860,7 +905,7 @@ def command(client: redis.Redis, *args: str) -> Any:
 
 
 def test_acl_setuser_line(blocks: dict[str, Block], capsys: pytest.CaptureFixture[str]) -> None:
-    found = block(blocks, "Requirements#1")
+    found = block(blocks, "Least privilege#1")
     (line,) = commands(found.text)
     argv = shlex.split(line)
     assert argv[:2] == ["ACL", "SETUSER"]
@@ -890,7 +935,7 @@ def test_acl_setuser_line(blocks: dict[str, Block], capsys: pytest.CaptureFixtur
         code, out, err = run(capsys, "reset", "--redis-url", url, "--key", KEY, "--yes")
         assert (code, err) == (0, ""), err
         # The README's example of the error when the user lacks one command (TIME).
-        sample = inline_sample(readme_text(), "Redis at redis-host:6379 refuses")
+        sample = inline_sample(docs_text(), "Redis at redis-host:6379 refuses")
         assert command(admin, "ACL", "SETUSER", user, "-time") == b"OK"
         with contextlib.closing(redis.Redis.from_url(url)) as client:
             bloom = RedisBloomFilter(client, KEY, config.spec, config.capacity)
@@ -944,8 +989,51 @@ def test_install_and_test_commands(blocks: dict[str, Block]) -> None:
     assert venv.startswith("python3 -m venv ")
 
 
+def test_docs_build_command(blocks: dict[str, Block]) -> None:
+    """The README and docs/README.md give the docs' build command, the one .ci/run runs."""
+    found = block(blocks, "Development#1")
+    install, build = assert_shell_ok(found)
+    assert install == "pip install -e . --group docs"
+    assert build == "sphinx-build -W --keep-going -b html docs docs/_build/html"
+    assert ci_command("pip install --quiet --group docs") == build
+    assert block(blocks, "The documentation#1").text == found.text
+
+
+#: A line of Scrapy's stats dump: ``'name': value,``.
+_STAT_LINE = re.compile(r"^'(?P<name>[a-z_/]+)': (?P<value>.+),$")
+#: Stats of Scrapy's own that the sample shows beside the filter's.
+SCRAPY_STATS = {"dupefilter/filtered": int, "response_received_count": int}
+
+
+def stats_sample(found: Block) -> dict[str, Any]:
+    """Parse a sample of Scrapy's stats dump into name -> value (Python literals)."""
+    import ast
+
+    parsed = {}
+    for line in found.text.strip().splitlines():
+        match = _STAT_LINE.match(line.strip())
+        assert match, f"{found.where()}: not a line of Scrapy's stats dump: {line!r}"
+        parsed[match["name"]] = ast.literal_eval(match["value"])
+    return parsed
+
+
+def test_stats_sample(blocks: dict[str, Block]) -> None:
+    from scrapy_redis_bloom.scrapy.stats import PREFIX, STATS
+
+    sample = stats_sample(block(blocks, "After a crawl#1"))
+    for name, value in sample.items():
+        if name in SCRAPY_STATS:
+            assert isinstance(value, SCRAPY_STATS[name]), name
+            continue
+        assert name.startswith(PREFIX), name
+        assert name.removeprefix(PREFIX) in STATS, f"{name} is not a stat the filter gives"
+        assert isinstance(value, int | float), name
+    assert sample["bloomfilter/filtered"] == sample["dupefilter/filtered"]
+    assert sample["bloomfilter/total_added"] >= sample["bloomfilter/added"]
+
+
 def test_benchmark_command(blocks: dict[str, Block]) -> None:
-    found = block(blocks, "Benchmark#1")
+    found = block(blocks, "The benchmark: method and results#1")
     (line,) = assert_shell_ok(found)
     assert line.endswith("python bench/run.py")
 
@@ -961,8 +1049,9 @@ def test_inline_commands() -> None:
     ``pip install "scrapy-redis-bloom[hiredis]"``.
     """
     problems = [
-        f"README.md line {number}: `{code}`: {problem}"
-        for number, code in inline_code(readme_text())
+        f"{path.relative_to(ROOT)} line {number}: `{code}`: {problem}"
+        for path in pages()
+        for number, code in inline_code(path.read_text(encoding="utf-8"))
         if code.split()[0] in COMMAND_WORDS
         for problem in shell_problems(code)
     ]
@@ -1007,9 +1096,7 @@ def test_scrapy_bloom_sessions(
     With ``SRB_README_CAPTURE=FILE`` the outputs are also written to FILE (JSON), to
     paste into the README when the commands' output changes.
     """
-    sessions = [
-        session(block(blocks, f"Operations#{i}")) for i in range(1, len(OPERATIONS_SESSIONS) + 1)
-    ]
+    sessions = [session(block(blocks, block_id)) for block_id in OPERATIONS_SESSIONS.values()]
     project = make_project(
         tmp_path / "project",
         f"REDIS_URL = {redis_url!r}\n"

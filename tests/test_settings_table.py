@@ -1,15 +1,17 @@
-"""The table of settings is the truth: the README shows it, the code reads every row of it.
+"""The table of settings is the truth: the docs show it, the code reads every row of it.
 
 ``SETTINGS`` in ``core/settings.py`` holds each setting's type, default, range and meaning
-once. These tests fail when the README's settings table is not ``reference()``'s output,
-when the package reads a ``BLOOMFILTER_*`` setting the table lacks, when a row is not
-checked where the setting is read, or when a reader outside ``core/settings.py``
-(batching, the add-on) disagrees with its row.
+once. These tests fail when the docs' settings reference is not ``reference()``'s output
+(it is generated at build time by ``docs/_ext/srb_reference.py``), when the package reads
+a ``BLOOMFILTER_*`` setting the table lacks, when the README or a docs page names a setting
+that does not exist, when a row is not checked where the setting is read, or when a reader
+outside ``core/settings.py`` (batching, the add-on) disagrees with its row.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +33,32 @@ from scrapy_redis_bloom.core.settings import (
 from scrapy_redis_bloom.scrapy import batching
 
 ROOT = Path(__file__).resolve().parent.parent
-START = "<!-- settings-table:start -->\n"
-END = "<!-- settings-table:end -->"
+DOCS = ROOT / "docs"
+#: The docs' page of settings, and the generated table it includes.
+PAGE = DOCS / "reference" / "settings.md"
+INCLUDE = "```{include} generated/settings.md\n```"
 #: A setting's name where it is written out; a name ending in ``_`` is a prefix
 #: (``BLOOMFILTER_REDIS_*``), not a setting.
 NAME = re.compile(r"\bBLOOMFILTER_[A-Z0-9_]+\b")
 
 
-def readme_table() -> str:
-    """Return the README's settings table, between its markers."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert START in text, "the README lost its settings-table start marker"
-    assert END in text, "the README lost its settings-table end marker"
-    return text.split(START, 1)[1].split(END, 1)[0]
+def generated_table() -> str:
+    """Return the settings table the docs' extension generates (as the Sphinx build does)."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import srb_reference
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    table: str = srb_reference.settings_page()
+    return table
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
-    assert readme_table() == reference(), (
-        "README.md's settings table differs from scrapy_redis_bloom.core.settings.reference():"
-        " edit SETTINGS and paste reference()'s output between the markers"
+def test_the_docs_table_is_the_generated_one() -> None:
+    assert INCLUDE in PAGE.read_text(encoding="utf-8"), (
+        "docs/reference/settings.md no longer includes the generated settings table"
+    )
+    assert generated_table() == reference(), (
+        "the docs' settings table differs from scrapy_redis_bloom.core.settings.reference()"
     )
 
 
@@ -70,9 +79,10 @@ def test_every_setting_the_package_reads_has_a_row() -> None:
     assert not missing, f"settings the package names without a row in SETTINGS: {missing}"
 
 
-def test_every_setting_the_readme_names_has_a_row() -> None:
-    missing = names_in([ROOT / "README.md"]) - {row.name for row in SETTINGS}
-    assert not missing, f"the README names settings that do not exist: {missing}"
+def test_every_setting_the_readme_and_docs_name_has_a_row() -> None:
+    pages = [ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)]
+    missing = names_in(pages) - {row.name for row in SETTINGS}
+    assert not missing, f"the README or the docs name settings that do not exist: {missing}"
 
 
 def test_each_setting_has_one_row_with_a_meaning() -> None:
