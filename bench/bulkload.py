@@ -18,6 +18,7 @@ before they are blocked.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import logging
@@ -117,6 +118,14 @@ class Load:
         return self.elements / self.seconds if self.seconds > 0 else float("nan")
 
 
+@functools.lru_cache(maxsize=1)
+def _fingerprints(count: int) -> list[str]:
+    """Return the first ``count`` fingerprints of ``workloads``, made once per process."""
+    from workloads import fingerprints
+
+    return fingerprints(count)
+
+
 def _calls(elements: Sequence[str], size: int) -> list[Sequence[str]]:
     """Cut the fingerprints into calls of ``size`` (sliced before any timing)."""
     return [elements[i : i + size] for i in range(0, len(elements), size)]
@@ -156,9 +165,8 @@ def build_ours(client: Any, key: str, settings: dict[str, Any]) -> Any:
 def load_ours(url: str, settings: dict[str, Any], count: int, call_size: int, cap: float) -> Load:
     """Time ours' ``add_many`` on ``count`` fingerprints in calls of ``call_size``."""
     import redis
-    from workloads import fingerprints
 
-    calls = _calls(fingerprints(count), call_size)
+    calls = _calls(_fingerprints(count), call_size)
     client, admin = redis.Redis.from_url(url), redis.Redis.from_url(url)
     try:
         bloom = build_ours(client, "bench:size", settings)
@@ -187,11 +195,9 @@ def load_madd(
     user would send it: BF.MADD commands of :data:`MADD_CHUNK` fingerprints, pipelined
     :data:`MADD_BATCH` at a time; a call's replies are all read before the next call.
     """
-    from workloads import fingerprints
-
     key = "bench:size:redisbloom"
     client.execute_command("BF.RESERVE", key, repr(error_rate), capacity, "EXPANSION", 2)
-    calls = _calls(fingerprints(count), call_size)
+    calls = _calls(_fingerprints(count), call_size)
 
     def one(call: Sequence[str]) -> int:
         added = 0

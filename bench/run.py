@@ -41,7 +41,7 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -240,26 +240,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument(
         "--probes", type=int, help="(c) never-added fingerprints offered to measure false positives"
     )
-    group.add_argument(
-        "--cmd-big", type=int, help="(t) capacity of the big rows (at 1e-4); 0 leaves them out"
+    issue23: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+        ("--cmd-big", int, "(t) capacity of the big rows (at 1e-4); 0 leaves them out"),
+        ("--size-rounds", int, "(s) rounds"),
+        ("--size-capacities", _int_list, "(s) filter capacities, comma-separated"),
+        ("--size-calls", _int_list, "(s) fingerprints per call, comma-separated"),
+        ("--size-count", int, "(s) fingerprints per contender per round (at most the capacity)"),
+        ("--size-seconds", float, "(s) a contender stops after the call past this many seconds"),
     )
-    group.add_argument("--size-rounds", type=int, help="(s) rounds")
-    group.add_argument(
-        "--size-capacities", type=_int_list, help="(s) filter capacities, comma-separated"
-    )
-    group.add_argument(
-        "--size-calls", type=_int_list, help="(s) fingerprints per call, comma-separated"
-    )
-    group.add_argument(
-        "--size-count",
-        type=int,
-        help="(s) fingerprints per contender per round (at most the capacity)",
-    )
-    group.add_argument(
-        "--size-seconds",
-        type=float,
-        help="(s) a contender stops after the call that passes this many seconds",
-    )
+    for flag, kind, text in issue23:
+        group.add_argument(flag, type=kind, help=text)
     args = finish_args(parser, argv, DEFAULTS, QUICK, MEASURES, "measures")
     positive = (
         *("rounds", "bulk_rounds", "crawl_rounds", "unique_calls", "stream_calls"),
