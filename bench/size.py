@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -112,6 +113,20 @@ def contender_settings(peers: Peers, capacity: int, error_rate: float) -> dict[s
     if peers.native:
         out[NAME_S_NATIVE] = {**base, "BLOOMFILTER_BACKEND": "native"}
     return out
+
+
+def paired_ratio(samples: dict[str, Samples], name: str, reference: str) -> float:
+    """Median over rounds of ``name``'s value over ``reference``'s in the same round.
+
+    The contenders of a cell run one after the other in each round, so a round's ratio
+    compares loads made under the same load of the machine; its median over rounds is
+    steadier than the ratio of the two medians when the machine drifts between rounds.
+    NaN when either was not measured.
+    """
+    if name not in samples or reference not in samples:
+        return float("nan")
+    pairs = zip(samples[name].values, samples[reference].values, strict=True)
+    return statistics.median(ratio(value, other) for value, other in pairs)
 
 
 def load_in_child(url: str, settings: dict[str, Any], cell: Cell, cap: float) -> Load:
@@ -244,13 +259,13 @@ def _keep(results: SizeResults, cell: Cell, name: str, load: Load) -> None:
 def _notes(results: SizeResults) -> None:
     """Note on each contender's fp/s what it cost Redis, its backend and any time cap."""
     for metrics in results.cells.values():
-        madd_cpu = metrics["cpu_usec"].get(NAME_S_MADD)
         for name, rate in metrics["fp_per_s"].items():
             cpu = metrics["cpu_usec"][name].median
             commands = metrics["command_usec"][name].median
             parts = [f"Redis CPU {cpu:.2f} usec/fp"]
-            if madd_cpu is not None and name != NAME_S_MADD:
-                parts[0] += f" ({ratio(cpu, madd_cpu.median):.2f}x BF.MADD)"
+            if NAME_S_MADD in metrics["cpu_usec"] and name != NAME_S_MADD:
+                versus = paired_ratio(metrics["cpu_usec"], name, NAME_S_MADD)
+                parts[0] += f" ({versus:.2f}x BF.MADD)"
             parts.append(f"commandstats {commands:.2f} usec/fp")
             elements = rate.extra.get("elements", [])
             if any(rate.extra.get("capped", [])):
@@ -268,7 +283,7 @@ def _fmt_rate(samples: dict[str, Samples], name: str) -> str:
     madd = samples.get(NAME_S_MADD)
     if madd is None or name == NAME_S_MADD:
         return f"{value:,.0f}"
-    return f"{value:,.0f} ({ratio(value, madd.median):.2f}x)"
+    return f"{value:,.0f} ({paired_ratio(samples, name, NAME_S_MADD):.2f}x)"
 
 
 def size_markdown(results: SizeResults) -> str:
@@ -307,8 +322,9 @@ def size_markdown(results: SizeResults) -> str:
     info = results.info
     return "\n".join(
         [
-            "Bulk loads into a new filter, fingerprints per second (ratio to BF.MADD in the"
-            f" same cell): medians of {info['rounds']} round(s), up to"
+            "Bulk loads into a new filter, fingerprints per second (and the ratio to BF.MADD:"
+            " the median over rounds of the ratio within a round): medians of"
+            f" {info['rounds']} round(s), up to"
             f" {info['count']:,} distinct fingerprints per contender per round (at most the"
             f" capacity; a contender stops after the call that passes {info['cap_seconds']:g}"
             " s). One redis-server 7 with RedisBloom, the contenders interleaved.",
@@ -334,6 +350,7 @@ __all__ = [
     "SizeResults",
     "capacity_text",
     "measure_size",
+    "paired_ratio",
     "rate_text",
     "size_markdown",
 ]
