@@ -208,6 +208,20 @@ def markdown(
         ),
         "",
         *(line for heading, body in sections for line in (f"## {heading}", "", body, "")),
+        *_crawl_section(crawl_outcomes),
+        "## How it was measured",
+        "",
+        *(f"- {note}" for note in notes),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _crawl_section(crawl_outcomes: Sequence[dict[str, Any]]) -> list[str]:
+    """Return the lines of the table of crawls (e), none when no crawl ran."""
+    if not crawl_outcomes:
+        return []
+    return [
         "## Crawls (e), one row per crawl, in the order run",
         "",
         md_table(
@@ -246,12 +260,7 @@ def markdown(
             ],
         ),
         "",
-        "## How it was measured",
-        "",
-        *(f"- {note}" for note in notes),
-        "",
     ]
-    return "\n".join(parts)
 
 
 def _left_out(skipped: Sequence[str]) -> list[str]:
