@@ -17,6 +17,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cmdtime import CommandClock, per_call
@@ -36,7 +37,9 @@ from micro import (
     redisbloom_settings,
 )
 from peers import BF_ADD_CLASS, BFAddDupeFilter, bf_madd
+from report import md_table, ratio
 from scrapy import Request
+from size import capacity_text, rate_text
 from workloads import unique_urls, url
 
 logger = logging.getLogger("bench.redistime")
@@ -53,6 +56,10 @@ NAME_OURS_BLOCKED = "ours, blocked"
 NAME_OURS_SIZED_BLOCKED = "ours, 1M @ 1e-4, blocked"
 NAME_NATIVE_SIZED = "ours, native, 1M @ 1e-4"
 NAME_REDISBLOOM_SIZED = "RedisBloom BF.ADD, 1M @ 1e-4"
+#: The size the package is for (issue 23): 100M fingerprints at 1e-4, 248 MiB, every
+#: bit a cache miss. Its rows are named by :func:`big_names` from the capacity asked.
+BIG_CAPACITY = 100_000_000
+BIG_ERROR_RATE = 1e-4
 ROUND_TRIPS_STAT = "bloomfilter/round_trips"
 #: Fingerprints per pipelined SADD of the prefill.
 SADD_CHUNK = 1_000
@@ -83,8 +90,54 @@ def prefill(dupefilter: Any, count: int) -> bool:
     return True
 
 
-def contenders(peers: Peers) -> list[DupeFilter]:
-    """Ours (bitmap: defaults and 1M @ 1e-4, fixed, blocked; native), SADD, BF.ADD, old."""
+@dataclass(frozen=True)
+class BigNames:
+    """The names of (t)'s rows at the big size: ours unblocked, blocked, native; BF.ADD."""
+
+    unblocked: str
+    blocked: str
+    native: str
+    redisbloom: str
+
+
+def big_settings(capacity: int) -> dict[str, Any]:
+    """BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE of (t)'s big rows."""
+    return {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": BIG_ERROR_RATE}
+
+
+def big_names(capacity: int) -> BigNames:
+    """Name (t)'s big rows after their size, e.g. 'ours, 100M @ 1e-4, blocked'."""
+    size = f"{capacity_text(capacity)} @ {rate_text(BIG_ERROR_RATE)}"
+    return BigNames(
+        unblocked=f"ours, {size}, unblocked",
+        blocked=f"ours, {size}, blocked",
+        native=f"ours, native, {size}",
+        redisbloom=f"RedisBloom BF.ADD, {size}",
+    )
+
+
+def big_contenders(peers: Peers, capacity: int) -> list[DupeFilter]:
+    """(t)'s rows at the big size: unblocked and blocked set explicitly, native, BF.ADD."""
+    names, big, bitmap = big_names(capacity), big_settings(capacity), peers.ours_settings()
+    if peers.blocked:
+        out = [
+            DupeFilter(names.unblocked, OURS, {**bitmap, **big, "BLOOMFILTER_BLOCKED": False}),
+            DupeFilter(names.blocked, OURS, {**bitmap, **big, **BLOCKED}),
+        ]
+    else:
+        out = [DupeFilter(names.unblocked, OURS, {**bitmap, **big})]
+    if peers.native:
+        out.append(DupeFilter(names.native, OURS, {"BLOOMFILTER_BACKEND": "native", **big}))
+    if peers.bloom:
+        out.append(DupeFilter(names.redisbloom, BF_ADD_CLASS, redisbloom_settings(big)))
+    return out
+
+
+def contenders(peers: Peers, big: int = 0) -> list[DupeFilter]:
+    """Ours (bitmap: defaults and 1M @ 1e-4, fixed, blocked; native), SADD, BF.ADD, old.
+
+    ``big``: also the rows at that capacity (:func:`big_contenders`); 0 leaves them out.
+    """
     bitmap = peers.ours_settings()
     out = [
         DupeFilter(NAME_OURS, OURS, bitmap),
@@ -108,6 +161,8 @@ def contenders(peers: Peers) -> list[DupeFilter]:
             DupeFilter(NAME_REDISBLOOM, BF_ADD_CLASS, redisbloom_settings({})),
             DupeFilter(NAME_REDISBLOOM_SIZED, BF_ADD_CLASS, redisbloom_settings(SIZED)),
         ]
+    if big:
+        out += big_contenders(peers, big)
     if peers.old:
         out.append(OLD_DEFAULTS)
     return out
@@ -176,6 +231,40 @@ def time_commands(
     }
 
 
+def big_markdown(usec: dict[str, Samples], names: BigNames, sadd: str) -> str:
+    """Render the README's table of (t) at the big size: usec per check, x SADD, x BF.ADD."""
+    set_usec = usec[sadd].median if sadd in usec else float("nan")
+    bf_usec = usec[names.redisbloom].median if names.redisbloom in usec else float("nan")
+    body = []
+    rows = (
+        ("ours, unblocked", names.unblocked),
+        ("ours, blocked", names.blocked),
+        ("ours, native backend", names.native),
+        ("RedisBloom BF.ADD, same size", names.redisbloom),
+        ("scrapy-redis SADD", sadd),
+    )
+    for label, name in rows:
+        if name not in usec:
+            continue
+        value = usec[name].median
+        body.append(
+            (
+                label,
+                f"{value:.2f}",
+                f"{ratio(value, set_usec):.2f}x",
+                f"{ratio(value, bf_usec):.2f}x",
+            )
+        )
+    size = names.redisbloom.removeprefix("RedisBloom BF.ADD, ")
+    return "\n".join(
+        [
+            f"Redis command time per check (request_seen on new URLs) at {size}:",
+            "",
+            md_table(("filter", "usec/check", "x SADD", "x BF.ADD"), body),
+        ]
+    )
+
+
 def measure_command_time(
     bench: BenchRedis,
     peers: Peers,
@@ -184,15 +273,18 @@ def measure_command_time(
     rounds: int,
     warmup: int,
     prefilled: int = 0,
+    big: int = 0,
 ) -> dict[str, dict[str, Samples]]:
     """Measure (t): per contender, usec per check, commands per check, round trips.
 
     Each contender first gets ``prefilled`` other fingerprints in bulk (not the slow
     peer, which has no bulk path) and checks ``warmup`` other URLs (the slow peer: at
-    most ``slow_calls``). Returns {metric: {contender: Samples}} for "usec", "commands" and
-    "round_trips" (the last only for contenders that report it).
+    most ``slow_calls``). ``big``: a capacity for the rows at the size the package is
+    for (:func:`big_contenders`), 0 for none. Returns {metric: {contender: Samples}}
+    for "usec", "commands" and "round_trips" (the last only for contenders that
+    report it).
     """
-    by_name = {c.name: c for c in contenders(peers)}
+    by_name = {c.name: c for c in contenders(peers, big)}
     full, slow = unique_urls(calls), unique_urls(slow_calls)
     others = [url(calls + i) for i in range(warmup)]
     out: dict[str, dict[str, Samples]] = {"usec": {}, "commands": {}, "round_trips": {}}
@@ -236,6 +328,7 @@ def measure_command_time(
 
 
 __all__ = [
+    "BIG_CAPACITY",
     "BLOCKED",
     "NAME_NATIVE_SIZED",
     "NAME_OURS_BLOCKED",
@@ -243,5 +336,8 @@ __all__ = [
     "NAME_OURS_SIZED",
     "NAME_OURS_SIZED_BLOCKED",
     "NAME_REDISBLOOM_SIZED",
+    "BigNames",
+    "big_markdown",
+    "big_names",
     "measure_command_time",
 ]

@@ -172,8 +172,9 @@ def markdown(
     targets: Sequence[Target],
     crawl_outcomes: Sequence[dict[str, Any]],
     notes: Sequence[str],
+    sections: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """Render ``results.md``."""
+    """Render ``results.md``; ``sections``: (heading, Markdown) placed after the targets."""
     machine = meta["machine"]
     redis = meta["redis"]
     packages = ", ".join(f"{k} {v}" for k, v in machine["packages"].items() if v)
@@ -206,6 +207,21 @@ def markdown(
             [(f"({t.measure}) {t.text}", t.measured(), t.wanted(), t.verdict) for t in targets],
         ),
         "",
+        *(line for heading, body in sections for line in (f"## {heading}", "", body, "")),
+        *_crawl_section(crawl_outcomes),
+        "## How it was measured",
+        "",
+        *(f"- {note}" for note in notes),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _crawl_section(crawl_outcomes: Sequence[dict[str, Any]]) -> list[str]:
+    """Return the lines of the table of crawls (e), none when no crawl ran."""
+    if not crawl_outcomes:
+        return []
+    return [
         "## Crawls (e), one row per crawl, in the order run",
         "",
         md_table(
@@ -244,12 +260,7 @@ def markdown(
             ],
         ),
         "",
-        "## How it was measured",
-        "",
-        *(f"- {note}" for note in notes),
-        "",
     ]
-    return "\n".join(parts)
 
 
 def _left_out(skipped: Sequence[str]) -> list[str]:
@@ -273,11 +284,15 @@ def write_results(
     measures: dict[str, Any],
     crawl_outcomes: Sequence[dict[str, Any]],
     notes: Sequence[str],
+    sections: Sequence[tuple[str, str]] = (),
 ) -> tuple[Path, Path]:
-    """Write ``results.md`` and ``results.json`` into ``out_dir``; return their paths."""
+    """Write ``results.md`` and ``results.json`` into ``out_dir``; return their paths.
+
+    ``sections``: (heading, Markdown) of tables made for the README, in results.md only.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = out_dir / "results.md", out_dir / "results.json"
-    md_path.write_text(markdown(meta, rows, targets, crawl_outcomes, notes))
+    md_path.write_text(markdown(meta, rows, targets, crawl_outcomes, notes, sections))
     document = {
         **meta,
         "measures": measures,

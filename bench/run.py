@@ -4,7 +4,7 @@
 Usage, from the repository root::
 
     pip install -e . --group bench && python bench/run.py      # full run, ~3-5 minutes
-    python bench/run.py --quick                                 # smoke run, under a minute
+    python bench/run.py --quick                                 # smoke run, about a minute
 
 It starts its own ``redis-server`` on a free 127.0.0.1 port: one with RedisBloom's
 ``redisbloom.so`` loaded when ``tests/redis_modules.py`` finds one (Debian's
@@ -19,7 +19,11 @@ the RedisBloom rows are left out, saying why. It measures in one run
 (d) bulk adds per second (``add_many`` vs BF.MADD and a SETBIT pipeline),
 (e) a 2-worker scrapy-redis crawl of a local site, per dupefilter, with the Redis
     command time and filter round trips per page,
-(t) Redis command time and commands per check (``request_seen`` on new URLs),
+(t) Redis command time and commands per check (``request_seen`` on new URLs), also
+    on filters of 100M fingerprints (unblocked, blocked, native, BF.ADD of that size),
+(s) bulk loads at 1M and 100M capacity, fingerprints given in calls of 10,000 and
+    100,000: ours (defaults; a default install without numpy and hiredis; blocked,
+    unblocked; native) against BF.MADD, with Redis's time per fingerprint,
 
 interleaving the contenders of each measure round by round, prints the results table
 and writes ``results.md`` and ``results.json`` (into ``bench/`` unless ``--out``).
@@ -37,7 +41,7 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -106,13 +110,24 @@ from redistime import (  # noqa: E402
     NAME_OURS_SIZED,
     NAME_OURS_SIZED_BLOCKED,
     SIZED,
+    big_markdown,
+    big_names,
     measure_command_time,
 )
 from report import Row, Target, ratio, rows_for, text_table, write_results  # noqa: E402
+from size import (  # noqa: E402
+    NAME_S_DEFAULT,
+    NAME_S_MADD,
+    NAME_S_NATIVE,
+    NAME_S_NO_EXTRAS,
+    measure_size,
+    paired_ratio,
+    size_markdown,
+)
 
 logger = logging.getLogger("bench")
 
-MEASURES = ("a", "b", "c", "d", "e", "t")
+MEASURES = ("a", "b", "c", "d", "e", "t", "s")
 NAME_OPTIMUM = "Bloom optimum, 1.44*log2(1/p) bits"
 
 #: Libraries that log each filter's start and stop: kept at WARNING unless --verbose.
@@ -140,6 +155,12 @@ DEFAULTS: dict[str, Any] = {
     "cmd_warmup": 2_000,
     "cmd_prefill": 50_000,
     "probes": 200_000,
+    "cmd_big": 100_000_000,
+    "size_rounds": 3,
+    "size_capacities": [1_000_000, 100_000_000],
+    "size_calls": [10_000, 100_000],
+    "size_count": 1_000_000,
+    "size_seconds": 8.0,
 }
 QUICK: dict[str, Any] = {
     "rounds": 1,
@@ -157,7 +178,22 @@ QUICK: dict[str, Any] = {
     "cmd_warmup": 200,
     "cmd_prefill": 5_000,
     "probes": 5_000,
+    "size_rounds": 1,
+    "size_calls": [5_000, 10_000],
+    "size_count": 20_000,
+    "size_seconds": 5.0,
 }
+
+
+def _int_list(text: str) -> list[int]:
+    """Parse '10000,100000' (underscores allowed) into positive integers."""
+    try:
+        values = [int(part.strip().replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1: {text!r}")
+    return values
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -205,18 +241,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument(
         "--probes", type=int, help="(c) never-added fingerprints offered to measure false positives"
     )
+    issue23: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+        ("--cmd-big", int, "(t) capacity of the big rows (at 1e-4); 0 leaves them out"),
+        ("--size-rounds", int, "(s) rounds"),
+        ("--size-capacities", _int_list, "(s) filter capacities, comma-separated"),
+        ("--size-calls", _int_list, "(s) fingerprints per call, comma-separated"),
+        ("--size-count", int, "(s) fingerprints per contender per round (at most the capacity)"),
+        ("--size-seconds", float, "(s) a contender stops after the call past this many seconds"),
+    )
+    for flag, kind, text in issue23:
+        group.add_argument(flag, type=kind, help=text)
     args = finish_args(parser, argv, DEFAULTS, QUICK, MEASURES, "measures")
     positive = (
         *("rounds", "bulk_rounds", "crawl_rounds", "unique_calls", "stream_calls"),
         *("slow_calls", "bulk", "setbit", "old_memory_sample", "crawl_pages"),
         "crawl_concurrency",
-        *("cmd_calls", "probes"),
+        *("cmd_calls", "probes", "size_rounds", "size_count"),
     )
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.cmd_warmup < 0 or args.cmd_prefill < 0:
-        parser.error("--cmd-warmup and --cmd-prefill must be at least 0")
+    if args.cmd_warmup < 0 or args.cmd_prefill < 0 or args.cmd_big < 0:
+        parser.error("--cmd-warmup, --cmd-prefill and --cmd-big must be at least 0")
+    if not args.size_capacities or not args.size_calls or args.size_seconds <= 0:
+        parser.error("--size-capacities and --size-calls need sizes, --size-seconds > 0")
     if not 0 <= args.repeat < 1 or not 0 < args.error_rate < 1:
         parser.error("--repeat must be in [0, 1) and --error-rate in (0, 1)")
     return args
@@ -233,6 +281,8 @@ class Collected:
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     #: Contenders or figures left out of this run, and why.
     skipped: list[str] = field(default_factory=list)
+    #: (heading, Markdown) tables for the README, written into results.md.
+    sections: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
@@ -290,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
             _micro(bench, peers, args, got)
         if "t" in args.only:
             _command_time(bench, peers, args, got)
+        if "s" in args.only:
+            _size(bench, peers, args, got)
         if {"c", "d"} & set(args.only):
             _bulk(bench, peers, args, got)
         if "e" in args.only:
@@ -313,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
     }
     sys.stdout.write("\n" + text_table(got.rows, got.targets) + "\n\n")
     md_path, json_path = write_results(
-        args.out, meta, got.rows, got.targets, got.measures, got.outcomes, notes
+        args.out, meta, got.rows, got.targets, got.measures, got.outcomes, notes, got.sections
     )
     sys.stdout.write(f"Wrote {md_path} and {json_path} in {elapsed:.0f} s.\n")
     for check in got.checks:
@@ -373,6 +425,7 @@ def _command_time(
         args.rounds,
         args.cmd_warmup,
         args.cmd_prefill,
+        args.cmd_big,
     )
     got.measures["t"] = {
         metric: {name: s.as_dict() for name, s in per.items()} for metric, per in t.items()
@@ -398,6 +451,8 @@ def _command_time(
         got.targets.append(
             _cost("t", f"{name}: Redis time per check <= 1.5x SADD", usec, name, 1.5)
         )
+    if args.cmd_big:
+        _command_time_big(usec, args.cmd_big, got)
     trips = t["round_trips"] or commands
     what = "round trips" if t["round_trips"] else "commands"
     for name in (NAME_OURS, NAME_OURS_SIZED, NAME_OURS_NATIVE):
@@ -406,6 +461,72 @@ def _command_time(
             Target("t", f"{name}: 1 round trip per check ({what} counted)", value, 1.0, False,
                    unit="trips")
         )  # fmt: skip
+
+
+def _command_time_big(usec: dict[str, Samples], capacity: int, got: Collected) -> None:
+    """(t) at the size the package is for: rows against SADD and BF.ADD, issue 23's target."""
+    names = big_names(capacity)
+    mine = (names.unblocked, names.blocked, names.native, names.redisbloom)
+    big = {name: usec[name] for name in mine if name in usec}
+    bf_add = usec[names.redisbloom].median if names.redisbloom in usec else float("nan")
+    sadd = usec[NAME_SCRAPY_REDIS].median
+    size = names.redisbloom.removeprefix("RedisBloom BF.ADD, ")
+    for row in rows_for(f"t {size} usec/check", big, names.redisbloom, per_reference=True):
+        versus_set, versus_bloom = ratio(row.median, sadd), ratio(row.median, bf_add)
+        comparison = f"x SADD {versus_set:.2f}, x BF.ADD {versus_bloom:.2f}"
+        got.rows.append(replace(row, comparison=comparison))
+    blocked = usec[names.blocked].median if names.blocked in usec else float("nan")
+    got.targets.append(
+        Target(
+            "t",
+            f"{names.blocked}: Redis time per check <= 1.5x BF.ADD of the same size (issue 23)",
+            ratio(blocked, bf_add),
+            1.5,
+            False,
+        )
+    )
+    got.sections.append(
+        (f"Redis time per check at {size} (t)", big_markdown(usec, names, NAME_SCRAPY_REDIS))
+    )
+
+
+def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
+    """Measure (s), its rows, its targets (issue 23) and its README table."""
+    found = measure_size(
+        bench,
+        peers,
+        args.size_capacities,
+        args.size_calls,
+        args.error_rate,
+        args.size_count,
+        args.size_seconds,
+        args.size_rounds,
+    )
+    got.measures["s"] = {
+        label: {metric: {name: s.as_dict() for name, s in per.items()} for metric, per in m.items()}
+        for label, m in found.cells.items()
+    }
+    got.measures["s"]["info"] = found.info
+    got.checks += found.failed
+    for label, metrics in found.cells.items():
+        rates = metrics["fp_per_s"]
+        reference = NAME_S_MADD if NAME_S_MADD in rates else NAME_S_DEFAULT
+        for row in rows_for(f"s {label}", rates, reference, per_reference=True):
+            paired = paired_ratio(rates, row.contender, reference)
+            comparison = f"this/{reference} = {paired:.3g} (per round)"
+            got.rows.append(
+                row if row.contender == reference else replace(row, comparison=comparison)
+            )
+        wanted = (  # N/A when RedisBloom or the native backend is left out
+            (NAME_S_NO_EXTRAS, "default install (no numpy)", 0.3),
+            (NAME_S_DEFAULT, "ours with numpy", 0.6),
+            (NAME_S_NATIVE, "ours, native", 0.7),
+        )
+        for name, what, threshold in wanted:
+            text = f"{label}: {what} >= {threshold}x BF.MADD (issue 23)"
+            value = paired_ratio(rates, name, NAME_S_MADD)
+            got.targets.append(Target("s", text, value, threshold, True))
+    got.sections.append(("Bulk loads at the size it is for (s)", size_markdown(found)))
 
 
 def _bulk(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
@@ -568,6 +689,7 @@ def method_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str, A
         else "BLOOMFILTER_CACHE_SIZE is not recognised by this version: no cache-off variant."
     )
     return [
+        *_issue23_notes(args, peers),
         *_issue12_notes(args, peers, redis_info),
         *_notes(args, old_name, cache_note, redis_info),
     ]
@@ -654,6 +776,67 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " BLOOMFILTER_BLOCKED = True to the bitmap one. RedisBloom's"
         " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
+
+
+def _issue23_notes(args: argparse.Namespace, peers: Peers) -> list[str]:
+    """How the measures at the size the package is for (issue 23) were taken."""
+    from scrapy_redis_bloom.core.settings import BloomConfig
+
+    notes = []
+    unbloomed = (
+        ""
+        if peers.bloom
+        else " Without RedisBloom the ratios compare with ours' defaults row, the targets read N/A."
+    )
+    if "s" in args.only:
+        geometry = []
+        for capacity in args.size_capacities:
+            base = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": args.error_rate}
+            spec = BloomConfig.from_settings(base).spec
+            geometry.append(
+                f"{capacity:,}: k = {spec.hash_count}, {spec.shards} shard(s),"
+                f" {spec.total_bytes / 2**20:.1f} MiB"
+            )
+        notes.append(
+            f"(s) Bulk loads at capacities {', '.join(f'{c:,}' for c in args.size_capacities)}"
+            f" @ {args.error_rate:g}, growing (the default; ours' defaults: "
+            + "; ".join(geometry)
+            + f"), {args.size_rounds} round(s). In each cell (capacity, call size) the"
+            " contenders run interleaved, the order rotated each round, each on an empty"
+            f" server and a new filter, given the same min(capacity, {args.size_count:,})"
+            " distinct fingerprints in calls of the cell's size: ours' add_many per call"
+            " (ours' rows set BLOOMFILTER_BACKEND = 'bitmap' but the native one), RedisBloom"
+            " `BF.RESERVE key p capacity EXPANSION 2` (its default growth) then per call"
+            " BF.MADD of 1,000 fingerprints, 10 commands per pipeline flush. A contender"
+            f" stops after the call that passes {args.size_seconds:g} s (its note says so);"
+            " its rate is over the calls it made. Ratios to BF.MADD (comparison, targets,"
+            " the README table) are the median over rounds of the ratio within a round, as"
+            " the machine's load drifts between rounds more than within one. 'default"
+            " install' runs the same load in a child process (bench/bulkload.py --without"
+            " numpy,hiredis) where numpy and"
+            " hiredis cannot be imported (sys.modules entries set to None before redis or"
+            " the package is imported): what `pip install scrapy-redis-bloom` without"
+            " extras gives. 'BLOOMFILTER_BLOCKED' rows set it explicitly (the defaults row"
+            " has whatever this version's default is). Redis's cost per fingerprint: its"
+            " main thread's CPU time (INFO cpu, used_cpu_user/sys_main_thread) over the"
+            " load, which includes parsing, replies and the scripts' Lua; and INFO"
+            " commandstats summed with every command counted once (EXEC, EVAL* and FCALL*"
+            " left out: their commands are in commandstats one by one, so a script's own"
+            " Lua time is not in that sum)." + unbloomed
+        )
+    if "t" in args.only and args.cmd_big:
+        names = big_names(args.cmd_big)
+        notes.append(
+            f"(t) '{names.unblocked}', '{names.blocked}' and '{names.native}': ours sized with"
+            f" BLOOMFILTER_CAPACITY {args.cmd_big:,} / ERROR_RATE 1e-4 (growing), with"
+            " BLOOMFILTER_BLOCKED False and True set explicitly, and the native backend;"
+            f" '{names.redisbloom}': BF.RESERVE of the same capacity and rate (EXPANSION 2)."
+            f" Measured as (t)'s other rows, prefilled with {args.cmd_prefill:,} fingerprints"
+            " so every page of the filter is resident: at this size every bit a check sets"
+            " is a cache miss. Their rows compare with SADD (scrapy-redis's set, as in (t))"
+            " and with BF.ADD of the same size."
+        )
+    return notes
 
 
 def _blocked_notes(args: argparse.Namespace) -> tuple[str, str]:

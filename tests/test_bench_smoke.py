@@ -31,6 +31,7 @@ LEFT_OUT_REASONS = (
     ("round trip", "bloomfilter/round_trips"),
     ("native", "BLOOMFILTER_BACKEND = 'native'"),
     ("BF.MADD", "RedisBloom"),
+    ("BF.ADD", "RedisBloom"),
     ("batched", "ours, batched"),
     ("blocked", "BLOOMFILTER_BLOCKED"),
 )
@@ -75,7 +76,7 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
 
     document = json.loads((tmp_path / "results.json").read_text())
     measures = document["measures"]
-    assert set(measures) >= {"a", "b", "c", "d", "e", "t"}
+    assert set(measures) >= {"a", "b", "c", "d", "e", "t", "s"}
     assert document["redisbloom"] is bloom
     skipped = " ".join(document["skipped"])
     if not bloom:
@@ -115,6 +116,11 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
         assert fpr["ours, blocked"]["extra"]["expected"] > 0
     else:
         assert "BLOOMFILTER_BLOCKED" in skipped
+    # (t) at the size the package is for: unblocked always, the others where they can run.
+    assert usec["ours, 100M @ 1e-4, unblocked"]["median"] > 0
+    if bloom:
+        assert usec["RedisBloom BF.ADD, 100M @ 1e-4"]["median"] > 0
+    assert_size_measure(document, bloom)
     for name in peers:
         assert measures["e"]["span"][name]["median"] > 0, name
         assert measures["e"]["filter_usec"][name]["median"] > 0, name
@@ -127,7 +133,16 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
         assert 0 < crawl["filter_usec"] <= crawl["redis_usec"], crawl
 
     targets = document["targets"]
-    assert {t["measure"] for t in targets} == {"a", "b", "c", "d", "e", "t"}
+    assert {t["measure"] for t in targets} == {"a", "b", "c", "d", "e", "t", "s"}
+    assert_targets_judged(targets, skipped)
+    markdown = (tmp_path / "results.md").read_text()
+    for heading in ("## Results", "## Targets", "## Crawls (e)", "## How it was measured"):
+        assert heading in markdown
+    assert "## Redis time per check at 100M @ 1e-4 (t)" in markdown
+
+
+def assert_targets_judged(targets: list[dict[str, Any]], skipped: str) -> None:
+    """Every target has a finite value, or reads N/A for a contender the run left out."""
     for target in targets:
         if target["value"] is None:  # N/A only for a figure the run says it left out
             assert any(
@@ -136,9 +151,60 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
             ), (target, skipped)
         else:
             assert math.isfinite(target["value"]), target
+
+
+#: Measure (s)'s contenders: always there, with blocking known, with RedisBloom.
+SIZE_ALWAYS = ("ours, defaults (bitmap, numpy)", "ours, default install (no numpy, no hiredis)")
+SIZE_BLOCKED = ("ours, BLOOMFILTER_BLOCKED=True", "ours, BLOOMFILTER_BLOCKED=False")
+SIZE_BLOOM = ("ours, native: add_many", "RedisBloom BF.MADD")
+
+
+def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
+    """(s) measured every cell (two sizes, two call sizes) with every contender it can run."""
+    size = {k: v for k, v in document["measures"]["s"].items() if k != "info"}
+    info = document["measures"]["s"]["info"]
+    assert len(size) == len(info["capacities"]) * len(info["call_sizes"]) == 4
+    expected = set(SIZE_ALWAYS)
+    if document["blocked_setting_recognised"]:
+        expected |= set(SIZE_BLOCKED)
+    if bloom:
+        expected |= set(SIZE_BLOOM)
+    for label, metrics in size.items():
+        assert set(metrics["fp_per_s"]) == expected, label
+        for metric in ("fp_per_s", "cpu_usec", "command_usec"):
+            for name, samples in metrics[metric].items():
+                assert samples["median"] > 0, (label, metric, name)
+        child = metrics["fp_per_s"]["ours, default install (no numpy, no hiredis)"]["extra"]
+        assert child["numpy"] is False, child
+        assert child["hiredis"] is False, child
+        assert child["hiredis_used_by_redis_py"] is False, child
+        defaults = metrics["fp_per_s"]["ours, defaults (bitmap, numpy)"]["extra"]
+        assert defaults["numpy"] is (importlib.util.find_spec("numpy") is not None)
+        if bloom:
+            assert metrics["fp_per_s"]["ours, native: add_many"]["extra"]["backend"] == "native"
+    rows = [row for row in document["rows"] if row["measure"].startswith("s ")]
+    assert len(rows) == 4 * len(expected)
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_quick_size_measure_alone(tmp_path: Path) -> None:
+    """(s) runs on its own in seconds: its cells, targets and README table are written."""
+    from redis_modules import bloom_server
+
+    bloom = bloom_server() is not None
+    result = run_quick(RUN, "--only", "s", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert set(document["measures"]) == {"s"}
+    assert document["checks_failed"] == []
+    targets = document["targets"]
+    assert {t["measure"] for t in targets} == {"s"}
+    assert len(targets) == 12  # three per cell
+    assert_targets_judged(targets, " ".join(document["skipped"]))
+    assert_size_measure(document, bloom)
     markdown = (tmp_path / "results.md").read_text()
-    for heading in ("## Results", "## Targets", "## Crawls (e)", "## How it was measured"):
-        assert heading in markdown
+    assert "## Bulk loads at the size it is for (s)" in markdown
+    assert "| 100M @ 1e-4, calls of 10,000 |" in markdown
 
 
 def test_old_plugin_offsets_match_its_own_hash() -> None:
