@@ -34,6 +34,7 @@ from scrapy_redis_bloom.core.hashing import (
     BLOCKED_SCHEME,
     SCHEME_VERSION,
     FilterSpec,
+    distinct_bits,
     locate,
     offsets,
 )
@@ -322,8 +323,9 @@ def test_a_hot_path_check_sets_exactly_its_k_bits_in_one_block(
 def test_add_many_sets_the_schemes_bits(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, kind: str, path: str
 ) -> None:
-    if path == "pure":
+    if path == "pure":  # the BITFIELD or script path: no snapshot
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+        monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     elif not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
     more = {"BLOOMFILTER_EXPANSION": 0} if kind == "fixed" else {}
@@ -632,3 +634,14 @@ def test_auto_makes_a_new_blocked_filter_a_bitmap_one_on_a_bloom_server(
     native.close()
     bloom.close()
     again.close()
+
+
+def test_distinct_bits_per_element_match_the_scheme() -> None:
+    # The first-order formula against the offsets themselves, over every (y, z) of a
+    # smaller block (the same arithmetic as 512 bits, enumerable).
+    for k, block in ((13, 64), (6, 128), (9, 32)):
+        total = 0
+        for y in range(block * block):
+            total += len(set(offsets(0, y, k, block * 8, block)))
+        exact = total / (block * block)
+        assert distinct_bits(k, block) == pytest.approx(exact, rel=0.02)

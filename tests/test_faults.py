@@ -30,7 +30,8 @@ from scrapy_redis_bloom import (
 from scrapy_redis_bloom.engine.health import ServerHealth, check_versions
 
 SETTINGS = {"BLOOMFILTER_CAPACITY": 200_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
-CONFIG = BloomConfig.from_settings(SETTINGS)
+#: The classic layout (hash scheme 1), named: a new filter's default is blocked.
+CONFIG = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_BLOCKED": False})
 #: The same with each element's bits in one block (hash scheme 2): the same commands,
 #: other offsets; the fault tests that send them run both.
 BLOCKED = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_BLOCKED": True})

@@ -203,7 +203,7 @@ def commands_problems(text: str) -> list[str]:
                     continue
                 names = set(spec.flags) if spec.flags[0].startswith("-") else {_metavar(spec)}
                 cells = next(
-                    (cells for first, cells in rows.items() if _names(first) == names), None
+                    (cells for first, cells in rows.items() if names <= _names(first)), None
                 )
                 if cells is None:
                     found.append(f"{title}: the option {spec.flags[-1]} has no entry")
