@@ -144,7 +144,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             key,
             record.filter_id,
             where,
-            self.config.describe(),
+            # The filter opened: an existing one keeps its own geometry and layout.
+            self.config.describe()
+            if record.spec == self.config.spec
+            else f"{record.describe()} (the filter's own)",
             worker,
             others,
         )
