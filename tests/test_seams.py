@@ -129,14 +129,15 @@ def test_a_stale_worker_after_a_reset_takes_back_the_bits_it_set_in_the_new_filt
     redis_client: redis.Redis,
 ) -> None:
     key = "books:bloomfilter"
-    old = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000})
+    # The classic layout: one shard each, so the stale worker's bits are easy to find.
+    old = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_BLOCKED": False})
     stale = RedisBloomFilter(redis_client, key, old.spec, old.capacity, cache_size=0)
     assert stale.add_many(fingerprints(100, "old")) == [False] * 100
     # Another process resets the filter under the same key, and creates it afresh with
     # a larger geometry. The stale worker still believes its own shard is there.
     stale_view = RedisBloomFilter(redis_client, key, old.spec, old.capacity)
     stale_view.clear()
-    new = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000})
+    new = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_BLOCKED": False})
     fresh = RedisBloomFilter(redis_client, key, new.spec, new.capacity, cache_size=0)
     fresh.open()
     element = fingerprints(1, "stale")[0]
