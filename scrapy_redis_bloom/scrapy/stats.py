@@ -79,7 +79,7 @@ STATS: dict[str, str] = {
     "total_filtered": "duplicates found by every worker",
     "bits_set": "bits set (counted by the last worker to close, else estimated)",
     "fill_ratio": "share of the bits that are set",
-    "estimated_items": "items the bits set stand for",
+    "estimated_items": "items in the filter, from all workers' counters",
     "estimated_fpr": "chance that a new URL is taken for a seen one, now",
     "memory_bytes": "bytes Redis holds for the filter (estimated until counted)",
 }
@@ -161,8 +161,9 @@ class FilterStats:
         if record is None or counts_only:
             return
         totals = self._totals()
+        estimated = bloom.estimate(totals.added)
         if state is None:
-            state = bloom.estimate(totals.added)
+            state = estimated
         spec = bloom.spec
         values: dict[str, Any] = {
             "total_added": totals.added,
@@ -173,7 +174,9 @@ class FilterStats:
             "shards": spec.shards,
             "bits_set": state.bits_set,
             "fill_ratio": round(state.fill_ratio, 6),
-            "estimated_items": state.estimated_items,
+            # From the counters, as while the crawl ran: the same figure before and after
+            # the last worker counts the bits (whose estimate varies by an item or two).
+            "estimated_items": estimated.estimated_items,
             "estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
             "memory_bytes": state.memory_bytes,
             "expansion": record.expansion,
