@@ -16,6 +16,7 @@ import multiprocessing
 import queue
 import random
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy, RedisBloomFilter
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.core.hashing import MAX_SHARD_BITS, locate, offsets
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_SHARD_BITS, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS
 from scrapy_redis_bloom.engine.bitmap import bulk, snapshot
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, check_sequential
@@ -54,21 +55,36 @@ def calls(client: redis.Redis, command: str) -> int:
     return int(stats.get("calls", 0))
 
 
-@pytest.fixture(params=["snapshot", "snapshot-in-pieces", "pure", "chunks"])
+def read_by_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make blocked shards' snapshots read their batch's blocks, never the whole shard.
+
+    As 8 MiB shards with a few hundred elements do (:func:`snapshot.take_blocks`); the
+    tests' shards are small enough to be read whole otherwise.
+    """
+    monkeypatch.setattr(bulk, "BLOCKS_NS_PER_ELEMENT", 1)
+
+
+@pytest.fixture(
+    params=["snapshot", "snapshot-in-pieces", "pure", "blocks", "blocks-pure", "chunks"]
+)
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which bulk path new filters take: snapshots, or BITFIELD and scripts (``chunks``).
 
     ``snapshot-in-pieces``: shards read in GETRANGEs of 777 bytes (as 8 MiB ones are in
-    MiBs). ``pure``: snapshots answered in Python, as without numpy.
+    MiBs). ``pure``: snapshots answered in Python, as without numpy. ``blocks``: the
+    (blocked) filters' snapshots read only the blocks of their batch.
     """
-    if request.param in ("snapshot", "snapshot-in-pieces") and not HAVE_NUMPY:
+    if request.param in ("snapshot", "snapshot-in-pieces", "blocks") and not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
-    if request.param == "pure":
+    if request.param in ("pure", "blocks-pure"):
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+    if request.param in ("blocks", "blocks-pure"):
+        read_by_blocks(monkeypatch)
     if request.param == "chunks":
         monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     if request.param == "snapshot-in-pieces":
         monkeypatch.setattr(snapshot, "PIECE", 777)
+        monkeypatch.setattr(snapshot, "RUN_BLOCKS", 3)
     return str(request.param)
 
 
@@ -123,14 +139,53 @@ def test_located_groups_and_offsets_are_the_schemes_with_and_without_numpy(
         assert {s: [int(p) for p in g] for s, g in groups.items()} == expected
         for positions in groups.values():
             got = located.offsets(positions)
-            got = got.tolist() if vectorised else got
-            assert got == [
+            want = [
                 offsets(seeds[p][1], seeds[p][2], k, size, block, HEADER_BITS) for p in positions
             ]
+            if vectorised:
+                assert got.tolist() == want
+            elif block:  # without numpy, a blocked element is its block and bits there
+                assert [bit_offsets(pair) for pair in got] == [set(w) for w in want]
+            else:
+                assert got == want
         parts = [(g, [True] * len(g)) for g in groups.values()]
         taken = {int(p) for g in groups.values() for p in g}
         assert located.placed(parts) == [p in taken for p in range(len(elements))]
         assert located.outside(list(groups.values())) == sorted(set(range(len(elements))) - taken)
+
+
+def bit_offsets(pair: tuple[int, int]) -> set[int]:
+    """Return the bit offsets a ``(block start, bits)`` pair of ``local.masks`` stands for."""
+    start, bits = pair
+    return {start + BLOCK_BITS - 1 - j for j in range(BLOCK_BITS) if bits >> j & 1}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_block_masks_answer_and_write_as_the_sequential_kernel(data: st.DataObject) -> None:
+    from scrapy_redis_bloom.engine.bitmap import local
+
+    blocks = data.draw(st.integers(1, 4))
+    start = data.draw(st.binary(min_size=4 + 64 * blocks, max_size=4 + 64 * blocks))
+    k = data.draw(st.integers(1, 16))
+    seed = st.tuples(
+        st.just(0), st.integers(0, BLOCK_BITS * blocks - 1), st.integers(0, BLOCK_BITS**2 - 1)
+    )
+    pool = data.draw(st.lists(seed, min_size=1, max_size=20))
+    batch = data.draw(st.lists(st.sampled_from(pool), max_size=40))  # duplicates common
+    write = data.draw(st.booleans())
+    # A shard string whose bits start 32 bits in (a short header), as offsets() adds it.
+    pairs = [(p + 32 - HEADER_BITS, bits) for p, bits in local.masks(batch, k)]
+    listed = [offsets(x, y, k, BLOCK_BITS * blocks, BLOCK_BITS, 32) for _, x, y in batch]
+    assert [bit_offsets(pair) for pair in pairs] == [set(offsets_) for offsets_ in listed]
+    by_masks, sequential = bytearray(start), bytearray(start)
+    answers, low, high = local.check_masks(by_masks, pairs, write)
+    expected, low_, high_ = check_sequential(sequential, listed, write)
+    assert answers == expected
+    assert by_masks == sequential
+    # The span written back covers every change.
+    assert low <= low_
+    assert high >= high_
 
 
 @needs_numpy
@@ -284,6 +339,30 @@ def test_concurrent_bulk_writers_find_each_element_new_once(
 # -- a snapshot meets another writer, a lost shard -----------------------------------------------
 
 
+def another_writer_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+    other: RedisBloomFilter,
+    target: str,
+    then: Callable[[], Any] = lambda: None,
+) -> list[bool]:
+    """Make ``other`` add ``target`` between a snapshot's read and its write, once.
+
+    Returns the list its answer goes in; ``then`` runs right after it.
+    """
+    other.open()
+    told: list[bool] = []
+    kernel = snapshot.check_vectorised
+
+    def with_a_writer(buffer: bytearray, offsets: Any, write: bool) -> Any:
+        if not told:
+            told.append(other.check_and_add(target))
+            then()
+        return kernel(buffer, offsets, write)
+
+    monkeypatch.setattr(snapshot, "check_vectorised", with_a_writer)
+    return told
+
+
 @needs_numpy
 @pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
 def test_a_snapshot_whose_shard_changes_meanwhile_falls_back(
@@ -292,16 +371,7 @@ def test_a_snapshot_whose_shard_changes_meanwhile_falls_back(
     elements = fingerprints(900, "meanwhile")
     target = elements[500]
     other = make(redis_client, settings_, "meanwhile")
-    other.open()
-    told: list[bool] = []
-    kernel = snapshot.check_vectorised
-
-    def with_a_writer(buffer: bytearray, offsets: Any, write: bool) -> Any:
-        if not told:  # between this worker's GET and its EXEC, another adds an element
-            told.append(other.check_and_add(target))
-        return kernel(buffer, offsets, write)
-
-    monkeypatch.setattr(snapshot, "check_vectorised", with_a_writer)
+    told = another_writer_meanwhile(monkeypatch, other, target)
     redis_client.config_resetstat()
     bloom = make(redis_client, settings_, "meanwhile")
     answers = bloom.add_many(elements)
@@ -372,9 +442,12 @@ def test_a_shard_lost_during_a_snapshot_is_found_and_recovered(
 
 
 @needs_numpy
+@pytest.mark.parametrize("by_blocks", [False, True], ids=["whole", "blocks"])
 def test_a_lost_exec_reply_answers_new(
-    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    by_blocks: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if by_blocks:
+        read_by_blocks(monkeypatch)
     bloom = make(redis_client, GROWING, "doubt")
     held = fingerprints(300, "held")
     assert bloom.add_many(held) == [False] * len(held)
@@ -395,6 +468,59 @@ def test_a_lost_exec_reply_answers_new(
     assert answers == [False] * len(batch)
     assert bloom.events.counts["ambiguous"] == len(held)
     assert bloom.contains_many(batch) == [True] * len(batch)
+
+
+@needs_numpy
+@pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
+def test_block_snapshots_read_and_write_only_their_blocks(
+    settings_: dict[str, Any], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_by_blocks(monkeypatch)
+    elements = fingerprints(600, "blocks")
+    one = make(redis_client, settings_, "blocks-one")
+    expected = [one.check_and_add(e) for e in elements + elements[:50]]
+    many = make(redis_client, settings_, "blocks-many")
+    many.open()
+    shards = many.spec.shards
+    redis_client.config_resetstat()
+    answers = many.add_many(elements)
+    # A header and at most one run per element, read and written back by the scripts:
+    # never the whole shard (no GET), never an element's bits one by one (no BITFIELD).
+    assert calls(redis_client, "eval") >= 2
+    assert 0 < calls(redis_client, "getrange") <= 600 + shards
+    assert 0 < calls(redis_client, "setrange") <= 600 + shards
+    assert calls(redis_client, "get") == calls(redis_client, "bitfield") == 0
+    assert calls(redis_client, "evalsha") == 0  # no check-and-add script either
+    # (Fewer elements than pay for a transaction take the other path.)
+    assert answers + many.add_many(elements[:50]) == expected
+    assert many.contains_many(elements) == [True] * len(elements)
+    # The same bits as one call per element set (the headers differ: each filter's id).
+    for mine, theirs in zip(many.shard_keys, one.shard_keys, strict=True):
+        assert redis_client.getrange(mine, 32, -1) == redis_client.getrange(theirs, 32, -1)
+    if settings_ is GROWING:  # the same count (the generations field: 0 until a script runs)
+        assert _state(redis_client, "blocks-many")[1:] == _state(redis_client, "blocks-one")[1:]
+
+
+@needs_numpy
+def test_a_joint_block_snapshot_another_worker_wrote_to_is_taken_again_shard_by_shard(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_by_blocks(monkeypatch)
+    elements = fingerprints(900, "joint")
+    target = elements[500]
+    other = make(redis_client, FIXED, "joint")
+    # (commandstats from then on: this worker's alone)
+    told = another_writer_meanwhile(monkeypatch, other, target, redis_client.config_resetstat)
+    bloom = make(redis_client, FIXED, "joint")
+    assert bloom.spec.shards == 3
+    answers = bloom.add_many(elements)
+    assert told == [False]
+    assert answers == [e == target for e in elements]
+    # The three shards' transaction did nothing; each was then taken on its own.
+    assert calls(redis_client, "exec") == 4
+    assert calls(redis_client, "bitfield") == 0  # (a fixed filter's other path)
+    assert bloom.contains_many(elements) == [True] * len(elements)
+    other.close()
 
 
 @pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
@@ -437,14 +563,20 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
 ) -> None:
     client = request.getfixturevalue("redis_cluster" if where == "cluster" else "clients")
     taken: list[bool] = []
-    original = bulk.take
+    original, original_blocks = bulk.take, bulk.take_blocks
 
     def counted(*args: Any) -> snapshot.Taken:
         result = original(*args)
         taken.append(result.answers is not None)
         return result
 
+    def counted_blocks(*args: Any) -> list[snapshot.Taken]:
+        results = original_blocks(*args)
+        taken.extend(result.answers is not None for result in results)
+        return results
+
     monkeypatch.setattr(bulk, "take", counted)
+    monkeypatch.setattr(bulk, "take_blocks", counted_blocks)
     elements = fingerprints(4_000, "spread")
     elements += elements[:500]
     one = make(client, FIXED, "spread-one")

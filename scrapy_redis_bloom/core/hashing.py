@@ -175,6 +175,24 @@ def offsets(
     ]
 
 
+def block_pattern(y: int, hash_count: int) -> int:
+    """Return a blocked element's k bits as one integer, for a block starting at offset 0.
+
+    Offset ``p`` of the block is bit ``B - 1 - p`` (Redis numbers a string's bits from
+    the first byte's most significant one, so the block's 64 bytes read big-endian are
+    this integer). The pattern is written twice (bits B to 2B - 1 too), so that the
+    element's bits, which :func:`offsets` rotates by its start ``s = x mod B``, are
+    ``(pattern >> s) & (2**B - 1)``: one shift instead of a loop over k. The kernel
+    without numpy answers a blocked element with it in a few integer operations.
+    """
+    step, third = y % BLOCK_BITS, y // BLOCK_BITS
+    top = BLOCK_BITS - 1
+    mask = 0
+    for i, t, c in offset_steps(hash_count):
+        mask |= 1 << (top - (i * step + t * third + c) % BLOCK_BITS)
+    return mask | (mask << BLOCK_BITS)
+
+
 @lru_cache(maxsize=64)
 def offset_steps(hash_count: int) -> tuple[tuple[int, int, int], ...]:
     """Return ``(i, i (i - 1) / 2, (i**3 - i) / 6)`` for i in 0 .. k-1: offsets()'s constants."""

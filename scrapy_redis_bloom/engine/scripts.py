@@ -20,6 +20,7 @@ from functools import cache, lru_cache
 from importlib import resources
 
 from scrapy_redis_bloom.core.generations import Growth
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.transport.wire import Script
 
@@ -197,3 +198,10 @@ CREATE_RECORD = Script(lua("create_record"))
 #: Clear bits a scriptless check set in a shard that turned out not to be its filter's
 #: (see :meth:`.fastpath.FastPath.strays`; ``lua/take_back.lua``).
 TAKE_BACK = Script(lua("take_back"))
+
+#: A blocked shard's bulk snapshot reads (``lua/read_blocks.lua``) and writes back
+#: (``lua/write_blocks.lua``) only the blocks of its batch: one reply per shard, however
+#: many blocks (see :func:`.bitmap.snapshot.take_blocks`).
+_BLOCKS = declare(HEADER_BYTES=HEADER_BYTES, BLOCK_BYTES=BLOCK_BITS // 8)
+READ_BLOCKS = Script(_BLOCKS + lua("read_blocks"))
+WRITE_BLOCKS = Script(_BLOCKS + lua("write_blocks"))

@@ -49,6 +49,9 @@ class Topology(ABC):
 
     #: Number of standalone servers the shards are spread over (1 for a cluster).
     servers: int = 1
+    #: Whether one transaction (WATCH, MULTI/EXEC) may name the keys of several shards
+    #: on a node: not in a cluster, where they are in different hash slots (CROSSSLOT).
+    joint_transactions: bool = True
     #: Round trips made by every node of this topology and of its copies.
     trips: TripCounter
 
@@ -146,6 +149,8 @@ class ServerList(Topology):
 
 class Cluster(Topology):
     """A Redis Cluster, its slot map kept by a redis-py ``RedisCluster`` client."""
+
+    joint_transactions = False
 
     def __init__(self, client: RedisCluster, trips: TripCounter | None = None) -> None:
         self.client = client

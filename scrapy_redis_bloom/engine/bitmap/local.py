@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
-from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets, seed_range
-from scrapy_redis_bloom.core.layout import HEADER_BITS
+from scrapy_redis_bloom.core.hashing import (
+    BLOCK_BITS,
+    FilterSpec,
+    block_pattern,
+    locate,
+    offsets,
+    seed_range,
+)
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES
 from scrapy_redis_bloom.core.versions import NUMPY_MINIMUM, parse_version
 
 # HAVE_NUMPY: whether the optional extra is installed, at its minimum version or newer.
@@ -46,6 +53,8 @@ if TYPE_CHECKING:
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 PART = 8_192
+#: Bytes of one block of a blocked filter.
+BLOCK_BYTES = BLOCK_BITS // 8
 
 
 class Located:
@@ -81,13 +90,16 @@ class Located:
     def offsets(self, positions: Any) -> Any:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
-        An (n, k) array (:func:`offsets_many`), or a list of n lists of k offsets.
+        An (n, k) array (:func:`offsets_many`); without numpy, a list of n lists of k
+        offsets, or for a blocked filter n ``(block start, bits)`` pairs (:func:`masks`).
         """
         spec = self.spec
         k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
         if self.vectorised:
             return offsets_many(self.x[positions], self.y[positions], k, bits, block)
         seeds = self._seeds
+        if block:
+            return masks([seeds[p] for p in positions], k)
         return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
 
     def outside(self, taken: Sequence[Any]) -> list[int]:
@@ -238,6 +250,46 @@ def _check_part(
     return (~new).tolist(), int(where[0]), int(where[-1]) + 1
 
 
+def masks(seeds: Sequence[tuple[int, int, int]], hash_count: int) -> list[tuple[int, int]]:
+    """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
+
+    ``block start``: the bit offset of the element's block in its shard's string
+    (header included); ``bits``: its k bits in the block, as the block's 64 bytes read
+    big-endian (:func:`..hashing.block_pattern`). :func:`check_masks` answers with them.
+    """
+    full = (1 << BLOCK_BITS) - 1
+    out: list[tuple[int, int]] = []
+    for _, x, y in seeds:
+        start = x % BLOCK_BITS
+        out.append((x - start + HEADER_BITS, (block_pattern(y, hash_count) >> start) & full))
+    return out
+
+
+def check_masks(
+    buffer: bytearray, pairs: Sequence[tuple[int, int]], write: bool
+) -> tuple[list[bool], int, int]:
+    """Do what :func:`check_sequential` does, for blocked elements given by :func:`masks`.
+
+    Each element is one block read as an integer, an AND and, when new, an OR written
+    back: a few operations instead of k, the kernel of a default install (without
+    numpy) for the default, blocked, layout.
+    """
+    answers: list[bool] = []
+    append = answers.append
+    low, high = len(buffer), 0
+    for start, bits in pairs:
+        at = start >> 3
+        block = int.from_bytes(buffer[at : at + BLOCK_BYTES], "big")
+        if block & bits == bits:
+            append(True)
+            continue
+        append(False)
+        if write:
+            buffer[at : at + BLOCK_BYTES] = (block | bits).to_bytes(BLOCK_BYTES, "big")
+            low, high = min(low, at), max(high, at + BLOCK_BYTES)
+    return (answers, low, high) if low < high else (answers, 0, 0)
+
+
 def check_sequential(
     buffer: bytearray, offsets: Sequence[Sequence[int]], write: bool
 ) -> tuple[list[bool], int, int]:
@@ -261,3 +313,78 @@ def check_sequential(
                         high = byte
         answers.append(seen)
     return (answers, low, high + 1) if low <= high else (answers, 0, 0)
+
+
+def gather(offsets: Any) -> tuple[list[int], Any]:
+    """Return the blocks a blocked shard's batch touches, and its offsets in a compact copy.
+
+    All k bits of an element are in one block (:mod:`..hashing`, scheme 2), so a batch
+    needs only its blocks' bytes: the compact copy is the shard's header followed by
+    those blocks in order (slot i holds block ``blocks[i]``), and the offsets returned
+    address it. The kernels then answer on the copy as on the whole shard.
+    ``offsets``: as :meth:`Located.offsets` gives them (header included).
+    """
+    if is_masks(offsets):
+        touched = [(start - HEADER_BITS) // BLOCK_BITS for start, _ in offsets]
+        blocks = sorted(set(touched))
+        slot = {block: i for i, block in enumerate(blocks)}
+        pairs = [
+            (HEADER_BITS + slot[block] * BLOCK_BITS, bits)
+            for (_, bits), block in zip(offsets, touched, strict=True)
+        ]
+        return blocks, pairs
+    if isinstance(offsets, list):
+        touched = [(element[0] - HEADER_BITS) // BLOCK_BITS for element in offsets]
+        blocks = sorted(set(touched))
+        slot = {block: i for i, block in enumerate(blocks)}
+        moved = [
+            [offset + (slot[block] - block) * BLOCK_BITS for offset in element]
+            for element, block in zip(offsets, touched, strict=True)
+        ]
+        return blocks, moved
+    touched_array = (offsets[:, 0] - HEADER_BITS) // BLOCK_BITS
+    unique, slots = np.unique(touched_array, return_inverse=True)
+    shifted: NDArray[Any] = offsets + ((slots.reshape(-1) - touched_array) * BLOCK_BITS)[:, None]
+    listed: list[int] = unique.tolist()
+    return listed, shifted
+
+
+def is_masks(offsets: Any) -> bool:
+    """Tell whether a batch's offsets are :func:`masks`' pairs (else lists, or an array)."""
+    return isinstance(offsets, list) and bool(offsets) and isinstance(offsets[0], tuple)
+
+
+def changed_slots(before: bytes, after: bytearray) -> list[int]:
+    """Return the slots of a compact copy (see :func:`gather`) whose bytes differ."""
+    if HAVE_NUMPY:
+        old = np.frombuffer(before, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
+        new = np.frombuffer(after, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
+        differ: list[int] = np.flatnonzero((old != new).any(axis=1)).tolist()
+        return differ
+    count = (len(after) - HEADER_BYTES) // BLOCK_BYTES
+    return [
+        i
+        for i in range(count)
+        if before[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
+        != after[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
+    ]
+
+
+def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
+    """Group ``slots`` (sorted) into runs ``[first, stop)`` of neighbouring blocks.
+
+    Slot i holds ``blocks[i]``; a run's slots hold consecutive blocks, so one
+    GETRANGE or SETRANGE moves it; at most ``longest`` slots each.
+    """
+    out: list[tuple[int, int]] = []
+    first = previous = -2
+    for slot in slots:
+        if slot == previous + 1 and blocks[slot] == blocks[previous] + 1 and slot - first < longest:
+            previous = slot
+            continue
+        if first >= 0:
+            out.append((first, previous + 1))
+        first = previous = slot
+    if first >= 0:
+        out.append((first, previous + 1))
+    return out

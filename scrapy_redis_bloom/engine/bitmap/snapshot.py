@@ -19,6 +19,9 @@ hot path, growth, a recovery): the batch then took effect as one atomic step, ex
 as check-and-add on each element in order would have. ``MULTI`` is confirmed before
 any write is sent, so the writes never run outside the transaction.
 
+A blocked shard's batch may instead read only its blocks (:func:`take_blocks`): the
+same two round trips and the same transaction, for several shards of a node at once.
+
 In every other case the batch is handed back (:attr:`Taken.answers` is None) to the
 ``BITFIELD`` or script path, which deals with redirections, retries, lost shards and
 their recovery: an aborted ``EXEC``, a shard that is not as expected, an error reply,
@@ -29,11 +32,24 @@ handed back as ``ambiguous``: the bits may be its own, so "seen" answers become 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.engine.bitmap.local import check_sequential, check_vectorised
+from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.engine.bitmap.local import (
+    BLOCK_BYTES,
+    changed_slots,
+    check_masks,
+    check_sequential,
+    check_vectorised,
+    gather,
+    is_masks,
+    runs,
+)
+from scrapy_redis_bloom.engine.scripts import READ_BLOCKS, WRITE_BLOCKS
 from scrapy_redis_bloom.transport.executor import acl_denial
 from scrapy_redis_bloom.transport.node import Node, NotSentError, TransportError
 from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
@@ -58,6 +74,9 @@ class Taken:
     ambiguous: bool = False
     #: A Redis ACL refused a command ("command" or "key"): do not try snapshots again.
     denied: str | None = None
+    #: (:func:`take_blocks`) Another client wrote to one of the shards: nothing was
+    #: written; each shard may be tried again on its own.
+    aborted: bool = False
 
 
 def take(
@@ -136,7 +155,7 @@ def _answer(
             return Taken()  # grown, or full to the limit: the script's
         offsets = offsets[:room]
     del pieces, replies[:]
-    kernel = check_sequential if isinstance(offsets, list) else check_vectorised
+    kernel = _kernel(offsets)
     answers, low, high = kernel(copy, offsets, write)
     if not write:
         return Taken(answers)
@@ -174,8 +193,154 @@ def _answer(
     return Taken(answers)
 
 
+def _kernel(offsets: Any) -> Callable[[bytearray, Any, bool], tuple[list[bool], int, int]]:
+    """Return the kernel for a batch's offsets: numpy's, or Python's (lists or masks)."""
+    if is_masks(offsets):
+        return check_masks
+    return check_sequential if isinstance(offsets, list) else check_vectorised
+
+
 def _end(node: Node, write: bool, opening: list[Any]) -> None:
     """Close what the opening left open: the transaction (which unwatches), or the watch."""
     if write:  # WATCH, GETRANGE..., MULTI
         started = not isinstance(opening[-1], BaseException)
         node.exchange(pack_command(b"DISCARD" if started else b"UNWATCH"), 1)
+
+
+@dataclass(slots=True)
+class Part:
+    """One blocked shard's batch in :func:`take_blocks`: its key, identity, offsets, length."""
+
+    key: str
+    identity: bytes
+    #: As :func:`take`'s ``offsets``.
+    offsets: Any
+    #: Bytes the shard's string must have.
+    length: int
+    #: Filled by take_blocks: the blocks touched, the offsets in the compact copy.
+    blocks: list[int] = field(default_factory=list)
+    moved: Any = None
+
+
+#: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
+RUN_BLOCKS = PIECE // BLOCK_BYTES
+
+
+def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
+    """Check (and add) batches of blocked shards on one node, reading only their blocks.
+
+    A blocked filter's element has all its bits in one 64-byte block, so a batch of a
+    few hundred elements in an 8 MiB shard needs a few hundred blocks, not the shard.
+    ``WATCH`` the keys, then per shard a script reads its length, header and the runs
+    of neighbouring blocks the batch touches (``lua/read_blocks.lua``: one reply),
+    ``MULTI``; the answers computed on that compact copy (:func:`.local.gather`); then
+    per shard a script writes back the changed runs (``lua/write_blocks.lua``) and
+    ``SETRANGE`` a growing shard's count, and ``EXEC``, as :func:`take` does for a
+    whole shard: two round trips for the shards given, about 1.3 µs of Redis time per
+    element (measured: 0.7 to read a block in Lua, 0.6 to write it). A check without
+    adds sends the read scripts alone: each reads its shard atomically.
+
+    ``parts`` must be shards one transaction may name together (one slot in a cluster).
+    One :class:`Taken` per part, in order. When another client wrote to any of the
+    shards, nothing was written and every part is ``aborted``: the caller may try each
+    shard on its own.
+    """
+    packed = [encode(part.key) for part in parts]
+    reads: list[bytes] = [pack_command(b"WATCH", *packed)] if write else []
+    for part, key in zip(parts, packed, strict=True):
+        part.blocks, part.moved = gather(part.offsets)
+        spans = runs(part.blocks, range(len(part.blocks)), RUN_BLOCKS)
+        runs_packed = _pack_runs(part.blocks, spans)
+        reads.append(pack_command(b"EVAL", READ_BLOCKS.source, 1, key, runs_packed))
+    if write:
+        reads.append(pack_command(b"MULTI"))
+    try:
+        replies = node.exchange(b"".join(reads), len(reads))
+    except TransportError:
+        return [Taken() for _ in parts]  # nothing was written: the other path retries
+    try:
+        return _answer_blocks(node, packed, parts, write, limit, replies)
+    except TransportError:
+        return [Taken() for _ in parts]
+    except BaseException:
+        node.abandon()  # a transaction may be open on it: never reuse the connection
+        raise
+
+
+def _pack_runs(blocks: Sequence[int], spans: Sequence[tuple[int, int]]) -> bytes:
+    """Pack runs of slots as the scripts read them: first block and blocks, u32 each."""
+    flat = [value for first, stop in spans for value in (blocks[first], stop - first)]
+    return struct.pack(f">{len(flat)}I", *flat)
+
+
+def _answer_blocks(
+    node: Node,
+    keys: list[bytes],
+    parts: Sequence[Part],
+    write: bool,
+    limit: int | None,
+    replies: list[Any],
+) -> list[Taken]:
+    failed = next((r for r in replies if isinstance(r, BaseException)), None)
+    if failed is not None:
+        if write:
+            _end(node, write, replies)
+        return [Taken(denied=acl_denial(failed)) for _ in parts]
+    read = replies[1:-1] if write else replies
+    taken: list[Taken] = []
+    commands: list[bytes] = []
+    for part, key, reply in zip(parts, keys, read, strict=True):
+        strlen, copy = reply[0], bytearray(reply[1])
+        if (
+            strlen != part.length
+            or not copy.startswith(part.identity)
+            or len(copy) != HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
+        ):
+            taken.append(Taken())  # lost, foreign or odd: the other path finds out which
+            continue
+        moved, count = part.moved, 0
+        if limit is not None:
+            generations = int.from_bytes(copy[_GENERATIONS], "big")
+            count = int.from_bytes(copy[_COUNT], "big")
+            room = limit - 1 - count if write else len(moved)
+            if generations > 1 or room <= 0:
+                taken.append(Taken())  # grown, or full to the limit: the script's
+                continue
+            moved = moved[:room]
+        before = bytes(copy)
+        kernel = _kernel(moved)
+        answers, low, high = kernel(copy, moved, write)
+        taken.append(Taken(answers))
+        if not write or low >= high:
+            continue
+        changed = changed_slots(before, copy)
+        spans = runs(part.blocks, changed, RUN_BLOCKS)
+        data = b"".join(
+            copy[HEADER_BYTES + first * BLOCK_BYTES : HEADER_BYTES + stop * BLOCK_BYTES]
+            for first, stop in spans
+        )
+        commands.append(
+            pack_command(b"EVAL", WRITE_BLOCKS.source, 1, key, _pack_runs(part.blocks, spans), data)
+        )
+        if limit is not None:
+            count += answers.count(False)
+            commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
+    if not write:
+        return taken
+    commands.append(pack_command(b"EXEC"))
+    try:
+        done = node.exchange(b"".join(commands), len(commands))
+    except NotSentError:
+        return [Taken() for _ in parts]
+    except TransportError:
+        return [Taken(ambiguous=t.answers is not None) for t in taken]
+    outcome = done[-1]
+    if outcome is None:  # another client wrote to a shard: EXEC did nothing
+        logger.debug("Block snapshot of %d shards: one changed meanwhile", len(parts))
+        return [Taken(aborted=True) for _ in parts]
+    if isinstance(outcome, BaseException):  # EXECABORT: a queued command was refused
+        refused = next((r for r in done if isinstance(r, BaseException)), outcome)
+        return [Taken(denied=acl_denial(refused)) for _ in parts]
+    if any(isinstance(r, BaseException) for r in outcome):  # ran in part: in doubt
+        return [Taken(ambiguous=t.answers is not None) for t in taken]
+    return taken
