@@ -56,7 +56,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.base import Outcome
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, Located
-from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Taken, take, take_blocks
+from scrapy_redis_bloom.engine.bitmap.snapshot import PIECE, Part, Taken, take, take_blocks
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
@@ -288,9 +288,11 @@ class Bulk:
     ) -> list[tuple[Any, Taken]]:
         """Take the snapshots of a block's crowded shards: whole, or of their blocks.
 
-        Returns each shard's positions and what its snapshot did. The shards read by
-        blocks go together per node (:func:`.snapshot.take_blocks`); when another
-        client wrote to one of them meanwhile, each is tried again on its own.
+        Returns each shard's positions and what its snapshot did. The blocked shards
+        go together per node (:func:`.snapshot.take_blocks`: their blocks, or the whole
+        of a shard of at most :data:`.snapshot.PIECE`, as a 1M filter's 17 to 31 small
+        shards are; two round trips for all of them); when another client wrote to one
+        of them meanwhile, each is tried again on its own. Others go one by one.
         """
         results: list[tuple[Any, Taken]] = []
         by_node: dict[object, tuple[Node, list[tuple[Any, Part]]]] = {}
@@ -299,13 +301,15 @@ class Bulk:
             if not self._snapshots:
                 results.append((positions, Taken()))  # refused by an ACL: the chunks'
                 continue
-            if self._whole(len(positions)):
+            whole = self._whole(len(positions))
+            if whole and not (self.spec.block_bits and self.spec.shard_bytes <= PIECE):
                 taken = self._snapshot(s, located.offsets(positions), write, limit)
                 results.append((positions, taken))
                 continue
+            # A blocked shard: its blocks, or whole if small (one script reads it at once).
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
-            part = Part(key, self.identity(s), located.offsets(positions), length)
+            part = Part(key, self.identity(s), located.offsets(positions), length, whole)
             group = id(node) if self.topology.joint_transactions else (id(node), s)
             by_node.setdefault(group, (node, []))[1].append((positions, part))
         for node, batch in by_node.values():

@@ -217,8 +217,11 @@ class Part:
     offsets: Any
     #: Bytes the shard's string must have.
     length: int
-    #: Filled by take_blocks: the blocks touched, the offsets in the compact copy.
-    blocks: list[int] = field(default_factory=list)
+    #: Read every block (a small shard with many of the batch's elements), not only
+    #: those the batch touches; its changed span is written back as :func:`take` does.
+    whole: bool = False
+    #: Filled by take_blocks: the blocks read, the offsets in the copy read.
+    blocks: Sequence[int] = field(default_factory=list)
     moved: Any = None
 
 
@@ -240,6 +243,13 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     element (measured: 0.7 to read a block in Lua, 0.6 to write it). A check without
     adds sends the read scripts alone: each reads its shard atomically.
 
+    A part marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
+    batch's elements: a 1M filter's shards of 96 to 160 KB) is read by ``GET`` and its
+    changed span written back by ``SETRANGE``, as :func:`take` does, but in the same two
+    round trips as the node's other shards. Not through Lua: a script's argument or
+    result of that size costs Redis ~1 ns a byte to copy and collect (measured: ~100 µs
+    for 96 KB, against 1.5 µs for a ``GETRANGE`` of it).
+
     ``parts`` must be shards one transaction may name together (one slot in a cluster).
     One :class:`Taken` per part, in order. When another client wrote to any of the
     shards, nothing was written and every part is ``aborted``: the caller may try each
@@ -248,6 +258,11 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     packed = [encode(part.key) for part in parts]
     reads: list[bytes] = [pack_command(b"WATCH", *packed)] if write else []
     for part, key in zip(parts, packed, strict=True):
+        if part.whole:  # GET: Lua would copy and collect the bytes (~1 ns each, twice)
+            part.blocks = range((part.length - HEADER_BYTES) // BLOCK_BYTES)
+            part.moved = part.offsets
+            reads.append(pack_command(b"GET", key))
+            continue
         part.blocks, part.moved = gather(part.offsets)
         spans = runs(part.blocks, range(len(part.blocks)), RUN_BLOCKS)
         runs_packed = _pack_runs(part.blocks, spans)
@@ -290,7 +305,10 @@ def _answer_blocks(
     taken: list[Taken] = []
     commands: list[bytes] = []
     for part, key, reply in zip(parts, keys, read, strict=True):
-        strlen, copy = reply[0], bytearray(reply[1])
+        if part.whole:  # GET's reply: the string, or None for no key
+            strlen, copy = len(reply or b""), bytearray(reply or b"")
+        else:  # the read script's: its length, the header and the blocks
+            strlen, copy = reply[0], bytearray(reply[1])
         if (
             strlen != part.length
             or not copy.startswith(part.identity)
@@ -307,25 +325,29 @@ def _answer_blocks(
                 taken.append(Taken())  # grown, or full to the limit: the script's
                 continue
             moved = moved[:room]
-        before = bytes(copy)
+        before = b"" if part.whole else bytes(copy)
         kernel = _kernel(moved)
         answers, low, high = kernel(copy, moved, write)
         taken.append(Taken(answers))
         if not write or low >= high:
             continue
-        changed = changed_slots(before, copy)
-        spans = runs(part.blocks, changed, RUN_BLOCKS)
-        data = b"".join(
-            copy[HEADER_BYTES + first * BLOCK_BYTES : HEADER_BYTES + stop * BLOCK_BYTES]
-            for first, stop in spans
-        )
-        commands.append(
-            pack_command(b"EVAL", WRITE_BLOCKS.source, 1, key, _pack_runs(part.blocks, spans), data)
-        )
+        if part.whole:  # the span the kernel changed, as take() writes it
+            commands.append(pack_command(b"SETRANGE", key, low, bytes(copy[low:high])))
+        else:
+            spans = runs(part.blocks, changed_slots(before, copy), RUN_BLOCKS)
+            data = b"".join(
+                copy[HEADER_BYTES + first * BLOCK_BYTES : HEADER_BYTES + stop * BLOCK_BYTES]
+                for first, stop in spans
+            )
+            packed_runs = _pack_runs(part.blocks, spans)
+            commands.append(pack_command(b"EVAL", WRITE_BLOCKS.source, 1, key, packed_runs, data))
         if limit is not None:
             count += answers.count(False)
             commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     if not write:
+        return taken
+    if all(one.answers is None for one in taken):  # nothing to confirm: close it
+        _end(node, write, replies)
         return taken
     commands.append(pack_command(b"EXEC"))
     try:
