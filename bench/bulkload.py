@@ -10,7 +10,8 @@ Run as a script (``python bench/bulkload.py --without numpy,hiredis SPEC``), it
 makes a default install out of the benchmark's environment: the modules named cannot
 be imported (``sys.modules[name] = None`` before anything imports redis or the
 package), which is what ``pip install scrapy-redis-bloom`` without extras gives. It
-then runs :func:`load_ours` on the JSON ``SPEC`` and prints the result as JSON. Only
+then runs :func:`load_ours` on the JSON ``SPEC`` (or, with ``"peer": "madd"``,
+:func:`load_madd`: BF.MADD from the same install) and prints the result as JSON. Only
 the standard library is imported at the top, so nothing reaches numpy or hiredis
 before they are blocked.
 """
@@ -241,14 +242,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Block the modules asked, run one load of ours from the JSON spec, print it as JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--without", default="", help="modules made unimportable, e.g. numpy")
-    parser.add_argument("spec", help="JSON: url, settings, count, call_size, cap")
+    parser.add_argument(
+        "spec", help="JSON: url, settings, count, call_size, cap; peer: 'madd' for BF.MADD"
+    )
     args = parser.parse_args(argv)
     for name in filter(None, args.without.split(",")):
         sys.modules[name] = None  # type: ignore[assignment]  # import then raises ImportError
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     spec = json.loads(args.spec)
-    load = load_ours(spec["url"], spec["settings"], spec["count"], spec["call_size"], spec["cap"])
     import redis.utils
+
+    if spec.get("peer") == "madd":  # RedisBloom's BF.MADD from the same install
+        client = redis.Redis.from_url(spec["url"])
+        try:
+            load = load_madd(
+                client,
+                spec["settings"]["BLOOMFILTER_CAPACITY"],
+                spec["settings"]["BLOOMFILTER_ERROR_RATE"],
+                spec["count"],
+                spec["call_size"],
+                spec["cap"],
+            )
+        finally:
+            client.close()
+        load.extra["numpy"] = _importable("numpy")
+        load.extra["hiredis"] = _importable("hiredis")
+    else:
+        load = load_ours(
+            spec["url"], spec["settings"], spec["count"], spec["call_size"], spec["cap"]
+        )
 
     load.extra["hiredis_used_by_redis_py"] = bool(getattr(redis.utils, "HIREDIS_AVAILABLE", False))
     sys.stdout.write(json.dumps(load_as_dict(load)) + "\n")

@@ -118,6 +118,7 @@ from report import Row, Target, ratio, rows_for, text_table, write_results  # no
 from size import (  # noqa: E402
     NAME_S_DEFAULT,
     NAME_S_MADD,
+    NAME_S_MADD_NO_EXTRAS,
     NAME_S_NATIVE,
     NAME_S_NO_EXTRAS,
     measure_size,
@@ -526,6 +527,10 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
             text = f"{label}: {what} >= {threshold}x BF.MADD (issue 23)"
             value = paired_ratio(rates, name, NAME_S_MADD)
             got.targets.append(Target("s", text, value, threshold, True))
+        # The same target against BF.MADD as the same default install sends it.
+        text = f"{label}: default install >= 0.3x BF.MADD from a default install (no hiredis)"
+        value = paired_ratio(rates, NAME_S_NO_EXTRAS, NAME_S_MADD_NO_EXTRAS)
+        got.targets.append(Target("s", text, value, 0.3, True))
     got.sections.append(("Bulk loads at the size it is for (s)", size_markdown(found)))
 
 

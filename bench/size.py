@@ -12,7 +12,8 @@ contenders run interleaved round by round, each on an empty server:
 - ours with ``BLOOMFILTER_BLOCKED`` True, and explicitly False (whatever the default);
 - ours with ``BLOOMFILTER_BACKEND = 'native'`` (RedisBloom under our shards);
 - RedisBloom's ``BF.MADD`` after ``BF.RESERVE`` of the same capacity and error rate,
-  growing as RedisBloom grows by default (EXPANSION 2).
+  growing as RedisBloom grows by default (EXPANSION 2); and the same from the child,
+  as redis-py without hiredis sends it: the default install's peer.
 
 The work is bounded: at most ``count`` fingerprints per contender per round (never
 more than the capacity), and a contender stops after the call that passes ``cap``
@@ -47,6 +48,9 @@ NAME_S_BLOCKED = "ours, BLOOMFILTER_BLOCKED=True"
 NAME_S_UNBLOCKED = "ours, BLOOMFILTER_BLOCKED=False"
 NAME_S_NATIVE = "ours, native: add_many"
 NAME_S_MADD = "RedisBloom BF.MADD"
+#: BF.MADD sent by redis-py as a default install has it (no hiredis): what a user without
+#: extras compares ours' default install with.
+NAME_S_MADD_NO_EXTRAS = "RedisBloom BF.MADD, default install (no hiredis)"
 #: The modules a default install lacks (the extras ``numpy`` and ``hiredis``).
 EXTRAS = ("numpy", "hiredis")
 #: A distinct fingerprint answered "already there" more often than this fraction
@@ -129,14 +133,17 @@ def paired_ratio(samples: dict[str, Samples], name: str, reference: str) -> floa
     return statistics.median(ratio(value, other) for value, other in pairs)
 
 
-def load_in_child(url: str, settings: dict[str, Any], cell: Cell, cap: float) -> Load:
-    """Run one load of ours in a child process without numpy and hiredis."""
+def load_in_child(
+    url: str, settings: dict[str, Any], cell: Cell, cap: float, peer: str | None = None
+) -> Load:
+    """Run one load of ours (or with ``peer='madd'``, BF.MADD) without numpy and hiredis."""
     spec = {
         "url": url,
         "settings": settings,
         "count": cell.count,
         "call_size": cell.call_size,
         "cap": cap,
+        "peer": peer,
     }
     command = [sys.executable, str(BULKLOAD), "--without", ",".join(EXTRAS), json.dumps(spec)]
     done = subprocess.run(
@@ -208,6 +215,8 @@ def _runners(
         runners[NAME_S_MADD] = lambda: load_madd(
             bench.redis(), cell.capacity, cell.error_rate, cell.count, cell.call_size, cap
         )
+        sizing = contender_settings(peers, cell.capacity, cell.error_rate)[NAME_S_NO_EXTRAS]
+        runners[NAME_S_MADD_NO_EXTRAS] = lambda: load_in_child(url, sizing, cell, cap, "madd")
     return runners
 
 
@@ -245,12 +254,13 @@ def _keep(results: SizeResults, cell: Cell, name: str, load: Load) -> None:
         load.cost.command_usec / per_fp,
         f" ({load.elements:,} fp: time cap)" if load.capped else "",
     )
-    if name != NAME_S_MADD and load.seen > SEEN_LIMIT * load.elements:
+    if name not in (NAME_S_MADD, NAME_S_MADD_NO_EXTRAS) and load.seen > SEEN_LIMIT * load.elements:
         results.failed.append(
             f"(s) {cell.label}: {name} answered 'seen' for {load.seen:,} of"
             f" {load.elements:,} distinct fingerprints"
         )
-    if name == NAME_S_NO_EXTRAS and (load.extra.get("numpy") or load.extra.get("hiredis")):
+    child = (NAME_S_NO_EXTRAS, NAME_S_MADD_NO_EXTRAS)
+    if name in child and (load.extra.get("numpy") or load.extra.get("hiredis")):
         results.failed.append(
             f"(s) {cell.label}: the default-install child could import numpy or hiredis"
         )
@@ -263,7 +273,10 @@ def _notes(results: SizeResults) -> None:
             cpu = metrics["cpu_usec"][name].median
             commands = metrics["command_usec"][name].median
             parts = [f"Redis CPU {cpu:.2f} usec/fp"]
-            if NAME_S_MADD in metrics["cpu_usec"] and name != NAME_S_MADD:
+            if NAME_S_MADD in metrics["cpu_usec"] and name not in (
+                NAME_S_MADD,
+                NAME_S_MADD_NO_EXTRAS,
+            ):
                 versus = paired_ratio(metrics["cpu_usec"], name, NAME_S_MADD)
                 parts[0] += f" ({versus:.2f}x BF.MADD)"
             parts.append(f"commandstats {commands:.2f} usec/fp")
@@ -276,20 +289,27 @@ def _notes(results: SizeResults) -> None:
 
 
 def _fmt_rate(samples: dict[str, Samples], name: str) -> str:
-    """'390,000 fp/s (0.44x)' against BF.MADD of the same cell; '' when not measured."""
+    """'390,000 fp/s (0.44x)' against BF.MADD of the same cell; '' when not measured.
+
+    The default install's row is also given against BF.MADD from the same install.
+    """
     if name not in samples:
         return "n/a"
     value = samples[name].median
     madd = samples.get(NAME_S_MADD)
     if madd is None or name == NAME_S_MADD:
         return f"{value:,.0f}"
-    return f"{value:,.0f} ({paired_ratio(samples, name, NAME_S_MADD):.2f}x)"
+    text = f"{value:,.0f} ({paired_ratio(samples, name, NAME_S_MADD):.2f}x"
+    if name == NAME_S_NO_EXTRAS and NAME_S_MADD_NO_EXTRAS in samples:
+        text += f"; {paired_ratio(samples, name, NAME_S_MADD_NO_EXTRAS):.2f}x without hiredis"
+    return text + ")"
 
 
 def size_markdown(results: SizeResults) -> str:
     """Render the README's table of (s): fp/s, the ratio to BF.MADD, Redis CPU per fp."""
     names = (
         NAME_S_NO_EXTRAS,
+        NAME_S_MADD_NO_EXTRAS,
         NAME_S_DEFAULT,
         NAME_S_BLOCKED,
         NAME_S_UNBLOCKED,
@@ -298,7 +318,8 @@ def size_markdown(results: SizeResults) -> str:
     )
     header = (
         "filter (growing), fingerprints given in",
-        "default install (no numpy)",
+        "default install (no numpy, no hiredis)",
+        "BF.MADD, no hiredis",
         "with numpy (defaults)",
         "blocked",
         "unblocked",
@@ -343,6 +364,7 @@ __all__ = [
     "NAME_S_BLOCKED",
     "NAME_S_DEFAULT",
     "NAME_S_MADD",
+    "NAME_S_MADD_NO_EXTRAS",
     "NAME_S_NATIVE",
     "NAME_S_NO_EXTRAS",
     "NAME_S_UNBLOCKED",

@@ -156,7 +156,11 @@ def assert_targets_judged(targets: list[dict[str, Any]], skipped: str) -> None:
 #: Measure (s)'s contenders: always there, with blocking known, with RedisBloom.
 SIZE_ALWAYS = ("ours, defaults (bitmap, numpy)", "ours, default install (no numpy, no hiredis)")
 SIZE_BLOCKED = ("ours, BLOOMFILTER_BLOCKED=True", "ours, BLOOMFILTER_BLOCKED=False")
-SIZE_BLOOM = ("ours, native: add_many", "RedisBloom BF.MADD")
+SIZE_BLOOM = (
+    "ours, native: add_many",
+    "RedisBloom BF.MADD",
+    "RedisBloom BF.MADD, default install (no hiredis)",
+)
 
 
 def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
@@ -174,10 +178,14 @@ def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
         for metric in ("fp_per_s", "cpu_usec", "command_usec"):
             for name, samples in metrics[metric].items():
                 assert samples["median"] > 0, (label, metric, name)
-        child = metrics["fp_per_s"]["ours, default install (no numpy, no hiredis)"]["extra"]
-        assert child["numpy"] is False, child
-        assert child["hiredis"] is False, child
-        assert child["hiredis_used_by_redis_py"] is False, child
+        children = ["ours, default install (no numpy, no hiredis)"]
+        if bloom:
+            children.append("RedisBloom BF.MADD, default install (no hiredis)")
+        for name in children:
+            child = metrics["fp_per_s"][name]["extra"]
+            assert child["numpy"] is False, child
+            assert child["hiredis"] is False, child
+            assert child["hiredis_used_by_redis_py"] is False, child
         defaults = metrics["fp_per_s"]["ours, defaults (bitmap, numpy)"]["extra"]
         assert defaults["numpy"] is (importlib.util.find_spec("numpy") is not None)
         if bloom:
@@ -199,7 +207,7 @@ def test_quick_size_measure_alone(tmp_path: Path) -> None:
     assert document["checks_failed"] == []
     targets = document["targets"]
     assert {t["measure"] for t in targets} == {"s"}
-    assert len(targets) == 12  # three per cell
+    assert len(targets) == 16  # four per cell
     assert_targets_judged(targets, " ".join(document["skipped"]))
     assert_size_measure(document, bloom)
     markdown = (tmp_path / "results.md").read_text()
