@@ -41,6 +41,9 @@ FIXED = {
     "BLOOMFILTER_EXPANSION": 0,
 }
 
+#: The same in the classic layout (a new filter's default is blocked).
+CLASSIC = {**FIXED, "BLOOMFILTER_BLOCKED": False}
+
 
 def fingerprints(n: int, tag: str) -> list[str]:
     return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest() for i in range(n)]
@@ -230,7 +233,9 @@ def _state(client: redis.Redis, key: str) -> tuple[int, int, int]:
     return generations, count, keys
 
 
-@pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
+@pytest.mark.parametrize(
+    "settings_", [GROWING, FIXED, CLASSIC], ids=["growing", "fixed", "fixed-classic"]
+)
 def test_bulk_answers_are_those_of_one_call_per_element(
     path: str, settings_: dict[str, Any], redis_client: redis.Redis
 ) -> None:

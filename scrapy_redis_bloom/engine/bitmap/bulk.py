@@ -288,11 +288,12 @@ class Bulk:
     ) -> list[tuple[Any, Taken]]:
         """Take the snapshots of a block's crowded shards: whole, or of their blocks.
 
-        Returns each shard's positions and what its snapshot did. The blocked shards
-        go together per node (:func:`.snapshot.take_blocks`: their blocks, or the whole
+        Returns each shard's positions and what its snapshot did. Shards go together
+        per node (:func:`.snapshot.take_blocks`: a blocked shard's blocks, or the whole
         of a shard of at most :data:`.snapshot.PIECE`, as a 1M filter's 17 to 31 small
         shards are; two round trips for all of them); when another client wrote to one
-        of them meanwhile, each is tried again on its own. Others go one by one.
+        of them meanwhile, each is tried again on its own. Bigger shards read whole go
+        one by one (:func:`.snapshot.take`, in pieces).
         """
         results: list[tuple[Any, Taken]] = []
         by_node: dict[object, tuple[Node, list[tuple[Any, Part]]]] = {}
@@ -302,11 +303,11 @@ class Bulk:
                 results.append((positions, Taken()))  # refused by an ACL: the chunks'
                 continue
             whole = self._whole(len(positions))
-            if whole and not (self.spec.block_bits and self.spec.shard_bytes <= PIECE):
+            if whole and self.spec.shard_bytes > PIECE:  # read in pieces, alone
                 taken = self._snapshot(s, located.offsets(positions), write, limit)
                 results.append((positions, taken))
                 continue
-            # A blocked shard: its blocks, or whole if small (one script reads it at once).
+            # A small shard whole, or a blocked one's blocks: with the node's others.
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
             part = Part(key, self.identity(s), located.offsets(positions), length, whole)

@@ -209,7 +209,10 @@ def _end(node: Node, write: bool, opening: list[Any]) -> None:
 
 @dataclass(slots=True)
 class Part:
-    """One blocked shard's batch in :func:`take_blocks`: its key, identity, offsets, length."""
+    """One shard's batch in :func:`take_blocks`: its key, identity, offsets, length.
+
+    A shard read by its blocks must be blocked; one read ``whole`` may be of either layout.
+    """
 
     key: str
     identity: bytes
@@ -220,7 +223,7 @@ class Part:
     #: Read every block (a small shard with many of the batch's elements), not only
     #: those the batch touches; its changed span is written back as :func:`take` does.
     whole: bool = False
-    #: Filled by take_blocks: the blocks read, the offsets in the copy read.
+    #: Filled by take_blocks (by blocks): the blocks read, the offsets in the copy read.
     blocks: Sequence[int] = field(default_factory=list)
     moved: Any = None
 
@@ -230,7 +233,7 @@ RUN_BLOCKS = PIECE // BLOCK_BYTES
 
 
 def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
-    """Check (and add) batches of blocked shards on one node, reading only their blocks.
+    """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
     A blocked filter's element has all its bits in one 64-byte block, so a batch of a
     few hundred elements in an 8 MiB shard needs a few hundred blocks, not the shard.
@@ -244,9 +247,9 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     adds sends the read scripts alone: each reads its shard atomically.
 
     A part marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
-    batch's elements: a 1M filter's shards of 96 to 160 KB) is read by ``GET`` and its
-    changed span written back by ``SETRANGE``, as :func:`take` does, but in the same two
-    round trips as the node's other shards. Not through Lua: a script's argument or
+    batch's elements: a 1M filter's shards of 96 to 160 KB, of either layout) is read by
+    ``GET`` and its changed span written back by ``SETRANGE``, as :func:`take` does, but
+    in the same two round trips as the node's other shards. Not through Lua: a script's argument or
     result of that size costs Redis ~1 ns a byte to copy and collect (measured: ~100 µs
     for 96 KB, against 1.5 µs for a ``GETRANGE`` of it).
 
@@ -259,7 +262,6 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     reads: list[bytes] = [pack_command(b"WATCH", *packed)] if write else []
     for part, key in zip(parts, packed, strict=True):
         if part.whole:  # GET: Lua would copy and collect the bytes (~1 ns each, twice)
-            part.blocks = range((part.length - HEADER_BYTES) // BLOCK_BYTES)
             part.moved = part.offsets
             reads.append(pack_command(b"GET", key))
             continue
@@ -306,14 +308,11 @@ def _answer_blocks(
     commands: list[bytes] = []
     for part, key, reply in zip(parts, keys, read, strict=True):
         if part.whole:  # GET's reply: the string, or None for no key
-            strlen, copy = len(reply or b""), bytearray(reply or b"")
+            strlen, copy, size = len(reply or b""), bytearray(reply or b""), part.length
         else:  # the read script's: its length, the header and the blocks
             strlen, copy = reply[0], bytearray(reply[1])
-        if (
-            strlen != part.length
-            or not copy.startswith(part.identity)
-            or len(copy) != HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
-        ):
+            size = HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
+        if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
             taken.append(Taken())  # lost, foreign or odd: the other path finds out which
             continue
         moved, count = part.moved, 0
