@@ -407,8 +407,15 @@ def test_migrate_resumes_after_an_interruption(project: Path, redis_client: redi
     for start in range(0, len(members), 5000):
         redis_client.sadd("books:dupefilter", *members[start : start + 5000])
     argv = [str(SCRAPY), "bloom", "migrate", "--spider", "books", "--batch", "100"]
+    # Ctrl-C as in a terminal: SIGINT at its default in the child, even when the tests
+    # run in a background job (which ignores SIGINT, and its children inherit that).
     process = subprocess.Popen(
-        argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     marker = marker_key("books:dupefilter")
     deadline = time.monotonic() + 60
