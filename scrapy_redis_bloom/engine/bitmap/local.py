@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 PART = 8_192
+#: The most elements whose offsets :meth:`Located.offsets` computes at once (~14 MiB
+#: at k = 13); a bigger block computes each shard's apart.
+ALL_OFFSETS = 131_072
 #: Bytes of one block of a blocked filter.
 BLOCK_BYTES = BLOCK_BITS // 8
 
@@ -68,6 +71,7 @@ class Located:
         self.spec = spec
         self.vectorised = vectorised
         shards, bits, block = spec.shards, spec.shard_bits, spec.block_bits
+        self._offsets: Any = None
         if vectorised:
             self.shard, self.x, self.y = locate_many(elements, shards, bits, block)
             self._seeds: list[tuple[int, int, int]] = []
@@ -96,7 +100,13 @@ class Located:
         spec = self.spec
         k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
         if self.vectorised:
-            return offsets_many(self.x[positions], self.y[positions], k, bits, block)
+            if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
+                return offsets_many(self.x[positions], self.y[positions], k, bits, block)
+            # The whole block's at the first call: numpy's cost is per call (~80 µs for k
+            # steps), which 31 shards of 300 elements would pay 31 times.
+            if self._offsets is None:
+                self._offsets = offsets_many(self.x, self.y, k, bits, block)
+            return self._offsets[positions]
         seeds = self._seeds
         if block:
             return masks([seeds[p] for p in positions], k)
