@@ -61,10 +61,18 @@ def calls(client: redis.Redis, command: str) -> int:
 def read_by_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make blocked shards' snapshots read their batch's blocks, never the whole shard.
 
-    As 8 MiB shards with a few hundred elements do (:func:`snapshot.take_blocks`); the
+    As 8 MiB shards with a few hundred elements do (:func:`snapshot.take`); the
     tests' shards are small enough to be read whole otherwise.
     """
     monkeypatch.setattr(bulk, "BLOCKS_NS_PER_ELEMENT", 1)
+
+
+@pytest.fixture(params=[False, True], ids=["whole", "blocks"])
+def by_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether blocked shards' snapshots read only their batch's blocks (else whole)."""
+    if request.param:
+        read_by_blocks(monkeypatch)
+    return bool(request.param)
 
 
 @pytest.fixture(
@@ -87,6 +95,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     if request.param == "snapshot-in-pieces":
         monkeypatch.setattr(snapshot, "PIECE", 777)
+        monkeypatch.setattr(bulk, "JOINT_BYTES", 1)  # and a transaction per shard
         monkeypatch.setattr(snapshot, "RUN_BLOCKS", 3)
     return str(request.param)
 
@@ -451,12 +460,9 @@ def test_a_shard_lost_during_a_snapshot_is_found_and_recovered(
 
 
 @needs_numpy
-@pytest.mark.parametrize("by_blocks", [False, True], ids=["whole", "blocks"])
 def test_a_lost_exec_reply_answers_new(
     by_blocks: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if by_blocks:
-        read_by_blocks(monkeypatch)
     bloom = make(redis_client, GROWING, "doubt")
     held = fingerprints(300, "held")
     assert bloom.add_many(held) == [False] * len(held)
@@ -532,6 +538,24 @@ def test_a_joint_block_snapshot_another_worker_wrote_to_is_taken_again_shard_by_
     other.close()
 
 
+@needs_numpy
+def test_one_transaction_holds_at_most_joint_bytes_of_shards(
+    by_blocks: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elements = fingerprints(3_000, "budget")
+    bloom = make(redis_client, FIXED, "budget")
+    bloom.open()
+    shard = bloom.spec.shard_bytes + 32
+    expected = [False] * len(elements)
+    # Two shards' worth (whole), or ~2,000 elements' blocks: the third shard waits.
+    budget = 2 * shard if not by_blocks else 64 * 2_100
+    monkeypatch.setattr(bulk, "JOINT_BYTES", budget)
+    redis_client.config_resetstat()
+    assert bloom.add_many(elements) == expected
+    assert calls(redis_client, "exec") == 2
+    assert bloom.contains_many(elements) == [True] * len(elements)
+
+
 @pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
 def test_a_full_redis_never_answers_seen_and_the_elements_are_added_later(
     path: str, settings_: dict[str, Any]
@@ -572,20 +596,14 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
 ) -> None:
     client = request.getfixturevalue("redis_cluster" if where == "cluster" else "clients")
     taken: list[bool] = []
-    original, original_blocks = bulk.take, bulk.take_blocks
+    original = bulk.take
 
-    def counted(*args: Any) -> snapshot.Taken:
-        result = original(*args)
-        taken.append(result.answers is not None)
-        return result
-
-    def counted_blocks(*args: Any) -> list[snapshot.Taken]:
-        results = original_blocks(*args)
+    def counted(*args: Any) -> list[snapshot.Taken]:
+        results = original(*args)
         taken.extend(result.answers is not None for result in results)
         return results
 
     monkeypatch.setattr(bulk, "take", counted)
-    monkeypatch.setattr(bulk, "take_blocks", counted_blocks)
     elements = fingerprints(4_000, "spread")
     elements += elements[:500]
     one = make(client, FIXED, "spread-one")

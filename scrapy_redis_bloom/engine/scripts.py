@@ -201,7 +201,7 @@ TAKE_BACK = Script(lua("take_back"))
 
 #: A blocked shard's bulk snapshot reads (``lua/read_blocks.lua``) and writes back
 #: (``lua/write_blocks.lua``) only the blocks of its batch: one reply per shard, however
-#: many blocks (see :func:`.bitmap.snapshot.take_blocks`).
+#: many blocks (see :func:`.bitmap.snapshot.take`).
 _BLOCKS = declare(HEADER_BYTES=HEADER_BYTES, BLOCK_BYTES=BLOCK_BITS // 8)
 READ_BLOCKS = Script(_BLOCKS + lua("read_blocks"))
 WRITE_BLOCKS = Script(_BLOCKS + lua("write_blocks"))

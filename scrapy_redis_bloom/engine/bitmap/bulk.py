@@ -9,7 +9,7 @@ nothing if another client wrote to the shard meanwhile. Redis then spends almost
 time per element. A blocked filter's shard with few of a block's elements (an 8 MiB
 shard of a 100M filter gets a few hundred of a call's 10,000) is read by blocks
 instead: only the 64-byte blocks its elements touch, by a script, the shards of a node
-in one transaction (:func:`.snapshot.take_blocks`; ~2.5 µs of Redis time per element
+in one transaction (:func:`.snapshot.take`; ~2.5 µs of Redis time per element
 against ~10 µs for the check-and-add script). "Enough", and whole or by blocks, weigh
 each path's cost (:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
 snapshots while it has one generation, for the elements of a batch that keep its count
@@ -55,8 +55,8 @@ from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.base import Outcome
-from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, Located
-from scrapy_redis_bloom.engine.bitmap.snapshot import PIECE, Part, Taken, take, take_blocks
+from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Located
+from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Taken, take
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
@@ -92,12 +92,15 @@ MAX_BLOCK = 1_048_576
 SNAPSHOT_NS = 200_000
 SNAPSHOT_NS_PER_BYTE = 1 if HIREDIS_AVAILABLE else 2
 #: A blocked shard's snapshot may read only the blocks its elements touch
-#: (:func:`.snapshot.take_blocks`): about BLOCKS_NS_PER_ELEMENT each (measured at 100M @
+#: (:func:`.snapshot.take`): about BLOCKS_NS_PER_ELEMENT each (measured at 100M @
 #: 1e-4: 3.5 µs, of which 2.5 µs of Redis time in the scripts that read and write the
 #: blocks), the shards of a node together in two round trips.
 BLOCKS_NS_PER_ELEMENT = 3_500
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
+#: The most bytes the shards of one snapshot transaction hold (read whole, or by their
+#: blocks): the copies a call holds at once, as one 8 MiB shard's.
+JOINT_BYTES = 8 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
 
@@ -289,54 +292,45 @@ class Bulk:
         """Take the snapshots of a block's crowded shards: whole, or of their blocks.
 
         Returns each shard's positions and what its snapshot did. Shards go together
-        per node (:func:`.snapshot.take_blocks`: a blocked shard's blocks, or the whole
-        of a shard of at most :data:`.snapshot.PIECE`, as a 1M filter's 17 to 31 small
-        shards are; two round trips for all of them); when another client wrote to one
-        of them meanwhile, each is tried again on its own. Bigger shards read whole go
-        one by one (:func:`.snapshot.take`, in pieces).
+        per node (:func:`.snapshot.take`: a blocked shard's blocks, or a whole shard, as
+        a 1M filter's 17 to 31 small ones; two round trips for all of them), as many as
+        hold :data:`JOINT_BYTES` at most (a shard bigger than that alone); when another
+        client wrote to one of them meanwhile, each is tried again on its own.
         """
         results: list[tuple[Any, Taken]] = []
-        by_node: dict[object, tuple[Node, list[tuple[Any, Part]]]] = {}
+        batches: list[tuple[Node, list[tuple[Any, Part]]]] = []
+        filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
             if not self._snapshots:
                 results.append((positions, Taken()))  # refused by an ACL: the chunks'
                 continue
             whole = self._whole(len(positions))
-            if whole and self.spec.shard_bytes > PIECE:  # read in pieces, alone
-                taken = self._snapshot(s, located.offsets(positions), write, limit)
-                results.append((positions, taken))
-                continue
-            # A small shard whole, or a blocked one's blocks: with the node's others.
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
             part = Part(key, self.identity(s), located.offsets(positions), length, whole)
-            group = id(node) if self.topology.joint_transactions else (id(node), s)
-            by_node.setdefault(group, (node, []))[1].append((positions, part))
-        for node, batch in by_node.values():
-            together = self._noted(take_blocks(node, [part for _, part in batch], write, limit))
+            size = length if whole else BLOCK_BYTES * len(positions)
+            index, held = filling.get(id(node), (-1, JOINT_BYTES))
+            if held + size > JOINT_BYTES or not self.topology.joint_transactions:
+                index, held = len(batches), 0
+                batches.append((node, []))
+            batches[index][1].append((positions, part))
+            filling[id(node)] = (index, held + size)
+        for node, batch in batches:
+            together = self._take(node, [part for _, part in batch], write, limit)
             for (positions, part), one in zip(batch, together, strict=True):
                 if one.aborted and len(batch) > 1:
-                    one = self._noted(take_blocks(node, [part], write, limit))[0]
+                    one = self._take(node, [part], write, limit)[0]
                 results.append((positions, one))
         return results
 
-    def _noted(self, taken: list[Taken]) -> list[Taken]:
-        """Note an ACL refusal among block snapshots (see :meth:`_snapshot`)."""
-        for one in taken:
+    def _take(self, node: Node, parts: list[Part], write: bool, limit: int | None) -> list[Taken]:
+        """Take the parts' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
+        taken = take(node, parts, write, limit)
+        for part, one in zip(parts, taken, strict=True):
             if one.denied is not None:
-                self._refused(one.denied, "the shards' blocks")
+                self._refused(one.denied, part.key)
                 break
-        return taken
-
-    def _snapshot(self, shard: int, offsets: Any, write: bool, limit: int | None) -> Taken:
-        """Take a snapshot of a shard for a batch (see :mod:`.snapshot`); note what it says."""
-        key = self.parts.shard_key(shard)
-        node = self.topology.route(key, shard, None)
-        length = HEADER_BYTES + self.spec.shard_bytes
-        taken = take(node, key, self.identity(shard), offsets, write, length, limit)
-        if taken.denied is not None:
-            self._refused(taken.denied, key)
         return taken
 
     def _refused(self, denied: str, key: str) -> None:

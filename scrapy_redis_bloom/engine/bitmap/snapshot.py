@@ -4,9 +4,9 @@ For a batch with many elements in one shard, ``BITFIELD`` costs Redis ~0.25 µs 
 bit (~3.5 µs per element at k = 13). The snapshot moves that work out of Redis, in two
 round trips on the shard's node:
 
-1. ``WATCH key``, ``GETRANGE`` of each MiB, ``MULTI``: the shard's bytes (at most 8
-   MiB and its header: one copy is held at a time; a check without adds sends one
-   ``GET``), checked against the identity, and for a
+1. ``WATCH key``, ``GET`` (or for a shard over 1 MiB ``GETRANGE`` of each MiB),
+   ``MULTI``: the shard's bytes (a check without adds sends one ``GET``), checked
+   against the identity, and for a
    growing shard its state: one generation, and room below
    :attr:`.generations.Growth.scriptless_limit` for the batch, or for its first
    elements (the script decides growth for the others);
@@ -19,8 +19,9 @@ hot path, growth, a recovery): the batch then took effect as one atomic step, ex
 as check-and-add on each element in order would have. ``MULTI`` is confirmed before
 any write is sent, so the writes never run outside the transaction.
 
-A blocked shard's batch may instead read only its blocks (:func:`take_blocks`): the
-same two round trips and the same transaction, for several shards of a node at once.
+A blocked shard's batch may instead read only its blocks. Several shards of a node go
+in the same two round trips and one transaction (:func:`take`); the caller bounds the
+bytes one call holds.
 
 In every other case the batch is handed back (:attr:`Taken.answers` is None) to the
 ``BITFIELD`` or script path, which deals with redirections, retries, lost shards and
@@ -74,123 +75,9 @@ class Taken:
     ambiguous: bool = False
     #: A Redis ACL refused a command ("command" or "key"): do not try snapshots again.
     denied: str | None = None
-    #: (:func:`take_blocks`) Another client wrote to one of the shards: nothing was
+    #: (Several shards together) Another client wrote to one of the shards: nothing was
     #: written; each shard may be tried again on its own.
     aborted: bool = False
-
-
-def take(
-    node: Node,
-    key: str,
-    identity: bytes,
-    offsets: Any,
-    write: bool,
-    length: int,
-    limit: int | None,
-) -> Taken:
-    """Check (and with ``write``, add) a batch of one shard through a snapshot of it.
-
-    ``offsets``: the (n, k) bit offsets of the batch (:func:`.local.offsets_many`), or
-    n lists of k (answered by :func:`.local.check_sequential`, without numpy);
-    ``length``: the bytes the shard's string must have; ``limit``: for a growing shard,
-    the scriptless limit its count plus the elements added must stay under (None:
-    fixed); the batch's first elements up to it are answered, the rest are not.
-    """
-    packed = encode(key)
-    # A check reads the shard in one GET: one atomic read. An add may read it in pieces:
-    # its EXEC (even an empty one) confirms that nothing changed since WATCH.
-    reads = [pack_command(b"GET", packed)]
-    if write:
-        reads = [
-            pack_command(b"WATCH", packed),
-            *(
-                pack_command(b"GETRANGE", packed, start, min(start + PIECE, length) - 1)
-                for start in range(0, length, PIECE)
-            ),
-            pack_command(b"MULTI"),
-        ]
-    try:
-        replies = node.exchange(b"".join(reads), len(reads))
-    except TransportError:
-        return Taken()  # nothing was written: the other path retries
-    try:
-        return _answer(node, packed, identity, offsets, write, length, limit, replies)
-    except TransportError:
-        return Taken()
-    except BaseException:
-        node.abandon()  # a transaction may be open on it: never reuse the connection
-        raise
-
-
-def _answer(
-    node: Node,
-    key: bytes,
-    identity: bytes,
-    offsets: Any,
-    write: bool,
-    length: int,
-    limit: int | None,
-    replies: list[Any],
-) -> Taken:
-    failed = next((r for r in replies if isinstance(r, BaseException)), None)
-    if failed is not None:
-        _end(node, write, replies)
-        return Taken(denied=acl_denial(failed))
-    pieces = replies[1:-1] if write else replies
-    # (A missing key: GET replies None, GETRANGE an empty string.)
-    copy = bytearray().join(p for p in pieces if isinstance(p, bytes))
-    if len(copy) != length or not copy.startswith(identity):
-        _end(node, write, replies)  # lost, foreign or odd: the other path finds out which
-        return Taken()
-    count = 0
-    if limit is not None:
-        generations = int.from_bytes(copy[_GENERATIONS], "big")
-        count = int.from_bytes(copy[_COUNT], "big")
-        # A check reads generation 0 alone only while it is the one generation; an add
-        # must also leave the growth boundary to the script: the snapshot takes the
-        # elements the shard has room for below the limit, the script the rest.
-        room = limit - 1 - count if write else len(offsets)
-        if generations > 1 or room <= 0:
-            _end(node, write, replies)
-            return Taken()  # grown, or full to the limit: the script's
-        offsets = offsets[:room]
-    del pieces, replies[:]
-    kernel = _kernel(offsets)
-    answers, low, high = kernel(copy, offsets, write)
-    if not write:
-        return Taken(answers)
-    # The changed bytes go out copied once (a shard's are MiBs: each copy of them costs
-    # about as much as sending them).
-    commands: list[bytes | memoryview] = []
-    sent = 1  # EXEC
-    if low < high:  # else every element was seen: an empty EXEC confirms the read
-        commands += (
-            command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
-            memoryview(copy)[low:high],
-            b"\r\n",
-        )
-        sent += 1
-    if limit is not None and low < high:
-        sent += 1
-        count += answers.count(False)
-        commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
-    commands.append(pack_command(b"EXEC"))
-    try:
-        done = node.exchange(b"".join(commands), sent)
-    except NotSentError:
-        return Taken()
-    except TransportError:
-        return Taken(ambiguous=True)
-    outcome = done[-1]
-    if outcome is None:  # another client wrote to the shard: EXEC did nothing
-        logger.debug("Snapshot of %r: the shard changed meanwhile, falling back", key)
-        return Taken()
-    if isinstance(outcome, BaseException):  # EXECABORT: a queued command was refused
-        refused = next((r for r in done if isinstance(r, BaseException)), outcome)
-        return Taken(denied=acl_denial(refused))
-    if any(isinstance(r, BaseException) for r in outcome):  # ran in part: in doubt
-        return Taken(ambiguous=True)
-    return Taken(answers)
 
 
 def _kernel(offsets: Any) -> Callable[[bytearray, Any, bool], tuple[list[bool], int, int]]:
@@ -209,7 +96,7 @@ def _end(node: Node, write: bool, opening: list[Any]) -> None:
 
 @dataclass(slots=True)
 class Part:
-    """One shard's batch in :func:`take_blocks`: its key, identity, offsets, length.
+    """One shard's batch in :func:`take`: its key, identity, offsets, length.
 
     A shard read by its blocks must be blocked; one read ``whole`` may be of either layout.
     """
@@ -223,16 +110,18 @@ class Part:
     #: Read every block (a small shard with many of the batch's elements), not only
     #: those the batch touches; its changed span is written back as :func:`take` does.
     whole: bool = False
-    #: Filled by take_blocks (by blocks): the blocks read, the offsets in the copy read.
+    #: Filled by take: the blocks read (by blocks), the offsets in the copy read, and
+    #: the replies its read takes (a whole shard read in pieces: one per piece).
     blocks: Sequence[int] = field(default_factory=list)
     moved: Any = None
+    replies: int = 1
 
 
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
 
 
-def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
+def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
     A blocked filter's element has all its bits in one 64-byte block, so a batch of a
@@ -261,9 +150,18 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     packed = [encode(part.key) for part in parts]
     reads: list[bytes] = [pack_command(b"WATCH", *packed)] if write else []
     for part, key in zip(parts, packed, strict=True):
-        if part.whole:  # GET: Lua would copy and collect the bytes (~1 ns each, twice)
+        if part.whole:  # not through Lua: it would copy and collect the bytes (~1 ns each)
             part.moved = part.offsets
-            reads.append(pack_command(b"GET", key))
+            # A check reads the shard in one GET: one atomic read. An add may read it in
+            # pieces: its EXEC (even an empty one) confirms nothing changed since WATCH.
+            ranges = range(0, part.length, PIECE) if write and part.length > PIECE else ()
+            part.replies = max(1, len(ranges))
+            reads += (
+                pack_command(b"GETRANGE", key, start, min(start + PIECE, part.length) - 1)
+                for start in ranges
+            )
+            if not ranges:
+                reads.append(pack_command(b"GET", key))
             continue
         part.blocks, part.moved = gather(part.offsets)
         spans = runs(part.blocks, range(len(part.blocks)), RUN_BLOCKS)
@@ -276,7 +174,7 @@ def take_blocks(node: Node, parts: Sequence[Part], write: bool, limit: int | Non
     except TransportError:
         return [Taken() for _ in parts]  # nothing was written: the other path retries
     try:
-        return _answer_blocks(node, packed, parts, write, limit, replies)
+        return _answer(node, packed, parts, write, limit, replies)
     except TransportError:
         return [Taken() for _ in parts]
     except BaseException:
@@ -290,7 +188,7 @@ def _pack_runs(blocks: Sequence[int], spans: Sequence[tuple[int, int]]) -> bytes
     return struct.pack(f">{len(flat)}I", *flat)
 
 
-def _answer_blocks(
+def _answer(
     node: Node,
     keys: list[bytes],
     parts: Sequence[Part],
@@ -305,13 +203,18 @@ def _answer_blocks(
         return [Taken(denied=acl_denial(failed)) for _ in parts]
     read = replies[1:-1] if write else replies
     taken: list[Taken] = []
-    commands: list[bytes] = []
-    for part, key, reply in zip(parts, keys, read, strict=True):
-        if part.whole:  # GET's reply: the string, or None for no key
-            strlen, copy, size = len(reply or b""), bytearray(reply or b""), part.length
+    commands: list[bytes | memoryview] = []
+    sent = 1  # EXEC
+    at = 0
+    for part, key in zip(parts, keys, strict=True):
+        if part.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
+            pieces, at = read[at : at + part.replies], at + part.replies
+            copy = bytearray().join(p for p in pieces if isinstance(p, bytes))
+            strlen = size = len(copy)
+            del pieces
         else:  # the read script's: its length, the header and the blocks
-            strlen, copy = reply[0], bytearray(reply[1])
-            size = HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
+            strlen, copy = read[at][0], bytearray(read[at][1])
+            size, at = HEADER_BYTES + len(part.blocks) * BLOCK_BYTES, at + 1
         if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
             taken.append(Taken())  # lost, foreign or odd: the other path finds out which
             continue
@@ -319,6 +222,9 @@ def _answer_blocks(
         if limit is not None:
             generations = int.from_bytes(copy[_GENERATIONS], "big")
             count = int.from_bytes(copy[_COUNT], "big")
+            # A check reads generation 0 alone only while it is the one generation; an
+            # add must also leave the growth boundary to the script: the snapshot takes
+            # the elements the shard has room for below the limit, the script the rest.
             room = limit - 1 - count if write else len(moved)
             if generations > 1 or room <= 0:
                 taken.append(Taken())  # grown, or full to the limit: the script's
@@ -330,8 +236,13 @@ def _answer_blocks(
         taken.append(Taken(answers))
         if not write or low >= high:
             continue
-        if part.whole:  # the span the kernel changed, as take() writes it
-            commands.append(pack_command(b"SETRANGE", key, low, bytes(copy[low:high])))
+        sent += 1
+        if part.whole:  # the span the kernel changed, its MiBs copied once (by the join)
+            commands += (
+                command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
+                memoryview(copy)[low:high],
+                b"\r\n",
+            )
         else:
             spans = runs(part.blocks, changed_slots(before, copy), RUN_BLOCKS)
             data = b"".join(
@@ -341,6 +252,7 @@ def _answer_blocks(
             packed_runs = _pack_runs(part.blocks, spans)
             commands.append(pack_command(b"EVAL", WRITE_BLOCKS.source, 1, key, packed_runs, data))
         if limit is not None:
+            sent += 1
             count += answers.count(False)
             commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     if not write:
@@ -350,14 +262,14 @@ def _answer_blocks(
         return taken
     commands.append(pack_command(b"EXEC"))
     try:
-        done = node.exchange(b"".join(commands), len(commands))
+        done = node.exchange(b"".join(commands), sent)
     except NotSentError:
         return [Taken() for _ in parts]
     except TransportError:
         return [Taken(ambiguous=t.answers is not None) for t in taken]
     outcome = done[-1]
     if outcome is None:  # another client wrote to a shard: EXEC did nothing
-        logger.debug("Block snapshot of %d shards: one changed meanwhile", len(parts))
+        logger.debug("Snapshot of %d shard(s): one changed meanwhile", len(parts))
         return [Taken(aborted=True) for _ in parts]
     if isinstance(outcome, BaseException):  # EXECABORT: a queued command was refused
         refused = next((r for r in done if isinstance(r, BaseException)), outcome)

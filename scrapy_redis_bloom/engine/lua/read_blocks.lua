@@ -1,4 +1,4 @@
--- Read what a bulk batch needs of a blocked shard (bitmap/snapshot.take_blocks): its
+-- Read what a bulk batch needs of a blocked shard (bitmap/snapshot.take): its
 -- length, and its header followed by the runs of blocks its elements touch, in one string.
 -- KEYS[1] the shard; ARGV[1] the runs, each two big-endian u32: first block, blocks.
 local key, runs = KEYS[1], ARGV[1]

@@ -1,4 +1,4 @@
--- Write back the blocks a bulk batch changed in a blocked shard (bitmap/snapshot.take_blocks),
+-- Write back the blocks a bulk batch changed in a blocked shard (bitmap/snapshot.take),
 -- queued in the MULTI of the WATCH that read them. KEYS[1] the shard; ARGV[1] the runs,
 -- each two big-endian u32: first block, blocks; ARGV[2] their bytes, run after run.
 local key, runs, bytes = KEYS[1], ARGV[1], ARGV[2]
