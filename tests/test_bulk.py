@@ -501,11 +501,13 @@ def test_block_snapshots_read_and_write_only_their_blocks(
     answers = many.add_many(elements)
     # A header and at most one run per element, read and written back by the scripts:
     # never the whole shard (no GET), never an element's bits one by one (no BITFIELD).
-    assert calls(redis_client, "eval") >= 2
+    assert calls(redis_client, "script|load") == 2  # the two scripts, in the one trip
     assert 0 < calls(redis_client, "getrange") <= 600 + shards
     assert 0 < calls(redis_client, "setrange") <= 600 + shards
     assert calls(redis_client, "get") == calls(redis_client, "bitfield") == 0
-    assert calls(redis_client, "evalsha") == 0  # no check-and-add script either
+    # Each shard's read and write scripts, in one transaction: no check-and-add script.
+    assert calls(redis_client, "exec") == 1
+    assert calls(redis_client, "evalsha") == 2 * shards
     # (Fewer elements than pay for a transaction take the other path.)
     assert answers + many.add_many(elements[:50]) == expected
     assert many.contains_many(elements) == [True] * len(elements)
@@ -627,18 +629,45 @@ LEAST = (
 )
 
 
+def acl_user(client: redis.Redis, grants: str) -> redis.Redis:
+    """Create the Redis user ``bulk`` with ``grants`` on the keys ``least*``; connect as it."""
+    client.execute_command(
+        "ACL", "SETUSER", "bulk", "on", ">secret", "~least*", "~{least:*", *grants.split()
+    )
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kwargs["host"], port=kwargs["port"], username="bulk", password="secret")
+
+
+@needs_numpy
+def test_a_user_with_the_documented_grants_takes_block_snapshots(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    read_by_blocks(monkeypatch)
+    # docs/howto/tls-acl.md: EVALSHA and SCRIPT LOAD, not EVAL; the transactions' commands.
+    user = acl_user(redis_client, LEAST + " +watch +multi +exec +discard +unwatch")
+    try:
+        elements = fingerprints(3_000, "least")
+        bloom = make(user, FIXED, "least")
+        bloom.open()  # (it probes the documented commands once)
+        redis_client.script_flush()  # as after a restart: the scripts are loaded again
+        redis_client.config_resetstat()
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            assert bloom.add_many(elements) == [False] * len(elements)
+            assert bloom.add_many(elements) == [True] * len(elements)
+        assert "no snapshots" not in caplog.text
+        assert calls(redis_client, "exec") >= 1
+        assert calls(redis_client, "bitfield") == 0  # no element went the other way
+        user.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "bulk")
+
+
 @needs_numpy
 def test_a_user_without_transactions_gets_bitfield_and_is_told(
     redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    redis_client.execute_command(
-        "ACL", "SETUSER", "bulk", "on", ">secret", "~least*", "~{least:*", *LEAST.split()
-    )
+    user = acl_user(redis_client, LEAST)
     try:
-        kwargs = redis_client.connection_pool.connection_kwargs
-        user = redis.Redis(
-            host=kwargs["host"], port=kwargs["port"], username="bulk", password="secret"
-        )
         elements = fingerprints(3_000, "least")
         bloom = make(user, FIXED, "least")
         with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
