@@ -212,13 +212,15 @@ def _answer(
             _end(node, write, replies)
         return [Taken(denied=acl_denial(failed)) for _ in parts]
     read = replies[head:-1] if write else replies[head:]
+    del replies[head:-1]  # (a shard's pieces are MiBs: each is let go once copied)
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = []
     sent = 1  # EXEC
     at = 0
     for part, key in zip(parts, keys, strict=True):
         if part.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
-            pieces, at = read[at : at + part.replies], at + part.replies
+            pieces = read[at : at + part.replies]
+            read[at : at + part.replies], at = [None] * part.replies, at + part.replies
             copy = bytearray().join(p for p in pieces if isinstance(p, bytes))
             strlen = size = len(copy)
             del pieces
