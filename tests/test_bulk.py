@@ -501,7 +501,8 @@ def test_block_snapshots_read_and_write_only_their_blocks(
     answers = many.add_many(elements)
     # A header and at most one run per element, read and written back by the scripts:
     # never the whole shard (no GET), never an element's bits one by one (no BITFIELD).
-    assert calls(redis_client, "script|load") == 2  # the two scripts, in the one trip
+    # The two scripts, in the one trip (Redis 7 counts SCRIPT LOAD apart, 6.2 as SCRIPT).
+    assert calls(redis_client, "script|load") + calls(redis_client, "script") == 2
     assert 0 < calls(redis_client, "getrange") <= 600 + shards
     assert 0 < calls(redis_client, "setrange") <= 600 + shards
     assert calls(redis_client, "get") == calls(redis_client, "bitfield") == 0
