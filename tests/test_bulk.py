@@ -203,6 +203,37 @@ def test_block_masks_answer_and_write_as_the_sequential_kernel(data: st.DataObje
 @needs_numpy
 @settings(max_examples=300, deadline=None)
 @given(st.data())
+def test_runs_and_their_bytes_are_the_same_with_numpy_and_without(data: st.DataObject) -> None:
+    from scrapy_redis_bloom.engine.bitmap import local
+
+    # A compact copy: the header, then the blocks a batch touched (sorted, distinct).
+    blocks = sorted(data.draw(st.sets(st.integers(0, 60), min_size=1, max_size=30)))
+    copy = bytearray(
+        data.draw(st.binary(min_size=32 + 64 * len(blocks), max_size=32 + 64 * len(blocks)))
+    )
+    slots = sorted(data.draw(st.sets(st.integers(0, len(blocks) - 1))))
+    longest = data.draw(st.integers(1, 5))
+    got = local.packed_runs(blocks, slots, longest), local.slot_bytes(copy, slots)
+    local.HAVE_NUMPY = False  # a default install's loops
+    try:
+        expected = local.packed_runs(blocks, slots, longest), local.slot_bytes(copy, slots)
+    finally:
+        local.HAVE_NUMPY = True
+    assert got == expected
+    # Each run: consecutive blocks of the chosen slots, at most ``longest``; all slots once.
+    pairs = [
+        (int.from_bytes(got[0][i : i + 4], "big"), int.from_bytes(got[0][i + 4 : i + 8], "big"))
+        for i in range(0, len(got[0]), 8)
+    ]
+    assert [b for first, count in pairs for b in range(first, first + count)] == [
+        blocks[slot] for slot in slots
+    ]
+    assert all(1 <= count <= longest for _, count in pairs)
+
+
+@needs_numpy
+@settings(max_examples=300, deadline=None)
+@given(st.data())
 def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObject) -> None:
     import numpy as np
 

@@ -22,6 +22,7 @@ Offsets are the hashing scheme's (:mod:`..hashing`), plus the header's bits.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -378,6 +379,52 @@ def changed_slots(before: bytes, after: bytearray) -> list[int]:
         if before[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
         != after[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
     ]
+
+
+def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
+    """Pack ``slots`` (sorted) as runs of neighbouring blocks, as the block scripts read them.
+
+    Slot i of a compact copy (see :func:`gather`) holds ``blocks[i]``; a run's slots hold
+    consecutive blocks, so one ``GETRANGE`` or ``SETRANGE`` moves it, at most ``longest``
+    slots each. Each run: its first block and its number of blocks, big-endian u32.
+    With numpy in a few array operations (a 100M filter's call of 10,000 elements has
+    ~10,000 runs of one block: ~7 ms in Python's loop).
+    """
+    if not HAVE_NUMPY:
+        flat = [
+            value
+            for first, stop in runs(blocks, slots, longest)
+            for value in (blocks[first], stop - first)
+        ]
+        return struct.pack(f">{len(flat)}I", *flat)
+    chosen = np.asarray(slots, dtype=np.int64)
+    if not len(chosen):
+        return b""
+    at = np.asarray(blocks, dtype=np.int64)[chosen]
+    start = np.ones(len(chosen), dtype=bool)
+    start[1:] = (chosen[1:] != chosen[:-1] + 1) | (at[1:] != at[:-1] + 1)
+    first = np.flatnonzero(start)
+    # A run longer than ``longest`` is cut every ``longest`` slots.
+    start |= (np.arange(len(chosen)) - first[np.cumsum(start) - 1]) % longest == 0
+    first = np.flatnonzero(start)
+    counts = np.diff(np.append(first, len(chosen)))
+    packed: bytes = np.stack([at[first], counts], axis=1).astype(">u4").tobytes()
+    return packed
+
+
+def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
+    """Return the bytes of a compact copy's ``slots`` (see :func:`gather`), in order.
+
+    Written after :func:`packed_runs` of the same slots, they are the runs' bytes.
+    """
+    if not HAVE_NUMPY:
+        return b"".join(
+            copy[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
+            for i in slots
+        )
+    rows = np.frombuffer(copy, dtype=np.uint8, offset=HEADER_BYTES).reshape(-1, BLOCK_BYTES)
+    data: bytes = rows[np.asarray(slots, dtype=np.intp)].tobytes()
+    return data
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
