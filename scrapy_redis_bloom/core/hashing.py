@@ -51,6 +51,7 @@ with B = S (``y < S``, so its third seed is 0), which is how the code computes b
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -175,22 +176,41 @@ def offsets(
     ]
 
 
-def block_pattern(y: int, hash_count: int) -> int:
-    """Return a blocked element's k bits as one integer, for a block starting at offset 0.
+def block_masks(seeds: Iterable[tuple[int, int]], hash_count: int) -> list[int]:
+    """Return blocked elements' k bits, each as one integer, from their ``(x, y)`` seeds.
 
-    Offset ``p`` of the block is bit ``B - 1 - p`` (Redis numbers a string's bits from
-    the first byte's most significant one, so the block's 64 bytes read big-endian are
-    this integer). The pattern is written twice (bits B to 2B - 1 too), so that the
-    element's bits, which :func:`offsets` rotates by its start ``s = x mod B``, are
-    ``(pattern >> s) & (2**B - 1)``: one shift instead of a loop over k. The kernel
-    without numpy answers a blocked element with it in a few integer operations.
+    The bits are :func:`offsets`' within the element's block: offset ``p`` of the block
+    is bit ``B - 1 - p`` (Redis numbers a string's bits from the first byte's most
+    significant one, so the block's 64 bytes read big-endian are this integer). The
+    kernel without numpy answers a blocked element with it in a few integer operations.
+    Offset i is ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B
+    y2``): the two seeds' terms come from tables, one addition each (1.3 µs an element
+    at k = 14, against 1.9 computing them).
     """
-    step, third = y % BLOCK_BITS, y // BLOCK_BITS
-    top = BLOCK_BITS - 1
-    mask = 0
-    for i, t, c in offset_steps(hash_count):
-        mask |= 1 << (top - (i * step + t * third + c) % BLOCK_BITS)
-    return mask | (mask << BLOCK_BITS)
+    by_step, by_third = _block_terms(hash_count)
+    low, bit = BLOCK_BITS - 1, _BLOCK_BIT
+    masks: list[int] = []
+    for x, y in seeds:
+        start, mask = x & low, 0
+        for a, b in zip(by_step[y & low], by_third[y >> _BLOCK_SHIFT], strict=True):
+            mask |= bit[(start + a + b) & low]
+        masks.append(mask)
+    return masks
+
+
+#: The block's bits by offset, as :func:`block_masks` numbers them.
+_BLOCK_BIT = tuple(1 << (BLOCK_BITS - 1 - p) for p in range(BLOCK_BITS))
+_BLOCK_SHIFT = BLOCK_BITS.bit_length() - 1
+assert 1 << _BLOCK_SHIFT == BLOCK_BITS  # a power of two: masks and shifts are mod and div
+
+
+@lru_cache(maxsize=64)
+def _block_terms(hash_count: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Return :func:`block_masks`' tables: per first seed its k terms, per second seed its k."""
+    steps = offset_steps(hash_count)
+    by_step = [tuple(i * y1 for i, _, _ in steps) for y1 in range(BLOCK_BITS)]
+    by_third = [tuple(t * y2 + c for _, t, c in steps) for y2 in range(BLOCK_BITS)]
+    return by_step, by_third
 
 
 @lru_cache(maxsize=64)

@@ -31,7 +31,7 @@ import mmh3
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     FilterSpec,
-    block_pattern,
+    block_masks,
     locate,
     offsets,
     seed_range,
@@ -266,14 +266,13 @@ def masks(seeds: Sequence[tuple[int, int, int]], hash_count: int) -> list[tuple[
 
     ``block start``: the bit offset of the element's block in its shard's string
     (header included); ``bits``: its k bits in the block, as the block's 64 bytes read
-    big-endian (:func:`..hashing.block_pattern`). :func:`check_masks` answers with them.
+    big-endian (:func:`..hashing.block_masks`). :func:`check_masks` answers with them.
     """
-    full = (1 << BLOCK_BITS) - 1
-    out: list[tuple[int, int]] = []
-    for _, x, y in seeds:
-        start = x % BLOCK_BITS
-        out.append((x - start + HEADER_BITS, (block_pattern(y, hash_count) >> start) & full))
-    return out
+    bits = block_masks([(x, y) for _, x, y in seeds], hash_count)
+    return [
+        (x - x % BLOCK_BITS + HEADER_BITS, mask)
+        for (_, x, _), mask in zip(seeds, bits, strict=True)
+    ]
 
 
 def check_masks(
