@@ -257,8 +257,8 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
         del read[:]  # (a shard's pieces are MiBs: let go once copied)
         strlen = size = len(copy)
         before = b""
-    else:  # the read script's: its length, the header and the blocks
-        strlen, before = read[0][0], read[0][1]
+    else:  # the read script's: its length, the header, the runs of blocks
+        strlen, before = read[0][0], b"".join(read[0][1:])
         copy, size = bytearray(before), HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
     if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
         return None  # lost, foreign or odd: the other path finds out which

@@ -1,11 +1,14 @@
--- Read what a bulk batch needs of a blocked shard (bitmap/snapshot.take): its
--- length, and its header followed by the runs of blocks its elements touch, in one string.
+-- Read what a bulk batch needs of a blocked shard (bitmap/snapshot.take): its length, its
+-- header, then the runs of blocks its elements touch, one string each (returned as they
+-- are: concatenating them here cost Redis more than the client's join).
 -- KEYS[1] the shard; ARGV[1] the runs, each two big-endian u32: first block, blocks.
 local key, runs = KEYS[1], ARGV[1]
-local out = {redis.call('GETRANGE', key, 0, HEADER_BYTES - 1)}
+local out = {redis.call('STRLEN', key), redis.call('GETRANGE', key, 0, HEADER_BYTES - 1)}
+local n = 2
 for at = 1, #runs, 8 do
     local first, count = struct.unpack('>I4>I4', runs, at)
     local start = HEADER_BYTES + first * BLOCK_BYTES
-    out[#out + 1] = redis.call('GETRANGE', key, start, start + count * BLOCK_BYTES - 1)
+    n = n + 1
+    out[n] = redis.call('GETRANGE', key, start, start + count * BLOCK_BYTES - 1)
 end
-return {redis.call('STRLEN', key), table.concat(out)}
+return out
