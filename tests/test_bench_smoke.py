@@ -215,6 +215,34 @@ def test_quick_size_measure_alone(tmp_path: Path) -> None:
     assert "| 100M @ 1e-4, calls of 10,000 |" in markdown
 
 
+def test_floor_measures_every_way_on_a_small_filter(tmp_path: Path) -> None:
+    """bench/floor.py runs, at a small size, and writes a row per way with its CPU."""
+    from redis_modules import bloom_server
+
+    if bloom_server() is None:
+        pytest.skip("no redis-server that loads RedisBloom here (tests/redis_modules.py)")
+    out = tmp_path / "floor.md"
+    small = ["--capacity", "1000000", "--elements", "3000", "--rounds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "floor.py"), *small],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.endswith("x |")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| BF.MADD (RedisBloom)",
+        "| block scripts (the bulk path's)",
+        "| GETRANGE + SETRANGE, pipelined",
+        "| BITFIELD SET u1 x k",
+    ]
+    for row in rows:  # Redis spent some CPU on each way's elements
+        assert float(row.split(" | ")[1].split()[0]) > 0
+
+
 def test_old_plugin_offsets_match_its_own_hash() -> None:
     """The in-memory reproduction behind (c)'s FPR of scrapy-redis-bloomfilter is exact."""
     pytest.importorskip("scrapy_redis_bloomfilter")
