@@ -83,7 +83,9 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
     ``snapshot-in-pieces``: shards read in GETRANGEs of 777 bytes (as 8 MiB ones are in
     MiBs). ``pure``: snapshots answered in Python, as without numpy. ``blocks``: the
-    (blocked) filters' snapshots read only the blocks of their batch.
+    (blocked) filters' snapshots read only the blocks of their batch; ``blocks-pure``
+    too, as a default install does: answered in Python, the blocks joined into one
+    string by the read script (as for redis-py without hiredis).
     """
     if request.param in ("snapshot", "snapshot-in-pieces", "blocks") and not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
@@ -91,6 +93,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
     if request.param in ("blocks", "blocks-pure"):
         read_by_blocks(monkeypatch)
+    if request.param == "blocks-pure":
+        monkeypatch.setattr(snapshot, "_JOINED", b"1")
     if request.param == "chunks":
         monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     if request.param == "snapshot-in-pieces":
