@@ -26,7 +26,13 @@ from hypothesis import strategies as st
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy, RedisBloomFilter
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
-from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_SHARD_BITS, locate, offsets
+from scrapy_redis_bloom.core.hashing import (
+    BLOCK_BITS,
+    MAX_SHARD_BITS,
+    block_masks,
+    locate,
+    offsets,
+)
 from scrapy_redis_bloom.core.layout import HEADER_BITS
 from scrapy_redis_bloom.engine.bitmap import bulk, snapshot
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, check_sequential
@@ -171,7 +177,7 @@ def test_located_groups_and_offsets_are_the_schemes_with_and_without_numpy(
 
 
 def bit_offsets(pair: tuple[int, int]) -> set[int]:
-    """Return the bit offsets a ``(block start, bits)`` pair of ``local.masks`` stands for."""
+    """Return the bit offsets a ``(block start, bits)`` pair of ``block_masks`` stands for."""
     start, bits = pair
     return {start + BLOCK_BITS - 1 - j for j in range(BLOCK_BITS) if bits >> j & 1}
 
@@ -191,7 +197,7 @@ def test_block_masks_answer_and_write_as_the_sequential_kernel(data: st.DataObje
     batch = data.draw(st.lists(st.sampled_from(pool), max_size=40))  # duplicates common
     write = data.draw(st.booleans())
     # A shard string whose bits start 32 bits in (a short header), as offsets() adds it.
-    pairs = [(p + 32 - HEADER_BITS, bits) for p, bits in local.masks(batch, k)]
+    pairs = block_masks(batch, k, 32)
     listed = [offsets(x, y, k, BLOCK_BITS * blocks, BLOCK_BITS, 32) for _, x, y in batch]
     assert [bit_offsets(pair) for pair in pairs] == [set(offsets_) for offsets_ in listed]
     by_masks, sequential = bytearray(start), bytearray(start)

@@ -176,26 +176,30 @@ def offsets(
     ]
 
 
-def block_masks(seeds: Iterable[tuple[int, int]], hash_count: int) -> list[int]:
-    """Return blocked elements' k bits, each as one integer, from their ``(x, y)`` seeds.
+def block_masks(
+    seeds: Iterable[tuple[int, int, int]], hash_count: int, first: int = 0
+) -> list[tuple[int, int]]:
+    """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
 
-    The bits are :func:`offsets`' within the element's block: offset ``p`` of the block
-    is bit ``B - 1 - p`` (Redis numbers a string's bits from the first byte's most
-    significant one, so the block's 64 bytes read big-endian are this integer). The
-    kernel without numpy answers a blocked element with it in a few integer operations.
-    Offset i is ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B
-    y2``): the two seeds' terms come from tables, one addition each (1.3 µs an element
-    at k = 14, against 1.9 computing them).
+    ``seeds``: :func:`locate`'s ``(shard, x, y)``; ``first``: as :func:`offsets`' (the
+    offset of the shard's first bit in its string). ``block start``: the bit offset of
+    the element's block (``first`` included); ``bits``: :func:`offsets`' bits within the
+    block as one integer, offset ``p`` of the block being bit ``B - 1 - p`` (Redis numbers a
+    string's bits from the first byte's most significant one, so the block's 64 bytes
+    read big-endian are this integer). The kernel without numpy answers a blocked
+    element with it in a few integer operations. Offset i is ``(s + i y1 + t_i y2 +
+    c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``): the seeds' terms come from
+    tables, one addition each (1.3 µs an element at k = 14, against 1.9 computing them).
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT
-    masks: list[int] = []
-    for x, y in seeds:
+    pairs: list[tuple[int, int]] = []
+    for _, x, y in seeds:
         start, mask = x & low, 0
         for a, b in zip(by_step[y & low], by_third[y >> _BLOCK_SHIFT], strict=True):
             mask |= bit[(start + a + b) & low]
-        masks.append(mask)
-    return masks
+        pairs.append((x - start + first, mask))
+    return pairs
 
 
 #: The block's bits by offset, as :func:`block_masks` numbers them.

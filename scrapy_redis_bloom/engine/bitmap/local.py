@@ -96,7 +96,8 @@ class Located:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
         An (n, k) array (:func:`offsets_many`); without numpy, a list of n lists of k
-        offsets, or for a blocked filter n ``(block start, bits)`` pairs (:func:`masks`).
+        offsets, or for a blocked filter n ``(block start, bits)`` pairs
+        (:func:`..hashing.block_masks`).
         """
         spec = self.spec
         k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
@@ -109,8 +110,8 @@ class Located:
                 self._offsets = offsets_many(self.x, self.y, k, bits, block)
             return self._offsets[positions]
         seeds = self._seeds
-        if block:
-            return masks([seeds[p] for p in positions], k)
+        if block:  # (block start, bits) pairs: the kernel without numpy takes them
+            return block_masks([seeds[p] for p in positions], k, HEADER_BITS)
         return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
 
     def outside(self, taken: Sequence[Any]) -> list[int]:
@@ -261,28 +262,14 @@ def _check_part(
     return (~new).tolist(), int(where[0]), int(where[-1]) + 1
 
 
-def masks(seeds: Sequence[tuple[int, int, int]], hash_count: int) -> list[tuple[int, int]]:
-    """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
-
-    ``block start``: the bit offset of the element's block in its shard's string
-    (header included); ``bits``: its k bits in the block, as the block's 64 bytes read
-    big-endian (:func:`..hashing.block_masks`). :func:`check_masks` answers with them.
-    """
-    bits = block_masks([(x, y) for _, x, y in seeds], hash_count)
-    return [
-        (x - x % BLOCK_BITS + HEADER_BITS, mask)
-        for (_, x, _), mask in zip(seeds, bits, strict=True)
-    ]
-
-
 def check_masks(
     buffer: bytearray, pairs: Sequence[tuple[int, int]], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_sequential` does, for blocked elements given by :func:`masks`.
+    """Do what :func:`check_sequential` does, for blocked elements as bits of their block.
 
-    Each element is one block read as an integer, an AND and, when new, an OR written
-    back: a few operations instead of k, the kernel of a default install (without
-    numpy) for the default, blocked, layout.
+    ``pairs``: :func:`..hashing.block_masks`'. Each element is one block read as an
+    integer, an AND and, when new, an OR written back: a few operations instead of k,
+    the kernel of a default install (without numpy) for the default, blocked, layout.
     """
     answers: list[bool] = []
     append = answers.append
