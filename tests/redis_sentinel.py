@@ -297,5 +297,8 @@ class SentinelGroup(Running):
                 if ready():
                     return
             time.sleep(0.1)
-        logs = "\n".join(s.log_tail() for s in self.sentinels)
+        logs = "\n".join(
+            [s.log_tail() for s in self.sentinels]
+            + [f"server {s.port}:\n{s.log_tail(15)}" for s in self.servers]
+        )
         raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}:\n{logs}")
