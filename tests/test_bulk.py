@@ -583,6 +583,23 @@ def test_a_joint_block_snapshot_another_worker_wrote_to_is_taken_again_shard_by_
 
 
 @needs_numpy
+def test_a_big_filters_bulk_call_reads_enough_for_whole_snapshots() -> None:
+    # A 100M filter's 8 MiB shards are answered whole from 1,048,576 elements at a time
+    # (~25,000 a shard: ~0.3 µs of transfer each); a 1M filter's small shards from 131,072.
+    big = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 100_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
+    ).spec
+    small = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
+    ).spec
+    assert bulk.block_size(big, 1) == bulk.MAX_BLOCK
+    assert bulk.block_size(small, 1) == bulk.BLOCK
+    per_shard = bulk.MAX_BLOCK // big.shards
+    whole_ns = bulk.SNAPSHOT_NS_PER_BYTE * big.shard_bytes / per_shard
+    assert whole_ns < 1_000  # a whole snapshot's bytes cost < 1 µs an element
+
+
+@needs_numpy
 def test_one_transaction_holds_at_most_joint_bytes_of_shards(
     by_blocks: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
