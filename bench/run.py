@@ -159,7 +159,7 @@ DEFAULTS: dict[str, Any] = {
     "cmd_big": 100_000_000,
     "size_rounds": 3,
     "size_capacities": [1_000_000, 100_000_000],
-    "size_calls": [10_000, 100_000],
+    "size_calls": [10_000, 100_000, 1_000_000],
     "size_count": 1_000_000,
     "size_seconds": 8.0,
 }
