@@ -203,8 +203,11 @@ def offsets_many(
         cy -= span * (cy >= span)
         out[i] = cx
     out += base
-    transposed: NDArray[Any] = out.T  # a view: rows are elements
-    return transposed
+    # Rows are elements, stored row after row: the bulk path takes each shard's rows by
+    # fancy indexing, which on the transposed view (a stride of n) cost as much as the
+    # kernel (~0.14 µs an element at 1M in calls of 100,000).
+    rows: NDArray[Any] = np.ascontiguousarray(out.T)
+    return rows
 
 
 def check_vectorised(
