@@ -23,7 +23,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -235,16 +235,19 @@ class Node:
         except CONNECTION_ERRORS:
             return True
 
-    def send(self, payload: bytes, count: int) -> Ticket:
+    def send(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
         """Send ``count`` packed commands; return the ticket to read their replies with.
 
+        ``payload``: the commands packed, in one string or in pieces sent one after the
+        other (a snapshot's MiBs of shard bytes go as views of its copy, not joined).
         Raises :class:`NotSentError` if the server cannot be reached, :class:`ReplyLostError` if
         the connection fails while sending (some of the commands may have arrived).
         """
         connection = self._connect()
         self.trips_made += 1
         try:
-            connection.send_packed_command([payload], check_health=False)
+            pieces = [payload] if isinstance(payload, bytes) else payload
+            connection.send_packed_command(pieces, check_health=False)
         except BaseException as exc:
             self._broken(exc)
         ticket = Ticket(self._serial, count)
@@ -308,7 +311,7 @@ class Node:
         self._used = time.monotonic()
         return reply
 
-    def exchange(self, payload: bytes, count: int) -> list[Any]:
+    def exchange(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> list[Any]:
         """Send ``count`` packed commands and return their replies (see :meth:`receive`)."""
         return self.receive(self.send(payload, count))
 

@@ -220,6 +220,31 @@ def _groups(parts: Sequence[Part]) -> list[list[int]]:
     return ([whole] if whole else []) + [[i] for i, part in enumerate(parts) if not part.whole]
 
 
+def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Join the small pieces of a payload; leave the big ones (views of a copy) as they are.
+
+    A 1M filter's call writes back ~4 MB of shard bytes: joined, they were copied once
+    more (~10% of a call of 100,000); sent as views, a send each.
+    """
+    out: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for piece in pieces:
+        if len(piece) < _BIG:
+            small.append(piece)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(piece)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
+#: A piece of a payload at least this big is sent as it is (:func:`_coalesced`).
+_BIG = 1 << 16
+
+
 def _failure(replies: list[Any]) -> BaseException | None:
     """Return the first error reply among ``replies``, if any."""
     return next((r for r in replies if isinstance(r, BaseException)), None)
@@ -326,7 +351,7 @@ def _write_back(
         return taken
     commands.append(pack_command(b"EXEC"))
     try:
-        done = node.exchange(b"".join(commands), sent)
+        done = node.exchange(_coalesced(commands), sent)
     except NotSentError:
         return [Taken() for _ in parts]
     except TransportError:
