@@ -49,11 +49,13 @@ SIZED: dict[str, Any] = {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_R
 FIXED: dict[str, Any] = {**SIZED, "BLOOMFILTER_EXPANSION": 0}
 #: Every element's k bits in one 512-bit block of its shard (hash scheme 2).
 BLOCKED: dict[str, Any] = {"BLOOMFILTER_BLOCKED": True}
+#: The classic layout: k bits anywhere in the shard (hash scheme 1), no longer the default.
+CLASSIC: dict[str, Any] = {"BLOOMFILTER_BLOCKED": False}
 
 NAME_OURS_SIZED = "ours, 1M @ 1e-4"
 NAME_OURS_FIXED = "ours, 1M @ 1e-4, BLOOMFILTER_EXPANSION=0"
-NAME_OURS_BLOCKED = "ours, blocked"
-NAME_OURS_SIZED_BLOCKED = "ours, 1M @ 1e-4, blocked"
+NAME_OURS_CLASSIC = "ours, classic layout"
+NAME_OURS_SIZED_CLASSIC = "ours, 1M @ 1e-4, classic layout"
 NAME_NATIVE_SIZED = "ours, native, 1M @ 1e-4"
 NAME_REDISBLOOM_SIZED = "RedisBloom BF.ADD, 1M @ 1e-4"
 #: The size the package is for (issue 23): 100M fingerprints at 1e-4, 248 MiB, every
@@ -146,8 +148,8 @@ def contenders(peers: Peers, big: int = 0) -> list[DupeFilter]:
     ]
     if peers.blocked:
         out += [
-            DupeFilter(NAME_OURS_BLOCKED, OURS, {**bitmap, **BLOCKED}),
-            DupeFilter(NAME_OURS_SIZED_BLOCKED, OURS, {**bitmap, **SIZED, **BLOCKED}),
+            DupeFilter(NAME_OURS_CLASSIC, OURS, {**bitmap, **CLASSIC}),
+            DupeFilter(NAME_OURS_SIZED_CLASSIC, OURS, {**bitmap, **SIZED, **CLASSIC}),
         ]
     if peers.native:
         native = {"BLOOMFILTER_BACKEND": "native"}
@@ -330,11 +332,12 @@ def measure_command_time(
 __all__ = [
     "BIG_CAPACITY",
     "BLOCKED",
+    "CLASSIC",
     "NAME_NATIVE_SIZED",
-    "NAME_OURS_BLOCKED",
+    "NAME_OURS_CLASSIC",
     "NAME_OURS_FIXED",
     "NAME_OURS_SIZED",
-    "NAME_OURS_SIZED_BLOCKED",
+    "NAME_OURS_SIZED_CLASSIC",
     "NAME_REDISBLOOM_SIZED",
     "BigNames",
     "big_markdown",

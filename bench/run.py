@@ -52,18 +52,18 @@ if str(HERE) not in sys.path:
 
 from bulk import (  # noqa: E402
     NAME_ADD_MANY,
-    NAME_ADD_MANY_BLOCKED,
+    NAME_ADD_MANY_CLASSIC,
     NAME_ADD_MANY_NATIVE,
     NAME_BF_MADD,
     NAME_BF_MADD_FIXED,
-    NAME_OURS_BLOCKED_MEMORY,
+    NAME_OURS_CLASSIC_MEMORY,
     NAME_SET,
     NAME_SETBIT,
     measure_bulk,
 )
 from crawl import (  # noqa: E402
     NAME_OURS_BATCHED,
-    NAME_OURS_BLOCKED_WINDOW,
+    NAME_OURS_CLASSIC_WINDOW,
     NAME_OURS_NATIVE_BATCHED,
     NAME_OURS_NATIVE_WINDOW,
     NAME_OURS_WINDOW,
@@ -103,12 +103,12 @@ from micro import (  # noqa: E402
 )
 from redis_modules import SKIP_REASON, bloom_server  # noqa: E402
 from redistime import (  # noqa: E402
-    BLOCKED,
+    CLASSIC,
     FIXED,
     NAME_NATIVE_SIZED,
-    NAME_OURS_BLOCKED,
+    NAME_OURS_CLASSIC,
     NAME_OURS_SIZED,
-    NAME_OURS_SIZED_BLOCKED,
+    NAME_OURS_SIZED_CLASSIC,
     SIZED,
     big_markdown,
     big_names,
@@ -305,7 +305,7 @@ def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
         out.append("BLOOMFILTER_CACHE_SIZE is not recognised by this version: no cache-off row.")
     if not peers.blocked:
         out.append(
-            "ours with BLOOMFILTER_BLOCKED = True ((t), (c)): this version of the package does"
+            "ours with BLOOMFILTER_BLOCKED = False ((t), (c)): this version of the package does"
             " not know the setting."
         )
     return out
@@ -446,7 +446,7 @@ def _command_time(
         for name, s in usec.items()
         if any(s.extra["overflowed"])
     ]
-    for name in (NAME_OURS, NAME_OURS_SIZED, NAME_OURS_BLOCKED, NAME_OURS_SIZED_BLOCKED):
+    for name in (NAME_OURS, NAME_OURS_SIZED, NAME_OURS_CLASSIC, NAME_OURS_SIZED_CLASSIC):
         got.targets.append(_cost("t", f"{name}: Redis time per check <= 3x SADD", usec, name, 3.0))
     for name in (NAME_OURS_NATIVE, NAME_NATIVE_SIZED):  # N/A when native is left out
         got.targets.append(
@@ -562,16 +562,18 @@ def _bulk(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
     ]
     got.rows += rows_for("d", bulk.throughput, NAME_ADD_MANY)
     got.checks += bulk.failed
-    ours_bytes = memory[NAME_OURS].median
+    # The optimum is the classic layout's bound; the default (blocked) layout pays more
+    # bits by design (issue 23), so its target is that Redis adds little to its bitmap.
+    ours = memory[NAME_OURS]
+    classic = memory.get(NAME_OURS_CLASSIC_MEMORY, ours)
+    bitmap = ours.extra.get("bitmap_bytes", float("nan")) / ours.sample_size
     got.targets += [
-        Target("c", "ours within 2% of the Bloom optimum", ours_bytes / optimum, 1.02, False),
-        Target(
-            "c",
-            "ours >= 30x less than the SET",
-            ratio(memory[NAME_SET].median, ours_bytes),
-            30.0,
-            True,
-        ),
+        Target("c", f"{classic.contender} within 2% of the Bloom optimum", classic.median / optimum,
+               1.02, False),
+        Target("c", f"{classic.contender} >= 30x less than the SET",
+               ratio(memory[NAME_SET].median, classic.median), 30.0, True),
+        Target("c", "ours (default layout) within 2% of its bitmap's bytes",
+               ours.median / bitmap, 1.02, False),
         Target(
             "d",
             "ours add_many >= 200,000 fp/s",
@@ -636,7 +638,7 @@ def _crawl(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Colle
         )
     )
     ours = (NAME_OURS, NAME_OURS_BATCHED, NAME_OURS_WINDOW)
-    others = (NAME_OURS_BLOCKED_WINDOW, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW)
+    others = (NAME_OURS_CLASSIC_WINDOW, NAME_OURS_NATIVE_BATCHED, NAME_OURS_NATIVE_WINDOW)
     for name in (*ours, *others):  # N/A where left out
         got.targets.append(
             _cost("e", f"{name}: filter's Redis time per page <= 0.5x scrapy-redis's",
@@ -777,8 +779,8 @@ def _issue12_notes(args: argparse.Namespace, peers: Peers, redis_info: dict[str,
         " = {'scrapy_redis_bloom.batching.BatchingMiddleware': 0};"
         f" '{NAME_OURS_NATIVE_BATCHED}' the same with BLOOMFILTER_BACKEND = 'native'; the"
         f" 'window' ones add BLOOMFILTER_BATCH_WINDOW = {WINDOW:g} (the links of every response"
-        f" whose output ends within it checked together); '{NAME_OURS_BLOCKED_WINDOW}' adds"
-        " BLOOMFILTER_BLOCKED = True to the bitmap one. RedisBloom's"
+        f" whose output ends within it checked together); '{NAME_OURS_CLASSIC_WINDOW}' adds"
+        " BLOOMFILTER_BLOCKED = False (the classic layout) to the bitmap one. RedisBloom's"
         " crawl uses BF.RESERVE 1e-4 100,000.",
     ]
 
@@ -849,28 +851,30 @@ def _blocked_notes(args: argparse.Namespace) -> tuple[str, str]:
     from scrapy_redis_bloom.core.hashing import BLOCK_BITS
     from scrapy_redis_bloom.core.settings import BloomConfig
 
-    default, sized = (BloomConfig.from_settings({**s, **BLOCKED}).spec for s in ({}, SIZED))
+    default, sized = (BloomConfig.from_settings(s).spec for s in ({}, SIZED))
     bulk = {
         "BLOOMFILTER_CAPACITY": args.bulk,
         "BLOOMFILTER_ERROR_RATE": args.error_rate,
         "BLOOMFILTER_EXPANSION": 0,
     }
-    plain, blocked = (BloomConfig.from_settings(s).spec for s in (bulk, {**bulk, **BLOCKED}))
+    plain, blocked = (BloomConfig.from_settings(s).spec for s in ({**bulk, **CLASSIC}, bulk))
     t = (
-        f" '{NAME_OURS_BLOCKED}' and '{NAME_OURS_SIZED_BLOCKED}' are 'ours' and"
-        f" '{NAME_OURS_SIZED}' with BLOOMFILTER_BLOCKED = True: each URL's k bits fall in one"
-        f" {BLOCK_BITS}-bit block of its shard, so a check costs Redis one or two cache misses"
-        " instead of k, for a higher error rate at the same bits (defaults: k ="
-        f" {default.hash_count} in {default.shards} shards) or more bits at the same error"
-        f" rate (1M @ 1e-4: k = {sized.hash_count} in {sized.shards} shards; see (c))."
+        f" 'ours' and '{NAME_OURS_SIZED}' are blocked, the default for new filters: each URL's"
+        f" k bits fall in one {BLOCK_BITS}-bit block of its shard, so a check costs Redis one"
+        " or two cache misses instead of k, for a higher error rate at the same bits"
+        f" (defaults: k = {default.hash_count} in {default.shards} shards) or more bits at the"
+        f" same error rate (1M @ 1e-4: k = {sized.hash_count} in {sized.shards} shards; see"
+        f" (c)). '{NAME_OURS_CLASSIC}' and '{NAME_OURS_SIZED_CLASSIC}' are the same with"
+        " BLOOMFILTER_BLOCKED = False: the classic layout, k bits anywhere in the shard."
     )
     c = (
-        f" '{NAME_OURS_BLOCKED_MEMORY}' is ours with BLOOMFILTER_BLOCKED = True, sized for the"
-        f" same n and p: its row shows the memory one-block checks cost (m = {blocked.bits:,},"
-        f" k = {blocked.hash_count}, against m = {plain.bits:,}, k = {plain.hash_count}"
-        " unblocked); its 'expected' is the blocked rate, the mean of"
-        " (1 - (1 - 1/B)^(kj))^k over a block's Poisson load j (sizing.false_positive_rate)."
-        f" '{NAME_ADD_MANY_BLOCKED}' in (d) is its fill."
+        " 'ours' is blocked, the default for new filters: its row shows the memory one-block"
+        f" checks cost (m = {blocked.bits:,}, k = {blocked.hash_count}); its 'expected' is the"
+        " blocked rate, the mean of (1 - (1 - 1/B)^(kj))^k over a block's Poisson load j"
+        f" (sizing.false_positive_rate). '{NAME_OURS_CLASSIC_MEMORY}' is ours with"
+        f" BLOOMFILTER_BLOCKED = False, sized for the same n and p (m = {plain.bits:,},"
+        f" k = {plain.hash_count}): the layout the Bloom optimum bounds, and the SET target's."
+        f" '{NAME_ADD_MANY_CLASSIC}' in (d) is its fill."
     )
     return t, c
 
