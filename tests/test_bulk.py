@@ -36,6 +36,7 @@ from scrapy_redis_bloom.core.hashing import (
 from scrapy_redis_bloom.core.layout import HEADER_BITS
 from scrapy_redis_bloom.engine.bitmap import bulk, snapshot
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, check_sequential
+from scrapy_redis_bloom.transport.wire import pack_command
 
 needs_numpy = pytest.mark.skipif(not HAVE_NUMPY, reason="numpy (the numpy extra) is not installed")
 
@@ -82,25 +83,35 @@ def by_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture(
-    params=["snapshot", "snapshot-in-pieces", "pure", "blocks", "blocks-pure", "chunks"]
+    params=[
+        "snapshot",
+        "snapshot-in-pieces",
+        "pure",
+        "blocks",
+        "blocks-pure",
+        "blocks-scripts",
+        "chunks",
+    ]
 )
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which bulk path new filters take: snapshots, or BITFIELD and scripts (``chunks``).
 
     ``snapshot-in-pieces``: shards read in GETRANGEs of 777 bytes (as 8 MiB ones are in
     MiBs). ``pure``: snapshots answered in Python, as without numpy. ``blocks``: the
-    (blocked) filters' snapshots read only the blocks of their batch; ``blocks-pure``
-    too, as a default install does: answered in Python, the blocks joined into one
-    string by the read script (as for redis-py without hiredis).
+    (blocked) filters' snapshots read only the blocks of their batch, by GETRANGE and
+    SETRANGE per run (numpy); ``blocks-pure`` too, as a default install does: answered
+    in Python, by the block scripts, the blocks joined into one string by the read
+    script (as for redis-py without hiredis); ``blocks-scripts``: the same, each run a
+    string of the script's reply (as with hiredis).
     """
     if request.param in ("snapshot", "snapshot-in-pieces", "blocks") and not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
-    if request.param in ("pure", "blocks-pure"):
+    if request.param in ("pure", "blocks-pure", "blocks-scripts"):
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
-    if request.param in ("blocks", "blocks-pure"):
+    if request.param.startswith("blocks"):
         read_by_blocks(monkeypatch)
-    if request.param == "blocks-pure":
-        monkeypatch.setattr(snapshot, "_JOINED", b"1")
+    if request.param in ("blocks-pure", "blocks-scripts"):
+        monkeypatch.setattr(snapshot, "_JOINED", b"1" if request.param == "blocks-pure" else b"0")
     if request.param == "chunks":
         monkeypatch.setattr(bulk, "SNAPSHOTS", False)
     if request.param == "snapshot-in-pieces":
@@ -208,6 +219,68 @@ def test_block_masks_answer_and_write_as_the_sequential_kernel(data: st.DataObje
     # The span written back covers every change.
     assert low <= low_
     assert high >= high_
+
+
+@needs_numpy
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_commands_packed_by_numpy_are_those_packed_one_by_one(data: st.DataObject) -> None:
+    import numpy as np
+
+    from scrapy_redis_bloom.engine.bitmap import local
+
+    keys = data.draw(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=4))
+    n = data.draw(st.integers(0, 12))
+    owner = data.draw(st.lists(st.integers(0, len(keys) - 1), min_size=n, max_size=n))
+    offsets = data.draw(st.lists(st.integers(0, 10**9 - 1), min_size=n, max_size=n))
+    ends = data.draw(st.lists(st.integers(0, 10**9 - 1), min_size=n, max_size=n))
+    width = data.draw(st.integers(1, 130))
+    rows = [data.draw(st.binary(min_size=width, max_size=width)) for _ in range(n)]
+    at, first, second = (np.asarray(v, dtype=np.int64) for v in (owner, offsets, ends))
+    got, lengths = local.range_commands(b"GETRANGE", keys, at, first, second)
+    expected = [
+        pack_command(b"GETRANGE", keys[k], start, end)
+        for k, start, end in zip(owner, offsets, ends, strict=True)
+    ]
+    assert got == b"".join(expected)
+    assert lengths.tolist() == [len(command) for command in expected]
+    data_rows = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(n, width)
+    got, _ = local.range_commands(b"SETRANGE", keys, at, first, data_rows)
+    assert got == b"".join(
+        pack_command(b"SETRANGE", keys[k], start, row)
+        for k, start, row in zip(owner, offsets, rows, strict=True)
+    )
+
+
+@needs_numpy
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_block_reads_packed_together_are_each_shards_runs(data: st.DataObject) -> None:
+    import numpy as np
+
+    from scrapy_redis_bloom.engine.bitmap import local
+
+    shards = data.draw(st.integers(1, 4))
+    keys = [b"k{%d}:g0" % (i * 7) for i in range(shards)]  # (keys of unequal lengths)
+    blocks = [
+        np.asarray(sorted(data.draw(st.sets(st.integers(0, 40), max_size=20))), dtype=np.int64)
+        for _ in range(shards)
+    ]
+    longest = data.draw(st.integers(1, 5))
+    packed = local.range_reads(keys, blocks, longest)
+    for key, mine, (commands, count) in zip(keys, blocks, packed, strict=True):
+        spans = local.runs(mine.tolist(), range(len(mine)), longest)  # the loop's runs
+        expected = [
+            pack_command(
+                b"GETRANGE",
+                key,
+                32 + int(mine[first]) * 64,
+                32 + (int(mine[first]) + stop - first) * 64 - 1,
+            )
+            for first, stop in spans
+        ]
+        assert commands == b"".join(expected)
+        assert count == len(expected)
 
 
 @needs_numpy
@@ -526,11 +599,18 @@ def test_a_lost_exec_reply_answers_new(
     assert bloom.contains_many(batch) == [True] * len(batch)
 
 
-@needs_numpy
+@pytest.mark.parametrize("protocol", ["ranges", "scripts"])
 @pytest.mark.parametrize("settings_", [GROWING, FIXED], ids=["growing", "fixed"])
 def test_block_snapshots_read_and_write_only_their_blocks(
-    settings_: dict[str, Any], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    settings_: dict[str, Any],
+    protocol: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if protocol == "ranges" and not HAVE_NUMPY:
+        pytest.skip("numpy (the numpy extra) is not installed")
+    if protocol == "scripts":  # as without numpy: answered in Python, by the block scripts
+        monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
     read_by_blocks(monkeypatch)
     elements = fingerprints(600, "blocks")
     one = make(redis_client, settings_, "blocks-one")
@@ -540,16 +620,22 @@ def test_block_snapshots_read_and_write_only_their_blocks(
     shards = many.spec.shards
     redis_client.config_resetstat()
     answers = many.add_many(elements)
-    # A header and at most one run per element, read and written back by the scripts:
-    # never the whole shard (no GET), never an element's bits one by one (no BITFIELD).
-    # The two scripts, in the one trip (Redis 7 counts SCRIPT LOAD apart, 6.2 as SCRIPT).
-    assert calls(redis_client, "script|load") + calls(redis_client, "script") == 2
+    # A header and at most one run per element read, at most one block per element
+    # written back: never the whole shard (no GET), never an element's bits one by one
+    # (no BITFIELD). All shards in one transaction: no check-and-add script.
     assert 0 < calls(redis_client, "getrange") <= 600 + shards
     assert 0 < calls(redis_client, "setrange") <= 600 + shards
     assert calls(redis_client, "get") == calls(redis_client, "bitfield") == 0
-    # Each shard's read and write scripts, in one transaction: no check-and-add script.
     assert calls(redis_client, "exec") == 1
-    assert calls(redis_client, "evalsha") == 2 * shards
+    loads = calls(redis_client, "script|load") + calls(redis_client, "script")
+    if protocol == "scripts":
+        # The two scripts, in the one trip (Redis 7 counts SCRIPT LOAD apart, 6.2 as
+        # SCRIPT); each shard's read and write scripts.
+        assert loads == 2
+        assert calls(redis_client, "evalsha") == 2 * shards
+    else:  # plain commands: each shard's length, then its runs and blocks
+        assert loads == calls(redis_client, "evalsha") == 0
+        assert calls(redis_client, "strlen") == shards
     # (Fewer elements than pay for a transaction take the other path.)
     assert answers + many.add_many(elements[:50]) == expected
     assert many.contains_many(elements) == [True] * len(elements)

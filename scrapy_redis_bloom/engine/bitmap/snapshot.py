@@ -43,6 +43,7 @@ from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 from scrapy_redis_bloom.engine.bitmap.local import (
     BLOCK_BYTES,
+    HAVE_NUMPY,
     changed_slots,
     check_masks,
     check_sequential,
@@ -50,6 +51,8 @@ from scrapy_redis_bloom.engine.bitmap.local import (
     gather,
     is_masks,
     packed_runs,
+    range_reads,
+    range_writes,
     slot_bytes,
 )
 from scrapy_redis_bloom.engine.scripts import READ_BLOCKS, WRITE_BLOCKS
@@ -114,9 +117,14 @@ class Part:
     whole: bool = False
     #: Filled by take: the blocks read (by blocks), the offsets in the copy read, and
     #: the replies its read takes (a whole shard read in pieces: one per piece).
-    blocks: Sequence[int] = field(default_factory=list)
+    blocks: Any = field(default_factory=list)
     moved: Any = None
     replies: int = 1
+    #: Read and written by ``GETRANGE`` and ``SETRANGE`` per run of blocks (packed by
+    #: numpy), not by the block scripts (see :func:`_reads`); its reads, packed, and
+    #: their number.
+    ranged: bool = False
+    runs: tuple[bytes, int] = (b"", 0)
 
 
 #: ``SCRIPT LOAD`` of the two scripts that read and write a shard's blocks.
@@ -124,10 +132,18 @@ _LOAD_SCRIPTS = tuple(
     pack_command(b"SCRIPT", b"LOAD", script.source) for script in (READ_BLOCKS, WRITE_BLOCKS)
 )
 _MULTI = pack_command(b"MULTI")
+_EXEC = pack_command(b"EXEC")
 #: Whether the read script joins the blocks into one string: for redis-py without
 #: hiredis, which parses each string of a reply in Python (~0.5 µs each: ~5 ms per
 #: call of 10,000 at 100M), not with it (joining costs Redis ~0.1 µs a block).
 _JOINED = b"0" if HIREDIS_AVAILABLE else b"1"
+#: Whether a block-read shard is read and written by plain ``GETRANGE`` and
+#: ``SETRANGE`` per run of blocks, packed by numpy (:func:`.local.range_commands`):
+#: at 100M, ~0.55 and ~0.65 µs of Redis time a block, against ~1.3 and ~1.1 in the
+#: scripts, whose ``redis.call`` per block and argument strings cost Redis more than
+#: the commands' own parsing (``bench/floor.py``). Without numpy the scripts stay:
+#: Python packs ~1.4 µs per command, and (without hiredis) parses each reply in Python.
+_BY_RANGES = HAVE_NUMPY
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
 
@@ -137,14 +153,17 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
 
     A blocked filter's element has all its bits in one 64-byte block, so a batch of a
     few hundred elements in an 8 MiB shard needs a few hundred blocks, not the shard.
-    ``WATCH`` the keys, then per shard a script reads its length, header and the runs
-    of neighbouring blocks the batch touches (``lua/read_blocks.lua``: one reply),
-    ``MULTI``; the answers computed on that compact copy (:func:`.local.gather`); then
-    per shard a script writes back the changed runs (``lua/write_blocks.lua``) and
-    ``SETRANGE`` a growing shard's count, and ``EXEC``: two round trips for the shards
-    given, about 2.5 µs of Redis time per element (measured at 100M: 1.3 to read a
-    block in Lua, 1.1 to write it). A check without adds sends the read scripts
-    alone: each reads its shard atomically.
+    ``WATCH`` the keys, then per shard its length (``STRLEN``), its header and each run
+    of neighbouring blocks the batch touches (``GETRANGE``), ``MULTI``; the answers
+    computed on that compact copy (:func:`.local.gather`); then a ``SETRANGE`` of each
+    block changed and of a growing shard's count, and ``EXEC``: two round trips for the
+    shards given, about 1.3 µs of Redis time per element at 100M (the commands packed
+    by numpy, :func:`.local.range_commands`). A check without adds reads each shard in
+    a ``MULTI``/``EXEC`` of its own: atomically. Without numpy, a script reads each
+    shard (``lua/read_blocks.lua``: one reply) and one writes it back
+    (``lua/write_blocks.lua``): ~2.4 µs of Redis time per element (1.3 to read a block
+    in Lua, 1.1 to write it), but a reply per shard, not per block, which Python
+    without numpy (and redis-py without hiredis) pays more for than Redis saves.
 
     A part marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
     batch's elements: a 1M filter's shards of 96 to 160 KB, of either layout) is read by
@@ -163,9 +182,11 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
     shard on its own.
     """
     packed = [encode(part.key) for part in parts]
+    _gather(parts, packed)
     # The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis
     # has none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL.
-    opening = [*_LOAD_SCRIPTS] if any(not part.whole for part in parts) else []
+    scripted = any(not part.whole and not part.ranged for part in parts)
+    opening = [*_LOAD_SCRIPTS] if scripted else []
     if write:
         opening.append(pack_command(b"WATCH", *packed))
     groups = _groups(parts)
@@ -173,11 +194,14 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
     try:
         for n, group in enumerate(groups):
             commands = [c for i in group for c in _reads(parts[i], packed[i], write)]
+            count = sum(parts[i].replies for i in group)
             if n == 0:
                 commands[:0] = opening
+                count += len(opening)
             if write and n == len(groups) - 1:
                 commands.append(_MULTI)
-            reads.append((node.send(b"".join(commands), len(commands)), group))
+                count += 1
+            reads.append((node.send(b"".join(commands), count), group))
     except TransportError:
         node.abandon()  # replies may be owed on it: never read them later
         return [Taken() for _ in parts]  # nothing was written: the other path retries
@@ -205,6 +229,25 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
     except BaseException:
         node.abandon()  # a transaction may be open on it: never reuse the connection
         raise
+
+
+def _gather(parts: Sequence[Part], keys: list[bytes]) -> None:
+    """Find the blocks each part read by its blocks needs; pack the ranged parts' reads.
+
+    The ranged parts' ``GETRANGE``s are packed all at once: numpy's cost is per
+    operation (~120 µs a shard of a 100M filter when packed one by one).
+    """
+    for part in parts:
+        part.ranged = not part.whole and _BY_RANGES and not isinstance(part.offsets, list)
+        if not part.whole:
+            part.blocks, part.moved = gather(part.offsets)
+    ranged = [i for i, part in enumerate(parts) if part.ranged]
+    if ranged:
+        packed = range_reads(
+            [keys[i] for i in ranged], [parts[i].blocks for i in ranged], RUN_BLOCKS
+        )
+        for i, runs in zip(ranged, packed, strict=True):
+            parts[i].runs = runs
 
 
 def _groups(parts: Sequence[Part]) -> list[list[int]]:
@@ -265,7 +308,19 @@ def _reads(part: Part, key: bytes, write: bool) -> list[bytes]:
             pack_command(b"GETRANGE", key, start, min(start + PIECE, part.length) - 1)
             for start in ranges
         ]
-    part.blocks, part.moved = gather(part.offsets)
+    if part.ranged:  # STRLEN, the header, then a GETRANGE per run of blocks
+        reads, count = part.runs
+        commands = [
+            pack_command(b"STRLEN", key),
+            pack_command(b"GETRANGE", key, 0, HEADER_BYTES - 1),
+            reads,
+        ]
+        part.replies = 2 + count
+        if write:  # under WATCH: EXEC confirms nothing changed since
+            return commands
+        # A check reads the shard atomically, as the script does: in one transaction.
+        part.replies += 2
+        return [_MULTI, *commands, _EXEC]
     part.replies = 1
     spans = packed_runs(part.blocks, range(len(part.blocks)), RUN_BLOCKS)
     return [pack_command(b"EVALSHA", READ_BLOCKS.sha, 1, key, spans, _JOINED)]
@@ -288,8 +343,12 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
         del read[:]  # (a shard's pieces are MiBs: let go once copied)
         strlen = size = len(copy)
         before = b""
-    else:  # the read script's: its length, the header, the runs of blocks
-        strlen, before = read[0][0], b"".join(read[0][1:])
+    else:  # its length, the header, the runs of blocks: the read script's reply, or
+        # the commands' replies (a check's: its EXEC's)
+        reply = (read if write else read[-1]) if part.ranged else read[0]
+        if not isinstance(reply, list) or any(isinstance(r, BaseException) for r in reply):
+            return None  # a command refused inside a check's transaction: the other path's
+        strlen, before = reply[0], b"".join(reply[1:])
         copy, size = bytearray(before), HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
     if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
         return None  # lost, foreign or odd: the other path finds out which
@@ -319,6 +378,7 @@ def _write_back(
     """Send what the answers changed and ``EXEC``; return what each part's snapshot did."""
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = []
+    changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged parts' blocks to write
     sent = 1  # EXEC
     for part, key, got in zip(parts, keys, found, strict=True):
         if got is None:
@@ -328,13 +388,15 @@ def _write_back(
         taken.append(Taken(answers))
         if not write or low >= high:
             continue
-        sent += 1
+        sent += 0 if part.ranged else 1  # (a ranged part's commands are counted below)
         if part.whole:  # the span the kernel changed, its MiBs copied once (by the join)
             commands += (
                 command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
                 memoryview(copy)[low:high],
                 b"\r\n",
             )
+        elif part.ranged:  # a SETRANGE per block changed: all parts' at once, below
+            changed.append((key, part.blocks, before, copy))
         else:
             slots = changed_slots(before, copy)
             spans = packed_runs(part.blocks, slots, RUN_BLOCKS)
@@ -346,6 +408,10 @@ def _write_back(
             commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     if not write:
         return taken
+    if changed:
+        writes, count = range_writes(*(list(column) for column in zip(*changed, strict=True)))
+        commands.append(writes)
+        sent += count
     if all(one.answers is None for one in taken):  # nothing to confirm: close it
         _end(node, write, opening)
         return taken
