@@ -10,12 +10,13 @@ On one redis-server with RedisBloom, for the same random elements, it measures t
 main thread's CPU per element (``INFO cpu``) of:
 
 - ``BF.MADD``: RedisBloom's filter of the same capacity and rate, 1,000 per command;
-- the block scripts the bulk path sends (``engine/lua/read_blocks.lua`` and
-  ``write_blocks.lua``): one 64-byte block read and written back per element, the
+- the block scripts the bulk path sends without numpy (``engine/lua/read_blocks.lua``
+  and ``write_blocks.lua``): one 64-byte block read and written back per element, the
   blocks of a call of 10,000 grouped per shard as the bulk path groups them;
-- ``GETRANGE`` and ``SETRANGE`` of each block, pipelined, no script: the least any
-  client reading and writing blocks by stock commands makes Redis do (its own reply,
-  parsing and dispatch per command; the client's work is not counted here);
+- ``GETRANGE`` and ``SETRANGE`` of each block, pipelined, no script, as the bulk path
+  sends them with numpy: the least any client reading and writing blocks by stock
+  commands makes Redis do (its own reply, parsing and dispatch per command; the
+  client's work is not counted here);
 - ``BITFIELD SET u1`` of the k bits (the unblocked chunk path, one command per call).
 
 Rounds are interleaved (the order rotated), each on fresh copies of the shards. The
@@ -94,10 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_sha = client.script_load(WRITE_BLOCKS.source)
         ways: dict[str, Callable[[list[tuple[int, int]], list[bytes]], None]] = {
             MADD: lambda _, fps: _madd(client, fps),
-            "block scripts (the bulk path's)": lambda els, _: _scripts(
+            "block scripts (the bulk path's, no numpy)": lambda els, _: _scripts(
                 client, keys, els, read_sha, write_sha
             ),
-            "GETRANGE + SETRANGE, pipelined": lambda els, _: _ranges(client, keys, els),
+            "GETRANGE + SETRANGE (the bulk path's)": lambda els, _: _ranges(client, keys, els),
             "BITFIELD SET u1 x k": lambda els, _: _bitfield(client, keys, els, spec.hash_count),
         }
         cpu: dict[str, list[float]] = {name: [] for name in ways}
