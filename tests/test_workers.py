@@ -114,3 +114,41 @@ def test_two_workers_with_scrapy_redis_stats_collector(
     fetched = Counter(url for r in results for url in r["fetched"])
     assert set(fetched) == site.reachable_urls()
     assert max(fetched.values()) == 1
+
+
+def test_counts_exist_from_the_start_so_a_late_worker_resets_none(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """scrapy-redis's RedisStatsCollector creates a stat by HSET 0, then HINCRBY.
+
+    Two workers creating a count at once could lose one's increment (the test above once
+    saw 232 of 300 added). Each worker creates its counts with 0 when the spider opens,
+    before it counts anything, so later increments only add.
+    """
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+
+    class CountsSpider(Spider):
+        name = "counts"
+
+    settings = {
+        "STATS_CLASS": "scrapy_redis.stats.RedisStatsCollector",
+        "SCHEDULER_PERSIST": True,
+        "REDIS_URL": redis_url,
+        "BLOOMFILTER_CAPACITY": 10_000,
+    }
+    first = RFPDupeFilter.from_crawler(get_crawler(CountsSpider, settings))
+    first.filter_stats.start()  # as spider_opened does
+    try:
+        created = redis_client.hgetall("counts:stats")
+        for name in ("bloomfilter/added", "bloomfilter/filtered", "dupefilter/filtered"):
+            assert created[name.encode()] == b"0", name
+        first.filter_stats.stats.inc_value("bloomfilter/added", 5)  # (a worker's first count)
+        second = RFPDupeFilter.from_crawler(get_crawler(CountsSpider, settings))
+        second.filter_stats.start()  # a worker opening later adds 0, resets nothing
+        second.close("finished")
+        assert redis_client.hget("counts:stats", "bloomfilter/added") == b"5"
+    finally:
+        first.close("finished")
