@@ -357,9 +357,7 @@ def is_masks(offsets: Any) -> bool:
 def changed_slots(before: bytes, after: bytearray) -> list[int]:
     """Return the slots of a compact copy (see :func:`gather`) whose bytes differ."""
     if HAVE_NUMPY:
-        old = np.frombuffer(before, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
-        new = np.frombuffer(after, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
-        differ: list[int] = np.flatnonzero((old != new).any(axis=1)).tolist()
+        differ: list[int] = _changed(before, after).tolist()
         return differ
     count = (len(after) - HEADER_BYTES) // BLOCK_BYTES
     return [
@@ -368,6 +366,18 @@ def changed_slots(before: bytes, after: bytearray) -> list[int]:
         if before[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
         != after[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
     ]
+
+
+def _rows(copy: bytes | bytearray) -> NDArray[Any]:
+    """Return a compact copy's slots (see :func:`gather`) as rows of bytes (numpy)."""
+    rows: NDArray[Any] = np.frombuffer(copy, dtype=np.uint8)[HEADER_BYTES:]
+    return rows.reshape(-1, BLOCK_BYTES)
+
+
+def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
+    """Return the slots whose bytes differ between a compact copy as read and as left."""
+    differ: NDArray[Any] = np.flatnonzero((_rows(before) != _rows(after)).any(axis=1))
+    return differ
 
 
 def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
@@ -386,21 +396,14 @@ def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> by
             for value in (blocks[first], stop - first)
         ]
         return struct.pack(f">{len(flat)}I", *flat)
-    first, counts = run_starts(blocks, slots, longest)
-    packed: bytes = np.stack([first, counts], axis=1).astype(">u4").tobytes()
-    return packed
-
-
-def run_starts(
-    blocks: Sequence[int], slots: Sequence[int], longest: int
-) -> tuple[NDArray[Any], NDArray[Any]]:
-    """Return the runs of :func:`packed_runs` (numpy): each one's first block, its blocks."""
     chosen = np.asarray(slots, dtype=np.int64)
     if not len(chosen):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return b""
     at = np.asarray(blocks, dtype=np.int64)[chosen]
     first = _run_firsts(at, chosen[1:] != chosen[:-1] + 1, longest)
-    return at[first], np.diff(np.append(first, len(chosen)))
+    counts = np.diff(np.append(first, len(chosen)))
+    packed: bytes = np.stack([at[first], counts], axis=1).astype(">u4").tobytes()
+    return packed
 
 
 def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[Any]:
@@ -425,7 +428,7 @@ def range_reads(
 
     Per shard, the commands and their number. ``keys[i]``'s compact copy holds
     ``blocks[i]`` (see :func:`gather`); its runs are blocks in a row, at most ``longest``
-    blocks each, as :func:`run_starts` cuts them, and their replies,
+    blocks each, as :func:`packed_runs` cuts them, and their replies,
     in order, are the copy's bytes after its header. All shards are packed at once
     (numpy's cost is per operation: ~120 µs a shard when packed one by one).
     """
@@ -460,13 +463,11 @@ def range_writes(
     commands, all shards' at once, and their number.
     """
     owners, offsets, rows = [], [], []
-    for i, (old_bytes, new_bytes) in enumerate(zip(before, after, strict=True)):
-        old = np.frombuffer(old_bytes, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
-        new = np.frombuffer(new_bytes, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
-        slots = np.flatnonzero((old != new).any(axis=1))
+    for i, (read, left) in enumerate(zip(before, after, strict=True)):
+        slots = _changed(read, left)
         owners.append(np.full(len(slots), i))
         offsets.append(HEADER_BYTES + blocks[i][slots].astype(np.int64) * BLOCK_BYTES)
-        rows.append(new[slots])
+        rows.append(_rows(left)[slots])
     if not owners:
         return b"", 0
     owner = np.concatenate(owners)
@@ -561,8 +562,7 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
             copy[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
             for i in slots
         )
-    rows = np.frombuffer(copy, dtype=np.uint8, offset=HEADER_BYTES).reshape(-1, BLOCK_BYTES)
-    data: bytes = rows[np.asarray(slots, dtype=np.intp)].tobytes()
+    data: bytes = _rows(copy)[np.asarray(slots, dtype=np.intp)].tobytes()
     return data
 
 
