@@ -345,8 +345,9 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
         before = b""
     else:  # its length, the header, the runs of blocks: the read script's reply, or
         # the commands' replies (a check's: its EXEC's)
-        reply = (read if write else read[-1]) if part.ranged else read[0]
-        if not isinstance(reply, list) or any(isinstance(r, BaseException) for r in reply):
+        inside = part.ranged and not write  # (errors elsewhere: found by take's _failure)
+        reply = read[-1] if inside else read if part.ranged else read[0]
+        if not isinstance(reply, list) or (inside and _failure(reply)):
             return None  # a command refused inside a check's transaction: the other path's
         strlen, before = reply[0], b"".join(reply[1:])
         copy, size = bytearray(before), HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
