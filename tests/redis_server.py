@@ -5,7 +5,8 @@ The binary is ``redis-server`` from PATH when present, otherwise the one that th
 
 Besides starting and stopping, a :class:`RedisServer` can inject real faults: ``kill()``
 (SIGKILL, data directory kept) and ``restart()`` on the same port and directory (with
-``appendonly=True`` every acknowledged write survives), ``pause()`` (``DEBUG SLEEP``, the
+``appendonly=True`` every acknowledged write survives), both around a thread's work
+(``outage_during()``), ``pause()`` (``DEBUG SLEEP``, the
 server answers nothing for a while), ``kill_clients()`` and a background
 ``connection_killer()`` (``CLIENT KILL``: every client connection dropped, again and again).
 """
@@ -25,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +315,37 @@ class RedisServer(Running):
         if thread.error is not None:
             raise RuntimeError(f"DEBUG SLEEP failed on port {self.port}: {thread.error}")
         return thread
+
+    def outage_during(
+        self, work: Callable[[threading.Event], None], after: float, down: float
+    ) -> None:
+        """Run ``work`` in a thread while this server is SIGKILLed and restarted.
+
+        The kill comes ``after`` seconds in, the restart ``down`` seconds later; ``work``
+        gets an event set once the server is back (to stop a bounded loop). Returns when
+        ``work`` has ended (at most 90 s), raising what it raised.
+        """
+        back = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work(back)
+            except BaseException as exc:  # raised again in the caller's thread below
+                errors.append(exc)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        time.sleep(after)
+        self.kill()
+        time.sleep(down)
+        self.restart()
+        back.set()
+        worker.join(timeout=90)
+        if worker.is_alive():
+            raise AssertionError("the work under the outage did not end within 90 s")
+        if errors:
+            raise errors[0]
 
     def kill_clients(self, skip_me: bool = True) -> int:
         """``CLIENT KILL TYPE normal SKIPME yes|no``; return how many connections died.
