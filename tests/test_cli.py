@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from cli_run import assert_one_line_error, run, run_json, write_lines
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import filter_allocation, format_bytes
 
@@ -686,6 +688,39 @@ def test_migrate_set_into_a_crawl_filter(
     assert "500 already present" in out
     assert "Skipped 1 member(s)" in out
     assert bloom.contains_many(known) == [True] * 2000
+
+
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "pure-python"])
+def test_big_loads_without_numpy_say_what_the_numpy_extra_saves(
+    numpy: bool,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    make_filter(redis_client)
+    monkeypatch.setattr(contents, "HAVE_NUMPY", numpy)
+    monkeypatch.setattr(contents, "ADVISE_FROM", 300)  # (1,000,000: too slow for a test)
+    big = write_lines(tmp_path / "big.txt", fingerprints(300, "big"))
+    small = write_lines(tmp_path / "small.txt", fingerprints(299, "small"))
+    redis_client.sadd("myspider:dupefilter", *fingerprints(300, "set"))
+    target = ["--redis-url", redis_url, "--key", KEY]
+    for argv, warned in [
+        (["add", *target, big], not numpy),
+        (["check", *target, big], not numpy),
+        (["migrate-set", *target, "--set-key", "myspider:dupefilter"], not numpy),
+        (["add", *target, small], False),
+    ]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            code, _, _ = run(capsys, *argv)
+        assert code == 0
+        said = [r.getMessage() for r in caplog.records if "numpy is not installed" in r.msg]
+        assert len(said) == (1 if warned else 0), (argv[0], said)
+        if warned:
+            assert "pip install 'scrapy-redis-bloom[numpy]'" in said[0]
 
 
 @pytest.mark.parametrize(("setup", "message"), [(None, "does not exist"), ("hash", "holds a hash")])
