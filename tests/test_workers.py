@@ -10,6 +10,7 @@ crawls. The filter holds a few hundred items at a 1e-6 error rate: a false posit
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,19 +117,51 @@ def test_two_workers_with_scrapy_redis_stats_collector(
     assert max(fetched.values()) == 1
 
 
+def _counted_events() -> set[str]:
+    """Return the names the package counts: ``events.count("x")``, its partial, ``_report``."""
+    names: set[str] = set()
+    for path in (Path(__file__).resolve().parent.parent / "scrapy_redis_bloom").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func, args = node.func, node.args
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called == "partial":
+                func, args = args[0], args[1:]
+                called = func.attr if isinstance(func, ast.Attribute) else ""
+            on = getattr(func, "value", None)
+            owner = getattr(on, "attr", getattr(on, "id", ""))
+            counts = (called == "count" and owner == "events") or called == "_report"
+            if counts and args and isinstance(args[0], ast.Constant):
+                names.add(str(args[0].value))
+    return names
+
+
+def test_every_count_the_package_makes_is_created_at_the_start() -> None:
+    from scrapy_redis_bloom.scrapy.stats import EVENT_COUNTS
+
+    counted = _counted_events()
+    assert {"retries", "failovers", "grown", "batch_unscheduled"} <= counted  # the scan works
+    assert counted == set(EVENT_COUNTS)
+
+
 def test_counts_exist_from_the_start_so_a_late_worker_resets_none(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     """scrapy-redis's RedisStatsCollector creates a stat by HSET 0, then HINCRBY.
 
     Two workers creating a count at once could lose one's increment (the test above once
-    saw 232 of 300 added). Each worker creates its counts with 0 when the spider opens,
-    before it counts anything, so later increments only add.
+    saw 232 of 300 added; one Redis restart makes every worker count its first retry at
+    once). Each worker creates its counts with 0 when the spider opens, before it counts
+    anything, so later increments only add.
     """
     from scrapy import Spider
     from scrapy.utils.test import get_crawler
 
     from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+    from scrapy_redis_bloom.scrapy.stats import EVENT_COUNTS, STATS
+
+    assert set(EVENT_COUNTS) <= set(STATS)
 
     class CountsSpider(Spider):
         name = "counts"
@@ -143,7 +176,8 @@ def test_counts_exist_from_the_start_so_a_late_worker_resets_none(
     first.filter_stats.start()  # as spider_opened does
     try:
         created = redis_client.hgetall("counts:stats")
-        for name in ("bloomfilter/added", "bloomfilter/filtered", "dupefilter/filtered"):
+        counts = [f"bloomfilter/{name}" for name in ("added", "filtered", *EVENT_COUNTS)]
+        for name in (*counts, "dupefilter/filtered"):
             assert created[name.encode()] == b"0", name
         first.filter_stats.stats.inc_value("bloomfilter/added", 5)  # (a worker's first count)
         second = RFPDupeFilter.from_crawler(get_crawler(CountsSpider, settings))

@@ -86,10 +86,27 @@ STATS: dict[str, str] = {
 
 #: Counts of this worker, added to the stats as increments.
 _COUNTS = ("added", "cache_hits", "round_trips", "batches", "batched")
-#: The stats every worker increments, created with 0 when the spider opens (see
-#: :meth:`FilterStats.start`); the batch counts only appear once there are batches.
+#: The counts of what happened (:class:`..core.events.FilterEvents` ``count``), every one
+#: in :data:`STATS`.
+EVENT_COUNTS = (
+    "retries",
+    "ambiguous",
+    "errors",
+    "failovers",
+    "recreated",
+    "restored",
+    "reopened",
+    "taken_back",
+    "lease_failed",
+    "grown",
+    "full",
+    "batch_failed",
+    "batch_unscheduled",
+)
+#: The stats workers add to, created with 0 when the spider opens (see
+#: :meth:`FilterStats.start`).
 _CREATED = (
-    *(PREFIX + name for name in ("added", "cache_hits", "round_trips", "filtered")),
+    *(PREFIX + name for name in (*_COUNTS, "filtered", *EVENT_COUNTS)),
     "dupefilter/filtered",
 )
 
@@ -109,9 +126,8 @@ class FilterStats:
         self.interval = interval
         #: Requests checked in batches (the dupefilter counts them).
         self.batches = self.batched = 0
-        #: What of each count was added to the stats (None: not even 0 yet; batches are
-        #: only written once there are some).
-        self._given: dict[str, int | None] = {**dict.fromkeys(_COUNTS), "batches": 0, "batched": 0}
+        #: What of each count was added to the stats (None: not even 0 yet).
+        self._given: dict[str, int | None] = dict.fromkeys(_COUNTS)
         self._tasks: list[task.LoopingCall] = []
         if stats is not None:
             bloom.events.connect(
@@ -120,16 +136,17 @@ class FilterStats:
             )
 
     def start(self) -> None:
-        """Create the counts every worker adds to; start the timers (stats, log line).
+        """Create the counts workers add to; start the timers (stats, log line).
 
         The stats every second, the log line every ``interval``. Each count is created
         with an increment of 0 when the spider opens, before this worker counts anything:
         scrapy-redis's ``RedisStatsCollector`` creates a key by ``HSET 0`` then ``HINCRBY``,
-        so two workers creating one at the same moment (their first ticks, a second after a
-        joint start) lost one worker's count (232 of 300 added, once in the test suite).
-        Created early, a count is then only incremented (left: a worker opening within the
+        so two workers creating one at the same moment lost one worker's count: their
+        first ticks, a second after a joint start (232 of 300 added, once in the test
+        suite), or their first retries when one Redis restart hits them all. Created
+        early, a count is then only incremented (left: a worker opening within the
         microseconds between another's ``HEXISTS`` and ``HSET`` of a count it has not yet
-        created).
+        created). So every count is in the stats, 0 until it happens.
         """
         if self._tasks:
             return
