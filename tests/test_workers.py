@@ -186,3 +186,37 @@ def test_counts_exist_from_the_start_so_a_late_worker_resets_none(
         assert redis_client.hget("counts:stats", "bloomfilter/added") == b"5"
     finally:
         first.close("finished")
+
+
+def test_a_stats_store_down_at_spider_open_leaves_the_timers_running(redis_url: str) -> None:
+    """scrapy-redis's RedisStatsCollector on a Redis that is down: creating the counts fails.
+
+    The failure reaches Scrapy's signal log (raised), and the timers that write the stats
+    every second run all the same, for when that Redis is back.
+    """
+    from redis_server import RedisServer
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+
+    class CountsSpider(Spider):
+        name = "counts"
+
+    with RedisServer() as stats_server:
+        settings = {
+            "STATS_CLASS": "scrapy_redis.stats.RedisStatsCollector",
+            "SCHEDULER_PERSIST": True,
+            "REDIS_URL": stats_server.url,  # the stats' Redis
+            "BLOOMFILTER_REDIS_URL": redis_url,  # the filter's
+            "BLOOMFILTER_CAPACITY": 10_000,
+        }
+        dupefilter = RFPDupeFilter.from_crawler(get_crawler(CountsSpider, settings))
+        stats_server.stop()
+        try:
+            with pytest.raises(redis.ConnectionError):
+                dupefilter.filter_stats.start()  # as spider_opened does
+            assert [timer.running for timer in dupefilter.filter_stats._tasks] == [True, True]
+        finally:
+            dupefilter.filter_stats.stop()
+            dupefilter.bloom.close()

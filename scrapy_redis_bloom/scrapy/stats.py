@@ -150,9 +150,6 @@ class FilterStats:
         """
         if self._tasks:
             return
-        if self.stats is not None:
-            for name in _CREATED:
-                self.stats.inc_value(name, 0)
         timers = [(self.tick, SYNC_INTERVAL)]
         if self.interval > 0:
             timers.append((self.log, self.interval))
@@ -160,6 +157,12 @@ class FilterStats:
             timer = task.LoopingCall(call)
             timer.start(every, now=False)
             self._tasks.append(timer)
+        # After the timers (whose first tick is a second away): a stats store that fails
+        # here (scrapy-redis's, its Redis down) raises into Scrapy's signal log, and the
+        # stats are still written every second once it is back.
+        if self.stats is not None:
+            for name in _CREATED:
+                self.stats.inc_value(name, 0)
 
     def stop(self) -> None:
         """Stop the timers."""
