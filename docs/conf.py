@@ -27,7 +27,8 @@ extensions = [
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "README.md", "reference/generated"]
+# design/: drafts kept as a record, not published (their figures are superseded).
+exclude_patterns = ["_build", "README.md", "reference/generated", "design"]
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 

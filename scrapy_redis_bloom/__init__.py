@@ -7,8 +7,9 @@ Activate it in a Scrapy project's settings.py, with the add-on (:class:`Addon`):
     BLOOMFILTER_ERROR_RATE = 0.0001
 
 (or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). The engine
-(:mod:`.engine`), the configuration (:mod:`.config`) and the add-on import without
-Scrapy; ``RFPDupeFilter`` is loaded on first access.
+(:mod:`.engine`), the configuration (:mod:`.core.settings`) and the add-on import without
+Scrapy; ``RFPDupeFilter`` is loaded on first access. Every error a user can meet is
+exported here; what each means and what to do: the docs' howto/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
     BloomFilterError,
+    CertificateError,
     ConfigMismatchError,
     CredentialsRefusedError,
     FilterDamagedError,
@@ -46,9 +49,11 @@ __version__ = version("scrapy-redis-bloom")
 
 __all__ = [
     "SCHEME_VERSION",
+    "AccessDeniedError",
     "Addon",
     "BloomConfig",
     "BloomFilterError",
+    "CertificateError",
     "ConfigMismatchError",
     "CredentialsRefusedError",
     "FaultPolicy",

@@ -425,6 +425,8 @@ def _pip_install(args: list[str]) -> list[str]:
         if editable is None:
             return [f"installs {args[1]!r} in editable mode, not this repository ('.')"]
         return _check_extras(editable["extras"])
+    if args[:1] == ["--upgrade"] and len(args) == 2:  # pip install --upgrade scrapy-redis-bloom
+        args = args[1:]
     if len(args) == 1:
         requirement = _REQUIREMENT.match(args[0])
         name = pyproject()["project"]["name"]

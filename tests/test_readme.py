@@ -152,6 +152,18 @@ BLOCKS: dict[str, Check] = {
         "exec + BloomConfig/ConnectionConfig (2**30 bits, k=6); refused beside"
         " Activate#1's ERROR_RATE; a crawl with it as written (130 MiB)",
     ),
+    "Settings: what carries over#1": Check(
+        "python", 'SCHEDULER = "scrapy_redis_bloomfilter.', "test_from_bloomfilter",
+        "exec; scrapy-redis-bloomfilter's classes load, and its filter (bits scaled down) is"
+        " written to a real Redis under its default key",
+    ),
+    "Settings: what carries over#2": Check(
+        "python", "ADDONS =", "test_from_bloomfilter",
+        "exec + BloomConfig; the add-on sets scrapy-redis's Scheduler and our dupefilter, and"
+        " refuses the old DUPEFILTER_CLASS left in (the old SCHEDULER runs ours);"
+        " BIT/HASH_NUMBER carry over; a crawl beside the old bitmap, and scrapy bloom reset,"
+        " leave it untouched; the page's figures computed",
+    ),
     "One round trip per page#1": Check(
         "python", "SPIDER_MIDDLEWARES =", "test_batching_block",
         "exec; the middleware loads, has the lowest order of Scrapy's spider middlewares"
@@ -425,6 +437,94 @@ def test_activate_without_the_addon(
 def test_activate_pages_agree(blocks: dict[str, Block]) -> None:
     """The README's add-on block is the docs' one: the README's is run, the docs' compared."""
     assert block(blocks, "Activate the filter#1").text == block(blocks, "Activate#1").text
+
+
+def test_from_bloomfilter(
+    blocks: dict[str, Block],
+    capsys: pytest.CaptureFixture[str],
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    """docs/howto/from-bloomfilter.md: the old settings, the new ones, what carries over."""
+    from scrapy.utils.misc import load_object
+    from scrapy_redis.scheduler import Scheduler
+    from scrapy_redis_bloomfilter import defaults as old_defaults
+    from scrapy_redis_bloomfilter.bloomfilter import BloomFilter
+
+    from scrapy_redis_bloom.core.sizing import false_positive_rate
+
+    before_block = block(blocks, "Settings: what carries over#1")
+    after_block = block(blocks, "Settings: what carries over#2")
+    hosts = Hosts(after_block, {"redis://localhost:6379": redis_url})
+    before = exec_settings(before_block)
+    after = hosts.settings(exec_settings(after_block))
+    for name in ("SCHEDULER", "DUPEFILTER_CLASS"):
+        assert load_object(before[name]).__module__.startswith("scrapy_redis_bloomfilter.")
+    # The old filter, as its dupefilter writes it (2**20 bits here, not 2**30: 128 MiB).
+    old_key = old_defaults.SCHEDULER_DUPEFILTER_KEY % {"spider": SPIDER}
+    assert old_key == KEY  # the same name as this package's default BLOOMFILTER_KEY
+    old = BloomFilter(redis_client, old_key, 20, before["BLOOMFILTER_HASH_NUMBER"])
+    old.insert("f" * 40)
+    old_bits = redis_client.get(old_key)
+    # The new settings: the add-on sets scrapy-redis's Scheduler and the Bloom dupefilter.
+    validate(after)
+    applied = Settings()
+    applied.setdict(after, priority="project")
+    Addon().update_settings(applied)
+    assert load_object(applied["SCHEDULER"]) is Scheduler
+    assert load_object(applied["DUPEFILTER_CLASS"]) is RFPDupeFilter
+    # "Remove the DUPEFILTER_CLASS line": left in, the add-on refuses it.
+    left = Settings()
+    left.setdict({**after, "DUPEFILTER_CLASS": before["DUPEFILTER_CLASS"]}, priority="project")
+    with pytest.raises(ValueError, match="Remove that DUPEFILTER_CLASS line"):
+        Addon().update_settings(left)
+    # The SCHEDULER line left in is accepted, and the old scheduler runs our filter.
+    left = Settings()
+    left.setdict({**after, "SCHEDULER": before["SCHEDULER"]}, priority="project")
+    Addon().update_settings(left)
+    assert load_object(left["SCHEDULER"]) is load_object(before["SCHEDULER"])
+    small = {**after, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY, "SCHEDULER_PERSIST": True}
+    crawler = get_crawler(MySpider, {**small, "SCHEDULER": before["SCHEDULER"]})
+    scheduler = load_object(before["SCHEDULER"]).from_crawler(crawler)
+    scheduler.open(MySpider.from_crawler(crawler))
+    try:
+        assert isinstance(scheduler.df, RFPDupeFilter)
+    finally:
+        scheduler.close("finished")
+        scheduler.df.close("finished")
+    sizing = {"BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER"}
+    # BIT and HASH_NUMBER carry over, with the same meaning, instead of capacity and rate.
+    kept = {
+        k: v
+        for k, v in after.items()
+        if k not in ("BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE")
+    }
+    carried = BloomConfig.from_settings({**kept, **{k: before[k] for k in sizing}})
+    assert 2**30 <= carried.spec.bits <= 1.02 * 2**30
+    assert carried.spec.hash_count == 6
+    # The page's figures: the old defaults' rate at 125 million URLs, classic and blocked,
+    # and 100 million at 1e-4.
+    text = page_text("docs/howto/from-bloomfilter.md").replace("\n", " ")
+    rates = []
+    for blocked in (False, True):
+        spec = BloomConfig.from_settings(
+            {**{k: before[k] for k in sizing}, "BLOOMFILTER_BLOCKED": blocked}
+        ).spec
+        rates.append(false_positive_rate(spec.bits, spec.hash_count, 125e6, spec.block_bits))
+    said = f"a false-positive rate of {100 * rates[0]:.1f}% ({100 * rates[1]:.1f}% in the"
+    assert said in text, said
+    config = BloomConfig.from_settings(after)
+    rate = f"{after['BLOOMFILTER_ERROR_RATE']:.0e}".replace("e-0", "e-")  # 1e-4
+    assert f"{config.capacity // 1_000_000} million at {rate}" in text
+    assert f"take {format_bytes(config.spec.total_bytes)}" in text
+    # Side by side: a crawl on the new filter, then its reset, leave the old bitmap as it was.
+    small = {**after, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
+    crawl(small, "https://example.com/from-bloomfilter")
+    code, _, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert (code, err) == (0, ""), err
+    assert not redis_client.exists(f"{KEY}:meta")
+    assert redis_client.get(old_key) == old_bits
+    assert old.exists("f" * 40)
 
 
 def test_sentinel_blocks(
@@ -1189,6 +1289,6 @@ def test_spidermon_block(blocks: dict[str, Block], redis_url: str, tmp_path: Pat
     with SiteServer(Site(60)) as site:
         result = crawl(site, redis_url, tmp_path, mode="follow", settings=settings)
     assert_finished(result)
-    for monitor in ("holds no more items than its capacity", "has room to grow", "no failover"):
+    for monitor in ("a fixed-size filter within its capacity", "has room to grow", "no failover"):
         assert f"{monitor}... OK" in result.log
     assert "... FAIL" not in result.log

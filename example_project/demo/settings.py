@@ -39,9 +39,11 @@ DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"
 # Size the filter for the crawl you expect: the number of distinct requests...
 BLOOMFILTER_CAPACITY = 1_000_000
 # ...and the chance, once that many are in, that a new URL is taken for a seen one and
-# skipped. 1,000,000 at 1e-4 takes 2.3 MiB of Redis, whether the filter is empty or full.
+# skipped. 1,000,000 at 1e-4 takes 2.9 MiB of Redis, whether the filter is empty or full
+# (past a million it grows, keeping that rate, and takes more).
 BLOOMFILTER_ERROR_RATE = 0.0001
-# The filter's Redis keys: <key>:meta (its configuration) and <key>:g0:<n> (the bits).
+# The filter's Redis keys: <key>:meta (its configuration), {<key>:<n>}:g0 (the bits of
+# shard n), <key>:count (all workers' counts) and <key>:workers (their leases).
 BLOOMFILTER_KEY = "%(spider)s:bloomfilter"
 
 # -- politeness and speed --------------------------------------------------------------------

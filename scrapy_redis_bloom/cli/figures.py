@@ -297,7 +297,10 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
 
 
 #: What the layouts' rows say of their Redis time, once.
-_MODEL = "est. Redis time per check: a model of Redis 7.0 on 2 vCPUs (README: Sizing)"
+_MODEL = (
+    "est. Redis time per check: a model of Redis 7.0 on 2 vCPUs"
+    " (docs/howto/size-a-filter.md#layouts-classic-blocked-native)"
+)
 _LAYOUT_NAMES = {
     "classic": "Classic layout (unblocked)",
     "blocked": "Blocked layout",

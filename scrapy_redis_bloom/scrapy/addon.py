@@ -3,8 +3,8 @@
 It sets ``DUPEFILTER_CLASS`` to :class:`~.dupefilter.RFPDupeFilter` at the ``addon``
 priority; with ``BLOOMFILTER_ADDON_SCHEDULER = True`` also scrapy-redis's Scheduler
 (``SCHEDULER``), and with ``BLOOMFILTER_ADDON_BATCHING = True`` the
-:class:`~.batching.BatchingMiddleware` at order 0 (see README, "One round trip per
-page"). Then it reads every filter setting (:meth:`.config.BloomConfig.from_settings`)
+:class:`~.batching.BatchingMiddleware` at order 0 (see the docs' howto/batching.md).
+Then it reads every filter setting (:meth:`.core.settings.BloomConfig.from_settings`)
 and makes, without connecting, the filter's Redis clients, so that a bad value stops
 the crawl before it starts, with the same ``ValueError`` the dupefilter would raise.
 

@@ -11,8 +11,11 @@ Each monitor reads the ``bloomfilter/*`` stats (see :mod:`.stats`), which are cu
 before any ``spider_closed`` handler runs, and fails with a message that names the stat
 and what to do:
 
-* :class:`CapacityMonitor`: the filter holds more items than it was created for
-  (``bloomfilter/over_capacity``), or a shard cannot grow further (``bloomfilter/full``);
+* :class:`CapacityMonitor`: a fixed-size filter holds more items than it was created for
+  (``bloomfilter/over_capacity`` with ``bloomfilter/expansion`` 0), or a shard of a growing
+  filter cannot grow further (``bloomfilter/full``). A growing filter past its capacity
+  passes: it grew, and its false-positive rate stays under its bound (docs:
+  explanation/growth.md, "Past capacity");
 * :class:`FalsePositiveRateMonitor`: the estimated false-positive rate
   (``bloomfilter/estimated_fpr``) passed ``BLOOMFILTER_MONITOR_MAX_FPR`` (default: the
   rate the filter is configured for, ``BLOOMFILTER_ERROR_RATE``);
@@ -53,18 +56,26 @@ class _FilterMonitor(BaseScrapyMonitor):  # type: ignore[misc]  # Spidermon is u
 
 @monitors.name("Bloom filter capacity")
 class CapacityMonitor(_FilterMonitor):
-    """Check that the filter stayed within the items it was created for."""
+    """Check that the filter kept its false-positive rate as it filled.
 
-    @monitors.name("holds no more items than its capacity")  # type: ignore[untyped-decorator]
+    A growing filter (``bloomfilter/expansion`` > 0, the default) may pass its capacity:
+    it grows and keeps its rate, at a cost in memory only. A fixed-size one may not, and
+    neither may a growing one whose shards cannot grow further.
+    """
+
+    @monitors.name("a fixed-size filter within its capacity")  # type: ignore[untyped-decorator]
     def test_within_capacity(self) -> None:
-        """Fail when the items over all workers passed ``bloomfilter/capacity``."""
+        """Fail when a filter that does not grow passed ``bloomfilter/capacity``."""
         over = self.stat("over_capacity", None)
-        if over:
+        grows = bool(self.stat("expansion", 0)) or bool(self.stat("ttl", 0))
+        if over and not grows:
             self.fail(
-                f"bloomfilter/over_capacity is {over}: the filter holds {over}x the"
+                f"bloomfilter/over_capacity is {over}: the fixed-size filter"
+                f" (BLOOMFILTER_EXPANSION = 0) holds {over}x the"
                 f" {self.stat('capacity', '?'):,} items it was created for, so its false-positive"
-                " rate is above the design (or it grew to keep it). Reset it with a larger"
-                " BLOOMFILTER_CAPACITY before the next crawl, or use a new BLOOMFILTER_KEY.",
+                " rate is above the design. Reset it with a larger BLOOMFILTER_CAPACITY before"
+                " the next crawl, use a new BLOOMFILTER_KEY, or let it grow"
+                " (docs/explanation/growth.md#past-capacity).",
             )
 
     @monitors.name("has room to grow")  # type: ignore[untyped-decorator]
@@ -75,7 +86,8 @@ class CapacityMonitor(_FilterMonitor):
             self.fail(
                 f"bloomfilter/full is {full}: shards of the filter passed the capacity of their"
                 " last generation and cannot grow further, so new URLs are being taken for seen."
-                " Create a larger filter (a higher BLOOMFILTER_CAPACITY) for this crawl.",
+                " Create a larger filter (a higher BLOOMFILTER_CAPACITY) for this crawl"
+                " (docs/explanation/growth.md#past-capacity).",
             )
 
 
@@ -131,8 +143,8 @@ class FailoverMonitor(_FilterMonitor):
             self.fail(
                 f"bloomfilter/failovers is {failovers}: the filter followed its Redis to another"
                 " server. Writes the old primary had not replicated are gone, so some URLs may be"
-                " fetched again; use min-replicas-to-write on the primary to keep them (README,"
-                " Sentinel).",
+                " fetched again; use min-replicas-to-write on the primary to keep them"
+                " (docs/howto/topologies.md#sentinel).",
             )
 
 

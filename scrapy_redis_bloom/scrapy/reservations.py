@@ -17,7 +17,7 @@ Scrapy resumes the middleware (under the asyncio reactor, Scrapy 2.19 queues up 
 
 A "new" answer none of its requests took is *unscheduled*: reported, and remembered
 by this worker, which answers "new" the next time it meets the fingerprint. Other
-workers, and later runs, cannot know (README, "One round trip per page").
+workers, and later runs, cannot know (docs/howto/batching.md).
 """
 
 from __future__ import annotations
