@@ -27,7 +27,7 @@ RUN = PROJECT / "run.py"
 PAGES = 500  # run.py's default site size
 #: The demo project's sizing (example_project/demo/settings.py).
 DEMO_SIZING = {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 0.0001}
-TIMEOUT = 120  # seconds per run; one takes 6 to 12
+TIMEOUT = 120  # seconds per run; one takes about 15
 
 # A row of the per-worker table: worker, pid, pages fetched, filtered, added, items, elapsed.
 WORKER_ROW = re.compile(r"^ +(\d+) +(\d+) +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+) +[\d.]+ s$")
@@ -93,10 +93,60 @@ def estimate_slack() -> int:
     return math.ceil(4 * math.sqrt(PAGES * coinciding) / spec.hash_count)
 
 
+#: Lines of the README's sample whose figures depend on the demo's settings only: the
+#: run prints them exactly so (ports, pids, timings and the split between workers vary).
+FIXED_LINES = ("geometry", "sized for", "Redis memory", "Bloom filter, error rate", "Sized for 1")
+#: A progress line, printed every 2 s while the workers crawl: how many varies.
+PROGRESS = re.compile(r"^<n> s: <n> pages new to the filter")
+
+
+def readme_sample() -> list[str]:
+    """Return the lines of example_project/README.md's "What you will see" output."""
+    from readme_blocks import parse_blocks
+
+    blocks = parse_blocks((PROJECT / "README.md").read_text(encoding="utf-8"))
+    (sample,) = [b for b in blocks if b.section == "What you will see" and b.lang == "text"]
+    return sample.text.rstrip("\n").splitlines()
+
+
+def shapes_all(lines: list[str]) -> list[str]:
+    """Return the lines with paths, numbers and spacing normalised."""
+    from test_readme import normalised
+
+    return normalised("\n".join(re.sub(r"(?:/[\w.-]+)+/", "<dir>/", line) for line in lines))
+
+
+def shapes(lines: list[str]) -> list[str]:
+    """Return :func:`shapes_all` without the progress lines and the sample's elisions."""
+    return [line for line in shapes_all(lines) if line != "..." and not PROGRESS.match(line)]
+
+
+def assert_matches_readme(output: str) -> None:
+    """Check that the README's sample is this run's output, the figures that vary aside."""
+    sample = readme_sample()
+    lines = output.rstrip("\n").splitlines()
+    assert shapes(sample) == shapes(lines), "example_project/README.md's sample:\n" + "\n".join(
+        sample
+    )
+    assert any(PROGRESS.match(line) for line in shapes_all(sample)), "no progress line shown"
+    # The figures the settings fix are printed exactly so.
+    for start in FIXED_LINES:
+        said = [line.strip() for line in sample if line.strip().startswith(start)]
+        printed = [line.strip() for line in lines if line.strip().startswith(start)]
+        assert said, start
+        assert said == printed, f"README {said}, run {printed}"
+    # Bits set: at most k per page (an impossible count means a stitched sample).
+    spec = BloomConfig.from_settings(DEMO_SIZING).spec
+    bits_set = next(line for line in sample if line.strip().startswith("bits set"))
+    count = number(re.findall(r"[\d,]+", bits_set)[0])
+    assert count <= spec.hash_count * PAGES, bits_set
+
+
 def test_run_with_embedded_redis(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     done = run_demo(REPO, env, "--log-dir", str(tmp_path / "logs"))
     output = assert_demo_succeeded(done)
+    assert_matches_readme(output)
 
     match = re.search(r"Redis: embedded redis-server \S+ from .+, on 127\.0\.0\.1:(\d+)", output)
     assert match, output
