@@ -33,7 +33,7 @@ from scrapy_redis_bloom.transport.node import Node
 #: The commands of the README's "Least privilege" section, as ACL rules.
 FILTER_COMMANDS = [
     # sent by the filter
-    "+evalsha", "+script|load", "+getrange", "+bitfield", "+exists", "+get", "+set",
+    "+evalsha", "+script|load", "+getrange", "+bitfield", "+bitfield_ro", "+exists", "+get", "+set",
     "+hgetall", "+hset", "+hincrby", "+hmget", "+strlen", "+type", "+unlink",
     # run inside its scripts
     "+setbit", "+getbit", "+expireat", "+setrange", "+del", "+time", "+zadd", "+zcard", "+zrem",

@@ -117,6 +117,7 @@ def probes(record: str, shard: str) -> list[Probe]:
         Probe("getbit", (b"GETBIT", shard, 320), shard),
         Probe("expireat", (b"EXPIREAT", shard, 4_000_000_000), shard),
         Probe("bitfield", (b"BITFIELD", shard, b"SET", b"u1", 321, 1), shard),
+        Probe("bitfield_ro", (b"BITFIELD_RO", shard, b"GET", b"u1", 321), shard),
         Probe("bitcount", (b"BITCOUNT", shard, 0, -1), shard),
         Probe("memory|usage", (b"MEMORY", b"USAGE", shard), shard),
         Probe("script|load", (b"SCRIPT", b"LOAD", PROBE_SCRIPT.source), shard, keyed=False),

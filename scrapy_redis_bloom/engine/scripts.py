@@ -198,6 +198,9 @@ CREATE_RECORD = Script(lua("create_record"))
 #: Clear bits a scriptless check set in a shard that turned out not to be its filter's
 #: (see :meth:`.fastpath.FastPath.strays`; ``lua/take_back.lua``).
 TAKE_BACK = Script(lua("take_back"))
+#: Then delete a key such a check made where a generation or window was missing, once
+#: it holds no bit (see :mod:`.bitmap.layers`; ``lua/drop_stray.lua``).
+DROP_STRAY = Script(lua("drop_stray"))
 
 #: A blocked shard's bulk snapshot reads (``lua/read_blocks.lua``) and writes back
 #: (``lua/write_blocks.lua``) only the blocks of its batch: one reply per shard, however

@@ -77,6 +77,8 @@ MAX_REDIRECTS = 16
 _ASKING = pack_command(b"ASKING")
 #: Reply types that are results, whatever they hold (the hot path's replies).
 _PLAIN = (int, list)
+#: The same, and the strings its reads reply (GETRANGE).
+_READ = (int, list, bytes)
 
 #: Error-reply prefixes that mean "not run, try again later".
 #: ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its replicas (one
@@ -526,6 +528,37 @@ class Executor:
             lost = False
         results = self.run(operation, [Call(payload, key, shard, script=script)], write=True)
         return results.replies[0], lost or results.ambiguous[0]
+
+    def call_many(
+        self, operation: str, payloads: list[bytes], key: str, shard: int, *, write: bool = False
+    ) -> Results:
+        """Run commands on one shard's node in one round trip; return their replies.
+
+        :meth:`call` for several commands of one key's slot (the hot path's reads of a
+        grown or windowed shard): pipelined straight to the node. Anything but plain
+        replies (no reply, a redirection, a busy server, an error) sends them all to
+        :meth:`run`, which retries them under the same policy; with ``write``, a batch
+        whose replies were lost is marked ambiguous. An error reply that no retry fixes
+        is handed back among the replies, as by :meth:`run`.
+        """
+        try:
+            node = self.topology.route(key, shard, None)
+            replies = node.exchange(b"".join(payloads), len(payloads))
+        except ReplyLostError:
+            lost = True
+        except RefusedError as exc:
+            raise self.refused(operation, exc) from None
+        except (TransportError, RedisError, RedisClusterException, ValueError):
+            lost = False
+        else:
+            if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
+                return Results(replies, [False] * len(replies))
+            lost = False
+        calls = [Call(payload, key, shard) for payload in payloads]
+        results = self.run(operation, calls, write=write)
+        if lost and write:
+            results.ambiguous = [True] * len(payloads)
+        return results
 
     def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:
         """Return the error for credentials Redis refused (a rotated password, say)."""

@@ -193,6 +193,8 @@ class FastPath:
         """Take back the count a command carried that surely did not run."""
         self._shard(shard).pending += sent
 
+    give_back = lost
+
     def read(self, shard: int, reply: Any, fields: int) -> tuple[bool | None, int]:
         """Return a reply's answer and the shard's generations (1: it does not grow).
 

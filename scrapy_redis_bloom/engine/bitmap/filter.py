@@ -24,6 +24,7 @@ Thread-safe: calls from several threads are serialised by a lock.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -42,6 +43,7 @@ from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
+from scrapy_redis_bloom.engine.bitmap.layers import ADD, SEEN, Check, Layers
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
@@ -73,6 +75,8 @@ class RedisBloomFilter(FilterBase):
         self._heads: dict[int, tuple[bytes, str]] = {}
         #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
         self._fast: FastPath | None = None
+        #: The scriptless hot path of grown and windowed shards (see :mod:`.layers`).
+        self._layers: Layers | None = None
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
             self.topology,
@@ -132,6 +136,11 @@ class RedisBloomFilter(FilterBase):
                 if FastPath.applies(record.growth)
                 else None
             )
+            self._layers = (
+                Layers(record.growth, self.key, self._identity, lambda: self.workers)
+                if Layers.applies(record.growth)
+                else None
+            )
             self._identities.clear()
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
@@ -155,7 +164,7 @@ class RedisBloomFilter(FilterBase):
             if record is not None:
                 self.lifecycle.delete(record)
             self.record = None
-            self._fast = None  # the next check opens the filter anew first
+            self._fast = self._layers = None  # the next check opens the filter anew first
             self._cache.clear()
             self.counters.forget_unsynced()
 
@@ -173,10 +182,16 @@ class RedisBloomFilter(FilterBase):
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:
-        """One ``BITFIELD`` (:mod:`.fastpath`), or the script where a shard has grown or forgets."""
+        """One ``BITFIELD`` (:mod:`.fastpath`); reads then one (:mod:`.layers`); or the script."""
         fast = self._fast
         command = fast.pack(h1, h2) if fast is not None else None
         if command is None:
+            layers = self._layers
+            check = layers.plan(h1, h2) if layers is not None and not recovered else None
+            if check is not None:
+                seen = self._layered(check)
+                if seen is not None:
+                    return seen
             command = self._scripted(h1, h2)
         try:
             reply, ambiguous = self.executor.call(
@@ -187,35 +202,200 @@ class RedisBloomFilter(FilterBase):
             raise
         return self._conclude(command, reply, ambiguous, element, h1, h2, recovered)
 
-    def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
-        """Check and add elements (``(position, tag, element, h1, h2)``) in one executor batch.
+    def _layered(self, check: Check) -> bool | None:
+        """Check an element of a grown or windowed shard without the script (:mod:`.layers`).
 
-        Pipelined, one round trip per node. When Redis cannot answer or refuses, the
-        elements from the first unanswered one on are handled per BLOOMFILTER_ON_ERROR.
+        Returns its answer, or None where the script must answer: the element's shard
+        or window is not as this worker knew it, or nears a boundary.
         """
-        commands = [self._prepare(h1, h2) for _, _, _, h1, h2 in todo]
-        calls = [Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands]
+        layers = self._layers
+        assert layers is not None
+        key, sent_at = check.keys[0].name, time.time()
+        replies = self.executor.call_many(OPERATION, check.reads, key, check.shard).replies
+        verdict = self._judged(check, replies, sent_at)
+        if verdict != ADD:
+            return verdict == SEEN or None
+        try:
+            if check.count:  # the count this worker owes goes with it, to the same node
+                sent = [check.add, check.count]
+                results = self.executor.call_many(
+                    OPERATION, sent, check.add_key, check.shard, write=True
+                )
+                reply, ambiguous = results.replies[0], results.ambiguous[0]
+                if isinstance(results.replies[1], BaseException):
+                    layers.lost(check)  # kept for the next one (out of memory, say)
+            else:
+                reply, ambiguous = self.executor.call(
+                    OPERATION, check.add, check.add_key, check.shard, None
+                )
+        except (FilterUnavailableError, AccessDeniedError):
+            layers.lost(check)
+            raise
+        return self._added(check, reply, ambiguous)
+
+    def _judged(self, check: Check, replies: list[Any], sent_at: float) -> str:
+        """Read a layered check's reads: :data:`.layers.SEEN`, ``ADD`` or ``SCRIPT``."""
+        assert self._layers is not None
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise self.parts.refusal(reply, check.keys[0].name, OPERATION)
+        try:
+            return self._layers.judge(check, replies, sent_at)
+        except ValueError as exc:
+            raise self._not_ours(check.keys[0].name, exc) from None
+
+    def _added(self, check: Check, reply: Any, ambiguous: bool) -> bool | None:
+        """Read a layered check's add: its answer, or None (the key was not this filter's)."""
+        layers = self._layers
+        assert layers is not None
+        if isinstance(reply, BaseException):
+            raise self.parts.refusal(reply, check.add_key, OPERATION)
+        try:
+            seen = layers.added(check, reply)
+        except ValueError as exc:
+            raise self._not_ours(check.add_key, exc) from None
+        if seen is None:  # lost or reset between the reads and the add: the script sorts it out
+            found, bits = layers.strays(check, reply)
+            self._take_back_bits(check.add_key, check.shard, found, bits)
+            return None
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the bits may be this call's own, set by a lost attempt
+        return seen
+
+    def _not_ours(self, key: str, exc: ValueError) -> FilterUnavailableError:
+        return FilterUnavailableError(
+            f"Redis answered a check of {key!r} with a reply that is not this"
+            f" command's ({exc}); answering nothing from it."
+        )
+
+    def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
+        """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
+
+        One pipelined executor batch: each element's BITFIELD, script, or reads of a
+        grown or windowed shard (:mod:`.layers`); then one batch of the adds those reads
+        left to do (two round trips per node; a third, of scripts, only where a shard
+        was not as this worker knew it). Elements Redis could not answer, or refused,
+        are handled per BLOOMFILTER_ON_ERROR; the others keep their answers.
+        """
+        answers: list[bool | None] = [None] * len(todo)
+        failure: FilterUnavailableError | AccessDeniedError | None = None
+        layers = self._layers
+        checks: dict[int, Check] = {}
+        commands: dict[int, Command] = {}
+        for i, (_, _, _, h1, h2) in enumerate(todo):
+            fast = self._fast
+            command = fast.pack(h1, h2) if fast is not None else None
+            check = layers.plan(h1, h2) if command is None and layers is not None else None
+            if check is not None:
+                checks[i] = check
+            else:
+                commands[i] = command if command is not None else self._scripted(h1, h2)
+        calls: list[Call] = []
+        spans: dict[int, tuple[int, int]] = {}
+        for i, check in checks.items():
+            spans[i] = len(calls), len(check.reads)
+            key = check.keys[0].name
+            calls += [Call(payload, key=key, shard=check.shard) for payload in check.reads]
+        failure = self._scripts_and_fast(todo, commands, answers, calls, spans, checks)
+        adds = [i for i, check in checks.items() if answers[i] is None and check.add]
+        again = [i for i, check in checks.items() if answers[i] is None and not check.add]
+        if adds:
+            calls, spans = [], {}
+            for i in adds:
+                check = checks[i]
+                spans[i] = len(calls), 1 + bool(check.count)
+                calls.append(Call(check.add, key=check.add_key, shard=check.shard))
+                if check.count:
+                    calls.append(Call(check.count, key=check.add_key, shard=check.shard))
+            assert layers is not None
+            results, failed = self._partial(calls)
+            failure = failure or failed
+            for i in adds:
+                at, count = spans[i]
+                reply, check = results.replies[at], checks[i]
+                counted = results.replies[at + 1] if count == 2 else 0
+                if counted is None or isinstance(counted, BaseException):
+                    layers.lost(check)  # the count goes with a later add
+                if reply is None:
+                    continue
+                seen = self._added(check, reply, results.ambiguous[at])
+                if seen is None:
+                    again.append(i)
+                else:
+                    answers[i] = seen
+        if again:  # the script answers where the reads could not
+            scripted = {i: self._scripted(todo[i][3], todo[i][4]) for i in again}
+            failure = self._scripts_and_fast(todo, scripted, answers, [], {}, {}) or failure
+        outcome = Outcome()
+        rest: list[str | bytes] = []
+        for i, seen in enumerate(answers):
+            if seen is None:
+                rest.append(todo[i][2])
+                outcome.answers.append(False)
+            else:
+                outcome.answers.append(seen)
+                outcome.added += not seen
+                outcome.seen += seen
+        if rest:
+            assert failure is not None
+            unavailable = iter(self._unavailable(failure, len(rest)))
+            outcome.answers = [
+                answer if answers[i] is not None else next(unavailable)
+                for i, answer in enumerate(outcome.answers)
+            ]
+            outcome.errors, outcome.failed = len(rest), rest
+        return outcome
+
+    def _scripts_and_fast(
+        self,
+        todo: list[tuple[int, int, str | bytes, int, int]],
+        commands: dict[int, Command],
+        answers: list[bool | None],
+        calls: list[Call],
+        spans: dict[int, tuple[int, int]],
+        checks: dict[int, Check],
+    ) -> FilterUnavailableError | AccessDeniedError | None:
+        """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch.
+
+        Puts the answers they give in ``answers``; returns the failure, if any. A
+        layered check whose reads leave it to the add gets its add packed
+        (:attr:`.Check.add`); one they leave to the script gets none.
+        """
+        first = len(calls)
+        calls = calls + [
+            Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands.values()
+        ]
+        sent_at = time.time()
+        results, failure = self._partial(calls)
+        for i, check in checks.items():
+            at, count = spans[i]
+            replies = results.replies[at : at + count]
+            if any(reply is None for reply in replies):
+                continue
+            verdict = self._judged(check, replies, sent_at)
+            if verdict == SEEN:
+                answers[i] = True
+        for at, (i, command) in enumerate(commands.items(), first):
+            reply = results.replies[at]
+            if reply is None:
+                command.give_back()
+                continue
+            _, _, element, h1, h2 = todo[i]
+            answers[i] = self._conclude(
+                command, reply, results.ambiguous[at], element, h1, h2, False
+            )
+        return failure
+
+    def _partial(
+        self, calls: list[Call]
+    ) -> tuple[Results, FilterUnavailableError | AccessDeniedError | None]:
+        """Run a batch of check-and-add calls, keeping what Redis answered if it fails."""
         try:
             results = self.executor.run(OPERATION, calls, write=True, partial=True)
-            failure: FilterUnavailableError | AccessDeniedError | None = results.failure
         except AccessDeniedError as exc:
-            results, failure = Results([None] * len(calls), [False] * len(calls)), exc
-        outcome = Outcome()
-        for i, command in enumerate(commands):
-            reply = results.replies[i]
-            if reply is None and failure is not None:  # given up on: this one and the rest
-                for later in commands[i:]:
-                    later.give_back()
-                rest = [element for _, _, element, _, _ in todo[i:]]
-                outcome.answers += self._unavailable(failure, len(rest))
-                outcome.errors, outcome.failed = len(rest), rest
-                break
-            _, _, element, h1, h2 = todo[i]
-            seen = self._conclude(command, reply, results.ambiguous[i], element, h1, h2, False)
-            outcome.answers.append(seen)
-            outcome.added += not seen
-            outcome.seen += seen
-        return outcome
+            return Results([None] * len(calls), [False] * len(calls)), exc
+        return results, results.failure
 
     def _prepare(self, h1: int, h2: int) -> Command:
         """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
@@ -228,7 +408,7 @@ class RedisBloomFilter(FilterBase):
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
-        if self._fast is not None:
+        if self._fast is not None or self._layers is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
@@ -254,10 +434,7 @@ class RedisBloomFilter(FilterBase):
             try:
                 seen, generations = command.fast.read(command.shard, reply, command.fields)
             except ValueError as exc:
-                raise FilterUnavailableError(
-                    f"Redis answered a check of {command.key!r} with a reply that is not this"
-                    f" command's ({exc}); answering nothing from it."
-                ) from None
+                raise self._not_ours(command.key, exc) from None
             if seen is None:
                 # Its bits went wherever the key now points: the shard was lost (a bitmap
                 # without a header now), or the filter reset. Recover, then check again;
@@ -279,6 +456,8 @@ class RedisBloomFilter(FilterBase):
         else:
             if reply[1] or reply[2] > self.generations:
                 self._note(command.shard, reply[1], reply[2])
+            if self._layers is not None:
+                self._layers.scripted(command.shard, reply[2])
             seen = reply[3] == 1
         if seen and ambiguous:
             self.events.count("ambiguous")
@@ -294,15 +473,23 @@ class RedisBloomFilter(FilterBase):
         """
         assert command.fast is not None
         found, bits = command.fast.strays(command, reply)
-        if not bits:
-            return
-        call = Call(
-            pack_command(b"EVALSHA", scripts.TAKE_BACK.sha, 1, command.key, found, *bits),
-            key=command.key,
-            shard=command.shard,
-            script=scripts.TAKE_BACK,
-        )
-        self.executor.run("take back bits set in a foreign shard", [call], write=True)
+        self._take_back_bits(command.key, command.shard, found, bits)
+
+    def _take_back_bits(self, key: str, shard: int, found: bytes, bits: list[int]) -> None:
+        """Clear ``bits`` of ``key`` while it still carries the id field ``found``.
+
+        Where that field is zeros, a scriptless add made the key (it was missing): a
+        generation or window made so is deleted once empty (see :mod:`.layers`).
+        """
+        calls = []
+        if bits:
+            payload = pack_command(b"EVALSHA", scripts.TAKE_BACK.sha, 1, key, found, *bits)
+            calls.append(Call(payload, key=key, shard=shard, script=scripts.TAKE_BACK))
+        if not found.strip(b"\0") and key != self.parts.shard_key(shard):
+            payload = pack_command(b"EVALSHA", scripts.DROP_STRAY.sha, 1, key)
+            calls.append(Call(payload, key=key, shard=shard, script=scripts.DROP_STRAY))
+        if calls:
+            self.executor.run("take back bits set in a foreign shard", calls, write=True)
         self.events.count("taken_back", len(bits))
 
     def _still_wrong(self, key: str) -> FilterDamagedError:
@@ -316,19 +503,23 @@ class RedisBloomFilter(FilterBase):
 
         ``only``: that shard's alone.
         """
-        fast = self._fast
-        owed = fast.flushes(only) if fast is not None else []
+        keepers: list[Any] = [self._fast, self._layers]
+        owed = [
+            (keeper, flush)
+            for keeper in keepers
+            if keeper is not None
+            for flush in keeper.flushes(only)
+        ]
         if not owed:
             return
-        assert fast is not None
-        calls = [Call(command, key=key, shard=shard) for shard, key, command, _ in owed]
+        calls = [Call(command, key=key, shard=shard) for _, (shard, key, command, _) in owed]
         try:
             replies = self.executor.run("add to the shards' counts", calls, write=True).replies
         except BloomFilterError:
             replies = [None] * len(owed)  # the checks themselves report an outage
-        for (shard, _, _, items), reply in zip(owed, replies, strict=True):
+        for (keeper, (shard, _, _, items)), reply in zip(owed, replies, strict=True):
             if reply is None or isinstance(reply, BaseException):
-                fast.lost(shard, items)  # kept for the next sync (a refusal, out of memory)
+                keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.

@@ -1,0 +1,395 @@
+"""The hot path of a shard that has grown or forgets: plain reads, then one ``BITFIELD``.
+
+A shard that has grown keeps its bits in several generations, ``{KEY:i}:g0`` ... ``:g<G-1>``;
+with re-crawl windows (``BLOOMFILTER_TTL``), in the generations of two windows,
+``{KEY:i}:w<w-1>:g<g>`` and ``{KEY:i}:w<w>:g<g>`` (see :mod:`..generations`). Only the
+newest generation of the current window takes adds; every other key a check consults is
+read-only. So a check needs no script:
+
+1. **Reads**, one pipelined round trip to the shard's node: for every key the element may
+   be in, its bits (``GETRANGE`` of the element's 64-byte block when blocked, else
+   ``BITFIELD_RO ... GET u1``), then the key's header (``GETRANGE 0 31``: its identity
+   and, in a generation 0, the state: generations and the newest one's count). With
+   windows the round starts with ``TIME``. "Seen" when every bit is set in a key whose
+   header, read after its bits, carries this filter's identity: a seen URL is answered in
+   this one round trip.
+2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
+   generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
+   the bits set already?) decides, atomically, which of several workers offering the
+   element at once is told "new": exactly one.
+
+The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
+key whose header is missing or foreign (a shard or window lost, the filter reset: the
+script reports it and the filter recovers), a shard whose generations changed since
+this worker looked, a newest generation near its capacity (only the script starts the
+next generation, atomically, so this path keeps a margin from the boundary for the
+counts other workers may still hold, as :mod:`.fastpath` does), a window not started
+yet, and the last :data:`GUARD` seconds of a window (the next one is started by the
+script; ``TIME`` read in the same round as the reads tells how far the window has gone).
+Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker and
+added to the newest generation's count (``INCRBY u48 208``) with a later command.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.generations import (
+    GENERATIONS_BIT,
+    SCRIPTLESS_MARGIN,
+    WIDE,
+    Generation,
+    Growth,
+    window_key,
+)
+from scrapy_redis_bloom.core.hashing import offsets
+from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
+from scrapy_redis_bloom.transport.wire import pack_command
+
+#: Seconds before a window's end from which its checks go through the script: more than
+#: the time between the round's ``TIME`` and its add reaching Redis.
+GUARD = 1.0
+
+#: What a read round decided (see :meth:`Layers.judge`).
+SEEN, ADD, SCRIPT = "seen", "add", "script"
+
+_TIME = pack_command(b"TIME")
+_HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
+
+
+@dataclass
+class _Shard:
+    """What this worker knows of one shard: its keys' generations, and its count."""
+
+    #: The window this is known for (-1 without windows).
+    window: int = -1
+    #: Generations of the window before (0: it has none; -1: missing, which only the
+    #: script can tell from a lost one).
+    before: int = 1
+    #: Generations of the shard, or of the current window.
+    now: int = 2
+    #: Items in the newest generation at the last read, and those this worker found new
+    #: since, not yet added to that count in Redis.
+    count: int = 0
+    pending: int = 0
+
+
+@dataclass(slots=True)
+class _Key:
+    """One key a check reads: its name, generation, the element's bits in it."""
+
+    name: str
+    generation: int
+    #: Of the shard (no windows) or of the current window; not of the window before.
+    current: bool
+    #: True: the newest generation of the current window (where adds go).
+    newest: bool
+    #: Bit offsets of the element; with a block read, relative to the block's first bit.
+    bits: list[int]
+    #: First bit of the element's block (blocked generations), or -1: read bit by bit.
+    block: int
+
+
+@dataclass(slots=True)
+class Check:
+    """One element's check on a grown or windowed shard: its reads, then maybe its add."""
+
+    shard: int
+    h1: int
+    h2: int
+    known: _Shard
+    keys: list[_Key]
+    #: The packed read commands, in order (``TIME`` first with windows).
+    reads: list[bytes]
+    #: The add's command, once :meth:`Layers.judge` said :data:`ADD`.
+    add: bytes = b""
+    add_key: str = ""
+    #: Its absolute bit offsets (to take back from a key that is not this filter's).
+    add_bits: list[int] = field(default_factory=list)
+    #: Items the add sends to the count (given back if it never ran); whether it reads
+    #: the state (the add key is a generation 0); else the command sending them, if any.
+    sent: int = 0
+    stated: bool = False
+    count: bytes = b""
+
+
+class Layers:
+    """Packs and reads the scriptless checks of grown and windowed shards (module doc).
+
+    ``growth``: the filter's geometry; ``key``: its name; ``identity(i)``: the header a
+    shard's keys carry; ``workers()``: live workers (their late counts widen the margin).
+    """
+
+    def __init__(
+        self,
+        growth: Growth,
+        key: str,
+        identity: Callable[[int], bytes],
+        workers: Callable[[], int] = lambda: 1,
+    ) -> None:
+        self.growth = growth
+        self.key = key
+        self.identity = identity
+        self.workers = workers
+        spec = growth.spec
+        self.shards, self.ttl = spec.shards, growth.ttl
+        self.gens: list[Generation] = growth.generations
+        self.last = len(self.gens)
+        self._shards: dict[int, _Shard] = {}
+        #: Redis's clock minus this machine's, from the last ``TIME`` read (windows).
+        self._offset = 0.0
+        self._time = time.time
+
+    @staticmethod
+    def applies(growth: Growth) -> bool:
+        """Tell whether a filter may use this path: it grows, or it has windows."""
+        return bool(growth.expansion or growth.ttl)
+
+    # -- packing ---------------------------------------------------------------------
+
+    def plan(self, h1: int, h2: int) -> Check | None:
+        """Return the reads of an element's check; None when the script must check it."""
+        shard = h1 % self.shards
+        known = self._shards.get(shard)
+        if known is None:
+            known = self._shards[shard] = _Shard(now=1 if self.ttl else 2)
+        if self.ttl:
+            window = int((self._time() + self._offset) // self.ttl)
+            if window != known.window:
+                known.window, known.before, known.now, known.count = window, 1, 1, 0
+                known.pending = 0  # the old window's newest generation takes no more adds
+            if known.before == -1 or self._near(known):
+                return None
+            keys = self._keys(shard, h1, h2, known.before, window - 1, False)
+            keys += self._keys(shard, h1, h2, known.now, window, True)
+            reads = [_TIME]
+        else:
+            if self._near(known):
+                return None
+            keys = self._keys(shard, h1, h2, known.now, -1, True)
+            reads = []
+        for k in keys:
+            if k.block < 0:
+                args: list[Any] = [b"BITFIELD_RO", k.name]
+                for bit in k.bits:
+                    args += (b"GET", b"u1", bit)
+                reads.append(pack_command(*args))
+            else:
+                first = k.block // 8
+                last = first + self.gens[k.generation].block_bits // 8 - 1
+                reads.append(pack_command(b"GETRANGE", k.name, first, last))
+            reads.append(_header(k.name))
+        return Check(shard, h1, h2, known, keys, reads)
+
+    def _keys(
+        self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
+    ) -> list[_Key]:
+        """Return the keys of a shard (or of one window of it) and the element's bits there."""
+        out = []
+        q = h1 // self.shards
+        for g in range(max(generations, 0)):
+            gen = self.gens[g]
+            if g == 0:
+                spec = self.growth.spec
+                x, y = q % spec.shard_bits, h2 % gen.seed_range
+            else:
+                x, y = (q % WIDE) % gen.bits, (h2 % WIDE) % gen.seed_range
+            bits = offsets(x, y, gen.hash_count, gen.bits, gen.block_bits, HEADER_BITS)
+            block = -1
+            if gen.block_bits:  # read the element's block whole: its bits counted from there
+                span = gen.block_bits
+                block = HEADER_BITS + (bits[0] - HEADER_BITS) // span * span
+                bits = [bit - block for bit in bits]
+            if window < 0:
+                name = layout.shard_key(self.key, shard, g)
+            else:
+                name = window_key(self.key, shard, window, g)
+            out.append(_Key(name, g, current, current and g == generations - 1, bits, block))
+        return out
+
+    def _near(self, known: _Shard) -> bool:
+        """Tell whether the newest generation is too near its capacity for this path.
+
+        Only the script starts the next generation (and reports a shard past its last).
+        """
+        g = known.now - 1
+        if not 0 <= g < self.last:
+            return True
+        capacity = self.gens[g].capacity
+        limit = capacity - max(SCRIPTLESS_MARGIN, capacity // 100, STATE_EVERY * self.workers())
+        return known.count + known.pending + 1 >= limit
+
+    # -- reading ---------------------------------------------------------------------
+
+    def judge(self, check: Check, replies: list[Any], sent_at: float) -> str:
+        """Read a check's read round: :data:`SEEN`, :data:`ADD` (its add packed), :data:`SCRIPT`.
+
+        ``sent_at``: this machine's clock when the round was sent (windows).
+        Raises ``ValueError`` for a reply of the wrong shape (not the command's).
+        """
+        known = check.known
+        if self.ttl:
+            now = replies[0]
+            if not isinstance(now, list) or len(now) != 2:
+                raise ValueError(f"TIME replies two numbers, got {now!r:.100}")
+            seconds = int(now[0])
+            self._offset = seconds + int(now[1]) / 1e6 - sent_at
+            if seconds // self.ttl != known.window:
+                return SCRIPT  # the round chose its keys by another window
+            late = (seconds + int(now[1]) / 1e6) - known.window * self.ttl > self.ttl - GUARD
+            replies = replies[1:]
+        else:
+            late = False
+        if len(replies) != 2 * len(check.keys):
+            raise ValueError(f"{2 * len(check.keys)} replies, got {len(replies)}")
+        identity = self.identity(check.shard)
+        sound, seen = True, False
+        for i, k in enumerate(check.keys):
+            bits, head = replies[2 * i], replies[2 * i + 1]
+            if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != identity:
+                sound = False  # missing, or not this filter's: the script sorts it out
+                if head == b"" and k.generation == 0 and not k.current:
+                    known.before = -1  # never started, or lost: only the script can tell
+                continue
+            if k.generation == 0:
+                # The state: generations (u16, 0 reads as 1), the newest one's count (u32).
+                generations = max(int.from_bytes(head[26:28], "big"), 1)
+                if not k.current:
+                    if generations != known.before:
+                        known.before, sound = generations, False
+                elif generations != known.now:
+                    known.now, sound = generations, False
+                else:
+                    known.count = int.from_bytes(head[28:32], "big")
+            if not seen:
+                seen = _all_set(bits, k)
+        if seen:
+            return SEEN
+        if not sound or late or self._near(known):
+            return SCRIPT
+        self._pack_add(check)
+        return ADD
+
+    def _pack_add(self, check: Check) -> None:
+        """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
+
+        The newest generation's count is in its generation 0's header: in the add's own
+        key when that is generation 0, else sent by a second command once this worker
+        owes :data:`STATE_EVERY` items, so other workers see it by then.
+        """
+        known = check.known
+        k = next(k for k in check.keys if k.newest)
+        bits = [bit + k.block for bit in k.bits] if k.block >= 0 else list(k.bits)
+        args: list[Any] = [b"BITFIELD", k.name, b"GET", b"i64", ID_FIELD]
+        if k.generation == 0:
+            check.sent, known.pending = known.pending, 0
+            args += (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
+            check.stated = True
+        elif known.pending + 1 >= STATE_EVERY:
+            check.sent, known.pending = known.pending, 0
+            g0 = next(g for g in check.keys if g.current and g.generation == 0)
+            check.count = pack_command(
+                b"BITFIELD", g0.name, b"INCRBY", b"u48", GENERATIONS_BIT, check.sent
+            )
+        for bit in bits:
+            args += (b"SET", b"u1", bit, 1)
+        check.add, check.add_key, check.add_bits = pack_command(*args), k.name, bits
+
+    def added(self, check: Check, reply: Any) -> bool | None:
+        """Read the add's reply: True for "seen", False for new; None: the key is not ours.
+
+        Raises ``ValueError`` for a reply of the wrong shape.
+        """
+        fields = 2 if check.stated else 1
+        k = len(check.add_bits)
+        if not isinstance(reply, list) or len(reply) != fields + k:
+            raise ValueError(f"a BITFIELD of {fields + k} fields, got {reply!r:.200}")
+        known = check.known
+        if reply[0] != id_field(self.identity(check.shard)):
+            if check.stated:  # the count went to the wrong key too
+                known.pending += check.sent
+            return None
+        seen = 0 not in reply[fields:]
+        known.pending += not seen
+        if check.stated:
+            generations, known.count = divmod(reply[1], 1 << 32)
+            # Grown meanwhile: the count is the next generation's; what this worker owes
+            # goes there (it grows a little early, never late).
+            known.now = max(generations, 1)
+        return seen
+
+    def strays(self, check: Check, reply: list[Any]) -> tuple[bytes, list[int]]:
+        """Return what an add that found a foreign key set there: the id field it read, bits."""
+        fields = 2 if check.stated else 1
+        found = reply[0].to_bytes(8, "big", signed=True)
+        return found, [b for b, was in zip(check.add_bits, reply[fields:], strict=True) if not was]
+
+    def lost(self, check: Check) -> None:
+        """Give back the count an add carried that surely did not run."""
+        check.known.pending += check.sent
+
+    def scripted(self, shard: int, generations: int) -> None:
+        """Note what the script found: the shard's (or the current window's) generations.
+
+        A window before that was missing is taken as absent from now on: the script,
+        which tells a lost window from one never started, answered without a loss (or
+        recreated it empty). Only while this worker's clock puts the script's call
+        safely inside the window it knows.
+        """
+        known = self._shards.get(shard)
+        if known is None:
+            return
+        if generations:
+            known.now = generations
+        if known.before == -1 and self._inside(known.window):
+            known.before = 0
+
+    def _inside(self, window: int) -> bool:
+        """Tell whether Redis's clock, as last read, is safely inside ``window``."""
+        now = self._time() + self._offset
+        return window * self.ttl + GUARD <= now <= (window + 1) * self.ttl - GUARD
+
+    def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
+        """Return ``(shard, key, command, items)`` per shard with items still to count."""
+        out = []
+        for shard, known in self._shards.items():
+            if (only is None or shard == only) and known.pending:
+                n, known.pending = known.pending, 0
+                if self.ttl:
+                    key = window_key(self.key, shard, known.window, 0)
+                else:
+                    key = layout.shard_key(self.key, shard)
+                command = pack_command(b"BITFIELD", key, b"INCRBY", b"u48", GENERATIONS_BIT, n)
+                out.append((shard, key, command, n))
+        return out
+
+    def give_back(self, shard: int, items: int) -> None:
+        """Keep counts a flush could not send for the next one."""
+        known = self._shards.get(shard)
+        if known is not None:
+            known.pending += items
+
+
+def _header(name: str) -> bytes:
+    """Pack ``GETRANGE <name> 0 31``: a key's header."""
+    key = name.encode()
+    return b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%b\r\n" % (len(key), key) + _HEADER
+
+
+def _all_set(reply: Any, k: _Key) -> bool:
+    """Tell whether a read found every bit of the element set."""
+    if k.block < 0:
+        if not isinstance(reply, list) or len(reply) != len(k.bits):
+            raise ValueError(f"a BITFIELD_RO of {len(k.bits)} fields, got {reply!r:.200}")
+        return 0 not in reply
+    if not isinstance(reply, bytes):
+        raise ValueError(f"a GETRANGE's bytes, got {reply!r:.200}")
+    top = 8 * len(reply) - 1
+    value = int.from_bytes(reply, "big")
+    # A missing (or short) key reads short: its header says so too.
+    return all(bit <= top and value >> (top - bit) & 1 for bit in k.bits)
