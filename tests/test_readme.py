@@ -61,6 +61,7 @@ from readme_blocks import (
     pages,
     parse_blocks,
     prose,
+    pyproject,
     shell_problems,
 )
 from redis_cluster import RedisClusterNodes
@@ -129,7 +130,11 @@ BLOCKS: dict[str, Check] = {
         "output: laid out again by example_project/run.py's table()/size(), labels from"
         " its constants, figures consistent with each other and with the demo's sizing",
     ),
-    "Install and test#1": Check(
+    "Install#1": Check(
+        "bash", "pip install scrapy-redis-bloom", "test_install_command",
+        "not run (pip): installs this project by its name",
+    ),
+    "Run the tests#1": Check(
         "bash", "python3 -m venv .venv && . .venv/bin/activate", "test_install_and_test_commands",
         "not run (pip): the groups exist; install and test lines are .ci/run's",
     ),
@@ -235,12 +240,16 @@ BLOCKS: dict[str, Check] = {
         "not run (pip; 4 minutes): the group exists, bench/run.py --help works",
     ),
     "Development#1": Check(
+        "bash", "python3 -m venv .venv && . .venv/bin/activate", "test_install_and_test_commands",
+        "the same as the README's Run the tests#1",
+    ),
+    "Development#2": Check(
         "bash", "pip install -e . --group docs", "test_docs_build_command",
         "not run (pip): the group and docs/conf.py exist; the build line is .ci/run's",
     ),
     "The documentation#1": Check(
         "bash", "pip install -e . --group docs", "test_docs_build_command",
-        "the same as the README's Development#1",
+        "the same as the development page's Development#2",
     ),
 }  # fmt: skip
 
@@ -1078,8 +1087,27 @@ def ci_command(after: str) -> str:
     return lines[at + 1].strip()
 
 
+def test_install_command(blocks: dict[str, Block]) -> None:
+    (line,) = assert_shell_ok(block(blocks, "Install#1"))
+    assert line == f"pip install {pyproject()['project']['name']}"
+
+
+def test_remove_scrapy_redis_dupefilter_line(blocks: dict[str, Block]) -> None:
+    """The README says to remove scrapy-redis's DUPEFILTER_CLASS line: the add-on refuses it."""
+    line = 'DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"'
+    assert f"`{line}`" in re.sub(r"\s+", " ", prose(page_text("README.md")))
+    settings = Settings()
+    settings.setdict(
+        {**exec_settings(block(blocks, "Activate#1")), "DUPEFILTER_CLASS": line.split('"')[1]},
+        priority="project",
+    )
+    with pytest.raises(ValueError, match="Remove that DUPEFILTER_CLASS line"):
+        Addon().update_settings(settings)
+
+
 def test_install_and_test_commands(blocks: dict[str, Block]) -> None:
-    found = block(blocks, "Install and test#1")
+    found = block(blocks, "Run the tests#1")
+    assert block(blocks, "Development#1").text == found.text
     venv, install, test = assert_shell_ok(found)
     assert install == ci_command("# The README's install command.")
     assert test == ci_command("# The README's test command.")
@@ -1090,8 +1118,8 @@ def test_install_and_test_commands(blocks: dict[str, Block]) -> None:
 
 
 def test_docs_build_command(blocks: dict[str, Block]) -> None:
-    """The README and docs/README.md give the docs' build command, the one .ci/run runs."""
-    found = block(blocks, "Development#1")
+    """The development page and docs/README.md give the docs' build command, .ci/run's."""
+    found = block(blocks, "Development#2")
     install, build = assert_shell_ok(found)
     assert install == "pip install -e . --group docs"
     assert build == "sphinx-build -W --keep-going -b html docs docs/_build/html"
@@ -1130,6 +1158,29 @@ def test_stats_sample(blocks: dict[str, Block]) -> None:
         assert isinstance(value, int | float), name
     assert sample["bloomfilter/filtered"] == sample["dupefilter/filtered"]
     assert sample["bloomfilter/total_added"] >= sample["bloomfilter/added"]
+    # "In the run its README shows": a worker of example_project/README.md's sample...
+    demo = load_example_run()
+    example = parse_blocks((ROOT / "example_project" / "README.md").read_text(encoding="utf-8"))
+    (run,) = [b.text for b in example if b.section == "What you will see"]
+    worker = (
+        f"{sample['response_received_count']:,}",
+        f"{sample['bloomfilter/filtered']:,}",
+        f"{sample['bloomfilter/added']:,}",
+    )
+    rows = [line.split()[2:5] for line in run.splitlines() if re.match(r"^ +\d +\d+ ", line)]
+    assert list(worker) in rows, f"no worker of the example's run fetched, filtered, added {worker}"
+    assert f"{sample['bloomfilter/total_filtered']:,} seen" in run
+    fill = re.search(r"bits set +[\d,]+ \(fill ratio ([\d.]+) %\)", run)
+    assert fill, run
+    assert f"{100 * sample['bloomfilter/fill_ratio']:.4f}" == fill[1]
+    # ... whose filter is the demo's: its capacity, and the memory its geometry takes.
+    settings = {k: v for k, v in vars(demo.demo_settings).items() if k.isupper()}
+    config = BloomConfig.from_settings(settings)
+    assert sample["bloomfilter/capacity"] == config.capacity
+    memory = sample["bloomfilter/memory_bytes"]
+    assert config.spec.total_bytes <= memory <= 1.01 * config.spec.total_bytes, (
+        f"{memory:,} bytes: not the {config.spec.total_bytes:,} of the demo's filter"
+    )
 
 
 def test_benchmark_command(blocks: dict[str, Block]) -> None:

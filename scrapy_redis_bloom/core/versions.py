@@ -4,7 +4,7 @@ pip enforces ``pyproject.toml``'s minimums at install time only: an environment 
 together otherwise (a pinned lock file, ``--no-deps``, a system package) may hold an
 older Scrapy or redis-py, which would fail later in ways that name neither. The
 dupefilter checks the installed versions once, when it is built, and refuses an old
-one with a message that names it and the minimum (README, Requirements).
+one with a message that names it and the minimum (docs/reference/versions.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 #: Distribution name -> (name a reader knows, oldest supported version). Keep in step
-#: with pyproject.toml's dependencies and README's Requirements.
+#: with pyproject.toml's dependencies and docs/reference/versions.md.
 MINIMUMS: dict[str, tuple[str, tuple[int, ...]]] = {
     "scrapy": ("Scrapy", (2, 13)),
     "scrapy-redis": ("scrapy-redis", (0, 9)),
