@@ -340,6 +340,13 @@ def test_the_faqs_default_sizing() -> None:
     )
     assert said in text, said
     assert 2**30 <= spec.bits <= 1.02 * 2**30
+    # The README's "without the two sizing lines".
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text(encoding="utf-8"))
+    said = (
+        f"it takes {format_bytes(spec.total_bytes)} and reaches a {100 * rate:.1f}%"
+        f" false-positive rate at {round(config.capacity / 1e6)} million URLs"
+    )
+    assert said in readme, said
 
 
 def test_the_largest_filter() -> None:
