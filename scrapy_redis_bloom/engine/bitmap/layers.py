@@ -9,10 +9,10 @@ read-only. So a check needs no script:
 1. **Reads**, one pipelined round trip to the shard's node: for every key the element may
    be in, its bits (``GETRANGE`` of the element's 64-byte block when blocked, else
    ``BITFIELD_RO ... GET u1``), then the key's header (``GETRANGE 0 31``: its identity
-   and, in a generation 0, the state: generations and the newest one's count). With
-   windows the round starts with ``TIME``. "Seen" when every bit is set in a key whose
-   header, read after its bits, carries this filter's identity: a seen URL is answered in
-   this one round trip.
+   and, in a generation 0, the state: generations and the newest one's count); with
+   windows, ``TIME`` first now and then (:mod:`..clock`). "Seen" when every bit is set
+   in a key whose header, read after its bits, carries this filter's identity: a seen
+   URL is answered in this one round trip.
 2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
    generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
    the bits set already?) decides, atomically, which of several workers offering the
@@ -24,15 +24,14 @@ script reports it and the filter recovers), a shard whose generations changed si
 this worker looked, a newest generation near its capacity (only the script starts the
 next generation, atomically, so this path keeps a margin from the boundary for the
 counts other workers may still hold, as :mod:`.fastpath` does), a window not started
-yet, and the last :data:`GUARD` seconds of a window (the next one is started by the
-script; ``TIME`` read in the same round as the reads tells how far the window has gone).
+yet, and the last :data:`..clock.GUARD` seconds of a window (the next one is started by
+the script).
 Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker and
 added to the newest generation's count (``INCRBY u48 208``) with a later command.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,16 +48,12 @@ from scrapy_redis_bloom.core.generations import (
 from scrapy_redis_bloom.core.hashing import offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
+from scrapy_redis_bloom.engine.clock import TIME, Clock
 from scrapy_redis_bloom.transport.wire import pack_command
-
-#: Seconds before a window's end from which its checks go through the script: more than
-#: the time between the round's ``TIME`` and its add reaching Redis.
-GUARD = 1.0
 
 #: What a read round decided (see :meth:`Layers.judge`).
 SEEN, ADD, SCRIPT = "seen", "add", "script"
 
-_TIME = pack_command(b"TIME")
 _HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
 
 
@@ -77,6 +72,8 @@ class _Shard:
     #: since, not yet added to that count in Redis.
     count: int = 0
     pending: int = 0
+    #: Redis's clock on the shard's node (windows).
+    clock: Clock = field(default_factory=Clock)
 
 
 @dataclass(slots=True)
@@ -104,8 +101,11 @@ class Check:
     h2: int
     known: _Shard
     keys: list[_Key]
-    #: The packed read commands, in order (``TIME`` first with windows).
+    #: The packed read commands, in order (``TIME`` first where the round reads the clock).
     reads: list[bytes]
+    #: The window it chose its keys by (-1: none), and whether it reads the clock.
+    window: int
+    asked: bool
     #: The add's command, once :meth:`Layers.judge` said :data:`ADD`.
     add: bytes = b""
     add_key: str = ""
@@ -141,9 +141,6 @@ class Layers:
         self.gens: list[Generation] = growth.generations
         self.last = len(self.gens)
         self._shards: dict[int, _Shard] = {}
-        #: Redis's clock minus this machine's, from the last ``TIME`` read (windows).
-        self._offset = 0.0
-        self._time = time.time
 
     @staticmethod
     def applies(growth: Growth) -> bool:
@@ -158,8 +155,9 @@ class Layers:
         known = self._shards.get(shard)
         if known is None:
             known = self._shards[shard] = _Shard(now=1 if self.ttl else 2)
+        window, asked = -1, False
         if self.ttl:
-            window = int((self._time() + self._offset) // self.ttl)
+            window, asked = known.clock.estimate(self.ttl)
             if window != known.window:
                 known.window, known.before, known.now, known.count = window, 1, 1, 0
                 known.pending = 0  # the old window's newest generation takes no more adds
@@ -167,7 +165,7 @@ class Layers:
                 return None
             keys = self._keys(shard, h1, h2, known.before, window - 1, False)
             keys += self._keys(shard, h1, h2, known.now, window, True)
-            reads = [_TIME]
+            reads = [TIME] if asked else []
         else:
             if self._near(known):
                 return None
@@ -184,7 +182,7 @@ class Layers:
                 last = first + self.gens[k.generation].block_bits // 8 - 1
                 reads.append(pack_command(b"GETRANGE", k.name, first, last))
             reads.append(_header(k.name))
-        return Check(shard, h1, h2, known, keys, reads)
+        return Check(shard, h1, h2, known, keys, reads, window, asked)
 
     def _keys(
         self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
@@ -233,18 +231,16 @@ class Layers:
         Raises ``ValueError`` for a reply of the wrong shape (not the command's).
         """
         known = check.known
+        late = False
         if self.ttl:
-            now = replies[0]
-            if not isinstance(now, list) or len(now) != 2:
-                raise ValueError(f"TIME replies two numbers, got {now!r:.100}")
-            seconds = int(now[0])
-            self._offset = seconds + int(now[1]) / 1e6 - sent_at
-            if seconds // self.ttl != known.window:
+            if check.asked:
+                now = known.clock.read(replies[0], sent_at)
+                replies = replies[1:]
+            else:
+                now = known.clock.now()
+            if int(now // self.ttl) != check.window or known.window != check.window:
                 return SCRIPT  # the round chose its keys by another window
-            late = (seconds + int(now[1]) / 1e6) - known.window * self.ttl > self.ttl - GUARD
-            replies = replies[1:]
-        else:
-            late = False
+            late = not Clock.inside(now, check.window, self.ttl)
         if len(replies) != 2 * len(check.keys):
             raise ValueError(f"{2 * len(check.keys)} replies, got {len(replies)}")
         identity = self.identity(check.shard)
@@ -338,21 +334,18 @@ class Layers:
 
         A window before that was missing is taken as absent from now on: the script,
         which tells a lost window from one never started, answered without a loss (or
-        recreated it empty). Only while this worker's clock puts the script's call
-        safely inside the window it knows.
+        recreated it empty). Only while this worker's clock, freshly read, puts the
+        script's call safely inside the window it knows.
         """
         known = self._shards.get(shard)
         if known is None:
             return
         if generations:
             known.now = generations
-        if known.before == -1 and self._inside(known.window):
-            known.before = 0
-
-    def _inside(self, window: int) -> bool:
-        """Tell whether Redis's clock, as last read, is safely inside ``window``."""
-        now = self._time() + self._offset
-        return window * self.ttl + GUARD <= now <= (window + 1) * self.ttl - GUARD
+        if known.before == -1:
+            window, asked = known.clock.estimate(self.ttl)
+            if window == known.window and not asked:
+                known.before = 0
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items still to count."""

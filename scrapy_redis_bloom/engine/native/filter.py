@@ -22,6 +22,7 @@ Thread-safe: calls from several threads are serialised by a lock.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -157,6 +158,15 @@ class NativeBloomFilter(FilterBase):
         old, self.record = self.record, record
         self._ttl = record.ttl
         self._script = native_ttl.CHECK if record.ttl else None
+        #: Checks of live windows without the script, where it can (see :class:`.Windows`).
+        self._windows = (
+            native_ttl.Windows(
+                record.ttl,
+                lambda shard: native_parts.shard_key(self.key, shard, record.filter_id),
+            )
+            if record.ttl
+            else None
+        )
         if old is None or old.filter_id != record.filter_id:
             self._heads = [
                 (key, self._command_head(record, key, True, 1))
@@ -326,11 +336,17 @@ class NativeBloomFilter(FilterBase):
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:
-        """One ``BF.INSERT ... NOCREATE`` (the TTL script where the filter forgets)."""
+        """One ``BF.INSERT ... NOCREATE``; with windows, reads then one, or the TTL script."""
         record = self.record if self.record is not None else self._current()
         shard = h1 % record.spec.shards
         key, head = self._heads[shard]
-        payload = head + b"$%d\r\n%b\r\n" % (len(item := encode(element)), item)
+        item = encode(element)
+        windows = self._windows
+        if windows is not None and not recovered:
+            answer = self._windowed(windows, item, shard, key)
+            if answer is not None:
+                return answer
+        payload = head + b"$%d\r\n%b\r\n" % (len(item), item)
         reply, ambiguous = self.executor.call(OPERATION, payload, key, shard, self._script)
         answers = self._read(reply, key, True, 1)
         if answers is None:
@@ -338,11 +354,51 @@ class NativeBloomFilter(FilterBase):
                 raise self._refused(None, key)
             self._recover([shard])
             return self._check_and_add(element, h1, h2, recovered=True)
+        if windows is not None:
+            windows.scripted(shard)
         seen = answers[0]
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the element may be this call's own, added by a lost attempt
         return seen
+
+    def _windowed(
+        self, windows: native_ttl.Windows, item: bytes, shard: int, key: str
+    ) -> bool | None:
+        """Check an item in a shard's live windows without the script (:class:`.Windows`).
+
+        Returns its answer, or None where the script must answer (a window to start,
+        one found missing, a window's last second).
+        """
+        check = windows.plan(shard, item)
+        if check is None:
+            return None
+        sent_at = time.time()
+        replies = self.executor.call_many(OPERATION, check.reads, key, shard).replies
+        try:
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise self._refused(reply, key)
+            verdict = windows.judge(check, replies, sent_at, item)
+        except ValueError as exc:
+            raise self._refused(exc, key) from None
+        if verdict != native_ttl.ADD:
+            return verdict == native_ttl.SEEN or None
+        reply, ambiguous = self.executor.call(OPERATION, check.add, key, shard, None)
+        error = reply if isinstance(reply, BaseException) else None
+        if error is None and isinstance(reply, list) and reply:
+            error = reply[-1] if isinstance(reply[-1], BaseException) else None
+        if native_parts.is_not_found(error):
+            return None  # the window is not started yet: the script starts it
+        if error is not None:
+            raise self._refused(error, key)
+        if not isinstance(reply, list) or len(reply) != 1:
+            raise self._refused(ValueError(f"one reply to one item, got {reply!r:.100}"), key)
+        seen = reply[0] == 0  # BF.INSERT: 1 (or true) when added
+        if seen and ambiguous:
+            self.events.count("ambiguous")
+            return False  # the item may be this call's own, added by a lost attempt
+        return bool(seen)
 
     def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
         """Return per item whether a shard's reply says "seen"; None if the shard is missing.

@@ -25,10 +25,13 @@ the other encoding would take its filter for a foreign one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_redis_bloom.engine.clock import TIME, Clock
 from scrapy_redis_bloom.engine.scripts import declare, lua
-from scrapy_redis_bloom.transport.wire import Script
+from scrapy_redis_bloom.transport.wire import Script, pack_command
 
 #: What a new shard's anchor holds: no window started yet.
 EMPTY_ANCHOR = "-1 0"
@@ -75,3 +78,124 @@ def check_arguments(
         b"1" if recreate else b"0",
         b"w" if write else b"r",
     )
+
+
+#: What a read round decided (see :meth:`Windows.judge`).
+SEEN, ADD, SCRIPT = "seen", "add", "script"
+#: A shard's checks between two that make sure its window before still exists.
+EXISTS_EVERY = 16
+
+
+@dataclass
+class _Shard:
+    """What this worker knows of a shard's windows, for the window it last checked."""
+
+    window: int = -1
+    #: The window before: 1 there, 0 absent (never started, as :data:`CHECK` confirmed),
+    #: -1 not known (its existence is read), -2 found missing (for the script to judge).
+    before: int = -1
+    #: Checks since its existence was last read.
+    since: int = 0
+    #: Redis's clock on the shard's node.
+    clock: Clock = field(default_factory=Clock)
+
+
+@dataclass(slots=True)
+class WindowCheck:
+    """One element's check without the script: its reads, then maybe its add."""
+
+    shard: int
+    window: int
+    reads: list[bytes]
+    #: Whether the round reads the clock (``TIME`` first), and the window before's
+    #: existence (``EXISTS`` next).
+    asked: bool
+    exists: bool
+    add: bytes = b""
+
+
+class Windows:
+    """Checks a native filter's live windows without :data:`CHECK` where it can.
+
+    The windows a check consults are RedisBloom filters whose keys carry the filter's id
+    (a reset filter's are other keys), so plain commands suffice between the moments
+    only the script handles (starting a window, a window found missing): one pipelined
+    round of ``BF.EXISTS`` on the window before and on the current one (a seen item is
+    answered there; now and then ``TIME``, :mod:`..clock`, and ``EXISTS`` of the window
+    before, whose loss is then found within :data:`EXISTS_EVERY` checks), then
+    ``BF.INSERT ... NOCREATE`` on the current window only for an item found in neither
+    (its reply decides between racing workers; a window not started yet refuses it, and
+    the script starts it). ``anchor(i)``: a shard's anchor key.
+    """
+
+    def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
+        self.ttl = ttl
+        self.anchor = anchor
+        self._shards: dict[int, _Shard] = {}
+
+    def plan(self, shard: int, item: bytes) -> WindowCheck | None:
+        """Return an item's reads; None when the script must check it."""
+        known = self._shards.get(shard)
+        if known is None:
+            known = self._shards[shard] = _Shard()
+        window, asked = known.clock.estimate(self.ttl)
+        if window != known.window:
+            known.window, known.before = window, -1
+        if known.before == -2:
+            return None
+        anchor = self.anchor(shard)
+        reads = [TIME] if asked else []
+        exists = False
+        if known.before:
+            before = window_key(anchor, window - 1)
+            known.since += 1
+            if known.before == -1 or known.since >= EXISTS_EVERY:
+                known.since, exists = 0, True
+                reads.append(pack_command(b"EXISTS", before))
+            reads.append(pack_command(b"BF.EXISTS", before, item))
+        reads.append(pack_command(b"BF.EXISTS", window_key(anchor, window), item))
+        return WindowCheck(shard, window, reads, asked, exists)
+
+    def judge(self, check: WindowCheck, replies: list[Any], sent_at: float, item: bytes) -> str:
+        """Read a check's reads: :data:`SEEN`, :data:`ADD` (its add packed) or :data:`SCRIPT`.
+
+        Raises ``ValueError`` for replies of the wrong shape.
+        """
+        known = self._shards[check.shard]
+        if len(replies) != len(check.reads):
+            raise ValueError(f"{len(check.reads)} replies, got {len(replies)}")
+        if check.asked:
+            now = known.clock.read(replies[0], sent_at)
+            replies = replies[1:]
+        else:
+            now = known.clock.now()
+        if int(now // self.ttl) != check.window or known.window != check.window:
+            return SCRIPT  # the round chose its keys by another window
+        seen = replies[-1] == 1
+        if check.exists:
+            if replies[0] == 0:  # the window before is missing: lost, or never started
+                known.before = -2
+                return SEEN if seen else SCRIPT
+            known.before = 1
+        if known.before > 0 and replies[-2] == 1:
+            seen = True
+        if seen:
+            return SEEN
+        if not Clock.inside(now, check.window, self.ttl):
+            return SCRIPT  # the script starts the next window
+        current = window_key(self.anchor(check.shard), check.window)
+        check.add = pack_command(b"BF.INSERT", current, b"NOCREATE", b"ITEMS", item)
+        return ADD
+
+    def scripted(self, shard: int) -> None:
+        """Note that :data:`CHECK` answered for a shard: a missing window before is no loss.
+
+        Only while this worker's clock, freshly read, puts the call safely inside the
+        window it knows.
+        """
+        known = self._shards.get(shard)
+        if known is None or known.before != -2:
+            return
+        window, asked = known.clock.estimate(self.ttl)
+        if window == known.window and not asked:
+            known.before = 0

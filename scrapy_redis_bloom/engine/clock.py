@@ -1,0 +1,65 @@
+"""Redis's clock, as a shard's node last told it: which re-crawl window a check is in.
+
+The scripts take the window from Redis's ``TIME`` on the shard's node (see
+:mod:`..generations`). The scriptless checks of windowed filters (:mod:`.bitmap.layers`,
+:mod:`.native.ttl`) choose their keys by the same window without a ``TIME`` on every
+check: each shard keeps the offset between Redis's clock and this machine's, and a
+round reads ``TIME`` again (one of its pipelined commands) when that offset is older
+than :data:`CLOCK_EVERY`, or when the estimate falls within :data:`GUARD` of a window's
+edge. A check within :data:`GUARD` of its window's end goes through the script, which
+starts the next window.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy_redis_bloom.transport.wire import pack_command
+
+#: Seconds an offset is used before a round reads ``TIME`` again.
+CLOCK_EVERY = 1.0
+#: Seconds near a window's edges where the estimate is not trusted alone: more than the
+#: time between a round's ``TIME`` and the add that follows it reaching Redis.
+GUARD = 1.0
+#: The command a round starts with when it reads the clock.
+TIME = pack_command(b"TIME")
+
+
+@dataclass
+class Clock:
+    """Redis's clock minus this machine's, for one shard (its node keeps its own time)."""
+
+    offset: float = 0.0
+    #: ``time.monotonic()`` of the last ``TIME`` read (-inf: never).
+    sampled: float = -math.inf
+
+    def estimate(self, ttl: int) -> tuple[int, bool]:
+        """Return the window Redis is in, by the offset, and whether to read ``TIME`` now."""
+        now = time.time() + self.offset
+        window = int(now // ttl)
+        into = now - window * ttl
+        stale = time.monotonic() - self.sampled > CLOCK_EVERY
+        return window, stale or into < GUARD or into > ttl - GUARD
+
+    def read(self, reply: Any, sent_at: float) -> float:
+        """Take a ``TIME`` reply of a round sent at ``sent_at`` (``time.time()``); return it.
+
+        Raises ``ValueError`` for a reply that is not ``TIME``'s.
+        """
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise ValueError(f"TIME replies two numbers, got {reply!r:.100}")
+        now = int(reply[0]) + int(reply[1]) / 1e6
+        self.offset, self.sampled = now - sent_at, time.monotonic()
+        return now
+
+    def now(self) -> float:
+        """Return Redis's time by the offset."""
+        return time.time() + self.offset
+
+    @staticmethod
+    def inside(now: float, window: int, ttl: int) -> bool:
+        """Tell whether ``now`` is in ``window`` and not within :data:`GUARD` of its end."""
+        return window * ttl <= now <= (window + 1) * ttl - GUARD
