@@ -1,5 +1,7 @@
 """The hot path of grown and windowed shards (engine/bitmap/layers.py), on a real Redis.
 
+And of the native backend's windows (engine/native/ttl.py, ``Windows``).
+
 A filter past its capacity, or with re-crawl windows, checks without the script: one
 pipelined round of reads (a seen URL is answered there), then one BITFIELD add for a
 new one. These tests hold it to the script's guarantees: the answers, the round trips,
@@ -23,6 +25,7 @@ from test_generations import upper
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterDamagedError
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 
 KEY = "states:bloomfilter"
 #: One shard of 20,000 items (generations of 20,000, 40,000, ...): far from the margin
@@ -227,3 +230,42 @@ def test_workers_racing_across_a_window_change_are_told_new_once(
     assert offered - len(wins) <= upper(offered, 1e-3)  # the others: false positives
     windows = redis_client.keys(f"{{{KEY}:0}}:w*:g0")
     assert len(windows) >= 2  # the race crossed window changes (the oldest may have expired)
+
+
+# -- the native backend's windows ------------------------------------------------------------
+
+
+def native_windows(client: redis.Redis) -> tuple[NativeBloomFilter, list[str]]:
+    """Return a native filter with windows, its members added in the current window."""
+    config = BloomConfig.from_settings(
+        {**BIG, "BLOOMFILTER_BACKEND": "native", "BLOOMFILTER_TTL": 3600}
+    )
+    bloom = NativeBloomFilter.from_config(client, KEY, config, cache_size=0)
+    members = fingerprints(2_000, "member")
+    bloom.add_many(members)
+    for element in members[:20]:  # what this worker knows of the windows settles
+        assert bloom.check_and_add(element) is True
+    return bloom, members
+
+
+def test_native_windows_seen_in_one_round_trip_new_in_two_without_the_script(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    bloom, members = native_windows(bloom_redis_client)
+    scripts, trips = scripts_run(bloom_redis_client), bloom.round_trips
+    assert all(bloom.check_and_add(e) for e in members[100:200])
+    assert bloom.round_trips - trips == 100
+    trips = bloom.round_trips
+    fresh = fingerprints(100, "fresh")
+    assert [bloom.check_and_add(e) for e in fresh].count(True) <= upper(100, 1e-3)
+    assert bloom.round_trips - trips <= 200
+    assert all(bloom.check_and_add(e) for e in fresh)
+    assert scripts_run(bloom_redis_client) == scripts
+    bloom.close()
+
+
+def test_native_window_lost_under_the_reads_is_detected(bloom_redis_client: redis.Redis) -> None:
+    bloom, _ = native_windows(bloom_redis_client)
+    bloom_redis_client.delete(*bloom_redis_client.keys(f"{{{KEY}:*}}:bf:*:w*"))
+    with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
+        bloom.check_and_add(fingerprints(1, "after")[0])
