@@ -129,7 +129,7 @@ def test_read_write_scripting_lacks_time_and_is_refused_at_open(
         assert str(error) == (
             f"Redis at localhost:{server.port} refuses the Bloom filter {KEY!r} the command"
             " time: its Redis user 'bloom' lacks these ACL permissions. Grant them: ACL"
-            " SETUSER bloom +time. See README 'Least privilege'."
+            " SETUSER bloom +time. See docs/howto/tls-acl.md#least-privilege."
         )
         assert "does not let its user run INFO" in caplog.text  # INFO: not in those groups
         assert admin.keys("*") == []  # the probe keys are gone, nothing was created
@@ -304,7 +304,7 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
         assert str(caught.value) == (
             f"{where} could not renew a worker lease (key '{KEY}:workers'): {where} refuses"
             f" the Bloom filter '{KEY}' the command time: its Redis user 'bloom' lacks these"
-            " ACL permissions. Grant them: ACL SETUSER bloom +time. See README 'Least privilege'."
+            " ACL permissions. Grant them: ACL SETUSER bloom +time. See docs/howto/tls-acl.md#least-privilege."
         )
         assert caught.value.commands == ("time",)
         assert "Redis ACL refused a command of the filter's script" in str(caught.value.__cause__)

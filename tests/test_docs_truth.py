@@ -42,15 +42,7 @@ TROUBLESHOOTING = DOCS / "howto" / "troubleshooting.md"
 
 #: Messages that still point at a README section, in files whose owners change them:
 #: (file, the pointer as the message says it) -> the docs page it should name instead.
-PENDING = {
-    ("scrapy_redis_bloom/engine/access.py", "README 'Least privilege'"): (
-        "docs/howto/tls-acl.md#least-privilege"
-    ),
-    ("scrapy_redis_bloom/transport/executor.py", "README 'Least privilege'"): (
-        "docs/howto/tls-acl.md#least-privilege"
-    ),
-    ("scrapy_redis_bloom/transport/node.py", "see README, TLS"): "docs/howto/tls-acl.md#tls",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 #: Error classes users never see: the transport's outcomes, which the executor turns into
 #: the filter's errors (docs/architecture.md), and the CLI's, which it prints as a line.

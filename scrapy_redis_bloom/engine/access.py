@@ -209,7 +209,7 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
             logger.info(
                 "Redis at %s does not let its user run INFO (%s): the Bloom filter %r is"
                 " used without the checks of the server's version and memory. Grant +info"
-                " for them (README 'Least privilege').",
+                " for them (docs/howto/tls-acl.md#least-privilege).",
                 target.address,
                 target.no_info,
                 key,
@@ -302,7 +302,7 @@ def _error(key: str, refused: list[_Target]) -> AccessDeniedError:
     every_command = tuple(dict.fromkeys(c for t in refused for c in t.commands))
     every_family = tuple(dict.fromkeys(f for t in refused for f in t.families))
     return AccessDeniedError(
-        " ".join(sentences) + " See README 'Least privilege'.",
+        " ".join(sentences) + " See docs/howto/tls-acl.md#least-privilege.",
         server="Redis at " + ", ".join(t.address for t in refused),
         commands=every_command,
         keys=every_family,

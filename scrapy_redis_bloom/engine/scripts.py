@@ -94,8 +94,8 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
 
     ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its other generations and windows
     are named after it, in the same Redis Cluster slot (not passed in ``KEYS``: how
-    many there are, and which windows, only the script knows; see the README's Redis
-    Cluster section). ``ARGV``: the shard's identity; ``w`` (add) or ``r`` (check
+    many there are, and which windows, only the script knows; see
+    docs/howto/topologies.md). ``ARGV``: the shard's identity; ``w`` (add) or ``r`` (check
     only); ``1`` to recreate a lost generation or window empty, ``0`` to report it;
     then four numbers per element: its seeds of generation 0 (x, y of the hashing
     scheme) and of later ones (see :func:`.generations.seed_arguments`).

@@ -166,7 +166,7 @@ def access_denied(
 
     ``where`` names the server as a noun phrase (``Redis at host:port``). The message
     says what the filter was doing, on which key, and what to grant: a denial inside a
-    script names no command, so it points at the list in the README.
+    script names no command, so it points at the list in docs/howto/tls-acl.md#least-privilege.
     """
     kind = acl_denial(reply)
     if kind is None:
@@ -182,8 +182,8 @@ def access_denied(
     on_key = f" (key {key!r})" if key else ""
     return AccessDeniedError(
         f"{where} could not {operation}{on_key}: a Redis ACL {what} (Redis: {message})."
-        " Grant the filter's Redis user the commands and key patterns listed in README"
-        " 'Least privilege' (ACL SETUSER).",
+        " Grant the filter's Redis user the commands and key patterns listed in"
+        " docs/howto/tls-acl.md#least-privilege (ACL SETUSER).",
         server=where,
     )
 
@@ -566,7 +566,7 @@ class Executor:
             f"Redis at {exc.address} refused the filter's credentials, so it could not"
             f" {operation} ({exc.cause}). Check the user name and password of the filter's"
             " Redis URL (BLOOMFILTER_REDIS_URL, REDIS_URL or REDIS_PARAMS) and the user's"
-            " ACL (README 'Least privilege').",
+            " ACL (docs/howto/tls-acl.md#least-privilege).",
             server=f"Redis at {exc.address}",
         )
 

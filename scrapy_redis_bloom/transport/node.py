@@ -219,7 +219,7 @@ class Node:
                         f"Redis at {self.address} cannot be reached over TLS: {exc}. Check the"
                         " CA (ssl_ca_certs), the client certificate and key (ssl_certfile,"
                         " ssl_keyfile) and the host name in the URL, in BLOOMFILTER_REDIS_PARAMS"
-                        " or REDIS_PARAMS (see README, TLS)."
+                        " or REDIS_PARAMS (see docs/howto/tls-acl.md#tls)."
                     ) from None
                 raise NotSentError(self.address, exc) from exc
             self._connection = connection
