@@ -15,6 +15,7 @@ import collections
 import hashlib
 import multiprocessing
 import queue
+import threading
 import time
 import traceback
 from typing import Any
@@ -269,3 +270,34 @@ def test_native_window_lost_under_the_reads_is_detected(bloom_redis_client: redi
     bloom_redis_client.delete(*bloom_redis_client.keys(f"{{{KEY}:*}}:bf:*:w*"))
     with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
         bloom.check_and_add(fingerprints(1, "after")[0])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("state", ["grown", "windows"])
+def test_connections_killed_under_the_reads_and_adds_lose_no_answer(
+    redis_client: redis.Redis, state: str
+) -> None:
+    bloom, members = grown(redis_client, **STATES[state])
+    fresh = fingerprints(1_500, "killed")
+    stop = threading.Event()
+
+    def kill() -> None:
+        while not stop.wait(0.01):  # bounded by the checks below
+            redis_client.client_kill_filter(_type="normal", skipme=True)
+
+    connections = redis_client.info("stats")["total_connections_received"]
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        answers = [bloom.check_and_add(e) for e in fresh]
+        repeats = [bloom.check_and_add(e) for e in members[:500]]
+    finally:
+        stop.set()
+        killer.join(5)
+    # A new element is never "seen" but for false positives (a lost reply answers "new"),
+    # a member is "new" only where a reply was lost, and nothing is lost from the filter.
+    assert sum(answers) <= upper(len(fresh), 1e-3)
+    assert repeats.count(False) <= bloom.events.counts["ambiguous"] + bloom.events.counts["retries"]
+    assert bloom.contains_many(fresh) == [True] * len(fresh)
+    # The filter's connections were killed under it, and made again.
+    assert redis_client.info("stats")["total_connections_received"] - connections > 10
