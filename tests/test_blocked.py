@@ -364,9 +364,9 @@ def test_a_ttl_filter_keeps_the_schemes_bits_in_its_window(redis_client: redis.R
         for window in windows:
             found |= bits_set(redis_client, window)
         assert found == wanted
-    # Only the scripts know the windows: no snapshot.
+    # The script started the window; the bulk call read and wrote it in a transaction.
     assert calls(redis_client, "evalsha") > 0
-    assert calls(redis_client, "exec") == 0
+    assert calls(redis_client, "exec") >= 1
 
 
 def test_a_grown_shard_puts_new_bits_in_its_newest_generation(redis_client: redis.Redis) -> None:

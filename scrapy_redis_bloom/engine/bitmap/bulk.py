@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,14 +51,23 @@ from typing import Any
 import mmh3
 from redis.utils import HIREDIS_AVAILABLE
 
-from scrapy_redis_bloom.core.errors import FilterDamagedError, FilterUnavailableError
-from scrapy_redis_bloom.core.generations import seed_arguments
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
+    BloomFilterError,
+    FilterDamagedError,
+    FilterUnavailableError,
+)
+from scrapy_redis_bloom.core.generations import Growth, seed_arguments
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine.base import Outcome
+from scrapy_redis_bloom.engine.bitmap.layered import Found, Stack, probes, take_stacks
+from scrapy_redis_bloom.engine.bitmap.layered import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Located
 from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Taken, take
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.parts import Parts, pairs
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
 from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
@@ -109,6 +119,8 @@ SCRIPT_NS_PER_ELEMENT = 10_000
 JOINT_BYTES = 8 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
+#: Whether grown and windowed shards take stacks (:mod:`.layered`), not the script.
+LAYERED = True
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,9 @@ class ScriptHooks:
     #: its shards with one generation and room take snapshots too. None (or returning
     #: 0): the script always.
     scriptless: Callable[[], int] | None = None
+    #: The filter's growth (its record's), for the stacks of grown and windowed shards
+    #: (:mod:`.layered`). None: read from the record once per filter id.
+    growth: Callable[[], Growth] | None = None
 
 
 #: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
@@ -190,6 +205,12 @@ class Bulk:
         self.hooks = hooks
         #: Whether snapshots may be taken: Redis's ACL allows them.
         self._snapshots = SNAPSHOTS
+        #: Shards found grown (their batches go to stacks at once, see :mod:`.layered`).
+        self._grown: set[int] = set()
+        #: The filter's growth, read from its record, with the identity of shard 0.
+        self._growth: tuple[bytes, Growth] | None = None
+        #: Redis's clock minus this machine's, from the last ``TIME`` read (windows).
+        self._clock = 0.0
 
     @property
     def spec(self) -> FilterSpec:
@@ -238,21 +259,32 @@ class Bulk:
         be answered apart from the others' without changing any answer.
         """
         mode = self._snapshot_mode()
-        if mode is None:
+        growth = self._layered_growth()
+        if mode is None and growth is None:
             _merge(outcome, self._run_chunks(write, block))
             return
-        limit = mode[0]
+        limit = mode[0] if mode is not None else None
         located = Located(block, self.spec, HAVE_NUMPY)
-        # (A grown shard is found so again at each block: a read of its bytes, small
-        # against the script calls its elements then take.)
-        groups = located.crowded(self._least(limit is not None))
+        groups = located.crowded(self._least(limit is not None or growth is not None))
         if not groups:
             _merge(outcome, self._run_chunks(write, block))
             return
         answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
-        results = self._snapshots_of(groups, located, write, limit)
-        for positions, taken in results:
+        # A shard known grown (and every shard with windows) goes to the stacks at once;
+        # the others to the snapshot of one key, which gives back those found grown.
+        fresh = {s: p for s, p in groups.items() if s not in self._grown} if mode else {}
+        results = self._snapshots_of(fresh, located, write, limit)
+        if growth is not None:
+            handed = {s: p for s, p in groups.items() if s not in fresh}
+            handed.update(
+                (s, p)
+                for s, p, taken in results
+                if taken.answers is None and not taken.ambiguous and taken.denied is None
+            )
+            results = [r for r in results if r[0] not in handed]
+            results += self._stacks_of(growth, handed, located, write)
+        for _, positions, taken in results:
             if taken.answers is None:
                 if taken.ambiguous:
                     doubtful.update(int(p) for p in positions)
@@ -278,6 +310,35 @@ class Bulk:
             _merge(outcome, second)
         outcome.answers.extend(answers)
 
+    def _layered_growth(self) -> Growth | None:
+        """Return the growth of a filter that grows or forgets, when its stacks may be taken.
+
+        From the hooks, else from the filter's record (read once per filter id).
+        """
+        hooks = self.hooks
+        if not LAYERED or not self._snapshots or hooks is None or not hooks.active():
+            return None
+        growth = hooks.growth() if hooks.growth is not None else self._record_growth()
+        return growth if growth is not None and (growth.expansion or growth.ttl) else None
+
+    def _record_growth(self) -> Growth | None:
+        """Read the growth of the filter in use from its record (None: not this filter's)."""
+        identity = self.identity(0)
+        if self._growth is not None and self._growth[0] == identity:
+            return self._growth[1]
+        call = Call(pack_command(b"HGETALL", self.parts.meta_key), key=self.parts.meta_key)
+        try:
+            fields = pairs(self.executor.run("read the filter's record", [call]).replies[0])
+            record = FilterRecord.parse(self.parts.meta_key, fields) if fields else None
+        except BloomFilterError:
+            return None
+        if record is None or record.spec != self.spec:
+            return None
+        if layout.identity(record.filter_id, 0, record.spec.hash_count) != identity:
+            return None
+        self._growth = identity, record.growth
+        return record.growth
+
     def _snapshot_mode(self) -> tuple[int | None] | None:
         """Whether snapshots may be taken now: None if not, else (the scriptless limit,).
 
@@ -292,41 +353,118 @@ class Bulk:
 
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
-    ) -> list[tuple[Any, Taken]]:
+    ) -> list[tuple[int, Any, Taken]]:
         """Take the snapshots of a block's crowded shards: whole, or of their blocks.
 
-        Returns each shard's positions and what its snapshot did. Shards go together
+        Returns each shard, its positions and what its snapshot did. Shards go together
         per node (:func:`.snapshot.take`: a blocked shard's blocks, or a whole shard, as
         a 1M filter's 17 to 31 small ones; two round trips for all of them), as many as
         hold :data:`JOINT_BYTES` at most (a shard bigger than that alone); when another
         client wrote to one of them meanwhile, each is tried again on its own.
         """
-        results: list[tuple[Any, Taken]] = []
-        batches: list[tuple[Node, list[tuple[Any, Part]]]] = []
+        results: list[tuple[int, Any, Taken]] = []
+        batches: list[tuple[Node, list[Any]]] = []
         filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
             if not self._snapshots:
-                results.append((positions, Taken()))  # refused by an ACL: the chunks'
+                results.append((s, positions, Taken()))  # refused by an ACL: the chunks'
                 continue
             whole = self._whole(len(positions))
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
             part = Part(key, self.identity(s), located.offsets(positions), length, whole)
             size = length if whole else BLOCK_BYTES * len(positions)
-            index, held = filling.get(id(node), (-1, JOINT_BYTES))
-            if held + size > JOINT_BYTES or not self.topology.joint_transactions:
-                index, held = len(batches), 0
-                batches.append((node, []))
-            batches[index][1].append((positions, part))
-            filling[id(node)] = (index, held + size)
+            joint = self.topology.joint_transactions
+            _join(batches, filling, node, size, (s, positions, part), joint)
         for node, batch in batches:
-            together = self._take(node, [part for _, part in batch], write, limit)
-            for (positions, part), one in zip(batch, together, strict=True):
+            together = self._take(node, [part for _, _, part in batch], write, limit)
+            for (s, positions, part), one in zip(batch, together, strict=True):
                 if one.aborted and len(batch) > 1:
                     one = self._take(node, [part], write, limit)[0]
-                results.append((positions, one))
+                results.append((s, positions, one))
         return results
+
+    def _stacks_of(
+        self, growth: Growth, groups: dict[int, Any], located: Located, write: bool
+    ) -> list[tuple[int, Any, Taken]]:
+        """Answer the batches of grown or windowed shards through stacks (:mod:`.layered`).
+
+        One round of :func:`.layered.probe` reads (the headers, ``TIME`` with windows)
+        for all of them, then per node transactions of as many shards as hold
+        :data:`JOINT_BYTES` (a shard bigger than that alone). A shard the probe or its
+        transaction leaves to the script is returned without answers.
+        """
+        results: list[tuple[int, Any, Taken]] = []
+        if not groups:
+            return results
+        ttl, key = growth.ttl, self.parts.key
+        window = int((time.time() + self._clock) // ttl) if ttl else -1
+        calls: list[Call] = []
+        spans: dict[int, tuple[int, int]] = {}
+        for s in groups:
+            probe = probes(key, s, ttl, window)
+            spans[s] = len(calls), len(probe)
+            calls += probe
+        try:
+            replies = self.executor.run("check in bulk", calls, timeout=0, partial=True).replies
+        except (FilterUnavailableError, AccessDeniedError):
+            replies = [None] * len(calls)  # the chunks run into it, and report it
+        batches: list[tuple[Node, list[Any]]] = []
+        filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
+        for s, positions in groups.items():
+            at, count = spans[s]
+            found = None
+            if all(reply is not None for reply in replies[at : at + count]):
+                mine = replies[at : at + count]
+                if ttl and isinstance(mine[0], list) and len(mine[0]) == 2:
+                    now = int(mine[0][0]) + int(mine[0][1]) / 1e6
+                    self._clock = now - time.time()
+                found = probe_reply(growth, key, s, self.identity(s), mine, window)
+            if not ttl:
+                self._grown.discard(s)
+            if found is None or not self._snapshots:
+                results.append((s, positions, Taken()))  # the script's
+                continue
+            if not ttl:
+                self._grown.add(s)
+            if self.hooks is not None and found.generations > 1:
+                self.hooks.note(s, 0, found.generations)
+            stack, size = self._stack(growth, s, positions, located, found)
+            node = self.topology.route(self.parts.shard_key(s), s, None)
+            joint = self.topology.joint_transactions
+            _join(batches, filling, node, size, (s, positions, stack), joint)
+        for node, batch in batches:
+            together = take_stacks(node, [stack for _, _, stack in batch], write)
+            for (s, positions, stack), one in zip(batch, together, strict=True):
+                if one.denied is not None:
+                    self._refused(one.denied, stack.parts[-1].key)
+                results.append((s, positions, one))
+        return results
+
+    def _stack(
+        self, growth: Growth, shard: int, positions: Any, located: Located, found: Found
+    ) -> tuple[Stack, int]:
+        """Return a shard's stack (a part per key ``found`` names), and the bytes it reads."""
+        by_generation: dict[int, Any] = {}
+        parts: list[Part] = []
+        size, identity = 0, self.identity(shard)
+        for name, g in found.keys:
+            gen = growth.generation(g)
+            offsets = by_generation.get(g)
+            if offsets is None:
+                offsets = by_generation[g] = (
+                    located.offsets(positions)
+                    if g == 0
+                    else located.generation_offsets(positions, gen)
+                )
+            length = HEADER_BYTES + gen.nbytes
+            whole = not gen.block_bits or (
+                SNAPSHOT_NS_PER_BYTE * gen.nbytes < BLOCKS_NS_PER_ELEMENT * len(positions)
+            )
+            parts.append(Part(name, identity, offsets, length, whole))
+            size += length if whole else BLOCK_BYTES * len(positions)
+        return Stack(shard, identity, found, parts, growth.ttl), size
 
     def _take(self, node: Node, parts: list[Part], write: bool, limit: int | None) -> list[Taken]:
         """Take the parts' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
@@ -640,6 +778,27 @@ def block_size(spec: FilterSpec, least: int) -> int:
         return BLOCK
     whole = -(-SNAPSHOT_NS_PER_BYTE * spec.shard_bytes // WHOLE_NS_PER_ELEMENT)
     return min(MAX_BLOCK, max(BLOCK, max(2 * least, whole) * spec.shards))
+
+
+def _join(
+    batches: list[tuple[Node, list[Any]]],
+    filling: dict[int, tuple[int, int]],
+    node: Node,
+    size: int,
+    item: Any,
+    joint: bool,
+) -> None:
+    """Put a shard's ``item`` in its node's open batch, or a new one past JOINT_BYTES.
+
+    ``filling``: per node, its open batch and the bytes in it; ``joint``: whether a
+    transaction may name several shards (else one batch each).
+    """
+    index, held = filling.get(id(node), (-1, JOINT_BYTES))
+    if held + size > JOINT_BYTES or not joint:
+        index, held = len(batches), 0
+        batches.append((node, []))
+    batches[index][1].append(item)
+    filling[id(node)] = (index, held + size)
 
 
 def _merge(outcome: Outcome, part: Outcome) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
+from scrapy_redis_bloom.core.generations import WIDE, Generation
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     FilterSpec,
@@ -73,6 +74,8 @@ class Located:
         self.vectorised = vectorised
         shards, bits, block = spec.shards, spec.shard_bits, spec.block_bits
         self._offsets: Any = None
+        self._elements = elements
+        self._wide: Any = None
         if vectorised:
             self.shard, self.x, self.y = locate_many(elements, shards, bits, block)
             self._seeds: list[tuple[int, int, int]] = []
@@ -114,6 +117,31 @@ class Located:
             return block_masks([seeds[p] for p in positions], k, HEADER_BITS)
         return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
 
+    def generation_offsets(self, positions: Any, generation: Generation) -> Any:
+        """Return :meth:`offsets` of the elements at ``positions`` in a later generation.
+
+        Seeded as the scripts seed generations after the first: the numbers before the
+        mod, cut to :data:`..generations.WIDE`, then reduced by the generation's bits
+        and seed range (see :func:`..generations.seed_arguments`).
+        """
+        k, bits, block = generation.hash_count, generation.bits, generation.block_bits
+        shards, seeds = self.spec.shards, generation.seed_range
+        if self.vectorised:
+            if self._wide is None:
+                h1, h2 = hashes_many(self._elements)
+                self._wide = (h1 // np.uint64(shards)) % np.uint64(WIDE), h2 % np.uint64(WIDE)
+            qx, qy = self._wide
+            x = (qx[positions] % np.uint64(bits)).astype(np.int64)
+            y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
+            return offsets_many(x, y, k, bits, block)
+        wide: list[tuple[int, int, int]] = []
+        for p in positions:
+            a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
+            wide.append((0, (a // shards) % WIDE % bits, b % WIDE % seeds))
+        if block:
+            return block_masks(wide, k, HEADER_BITS)
+        return [offsets(sx, sy, k, bits, block, HEADER_BITS) for _, sx, sy in wide]
+
     def outside(self, taken: Sequence[Any]) -> list[int]:
         """Return the positions that are in none of the ``taken`` groups of positions."""
         if self.vectorised:
@@ -142,14 +170,19 @@ def locate_many(
 
     ``mmh3.hash_bytes`` is the digest whose little-endian halves are ``h1`` and ``h2``.
     """
-    raw = np.frombuffer(b"".join(map(mmh3.hash_bytes, elements)), dtype="<u8")
-    h1, h2 = raw[0::2], raw[1::2]
+    h1, h2 = hashes_many(elements)
     n, s = np.uint64(shards), np.uint64(shard_bits)
     return (
         (h1 % n).astype(np.int64),
         ((h1 // n) % s).astype(np.int64),
         (h2 % np.uint64(seed_range(shard_bits, block_bits))).astype(np.int64),
     )
+
+
+def hashes_many(elements: Sequence[str | bytes]) -> tuple[NDArray[Any], NDArray[Any]]:
+    """Return the elements' mmh3 halves ``h1`` and ``h2`` (uint64 arrays)."""
+    raw = np.frombuffer(b"".join(map(mmh3.hash_bytes, elements)), dtype="<u8")
+    return raw[0::2], raw[1::2]
 
 
 def crowded(shard: NDArray[Any], shards: int, least: int) -> dict[int, NDArray[Any]]:

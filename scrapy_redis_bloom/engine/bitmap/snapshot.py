@@ -338,6 +338,29 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
     A part is handed back when its shard is lost, foreign or not as expected, or, for
     a growing shard, grown or full to the limit.
     """
+    got = _copy(part, read, write)
+    if got is None:
+        return None
+    copy, before = got
+    moved, count = part.moved, 0
+    if limit is not None:
+        generations = int.from_bytes(copy[_GENERATIONS], "big")
+        count = int.from_bytes(copy[_COUNT], "big")
+        # A check reads generation 0 alone only while it is the one generation; an
+        # add must also leave the growth boundary to the script: the snapshot takes
+        # the elements the shard has room for below the limit, the script the rest.
+        room = limit - 1 - count if write else len(moved)
+        if generations > 1 or room <= 0:
+            return None  # grown, or full to the limit: the script's
+        moved = moved[:room]
+    return copy, before, count, _kernel(moved)(copy, moved, write)
+
+
+def _copy(part: Part, read: list[Any], write: bool) -> tuple[bytearray, bytes] | None:
+    """Return a part's copy as read (compact when by blocks) and the bytes read; None if odd.
+
+    None when the key is lost, foreign or not as expected (its length, its identity).
+    """
     if part.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
         copy = bytearray().join(p for p in read if isinstance(p, bytes))
         del read[:]  # (a shard's pieces are MiBs: let go once copied)
@@ -353,18 +376,7 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
         copy, size = bytearray(before), HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
     if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
         return None  # lost, foreign or odd: the other path finds out which
-    moved, count = part.moved, 0
-    if limit is not None:
-        generations = int.from_bytes(copy[_GENERATIONS], "big")
-        count = int.from_bytes(copy[_COUNT], "big")
-        # A check reads generation 0 alone only while it is the one generation; an
-        # add must also leave the growth boundary to the script: the snapshot takes
-        # the elements the shard has room for below the limit, the script the rest.
-        room = limit - 1 - count if write else len(moved)
-        if generations > 1 or room <= 0:
-            return None  # grown, or full to the limit: the script's
-        moved = moved[:room]
-    return copy, before, count, _kernel(moved)(copy, moved, write)
+    return copy, before
 
 
 def _write_back(
@@ -375,12 +387,16 @@ def _write_back(
     limit: int | None,
     found: list[_Copy | None],
     opening: list[Any],
+    extra: Sequence[bytes] = (),
 ) -> list[Taken]:
-    """Send what the answers changed and ``EXEC``; return what each part's snapshot did."""
+    """Send what the answers changed and ``EXEC``; return what each part's snapshot did.
+
+    ``extra``: more writes for the transaction (a grown shard's count, in another key).
+    """
     taken: list[Taken] = []
-    commands: list[bytes | memoryview] = []
+    commands: list[bytes | memoryview] = [*extra]
     changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged parts' blocks to write
-    sent = 1  # EXEC
+    sent = 1 + len(extra)  # EXEC
     for part, key, got in zip(parts, keys, found, strict=True):
         if got is None:
             taken.append(Taken())  # lost, foreign, odd, grown or full: the other path's

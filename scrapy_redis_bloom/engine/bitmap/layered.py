@@ -1,0 +1,397 @@
+"""Bulk checks of grown and windowed shards: every key read, the newest written, atomically.
+
+A shard that has grown keeps its bits in several generations; with re-crawl windows,
+in the generations of two windows (see :mod:`..generations` and :mod:`.layers`). Only
+the newest generation of the current window takes adds. So a batch of a shard's
+elements is a snapshot (:mod:`.snapshot`) over several keys of one slot, in two round
+trips on the shard's node:
+
+1. ``WATCH`` every key, (``TIME`` with windows; the anchor's header), each key's bytes
+   (whole, or the blocks the batch touches, as :func:`.snapshot.take` reads a shard),
+   ``MULTI``. Every key must carry the shard's identity and its length; the headers'
+   state must be as :func:`probe` found it (the generations of the shard or of each
+   window; the anchor naming the current window as the newest started).
+2. The answers computed in Python: "seen" where an element is in any older key
+   (nothing added), else the newest generation's kernel on the others, in order. Then
+   ``SETRANGE`` of the newest generation's changed bytes and of its count (in its
+   generation 0's header), and ``EXEC``, which runs only if no key changed since
+   ``WATCH``: the batch took effect as one atomic step, as the check-and-add script on
+   each element in order would have.
+
+The script stays the authority at the boundaries, as for :mod:`.layers`: a batch that
+would bring the newest generation's count within the margin of its capacity gives its
+elements past that point back (only the script starts a generation), and a shard that
+is not as found (lost, reset, foreign, grown meanwhile), a window not started yet or
+in its last :data:`GUARD` seconds (by ``TIME`` read in the first round, plus the time
+since) are given back whole: the caller's chunks run the script, which reports and
+recovers what is wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.generations import (
+    COUNT_BIT,
+    GENERATIONS_BIT,
+    SCRIPTLESS_MARGIN,
+    Growth,
+    window_key,
+)
+from scrapy_redis_bloom.core.layout import HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
+from scrapy_redis_bloom.engine.bitmap.snapshot import (
+    _LOAD_SCRIPTS,
+    _MULTI,
+    Part,
+    Taken,
+    _copy,
+    _end,
+    _failure,
+    _gather,
+    _kernel,
+    _reads,
+    _write_back,
+)
+from scrapy_redis_bloom.transport.executor import Call, acl_denial
+from scrapy_redis_bloom.transport.node import Node, TransportError
+from scrapy_redis_bloom.transport.wire import encode, pack_command
+
+if HAVE_NUMPY:
+    import numpy as np
+
+#: Seconds before a window's end from which its batches go through the script: more
+#: than the time between the transaction's ``EXEC`` and its reaching Redis (the time
+#: since ``TIME`` was read is added).
+GUARD = 1.0
+
+_TIME = pack_command(b"TIME")
+_GENERATIONS = GENERATIONS_BIT // 8
+_COUNT = COUNT_BIT // 8
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What :func:`probe` read of a shard: the keys its batch reads, the state they must have.
+
+    ``keys``: ``(key, generation)`` of the older keys then the newest (where adds go);
+    ``state``: the key holding the current generations and count (generation 0 of the
+    shard or of the current window); ``generations``: its generations; ``before``: the
+    key of the window before's generation 0 and its generations (0: no window before,
+    as the anchor says); ``anchor``: the shard's key with windows; ``window``: the
+    current window (-1 without).
+    """
+
+    keys: tuple[tuple[str, int], ...]
+    state: str
+    generations: int
+    limit: int
+    before: tuple[str, int] | None = None
+    anchor: str | None = None
+    window: int = -1
+
+
+@dataclass(slots=True)
+class Stack:
+    """One shard's batch in :func:`take_stacks`: what :func:`probe` found, a part per key."""
+
+    shard: int
+    identity: bytes
+    found: Found
+    #: One :class:`.snapshot.Part` per key of ``found.keys``, in order.
+    parts: list[Part]
+    ttl: int = 0
+
+
+def limit(growth: Growth, generation: int) -> int:
+    """Items a shard's newest generation may hold before its adds go through the script."""
+    capacity = growth.generation(generation).capacity
+    return capacity - max(SCRIPTLESS_MARGIN, capacity // 100)
+
+
+def probes(key: str, shard: int, ttl: int, window: int) -> list[Call]:
+    """Return the reads :func:`probe` takes for a shard (``window``: the current one, guessed)."""
+    shard_key = layout.shard_key(key, shard)
+    heads = [shard_key]
+    if ttl:
+        heads += [window_key(key, shard, window - 1, 0), window_key(key, shard, window, 0)]
+    calls = [Call(_header(name), key=shard_key, shard=shard) for name in heads]
+    if ttl:
+        calls.insert(0, Call(_TIME, key=shard_key, shard=shard))
+    return calls
+
+
+def probe(
+    growth: Growth, key: str, shard: int, identity: bytes, replies: list[Any], window: int
+) -> Found | None:
+    """Read a shard's probe (:func:`probes`' replies); None: the script's (see the module doc).
+
+    Without windows only a shard that has grown is this path's (one generation is the
+    fresh snapshot's); with windows, a shard whose current window was started and is
+    not in its last seconds, and whose window before is there or was absent when the
+    current one started.
+    """
+    if any(not isinstance(reply, bytes | list) for reply in replies):
+        return None
+    ttl = growth.ttl
+    if not ttl:
+        head = replies[0]
+        if not _ours(head, identity):
+            return None
+        generations = _generations(head)
+        if generations < 2 or generations > len(growth.generations):
+            return None
+        names = tuple((layout.shard_key(key, shard, g), g) for g in range(generations))
+        state = names[0][0]
+        return Found(names, state, generations, limit(growth, generations - 1))
+    now, anchor, before, current = replies
+    seconds = _seconds(now)
+    if seconds is None or int(seconds) // ttl != window:
+        return None
+    if (window + 1) * ttl - seconds <= 2 * GUARD:
+        return None  # its last seconds: the script starts the next window
+    if not _ours(anchor, identity) or _u32(anchor) != window or not _ours(current, identity):
+        return None  # not ours, or the current window not started: the script's
+    generations = _generations(current)
+    if generations > len(growth.generations):
+        return None
+    prior = window_key(key, shard, window - 1, 0)
+    if before == b"":
+        if int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"):
+            return None  # it existed when the current window started: lost, the script's
+        older: tuple[tuple[str, int], ...] = ()
+        previous = (prior, 0)
+    elif _ours(before, identity):
+        count = _generations(before)
+        if count > len(growth.generations):
+            return None
+        older = tuple((window_key(key, shard, window - 1, g), g) for g in range(count))
+        previous = (prior, count)
+    else:
+        return None
+    names = older + tuple((window_key(key, shard, window, g), g) for g in range(generations))
+    state = window_key(key, shard, window, 0)
+    return Found(
+        names,
+        state,
+        generations,
+        limit(growth, generations - 1),
+        previous,
+        layout.shard_key(key, shard),
+        window,
+    )
+
+
+def take_stacks(node: Node, stacks: Sequence[Stack], write: bool) -> list[Taken]:
+    """Check (and add) the batches of shards of one node in one transaction (module doc).
+
+    One :class:`.snapshot.Taken` per stack, in order: its answers (the first of its
+    batch's elements, the rest the script's), or why it goes back to the script.
+    """
+    parts = [part for stack in stacks for part in stack.parts]
+    keys = [encode(part.key) for part in parts]
+    _gather(parts, keys)
+    commands: list[bytes] = []
+    if any(not part.whole and not part.ranged for part in parts):
+        commands += _LOAD_SCRIPTS
+    if write:
+        watched = dict.fromkeys(name for stack in stacks for name in _watched(stack))
+        commands.append(pack_command(b"WATCH", *watched))
+    opening = len(commands)
+    timed = any(stack.ttl for stack in stacks)
+    if timed:
+        commands.append(_TIME)
+    at = 0
+    for stack in stacks:
+        if stack.found.anchor is not None:
+            commands.append(_header(stack.found.anchor))
+        for part in stack.parts:
+            commands += _reads(part, keys[at], write)
+            at += 1
+    if write:
+        commands.append(_MULTI)
+    sent_at = time.monotonic()
+    try:
+        ticket = node.send(b"".join(commands), _replies(stacks, opening + timed, write))
+    except TransportError:
+        node.abandon()  # replies may be owed on it: never read them later
+        return [Taken() for _ in stacks]
+    try:
+        read = node.receive(ticket)
+        opened = read[:opening] + ([read[-1]] if write else [])
+        failed = _failure(read)
+        if failed is not None:
+            if write:
+                _end(node, write, opened)
+            return [Taken(denied=acl_denial(failed)) for _ in stacks]
+        at = opening
+        now = None
+        if timed:
+            now, at = _seconds(read[at]), at + 1
+        found: list[Any] = []
+        extra: list[bytes] = []
+        for stack in stacks:
+            anchor = None
+            if stack.found.anchor is not None:
+                anchor, at = read[at], at + 1
+            mine = []
+            for part in stack.parts:
+                mine.append(read[at : at + part.replies])
+                at += part.replies
+            got, counted = _answer(stack, anchor, mine, write, now)
+            if got is not None and stack.ttl and now is not None:
+                late = now + (time.monotonic() - sent_at)
+                if (stack.found.window + 1) * stack.ttl - late <= GUARD:
+                    got = None  # the window nears its end: the script's
+            found += [None] * (len(stack.parts) - 1) + [got]
+            if got is not None and write and counted is not None:
+                state, count = stack.found.state, min(counted, 2**32 - 1).to_bytes(4, "big")
+                extra.append(pack_command(b"SETRANGE", state, _COUNT, count))
+        taken = _write_back(node, keys, parts, write, None, found, opened, extra)
+    except TransportError:
+        return [Taken() for _ in stacks]
+    except BaseException:
+        node.abandon()  # a transaction may be open on it: never reuse the connection
+        raise
+    out, at = [], 0
+    for stack in stacks:
+        at += len(stack.parts)
+        out.append(taken[at - 1])
+    return out
+
+
+def _replies(stacks: Sequence[Stack], opening: int, write: bool) -> int:
+    """Return the replies a stacks' first round owes: the opening's, then each stack's."""
+    count = opening + write
+    for stack in stacks:
+        count += stack.found.anchor is not None
+        count += sum(part.replies for part in stack.parts)
+    return count
+
+
+def _watched(stack: Stack) -> list[str]:
+    """Return the keys a stack's transaction watches: the anchor and every key it reads."""
+    found = stack.found
+    names = [name for name, _ in found.keys]
+    if found.anchor is not None:
+        names.append(found.anchor)
+    if found.before is not None and not found.before[1]:
+        names.append(found.before[0])  # absent: watched, so one appearing aborts the batch
+    return names
+
+
+_NONE: tuple[None, None] = (None, None)
+
+
+def _answer(
+    stack: Stack, anchor: Any, reads: list[list[Any]], write: bool, now: float | None
+) -> tuple[Any, int | None]:
+    """Answer a stack's batch from its keys' bytes; None to give it back to the script.
+
+    Returns what :func:`.snapshot._write_back` takes of its newest key (its copy, the
+    bytes read, 0, and the answers with the span changed), and the newest
+    generation's count to write (None: unchanged).
+    """
+    found = stack.found
+    if found.anchor is not None:
+        if now is None or int(now) // stack.ttl != found.window:
+            return _NONE
+        if not _ours(anchor, stack.identity) or _u32(anchor) != found.window:
+            return _NONE
+        absent = found.before is not None and not found.before[1]
+        if absent and int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"):
+            return _NONE
+    copies = []
+    for part, mine in zip(stack.parts, reads, strict=True):
+        got = _copy(part, mine, write)
+        if got is None:
+            return _NONE  # lost, foreign or odd: the script finds out which
+        copies.append(got)
+    heads = {part.key: copy for part, (copy, _) in zip(stack.parts, copies, strict=True)}
+    state = heads[found.state]
+    if _generations(state) != found.generations:
+        return _NONE  # grown meanwhile
+    before = found.before
+    if before is not None and before[1] and _generations(heads[before[0]]) != before[1]:
+        return _NONE
+    count = _u32(state)
+    moved = stack.parts[-1].moved
+    room = found.limit - 1 - count
+    if write and room <= 0:
+        return _NONE  # full to the limit: the script's
+    vectorised = not isinstance(moved, list)
+    seen: Any = None
+    older = stack.parts if not write else stack.parts[:-1]
+    for part, (copy, _) in zip(older, copies, strict=False):
+        answers = _kernel(part.moved)(copy, part.moved, False)[0]
+        if seen is None:
+            seen = np.array(answers, dtype=bool) if vectorised else answers
+        elif vectorised:
+            seen |= np.array(answers, dtype=bool)
+        else:
+            seen = [a or b for a, b in zip(seen, answers, strict=True)]
+    copy, read = copies[-1]
+    if not write:
+        return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
+    if seen is None:
+        seen = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
+    # The elements up to the one that could bring the count to the limit (each element
+    # found in an older key adds nothing): the script takes the others.
+    n = _within(seen, room, vectorised)
+    seen, newest = seen[:n], moved[:n]
+    rest = newest[~seen] if vectorised else [m for m, s in zip(newest, seen, strict=True) if not s]
+    added, low, high = _kernel(rest)(copy, rest, True)
+    new = added.count(False)
+    if vectorised:
+        out = seen.copy()
+        out[~seen] = added
+        answers = out.tolist()
+    else:
+        left = iter(added)
+        answers = [True if s else next(left) for s in seen]
+    return (copy, read, 0, (answers, low, high)), (count + new if new else None)
+
+
+def _within(seen: Any, room: int, vectorised: bool) -> int:
+    """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len)."""
+    if vectorised:
+        missing = np.flatnonzero(~seen)
+        return int(missing[room]) if len(missing) > room else len(seen)
+    for i, there in enumerate(seen):
+        if not there:
+            room -= 1
+            if room < 0:
+                return i
+    return len(seen)
+
+
+def _header(name: str) -> bytes:
+    """Pack ``GETRANGE <name> 0 31``: a key's header."""
+    return pack_command(b"GETRANGE", name, 0, HEADER_BYTES - 1)
+
+
+def _ours(head: Any, identity: bytes) -> bool:
+    return isinstance(head, bytes | bytearray) and bytes(head[:IDENTITY_BYTES]) == identity
+
+
+def _generations(head: bytes | bytearray) -> int:
+    """Return a generation 0's generations (u16 of its state; 0 reads as 1)."""
+    return max(int.from_bytes(head[_GENERATIONS:_COUNT], "big"), 1)
+
+
+def _u32(head: bytes | bytearray) -> int:
+    return int.from_bytes(head[_COUNT : _COUNT + 4], "big")
+
+
+def _seconds(reply: Any) -> float | None:
+    """Return Redis's clock from ``TIME``'s reply; None for another reply."""
+    if not isinstance(reply, list) or len(reply) != 2:
+        return None
+    try:
+        return int(reply[0]) + int(reply[1]) / 1e6
+    except (TypeError, ValueError):
+        return None

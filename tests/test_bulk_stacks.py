@@ -1,0 +1,186 @@
+"""Bulk calls on grown and windowed filters: stacks of generations, the script at the edges.
+
+Against a real redis-server: a grown filter's and a windowed filter's bulk calls run no
+script away from the boundaries (one transaction per node and block); a generation or
+window lost between or during bulk calls is found (raised, or recreated as asked), as
+the script finds it; a window in its last seconds, or a batch that would reach a
+generation's capacity, is left to the script; a lost ``EXEC`` reply answers "new".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_redis_bloom import FaultPolicy, FilterDamagedError
+from scrapy_redis_bloom.engine.bitmap import bulk, layered
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
+from tests.test_bulk import calls, fingerprints, make
+
+GROWN = {"BLOOMFILTER_CAPACITY": 3_000, "BLOOMFILTER_ERROR_RATE": 1e-3, "BLOOMFILTER_SHARDS": 2}
+#: Windows whose first generation takes a call of 6,000 without the script.
+WINDOWED = {**GROWN, "BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_TTL": 3_600}
+#: Elements that grow GROWN to three generations per shard.
+HELD = 12_000
+
+
+@pytest.fixture(params=["numpy", "pure"])
+def numpy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the bulk path uses numpy (else the pure-Python path of a default install)."""
+    if request.param == "numpy" and not HAVE_NUMPY:
+        pytest.skip("numpy (the numpy extra) is not installed")
+    if request.param == "pure":
+        monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+    return request.param == "numpy"
+
+
+def grown(client: redis.Redis, key: str, **faults: Any) -> Any:
+    """Return a two-shard filter grown to three generations per shard."""
+    bloom = make(client, GROWN, key, faults=FaultPolicy(**faults))
+    bloom.add_many(fingerprints(HELD, "held"))
+    heads = [f"{{{key}:{s}}}:g0" for s in (0, 1)]
+    assert min(client.bitfield(head).get("u16", 208).execute()[0] for head in heads) >= 3
+    return bloom
+
+
+def twin(client: redis.Redis, key: str, name: str) -> None:
+    """Copy every key of the filter ``key`` to the filter ``name``: the same filter twice."""
+    for found in client.keys(f"*{key}*"):
+        client.copy(found, found.decode().replace(key, name))
+
+
+def test_a_grown_filters_bulk_calls_run_no_script(numpy: bool, redis_client: redis.Redis) -> None:
+    reference = grown(redis_client, "reference")
+    twin(redis_client, "reference", "stacked")
+    held, new = fingerprints(HELD, "held"), fingerprints(1_000, "new")
+    expected = [reference.check_and_add(e) for e in held + new]  # the script, element by element
+    reference.close()  # (its scriptless checks send their counts late)
+    assert expected.count(False) >= 990  # a few false positives at 1e-3
+    bloom = make(redis_client, GROWN, "stacked")
+    bloom.open()
+    redis_client.config_resetstat()
+    assert bloom.add_many(held + new) == expected
+    assert bloom.contains_many(new + fingerprints(500, "never"))[:1_000] == [True] * 1_000
+    assert calls(redis_client, "evalsha") == 0
+    assert calls(redis_client, "exec") >= 1
+    for s in (0, 1):  # the same bits as one check at a time, and the same counts
+        for g in range(4):
+            mine = redis_client.get(f"{{stacked:{s}}}:g{g}")
+            assert mine == redis_client.get(f"{{reference:{s}}}:g{g}"), (s, g)
+
+
+def test_a_windowed_filters_bulk_calls_run_no_script_inside_a_window(
+    numpy: bool, redis_client: redis.Redis
+) -> None:
+    reference = make(redis_client, WINDOWED, "reference")
+    elements = fingerprints(6_000, "w")
+    assert reference.add_many(elements[:100]) == [False] * 100  # starts the window (the script)
+    twin(redis_client, "reference", "windows")
+    expected = [reference.check_and_add(e) for e in elements]
+    reference.close()
+    bloom = make(redis_client, WINDOWED, "windows")
+    bloom.open()
+    redis_client.config_resetstat()
+    assert bloom.add_many(elements) == expected
+    assert calls(redis_client, "exec") >= 1
+    assert calls(redis_client, "evalsha") == 0
+    assert calls(redis_client, "time") >= 2
+    assert bloom.contains_many(elements) == [True] * len(elements)
+    for found in redis_client.keys("{windows:*}:w*"):
+        theirs = found.decode().replace("windows", "reference")
+        assert redis_client.get(found) == redis_client.get(theirs), found
+
+
+def test_a_window_in_its_last_seconds_is_the_scripts(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = make(redis_client, WINDOWED, "late")
+    bloom.add_many(fingerprints(10, "start"))
+    monkeypatch.setattr(layered, "GUARD", 3_600)  # every moment is a window's last ones
+    redis_client.config_resetstat()
+    elements = fingerprints(1_000, "late")
+    assert bloom.add_many(elements) == [False] * 1_000
+    assert calls(redis_client, "exec") == 0
+    assert calls(redis_client, "evalsha") > 0
+    monkeypatch.setattr(layered, "GUARD", 1.0)
+    assert bloom.add_many(elements) == [True] * 1_000
+
+
+def test_a_generation_lost_between_bulk_calls_raises_by_default(
+    numpy: bool, redis_client: redis.Redis
+) -> None:
+    bloom = grown(redis_client, "lost")
+    redis_client.delete("{lost:1}:g1")
+    with pytest.raises(FilterDamagedError, match="g1"):
+        bloom.add_many(fingerprints(HELD, "held"))
+
+
+def test_a_generation_lost_during_a_bulk_call_is_found_and_recreated(
+    numpy: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = grown(redis_client, "gone", on_loss="recreate")
+    copy = layered._copy
+    deleted: list[int] = []
+
+    def losing_a_generation(*args: Any) -> Any:
+        if not deleted:  # between the reads and the EXEC, generation 1 of shard 0 is lost
+            deleted.append(redis_client.delete("{gone:0}:g1"))
+        return copy(*args)
+
+    monkeypatch.setattr(layered, "_copy", losing_a_generation)
+    held = fingerprints(HELD, "held")
+    answers = bloom.add_many(held + fingerprints(500, "new"))
+    assert deleted == [1]
+    assert bloom.events.counts["recreated"] >= 1
+    assert answers[len(held) :] == [False] * 500
+    # What generation 1 held is new again (a duplicate fetch at worst); nothing else is.
+    assert 0 < answers[: len(held)].count(False) < len(held) // 2
+    assert redis_client.strlen("{gone:0}:g1") > 32
+    assert bloom.contains_many(held) == [True] * len(held)
+
+
+def test_a_window_lost_during_a_bulk_call_is_found(
+    numpy: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = make(redis_client, WINDOWED, "wgone")
+    bloom.add_many(fingerprints(100, "start"))
+    window = int(redis_client.time()[0]) // 3_600
+    copy = layered._copy
+    deleted: list[int] = []
+
+    def losing_the_window(*args: Any) -> Any:
+        if not deleted:
+            deleted.append(redis_client.delete(f"{{wgone:0}}:w{window}:g0"))
+        return copy(*args)
+
+    monkeypatch.setattr(layered, "_copy", losing_the_window)
+    with pytest.raises(FilterDamagedError, match=f"w{window}:g0"):
+        bloom.add_many(fingerprints(2_000, "more"))
+    assert deleted == [1]
+
+
+def test_a_lost_exec_reply_answers_new(
+    numpy: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloom = grown(redis_client, "doubt")
+    held = fingerprints(HELD, "held")
+    batch = held + fingerprints(500, "new")
+    copy = layered._copy
+    killed: list[int] = []
+
+    def dropping_the_connection(*args: Any) -> Any:
+        if not killed:  # the filter's connection dies before its EXEC's reply is read
+            killed.append(redis_client.client_kill_filter(_type="normal", skipme=True))
+        return copy(*args)
+
+    monkeypatch.setattr(layered, "_copy", dropping_the_connection)
+    answers = bloom.add_many(batch)
+    assert killed
+    assert killed[0] >= 1
+    # The EXEC may have run: what the re-run finds set may be this call's own bits.
+    assert answers[len(held) :] == [False] * 500
+    assert answers[: len(held)].count(False) >= 1
+    assert bloom.events.counts["ambiguous"] >= 1
+    assert bloom.contains_many(batch) == [True] * len(batch)
