@@ -337,19 +337,25 @@ class Executor:
         write: bool = False,
         timeout: float | None = None,
         partial: bool = False,
+        since: float | None = None,
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
         ``write``: the calls change data, so one whose reply was lost and that is
         sent again is marked ambiguous. ``timeout`` replaces the retry timeout for
-        this run (0: one attempt). Raises :class:`FilterUnavailableError` when Redis
-        does not answer in time (with ``partial``, returns instead the replies it has,
+        this run (0: one attempt); ``since``: when the caller's first attempt began
+        (``time.monotonic()``), from which the timeout counts. Raises
+        :class:`FilterUnavailableError` when Redis does not answer in time (with
+        ``partial``, returns instead the replies it has,
         None for the others, and the error in :attr:`Results.failure`), and
         :class:`AccessDeniedError` when Redis refuses the credentials or an ACL
         refuses a script.
         """
-        started = time.monotonic()
+        started = time.monotonic() if since is None else since
         budget = self.retry_timeout if timeout is None else timeout
+        # Retries stop a budget after the call began: a server that stalls (each attempt
+        # waits a socket timeout) costs the budget and one socket timeout at most.
+        end = started + budget
         outage = self._outages.get(write)
         if outage is not None:
             if started < outage.next_attempt:
@@ -357,7 +363,7 @@ class Executor:
                 if partial:
                     return Results([None] * len(calls), [False] * len(calls), failure)
                 raise failure
-            budget = 0.0  # one attempt: it has been failing for a while
+            end = started  # one attempt: it has been failing for a while
         batch = _Batch(operation, calls, write)
         todo = list(range(len(calls)))
         backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
@@ -372,23 +378,35 @@ class Executor:
                 break
             now = time.monotonic()
             first_failure = first_failure or now
-            if now - first_failure >= budget:
+            if now >= end:
                 why = describe_failure(step.failure or "no answer")
                 if timeout is None:  # a whole retry window: fail fast from now on
-                    if outage is None:
-                        outage = self._outages[write] = _Outage(first_failure, why, step.where)
-                    outage.why, outage.where = why, step.where
-                    outage.next_attempt = now + PROBE_INTERVAL
+                    self._failing(write, first_failure, why, step.where, now)
                 failure = self._unavailable(operation, why, step.where, started)
                 if partial:
                     return Results(batch.replies, batch.ambiguous, failure)
                 raise failure
             self.events.count("retries")
-            time.sleep(min(backoff * (0.5 + random.random()), budget - (now - first_failure)))
+            time.sleep(min(backoff * (0.5 + random.random()), end - now))
             backoff = min(backoff * 2, MAX_BACKOFF)
             redirects = 0
             if isinstance(step.failure, TransportError):
                 self.topology.refresh()
+        self._recovered(write)
+        return Results(batch.replies, batch.ambiguous)
+
+    def _failing(self, write: bool, since: float, why: str, where: str, now: float) -> _Outage:
+        """Note that a kind of command failed for a whole retry window: fail fast from now on."""
+        outage = self._outages.get(write)
+        if outage is None:
+            outage = self._outages[write] = _Outage(since, why, where)
+        outage.why, outage.where = why, where
+        outage.next_attempt = now + PROBE_INTERVAL
+        return outage
+
+    def _recovered(self, write: bool) -> None:
+        """Say that a kind of command runs again after an outage, and stop failing fast."""
+        outage = self._outages.pop(write, None)
         if outage is not None:
             logger.warning(
                 "%s carries out %s again, after %.1f s of: %s",
@@ -397,8 +415,39 @@ class Executor:
                 time.monotonic() - outage.since,
                 outage.why,
             )
-            del self._outages[write]
-        return Results(batch.replies, batch.ambiguous)
+
+    def _admit(self, operation: str, write: bool) -> bool:
+        """Let a hot-path call through, or fail fast while its kind of command is failing.
+
+        Returns whether this call is the one attempt a second made during an outage.
+        """
+        outage = self._outages.get(write)
+        if outage is None:
+            return False
+        now = time.monotonic()
+        if now < outage.next_attempt:
+            raise self._still_failing(operation, outage, now)
+        return True
+
+    def _spent(
+        self, operation: str, write: bool, failure: TransportError, started: float, probing: bool
+    ) -> None:
+        """Raise if a hot-path call that failed must not be retried; else return.
+
+        Not during an outage (its one attempt a second was this one), nor once the
+        attempt took the whole retry timeout (a stalled server answers nothing within a
+        socket timeout): no call waits past the timeout and one socket timeout.
+        """
+        now = time.monotonic()
+        outage = self._outages.get(write)
+        if not probing and now - started < self.retry_timeout:
+            return
+        why = describe_failure(failure)
+        since = outage.since if outage is not None else started
+        outage = self._failing(write, since, why, failure.address, now)
+        if probing:
+            raise self._still_failing(operation, outage, now) from None
+        raise self._unavailable(operation, why, failure.address, started) from None
 
     def _round(self, batch: _Batch, todo: list[int]) -> _Round:
         """Send the calls still to do, pipelined per node; sort out their replies."""
@@ -513,20 +562,26 @@ class Executor:
         Anything but a plain reply (no reply, a redirection, ``NOSCRIPT``, a busy
         server) goes to :meth:`run`, which retries it under the same policy.
         """
+        probing = self._admit(operation, True)
+        started = time.monotonic()
         try:
             reply = self.topology.route(key, shard, None).call(payload)
-        except ReplyLostError:
-            lost = True
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
-        except (TransportError, RedisError, RedisClusterException, ValueError):
-            lost = False  # not sent, or no node for the slot now (a failover): retried
+        except TransportError as exc:
+            self._spent(operation, True, exc, started, probing)
+            lost = isinstance(exc, ReplyLostError)  # else not sent: retried
+        except (RedisError, RedisClusterException, ValueError):
+            lost = False  # no node for the slot now (a failover): retried
         else:
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
+                if probing:
+                    self._recovered(True)
                 return reply, False
             lost = False
-        results = self.run(operation, [Call(payload, key, shard, script=script)], write=True)
+        calls = [Call(payload, key, shard, script=script)]
+        results = self.run(operation, calls, write=True, since=started)
         return results.replies[0], lost or results.ambiguous[0]
 
     def call_many(
@@ -541,21 +596,26 @@ class Executor:
         whose replies were lost is marked ambiguous. An error reply that no retry fixes
         is handed back among the replies, as by :meth:`run`.
         """
+        probing = self._admit(operation, write)
+        started = time.monotonic()
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
-        except ReplyLostError:
-            lost = True
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
-        except (TransportError, RedisError, RedisClusterException, ValueError):
+        except TransportError as exc:
+            self._spent(operation, write, exc, started, probing)
+            lost = isinstance(exc, ReplyLostError)
+        except (RedisError, RedisClusterException, ValueError):
             lost = False
         else:
             if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
+                if probing:
+                    self._recovered(write)
                 return Results(replies, [False] * len(replies))
             lost = False
         calls = [Call(payload, key, shard) for payload in payloads]
-        results = self.run(operation, calls, write=write)
+        results = self.run(operation, calls, write=write, since=started)
         if lost and write:
             results.ambiguous = [True] * len(payloads)
         return results
