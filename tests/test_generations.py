@@ -37,6 +37,7 @@ from scrapy_redis_bloom.core.generations import (
     Growth,
 )
 from scrapy_redis_bloom.core.sizing import false_positive_rate
+from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
 
 KEY = "grow:bloomfilter"
 
@@ -329,7 +330,7 @@ def test_workers_crossing_the_growth_boundary_together_grow_once(
     assert count - len(wins) <= upper(count, growth.rate_bound)
     scripts = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     if name == "scriptless":  # most checks went without it, the boundaries with it
-        assert 0 < scripts < PROCESSES * count / 4
+        assert 0 < scripts < PROCESSES * count / 2
     else:
         assert scripts >= count
 
@@ -624,6 +625,7 @@ def test_out_of_memory_when_a_shard_must_grow_writes_nothing_and_never_answers_s
         assert not redis_client.exists("{grow:bloomfilter:0}:g1")
     finally:
         redis_client.config_set("maxmemory", 0)
+    time.sleep(PROBE_INTERVAL)  # after a failed retry window, one attempt a second
     assert bloom.check_and_add(element) is False
     assert bloom.generations == 2
     assert bloom.check_and_add(element) is True

@@ -167,7 +167,9 @@ class Layers:
             keys += self._keys(shard, h1, h2, known.now, window, True)
             reads = [TIME] if asked else []
         else:
-            if self._near(known):
+            # One generation: the fresh path's (:mod:`.fastpath`), which left it to the
+            # script near its growth.
+            if known.now == 1 or self._near(known):
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
             reads = []
