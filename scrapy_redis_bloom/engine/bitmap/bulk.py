@@ -112,6 +112,8 @@ SNAPSHOT_NS_PER_BYTE = 1 if HIREDIS_AVAILABLE else 2
 #: 1e-4: 3.5 µs, of which 2.5 µs of Redis time in the scripts that read and write the
 #: blocks), the shards of a node together in two round trips.
 BLOCKS_NS_PER_ELEMENT = 3_500
+#: A block an older generation's batch reads (not written back): about half the above.
+READ_BLOCK_NS = 1_500
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
 #: The most bytes the shards of one snapshot transaction hold (read whole, or by their
@@ -459,10 +461,16 @@ class Bulk:
                     else located.generation_offsets(positions, gen)
                 )
             length = HEADER_BYTES + gen.nbytes
+            newest = (name, g) == found.keys[-1]
+            # Whole when moving its bytes (read, and for the newest written back) costs
+            # less than its blocks (an older generation's are only read).
+            each = BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS
             whole = not gen.block_bits or (
-                SNAPSHOT_NS_PER_BYTE * gen.nbytes < BLOCKS_NS_PER_ELEMENT * len(positions)
+                SNAPSHOT_NS_PER_BYTE * gen.nbytes * (1 + newest) < each * len(positions)
             )
-            parts.append(Part(name, identity, offsets, length, whole))
+            part = Part(name, identity, offsets, length, whole)
+            part.by_script = not HIREDIS_AVAILABLE
+            parts.append(part)
             size += length if whole else BLOCK_BYTES * len(positions)
         return Stack(shard, identity, found, parts, growth.ttl), size
 

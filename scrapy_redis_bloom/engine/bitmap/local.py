@@ -76,6 +76,7 @@ class Located:
         self._offsets: Any = None
         self._elements = elements
         self._wide: Any = None
+        self._generations: dict[Generation, Any] = {}
         if vectorised:
             self.shard, self.x, self.y = locate_many(elements, shards, bits, block)
             self._seeds: list[tuple[int, int, int]] = []
@@ -131,9 +132,17 @@ class Located:
                 h1, h2 = hashes_many(self._elements)
                 self._wide = (h1 // np.uint64(shards)) % np.uint64(WIDE), h2 % np.uint64(WIDE)
             qx, qy = self._wide
-            x = (qx[positions] % np.uint64(bits)).astype(np.int64)
-            y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
-            return offsets_many(x, y, k, bits, block)
+            if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
+                x = (qx[positions] % np.uint64(bits)).astype(np.int64)
+                y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
+                return offsets_many(x, y, k, bits, block)
+            # The whole block's at once, as :meth:`offsets` does (numpy's cost is per call).
+            every = self._generations.get(generation)
+            if every is None:
+                x = (qx % np.uint64(bits)).astype(np.int64)
+                y = (qy % np.uint64(seeds)).astype(np.int64)
+                every = self._generations[generation] = offsets_many(x, y, k, bits, block)
+            return every[positions]
         wide: list[tuple[int, int, int]] = []
         for p in positions:
             a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
