@@ -235,7 +235,11 @@ def dupefilter(crawler: Crawler) -> Iterator[RFPDupeFilter]:
 
 
 def stat(crawler: Crawler, name: str) -> Any:
+    """Return a stat as the stats timer writes it (it copies the engine's counts)."""
     assert crawler.stats is not None
+    dupefilter = RFPDupeFilter.for_crawler(crawler)
+    if dupefilter is not None:
+        dupefilter.filter_stats.publish(counts_only=True)  # the timer's copy
     return crawler.stats.get_value(name)
 
 

@@ -350,5 +350,6 @@ def test_a_filter_that_cannot_answer_lets_requests_through_and_says_so(
             errors[0].getMessage()
         )
         assert f"Redis at 127.0.0.1:{server.port} could not check and add" in errors[0].getMessage()
+        df.filter_stats.tick()  # as the stats timer does, every second
         assert crawler.stats.get_value("bloomfilter/errors") == 2
         df.close("finished")

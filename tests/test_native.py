@@ -68,13 +68,10 @@ def upper(queries: int, rate: float) -> float:
 class Recorder(FilterEvents):
     """Events as a dict: counts summed, values set."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: dict[str, Any] = {}
-        self.connect(
-            lambda name, n: self.seen.__setitem__(name, self.seen.get(name, 0) + n),
-            self.seen.__setitem__,
-        )
+    @property
+    def seen(self) -> dict[str, Any]:
+        counts, values = self.read()
+        return {**counts, **values}
 
 
 # -- settings and the record: no server --------------------------------------------------

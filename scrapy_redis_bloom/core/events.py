@@ -1,50 +1,51 @@
-"""What happens to the filter while it runs, reported as it happens.
+"""What happens to the filter while it runs, counted in memory for the layer above to read.
 
 The engine knows nothing of Scrapy: it counts events (a retry, an ambiguous answer,
 an error answered by policy, a part of the filter recreated) and sets values (how far
 past its capacity the filter is) on a :class:`FilterEvents`; each is the stat
 ``bloomfilter/<name>``, listed in :data:`scrapy_redis_bloom.scrapy.stats.STATS`.
-The dupefilter connects that to the crawl's stats, so a fault shows in the stats
-while the crawl runs, not only at its end. Warnings that could repeat on every request go through
-:class:`RateLimitedLog`.
+Nothing is pushed: the Scrapy layer reads the counts on its own timer, from the reactor
+thread, and copies them into the crawl's stats (:mod:`scrapy_redis_bloom.scrapy.stats`),
+so that a stats store that fails, or is not thread-safe, is never called from the
+executor's retries, a lease's thread or ``request_seen``. Warnings that could repeat on
+every request go through :class:`RateLimitedLog`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 
 class FilterEvents:
-    """Counts and values of what happened to one filter; forwarded to a sink if connected."""
+    """Counts and values of what happened to one filter; thread-safe, read by :meth:`read`.
+
+    Counted from any thread (the crawl's, a lease's renewing thread); never calls out.
+    """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.values: dict[str, Any] = {}
-        self._on_count: Callable[[str, int], None] | None = None
-        self._on_value: Callable[[str, Any], None] | None = None
-
-    def connect(
-        self, on_count: Callable[[str, int], None], on_value: Callable[[str, Any], None]
-    ) -> None:
-        """Forward every later count and value to these callbacks (e.g. Scrapy's stats)."""
-        self._on_count, self._on_value = on_count, on_value
+        self._lock = threading.Lock()
 
     def count(self, name: str, n: int = 1) -> None:
         """Count ``n`` events of kind ``name``."""
         if n:
-            self.counts[name] += n
-            if self._on_count is not None:
-                self._on_count(name, n)
+            with self._lock:
+                self.counts[name] += n
 
     def set(self, name: str, value: Any) -> None:
         """Set the value ``name`` (the latest wins)."""
-        self.values[name] = value
-        if self._on_value is not None:
-            self._on_value(name, value)
+        with self._lock:
+            self.values[name] = value
+
+    def read(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """Return a copy of the counts since the start, and of the values, taken together."""
+        with self._lock:
+            return dict(self.counts), dict(self.values)
 
 
 class RateLimitedLog:
@@ -73,4 +74,19 @@ class RateLimitedLog:
         if skipped:
             message += " (%d more like this since the last such message)"
             args = (*args, skipped)
-        self.logger.log(level, message, *args)
+        emit(self.logger, level, message, *args)
+
+
+def emit(logger: logging.Logger, level: int, message: str, *args: object, **kwargs: Any) -> bool:
+    """Log (``kwargs``: ``exc_info``...), never raising; return whether the record went out.
+
+    A log handler may fail: Scrapy's ``LogCounterHandler`` counts every record into the
+    crawl's stats, which scrapy-redis keeps in a Redis that may be down. A message about
+    a fault must not become a fault of the code that says it (a lease's thread, a
+    request answered "new"); the handler's own failure is not ours to say.
+    """
+    try:
+        logger.log(level, message, *args, **kwargs)
+    except Exception:
+        return False
+    return True

@@ -40,6 +40,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 
+from scrapy_redis_bloom.core.events import emit
 from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
@@ -208,7 +209,16 @@ class BatchingMiddleware:
             later,
         )
         if self.crawler.stats is not None:
-            self.crawler.stats.set_value("bloomfilter/batching_disabled", 1)
+            try:  # at the start (from_crawler, spider_opened): the stats store may be down
+                self.crawler.stats.set_value("bloomfilter/batching_disabled", 1)
+            except Exception as exc:
+                emit(
+                    logger,
+                    logging.WARNING,
+                    "Could not set the stat bloomfilter/batching_disabled: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _spider_opened(self, spider: Spider) -> None:
         self._resolve()
@@ -306,5 +316,11 @@ class BatchingMiddleware:
         except Exception:
             # A bug past the filter call (check_batch handles the call's failures): said,
             # counted; the requests go on, each checked alone by request_seen.
-            logger.exception("Holding the answers of %d request(s) failed", len(held))
             dupefilter.bloom.events.count("batch_failed")
+            emit(
+                logger,
+                logging.ERROR,
+                "Holding the answers of %d request(s) failed",
+                len(held),
+                exc_info=True,
+            )

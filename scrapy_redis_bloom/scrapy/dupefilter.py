@@ -4,7 +4,8 @@ Settings become a :class:`~.config.BloomConfig` once, at startup; each
 ``request_seen`` is then one fingerprint plus, unless the near-cache knows it, one
 atomic command in Redis (:mod:`.engine.filter`). What happens to the filter
 (retries, ambiguous answers, errors, recovered parts, passing its capacity) reaches
-the crawl's stats as it happens. When the filter cannot answer (Redis gone for longer
+the crawl's stats within a second (the engine counts it; :mod:`.stats` copies the
+counts on its timer). When the filter cannot answer (Redis gone for longer
 than ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR = "raise"``, a lost
 shard under ``BLOOMFILTER_ON_LOSS = "raise"``), the error is logged once, the crawl
 is stopped with the finish reason ``bloomfilter_error``, and the request in hand is
@@ -34,7 +35,7 @@ from scrapy_redis_bloom.core.errors import (
     CredentialsRefusedError,
     FilterUnavailableError,
 )
-from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog, emit
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_setting
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
@@ -300,11 +301,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         except Exception:
             # A bug, not a Redis fault: said with its traceback, counted, and no page
             # lost for it (a duplicate fetch at worst).
-            logger.exception(
+            emit(
+                logger,
+                logging.ERROR,
                 "Checking %d request(s) together in the Bloom filter %r failed: they are"
                 " answered 'new'.",
                 len(unique),
                 self.key,
+                exc_info=True,
             )
             self.bloom.events.count("batch_failed")
             answers = dict.fromkeys(unique, False)
@@ -336,7 +340,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self._failed:
             return
         self._failed = True
-        logger.error(
+        emit(
+            logger,
+            logging.ERROR,
             "The Bloom filter %r cannot answer, so the crawl stops (finish reason %r): %s",
             self.key,
             FINISH_REASON,
@@ -372,9 +378,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def log(self, request: Request, spider: Spider) -> None:
         """Log a filtered request as Scrapy does, and count it in the stats."""
         super().log(request, spider)
-        if self.stats is not None:
-            self.stats.inc_value("bloomfilter/filtered")
-            self.stats.inc_value("dupefilter/filtered")
+        self.filter_stats.count_filtered()  # bloomfilter/filtered and dupefilter/filtered
 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
@@ -424,14 +428,25 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 self.reservations.forgotten,
             )
         try:
-            self.bloom.sync_counters()
-            others = self.lease.release()
-            # The last worker to leave counts the bits (O(m) in Redis); the others
-            # estimate from the counters, so a closing worker costs O(1).
-            if self.bloom.record is not None:
+            others: int | None = None
+            try:
+                self.bloom.sync_counters()
+                others = self.lease.release()
+            except BloomFilterError as exc:
+                logger.warning(
+                    "Could not leave the Bloom filter %r's registry of workers (this worker's"
+                    " lease lapses within %ss): %s",
+                    self.key,
+                    f"{self.config.worker_ttl:g}",
+                    exc,
+                )
+            # Whatever failed above: the stats at close are the filter's totals at close,
+            # read again. The last worker to leave counts the bits (O(m) in Redis); the
+            # others estimate from the counters, so a closing worker costs O(1).
+            try:
                 self._record_state(full=others == 0)
-        except BloomFilterError as exc:
-            logger.warning("Could not record the Bloom filter %r's state: %s", self.key, exc)
+            except BloomFilterError as exc:
+                logger.warning("Could not record the Bloom filter %r's state: %s", self.key, exc)
         finally:
             self.lease.close()
             self.bloom.close()

@@ -3,17 +3,24 @@
 Every stat the filter gives is listed once, in :data:`STATS`. They are written while
 the crawl runs, not only when it ends, so that monitors reading them before the
 filter's own ``spider_closed`` handler runs (Spidermon's, an extension's, a spider's
-own) see them all:
+own) see them all. The engine only counts, in memory (its
+:class:`~.core.events.FilterEvents`); this module reads the counts and writes them to
+the crawl's stats collector, always from the reactor thread:
 
-* what happens to the filter (retries, ambiguous answers, errors, failovers, growth)
-  as it happens, through the engine's :class:`~.engine.events.FilterEvents`;
-* every second, from a reactor timer: this worker's counts (added to the stats as
+* every second, from a reactor timer: this worker's counts and what happened to the
+  filter (retries, ambiguous answers, errors, failovers, growth; added to the stats as
   increments, so that a stats collector shared by the workers sums them), the totals
   over all workers (the counters in Redis, synced then, plus this worker's part not
   synced yet) and the fill and false-positive rate those totals imply;
 * when the crawl runs out of requests (``spider_idle``), when Scrapy's scheduler closes
   the dupefilter, and when scrapy-redis's clears it: all of it, final;
-* when the filter closes: the same, with the bits counted in Redis by the last worker.
+* when the filter closes: the same, with the totals read again from Redis (and the bits
+  counted there by the last worker).
+
+Writing to the stats collector is the one place a stats store that fails (scrapy-redis's
+``RedisStatsCollector``, its Redis restarting) can be met: a failure is said (a WARNING,
+at most once a minute), counted (``bloomfilter/stats_failed``), and the counts not
+written are written at the next tick. The timers never stop for it.
 
 At the same interval as Scrapy's LogStats (``LOGSTATS_INTERVAL``) an INFO line says
 what the filter holds and how it answers.
@@ -22,11 +29,13 @@ what the filter holds and how it answers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import task
 
 from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.events import RateLimitedLog
 from scrapy_redis_bloom.engine.counters import SYNC_INTERVAL
 
 if TYPE_CHECKING:
@@ -63,6 +72,7 @@ STATS: dict[str, str] = {
     "full": "checks of a shard past the capacity of its last generation",
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
+    "stats_failed": "times writing these stats to the crawl's stats collector failed (retried)",
     "batching_disabled": "1 when a later middleware could drop requests: no batching",
     "eviction_risk": "servers whose maxmemory-policy may evict the filter's keys",
     "over_capacity": "items over all workers, as a multiple of the capacity (when past it)",
@@ -85,7 +95,7 @@ STATS: dict[str, str] = {
 }
 
 #: Counts of this worker, added to the stats as increments.
-_COUNTS = ("added", "cache_hits", "round_trips", "batches", "batched")
+_COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched")
 #: The counts of what happened (:class:`..core.events.FilterEvents` ``count``), every one
 #: in :data:`STATS`.
 EVENT_COUNTS = (
@@ -102,20 +112,21 @@ EVENT_COUNTS = (
     "full",
     "batch_failed",
     "batch_unscheduled",
+    "stats_failed",
 )
 #: The stats workers add to, created with 0 when the spider opens (see
 #: :meth:`FilterStats.start`).
-_CREATED = (
-    *(PREFIX + name for name in (*_COUNTS, "filtered", *EVENT_COUNTS)),
-    "dupefilter/filtered",
-)
+#: Scrapy's own count of duplicates, the same as ``bloomfilter/filtered``.
+_DUPEFILTER = "dupefilter/filtered"
+_CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 
 
 class FilterStats:
-    """Writes one worker's filter stats to the crawl's stats, and logs a line now and then.
+    """Copies one worker's filter stats into the crawl's stats, and logs a line now and then.
 
     ``bloom``: the filter; ``stats``: the crawl's stats collector (None: only the log
     line); ``interval``: seconds between log lines (``LOGSTATS_INTERVAL``; 0: none).
+    Called from the reactor thread only.
     """
 
     def __init__(
@@ -124,16 +135,12 @@ class FilterStats:
         self.bloom = bloom
         self.stats = stats
         self.interval = interval
-        #: Requests checked in batches (the dupefilter counts them).
-        self.batches = self.batched = 0
-        #: What of each count was added to the stats (None: not even 0 yet).
-        self._given: dict[str, int | None] = dict.fromkeys(_COUNTS)
+        #: Requests checked in batches, and duplicates dropped (the dupefilter counts them).
+        self.batches = self.batched = self.filtered = 0
+        #: Per stat added to: how much of its count was added (absent: not even 0 yet).
+        self._given: dict[str, int] = {}
         self._tasks: list[task.LoopingCall] = []
-        if stats is not None:
-            bloom.events.connect(
-                lambda name, n: stats.inc_value(PREFIX + name, n),
-                lambda name, value: stats.set_value(PREFIX + name, value),
-            )
+        self._log = RateLimitedLog(logger)
 
     def start(self) -> None:
         """Create the counts workers add to; start the timers (stats, log line).
@@ -146,7 +153,8 @@ class FilterStats:
         suite), or their first retries when one Redis restart hits them all. Created
         early, a count is then only incremented (left: a worker opening within the
         microseconds between another's ``HEXISTS`` and ``HSET`` of a count it has not yet
-        created). So every count is in the stats, 0 until it happens.
+        created). So every count is in the stats, 0 until it happens. A stats store that
+        fails then is said and counted; what it missed is written at the next tick.
         """
         if self._tasks:
             return
@@ -157,12 +165,9 @@ class FilterStats:
             timer = task.LoopingCall(call)
             timer.start(every, now=False)
             self._tasks.append(timer)
-        # After the timers (whose first tick is a second away): a stats store that fails
-        # here (scrapy-redis's, its Redis down) raises into Scrapy's signal log, and the
-        # stats are still written every second once it is back.
-        if self.stats is not None:
-            for name in _CREATED:
-                self.stats.inc_value(name, 0)
+        stats = self.stats
+        if stats is not None:
+            self._guarded(lambda: self._add(stats, dict.fromkeys(_CREATED, 0)))
 
     def stop(self) -> None:
         """Stop the timers."""
@@ -172,33 +177,88 @@ class FilterStats:
         self._tasks = []
 
     def tick(self) -> None:
-        """Sync what an idle worker still holds, then publish: the timer's call."""
-        self.bloom.sync_counters_if_due()
+        """Sync what an idle worker still holds, then publish: the timer's call.
+
+        Never raises, so the timer never stops: a failure is said and counted.
+        """
+        self._guarded(self.bloom.sync_counters_if_due)
         self.publish()
 
-    def publish(self, state: FilterState | None = None, counts_only: bool = False) -> None:
+    def count_filtered(self) -> None:
+        """Count a duplicate dropped, written at once as Scrapy's own dupefilter does.
+
+        From the dupefilter's ``log()``, on the reactor thread. Guarded as every write:
+        a count the stats store missed is written at the next tick.
+        """
+        self.filtered += 1
+        stats = self.stats
+        if stats is not None:
+            n = self.filtered
+            self._guarded(lambda: self._add(stats, {f"{PREFIX}filtered": n, _DUPEFILTER: n}))
+
+    def publish(self, state: FilterState | None = None, counts_only: bool = False) -> bool:
         """Write every stat now; ``state``: the filter's, counted in Redis (else estimated).
 
-        ``counts_only``: only this worker's counts (the state written last stays).
+        ``counts_only``: only this worker's counts and events (the state written last
+        stays). Never raises: returns whether every stat was written (else the failure
+        was said and counted, and the next call writes what is missing).
         """
-        stats, bloom = self.stats, self.bloom
-        record = bloom.record
+        stats = self.stats
         if stats is None:
-            return
-        counts = {
+            return True
+        return self._guarded(lambda: self._publish(stats, state, counts_only))
+
+    def _guarded(self, write: Callable[[], object]) -> bool:
+        """Run ``write``; an exception is said (rate-limited WARNING) and counted, not raised."""
+        try:
+            write()
+        except Exception as exc:
+            self.bloom.events.count("stats_failed")
+            self._log.log(
+                logging.WARNING,
+                "stats",
+                "Could not write the Bloom filter %r's stats to the crawl's stats (tried"
+                " again every second): %s: %s",
+                self.bloom.key,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        return True
+
+    def _add(self, stats: StatsCollector, counts: dict[str, int]) -> None:
+        """Add to each stat what of its count it was not given yet (the stats sum workers)."""
+        for name, value in counts.items():
+            given = self._given.get(name)
+            if value != given:
+                stats.inc_value(name, value - (given or 0))
+                self._given[name] = value  # only once written: a failure is retried
+
+    def _publish(self, stats: StatsCollector, state: FilterState | None, counts_only: bool) -> None:
+        bloom = self.bloom
+        counted, values = bloom.events.read()
+        mine = {
             "added": bloom.counters.added,
+            "filtered": self.filtered,
             "cache_hits": bloom.cache_hits,
             "round_trips": bloom.round_trips,
             "batches": self.batches,
             "batched": self.batched,
         }
-        for name, value in counts.items():
-            given = self._given[name]
-            if value != given:
-                stats.inc_value(PREFIX + name, value - (given or 0))
-                self._given[name] = value
-        if record is None or counts_only:
-            return
+        counts = {PREFIX + name: n for name, n in (*mine.items(), *counted.items())}
+        counts[_DUPEFILTER] = self.filtered
+        self._add(stats, counts)
+        record = bloom.record
+        if not counts_only and record is not None:
+            values.update(self._state(state))
+        for name, value in values.items():
+            stats.set_value(PREFIX + name, value)
+
+    def _state(self, state: FilterState | None) -> dict[str, Any]:
+        """Return the filter's stats over all workers: totals, geometry, fill, rate."""
+        bloom = self.bloom
+        record = bloom.record
+        assert record is not None
         totals = self._totals()
         estimated = bloom.estimate(totals.added)
         if state is None:
@@ -227,8 +287,7 @@ class FilterStats:
             # The server sizes its own filters: their bits and k, not the bitmap geometry.
             values["bits"] = state.total_bits
             values["hash_functions"] = state.generations[0].hash_count
-        for name, value in values.items():
-            stats.set_value(PREFIX + name, value)
+        return values
 
     def _totals(self) -> FilterTotals:
         """Return the totals over all workers: as last synced, plus this worker's unsynced."""
@@ -238,6 +297,10 @@ class FilterStats:
         return counters.current()
 
     def log(self) -> None:
+        """Log one line: the timer's call. Never raises (see :meth:`tick`)."""
+        self._guarded(self._line)
+
+    def _line(self) -> None:
         """Log one line; a Redis that does not answer is said in the line, not raised."""
         bloom = self.bloom
         record = bloom.record
