@@ -17,6 +17,7 @@ failed, counts it (``lease_failed``) and tries again sooner.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -79,7 +80,8 @@ class WorkerLease:
     ``ttl / 3`` seconds from a daemon thread, so a worker that dies stops counting as
     live within ``ttl``. It talks to Redis on connections of its own (a copy of the
     filter's topology), from whichever thread calls it. ``events``: where failed
-    renewals are counted (the filter's, so they reach the crawl's stats).
+    renewals are counted, in memory (the filter's: the Scrapy layer reads them into the
+    crawl's stats on its own timer, never from this thread).
     """
 
     def __init__(
@@ -103,8 +105,9 @@ class WorkerLease:
         )
         weakref.finalize(self, self._executor.topology.close)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        #: The renewing thread, and the event that stops it (each thread its own).
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self._log = RateLimitedLog(logger, interval=ttl)
         #: Whether this worker holds the registry's claim to clear the filter.
         self._claimed = False
@@ -187,18 +190,30 @@ class WorkerLease:
         while others == CLEARING:
             time.sleep(WAIT_STEP)
             others = self.renew()
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._keep, name=f"bloomfilter-lease-{self.worker_id}", daemon=True
-            )
-            self._thread.start()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and not self._stop.is_set():
+            return others  # renewing already
+        if thread is not None:
+            # Stopped, maybe still in a renewal that outlasted stop()'s wait: it ends
+            # after that renewal, and only then does another start (one thread at most).
+            thread.join()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._keep,
+            args=(self._stop,),
+            name=f"bloomfilter-lease-{self.worker_id}",
+            daemon=True,
+        )
+        self._thread.start()
         return others
 
-    def _keep(self) -> None:
-        """Renew until stopped. Survives any failure: says it, counts it, retries sooner."""
+    def _keep(self, stop: threading.Event) -> None:
+        """Renew until stopped. Survives any failure: says it, counts it, retries sooner.
+
+        Any: a renewal's, and one in saying or counting it (a log handler that fails).
+        """
         wait = self.ttl / 3
-        while not self._stop.wait(wait):
+        while not stop.wait(wait):
             failure: BaseException | str | None
             try:
                 failure = _TAKEN if self.renew() == CLEARING else None
@@ -208,7 +223,8 @@ class WorkerLease:
                 wait = self.ttl / 3
             else:
                 wait = min(self.ttl / 3, 1.0)  # the lease must not lapse for one failure
-                self._failed("renew", self._renewing, failure)
+                with contextlib.suppress(Exception):  # counted first; saying it may fail
+                    self._failed("renew", self._renewing, failure)
 
     @property
     def _renewing(self) -> str:
@@ -225,12 +241,15 @@ class WorkerLease:
             failure = f"{type(failure).__name__}: {failure}"  # redis-py's words need its name
         self._log.log(logging.WARNING, topic, "Could not %s: %s", what, failure)
 
-    def stop(self) -> None:
-        """Stop renewing; the lease then lapses after its TTL (as if the worker died)."""
+    def stop(self, wait: float = 5.0) -> None:
+        """Stop renewing; the lease then lapses after its TTL (as if the worker died).
+
+        Waits up to ``wait`` seconds for a renewal under way; a longer one ends on its
+        own, and :meth:`start` waits for it before renewing again.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+            self._thread.join(timeout=wait)
 
     def release(self) -> int:
         """Stop renewing and drop the lease; return how many other workers are live."""
