@@ -81,7 +81,8 @@ class Counters:
         """Add the unsynced counts to ``KEY:count``; return the totals, None if Redis failed.
 
         Never raises for Redis's sake: the counts are kept for the next sync and the
-        failure is logged (at most once a minute).
+        failure is logged (at most once a minute). Whatever fails, the counts are kept
+        (another error is raised again, after).
         """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
@@ -93,9 +94,11 @@ class Counters:
         ]
         try:
             replies = parts.run("add to the filter's counters", calls, write=True)
-        except BloomFilterError as exc:
+        except BaseException as exc:
             self._unsynced_added += added
             self._unsynced_seen += seen
+            if not isinstance(exc, BloomFilterError):
+                raise
             self._log.log(
                 logging.WARNING,
                 "sync",
