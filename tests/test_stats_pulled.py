@@ -1,0 +1,260 @@
+"""The filter's stats are pulled by the Scrapy layer, never pushed from the engine (issue 33).
+
+The engine counts what happens to the filter in memory; the Scrapy layer copies the
+counts into the crawl's stats collector on its own timer, from the reactor thread, and
+at close. A stats collector that fails (scrapy-redis's ``RedisStatsCollector``, its Redis
+restarting) is met in that one place, guarded: said, counted, and the timer goes on.
+Before, the engine called the collector from the executor's retry loop, from
+``request_seen``, from the batching middleware and from the lease thread, so a Redis
+restart let redis-py's ``ConnectionError`` out of ``request_seen``, killed the lease
+thread and stopped the stats timer for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis_server import RedisServer
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+from shared_crawl import run_workers
+from twisted.internet import task
+from website import SiteServer, TreeSite
+
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+
+PAGES = 400
+SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
+REDIS_STATS = "scrapy_redis.stats.RedisStatsCollector"
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+def dupefilter(**settings: Any) -> RFPDupeFilter:
+    """Build a worker's dupefilter as a crawl does (a crawler, its stats)."""
+    return RFPDupeFilter.from_crawler(get_crawler(BooksSpider, {**SMALL, **settings}))
+
+
+def wait_until(condition: Callable[[], Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def fire(timer: task.LoopingCall) -> None:
+    """Run a LoopingCall's due call as the reactor does (no reactor runs in the tests)."""
+    assert timer.call is not None, "the timer stopped"
+    timer.call.cancel()
+    timer()
+
+
+def lease_threads(worker: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"bloomfilter-lease-{worker}"]
+
+
+# -- a crawl whose stats store, the filter's Redis, restarts ------------------------------
+
+#: The batching middleware, the Bloom filter and scrapy-redis's stats collector, all on
+#: one Redis; Scrapy's own scheduler keeps the queue in memory, so it survives a restart.
+#: The collector forgives Scrapy's own calls (see stats_store.py): they lose pages when
+#: their stats store fails, which is not this package's doing.
+SHARED_STORE: dict[str, Any] = {
+    "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+    "STATS_CLASS": "stats_store.ForgivingRedisStatsCollector",
+    "SPIDER_MIDDLEWARES": {"scrapy_redis_bloom.batching.BatchingMiddleware": 0},
+    "BLOOMFILTER_ON_ERROR": "allow",
+    "BLOOMFILTER_RETRY_TIMEOUT": 2,
+    "BLOOMFILTER_WORKER_TTL": 3,
+    "BLOOMFILTER_CAPACITY": 100_000,
+    "BLOOMFILTER_ERROR_RATE": 1e-6,
+}
+
+
+@pytest.fixture
+def site() -> Iterator[SiteServer]:
+    # 30 ms per page: the crawl lasts a few seconds, so the restart lands in the middle.
+    with SiteServer(TreeSite(PAGES), delay=0.03) as server:
+        yield server
+
+
+def _ours(log: str) -> list[str]:
+    """Return the tracebacks in a worker's log that pass through this package."""
+    blocks = re.split(r"\n(?=\S)", log)
+    return [b for b in blocks if b.startswith("Traceback") and "scrapy_redis_bloom" in b]
+
+
+@pytest.mark.timeout(180)
+def test_a_shared_stats_store_restarted_mid_crawl_costs_no_page_stats_or_lease(
+    site: SiteServer, tmp_path: Path
+) -> None:
+    registry = "shared:bloomfilter:workers"
+    after: dict[str, Any] = {}
+    with RedisServer(appendonly=True) as store:
+        admin = store.client()
+
+        def restart() -> None:
+            time.sleep(1.0)
+            store.kill()
+            time.sleep(2.5)
+            store.restart()
+            client = store.client()
+            try:
+                for when in ("back", "later"):
+                    time.sleep(0.5 if when == "back" else 2.0)
+                    after[when] = (
+                        dict(client.zrange(registry, 0, -1, withscores=True)),
+                        int(client.hget("shared:stats", "bloomfilter/round_trips") or 0),
+                    )
+            finally:
+                client.close()
+
+        done = run_workers(site, store.url, tmp_path, SHARED_STORE, admin, during=restart)
+        admin.close()
+    for log in done.logs:
+        assert not _ours(log), _ours(log)[0]
+    assert done.lost(site) == set()
+    assert any("Could not write the Bloom filter" in log for log in done.logs)
+    (leases, trips), (leases_later, trips_later) = after["back"], after["later"]
+    assert trips_later > trips, "the stats stopped updating"
+    assert len(leases) == 2
+    assert all(leases_later.get(worker, 0) > score for worker, score in leases.items())
+
+
+# -- the stats timer, the lease thread ----------------------------------------------------
+
+
+def test_the_stats_timer_survives_a_stats_store_that_fails_and_catches_up(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with RedisServer(appendonly=True) as store:
+        df = dupefilter(
+            STATS_CLASS=REDIS_STATS, REDIS_URL=store.url, BLOOMFILTER_REDIS_URL=redis_url
+        )
+        stats = df.filter_stats
+        try:
+            stats.start()  # as spider_opened does
+            tick = stats._tasks[0]
+            for i in range(5):
+                assert df.request_seen(Request(f"https://example.com/{i}")) is False
+            store.kill()
+            with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+                fire(tick)
+                fire(tick)
+            assert tick.running, "the stats timer stopped"
+            warned = [r for r in caplog.records if "Could not write the Bloom filter" in r.message]
+            assert len(warned) == 1  # rate-limited
+            assert warned[0].levelno == logging.WARNING
+            assert "ConnectionError" in warned[0].message
+            store.restart()
+            fire(tick)  # the next tick writes what the failed ones could not
+            written = store.client().hgetall("books:stats")
+            assert written[b"bloomfilter/added"] == b"5"
+            assert written[b"bloomfilter/stats_failed"] == b"2"
+            assert written[b"bloomfilter/total_added"] == b"5"
+        finally:
+            stats.stop()
+            df.close("finished")
+
+
+def test_the_lease_thread_survives_a_renewal_failing_while_the_stats_store_is_down() -> None:
+    """The lease thread goes on renewing when its stats store (the same Redis) fails.
+
+    A failed renewal's count met a stats store down, and the exception killed the thread
+    (the lease then lapsed under a live crawl).
+    """
+    with RedisServer(appendonly=True) as server:
+        df = dupefilter(STATS_CLASS=REDIS_STATS, REDIS_URL=server.url, BLOOMFILTER_WORKER_TTL=1.0)
+        try:
+            worker, thread = df.lease.worker_id, df.lease._thread
+            assert thread is not None
+            registry = "books:bloomfilter:workers"
+            before = server.client().zscore(registry, worker)
+            assert before is not None
+            server.kill()
+            time.sleep(1.5)  # a few renewals fail (every third of the TTL)
+            server.restart()
+            admin = server.client()
+            assert wait_until(lambda: (admin.zscore(registry, worker) or 0) > before + 1000, 5)
+            assert thread.is_alive(), "the lease thread died"
+            assert df.lease._thread is thread
+            df.filter_stats.tick()  # as the stats timer does, on the reactor's thread
+            assert int(admin.hget("books:stats", "bloomfilter/lease_failed") or 0) >= 1
+            admin.close()
+        finally:
+            df.close("finished")
+
+
+def test_a_lease_stopped_during_a_long_renewal_and_started_again_has_one_thread() -> None:
+    """A lease stopped and started again renews from one thread.
+
+    stop() waits 5 s for the thread; one held longer (here a failed renewal counted into
+    a stats store that stalls) went on, and start() made a second thread beside it: two
+    threads renewed one lease until the worker closed.
+    """
+    with RedisServer() as stats_server, RedisServer(appendonly=True) as server:
+        df = dupefilter(
+            STATS_CLASS=REDIS_STATS,
+            REDIS_URL=stats_server.url,
+            BLOOMFILTER_REDIS_URL=server.url,
+            BLOOMFILTER_WORKER_TTL=3.0,
+        )
+        lease = df.lease
+        try:
+            server.kill()  # renewals fail (after a second of retries)
+            stalled = stats_server.pause(12)
+            time.sleep(2.5)
+            lease.stop()  # gives up waiting after 5 s
+            server.restart()
+            time.sleep(1.2)  # past the second its lease's calls fail fast after failing
+            lease.start()
+            stalled.join()
+            time.sleep(1.5)  # the first thread is free again, and would go on
+            assert len(lease_threads(lease.worker_id)) == 1
+        finally:
+            df.close("finished")
+        assert wait_until(lambda: not lease_threads(lease.worker_id), 5)
+
+
+# -- the stats at close --------------------------------------------------------------------
+
+
+def test_an_idle_worker_closes_with_the_filters_totals_whatever_failed(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """A worker's stats at close are the filter's totals at its close.
+
+    An idle worker's stats were the totals of its start (1) while the busy one's were
+    400: when leaving the registry failed at close (its lease's calls refused, or failing
+    fast after an outage), the totals were not read again.
+    """
+    redis_client.execute_command("ACL", "SETUSER", "idle", "on", ">pw", "~*", "+@all")
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    idle = dupefilter(REDIS_URL=f"redis://idle:pw@127.0.0.1:{port}/0")
+    try:
+        assert idle.request_seen(Request("https://example.com/start")) is False
+        idle.filter_stats.publish()  # spider_idle: what it knows now
+        assert idle.crawler.stats.get_value("bloomfilter/total_added") == 1
+        busy = dupefilter(REDIS_URL=redis_url)
+        for i in range(400):
+            assert busy.request_seen(Request(f"https://example.com/{i}")) is False
+        busy.close("finished")
+        redis_client.execute_command("ACL", "SETUSER", "idle", "-@scripting")  # no lease calls
+    finally:
+        idle.close("finished")
+    stats = idle.crawler.stats
+    assert stats.get_value("bloomfilter/total_added") == 401
+    assert stats.get_value("bloomfilter/estimated_items") == 401
+    assert stats.get_value("bloomfilter/added") == 1
