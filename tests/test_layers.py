@@ -34,7 +34,7 @@ RANKS = {
 }
 #: The engine's modules that both backends build on (the filter base and its bookkeeping).
 SHARED = {"base", "cache", "counters", "lease", "parts", "scripts", "state", "checks", "lifecycle"}
-SHARED |= {"health", "access"}
+SHARED |= {"health", "access", "clock"}
 
 
 FILES = sorted(PACKAGE.rglob("*.py"))
