@@ -517,6 +517,10 @@ class RedisBloomFilter(FilterBase):
             replies = self.executor.run("add to the shards' counts", calls, write=True).replies
         except BloomFilterError:
             replies = [None] * len(owed)  # the checks themselves report an outage
+        except BaseException:
+            for keeper, (shard, _, _, items) in owed:
+                keeper.give_back(shard, items)  # nothing counted is lost to a bug or an interrupt
+            raise
         for (keeper, (shard, _, _, items)), reply in zip(owed, replies, strict=True):
             if reply is None or isinstance(reply, BaseException):
                 keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
