@@ -14,11 +14,13 @@ import signal
 import time
 from collections.abc import Iterator
 
+import mmh3
 import pytest
 import redis
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.core.errors import WrongTypeError
 from scrapy_redis_bloom.core.settings import FaultPolicy
 
 SOCKET_TIMEOUT = 1.0
@@ -85,4 +87,38 @@ def test_a_stalled_redis_answers_new_fast_then_adds_what_it_let_through(
     assert other.contains_many(let_through) == [True] * len(let_through)
     bloom.close()
     other.close()
+    client.close()
+
+
+def test_requests_owed_after_an_outage_are_kept_when_adding_them_fails_otherwise(
+    server: RedisServer,
+) -> None:
+    """Issue 33: ``_settle`` dropped what it owed on any error but unavailable or refused."""
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 2})
+    faults = FaultPolicy(retry_timeout=0.5, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "owed", config, faults=faults, cache_size=0)
+
+    def on_shard_0(tag: str) -> list[str]:
+        return [e for e in fingerprints(20, tag) if mmh3.hash64(e, signed=False)[0] % 2 == 0]
+
+    bloom.open()
+    owed = fingerprints(20, "owed")
+    server.kill()
+    assert [bloom.check_and_add(e) for e in owed] == [False] * len(owed)  # let through
+    server.restart()
+    shard = "{owed:1}:g0"
+    assert not client.exists(shard)  # no persistence: the filter is gone, recreated next
+    time.sleep(1.1)  # the outage's next attempt is due
+    bloom.open()
+    client.delete(shard)
+    client.rpush(shard, "not a bitmap")  # another program took shard 1's key
+    # A write on shard 0 goes through; adding what is owed (on both shards) fails.
+    with pytest.raises(WrongTypeError):
+        bloom.check_and_add_many(on_shard_0("later"))
+    client.delete(shard)
+    bloom.clear()
+    bloom.check_and_add_many(on_shard_0("again"))  # this settle adds them
+    assert bloom.contains_many(owed) == [True] * len(owed)
+    bloom.close()
     client.close()

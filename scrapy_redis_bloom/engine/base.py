@@ -404,6 +404,9 @@ class FilterBase:
                 exc,
             )
             return
+        except BaseException:
+            self._owed.update(owed)  # kept for the next time, whatever went wrong
+            raise
         self.counters.record(outcome.added, outcome.seen)
         if outcome.failed:
             failed = set(outcome.failed)

@@ -470,20 +470,22 @@ class Executor:
             groups.setdefault(id(node), (node, []))[1].append(i)
         # Every node's batch is sent before any is read: one round trip in all.
         sent: list[tuple[Node, list[int], Ticket | TransportError]] = []
-        for node, indexes in groups.values():
-            payload = b"".join((_ASKING if i in asked else b"") + calls[i].payload for i in indexes)
-            try:
-                ticket: Ticket | TransportError = node.send(
-                    payload, len(indexes) + len(asked.intersection(indexes))
-                )
-            except TransportError as exc:
-                ticket = exc
-            sent.append((node, indexes, ticket))
         try:
+            for node, indexes in groups.values():
+                payload = b"".join(
+                    (_ASKING if i in asked else b"") + calls[i].payload for i in indexes
+                )
+                try:
+                    ticket: Ticket | TransportError = node.send(
+                        payload, len(indexes) + len(asked.intersection(indexes))
+                    )
+                except TransportError as exc:
+                    ticket = exc
+                sent.append((node, indexes, ticket))
             for node, indexes, ticket in sent:
                 self._sort_out(batch, step, node, indexes, ticket)
         finally:
-            # An error raised above (a refusal) leaves other nodes' replies unread:
+            # An error raised above (a refusal, a failed send) leaves replies unread:
             # throw those connections away, so no later call reads them as its own.
             for node, _, ticket in sent:
                 if isinstance(ticket, Ticket) and node.owes(ticket):
@@ -565,7 +567,8 @@ class Executor:
         probing = self._admit(operation, True)
         started = time.monotonic()
         try:
-            reply = self.topology.route(key, shard, None).call(payload)
+            node = self.topology.route(key, shard, None)
+            reply = node.call(payload)
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
         except TransportError as exc:
@@ -574,6 +577,8 @@ class Executor:
         except (RedisError, RedisClusterException, ValueError):
             lost = False  # no node for the slot now (a failover): retried
         else:
+            if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
+                raise self.refused(operation, RefusedError(node.address, reply))
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
@@ -609,6 +614,9 @@ class Executor:
         except (RedisError, RedisClusterException, ValueError):
             lost = False
         else:
+            for reply in replies:
+                if isinstance(reply, AuthenticationError):
+                    raise self.refused(operation, RefusedError(node.address, reply))
             if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
                 if probing:
                     self._recovered(write)
