@@ -254,11 +254,16 @@ class Bulk:
         """Return the elements to read next (:func:`block_size`)."""
         return block_size(self.spec, self._least(False))
 
-    def _run_block(self, write: bool, block: list[str | bytes], outcome: Outcome) -> None:
+    def _run_block(
+        self, write: bool, block: list[str | bytes], outcome: Outcome, defer: bool = True
+    ) -> None:
         """Run a block: snapshots for the shards with many of its elements, chunks for the rest.
 
         Elements of different shards touch different bits, so each shard's elements may
-        be answered apart from the others' without changing any answer.
+        be answered apart from the others' without changing any answer. A shard whose
+        newest generation is full to its scriptless limit gives the script only the
+        elements that may take it to its capacity (where the script starts the next);
+        with ``defer``, its others are run after them as a block of their own.
         """
         mode = self._snapshot_mode()
         growth = self._layered_growth()
@@ -275,6 +280,7 @@ class Bulk:
         doubtful: set[int] = set()
         # A shard known grown (and every shard with windows) goes to the stacks at once;
         # the others to the snapshot of one key, which gives back those found grown.
+        cuts: dict[int, int] = {}
         fresh = {s: p for s, p in groups.items() if s not in self._grown} if mode else {}
         results = self._snapshots_of(fresh, located, write, limit)
         if growth is not None:
@@ -285,7 +291,13 @@ class Bulk:
                 if taken.answers is None and not taken.ambiguous and taken.denied is None
             )
             results = [r for r in results if r[0] not in handed]
-            results += self._stacks_of(growth, handed, located, write)
+            stacked, cuts = self._stacks_of(growth, handed, located, write)
+            results += stacked
+        deferred: list[int] = []
+        if growth is not None and defer:
+            for s, cut in cuts.items():
+                deferred += [int(p) for p in groups[s][cut:]]
+            deferred.sort()
         for _, positions, taken in results:
             if taken.answers is None:
                 if taken.ambiguous:
@@ -298,6 +310,9 @@ class Bulk:
                 outcome.added += len(taken.answers) - seen
         answers = located.placed(answered)
         others = located.outside([positions for positions, _ in answered])
+        if deferred:
+            later = set(deferred)
+            others = [p for p in others if p not in later]
         if others:
             second = self._run_chunks(write, [block[p] for p in others])
             for position, answer in zip(others, second.answers, strict=True):
@@ -310,6 +325,13 @@ class Bulk:
                 answers[position] = answer
             second.answers = []
             _merge(outcome, second)
+        if deferred:  # after the script took their shards' first elements over the boundary
+            third = Outcome()
+            self._run_block(write, [block[p] for p in deferred], third, defer=False)
+            for position, answer in zip(deferred, third.answers, strict=True):
+                answers[position] = answer
+            third.answers = []
+            _merge(outcome, third)
         outcome.answers.extend(answers)
 
     def _layered_growth(self) -> Growth | None:
@@ -389,17 +411,21 @@ class Bulk:
 
     def _stacks_of(
         self, growth: Growth, groups: dict[int, Any], located: Located, write: bool
-    ) -> list[tuple[int, Any, Taken]]:
+    ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
         """Answer the batches of grown or windowed shards through stacks (:mod:`.layered`).
 
         One round of :func:`.layered.probe` reads (the headers, ``TIME`` with windows)
         for all of them, then per node transactions of as many shards as hold
         :data:`JOINT_BYTES` (a shard bigger than that alone). A shard the probe or its
-        transaction leaves to the script is returned without answers.
+        transaction leaves to the script is returned without answers. Also returns, per
+        shard full to its limit that may grow, how many of its elements the script
+        takes first: enough to reach its capacity, where the script starts the next
+        generation.
         """
         results: list[tuple[int, Any, Taken]] = []
+        cuts: dict[int, int] = {}
         if not groups:
-            return results
+            return results, cuts
         ttl, key = growth.ttl, self.parts.key
         window = int((time.time() + self._clock) // ttl) if ttl else -1
         calls: list[Call] = []
@@ -425,10 +451,12 @@ class Bulk:
                 found = probe_reply(growth, key, s, self.identity(s), mine, window)
             if not ttl:
                 self._grown.discard(s)
-            if found is None or not self._snapshots:
+            if found is None or not self._snapshots or (write and found.full):
+                if found is not None and found.generations < len(growth.generations):
+                    cuts[s] = max(PER_SCRIPT, found.capacity - found.count + 1)
                 results.append((s, positions, Taken()))  # the script's
                 continue
-            if not ttl:
+            if not ttl and found.generations > 1:
                 self._grown.add(s)
             if self.hooks is not None and found.generations > 1:
                 self.hooks.note(s, 0, found.generations)
@@ -442,7 +470,7 @@ class Bulk:
                 if one.denied is not None:
                     self._refused(one.denied, stack.parts[-1].key)
                 results.append((s, positions, one))
-        return results
+        return results, cuts
 
     def _stack(
         self, growth: Growth, shard: int, positions: Any, located: Located, found: Found

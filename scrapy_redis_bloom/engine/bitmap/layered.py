@@ -86,10 +86,18 @@ class Found:
     current window (-1 without).
     """
 
+    @property
+    def full(self) -> bool:
+        """Tell whether the newest generation is full to its limit: no room for the stack."""
+        return self.count + 1 >= self.limit
+
     keys: tuple[tuple[str, int], ...]
     state: str
     generations: int
     limit: int
+    #: The newest generation's count and capacity, as probed.
+    count: int
+    capacity: int
     before: tuple[str, int] | None = None
     anchor: str | None = None
     window: int = -1
@@ -130,10 +138,10 @@ def probe(
 ) -> Found | None:
     """Read a shard's probe (:func:`probes`' replies); None: the script's (see the module doc).
 
-    Without windows only a shard that has grown is this path's (one generation is the
-    fresh snapshot's); with windows, a shard whose current window was started and is
-    not in its last seconds, and whose window before is there or was absent when the
-    current one started.
+    Without windows, a shard of one generation too (the fresh snapshot gave it back:
+    full to its limit, or changed meanwhile); with windows, a shard whose current
+    window was started and is not in its last seconds, and whose window before is there
+    or was absent when the current one started.
     """
     if any(not isinstance(reply, bytes | list) for reply in replies):
         return None
@@ -143,11 +151,12 @@ def probe(
         if not _ours(head, identity):
             return None
         generations = _generations(head)
-        if generations < 2 or generations > len(growth.generations):
+        if generations > len(growth.generations):
             return None
         names = tuple((layout.shard_key(key, shard, g), g) for g in range(generations))
-        state = names[0][0]
-        return Found(names, state, generations, limit(growth, generations - 1))
+        capacity = growth.generation(generations - 1).capacity
+        newest = limit(growth, generations - 1)
+        return Found(names, names[0][0], generations, newest, _u32(head), capacity)
     now, anchor, before, current = replies
     seconds = _seconds(now)
     if seconds is None or int(seconds) // ttl != window:
@@ -180,6 +189,8 @@ def probe(
         state,
         generations,
         limit(growth, generations - 1),
+        _u32(current),
+        growth.generation(generations - 1).capacity,
         previous,
         layout.shard_key(key, shard),
         window,

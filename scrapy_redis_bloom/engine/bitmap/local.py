@@ -143,10 +143,15 @@ class Located:
                 y = (qy % np.uint64(seeds)).astype(np.int64)
                 every = self._generations[generation] = offsets_many(x, y, k, bits, block)
             return every[positions]
+        known: dict[int, tuple[int, int]] = self._wide if self._wide is not None else {}
+        self._wide = known
         wide: list[tuple[int, int, int]] = []
         for p in positions:
-            a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
-            wide.append((0, (a // shards) % WIDE % bits, b % WIDE % seeds))
+            found = known.get(p)
+            if found is None:
+                a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
+                found = known[p] = (a // shards) % WIDE, b % WIDE
+            wide.append((0, found[0] % bits, found[1] % seeds))
         if block:
             return block_masks(wide, k, HEADER_BITS)
         return [offsets(sx, sy, k, bits, block, HEADER_BITS) for _, sx, sy in wide]
