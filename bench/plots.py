@@ -12,7 +12,11 @@
 * ``redis_time.png``: Redis command time per check, per backend and layout, against a
   ``SADD`` and a ``BF.ADD`` of the same run;
 * ``crawl.png``: the filter's Redis time per page in the benchmark's 2-worker crawl,
-  against scrapy-redis's and RedisBloom's.
+  against scrapy-redis's and RedisBloom's;
+* ``states.png``: Redis time per check in each state a crawl reaches (fresh, full,
+  grown, TTL windows; bitmap and native), new and seen fingerprints, against ``SADD``
+  and ``BF.ADD`` on a scaling filter at 3x, one panel per size (measure (g); drawn
+  only when the results have it).
 
 Nothing is measured here: run it after a benchmark run, and commit the images.
 """
@@ -174,6 +178,46 @@ def crawl_plot(plt: Any, results: dict[str, Any], path: Path) -> None:
     bars(plt, usec, peers, "The dupefilter's Redis time per page, 2-worker crawl", path)
 
 
+def states_plot(plt: Any, results: dict[str, Any], path: Path) -> None:
+    """Redis time per check by state, new and seen side by side, one panel per size (g)."""
+    measure = results["measures"]["g"]
+    labels = [label for label in measure if label not in ("info", "warnings")]
+    states = [s["name"] for s in measure["info"][labels[0]]["states"]]
+    fig, axes = plt.subplots(
+        1, len(labels), figsize=(2.5 + 4.5 * len(labels), 0.9 + 0.42 * len(states)), sharey=True
+    )
+    axes = axes if len(labels) > 1 else [axes]
+    height = 0.4
+    for ax, label in zip(axes, labels, strict=True):
+        usec = medians(measure[label]["usec"])
+        groups = {s["name"]: s["group"] for s in measure["info"][label]["states"]}
+        top = max(usec.values())
+        for offset, kind, shade in ((-height / 2, "new", 1.0), (height / 2, "seen", 0.45)):
+            for i, state in enumerate(states):
+                value = usec.get(f"{state}: {kind}")
+                if value is None:
+                    continue
+                peer = groups.get(state) not in ("bitmap", "native")
+                colour = "tab:red" if peer else "tab:blue"
+                ax.barh(i + offset, value, height, color=colour, alpha=shade)
+                ax.text(value, i + offset, f" {value:.1f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(states)), states, fontsize=8)
+        ax.set_xlim(0, top * 1.2)
+        ax.set_xlabel("µs of Redis time per check (medians)")
+        ax.set_title(f"{label}", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].invert_yaxis()
+    legend = [
+        plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=1.0, label="ours, new fingerprint"),
+        plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45, label="ours, seen fingerprint"),
+        plt.Rectangle((0, 0), 1, 1, color="tab:red", alpha=1.0, label="peer, new"),
+        plt.Rectangle((0, 0), 1, 1, color="tab:red", alpha=0.45, label="peer, seen"),
+    ]
+    axes[-1].legend(handles=legend, fontsize=7, loc="lower right")
+    fig.suptitle("Redis time per check in each state a crawl reaches (same run)", fontsize=11)
+    save(fig, path)
+
+
 def save(fig: Any, path: Path) -> None:
     """Write a figure as a PNG without the drawing software's version (stable files)."""
     fig.tight_layout()
@@ -197,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     fpr_plot(plt, growth, args.out / "fpr.png")
     redis_time_plot(plt, results, args.out / "redis_time.png")
     crawl_plot(plt, results, args.out / "crawl.png")
+    if "g" in results["measures"]:
+        states_plot(plt, results, args.out / "states.png")
+    else:
+        logger.info("no measure (g) in %s: states.png not drawn", args.results)
     plt.close("all")
     return 0
 

@@ -24,6 +24,9 @@ the RedisBloom rows are left out, saying why. It measures in one run
 (s) bulk loads at 1M and 100M capacity, fingerprints given in calls of 10,000 and
     100,000: ours (defaults; a default install without numpy and hiredis; blocked,
     unblocked; native) against BF.MADD, with Redis's time per fingerprint,
+(g) Redis time, commands and round trips per check by state (fresh, 0.9x, just past
+    capacity, grown to 3x, fixed size, TTL windows; native fresh, 3x, TTL), new and
+    seen fingerprints, against SADD and BF.ADD on a scaling filter at 3x (issue 32),
 
 interleaving the contenders of each measure round by round, prints the results table
 and writes ``results.md`` and ``results.json`` (into ``bench/`` unless ``--out``).
@@ -125,10 +128,20 @@ from size import (  # noqa: E402
     paired_ratio,
     size_markdown,
 )
+from states import (  # noqa: E402
+    NAME_FRESH,
+    StateResults,
+    label_of,
+    measure_states,
+    ratios,
+    state_targets,
+    states_markdown,
+    states_note,
+)
 
 logger = logging.getLogger("bench")
 
-MEASURES = ("a", "b", "c", "d", "e", "t", "s")
+MEASURES = ("a", "b", "c", "d", "e", "t", "s", "g")
 NAME_OPTIMUM = "Bloom optimum, 1.44*log2(1/p) bits"
 
 #: Libraries that log each filter's start and stop: kept at WARNING unless --verbose.
@@ -162,6 +175,10 @@ DEFAULTS: dict[str, Any] = {
     "size_calls": [10_000, 100_000, 1_000_000],
     "size_count": 1_000_000,
     "size_seconds": 8.0,
+    "states_capacities": [1_000_000, 10_000_000],
+    "states_checks": 10_000,
+    "states_warmup": 20_000,
+    "states_rounds": 4,
 }
 QUICK: dict[str, Any] = {
     "rounds": 1,
@@ -183,6 +200,10 @@ QUICK: dict[str, Any] = {
     "size_calls": [5_000, 10_000],
     "size_count": 20_000,
     "size_seconds": 5.0,
+    "states_capacities": [20_000],
+    "states_checks": 300,
+    "states_warmup": 50,
+    "states_rounds": 1,
 }
 
 
@@ -250,7 +271,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ("--size-count", int, "(s) fingerprints per contender per round (at most the capacity)"),
         ("--size-seconds", float, "(s) a contender stops after the call past this many seconds"),
     )
-    for flag, kind, text in issue23:
+    issue32: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+        ("--states-capacities", _int_list, "(g) capacities N (at --error-rate), comma-separated"),
+        ("--states-checks", int, "(g) checks per state, per kind (new, seen), per round"),
+        ("--states-warmup", int, "(g) new fingerprints checked on each state first, not counted"),
+        ("--states-rounds", int, "(g) rounds"),
+    )
+    for flag, kind, text in (*issue23, *issue32):
         group.add_argument(flag, type=kind, help=text)
     args = finish_args(parser, argv, DEFAULTS, QUICK, MEASURES, "measures")
     positive = (
@@ -258,10 +285,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         *("slow_calls", "bulk", "setbit", "old_memory_sample", "crawl_pages"),
         "crawl_concurrency",
         *("cmd_calls", "probes", "size_rounds", "size_count"),
+        *("states_checks", "states_rounds"),
     )
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.states_warmup < 0 or not args.states_capacities:
+        parser.error("--states-warmup must be at least 0, --states-capacities needs sizes")
     if args.cmd_warmup < 0 or args.cmd_prefill < 0 or args.cmd_big < 0:
         parser.error("--cmd-warmup, --cmd-prefill and --cmd-big must be at least 0")
     if not args.size_capacities or not args.size_calls or args.size_seconds <= 0:
@@ -284,6 +314,8 @@ class Collected:
     skipped: list[str] = field(default_factory=list)
     #: (heading, Markdown) tables for the README, written into results.md.
     sections: list[tuple[str, str]] = field(default_factory=list)
+    #: How a measure was taken, with what it found out while running (fills, ...).
+    notes: list[str] = field(default_factory=list)
 
 
 def _skipped(peers: Peers, no_bloom: bool) -> list[str]:
@@ -343,11 +375,13 @@ def run(args: argparse.Namespace) -> int:
             _command_time(bench, peers, args, got)
         if "s" in args.only:
             _size(bench, peers, args, got)
+        if "g" in args.only:
+            _states(bench, peers, args, got)
         if {"c", "d"} & set(args.only):
             _bulk(bench, peers, args, got)
         if "e" in args.only:
             _crawl(bench, peers, args, got)
-    notes = method_notes(args, peers, redis_info)
+    notes = [*got.notes, *method_notes(args, peers, redis_info)]
     elapsed = time.monotonic() - started
     meta = {
         "date": date,
@@ -532,6 +566,58 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
         value = paired_ratio(rates, NAME_S_NO_EXTRAS, NAME_S_MADD_NO_EXTRAS)
         got.targets.append(Target("s", text, value, 0.3, True))
     got.sections.append(("Bulk loads at the size it is for (s)", size_markdown(found)))
+
+
+def _states(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:
+    """Measure (g): Redis time per check by state, its rows, targets and tables (issue 32)."""
+    found = measure_states(
+        bench,
+        peers,
+        args.states_capacities,
+        args.error_rate,
+        args.states_checks,
+        args.states_warmup,
+        args.states_rounds,
+    )
+    got.measures["g"] = {
+        label: {metric: {name: s.as_dict() for name, s in per.items()} for metric, per in m.items()}
+        for label, m in found.cells.items()
+    }
+    got.measures["g"]["info"] = found.info
+    got.measures["g"]["warnings"] = found.warnings
+    got.checks += found.failed
+    got.skipped += found.skipped
+    got.notes.append(states_note(found))
+    if not any(found.cells[label]["round_trips"] for label in found.cells):
+        got.skipped.append(
+            "(g) round trips per check: this version does not report the stat"
+            " bloomfilter/round_trips."
+        )
+    for capacity in args.states_capacities:
+        label = label_of(capacity, args.error_rate)
+        _state_rows(label, found, got)
+        targets = state_targets(label, found.cells[label])
+        got.targets += targets
+        got.sections.append(
+            (f"Redis time per check by state, {label} (g)", states_markdown(label, found, targets))
+        )
+
+
+def _state_rows(label: str, found: StateResults, got: Collected) -> None:
+    """(g)'s rows at one size: usec per check compared with fresh bitmap, BF.ADD and SADD."""
+    cell = found.cells[label]
+    for metric in ("usec", "commands", "round_trips"):
+        for row in rows_for(f"g {label} {metric}/check", cell[metric], reference=""):
+            if metric != "usec":
+                got.rows.append(replace(row, comparison=""))
+                continue
+            samples = cell["usec"][row.contender]
+            r = ratios(cell, samples.extra["state"], samples.extra["kind"])
+            comparison = (
+                f"x {NAME_FRESH} {r['fresh']:.2f}, x BF.ADD 3x {r['bf_add']:.2f},"
+                f" x SADD {r['sadd']:.2f}"
+            )
+            got.rows.append(replace(row, comparison=comparison))
 
 
 def _bulk(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:

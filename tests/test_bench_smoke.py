@@ -34,6 +34,7 @@ LEFT_OUT_REASONS = (
     ("BF.ADD", "RedisBloom"),
     ("batched", "ours, batched"),
     ("blocked", "BLOOMFILTER_BLOCKED"),
+    ("TTL", "BLOOMFILTER_TTL"),
 )
 
 needs_old_peer = pytest.mark.skipif(
@@ -76,7 +77,7 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
 
     document = json.loads((tmp_path / "results.json").read_text())
     measures = document["measures"]
-    assert set(measures) >= {"a", "b", "c", "d", "e", "t", "s"}
+    assert set(measures) >= {"a", "b", "c", "d", "e", "t", "s", "g"}
     assert document["redisbloom"] is bloom
     skipped = " ".join(document["skipped"])
     if not bloom:
@@ -138,7 +139,7 @@ def test_quick_run_writes_all_measures(tmp_path: Path) -> None:
         assert 0 < crawl["filter_usec"] <= crawl["redis_usec"], crawl
 
     targets = document["targets"]
-    assert {t["measure"] for t in targets} == {"a", "b", "c", "d", "e", "t", "s"}
+    assert {t["measure"] for t in targets} == {"a", "b", "c", "d", "e", "t", "s", "g"}
     assert_targets_judged(targets, skipped)
     markdown = (tmp_path / "results.md").read_text()
     for heading in ("## Results", "## Targets", "## Crawls (e)", "## How it was measured"):
@@ -218,6 +219,70 @@ def test_quick_size_measure_alone(tmp_path: Path) -> None:
     markdown = (tmp_path / "results.md").read_text()
     assert "## Bulk loads at the size it is for (s)" in markdown
     assert "| 100M @ 1e-4, calls of 10,000 |" in markdown
+
+
+#: Measure (g)'s states: always there, and with RedisBloom (the native backend, BF.ADD).
+STATES_ALWAYS = (
+    "bitmap, fresh",
+    "bitmap, 0.9x",
+    "bitmap, just past capacity (1.05x)",
+    "bitmap, grown to 3x",
+    "bitmap, EXPANSION=0, 0.9x",
+    "bitmap, TTL=3600, fresh window",
+    "bitmap, TTL=3600, 0.9x in the window",
+    "scrapy-redis SADD, set of 0.9x",
+)
+STATES_BLOOM = (
+    "native, fresh",
+    "native, grown to 3x",
+    "native, TTL=3600, fresh window",
+    "native, TTL=3600, 0.9x in the window",
+    "RedisBloom BF.ADD, scaling, 3x",
+)
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("no_bloom", [False, True], ids=["bloom", "no-bloom"])
+def test_quick_states_measure_alone(tmp_path: Path, no_bloom: bool) -> None:
+    """(g) runs on its own in seconds: every state, new and seen, with its targets and table.
+
+    Seen fingerprints must be answered seen (a failed check otherwise); without RedisBloom
+    the native states and BF.ADD are left out and their targets read N/A.
+    """
+    from redis_modules import bloom_server
+
+    bloom = not no_bloom and bloom_server() is not None
+    result = run_quick(RUN, "--only", "g", "--out", str(tmp_path), *(["--no-bloom"] * no_bloom))
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert set(document["measures"]) == {"g"}
+    assert document["checks_failed"] == []
+    measure = document["measures"]["g"]
+    [label] = [key for key in measure if key not in ("info", "warnings")]
+    assert label == "20k @ 1e-4"
+    states = {s["name"] for s in measure["info"][label]["states"]}
+    assert states == set(STATES_ALWAYS) | (set(STATES_BLOOM) if bloom else set())
+    usec, commands, trips = (measure[label][m] for m in ("usec", "commands", "round_trips"))
+    for state in states:
+        for kind in ("new", "seen"):
+            name = f"{state}: {kind}"
+            assert usec[name]["median"] > 0, name
+            assert commands[name]["median"] >= 1, name
+            assert trips[name]["median"] >= 1, name
+            if kind == "seen":  # every fingerprint the fill added is found
+                assert usec[name]["extra"]["answered_seen"] == [300], name
+    filled = {s["name"]: s["fill"] for s in measure["info"][label]["states"]}
+    assert filled["bitmap, grown to 3x"] == 3.0
+    assert filled["bitmap, just past capacity (1.05x)"] == 1.05
+    targets = document["targets"]
+    assert {t["measure"] for t in targets} == {"g"}
+    assert len(targets) == 18
+    assert_targets_judged(targets, " ".join(document["skipped"]))
+    if not bloom:
+        assert all(t["value"] is None for t in targets if "native" in t["text"])
+    markdown = (tmp_path / "results.md").read_text()
+    assert f"## Redis time per check by state, {label} (g)" in markdown
+    assert "Issue 32's targets" in markdown
 
 
 def test_floor_measures_every_way_on_a_small_filter(tmp_path: Path) -> None:
