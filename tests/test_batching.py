@@ -106,10 +106,10 @@ def test_a_batch_answers_as_one_at_a_time_in_one_round_trip(
 def test_a_batch_on_a_server_without_the_script_loads_it_once_and_resends_together(
     redis_client: redis.Redis,
 ) -> None:
-    # Windows of 1,000 items are within the scriptless margin of their capacity (1,024
-    # items): every check of this filter is an EVALSHA.
+    # A window of 1,000 items (one shard) filled to 980, in the last items before it grows:
+    # every check of this filter is an EVALSHA.
     config = BloomConfig.from_settings(
-        {**SMALL, "BLOOMFILTER_CAPACITY": 1000, "BLOOMFILTER_TTL": 3600}
+        {**SMALL, "BLOOMFILTER_CAPACITY": 1000, "BLOOMFILTER_SHARDS": 1, "BLOOMFILTER_TTL": 3600}
     )
     bloom, single = (
         RedisBloomFilter.from_config(redis_client, key, config, cache_size=0)
@@ -119,8 +119,10 @@ def test_a_batch_on_a_server_without_the_script_loads_it_once_and_resends_togeth
         each.open()
     assert bloom._fast is None
     elements = fingerprints(20, "s")
-    bloom.add_many(elements[:5])
-    single.add_many(elements[:5])
+    for each in (bloom, single):
+        each.add_many(fingerprints(975, "filler"))
+        each.add_many(elements[:5])
+    assert bloom.check_and_add(elements[0]) is True  # it reads the window's count
     bloom.sync_counters()
     redis_client.script_flush()  # as after a restart: every EVALSHA answers NOSCRIPT
     before = bloom.round_trips

@@ -258,6 +258,17 @@ class RedisBloomFilter(FilterBase):
             found, bits = layers.strays(check, reply)
             self._take_back_bits(check.add_key, check.shard, found, bits)
             return None
+        if check.again:  # new to a generation sealed meanwhile: is it in the next one?
+            replies = self.executor.call_many(
+                OPERATION, check.again, check.add_key, check.shard
+            ).replies
+            for got in replies:
+                if isinstance(got, BaseException):
+                    raise self.parts.refusal(got, check.add_key, OPERATION)
+            try:
+                seen = layers.looked(check, replies)
+            except ValueError as exc:
+                raise self._not_ours(check.add_key, exc) from None
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt

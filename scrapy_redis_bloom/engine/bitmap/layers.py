@@ -39,7 +39,6 @@ from typing import Any
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.generations import (
     GENERATIONS_BIT,
-    SCRIPTLESS_MARGIN,
     WIDE,
     Generation,
     Growth,
@@ -116,6 +115,9 @@ class Check:
     sent: int = 0
     stated: bool = False
     count: bytes = b""
+    #: Where the add landed in a generation sealed meanwhile: the reads of the next one.
+    again: list[bytes] = field(default_factory=list)
+    next: _Key | None = None
 
 
 class Layers:
@@ -173,6 +175,43 @@ class Layers:
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
             reads = []
+        reads += self._reads(keys)
+        return Check(shard, h1, h2, known, keys, reads, window, asked)
+
+    def _keys(
+        self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
+    ) -> list[_Key]:
+        """Return the keys of a shard (or of one window of it) and the element's bits there."""
+        newest = generations - 1
+        return [
+            self._key(shard, h1, h2, g, window, current, g == newest) for g in range(newest + 1)
+        ]
+
+    def _key(
+        self, shard: int, h1: int, h2: int, g: int, window: int, current: bool, newest: bool
+    ) -> _Key:
+        """Return generation ``g`` of a shard (or of one window) and the element's bits there."""
+        gen = self.gens[g]
+        q = h1 // self.shards
+        if g == 0:
+            x, y = q % self.growth.spec.shard_bits, h2 % gen.seed_range
+        else:
+            x, y = (q % WIDE) % gen.bits, (h2 % WIDE) % gen.seed_range
+        bits = offsets(x, y, gen.hash_count, gen.bits, gen.block_bits, HEADER_BITS)
+        block = -1
+        if gen.block_bits:  # read the element's block whole: its bits counted from there
+            span = gen.block_bits
+            block = HEADER_BITS + (bits[0] - HEADER_BITS) // span * span
+            bits = [bit - block for bit in bits]
+        if window < 0:
+            name = layout.shard_key(self.key, shard, g)
+        else:
+            name = window_key(self.key, shard, window, g)
+        return _Key(name, g, current, current and newest, bits, block)
+
+    def _reads(self, keys: list[_Key]) -> list[bytes]:
+        """Pack the reads of keys: the element's bits, then the key's header, each."""
+        reads = []
         for k in keys:
             if k.block < 0:
                 args: list[Any] = [b"BITFIELD_RO", k.name]
@@ -184,33 +223,7 @@ class Layers:
                 last = first + self.gens[k.generation].block_bits // 8 - 1
                 reads.append(pack_command(b"GETRANGE", k.name, first, last))
             reads.append(_header(k.name))
-        return Check(shard, h1, h2, known, keys, reads, window, asked)
-
-    def _keys(
-        self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
-    ) -> list[_Key]:
-        """Return the keys of a shard (or of one window of it) and the element's bits there."""
-        out = []
-        q = h1 // self.shards
-        for g in range(max(generations, 0)):
-            gen = self.gens[g]
-            if g == 0:
-                spec = self.growth.spec
-                x, y = q % spec.shard_bits, h2 % gen.seed_range
-            else:
-                x, y = (q % WIDE) % gen.bits, (h2 % WIDE) % gen.seed_range
-            bits = offsets(x, y, gen.hash_count, gen.bits, gen.block_bits, HEADER_BITS)
-            block = -1
-            if gen.block_bits:  # read the element's block whole: its bits counted from there
-                span = gen.block_bits
-                block = HEADER_BITS + (bits[0] - HEADER_BITS) // span * span
-                bits = [bit - block for bit in bits]
-            if window < 0:
-                name = layout.shard_key(self.key, shard, g)
-            else:
-                name = window_key(self.key, shard, window, g)
-            out.append(_Key(name, g, current, current and g == generations - 1, bits, block))
-        return out
+        return reads
 
     def _near(self, known: _Shard) -> bool:
         """Tell whether the newest generation is too near its capacity for this path.
@@ -220,9 +233,11 @@ class Layers:
         g = known.now - 1
         if not 0 <= g < self.last:
             return True
-        capacity = self.gens[g].capacity
-        limit = capacity - max(SCRIPTLESS_MARGIN, capacity // 100, STATE_EVERY * self.workers())
-        return known.count + known.pending + 1 >= limit
+        # The counts other workers may hold back, and this one: the generation takes at
+        # most these few more than its capacity. (Which worker is told "new" at the
+        # boundary needs no margin: an add that lands in a sealed generation looks again.)
+        late = STATE_EVERY * (self.workers() + 1)
+        return known.count + known.pending + 1 >= self.gens[g].capacity - late
 
     # -- reading ---------------------------------------------------------------------
 
@@ -288,7 +303,9 @@ class Layers:
             check.sent, known.pending = known.pending, 0
             args += (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
             check.stated = True
-        elif known.pending + 1 >= STATE_EVERY:
+        else:
+            args += (b"GET", b"u16", GENERATIONS_BIT)  # its seal, once a later one started
+        if k.generation and known.pending + 1 >= STATE_EVERY:
             check.sent, known.pending = known.pending, 0
             g0 = next(g for g in check.keys if g.current and g.generation == 0)
             check.count = pack_command(
@@ -301,31 +318,55 @@ class Layers:
     def added(self, check: Check, reply: Any) -> bool | None:
         """Read the add's reply: True for "seen", False for new; None: the key is not ours.
 
+        An element new to a generation sealed meanwhile (a later one started) gets
+        :attr:`Check.again`: the reads that look for it in the next generation, where a
+        worker that checked it through the script may have added it (:meth:`looked`).
         Raises ``ValueError`` for a reply of the wrong shape.
         """
-        fields = 2 if check.stated else 1
         k = len(check.add_bits)
-        if not isinstance(reply, list) or len(reply) != fields + k:
-            raise ValueError(f"a BITFIELD of {fields + k} fields, got {reply!r:.200}")
+        if not isinstance(reply, list) or len(reply) != 2 + k:
+            raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
         known = check.known
         if reply[0] != id_field(self.identity(check.shard)):
             if check.stated:  # the count went to the wrong key too
                 known.pending += check.sent
             return None
-        seen = 0 not in reply[fields:]
+        seen = 0 not in reply[2:]
         known.pending += not seen
+        newest = next(key for key in check.keys if key.newest)
         if check.stated:
             generations, known.count = divmod(reply[1], 1 << 32)
             # Grown meanwhile: the count is the next generation's; what this worker owes
             # goes there (it grows a little early, never late).
             known.now = max(generations, 1)
+            sealed = generations > 1
+        else:
+            sealed = reply[1] != 0
+        if sealed and not seen and newest.generation + 1 < self.last:
+            after = newest.generation + 1
+            known.now = max(known.now, after + 1)
+            window = check.window if self.ttl else -1
+            nxt = self._key(check.shard, check.h1, check.h2, after, window, True, True)
+            check.again, check.next = self._reads([nxt]), nxt
         return seen
+
+    def looked(self, check: Check, replies: list[Any]) -> bool:
+        """Read the second look of an element new to a sealed generation: True if seen.
+
+        Seen when the next generation, carrying this filter's identity, holds all its
+        bits: another worker checked it there since (or a false positive). Any doubt
+        answers new.
+        """
+        assert check.next is not None
+        bits, head = replies
+        if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
+            return False
+        return _all_set(bits, check.next)
 
     def strays(self, check: Check, reply: list[Any]) -> tuple[bytes, list[int]]:
         """Return what an add that found a foreign key set there: the id field it read, bits."""
-        fields = 2 if check.stated else 1
         found = reply[0].to_bytes(8, "big", signed=True)
-        return found, [b for b, was in zip(check.add_bits, reply[fields:], strict=True) if not was]
+        return found, [b for b, was in zip(check.add_bits, reply[2:], strict=True) if not was]
 
     def lost(self, check: Check) -> None:
         """Give back the count an add carried that surely did not run."""
