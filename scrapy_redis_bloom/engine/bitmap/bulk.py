@@ -14,9 +14,13 @@ against ~10 µs for the check-and-add script). "Enough", and whole or by blocks,
 each path's cost (:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
 snapshots while it has one generation, for the elements of a batch that keep its count
 under :attr:`.generations.Growth.scriptless_limit` (the script takes the others and
-crosses the growth boundary); a filter that forgets (TTL) never does. Elements of the
-other shards, and of every snapshot that was not taken (the shard changed, is lost or
-not as expected, a connection failed, an ACL refused it), go through the chunks below.
+crosses the growth boundary). A shard that has grown, and every shard of a filter that
+forgets (TTL), takes a stack instead (:mod:`.layered`): the same snapshot over all the
+keys its elements may be in (its generations; the current window's and the one
+before's), the adds in the newest, under the same margin from its capacity. Elements of
+the other shards, and of every snapshot or stack that was not taken (the shard changed,
+is lost or not as expected, a window nears its end, a connection failed, an ACL refused
+it), go through the chunks below.
 
 Chunks: each chunk of :data:`CHUNK` elements is hashed in Python and grouped per
 shard; per shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD
@@ -367,7 +371,7 @@ class Bulk:
         """Whether snapshots may be taken now: None if not, else (the scriptless limit,).
 
         The limit is None for a filter that neither grows nor forgets; a filter that
-        forgets (TTL) takes the script always.
+        forgets (TTL) takes none (its shards take stacks, :meth:`_stacks_of`).
         """
         hooks = self.hooks
         if hooks is None or not hooks.active():

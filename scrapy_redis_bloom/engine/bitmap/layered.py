@@ -3,8 +3,9 @@
 A shard that has grown keeps its bits in several generations; with re-crawl windows,
 in the generations of two windows (see :mod:`..generations` and :mod:`.layers`). Only
 the newest generation of the current window takes adds. So a batch of a shard's
-elements is a snapshot (:mod:`.snapshot`) over several keys of one slot, in two round
-trips on the shard's node:
+elements is a snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack*
+(:class:`Stack`), in two round trips on the shard's node after one round of
+:func:`probes` for all shards (their headers, ``TIME`` with windows):
 
 1. ``WATCH`` every key, (``TIME`` with windows; the anchor's header), each key's bytes
    (whole, or the blocks the batch touches, as :func:`.snapshot.take` reads a shard),
@@ -17,6 +18,10 @@ trips on the shard's node:
    generation 0's header), and ``EXEC``, which runs only if no key changed since
    ``WATCH``: the batch took effect as one atomic step, as the check-and-add script on
    each element in order would have.
+
+A check without adds (``contains_many``) watches nothing and writes nothing: each key
+is read atomically with its header (one ``GET``, or its blocks in a ``MULTI``/``EXEC``
+of their own), "seen" where an element's bits are all set in one key of this filter.
 
 The script stays the authority at the boundaries, as for :mod:`.layers`: a batch that
 would bring the newest generation's count within the margin of its capacity gives its
