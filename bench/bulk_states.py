@@ -31,6 +31,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 STATES = ("fresh", "grown", "grown+", "ttl", "ttl2")
@@ -58,10 +59,10 @@ def make(client: Any, key: str, state: str, capacity: int, error_rate: float) ->
     return RedisBloomFilter.from_config(client, key, config)
 
 
-def prepare(client: Any, capacity: int, error_rate: float) -> None:
+def prepare(client: Any, capacity: int, error_rate: float, states: Sequence[str] = STATES) -> None:
     """Fill each state's filter once."""
     fill = {"fresh": 0, "grown": 3 * capacity, "grown+": 31 * capacity // 10, "ttl": capacity // 2}
-    for state in STATES:
+    for state in states:
         if state == "ttl2":
             windows_before(client, capacity, error_rate)
             continue
@@ -103,13 +104,19 @@ def drop(client: Any, key: str) -> None:
 
 
 def measure(
-    client: Any, capacity: int, error_rate: float, calls: list[int], total: int, rounds: int
+    client: Any,
+    capacity: int,
+    error_rate: float,
+    calls: list[int],
+    total: int,
+    rounds: int,
+    states: Sequence[str] = STATES,
 ) -> None:
     """Print a JSON line per state and call size: fp/s of add_many of new fingerprints."""
     from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 
     for size in calls:
-        for state in STATES:
+        for state in states:
             rates: list[float] = []
             cpu: list[float] = []  # µs of CPU (this process and Redis) per fingerprint
             for r in range(rounds):
@@ -161,19 +168,21 @@ def main() -> None:
     parser.add_argument("--total", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-numpy", action="store_true", help="hide numpy from the import")
+    parser.add_argument("--states", default=",".join(STATES))
     args = parser.parse_args()
     if args.no_numpy:
         sys.modules["numpy"] = None  # type: ignore[assignment]  # an ImportError from now on
     import redis
 
     client = redis.Redis.from_url(args.url)
+    states = args.states.split(",")
     if args.step == "prepare":
-        prepare(client, args.capacity, args.error_rate)
+        prepare(client, args.capacity, args.error_rate, states)
     elif args.step == "measure":
         calls = [int(c) for c in args.calls.split(",")]
-        measure(client, args.capacity, args.error_rate, calls, args.total, args.rounds)
+        measure(client, args.capacity, args.error_rate, calls, args.total, args.rounds, states)
     else:
-        for state in STATES:
+        for state in states:
             drop(client, f"{PREFIX}:{state}")
 
 
