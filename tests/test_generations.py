@@ -37,6 +37,7 @@ from scrapy_redis_bloom.core.generations import (
     Growth,
 )
 from scrapy_redis_bloom.core.sizing import false_positive_rate
+from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
 
 KEY = "grow:bloomfilter"
@@ -313,15 +314,19 @@ def test_workers_crossing_the_growth_boundary_together_grow_once(
     wins = collections.Counter(e for new in new_to for e in new)
     assert [e for e, n in wins.items() if n > 1] == []  # new to one process at most
     # Each new answer is one item counted in one generation: the full generations hold
-    # exactly their capacity, the newest its count. A generation started twice, or an
-    # item counted twice, breaks the sum.
+    # their capacity, the newest its count. A generation started twice, or an item
+    # counted twice, breaks the sum. A full generation may hold a few more than its
+    # capacity: the counts the workers held back when it filled (fewer than STATE_EVERY
+    # each, engine/bitmap/layers.py; these workers hold no lease, so none is told of
+    # the others), counted in the next one.
     growth = cfg.growth
     key = "{grow:bloomfilter:0}:g0"
     generations, count_now = (
         redis_client.bitfield(key).get("u16", GENERATIONS_BIT).get("u32", COUNT_BIT).execute()
     )
     full = sum(growth.generation(g).capacity for g in range(generations - 1))
-    assert sum(wins.values()) == full + count_now
+    late = sum(wins.values()) - (full + count_now)
+    assert 0 <= late <= PROCESSES * STATE_EVERY * (generations - 1)
     assert generations >= least
     assert grown == generations - 1  # each generation started by exactly one call
     names = [f"{{grow:bloomfilter:0}}:g{g}" for g in range(MAX_GENERATIONS)]

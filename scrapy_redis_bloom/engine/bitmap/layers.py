@@ -50,6 +50,11 @@ from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_
 from scrapy_redis_bloom.engine.clock import TIME, Clock
 from scrapy_redis_bloom.transport.wire import pack_command
 
+#: A shard's checks between two that read the header of every key; the others read only
+#: that of the key holding the state (the current generation 0). A key lost meanwhile
+#: reads empty, which its bits' read shows; a classic key's read carries its id field.
+HEADER_EVERY = 16
+
 #: What a read round decided (see :meth:`Layers.judge`).
 SEEN, ADD, SCRIPT = "seen", "add", "script"
 
@@ -71,6 +76,8 @@ class _Shard:
     #: since, not yet added to that count in Redis.
     count: int = 0
     pending: int = 0
+    #: Checks since the last that read every key's header.
+    since: int = 0
     #: Redis's clock on the shard's node (windows).
     clock: Clock = field(default_factory=Clock)
 
@@ -89,6 +96,8 @@ class _Key:
     bits: list[int]
     #: First bit of the element's block (blocked generations), or -1: read bit by bit.
     block: int
+    #: Whether this round reads its header too (see :data:`HEADER_EVERY`).
+    header: bool = True
 
 
 @dataclass(slots=True)
@@ -156,12 +165,13 @@ class Layers:
         shard = h1 % self.shards
         known = self._shards.get(shard)
         if known is None:
-            known = self._shards[shard] = _Shard(now=1 if self.ttl else 2)
+            known = self._shards[shard] = _Shard(now=1 if self.ttl else 2, since=HEADER_EVERY)
         window, asked = -1, False
         if self.ttl:
             window, asked = known.clock.estimate(self.ttl)
             if window != known.window:
                 known.window, known.before, known.now, known.count = window, 1, 1, 0
+                known.since = HEADER_EVERY
                 known.pending = 0  # the old window's newest generation takes no more adds
             if known.before == -1 or self._near(known):
                 return None
@@ -175,6 +185,12 @@ class Layers:
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
             reads = []
+        known.since += 1
+        every = known.since >= HEADER_EVERY
+        if every:
+            known.since = 0
+        for k in keys:
+            k.header = every or (k.current and k.generation == 0)
         reads += self._reads(keys)
         return Check(shard, h1, h2, known, keys, reads, window, asked)
 
@@ -210,11 +226,11 @@ class Layers:
         return _Key(name, g, current, current and newest, bits, block)
 
     def _reads(self, keys: list[_Key]) -> list[bytes]:
-        """Pack the reads of keys: the element's bits, then the key's header, each."""
+        """Pack the reads of keys: the element's bits, then (where asked) the key's header."""
         reads = []
         for k in keys:
             if k.block < 0:
-                args: list[Any] = [b"BITFIELD_RO", k.name]
+                args: list[Any] = [b"BITFIELD_RO", k.name, b"GET", b"i64", ID_FIELD]
                 for bit in k.bits:
                     args += (b"GET", b"u1", bit)
                 reads.append(pack_command(*args))
@@ -222,7 +238,8 @@ class Layers:
                 first = k.block // 8
                 last = first + self.gens[k.generation].block_bits // 8 - 1
                 reads.append(pack_command(b"GETRANGE", k.name, first, last))
-            reads.append(_header(k.name))
+            if k.header:
+                reads.append(_header(k.name))
         return reads
 
     def _near(self, known: _Shard) -> bool:
@@ -258,18 +275,33 @@ class Layers:
             if int(now // self.ttl) != check.window or known.window != check.window:
                 return SCRIPT  # the round chose its keys by another window
             late = not Clock.inside(now, check.window, self.ttl)
-        if len(replies) != 2 * len(check.keys):
-            raise ValueError(f"{2 * len(check.keys)} replies, got {len(replies)}")
+        if len(replies) != len(check.keys) + sum(k.header for k in check.keys):
+            raise ValueError(f"replies to {len(check.reads)} reads, got {len(replies)}")
         identity = self.identity(check.shard)
-        sound, seen = True, False
-        for i, k in enumerate(check.keys):
-            bits, head = replies[2 * i], replies[2 * i + 1]
-            if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != identity:
-                sound = False  # missing, or not this filter's: the script sorts it out
-                if head == b"" and k.generation == 0 and not k.current:
+        expected = id_field(identity)
+        sound, seen, at = True, False, 0
+        for k in check.keys:
+            bits, at = replies[at], at + 1
+            head = None
+            if k.header:
+                head, at = replies[at], at + 1
+            # Missing, or not this filter's: the script sorts it out. A key reads empty
+            # when missing; a classic key's read starts with its id field.
+            if k.block < 0:
+                ours = isinstance(bits, list) and bool(bits) and bits[0] == expected
+            else:
+                ours = (
+                    isinstance(bits, bytes) and len(bits) * 8 == self.gens[k.generation].block_bits
+                )
+            if head is not None:
+                ours = ours and isinstance(head, bytes) and head[:IDENTITY_BYTES] == identity
+            if not ours:
+                sound = False
+                missing = head == b"" or bits == b"" or bits[:1] == [0]
+                if k.generation == 0 and not k.current and missing:
                     known.before = -1  # never started, or lost: only the script can tell
                 continue
-            if k.generation == 0:
+            if k.generation == 0 and head is not None:
                 # The state: generations (u16, 0 reads as 1), the newest one's count (u32).
                 generations = max(int.from_bytes(head[26:28], "big"), 1)
                 if not k.current:
@@ -280,7 +312,7 @@ class Layers:
                 else:
                     known.count = int.from_bytes(head[28:32], "big")
             if not seen:
-                seen = _all_set(bits, k)
+                seen = _all_set(bits[1:] if k.block < 0 else bits, k)
         if seen:
             return SEEN
         if not sound or late or self._near(known):
@@ -357,11 +389,12 @@ class Layers:
         bits: another worker checked it there since (or a false positive). Any doubt
         answers new.
         """
-        assert check.next is not None
+        found = check.next
+        assert found is not None
         bits, head = replies
         if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
             return False
-        return _all_set(bits, check.next)
+        return _all_set(bits[1:] if found.block < 0 else bits, found)
 
     def strays(self, check: Check, reply: list[Any]) -> tuple[bytes, list[int]]:
         """Return what an add that found a foreign key set there: the id field it read, bits."""
