@@ -304,7 +304,8 @@ def test_rights_taken_away_later_raise_naming_the_operation_never_answer() -> No
         assert str(caught.value) == (
             f"{where} could not renew a worker lease (key '{KEY}:workers'): {where} refuses"
             f" the Bloom filter '{KEY}' the command time: its Redis user 'bloom' lacks these"
-            " ACL permissions. Grant them: ACL SETUSER bloom +time. See docs/howto/tls-acl.md#least-privilege."
+            " ACL permissions. Grant them: ACL SETUSER bloom +time."
+            " See docs/howto/tls-acl.md#least-privilege."
         )
         assert caught.value.commands == ("time",)
         assert "Redis ACL refused a command of the filter's script" in str(caught.value.__cause__)

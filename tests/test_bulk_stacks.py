@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from scrapy_redis_bloom import FaultPolicy, FilterDamagedError
-from scrapy_redis_bloom.engine.bitmap import bulk, layered
+from scrapy_redis_bloom.engine.bitmap import bulk, stacks
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from tests.test_bulk import calls, fingerprints, make
 
@@ -98,13 +98,13 @@ def test_a_window_in_its_last_seconds_is_the_scripts(
 ) -> None:
     bloom = make(redis_client, WINDOWED, "late")
     bloom.add_many(fingerprints(10, "start"))
-    monkeypatch.setattr(layered, "GUARD", 3_600)  # every moment is a window's last ones
+    monkeypatch.setattr(stacks, "GUARD", 3_600)  # every moment is a window's last ones
     redis_client.config_resetstat()
     elements = fingerprints(1_000, "late")
     assert bloom.add_many(elements) == [False] * 1_000
     assert calls(redis_client, "exec") == 0
     assert calls(redis_client, "evalsha") > 0
-    monkeypatch.setattr(layered, "GUARD", 1.0)
+    monkeypatch.setattr(stacks, "GUARD", 1.0)
     assert bloom.add_many(elements) == [True] * 1_000
 
 
@@ -121,7 +121,7 @@ def test_a_generation_lost_during_a_bulk_call_is_found_and_recreated(
     numpy: bool, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bloom = grown(redis_client, "gone", on_loss="recreate")
-    copy = layered._copy
+    copy = stacks._copy
     deleted: list[int] = []
 
     def losing_a_generation(*args: Any) -> Any:
@@ -129,7 +129,7 @@ def test_a_generation_lost_during_a_bulk_call_is_found_and_recreated(
             deleted.append(redis_client.delete("{gone:0}:g1"))
         return copy(*args)
 
-    monkeypatch.setattr(layered, "_copy", losing_a_generation)
+    monkeypatch.setattr(stacks, "_copy", losing_a_generation)
     held = fingerprints(HELD, "held")
     answers = bloom.add_many(held + fingerprints(500, "new"))
     assert deleted == [1]
@@ -147,7 +147,7 @@ def test_a_window_lost_during_a_bulk_call_is_found(
     bloom = make(redis_client, WINDOWED, "wgone")
     bloom.add_many(fingerprints(100, "start"))
     window = int(redis_client.time()[0]) // 3_600
-    copy = layered._copy
+    copy = stacks._copy
     deleted: list[int] = []
 
     def losing_the_window(*args: Any) -> Any:
@@ -155,7 +155,7 @@ def test_a_window_lost_during_a_bulk_call_is_found(
             deleted.append(redis_client.delete(f"{{wgone:0}}:w{window}:g0"))
         return copy(*args)
 
-    monkeypatch.setattr(layered, "_copy", losing_the_window)
+    monkeypatch.setattr(stacks, "_copy", losing_the_window)
     with pytest.raises(FilterDamagedError, match=f"w{window}:g0"):
         bloom.add_many(fingerprints(2_000, "more"))
     assert deleted == [1]
@@ -167,7 +167,7 @@ def test_a_lost_exec_reply_answers_new(
     bloom = grown(redis_client, "doubt")
     held = fingerprints(HELD, "held")
     batch = held + fingerprints(500, "new")
-    copy = layered._copy
+    copy = stacks._copy
     killed: list[int] = []
 
     def dropping_the_connection(*args: Any) -> Any:
@@ -175,7 +175,7 @@ def test_a_lost_exec_reply_answers_new(
             killed.append(redis_client.client_kill_filter(_type="normal", skipme=True))
         return copy(*args)
 
-    monkeypatch.setattr(layered, "_copy", dropping_the_connection)
+    monkeypatch.setattr(stacks, "_copy", dropping_the_connection)
     answers = bloom.add_many(batch)
     assert killed
     assert killed[0] >= 1

@@ -246,7 +246,7 @@ def test_nothing_added_is_ever_reported_new(
 PROCESSES = 4
 RACE = {"BLOOMFILTER_CAPACITY": 100, "BLOOMFILTER_ERROR_RATE": 0.001, "BLOOMFILTER_SHARDS": 1}
 #: Generations of 3,000 items and more: most checks go without the script
-#: (engine/bitmap/layers.py), which takes over in the last items before each boundary.
+#: (engine/bitmap/stackpath.py), which takes over in the last items before each boundary.
 SCRIPTLESS = {**RACE, "BLOOMFILTER_CAPACITY": 3_000}
 #: Per race: its settings, the elements offered, the generations it must reach at least.
 RACES = {"small": (RACE, 3_000, 5), "scriptless": (SCRIPTLESS, 20_000, 3)}
@@ -317,7 +317,7 @@ def test_workers_crossing_the_growth_boundary_together_grow_once(
     # their capacity, the newest its count. A generation started twice, or an item
     # counted twice, breaks the sum. A full generation may hold a few more than its
     # capacity: the counts the workers held back when it filled (fewer than STATE_EVERY
-    # each, engine/bitmap/layers.py; these workers hold no lease, so none is told of
+    # each, engine/bitmap/stackpath.py; these workers hold no lease, so none is told of
     # the others), counted in the next one.
     growth = cfg.growth
     key = "{grow:bloomfilter:0}:g0"

@@ -1,4 +1,4 @@
-"""The hot path of grown and windowed shards (engine/bitmap/layers.py), on a real Redis.
+"""The hot path of grown and windowed shards (engine/bitmap/stackpath.py), on a real Redis.
 
 And of the native backend's windows (engine/native/ttl.py, ``Windows``).
 

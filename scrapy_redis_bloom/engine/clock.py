@@ -1,7 +1,7 @@
 """Redis's clock, as a shard's node last told it: which re-crawl window a check is in.
 
 The scripts take the window from Redis's ``TIME`` on the shard's node (see
-:mod:`..generations`). The scriptless checks of windowed filters (:mod:`.bitmap.layers`,
+:mod:`..generations`). The scriptless checks of windowed filters (:mod:`.bitmap.stackpath`,
 :mod:`.native.ttl`) choose their keys by the same window without a ``TIME`` on every
 check: each shard keeps the offset between Redis's clock and this machine's, and a
 round reads ``TIME`` again (one of its pipelined commands) when that offset is older

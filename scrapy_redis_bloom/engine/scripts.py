@@ -199,7 +199,7 @@ CREATE_RECORD = Script(lua("create_record"))
 #: (see :meth:`.fastpath.FastPath.strays`; ``lua/take_back.lua``).
 TAKE_BACK = Script(lua("take_back"))
 #: Then delete a key such a check made where a generation or window was missing, once
-#: it holds no bit (see :mod:`.bitmap.layers`; ``lua/drop_stray.lua``).
+#: it holds no bit (see :mod:`.bitmap.stackpath`; ``lua/drop_stray.lua``).
 DROP_STRAY = Script(lua("drop_stray"))
 
 #: A blocked shard's bulk snapshot reads (``lua/read_blocks.lua``) and writes back

@@ -15,7 +15,7 @@ each path's cost (:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A gr
 snapshots while it has one generation, for the elements of a batch that keep its count
 under :attr:`.generations.Growth.scriptless_limit` (the script takes the others and
 crosses the growth boundary). A shard that has grown, and every shard of a filter that
-forgets (TTL), takes a stack instead (:mod:`.layered`): the same snapshot over all the
+forgets (TTL), takes a stack instead (:mod:`.stacks`): the same snapshot over all the
 keys its elements may be in (its generations; the current window's and the one
 before's), the adds in the newest, under the same margin from its capacity. Elements of
 the other shards, and of every snapshot or stack that was not taken (the shard changed,
@@ -67,10 +67,10 @@ from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine.base import Outcome
-from scrapy_redis_bloom.engine.bitmap.layered import Found, Stack, probes, take_stacks
-from scrapy_redis_bloom.engine.bitmap.layered import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Located
 from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Taken, take
+from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_stacks
+from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
 from scrapy_redis_bloom.engine.parts import Parts, pairs
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
@@ -125,7 +125,7 @@ SCRIPT_NS_PER_ELEMENT = 10_000
 JOINT_BYTES = 8 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
-#: Whether grown and windowed shards take stacks (:mod:`.layered`), not the script.
+#: Whether grown and windowed shards take stacks (:mod:`.stacks`), not the script.
 LAYERED = True
 
 
@@ -150,7 +150,7 @@ class ScriptHooks:
     #: 0): the script always.
     scriptless: Callable[[], int] | None = None
     #: The filter's growth (its record's), for the stacks of grown and windowed shards
-    #: (:mod:`.layered`). None: read from the record once per filter id.
+    #: (:mod:`.stacks`). None: read from the record once per filter id.
     growth: Callable[[], Growth] | None = None
 
 
@@ -211,7 +211,7 @@ class Bulk:
         self.hooks = hooks
         #: Whether snapshots may be taken: Redis's ACL allows them.
         self._snapshots = SNAPSHOTS
-        #: Shards found grown (their batches go to stacks at once, see :mod:`.layered`).
+        #: Shards found grown (their batches go to stacks at once, see :mod:`.stacks`).
         self._grown: set[int] = set()
         #: The filter's growth, read from its record, with the identity of shard 0.
         self._growth: tuple[bytes, Growth] | None = None
@@ -270,7 +270,7 @@ class Bulk:
         with ``defer``, its others are run after them as a block of their own.
         """
         mode = self._snapshot_mode()
-        growth = self._layered_growth()
+        growth = self._stack_growth()
         if mode is None and growth is None:
             _merge(outcome, self._run_chunks(write, block))
             return
@@ -338,7 +338,7 @@ class Bulk:
             _merge(outcome, third)
         outcome.answers.extend(answers)
 
-    def _layered_growth(self) -> Growth | None:
+    def _stack_growth(self) -> Growth | None:
         """Return the growth of a filter that grows or forgets, when its stacks may be taken.
 
         From the hooks, else from the filter's record (read once per filter id).
@@ -416,9 +416,9 @@ class Bulk:
     def _stacks_of(
         self, growth: Growth, groups: dict[int, Any], located: Located, write: bool
     ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
-        """Answer the batches of grown or windowed shards through stacks (:mod:`.layered`).
+        """Answer the batches of grown or windowed shards through stacks (:mod:`.stacks`).
 
-        One round of :func:`.layered.probe` reads (the headers, ``TIME`` with windows)
+        One round of :func:`.stacks.probe` reads (the headers, ``TIME`` with windows)
         for all of them, then per node transactions of as many shards as hold
         :data:`JOINT_BYTES` (a shard bigger than that alone). A shard the probe or its
         transaction leaves to the script is returned without answers. Also returns, per

@@ -43,7 +43,7 @@ from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
-from scrapy_redis_bloom.engine.bitmap.layers import ADD, SEEN, Check, Layers
+from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
@@ -75,8 +75,8 @@ class RedisBloomFilter(FilterBase):
         self._heads: dict[int, tuple[bytes, str]] = {}
         #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
         self._fast: FastPath | None = None
-        #: The scriptless hot path of grown and windowed shards (see :mod:`.layers`).
-        self._layers: Layers | None = None
+        #: The scriptless hot path of grown and windowed shards (see :mod:`.stackpath`).
+        self._layers: StackPath | None = None
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
             self.topology,
@@ -94,6 +94,7 @@ class RedisBloomFilter(FilterBase):
                 note=self._note,
                 mismatch=self._mismatch,
                 scriptless=self._scriptless,
+                growth=lambda: self._current().growth,
             ),
         )
 
@@ -137,8 +138,8 @@ class RedisBloomFilter(FilterBase):
                 else None
             )
             self._layers = (
-                Layers(record.growth, self.key, self._identity, lambda: self.workers)
-                if Layers.applies(record.growth)
+                StackPath(record.growth, self.key, self._identity, lambda: self.workers)
+                if StackPath.applies(record.growth)
                 else None
             )
             self._identities.clear()
@@ -182,14 +183,14 @@ class RedisBloomFilter(FilterBase):
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:
-        """One ``BITFIELD`` (:mod:`.fastpath`); reads then one (:mod:`.layers`); or the script."""
+        """One ``BITFIELD`` (:mod:`.fastpath`); reads, then one (:mod:`.stackpath`); the script."""
         fast = self._fast
         command = fast.pack(h1, h2) if fast is not None else None
         if command is None:
             layers = self._layers
             check = layers.plan(h1, h2) if layers is not None and not recovered else None
             if check is not None:
-                seen = self._layered(check)
+                seen = self._stacked(check)
                 if seen is not None:
                     return seen
             command = self._scripted(h1, h2)
@@ -202,8 +203,8 @@ class RedisBloomFilter(FilterBase):
             raise
         return self._conclude(command, reply, ambiguous, element, h1, h2, recovered)
 
-    def _layered(self, check: Check) -> bool | None:
-        """Check an element of a grown or windowed shard without the script (:mod:`.layers`).
+    def _stacked(self, check: Check) -> bool | None:
+        """Check an element of a grown or windowed shard without the script (:mod:`.stackpath`).
 
         Returns its answer, or None where the script must answer: the element's shard
         or window is not as this worker knew it, or nears a boundary.
@@ -234,7 +235,7 @@ class RedisBloomFilter(FilterBase):
         return self._added(check, reply, ambiguous)
 
     def _judged(self, check: Check, replies: list[Any], sent_at: float) -> str:
-        """Read a layered check's reads: :data:`.layers.SEEN`, ``ADD`` or ``SCRIPT``."""
+        """Read a stacked check's reads: :data:`.stackpath.SEEN`, ``ADD`` or ``SCRIPT``."""
         assert self._layers is not None
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -245,7 +246,7 @@ class RedisBloomFilter(FilterBase):
             raise self._not_ours(check.keys[0].name, exc) from None
 
     def _added(self, check: Check, reply: Any, ambiguous: bool) -> bool | None:
-        """Read a layered check's add: its answer, or None (the key was not this filter's)."""
+        """Read a stacked check's add: its answer, or None (the key was not this filter's)."""
         layers = self._layers
         assert layers is not None
         if isinstance(reply, BaseException):
@@ -284,7 +285,7 @@ class RedisBloomFilter(FilterBase):
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
 
         One pipelined executor batch: each element's BITFIELD, script, or reads of a
-        grown or windowed shard (:mod:`.layers`); then one batch of the adds those reads
+        grown or windowed shard (:mod:`.stackpath`); then one batch of the adds those reads
         left to do (two round trips per node; a third, of scripts, only where a shard
         was not as this worker knew it). Elements Redis could not answer, or refused,
         are handled per BLOOMFILTER_ON_ERROR; the others keep their answers.
@@ -370,7 +371,7 @@ class RedisBloomFilter(FilterBase):
         """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch.
 
         Puts the answers they give in ``answers``; returns the failure, if any. A
-        layered check whose reads leave it to the add gets its add packed
+        stacked check whose reads leave it to the add gets its add packed
         (:attr:`.Check.add`); one they leave to the script gets none.
         """
         first = len(calls)
@@ -490,7 +491,7 @@ class RedisBloomFilter(FilterBase):
         """Clear ``bits`` of ``key`` while it still carries the id field ``found``.
 
         Where that field is zeros, a scriptless add made the key (it was missing): a
-        generation or window made so is deleted once empty (see :mod:`.layers`).
+        generation or window made so is deleted once empty (see :mod:`.stackpath`).
         """
         calls = []
         if bits:

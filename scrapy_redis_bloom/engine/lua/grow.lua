@@ -5,7 +5,7 @@ if write and COUNTED and cur.count >= C[cur.G] then
     allocate(cur.base .. cur.G, cur.G)
     -- Seal the generation that was the newest (its header's state, unused after a
     -- generation 0): a scriptless add that lands there after this reads the seal and
-    -- looks for its element in the new one (engine/bitmap/layers.py). Generation 0's
+    -- looks for its element in the new one (engine/bitmap/stackpath.py). Generation 0's
     -- seal is its count of generations, which save.lua writes.
     if cur.G > 1 then redis.call('SETRANGE', cur.base .. (cur.G - 1), IDENTITY_BYTES, '\128\0') end
     cur.G, cur.count, cur.dirty = cur.G + 1, 0, true

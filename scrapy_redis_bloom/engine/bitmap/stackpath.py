@@ -55,7 +55,7 @@ from scrapy_redis_bloom.transport.wire import pack_command
 #: reads empty, which its bits' read shows; a classic key's read carries its id field.
 HEADER_EVERY = 16
 
-#: What a read round decided (see :meth:`Layers.judge`).
+#: What a read round decided (see :meth:`StackPath.judge`).
 SEEN, ADD, SCRIPT = "seen", "add", "script"
 
 _HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
@@ -114,7 +114,7 @@ class Check:
     #: The window it chose its keys by (-1: none), and whether it reads the clock.
     window: int
     asked: bool
-    #: The add's command, once :meth:`Layers.judge` said :data:`ADD`.
+    #: The add's command, once :meth:`StackPath.judge` said :data:`ADD`.
     add: bytes = b""
     add_key: str = ""
     #: Its absolute bit offsets (to take back from a key that is not this filter's).
@@ -129,7 +129,7 @@ class Check:
     next: _Key | None = None
 
 
-class Layers:
+class StackPath:
     """Packs and reads the scriptless checks of grown and windowed shards (module doc).
 
     ``growth``: the filter's geometry; ``key``: its name; ``identity(i)``: the header a

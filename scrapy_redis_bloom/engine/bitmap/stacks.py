@@ -1,7 +1,7 @@
 """Bulk checks of grown and windowed shards: every key read, the newest written, atomically.
 
 A shard that has grown keeps its bits in several generations; with re-crawl windows,
-in the generations of two windows (see :mod:`..generations` and :mod:`.layers`). Only
+in the generations of two windows (see :mod:`..generations` and :mod:`.stackpath`). Only
 the newest generation of the current window takes adds. So a batch of a shard's
 elements is a snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack*
 (:class:`Stack`), in two round trips on the shard's node after one round of
@@ -23,7 +23,7 @@ A check without adds (``contains_many``) watches nothing and writes nothing: eac
 is read atomically with its header (one ``GET``, or its blocks in a ``MULTI``/``EXEC``
 of their own), "seen" where an element's bits are all set in one key of this filter.
 
-The script stays the authority at the boundaries, as for :mod:`.layers`: a batch that
+The script stays the authority at the boundaries, as for :mod:`.stackpath`: a batch that
 would bring the newest generation's count within the margin of its capacity gives its
 elements past that point back (only the script starts a generation), and a shard that
 is not as found (lost, reset, foreign, grown meanwhile), a window not started yet or
@@ -62,6 +62,7 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _reads,
     _write_back,
 )
+from scrapy_redis_bloom.engine.clock import GUARD, TIME
 from scrapy_redis_bloom.transport.executor import Call, acl_denial
 from scrapy_redis_bloom.transport.node import Node, TransportError
 from scrapy_redis_bloom.transport.wire import encode, pack_command
@@ -69,12 +70,6 @@ from scrapy_redis_bloom.transport.wire import encode, pack_command
 if HAVE_NUMPY:
     import numpy as np
 
-#: Seconds before a window's end from which its batches go through the script: more
-#: than the time between the transaction's ``EXEC`` and its reaching Redis (the time
-#: since ``TIME`` was read is added).
-GUARD = 1.0
-
-_TIME = pack_command(b"TIME")
 _GENERATIONS = GENERATIONS_BIT // 8
 _COUNT = COUNT_BIT // 8
 
@@ -134,7 +129,7 @@ def probes(key: str, shard: int, ttl: int, window: int) -> list[Call]:
         heads += [window_key(key, shard, window - 1, 0), window_key(key, shard, window, 0)]
     calls = [Call(_header(name), key=shard_key, shard=shard) for name in heads]
     if ttl:
-        calls.insert(0, Call(_TIME, key=shard_key, shard=shard))
+        calls.insert(0, Call(TIME, key=shard_key, shard=shard))
     return calls
 
 
@@ -220,7 +215,7 @@ def take_stacks(node: Node, stacks: Sequence[Stack], write: bool) -> list[Taken]
     opening = len(commands)
     timed = any(stack.ttl for stack in stacks)
     if timed:
-        commands.append(_TIME)
+        commands.append(TIME)
     at = 0
     for stack in stacks:
         if stack.found.anchor is not None:
