@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 #: What a check-and-add does, in the executor's errors.
 OPERATION = "check and add a request"
 
+_T = TypeVar("_T")
+
 
 class RedisBloomFilter(FilterBase):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
@@ -76,7 +78,7 @@ class RedisBloomFilter(FilterBase):
         #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
         self._fast: FastPath | None = None
         #: The scriptless hot path of grown and windowed shards (see :mod:`.stackpath`).
-        self._layers: StackPath | None = None
+        self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
             self.topology,
@@ -137,7 +139,7 @@ class RedisBloomFilter(FilterBase):
                 if FastPath.applies(record.growth)
                 else None
             )
-            self._layers = (
+            self._stack = (
                 StackPath(record.growth, self.key, self._identity, lambda: self.workers)
                 if StackPath.applies(record.growth)
                 else None
@@ -165,7 +167,7 @@ class RedisBloomFilter(FilterBase):
             if record is not None:
                 self.lifecycle.delete(record)
             self.record = None
-            self._fast = self._layers = None  # the next check opens the filter anew first
+            self._fast = self._stack = None  # the next check opens the filter anew first
             self._cache.clear()
             self.counters.forget_unsynced()
 
@@ -187,8 +189,8 @@ class RedisBloomFilter(FilterBase):
         fast = self._fast
         command = fast.pack(h1, h2) if fast is not None else None
         if command is None:
-            layers = self._layers
-            check = layers.plan(h1, h2) if layers is not None and not recovered else None
+            stack = self._stack
+            check = stack.plan(h1, h2) if stack is not None and not recovered else None
             if check is not None:
                 seen = self._stacked(check)
                 if seen is not None:
@@ -209,8 +211,8 @@ class RedisBloomFilter(FilterBase):
         Returns its answer, or None where the script must answer: the element's shard
         or window is not as this worker knew it, or nears a boundary.
         """
-        layers = self._layers
-        assert layers is not None
+        stack = self._stack
+        assert stack is not None
         key, sent_at = check.keys[0].name, time.time()
         replies = self.executor.call_many(OPERATION, check.reads, key, check.shard).replies
         verdict = self._judged(check, replies, sent_at)
@@ -224,52 +226,55 @@ class RedisBloomFilter(FilterBase):
                 )
                 reply, ambiguous = results.replies[0], results.ambiguous[0]
                 if isinstance(results.replies[1], BaseException):
-                    layers.lost(check)  # kept for the next one (out of memory, say)
+                    stack.lost(check)  # kept for the next one (out of memory, say)
             else:
                 reply, ambiguous = self.executor.call(
                     OPERATION, check.add, check.add_key, check.shard, None
                 )
         except (FilterUnavailableError, AccessDeniedError):
-            layers.lost(check)
+            stack.lost(check)
             raise
         return self._added(check, reply, ambiguous)
 
     def _judged(self, check: Check, replies: list[Any], sent_at: float) -> str:
         """Read a stacked check's reads: :data:`.stackpath.SEEN`, ``ADD`` or ``SCRIPT``."""
-        assert self._layers is not None
+        stack = self._stack
+        assert stack is not None
+        return self._read(check.keys[0].name, replies, lambda got: stack.judge(check, got, sent_at))
+
+    def _read(self, key: str, replies: list[Any], read: Callable[[list[Any]], _T]) -> _T:
+        """Return what ``read`` makes of a round's replies (for ``key``'s shard).
+
+        An error reply raises, naming the key; a reply of the wrong shape is not the
+        command's: :class:`~..errors.FilterUnavailableError`, nothing answered from it.
+        """
         for reply in replies:
             if isinstance(reply, BaseException):
-                raise self.parts.refusal(reply, check.keys[0].name, OPERATION)
+                raise self.parts.refusal(reply, key, OPERATION)
         try:
-            return self._layers.judge(check, replies, sent_at)
+            return read(replies)
         except ValueError as exc:
-            raise self._not_ours(check.keys[0].name, exc) from None
+            raise self._not_ours(key, exc) from None
 
     def _added(self, check: Check, reply: Any, ambiguous: bool) -> bool | None:
         """Read a stacked check's add: its answer, or None (the key was not this filter's)."""
-        layers = self._layers
-        assert layers is not None
+        stack = self._stack
+        assert stack is not None
         if isinstance(reply, BaseException):
             raise self.parts.refusal(reply, check.add_key, OPERATION)
         try:
-            seen = layers.added(check, reply)
+            seen = stack.added(check, reply)
         except ValueError as exc:
             raise self._not_ours(check.add_key, exc) from None
         if seen is None:  # lost or reset between the reads and the add: the script sorts it out
-            found, bits = layers.strays(check, reply)
+            found, bits = stack.strays(check, reply)
             self._take_back_bits(check.add_key, check.shard, found, bits)
             return None
         if check.again:  # new to a generation sealed meanwhile: is it in the next one?
             replies = self.executor.call_many(
                 OPERATION, check.again, check.add_key, check.shard
             ).replies
-            for got in replies:
-                if isinstance(got, BaseException):
-                    raise self.parts.refusal(got, check.add_key, OPERATION)
-            try:
-                seen = layers.looked(check, replies)
-            except ValueError as exc:
-                raise self._not_ours(check.add_key, exc) from None
+            seen = self._read(check.add_key, replies, lambda got: stack.looked(check, got))
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
@@ -292,13 +297,13 @@ class RedisBloomFilter(FilterBase):
         """
         answers: list[bool | None] = [None] * len(todo)
         failure: FilterUnavailableError | AccessDeniedError | None = None
-        layers = self._layers
+        stack = self._stack
         checks: dict[int, Check] = {}
         commands: dict[int, Command] = {}
         for i, (_, _, _, h1, h2) in enumerate(todo):
             fast = self._fast
             command = fast.pack(h1, h2) if fast is not None else None
-            check = layers.plan(h1, h2) if command is None and layers is not None else None
+            check = stack.plan(h1, h2) if command is None and stack is not None else None
             if check is not None:
                 checks[i] = check
             else:
@@ -320,7 +325,7 @@ class RedisBloomFilter(FilterBase):
                 calls.append(Call(check.add, key=check.add_key, shard=check.shard))
                 if check.count:
                     calls.append(Call(check.count, key=check.add_key, shard=check.shard))
-            assert layers is not None
+            assert stack is not None
             results, failed = self._partial(calls)
             failure = failure or failed
             for i in adds:
@@ -328,7 +333,7 @@ class RedisBloomFilter(FilterBase):
                 reply, check = results.replies[at], checks[i]
                 counted = results.replies[at + 1] if count == 2 else 0
                 if counted is None or isinstance(counted, BaseException):
-                    layers.lost(check)  # the count goes with a later add
+                    stack.lost(check)  # the count goes with a later add
                 if reply is None:
                     continue
                 seen = self._added(check, reply, results.ambiguous[at])
@@ -420,7 +425,7 @@ class RedisBloomFilter(FilterBase):
         record = self.record if self.record is not None else self._current()
         spec = record.spec
         shard = h1 % spec.shards
-        if self._fast is not None or self._layers is not None:
+        if self._fast is not None or self._stack is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
@@ -468,8 +473,8 @@ class RedisBloomFilter(FilterBase):
         else:
             if reply[1] or reply[2] > self.generations:
                 self._note(command.shard, reply[1], reply[2])
-            if self._layers is not None:
-                self._layers.scripted(command.shard, reply[2])
+            if self._stack is not None:
+                self._stack.scripted(command.shard, reply[2])
             seen = reply[3] == 1
         if seen and ambiguous:
             self.events.count("ambiguous")
@@ -515,7 +520,7 @@ class RedisBloomFilter(FilterBase):
 
         ``only``: that shard's alone.
         """
-        keepers: list[Any] = [self._fast, self._layers]
+        keepers: list[Any] = [self._fast, self._stack]
         owed = [
             (keeper, flush)
             for keeper in keepers
