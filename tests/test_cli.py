@@ -838,7 +838,6 @@ def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "required"),
         (["info"], "--key"),
         (["frobnicate"], "invalid choice"),
         (["info", "--key", "%(spider)s:bloomfilter"], "myspider:bloomfilter"),
@@ -853,6 +852,25 @@ def test_bad_arguments_are_usage_errors(
     assert (code, out) == (2, "")
     assert_one_line_error(err)
     assert message in err
+
+
+def test_without_a_command_lists_them() -> None:
+    """The console script alone: the usage error lists its commands, each with its help."""
+    script = Path(sys.executable).with_name("scrapy-redis-bloom")
+    if not script.exists():
+        pytest.skip("the scrapy-redis-bloom script is not installed (pip install -e .)")
+    result = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout) == (2, ""), result
+    lines = result.stderr.splitlines()
+    assert lines[0] == "scrapy-redis-bloom: error: give a command, one of:"
+    assert lines[-1] == "See 'scrapy-redis-bloom COMMAND --help' for a command's options."
+    listed = [line.split(None, 1) for line in lines[1:-1]]
+    assert [name for name, _ in listed] == ["info", "reset", "add", "check", "migrate-set"]
+    helps = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    for name, description in listed:
+        assert f"{name} {description}" in " ".join(helps.split())
 
 
 def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -103,11 +104,19 @@ def test_help_lists_the_subcommands_inside_a_project(project: Path) -> None:
     assert "--spider" in sub.out
 
 
-def test_without_a_subcommand_is_a_usage_error(outside: Path) -> None:
-    result = scrapy(outside, "bloom")
-    assert result.code == 2
-    assert "COMMAND" in result.err
+@pytest.mark.parametrize("argv", [[], ["-s", "LOG_LEVEL=INFO"]])
+def test_without_a_subcommand_lists_them(outside: Path, argv: list[str]) -> None:
+    result = scrapy(outside, "bloom", *argv)
+    assert (result.code, result.out) == (2, ""), result
     assert "Traceback" not in result.err
+    usage, listing = result.err.split("scrapy: error: give a command, one of:\n")
+    assert "scrapy bloom COMMAND" in usage
+    listed = re.findall(r"^  ([a-z-]+) +(\S.*)$", listing, re.MULTILINE)
+    assert tuple(name for name, _ in listed) == SUBCOMMANDS
+    helps = " ".join(scrapy(outside, "bloom", "--help").out.split())
+    for name, description in listed:
+        assert f"{name} {description}" in helps
+    assert result.err.endswith("See 'scrapy bloom COMMAND --help' for a command's options.\n")
 
 
 # -- the project's settings ------------------------------------------------------------

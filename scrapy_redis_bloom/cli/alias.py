@@ -11,7 +11,8 @@ flags become the crawl settings they stand for (``--redis-url`` once is
 Commands: ``info``, ``reset``, ``add``, ``check``, ``migrate-set`` (``scrapy bloom
 migrate``). Exit status: 0 on success (``reset`` of a filter that does not exist
 included); 1 when the work could not be done; 2 for a usage error; 130 when
-interrupted. Errors are one line on stderr, never a traceback.
+interrupted. Errors are one line on stderr, never a traceback, but for a command
+line without a command, which lists the commands.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from typing import Any, NoReturn
 
 from scrapy_redis_bloom.cli.context import (
     EXIT_OK,
+    EXIT_USAGE,
     Frontend,
     UsageError,
     describe,
+    err,
     guarded,
     run_command,
 )
@@ -35,6 +38,7 @@ from scrapy_redis_bloom.cli.options import (
     DEFAULT_REDIS_URL,
     OPTIONS,
     add_commands,
+    missing_command,
     sizing_from,
     sizing_given,
 )
@@ -144,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help, --version
             return exc.code if isinstance(exc.code, int) else EXIT_OK
+        if args.command is None:  # the commands, one a line: the one usage error of many
+            err(f"{PROG}: error: {missing_command('alias', PROG)}")
+            return EXIT_USAGE
         if args.verbose:
             logging.getLogger(__package__.rpartition(".")[0]).setLevel(logging.DEBUG)
         urls = _urls(args)

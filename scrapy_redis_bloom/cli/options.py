@@ -435,12 +435,11 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
     """Add the subcommands of ``front`` to ``parser``, each with its options and handler.
 
     ``subparsers`` are ``add_subparsers``' keywords (the ``dest`` of the command's name).
+    A command line without a command parses, with None there: each front end refuses
+    it with :func:`missing_command`, which lists the commands.
     """
-    commands = parser.add_subparsers(metavar="COMMAND", required=True, **subparsers)
-    for command in COMMANDS:
-        name = command.name if front == "scrapy" else command.alias
-        if name is None:
-            continue
+    commands = parser.add_subparsers(metavar="COMMAND", required=False, **subparsers)
+    for command, name in _named(front):
         sub = commands.add_parser(name, help=command.help, description=command.description)
         sub.set_defaults(handler=command.handler)
         groups: dict[str | None, Any] = {None: sub}
@@ -451,6 +450,31 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
                 groups[spec.group] = sub.add_argument_group(spec.group)
             kwargs = {**spec.kwargs, **(spec.in_alias if front == "alias" else {})}
             groups[spec.group].add_argument(*spec.flags, **kwargs)
+
+
+def _named(front: Front) -> list[tuple[Command, str]]:
+    """Return the commands ``front`` has, each with its name there."""
+    named = [
+        (command, command.name if front == "scrapy" else command.alias) for command in COMMANDS
+    ]
+    return [(command, name) for command, name in named if name is not None]
+
+
+def missing_command(front: Front, prog: str) -> str:
+    """Return the usage error of a command line without a command: the commands, one a line.
+
+    Each with its help line, from :data:`COMMANDS`; ``prog`` is the front end's name.
+    """
+    named = _named(front)
+    width = max(len(name) for _, name in named)
+    lines = [f"  {name:<{width}}  {command.help}" for command, name in named]
+    return "\n".join(
+        [
+            "give a command, one of:",
+            *lines,
+            f"See '{prog} COMMAND --help' for a command's options.",
+        ]
+    )
 
 
 def sizing_from(settings: SettingsLike, rename: Callable[[str], str] = str) -> BloomConfig | None:

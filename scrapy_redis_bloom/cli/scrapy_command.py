@@ -30,7 +30,12 @@ from scrapy_redis_bloom.cli.context import (
     settings_secrets,
 )
 from scrapy_redis_bloom.cli.figures import size, size_overrides
-from scrapy_redis_bloom.cli.options import add_commands, sizing_from, sizing_given
+from scrapy_redis_bloom.cli.options import (
+    add_commands,
+    missing_command,
+    sizing_from,
+    sizing_given,
+)
 from scrapy_redis_bloom.core.settings import BloomConfig
 
 FRONTEND = Frontend(prog="scrapy bloom")
@@ -65,7 +70,13 @@ class BloomCommand(ScrapyCommand):
         add_commands(parser, "scrapy", dest="bloom_command", title="commands")
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Apply ``-s`` given before or after the subcommand; refuse stray arguments."""
+        """Apply ``-s`` given before or after the subcommand; refuse stray arguments.
+
+        Without a subcommand, the usage error lists them (Scrapy prints it after the
+        usage, and exits with status 2).
+        """
+        if opts.bloom_command is None:
+            raise ScrapyUsageError(missing_command("scrapy", FRONTEND.prog), print_help=False)
         opts.set = [*opts.set, *getattr(opts, "sub_set", [])]
         super().process_options(args, opts)
         if not hasattr(ScrapyCommand, "requires_crawler_process"):
