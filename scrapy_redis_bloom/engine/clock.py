@@ -44,6 +44,12 @@ class Clock:
         stale = time.monotonic() - self.sampled > CLOCK_EVERY
         return window, stale or into < GUARD or into > ttl - GUARD
 
+    def settled(self, ttl: int) -> int | None:
+        """Return the window Redis is in by the offset, however old; None near its edges."""
+        now = time.time() + self.offset
+        window = int(now // ttl)
+        return window if GUARD <= now - window * ttl <= ttl - GUARD else None
+
     def read(self, reply: Any, sent_at: float) -> float:
         """Take a ``TIME`` reply of a round sent at ``sent_at`` (``time.time()``); return it.
 

@@ -410,18 +410,16 @@ class StackPath:
 
         A window before that was missing is taken as absent from now on: the script,
         which tells a lost window from one never started, answered without a loss (or
-        recreated it empty). Only while this worker's clock, freshly read, puts the
-        script's call safely inside the window it knows.
+        recreated it empty). Only while this worker's clock puts the script's call
+        safely inside the window it knows (else the next check asks the script again).
         """
         known = self._shards.get(shard)
         if known is None:
             return
         if generations:
             known.now = generations
-        if known.before == -1:
-            window, asked = known.clock.estimate(self.ttl)
-            if window == known.window and not asked:
-                known.before = 0
+        if known.before == -1 and known.clock.settled(self.ttl) == known.window:
+            known.before = 0
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items still to count."""

@@ -190,12 +190,12 @@ class Windows:
     def scripted(self, shard: int) -> None:
         """Note that :data:`CHECK` answered for a shard: a missing window before is no loss.
 
-        Only while this worker's clock, freshly read, puts the call safely inside the
-        window it knows.
+        Only while this worker's clock puts the call safely inside the window it knows.
         """
         known = self._shards.get(shard)
-        if known is None or known.before != -2:
-            return
-        window, asked = known.clock.estimate(self.ttl)
-        if window == known.window and not asked:
+        if (
+            known is not None
+            and known.before == -2
+            and known.clock.settled(self.ttl) == known.window
+        ):
             known.before = 0
