@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import redis
+from test_bulk import calls, fingerprints, make
 
 from scrapy_redis_bloom import FaultPolicy, FilterDamagedError
 from scrapy_redis_bloom.engine.bitmap import bulk, stacks
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
-from tests.test_bulk import calls, fingerprints, make
 
 GROWN = {"BLOOMFILTER_CAPACITY": 3_000, "BLOOMFILTER_ERROR_RATE": 1e-3, "BLOOMFILTER_SHARDS": 2}
 #: Windows whose first generation takes a call of 6,000 without the script.
