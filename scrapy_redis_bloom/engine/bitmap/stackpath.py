@@ -427,6 +427,8 @@ class StackPath:
         for shard, known in self._shards.items():
             if (only is None or shard == only) and known.pending:
                 n, known.pending = known.pending, 0
+                if self.ttl and not Clock.inside(known.clock.now(), known.window, self.ttl):
+                    continue  # a past window takes no adds; its key may be gone: write nothing
                 if self.ttl:
                     key = window_key(self.key, shard, known.window, 0)
                 else:
