@@ -58,6 +58,10 @@ class RedisCost:
     cpu_usec: float = float("nan")
     #: commandstats of the span: {command: calls}.
     calls: dict[str, int] = field(default_factory=dict)
+    #: Bytes Redis read from its clients and wrote to them over the span (INFO stats
+    #: total_net_input_bytes / total_net_output_bytes): what crossed the network.
+    net_in: int = 0
+    net_out: int = 0
 
 
 class RedisClock:
@@ -66,17 +70,24 @@ class RedisClock:
     def __init__(self, admin: Any) -> None:
         self.admin = admin
         self._cpu = float("nan")
+        self._net = (0, 0)
 
     def start(self) -> None:
-        """CONFIG RESETSTAT, then note the CPU time so far."""
+        """CONFIG RESETSTAT, then note the CPU time and the network bytes so far."""
         self.admin.config_resetstat()
         self._cpu = main_thread_cpu(self.admin)
+        self._net = net_bytes(self.admin)
 
     def read(self) -> RedisCost:
         """Return what Redis spent since :meth:`start`."""
         cpu = main_thread_cpu(self.admin)
+        net_in, net_out = net_bytes(self.admin)
         stats = self.admin.info("commandstats")
-        cost = RedisCost(cpu_usec=(cpu - self._cpu) * 1e6)
+        cost = RedisCost(
+            cpu_usec=(cpu - self._cpu) * 1e6,
+            net_in=net_in - self._net[0],
+            net_out=net_out - self._net[1],
+        )
         for name, values in stats.items():
             command = name.removeprefix("cmdstat_")
             if command in OWN:
@@ -97,6 +108,12 @@ def main_thread_cpu(admin: Any) -> float:
         return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
     except KeyError:
         return float("nan")
+
+
+def net_bytes(admin: Any) -> tuple[int, int]:
+    """Bytes Redis has read from and written to clients since it started (INFO stats)."""
+    stats = admin.info("stats")
+    return int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
 
 
 @dataclass

@@ -119,6 +119,8 @@ from redistime import (  # noqa: E402
 )
 from report import Row, Target, ratio, rows_for, text_table, write_results  # noqa: E402
 from size import (  # noqa: E402
+    LINKS,
+    LOOPBACK,
     NAME_S_DEFAULT,
     NAME_S_MADD,
     NAME_S_MADD_NO_EXTRAS,
@@ -175,6 +177,7 @@ DEFAULTS: dict[str, Any] = {
     "size_calls": [10_000, 100_000, 1_000_000],
     "size_count": 1_000_000,
     "size_seconds": 8.0,
+    "size_links": ["loopback", "1gbit"],
     "states_capacities": [1_000_000, 10_000_000],
     "states_checks": 10_000,
     "states_warmup": 20_000,
@@ -205,6 +208,15 @@ QUICK: dict[str, Any] = {
     "states_warmup": 50,
     "states_rounds": 1,
 }
+
+
+def _link_list(text: str) -> list[str]:
+    """Parse '--size-links loopback,1gbit'."""
+    links = [part.strip() for part in text.split(",") if part.strip()]
+    wrong = [link for link in links if link not in LINKS]
+    if not links or wrong:
+        raise argparse.ArgumentTypeError(f"links are {', '.join(LINKS)}; got {text!r}")
+    return links
 
 
 def _int_list(text: str) -> list[int]:
@@ -270,6 +282,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ("--size-calls", _int_list, "(s) fingerprints per call, comma-separated"),
         ("--size-count", int, "(s) fingerprints per contender per round (at most the capacity)"),
         ("--size-seconds", float, "(s) a contender stops after the call past this many seconds"),
+    )
+    group.add_argument(
+        "--size-links",
+        type=_link_list,
+        help="(s) links to measure through, comma-separated: loopback, 1gbit (bench/link.py)",
     )
     issue32: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         ("--states-capacities", _int_list, "(g) capacities N (at --error-rate), comma-separated"),
@@ -536,6 +553,7 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
         args.size_count,
         args.size_seconds,
         args.size_rounds,
+        args.size_links,
     )
     got.measures["s"] = {
         label: {metric: {name: s.as_dict() for name, s in per.items()} for metric, per in m.items()}
@@ -544,6 +562,7 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
     got.measures["s"]["info"] = found.info
     got.checks += found.failed
     for label, metrics in found.cells.items():
+        cell = found.cell_of[label]
         rates = metrics["fp_per_s"]
         reference = NAME_S_MADD if NAME_S_MADD in rates else NAME_S_DEFAULT
         for row in rows_for(f"s {label}", rates, reference, per_reference=True):
@@ -552,6 +571,10 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
             got.rows.append(
                 row if row.contender == reference else replace(row, comparison=comparison)
             )
+        got.rows += rows_for(f"s {label} wire", metrics["wire_bytes"], NAME_S_DEFAULT)
+        got.targets += _link_targets(label, cell.capacity, cell.call_size, cell.link, metrics)
+        if cell.link != LOOPBACK:
+            continue
         wanted = (  # N/A when RedisBloom or the native backend is left out
             (NAME_S_NO_EXTRAS, "default install (no numpy)", 0.3),
             (NAME_S_DEFAULT, "ours with numpy", 0.6),
@@ -566,6 +589,28 @@ def _size(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collec
         value = paired_ratio(rates, NAME_S_NO_EXTRAS, NAME_S_MADD_NO_EXTRAS)
         got.targets.append(Target("s", text, value, 0.3, True))
     got.sections.append(("Bulk loads at the size it is for (s)", size_markdown(found)))
+
+
+def _link_targets(
+    label: str, capacity: int, call_size: int, link: str, metrics: dict[str, dict[str, Samples]]
+) -> list[Target]:
+    """Issue 35's targets of one cell of (s): bytes on the wire, speed through a link."""
+    targets = []
+    wire = metrics["wire_bytes"].get(NAME_S_DEFAULT)
+    if wire is not None:
+        text = f"{label}: ours with numpy <= 300 bytes on the wire per fp (issue 35)"
+        targets.append(Target("s", text, wire.median, 300.0, False, unit="B/fp"))
+    rates = metrics["fp_per_s"]
+    wanted = None
+    if link == LOOPBACK and capacity >= 1_000_000_000 and call_size >= 1_000_000:
+        wanted = 0.5
+    elif link != LOOPBACK and capacity >= 100_000_000 and call_size >= 100_000:
+        wanted = 0.4 if call_size >= 1_000_000 else 0.3
+    if wanted is not None:
+        text = f"{label}: ours with numpy >= {wanted}x BF.MADD (issue 35)"
+        value = paired_ratio(rates, NAME_S_DEFAULT, NAME_S_MADD)
+        targets.append(Target("s", text, value, wanted, True))
+    return targets
 
 
 def _states(bench: BenchRedis, peers: Peers, args: argparse.Namespace, got: Collected) -> None:

@@ -15,6 +15,12 @@ contenders run interleaved round by round, each on an empty server:
   growing as RedisBloom grows by default (EXPANSION 2); and the same from the child,
   as redis-py without hiredis sends it: the default install's peer.
 
+Users run Redis on another machine: each cell is also measured through ``--size-links``
+(:mod:`link`: a TCP proxy limiting the link to 1 Gbit/s with 0.2 ms each way), where
+ours with numpy and ``BF.MADD`` (hiredis) go through the same link; and every load
+reports the bytes it put on the wire per fingerprint (Redis's ``INFO stats``
+``total_net_input_bytes`` + ``total_net_output_bytes``).
+
 The work is bounded: at most ``count`` fingerprints per contender per round (never
 more than the capacity), and a contender stops after the call that passes ``cap``
 seconds; its rate is over the calls it made. Redis's cost per fingerprint is read
@@ -35,6 +41,7 @@ from typing import Any
 
 from bulkload import Load, load_from_dict, load_madd, load_ours
 from harness import BenchRedis, Samples, rotated
+from link import Link
 from micro import Peers
 from report import md_table, ratio
 
@@ -58,6 +65,12 @@ EXTRAS = ("numpy", "hiredis")
 SEEN_LIMIT = 0.01
 #: Seconds a child process may take beyond the load's time cap (imports, hashing).
 CHILD_SLACK = 120.0
+#: The links a cell may be measured through: none, or the proxy of :mod:`link`.
+LOOPBACK, GBIT_LINK = "loopback", "1gbit"
+LINKS = (LOOPBACK, GBIT_LINK)
+#: The contenders measured through a link (the others are loopback-only: their cost is
+#: the machine's, which the link does not change).
+LINKED = (NAME_S_DEFAULT, NAME_S_MADD)
 
 
 def capacity_text(capacity: int) -> str:
@@ -85,12 +98,15 @@ class Cell:
     error_rate: float
     call_size: int
     count: int
+    #: :data:`LOOPBACK` or :data:`GBIT_LINK`.
+    link: str = LOOPBACK
 
     @property
     def label(self) -> str:
-        """E.g. '100M @ 1e-4, calls of 100,000'."""
+        """E.g. '100M @ 1e-4, calls of 100,000' (', 1 Gbit/s link' through the link)."""
         size = f"{capacity_text(self.capacity)} @ {rate_text(self.error_rate)}"
-        return f"{size}, calls of {self.call_size:,}"
+        through = "" if self.link == LOOPBACK else ", 1 Gbit/s link"
+        return f"{size}, calls of {self.call_size:,}{through}"
 
 
 @dataclass
@@ -101,6 +117,8 @@ class SizeResults:
     #: Correctness checks that failed.
     failed: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    #: The cell of each label.
+    cell_of: dict[str, Cell] = field(default_factory=dict)
 
 
 def contender_settings(peers: Peers, capacity: int, error_rate: float) -> dict[str, dict[str, Any]]:
@@ -165,14 +183,17 @@ def measure_size(
     count: int,
     cap: float,
     rounds: int,
+    links: Sequence[str] = (LOOPBACK,),
 ) -> SizeResults:
-    """Measure (s): per cell, fp/s and Redis usec per fingerprint of every contender.
+    """Measure (s): per cell, fp/s, Redis usec and bytes per fingerprint of every contender.
 
     Rounds outermost; in each round every cell, its contenders in an order rotated
-    by the round, each on an empty server (FLUSHALL) and its filter new.
+    by the round, each on an empty server (FLUSHALL) and its filter new. A cell
+    through a link runs while a :class:`link.Link` proxies to the server.
     """
     cells = [
-        Cell(capacity, error_rate, call_size, min(count, capacity))
+        Cell(capacity, error_rate, call_size, min(count, capacity), link)
+        for link in links
         for capacity in capacities
         for call_size in call_sizes
     ]
@@ -184,52 +205,75 @@ def measure_size(
         "count": count,
         "cap_seconds": cap,
         "rounds": rounds,
+        "links": list(links),
     }
-    for round_index in range(rounds):
-        for cell in cells:
-            runners = _runners(bench, peers, cell, cap)
-            order = rotated(list(runners), round_index)
-            label = cell.label
-            logger.info("(s) round %d/%d, %s: %s", round_index + 1, rounds, label, ", ".join(order))
-            for name in order:
-                bench.flush()
-                load = runners[name]()
-                _keep(results, cell, name, load)
+    port = int(bench.url.rsplit(":", 1)[1].split("/")[0])
+    with Link(port) as link:
+        results.info["link"] = link.description
+        for round_index in range(rounds):
+            for cell in cells:
+                url = bench.url if cell.link == LOOPBACK else link.url_for(bench.url)
+                runners = _runners(bench, peers, cell, cap, url)
+                order = rotated(list(runners), round_index)
+                label = cell.label
+                logger.info(
+                    "(s) round %d/%d, %s: %s", round_index + 1, rounds, label, ", ".join(order)
+                )
+                for name in order:
+                    bench.flush()
+                    load = runners[name]()
+                    _keep(results, cell, name, load)
     bench.flush()
     _notes(results)
     return results
 
 
 def _runners(
-    bench: BenchRedis, peers: Peers, cell: Cell, cap: float
+    bench: BenchRedis, peers: Peers, cell: Cell, cap: float, url: str
 ) -> dict[str, Callable[[], Load]]:
-    """Return the contenders of one cell, each a call that makes and times one load."""
-    url = bench.url
+    """Return the contenders of one cell, each a call that makes and times one load.
+
+    ``url``: the server's, or the link's to it (then only the :data:`LINKED` ones).
+    """
     runners: dict[str, Callable[[], Load]] = {}
     for name, settings in contender_settings(peers, cell.capacity, cell.error_rate).items():
+        if cell.link != LOOPBACK and name not in LINKED:
+            continue
         if name == NAME_S_NO_EXTRAS:
             runners[name] = lambda s=settings: load_in_child(url, s, cell, cap)
         else:
             runners[name] = lambda s=settings: load_ours(url, s, cell.count, cell.call_size, cap)
     if peers.bloom:
-        runners[NAME_S_MADD] = lambda: load_madd(
-            bench.redis(), cell.capacity, cell.error_rate, cell.count, cell.call_size, cap
-        )
-        sizing = contender_settings(peers, cell.capacity, cell.error_rate)[NAME_S_NO_EXTRAS]
-        runners[NAME_S_MADD_NO_EXTRAS] = lambda: load_in_child(url, sizing, cell, cap, "madd")
+        runners[NAME_S_MADD] = lambda: _madd(url, cell, cap)
+        if cell.link == LOOPBACK:
+            sizing = contender_settings(peers, cell.capacity, cell.error_rate)[NAME_S_NO_EXTRAS]
+            runners[NAME_S_MADD_NO_EXTRAS] = lambda: load_in_child(url, sizing, cell, cap, "madd")
     return runners
+
+
+def _madd(url: str, cell: Cell, cap: float) -> Load:
+    """BF.MADD's load of a cell, from a client of its own at ``url`` (the link's, or not)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return load_madd(client, cell.capacity, cell.error_rate, cell.count, cell.call_size, cap)
+    finally:
+        client.close()
 
 
 def _keep(results: SizeResults, cell: Cell, name: str, load: Load) -> None:
     """File one load's figures under its cell and contender; check its answers."""
+    results.cell_of[cell.label] = cell
     metrics = results.cells.setdefault(
-        cell.label, {"fp_per_s": {}, "cpu_usec": {}, "command_usec": {}}
+        cell.label, {"fp_per_s": {}, "cpu_usec": {}, "command_usec": {}, "wire_bytes": {}}
     )
     per_fp = load.elements or 1
     figures = (
         ("fp_per_s", "fp/s", load.rate),
         ("cpu_usec", "usec", load.cost.cpu_usec / per_fp),
         ("command_usec", "usec", load.cost.command_usec / per_fp),
+        ("wire_bytes", "B/fp", (load.cost.net_in + load.cost.net_out) / per_fp),
     )
     for metric, unit, value in figures:
         samples = metrics[metric].setdefault(name, Samples(name, unit, sample_size=cell.count))
@@ -245,13 +289,19 @@ def _keep(results: SizeResults, cell: Cell, name: str, load: Load) -> None:
         ("wrapper_usec", load.cost.wrapper_usec),
     ):
         rate.extra.setdefault(key, []).append(value)
+    wire = metrics["wire_bytes"][name]
+    wire.extra.setdefault("net_in_per_fp", []).append(round(load.cost.net_in / per_fp, 1))
+    wire.extra.setdefault("net_out_per_fp", []).append(round(load.cost.net_out / per_fp, 1))
     rate.extra.update({k: v for k, v in load.extra.items()})
     logger.info(
-        "  %-46s %10.0f fp/s, Redis CPU %6.2f usec/fp, commands %6.2f usec/fp%s",
+        "  %-46s %10.0f fp/s, Redis CPU %6.2f usec/fp, commands %6.2f usec/fp,"
+        " wire %.0f / %.0f B/fp in / out%s",
         name,
         load.rate,
         load.cost.cpu_usec / per_fp,
         load.cost.command_usec / per_fp,
+        load.cost.net_in / per_fp,
+        load.cost.net_out / per_fp,
         f" ({load.elements:,} fp: time cap)" if load.capped else "",
     )
     if name not in (NAME_S_MADD, NAME_S_MADD_NO_EXTRAS) and load.seen > SEEN_LIMIT * load.elements:
@@ -280,6 +330,8 @@ def _notes(results: SizeResults) -> None:
                 versus = paired_ratio(metrics["cpu_usec"], name, NAME_S_MADD)
                 parts[0] += f" ({versus:.2f}x BF.MADD)"
             parts.append(f"commandstats {commands:.2f} usec/fp")
+            wire = metrics["wire_bytes"][name].median
+            parts.append(f"wire {wire:,.0f} B/fp (in + out)")
             elements = rate.extra.get("elements", [])
             if any(rate.extra.get("capped", [])):
                 parts.append(f"time cap: {min(elements):,} to {max(elements):,} fp")
@@ -340,6 +392,16 @@ def size_markdown(results: SizeResults) -> str:
         )
         for label, metrics in results.cells.items()
     ]
+    wire = [
+        (
+            label,
+            *(
+                _fmt_wire(metrics["wire_bytes"][n]) if n in metrics["wire_bytes"] else "n/a"
+                for n in names
+            ),
+        )
+        for label, metrics in results.cells.items()
+    ]
     info = results.info
     return "\n".join(
         [
@@ -356,11 +418,30 @@ def size_markdown(results: SizeResults) -> str:
             " rows' notes):",
             "",
             md_table(header, cpu),
+            "",
+            "Bytes on the wire per fingerprint, in + out (Redis's INFO stats"
+            " total_net_input_bytes / total_net_output_bytes). Rows 'through a link': the"
+            f" clients reach Redis through a TCP proxy of {info.get('link', 'n/a')}"
+            " (bench/link.py).",
+            "",
+            md_table(header, wire),
         ]
     )
 
 
+def _fmt_wire(samples: Samples) -> str:
+    """'236 (172 / 64)': bytes per fingerprint, in + out, then in / out (medians)."""
+    ins, outs = samples.extra.get("net_in_per_fp"), samples.extra.get("net_out_per_fp")
+    text = f"{samples.median:,.0f}"
+    if ins and outs:
+        text += f" ({statistics.median(ins):,.0f} / {statistics.median(outs):,.0f})"
+    return text
+
+
 __all__ = [
+    "GBIT_LINK",
+    "LINKS",
+    "LOOPBACK",
     "NAME_S_BLOCKED",
     "NAME_S_DEFAULT",
     "NAME_S_MADD",

@@ -170,20 +170,30 @@ SIZE_BLOOM = (
 
 
 def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
-    """(s) measured every cell (two sizes, two call sizes) with every contender it can run."""
+    """(s) measured every cell (two sizes, two call sizes, on loopback and through the
+    1 Gbit/s link) with every contender it can run, and the bytes each put on the wire."""
     size = {k: v for k, v in document["measures"]["s"].items() if k != "info"}
     info = document["measures"]["s"]["info"]
-    assert len(size) == len(info["capacities"]) * len(info["call_sizes"]) == 4
+    assert info["links"] == ["loopback", "1gbit"]
+    assert len(size) == len(info["capacities"]) * len(info["call_sizes"]) * 2 == 8
     expected = set(SIZE_ALWAYS)
     if document["blocked_setting_recognised"]:
         expected |= set(SIZE_BLOCKED)
     if bloom:
         expected |= set(SIZE_BLOOM)
+    linked = {"ours, defaults (bitmap, numpy)"} | ({"RedisBloom BF.MADD"} if bloom else set())
+    through = [label for label in size if label.endswith(", 1 Gbit/s link")]
+    assert len(through) == 4
     for label, metrics in size.items():
+        if label in through:
+            assert set(metrics["fp_per_s"]) == linked, label
+            continue
         assert set(metrics["fp_per_s"]) == expected, label
-        for metric in ("fp_per_s", "cpu_usec", "command_usec"):
+        for metric in ("fp_per_s", "cpu_usec", "command_usec", "wire_bytes"):
             for name, samples in metrics[metric].items():
                 assert samples["median"] > 0, (label, metric, name)
+        # Each fingerprint crosses the wire at least once: 40 hex characters.
+        assert metrics["wire_bytes"]["ours, defaults (bitmap, numpy)"]["median"] > 40
         children = ["ours, default install (no numpy, no hiredis)"]
         if bloom:
             children.append("RedisBloom BF.MADD, default install (no hiredis)")
@@ -197,7 +207,8 @@ def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
         if bloom:
             assert metrics["fp_per_s"]["ours, native: add_many"]["extra"]["backend"] == "native"
     rows = [row for row in document["rows"] if row["measure"].startswith("s ")]
-    assert len(rows) == 4 * len(expected)
+    # Per cell, a row per contender for its rate and one for its bytes on the wire.
+    assert len(rows) == 4 * 2 * len(expected) + 4 * 2 * len(linked)
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
@@ -213,7 +224,9 @@ def test_quick_size_measure_alone(tmp_path: Path) -> None:
     assert document["checks_failed"] == []
     targets = document["targets"]
     assert {t["measure"] for t in targets} == {"s"}
-    assert len(targets) == 16  # four per cell
+    # Per loopback cell four (issue 23) and its bytes on the wire; per cell through the
+    # link its bytes (its speed is a target from calls of 100,000 at 100M on).
+    assert len(targets) == 4 * 5 + 4
     assert_targets_judged(targets, " ".join(document["skipped"]))
     assert_size_measure(document, bloom)
     markdown = (tmp_path / "results.md").read_text()
