@@ -71,6 +71,7 @@ from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Loca
 from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Taken, take
 from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_stacks
 from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
+from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
 from scrapy_redis_bloom.engine.parts import Parts, pairs
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
@@ -118,6 +119,12 @@ SNAPSHOT_NS_PER_BYTE = 1 if HIREDIS_AVAILABLE else 2
 BLOCKS_NS_PER_ELEMENT = 3_500
 #: A block an older generation's batch reads (not written back): about half the above.
 READ_BLOCK_NS = 1_500
+#: Bytes on the wire, both ways, per block a snapshot reads and writes back (its
+#: GETRANGE and its reply, its SETRANGE: measured 280 at 100M in calls of 10,000), and
+#: per block only read. Weighed by what a byte costs beyond loopback's
+#: (:mod:`.wirecost`) against a whole shard's bytes, read and written back.
+BLOCK_WIRE_BYTES = 280
+READ_WIRE_BYTES = 140
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
 #: The most bytes the shards of one snapshot transaction hold (read whole, or by their
@@ -217,6 +224,8 @@ class Bulk:
         self._growth: tuple[bytes, Growth] | None = None
         #: Redis's clock minus this machine's, from the last ``TIME`` read (windows).
         self._clock = 0.0
+        #: What moving a byte to or from each node costs beyond loopback's.
+        self._wire = WireCost(executor)
 
     @property
     def spec(self) -> FilterSpec:
@@ -247,12 +256,19 @@ class Bulk:
         cost = SNAPSHOT_NS + SNAPSHOT_NS_PER_BYTE * spec.shard_bytes
         return max(1, -(-cost // each))
 
-    def _whole(self, count: int) -> bool:
-        """Whether ``count`` elements of a shard read it whole, rather than their blocks."""
+    def _whole(self, count: int, node: Node, key: str) -> bool:
+        """Whether ``count`` elements of a shard read it whole, rather than their blocks.
+
+        Whole when that costs less: its bytes read and written back, at what a byte
+        costs on the shard's ``node`` (:mod:`.wirecost`), against its blocks' commands
+        and bytes.
+        """
         spec = self.spec
-        return not spec.block_bits or (
-            SNAPSHOT_NS_PER_BYTE * spec.shard_bytes < BLOCKS_NS_PER_ELEMENT * count
-        )
+        if not spec.block_bits:
+            return True
+        extra = self._wire.extra(node.address, key)
+        whole = (SNAPSHOT_NS_PER_BYTE + 2 * extra) * spec.shard_bytes
+        return whole < (BLOCKS_NS_PER_ELEMENT + BLOCK_WIRE_BYTES * extra) * count
 
     def _block_size(self) -> int:
         """Return the elements to read next (:func:`block_size`)."""
@@ -398,9 +414,9 @@ class Bulk:
             if not self._snapshots:
                 results.append((s, positions, Taken()))  # refused by an ACL: the chunks'
                 continue
-            whole = self._whole(len(positions))
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
+            whole = self._whole(len(positions), node, key)
             part = Part(key, self.identity(s), located.offsets(positions), length, whole)
             size = length if whole else BLOCK_BYTES * len(positions)
             joint = self.topology.joint_transactions
@@ -464,8 +480,9 @@ class Bulk:
                 self._grown.add(s)
             if self.hooks is not None and found.generations > 1:
                 self.hooks.note(s, 0, found.generations)
-            stack, size = self._stack(growth, s, positions, located, found)
             node = self.topology.route(self.parts.shard_key(s), s, None)
+            extra = self._wire.extra(node.address, found.keys[-1][0])
+            stack, size = self._stack(growth, s, positions, located, found, extra)
             joint = self.topology.joint_transactions
             _join(batches, filling, node, size, (s, positions, stack), joint)
         for node, batch in batches:
@@ -477,9 +494,18 @@ class Bulk:
         return results, cuts
 
     def _stack(
-        self, growth: Growth, shard: int, positions: Any, located: Located, found: Found
+        self,
+        growth: Growth,
+        shard: int,
+        positions: Any,
+        located: Located,
+        found: Found,
+        extra: float,
     ) -> tuple[Stack, int]:
-        """Return a shard's stack (a part per key ``found`` names), and the bytes it reads."""
+        """Return a shard's stack (a part per key ``found`` names), and the bytes it reads.
+
+        ``extra``: what a byte costs on the shard's node beyond loopback's (:mod:`.wirecost`).
+        """
         by_generation: dict[int, Any] = {}
         parts: list[Part] = []
         size, identity = 0, self.identity(shard)
@@ -496,9 +522,11 @@ class Bulk:
             newest = (name, g) == found.keys[-1]
             # Whole when moving its bytes (read, and for the newest written back) costs
             # less than its blocks (an older generation's are only read).
-            each = BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS
+            each = (BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS) + extra * (
+                BLOCK_WIRE_BYTES if newest else READ_WIRE_BYTES
+            )
             whole = not gen.block_bits or (
-                SNAPSHOT_NS_PER_BYTE * gen.nbytes * (1 + newest) < each * len(positions)
+                (SNAPSHOT_NS_PER_BYTE + extra) * gen.nbytes * (1 + newest) < each * len(positions)
             )
             part = Part(name, identity, offsets, length, whole)
             part.by_script = not HIREDIS_AVAILABLE
