@@ -326,18 +326,25 @@ class Session:
     comes back as its exception, to sort with :func:`classify`.
     """
 
-    __slots__ = ("_executor", "_probing", "_serial", "_write", "node")
+    __slots__ = ("_executor", "_probing", "_serial", "_shut", "_write", "node")
 
-    def __init__(self, executor: Executor, node: Node, write: bool, probing: bool) -> None:
+    def __init__(
+        self, executor: Executor, node: Node, write: bool, probing: bool, shut: str | None
+    ) -> None:
         self.node = node
         self._executor, self._write, self._probing = executor, write, probing
-        #: The connection of the first round (-1: its send failed); None before it.
+        #: The connection of the first round; None before it.
         self._serial: int | None = None
+        #: Why no round is sent (its first failed, an outage); None while they may be.
+        self._shut = shut
 
     def post(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
         """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
-        pinned, self._serial = self._serial, -1 if self._serial is None else self._serial
+        if self._shut is not None:
+            raise NotSentError(self.node.address, self._shut)
+        pinned, self._shut = self._serial, "the connection it began on failed"
         ticket = self.node.send(payload, count, pinned)
+        self._shut = None
         self._serial = ticket.serial
         return ticket
 
@@ -368,13 +375,17 @@ class Session:
             return Commit.DOUBT, exc
         outcome = settled(got, queued)
         if outcome[0] is Commit.DOUBT:
-            logger.debug("%s: a transaction's replies are not its own: %r", self.node, got[-1])
+            logger.warning("%s: a transaction's replies are not its own: %r", self.node, got[-1])
             self.drop()
         return outcome
 
     def drop(self) -> None:
-        """Throw the node's connection away: replies owed, or a transaction open, on it."""
-        self.node.abandon()
+        """Throw the node's connection away: replies owed, or a transaction open, on it.
+
+        (Not when nothing was ever sent: the connection is others' to use.)
+        """
+        if self._serial is not None:
+            self.node.abandon()
 
 
 @dataclass
@@ -744,10 +755,13 @@ class Executor:
 
         With ``operation``, the session is an extra the caller can do without (a
         snapshot): while its kind of command has been failing for a whole retry window,
-        refused with :class:`FilterUnavailableError`, as the hot path is (:meth:`_admit`).
+        it sends nothing (:class:`NotSentError`), as the hot path fails fast (:meth:`_admit`).
         """
-        probing = operation is not None and self._admit(operation, write)
-        return Session(self, node, write, probing)
+        try:
+            probing = operation is not None and self._admit(operation, write)
+        except FilterUnavailableError as exc:
+            return Session(self, node, write, False, str(exc))
+        return Session(self, node, write, probing, None)
 
     def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:
         """Return the error for credentials Redis refused (a rotated password, say)."""

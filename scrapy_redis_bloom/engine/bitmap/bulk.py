@@ -469,13 +469,8 @@ class Bulk:
             joint = self.topology.joint_transactions
             _join(batches, filling, node, size, (s, positions, stack), joint)
         for node, batch in batches:
-            stacks = [stack for _, _, stack in batch]
-            try:
-                session = self.executor.session(node, "check in bulk", write)
-            except FilterUnavailableError:  # failing for a while: the chunks report it
-                together = [Taken() for _ in batch]
-            else:
-                together = take_stacks(session, stacks, write)
+            session = self.executor.session(node, "check in bulk", write)
+            together = take_stacks(session, [stack for _, _, stack in batch], write)
             for (s, positions, stack), one in zip(batch, together, strict=True):
                 if one.denied is not None:
                     self._refused(one.denied, stack.parts[-1].key)
@@ -514,11 +509,7 @@ class Bulk:
 
     def _take(self, node: Node, parts: list[Part], write: bool, limit: int | None) -> list[Taken]:
         """Take the parts' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
-        try:
-            session = self.executor.session(node, "check in bulk", write)
-        except FilterUnavailableError:  # failing for a while: the chunks report it
-            return [Taken() for _ in parts]
-        taken = take(session, parts, write, limit)
+        taken = take(self.executor.session(node, "check in bulk", write), parts, write, limit)
         for part, one in zip(parts, taken, strict=True):
             if one.denied is not None:
                 self._refused(one.denied, part.key)
