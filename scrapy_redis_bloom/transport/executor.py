@@ -24,6 +24,12 @@ passed since the first failure; then :class:`~..errors.FilterUnavailableError`. 
 that the executor fails fast (one attempt per second at most, no backoff) until Redis
 answers again, so a filter answering per ``BLOOMFILTER_ON_ERROR`` does not stall the
 crawl for the whole timeout on every request.
+
+Exchanges of several round trips on one node (a bulk chunk's pipeline, read after the
+next one is sent; a snapshot's transaction) go through a :class:`Session`: every round
+after the first on the first one's connection, or not at all, and a transaction's
+``EXEC`` reply sorted by :meth:`Session.commit`. What a session cannot do goes back to
+:meth:`Executor.run` through its caller.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -41,6 +47,7 @@ from redis.exceptions import (
     AskError,
     AuthenticationError,
     BusyLoadingError,
+    ExecAbortError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -208,6 +215,46 @@ def classify(reply: Any) -> Kind:
     return Kind.RESULT
 
 
+class Commit(Enum):
+    """What a transaction's ``EXEC`` did (:meth:`Session.commit`)."""
+
+    #: Ran: every queued command's result is in.
+    DONE = "done"
+    #: A watched key changed: nothing ran.
+    ABORTED = "aborted"
+    #: A queued command was refused (``EXECABORT``): nothing ran.
+    REFUSED = "refused"
+    #: Nothing was sent: the transaction's connection was gone.
+    UNSENT = "unsent"
+    #: The writes may have run, in part or outside the transaction: a lost reply, or
+    #: replies that are not this transaction's.
+    DOUBT = "doubt"
+
+
+def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
+    """Sort a transaction's last replies: its ``queued`` commands' then ``EXEC``'s.
+
+    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Only
+    replies that can be matched to the transaction count: each queued command answered
+    ``QUEUED`` (or refused), then a list of ``queued`` results with no error, nil (a
+    watched key changed) or ``EXECABORT``. Anything else (a command that ran at once,
+    ``EXEC without MULTI``, a list of another length, a result in error) is a doubt.
+    """
+    *queue, result = replies
+    refused = next((r for r in queue if isinstance(r, ERROR_REPLIES)), None)
+    if any(r not in (b"QUEUED", "QUEUED") and not isinstance(r, ERROR_REPLIES) for r in queue):
+        return Commit.DOUBT, result
+    if refused is None and result is None:
+        return Commit.ABORTED, None
+    if refused is None and isinstance(result, list) and len(result) == queued:
+        if any(isinstance(r, ERROR_REPLIES) for r in result):
+            return Commit.DOUBT, result  # ran in part
+        return Commit.DONE, result
+    if refused is not None and isinstance(result, ExecAbortError):
+        return Commit.REFUSED, refused
+    return Commit.DOUBT, result
+
+
 def _ask_target(reply: ResponseError) -> str:
     """Return the ``host:port`` an ``ASK`` reply redirects to."""
     if isinstance(reply, AskError):
@@ -264,6 +311,81 @@ class Results:
     ambiguous: list[bool] = field(default_factory=list)
     #: With ``partial=True``: why the calls whose reply is None were given up on.
     failure: FilterUnavailableError | None = None
+
+
+class Session:
+    """Rounds of pipelined commands on one node, every round on the first one's connection.
+
+    Obtained from :meth:`Executor.session`, for exchanges that span round trips: a bulk
+    chunk's pipeline (read after the next chunk is sent) and a snapshot's transaction
+    (``WATCH``, its reads and ``MULTI``; then its writes and ``EXEC``). The first
+    :meth:`post` may connect; each later one goes on that same connection, or raises
+    :class:`NotSentError` with nothing sent. So a transaction's writes never run outside
+    it on a new connection (the node reconnects silently when it finds an idle
+    connection closed). Replies are read in order by :meth:`replies`; an error reply
+    comes back as its exception, to sort with :func:`classify`.
+    """
+
+    __slots__ = ("_executor", "_probing", "_serial", "_shut", "_write", "node")
+
+    def __init__(
+        self, executor: Executor, node: Node, write: bool, probing: bool, shut: str | None
+    ) -> None:
+        self.node = node
+        self._executor, self._write, self._probing = executor, write, probing
+        #: The connection of the first round; None before it.
+        self._serial: int | None = None
+        #: Why no round is sent (its first failed, an outage); None while they may be.
+        self._shut = shut
+
+    def post(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
+        """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
+        if self._shut is not None:
+            raise NotSentError(self.node.address, self._shut)
+        pinned, self._shut = self._serial, "the connection it began on failed"
+        ticket = self.node.send(payload, count, pinned)
+        self._shut = None
+        self._serial = ticket.serial
+        return ticket
+
+    def replies(self, ticket: Ticket) -> list[Any]:
+        """Read a ticket's replies, in order (:meth:`.Node.receive`)."""
+        got = self.node.receive(ticket)
+        if self._probing:  # the one attempt of a second during an outage: it answered
+            self._probing = False
+            self._executor._recovered(self._write)
+        return got
+
+    def round(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> list[Any]:
+        """Send commands and read their replies: one round trip."""
+        return self.replies(self.post(payload, count))
+
+    def commit(self, payload: Sequence[bytes | memoryview], queued: int) -> tuple[Commit, Any]:
+        """Send a transaction's ``queued`` commands and ``EXEC``; say what it did (:func:`settled`).
+
+        ``payload`` ends with the ``EXEC``. Transport failures are sorted too: nothing
+        sent is UNSENT, a lost reply a DOUBT. After a doubt the connection is thrown
+        away: what is on it cannot be matched to anything sent.
+        """
+        try:
+            got = self.round(payload, queued + 1)
+        except (NotSentError, RefusedError):  # (refused: only ever when connecting anew)
+            return Commit.UNSENT, None
+        except ReplyLostError as exc:
+            return Commit.DOUBT, exc
+        outcome = settled(got, queued)
+        if outcome[0] is Commit.DOUBT:
+            logger.warning("%s: a transaction's replies are not its own: %r", self.node, got[-1])
+            self.drop()
+        return outcome
+
+    def drop(self) -> None:
+        """Throw the node's connection away: replies owed, or a transaction open, on it.
+
+        (Not when nothing was ever sent: the connection is others' to use.)
+        """
+        if self._serial is not None:
+            self.node.abandon()
 
 
 @dataclass
@@ -627,6 +749,19 @@ class Executor:
         if lost and write:
             results.ambiguous = [True] * len(payloads)
         return results
+
+    def session(self, node: Node, operation: str | None = None, write: bool = False) -> Session:
+        """Return a :class:`Session` on ``node``, for an exchange of several round trips.
+
+        With ``operation``, the session is an extra the caller can do without (a
+        snapshot): while its kind of command has been failing for a whole retry window,
+        it sends nothing (:class:`NotSentError`), as the hot path fails fast (:meth:`_admit`).
+        """
+        try:
+            probing = operation is not None and self._admit(operation, write)
+        except FilterUnavailableError as exc:
+            return Session(self, node, write, False, str(exc))
+        return Session(self, node, write, probing, None)
 
     def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:
         """Return the error for credentials Redis refused (a rotated password, say)."""

@@ -252,15 +252,21 @@ class Node:
         except CONNECTION_ERRORS:
             return True
 
-    def send(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
+    def send(
+        self, payload: bytes | Sequence[bytes | memoryview], count: int, serial: int | None = None
+    ) -> Ticket:
         """Send ``count`` packed commands; return the ticket to read their replies with.
 
         ``payload``: the commands packed, in one string or in pieces sent one after the
         other (a snapshot's MiBs of shard bytes go as views of its copy, not joined).
-        Raises :class:`NotSentError` if the server cannot be reached, :class:`ReplyLostError` if
-        the connection fails while sending (some of the commands may have arrived).
+        ``serial``: send only on that connection (a ticket's), never on a new one: a
+        transaction's later rounds. Raises :class:`NotSentError` if the server cannot be
+        reached or that connection is gone, :class:`ReplyLostError` if the connection
+        fails while sending (some of the commands may have arrived).
         """
         connection = self._connect()
+        if serial is not None and serial != self._serial:
+            raise NotSentError(self.address, "the connection the exchange began on was dropped")
         self.trips_made += 1
         try:
             pieces = [payload] if isinstance(payload, bytes) else payload

@@ -74,7 +74,7 @@ from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
 from scrapy_redis_bloom.engine.parts import Parts, pairs
 from scrapy_redis_bloom.engine.scripts import MISMATCH
-from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, classify
+from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, Session, classify
 from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pack_command
@@ -183,8 +183,8 @@ class _Chunk:
     elements: Sequence[str | bytes]
     #: Per shard: the positions of its elements in the chunk, and their k offsets each.
     groups: dict[int, tuple[list[int], list[int]]]
-    #: Per node: the node and its commands, in sending order.
-    plans: dict[int, tuple[Node, list[_Command]]]
+    #: Per node: the executor's session on it and its commands, in sending order.
+    plans: dict[int, tuple[Session, list[_Command]]]
     #: Per node: a ticket of replies owed, the replies read early, or why none come.
     sent: dict[int, Ticket | list[Any] | TransportError] = field(default_factory=dict)
 
@@ -486,7 +486,8 @@ class Bulk:
             joint = self.topology.joint_transactions
             _join(batches, filling, node, size, (s, positions, stack), joint)
         for node, batch in batches:
-            together = take_stacks(node, [stack for _, _, stack in batch], write)
+            session = self.executor.session(node, "check in bulk", write)
+            together = take_stacks(session, [stack for _, _, stack in batch], write)
             for (s, positions, stack), one in zip(batch, together, strict=True):
                 if one.denied is not None:
                     self._refused(one.denied, stack.parts[-1].key)
@@ -536,7 +537,7 @@ class Bulk:
 
     def _take(self, node: Node, parts: list[Part], write: bool, limit: int | None) -> list[Taken]:
         """Take the parts' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
-        taken = take(node, parts, write, limit)
+        taken = take(self.executor.session(node, "check in bulk", write), parts, write, limit)
         for part, one in zip(parts, taken, strict=True):
             if one.denied is not None:
                 self._refused(one.denied, part.key)
@@ -617,11 +618,10 @@ class Bulk:
             group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
         per_command = max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
-        plans: dict[int, tuple[Node, list[_Command]]] = {}
+        plans: dict[int, tuple[Session, list[_Command]]] = {}
         for shard, (positions, bits) in groups.items():
             key = self.parts.shard_key(shard)
-            node = self.topology.route(key, shard, None)
-            commands = plans.setdefault(id(node), (node, []))[1]
+            commands = self._plan(plans, key, shard)
             check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
             commands.append(_Command(Call(check, key=key, shard=shard), shard))
             packed_key = encode(key)
@@ -652,11 +652,10 @@ class Bulk:
             group[0].append(i)
             seeds[shard].append(seed_arguments(h1, h2, shards, size, block))
         script = hooks.script()
-        plans: dict[int, tuple[Node, list[_Command]]] = {}
+        plans: dict[int, tuple[Session, list[_Command]]] = {}
         for shard, (positions, _) in groups.items():
             key = self.parts.shard_key(shard)
-            node = self.topology.route(key, shard, None)
-            commands = plans.setdefault(id(node), (node, []))[1]
+            commands = self._plan(plans, key, shard)
             packed = seeds[shard]
             for first in range(0, len(positions), PER_SCRIPT):
                 span = range(first, min(first + PER_SCRIPT, len(positions)))
@@ -667,12 +666,22 @@ class Bulk:
                 commands.append(_Command(call, shard, span, scripted=True))
         return _Chunk(write, elements, groups, plans)
 
+    def _plan(
+        self, plans: dict[int, tuple[Session, list[_Command]]], key: str, shard: int
+    ) -> list[_Command]:
+        """Return the commands a chunk sends to a shard's node (a session of their own)."""
+        node = self.topology.route(key, shard, None)
+        plan = plans.get(id(node))
+        if plan is None:
+            plan = plans[id(node)] = (self.executor.session(node), [])
+        return plan[1]
+
     # -- sending and reading -----------------------------------------------------------
 
     def _send(self, chunk: _Chunk) -> None:
-        for node_id, (node, commands) in chunk.plans.items():
+        for node_id, (session, commands) in chunk.plans.items():
             try:
-                chunk.sent[node_id] = node.send(
+                chunk.sent[node_id] = session.post(
                     b"".join(command.call.payload for command in commands), len(commands)
                 )
             except TransportError as exc:
@@ -680,19 +689,19 @@ class Bulk:
 
     def _abandon(self, chunk: _Chunk) -> None:
         """Throw away the connections on which a chunk's replies are still owed."""
-        for node_id, (node, _) in chunk.plans.items():
+        for node_id, (session, _) in chunk.plans.items():
             if isinstance(chunk.sent.get(node_id), Ticket):
-                node.abandon()
+                session.drop()
 
     def _drain(self, chunk: _Chunk | None) -> None:
         """Read a later chunk's owed replies now, so another command may use its nodes."""
         if chunk is None:
             return
-        for node_id, (node, _) in chunk.plans.items():
+        for node_id, (session, _) in chunk.plans.items():
             sent = chunk.sent.get(node_id)
             if isinstance(sent, Ticket):
                 try:
-                    chunk.sent[node_id] = node.receive(sent)
+                    chunk.sent[node_id] = session.replies(sent)
                 except TransportError as exc:
                     chunk.sent[node_id] = exc
 
@@ -715,8 +724,8 @@ class Bulk:
         mismatched: dict[int, bytes] = {}
         scripted = False
         try:
-            for node_id, (node, commands) in chunk.plans.items():
-                replies, unsure = self._replies(chunk, node_id, node, commands, later)
+            for node_id, (session, commands) in chunk.plans.items():
+                replies, unsure = self._replies(chunk, node_id, session, commands, later)
                 for command, reply, maybe_twice in zip(commands, replies, unsure, strict=True):
                     if isinstance(reply, BaseException):
                         raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
@@ -796,7 +805,7 @@ class Bulk:
         self,
         chunk: _Chunk,
         node_id: int,
-        node: Node,
+        session: Session,
         commands: list[_Command],
         later: _Chunk | None,
     ) -> tuple[list[Any], list[bool]]:
@@ -806,7 +815,7 @@ class Bulk:
         lost = isinstance(sent, ReplyLostError)
         if isinstance(sent, Ticket):
             try:
-                replies = chunk.sent[node_id] = node.receive(sent)
+                replies = chunk.sent[node_id] = session.replies(sent)
             except ReplyLostError as exc:
                 chunk.sent[node_id] = exc
                 lost = True

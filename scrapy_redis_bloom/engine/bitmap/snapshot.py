@@ -23,11 +23,16 @@ A blocked shard's batch may instead read only its blocks. Several shards of a no
 in the same two round trips and one transaction (:func:`take`); the caller bounds the
 bytes one call holds.
 
+Both round trips go through an executor :class:`~..transport.executor.Session`: the
+second on the first one's connection or not at all, so the writes never run outside
+the transaction (a dropped connection is not silently replaced by a new one).
+
 In every other case the batch is handed back (:attr:`Taken.answers` is None) to the
 ``BITFIELD`` or script path, which deals with redirections, retries, lost shards and
 their recovery: an aborted ``EXEC``, a shard that is not as expected, an error reply,
-a failed connection. When ``EXEC`` may have run but its reply was lost, the batch is
-handed back as ``ambiguous``: the bits may be its own, so "seen" answers become "new".
+a failed connection. When ``EXEC`` may have run but its reply was lost, or the replies
+are not the transaction's (:func:`.executor.settled`), the batch is handed back as
+``ambiguous``: the bits may be its own, so "seen" answers become "new".
 """
 
 from __future__ import annotations
@@ -56,8 +61,8 @@ from scrapy_redis_bloom.engine.bitmap.local import (
     slot_bytes,
 )
 from scrapy_redis_bloom.engine.scripts import READ_BLOCKS, WRITE_BLOCKS
-from scrapy_redis_bloom.transport.executor import acl_denial
-from scrapy_redis_bloom.transport.node import Node, NotSentError, Ticket, TransportError
+from scrapy_redis_bloom.transport.executor import Commit, Session, acl_denial
+from scrapy_redis_bloom.transport.node import Ticket, TransportError
 from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
@@ -92,11 +97,11 @@ def _kernel(offsets: Any) -> Callable[[bytearray, Any, bool], tuple[list[bool], 
     return check_sequential if isinstance(offsets, list) else check_vectorised
 
 
-def _end(node: Node, write: bool, opening: list[Any]) -> None:
+def _end(session: Session, write: bool, opening: list[Any]) -> None:
     """Close what the opening left open: the transaction (which unwatches), or the watch."""
     if write:  # WATCH, GETRANGE..., MULTI
         started = not isinstance(opening[-1], BaseException)
-        node.exchange(pack_command(b"DISCARD" if started else b"UNWATCH"), 1)
+        session.round(pack_command(b"DISCARD" if started else b"UNWATCH"), 1)
 
 
 @dataclass(slots=True)
@@ -151,7 +156,7 @@ _BY_RANGES = HAVE_NUMPY
 RUN_BLOCKS = PIECE // BLOCK_BYTES
 
 
-def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
+def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
     A blocked filter's element has all its bits in one 64-byte block, so a batch of a
@@ -179,7 +184,8 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
     reply is in: Python works on one shard while Redis reads the next (the first
     round trip is then about the longer of the two, not their sum).
 
-    ``parts`` must be shards one transaction may name together (one slot in a cluster).
+    ``session``: the executor's session on their node. ``parts`` must be shards one
+    transaction may name together (one slot in a cluster).
     One :class:`Taken` per part, in order. When another client wrote to any of the
     shards, nothing was written and every part is ``aborted``: the caller may try each
     shard on its own.
@@ -204,16 +210,16 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
             if write and n == len(groups) - 1:
                 commands.append(_MULTI)
                 count += 1
-            reads.append((node.send(b"".join(commands), count), group))
+            reads.append((session.post(b"".join(commands), count), group))
     except TransportError:
-        node.abandon()  # replies may be owed on it: never read them later
+        session.drop()  # replies may be owed on it: never read them later
         return [Taken() for _ in parts]  # nothing was written: the other path retries
     try:
         replies: list[Any] = []  # the opening's, then MULTI's
         failed: BaseException | None = None
         found: list[_Copy | None] = [None] * len(parts)
         for n, (ticket, group) in enumerate(reads):
-            read = node.receive(ticket)
+            read = session.replies(ticket)
             failed = failed or _failure(read)
             if n == 0:
                 replies, read = read[: len(opening)], read[len(opening) :]
@@ -223,14 +229,14 @@ def take(node: Node, parts: Sequence[Part], write: bool, limit: int | None) -> l
                 mine, read = read[: parts[i].replies], read[parts[i].replies :]
                 found[i] = None if failed else _check(parts[i], mine, write, limit)
         if failed is None:
-            return _write_back(node, packed, parts, write, limit, found, replies)
+            return _write_back(session, packed, parts, write, limit, found, replies)
         if write:
-            _end(node, write, replies)
+            _end(session, write, replies)
         return [Taken(denied=acl_denial(failed)) for _ in parts]
     except TransportError:
         return [Taken() for _ in parts]
     except BaseException:
-        node.abandon()  # a transaction may be open on it: never reuse the connection
+        session.drop()  # a transaction may be open on it: never reuse the connection
         raise
 
 
@@ -388,7 +394,7 @@ def _copy(part: Part, read: list[Any], write: bool) -> tuple[bytearray, bytes] |
 
 
 def _write_back(
-    node: Node,
+    session: Session,
     keys: list[bytes],
     parts: Sequence[Part],
     write: bool,
@@ -404,7 +410,7 @@ def _write_back(
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = [*extra]
     changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged parts' blocks to write
-    sent = 1 + len(extra)  # EXEC
+    queued = len(extra)
     for part, key, got in zip(parts, keys, found, strict=True):
         if got is None:
             taken.append(Taken())  # lost, foreign, odd, grown or full: the other path's
@@ -413,7 +419,7 @@ def _write_back(
         taken.append(Taken(answers))
         if not write or low >= high:
             continue
-        sent += 0 if part.ranged else 1  # (a ranged part's commands are counted below)
+        queued += 0 if part.ranged else 1  # (a ranged part's commands are counted below)
         if part.whole:  # the span the kernel changed, its MiBs copied once (by the join)
             commands += (
                 command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
@@ -428,7 +434,7 @@ def _write_back(
             data = slot_bytes(copy, slots)
             commands.append(pack_command(b"EVALSHA", WRITE_BLOCKS.sha, 1, key, spans, data))
         if limit is not None:
-            sent += 1
+            queued += 1
             count += answers.count(False)
             commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     if not write:
@@ -436,24 +442,19 @@ def _write_back(
     if changed:
         writes, count = range_writes(*(list(column) for column in zip(*changed, strict=True)))
         commands.append(writes)
-        sent += count
+        queued += count
     if all(one.answers is None for one in taken):  # nothing to confirm: close it
-        _end(node, write, opening)
+        _end(session, write, opening)
         return taken
-    commands.append(pack_command(b"EXEC"))
-    try:
-        done = node.exchange(_coalesced(commands), sent)
-    except NotSentError:
-        return [Taken() for _ in parts]
-    except TransportError:
-        return [Taken(ambiguous=t.answers is not None) for t in taken]
-    outcome = done[-1]
-    if outcome is None:  # another client wrote to a shard: EXEC did nothing
+    commands.append(_EXEC)
+    outcome, reply = session.commit(_coalesced(commands), queued)
+    if outcome is Commit.DONE:
+        return taken
+    if outcome is Commit.ABORTED:  # another client wrote to a shard: EXEC did nothing
         logger.debug("Snapshot of %d shard(s): one changed meanwhile", len(parts))
         return [Taken(aborted=True) for _ in parts]
-    if isinstance(outcome, BaseException):  # EXECABORT: a queued command was refused
-        refused = next((r for r in done if isinstance(r, BaseException)), outcome)
-        return [Taken(denied=acl_denial(refused)) for _ in parts]
-    if any(isinstance(r, BaseException) for r in outcome):  # ran in part: in doubt
-        return [Taken(ambiguous=t.answers is not None) for t in taken]
-    return taken
+    if outcome is Commit.REFUSED:  # nothing ran
+        return [Taken(denied=acl_denial(reply)) for _ in parts]
+    if outcome is Commit.UNSENT:  # nothing written: the other path's answers stand
+        return [Taken() for _ in parts]
+    return [Taken(ambiguous=t.answers is not None) for t in taken]  # may have run

@@ -63,8 +63,8 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _write_back,
 )
 from scrapy_redis_bloom.engine.clock import GUARD, TIME
-from scrapy_redis_bloom.transport.executor import Call, acl_denial
-from scrapy_redis_bloom.transport.node import Node, TransportError
+from scrapy_redis_bloom.transport.executor import Call, Session, acl_denial
+from scrapy_redis_bloom.transport.node import TransportError
 from scrapy_redis_bloom.transport.wire import encode, pack_command
 
 if HAVE_NUMPY:
@@ -197,8 +197,10 @@ def probe(
     )
 
 
-def take_stacks(node: Node, stacks: Sequence[Stack], write: bool) -> list[Taken]:
+def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[Taken]:
     """Check (and add) the batches of shards of one node in one transaction (module doc).
+
+    ``session``: the executor's session on their node.
 
     One :class:`.snapshot.Taken` per stack, in order: its answers (the first of its
     batch's elements, the rest the script's), or why it goes back to the script.
@@ -227,17 +229,17 @@ def take_stacks(node: Node, stacks: Sequence[Stack], write: bool) -> list[Taken]
         commands.append(_MULTI)
     sent_at = time.monotonic()
     try:
-        ticket = node.send(b"".join(commands), _replies(stacks, opening + timed, write))
+        ticket = session.post(b"".join(commands), _replies(stacks, opening + timed, write))
     except TransportError:
-        node.abandon()  # replies may be owed on it: never read them later
+        session.drop()  # replies may be owed on it: never read them later
         return [Taken() for _ in stacks]
     try:
-        read = node.receive(ticket)
+        read = session.replies(ticket)
         opened = read[:opening] + ([read[-1]] if write else [])
         failed = _failure(read)
         if failed is not None:
             if write:
-                _end(node, write, opened)
+                _end(session, write, opened)
             return [Taken(denied=acl_denial(failed)) for _ in stacks]
         at = opening
         now = None
@@ -262,11 +264,11 @@ def take_stacks(node: Node, stacks: Sequence[Stack], write: bool) -> list[Taken]
             if got is not None and write and counted is not None:
                 state, count = stack.found.state, min(counted, 2**32 - 1).to_bytes(4, "big")
                 extra.append(pack_command(b"SETRANGE", state, _COUNT, count))
-        taken = _write_back(node, keys, parts, write, None, found, opened, extra)
+        taken = _write_back(session, keys, parts, write, None, found, opened, extra)
     except TransportError:
         return [Taken() for _ in stacks]
     except BaseException:
-        node.abandon()  # a transaction may be open on it: never reuse the connection
+        session.drop()  # a transaction may be open on it: never reuse the connection
         raise
     out, at = [], 0
     for stack in stacks:
