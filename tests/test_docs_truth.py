@@ -368,3 +368,222 @@ def test_defaults_given_in_passing() -> None:
                 wrong.append(f"{where(path, text, match.start())}: {name} defaults to"
                              f" {defaults[name]!r}, not {said}")  # fmt: skip
     assert not wrong, "\n".join(wrong)
+
+
+# -- the benchmark's figures the README and the docs' front page state ------------------------
+
+BENCH = ROOT / "bench"
+#: A figure as the pages write it: ``2.0``, ``0.13-0.14`` (a range), ``1,000``.
+NUMBER = r"(\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?)"
+#: A ratio in the prose: ``2.0x``, ``0.34-0.40x``.
+RATIO = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?[xx](?![\w])")
+
+
+@cache
+def bench_run(name: str) -> dict[str, object]:
+    import json
+
+    run: dict[str, object] = json.loads((BENCH / name).read_text(encoding="utf-8"))
+    return run
+
+
+def bench_row(name: str, measure: str, contender: str) -> dict[str, object]:
+    rows = [
+        row
+        for row in bench_run(name)["rows"]  # type: ignore[attr-defined]
+        if row["measure"] == measure and row["contender"] == contender
+    ]
+    assert len(rows) == 1, f"bench/{name}: {len(rows)} rows ({measure!r}, {contender!r})"
+    return rows[0]
+
+
+def median(measure: str, contender: str, name: str = "results.json") -> float:
+    return float(bench_row(name, measure, contender)["median"])  # type: ignore[arg-type]
+
+
+def over(measure: str, ours: str, peer: str, name: str = "results.json") -> float:
+    """Return ``ours`` / ``peer``, the medians of one measure of one run."""
+    return median(measure, ours, name) / median(measure, peer, name)
+
+
+def per_round(measure: str, contender: str) -> float:
+    """Return the ratio a row's comparison gives (the median of the ratios within rounds)."""
+    comparison = str(bench_row("results.json", measure, contender)["comparison"])
+    found = re.search(r"= ([\d.]+)", comparison)
+    assert found, comparison
+    return float(found[1])
+
+
+def state(contender: str) -> float:
+    """Return a state's Redis time per check over a fresh filter's, from measure (g)."""
+    measure = "g 1M @ 1e-4 usec/check"
+    kind = contender.rsplit(": ", 1)[1]
+    return over(measure, contender, f"bitmap, fresh: {kind}", "states-results.json")
+
+
+def sized_gib(capacity: int, rate: float) -> float:
+    spec = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
+    ).spec
+    return spec.total_bytes / 2**30
+
+
+SET = "scrapy-redis 0.9 (SET)"
+SET_BYTES = ("c", "scrapy-redis SET (pipelined SADD)")
+MADD = "s {} @ 1e-4, calls of 1,000,000"
+
+
+def figures() -> dict[str, list[tuple[str, list[float | tuple[float, float]]]]]:
+    """Return, per page, each phrase stating figures ({} for each) and the run's values.
+
+    A value is a float, or (low, high) for a range the page gives as ``low-high``.
+    """
+    cache_off = over("b", "ours, BLOOMFILTER_CACHE_SIZE=0", SET)
+    repeats = over("b", "ours", SET)
+    sadd = over("t usec/check", "ours", SET)
+    sadd_1m = over("t usec/check", "ours, 1M @ 1e-4", SET)
+    native = over("t usec/check", "ours, BLOOMFILTER_BACKEND=native", SET)
+    native_1m = over("t usec/check", "ours, native, 1M @ 1e-4", SET)
+    page = "e filter usec/page"
+    window_native = over(page, "ours, native, batched, 50 ms window", SET)
+    madd_1m = per_round(MADD.format("1M"), "ours, defaults (bitmap, numpy)")
+    madd_100m = per_round(MADD.format("100M"), "ours, defaults (bitmap, numpy)")
+    plain = "ours, default install (no numpy, no hiredis)"
+    no_numpy = sorted(per_round(MADD.format(size), plain) for size in ("1M", "100M"))
+    numpy_gain = sorted(
+        over(MADD.format(size), "ours, defaults (bitmap, numpy)", plain) for size in ("1M", "100M")
+    )
+    set_bytes = median(*SET_BYTES)
+    memory = [
+        ("takes {} bytes", [set_bytes]),
+        ("billion URLs fit in {} GiB instead of ~{} GiB", [
+            sized_gib(10**9, 1e-4), set_bytes * 10**9 / 2**30]),
+    ]  # fmt: skip
+    windows = [state("bitmap, TTL=3600, fresh window: new"),
+               state("bitmap, TTL=3600, 0.9x in the window: new")]  # fmt: skip
+    windows_seen = [state("bitmap, TTL=3600, fresh window: seen"),
+                    state("bitmap, TTL=3600, 0.9x in the window: seen")]  # fmt: skip
+    readme = [
+        ("About {} bytes per URL at a 1-in-10,000 error rate", [
+            sized_gib(10**9, 1e-4) * 2**30 / 10**9]),
+        *memory,
+        ("for bulk loads {}x faster", [(numpy_gain[0], numpy_gain[1])]),
+        ("({}x its `request_seen` calls per second), **{}x on a crawl's repeats**", [
+            over("a", "ours", SET), repeats]),
+        ("(the default; {}x with `BLOOMFILTER_CACHE_SIZE = 0`)", [cache_off]),
+        ("{}x a `SADD` at the default sizing and {}x at 1M URLs @ 1e-4 ({}x and {}x with the"
+         " native backend", [sadd, sadd_1m, native, native_1m]),
+        ("on a 100M-URL filter {}x a `SADD` and {}x RedisBloom's `BF.ADD`", [
+            over("t usec/check", "ours, 100M @ 1e-4, blocked", SET),
+            over("t usec/check", "ours, 100M @ 1e-4, blocked", "RedisBloom BF.ADD, 100M @ 1e-4")]),
+        ("{}x scrapy-redis's without batching", [over(page, "ours", SET)]),
+        ("{}x with `BatchingMiddleware`", [over(page, "ours, batched", SET)]),
+        ("{}x with its 50 ms window", [over(page, "ours, batched, 50 ms window", SET)]),
+        ("{}x with the window on the native backend", [window_native]),
+        ("with numpy: {}x RedisBloom's `BF.MADD` at 1M URLs and {}x at 100M; without numpy {}x",
+         [madd_1m, madd_100m, (no_numpy[0], no_numpy[1])]),
+        ("grown to 3x, a new URL costs {}x a fresh filter's check of Redis time and a seen one"
+         " {}x; with windows {}x and {}x", [
+             state("bitmap, grown to 3x: new"), state("bitmap, grown to 3x: seen"),
+             (min(windows), max(windows)), (min(windows_seen), max(windows_seen))]),
+    ]  # fmt: skip
+    index = [
+        *memory,
+        ("URLs, {}x on a crawl's repeats** (the near-cache's; {}x without it)", [
+            repeats, cache_off]),
+        ("at {}x a `SADD` of Redis time per check ({}x with the native backend", [
+            (sadd, sadd_1m), (native_1m, native)]),
+        ("({}x scrapy-redis's Redis time per page on the native backend)", [window_native]),
+        ("Bulk loads with numpy in calls of 1,000,000 at {}x RedisBloom's `BF.MADD`", [
+            (madd_1m, madd_100m)]),
+    ]  # fmt: skip
+    return {"README.md": readme, "docs/index.md": index}
+
+
+def flat(markdown: str) -> str:
+    """Return a page's prose, fenced blocks left out, its lines joined by single spaces."""
+    prose_lines = []
+    fence = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if not fence:
+            prose_lines.append(line)
+    # Multiplication signs and en dashes read as x and -, as this module writes them.
+    text = "\n".join(prose_lines).replace("\u00d7", "x").replace("\u2013", "-")
+    return re.sub(r"\s+", " ", text)
+
+
+def rounds_to(said: str, value: float) -> bool:
+    """Tell whether ``value`` written with as many decimals as ``said`` has is ``said``."""
+    decimals = len(said.partition(".")[2])
+    return abs(float(said.replace(",", "")) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def said_wrong(said: str, value: float | tuple[float, float]) -> bool:
+    low, _, high = said.partition("-")
+    if isinstance(value, tuple):
+        if not high:  # one figure for two values: both must round to it
+            return not (rounds_to(low, value[0]) and rounds_to(low, value[1]))
+        return not (rounds_to(low, value[0]) and rounds_to(high, value[1]))
+    return bool(high) or not rounds_to(low, value)
+
+
+def figure_problems(page: str, text: str) -> list[str]:
+    """Return what is wrong with the benchmark's figures ``text`` (page ``page``) states."""
+    wrong = []
+    covered: list[tuple[int, int]] = []
+    for phrase, values in figures()[page]:
+        pattern = NUMBER.join(re.escape(part) for part in phrase.split("{}"))
+        match = re.search(pattern, text)
+        if match is None:
+            wrong.append(f"{page}: no {phrase!r} (a figure of the committed run)")
+            continue
+        covered.append(match.span())
+        for said, value in zip(match.groups(), values, strict=True):
+            if said_wrong(said, value):
+                shown = (
+                    f"{value[0]:.3g}-{value[1]:.3g}" if isinstance(value, tuple) else f"{value:.3g}"
+                )
+                wrong.append(f"{page}: {match[0]!r}: {said}, where the committed run has {shown}")
+    for ratio in RATIO.finditer(text):
+        if not any(start <= ratio.start() < end for start, end in covered):
+            context = text[max(0, ratio.start() - 60) : ratio.end() + 20]
+            wrong.append(f"{page}: {ratio[0]!r} is no figure of the committed run: ...{context}...")
+    return wrong
+
+
+def run_named(name: str) -> str:
+    return f"{str(bench_run(name)['date'])[:16]} UTC"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_benchmark_figures_are_the_committed_runs(page: str) -> None:
+    """Each figure the page states is the committed run's, within the page's rounding.
+
+    The runs are bench/results.json (and bench/states-results.json for the filter's states,
+    measure (g)); every ratio (``2.0x``) in the page's prose must be one of :func:`figures`,
+    and the page names the run its figures come from.
+    """
+    text = flat((ROOT / page).read_text(encoding="utf-8"))
+    wrong = figure_problems(page, text)
+    assert f"run of {run_named('results.json')}" in text, f"{page} does not name the run"
+    if page == "README.md":
+        assert f"run of {run_named('states-results.json')}" in text
+    for name in ("results", "states-results"):  # the tables beside the JSON are the same run
+        date = bench_run(f"{name}.json")["date"]
+        assert f"- date: {date}" in (BENCH / f"{name}.md").read_text(encoding="utf-8"), name
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_stale_figure_fails() -> None:
+    """The check above finds a figure that is not the run's, and a ratio it does not know."""
+    text = flat((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not figure_problems("README.md", text)
+    stale = text.replace("**6.3x on a crawl's repeats**", "**5.5x on a crawl's repeats**")
+    assert stale != text
+    problems = figure_problems("README.md", stale)
+    assert any(": 5.5, where the committed run has 6.32" in line for line in problems), problems
+    unknown = text + " It is 9.9x faster at everything."
+    assert any("9.9x" in line for line in figure_problems("README.md", unknown))
