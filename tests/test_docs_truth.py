@@ -14,6 +14,10 @@
   ``docs/howto/troubleshooting.md``.
 - The figures of the default sizing the FAQ states are the code's, and so are the largest
   filter and the defaults the pages give in passing (```BLOOMFILTER_EXPANSION``, default 2``).
+- Every benchmark figure README.md and docs/index.md state (``2.0x a SADD``) is the
+  committed run's (bench/results.json, and bench/states-results.json for the filter's
+  states), within the rounding the page writes it with; a ratio in their prose that is no
+  known figure of the run fails too, and each page names the run.
 """
 
 from __future__ import annotations
