@@ -25,6 +25,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import itertools
+import math
 import pkgutil
 import re
 from functools import cache
@@ -591,3 +593,78 @@ def test_a_stale_figure_fails() -> None:
     assert any(": 5.5, where the committed run has 6.32" in line for line in problems), problems
     unknown = text + " It is 9.9x faster at everything."
     assert any("9.9x" in line for line in figure_problems("README.md", unknown))
+
+
+# -- the capacity page's table ----------------------------------------------------------------
+
+CHOOSE = DOCS / "howto" / "choose-capacity.md"
+#: The capacity the page's table is computed for.
+TABLE_CAPACITY = 100_000_000
+
+
+def capacity_row(rate: float) -> tuple[str, float]:
+    """Return the page's row for ``rate``, and the memory a fixed-size filter saves."""
+    sized = {"BLOOMFILTER_CAPACITY": TABLE_CAPACITY, "BLOOMFILTER_ERROR_RATE": rate}
+    grows = BloomConfig.from_settings(sized)
+    fixed = BloomConfig.from_settings({**sized, "BLOOMFILTER_EXPANSION": 0})
+    cells = [f"{rate:g}"]
+    for config in (grows, fixed):
+        spec = config.spec
+        cells += [
+            str(spec.hash_count),
+            format_bytes(spec.total_bytes),
+            f"{spec.total_bytes / TABLE_CAPACITY:.2f}",
+        ]
+    cells.append(f"{grows.growth.grown_capacity / TABLE_CAPACITY:,.0f}x")
+    return "| " + " | ".join(cells) + " |", 1 - fixed.spec.total_bytes / grows.spec.total_bytes
+
+
+def test_the_capacity_pages_table() -> None:
+    """Every row of choose-capacity.md's table is the package's sizing, and so is the prose."""
+    text = CHOOSE.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if re.match(r"^\| [\d.e-]+ \|", line)]
+    assert len(rows) == 5, rows
+    rates = [float(row.split("|")[1]) for row in rows]
+    computed = [capacity_row(rate) for rate in rates]
+    assert rows == [row for row, _ in computed]
+    prose = flat(text)
+    # "6-14% less memory": what the fixed-size filters of the table save.
+    saved = [share for _, share in computed]
+    said = re.search(r"never grows: (\d+)-(\d+)% less memory", prose)
+    assert said, "the fixed-size filter's saving is not stated"
+    assert (int(said[1]), int(said[2])) == (
+        math.floor(100 * min(saved)),
+        math.floor(100 * max(saved)),
+    ), saved
+    # "0.7 to 1.3 bytes per URL more" for each tenfold lower rate.
+    per_url = [float(row.split("|")[4]) for row in rows]
+    steps = [b - a for a, b in itertools.pairwise(per_url)]
+    said = re.search(r"tenfold lower rate costs ([\d.]+) to ([\d.]+) bytes per URL more", prose)
+    assert said, "the cost of a lower rate is not stated"
+    assert rounds_to(said[1], min(steps)), steps
+    assert rounds_to(said[2], max(steps)), steps
+
+
+def test_the_capacity_pages_benchmark_figures() -> None:
+    """The costs of growth the page gives are the committed runs' figures."""
+    prose = flat(CHOOSE.read_text(encoding="utf-8"))
+    said = re.search(
+        r"just past capacity, a new URL costs ([\d.]+)x a fresh filter's check and a seen one"
+        r" ([\d.]+)x; grown to 3x, ([\d.]+)x and ([\d.]+)x",
+        prose,
+    )
+    assert said, "the page's Redis time per check past capacity is gone"
+    past = "bitmap, just past capacity (1.05x)"
+    values = [state(f"{past}: new"), state(f"{past}: seen")]
+    values += [state("bitmap, grown to 3x: new"), state("bitmap, grown to 3x: seen")]
+    wrong = [(s, v) for s, v in zip(said.groups(), values, strict=True) if not rounds_to(s, v)]
+    assert not wrong, wrong
+    assert f"run of {run_named('states-results.json')}" in prose
+    # The memory of growth: bench/growth.md's measure.
+    growth = (BENCH / "growth.md").read_text(encoding="utf-8")
+    said = re.search(r"took ([\d.]+) times the memory of one sized for that", prose)
+    assert said
+    assert f"Grown / right-sized fixed: **{said[1]}x** the memory." in growth
+    assert "run of 2026-11-23" in prose
+    assert "- Date: 2026-11-23" in growth
+    assert f"takes {median(*SET_BYTES):.1f} bytes per URL" in prose

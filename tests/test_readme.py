@@ -227,6 +227,14 @@ BLOCKS: dict[str, Check] = {
              "run with redis-py; a crawl on the filter alone after it"),
         )
     },
+    "Choose and change capacity and error rate#1": Check(
+        "python", "BLOOMFILTER_CAPACITY =", "test_choose_capacity_blocks",
+        "exec + BloomConfig: the sizing the page's scrapy bloom size session asks for",
+    ),
+    "The error rate: how many pages you may lose#1": Check(
+        "console", "$ scrapy bloom size", "test_choose_capacity_blocks",
+        "run (subprocess scrapy, no project): the output is the page's, character for character",
+    ),
     ALIAS: Check(
         "bash", "scrapy-redis-bloom info", "test_operations_commands",
         "every line run in order (one server, a list of two, a 3-master cluster) after"
@@ -1303,6 +1311,22 @@ def test_scrapy_bloom_sessions(
     if capture:
         Path(capture).write_text(json.dumps(captured, indent=2))
     assert not wrong, "\n".join(wrong)
+
+
+@NOT_INSTALLED
+def test_choose_capacity_blocks(blocks: dict[str, Block], tmp_path: Path) -> None:
+    """The capacity page's settings, and its scrapy bloom size session, as printed."""
+    settings = exec_settings(block(blocks, "Choose and change capacity and error rate#1"))
+    config = BloomConfig.from_settings(settings)
+    command, shown = session(block(blocks, "The error rate: how many pages you may lose#1"))
+    argv = shlex.split(command)
+    assert argv[:3] == ["scrapy", "bloom", "size"], command
+    assert int(option(argv, "--capacity")[0]) == config.capacity
+    assert float(option(argv, "--error-rate")[0]) == settings["BLOOMFILTER_ERROR_RATE"]
+    result = scrapy_run(tmp_path, *argv[1:])
+    assert (result.code, result.err) == (0, ""), result
+    assert result.out.strip() == shown.strip(), f"{command} printed:\n{result.out}"
+    assert f"({format_bytes(config.spec.total_bytes)};" in shown
 
 
 def test_migrate_from_set_blocks(blocks: dict[str, Block]) -> None:
