@@ -4,8 +4,9 @@
   name (``scrapy_redis_bloom/transport/node.py``, ``engine/lifecycle.py``,
   ``scrapy_redis_bloom.scrapy.stats.STATS``, ``ops.dump.dump_filter``) exists or imports,
   and every ``Class.attribute`` of the package they name has that attribute.
-- The README's links to files of the repository resolve, anchors included (on the package
-  index they are made absolute; Sphinx checks the docs' own links with ``-W``).
+- The README's links to files of the repository are absolute (to the project's Source URL,
+  so that they resolve on the package index too) and name files and headings that exist;
+  Sphinx checks the docs' own links with ``-W``.
 - Every message the package shows a user that points at a page (``docs/howto/x.md#anchor``)
   points at a page and an anchor that exist; none points at a README section (those moved
   to the docs), except the ones listed in :data:`PENDING`, which wait for their files'
@@ -200,23 +201,68 @@ def test_slug_is_mysts() -> None:
     )
 
 
-def test_readme_links_resolve() -> None:
-    """The README's relative links name files of the repository, and anchors on them."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def repository_files_url() -> str:
+    """Return where the repository's files are read on the web: the project's Source URL."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return project["urls"]["Source"].rstrip("/") + "/blob/main/"
+
+
+def headings(page: Path) -> set[str]:
+    """Return the anchors GitHub gives a Markdown page: its headings' only (no MyST labels)."""
+    found = set()
+    fence = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+        if not fence and (heading := re.match(r"^#{1,6} +(.+?) *#*$", line)):
+            found.add(slug(heading[1]))
+    return found
+
+
+def readme_link_problems(text: str) -> list[str]:
+    """Return the README's links that lead nowhere on the package index or on GitHub.
+
+    The package index shows the README alone: a relative link (``docs/howto/x.md``) leads
+    nowhere there, so a link into the repository is absolute, to the project's Source URL
+    (``.../blob/main/docs/howto/x.md``); it must name a file of this checkout, and an
+    anchor one of that page's headings (GitHub knows no MyST labels).
+    """
+    base = repository_files_url()
     wrong = []
     for match in re.finditer(r"\]\(([^)\s]+)\)", text):
         target = match[1]
-        if "://" in target or target.startswith("mailto:"):
+        at = where(ROOT / "README.md", text, match.start())
+        if not target.startswith(base):
+            if "://" not in target and not target.startswith("mailto:"):
+                wrong.append(f"{at}: {target} is relative: on the package index it leads"
+                             f" nowhere; link {base}{target}")  # fmt: skip
             continue
-        file, _, anchor = target.partition("#")
-        page = ROOT / file if file else ROOT / "README.md"
-        if not page.exists():
-            wrong.append(f"{where(ROOT / 'README.md', text, match.start())}: {file} does not exist")
-        elif anchor and anchor not in anchors(page):
-            wrong.append(
-                f"{where(ROOT / 'README.md', text, match.start())}: no #{anchor} in {file}"
-            )
-    assert not wrong, "\n".join(wrong)
+        file, _, anchor = target.removeprefix(base).partition("#")
+        page = ROOT / file
+        if not page.is_file():
+            wrong.append(f"{at}: {file} does not exist")
+        elif anchor and anchor not in headings(page):
+            wrong.append(f"{at}: no heading #{anchor} in {file}")
+    return wrong
+
+
+def test_readme_links_resolve() -> None:
+    """The README's links into the repository are absolute, to files and headings that exist."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not readme_link_problems(text), "\n".join(readme_link_problems(text))
+    assert text.count(repository_files_url() + "docs/") >= 10
+
+
+def test_a_relative_readme_link_fails() -> None:
+    """A relative link into docs/, a missing page or a MyST label as anchor is found."""
+    base = repository_files_url()
+    assert readme_link_problems("[a](docs/howto/faq.md)")
+    assert not readme_link_problems(f"[a]({base}docs/howto/faq.md)")
+    assert readme_link_problems(f"[a]({base}docs/howto/no-such-page.md)")
+    assert readme_link_problems(f"[a]({base}docs/explanation/growth.md#past-capacity)")
+    assert not readme_link_problems("[a](https://github.com/rmax/scrapy-redis)")
 
 
 # -- what the code's messages point at ------------------------------------------------------
