@@ -176,8 +176,11 @@ def slug(heading: str) -> str:
     return re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", text))
 
 
-def anchors(page: Path) -> set[str]:
-    """Return the anchors of a Markdown page: its headings' and its MyST labels."""
+def anchors(page: Path, labels: bool = True) -> set[str]:
+    """Return the anchors of a Markdown page: its headings' and (``labels``) its MyST labels.
+
+    GitHub gives a page its headings' anchors only.
+    """
     found = set()
     fence = False
     for line in page.read_text(encoding="utf-8").splitlines():
@@ -187,7 +190,7 @@ def anchors(page: Path) -> set[str]:
             continue
         if heading := re.match(r"^#{1,6} +(.+?) *#*$", line):
             found.add(slug(heading[1]))
-        if label := re.match(r"^\(([\w-]+)\)=$", line):
+        if labels and (label := re.match(r"^\(([\w-]+)\)=$", line)):
             found.add(label[1])
     return found
 
@@ -207,18 +210,6 @@ def repository_files_url() -> str:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     return project["urls"]["Source"].rstrip("/") + "/blob/main/"
-
-
-def headings(page: Path) -> set[str]:
-    """Return the anchors GitHub gives a Markdown page: its headings' only (no MyST labels)."""
-    found = set()
-    fence = False
-    for line in page.read_text(encoding="utf-8").splitlines():
-        if line.lstrip().startswith(("```", "~~~")):
-            fence = not fence
-        if not fence and (heading := re.match(r"^#{1,6} +(.+?) *#*$", line)):
-            found.add(slug(heading[1]))
-    return found
 
 
 def readme_link_problems(text: str) -> list[str]:
@@ -243,7 +234,7 @@ def readme_link_problems(text: str) -> list[str]:
         page = ROOT / file
         if not page.is_file():
             wrong.append(f"{at}: {file} does not exist")
-        elif anchor and anchor not in headings(page):
+        elif anchor and anchor not in anchors(page, labels=False):
             wrong.append(f"{at}: no heading #{anchor} in {file}")
     return wrong
 
