@@ -705,3 +705,18 @@ def test_the_capacity_pages_benchmark_figures() -> None:
     assert "run of 2026-11-23" in prose
     assert "- Date: 2026-11-23" in growth
     assert f"takes {median(*SET_BYTES):.1f} bytes per URL" in prose
+
+
+def test_the_runs_lengths() -> None:
+    """How long the benchmark runs, where the pages say it: the committed runs' own time."""
+    said = {
+        BENCH / "README.md": ["results.json", "states-results.json", "states-results-10m.json"],
+        DOCS / "explanation" / "bench-results.md": ["results.json"],
+    }
+    for page, runs in said.items():
+        text = flat(page.read_text(encoding="utf-8"))
+        for name in runs:
+            seconds = round(float(bench_run(name)["elapsed"]))  # type: ignore[arg-type]
+            assert f"{seconds} s" in text, f"{page.relative_to(ROOT)}: no {seconds} s ({name})"
+        assert "fifteen minutes" not in text
+        assert "six to twelve minutes" not in text
