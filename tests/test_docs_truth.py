@@ -4,8 +4,9 @@
   name (``scrapy_redis_bloom/transport/node.py``, ``engine/lifecycle.py``,
   ``scrapy_redis_bloom.scrapy.stats.STATS``, ``ops.dump.dump_filter``) exists or imports,
   and every ``Class.attribute`` of the package they name has that attribute.
-- The README's links to files of the repository resolve, anchors included (on the package
-  index they are made absolute; Sphinx checks the docs' own links with ``-W``).
+- The README's links to files of the repository are absolute (to the project's Source URL,
+  so that they resolve on the package index too) and name files and headings that exist;
+  Sphinx checks the docs' own links with ``-W``.
 - Every message the package shows a user that points at a page (``docs/howto/x.md#anchor``)
   points at a page and an anchor that exist; none points at a README section (those moved
   to the docs), except the ones listed in :data:`PENDING`, which wait for their files'
@@ -14,6 +15,10 @@
   ``docs/howto/troubleshooting.md``.
 - The figures of the default sizing the FAQ states are the code's, and so are the largest
   filter and the defaults the pages give in passing (```BLOOMFILTER_EXPANSION``, default 2``).
+- Every benchmark figure README.md and docs/index.md state (``2.0x a SADD``) is the
+  committed run's (bench/results.json, and bench/states-results.json for the filter's
+  states), within the rounding the page writes it with; a ratio in their prose that is no
+  known figure of the run fails too, and each page names the run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import itertools
+import math
 import pkgutil
 import re
 from functools import cache
@@ -169,8 +176,11 @@ def slug(heading: str) -> str:
     return re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", text))
 
 
-def anchors(page: Path) -> set[str]:
-    """Return the anchors of a Markdown page: its headings' and its MyST labels."""
+def anchors(page: Path, labels: bool = True) -> set[str]:
+    """Return the anchors of a Markdown page: its headings' and (``labels``) its MyST labels.
+
+    GitHub gives a page its headings' anchors only.
+    """
     found = set()
     fence = False
     for line in page.read_text(encoding="utf-8").splitlines():
@@ -180,7 +190,7 @@ def anchors(page: Path) -> set[str]:
             continue
         if heading := re.match(r"^#{1,6} +(.+?) *#*$", line):
             found.add(slug(heading[1]))
-        if label := re.match(r"^\(([\w-]+)\)=$", line):
+        if labels and (label := re.match(r"^\(([\w-]+)\)=$", line)):
             found.add(label[1])
     return found
 
@@ -194,23 +204,56 @@ def test_slug_is_mysts() -> None:
     )
 
 
-def test_readme_links_resolve() -> None:
-    """The README's relative links name files of the repository, and anchors on them."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def repository_files_url() -> str:
+    """Return where the repository's files are read on the web: the project's Source URL."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return project["urls"]["Source"].rstrip("/") + "/blob/main/"
+
+
+def readme_link_problems(text: str) -> list[str]:
+    """Return the README's links that lead nowhere on the package index or on GitHub.
+
+    The package index shows the README alone: a relative link (``docs/howto/x.md``) leads
+    nowhere there, so a link into the repository is absolute, to the project's Source URL
+    (``.../blob/main/docs/howto/x.md``); it must name a file of this checkout, and an
+    anchor one of that page's headings (GitHub knows no MyST labels).
+    """
+    base = repository_files_url()
     wrong = []
     for match in re.finditer(r"\]\(([^)\s]+)\)", text):
         target = match[1]
-        if "://" in target or target.startswith("mailto:"):
+        at = where(ROOT / "README.md", text, match.start())
+        if not target.startswith(base):
+            if "://" not in target and not target.startswith("mailto:"):
+                wrong.append(f"{at}: {target} is relative: on the package index it leads"
+                             f" nowhere; link {base}{target}")  # fmt: skip
             continue
-        file, _, anchor = target.partition("#")
-        page = ROOT / file if file else ROOT / "README.md"
-        if not page.exists():
-            wrong.append(f"{where(ROOT / 'README.md', text, match.start())}: {file} does not exist")
-        elif anchor and anchor not in anchors(page):
-            wrong.append(
-                f"{where(ROOT / 'README.md', text, match.start())}: no #{anchor} in {file}"
-            )
-    assert not wrong, "\n".join(wrong)
+        file, _, anchor = target.removeprefix(base).partition("#")
+        page = ROOT / file
+        if not page.is_file():
+            wrong.append(f"{at}: {file} does not exist")
+        elif anchor and anchor not in anchors(page, labels=False):
+            wrong.append(f"{at}: no heading #{anchor} in {file}")
+    return wrong
+
+
+def test_readme_links_resolve() -> None:
+    """The README's links into the repository are absolute, to files and headings that exist."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not readme_link_problems(text), "\n".join(readme_link_problems(text))
+    assert text.count(repository_files_url() + "docs/") >= 10
+
+
+def test_a_relative_readme_link_fails() -> None:
+    """A relative link into docs/, a missing page or a MyST label as anchor is found."""
+    base = repository_files_url()
+    assert readme_link_problems("[a](docs/howto/faq.md)")
+    assert not readme_link_problems(f"[a]({base}docs/howto/faq.md)")
+    assert readme_link_problems(f"[a]({base}docs/howto/no-such-page.md)")
+    assert readme_link_problems(f"[a]({base}docs/explanation/growth.md#past-capacity)")
+    assert not readme_link_problems("[a](https://github.com/rmax/scrapy-redis)")
 
 
 # -- what the code's messages point at ------------------------------------------------------
@@ -368,3 +411,312 @@ def test_defaults_given_in_passing() -> None:
                 wrong.append(f"{where(path, text, match.start())}: {name} defaults to"
                              f" {defaults[name]!r}, not {said}")  # fmt: skip
     assert not wrong, "\n".join(wrong)
+
+
+# -- the benchmark's figures the README and the docs' front page state ------------------------
+
+BENCH = ROOT / "bench"
+#: A figure as the pages write it: ``2.0``, ``0.13-0.14`` (a range), ``1,000``.
+NUMBER = r"(\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?)"
+#: A ratio in the prose: ``2.0x``, ``0.34-0.40x``.
+RATIO = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?[xx](?![\w])")
+
+
+@cache
+def bench_run(name: str) -> dict[str, object]:
+    import json
+
+    run: dict[str, object] = json.loads((BENCH / name).read_text(encoding="utf-8"))
+    return run
+
+
+def bench_row(name: str, measure: str, contender: str) -> dict[str, object]:
+    rows = [
+        row
+        for row in bench_run(name)["rows"]  # type: ignore[attr-defined]
+        if row["measure"] == measure and row["contender"] == contender
+    ]
+    assert len(rows) == 1, f"bench/{name}: {len(rows)} rows ({measure!r}, {contender!r})"
+    return rows[0]
+
+
+def median(measure: str, contender: str, name: str = "results.json") -> float:
+    return float(bench_row(name, measure, contender)["median"])  # type: ignore[arg-type]
+
+
+def over(measure: str, ours: str, peer: str, name: str = "results.json") -> float:
+    """Return ``ours`` / ``peer``, the medians of one measure of one run."""
+    return median(measure, ours, name) / median(measure, peer, name)
+
+
+def per_round(measure: str, contender: str) -> float:
+    """Return the ratio a row's comparison gives (the median of the ratios within rounds)."""
+    comparison = str(bench_row("results.json", measure, contender)["comparison"])
+    found = re.search(r"= ([\d.]+)", comparison)
+    assert found, comparison
+    return float(found[1])
+
+
+def state(contender: str) -> float:
+    """Return a state's Redis time per check over a fresh filter's, from measure (g)."""
+    measure = "g 1M @ 1e-4 usec/check"
+    kind = contender.rsplit(": ", 1)[1]
+    return over(measure, contender, f"bitmap, fresh: {kind}", "states-results.json")
+
+
+def sized_gib(capacity: int, rate: float) -> float:
+    spec = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
+    ).spec
+    return spec.total_bytes / 2**30
+
+
+SET = "scrapy-redis 0.9 (SET)"
+SET_BYTES = ("c", "scrapy-redis SET (pipelined SADD)")
+MADD = "s {} @ 1e-4, calls of 1,000,000"
+
+
+def figures() -> dict[str, list[tuple[str, list[float | tuple[float, float]]]]]:
+    """Return, per page, each phrase stating figures ({} for each) and the run's values.
+
+    A value is a float, or (low, high) for a range the page gives as ``low-high``.
+    """
+    cache_off = over("b", "ours, BLOOMFILTER_CACHE_SIZE=0", SET)
+    repeats = over("b", "ours", SET)
+    sadd = over("t usec/check", "ours", SET)
+    sadd_1m = over("t usec/check", "ours, 1M @ 1e-4", SET)
+    native = over("t usec/check", "ours, BLOOMFILTER_BACKEND=native", SET)
+    native_1m = over("t usec/check", "ours, native, 1M @ 1e-4", SET)
+    page = "e filter usec/page"
+    window_native = over(page, "ours, native, batched, 50 ms window", SET)
+    madd_1m = per_round(MADD.format("1M"), "ours, defaults (bitmap, numpy)")
+    madd_100m = per_round(MADD.format("100M"), "ours, defaults (bitmap, numpy)")
+    plain = "ours, default install (no numpy, no hiredis)"
+    no_numpy = sorted(per_round(MADD.format(size), plain) for size in ("1M", "100M"))
+    numpy_gain = sorted(
+        over(MADD.format(size), "ours, defaults (bitmap, numpy)", plain) for size in ("1M", "100M")
+    )
+    set_bytes = median(*SET_BYTES)
+    memory = [
+        ("takes {} bytes", [set_bytes]),
+        ("billion URLs fit in {} GiB instead of ~{} GiB", [
+            sized_gib(10**9, 1e-4), set_bytes * 10**9 / 2**30]),
+    ]  # fmt: skip
+    windows = [state("bitmap, TTL=3600, fresh window: new"),
+               state("bitmap, TTL=3600, 0.9x in the window: new")]  # fmt: skip
+    windows_seen = [state("bitmap, TTL=3600, fresh window: seen"),
+                    state("bitmap, TTL=3600, 0.9x in the window: seen")]  # fmt: skip
+    readme = [
+        ("About {} bytes per URL at a 1-in-10,000 error rate", [
+            sized_gib(10**9, 1e-4) * 2**30 / 10**9]),
+        *memory,
+        ("for bulk loads {}x faster", [(numpy_gain[0], numpy_gain[1])]),
+        ("({}x its `request_seen` calls per second), **{}x on a crawl's repeats**", [
+            over("a", "ours", SET), repeats]),
+        ("(the default; {}x with `BLOOMFILTER_CACHE_SIZE = 0`)", [cache_off]),
+        ("{}x a `SADD` at the default sizing and {}x at 1M URLs @ 1e-4 ({}x and {}x with the"
+         " native backend", [sadd, sadd_1m, native, native_1m]),
+        ("on a 100M-URL filter {}x a `SADD` and {}x RedisBloom's `BF.ADD`", [
+            over("t usec/check", "ours, 100M @ 1e-4, blocked", SET),
+            over("t usec/check", "ours, 100M @ 1e-4, blocked", "RedisBloom BF.ADD, 100M @ 1e-4")]),
+        ("{}x scrapy-redis's without batching", [over(page, "ours", SET)]),
+        ("{}x with `BatchingMiddleware`", [over(page, "ours, batched", SET)]),
+        ("{}x with its 50 ms window", [over(page, "ours, batched, 50 ms window", SET)]),
+        ("{}x with the window on the native backend", [window_native]),
+        ("with numpy: {}x RedisBloom's `BF.MADD` at 1M URLs and {}x at 100M; without numpy {}x",
+         [madd_1m, madd_100m, (no_numpy[0], no_numpy[1])]),
+        ("grown to 3x, a new URL costs {}x a fresh filter's check of Redis time and a seen one"
+         " {}x; with windows {}x and {}x", [
+             state("bitmap, grown to 3x: new"), state("bitmap, grown to 3x: seen"),
+             (min(windows), max(windows)), (min(windows_seen), max(windows_seen))]),
+    ]  # fmt: skip
+    index = [
+        *memory,
+        ("URLs, {}x on a crawl's repeats** (the near-cache's; {}x without it)", [
+            repeats, cache_off]),
+        ("at {}x a `SADD` of Redis time per check ({}x with the native backend", [
+            (sadd, sadd_1m), (native_1m, native)]),
+        ("({}x scrapy-redis's Redis time per page on the native backend)", [window_native]),
+        ("Bulk loads with numpy in calls of 1,000,000 at {}x RedisBloom's `BF.MADD`", [
+            (madd_1m, madd_100m)]),
+    ]  # fmt: skip
+    return {"README.md": readme, "docs/index.md": index}
+
+
+def flat(markdown: str) -> str:
+    """Return a page's prose, fenced blocks left out, its lines joined by single spaces."""
+    prose_lines = []
+    fence = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if not fence:
+            prose_lines.append(line)
+    # Multiplication signs and en dashes read as x and -, as this module writes them.
+    text = "\n".join(prose_lines).replace("\u00d7", "x").replace("\u2013", "-")
+    return re.sub(r"\s+", " ", text)
+
+
+def rounds_to(said: str, value: float) -> bool:
+    """Tell whether ``value`` written with as many decimals as ``said`` has is ``said``."""
+    decimals = len(said.partition(".")[2])
+    return abs(float(said.replace(",", "")) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def said_wrong(said: str, value: float | tuple[float, float]) -> bool:
+    low, _, high = said.partition("-")
+    if isinstance(value, tuple):
+        if not high:  # one figure for two values: both must round to it
+            return not (rounds_to(low, value[0]) and rounds_to(low, value[1]))
+        return not (rounds_to(low, value[0]) and rounds_to(high, value[1]))
+    return bool(high) or not rounds_to(low, value)
+
+
+def figure_problems(page: str, text: str) -> list[str]:
+    """Return what is wrong with the benchmark's figures ``text`` (page ``page``) states."""
+    wrong = []
+    covered: list[tuple[int, int]] = []
+    for phrase, values in figures()[page]:
+        pattern = NUMBER.join(re.escape(part) for part in phrase.split("{}"))
+        match = re.search(pattern, text)
+        if match is None:
+            wrong.append(f"{page}: no {phrase!r} (a figure of the committed run)")
+            continue
+        covered.append(match.span())
+        for said, value in zip(match.groups(), values, strict=True):
+            if said_wrong(said, value):
+                shown = (
+                    f"{value[0]:.3g}-{value[1]:.3g}" if isinstance(value, tuple) else f"{value:.3g}"
+                )
+                wrong.append(f"{page}: {match[0]!r}: {said}, where the committed run has {shown}")
+    for ratio in RATIO.finditer(text):
+        if not any(start <= ratio.start() < end for start, end in covered):
+            context = text[max(0, ratio.start() - 60) : ratio.end() + 20]
+            wrong.append(f"{page}: {ratio[0]!r} is no figure of the committed run: ...{context}...")
+    return wrong
+
+
+def run_named(name: str) -> str:
+    return f"{str(bench_run(name)['date'])[:16]} UTC"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_benchmark_figures_are_the_committed_runs(page: str) -> None:
+    """Each figure the page states is the committed run's, within the page's rounding.
+
+    The runs are bench/results.json (and bench/states-results.json for the filter's states,
+    measure (g)); every ratio (``2.0x``) in the page's prose must be one of :func:`figures`,
+    and the page names the run its figures come from.
+    """
+    text = flat((ROOT / page).read_text(encoding="utf-8"))
+    wrong = figure_problems(page, text)
+    assert f"run of {run_named('results.json')}" in text, f"{page} does not name the run"
+    if page == "README.md":
+        assert f"run of {run_named('states-results.json')}" in text
+    for name in ("results", "states-results"):  # the tables beside the JSON are the same run
+        date = bench_run(f"{name}.json")["date"]
+        assert f"- date: {date}" in (BENCH / f"{name}.md").read_text(encoding="utf-8"), name
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_stale_figure_fails() -> None:
+    """The check above finds a figure that is not the run's, and a ratio it does not know."""
+    text = flat((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not figure_problems("README.md", text)
+    stale = text.replace("**6.3x on a crawl's repeats**", "**5.5x on a crawl's repeats**")
+    assert stale != text
+    problems = figure_problems("README.md", stale)
+    assert any(": 5.5, where the committed run has 6.32" in line for line in problems), problems
+    unknown = text + " It is 9.9x faster at everything."
+    assert any("9.9x" in line for line in figure_problems("README.md", unknown))
+
+
+# -- the capacity page's table ----------------------------------------------------------------
+
+CHOOSE = DOCS / "howto" / "choose-capacity.md"
+#: The capacity the page's table is computed for.
+TABLE_CAPACITY = 100_000_000
+
+
+def capacity_row(rate: float) -> tuple[str, float]:
+    """Return the page's row for ``rate``, and the memory a fixed-size filter saves."""
+    sized = {"BLOOMFILTER_CAPACITY": TABLE_CAPACITY, "BLOOMFILTER_ERROR_RATE": rate}
+    grows = BloomConfig.from_settings(sized)
+    fixed = BloomConfig.from_settings({**sized, "BLOOMFILTER_EXPANSION": 0})
+    cells = [f"{rate:g}"]
+    for config in (grows, fixed):
+        spec = config.spec
+        cells += [
+            str(spec.hash_count),
+            format_bytes(spec.total_bytes),
+            f"{spec.total_bytes / TABLE_CAPACITY:.2f}",
+        ]
+    cells.append(f"{grows.growth.grown_capacity / TABLE_CAPACITY:,.0f}x")
+    return "| " + " | ".join(cells) + " |", 1 - fixed.spec.total_bytes / grows.spec.total_bytes
+
+
+def test_the_capacity_pages_table() -> None:
+    """Every row of choose-capacity.md's table is the package's sizing, and so is the prose."""
+    text = CHOOSE.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if re.match(r"^\| [\d.e-]+ \|", line)]
+    assert len(rows) == 5, rows
+    rates = [float(row.split("|")[1]) for row in rows]
+    computed = [capacity_row(rate) for rate in rates]
+    assert rows == [row for row, _ in computed]
+    prose = flat(text)
+    # "6-14% less memory": what the fixed-size filters of the table save.
+    saved = [share for _, share in computed]
+    said = re.search(r"never grows: (\d+)-(\d+)% less memory", prose)
+    assert said, "the fixed-size filter's saving is not stated"
+    assert (int(said[1]), int(said[2])) == (
+        math.floor(100 * min(saved)),
+        math.floor(100 * max(saved)),
+    ), saved
+    # "0.7 to 1.3 bytes per URL more" for each tenfold lower rate.
+    per_url = [float(row.split("|")[4]) for row in rows]
+    steps = [b - a for a, b in itertools.pairwise(per_url)]
+    said = re.search(r"tenfold lower rate costs ([\d.]+) to ([\d.]+) bytes per URL more", prose)
+    assert said, "the cost of a lower rate is not stated"
+    assert rounds_to(said[1], min(steps)), steps
+    assert rounds_to(said[2], max(steps)), steps
+
+
+def test_the_capacity_pages_benchmark_figures() -> None:
+    """The costs of growth the page gives are the committed runs' figures."""
+    prose = flat(CHOOSE.read_text(encoding="utf-8"))
+    said = re.search(
+        r"just past capacity, a new URL costs ([\d.]+)x a fresh filter's check and a seen one"
+        r" ([\d.]+)x; grown to 3x, ([\d.]+)x and ([\d.]+)x",
+        prose,
+    )
+    assert said, "the page's Redis time per check past capacity is gone"
+    past = "bitmap, just past capacity (1.05x)"
+    values = [state(f"{past}: new"), state(f"{past}: seen")]
+    values += [state("bitmap, grown to 3x: new"), state("bitmap, grown to 3x: seen")]
+    wrong = [(s, v) for s, v in zip(said.groups(), values, strict=True) if not rounds_to(s, v)]
+    assert not wrong, wrong
+    assert f"run of {run_named('states-results.json')}" in prose
+    # The memory of growth: bench/growth.md's measure.
+    growth = (BENCH / "growth.md").read_text(encoding="utf-8")
+    said = re.search(r"took ([\d.]+) times the memory of one sized for that", prose)
+    assert said
+    assert f"Grown / right-sized fixed: **{said[1]}x** the memory." in growth
+    assert "run of 2026-11-23" in prose
+    assert "- Date: 2026-11-23" in growth
+    assert f"takes {median(*SET_BYTES):.1f} bytes per URL" in prose
+
+
+def test_the_runs_lengths() -> None:
+    """How long the benchmark runs, where the pages say it: the committed runs' own time."""
+    said = {
+        BENCH / "README.md": ["results.json", "states-results.json", "states-results-10m.json"],
+        DOCS / "explanation" / "bench-results.md": ["results.json"],
+    }
+    for page, runs in said.items():
+        text = flat(page.read_text(encoding="utf-8"))
+        for name in runs:
+            seconds = round(float(bench_run(name)["elapsed"]))  # type: ignore[arg-type]
+            assert f"{seconds} s" in text, f"{page.relative_to(ROOT)}: no {seconds} s ({name})"
+        assert "fifteen minutes" not in text
+        assert "six to twelve minutes" not in text

@@ -109,7 +109,6 @@ OPERATIONS_SESSIONS = {
     "info": f"{OPERATE}#2",
     "check": f"{OPERATE}#3",
     "add": f"{OPERATE}#4",
-    "migrate": "Move from scrapy-redis's SET#1",
     "watch": f"{OPERATE}#5",
     "dump": f"{BACKUP}#1",
     "reset": f"{BACKUP}#2",
@@ -213,6 +212,29 @@ BLOCKS: dict[str, Check] = {
         )
         for command, block_id in OPERATIONS_SESSIONS.items()
     },
+    **{
+        block_id: Check(lang, starts, "test_migrate_from_set_blocks", how)
+        for block_id, lang, starts, how in (
+            ("Move from scrapy-redis's SET#1", "python", "SCHEDULER =",
+             "settings.py of the first crawl, on scrapy-redis's SET"),
+            ("Step 2: the filter's settings#1", "python", "SCHEDULER =",
+             "settings.py from then on"),
+            ("Step 3: copy the SET into the filter#1", "console", "$ scrapy bloom migrate",
+             "run in the project; the output is the page's, line for line"),
+            ("Step 4: crawl on#1", "bash", "scrapy crawl myspider",
+             "run: fetches no page the SET had and every new one"),
+            ("Step 5: delete the SET#1", "bash", "redis-cli DEL",
+             "run with redis-py; a crawl on the filter alone after it"),
+        )
+    },
+    "Choose and change capacity and error rate#1": Check(
+        "python", "BLOOMFILTER_CAPACITY =", "test_choose_capacity_blocks",
+        "exec + BloomConfig: the sizing the page's scrapy bloom size session asks for",
+    ),
+    "The error rate: how many pages you may lose#1": Check(
+        "console", "$ scrapy bloom size", "test_choose_capacity_blocks",
+        "run (subprocess scrapy, no project): the output is the page's, character for character",
+    ),
     ALIAS: Check(
         "bash", "scrapy-redis-bloom info", "test_operations_commands",
         "every line run in order (one server, a list of two, a 3-master cluster) after"
@@ -1260,17 +1282,14 @@ def test_scrapy_bloom_sessions(
         "BLOOMFILTER_ERROR_RATE": 0.0001,
         "BLOOMFILTER_SHARD_BIT": 20,
     }
-    # The state: a crawl saw 3,000 URLs; scrapy-redis's own dupefilter kept a SET of
-    # 500 (half of them crawled); files of URLs and fingerprints to check and add.
+    # The state: a crawl saw 3,000 URLs; files of URLs and fingerprints to check and add.
+    # (The move from scrapy-redis's SET, migrate, is test_migrate_from_set.py's.)
     crawled = [f"https://example.com/page/{i}" for i in range(3000)]
     df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
     try:
         assert not any(df.request_seen(Request(url)) for url in crawled)
     finally:
         df.close("finished")
-    old = ScrapyRedisDupeFilter(server=redis_client, key=f"{SPIDER}:dupefilter")
-    for i in range(2750, 3250):
-        old.request_seen(Request(f"https://example.com/page/{i}"))
     (project / "urls.txt").write_text(
         "".join(f"https://example.com/page/{i}\n" for i in range(2900, 3100))
     )
@@ -1292,6 +1311,31 @@ def test_scrapy_bloom_sessions(
     if capture:
         Path(capture).write_text(json.dumps(captured, indent=2))
     assert not wrong, "\n".join(wrong)
+
+
+@NOT_INSTALLED
+def test_choose_capacity_blocks(blocks: dict[str, Block], tmp_path: Path) -> None:
+    """The capacity page's settings, and its scrapy bloom size session, as printed."""
+    settings = exec_settings(block(blocks, "Choose and change capacity and error rate#1"))
+    config = BloomConfig.from_settings(settings)
+    command, shown = session(block(blocks, "The error rate: how many pages you may lose#1"))
+    argv = shlex.split(command)
+    assert argv[:3] == ["scrapy", "bloom", "size"], command
+    assert int(option(argv, "--capacity")[0]) == config.capacity
+    assert float(option(argv, "--error-rate")[0]) == settings["BLOOMFILTER_ERROR_RATE"]
+    result = scrapy_run(tmp_path, *argv[1:])
+    assert (result.code, result.err) == (0, ""), result
+    assert result.out.strip() == shown.strip(), f"{command} printed:\n{result.out}"
+    assert f"({format_bytes(config.spec.total_bytes)};" in shown
+
+
+def test_migrate_from_set_blocks(blocks: dict[str, Block]) -> None:
+    """The SET how-to's blocks are the ones tests/test_migrate_from_set.py runs, in order."""
+    from test_migrate_from_set import PAGE, STEPS
+
+    assert [b.id for b in blocks.values() if b.source == PAGE] == list(STEPS)
+    for block_id in STEPS:
+        block(blocks, block_id)
 
 
 @contextlib.contextmanager
