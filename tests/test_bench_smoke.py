@@ -170,8 +170,10 @@ SIZE_BLOOM = (
 
 
 def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
-    """(s) measured every cell (two sizes, two call sizes, on loopback and through the
-    1 Gbit/s link) with every contender it can run, and the bytes each put on the wire."""
+    """(s) measured every cell with every contender it can run, and their bytes on the wire.
+
+    Two sizes, two call sizes, on loopback and through the 1 Gbit/s link.
+    """
     size = {k: v for k, v in document["measures"]["s"].items() if k != "info"}
     info = document["measures"]["s"]["info"]
     assert info["links"] == ["loopback", "1gbit"]

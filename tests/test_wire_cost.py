@@ -22,7 +22,7 @@ from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.wirecost import LOOPBACK_NS_PER_BYTE, WireCost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from link import Link  # noqa: E402
+from link import Link
 
 pytestmark = pytest.mark.skipif(not HAVE_NUMPY, reason="snapshots need numpy (the numpy extra)")
 
