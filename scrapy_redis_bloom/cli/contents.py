@@ -103,7 +103,7 @@ def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> No
 
     Without numpy its bulk calls run in pure Python: in calls of 1,000,000 (these
     commands'), at 0.13-0.14x ``BF.MADD``'s rate against 0.7-1.0x with numpy
-    (docs/bench-results.md, (s)); a billion-URL migration takes hours, not minutes.
+    (docs/explanation/bench-results.md, (s)); a billion-URL migration takes hours, not minutes.
     """
     if HAVE_NUMPY or not isinstance(bloom, RedisBloomFilter) or count < ADVISE_FROM:
         return
