@@ -142,11 +142,34 @@ def assert_matches_readme(output: str) -> None:
     assert count <= spec.hash_count * PAGES, bits_set
 
 
+def assert_readme_memory_table(output: str) -> None:
+    """Check that the README's memory table (its "Try it") is what this run printed.
+
+    The README's command runs the demo on the embedded redis-server, as here; MEMORY
+    USAGE of the same 500 fingerprints in the same Redis is the same but for the set's
+    hash table, a tenth of a byte per URL either way.
+    """
+    from readme_blocks import parse_blocks
+
+    blocks = parse_blocks((REPO / "README.md").read_text(encoding="utf-8"))
+    said = [b for b in blocks if "SET of 40-hex SHA1 fingerprints" in b.text]
+    assert len(said) == 1, "the README's memory table"
+    for line in said[0].text.strip().splitlines()[1:]:
+        label, total, per_url, billion = re.split(r" {2,}", line.strip())
+        printed = next((x for x in output.splitlines() if x.strip().startswith(label)), None)
+        assert printed is not None, f"the run printed no {label!r} row"
+        _, run_total, run_per_url, _ = re.split(r" {2,}", printed.strip())
+        assert total == run_total, f"README {line.strip()!r}, run {printed.strip()!r}"
+        assert abs(float(per_url[:-2]) - float(run_per_url[:-2])) <= 0.15, (line, printed)
+        assert billion[-4:] == " GiB", line
+
+
 def test_run_with_embedded_redis(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     done = run_demo(REPO, env, "--log-dir", str(tmp_path / "logs"))
     output = assert_demo_succeeded(done)
     assert_matches_readme(output)
+    assert_readme_memory_table(output)
 
     match = re.search(r"Redis: embedded redis-server \S+ from .+, on 127\.0\.0\.1:(\d+)", output)
     assert match, output
