@@ -183,9 +183,8 @@ class Sizing:
             for name in ("capacity", "error_rate", "bit", "hash_number", "shard_bit", "shards")
             if (value := getattr(self, name)) is not None
         ]
-        # Only when asked for: a default request's text is that of the requests made
-        # before blocked became the default, so a default worker adopts their filters
-        # (and their layout, which the record's hash scheme says: see ..record).
+        # Only when asked for: a default request's text names no layout, so a default
+        # worker adopts a filter of either (the record's hash scheme says which).
         if self.blocked is not None:
             parts.append(f"blocked={self.blocked!r}")
         return " ".join(parts)
