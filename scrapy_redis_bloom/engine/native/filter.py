@@ -461,9 +461,6 @@ class NativeBloomFilter(FilterBase):
             )
         return self.parts.refusal(error, key, OPERATION)
 
-    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        return self._many(True, elements)
-
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         """Check (and add) elements: per shard, chunks of :data:`CHUNK` items per command."""
         items = list(elements)
