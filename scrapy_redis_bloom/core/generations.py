@@ -145,14 +145,10 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        Below it, a check of a growing shard needs no script: one ``BITFIELD`` sets the
-        element's bits in generation 0, and now and then reads the shard's state and adds
-        to its count the items this worker found new since (see :mod:`.fastpath`).
-        Counts arrive late, by fewer than 16 items per worker, so the margin (1% of
-        generation 0, at least :data:`SCRIPTLESS_MARGIN` items) keeps that path clear of
-        the growth boundary, which only the script crosses; the fast path widens it to
-        16 items per live worker when there are more than that covers. 0 when
-        generation 0 is too small to have one.
+        Below it :mod:`.fastpath` checks without the script. Its counts arrive late (by
+        fewer than 16 items per worker), so a margin of 1% of generation 0, at least
+        :data:`SCRIPTLESS_MARGIN` items, keeps it clear of the growth boundary, which only
+        the script crosses. 0 when generation 0 is too small to have one.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -264,7 +260,7 @@ def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: i
     when blocked: the hashing scheme's :func:`..hashing.place`); later ones, of other
     sizes, with the same numbers before the mod (cut to :data:`WIDE`, a multiple of
     B**2), which the script reduces by each generation's :attr:`Generation.seed_range`.
-    One format operation: this runs for every request that misses the near-cache.
+    One format operation: it runs for every request that misses the near-cache.
     """
     q = h1 // shards
     x, y, wx, wy = (

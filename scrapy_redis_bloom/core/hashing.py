@@ -181,15 +181,14 @@ def block_masks(
 ) -> list[tuple[int, int]]:
     """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
 
-    ``seeds``: :func:`locate`'s ``(shard, x, y)``; ``first``: as :func:`offsets`' (the
-    offset of the shard's first bit in its string). ``block start``: the bit offset of
-    the element's block (``first`` included); ``bits``: :func:`offsets`' bits within the
-    block as one integer, offset ``p`` of the block being bit ``B - 1 - p`` (Redis numbers a
-    string's bits from the first byte's most significant one, so the block's 64 bytes
-    read big-endian are this integer). The kernel without numpy answers a blocked
-    element with it in a few integer operations. Offset i is ``(s + i y1 + t_i y2 +
-    c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``): the seeds' terms come from
-    tables, one addition each (1.3 µs an element at k = 14, against 1.9 computing them).
+    ``seeds``: :func:`locate`'s ``(shard, x, y)``; ``first``: as :func:`offsets`'.
+    ``block start``: the bit offset of the element's block (``first`` included);
+    ``bits``: :func:`offsets`' bits within the block as one integer, offset ``p`` being
+    bit ``B - 1 - p`` (Redis numbers a string's bits from the first byte's most
+    significant one, so the block's 64 bytes read big-endian are this integer): the
+    kernel without numpy answers with it in a few integer operations. Offset i is
+    ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``), the seeds'
+    terms from tables, one addition each (faster than computing them).
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT

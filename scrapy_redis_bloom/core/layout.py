@@ -4,18 +4,15 @@ Layout 2. A filter named ``KEY`` (``BLOOMFILTER_KEY`` with ``%(spider)s`` filled
 
 * ``KEY:meta``, a hash: the config record (see :mod:`.record`), written first when
   the filter is created, with the filter's random ``id``;
-* ``{KEY:<i>}:g<generation>``, strings: shard ``i``'s bitmap. Each starts with a
+* ``{KEY:<i>}:g<generation>``, strings: shard ``i``'s bitmap, a
   :data:`HEADER_BYTES`-byte header naming the filter's id and the shard's index, then
-  its bits. Every shard is allocated whole when the filter is created, so a shard
-  that is missing, or whose header names another filter, was lost (evicted, deleted,
-  a server emptied or replaced) and is never mistaken for an empty one. The hash tag
-  ``{KEY:<i>}`` keeps every generation of shard ``i`` (growth, time windows) in one
-  Redis Cluster slot, while different shards spread over the cluster's masters;
-* ``{KEY:<i>}:g<g>`` for g >= 1: the generations a growing shard started, each with
-  the same identity in its header (see :mod:`.generations`). Generation 0's header
-  holds the shard's growth state;
-* with ``BLOOMFILTER_TTL``: ``{KEY:<i>}:g0`` is the shard's anchor (its header only,
-  holding the newest re-crawl window), and the bits live in
+  its bits. Every shard is allocated whole at creation, so one missing, or whose header
+  names another filter, was lost (evicted, deleted, a server emptied or replaced) and is
+  never mistaken for an empty one. The hash tag keeps every generation and window of
+  shard ``i`` in one Redis Cluster slot; different shards spread over the masters.
+  g >= 1: the generations a growing shard started (:mod:`.generations`), with the same
+  identity; generation 0's header holds the growth state. With ``BLOOMFILTER_TTL``,
+  ``{KEY:<i>}:g0`` is the shard's anchor (a header only) and the bits live in
   ``{KEY:<i>}:w<window>:g<g>``, every one of which expires;
 * ``KEY:count``, a hash: ``added`` and ``seen``, the outcomes of check-and-add over
   all workers, which each worker adds to in batches;

@@ -1,11 +1,9 @@
 """The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
 
-The record says everything a worker needs to read the bits: the geometry (shards,
-bits per shard, k), the hashing scheme, the layout, the servers it is spread over,
-and the filter's random id, which every shard header and server marker repeats. It
-also keeps the sizing request the filter was created from (``sizing``), so that a
-worker asking for the same filter adopts the geometry stored here even if a later
-release of this package would size that request differently.
+The record says everything a worker needs to read the bits: the geometry, the hashing
+scheme, the layout, the servers, and the filter's random id, which every shard header
+and server marker repeats. It keeps the sizing request too (``sizing``): a worker
+asking for the same filter adopts the stored geometry however this release sizes it.
 
 A record is validated before it is trusted: a corrupt or foreign hash is refused with
 one error naming the key, never half-used.
@@ -277,10 +275,9 @@ class FilterRecord:
         """Refuse a worker whose request is not this filter's.
 
         The worker is accepted when it lists as many servers and asks either for the
-        same sizing (and then adopts the stored geometry, whatever this release would
-        compute) or for the same geometry. A worker that leaves ``BLOOMFILTER_BLOCKED``
-        unset asks for the same sizing in either layout (:func:`same_sizing`): it adopts
-        a classic filter created before blocked filters became the default.
+        same sizing (then adopting the stored geometry) or for the same geometry. One
+        that leaves ``BLOOMFILTER_BLOCKED`` unset asks for the same sizing in either
+        layout (:func:`same_sizing`): it adopts a classic filter too.
         """
         if wanted.backend != self.backend:
             raise ConfigMismatchError(
@@ -349,8 +346,7 @@ def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
     ``blocked`` is the stored filter's layout (its hash scheme). The texts must be equal
     but for the layout's word: a request that says none (``BLOOMFILTER_BLOCKED`` unset)
     takes either layout, one that says ``blocked=True`` or ``blocked=False`` only that
-    one. The stored text's own word is not needed: the scheme says the layout, and a
-    filter created by a default request since blocked became the default says none.
+    one. The stored text's own word is not needed: the scheme says the layout.
     """
     words = wanted.split()
     if [w for w in words if w not in _BLOCKED_WORDS] != [

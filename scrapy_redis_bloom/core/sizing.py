@@ -36,8 +36,7 @@ ALLOCATION_SLACK = 0.02
 #: Bytes a Redis string needs beyond its payload: the sds header (at most 9 bytes
 #: below 4 GiB) and a NUL, rounded up.
 STRING_OVERHEAD = 16
-#: Bytes Redis spends per key besides the value's block: dict entry, object, key name
-#: (measured: MEMORY USAGE of a 131,073-byte string is its 163,840-byte block + 56).
+#: Bytes Redis spends per key besides the value's block: dict entry, object, key name.
 KEY_OVERHEAD = 56
 
 
@@ -74,10 +73,8 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
     return min(1.0, total)
 
 
-#: How much a blocked filter's measured rate runs above :func:`false_positive_rate`, at
-#: most: 2-4% in simulations of the scheme (8 million probes each at k = 6, 9 and 12; the
-#: formula prices a block by its mean fill, and the scheme's offsets are not independent
-#: draws), so blocked sizing aims this much lower and the rate asked for holds.
+#: How much a blocked filter's real rate may run above :func:`false_positive_rate` (the
+#: formula prices a block by its mean fill; 2-4% in simulations): blocked sizing aims lower.
 BLOCKED_HEADROOM = 1.05
 
 
@@ -186,9 +183,8 @@ class Sizing:
             for name in ("capacity", "error_rate", "bit", "hash_number", "shard_bit", "shards")
             if (value := getattr(self, name)) is not None
         ]
-        # Only when asked for: a default request's text is that of the requests made
-        # before blocked became the default, so a default worker adopts their filters
-        # (and their layout, which the record's hash scheme says: see ..record).
+        # Only when asked for: a default request's text names no layout, so a default
+        # worker adopts a filter of either (the record's hash scheme says which).
         if self.blocked is not None:
             parts.append(f"blocked={self.blocked!r}")
         return " ".join(parts)
@@ -326,20 +322,8 @@ def format_bytes(nbytes: int) -> str:
 Layout = Literal["classic", "blocked", "native"]
 LAYOUTS: tuple[Layout, ...] = ("classic", "blocked", "native")
 
-# The cost model of :func:`check_cost`. Its parameters are FITTED (least squares, the
-# first four points weighted 3x), not derived from the hardware, to the Redis command
-# time per check of new fingerprints that bench/run.py --only t measured on 2026-11-26
-# (Redis 7.0.15 with RedisBloom 2.8.2 on a 2-vCPU AMD EPYC VM; interleaved rounds of
-# 10,000; ratios to SADD taken at SADD = 1.6 us), growing filters:
-#
-#   filter                          classic          blocked          native
-#   1M @ 1e-4 (2.5 MiB; bl. 2.9)    4.6 us (k = 14)  3.0 us (k = 13)  1.7 us (k = 15)
-#   100M @ 1e-4 (248 MiB; bl. 294)  8.0 us           4.3 us           3.5 us
-#   2**30 bits, k = 6 (130 MiB)     4.6 us           2.8 us           2.6 us (k = 7)
-#
-# It gives them within 15% (blocked at 100M: 4.0 us; at 1M: 3.3 us; native at
-# 2**30 bits: 2.2 us): the measurements themselves moved by 10-30% between runs.
-#
+# The cost model of :func:`check_cost`: parameters FITTED to bench/run.py --only t
+# (see bench/NOTES.md, "core/sizing.py"), not derived from the hardware.
 #: Bytes of a filter that stay in the CPU's caches between two checks (fitted: a share
 #: of a busy VM's L2 and L3). Past it, a random bit is a cache miss more and more often.
 CACHE_BYTES = 1_887_437  # 1.8 MiB
@@ -362,8 +346,7 @@ NATIVE_MISS_US = 0.174
 def miss_share(nbytes: int) -> float:
     """Return the share of a filter's random bit reads that miss the CPU's caches.
 
-    ``1 - CACHE_BYTES / nbytes``: none while the filter fits in :data:`CACHE_BYTES`,
-    almost all once it is a hundred times bigger (a 2.5 MiB filter: 28%; 248 MiB: 99.3%).
+    ``1 - CACHE_BYTES / nbytes``: none while the filter fits, almost all past 100x.
     """
     return max(0.0, 1.0 - CACHE_BYTES / nbytes) if nbytes > 0 else 0.0
 
@@ -371,9 +354,8 @@ def miss_share(nbytes: int) -> float:
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
     """Return the estimated Redis time (µs) one check of a new fingerprint costs.
 
-    A model, calibrated on Redis 7.0 on a 2-vCPU VM (see :data:`CACHE_BYTES` and the
-    table above it), for one Redis server holding ``nbytes`` of the filter with
-    ``hash_count`` (k) bits per element:
+    A model (fitted, see :data:`CACHE_BYTES`) for one Redis server holding ``nbytes``
+    of the filter with ``hash_count`` (k) bits per element:
 
     * classic: ``COMMAND + (k + 2) FIELD + k BIT_MISS miss_share``: every one of the k
       bits is in another place of the filter, so a filter bigger than the caches pays k
@@ -383,9 +365,8 @@ def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = 
     * native: ``NATIVE_COMMAND + k NATIVE_MISS miss_share``: RedisBloom's k bits, as
       classic but in C without fields to parse.
 
-    A fixed-size filter's BITFIELD has one field fewer (no item count). On another
-    machine the figures move (``SADD`` itself took 1.3-1.9 µs across runs of one VM);
-    the ratios between layouts at one size are what the model is for.
+    A fixed-size filter's BITFIELD has one field fewer (no item count). The figures move
+    from machine to machine; the ratios between layouts at one size are what it is for.
     """
     share = miss_share(nbytes)
     if layout == "native":

@@ -1,40 +1,26 @@
 """Checks at open that Redis's ACL lets the filter's user do everything the filter does.
 
-Without this check, a Redis ACL user that lacks a command fails late and opaquely: a
-user granted ``+@read +@write +@scripting`` fails at creation with a Lua error that
-names neither the command (``TIME``) nor the key, and a user missing a key pattern
-fails mid-crawl, the first time a shard on it is touched. :func:`check_access` runs
-once at open and names, in one error, every command and key pattern the user lacks.
+Without it, a user lacking a command fails late and opaquely (``+@read +@write
++@scripting`` fails at creation with a Lua error naming neither ``TIME`` nor the key;
+a missing key pattern fails mid-crawl). :func:`check_access` runs once at open and
+names, in one error, every command and key pattern the user lacks.
 
-How: on every server that holds the filter, every command the filter sends (and
-every command its scripts call) is sent *directly*, not inside a script, so that
-Redis's ``NOPERM`` reply names the command, or says a key is not allowed. Each runs
-on a probe key of the same key family as the filter's real keys, so that key
-patterns are exercised too: ``KEY:acl-probe`` for ``KEY:meta``, ``KEY:count``,
-``KEY:workers`` and ``KEY:server`` (pattern ``~KEY*``), and ``{KEY:acl-probe}:g0``
-for the shards ``{KEY:<i>}:g0`` (pattern ``~{KEY:*``). Commands that write only
-ever write to the probe keys, which are deleted again at the end of the probe
-(and given a TTL of :data:`PROBE_TTL_MS` meanwhile, so even a user that may not
-delete leaves nothing for long); the filter's own keys are never touched. All of it
-is one pipelined round trip per server.
+How: on every server that holds the filter, every command the filter sends (and its
+scripts call) is sent *directly*, so that Redis's ``NOPERM`` names it, on a probe key
+of the same family as the real keys, so key patterns are exercised too:
+``KEY:acl-probe`` for ``KEY:meta``, ``KEY:count``, ``KEY:workers``, ``KEY:server``
+(``~KEY*``), and ``{KEY:acl-probe}:g0`` for the shards (``~{KEY:*``). Writes go to the
+probe keys only, deleted at the end (with a TTL of :data:`PROBE_TTL_MS` meanwhile);
+one pipelined round trip per server. ``NOPERM`` comes before any other reply, so any
+other reply (``WRONGTYPE`` included) means allowed; the error names the command sent
+and the probe key's family, never Redis's words (which differ in 6.2 and 7.0, see
+:func:`.executor.acl_denial`). On a cluster, a numbered suffix (``KEY:acl-probe-3``)
+puts a probe key of each family on every master.
 
-Redis answers a refused command with ``NOPERM`` before anything else (before
-``OOM``, ``LOADING``, ``MOVED`` or type checks), so any other reply, ``WRONGTYPE``
-included, means the command is allowed. Redis words ``NOPERM`` differently in 6.2
-and 7.0 (see :func:`.executor.acl_denial`): the check names the command it sent,
-and the key family of the probe key it used, never Redis's words.
-
-ACLs are configured per server, and per node of a Redis Cluster: on a cluster, the
-probe keys are chosen so that every master owns one of each family (a numbered
-suffix, ``KEY:acl-probe-3``, picks the slot), so every master is checked.
-
-``INFO`` is optional (the checks at open of the servers' version and memory use it):
-a user without it only gets an INFO log line. A server that does not answer the
-probe (unreachable, out of memory, loading its data) is not this check's business:
-it is tried once, like :func:`.health.survey`, then left to the steps of opening
-that follow, which retry for ``BLOOMFILTER_RETRY_TIMEOUT`` and raise
-:class:`~..errors.FilterUnavailableError`. (Retrying here would stop a filter from
-opening on a server that is out of memory, where reading it still works.)
+``INFO`` is optional: a user without it only gets an INFO log line. A server that does
+not answer is tried once, like :func:`.health.survey`, and left to the steps of
+opening that follow (retrying here would stop a filter from opening on a server that
+is out of memory, where reading it still works).
 """
 
 from __future__ import annotations
@@ -96,12 +82,9 @@ def probes(record: str, shard: str) -> list[Probe]:
     """Return the commands that check every permission the filter needs, in sending order.
 
     ``record`` and ``shard`` are the probe keys (:func:`probe_keys`). Each command is
-    probed on the family of keys the filter uses it on: the shards get the bitmap
-    commands (also those of the scripts: ``SETBIT``, ``GETBIT``, ``SETRANGE``, ``EXPIREAT``,
-    ``DEL``), the
-    record's family the hash, sorted-set and string commands (the record, counters,
-    worker leases, server markers). Both probe keys are deleted first (a probe cut
-    short leaves them) and last.
+    probed on the family the filter uses it on: the shards get the bitmap commands (the
+    scripts' too), the record's family the hash, sorted-set and string ones. Both probe
+    keys are deleted first (a probe cut short leaves them) and last.
     """
     ttl = PROBE_TTL_MS
     return [

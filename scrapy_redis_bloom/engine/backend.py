@@ -2,15 +2,14 @@
 
 * ``bitmap``: :class:`.filter.RedisBloomFilter`, our string bitmaps (any Redis >= 6.2);
 * ``native``: :class:`.native.NativeBloomFilter`, the server's own Bloom filters (BF.*);
-* ``auto`` (the default): the backend of the filter's config record when it exists (so
-  every worker agrees with the one that created it); else native when every server (or
-  cluster master) has ``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else
-  bitmap. Blocked is the bitmap filter's default layout, not a reason to pick bitmaps:
-  a native filter is sized unblocked (:meth:`.settings.BloomConfig.for_native`).
+* ``auto`` (the default): the record's backend when it exists; else native when every
+  server (or cluster master) has ``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not
+  asked for (a native filter is sized unblocked:
+  :meth:`.settings.BloomConfig.for_native`), else bitmap.
 
-An explicit backend that contradicts the record is refused when the filter opens
-(:meth:`.record.FilterRecord.check`), and ``native`` on a server without ``BF.*``
-too (:func:`.native_parts.require_bloom`).
+An explicit backend that contradicts the record is refused at open
+(:meth:`.record.FilterRecord.check`), ``native`` without ``BF.*`` too
+(:func:`.native.parts.require_bloom`).
 """
 
 from __future__ import annotations

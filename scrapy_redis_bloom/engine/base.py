@@ -385,8 +385,8 @@ class FilterBase:
         """
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        """Add elements in bulk for :meth:`_settle` (the backend's bulk path)."""
-        raise NotImplementedError
+        """Add elements in bulk for :meth:`_settle`: by default the bulk path's."""
+        return self._many(True, elements)
 
     def _settle(self) -> None:
         """Add the elements let through while Redis could not answer, now that it answers."""

@@ -7,12 +7,10 @@ renewed from a daemon thread, and the filter is only cleared by a worker that fi
 no other live lease. Expiry is judged by the Redis server's clock (``TIME`` in the
 script), never by the workers' clocks.
 
-The check for other workers and the clear are one step for the workers: a worker that
-finds none claims the registry in the same script (:meth:`WorkerLease.clearing`), and
-until the filter is deleted no worker takes a lease: one that starts waits, then opens
-the filter anew. A worker takes its lease before it opens the filter, so it never
-opens one being deleted. The renewing thread survives any failure: it says what
-failed, counts it (``lease_failed``) and tries again sooner.
+Checking for other workers and claiming the clear are one script
+(:meth:`WorkerLease.clearing`); a worker takes its lease before opening the filter, so
+it never opens one being deleted. The renewing thread survives any failure: it says
+what failed, counts it (``lease_failed``) and tries again sooner.
 """
 
 from __future__ import annotations
@@ -78,10 +76,8 @@ class WorkerLease:
 
     The lease lasts ``ttl`` seconds unless renewed; :meth:`start` renews it every
     ``ttl / 3`` seconds from a daemon thread, so a worker that dies stops counting as
-    live within ``ttl``. It talks to Redis on connections of its own (a copy of the
-    filter's topology), from whichever thread calls it. ``events``: where failed
-    renewals are counted, in memory (the filter's: the Scrapy layer reads them into the
-    crawl's stats on its own timer, never from this thread).
+    live within ``ttl``. It has connections of its own (a copy of the filter's
+    topology). ``events``: where failed renewals are counted (see :mod:`..core.events`).
     """
 
     def __init__(

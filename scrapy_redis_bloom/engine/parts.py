@@ -25,10 +25,8 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 #: Commands sent in one batch by the maintenance operations.
 BATCH = 1000
-#: Shard bytes allocated in one batch at most: Redis answers a pipeline's commands
-#: only once it has run those it read together, and zeroing 1 GB takes it seconds
-#: (a 1B filter's 361 shards of 8 MiB in one batch outlasted the 5 s socket timeout
-#: on a busy machine). 256 MiB: ~0.3 s a batch.
+#: Shard bytes allocated in one batch at most: Redis answers a pipeline only once it
+#: has run its commands, and zeroing much more than this outlasts the socket timeout.
 ALLOCATE_BYTES = 256 << 20
 
 

@@ -44,9 +44,8 @@ def lua(name: str) -> str:
     """Return the source of ``lua/<name>.lua``, a file shipped inside the package.
 
     A line ``--@ other`` in it is replaced by the source of ``lua/other.lua``: a block
-    written once and used in several places, as text rather than a Lua function,
-    because Redis runs a script's top level on every call and a function there is a
-    closure made anew each time (measured: about 0.15 us each on the hot path).
+    written once and used in several places, as text rather than a Lua function: Redis
+    runs a script's top level on every call, making such a closure anew each time.
     """
     source = _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     return _INCLUDE.sub(lambda match: lua(match[1]), source)
@@ -86,11 +85,9 @@ LAYOUT = declare(
 def check_and_add(growth: Growth, one: bool = False) -> Script:
     """Return the script that checks (and adds) elements of one shard, for a geometry.
 
-    ``one``: the hot path's script, for exactly one element: it sets the bits of the
-    newest generation with ``SETBIT`` (k cheap calls) and builds no tables, where the
-    bulk path's sets those of many elements in a few ``BITFIELD`` calls. The hot path
-    runs it only where it cannot do without (:mod:`.fastpath`): a shard that has grown
-    or nears its growth, and filters with re-crawl windows.
+    ``one``: the hot path's script, for exactly one element (``SETBIT`` k times, no
+    tables); else the bulk path's (many elements, a few ``BITFIELD`` calls). The hot path
+    runs it only where :mod:`.fastpath` and :mod:`.stackpath` cannot answer.
 
     ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its other generations and windows
     are named after it, in the same Redis Cluster slot (not passed in ``KEYS``: how
@@ -109,18 +106,15 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     which is started first when the one before holds its capacity: decided here,
     atomically, so workers crossing the boundary together start it once.
 
-    Assembled from ``lua/``: the layout's constants, the hashing scheme
-    (``scheme.lua``), the first generation's shortcut (``first_generation.lua``, the
-    hot path of a growing shard without windows), the geometry's tables, what both
-    bodies share (``check_and_add.lua``), where the bits are (``shard.lua``, or
-    ``windows.lua`` and ``bitmap_windows.lua``), then the body (``one.lua`` or
-    ``many.lua``).
+    Assembled from ``lua/`` by :func:`_check_and_add_source`.
     """
     return Script(_check_and_add_source(growth, one))
 
 
 @lru_cache(maxsize=64)
 def _check_and_add_source(growth: Growth, one: bool) -> str:
+    # The layout's constants, the scheme, the first generation's shortcut (one, no TTL),
+    # the geometry, the shared part, where the bits are (shard or windows), then the body.
     gens = growth.generations
     first = gens[0]
     parts = [LAYOUT, lua("scheme")]
@@ -185,10 +179,10 @@ ALLOCATE = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("allocate"))
 LEASE = Script(lua("lease"))
 
 #: Delete ``KEYS[1]`` only if it is still the filter's part it was proven to be
-#: (``lua/delete_if_still.lua``); reply 1
-#: if deleted, 0 if it is something else (left alone). ``ARGV``: the kind of part and the
-#: proof: a shard's identity, a server marker's value, the record's id (or empty for a
-#: record this version cannot read: then only a hash with ``layout`` and ``scheme``).
+#: (``lua/delete_if_still.lua``); reply 1 if deleted, 0 if it is something else. ``ARGV``:
+#: the kind of part and the proof: a shard's identity, a server marker's value, the
+#: record's id (or empty for a record this version cannot read: then only a hash with
+#: ``layout`` and ``scheme``).
 DELETE_IF_STILL = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("delete_if_still"))
 
 #: Write the config record unless one exists; reply with the record in Redis

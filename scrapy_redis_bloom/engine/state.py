@@ -295,8 +295,3 @@ def estimate_from_items(growth: Growth, items: int) -> FilterState:
         fpr=-math.expm1(clear),
         total_bits=sum(gen.bits for gen in states),
     )
-
-
-def expected_fpr(spec: FilterSpec, items: int) -> float:
-    """Return the false-positive rate expected after ``items`` insertions."""
-    return false_positive_rate(spec.bits, spec.hash_count, items, spec.block_bits)

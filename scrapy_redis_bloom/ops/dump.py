@@ -1,26 +1,21 @@
 """Dumping a filter to a stream: every part's bytes, chunked and checksummed (see :mod:`.dumpfile`).
 
-:func:`dump_filter` writes a filter's config record, counters and bits to a binary
-stream, in pieces of at most :data:`PIECE` bytes, so memory stays flat for any size
-(a Redis string of 512 MiB is read as 512 ``GETRANGE`` pieces). :mod:`.restore` reads
-it back into any topology.
+:func:`dump_filter` writes a filter's record, counters and bits in pieces of at most
+:data:`PIECE` bytes, so memory stays flat for any size; :mod:`.restore` reads it back
+into any topology.
 
-* **Bitmap** filters: every shard's string, and every generation a growing shard
-  started, byte for byte, headers included (they carry the filter's id and a growing
-  shard's state). A shard missing or not carrying the record's identity refuses the
-  dump: a dump of a damaged filter would restore the damage.
-* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module
-  cuts them (RedisBloom: at most 10 or 16 MiB, by version), which bounds the memory a
-  native dump or restore holds at once.
-* Filters with ``BLOOMFILTER_TTL`` are refused: their bits live in re-crawl windows
-  that expire on the source servers' clock; restored later, they would forget on
-  another schedule. Such a filter forgets everything within 2 TTL anyway.
+* **Bitmap** filters: every shard's string and every generation it started, byte for
+  byte, headers included. A shard missing or not carrying the record's identity refuses
+  the dump: it would restore the damage.
+* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module cuts
+  them, which bounds the memory held at once.
+* Filters with ``BLOOMFILTER_TTL`` are refused: their windows expire on the source
+  servers' clock, and such a filter forgets everything within 2 TTL anyway.
 
-**Consistency.** A dump reads the parts one piece after another, not in one atomic
-snapshot, so it refuses to run while workers hold a live lease on the filter
-(``KEY:workers``) unless ``force``. Forced, URLs added meanwhile may be missing from
-the dump, in part or in whole: restored, they answer "new" and are fetched again (the
-safe direction); a shard that starts a generation during the dump refuses it.
+**Consistency.** The parts are read one piece after another, not in one snapshot, so a
+dump refuses to run while workers hold a live lease (``KEY:workers``) unless ``force``.
+Forced, URLs added meanwhile may be missing: restored, they answer "new" (the safe
+direction); a shard that starts a generation during the dump refuses it.
 """
 
 from __future__ import annotations
@@ -100,18 +95,15 @@ def dump_filter(
 ) -> DumpSummary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
-    ``bloom`` needs no opening and may be of either class whatever the filter's
-    backend: the record is read from Redis as it is, and decides (so
-    :func:`.inventory.probe` of the key will do). ``out`` is a binary stream, written
-    sequentially (a file, a pipe). ``progress(done, total)`` is called after each piece
-    with the data bytes dumped; ``total`` is known ahead for a bitmap filter, estimated
-    from ``BF.INFO`` for a native one, and exact on the last call (``done == total``).
-    Refuses with :class:`~..core.errors.BloomFilterError` subclasses, before writing to
-    ``out``: a missing filter, one still being created, one with a TTL, one with live
-    workers unless ``force`` (see the module's docstring), one whose shard (generation
-    0) is missing or foreign. A generation found damaged or changed while it is read,
-    or Redis failing, raises with the file incomplete: it has no trailer, so a restore
-    refuses it as truncated (the caller should delete it).
+    ``bloom`` needs no opening and may be of either class: the record read from Redis
+    decides (:func:`.inventory.probe` of the key will do). ``out``: a binary stream,
+    written sequentially. ``progress(done, total)``: data bytes dumped after each piece;
+    ``total`` is estimated from ``BF.INFO`` for a native filter, exact on the last call.
+    Refuses with :class:`~..core.errors.BloomFilterError` subclasses, before writing: a
+    missing filter, one still being created, one with a TTL, one with live workers
+    unless ``force``, one whose shard is missing or foreign. A generation damaged or
+    changed while read, or Redis failing, raises with the file incomplete: without a
+    trailer, a restore refuses it as truncated (the caller should delete it).
     """
     started = time.monotonic()
     parts = bloom.parts

@@ -1,27 +1,22 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
-:meth:`..engine.bitmap.filter.RedisBloomFilter.open` checks a filter and repairs what it may: it
-restores an evicted record or server marker, finishes a creation, recreates lost
-shards when told to. Someone inspecting or deleting a filter must see it as it is,
-change nothing, and be able to delete a filter too broken to open. So here:
+Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or
+deleting one must see it as it is, change nothing, and handle a filter too broken to
+open. So here, none is ever opened:
 
-* :func:`probe` builds a :class:`~..engine.bitmap.filter.RedisBloomFilter` to reach
-  the filter's keys before its geometry is known, and :func:`read_record` reads the
-  config record (usable or not); :meth:`~..engine.base.FilterBase.of_record` then builds
-  the filter of the stored geometry; none is ever opened here;
+* :func:`probe` builds a filter that reaches the keys before the geometry is known;
+  :func:`read_record` reads the config record (usable or not);
+  :meth:`~..engine.base.FilterBase.of_record` then builds the stored geometry's filter;
 * :func:`check_shards` and :func:`check_markers` compare each shard's header and each
-  server's marker with what the record expects (present, missing, foreign); deleting a
-  filter that has a record is :meth:`..engine.parts.Parts.delete`;
-* :func:`find_orphans` finds by ``SCAN``, on every server or master, the parts of a
-  filter that has no usable record, and tells those it can prove are the filter's
-  (a shard header or marker carrying a filter id) from keys that only share a name;
-  :func:`delete_orphans` deletes the proven ones, each only if it is still what was
-  proven (compare-and-delete in one script).
+  server's marker with the record (present, missing, foreign);
+* :func:`find_orphans` finds by ``SCAN`` the parts of a filter without a usable record,
+  telling those it can prove are the filter's (a header or marker carrying a filter id)
+  from keys that only share a name; :func:`delete_orphans` deletes the proven ones,
+  each only if it is still what was proven (compare-and-delete in one script).
 
-Every command goes through the filter's :class:`~..transport.executor.Executor`: routed,
-retried and accounted like the hot path's, on one server, a server list or a Redis
-Cluster. :func:`read_hash`, :func:`existing_keys` and :func:`run_all` are the reads
-and batches :mod:`.dump` and :mod:`.restore` share with it.
+Every command goes through the filter's :class:`~..transport.executor.Executor`, on any
+topology. :func:`read_hash`, :func:`existing_keys` and :func:`run_all` are shared with
+:mod:`.dump` and :mod:`.restore`.
 """
 
 from __future__ import annotations
@@ -90,10 +85,9 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    Besides :meth:`..core.record.FilterRecord.parse`'s checks, a record that claims more
-    shards than its servers hold keys is refused: checking or deleting it shard by
-    shard would take minutes for nothing. It is corrupt, or its shards are gone; its
-    parts are found by SCAN instead.
+    Besides :meth:`..core.record.FilterRecord.parse`'s checks, a record claiming more
+    shards than its servers hold keys is refused (corrupt, or its shards are gone):
+    its parts are found by SCAN instead of shard by shard.
     """
     meta = bloom.parts.meta_key
     try:
@@ -124,8 +118,7 @@ def key_count(bloom: RedisBloomFilter) -> int:
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
     """Return a filter to look at ``key`` before its geometry is known (never open it).
 
-    ``client`` is what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes. The filter has the
-    geometry :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
+    Its geometry is :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
     its live workers, :func:`find_orphans`, :func:`cluster_nodes`).
     """
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
@@ -140,8 +133,7 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     """Return the addresses of the listed standalone servers that are Redis Cluster nodes.
 
     Such a server answers ``MOVED`` for most keys: it must be reached as a cluster.
-    One attempt each (``INFO cluster``); a server that does not answer or refuses INFO
-    is not counted, and the command that needs it reports it.
+    One ``INFO cluster`` each; a server that does not answer or refuses it is not counted.
     """
     if isinstance(bloom.topology, Cluster):
         return []
@@ -307,10 +299,9 @@ class Orphan:
 class Orphans:
     """What :func:`find_orphans` found: parts to delete, and keys to leave alone.
 
-    ``blocking`` holds config records that make deleting unsafe: one on another
-    server than the record's (the servers are given in another order than the
-    filter's), or a usable one (the filter was created since its record was looked
-    for). Deleting parts then would break the filter that record describes.
+    ``blocking`` holds config records that make deleting unsafe: one on another server
+    than the record's (the servers listed in another order), or a usable one (the
+    filter was created since). Deleting parts would break the filter it describes.
     """
 
     deletable: tuple[Orphan, ...] = ()

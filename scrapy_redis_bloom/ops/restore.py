@@ -2,23 +2,19 @@
 
 :func:`restore_filter` reads the file twice, as a stream (memory stays flat):
 
-1. **Verify**, writing nothing: the header, every chunk's CRC32, the trailer's counts
-   and the whole file's SHA-256, and that the chunks make the filter the record
-   describes (every shard, every generation a shard's header names, each part whole,
-   with the record's identity). A truncated, corrupted or foreign file is refused here
-   with :class:`~.dumpfile.DumpFileError` naming the problem.
+1. **Verify**, writing nothing: the header, every chunk's CRC32, the trailer's counts,
+   the file's SHA-256, and that the chunks make the filter the record describes (every
+   shard and generation, each whole, with the record's identity). A bad file is
+   refused with :class:`~.dumpfile.DumpFileError` naming the problem.
 2. **Write** the parts (``SETRANGE`` pieces of at most 1 MiB, or ``BF.LOADCHUNK``), the
-   counters, the server markers of a server list, and the config record last. Until
-   the record exists no worker uses the filter. If anything fails (Redis out of memory,
-   a server gone, the file changed between the passes) every key written is deleted
-   and the error says so: a refused restore leaves nothing behind.
+   counters, the server markers, and the config record last: until it exists no worker
+   uses the filter. If anything fails every key written is deleted, and the error says
+   so: a refused restore leaves nothing behind.
 
-The target may be another topology than the source: one server, a server list (the
-record's ``servers`` becomes the list's length: shard ``i`` on server ``i mod n``) or
-a Redis Cluster. The filter keeps its id, geometry, sizing request, creation time and
-counters, so workers configured as for the source adopt it. A target that already
-has a filter under the key is refused unless ``replace``; a native (``BF.*``) dump
-needs ``BF.*`` on every target server (its bits cannot become a bitmap filter's).
+The target may be another topology than the source (the record's ``servers`` becomes
+the list's length). The filter keeps its id, geometry, sizing, creation time and
+counters, so workers configured as for the source adopt it. A filter already under
+the key is refused unless ``replace``; a native dump needs ``BF.*`` on every server.
 """
 
 from __future__ import annotations
@@ -278,20 +274,17 @@ def restore_filter(
 ) -> RestoreSummary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
-    ``client``: what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes (a ``redis.Redis``, a
-    ``RedisCluster``, or a list of standalone clients): the target topology, which may
-    differ from the source's. ``inp``: a binary file, seekable (read twice, see the
-    module's docstring), from its current position. ``progress(done, total)``: file
-    bytes processed over both passes (``total`` is twice the file's size).
-    ``replace``: delete a filter already under ``key`` (once the file is
-    verified, and unless workers hold leases on it) instead of refusing. ``name``
-    names the file in messages (default: ``inp.name``). ``faults``: the retry policy
-    (its ``retry_timeout`` bounds how long a failing Redis is retried).
+    ``client``: what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes: the target
+    topology. ``inp``: a seekable binary file (read twice), from its current position.
+    ``progress(done, total)``: file bytes processed over both passes (``total`` is twice
+    the file's size). ``replace``: delete a filter already under ``key`` (once the file
+    is verified, and unless workers hold leases on it) instead of refusing. ``name``
+    names the file in messages (default: ``inp.name``). ``faults``: the retry policy.
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
     for a taken key, :class:`~..core.errors.BloomFilterError` subclasses for Redis failures;
     in every case nothing of the restore is left on the target (with ``replace``, the
-    filter that was there is gone too once the file was verified and the target checked).
+    filter that was there is gone too once the file and the target were checked).
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))

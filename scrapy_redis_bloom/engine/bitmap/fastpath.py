@@ -8,24 +8,20 @@ grown is a single command::
 (the state field only on some checks of a growing shard, see below).
 
 ``BITFIELD`` is atomic and replies the old value of every field, so "were all k bits
-already set" is check-and-add's answer, as in the scripts, at a fraction of their
-Redis time (no Lua, no ``redis.call`` per bit). The first field reads 8 bytes of
-the filter's random id from the shard's header: a reply whose id is not this
-filter's was not written where this worker believes (the shard was lost, or the
+already set" is check-and-add's answer, at a fraction of the script's Redis time. The
+first field reads 8 bytes of the filter's id from the shard's header: a reply with
+another id was not written where this worker believes (the shard was lost, or the
 filter reset), and goes to the filter's recovery, its answer discarded.
 
-A growing shard also needs its count of items, which decides when it grows. The
-count cannot be raised in the same command only when the element turns out new, so
-each worker keeps the items it found new and sends them with one of its checks in
-:data:`STATE_EVERY` on that shard (sooner when that many are owed), and when it syncs
-its counters or closes: that check adds ``INCRBY u48 208 <n>`` to the header's
-48-bit state (generations, u16, then the count, u32), which adds them and replies
-both. Only the script crosses the growth boundary (it starts the next generation
-atomically), so this path is used while the count stays under
-:attr:`.Growth.scriptless_limit` and leaves room for the counts every live worker may
-still hold (:data:`STATE_EVERY` each, the workers counted by the lease registry): the
-bound holds for any number of workers. A shard found grown, or near its limit, is left
-to the script from then on.
+A growing shard also needs its count of items, which decides when it grows. One
+command cannot raise it only when the element turns out new, so each worker keeps the
+items it found new and sends them with one of its checks in :data:`STATE_EVERY` on that
+shard (sooner when that many are owed), and when it syncs or closes: ``INCRBY u48 208
+<n>`` on the header's state (generations u16, count u32) adds them and replies both.
+Only the script crosses the growth boundary, so this path is used while the count
+stays under :attr:`.Growth.scriptless_limit`, with room for the counts every live
+worker may still hold (:data:`STATE_EVERY` each, workers counted by the lease
+registry). A shard found grown, or near its limit, is left to the script from then on.
 
 What this path cannot see, and why it is safe: if a shard grew after this worker's
 last look (at most :data:`STATE_EVERY` checks ago), its element went to generation 0,

@@ -1,23 +1,14 @@
 """Check-and-add computed in Python on a copy of a shard's bytes (the snapshot kernel).
 
-The bulk path's snapshot (see :mod:`.snapshot`) reads a shard's bytes, answers a whole
-batch of elements here and writes the new bits back in one transaction: Redis then
-spends almost nothing per element. The answers must equal check-and-add on each
-element in order, so an element is "seen" when each of its bits was set in the copy
-*or* is set by an element before it in the batch (a duplicate, or a collision).
+:mod:`.snapshot` reads a shard's bytes, answers a batch here and writes the new bits
+back in one transaction. The answers equal check-and-add on each element in order: an
+element is "seen" when each of its bits was set in the copy *or* by an element before it.
 
-:func:`check_sequential` does exactly that, one element after the other, in pure
-Python: the definition, kept simple, and the kernel of a default install (without
-numpy, where moving a shard's bytes still costs less than a ``BITFIELD`` per bit or
-a script call per element). :func:`check_vectorised` computes the same with numpy
-(the optional extra ``numpy``) in a few array operations: for each bit clear in the
-copy, the first element that sets it is new; every other element is seen. The tests
-hold the two to identical answers and identical bytes.
-
-:class:`Located` hashes a block of elements and groups them per shard, with numpy's
-arrays or with Python's lists, so that the bulk path reads the same either way.
-
-Offsets are the hashing scheme's (:mod:`..hashing`), plus the header's bits.
+:func:`check_sequential` is that definition in pure Python (the kernel without numpy);
+:func:`check_vectorised` computes the same with numpy: for each bit clear in the copy,
+the first element that sets it is new. The tests hold them to identical answers and
+bytes. :class:`Located` hashes a block of elements and groups them per shard, with
+numpy's arrays or Python's lists. Offsets are :mod:`..hashing`'s plus the header's bits.
 """
 
 from __future__ import annotations
@@ -40,8 +31,7 @@ from scrapy_redis_bloom.core.hashing import (
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES
 from scrapy_redis_bloom.core.versions import NUMPY_MINIMUM, parse_version
 
-# HAVE_NUMPY: whether the optional extra is installed, at its minimum version or newer.
-# Without it, snapshots are answered by check_sequential, in Python.
+# HAVE_NUMPY: the optional extra is installed, at its minimum version or newer.
 try:
     import numpy as np
 except ImportError:
@@ -55,8 +45,8 @@ if TYPE_CHECKING:
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 PART = 8_192
-#: The most elements whose offsets :meth:`Located.offsets` computes at once (~14 MiB
-#: at k = 13); a bigger block computes each shard's apart.
+#: The most elements whose offsets :meth:`Located.offsets` computes at once (bounded
+#: memory); a bigger block computes each shard's apart.
 ALL_OFFSETS = 131_072
 #: Bytes of one block of a blocked filter.
 BLOCK_BYTES = BLOCK_BITS // 8
@@ -108,8 +98,7 @@ class Located:
         if self.vectorised:
             if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
                 return offsets_many(self.x[positions], self.y[positions], k, bits, block)
-            # The whole block's at the first call: numpy's cost is per call (~80 µs for k
-            # steps), which 31 shards of 300 elements would pay 31 times.
+            # The whole block's at the first call: numpy's cost is per call, not per shard.
             if self._offsets is None:
                 self._offsets = offsets_many(self.x, self.y, k, bits, block)
             return self._offsets[positions]
@@ -136,7 +125,7 @@ class Located:
                 x = (qx[positions] % np.uint64(bits)).astype(np.int64)
                 y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
                 return offsets_many(x, y, k, bits, block)
-            # The whole block's at once, as :meth:`offsets` does (numpy's cost is per call).
+            # The whole block's at once, as :meth:`offsets` does.
             every = self._generations.get(generation)
             if every is None:
                 x = (qx % np.uint64(bits)).astype(np.int64)
@@ -180,10 +169,7 @@ class Located:
 def locate_many(
     elements: Sequence[str | bytes], shards: int, shard_bits: int, block_bits: int = 0
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
-    """Return ``(shard, x, y)`` arrays for elements: :func:`..hashing.locate`, vectorised.
-
-    ``mmh3.hash_bytes`` is the digest whose little-endian halves are ``h1`` and ``h2``.
-    """
+    """Return ``(shard, x, y)`` arrays for elements: :func:`..hashing.locate`, vectorised."""
     h1, h2 = hashes_many(elements)
     n, s = np.uint64(shards), np.uint64(shard_bits)
     return (
@@ -194,7 +180,7 @@ def locate_many(
 
 
 def hashes_many(elements: Sequence[str | bytes]) -> tuple[NDArray[Any], NDArray[Any]]:
-    """Return the elements' mmh3 halves ``h1`` and ``h2`` (uint64 arrays)."""
+    """Return the elements' mmh3 halves ``h1`` and ``h2``: ``hash_bytes``' little-endian u64s."""
     raw = np.frombuffer(b"".join(map(mmh3.hash_bytes, elements)), dtype="<u8")
     return raw[0::2], raw[1::2]
 
@@ -232,9 +218,8 @@ def offsets_many(
 ) -> NDArray[Any]:
     """Return each element's k bit offsets in its shard's string, header included.
 
-    :func:`..hashing.offsets` as an (n, k) array, by step 4 of the scheme as the
-    scripts run it: the sums stay below 3 S (or 3 B), so subtractions replace the
-    (slower) modulo.
+    :func:`..hashing.offsets` as an (n, k) array, as the scripts run step 4: the sums
+    stay below 3 S (or 3 B), so subtractions replace the modulo.
     """
     span = block_bits or shard_bits
     out = np.empty((hash_count, len(x)), dtype=np.int64)
@@ -250,9 +235,8 @@ def offsets_many(
         cy -= span * (cy >= span)
         out[i] = cx
     out += base
-    # Rows are elements, stored row after row: the bulk path takes each shard's rows by
-    # fancy indexing, which on the transposed view (a stride of n) cost as much as the
-    # kernel (~0.14 µs an element at 1M in calls of 100,000).
+    # Rows are elements, contiguous: the bulk path takes each shard's rows by fancy
+    # indexing, which on the transposed view costs as much as the kernel.
     rows: NDArray[Any] = np.ascontiguousarray(out.T)
     return rows
 
@@ -262,10 +246,9 @@ def check_vectorised(
 ) -> tuple[list[bool], int, int]:
     """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
 
-    ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers
-    (True: seen) and the span ``[low, high)`` of bytes changed (empty: ``low == high``).
-    Parts of :data:`PART` elements are answered one after the other, each on the bytes
-    the ones before left: sorts that fit the CPU's caches, the same answers.
+    ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers (True:
+    seen) and the span ``[low, high)`` of bytes changed. Parts of :data:`PART` elements
+    go one after the other, each on the bytes the ones before left (cache-sized sorts).
     """
     answers: list[bool] = []
     low, high = len(buffer), 0
@@ -317,9 +300,8 @@ def check_masks(
 ) -> tuple[list[bool], int, int]:
     """Do what :func:`check_sequential` does, for blocked elements as bits of their block.
 
-    ``pairs``: :func:`..hashing.block_masks`'. Each element is one block read as an
-    integer, an AND and, when new, an OR written back: a few operations instead of k,
-    the kernel of a default install (without numpy) for the default, blocked, layout.
+    ``pairs``: :func:`..hashing.block_masks`'. One block read as an integer, an AND and,
+    when new, an OR: the kernel without numpy for the blocked layout.
     """
     answers: list[bool] = []
     append = answers.append
@@ -365,12 +347,9 @@ def check_sequential(
 def gather(offsets: Any) -> tuple[Any, Any]:
     """Return the blocks a blocked shard's batch touches, and its offsets in a compact copy.
 
-    All k bits of an element are in one block (:mod:`..hashing`, scheme 2), so a batch
-    needs only its blocks' bytes: the compact copy is the shard's header followed by
-    those blocks in order (slot i holds block ``blocks[i]``), and the offsets returned
-    address it. The kernels then answer on the copy as on the whole shard.
-    ``offsets``: as :meth:`Located.offsets` gives them (header included). The blocks
-    are a list, or with an array of offsets an array.
+    A batch needs only its blocks' bytes (scheme 2: an element's k bits are in one block):
+    the compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``),
+    and the offsets returned address it. ``offsets``: :meth:`Located.offsets`'.
     """
     if is_masks(offsets):
         touched = [(start - HEADER_BITS) // BLOCK_BITS for start, _ in offsets]
@@ -430,11 +409,9 @@ def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
 def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
     """Pack ``slots`` (sorted) as runs of neighbouring blocks, as the block scripts read them.
 
-    Slot i of a compact copy (see :func:`gather`) holds ``blocks[i]``; a run's slots hold
-    consecutive blocks, so one ``GETRANGE`` or ``SETRANGE`` moves it, at most ``longest``
-    slots each. Each run: its first block and its number of blocks, big-endian u32.
-    With numpy in a few array operations (a 100M filter's call of 10,000 elements has
-    ~10,000 runs of one block: ~7 ms in Python's loop).
+    Runs as :func:`runs` cuts them; each packed as its first block and its number of
+    blocks, big-endian u32. With numpy in a few array operations (Python's loop is slow
+    on the ~10,000 runs of a big filter's call).
     """
     if not HAVE_NUMPY:
         flat = [
@@ -456,8 +433,7 @@ def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> by
 def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[Any]:
     """Return where each run of ``at`` starts: blocks in a row, at most ``longest`` each.
 
-    ``apart[i]``: ``at[i + 1]`` may not continue the run of ``at[i]`` (another slot, or
-    another shard's).
+    ``apart[i]``: ``at[i + 1]`` may not continue the run of ``at[i]``.
     """
     start = np.ones(len(at), dtype=bool)
     start[1:] = apart | (at[1:] != at[:-1] + 1)
@@ -474,10 +450,8 @@ def range_reads(
     """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy), shard by shard.
 
     Per shard, the commands and their number. ``keys[i]``'s compact copy holds
-    ``blocks[i]`` (see :func:`gather`); its runs are blocks in a row, at most ``longest``
-    blocks each, as :func:`packed_runs` cuts them, and their replies,
-    in order, are the copy's bytes after its header. All shards are packed at once
-    (numpy's cost is per operation: ~120 µs a shard when packed one by one).
+    ``blocks[i]`` (see :func:`gather`); the replies, in order, are the copy's bytes after
+    its header. All shards are packed at once: numpy's cost is per operation.
     """
     sizes = [len(b) for b in blocks]
     if not sum(sizes):
@@ -541,13 +515,10 @@ def range_commands(
 ) -> tuple[bytes, NDArray[Any]]:
     """Pack ``name <key> <offset> <second>`` once per row, in a few array operations (numpy).
 
-    Row i names ``keys[owner[i]]``: ``GETRANGE`` with ``second`` the end offsets (ints),
-    or ``SETRANGE`` with ``second`` the (n, w) bytes written. For the bulk path's block
-    reads and writes: a 100M filter's call of 10,000 elements sends ~20,000 such
-    commands, which :func:`..wire.pack_command` would pack at ~1.4 µs each in Python
-    (here ~0.4). Each row is laid out in fixed-width cells; the bytes of a cell its
-    value does not use (a shorter key, a decimal's padding) are masked out, so the
-    commands come out as one string, in row order. Returns it, and each row's length.
+    Row i names ``keys[owner[i]]``: ``GETRANGE`` with ``second`` the end offsets, or
+    ``SETRANGE`` with ``second`` the (n, w) bytes written; faster than
+    :func:`..wire.pack_command` per command. Rows are fixed-width cells whose unused bytes
+    are masked out. Returns the commands as one string, and each row's length.
     """
     n = len(offsets)
     head = b"*4\r\n$%d\r\n%b\r\n" % (len(name), name)
@@ -581,8 +552,7 @@ def range_commands(
 def _decimal(values: NDArray[Any], cell: NDArray[Any], used: NDArray[Any]) -> None:
     """Write each value as a RESP bulk string into its row of ``cell`` (n, :data:`_CELL`).
 
-    The number is right-aligned in :data:`_DIGITS` bytes; ``used`` is set False on the
-    padding before it.
+    Right-aligned in :data:`_DIGITS` bytes; ``used`` is set False on the padding.
     """
     if len(values) and int(values.max()) >= 10**_DIGITS:
         raise ValueError(f"an offset of {int(values.max())} is beyond a Redis string")
@@ -600,10 +570,7 @@ def _decimal(values: NDArray[Any], cell: NDArray[Any], used: NDArray[Any]) -> No
 
 
 def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
-    """Return the bytes of a compact copy's ``slots`` (see :func:`gather`), in order.
-
-    Written after :func:`packed_runs` of the same slots, they are the runs' bytes.
-    """
+    """Return the bytes of a compact copy's ``slots`` (:func:`gather`), in order: runs' bytes."""
     if not HAVE_NUMPY:
         return b"".join(
             copy[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
@@ -616,8 +583,7 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
     """Group ``slots`` (sorted) into runs ``[first, stop)`` of neighbouring blocks.
 
-    Slot i holds ``blocks[i]``; a run's slots hold consecutive blocks, so one
-    GETRANGE or SETRANGE moves it; at most ``longest`` slots each.
+    Slot i holds ``blocks[i]``; one GETRANGE or SETRANGE moves a run, at most ``longest``.
     """
     out: list[tuple[int, int]] = []
     first = previous = -2

@@ -1,10 +1,5 @@
--- Check (and add) items in a native shard's live windows (windows.lua): a RedisBloom
--- filter per window, {KEY:<i>}:bf:<id>:w<w>, created by the first add of that window.
--- KEYS[1] the shard's anchor, a string "<newest window> <0|1>" ("-1 0" before any).
--- ARGV: the TTL, BF.RESERVE's rate and capacity, the expansion (0: NONSCALING), ``1`` to
--- go on past a lost window, ``w`` to add or ``r`` to only check, then the items. Reply:
--- {flags, answer...} with 1 for "seen in a live window"; or {ANCHOR_LOST}, {FOREIGN},
--- {WINDOW_LOST, key}.
+-- Check (and add) items in a native shard's live windows (windows.lua), a RedisBloom
+-- filter each. KEYS, ARGV and reply: see engine/native/ttl.py, CHECK.
 local anchor = KEYS[1]
 local state = redis.call('GET', anchor)
 if not state then return {ANCHOR_LOST} end

@@ -1,11 +1,6 @@
--- Re-crawl windows (BLOOMFILTER_TTL, see core/generations.py), the one model of both
--- backends. Time is cut into windows w = floor(Redis TIME / ttl); a check consults
--- windows w - 1 and w and adds to w, whose keys expire at (w + 2) ttl. A shard's anchor
--- names the newest window started and whether the window before it existed then (each
--- backend stores those two numbers its own way: the bitmap shard's header, the native
--- anchor's text). A window the anchor shows was started, and not yet expired, must exist:
--- missing, it was lost (evicted or deleted), not forgotten.
---
+-- Re-crawl windows (BLOOMFILTER_TTL), the one model of both backends: see
+-- core/generations.py. A window the anchor shows was started, and not yet expired, must
+-- exist: missing, it was lost (evicted or deleted), not forgotten.
 -- Returns w; whether windows w - 1 and w must exist; whether an add moves the anchor on
 -- to w (never back, should the server's clock step back); when window w's keys expire.
 local function window_plan(ttl, newest, before)

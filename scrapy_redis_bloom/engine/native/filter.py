@@ -1,22 +1,14 @@
 """The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
 
-On servers with Bloom filters built in (Redis 8, Redis Stack / RedisBloom, Valkey with
-valkey-bloom: ``BF.*``), each shard is one scalable Bloom filter kept by the server
-(see :mod:`.native_parts` for the keys and their sizing). Elements go to the shard a
-bitmap filter of the same geometry would pick (``h1 mod shards``), so shards spread
-over servers and cluster masters alike.
+On servers with ``BF.*`` (Redis 8, Redis Stack / RedisBloom, Valkey with valkey-bloom),
+each shard is one scalable Bloom filter kept by the server (keys and sizing:
+:mod:`.native.parts`), picked as a bitmap filter would (``h1 mod shards``).
 
-One command per check, one round trip, atomic across workers:
-``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE ITEMS <fingerprint>`` (never ``BF.ADD``, which
-would silently create a default filter in place of a lost one). The answer contract
-is the bitmap filter's (see :mod:`.filter`): "seen" only when Redis confirmed it in
-this call; a reply lost and re-run that finds the element answers "new" (counted as
-``ambiguous``); a missing shard goes to ``BLOOMFILTER_ON_LOSS``; errors never become
-answers. Bulk calls send ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard,
-pipelined. With re-crawl windows (``BLOOMFILTER_TTL``) each shard is an anchor and a
-Bloom filter per window, checked and added by one script (see :mod:`.native_ttl`).
-
-Thread-safe: calls from several threads are serialised by a lock.
+One command per check, atomic across workers: ``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE
+ITEMS <fingerprint>`` (never ``BF.ADD``, which would silently create a default filter in
+place of a lost one). The answer contract is :mod:`.bitmap.filter`'s. Bulk calls send
+``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard, pipelined. Re-crawl windows
+(``BLOOMFILTER_TTL``): see :mod:`.native.ttl`. Thread-safe (a lock).
 """
 
 from __future__ import annotations
@@ -468,9 +460,6 @@ class NativeBloomFilter(FilterBase):
                 " growing (BLOOMFILTER_EXPANSION >= 2)."
             )
         return self.parts.refusal(error, key, OPERATION)
-
-    def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        return self._many(True, elements)
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         """Check (and add) elements: per shard, chunks of :data:`CHUNK` items per command."""

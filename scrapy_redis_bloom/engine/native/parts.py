@@ -5,11 +5,9 @@ Layout 3 (record field ``backend = native``). A filter named ``KEY`` is:
 * ``KEY:meta``, ``KEY:count``, ``KEY:workers``: as for a bitmap filter (:mod:`.layout`);
 * ``{KEY:<i>}:bf:<id>``, a RedisBloom scalable Bloom filter (Redis type
   :data:`NATIVE_TYPE`) for shard ``i``, ``<id>`` the filter's random id from its
-  record. The id in the name is the shard's proof of ownership, as the header of a
-  bitmap shard is: a filter reset and created again has other shard keys, so a worker
-  still using the old one finds its shard missing and re-reads the record. The hash
-  tag keeps shard ``i`` in one Redis Cluster slot, as for a bitmap filter, so shards
-  spread over servers and cluster masters alike.
+  record. The id in the name is the shard's proof of ownership, as a bitmap shard's
+  header is: a worker still using a reset filter's keys finds its shard missing and
+  re-reads the record. The hash tag keeps shard ``i`` in one Redis Cluster slot.
 
 Each shard is created with ``BF.RESERVE key <rate> <capacity> EXPANSION <e>`` (or
 ``NONSCALING``), sized by :func:`reserve_arguments`. The hot path never creates one:
@@ -36,7 +34,7 @@ from scrapy_redis_bloom.transport.wire import pack_command
 #: The Redis type of a RedisBloom (and valkey-bloom) Bloom filter.
 NATIVE_TYPE = "MBbloom--"
 #: RedisBloom tightens each new sub-filter's error rate by this ratio, the first one
-#: included when the filter scales (measured with ``BF.DEBUG`` on RedisBloom 2.8).
+#: included when the filter scales (``BF.DEBUG``, RedisBloom 2.8).
 NATIVE_TIGHTENING = 0.5
 #: What to install when a server lacks ``BF.*``.
 INSTALL_HINT = (
@@ -84,16 +82,12 @@ class Link:
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
     """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
 
-    The capacity is the shard's share with the headroom :attr:`.Growth.first_capacity`
-    gives a bitmap shard. The rate is chosen so that the first sub-filter gets the
-    rate a bitmap shard's generation 0 is sized for: RedisBloom tightens a scaling
-    filter's first sub-filter by :data:`NATIVE_TIGHTENING` itself, which is the rate
-    share (``1 - tightening``) our growth applies, so the rate passed is the bound
-    every generation together stays under: the configured error rate (from the
-    record's sizing request; :attr:`.Growth.bound` for a filter sized by bits and k,
-    whose bitmap geometry then says the rate). A fixed-size filter (``NONSCALING``) is
-    not tightened: its one sub-filter gets the whole rate. With ``BLOOMFILTER_TTL``
-    each re-crawl window gets half (two are consulted), as the bitmap's do.
+    The capacity is a bitmap shard's generation 0's (:attr:`.Growth.first_capacity`).
+    The rate is the bound all generations stay under: the configured error rate (or
+    :attr:`.Growth.bound` for a filter sized by bits and k), since RedisBloom itself
+    tightens a scaling filter's first sub-filter by :data:`NATIVE_TIGHTENING`, as our
+    growth does; ``NONSCALING`` gets the whole rate. With ``BLOOMFILTER_TTL`` each re-crawl
+    window gets half (two are consulted).
     """
     growth = record.growth
     options: tuple[Any, ...] = (

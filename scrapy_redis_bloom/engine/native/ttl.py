@@ -1,26 +1,19 @@
 """Re-crawl windows (``BLOOMFILTER_TTL``) on the native backend: one Bloom filter per window.
 
-Time is cut into windows ``w = floor(Redis TIME / T)``, as for a bitmap filter (see
-:mod:`.generations`). Shard ``i`` of a native filter with a TTL is:
+The window model is the bitmap backend's (:mod:`..core.generations`; one Lua function
+for both, ``lua/windows.lua``). Shard ``i`` of a native filter with a TTL is:
 
 * ``{KEY:<i>}:bf:<id>``, its anchor: a string ``"<newest window> <0|1>"``, the newest
   window started and whether the window before it existed then (``-1 0`` before any).
-  It never expires, so a window that is missing although it was started is told from
-  one never started: that one was lost (evicted, deleted), not forgotten;
+  It never expires, so a window lost (evicted, deleted) is told from one never started;
 * ``{KEY:<i>}:bf:<id>:w<w>``: a RedisBloom filter per window, created by the first add
   of that window, expiring at ``(w + 2) T``.
 
-:data:`CHECK` consults windows w - 1 and w and adds to w, in one script call (one
-round trip, atomic): an element added at time t is found until the end of window
-w + 1 (at least T after t), and forgotten when that window expires (at most 2T).
-Each window is created for half the error rate (two are consulted).
-
-The window arithmetic (which window is current, which must exist, when the anchor
-moves on) is the bitmap backend's too: one Lua function, ``lua/windows.lua``. Only the
-anchor's encoding differs, and stays as filters already store it: this text here, the
-two numbers in the shard's header there (the bitmap shard's header is its identity,
-checked by everything that opens a shard, and a worker of an older version reading
-the other encoding would take its filter for a foreign one).
+:data:`CHECK` consults windows w - 1 and w and adds to w, in one atomic script call;
+:class:`Windows` does the same without it where it can. Each window is created for
+half the error rate (two are consulted). Only the anchor's encoding differs from a
+bitmap filter's (text here, the header's numbers there: that header is the identity
+every open checks).
 """
 
 from __future__ import annotations
@@ -117,15 +110,14 @@ class WindowCheck:
 class Windows:
     """Checks a native filter's live windows without :data:`CHECK` where it can.
 
-    The windows a check consults are RedisBloom filters whose keys carry the filter's id
-    (a reset filter's are other keys), so plain commands suffice between the moments
-    only the script handles (starting a window, a window found missing): one pipelined
-    round of ``BF.EXISTS`` on the window before and on the current one (a seen item is
-    answered there; now and then ``TIME``, :mod:`..clock`, and ``EXISTS`` of the window
-    before, whose loss is then found within :data:`EXISTS_EVERY` checks), then
-    ``BF.INSERT ... NOCREATE`` on the current window only for an item found in neither
-    (its reply decides between racing workers; a window not started yet refuses it, and
-    the script starts it). ``anchor(i)``: a shard's anchor key.
+    The windows' keys carry the filter's id, so plain commands suffice except where only
+    the script can act (starting a window, a window found missing): one pipelined round
+    of ``BF.EXISTS`` on the window before and the current one (now and then with
+    ``TIME``, :mod:`..clock`, and ``EXISTS`` of the window before, so its loss is found
+    within :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current
+    window for an item found in neither: its reply decides between racing workers; a
+    window not started yet refuses it, for the script to start. ``anchor(i)``: a shard's
+    anchor key.
     """
 
     def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
