@@ -40,9 +40,10 @@ from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.scrapy.connection import filter_clients
 from scrapy_redis_bloom.scrapy.reservations import Reservations
 from scrapy_redis_bloom.scrapy.stats import FilterStats
-from scrapy_redis_bloom.transport.connection import filter_clients, url_address
+from scrapy_redis_bloom.transport.connection import url_address
 from scrapy_redis_bloom.transport.topology import server_address
 
 if TYPE_CHECKING:
