@@ -35,6 +35,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterUnavailableError,
     ServerListMismatchError,
 )
+from scrapy_redis_bloom.core.events import guard_loggers
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.redact import is_secret, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import (
@@ -266,6 +267,7 @@ def guarded(
     read by then. Library warnings go to stderr unless the host program configured
     logging (the body may lower the level: it is restored at the end).
     """
+    guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
     package_logger = logging.getLogger(__package__.rpartition(".")[0])
     handler: logging.Handler = logging.NullHandler()
     if not package_logger.hasHandlers():
