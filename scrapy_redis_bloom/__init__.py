@@ -32,7 +32,7 @@ from scrapy_redis_bloom.core.errors import (
     UnsupportedServerError,
     WrongTypeError,
 )
-from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.events import FilterEvents, guard_loggers
 from scrapy_redis_bloom.core.hashing import SCHEME_VERSION, FilterSpec
 from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 __version__ = version("scrapy-redis-bloom")
+
+#: No log call of the package raises, whichever log handler fails (see core.events).
+guard_loggers()
 
 __all__ = [
     "SCHEME_VERSION",

@@ -24,7 +24,7 @@ from scrapy_redis_bloom.core.sizing import (
     optimal_hash_count,
     shard_allocation,
 )
-from scrapy_redis_bloom.transport.connection import filter_clients
+from scrapy_redis_bloom.scrapy.connection import filter_clients
 
 #: What a shard string holds besides its bits.
 OVERHEAD = HEADER_BYTES + STRING_OVERHEAD

@@ -5,7 +5,8 @@ operations on whole filters (``ops``), the engine (``engine``: its shared module
 the two backends, ``engine.bitmap`` and ``engine.native``, which never import each
 other), then the Redis transport (``transport``) and the pure core (``core``) at the
 bottom. The modules at the package's root are its public import paths, free to import
-anything; nothing inside imports them.
+anything; nothing inside imports them. Nothing below the Scrapy glue (``transport``,
+``engine``, ``core``, ``ops``) imports Scrapy or scrapy-redis, not even lazily.
 """
 
 from __future__ import annotations
@@ -144,3 +145,89 @@ def test_no_import_circles() -> None:
         if module not in state and visit(module, [module]):
             break
     assert not circle, " -> ".join(circle)
+
+
+# -- Scrapy stays in the Scrapy layer ------------------------------------------------------
+
+#: The layers below the Scrapy glue: none of them may import Scrapy or scrapy-redis.
+BELOW_SCRAPY = ("transport", "engine", "core", "ops")
+#: The distributions they must not import (a module of theirs, or the package itself).
+SCRAPY_MODULES = ("scrapy", "scrapy_redis")
+
+
+def is_scrapy(name: str) -> bool:
+    """Tell whether a module name is Scrapy's or scrapy-redis's (not this package's)."""
+    return name.split(".")[0] in SCRAPY_MODULES
+
+
+def scrapy_imports(source: str) -> list[str]:
+    """Return the Scrapy and scrapy-redis modules a source imports, with their lines.
+
+    Every import counts: at module level or inside a function (a lazy import runs
+    too), ``import x``, ``from x import y``, and ``importlib.import_module("x")`` or
+    ``__import__("x")`` with a literal name.
+    """
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            first = node.args[0]
+            if called in ("import_module", "__import__") and isinstance(first, ast.Constant):
+                names = [str(first.value)]
+        found += [(node.lineno, name) for name in names if is_scrapy(name)]
+    return [f"{name} (line {line})" for line, name in sorted(found)]
+
+
+def folder(path: Path) -> str:
+    """Return the package folder a module is in (``engine``...); "" at the package's root."""
+    parts = module_of(path).split(".")
+    return parts[1] if len(parts) > 1 and f"{NAME}.{parts[1]}.__init__" in PACKAGES else ""
+
+
+BELOW = [p for p in FILES if folder(p) in BELOW_SCRAPY]
+
+
+def test_the_scan_sees_every_form_of_import() -> None:
+    """The scan finds Scrapy in each form of import, and not in this package's names."""
+    source = """
+import scrapy
+import scrapy_redis.connection as c
+from scrapy.utils.misc import load_object
+from scrapy_redis import defaults
+import importlib
+def lazy():
+    from scrapy import Request
+    importlib.import_module("scrapy_redis.stats")
+    __import__("scrapy.http")
+import scrapy_redis_bloom.core
+from scrapy_redis_bloom.scrapy import stats
+from . import scrapy
+importlib.import_module("scrapy_redis_bloom.core")
+"""
+    assert scrapy_imports(source) == [
+        "scrapy (line 2)",
+        "scrapy_redis.connection (line 3)",
+        "scrapy.utils.misc (line 4)",
+        "scrapy_redis (line 5)",
+        "scrapy (line 8)",
+        "scrapy_redis.stats (line 9)",
+        "scrapy.http (line 10)",
+    ]
+
+
+def test_the_layers_below_scrapy_are_found() -> None:
+    assert {folder(p) for p in BELOW} == set(BELOW_SCRAPY)
+    assert len(BELOW) > 40  # every module of theirs, not only the packages
+
+
+@pytest.mark.parametrize("path", BELOW, ids=lambda p: module_of(p))
+def test_no_scrapy_below_the_scrapy_layer(path: Path) -> None:
+    """Nothing under transport/, engine/, core/ or ops/ imports Scrapy or scrapy-redis."""
+    found = scrapy_imports(path.read_text())
+    assert not found, f"{module_of(path)} imports {', '.join(found)}"

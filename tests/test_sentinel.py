@@ -23,7 +23,7 @@ from website import SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.settings import ConnectionConfig
-from scrapy_redis_bloom.transport.connection import filter_clients, scrapy_redis_client
+from scrapy_redis_bloom.scrapy.connection import filter_clients, scrapy_redis_client
 from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 
 PAGES = 400

@@ -17,7 +17,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,18 @@ import pytest
 import redis
 from redis_server import RedisServer
 from scrapy import Request, Spider
+from scrapy.utils.log import LogCounterHandler
 from scrapy.utils.test import get_crawler
 from shared_crawl import run_workers
 from twisted.internet import task
 from website import SiteServer, TreeSite
 
+from scrapy_redis_bloom.core import events
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 
 PAGES = 400
 SMALL = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
 REDIS_STATS = "scrapy_redis.stats.RedisStatsCollector"
-
-
-#: Fails under the oldest supported versions (Scrapy 2.13.0, redis-py 7.0.0, Twisted 25.5),
-#: seen in CI's second run: still to investigate (issue 33).
-OLDEST_GAP = pytest.mark.skipif(
-    version("scrapy") == "2.13.0", reason="fails on the oldest versions: to investigate (issue 33)"
-)
 
 
 class BooksSpider(Spider):
@@ -216,7 +210,6 @@ def test_the_lease_thread_survives_a_renewal_failing_while_the_stats_store_is_do
             df.close("finished")
 
 
-@OLDEST_GAP
 def test_a_lease_stopped_during_a_long_renewal_and_started_again_has_one_thread() -> None:
     """A lease stopped and started again renews from one thread.
 
@@ -251,7 +244,6 @@ def test_a_lease_stopped_during_a_long_renewal_and_started_again_has_one_thread(
 # -- the stats at close --------------------------------------------------------------------
 
 
-@OLDEST_GAP
 def test_an_idle_worker_closes_with_the_filters_totals_whatever_failed(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
@@ -279,3 +271,100 @@ def test_an_idle_worker_closes_with_the_filters_totals_whatever_failed(
     assert stats.get_value("bloomfilter/total_added") == 401
     assert stats.get_value("bloomfilter/estimated_items") == 401
     assert stats.get_value("bloomfilter/added") == 1
+
+
+# -- a log handler that fails ----------------------------------------------------------------
+
+
+def test_a_worker_closes_and_says_so_whatever_a_log_handler_fails(
+    redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scrapy's LogCounterHandler writing into a stats store that is down fails no close.
+
+    The handler counts every log record into a crawl's stats (scrapy-redis's, in a
+    Redis). Scrapy 2.13 puts one on the root logger per crawler, until its engine stops
+    (later versions, from spider_opened to spider_closed). With that Redis down,
+    redis-py's ConnectionError came out of the filter's log calls (out of close(), and
+    out of a lease's start through the executor's "carries out writes again"), and the
+    record never reached the handlers after the failing one. Here it sits first, as a
+    crawler made earlier in the process leaves it.
+    """
+    monkeypatch.setattr(events, "_handler_failures_said", {})  # said once a minute at most
+    with RedisServer() as stats_server:
+        gone = get_crawler(BooksSpider, {"STATS_CLASS": REDIS_STATS, "REDIS_URL": stats_server.url})
+    counter = LogCounterHandler(gone, level=logging.DEBUG)
+    df = dupefilter(BLOOMFILTER_REDIS_URL=redis_url)
+    before = events.handler_failures()
+    logging.root.handlers.insert(0, counter)
+    try:
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            df.close("finished")
+    finally:
+        for handler in [counter, *logging.root.handlers]:  # Scrapy 2.13's own one too
+            if getattr(handler, "crawler", None) is gone:
+                logging.root.removeHandler(handler)
+    assert "Bloom filter 'books:bloomfilter': about 0 items" in caplog.text  # the close's line
+    said = [r.getMessage() for r in caplog.records if "A log handler failed" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "LogCounterHandler (ConnectionError: " in said[0]
+    # Every line of the close that the handler missed is counted, and in the stats.
+    lines = [r for r in caplog.records if r.name.startswith("scrapy_redis_bloom.")]
+    assert events.handler_failures() - before == len(lines) - 1 > 0
+    assert df.crawler.stats.get_value("bloomfilter/log_failed") == len(lines) - 1
+
+
+def test_a_log_line_reaches_every_handler_but_the_failing_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """emit() hands the record to each handler: one that raises stops neither it nor them.
+
+    The failure is counted for every record, and said once a minute to the others.
+    """
+    monkeypatch.setattr(events, "_handler_failures_said", {})
+    log = logging.getLogger("tests.emit")  # not the package's: emit() guards any logger
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    store = redis.Redis(port=1, socket_connect_timeout=1)  # nothing listens there
+
+    class CountingHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            store.incr(f"log_count/{record.levelname}")
+
+    before, after = logging.Handler(), logging.Handler()
+    got: list[logging.LogRecord] = []
+    before.emit = after.emit = got.append  # type: ignore[method-assign]
+    counter = CountingHandler()
+    log.handlers = [before, counter, after]
+    failures = events.handler_failures()
+    try:
+        assert events.emit(log, logging.WARNING, "lost %s", "nothing") is False
+        assert events.emit(log, logging.DEBUG, "quiet") is False
+        counter.setLevel(logging.INFO)
+        assert events.emit(log, logging.DEBUG, "quiet again") is True
+    finally:
+        log.handlers = []
+        store.close()
+    messages = [record.getMessage() for record in got]
+    assert messages[:2] == ["lost nothing"] * 2  # to the handlers before and after
+    report = "A log handler failed to take a record (test_a_log_line_reaches_every_handler"
+    assert messages[2].startswith(report)
+    assert messages[3] == messages[2]
+    assert "CountingHandler (ConnectionError: " in messages[2]
+    assert messages[4:] == ["quiet"] * 2 + ["quiet again"] * 2  # said once a minute
+    assert events.handler_failures() - failures == 2
+    assert got[0].funcName == "test_a_log_line_reaches_every_handler_but_the_failing_one"
+
+
+def test_the_packages_loggers_are_guarded(redis_url: str) -> None:
+    """Every logger of the package a crawl uses is a GuardedLogger, once a filter exists."""
+    import scrapy_redis_bloom.scrapy.batching  # noqa: F401 (its logger)
+
+    dupefilter(REDIS_URL=redis_url).close("finished")
+    unguarded = [
+        name
+        for name, found in logging.Logger.manager.loggerDict.items()
+        if name.startswith("scrapy_redis_bloom.")
+        and isinstance(found, logging.Logger)
+        and not isinstance(found, events.GuardedLogger)
+    ]
+    assert not unguarded

@@ -14,7 +14,6 @@ import ast
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from shared_crawl import START_PAGES, WORKERS, run_workers
 from website import Site, SiteServer
 
 PAGES = 300
-
-
-#: Fails under the oldest supported versions (Scrapy 2.13.0, redis-py 7.0.0, Twisted 25.5),
-#: seen in CI's second run: still to investigate (issue 33).
-OLDEST_GAP = pytest.mark.skipif(
-    version("scrapy") == "2.13.0", reason="fails on the oldest versions: to investigate (issue 33)"
-)
 
 
 @pytest.fixture
@@ -197,7 +189,6 @@ def test_counts_exist_from_the_start_so_a_late_worker_resets_none(
         first.close("finished")
 
 
-@OLDEST_GAP
 def test_a_stats_store_down_at_spider_open_leaves_the_timers_running(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,7 +2,7 @@
 
 Both front ends (``scrapy bloom`` and the ``scrapy-redis-bloom`` alias) turn their
 command line into crawl settings and call :func:`run_command`, which builds the clients
-exactly as a crawl does (:func:`..transport.connection.filter_clients`) and runs the
+exactly as a crawl does (:func:`..scrapy.connection.filter_clients`) and runs the
 subcommand, all under :func:`guarded`, which turns every failure into one line on
 stderr and an exit status, with passwords scrubbed.
 
@@ -35,6 +35,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterUnavailableError,
     ServerListMismatchError,
 )
+from scrapy_redis_bloom.core.events import guard_loggers
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.redact import is_secret, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import (
@@ -48,7 +49,8 @@ from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.inventory import StoredRecord
-from scrapy_redis_bloom.transport.connection import filter_clients, url_address
+from scrapy_redis_bloom.scrapy.connection import filter_clients
+from scrapy_redis_bloom.transport.connection import url_address
 from scrapy_redis_bloom.transport.topology import server_address
 
 logger = logging.getLogger(__name__)
@@ -265,6 +267,7 @@ def guarded(
     read by then. Library warnings go to stderr unless the host program configured
     logging (the body may lower the level: it is restored at the end).
     """
+    guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
     package_logger = logging.getLogger(__package__.rpartition(".")[0])
     handler: logging.Handler = logging.NullHandler()
     if not package_logger.hasHandlers():

@@ -8,12 +8,14 @@ Nothing is pushed: the Scrapy layer reads the counts on its own timer, from the 
 thread, and copies them into the crawl's stats (:mod:`scrapy_redis_bloom.scrapy.stats`),
 so that a stats store that fails, or is not thread-safe, is never called from the
 executor's retries, a lease's thread or ``request_seen``. Warnings that could repeat on
-every request go through :class:`RateLimitedLog`.
+every request go through :class:`RateLimitedLog`. No log call of the package raises,
+whichever log handler fails (:class:`GuardedLogger`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import Counter
@@ -74,19 +76,162 @@ class RateLimitedLog:
         if skipped:
             message += " (%d more like this since the last such message)"
             args = (*args, skipped)
-        emit(self.logger, level, message, *args)
+        emit(self.logger, level, message, *args, stacklevel=2)
 
 
-def emit(logger: logging.Logger, level: int, message: str, *args: object, **kwargs: Any) -> bool:
-    """Log (``kwargs``: ``exc_info``...), never raising; return whether the record went out.
+# -- log calls that never raise --------------------------------------------------------------
+#
+# A log handler may fail: Scrapy's ``LogCounterHandler`` counts every record into the
+# crawl's stats, which scrapy-redis keeps in a Redis that may be down. Scrapy 2.13 puts
+# one on the root logger per crawler, for as long as the process lives unless that
+# crawler's engine stops; later versions one per crawl, from spider_opened to
+# spider_closed. Through :mod:`logging`, the first handler that fails raises into the
+# code that logs (a lease's thread, a request answered "new", a worker closing, a command
+# whose reply is then lost) and cuts the record off from the handlers after it (the
+# crawl's log file, a test's capture). So the package's records go to each handler in
+# turn, as :mod:`logging` would send them, and a failing one stops neither the others nor
+# the caller: the record is counted (:func:`handler_failures`, the stat
+# ``bloomfilter/log_failed``) and the failure said, at most once a minute per kind of
+# handler, to the handlers that did not fail.
 
-    A log handler may fail: Scrapy's ``LogCounterHandler`` counts every record into the
-    crawl's stats, which scrapy-redis keeps in a Redis that may be down. A message about
-    a fault must not become a fault of the code that says it (a lease's thread, a
-    request answered "new"); the handler's own failure is not ours to say.
+#: The package's loggers: this one and those below it (:func:`guard_loggers`).
+PACKAGE_LOGGER = __name__.partition(".")[0]
+#: Seconds between two lines saying that a kind of log handler fails.
+HANDLER_FAILURE_INTERVAL = 60.0
+_failures_lock = threading.Lock()
+_failures = 0
+_handler_failures_said: dict[str, float] = {}
+
+
+class GuardedLogger(logging.Logger):
+    """A logger whose records reach every handler, whichever fails; never raising for one."""
+
+    def callHandlers(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        """Hand ``record`` to each handler in turn; count and say those that fail."""
+        _dispatch(self, record)
+
+
+def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
+    """Make the package's loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
+
+    Called when the package is imported and again when a filter or a command starts,
+    after the modules imported later made theirs. A logger of another class (a
+    program's own ``setLoggerClass``) is left as it is.
     """
+    logging.getLogger(prefix)
+    for name, found in list(logging.Logger.manager.loggerDict.items()):
+        if (name == prefix or name.startswith(prefix + ".")) and type(found) is logging.Logger:
+            found.__class__ = GuardedLogger
+
+
+def handler_failures() -> int:
+    """Return how many of this process's records (the package's) a log handler failed."""
+    return _failures
+
+
+def emit(
+    logger: logging.Logger,
+    level: int,
+    message: str,
+    *args: object,
+    exc_info: Any = None,
+    stacklevel: int = 1,
+) -> bool:
+    """Log ``message % args`` to every handler, never raising; return whether all took it.
+
+    As a :class:`GuardedLogger` logs, for any logger. ``exc_info`` is as for
+    ``logger.log``; ``stacklevel`` 1 names the caller of this function as the record's
+    origin.
+    """
+    if not logger.isEnabledFor(level):
+        return True
     try:
-        logger.log(level, message, *args, **kwargs)
-    except Exception:
-        return False
-    return True
+        path, line, function, _ = logger.findCaller(False, stacklevel + 1)
+    except ValueError:  # no frame to name
+        path, line, function = "(unknown file)", 0, "(unknown function)"
+    if isinstance(exc_info, BaseException):
+        exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+    elif exc_info and not isinstance(exc_info, tuple):
+        exc_info = sys.exc_info()
+    record = logger.makeRecord(
+        logger.name, level, path, line, message, args, exc_info or None, function
+    )
+    if not logger.filter(record):
+        return True
+    return _dispatch(logger, record)
+
+
+def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
+    """Hand ``record`` to the handlers; count and say a failure. Whether all took it."""
+    global _failures
+    failed = _deliver(logger, record, skip=())
+    if not failed:
+        return True
+    with _failures_lock:
+        _failures += 1
+    _say_failures(logger, record, failed)
+    return False
+
+
+def _handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """Return the handlers a record of ``logger`` reaches, in the order logging calls them."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found += current.handlers
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _deliver(
+    logger: logging.Logger, record: logging.LogRecord, skip: tuple[logging.Handler, ...]
+) -> list[tuple[logging.Handler, Exception]]:
+    """Hand ``record`` to each handler (but ``skip``); return those that raised, and why."""
+    handlers = _handlers(logger)
+    if not handlers:  # as logging does: the last resort, to stderr
+        handlers = [logging.lastResort] if logging.lastResort is not None else []
+    failed = []
+    for handler in handlers:
+        if handler in skip or record.levelno < handler.level:
+            continue
+        try:
+            handler.handle(record)
+        except Exception as exc:
+            failed.append((handler, exc))
+    return failed
+
+
+def _say_failures(
+    logger: logging.Logger,
+    record: logging.LogRecord,
+    failed: list[tuple[logging.Handler, Exception]],
+) -> None:
+    """Say, to the handlers that took ``record``, which handlers failed it and why.
+
+    Once a minute per kind of handler: a stats store that is down fails every record,
+    each counted. A handler failing this line too is not said again (it failed the
+    record already, and is said for that).
+    """
+    now = time.monotonic()
+    kinds = []
+    with _failures_lock:
+        for handler, exc in failed:
+            kind = type(handler).__qualname__
+            last = _handler_failures_said.get(kind)
+            if last is None or now - last >= HANDLER_FAILURE_INTERVAL:
+                _handler_failures_said[kind] = now
+                kinds.append(f"{kind} ({type(exc).__name__}: {exc})")
+    if not kinds:
+        return
+    said = logger.makeRecord(
+        logger.name,
+        logging.WARNING,
+        record.pathname,
+        record.lineno,
+        "A log handler failed to take a record (%s); the other handlers got it. Said at"
+        " most once a minute per kind of handler; every record missed is counted.",
+        ("; ".join(kinds),),
+        None,
+        record.funcName,
+    )
+    _deliver(logger, said, skip=tuple(handler for handler, _ in failed))

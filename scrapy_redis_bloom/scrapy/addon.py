@@ -85,7 +85,7 @@ def _priority() -> int:
 
 def _validate(settings: BaseSettings) -> None:
     """Read the filter's settings and make its clients (no connection), as a crawl will."""
-    from scrapy_redis_bloom.transport.connection import filter_clients
+    from scrapy_redis_bloom.scrapy.connection import filter_clients
 
     config = BloomConfig.from_settings(settings)
     if config.connection.cluster or _cluster_class(settings):

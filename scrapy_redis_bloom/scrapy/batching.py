@@ -40,7 +40,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 
-from scrapy_redis_bloom.core.events import emit
+from scrapy_redis_bloom.core.events import emit, guard_loggers
 from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
@@ -169,6 +169,7 @@ class BatchingMiddleware:
     def __init__(
         self, crawler: Crawler, limit: int = BATCH_MAX.default, window: float = 0.0
     ) -> None:
+        guard_loggers()  # this module's logger among them (see core.events)
         self.crawler = crawler
         self.limit = limit
         #: Seconds the requests of a response wait for other responses' (0: none).

@@ -35,14 +35,15 @@ from scrapy_redis_bloom.core.errors import (
     CredentialsRefusedError,
     FilterUnavailableError,
 )
-from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog, emit
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog, emit, guard_loggers
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_setting
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.scrapy.connection import filter_clients
 from scrapy_redis_bloom.scrapy.reservations import Reservations
 from scrapy_redis_bloom.scrapy.stats import FilterStats
-from scrapy_redis_bloom.transport.connection import filter_clients, url_address
+from scrapy_redis_bloom.transport.connection import url_address
 from scrapy_redis_bloom.transport.topology import server_address
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         crawler: Crawler | None = None,
     ) -> None:
         super().__init__(server, key, debug)
+        guard_loggers()  # the modules' loggers imported since the package's
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
         self.crawler = crawler

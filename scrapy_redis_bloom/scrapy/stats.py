@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import task
 
 from scrapy_redis_bloom.core.errors import BloomFilterError
-from scrapy_redis_bloom.core.events import RateLimitedLog
+from scrapy_redis_bloom.core.events import RateLimitedLog, handler_failures
 from scrapy_redis_bloom.engine.counters import SYNC_INTERVAL
 
 if TYPE_CHECKING:
@@ -73,6 +73,10 @@ STATS: dict[str, str] = {
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
     "stats_failed": "times writing these stats to the crawl's stats collector failed (retried)",
+    "log_failed": (
+        "the package's log lines, in this worker's process, that a log handler failed to take"
+        " (Scrapy's LogCounterHandler, its stats store down): said, and sent to the others"
+    ),
     "batching_disabled": "1 when a later middleware could drop requests: no batching",
     "eviction_risk": "servers whose maxmemory-policy may evict the filter's keys",
     "over_capacity": "items over all workers, as a multiple of the capacity (when past it)",
@@ -95,7 +99,7 @@ STATS: dict[str, str] = {
 }
 
 #: Counts of this worker, added to the stats as increments.
-_COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched")
+_COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched", "log_failed")
 #: The counts of what happened (:class:`..core.events.FilterEvents` ``count``), every one
 #: in :data:`STATS`.
 EVENT_COUNTS = (
@@ -141,6 +145,8 @@ class FilterStats:
         self._given: dict[str, int] = {}
         self._tasks: list[task.LoopingCall] = []
         self._log = RateLimitedLog(logger)
+        #: The process's count of log lines a handler failed (:mod:`..core.events`) before.
+        self._log_failed_before = handler_failures()
 
     def start(self) -> None:
         """Create the counts workers add to; start the timers (stats, log line).
@@ -244,6 +250,7 @@ class FilterStats:
             "round_trips": bloom.round_trips,
             "batches": self.batches,
             "batched": self.batched,
+            "log_failed": handler_failures() - self._log_failed_before,
         }
         counts = {PREFIX + name: n for name, n in (*mine.items(), *counted.items())}
         counts[_DUPEFILTER] = self.filtered

@@ -1,0 +1,63 @@
+"""The filter's Redis clients from a crawl's settings, scrapy-redis's connection included.
+
+Without a connection of its own (``BLOOMFILTER_REDIS_URL``, ``BLOOMFILTER_REDIS_URLS``,
+``BLOOMFILTER_REDIS_SENTINELS``, built by :mod:`..transport.connection`), the filter
+connects through scrapy-redis's connection settings (``REDIS_URL``, ``REDIS_PARAMS``,
+``REDIS_HOST``...), read here as scrapy-redis reads them: this is the Scrapy layer, the
+one that may import Scrapy and scrapy-redis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.utils.misc import load_object
+from scrapy_redis import defaults as scrapy_redis_defaults
+from scrapy_redis.connection import SETTINGS_PARAMS_MAP
+
+from scrapy_redis_bloom.core.settings import (
+    ConnectionConfig,
+    SettingsLike,
+    check_url,
+    client_params,
+)
+from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS, build_client, own_clients
+
+
+def scrapy_redis_client(settings: SettingsLike) -> Any:
+    """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
+
+    Its defaults (30 s timeouts) give way to :data:`..transport.connection.DEFAULT_PARAMS`;
+    whatever the user set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins. Its
+    default ``retry_on_timeout`` is left out: redis-py 6+ retries timeouts anyway and
+    deprecates the argument (the filter's connections retry nothing themselves, see
+    :mod:`..transport.node`).
+    """
+    user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
+    defaults = {
+        name: value
+        for name, value in scrapy_redis_defaults.REDIS_PARAMS.items()
+        if name != "retry_on_timeout"
+    }
+    params: dict[str, Any] = {**defaults, **DEFAULT_PARAMS, **user}
+    for setting, name in SETTINGS_PARAMS_MAP.items():
+        value = settings.get(setting)
+        if value:
+            params[name] = value
+    redis_cls = params.pop("redis_cls", scrapy_redis_defaults.REDIS_CLS)
+    if isinstance(redis_cls, str):
+        redis_cls = load_object(redis_cls)
+    url = params.pop("url", None)
+    if url is not None:
+        check_url("REDIS_URL" if settings.get("REDIS_URL") else "REDIS_PARAMS['url']", url)
+    return build_client(redis_cls, url, params, "the REDIS_URL and REDIS_PARAMS setting(s)")
+
+
+def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
+    """Return the filter's clients: one (server, Sentinel primary, cluster) or one per server.
+
+    Its own connection's when the settings give one, else scrapy-redis's.
+    """
+    if not config.urls and not config.sentinels:
+        return [scrapy_redis_client(settings)]
+    return own_clients(config, "BLOOMFILTER_REDIS_PARAMS")
