@@ -105,20 +105,18 @@ MAX_BLOCK = 1_048_576
 #: 1,000,000 and 0.2 µs; BF.MADD: ~1,200,000 and 0.6).
 WHOLE_NS_PER_ELEMENT = 250
 #: What decides whether a shard's elements go through a snapshot: its cost, about
-#: SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard (read, and written back:
-#: measured 0.9 ns with hiredis, on 58 shards of 5 MiB, 1.5 to 2 without), against the other path's,
-#: BITFIELD_NS_PER_BIT per bit (~0.3 µs of Redis time and as much of Python; 4 to 10 µs
-#: an element at k = 14) or, for a growing shard, SCRIPT_NS_PER_ELEMENT per element (10
-#: to 14 µs of Redis time measured at 1M and 100M).
+#: SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard (read, and written back),
+#: against the other path's, BITFIELD_NS_PER_BIT per bit or, for a growing shard,
+#: SCRIPT_NS_PER_ELEMENT per element (bench/NOTES.md).
 SNAPSHOT_NS = 200_000
-SNAPSHOT_NS_PER_BYTE = 1 if HIREDIS_AVAILABLE else 2
+SNAPSHOT_NS_PER_BYTE = 2
 #: A blocked shard's snapshot may read only the blocks its elements touch
-#: (:func:`.snapshot.take`): about BLOCKS_NS_PER_ELEMENT each (measured at 100M @
-#: 1e-4: 3.5 µs, of which 2.5 µs of Redis time in the scripts that read and write the
-#: blocks), the shards of a node together in two round trips.
-BLOCKS_NS_PER_ELEMENT = 3_500
+#: (:func:`.snapshot.take`): about BLOCKS_NS_PER_ELEMENT each, the shards of a node
+#: together in two round trips. A reply per run of blocks: redis-py parses each one in
+#: Python without hiredis.
+BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
 #: A block an older generation's batch reads (not written back): about half the above.
-READ_BLOCK_NS = 1_500
+READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
 #: Bytes on the wire, both ways, per block a snapshot reads and writes back (its
 #: GETRANGE and its reply, its SETRANGE: measured 280 at 100M in calls of 10,000), and
 #: per block only read. Weighed by what a byte costs beyond loopback's
