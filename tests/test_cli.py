@@ -21,7 +21,7 @@ from redis_server import RedisServer, free_port
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.sizing import filter_allocation, format_bytes
+from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
 
 KEY = "myspider:bloomfilter"
 #: A small filter over several shards, so that sharding is exercised.
@@ -56,6 +56,35 @@ class _TTY(io.StringIO):
 
 
 # -- info ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_info_gives_one_rate_for_a_fixed_filter(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str, blocked: bool
+) -> None:
+    """A fixed filter's only generation is the filter: the same rate, the same capacity.
+
+    The fixed filter's generation was built apart from a growing one's: it gave the
+    classic rate, (X/m)^k, for a blocked filter (a quarter of its true rate at half
+    its capacity) and a capacity of 0.
+    """
+    settings = {**SETTINGS, "BLOOMFILTER_EXPANSION": 0, "BLOOMFILTER_BLOCKED": blocked}
+    bloom = RedisBloomFilter.from_config(redis_client, KEY, BloomConfig.from_settings(settings))
+    bloom.open()
+    bloom.add_many(fingerprints(10_000))
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    (only,) = data["generations"]
+    assert only["estimated_fpr"] == pytest.approx(data["estimated_fpr"], rel=1e-9)
+    # The generation's capacity is its shards' (each rounded up): the record's, or a little more.
+    assert data["capacity"] == 20_000 <= only["capacity"] < 20_000 + bloom.spec.shards
+    assert only["estimated_items"] == data["estimated_items"]
+    # Half full: the rate is the sizing's at half the capacity, whatever the layout.
+    expected = false_positive_rate(
+        bloom.spec.shard_bits, bloom.spec.hash_count, 10_000 / bloom.spec.shards,
+        bloom.spec.block_bits,
+    )  # fmt: skip
+    assert data["estimated_fpr"] == pytest.approx(expected, rel=0.3)
+    bloom.close()
 
 
 def test_info_json_matches_engine_state(

@@ -9,6 +9,7 @@ which the counters keep at no cost.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Growth, window_key
@@ -106,16 +107,6 @@ def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
     return -bits / distinct * math.log1p(-min(ones, bits - 1) / bits)
 
 
-def _items_from_bits(spec: FilterSpec, per_shard: tuple[int, ...]) -> int:
-    """Items added, estimated per shard as n = -(S/k) ln(1 - X/S) and summed.
-
-    A saturated shard (every bit set) is counted as if one bit were still clear: the
-    estimate is then a lower bound.
-    """
-    size, k, block = spec.shard_bits, spec.hash_count, spec.block_bits
-    return round(sum(_items(size, k, ones, block) for ones in per_shard))
-
-
 def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) -> FilterState:
     """Count the bits set in every shard (and the memory Redis holds for them).
 
@@ -136,25 +127,36 @@ def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) 
     per_shard = tuple(int(reply) for reply in replies[::step])
     used = sum(int(reply or 0) for reply in replies[1::2]) if memory else 0
     spec = parts.spec
-    items = _items_from_bits(spec, per_shard)
-    rates = [(ones / spec.shard_bits) ** spec.hash_count for ones in per_shard]
-    first = GenerationState(
-        0,
-        spec.shards,
-        spec.bits,
-        sum(per_shard),
-        spec.hash_count,
-        0,
-        items,
-        sum(rates) / len(rates),
-    )
+    capacity = growth.generations[0].capacity if growth is not None else 0
+    first = _generation(0, spec.shard_bits, spec.hash_count, spec.block_bits, capacity, per_shard)
     return FilterState(
         spec=spec,
         bits_set=sum(per_shard),
         memory_bytes=used,
         bits_set_per_shard=per_shard,
-        estimated_items=items,
+        estimated_items=first.estimated_items,
         generations=(first,),
+    )
+
+
+def _generation(
+    g: int, bits: int, k: int, block: int, capacity: int, found: Sequence[int]
+) -> GenerationState:
+    """Return generation ``g``'s state from the bits set in each shard's part of it.
+
+    ``bits``, ``k``, ``block``: one part's geometry; ``capacity``: one part's. The one
+    builder of a generation read from Redis: a fixed filter's only one and a growing
+    filter's each give the same figures for the same bits.
+    """
+    return GenerationState(
+        generation=g,
+        shards=len(found),
+        bits=bits * len(found),
+        bits_set=sum(found),
+        hash_count=k,
+        capacity=capacity * len(found),
+        estimated_items=round(sum(_items(bits, k, x, block) for x in found)),
+        estimated_fpr=sum(_rate(bits, k, x, block) for x in found) / len(found),
     )
 
 
@@ -223,22 +225,9 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
         if g == 0:
             per_shard[shard] += found
     states = tuple(
-        GenerationState(
-            generation=g,
-            shards=len(found),
-            bits=gens[g].bits * len(found),
-            bits_set=sum(found),
-            hash_count=gens[g].hash_count,
-            capacity=gens[g].capacity * len(found),
-            estimated_items=round(
-                sum(_items(gens[g].bits, gens[g].hash_count, x, gens[g].block_bits) for x in found)
-            ),
-            estimated_fpr=sum(
-                _rate(gens[g].bits, gens[g].hash_count, x, gens[g].block_bits) for x in found
-            )
-            / len(found),
-        )
+        _generation(g, gen.bits, gen.hash_count, gen.block_bits, gen.capacity, found)
         for g, found in sorted(per_gen.items())
+        for gen in [gens[g]]
     )
     return FilterState(
         spec=parts.spec,
