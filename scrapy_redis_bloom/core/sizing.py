@@ -45,6 +45,11 @@ def optimal_bits(capacity: int, error_rate: float) -> int:
     return math.ceil(-capacity * math.log(error_rate) / math.log(2) ** 2)
 
 
+def native_geometry(capacity: int, error_rate: float) -> tuple[int, int]:
+    """Return RedisBloom's ``(bits, k)`` for a (sub-)filter: -n ln p / (ln 2)**2, ceil(-log2 p)."""
+    return optimal_bits(capacity, error_rate), max(1, math.ceil(-math.log2(error_rate)))
+
+
 def optimal_hash_count(bits: int, capacity: int) -> int:
     """Hash functions k that minimise the false-positive rate: (m / n) ln 2, at least 1."""
     return max(1, round(bits / capacity * math.log(2)))
@@ -408,8 +413,7 @@ def layout_costs(
         rate = false_positive_rate(classic.bits, classic.hash_count, capacity)
     for layout in LAYOUTS:
         if layout == "native":
-            bits = optimal_bits(capacity, rate)
-            k = max(1, math.ceil(-math.log2(rate)))
+            bits, k = native_geometry(capacity, rate)
             per_shard = -(-bits // classic.shards) // 8 + 1
             memory = classic.shards * allocation(per_shard + STRING_OVERHEAD)
             expected = false_positive_rate(bits, k, capacity)

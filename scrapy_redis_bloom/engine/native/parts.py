@@ -25,6 +25,7 @@ from typing import Any
 
 from scrapy_redis_bloom.core.errors import UnsupportedServerError
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.sizing import native_geometry
 from scrapy_redis_bloom.engine.parts import Parts, pairs, text
 from scrapy_redis_bloom.engine.state import FilterState, GenerationState
 from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
@@ -70,13 +71,13 @@ class Link:
 
     @property
     def bits(self) -> int:
-        """Bits RedisBloom gives it: -n ln p / (ln 2)**2."""
-        return math.ceil(-self.capacity * math.log(self.error_rate) / math.log(2) ** 2)
+        """Bits RedisBloom gives it (:func:`.sizing.native_geometry`)."""
+        return native_geometry(self.capacity, self.error_rate)[0]
 
     @property
     def hash_count(self) -> int:
-        """Hash functions RedisBloom gives it: ceil(-log2 p)."""
-        return max(1, math.ceil(-math.log2(self.error_rate)))
+        """Hash functions RedisBloom gives it (:func:`.sizing.native_geometry`)."""
+        return native_geometry(self.capacity, self.error_rate)[1]
 
 
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
