@@ -135,7 +135,7 @@ class Lifecycle:
             shard: found for shard, found in found_all.items() if found and not _debris(found)
         }
         markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
-        self._check_places(markers, wanted.servers)
+        self.check_places(markers, wanted.servers)
         if present or any(marker is not None for marker in markers):
             return self._restore_orphans(wanted, present, markers)
         needs: dict[str, int] = {}
@@ -177,7 +177,7 @@ class Lifecycle:
     def _finish_creation(self, record: FilterRecord) -> FilterRecord:
         """Write every marker and shard of a record in state ``creating``; mark it ready."""
         if record.servers > 1:
-            self._check_markers(record, self.parts.markers(record.servers))
+            self.check_markers(record, self.parts.markers(record.servers))
             self.parts.write_markers(record, range(record.servers))
         allocated = self.parts.allocate(record, range(record.spec.shards))
         refused = [shard for shard, reply in allocated.items() if reply < 0]
@@ -285,7 +285,7 @@ class Lifecycle:
         missing_markers: list[int] = []
         if record.servers > 1:
             markers = self.parts.markers(record.servers)
-            self._check_markers(record, markers)
+            self.check_markers(record, markers)
             missing_markers = [i for i, marker in enumerate(markers) if marker is None]
         found = self.parts.identities(sample(record.spec.shards, record.servers))
         k = record.spec.hash_count
@@ -298,7 +298,7 @@ class Lifecycle:
             return self.recover(record, bad, wanted, missing_markers)
         return record
 
-    def _check_places(self, markers: list[str | None], servers: int) -> None:
+    def check_places(self, markers: list[str | None], servers: int) -> None:
         """Refuse servers whose marker gives them another place in the list than ours."""
         for i, marker in enumerate(markers):
             if marker is None:
@@ -321,9 +321,9 @@ class Lifecycle:
                     " servers."
                 )
 
-    def _check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
+    def check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
         """Refuse servers listed in another order, or holding another filter of this name."""
-        self._check_places(markers, record.servers)
+        self.check_places(markers, record.servers)
         for i, marker in enumerate(markers):
             if marker is None or marker == layout.server_marker(
                 record.filter_id, i, record.servers

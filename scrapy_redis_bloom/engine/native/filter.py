@@ -118,9 +118,7 @@ class NativeBloomFilter(FilterBase):
                     )
                 servers_listed = self.wanted.servers
                 if servers_listed > 1:  # a server listed out of place: refused before writing
-                    self._lifecycle._check_places(
-                        self.parts.markers(servers_listed), servers_listed
-                    )
+                    self._lifecycle.check_places(self.parts.markers(servers_listed), servers_listed)
                 record = self.parts.create_record(self.wanted)
             record.check(self.key, self.wanted)
             record = self._settle_record(record)
@@ -134,7 +132,7 @@ class NativeBloomFilter(FilterBase):
         shards = record.spec.shards
         if record.servers > 1:  # each server's place in the list, as for a bitmap filter
             markers = self.parts.markers(record.servers)
-            self._lifecycle._check_markers(record, markers)
+            self._lifecycle.check_markers(record, markers)
             self.parts.write_markers(record, range(record.servers))
         if record.state == "creating":
             self._reserve(record, range(shards))
