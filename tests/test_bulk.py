@@ -337,11 +337,11 @@ def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObjec
     write = data.draw(st.booleans())
     vectorised, sequential = bytearray(start), bytearray(start)
     array = np.array(batch, dtype=np.int64).reshape(len(batch), k)
-    part, local.PART = local.PART, data.draw(st.integers(1, 64))  # a batch in parts too
+    whole, local.SLICE = local.SLICE, data.draw(st.integers(1, 64))  # a batch in slices too
     try:
         got = local.check_vectorised(vectorised, array, write)
     finally:
-        local.PART = part
+        local.SLICE = whole
     assert got == check_sequential(sequential, batch, write)
     assert vectorised == sequential
     if not write:
@@ -702,9 +702,9 @@ def test_a_big_filters_bulk_call_reads_enough_for_whole_snapshots() -> None:
     small = BloomConfig.from_settings(
         {"BLOOMFILTER_CAPACITY": 1_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
     ).spec
-    assert bulk.block_size(big, 1) == bulk.MAX_BLOCK
-    assert bulk.block_size(small, 1) == bulk.BLOCK
-    per_shard = bulk.MAX_BLOCK // big.shards
+    assert bulk.batch_size(big, 1) == bulk.MAX_BATCH
+    assert bulk.batch_size(small, 1) == bulk.BATCH
+    per_shard = bulk.MAX_BATCH // big.shards
     whole_ns = bulk.SNAPSHOT_NS_PER_BYTE * big.shard_bytes / per_shard
     assert whole_ns < 1_000  # a whole snapshot's bytes cost < 1 µs an element
 

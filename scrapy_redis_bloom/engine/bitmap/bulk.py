@@ -1,12 +1,12 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-Elements are read in blocks of :data:`BLOCK`, hashed and grouped per shard (with numpy,
+Elements are read in batches of :data:`BATCH`, hashed and grouped per shard (with numpy,
 the optional extra ``numpy``, at once; else in Python, :class:`.local.Located`). A shard
-with enough of a block's elements answers them through a snapshot (:mod:`.snapshot`):
+with enough of a batch's elements answers them through a snapshot (:mod:`.snapshot`):
 its bytes read under ``WATCH``, the answers computed in Python (:mod:`.local`), the new
 bits and a growing shard's count written back in one ``MULTI``/``EXEC``, which does
 nothing if another client wrote to the shard meanwhile. Redis then spends almost no
-time per element. A blocked filter's shard with few of a block's elements (an 8 MiB
+time per element. A blocked filter's shard with few of a batch's elements (an 8 MiB
 shard of a 100M filter gets a few hundred of a call's 10,000) is read by blocks
 instead: only the 64-byte blocks its elements touch, by a script, the shards of a node
 in one transaction (:func:`.snapshot.take`; ~2.5 µs of Redis time per element
@@ -89,16 +89,16 @@ CHUNK = 4_000
 #: other clients wait no longer than that between two commands.
 COMMAND_BITS = 5_000
 #: Elements read from the iterable at a time when snapshots may be taken: each shard with
-#: enough of them is answered through one snapshot (:mod:`.snapshot`), so a larger block
+#: enough of them is answered through one snapshot (:mod:`.snapshot`), so a larger batch
 #: spreads a shard's transfer and round trips over more elements (+20% from 65,536 at 21
 #: shards). Memory: 8 k bytes of offsets per element, ~15 MiB at k = 14 in one shard.
 #: Without numpy, the most read at a time (Python's lists take ~200 bytes per element).
-BLOCK = 131_072
-#: The most elements read at a time: a filter of many large shards reads more than BLOCK,
+BATCH = 131_072
+#: The most elements read at a time: a filter of many large shards reads more than BATCH,
 #: for enough elements per shard (:data:`WHOLE_NS_PER_ELEMENT`). Memory: ~50 bytes per
 #: element (hashes, seeds, positions), plus one shard's offsets and copy at a time.
-MAX_BLOCK = 1_048_576
-#: With numpy, a block holds (up to MAX_BLOCK) enough elements per shard for a whole
+MAX_BATCH = 1_048_576
+#: With numpy, a batch holds (up to MAX_BATCH) enough elements per shard for a whole
 #: shard's snapshot to cost about this much per element: a 100M filter's 42 shards of 8
 #: MiB read 1,048,576 at a time, not 131,072 (measured at 100M @ 1e-4 in calls of
 #: 1,000,000: 410,000-470,000 fp/s and 1.0-1.1 µs of Redis CPU per fingerprint became
@@ -236,8 +236,8 @@ class Bulk:
             return self._run_chunks(write, elements)
         outcome = Outcome()
         remaining = iter(elements)
-        while block := list(itertools.islice(remaining, self._block_size())):
-            self._run_block(write, block, outcome)
+        while batch := list(itertools.islice(remaining, self._batch_size())):
+            self._run_batch(write, batch, outcome)
         return outcome
 
     def _least(self, scripted: bool) -> int:
@@ -268,31 +268,31 @@ class Bulk:
         whole = (SNAPSHOT_NS_PER_BYTE + 2 * extra) * spec.shard_bytes
         return whole < (BLOCKS_NS_PER_ELEMENT + BLOCK_WIRE_BYTES * extra) * count
 
-    def _block_size(self) -> int:
-        """Return the elements to read next (:func:`block_size`)."""
-        return block_size(self.spec, self._least(False))
+    def _batch_size(self) -> int:
+        """Return the elements to read next (:func:`batch_size`)."""
+        return batch_size(self.spec, self._least(False))
 
-    def _run_block(
-        self, write: bool, block: list[str | bytes], outcome: Outcome, defer: bool = True
+    def _run_batch(
+        self, write: bool, batch: list[str | bytes], outcome: Outcome, defer: bool = True
     ) -> None:
-        """Run a block: snapshots for the shards with many of its elements, chunks for the rest.
+        """Run a batch: snapshots for the shards with many of its elements, chunks for the rest.
 
         Elements of different shards touch different bits, so each shard's elements may
         be answered apart from the others' without changing any answer. A shard whose
         newest generation is full to its scriptless limit gives the script only the
         elements that may take it to its capacity (where the script starts the next);
-        with ``defer``, its others are run after them as a block of their own.
+        with ``defer``, its others are run after them as a batch of their own.
         """
         mode = self._snapshot_mode()
         growth = self._stack_growth()
         if mode is None and growth is None:
-            _merge(outcome, self._run_chunks(write, block))
+            _merge(outcome, self._run_chunks(write, batch))
             return
         limit = mode[0] if mode is not None else None
-        located = Located(block, self.spec, HAVE_NUMPY)
+        located = Located(batch, self.spec, HAVE_NUMPY)
         groups = located.crowded(self._least(limit is not None or growth is not None))
         if not groups:
-            _merge(outcome, self._run_chunks(write, block))
+            _merge(outcome, self._run_chunks(write, batch))
             return
         answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
@@ -332,7 +332,7 @@ class Bulk:
             later = set(deferred)
             others = [p for p in others if p not in later]
         if others:
-            second = self._run_chunks(write, [block[p] for p in others])
+            second = self._run_chunks(write, [batch[p] for p in others])
             for position, answer in zip(others, second.answers, strict=True):
                 if answer and position in doubtful:
                     answer = False  # the bits may be this batch's own, from a lost EXEC
@@ -345,7 +345,7 @@ class Bulk:
             _merge(outcome, second)
         if deferred:  # after the script took their shards' first elements over the boundary
             third = Outcome()
-            self._run_block(write, [block[p] for p in deferred], third, defer=False)
+            self._run_batch(write, [batch[p] for p in deferred], third, defer=False)
             for position, answer in zip(deferred, third.answers, strict=True):
                 answers[position] = answer
             third.answers = []
@@ -396,7 +396,7 @@ class Bulk:
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
     ) -> list[tuple[int, Any, Taken]]:
-        """Take the snapshots of a block's crowded shards: whole, or of their blocks.
+        """Take the snapshots of a batch's crowded shards: whole, or of their blocks.
 
         Returns each shard, its positions and what its snapshot did. Shards go together
         per node (:func:`.snapshot.take`: a blocked shard's blocks, or a whole shard, as
@@ -841,18 +841,18 @@ class Bulk:
         return replies, unsure
 
 
-def block_size(spec: FilterSpec, least: int) -> int:
+def batch_size(spec: FilterSpec, least: int) -> int:
     """Return the elements a bulk call reads at a time: enough per shard for a cheap snapshot.
 
     That is, at least twice ``least`` per shard (the fewest a shard answers through a
     snapshot), and enough that a whole shard's snapshot costs about
-    :data:`WHOLE_NS_PER_ELEMENT` per element (bounded by MAX_BLOCK). Without numpy,
-    BLOCK: Python's lists take ~200 bytes per element.
+    :data:`WHOLE_NS_PER_ELEMENT` per element (bounded by MAX_BATCH). Without numpy,
+    BATCH: Python's lists take ~200 bytes per element.
     """
     if not HAVE_NUMPY:
-        return BLOCK
+        return BATCH
     whole = -(-SNAPSHOT_NS_PER_BYTE * spec.shard_bytes // WHOLE_NS_PER_ELEMENT)
-    return min(MAX_BLOCK, max(BLOCK, max(2 * least, whole) * spec.shards))
+    return min(MAX_BATCH, max(BATCH, max(2 * least, whole) * spec.shards))
 
 
 def _join(

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
-PART = 8_192
+SLICE = 8_192
 #: The most elements whose offsets :meth:`Located.offsets` computes at once (bounded
 #: memory); a bigger block computes each shard's apart.
 ALL_OFFSETS = 131_072
@@ -247,23 +247,23 @@ def check_vectorised(
     """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
 
     ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers (True:
-    seen) and the span ``[low, high)`` of bytes changed. Parts of :data:`PART` elements
+    seen) and the span ``[low, high)`` of bytes changed. Slices of :data:`SLICE` elements
     go one after the other, each on the bytes the ones before left (cache-sized sorts).
     """
     answers: list[bool] = []
     low, high = len(buffer), 0
-    for first in range(0, offsets.shape[0], PART):
-        part, start, stop = _check_part(buffer, offsets[first : first + PART], write)
-        answers += part
+    for first in range(0, offsets.shape[0], SLICE):
+        answered, start, stop = _check_slice(buffer, offsets[first : first + SLICE], write)
+        answers += answered
         if start < stop:
             low, high = min(low, start), max(high, stop)
     return (answers, low, high) if low < high else (answers, 0, 0)
 
 
-def _check_part(
+def _check_slice(
     buffer: bytearray, offsets: NDArray[Any], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_vectorised` does, for a part of a batch."""
+    """Do what :func:`check_vectorised` does, for a slice of a batch."""
     n = offsets.shape[0]
     if n == 0:
         return [], 0, 0
