@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -69,3 +69,18 @@ class Clock:
     def inside(now: float, window: int, ttl: int) -> bool:
         """Tell whether ``now`` is in ``window`` and not within :data:`GUARD` of its end."""
         return window * ttl <= now <= (window + 1) * ttl - GUARD
+
+
+@dataclass
+class Known:
+    """What a worker knows of one shard, as the scriptless paths of windows keep it.
+
+    The window it is known for, the checks since the last that read what is only read
+    now and then (each path says what), and Redis's clock on the shard's node. Extended
+    by :mod:`.bitmap.stackpath` and :mod:`.native.ttl` with what each path reads.
+    """
+
+    #: The window this is known for (-1 without windows).
+    window: int = -1
+    since: int = 0
+    clock: Clock = field(default_factory=Clock)

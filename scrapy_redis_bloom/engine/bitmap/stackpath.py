@@ -47,7 +47,7 @@ from scrapy_redis_bloom.core.generations import (
 from scrapy_redis_bloom.core.hashing import offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
-from scrapy_redis_bloom.engine.clock import TIME, Clock
+from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.transport.wire import pack_command
 
 #: A shard's checks between two that read the header of every key; the others read only
@@ -62,11 +62,12 @@ _HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
 
 
 @dataclass
-class _Shard:
-    """What this worker knows of one shard: its keys' generations, and its count."""
+class _Shard(Known):
+    """What this worker knows of one shard: its keys' generations, and its count.
 
-    #: The window this is known for (-1 without windows).
-    window: int = -1
+    ``since``: checks since the last that read every key's header.
+    """
+
     #: Generations of the window before (0: it has none; -1: missing, which only the
     #: script can tell from a lost one).
     before: int = 1
@@ -76,10 +77,6 @@ class _Shard:
     #: since, not yet added to that count in Redis.
     count: int = 0
     pending: int = 0
-    #: Checks since the last that read every key's header.
-    since: int = 0
-    #: Redis's clock on the shard's node (windows).
-    clock: Clock = field(default_factory=Clock)
 
 
 @dataclass(slots=True)

@@ -19,10 +19,10 @@ every open checks).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from scrapy_redis_bloom.engine.clock import TIME, Clock
+from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.engine.scripts import declare, lua
 from scrapy_redis_bloom.transport.wire import Script, pack_command
 
@@ -80,17 +80,15 @@ EXISTS_EVERY = 16
 
 
 @dataclass
-class _Shard:
-    """What this worker knows of a shard's windows, for the window it last checked."""
+class _Shard(Known):
+    """What this worker knows of a shard's windows, for the window it last checked.
 
-    window: int = -1
+    ``since``: checks since the window before's existence was last read.
+    """
+
     #: The window before: 1 there, 0 absent (never started, as :data:`CHECK` confirmed),
     #: -1 not known (its existence is read), -2 found missing (for the script to judge).
     before: int = -1
-    #: Checks since its existence was last read.
-    since: int = 0
-    #: Redis's clock on the shard's node.
-    clock: Clock = field(default_factory=Clock)
 
 
 @dataclass(slots=True)
