@@ -30,6 +30,7 @@ import itertools
 import math
 import pkgutil
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -720,3 +721,29 @@ def test_the_runs_lengths() -> None:
             assert f"{seconds} s" in text, f"{page.relative_to(ROOT)}: no {seconds} s ({name})"
         assert "fifteen minutes" not in text
         assert "six to twelve minutes" not in text
+
+
+def test_the_bulk_over_a_network_figures_are_the_runs() -> None:
+    """The benchmark page's table of bulk loads over a network, and the migrate page's rates.
+
+    The table is ``bench/bulk_compare.py``'s, printed from bench/bulk-results*.json; the
+    migrate page's rates in calls of 1,000,000 are those runs' medians.
+    """
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bulk_compare import table
+    finally:
+        sys.path.remove(str(BENCH))
+    page = (DOCS / "explanation" / "bench-results.md").read_text(encoding="utf-8")
+    assert table() in page, "docs/explanation/bench-results.md's table is not bulk_compare's"
+    for name in ("bulk-results", "bulk-results-8647704"):
+        date = bench_run(f"{name}.json")["date"]
+        assert f"- date: {date}" in (BENCH / f"{name}.md").read_text(encoding="utf-8"), name
+    cells = bench_run("bulk-results.json")["measures"]["s"]  # type: ignore[index]
+    migrate = flat((DOCS / "howto" / "migrate.md").read_text(encoding="utf-8"))
+    for size in ("1M", "100M", "1000M"):
+        for through in ("", ", 1 Gbit/s link"):
+            rates = cells[f"{size} @ 1e-4, calls of 1,000,000{through}"]["fp_per_s"]
+            for contender in ("ours, defaults (bitmap, numpy)", "RedisBloom BF.MADD"):
+                said = f"{round(rates[contender]['median']):,}"
+                assert said in migrate, f"migrate.md lacks {said} fp/s ({size}{through})"
