@@ -1,14 +1,14 @@
 """Settings to a validated, immutable filter configuration, through one table of settings.
 
 :data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: its type, default,
-allowed values, meaning and check. The configuration reads each setting through its
-row (:meth:`Setting.read`), the README's settings table is rendered from the rows
-(:func:`reference`; tests/test_settings_table.py keeps the two equal), and ``scrapy
-bloom size`` takes defaults and ranges from them (:data:`SIZING`). The values end up
-in a frozen :class:`BloomConfig`. A bad value raises :class:`ValueError` naming the
-setting, the value and what is allowed, so a crawl fails at startup rather than
-halfway through. Nothing here talks to Redis or needs a crawler: any object with a
-``get(name)`` method (Scrapy's ``Settings``, a ``dict``) will do.
+allowed values, meaning and check. The configuration reads each setting through its row
+(:meth:`Setting.read`), the settings reference (docs/reference/settings.md) is rendered
+from the rows (:func:`reference`; tests/test_settings_table.py keeps the two equal), and
+``scrapy bloom size`` takes defaults and ranges from them (:data:`SIZING`). The values end
+up in a frozen :class:`BloomConfig`. A bad value raises :class:`ValueError` naming the
+setting, the value and what is allowed, so a crawl fails at startup rather than halfway
+through. Nothing here talks to Redis or needs a crawler: any object with a ``get(name)``
+method (Scrapy's ``Settings``, a ``dict``) will do.
 
 Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
 
@@ -309,7 +309,7 @@ class Setting(Generic[_T]):
     and ``{high}`` filled in. ``choice`` settings take one of ``choices``; ``text``
     settings are checked by ``parse(name, value)``, and ``allowed`` says what it
     accepts. ``shape`` is the unit of a number (``seconds``) or the type of a text
-    setting; ``default_text`` the README's default when the value alone misleads.
+    setting; ``default_text`` the reference's default when the value alone misleads.
     """
 
     name: str
@@ -366,7 +366,7 @@ class Setting(Generic[_T]):
 
     @property
     def type_text(self) -> str:
-        """The README's type: ``int``, ``float, seconds``, ``list of str``..."""
+        """The reference's type: ``int``, ``float, seconds``, ``list of str``..."""
         return ", ".join(part for part in (_TYPE_CELL[self.kind], self.shape) if part)
 
     @property
