@@ -371,7 +371,7 @@ class Setting(Generic[_T]):
 
     @property
     def allowed_text(self) -> str:
-        """The README's allowed values: a range, the words, or what ``parse`` accepts."""
+        """The reference's allowed values: a range, the words, or what ``parse`` accepts."""
         if self.kind == "bool":
             return "`True` or `False`"
         if self.kind == "choice":
@@ -386,7 +386,7 @@ class Setting(Generic[_T]):
 
     @property
     def default_cell(self) -> str:
-        """The README's default: the value as it is written in settings.py."""
+        """The reference's default: the value as it is written in settings.py."""
         value: object = self.default
         if self.default_text:
             return self.default_text
@@ -401,7 +401,7 @@ class Setting(Generic[_T]):
         return f"`{value!r}`"
 
     def row(self) -> str:
-        """Return the setting's row of the README's settings table."""
+        """Return the setting's row of the settings reference's table."""
         cells = (f"`{self.name}`", self.type_text, self.default_cell, self.allowed_text)
         return f"| {' | '.join(cells)} | {self.meaning} |"
 
