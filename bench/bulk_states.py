@@ -18,6 +18,9 @@ without numpy. This measures that, against a Redis given by URL, in three steps:
   (numpy hidden from the import);
 * ``clean``: delete what ``prepare`` wrote.
 
+``--backend native`` measures the same states of RedisBloom-backed filters (``fresh``,
+``grown``, ``grown+``, ``ttl``), against a Redis that has the module.
+
 Example (a redis-server on port 6399)::
 
     python bench/bulk_states.py prepare --url redis://localhost:6399 --capacity 1000000
@@ -38,9 +41,17 @@ STATES = ("fresh", "grown", "grown+", "ttl", "ttl2")
 PREFIX = "bench:states"
 
 
+#: The backend of the filters (``--backend``): the bitmap one, or RedisBloom's ``native``.
+BACKEND = "bitmap"
+
+
 def settings(state: str, capacity: int, error_rate: float) -> dict[str, Any]:
     """Return the settings of a state's filter."""
-    out: dict[str, Any] = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": error_rate}
+    out: dict[str, Any] = {
+        "BLOOMFILTER_CAPACITY": capacity,
+        "BLOOMFILTER_ERROR_RATE": error_rate,
+        "BLOOMFILTER_BACKEND": BACKEND,
+    }
     if state.startswith("ttl"):
         out["BLOOMFILTER_TTL"] = 3_600
     return out
@@ -52,10 +63,14 @@ def fingerprints(n: int, tag: str, start: int = 0) -> list[str]:
 
 
 def make(client: Any, key: str, state: str, capacity: int, error_rate: float) -> Any:
-    """Return a state's filter under ``key`` (a RedisBloomFilter of the code on the path)."""
+    """Return a state's filter under ``key``, of the backend and the code on the path."""
     from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 
     config = BloomConfig.from_settings(settings(state, capacity, error_rate))
+    if BACKEND == "native":  # built as the dupefilter builds it (the bitmap class is bitmap's)
+        from scrapy_redis_bloom.engine.backend import make_filter
+
+        return make_filter(client, key, config)
     return RedisBloomFilter.from_config(client, key, config)
 
 
@@ -94,7 +109,10 @@ def copy_state(client: Any, state: str, scratch: str) -> None:
     source = f"{PREFIX}:{state}"
     for name in client.scan_iter(match=f"*{source}*", count=1_000):
         text = name.decode()
-        client.copy(text, text.replace(source, scratch), replace=True)
+        if BACKEND == "native":  # COPY does not take a module's keys (RedisBloom's)
+            client.restore(text.replace(source, scratch), 0, client.dump(text), replace=True)
+        else:
+            client.copy(text, text.replace(source, scratch), replace=True)
 
 
 def drop(client: Any, key: str) -> None:
@@ -169,7 +187,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-numpy", action="store_true", help="hide numpy from the import")
     parser.add_argument("--states", default=",".join(STATES))
+    parser.add_argument(
+        "--backend",
+        choices=["bitmap", "native"],
+        default="bitmap",
+        help="the filters' backend (native: a Redis with RedisBloom; its states are kept"
+        " apart, and 'ttl2' is the bitmap layout's only)",
+    )
     args = parser.parse_args()
+    global BACKEND, PREFIX
+    BACKEND = args.backend
+    if BACKEND == "native":
+        PREFIX = "bench:native-states"
     if args.no_numpy:
         sys.modules["numpy"] = None  # type: ignore[assignment]  # an ImportError from now on
     import redis
