@@ -70,7 +70,7 @@ LOOPBACK, GBIT_LINK = "loopback", "1gbit"
 LINKS = (LOOPBACK, GBIT_LINK)
 #: The contenders measured through a link (the others are loopback-only: their cost is
 #: the machine's, which the link does not change).
-LINKED = (NAME_S_DEFAULT, NAME_S_MADD)
+LINKED = (NAME_S_DEFAULT, NAME_S_NATIVE, NAME_S_MADD)
 
 
 def capacity_text(capacity: int) -> str:
