@@ -10,8 +10,8 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
     FilterUnavailableError,
-    Setting,
     SettingError,
+    SettingName,
     Wording,
 )
 
@@ -28,7 +28,7 @@ def test_render_names_each_setting_and_the_word_for_it() -> None:
         "The {BLOOMFILTER_KEY} {setting} ({key!r}) and the {settings} {names} clash;"
         " see {why}. Retried for {waited:.1f} s.",
         key="a{b}",  # a value's braces are never read as fields
-        names=Setting("BLOOMFILTER_TTL"),
+        names=SettingName("BLOOMFILTER_TTL"),
         why=Wording("{BLOOMFILTER_RETRY_TIMEOUT} = {s:g} s", s=0.5),
         waited=1.25,
     )
@@ -72,7 +72,8 @@ def test_plain_messages_and_pickling_are_unchanged() -> None:
 
 
 def test_a_setting_error_is_a_value_error() -> None:
-    exc = SettingError(Wording("The {name} {setting} is invalid.", name=Setting("BLOOMFILTER_KEY")))
+    name = SettingName("BLOOMFILTER_KEY")
+    exc = SettingError(Wording("The {name} {setting} is invalid.", name=name))
     assert isinstance(exc, ValueError)
     assert str(exc) == "The BLOOMFILTER_KEY setting is invalid."
     assert exc.render(option, "option") == "The --key option is invalid."

@@ -22,7 +22,7 @@ def setting_name(setting: str) -> str:
     return setting
 
 
-class Setting(str):
+class SettingName(str):
     """A setting's name given as a template's value: it is named as the settings are."""
 
     __slots__ = ()
@@ -35,7 +35,7 @@ class Wording:
     (``{BLOOMFILTER_RETRY_TIMEOUT}``) is the setting's name; ``{setting}`` and
     ``{settings}`` are the word for one or several settings; any other field is one of
     ``values``, formatted once (so a value holding ``{`` is never read as a field). A
-    value that is a :class:`Setting` is named as a setting; one that is a
+    value that is a :class:`SettingName` is named as a setting; one that is a
     :class:`Wording` is rendered in the same words. Scrapy's words are the default:
     ``str()`` is the message as a Scrapy user reads it.
     """
@@ -54,7 +54,7 @@ class Wording:
             value = self.values.get(field or "")
             if field and field.startswith(SETTING_PREFIX):
                 found.append(field)
-            elif isinstance(value, Setting):
+            elif isinstance(value, SettingName):
                 found.append(str(value))
             elif isinstance(value, Wording):
                 found += value.settings
@@ -64,7 +64,7 @@ class Wording:
         """Return the message, each setting named by ``name`` and called a ``word``."""
         fields: dict[str, object] = {"setting": word, "settings": word + "s"}
         for field, value in self.values.items():
-            if isinstance(value, Setting):
+            if isinstance(value, SettingName):
                 value = name(value)
             elif isinstance(value, Wording):
                 value = value.render(name, word)
