@@ -62,6 +62,8 @@ INTERNAL_ERRORS = {
     "CLIError": "printed by scrapy bloom as its one-line error, with an exit status",
     "UsageError": "printed by scrapy bloom as its usage error, with an exit status",
     "BadLineError": "a bad input line of scrapy bloom add/check, reported with its number",
+    "WordedError": "the base of BloomFilterError and SettingError, never raised itself",
+    "SettingError": "a ValueError naming settings: the ValueError section covers it",
 }
 #: Error classes users meet that do not derive from BloomFilterError.
 OTHER_USER_ERRORS = ("UnsupportedVersionError", "DumpFileError", "ValueError")

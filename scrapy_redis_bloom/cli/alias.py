@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from importlib.metadata import version
 from typing import Any, NoReturn
 
@@ -47,24 +46,21 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS
 
 PROG = "scrapy-redis-bloom"
 
-_SETTING = re.compile(r"\bBLOOMFILTER_[A-Z_]+\b")
 #: The settings the alias's options stand for, and the option that names each.
 _OPTION_OF = {spec.setting: spec.flags[-1] for spec in OPTIONS if spec.alias and spec.setting}
 _OPTION_OF["BLOOMFILTER_REDIS_URLS"] = "--redis-url"
+_OPTION_OF["BLOOMFILTER_KEY"] = "--key"  # a command's filter is the one --key names
 
 
-def option_names(message: str) -> str:
-    """Name the command-line options in a message about BLOOMFILTER_* settings."""
-
-    def rename(match: re.Match[str]) -> str:
-        return _OPTION_OF.get(match.group(0), match.group(0))
-
-    return _SETTING.sub(rename, message.replace(" setting ", " option "))
+def option_name(setting: str) -> str:
+    """Name a setting by the option that stands for it; one without an option as itself."""
+    return _OPTION_OF.get(setting, setting)
 
 
 FRONTEND = Frontend(
     prog=PROG,
-    rename=option_names,
+    name=option_name,
+    word="option",
     cluster_hint="pass --cluster, with the URL of one node as --redis-url",
 )
 
@@ -159,6 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         FRONTEND.where = describe(urls, args.cluster)[0]
         sizing = {name: value for name, value in sizing_given(args).items() if value is not None}
         settings = {**settings_of(args), **sizing}
-        return run_command(args, settings, FRONTEND, sizing_from(sizing, option_names))
+        return run_command(args, settings, FRONTEND, sizing_from(sizing, FRONTEND))
 
     return guarded(FRONTEND, lambda: secrets, body)

@@ -70,6 +70,7 @@ from scrapy_redis_bloom.cli.streams import (
     utc,
 )
 from scrapy_redis_bloom.core import layout
+from scrapy_redis_bloom.core.errors import Wording
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -455,16 +456,20 @@ def _refuse_foreign_markers(
             continue
         found = layout.parse_marker(marker.found)
         if found is None:
-            problem = (
+            problem: str | Wording = (
                 f"its key {layout.server_key(ctx.key)!r} holds {marker.found!r}, which is no"
                 " filter's server marker: another program's key where the filter keeps its"
                 " marker. Remove or rename that key, then reset again"
             )
         elif found[0] == record.filter_id:
-            problem = (
-                f"it is server {found[1]}/{found[2]} of the filter, given as server"
-                f" {marker.server}/{record.servers}. Give the servers in BLOOMFILTER_REDIS_URLS"
-                " in the crawl's order"
+            problem = Wording(
+                "it is server {index}/{count} of the filter, given as server"
+                " {given}/{servers}. Give the servers in {BLOOMFILTER_REDIS_URLS} in the"
+                " crawl's order",
+                index=found[1],
+                count=found[2],
+                given=marker.server,
+                servers=record.servers,
             )
         else:
             problem = (
@@ -473,10 +478,17 @@ def _refuse_foreign_markers(
                 " another filter's leftovers on their server alone"
             )
         raise CLIError(
-            ctx.frontend.rename(
-                f"Cannot reset the Bloom filter {ctx.key!r} (id {record.filter_id}) on"
-                f" {ctx.where}: Redis at {marker.address} is not its server {marker.server}:"
-                f" {problem}. Nothing was deleted."
+            ctx.frontend.words(
+                Wording(
+                    "Cannot reset the Bloom filter {key!r} (id {id}) on {where}: Redis at"
+                    " {address} is not its server {server}: {problem}. Nothing was deleted.",
+                    key=ctx.key,
+                    id=record.filter_id,
+                    where=ctx.where,
+                    address=marker.address,
+                    server=marker.server,
+                    problem=problem,
+                )
             )
         )
 
@@ -489,11 +501,18 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     if found.blocking:
         record = found.blocking[0]
         raise CLIError(
-            ctx.frontend.rename(
-                f"Cannot delete parts of the Bloom filter {key!r} on {ctx.where} as orphans:"
-                f" {record.key!r} on {record.address} is {record.what}. Give the servers in"
-                " BLOOMFILTER_REDIS_URLS in the filter's order, then reset again. Nothing was"
-                " deleted."
+            ctx.frontend.words(
+                Wording(
+                    "Cannot delete parts of the Bloom filter {key!r} on {where} as orphans:"
+                    " {part!r} on {address} is {what}. Give the servers in"
+                    " {BLOOMFILTER_REDIS_URLS} in the filter's order, then reset again."
+                    " Nothing was deleted.",
+                    key=key,
+                    where=ctx.where,
+                    part=record.key,
+                    address=record.address,
+                    what=record.what,
+                )
             )
         )
     kept = list(found.kept)

@@ -32,8 +32,10 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
-    FilterUnavailableError,
     ServerListMismatchError,
+    WordedError,
+    Wording,
+    setting_name,
 )
 from scrapy_redis_bloom.core.events import guard_loggers
 from scrapy_redis_bloom.core.record import FilterRecord
@@ -86,18 +88,29 @@ class Frontend:
     """How a front end names itself and the settings in messages.
 
     ``prog`` starts every error line and the commands it suggests (``scrapy bloom``);
-    ``rename`` rewrites a message about ``BLOOMFILTER_*`` settings into the front
-    end's words (the alias names its options instead).
+    ``name`` names a ``BLOOMFILTER_*`` setting and ``word`` is what it calls one, where
+    a message names settings as data (a :class:`~..core.errors.Wording`): the alias
+    names its options (``--retry-timeout``), never by rewriting a finished message.
     """
 
     prog: str
-    rename: Callable[[str], str] = str
+    name: Callable[[str], str] = setting_name
+    word: str = "setting"
     #: How to name a Redis Cluster, for a command given one of its nodes as a server.
     cluster_hint: str = (
         "set BLOOMFILTER_REDIS_CLUSTER = True, with the URL of one node as BLOOMFILTER_REDIS_URL"
     )
     #: The servers, as error messages name them: set once they are known.
     where: str = "Redis"
+
+    def words(self, message: BaseException | Wording) -> str:
+        """Return an error's message (or a wording) with the settings in this front end's words.
+
+        An error without a :class:`~..core.errors.Wording` reads as ``str(exc)``.
+        """
+        if isinstance(message, (Wording, WordedError)):
+            return message.render(self.name, self.word)
+        return str(message)
 
 
 #: Either backend's filter, as owned by a command.
@@ -185,7 +198,6 @@ def connect(
     sizing: BloomConfig | None = None,
 ) -> Context:
     """Build the clients from the settings as a crawl does; return the command's context."""
-    rename = frontend.rename
     # The commands' fault policy is the retry timeout alone: errors and losses raise. A
     # command never answers "new" for a filter it cannot reach (a crawl may, under
     # BLOOMFILTER_ON_ERROR = "allow"): someone is waiting for a true answer.
@@ -195,12 +207,12 @@ def connect(
         config = ConnectionConfig.from_settings(settings)
         faults = FaultPolicy.from_settings(retry)
     except ValueError as exc:
-        raise UsageError(rename(str(exc))) from None
+        raise UsageError(frontend.words(exc)) from None
     where, address = describe(config.urls, config.cluster)
     try:
         clients = filter_clients(config, settings)
     except ValueError as exc:  # e.g. a port that is not a number
-        raise UsageError(rename(str(exc))) from None
+        raise UsageError(frontend.words(exc)) from None
     except RedisClusterException as exc:  # the cluster client reads the slot map at once
         raise CLIError(f"cannot connect to {where}: {exc}") from None
     if not config.urls:  # scrapy-redis's connection: REDIS_URL, REDIS_HOST/PORT, REDIS_PARAMS
@@ -285,10 +297,8 @@ def guarded(
         return body()
     except CLIError as exc:
         return fail(exc.message, exc.code)
-    except FilterUnavailableError as exc:  # the engine retried for the retry timeout
-        return fail(frontend.rename(str(exc)))
-    except BloomFilterError as exc:
-        return fail(str(exc))
+    except BloomFilterError as exc:  # e.g. unavailable past the retry timeout: named settings
+        return fail(frontend.words(exc))
     except AuthenticationError as exc:
         return fail(f"Redis at {frontend.where} refused the credentials: {exc}")
     except RedisTimeoutError as exc:
@@ -367,11 +377,16 @@ def check_servers(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     if record.servers == given:
         return
     raise CLIError(
-        ctx.frontend.rename(
-            f"The Bloom filter {ctx.key!r} (id {record.filter_id}) was created on"
-            f" {record.servers} server(s); {given} given. Give each of its servers in"
-            " BLOOMFILTER_REDIS_URLS, in the crawl's order: shard i lives on"
-            f" server i mod {record.servers}."
+        ctx.frontend.words(
+            Wording(
+                "The Bloom filter {key!r} (id {id}) was created on {servers} server(s);"
+                " {given} given. Give each of its servers in {BLOOMFILTER_REDIS_URLS}, in the"
+                " crawl's order: shard i lives on server i mod {servers}.",
+                key=ctx.key,
+                id=record.filter_id,
+                servers=record.servers,
+                given=given,
+            )
         )
     )
 
@@ -413,12 +428,12 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
     Returns the filter and whether this call created it.
     """
     if ctx.sizing is None:
-        hint = (
-            "Start the crawl once to create it, or give its sizing (BLOOMFILTER_CAPACITY and"
-            " BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER) to"
+        hint = Wording(
+            "Start the crawl once to create it, or give its sizing ({BLOOMFILTER_CAPACITY} and"
+            " {BLOOMFILTER_ERROR_RATE}, or {BLOOMFILTER_BIT} and {BLOOMFILTER_HASH_NUMBER}) to"
             " create it here."
         )
-        return open_existing(ctx, ctx.frontend.rename(hint)), False
+        return open_existing(ctx, ctx.frontend.words(hint)), False
     bloom, found = stored(ctx)
     record = usable(found)
     if record is not None:
@@ -430,9 +445,12 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
         raise
     except ConfigMismatchError as exc:
         raise CLIError(
-            ctx.frontend.rename(
-                "The sizing settings do not match the existing filter (leave them out to use"
-                f" the filter as it is): {exc}"
+            ctx.frontend.words(
+                Wording(
+                    "The sizing {settings} do not match the existing filter (leave them out to"
+                    " use the filter as it is): {exc}",
+                    exc=exc.wording or str(exc),
+                )
             )
         ) from None
     return opened, record is None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, restore
-from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, UsageError
+from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, UsageError
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, setting
@@ -477,8 +477,10 @@ def missing_command(front: Front, prog: str) -> str:
     )
 
 
-def sizing_from(settings: SettingsLike, rename: Callable[[str], str] = str) -> BloomConfig | None:
+def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig | None:
     """Return the configuration the sizing settings describe; None when none is set.
+
+    A bad value is a usage error, its settings named in ``frontend``'s words.
 
     ``BLOOMFILTER_BLOCKED`` alone sizes nothing: it shapes a filter other settings size.
     """
@@ -488,7 +490,7 @@ def sizing_from(settings: SettingsLike, rename: Callable[[str], str] = str) -> B
     try:
         return BloomConfig.from_settings(settings)
     except ValueError as exc:
-        raise UsageError(rename(str(exc))) from None
+        raise UsageError(str(exc) if frontend is None else frontend.words(exc)) from None
 
 
 def sizing_given(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,15 +1,113 @@
 """Exceptions raised when the filter in Redis cannot be used as configured.
 
-Bad settings raise plain :class:`ValueError` (Scrapy's convention for a component
-with an invalid setting). The classes here cover what is found in Redis at run time.
+Bad settings raise a :class:`ValueError` (Scrapy's convention for a component with
+an invalid setting), :class:`SettingError` where the message names settings. The other
+classes here cover what is found in Redis at run time.
 Each message says what was found, where (``host:port``, never a password) and how to
-proceed.
+proceed. A message that names settings is a :class:`Wording`, so that each front end
+names them in its own words; ``str(exc)`` names them as Scrapy settings.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from string import Formatter
 
-class BloomFilterError(RuntimeError):
+#: The prefix of the setting names a template's fields may hold (``{BLOOMFILTER_TTL}``).
+SETTING_PREFIX = "BLOOMFILTER_"
+
+
+def setting_name(setting: str) -> str:
+    """Name a setting as Scrapy users write it: unchanged (the default naming)."""
+    return setting
+
+
+class SettingName(str):
+    """A setting's name given as a template's value: it is named as the settings are."""
+
+    __slots__ = ()
+
+
+class Wording:
+    """A message whose settings are data, so that each front end names them in its words.
+
+    ``template`` is a :meth:`str.format` template: a field named as a setting
+    (``{BLOOMFILTER_RETRY_TIMEOUT}``) is the setting's name; ``{setting}`` and
+    ``{settings}`` are the word for one or several settings; any other field is one of
+    ``values``, formatted once (so a value holding ``{`` is never read as a field). A
+    value that is a :class:`SettingName` is named as a setting; one that is a
+    :class:`Wording` is rendered in the same words. Scrapy's words are the default:
+    ``str()`` is the message as a Scrapy user reads it.
+    """
+
+    __slots__ = ("template", "values")
+
+    def __init__(self, template: str, /, **values: object) -> None:
+        self.template = template
+        self.values: Mapping[str, object] = values
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings the message names, in order, each once."""
+        found: list[str] = []
+        for _, field, _, _ in Formatter().parse(self.template):
+            value = self.values.get(field or "")
+            if field and field.startswith(SETTING_PREFIX):
+                found.append(field)
+            elif isinstance(value, SettingName):
+                found.append(str(value))
+            elif isinstance(value, Wording):
+                found += value.settings
+        return tuple(dict.fromkeys(found))
+
+    def render(self, name: Callable[[str], str] = setting_name, word: str = "setting") -> str:
+        """Return the message, each setting named by ``name`` and called a ``word``."""
+        fields: dict[str, object] = {"setting": word, "settings": word + "s"}
+        for field, value in self.values.items():
+            if isinstance(value, SettingName):
+                value = name(value)
+            elif isinstance(value, Wording):
+                value = value.render(name, word)
+            fields[field] = value
+        for setting in self.settings:
+            fields.setdefault(setting, name(setting))
+        return self.template.format_map(fields)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __repr__(self) -> str:
+        return f"Wording({self.template!r}, **{dict(self.values)!r})"
+
+
+class WordedError(Exception):
+    """An error whose message may be a :class:`Wording`: front ends name its settings.
+
+    ``str(exc)`` (and ``exc.args[0]``) is the message in Scrapy's words, as before;
+    :meth:`render` words it otherwise (the ``scrapy-redis-bloom`` command names its
+    options). ``wording`` is None for a message given as a plain string.
+    """
+
+    wording: Wording | None = None
+
+    def __init__(self, message: str | Wording = "", *args: object) -> None:
+        if isinstance(message, Wording):
+            self.wording = message
+            message = message.render()
+        super().__init__(message, *args)
+
+    def render(self, name: Callable[[str], str] = setting_name, word: str = "setting") -> str:
+        """Return the message, its settings named by ``name`` and called a ``word``."""
+        if self.wording is None:
+            return str(self)
+        return self.wording.render(name, word)
+
+
+class SettingError(WordedError, ValueError):
+    """A setting's value is bad: a :class:`ValueError`, as Scrapy's components raise."""
+
+
+class BloomFilterError(WordedError, RuntimeError):
     """Base class of the errors this package raises about the filter in Redis."""
 
 
@@ -39,7 +137,7 @@ class FilterUnavailableError(BloomFilterError):
     ``operation`` names what the filter was doing, ``server`` where (``host:port``).
     """
 
-    def __init__(self, message: str, operation: str = "", server: str = "") -> None:
+    def __init__(self, message: str | Wording, operation: str = "", server: str = "") -> None:
         super().__init__(message)
         self.operation = operation
         self.server = server
@@ -75,7 +173,7 @@ class AccessDeniedError(BloomFilterError):
 
     def __init__(
         self,
-        message: str,
+        message: str | Wording,
         server: str = "",
         commands: tuple[str, ...] = (),
         keys: tuple[str, ...] = (),

@@ -23,6 +23,7 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
     ServerListMismatchError,
+    Wording,
 )
 from scrapy_redis_bloom.core.generations import DEFAULT_TIGHTENING, Growth
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, BLOCKED_SCHEME, SCHEME_VERSION, FilterSpec
@@ -281,11 +282,16 @@ class FilterRecord:
         """
         if wanted.backend != self.backend:
             raise ConfigMismatchError(
-                f"The Bloom filter {key!r} was created with BLOOMFILTER_BACKEND ="
-                f" {self.backend!r}; this worker asks for {wanted.backend!r}. Every worker"
-                " must use the filter's backend: set BLOOMFILTER_BACKEND = 'auto' (it adopts"
-                f" the filter's) or {self.backend!r}, choose another BLOOMFILTER_KEY, or reset"
-                f" the filter (scrapy-redis-bloom reset --key {key!r})."
+                Wording(
+                    "The Bloom filter {key!r} was created with {BLOOMFILTER_BACKEND} ="
+                    " {backend!r}; this worker asks for {wanted!r}. Every worker must use the"
+                    " filter's backend: set {BLOOMFILTER_BACKEND} = 'auto' (it adopts the"
+                    " filter's) or {backend!r}, choose another {BLOOMFILTER_KEY}, or reset the"
+                    " filter (scrapy-redis-bloom reset --key {key!r}).",
+                    key=key,
+                    backend=self.backend,
+                    wanted=wanted.backend,
+                )
             )
         blocked = bool(self.spec.block_bits)
         same_request = same_sizing(wanted.sizing, self.sizing, blocked) or wanted.spec == self.spec
@@ -298,11 +304,17 @@ class FilterRecord:
             )
         if same_request and wanted.ttl != self.ttl:
             raise ConfigMismatchError(
-                f"The Bloom filter {key!r} was created with BLOOMFILTER_TTL = {self.ttl}"
-                f" ({self.growth_text()}); this worker sets {wanted.ttl}. Every worker must"
-                " forget URLs after the same time: set BLOOMFILTER_TTL as the filter was"
-                " created, choose another BLOOMFILTER_KEY, or reset the filter"
-                f" (scrapy-redis-bloom reset --key {key!r})."
+                Wording(
+                    "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
+                    " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
+                    " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
+                    " choose another {BLOOMFILTER_KEY}, or reset the filter"
+                    " (scrapy-redis-bloom reset --key {key!r}).",
+                    key=key,
+                    ttl=self.ttl,
+                    growth=self.growth_text(),
+                    wanted=wanted.ttl,
+                )
             )
         if same_request and wanted.servers == self.servers:
             if wanted.expansion != self.expansion:
@@ -321,18 +333,29 @@ class FilterRecord:
             return
         if same_request:
             raise ServerListMismatchError(
-                f"The Bloom filter {key!r} was created on {self.servers} server(s); this worker"
-                f" lists {wanted.servers}. List the servers in BLOOMFILTER_REDIS_URLS exactly as"
-                " when the filter was created (same servers, same order): shards are never"
-                " re-mapped to other servers."
+                Wording(
+                    "The Bloom filter {key!r} was created on {servers} server(s); this worker"
+                    " lists {wanted}. List the servers in {BLOOMFILTER_REDIS_URLS} exactly as"
+                    " when the filter was created (same servers, same order): shards are"
+                    " never re-mapped to other servers.",
+                    key=key,
+                    servers=self.servers,
+                    wanted=wanted.servers,
+                )
             )
         raise ConfigMismatchError(
-            f"The Bloom filter {key!r} in Redis was created on {self.created_text()} with"
-            f" {self.describe()}; this worker is configured with {wanted.describe()}."
-            " A filter's layout cannot change once it holds bits. Either start this"
-            " worker with the settings the filter was created with, choose another"
-            " BLOOMFILTER_KEY, or reset the filter (scrapy-redis-bloom reset --key"
-            f" {key!r}), which forgets every URL it has seen."
+            Wording(
+                "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
+                " this worker is configured with {wanted}. A filter's layout cannot change"
+                " once it holds bits. Either start this worker with the {settings} the filter"
+                " was created with, choose another {BLOOMFILTER_KEY}, or reset the filter"
+                " (scrapy-redis-bloom reset --key {key!r}), which forgets every URL it has"
+                " seen.",
+                key=key,
+                created=self.created_text(),
+                stored=self.describe(),
+                wanted=wanted.describe(),
+            )
         )
 
 

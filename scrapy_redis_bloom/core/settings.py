@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
 
+from scrapy_redis_bloom.core.errors import SettingError, SettingName, Wording
 from scrapy_redis_bloom.core.generations import DEFAULT_EXPANSION, DEFAULT_TIGHTENING, Growth
 from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.redact import masked, scrub
@@ -69,9 +70,16 @@ class SettingsLike(Protocol):
         """Return the value of a setting, or ``default`` when it is not set."""
 
 
-def _invalid(name: str, value: object, allowed: str) -> ValueError:
+def _invalid(name: str, value: object, allowed: str | Wording) -> SettingError:
     """Return the error for a bad setting: its name, value (secrets masked), what is allowed."""
-    return ValueError(f"The value of the {name} setting ({masked(value)}) is invalid. {allowed}")
+    return SettingError(
+        Wording(
+            "The value of the {name} {setting} ({value}) is invalid. {allowed}",
+            name=SettingName(name),
+            value=masked(value),
+            allowed=allowed,
+        )
+    )
 
 
 def _checked_number(
@@ -189,9 +197,13 @@ def client_params(name: str, params: object) -> dict[str, Any]:
     if params is None:
         return {}
     if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
-        raise ValueError(  # its value is not shown: it may hold a password in any form
-            f"The value of the {name} setting (a {type(params).__name__}) is invalid. It must"
-            " be a dict of keyword arguments for the Redis client, e.g. {'socket_timeout': 30}."
+        raise SettingError(  # its value is not shown: it may hold a password in any form
+            Wording(
+                "The value of the {name} {setting} (a {type}) is invalid. It must be a dict of"
+                " keyword arguments for the Redis client, e.g. {{'socket_timeout': 30}}.",
+                name=SettingName(name),
+                type=type(params).__name__,
+            )
         )
     for param in _NUMERIC_PARAMS:
         value = params.get(param)
@@ -802,24 +814,33 @@ class ConnectionConfig:
         url = REDIS_URL.given(settings)
         urls = REDIS_URLS.read(settings)
         if url is not None and urls:
-            raise ValueError(
-                "The settings BLOOMFILTER_REDIS_URL and BLOOMFILTER_REDIS_URLS contradict each"
-                " other: give one server (or cluster node) or a list of servers, not both."
+            raise SettingError(
+                Wording(
+                    "The {settings} {BLOOMFILTER_REDIS_URL} and {BLOOMFILTER_REDIS_URLS}"
+                    " contradict each other: give one server (or cluster node) or a list of"
+                    " servers, not both."
+                )
             )
         found = urls if url is None else (url,)
         cluster = REDIS_CLUSTER.read(settings)
         if cluster and len(found) != 1:
-            raise ValueError(
-                "The BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL, the URL of"
-                " one node of the cluster to start from (the client discovers the others)."
+            raise SettingError(
+                Wording(
+                    "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL},"
+                    " the URL of one node of the cluster to start from (the client discovers"
+                    " the others)."
+                )
             )
         sentinels, service = _sentinel_settings(settings, found)
         params = REDIS_PARAMS.read(settings)
         if params and not found and not sentinels:
-            raise ValueError(
-                "The BLOOMFILTER_REDIS_PARAMS setting needs BLOOMFILTER_REDIS_URL,"
-                " BLOOMFILTER_REDIS_URLS or BLOOMFILTER_REDIS_SENTINELS; without them the"
-                " filter uses scrapy-redis's connection, set by REDIS_URL and REDIS_PARAMS."
+            raise SettingError(
+                Wording(
+                    "The {BLOOMFILTER_REDIS_PARAMS} {setting} needs {BLOOMFILTER_REDIS_URL},"
+                    " {BLOOMFILTER_REDIS_URLS} or {BLOOMFILTER_REDIS_SENTINELS}; without them"
+                    " the filter uses scrapy-redis's connection, set by REDIS_URL and"
+                    " REDIS_PARAMS."
+                )
             )
         if sentinels:
             check_sentinel_params(REDIS_PARAMS.name, params)
@@ -846,15 +867,22 @@ def _sentinel_settings(
             if service is None
             else (SENTINEL_SERVICE.name, SENTINELS.name)
         )
-        raise ValueError(
-            f"The {given} setting needs {missing}: the sentinels' addresses and the name"
-            " they monitor the primary under go together."
+        raise SettingError(
+            Wording(
+                "The {given} {setting} needs {missing}: the sentinels' addresses and the name"
+                " they monitor the primary under go together.",
+                given=SettingName(given),
+                missing=SettingName(missing),
+            )
         )
     if urls or REDIS_CLUSTER.read(settings):
-        raise ValueError(
-            "The setting BLOOMFILTER_REDIS_SENTINELS contradicts BLOOMFILTER_REDIS_URL,"
-            " BLOOMFILTER_REDIS_URLS and BLOOMFILTER_REDIS_CLUSTER: give the sentinels of"
-            " one Sentinel-managed primary, or the servers themselves, not both."
+        raise SettingError(
+            Wording(
+                "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts"
+                " {BLOOMFILTER_REDIS_URL}, {BLOOMFILTER_REDIS_URLS} and"
+                " {BLOOMFILTER_REDIS_CLUSTER}: give the sentinels of one Sentinel-managed"
+                " primary, or the servers themselves, not both."
+            )
         )
     return SENTINELS.check(raw), SENTINEL_SERVICE.check(service)
 
@@ -999,11 +1027,14 @@ class BloomConfig:
         share = rate_share(expansion, ttl, DEFAULT_TIGHTENING)
         sizing, capacity = _sizing(settings, share, native=backend == "native")
         if sizing.blocked and backend == "native":
-            raise ValueError(
-                "The settings BLOOMFILTER_BLOCKED = True and BLOOMFILTER_BACKEND = 'native'"
-                " contradict each other: blocks are a layout of the bitmap backend (the"
-                " server's BF.* filters have their own). Use BLOOMFILTER_BACKEND = 'bitmap'"
-                " or 'auto', or leave BLOOMFILTER_BLOCKED unset (or False)."
+            raise SettingError(
+                Wording(
+                    "The {settings} {BLOOMFILTER_BLOCKED} = True and {BLOOMFILTER_BACKEND} ="
+                    " 'native' contradict each other: blocks are a layout of the bitmap"
+                    " backend (the server's BF.* filters have their own). Use"
+                    " {BLOOMFILTER_BACKEND} = 'bitmap' or 'auto', or leave"
+                    " {BLOOMFILTER_BLOCKED} unset (or False)."
+                )
             )
         try:
             spec = sizing.spec()
@@ -1013,15 +1044,19 @@ class BloomConfig:
                 if sizing.shards is not None
                 else (SHARD_BIT.name, sizing.shard_bit)
             )
-            blocks = (
-                f" A blocked filter's shards hold whole {sizing.block_bits}-bit blocks: give"
-                " larger shards, or set BLOOMFILTER_BLOCKED = False."
+            blocks = Wording(
+                " A blocked filter's shards hold whole {bits}-bit blocks: give larger shards,"
+                " or set {BLOOMFILTER_BLOCKED} = False."
                 if sizing.block_bits
-                else ""
+                else "",
+                bits=sizing.block_bits,
             )
-            raise _invalid(
-                name, value, f"It cannot split the filter's bits into shards ({exc}).{blocks}"
-            ) from None
+            why = Wording(
+                "It cannot split the filter's bits into shards ({exc}).{blocks}",
+                exc=exc,
+                blocks=blocks,
+            )
+            raise _invalid(name, value, why) from None
         return cls(
             key=KEY.read(settings),
             spec=spec,
@@ -1057,22 +1092,30 @@ def _sizing(
     blocked = BLOCKED.given(settings)
     shards = SHARDS.given(settings)
     if shards is not None and shard_bit is not None:
-        raise ValueError(
-            "The settings BLOOMFILTER_SHARDS and BLOOMFILTER_SHARD_BIT contradict each other:"
-            " give the number of shards or the largest shard size, not both."
+        raise SettingError(
+            Wording(
+                "The {settings} {BLOOMFILTER_SHARDS} and {BLOOMFILTER_SHARD_BIT} contradict"
+                " each other: give the number of shards or the largest shard size, not both."
+            )
         )
     if error_rate is not None:
         given = [s.name for s, v in ((BIT, bit), (HASH_NUMBER, hash_number)) if v is not None]
         if given:
-            raise ValueError(
-                f"The settings BLOOMFILTER_ERROR_RATE and {' and '.join(given)} contradict"
-                " each other: size the filter either by BLOOMFILTER_CAPACITY and"
-                " BLOOMFILTER_ERROR_RATE, or by BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER."
+            raise SettingError(
+                Wording(
+                    "The {settings} {BLOOMFILTER_ERROR_RATE} and {given} contradict each other:"
+                    " size the filter either by {BLOOMFILTER_CAPACITY} and"
+                    " {BLOOMFILTER_ERROR_RATE}, or by {BLOOMFILTER_BIT} and"
+                    " {BLOOMFILTER_HASH_NUMBER}.",
+                    given=Wording(" and ".join("{" + name + "}" for name in given)),
+                )
             )
         if capacity is None:
-            raise ValueError(
-                "The BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY: the error"
-                " rate holds for a given number of items."
+            raise SettingError(
+                Wording(
+                    "The {BLOOMFILTER_ERROR_RATE} {setting} needs {BLOOMFILTER_CAPACITY}: the"
+                    " error rate holds for a given number of items."
+                )
             )
     if capacity is not None and bit is None and hash_number is None:
         rate = ERROR_RATE.default if error_rate is None else error_rate
@@ -1089,8 +1132,13 @@ def _sizing(
             raise _invalid(
                 CAPACITY.name,
                 settings.get(CAPACITY.name),
-                f"At error rate {rate:g} it needs {bits:,} bits, more than the 2**{MAX_BIT}"
-                " supported: lower the capacity or raise BLOOMFILTER_ERROR_RATE.",
+                Wording(
+                    "At error rate {rate:g} it needs {bits:,} bits, more than the 2**{max_bit}"
+                    " supported: lower the capacity or raise {BLOOMFILTER_ERROR_RATE}.",
+                    rate=rate,
+                    bits=bits,
+                    max_bit=MAX_BIT,
+                ),
             )
         sizing = Sizing(
             capacity=capacity,

@@ -34,6 +34,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterMissingError,
     OrphanedShardsError,
     ServerListMismatchError,
+    Wording,
 )
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.record import FilterRecord
@@ -306,19 +307,30 @@ class Lifecycle:
             parsed = layout.parse_marker(marker)
             if parsed is None:
                 raise ServerListMismatchError(
-                    f"Redis at {self._server(i)} holds {self.parts.marker_key!r} ="
-                    f" {marker[:40]!r}, which is not a Bloom filter's server marker: another"
-                    " program uses that key. Choose another BLOOMFILTER_KEY, or remove that key"
-                    " if it is not needed."
+                    Wording(
+                        "Redis at {server} holds {key!r} = {marker!r}, which is not a Bloom"
+                        " filter's server marker: another program uses that key. Choose"
+                        " another {BLOOMFILTER_KEY}, or remove that key if it is not needed.",
+                        server=self._server(i),
+                        key=self.parts.marker_key,
+                        marker=marker[:40],
+                    )
                 )
             place = f"{parsed[1]}/{parsed[2]}"
             if place != f"{i}/{servers}":
                 raise ServerListMismatchError(
-                    f"Redis at {self._server(i)} is server {place} of the Bloom"
-                    f" filter {self.key!r}, but this worker lists it as server {i}/{servers}."
-                    " List the servers in BLOOMFILTER_REDIS_URLS exactly as when the filter was"
-                    " created (same servers, same order). Shards are never re-mapped to other"
-                    " servers."
+                    Wording(
+                        "Redis at {server} is server {place} of the Bloom filter {key!r}, but"
+                        " this worker lists it as server {i}/{servers}. List the servers in"
+                        " {BLOOMFILTER_REDIS_URLS} exactly as when the filter was created"
+                        " (same servers, same order). Shards are never re-mapped to other"
+                        " servers.",
+                        server=self._server(i),
+                        place=place,
+                        key=self.key,
+                        i=i,
+                        servers=servers,
+                    )
                 )
 
     def check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:

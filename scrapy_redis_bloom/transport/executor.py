@@ -57,6 +57,7 @@ from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     CredentialsRefusedError,
     FilterUnavailableError,
+    Wording,
 )
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.transport.node import (
@@ -822,9 +823,14 @@ class Executor:
     ) -> FilterUnavailableError:
         waited = time.monotonic() - started
         place = self._where(where)
-        message = (
-            f"{place} could not {operation}: {why}. Retried for {waited:.1f} s"
-            f" (BLOOMFILTER_RETRY_TIMEOUT = {self.retry_timeout:g} s)."
+        message = Wording(
+            "{place} could not {operation}: {why}. Retried for {waited:.1f} s"
+            " ({BLOOMFILTER_RETRY_TIMEOUT} = {timeout:g} s).",
+            place=place,
+            operation=operation,
+            why=why,
+            waited=waited,
+            timeout=self.retry_timeout,
         )
         return FilterUnavailableError(message, operation=operation, server=place)
 
