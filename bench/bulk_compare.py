@@ -4,7 +4,8 @@ Reads two runs of measure (s) (``bench/bulk-results.json``, this version, and
 ``bench/bulk-results-8647704.json``, the package of 8647704 measured by the same bench in
 the same session) and prints, per cell, ours with numpy and hiredis: fingerprints per
 second, bytes on the wire per fingerprint, the ratio to RedisBloom's ``BF.MADD`` of the
-same run. ``docs/explanation/bench-results.md`` shows this table as printed
+same run; then the native backend's (this version) and its ratio.
+``docs/explanation/bench-results.md`` shows this table as printed
 (``tests/test_docs_truth.py`` checks it is)::
 
     python bench/bulk_compare.py
@@ -18,6 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OURS, MADD = "ours, defaults (bitmap, numpy)", "RedisBloom BF.MADD"
+NATIVE = "ours, native: add_many"
 
 
 def _cells(name: str) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
@@ -30,8 +32,8 @@ def table(after: str = "bulk-results.json", before: str = "bulk-results-8647704.
     now, then = _cells(after), _cells(before)
     lines = [
         "| filter, fingerprints per call | 8647704: fp/s | bytes/fp | x BF.MADD"
-        " | now: fp/s | bytes/fp | x BF.MADD |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        " | now: fp/s | bytes/fp | x BF.MADD | native backend: fp/s | x BF.MADD |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, cell in now.items():
         row = [label.replace("1000M", "1B")]
@@ -40,6 +42,8 @@ def table(after: str = "bulk-results.json", before: str = "bulk-results-8647704.
             ours, madd = rates[OURS]["median"], rates[MADD]["median"]
             wire = run["wire_bytes"][OURS]["median"]
             row += [f"{ours:,.0f}", f"{wire:,.0f}", f"{ours / madd:.2f}"]
+        native = cell["fp_per_s"][NATIVE]["median"]
+        row += [f"{native:,.0f}", f"{native / cell['fp_per_s'][MADD]['median']:.2f}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
