@@ -245,10 +245,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal error
         # Scrapy may raise again while closing a crawl that failed to open (e.g. "Engine
         # slot not assigned"), hiding the cause: record the whole chain of exceptions.
-        chain: list[dict[str, str]] = []
+        chain: list[dict[str, Any]] = []
         exc: BaseException | None = failure.value
         while exc is not None and len(chain) < 10:
-            chain.append({"type": type(exc).__name__, "message": str(exc)})
+            chain.append(
+                {
+                    "type": type(exc).__name__,
+                    "bases": [base.__name__ for base in type(exc).__mro__],
+                    "message": str(exc),
+                }
+            )
             exc = exc.__cause__ or exc.__context__
         error = {**chain[0], "chain": chain}
         # Left unhandled, as under "scrapy crawl": Twisted logs it, as a user would see it.

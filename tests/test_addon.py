@@ -125,7 +125,9 @@ def test_a_bad_setting_stops_the_crawl_before_it_starts(
     )
 
     assert result.returncode == 1
-    assert result.output["error"]["type"] == "ValueError"
+    # A ValueError (Scrapy's convention for a bad setting): SettingError, which the
+    # command-line front end words in its options.
+    assert "ValueError" in result.output["error"]["bases"], result.output["error"]
     assert result.output["error"]["message"].startswith(message)
     assert message in result.log
     assert site_server.hits_snapshot() == collections.Counter()  # not one request
