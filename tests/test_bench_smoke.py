@@ -183,7 +183,9 @@ def assert_size_measure(document: dict[str, Any], bloom: bool) -> None:
         expected |= set(SIZE_BLOCKED)
     if bloom:
         expected |= set(SIZE_BLOOM)
-    linked = {"ours, defaults (bitmap, numpy)"} | ({"RedisBloom BF.MADD"} if bloom else set())
+    linked = {"ours, defaults (bitmap, numpy)"} | (
+        {"RedisBloom BF.MADD", "ours, native: add_many"} if bloom else set()
+    )
     through = [label for label in size if label.endswith(", 1 Gbit/s link")]
     assert len(through) == 4
     for label, metrics in size.items():
