@@ -459,7 +459,7 @@ class RedisBloomFilter(FilterBase):
                 if recovered:
                     raise self._still_wrong(command.key)
                 self._take_back(command, reply)
-                self._recover(self.parts.identities([command.shard]))
+                self._recover([command.shard])
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
                 self._note(command.shard, 0, generations)
@@ -550,7 +550,7 @@ class RedisBloomFilter(FilterBase):
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
-            self._recover(self.parts.identities([shard]))
+            self._recover([shard])
         else:
             raise self.lifecycle.lost_part(self._current(), shard, bad)
 
@@ -637,9 +637,9 @@ class RedisBloomFilter(FilterBase):
             self._identities[shard] = found
         return found
 
-    def _recover(self, found: dict[int, bytes]) -> None:
+    def _recover(self, shards: Iterable[int]) -> None:
         """Sort out shards whose header did not match (see :meth:`.Lifecycle.recover`)."""
-        record = self.lifecycle.recover(self._current(), found, self.wanted)
+        record = self.lifecycle.recover(self._current(), shards, self.wanted)
         self._adopt(record)
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
