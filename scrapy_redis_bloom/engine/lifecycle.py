@@ -31,7 +31,7 @@ and each shard's (its header, or its type). What is wrong is then sorted out by
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Protocol
 
@@ -74,23 +74,13 @@ def sample(shards: int, servers: int) -> range | list[int]:
     return sorted(set(range(first)) | spread | {shards - 1})
 
 
-def reopened(events: FilterEvents, key: str, current: FilterRecord, old: FilterRecord) -> None:
-    """Count and log a filter found reset and created again while this worker used it."""
-    events.count("reopened")
-    logger.warning(
-        "The Bloom filter %r was reset and created again (id %s, was %s) while this"
-        " worker used it: going on with the new filter.",
-        key,
-        current.filter_id,
-        old.filter_id,
-    )
-
-
 class Shards(Protocol):
     """What differs per backend when a filter is opened or recovered: its shards.
 
     :class:`Lifecycle` decides what to create, check, restore or recreate; a ``Shards``
-    knows how, for one backend's shards.
+    knows how. ``create`` and ``missing`` raise :class:`~..errors.FilterDamagedError`
+    where a shard's key holds anything else (another filter's shard, foreign data): it
+    is never overwritten.
     """
 
     #: How messages name the filter: "Bloom filter", "native Bloom filter".
@@ -98,41 +88,26 @@ class Shards(Protocol):
 
     def shard_key(self, record: FilterRecord, shard: int) -> str:
         """Return the key of a shard (for messages)."""
-        ...
 
     def check_servers(self) -> None:
-        """Refuse servers that cannot hold the filter (a permission missing, no ``BF.*``)."""
-        ...
+        """Refuse servers that cannot hold the filter (a missing permission, no ``BF.*``)."""
 
     def prepare(
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
-        """Before a record is created: refuse what cannot be, clear the way.
-
-        Returns the record restored from shards left without one, if any (else None).
-        """
-        ...
+        """Before a record is created: refuse what cannot be; return one restored, if any."""
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
-        """Create shards (``replace``: where each was found lost); return how many now.
-
-        Raises :class:`~..errors.FilterDamagedError` where a key holds something else.
-        """
-        ...
+        """Create shards (``replace``: where found lost); return how many were made now."""
 
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
-        """Return the shards that are lost, with what stands in their place ("missing").
-
-        Raises :class:`~..errors.FilterDamagedError` for anything else where a shard
-        belongs (another filter's, foreign data): it is never overwritten.
-        """
-        ...
+        """Return the shards that are lost, with what stands in their place ("missing")."""
 
 
 class Lifecycle:
     """Opens, checks, recovers and deletes the filter whose parts ``parts`` reaches.
 
-    ``shards``: the backend's (:class:`Bitmaps` by default).
+    ``shards`` are the backend's: :class:`Bitmaps`, :class:`~.native.filter.Blooms`.
     """
 
     def __init__(
@@ -141,14 +116,14 @@ class Lifecycle:
         topology: Topology,
         faults: FaultPolicy,
         events: FilterEvents,
-        shards: Shards | None = None,
+        shards: Shards,
     ) -> None:
         self.parts = parts
         self.topology = topology
         self.faults = faults
         self.events = events
         self.key = parts.key
-        self.shards = shards if shards is not None else Bitmaps(parts, topology, events)
+        self.shards = shards
 
     # -- opening ---------------------------------------------------------------------
 
@@ -170,33 +145,32 @@ class Lifecycle:
                     f" {self.parts.meta_key!r}) on {self.topology.describe()}."
                 )
             record = self._create(wanted, servers)
-        else:
-            if wanted is not None:
-                record.check(self.key, wanted)
-            self.parts.spec = record.spec
-            if record.state == "creating":
-                record = self._finish_creation(record)
-            else:
-                record = self.verify(record, wanted)
+        record = self._settle(record, wanted)
         risk = health.warn_risks(self.key, servers, expiring=record.ttl > 0)
         self.events.set("eviction_risk", risk)
         return record
 
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
+        """Write a new filter's record (``creating``); return it, or the one found instead.
+
+        That is another worker's, if it wrote one first, or one restored from shards left
+        without their record (see :meth:`Bitmaps.prepare`).
+        """
         self.parts.spec = wanted.spec
         # A server listed out of place is refused before anything is written.
         markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
         self.check_places(markers, wanted.servers)
         restored = self.shards.prepare(wanted, servers, markers)
-        if restored is not None:
-            return restored
-        record = self.parts.create_record(wanted)
-        if record.filter_id != wanted.filter_id:  # another worker created it first
+        return restored if restored is not None else self.parts.create_record(wanted)
+
+    def _settle(self, record: FilterRecord, wanted: FilterRecord | None) -> FilterRecord:
+        """Check a record against this worker's request; finish creating it, or verify it."""
+        if wanted is not None:
             record.check(self.key, wanted)
-            self.parts.spec = record.spec
-            if record.state == "ready":
-                return self.verify(record, wanted)
-        return self._finish_creation(record)
+        self.parts.spec = record.spec
+        if record.state == "creating":
+            return self._finish_creation(record)
+        return self.verify(record, wanted)
 
     def _finish_creation(self, record: FilterRecord) -> FilterRecord:
         """Write every marker and shard of a record in state ``creating``; mark it ready."""
@@ -287,13 +261,15 @@ class Lifecycle:
         """
         current = self.parts.read_record()
         if current is not None and current.filter_id != record.filter_id:
-            reopened(self.events, self.key, current, record)
-            if wanted is not None:
-                current.check(self.key, wanted)
-            self.parts.spec = current.spec
-            if current.state == "creating":
-                return self._finish_creation(current)
-            return self.verify(current, wanted)
+            self.events.count("reopened")
+            logger.warning(
+                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
+                " worker used it: going on with the new filter.",
+                self.key,
+                current.filter_id,
+                record.filter_id,
+            )
+            return self._settle(current, wanted)
         # Only shards that are wrong now: one found wrong may have been recreated since
         # (by an earlier element of the same batch, or another worker). A record lost
         # alone (evicted: LRU picks it first, it is read only at open) is restored from
@@ -301,7 +277,14 @@ class Lifecycle:
         # is lost, and restored only to be recreated.
         lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
-            restore_record(self.parts, self.events, record)
+            self.parts.create_record(record)
+            self.events.count("restored")
+            logger.warning(
+                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
+                " while this worker used it: restored from this worker's copy.",
+                self.parts.meta_key,
+                self.key,
+            )
         lost_servers = sorted(
             {i for i in (missing_markers or []) if any(s % record.servers == i for s in lost)}
         )
@@ -354,7 +337,7 @@ class Lifecycle:
         """
         call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
         found = bytes(self.parts.run("check the filter's generations", [call])[0])
-        where = self._address(record, shard)
+        where = self.topology.route(key, shard, None).address
         what = layout.describe_identity(found, record.filter_id, shard)
         if not found:
             return FilterDamagedError(
@@ -379,24 +362,18 @@ class Lifecycle:
 
     # -- messages ----------------------------------------------------------------------
 
-    def _address(self, record: FilterRecord, shard: int) -> str:
-        return self.topology.route(self.shards.shard_key(record, shard), shard, None).address
-
     def _server(self, i: int) -> str:
         return self.topology.route(None, None, i).address
 
     def _list(self, record: FilterRecord, found: dict[int, str]) -> str:
-        """Name up to :data:`NAMED` shards found lost: their keys, where, what is there."""
-        return named(
-            self.topology, [(self.shards.shard_key(record, s), s, w) for s, w in found.items()]
-        )
+        return named(self.topology, lambda shard: self.shards.shard_key(record, shard), found)
 
 
-def named(topology: Topology, found: list[tuple[str, int, str]]) -> str:
-    """Name up to :data:`NAMED` keys ``(key, shard, what is there)`` and where they are."""
+def named(topology: Topology, key: Callable[[int], str], found: dict[int, str]) -> str:
+    """Name up to :data:`NAMED` shards: their keys (``key(shard)``), where, what is there."""
     listed = [
-        f"{key!r} on {topology.route(key, shard, None).address}: {what}"
-        for key, shard, what in found[:NAMED]
+        f"{key(shard)!r} on {topology.route(key(shard), shard, None).address}: {what}"
+        for shard, what in list(found.items())[:NAMED]
     ]
     more = len(found) - NAMED
     return "; ".join(listed) + (f"; and {more:,} more" if more > 0 else "")
@@ -581,27 +558,10 @@ class Bitmaps:
         return self.topology.route(self.parts.shard_key(shard), shard, None).address
 
     def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
-        return named(
-            self.topology,
-            [
-                (self.parts.shard_key(s), s, layout.describe_identity(f, record.filter_id, s))
-                for s, f in found.items()
-            ],
-        )
+        what = {s: layout.describe_identity(f, record.filter_id, s) for s, f in found.items()}
+        return named(self.topology, self.parts.shard_key, what)
 
 
 def _debris(found: bytes) -> bool:
     """Tell whether a shard key's first bytes are those of a bitmap without a header."""
     return bool(found) and not found.strip(b"\0")
-
-
-def restore_record(parts: Parts, events: FilterEvents, record: FilterRecord) -> None:
-    """Write back a record found gone while the filter was in use (a worker's copy), saying so."""
-    parts.create_record(record)
-    events.count("restored")
-    logger.warning(
-        "The config record %r of the Bloom filter %r was gone (evicted or deleted) while this"
-        " worker used it: restored from this worker's copy.",
-        parts.meta_key,
-        parts.key,
-    )

@@ -44,7 +44,7 @@ from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
-from scrapy_redis_bloom.engine.lifecycle import Lifecycle
+from scrapy_redis_bloom.engine.lifecycle import Bitmaps, Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
@@ -65,13 +65,14 @@ class RedisBloomFilter(FilterBase):
     filter makes its own connections from their settings. ``spec`` and ``capacity``
     (and ``sizing``, the request they come from, see :class:`..sizing.Sizing`) say
     what to create; a filter that exists keeps the geometry stored in its record.
-    :meth:`open` is called on first use.
+    :meth:`~.FilterBase.open` is called on first use.
     """
 
     def _setup(self) -> None:
         key = self.key
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
-        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        shards = Bitmaps(self.parts, self.topology, self.events)
+        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events, shards)
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
@@ -115,20 +116,7 @@ class RedisBloomFilter(FilterBase):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def open(self, create: bool = True) -> FilterRecord:
-        """Create the filter, or check this worker's settings and every part against it.
-
-        With ``create=False`` a missing filter raises
-        :class:`~..errors.FilterMissingError`. See :mod:`.lifecycle` for what is
-        checked and how lost parts are handled.
-        """
-        with self._lock:
-            record = self.lifecycle.open(self.wanted, create)
-            self._adopt(record)
-            return record
-
     def _adopt(self, record: FilterRecord) -> None:
-        """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
         old, self.record = self.record, record
         if old is None or old.filter_id != record.filter_id or old.growth != record.growth:
             self._script = scripts.check_and_add(record.growth, one=True)
@@ -148,12 +136,6 @@ class RedisBloomFilter(FilterBase):
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
                 self._cache.clear()
-
-    def _current(self) -> FilterRecord:
-        if self.record is None:
-            self.open()
-        assert self.record is not None
-        return self.record
 
     def clear(self) -> None:
         """Delete the filter: its shards, counters and markers, then its record.
@@ -636,11 +618,6 @@ class RedisBloomFilter(FilterBase):
             found = layout.identity(record.filter_id, shard, record.spec.hash_count)
             self._identities[shard] = found
         return found
-
-    def _recover(self, shards: Iterable[int]) -> None:
-        """Sort out shards whose header did not match (see :meth:`.Lifecycle.recover`)."""
-        record = self.lifecycle.recover(self._current(), shards, self.wanted)
-        self._adopt(record)
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         return self._bulk.run(True, elements)

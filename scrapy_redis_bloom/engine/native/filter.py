@@ -64,7 +64,7 @@ class NativeBloomFilter(FilterBase):
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
         shards = Blooms(self.parts, self.topology)
-        self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events, shards)
+        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events, shards)
         self._ttl = self.wanted.ttl
         self._script: Script | None = None
 
@@ -81,7 +81,7 @@ class NativeBloomFilter(FilterBase):
     def existing(self) -> list[int]:
         """Return the shards whose key holds a Bloom filter (any other type raises)."""
         record = self._current()
-        gone = self._lifecycle.shards.missing(record, range(record.spec.shards))
+        gone = self.lifecycle.shards.missing(record, range(record.spec.shards))
         return [s for s in range(record.spec.shards) if s not in gone]
 
     def __repr__(self) -> str:
@@ -97,18 +97,6 @@ class NativeBloomFilter(FilterBase):
         return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    def open(self, create: bool = True) -> FilterRecord:
-        """Create the filter, or check this worker's settings and its shards against it.
-
-        Refuses servers without ``BF.*`` (:class:`~..errors.UnsupportedServerError`)
-        and, with ``create=False``, a missing filter (:class:`~..errors.FilterMissingError`).
-        See :mod:`..lifecycle` for what is checked and how lost parts are handled.
-        """
-        with self._lock:
-            record = self._lifecycle.open(self.wanted, create)
-            self._adopt(record)
-            return record
 
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
@@ -149,16 +137,6 @@ class NativeBloomFilter(FilterBase):
             return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
         verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
         return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
-
-    def _current(self) -> FilterRecord:
-        if self.record is None:
-            self.open()
-        assert self.record is not None
-        return self.record
-
-    def _recover(self, shards: list[int]) -> None:
-        """Sort out shards a command found missing (see :meth:`.Lifecycle.recover`)."""
-        self._adopt(self._lifecycle.recover(self._current(), shards, self.wanted))
 
     def clear(self) -> None:
         """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
@@ -454,10 +432,12 @@ class Blooms:
         """
         order = [(shard, self.shard_key(record, shard)) for shard in shards]
         anchor = native_ttl.CREATE_ANCHOR
+        rate, capacity, options = native_parts.reserve_arguments(record)
+        reserve = (repr(rate), capacity, *options)
         calls = [
             Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
             if record.ttl
-            else native_parts.reserve_call(record, key, shard)
+            else Call(pack_command(b"BF.RESERVE", key, *reserve), key=key, shard=shard)
             for shard, key in order
         ]
         replies = self.parts.executor.run("create the filter's shards", calls, write=True).replies
@@ -476,22 +456,16 @@ class Blooms:
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the shards whose key is missing; refuse any key of another type."""
         keys = [(shard, self.shard_key(record, shard)) for shard in shards]
-        found = native_parts.types(self.parts, keys)
-        ours = "string" if record.ttl else native_parts.NATIVE_TYPE
-        foreign = [
-            (key, shard, f"a {kind}")
-            for (shard, key), kind in zip(keys, found, strict=True)
-            if kind not in ("none", ours)
-        ]
+        ours = ("none", "string" if record.ttl else native_parts.NATIVE_TYPE)
+        found = dict(zip([s for s, _ in keys], native_parts.types(self.parts, keys), strict=True))
+        foreign = {shard: f"a {kind}" for shard, kind in found.items() if kind not in ours}
         if foreign:
             raise FilterDamagedError(
-                f"Where the native Bloom filter {self.parts.key!r} keeps its shards, Redis"
-                f" holds {named(self.topology, foreign)}. It is never overwritten: remove those"
-                " keys, or choose another BLOOMFILTER_KEY."
+                f"Where the native Bloom filter {self.parts.key!r} keeps its shards, Redis holds"
+                f" {named(self.topology, lambda s: self.shard_key(record, s), foreign)}. It is"
+                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
             )
-        return {
-            shard: "missing" for (shard, _), kind in zip(keys, found, strict=True) if kind == "none"
-        }
+        return {shard: "missing" for shard, kind in found.items() if kind == "none"}
 
 
 def pack_items(items: list[str | bytes]) -> bytes:
