@@ -2,8 +2,8 @@
 
 :class:`FilterBase` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
 :class:`.native.NativeBloomFilter` (``BF.*``): everything here is the same whatever
-keeps the bits. A subclass calls :meth:`FilterBase._connect` first in its constructor and
-supplies ``contains_many``, ``record`` and ``spec``.
+keeps the bits. A backend's filter sets up its :class:`.Lifecycle` (given its shards) in
+:meth:`FilterBase._setup`, and supplies :meth:`FilterBase._adopt` and its hot and bulk paths.
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ class Shards(Protocol):
 
     #: How messages name the filter: "Bloom filter", "native Bloom filter".
     noun: str
+    #: The filter's parts and its servers.
+    parts: Parts
+    topology: Topology
 
     def shard_key(self, record: FilterRecord, shard: int) -> str:
         """Return the key of a shard (for messages)."""
@@ -105,25 +108,18 @@ class Shards(Protocol):
 
 
 class Lifecycle:
-    """Opens, checks, recovers and deletes the filter whose parts ``parts`` reaches.
+    """Opens, checks, recovers and deletes a filter, whose backend keeps ``shards``.
 
-    ``shards`` are the backend's: :class:`Bitmaps`, :class:`~.native.filter.Blooms`.
+    ``shards``: :class:`Bitmaps`, or the native backend's :class:`~.native.filter.Blooms`.
     """
 
-    def __init__(
-        self,
-        parts: Parts,
-        topology: Topology,
-        faults: FaultPolicy,
-        events: FilterEvents,
-        shards: Shards,
-    ) -> None:
-        self.parts = parts
-        self.topology = topology
+    def __init__(self, shards: Shards, faults: FaultPolicy, events: FilterEvents) -> None:
+        self.shards = shards
+        self.parts = shards.parts
+        self.topology = shards.topology
         self.faults = faults
         self.events = events
-        self.key = parts.key
-        self.shards = shards
+        self.key = self.parts.key
 
     # -- opening ---------------------------------------------------------------------
 

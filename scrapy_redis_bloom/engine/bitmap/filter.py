@@ -72,7 +72,7 @@ class RedisBloomFilter(FilterBase):
         key = self.key
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
         shards = Bitmaps(self.parts, self.topology, self.events)
-        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events, shards)
+        self.lifecycle = Lifecycle(shards, self.faults, self.events)
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}

@@ -63,8 +63,7 @@ class NativeBloomFilter(FilterBase):
     def _setup(self) -> None:
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
-        shards = Blooms(self.parts, self.topology)
-        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events, shards)
+        self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._ttl = self.wanted.ttl
         self._script: Script | None = None
 
