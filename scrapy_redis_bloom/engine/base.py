@@ -150,6 +150,20 @@ class FilterBase:
             self._adopt(record)
             return record
 
+    def clear(self) -> None:
+        """Delete the filter: every part proven its own, its record last (:class:`.Shards`).
+
+        The worker registry is kept: leases belong to the workers. The next use creates
+        the filter anew.
+        """
+        with self._lock:
+            record = self.record if self.record is not None else self.parts.read_record()
+            if record is not None:
+                self.lifecycle.shards.delete(record)
+            self.record = None
+            self._cache.clear()
+            self.counters.forget_unsynced()
+
     def _adopt(self, record: FilterRecord) -> None:
         """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
         raise NotImplementedError

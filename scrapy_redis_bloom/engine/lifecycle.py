@@ -106,9 +106,12 @@ class Shards(Protocol):
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the shards that are lost, with what stands in their place ("missing")."""
 
+    def delete(self, record: FilterRecord) -> int:
+        """Delete every part of the filter still its own, its record last; return how many."""
+
 
 class Lifecycle:
-    """Opens, checks, recovers and deletes a filter, whose backend keeps ``shards``.
+    """Opens, checks and recovers a filter, whose backend keeps ``shards``.
 
     ``shards``: :class:`Bitmaps`, or the native backend's :class:`~.native.filter.Blooms`.
     """
@@ -350,12 +353,6 @@ class Lifecycle:
             " key, or reset the filter, or choose another BLOOMFILTER_KEY."
         )
 
-    # -- deleting ----------------------------------------------------------------------
-
-    def delete(self, record: FilterRecord) -> int:
-        """Delete every part of the filter that is still its own; return how many keys."""
-        return self.parts.delete(record)
-
     # -- messages ----------------------------------------------------------------------
 
     def _server(self, i: int) -> str:
@@ -453,6 +450,10 @@ class Bitmaps:
             shard: layout.describe_identity(found, record.filter_id, shard)
             for shard, found in wrong.items()
         }
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the shards, counters and markers proven the filter's, then its record."""
+        return self.parts.delete(record)
 
     def _clear_debris(self, debris: dict[int, bytes]) -> None:
         """Delete bitmaps without a header where a new filter's shards go.

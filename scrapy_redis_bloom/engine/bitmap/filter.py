@@ -138,20 +138,10 @@ class RedisBloomFilter(FilterBase):
                 self._cache.clear()
 
     def clear(self) -> None:
-        """Delete the filter: its shards, counters and markers, then its record.
-
-        Only keys proven to be this filter's (see :meth:`.parts.Parts.delete`). The
-        worker registry is kept: leases belong to the workers. The next use creates
-        the filter anew.
-        """
+        """Delete the filter (see :meth:`.FilterBase.clear`); the next check opens it anew."""
         with self._lock:
-            record = self.record if self.record is not None else self.parts.read_record()
-            if record is not None:
-                self.lifecycle.delete(record)
-            self.record = None
-            self._fast = self._stack = None  # the next check opens the filter anew first
-            self._cache.clear()
-            self.counters.forget_unsynced()
+            super().clear()
+            self._fast = self._stack = None
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""

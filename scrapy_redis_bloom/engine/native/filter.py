@@ -137,16 +137,6 @@ class NativeBloomFilter(FilterBase):
         verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
         return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
 
-    def clear(self) -> None:
-        """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
-        with self._lock:
-            record = self.record if self.record is not None else self.parts.read_record()
-            if record is not None:
-                delete(self.parts, record)
-            self.record = None
-            self._cache.clear()
-            self.counters.forget_unsynced()
-
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
         return native_parts.estimate(self._current(), items)
@@ -465,6 +455,10 @@ class Blooms:
                 " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
             )
         return {shard: "missing" for shard, kind in found.items() if kind == "none"}
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the filter's parts, each only if still its own (see :func:`delete`)."""
+        return delete(self.parts, record)
 
 
 def pack_items(items: list[str | bytes]) -> bytes:
