@@ -34,6 +34,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE, reserve_arguments
@@ -534,6 +535,48 @@ def test_shards_spread_over_servers_in_their_listed_order(
     assert [client.keys("*") for client in clients] == [[], []]
     for closing in (bloom, swapped, *clients):
         closing.close()
+
+
+def test_a_native_filter_on_two_servers_recovers_as_a_bitmap_one(
+    two_bloom_servers: list[RedisServer],
+) -> None:
+    """The lifecycle both backends share: a lost marker restored, an emptied server's part."""
+    clients = [server.client() for server in two_bloom_servers]
+    cfg = config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_SHARDS=4)
+    bloom = make_filter(clients, KEY, cfg)
+    fps = fingerprints(200, "two")
+    bloom.add_many(fps)
+    marker = clients[1].get(f"{KEY}:server")
+    clients[1].delete(f"{KEY}:server")  # evicted alone: the shards there are intact
+    events = Recorder()
+    again = make_filter(clients, KEY, cfg, events=events)
+    assert again.contains_many(fps) == [True] * 200
+    assert clients[1].get(f"{KEY}:server") == marker
+    assert events.seen["restored"] == 1
+    clients[1].flushall()  # server 1 emptied: its shards and its marker
+    with pytest.raises(FilterDamagedError, match="emptied or replaced"):
+        make_filter(clients, KEY, cfg).open()
+    events = Recorder()
+    lenient = make_filter(clients, KEY, cfg, events=events, faults=FaultPolicy(on_loss="recreate"))
+    lenient.open()
+    assert events.seen["recreated"] == 2  # shards 1 and 3
+    assert clients[1].get(f"{KEY}:server") == marker
+    for closing in (bloom, again, lenient, *clients):
+        closing.close()
+
+
+def test_a_foreign_key_where_a_native_shard_belongs_is_never_overwritten(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    bloom = native(bloom_redis_client)
+    bloom.check_and_add("a" * 40)
+    keys = bloom.shard_keys
+    bloom_redis_client.delete(keys[0])
+    bloom_redis_client.set(keys[0], "not ours")
+    with pytest.raises(FilterDamagedError, match=r"holds .* a string\. It is\s+never overwritten"):
+        native(bloom_redis_client, BLOOMFILTER_ON_LOSS="recreate").open()
+    assert bloom_redis_client.get(keys[0]) == b"not ours"
+    bloom.close()
 
 
 @pytest.mark.timeout(120)

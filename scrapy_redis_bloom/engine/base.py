@@ -2,8 +2,8 @@
 
 :class:`FilterBase` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
 :class:`.native.NativeBloomFilter` (``BF.*``): everything here is the same whatever
-keeps the bits. A subclass calls :meth:`FilterBase._connect` first in its constructor and
-supplies ``contains_many``, ``record`` and ``spec``.
+keeps the bits. A backend's filter sets up its :class:`.Lifecycle` (given its shards) in
+:meth:`FilterBase._setup`, and supplies :meth:`FilterBase._adopt` and its hot and bulk paths.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.engine.cache import LRU
 from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
+from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterTotals
 from scrapy_redis_bloom.transport.executor import Call, Executor
@@ -69,6 +70,8 @@ class FilterBase:
     key: str
     record: FilterRecord | None
     parts: Parts
+    #: Opens and recovers the filter, given the backend's shards (set by :meth:`_setup`).
+    lifecycle: Lifecycle
 
     #: Which ``BLOOMFILTER_BACKEND`` this is (see :mod:`.backend`).
     backend: Backend = "bitmap"
@@ -134,6 +137,47 @@ class FilterBase:
 
     def _setup(self) -> None:
         """Set up the backend's own parts (called at the end of ``__init__``)."""
+
+    def open(self, create: bool = True) -> FilterRecord:
+        """Create the filter, or check this worker's settings and every part against it.
+
+        With ``create=False`` a missing filter raises
+        :class:`~..errors.FilterMissingError`. See :mod:`.lifecycle` for what is
+        checked (and which servers are refused) and how lost parts are handled.
+        """
+        with self._lock:
+            record = self.lifecycle.open(self.wanted, create)
+            self._adopt(record)
+            return record
+
+    def clear(self) -> None:
+        """Delete the filter: every part proven its own, its record last (:class:`.Shards`).
+
+        The worker registry is kept: leases belong to the workers. The next use creates
+        the filter anew.
+        """
+        with self._lock:
+            record = self.record if self.record is not None else self.parts.read_record()
+            if record is not None:
+                self.lifecycle.shards.delete(record)
+            self.record = None
+            self._cache.clear()
+            self.counters.forget_unsynced()
+
+    def _adopt(self, record: FilterRecord) -> None:
+        """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
+        raise NotImplementedError
+
+    def _current(self) -> FilterRecord:
+        """Return the record in use, opening the filter on first use."""
+        if self.record is None:
+            self.open()
+        assert self.record is not None
+        return self.record
+
+    def _recover(self, shards: Iterable[int]) -> None:
+        """Sort out shards found lost or wrong (see :meth:`.Lifecycle.recover`); adopt."""
+        self._adopt(self.lifecycle.recover(self._current(), shards, self.wanted))
 
     @classmethod
     def from_config(

@@ -1,21 +1,26 @@
 """Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
 
+One flow for both backends: what differs (how a shard is made and checked, which servers
+can hold one) is a :class:`Shards` given to :class:`Lifecycle`: :class:`Bitmaps` here,
+:class:`~.native.filter.Blooms` for the native backend.
+
 Creating writes the record first (state ``creating``), then every server marker and
-every shard, whole, each with the filter's id in its header; then sets the state to
-``ready``. Any worker that opens a filter still ``creating`` finishes the job (every
-step is idempotent), so a creator that dies half-way leaves nothing broken.
+every shard, each carrying the filter's id (a bitmap's header, a native shard's name);
+then sets the state to ``ready``. Any worker that opens a filter still ``creating``
+finishes the job (every step is idempotent), so a creator that dies half-way leaves
+nothing broken.
 
 Opening a ready filter checks its geometry against this worker's request (adopting
 the stored one, see :mod:`.record`) and every part's identity: each server's marker
-and each shard's header. What is wrong is then sorted out by :meth:`Lifecycle.recover`,
-which the hot path also calls when a shard's header does not match:
+and each shard's (its header, or its type). What is wrong is then sorted out by
+:meth:`Lifecycle.recover`, which the hot path also calls when it finds a shard wrong:
 
 * metadata this worker knows exactly (the record, a server marker) that is missing
   while the shards it describes are intact is **restored**, with a warning: it was
   evicted or deleted, and nothing it described was lost;
 * a record with another id means the filter was reset and created again elsewhere:
   the worker **adopts** the new filter (its near-cache is emptied by the caller);
-* a shard that is missing, or a bitmap without a header, was **lost** (evicted,
+* a shard that is missing (or a bitmap without a header) was **lost** (evicted,
   deleted, its server emptied or replaced): ``BLOOMFILTER_ON_LOSS`` decides, raise
   :class:`~..errors.FilterDamagedError` or recreate it empty (with a warning: the
   URLs it held may be fetched again, never dropped);
@@ -26,7 +31,9 @@ which the hot path also calls when a shard's header does not match:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Protocol
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
@@ -39,7 +46,7 @@ from scrapy_redis_bloom.core.errors import (
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
-from scrapy_redis_bloom.core.sizing import format_bytes, shard_allocation
+from scrapy_redis_bloom.core.sizing import shard_allocation
 from scrapy_redis_bloom.engine import access, health
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.transport.executor import Call
@@ -68,29 +75,55 @@ def sample(shards: int, servers: int) -> range | list[int]:
     return sorted(set(range(first)) | spread | {shards - 1})
 
 
-def reopened(events: FilterEvents, key: str, current: FilterRecord, old: FilterRecord) -> None:
-    """Count and log a filter found reset and created again while this worker used it."""
-    events.count("reopened")
-    logger.warning(
-        "The Bloom filter %r was reset and created again (id %s, was %s) while this"
-        " worker used it: going on with the new filter.",
-        key,
-        current.filter_id,
-        old.filter_id,
-    )
+class Shards(Protocol):
+    """What differs per backend when a filter is opened or recovered: its shards.
+
+    :class:`Lifecycle` decides what to create, check, restore or recreate; a ``Shards``
+    knows how. ``create`` and ``missing`` raise :class:`~..errors.FilterDamagedError`
+    where a shard's key holds anything else (another filter's shard, foreign data): it
+    is never overwritten.
+    """
+
+    #: How messages name the filter: "Bloom filter", "native Bloom filter".
+    noun: str
+    #: The filter's parts and its servers.
+    parts: Parts
+    topology: Topology
+
+    def shard_key(self, record: FilterRecord, shard: int) -> str:
+        """Return the key of a shard (for messages)."""
+
+    def check_servers(self) -> None:
+        """Refuse servers that cannot hold the filter (a missing permission, no ``BF.*``)."""
+
+    def prepare(
+        self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
+    ) -> FilterRecord | None:
+        """Before a record is created: refuse what cannot be; return one restored, if any."""
+
+    def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
+        """Create shards (``replace``: where found lost); return how many were made now."""
+
+    def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards that are lost, with what stands in their place ("missing")."""
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete every part of the filter still its own, its record last; return how many."""
 
 
 class Lifecycle:
-    """Opens, checks, recovers and deletes the filter whose parts ``parts`` reaches."""
+    """Opens, checks and recovers a filter, whose backend keeps ``shards``.
 
-    def __init__(
-        self, parts: Parts, topology: Topology, faults: FaultPolicy, events: FilterEvents
-    ) -> None:
-        self.parts = parts
-        self.topology = topology
+    ``shards``: :class:`Bitmaps`, or the native backend's :class:`~.native.filter.Blooms`.
+    """
+
+    def __init__(self, shards: Shards, faults: FaultPolicy, events: FilterEvents) -> None:
+        self.shards = shards
+        self.parts = shards.parts
+        self.topology = shards.topology
         self.faults = faults
         self.events = events
-        self.key = parts.key
+        self.key = self.parts.key
 
     # -- opening ---------------------------------------------------------------------
 
@@ -103,7 +136,7 @@ class Lifecycle:
         """
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
-        access.check_access(self.parts.executor, self.topology, self.key)
+        self.shards.check_servers()
         record = self.parts.read_record()
         if record is None:
             if not create or wanted is None:
@@ -112,20 +145,273 @@ class Lifecycle:
                     f" {self.parts.meta_key!r}) on {self.topology.describe()}."
                 )
             record = self._create(wanted, servers)
-        else:
-            if wanted is not None:
-                record.check(self.key, wanted)
-            self.parts.spec = record.spec
-            if record.state == "creating":
-                record = self._finish_creation(record)
-            else:
-                record = self.verify(record, wanted)
+        record = self._settle(record, wanted)
         risk = health.warn_risks(self.key, servers, expiring=record.ttl > 0)
         self.events.set("eviction_risk", risk)
         return record
 
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
+        """Write a new filter's record (``creating``); return it, or the one found instead.
+
+        That is another worker's, if it wrote one first, or one restored from shards left
+        without their record (see :meth:`Bitmaps.prepare`).
+        """
         self.parts.spec = wanted.spec
+        # A server listed out of place is refused before anything is written.
+        markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
+        self.check_places(markers, wanted.servers)
+        restored = self.shards.prepare(wanted, servers, markers)
+        return restored if restored is not None else self.parts.create_record(wanted)
+
+    def _settle(self, record: FilterRecord, wanted: FilterRecord | None) -> FilterRecord:
+        """Check a record against this worker's request; finish creating it, or verify it."""
+        if wanted is not None:
+            record.check(self.key, wanted)
+        self.parts.spec = record.spec
+        if record.state == "creating":
+            return self._finish_creation(record)
+        return self.verify(record, wanted)
+
+    def _finish_creation(self, record: FilterRecord) -> FilterRecord:
+        """Write every marker and shard of a record in state ``creating``; mark it ready."""
+        if record.servers > 1:
+            self.check_markers(record, self.parts.markers(record.servers))
+            self.parts.write_markers(record, range(record.servers))
+        self.shards.create(record, range(record.spec.shards))
+        self.parts.mark_ready()
+        logger.debug(
+            "Created the %s %r (id %s) on %s: %s shard(s).",
+            self.shards.noun,
+            self.key,
+            record.filter_id,
+            self.topology.describe(),
+            f"{record.spec.shards:,}",
+        )
+        return record.ready()
+
+    # -- checking and recovering -------------------------------------------------------
+
+    def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
+        """Check every marker and a sample of the shards of a ready filter; recover.
+
+        Every shard when there are at most :data:`VERIFIED` of them, else a spread
+        sample that covers every server: opening stays O(1) in time and memory for any
+        geometry, and nothing is risked, as every check and add finds a lost shard
+        anyway.
+        """
+        missing_markers: list[int] = []
+        if record.servers > 1:
+            markers = self.parts.markers(record.servers)
+            self.check_markers(record, markers)
+            missing_markers = [i for i, marker in enumerate(markers) if marker is None]
+        lost = self.shards.missing(record, sample(record.spec.shards, record.servers))
+        if lost or missing_markers:
+            return self.recover(record, lost, wanted, missing_markers)
+        return record
+
+    def check_places(self, markers: list[str | None], servers: int) -> None:
+        """Refuse servers whose marker gives them another place in the list than ours."""
+        for i, marker in enumerate(markers):
+            if marker is None:
+                continue
+            parsed = layout.parse_marker(marker)
+            if parsed is None:
+                raise ServerListMismatchError(
+                    Wording(
+                        "Redis at {server} holds {key!r} = {marker!r}, which is not a Bloom"
+                        " filter's server marker: another program uses that key. Choose"
+                        " another {BLOOMFILTER_KEY}, or remove that key if it is not needed.",
+                        server=self._server(i),
+                        key=self.parts.marker_key,
+                        marker=marker[:40],
+                    )
+                )
+            place = f"{parsed[1]}/{parsed[2]}"
+            if place != f"{i}/{servers}":
+                raise ServerListMismatchError(
+                    Wording(
+                        "Redis at {server} is server {place} of the Bloom filter {key!r}, but"
+                        " this worker lists it as server {i}/{servers}. List the servers in"
+                        " {BLOOMFILTER_REDIS_URLS} exactly as when the filter was created"
+                        " (same servers, same order). Shards are never re-mapped to other"
+                        " servers.",
+                        server=self._server(i),
+                        place=place,
+                        key=self.key,
+                        i=i,
+                        servers=servers,
+                    )
+                )
+
+    def check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
+        """Refuse servers listed in another order, or holding another filter of this name."""
+        self.check_places(markers, record.servers)
+        for i, marker in enumerate(markers):
+            if marker is None or marker == layout.server_marker(
+                record.filter_id, i, record.servers
+            ):
+                continue
+            where = self.topology.route(None, None, i).address
+            raise ServerListMismatchError(
+                f"Redis at {where} holds part of another Bloom filter named {self.key!r}"
+                f" (marker {marker!r}), not of the one whose record is on server 0 (id"
+                f" {record.filter_id}). The server list mixes two filters' servers: list the"
+                " filter's own servers, or reset the filter on every server."
+            )
+
+    def recover(
+        self,
+        record: FilterRecord,
+        shards: Iterable[int],
+        wanted: FilterRecord | None = None,
+        missing_markers: list[int] | None = None,
+    ) -> FilterRecord:
+        """Sort out shards found lost or wrong; return the record to use.
+
+        See the module's docstring for what is restored, adopted, recreated or refused.
+        """
+        current = self.parts.read_record()
+        if current is not None and current.filter_id != record.filter_id:
+            self.events.count("reopened")
+            logger.warning(
+                "The Bloom filter %r was reset and created again (id %s, was %s) while this"
+                " worker used it: going on with the new filter.",
+                self.key,
+                current.filter_id,
+                record.filter_id,
+            )
+            return self._settle(current, wanted)
+        # Only shards that are wrong now: one found wrong may have been recreated since
+        # (by an earlier element of the same batch, or another worker). A record lost
+        # alone (evicted: LRU picks it first, it is read only at open) is restored from
+        # this worker's copy; a filter gone entirely (reset, flushed, its server emptied)
+        # is lost, and restored only to be recreated.
+        lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
+        if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
+            self.parts.create_record(record)
+            self.events.count("restored")
+            logger.warning(
+                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
+                " while this worker used it: restored from this worker's copy.",
+                self.parts.meta_key,
+                self.key,
+            )
+        lost_servers = sorted(
+            {i for i in (missing_markers or []) if any(s % record.servers == i for s in lost)}
+        )
+        if lost and self.faults.on_loss == "raise":
+            raise FilterDamagedError(
+                f"{len(lost):,} of the {record.spec.shards:,} shards of the {self.shards.noun}"
+                f" {self.key!r} are gone: {self._list(record, lost)}."
+                + (
+                    f" Server(s) {', '.join(self._server(i) for i in lost_servers)} hold"
+                    " none of the filter's parts: emptied or replaced."
+                    if lost_servers
+                    else ""
+                )
+                + " They were evicted (see maxmemory-policy), deleted, or their server lost its"
+                " data (a restart without persistence). The URLs they held would be taken"
+                " for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to"
+                " go on with those shards empty (URLs they held may be fetched again, never"
+                " dropped), or reset the filter."
+            )
+        if missing_markers:
+            self.parts.write_markers(record, missing_markers)
+            if not lost_servers:
+                self.events.count("restored", len(missing_markers))
+                logger.warning(
+                    "Restored the server marker of the %s %r on %s (evicted or"
+                    " deleted; the shards there are intact).",
+                    self.shards.noun,
+                    self.key,
+                    ", ".join(self._server(i) for i in missing_markers),
+                )
+        if lost:
+            self.events.count("recreated", self.shards.create(record, lost, replace=True))
+            logger.warning(
+                "Recreated %d lost shard(s) of the %s %r empty"
+                " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched"
+                " again.",
+                len(lost),
+                self.shards.noun,
+                self.key,
+                self._list(record, lost),
+            )
+        return record
+
+    def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
+        """Return the error for a generation or re-crawl window of a shard found wrong.
+
+        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS =
+        "raise"`` (with ``"recreate"`` it recreates it empty itself) or when it holds
+        something else, which is never overwritten.
+        """
+        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
+        found = bytes(self.parts.run("check the filter's generations", [call])[0])
+        where = self.topology.route(key, shard, None).address
+        what = layout.describe_identity(found, record.filter_id, shard)
+        if not found:
+            return FilterDamagedError(
+                f"Part {key!r} of shard {shard} of the Bloom filter {self.key!r} (a generation"
+                f" it grew, or a re-crawl window) is gone from {where}. It was evicted (see"
+                " maxmemory-policy), deleted, or its server lost its data. The URLs it held"
+                " would be taken for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS ="
+                " 'recreate' to go on with it empty (URLs it held may be fetched again, never"
+                " dropped), or reset the filter."
+            )
+        return FilterDamagedError(
+            f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps part {key!r}"
+            f" of shard {shard}, {where} holds {what}. It is never overwritten: remove that"
+            " key, or reset the filter, or choose another BLOOMFILTER_KEY."
+        )
+
+    # -- messages ----------------------------------------------------------------------
+
+    def _server(self, i: int) -> str:
+        return self.topology.route(None, None, i).address
+
+    def _list(self, record: FilterRecord, found: dict[int, str]) -> str:
+        return named(self.topology, lambda shard: self.shards.shard_key(record, shard), found)
+
+
+def named(topology: Topology, key: Callable[[int], str], found: dict[int, str]) -> str:
+    """Name up to :data:`NAMED` shards: their keys (``key(shard)``), where, what is there."""
+    listed = [
+        f"{key(shard)!r} on {topology.route(key(shard), shard, None).address}: {what}"
+        for shard, what in list(found.items())[:NAMED]
+    ]
+    more = len(found) - NAMED
+    return "; ".join(listed) + (f"; and {more:,} more" if more > 0 else "")
+
+
+class Bitmaps:
+    """The bitmap backend's :class:`Shards`: strings allocated whole, each with a header.
+
+    A shard's header names its filter, so shards left without a record are recognised
+    (and the record restored from them), and a lost shard is one missing or without
+    a header.
+    """
+
+    noun = "Bloom filter"
+
+    def __init__(self, parts: Parts, topology: Topology, events: FilterEvents) -> None:
+        self.parts = parts
+        self.topology = topology
+        self.events = events
+        self.key = parts.key
+
+    def shard_key(self, record: FilterRecord, shard: int) -> str:
+        """Return the key of a shard's bitmap."""
+        return self.parts.shard_key(shard)
+
+    def check_servers(self) -> None:
+        """Refuse servers where the Redis user may not run what the filter needs."""
+        access.check_access(self.parts.executor, self.topology, self.key)
+
+    def prepare(
+        self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
+    ) -> FilterRecord | None:
+        """Refuse a filter that does not fit; clear debris; restore a record from orphans."""
         # First, in O(servers): a filter that could never fit is refused before anything
         # per shard is built.
         whole = wanted.spec.shards * shard_allocation(wanted.spec)
@@ -135,8 +421,6 @@ class Lifecycle:
         present = {
             shard: found for shard, found in found_all.items() if found and not _debris(found)
         }
-        markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
-        self.check_places(markers, wanted.servers)
         if present or any(marker is not None for marker in markers):
             return self._restore_orphans(wanted, present, markers)
         needs: dict[str, int] = {}
@@ -144,13 +428,44 @@ class Lifecycle:
             address = self._address(shard)
             needs[address] = needs.get(address, 0) + shard_allocation(wanted.spec)
         health.check_room(self.key, servers, needs)
-        record = self.parts.create_record(wanted)
-        if record.filter_id != wanted.filter_id:  # another worker created it first
-            record.check(self.key, wanted)
-            self.parts.spec = record.spec
-            if record.state == "ready":
-                return self.verify(record, wanted)
-        return self._finish_creation(record)
+        return None
+
+    def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
+        """Allocate shards whole with their header (``replace``: over what was lost)."""
+        allocated = self.parts.allocate(record, shards, replace=replace)
+        refused = [shard for shard, reply in allocated.items() if reply < 0]
+        if refused:
+            found = self.parts.identities(refused)
+            raise FilterDamagedError(
+                f"Cannot create the Bloom filter {self.key!r}: where its shards belong,"
+                f" Redis already holds {self._list(record, found)}. Remove those keys or"
+                " choose another BLOOMFILTER_KEY."
+            )
+        return sum(reply == 1 for reply in allocated.values())
+
+    def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards missing or without a header; refuse any other header or data."""
+        k = record.spec.hash_count
+        wrong = {
+            shard: found
+            for shard, found in self.parts.identities(shards).items()
+            if found != layout.identity(record.filter_id, shard, k)
+        }
+        foreign = {s: f for s, f in wrong.items() if f and f.strip(b"\0")}
+        if foreign:
+            raise FilterDamagedError(
+                f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps its"
+                f" shards, Redis holds {self._list(record, foreign)}. It is never overwritten:"
+                " remove those keys, or reset the filter, or choose another BLOOMFILTER_KEY."
+            )
+        return {
+            shard: layout.describe_identity(found, record.filter_id, shard)
+            for shard, found in wrong.items()
+        }
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the shards, counters and markers proven the filter's, then its record."""
+        return self.parts.delete(record)
 
     def _clear_debris(self, debris: dict[int, bytes]) -> None:
         """Delete bitmaps without a header where a new filter's shards go.
@@ -174,31 +489,6 @@ class Lifecycle:
             self.parts.shard_key(next(iter(debris))),
             self.key,
         )
-
-    def _finish_creation(self, record: FilterRecord) -> FilterRecord:
-        """Write every marker and shard of a record in state ``creating``; mark it ready."""
-        if record.servers > 1:
-            self.check_markers(record, self.parts.markers(record.servers))
-            self.parts.write_markers(record, range(record.servers))
-        allocated = self.parts.allocate(record, range(record.spec.shards))
-        refused = [shard for shard, reply in allocated.items() if reply < 0]
-        if refused:
-            found = self.parts.identities(refused)
-            raise FilterDamagedError(
-                f"Cannot create the Bloom filter {self.key!r}: where its shards belong,"
-                f" Redis already holds {self._list(record, found)}. Remove those keys or"
-                " choose another BLOOMFILTER_KEY."
-            )
-        self.parts.mark_ready()
-        logger.debug(
-            "Created the Bloom filter %r (id %s) on %s: %s shard(s), %s.",
-            self.key,
-            record.filter_id,
-            self.topology.describe(),
-            f"{record.spec.shards:,}",
-            format_bytes(record.spec.shards * shard_allocation(record.spec)),
-        )
-        return record.ready()
 
     def _restore_orphans(
         self, wanted: FilterRecord, present: dict[int, bytes], markers: list[str | None]
@@ -273,226 +563,14 @@ class Lifecycle:
         ]
         return [int(reply) for reply in self.parts.run("measure the filter's shards", calls)]
 
-    # -- checking and recovering -------------------------------------------------------
-
-    def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
-        """Check every marker and a sample of the shards of a ready filter; recover.
-
-        Every shard when there are at most :data:`VERIFIED` of them, else a spread
-        sample that covers every server: opening stays O(1) in time and memory for any
-        geometry, and nothing is risked, as every check and add compares the header of
-        the shard it touches anyway.
-        """
-        missing_markers: list[int] = []
-        if record.servers > 1:
-            markers = self.parts.markers(record.servers)
-            self.check_markers(record, markers)
-            missing_markers = [i for i, marker in enumerate(markers) if marker is None]
-        found = self.parts.identities(sample(record.spec.shards, record.servers))
-        k = record.spec.hash_count
-        bad = {
-            shard: ident
-            for shard, ident in found.items()
-            if ident != layout.identity(record.filter_id, shard, k)
-        }
-        if bad or missing_markers:
-            return self.recover(record, bad, wanted, missing_markers)
-        return record
-
-    def check_places(self, markers: list[str | None], servers: int) -> None:
-        """Refuse servers whose marker gives them another place in the list than ours."""
-        for i, marker in enumerate(markers):
-            if marker is None:
-                continue
-            parsed = layout.parse_marker(marker)
-            if parsed is None:
-                raise ServerListMismatchError(
-                    Wording(
-                        "Redis at {server} holds {key!r} = {marker!r}, which is not a Bloom"
-                        " filter's server marker: another program uses that key. Choose"
-                        " another {BLOOMFILTER_KEY}, or remove that key if it is not needed.",
-                        server=self._server(i),
-                        key=self.parts.marker_key,
-                        marker=marker[:40],
-                    )
-                )
-            place = f"{parsed[1]}/{parsed[2]}"
-            if place != f"{i}/{servers}":
-                raise ServerListMismatchError(
-                    Wording(
-                        "Redis at {server} is server {place} of the Bloom filter {key!r}, but"
-                        " this worker lists it as server {i}/{servers}. List the servers in"
-                        " {BLOOMFILTER_REDIS_URLS} exactly as when the filter was created"
-                        " (same servers, same order). Shards are never re-mapped to other"
-                        " servers.",
-                        server=self._server(i),
-                        place=place,
-                        key=self.key,
-                        i=i,
-                        servers=servers,
-                    )
-                )
-
-    def check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
-        """Refuse servers listed in another order, or holding another filter of this name."""
-        self.check_places(markers, record.servers)
-        for i, marker in enumerate(markers):
-            if marker is None or marker == layout.server_marker(
-                record.filter_id, i, record.servers
-            ):
-                continue
-            where = self.topology.route(None, None, i).address
-            raise ServerListMismatchError(
-                f"Redis at {where} holds part of another Bloom filter named {self.key!r}"
-                f" (marker {marker!r}), not of the one whose record is on server 0 (id"
-                f" {record.filter_id}). The server list mixes two filters' servers: list the"
-                " filter's own servers, or reset the filter on every server."
-            )
-
-    def recover(
-        self,
-        record: FilterRecord,
-        bad: dict[int, bytes],
-        wanted: FilterRecord | None = None,
-        missing_markers: list[int] | None = None,
-    ) -> FilterRecord:
-        """Sort out shards whose header is not the expected one; return the record to use.
-
-        See the module's docstring for what is restored, adopted, recreated or refused.
-        """
-        current = self.parts.read_record()
-        if current is not None and current.filter_id != record.filter_id:
-            reopened(self.events, self.key, current, record)
-            if wanted is not None:
-                current.check(self.key, wanted)
-            self.parts.spec = current.spec
-            if current.state == "creating":
-                return self._finish_creation(current)
-            return self.verify(current, wanted)
-        if current is None:
-            # A record lost alone (evicted: LRU picks it first, it is read only at open)
-            # is restored from this worker's copy. A filter gone entirely (reset, flushed,
-            # its server emptied) is lost, and restored only to be recreated.
-            bad = self.parts.identities(range(record.spec.shards))
-        # Only shards that do not carry their header now: one read wrong may have been
-        # recreated since (by an earlier element of the same batch, or another worker).
-        k = record.spec.hash_count
-        bad = {s: f for s, f in bad.items() if f != layout.identity(record.filter_id, s, k)}
-        if current is None and (len(bad) < record.spec.shards or self.faults.on_loss != "raise"):
-            restore_record(self.parts, self.events, record)
-        foreign = {s: f for s, f in bad.items() if f and f.strip(b"\0")}
-        lost = {s: f for s, f in bad.items() if s not in foreign}
-        if foreign:
-            raise FilterDamagedError(
-                f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps its shards,"
-                f" Redis holds {self._list(record, foreign)}. It is never overwritten: remove"
-                " those keys, or reset the filter, or choose another BLOOMFILTER_KEY."
-            )
-        lost_servers = sorted(
-            {i for i in (missing_markers or []) if any(s % record.servers == i for s in lost)}
-        )
-        if lost and self.faults.on_loss == "raise":
-            raise FilterDamagedError(
-                f"{len(lost):,} of the {record.spec.shards:,} shards of the Bloom filter"
-                f" {self.key!r} are gone: {self._list(record, lost)}."
-                + (
-                    f" Server(s) {', '.join(self._server(i) for i in lost_servers)} hold"
-                    " none of the filter's parts: emptied or replaced."
-                    if lost_servers
-                    else ""
-                )
-                + " They were evicted (see maxmemory-policy), deleted, or their server lost its"
-                " data (a restart without persistence). The URLs they held would be taken"
-                " for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to"
-                " go on with those shards empty (URLs they held may be fetched again, never"
-                " dropped), or reset the filter."
-            )
-        if missing_markers:
-            self.parts.write_markers(record, missing_markers)
-            if not lost_servers:
-                self.events.count("restored", len(missing_markers))
-                logger.warning(
-                    "Restored the server marker of the Bloom filter %r on %s (evicted or"
-                    " deleted; the shards there are intact).",
-                    self.key,
-                    ", ".join(self._server(i) for i in missing_markers),
-                )
-        if lost:
-            self.parts.allocate(record, lost, replace=True)
-            self.events.count("recreated", len(lost))
-            logger.warning(
-                "Recreated %d lost shard(s) of the Bloom filter %r empty"
-                " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched"
-                " again.",
-                len(lost),
-                self.key,
-                self._list(record, lost),
-            )
-        return record
-
-    def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
-        """Return the error for a generation or re-crawl window of a shard found wrong.
-
-        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS =
-        "raise"`` (with ``"recreate"`` it recreates it empty itself) or when it holds
-        something else, which is never overwritten.
-        """
-        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
-        found = bytes(self.parts.run("check the filter's generations", [call])[0])
-        where = self._address(shard)
-        what = layout.describe_identity(found, record.filter_id, shard)
-        if not found:
-            return FilterDamagedError(
-                f"Part {key!r} of shard {shard} of the Bloom filter {self.key!r} (a generation"
-                f" it grew, or a re-crawl window) is gone from {where}. It was evicted (see"
-                " maxmemory-policy), deleted, or its server lost its data. The URLs it held"
-                " would be taken for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS ="
-                " 'recreate' to go on with it empty (URLs it held may be fetched again, never"
-                " dropped), or reset the filter."
-            )
-        return FilterDamagedError(
-            f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps part {key!r}"
-            f" of shard {shard}, {where} holds {what}. It is never overwritten: remove that"
-            " key, or reset the filter, or choose another BLOOMFILTER_KEY."
-        )
-
-    # -- deleting ----------------------------------------------------------------------
-
-    def delete(self, record: FilterRecord) -> int:
-        """Delete every part of the filter that is still its own; return how many keys."""
-        return self.parts.delete(record)
-
-    # -- messages ----------------------------------------------------------------------
-
     def _address(self, shard: int) -> str:
         return self.topology.route(self.parts.shard_key(shard), shard, None).address
 
-    def _server(self, i: int) -> str:
-        return self.topology.route(None, None, i).address
-
     def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
-        """Name up to :data:`NAMED` shard keys, where they are and what is there."""
-        named = [
-            f"{self.parts.shard_key(shard)!r} on {self._address(shard)}:"
-            f" {layout.describe_identity(ident, record.filter_id, shard)}"
-            for shard, ident in list(found.items())[:NAMED]
-        ]
-        more = len(found) - NAMED
-        return "; ".join(named) + (f"; and {more:,} more" if more > 0 else "")
+        what = {s: layout.describe_identity(f, record.filter_id, s) for s, f in found.items()}
+        return named(self.topology, self.parts.shard_key, what)
 
 
 def _debris(found: bytes) -> bool:
     """Tell whether a shard key's first bytes are those of a bitmap without a header."""
     return bool(found) and not found.strip(b"\0")
-
-
-def restore_record(parts: Parts, events: FilterEvents, record: FilterRecord) -> None:
-    """Write back a record found gone while the filter was in use (a worker's copy), saying so."""
-    parts.create_record(record)
-    events.count("restored")
-    logger.warning(
-        "The config record %r of the Bloom filter %r was gone (evicted or deleted) while this"
-        " worker used it: restored from this worker's copy.",
-        parts.meta_key,
-        parts.key,
-    )

@@ -191,7 +191,7 @@ class Bulk:
     """Runs bulk checks on a filter's shards.
 
     ``identity(shard)`` returns the bytes the shard's header must start with (they
-    change if the filter is adopted anew); ``recover(found)`` sorts out shards whose
+    change if the filter is adopted anew); ``recover(shards)`` sorts out shards whose
     header did not match (it raises, or returns once they are usable); ``allow``:
     answer "new" for a chunk Redis could not take within the retry timeout, instead
     of raising.
@@ -203,7 +203,7 @@ class Bulk:
         executor: Executor,
         parts: Parts,
         identity: Callable[[int], bytes],
-        recover: Callable[[dict[int, bytes]], None],
+        recover: Callable[[Iterable[int]], None],
         allow: bool,
         hooks: ScriptHooks | None = None,
     ) -> None:
@@ -772,8 +772,6 @@ class Bulk:
         if not mismatched:
             return []
         self._drain(later)  # recovery talks to these nodes too (this chunk's are read)
-        if scripted:  # the script names the wrong key: read what the shards hold
-            mismatched = self.parts.identities(mismatched)
         self.recover(mismatched)
         return [
             (offset + position, chunk.elements[position])
@@ -886,7 +884,7 @@ def _merge(outcome: Outcome, part: Outcome) -> None:
     outcome.failed += part.failed
 
 
-def _refuse(found: dict[int, bytes]) -> None:
+def _refuse(found: Iterable[int]) -> None:
     """Recovery for a second pass: shards that still do not match were not recovered."""
     raise FilterDamagedError(
         f"Shard(s) {sorted(found)} of the Bloom filter still do not carry its id after"

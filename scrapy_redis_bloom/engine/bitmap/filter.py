@@ -44,7 +44,7 @@ from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
-from scrapy_redis_bloom.engine.lifecycle import Lifecycle
+from scrapy_redis_bloom.engine.lifecycle import Bitmaps, Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
@@ -65,13 +65,14 @@ class RedisBloomFilter(FilterBase):
     filter makes its own connections from their settings. ``spec`` and ``capacity``
     (and ``sizing``, the request they come from, see :class:`..sizing.Sizing`) say
     what to create; a filter that exists keeps the geometry stored in its record.
-    :meth:`open` is called on first use.
+    :meth:`~.FilterBase.open` is called on first use.
     """
 
     def _setup(self) -> None:
         key = self.key
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
-        self.lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        shards = Bitmaps(self.parts, self.topology, self.events)
+        self.lifecycle = Lifecycle(shards, self.faults, self.events)
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
@@ -115,20 +116,7 @@ class RedisBloomFilter(FilterBase):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def open(self, create: bool = True) -> FilterRecord:
-        """Create the filter, or check this worker's settings and every part against it.
-
-        With ``create=False`` a missing filter raises
-        :class:`~..errors.FilterMissingError`. See :mod:`.lifecycle` for what is
-        checked and how lost parts are handled.
-        """
-        with self._lock:
-            record = self.lifecycle.open(self.wanted, create)
-            self._adopt(record)
-            return record
-
     def _adopt(self, record: FilterRecord) -> None:
-        """Use ``record``: its geometry, its id; forget the near-cache of another filter."""
         old, self.record = self.record, record
         if old is None or old.filter_id != record.filter_id or old.growth != record.growth:
             self._script = scripts.check_and_add(record.growth, one=True)
@@ -149,27 +137,11 @@ class RedisBloomFilter(FilterBase):
             if old is not None:
                 self._cache.clear()
 
-    def _current(self) -> FilterRecord:
-        if self.record is None:
-            self.open()
-        assert self.record is not None
-        return self.record
-
     def clear(self) -> None:
-        """Delete the filter: its shards, counters and markers, then its record.
-
-        Only keys proven to be this filter's (see :meth:`.parts.Parts.delete`). The
-        worker registry is kept: leases belong to the workers. The next use creates
-        the filter anew.
-        """
+        """Delete the filter (see :meth:`.FilterBase.clear`); the next check opens it anew."""
         with self._lock:
-            record = self.record if self.record is not None else self.parts.read_record()
-            if record is not None:
-                self.lifecycle.delete(record)
-            self.record = None
-            self._fast = self._stack = None  # the next check opens the filter anew first
-            self._cache.clear()
-            self.counters.forget_unsynced()
+            super().clear()
+            self._fast = self._stack = None
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""
@@ -459,7 +431,7 @@ class RedisBloomFilter(FilterBase):
                 if recovered:
                     raise self._still_wrong(command.key)
                 self._take_back(command, reply)
-                self._recover(self.parts.identities([command.shard]))
+                self._recover([command.shard])
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
                 self._note(command.shard, 0, generations)
@@ -550,7 +522,7 @@ class RedisBloomFilter(FilterBase):
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
-            self._recover(self.parts.identities([shard]))
+            self._recover([shard])
         else:
             raise self.lifecycle.lost_part(self._current(), shard, bad)
 
@@ -636,11 +608,6 @@ class RedisBloomFilter(FilterBase):
             found = layout.identity(record.filter_id, shard, record.spec.hash_count)
             self._identities[shard] = found
         return found
-
-    def _recover(self, found: dict[int, bytes]) -> None:
-        """Sort out shards whose header did not match (see :meth:`.Lifecycle.recover`)."""
-        record = self.lifecycle.recover(self._current(), found, self.wanted)
-        self._adopt(record)
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         return self._bulk.run(True, elements)

@@ -24,19 +24,19 @@ from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     BloomFilterError,
     FilterDamagedError,
-    FilterMissingError,
     FilterUnavailableError,
 )
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome
-from scrapy_redis_bloom.engine.lifecycle import Lifecycle, reopened, restore_record, sample
+from scrapy_redis_bloom.engine.lifecycle import Lifecycle, named
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterState
 from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,7 @@ class NativeBloomFilter(FilterBase):
     def _setup(self) -> None:
         #: Per shard, its key and the packed start of its ``BF.INSERT``.
         self._heads: list[tuple[str, bytes]] = []
-        #: For the server markers of a filter on several servers (as a bitmap filter's).
-        self._lifecycle = Lifecycle(self.parts, self.topology, self.faults, self.events)
+        self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._ttl = self.wanted.ttl
         self._script: Script | None = None
 
@@ -81,8 +80,7 @@ class NativeBloomFilter(FilterBase):
     def existing(self) -> list[int]:
         """Return the shards whose key holds a Bloom filter (any other type raises)."""
         record = self._current()
-        keys = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
-        gone = set(self._check_types(keys, native_parts.types(self.parts, keys)))
+        gone = self.lifecycle.shards.missing(record, range(record.spec.shards))
         return [s for s in range(record.spec.shards) if s not in gone]
 
     def __repr__(self) -> str:
@@ -98,51 +96,6 @@ class NativeBloomFilter(FilterBase):
         return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    def open(self, create: bool = True) -> FilterRecord:
-        """Create the filter, or check this worker's settings and its shards against it.
-
-        Refuses servers without ``BF.*`` (:class:`~..errors.UnsupportedServerError`)
-        and, with ``create=False``, a missing filter (:class:`~..errors.FilterMissingError`).
-        """
-        with self._lock:
-            servers = health.survey(self.executor, self.topology)
-            health.check_versions(servers)
-            native_parts.require_bloom(self.executor, self.topology, self.key)
-            record = self.parts.read_record()
-            if record is None:
-                if not create:
-                    raise FilterMissingError(
-                        f"There is no Bloom filter {self.key!r} (no config record"
-                        f" {self.parts.meta_key!r}) on {self.topology.describe()}."
-                    )
-                servers_listed = self.wanted.servers
-                if servers_listed > 1:  # a server listed out of place: refused before writing
-                    self._lifecycle.check_places(self.parts.markers(servers_listed), servers_listed)
-                record = self.parts.create_record(self.wanted)
-            record.check(self.key, self.wanted)
-            record = self._settle_record(record)
-            self.events.set("eviction_risk", health.warn_risks(self.key, servers))
-            return record
-
-    def _settle_record(self, record: FilterRecord) -> FilterRecord:
-        """Finish creating a filter, or check its shards; adopt its record."""
-        self.parts.spec = record.spec
-        self._adopt(record)
-        shards = record.spec.shards
-        if record.servers > 1:  # each server's place in the list, as for a bitmap filter
-            markers = self.parts.markers(record.servers)
-            self._lifecycle.check_markers(record, markers)
-            self.parts.write_markers(record, range(record.servers))
-        if record.state == "creating":
-            self._reserve(record, range(shards))
-            self.parts.mark_ready()
-            record = record.ready()
-            self._adopt(record)
-            logger.debug("Created the native Bloom filter %r (id %s).", self.key, record.filter_id)
-        else:
-            self._check_shards(record, list(sample(shards, record.servers)))
-        return record
 
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
@@ -183,116 +136,6 @@ class NativeBloomFilter(FilterBase):
             return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
         verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
         return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
-
-    def _current(self) -> FilterRecord:
-        if self.record is None:
-            self.open()
-        assert self.record is not None
-        return self.record
-
-    def _reserve(self, record: FilterRecord, shards: Iterable[int]) -> int:
-        """Create shards with ``BF.RESERVE``; one there already must be a Bloom filter.
-
-        Returns how many were created now (another worker may have created the rest).
-        """
-        order = [(shard, self._heads[shard][0]) for shard in shards]
-        anchor = native_ttl.CREATE_ANCHOR
-        calls = [
-            Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
-            if record.ttl
-            else native_parts.reserve_call(record, key, shard)
-            for shard, key in order
-        ]
-        replies = self.executor.run("create the filter's shards", calls, write=True).replies
-        existing = [
-            (shard, key)
-            for (shard, key), reply in zip(order, replies, strict=True)
-            if (isinstance(reply, BaseException) and "exists" in str(reply))
-            or (record.ttl and reply != b"created")
-        ]
-        for (shard, key), reply in zip(order, replies, strict=True):
-            if isinstance(reply, BaseException) and (shard, key) not in existing:
-                raise self.parts.refusal(reply, key, "create the filter's shards")
-        self._check_types(existing, native_parts.types(self.parts, existing))
-        return len(order) - len(existing)
-
-    def _check_types(self, keys: list[tuple[int, str]], found: list[str]) -> list[int]:
-        """Return the shards that are missing; refuse any key of another type."""
-        foreign = [
-            (key, kind)
-            for (_, key), kind in zip(keys, found, strict=True)
-            if kind not in ("none", "string" if self._ttl else native_parts.NATIVE_TYPE)
-        ]
-        if foreign:
-            named = "; ".join(f"{key!r} holds a {kind}" for key, kind in foreign[:5])
-            raise FilterDamagedError(
-                f"Where the native Bloom filter {self.key!r} keeps its shards, {named}. It is"
-                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
-            )
-        return [shard for (shard, _), kind in zip(keys, found, strict=True) if kind == "none"]
-
-    def _check_shards(self, record: FilterRecord, shards: list[int]) -> None:
-        """Check shards exist as Bloom filters; handle the missing ones (ON_LOSS)."""
-        keys = [(shard, self._heads[shard][0]) for shard in shards]
-        missing = self._check_types(keys, native_parts.types(self.parts, keys))
-        if missing:
-            self._lost(record, missing)
-
-    def _lost(self, record: FilterRecord, shards: list[int]) -> None:
-        """Raise for lost shards, or recreate them empty (``BLOOMFILTER_ON_LOSS``)."""
-        named = ", ".join(repr(self._heads[s][0]) for s in shards[:5])
-        if self.faults.on_loss == "raise":
-            raise FilterDamagedError(
-                f"{len(shards):,} of the {record.spec.shards:,} shards of the native Bloom"
-                f" filter {self.key!r} are gone from {self.topology.describe()}: {named}. They"
-                " were evicted (see maxmemory-policy), deleted, or their server lost its data"
-                " (a restart without persistence). The URLs they held would be taken for new,"
-                " so the crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on with"
-                " those shards empty (URLs they held may be fetched again), or reset the filter."
-            )
-        created = self._reserve(record, shards)
-        self.events.count("recreated", created)
-        self._log.log(
-            logging.WARNING,
-            "recreated",
-            "Recreated %d lost shard(s) of the native Bloom filter %r empty"
-            " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched again.",
-            len(shards),
-            self.key,
-            named,
-        )
-
-    def _recover(self, shards: list[int]) -> None:
-        """Sort out shards a command found missing: the filter reset, its record lost, a shard.
-
-        A record with another id: the filter was reset and created again, adopt it. No
-        record (evicted, or the server emptied): restored from this worker's copy, unless
-        every shard is gone and ``BLOOMFILTER_ON_LOSS = "raise"``. Then the shards.
-        """
-        record = self._current()
-        current = self.parts.read_record()
-        if current is not None and current.filter_id != record.filter_id:
-            reopened(self.events, self.key, current, record)
-            current.check(self.key, self.wanted)
-            self._settle_record(current)
-            return
-        if current is None:
-            everything = [(s, self._heads[s][0]) for s in range(record.spec.shards)]
-            gone = self._check_types(everything, native_parts.types(self.parts, everything))
-            if len(gone) == record.spec.shards and self.faults.on_loss == "raise":
-                self._lost(record, gone)
-            restore_record(self.parts, self.events, record)
-        self._check_shards(record, shards)
-
-    def clear(self) -> None:
-        """Delete the filter: its shards (only Bloom filters at its keys), counters, record."""
-        with self._lock:
-            record = self.record if self.record is not None else self.parts.read_record()
-            if record is not None:
-                delete(self.parts, record)
-            self.record = None
-            self._cache.clear()
-            self.counters.forget_unsynced()
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
@@ -541,6 +384,81 @@ class NativeBloomFilter(FilterBase):
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)
+
+
+class Blooms:
+    """The native backend's :class:`.lifecycle.Shards`: a ``BF.RESERVE``'d filter per shard.
+
+    With a TTL, a shard's key holds its anchor (a string, :mod:`.native.ttl`) and its
+    windows are made as they are needed. A shard's name carries its filter's id: one
+    is lost when missing, and any other type at its key is foreign.
+    """
+
+    noun = "native Bloom filter"
+
+    def __init__(self, parts: Parts, topology: Topology) -> None:
+        self.parts = parts
+        self.topology = topology
+
+    def shard_key(self, record: FilterRecord, shard: int) -> str:
+        """Return the key of a shard's Bloom filter (or its anchor, with a TTL)."""
+        return native_parts.shard_key(self.parts.key, shard, record.filter_id)
+
+    def check_servers(self) -> None:
+        """Refuse servers without ``BF.*``, naming them."""
+        native_parts.require_bloom(self.parts.executor, self.topology, self.parts.key)
+
+    def prepare(
+        self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
+    ) -> FilterRecord | None:
+        """Nothing to clear: a new filter's shards are named by its new id."""
+        return None
+
+    def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
+        """Create shards with ``BF.RESERVE`` (or their anchors); one there must be ours.
+
+        Returns how many were created now (another worker may have created the rest).
+        """
+        order = [(shard, self.shard_key(record, shard)) for shard in shards]
+        anchor = native_ttl.CREATE_ANCHOR
+        rate, capacity, options = native_parts.reserve_arguments(record)
+        reserve = (repr(rate), capacity, *options)
+        calls = [
+            Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
+            if record.ttl
+            else Call(pack_command(b"BF.RESERVE", key, *reserve), key=key, shard=shard)
+            for shard, key in order
+        ]
+        replies = self.parts.executor.run("create the filter's shards", calls, write=True).replies
+        existing = [
+            shard
+            for (shard, _), reply in zip(order, replies, strict=True)
+            if (isinstance(reply, BaseException) and "exists" in str(reply))
+            or (record.ttl and reply != b"created")
+        ]
+        for (shard, key), reply in zip(order, replies, strict=True):
+            if isinstance(reply, BaseException) and shard not in existing:
+                raise self.parts.refusal(reply, key, "create the filter's shards")
+        self.missing(record, existing)
+        return len(order) - len(existing)
+
+    def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards whose key is missing; refuse any key of another type."""
+        keys = [(shard, self.shard_key(record, shard)) for shard in shards]
+        ours = ("none", "string" if record.ttl else native_parts.NATIVE_TYPE)
+        found = dict(zip([s for s, _ in keys], native_parts.types(self.parts, keys), strict=True))
+        foreign = {shard: f"a {kind}" for shard, kind in found.items() if kind not in ours}
+        if foreign:
+            raise FilterDamagedError(
+                f"Where the native Bloom filter {self.parts.key!r} keeps its shards, Redis holds"
+                f" {named(self.topology, lambda s: self.shard_key(record, s), foreign)}. It is"
+                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
+            )
+        return {shard: "missing" for shard, kind in found.items() if kind == "none"}
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the filter's parts, each only if still its own (see :func:`delete`)."""
+        return delete(self.parts, record)
 
 
 def pack_items(items: list[str | bytes]) -> bytes:

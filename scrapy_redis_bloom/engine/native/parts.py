@@ -112,14 +112,6 @@ def links(record: FilterRecord, count: int) -> list[Link]:
     ]
 
 
-def reserve_call(record: FilterRecord, key: str, shard: int) -> Call:
-    """Return the ``BF.RESERVE`` call that creates a shard."""
-    rate, capacity, options = reserve_arguments(record)
-    return Call(
-        pack_command(b"BF.RESERVE", key, repr(rate), capacity, *options), key=key, shard=shard
-    )
-
-
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
     """Return the addresses of the servers (cluster masters) that have no ``BF.INSERT``.
 
