@@ -734,7 +734,7 @@ FINGERPRINTER: Setting[Fingerprinter] = Setting(
     " requests look new.",
 )
 
-#: Every ``BLOOMFILTER_*`` setting, in the order of the README's table.
+#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference.
 SETTINGS: tuple[Setting[Any], ...] = (
     CAPACITY,
     ERROR_RATE,
@@ -786,7 +786,10 @@ def setting(name: str) -> Setting[Any]:
 
 
 def reference() -> str:
-    """Return the README's settings table, in Markdown: one row per setting."""
+    """Return the docs' settings reference table, in Markdown: one row per setting.
+
+    Generated into the docs at build time (``docs/_ext/srb_reference.py``).
+    """
     head = "| setting | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
     return head + "".join(row.row() + "\n" for row in SETTINGS)
 
