@@ -10,8 +10,11 @@ path (ours' ``add_many``, ``BF.MADD``, pipelined ``SADD``):
 - bitmap (defaults, ``BLOOMFILTER_BACKEND = 'bitmap'``): fresh, 0.9x full, just past
   capacity (1.05x), grown to 3x; ``BLOOMFILTER_EXPANSION = 0`` at 0.9x;
   ``BLOOMFILTER_TTL = 3600`` in a fresh window and filled to 0.9x within the window;
+  and a re-crawl's steady state, the window after one filled to 0.9x, itself at 0.45x
+  (its TTL chosen so that a window boundary falls between the two fills, see
+  :func:`boundary_ttl`);
 - native (``BLOOMFILTER_BACKEND = 'native'``, RedisBloom loaded): fresh, grown to 3x,
-  ``BLOOMFILTER_TTL = 3600`` fresh and at 0.9x;
+  ``BLOOMFILTER_TTL = 3600`` fresh and at 0.9x, and the window after one at 0.9x;
 - the peers: scrapy-redis's ``SADD`` on a set of 0.9N fingerprints (clear of the
   power of two where Redis's hash table doubles: at 1N, the rounds' adds would cross
   2**20 at 1M and time an incremental rehash), and RedisBloom's
@@ -45,7 +48,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -81,6 +84,14 @@ NAME_NATIVE_FRESH = "native, fresh"
 NAME_NATIVE_GROWN = "native, grown to 3x"
 NAME_NATIVE_TTL_FRESH = f"native, TTL={TTL}, fresh window"
 NAME_NATIVE_TTL_FULL = f"native, TTL={TTL}, 0.9x in the window"
+#: A re-crawl past its first window: the window before filled to 0.9x, this one to 0.45x.
+NAME_TTL_NEXT = "bitmap, TTL, next window (0.9x before, 0.45x now)"
+NAME_NATIVE_TTL_NEXT = "native, TTL, next window (0.9x before, 0.45x now)"
+#: The next-window states' fills: the window before's, then the current one's.
+BEFORE, NOW = 0.9, 0.45
+#: Their TTL is chosen between these (seconds): at least half an hour, so that the
+#: windows outlive the run (a window expires two TTLs after it starts).
+TTL_RANGE = (1800, 7200)
 NAME_SADD = "scrapy-redis SADD, set of 0.9x"
 NAME_BF_ADD = "RedisBloom BF.ADD, scaling, 3x"
 
@@ -96,6 +107,9 @@ class State:
     multiple: float
     #: Ours' settings (BLOOMFILTER_*); empty for the peers.
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Items filled in the window before the current one (a multiple of the capacity);
+    #: non-zero only for the next-window states, whose TTL the build chooses.
+    before: float = 0.0
 
     @property
     def ours(self) -> bool:
@@ -145,6 +159,7 @@ def states_for(peers: Peers, capacity: int, error_rate: float) -> tuple[list[Sta
         states += [
             State(NAME_TTL_FRESH, "bitmap", 0.0, {**bitmap, **ttl}),
             State(NAME_TTL_FULL, "bitmap", 0.9, {**bitmap, **ttl}),
+            State(NAME_TTL_NEXT, "bitmap", NOW, {**bitmap, **ttl}, before=BEFORE),
         ]
     else:
         skipped.append("(g) the TTL states: this version does not know BLOOMFILTER_TTL.")
@@ -157,6 +172,7 @@ def states_for(peers: Peers, capacity: int, error_rate: float) -> tuple[list[Sta
             states += [
                 State(NAME_NATIVE_TTL_FRESH, "native", 0.0, {**native, **ttl}),
                 State(NAME_NATIVE_TTL_FULL, "native", 0.9, {**native, **ttl}),
+                State(NAME_NATIVE_TTL_NEXT, "native", NOW, {**native, **ttl}, before=BEFORE),
             ]
     else:
         skipped.append(
@@ -361,19 +377,95 @@ class Built:
     window: int | None = None
     description: str = ""
 
-    def take(self, index: int, elements: Sequence[str]) -> None:
-        """Keep the picked fingerprints among fill block ``index``."""
-        base = index * CHUNK
-        lo = bisect.bisect_left(self.picks, base)
-        hi = bisect.bisect_left(self.picks, base + len(elements))
+    def take(self, start: int, elements: Sequence[str]) -> None:
+        """Keep the picked fingerprints among the fill's items ``start`` onwards."""
+        lo = bisect.bisect_left(self.picks, start)
+        hi = bisect.bisect_left(self.picks, start + len(elements))
         for pick in self.picks[lo:hi]:
-            self.seen[self.slots[pick]] = elements[pick - base]
+            self.seen[self.slots[pick]] = elements[pick - start]
 
 
-def _window(bench: BenchRedis) -> int:
+def server_time(bench: BenchRedis) -> float:
+    """Return Redis's clock (TIME), in seconds: the package cuts windows by it."""
+    seconds, micros = bench.redis().time()
+    return int(seconds) + int(micros) / 1e6
+
+
+def _window(bench: BenchRedis, ttl: int = TTL) -> int:
     """Return the re-crawl window Redis is in: floor(TIME / TTL), as the package cuts time."""
-    seconds, _ = bench.redis().time()
-    return int(seconds) // TTL
+    return int(server_time(bench)) // ttl
+
+
+def boundary_ttl(now: float, lead: float, span: float) -> int:
+    """Return a TTL in :data:`TTL_RANGE` whose next window starts in ``lead`` to ``lead + span`` s.
+
+    ``now``: Redis's clock. Windows are ``floor(TIME / TTL)``, so a TTL's next boundary
+    is ``TTL - now mod TTL`` away: over a range of TTLs it falls anywhere, and some TTL
+    puts it where the fill of the window before ends. Raises ``RuntimeError`` if none does.
+    """
+    for ttl in range(*TTL_RANGE):
+        if lead <= ttl - now % ttl <= lead + span:
+            return ttl
+    raise RuntimeError(
+        f"(g) no TTL in {TTL_RANGE} starts a window in {lead:.0f}-{lead + span:.0f} s"
+    )
+
+
+def _built(
+    bench: BenchRedis,
+    number: int,
+    state: State,
+    capacity: int,
+    error_rate: float,
+    seen_needed: int,
+    rng: random.Random,
+    suffix: str = "",
+) -> Built:
+    """Build one state's contender, empty, and choose the fingerprints it keeps as seen."""
+    items = max(round((state.multiple + state.before) * capacity), seen_needed)
+    picks = rng.sample(range(items), min(seen_needed, items))
+    order = list(range(len(picks)))
+    rng.shuffle(order)
+    key = f"bench:states:{number}{suffix}"
+    ttl = state.settings.get("BLOOMFILTER_TTL")
+    return Built(
+        state,
+        build_checker(bench, state, key, capacity, error_rate),
+        key,
+        items,
+        sorted(picks),
+        dict(zip(picks, order, strict=True)),
+        [""] * len(picks),
+        window=_window(bench, ttl) if ttl else None,
+    )  # fmt: skip
+
+
+def _fill(built: Sequence[Built], start: int, stops: Sequence[int]) -> None:
+    """Fill each state with the fill stream's items ``start`` to its stop, block by block.
+
+    A block is generated once and given to every state that needs it; each contender's
+    time in its bulk path is kept (its fill rate).
+    """
+    most = max(stops, default=0)
+    started = time.monotonic()
+    for index in range(start // CHUNK, math.ceil(most / CHUNK)):
+        block, base = chunk_of("fill", index), index * CHUNK
+        lo = max(start - base, 0)
+        for b, stop in zip(built, stops, strict=True):
+            part = block[lo : max(min(stop - base, CHUNK), lo)]
+            if not part:
+                continue
+            began = time.perf_counter()
+            b.checker.fill(part)
+            b.fill_seconds += time.perf_counter() - began
+            b.take(base + lo, part)
+        if index % 20 == 19:
+            logger.info(
+                "  filled %s of %s fingerprints (%.0f s)",
+                f"{(index + 1) * CHUNK:,}",
+                f"{most:,}",
+                time.monotonic() - started,
+            )
 
 
 def build_states(
@@ -383,54 +475,30 @@ def build_states(
     error_rate: float,
     seen_needed: int,
 ) -> list[Built]:
-    """Build every state on the (flushed) server and fill it, block by block.
+    """Build every state on the (flushed) server and fill it.
 
     Each fill takes the first ``items`` fingerprints of one stream, ``items`` the state's
     multiple of the capacity, or ``seen_needed`` if more (a fresh state still needs
-    fingerprints to check as seen). A block is generated once and given to every state
-    that needs it; each contender's time in its bulk path is kept (its fill rate).
+    fingerprints to check as seen). The next-window states come last
+    (:func:`_build_next_windows`).
     """
-    built: list[Built] = []
     rng = random.Random(f"bench/states picks {capacity}")
-    for number, state in enumerate(states):
-        items = max(round(state.multiple * capacity), seen_needed)
-        picks = rng.sample(range(items), min(seen_needed, items))
-        order = list(range(len(picks)))
-        rng.shuffle(order)
-        key = f"bench:states:{number}"
-        checker = build_checker(bench, state, key, capacity, error_rate)
-        built.append(
-            Built(
-                state,
-                checker,
-                key,
-                items,
-                sorted(picks),
-                dict(zip(picks, order, strict=True)),
-                [""] * len(picks),
-                window=_window(bench) if state.windowed else None,
-            )
+    plain = [s for s in states if not s.before]
+    built = [
+        _built(bench, number, state, capacity, error_rate, seen_needed, rng)
+        for number, state in enumerate(plain)
+    ]
+    _fill(built, 0, [b.items for b in built])
+    nexts = [s for s in states if s.before]
+    if nexts:
+        rates = {
+            b.state.group: b.items / b.fill_seconds
+            for b in built
+            if b.state.windowed and b.fill_seconds
+        }
+        built += _build_next_windows(
+            bench, nexts, len(plain), capacity, error_rate, seen_needed, rng, rates
         )
-    most = max(b.items for b in built)
-    started = time.monotonic()
-    for index in range(math.ceil(most / CHUNK)):
-        block = chunk_of("fill", index)
-        for b in built:
-            remaining = b.items - index * CHUNK
-            if remaining <= 0:
-                continue
-            part = block[:remaining]
-            start = time.perf_counter()
-            b.checker.fill(part)
-            b.fill_seconds += time.perf_counter() - start
-            b.take(index, part)
-        if index % 20 == 19:
-            logger.info(
-                "  filled %s of %s fingerprints (%.0f s)",
-                f"{(index + 1) * CHUNK:,}",
-                f"{most:,}",
-                time.monotonic() - started,
-            )
     for b in built:
         b.stored = b.checker.stored()
         if isinstance(b.checker, Ours):
@@ -443,6 +511,54 @@ def build_states(
             f"{b.items / b.fill_seconds:,.0f}" if b.fill_seconds else "n/a",
         )
     return built
+
+
+def _build_next_windows(
+    bench: BenchRedis,
+    states: Sequence[State],
+    first_number: int,
+    capacity: int,
+    error_rate: float,
+    seen_needed: int,
+    rng: random.Random,
+    rates: dict[str, float],
+) -> list[Built]:
+    """Build the next-window states: fill a window to 0.9x, then the next one to 0.45x.
+
+    Their TTL is chosen (:func:`boundary_ttl`) so that a window boundary falls just after
+    the window before's fill, estimated from this run's windowed fills (``rates``, fp/s
+    by group); the build waits for it, then fills the current window. A fill that the
+    boundary overtakes is built again under other keys with a longer lead.
+    """
+    befores = [round(s.before * capacity) for s in states]
+    estimate = sum(n / rates.get(s.group, 50_000) for s, n in zip(states, befores, strict=True))
+    for attempt in range(3):
+        lead = estimate * (1.5 + attempt) + 5
+        ttl = boundary_ttl(server_time(bench), lead, 10)
+        chosen = [replace(s, settings={**s.settings, "BLOOMFILTER_TTL": ttl}) for s in states]
+        built = [
+            _built(bench, first_number + i, state, capacity, error_rate, seen_needed, rng,
+                   f"a{attempt}")
+            for i, state in enumerate(chosen)
+        ]  # fmt: skip
+        window = _window(bench, ttl)
+        logger.info(
+            "  next-window states: TTL %d s, the window before (%d) ends in %.0f s",
+            ttl, window, (window + 1) * ttl - server_time(bench),
+        )  # fmt: skip
+        _fill(built, 0, befores)
+        if _window(bench, ttl) != window:
+            logger.warning("  the window ended during the fill of the one before: again")
+            for b in built:
+                b.checker.close()
+            continue
+        while (wait := (window + 1) * ttl + 1 - server_time(bench)) > 0:
+            time.sleep(min(wait, 1.0))
+        _fill(built, min(befores), [b.items for b in built])
+        for b in built:
+            b.window = window + 1
+        return built
+    raise RuntimeError("(g) the next-window states' fills overran their window three times")
 
 
 # --- Measuring -------------------------------------------------------------------------
@@ -600,7 +716,7 @@ def _measure_size(
                 f"(g) {label}, {b.state.name}: {len(elements) - got['answered_seen']} of"
                 f" {len(elements)} fingerprints added earlier answered new"
             )
-        if b.window is not None and _window(bench) != b.window:
+        if b.window is not None and _window(bench, b.state.settings["BLOOMFILTER_TTL"]) != b.window:
             why = (
                 f"(g) {label}, {b.state.name}: the TTL window changed between its fill and"
                 f" round {round_index + 1} (an hour boundary passed): from then on it is a"
@@ -684,12 +800,12 @@ def state_targets(label: str, cell: dict[str, dict[str, Samples]]) -> list[Targe
                 Target("g", f"{label}: {state}, {kind}: <= 3x BF.ADD at 3x", r["bf_add"],
                        3.0, False),
             ]  # fmt: skip
-    for state in (NAME_TTL_FRESH, NAME_TTL_FULL):
+    for state in (NAME_TTL_FRESH, NAME_TTL_FULL, NAME_TTL_NEXT):
         for kind in KINDS:
             value = ratios(cell, state, kind)["fresh"]
             out.append(Target("g", f"{label}: {state}, {kind}: <= 2x fresh bitmap", value, 2.0,
                               False))  # fmt: skip
-    for state in (NAME_NATIVE_TTL_FRESH, NAME_NATIVE_TTL_FULL):
+    for state in (NAME_NATIVE_TTL_FRESH, NAME_NATIVE_TTL_FULL, NAME_NATIVE_TTL_NEXT):
         for kind in KINDS:
             value = ratios(cell, state, kind)["native_fresh"]
             out.append(Target("g", f"{label}: {state}, {kind}: <= 2.5x native fresh", value,
@@ -808,7 +924,12 @@ def states_note(results: StateResults) -> str:
         " a peer's one per command. Ratios are of medians, new to new and seen to seen."
         f" TTL states use BLOOMFILTER_TTL = {TTL}: windows are cut by Redis's clock, so an"
         " hour boundary during the run turns a state into one with a previous window (a"
-        " warning says so). Fills (the bulk path's time, so also its rate): " + fills + "."
+        " warning says so). The next-window states are a re-crawl past its first window:"
+        f" the window before filled to {BEFORE}x, then, after a window boundary, the"
+        f" current one to {NOW}x (their TTL, between {TTL_RANGE[0]} and {TTL_RANGE[1]} s,"
+        " chosen by the run so that the boundary falls just after the first fill; their"
+        " seen fingerprints come from both windows alike). Fills (the bulk path's time, so"
+        " also its rate): " + fills + "."
     )
 
 
@@ -823,10 +944,12 @@ __all__ = [
     "NAME_NATIVE_GROWN",
     "NAME_NATIVE_TTL_FRESH",
     "NAME_NATIVE_TTL_FULL",
+    "NAME_NATIVE_TTL_NEXT",
     "NAME_PAST",
     "NAME_SADD",
     "NAME_TTL_FRESH",
     "NAME_TTL_FULL",
+    "NAME_TTL_NEXT",
     "TTL",
     "State",
     "StateResults",

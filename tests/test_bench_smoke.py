@@ -247,6 +247,7 @@ STATES_ALWAYS = (
     "bitmap, EXPANSION=0, 0.9x",
     "bitmap, TTL=3600, fresh window",
     "bitmap, TTL=3600, 0.9x in the window",
+    "bitmap, TTL, next window (0.9x before, 0.45x now)",
     "scrapy-redis SADD, set of 0.9x",
 )
 STATES_BLOOM = (
@@ -254,6 +255,7 @@ STATES_BLOOM = (
     "native, grown to 3x",
     "native, TTL=3600, fresh window",
     "native, TTL=3600, 0.9x in the window",
+    "native, TTL, next window (0.9x before, 0.45x now)",
     "RedisBloom BF.ADD, scaling, 3x",
 )
 
@@ -291,9 +293,11 @@ def test_quick_states_measure_alone(tmp_path: Path, no_bloom: bool) -> None:
     filled = {s["name"]: s["fill"] for s in measure["info"][label]["states"]}
     assert filled["bitmap, grown to 3x"] == 3.0
     assert filled["bitmap, just past capacity (1.05x)"] == 1.05
+    # The window before filled to 0.9x, then, past a window boundary, this one to 0.45x.
+    assert filled["bitmap, TTL, next window (0.9x before, 0.45x now)"] == 1.35
     targets = document["targets"]
     assert {t["measure"] for t in targets} == {"g"}
-    assert len(targets) == 18
+    assert len(targets) == 22
     assert_targets_judged(targets, " ".join(document["skipped"]))
     if not bloom:
         assert all(t["value"] is None for t in targets if "native" in t["text"])
