@@ -8,11 +8,13 @@ read-only. So a check needs no script:
 
 1. **Reads**, one pipelined round trip to the shard's node: for every key the element may
    be in, its bits (``GETRANGE`` of the element's 64-byte block when blocked, else
-   ``BITFIELD_RO ... GET u1``), then the key's header (``GETRANGE 0 31``: its identity
-   and, in a generation 0, the state: generations and the newest one's count); with
-   windows, ``TIME`` first now and then (:mod:`..clock`). "Seen" when every bit is set
-   in a key whose header, read after its bits, carries this filter's identity: a seen
-   URL is answered in this one round trip.
+   ``BITFIELD_RO ... GET u1``); the state, the current generation 0's header
+   (``GETRANGE 0 31``: generations and the newest one's count), unless the add would
+   read it itself; every :data:`HEADER_EVERY` checks of a shard, every key's header
+   (its identity); with windows, ``TIME`` first now and then (:mod:`..clock`). "Seen"
+   when every bit is set in a key of this filter (a key lost reads empty; one reset is
+   found by its header within :data:`HEADER_EVERY` checks): a seen URL is answered in
+   this one round trip.
 2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
    generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
    the bits set already?) decides, atomically, which of several workers offering the
@@ -51,8 +53,9 @@ from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.transport.wire import pack_command
 
 #: A shard's checks between two that read the header of every key; the others read only
-#: that of the key holding the state (the current generation 0). A key lost meanwhile
-#: reads empty, which its bits' read shows; a classic key's read carries its id field.
+#: that of the key holding the state (the current generation 0), and not even that where
+#: the add goes to it. A key lost meanwhile reads empty, which its bits' read shows; a
+#: classic key's read carries its id field.
 HEADER_EVERY = 16
 
 #: What a read round decided (see :meth:`StackPath.judge`).
@@ -187,7 +190,9 @@ class StackPath:
         if every:
             known.since = 0
         for k in keys:
-            k.header = every or (k.current and k.generation == 0)
+            # The state (the current generation 0's header) on every check, unless the
+            # add goes to that key: the add's INCRBY then reads it (:meth:`added`).
+            k.header = every or (k.current and k.generation == 0 and not k.newest)
         reads += self._reads(keys)
         return Check(shard, h1, h2, known, keys, reads, window, asked)
 
