@@ -199,6 +199,8 @@ class RedisBloomFilter(FilterBase):
                 reply, ambiguous = results.replies[0], results.ambiguous[0]
                 if isinstance(results.replies[1], BaseException):
                     stack.lost(check)  # kept for the next one (out of memory, say)
+                else:
+                    stack.counted(check, results.replies[1])
             else:
                 reply, ambiguous = self.executor.call(
                     OPERATION, check.add, check.add_key, check.shard, None
@@ -306,6 +308,8 @@ class RedisBloomFilter(FilterBase):
                 counted = results.replies[at + 1] if count == 2 else 0
                 if counted is None or isinstance(counted, BaseException):
                     stack.lost(check)  # the count goes with a later add
+                elif count == 2:
+                    stack.counted(check, counted)
                 if reply is None:
                     continue
                 seen = self._added(check, reply, results.ambiguous[at])

@@ -8,17 +8,18 @@ read-only. So a check needs no script:
 
 1. **Reads**, one pipelined round trip to the shard's node: for every key the element may
    be in, its bits (``GETRANGE`` of the element's 64-byte block when blocked, else
-   ``BITFIELD_RO ... GET u1``); the state, the current generation 0's header
-   (``GETRANGE 0 31``: generations and the newest one's count), unless the add would
-   read it itself; every :data:`HEADER_EVERY` checks of a shard, every key's header
-   (its identity); with windows, ``TIME`` first now and then (:mod:`..clock`). "Seen"
+   ``BITFIELD_RO ... GET u1``); every :data:`HEADER_EVERY` checks of a shard, every
+   key's header too (``GETRANGE 0 31``: its identity and, in a generation 0, the state:
+   generations and the newest one's count); with windows, ``TIME`` first now and then
+   (:mod:`..clock`). "Seen"
    when every bit is set in a key of this filter (a key lost reads empty; one reset is
    found by its header within :data:`HEADER_EVERY` checks): a seen URL is answered in
    this one round trip.
 2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
    generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
    the bits set already?) decides, atomically, which of several workers offering the
-   element at once is told "new": exactly one.
+   element at once is told "new": exactly one. The state comes with it: the add reads
+   it, or a second command beside it (:meth:`StackPath._pack_add`).
 
 The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
 key whose header is missing or foreign (a shard or window lost, the filter reset: the
@@ -29,7 +30,7 @@ counts other workers may still hold, as :mod:`.fastpath` does), a window not sta
 yet, and the last :data:`..clock.GUARD` seconds of a window (the next one is started by
 the script).
 Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker and
-added to the newest generation's count (``INCRBY u48 208``) with a later command.
+added to the newest generation's count (``INCRBY u48 208``) with its next add.
 """
 
 from __future__ import annotations
@@ -52,10 +53,9 @@ from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.transport.wire import pack_command
 
-#: A shard's checks between two that read the header of every key; the others read only
-#: that of the key holding the state (the current generation 0), and not even that where
-#: the add goes to it. A key lost meanwhile reads empty, which its bits' read shows; a
-#: classic key's read carries its id field.
+#: A shard's checks between two that read the header of every key; the others read none
+#: (the state comes with the add). A key lost meanwhile reads empty, which its bits'
+#: read shows; a classic key's read carries its id field.
 HEADER_EVERY = 16
 
 #: What a read round decided (see :meth:`StackPath.judge`).
@@ -173,15 +173,16 @@ class StackPath:
                 known.window, known.before, known.now, known.count = window, 1, 1, 0
                 known.since = HEADER_EVERY
                 known.pending = 0  # the old window's newest generation takes no more adds
-            if known.before == -1 or self._near(known):
+            if known.before == -1 or not 0 < known.now <= self.last:
                 return None
             keys = self._keys(shard, h1, h2, known.before, window - 1, False)
             keys += self._keys(shard, h1, h2, known.now, window, True)
             reads = [TIME] if asked else []
         else:
             # One generation: the fresh path's (:mod:`.fastpath`), which left it to the
-            # script near its growth.
-            if known.now == 1 or self._near(known):
+            # script near its growth. Near a boundary the reads still answer a seen
+            # element; only an add needs the script there (:meth:`judge`).
+            if not 1 < known.now <= self.last:
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
             reads = []
@@ -190,9 +191,7 @@ class StackPath:
         if every:
             known.since = 0
         for k in keys:
-            # The state (the current generation 0's header) on every check, unless the
-            # add goes to that key: the add's INCRBY then reads it (:meth:`added`).
-            k.header = every or (k.current and k.generation == 0 and not k.newest)
+            k.header = every  # the state comes with the add (:meth:`_pack_add`)
         reads += self._reads(keys)
         return Check(shard, h1, h2, known, keys, reads, window, asked)
 
@@ -325,26 +324,27 @@ class StackPath:
     def _pack_add(self, check: Check) -> None:
         """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
 
-        The newest generation's count is in its generation 0's header: in the add's own
-        key when that is generation 0, else sent by a second command once this worker
-        owes :data:`STATE_EVERY` items, so other workers see it by then.
+        The state (generations, the newest generation's count) is in the generation 0's
+        header, and the items this worker found new since its last add go there: by the
+        add's own ``INCRBY`` when it goes to that key, else by a second command beside
+        it (``BITFIELD <g0> INCRBY u48 208 n``, or ``GET`` when it owes none), whose reply
+        is the state (:meth:`counted`). So a seen element's check reads no state: only
+        an add needs it, to keep its margin from the boundary.
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
         bits = [bit + k.block for bit in k.bits] if k.block >= 0 else list(k.bits)
         args: list[Any] = [b"BITFIELD", k.name, b"GET", b"i64", ID_FIELD]
+        check.sent, known.pending = known.pending, 0
         if k.generation == 0:
-            check.sent, known.pending = known.pending, 0
             args += (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
             check.stated = True
         else:
             args += (b"GET", b"u16", GENERATIONS_BIT)  # its seal, once a later one started
-        if k.generation and known.pending + 1 >= STATE_EVERY:
-            check.sent, known.pending = known.pending, 0
             g0 = next(g for g in check.keys if g.current and g.generation == 0)
-            check.count = pack_command(
-                b"BITFIELD", g0.name, b"INCRBY", b"u48", GENERATIONS_BIT, check.sent
-            )
+            op = (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent) if check.sent else (
+                b"GET", b"u48", GENERATIONS_BIT)  # fmt: skip
+            check.count = pack_command(b"BITFIELD", g0.name, *op)
         for bit in bits:
             args += (b"SET", b"u1", bit, 1)
         check.add, check.add_key, check.add_bits = pack_command(*args), k.name, bits
@@ -397,6 +397,16 @@ class StackPath:
         if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
             return False
         return _all_set(bits[1:] if found.block < 0 else bits, found)
+
+    def counted(self, check: Check, reply: Any) -> None:
+        """Read the reply of an add's state command (:meth:`_pack_add`): the shard's state.
+
+        A reply of another shape (the key was lost or reset meanwhile: the add's own
+        reply says so) teaches nothing.
+        """
+        if isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
+            generations, count = divmod(reply[0], 1 << 32)
+            check.known.now, check.known.count = max(generations, 1), count
 
     def strays(self, check: Check, reply: list[Any]) -> tuple[bytes, list[int]]:
         """Return what an add that found a foreign key set there: the id field it read, bits."""
