@@ -145,10 +145,9 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        Below it :mod:`.fastpath` checks without the script. Its counts arrive late (by
-        fewer than 16 items per worker), so a margin of 1% of generation 0, at least
-        :data:`SCRIPTLESS_MARGIN` items, keeps it clear of the growth boundary, which only
-        the script crosses. 0 when generation 0 is too small to have one.
+        :mod:`.fastpath`'s counts arrive late (by fewer than 16 items per worker), so a margin of
+        1% of generation 0, at least :data:`SCRIPTLESS_MARGIN`, keeps it clear of the growth
+        boundary, which only the script crosses. 0 when generation 0 is too small for one.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -256,11 +255,10 @@ def _last_of(growth: Growth) -> int:
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0 is seeded with ``x = (h1 div N) mod S`` and ``y = h2 mod S`` (B**2
-    when blocked: the hashing scheme's :func:`..hashing.place`); later ones, of other
-    sizes, with the same numbers before the mod (cut to :data:`WIDE`, a multiple of
-    B**2), which the script reduces by each generation's :attr:`Generation.seed_range`.
-    One format operation: it runs for every request that misses the near-cache.
+    Generation 0's are :func:`..hashing.place`'s ``x`` and ``y``; later generations, of other
+    sizes, get the same numbers before the mod (cut to :data:`WIDE`, a multiple of B**2),
+    which the script reduces by each one's :attr:`Generation.seed_range`. One format
+    operation: it runs for every request that misses the near-cache.
     """
     q = h1 // shards
     x, y, wx, wy = (
