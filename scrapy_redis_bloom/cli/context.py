@@ -157,6 +157,14 @@ class Layered:
         return self.base.get(name, default)
 
 
+def config_of(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig:
+    """Return the configuration the settings give; a bad value is a usage error."""
+    try:
+        return BloomConfig.from_settings(settings)
+    except ValueError as exc:
+        raise UsageError(str(exc) if frontend is None else frontend.words(exc)) from None
+
+
 def describe(urls: Sequence[str], cluster: bool) -> tuple[str, str]:
     """Return (``where`` for messages, ``address`` for JSON): addresses, no password."""
     address = ", ".join(url_address(url) for url in urls)

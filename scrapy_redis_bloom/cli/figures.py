@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from scrapy_redis_bloom.cli.context import EXIT_OK, Context, UsageError, existing, open_existing
+from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing, open_existing
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table, utc
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+from scrapy_redis_bloom.core.settings import SettingsLike
 from scrapy_redis_bloom.core.sizing import (
     LayoutCost,
     Sizing,
@@ -434,10 +434,7 @@ def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
 
 def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     """Print the geometry, rates and memory the sizing settings give."""
-    try:
-        config = BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = config_of(settings)
     spec = config.spec
     growth = config.growth
     memory = filter_allocation(spec)

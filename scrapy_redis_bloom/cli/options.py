@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, restore
-from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, UsageError
+from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, config_of
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, setting
@@ -475,10 +475,7 @@ def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> Blo
     names = [spec.setting for spec in OPTIONS if spec.group == SIZING]
     if all(settings.get(name) is None for name in names if name != "BLOOMFILTER_BLOCKED"):
         return None
-    try:
-        return BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc) if frontend is None else frontend.words(exc)) from None
+    return config_of(settings, frontend)
 
 
 def sizing_given(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from scrapy_redis_bloom.cli.context import (
     Frontend,
     Layered,
     UsageError,
+    config_of,
     guarded,
     run_command,
     settings_secrets,
@@ -32,7 +33,6 @@ from scrapy_redis_bloom.cli.options import (
     sizing_from,
     sizing_given,
 )
-from scrapy_redis_bloom.core.settings import BloomConfig
 
 FRONTEND = Frontend(prog="scrapy bloom")
 
@@ -128,10 +128,7 @@ def _for_spider(settings: Settings, name: str | None) -> Settings:
 
 def _resolve_key(opts: argparse.Namespace, settings: Settings) -> None:
     """Set ``opts.key`` to the filter's key: ``--key``, else BLOOMFILTER_KEY for ``--spider``."""
-    try:
-        config = BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = config_of(settings)
     if opts.key is not None:
         return
     if opts.spider is None and "%(spider)s" in config.key:
