@@ -117,7 +117,8 @@ class Lifecycle:
         """Create the filter, or check it; return its record (its geometry to use).
 
         ``wanted`` is this worker's request (None: whatever the record says). Raises
-        :class:`~..errors.FilterMissingError` when there is no filter and ``create`` is false.
+        :class:`~..errors.FilterMissingError` when there is no filter and ``create`` is false
+        (or ``wanted`` is None).
         """
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
