@@ -190,13 +190,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 servers=clients,
                 crawler=crawler,
             )
-        except (AuthenticationError, CredentialsRefusedError):
-            for client in clients:
-                client.close()
-            raise _credentials_error(clients, config) from None
-        except BaseException:
+        except BaseException as exc:
             for client in clients:  # a refused start leaves no connection behind
                 client.close()
+            if isinstance(exc, (AuthenticationError, CredentialsRefusedError)):
+                raise _credentials_error(clients, config) from None
             raise
         instance._owned_clients = clients
         if crawler is not None:
