@@ -46,7 +46,6 @@ from scrapy_redis_bloom.cli.streams import (
     parser_for,
     progress,
     read_lines,
-    utc,
 )
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import Wording
@@ -388,7 +387,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
         present = len(bloom.parts.existing(range(record.spec.shards)))
     counters = bool(inventory.existing_keys(bloom.parts, [(bloom.parts.counter_key, None, None)]))
     marked = sum(1 for marker in markers if marker.found is not None)
-    created = utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
+    created = record.created_text()
     parts = ["its config record", f"{present:,} shard key(s)"]
     if counters:
         parts.append("its counters")

@@ -155,7 +155,7 @@ def info(ctx: Context) -> int:
         ("Backend", "bitmap (Redis strings, hashed client-side)"),
         ("State", state_text),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
-        ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Created", record.created_text()),
         (
             "Layout / hash scheme",
             f"{record.layout} / {record.scheme}"
@@ -262,7 +262,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Filter id", record.filter_id),
         ("State", record.state),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
-        ("Created", utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Created", record.created_text()),
         ("Sizing", record.sizing),
         ("Shards", f"{record.spec.shards:,}, {len(absent):,} missing"),
         ("Capacity", f"{record.capacity:,} items"),
