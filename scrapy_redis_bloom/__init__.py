@@ -6,10 +6,9 @@ Activate it in a Scrapy project's settings.py, with the add-on (:class:`Addon`):
     BLOOMFILTER_CAPACITY = 1_000_000_000
     BLOOMFILTER_ERROR_RATE = 0.0001
 
-(or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). The engine
-(:mod:`.engine`), the configuration (:mod:`.core.settings`) and the add-on import without
-Scrapy; ``RFPDupeFilter`` is loaded on first access. Every error a user can meet is
-exported here; what each means and what to do: the docs' howto/troubleshooting.md.
+(or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). The engine,
+the configuration and the add-on import without Scrapy; ``RFPDupeFilter`` is loaded on
+first access. Every error a user can meet is exported here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The public path of the batching middleware (``scrapy_redis_bloom.batching.BatchingMiddleware``).
-
-The code lives in :mod:`scrapy_redis_bloom.scrapy.batching`.
-"""
+"""The public path of :mod:`scrapy_redis_bloom.scrapy.batching`'s ``BatchingMiddleware``."""
 
 from scrapy_redis_bloom.scrapy.batching import BatchingMiddleware
 

@@ -1,7 +1,4 @@
-"""The public path of the dupefilter (``scrapy_redis_bloom.dupefilter.RFPDupeFilter``).
-
-The code lives in :mod:`scrapy_redis_bloom.scrapy.dupefilter`.
-"""
+"""The public path of :mod:`scrapy_redis_bloom.scrapy.dupefilter`'s ``RFPDupeFilter``."""
 
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 

@@ -1,7 +1,4 @@
-"""The public path of the Spidermon monitors (``scrapy_redis_bloom.monitors``).
-
-The code lives in :mod:`scrapy_redis_bloom.scrapy.monitors` (needs the ``spidermon`` extra).
-"""
+"""The public path of :mod:`scrapy_redis_bloom.scrapy.monitors` (needs the ``spidermon`` extra)."""
 
 from scrapy_redis_bloom.scrapy.monitors import (
     BloomFilterMonitorSuite,

@@ -1,7 +1,4 @@
-"""The public path of the Sentinel client (``scrapy_redis_bloom.sentinel.SentinelRedis``).
-
-The code lives in :mod:`scrapy_redis_bloom.transport.sentinel`.
-"""
+"""The public path of :mod:`scrapy_redis_bloom.transport.sentinel`'s ``SentinelRedis``."""
 
 from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 

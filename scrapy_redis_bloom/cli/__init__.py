@@ -1,14 +1,9 @@
 """The operations commands: ``scrapy bloom COMMAND``, and the ``scrapy-redis-bloom`` alias.
 
-One module per job: :mod:`.context` connects from the crawl settings, turns failures
-into one error line and finds and opens the filter; :mod:`.streams` prints results,
-JSON, prompts and progress bars, and reads fingerprints and URLs; :mod:`.figures`
-holds the commands that show figures (``info``, ``watch``, ``size``), :mod:`.contents`
-those that change or move what a filter holds (``add``, ``check``, ``migrate``,
-``dump``, ``restore``, ``reset``); :mod:`.options` is the one table of the commands and
-their options both front ends build their parsers from: :mod:`.scrapy_command` the
-Scrapy command (``BloomCommand``, registered in the ``scrapy.commands`` entry point
-group), :mod:`.alias` the older command line.
+:mod:`.context` connects and opens the filter, :mod:`.streams` prints and reads,
+:mod:`.figures` and :mod:`.contents` hold the commands, and :mod:`.options` the table of
+commands and options both front ends (:mod:`.scrapy_command`, :mod:`.alias`) build their
+parsers from.
 """
 
 from __future__ import annotations

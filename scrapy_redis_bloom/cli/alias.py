@@ -1,18 +1,11 @@
 """``scrapy-redis-bloom`` (and ``python -m scrapy_redis_bloom``): the commands without Scrapy's.
 
-The command line of earlier releases, kept as an alias of ``scrapy bloom``: its
-flags become the crawl settings they stand for (``--redis-url`` once is
-``BLOOMFILTER_REDIS_URL``, several times ``BLOOMFILTER_REDIS_URLS`` in order,
-``--cluster`` is ``BLOOMFILTER_REDIS_CLUSTER``, ``--capacity`` is
-``BLOOMFILTER_CAPACITY``...), then the same subcommand modules run. Without
-``--redis-url``: the ``REDIS_URL`` environment variable, else
-``redis://localhost:6379``. Messages name the flags instead of the settings.
-
-Commands: ``info``, ``reset``, ``add``, ``check``, ``migrate-set`` (``scrapy bloom
-migrate``). Exit status: 0 on success (``reset`` of a filter that does not exist
-included); 1 when the work could not be done; 2 for a usage error; 130 when
-interrupted. Errors are one line on stderr, never a traceback, but for a command
-line without a command, which lists the commands.
+The command line of earlier releases, kept as an alias of ``scrapy bloom``: its flags
+become the crawl settings they stand for (``--redis-url`` once is ``BLOOMFILTER_REDIS_URL``,
+several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``, else
+``redis://localhost:6379``), then the same subcommands run; messages name the flags.
+Exit status: 0 (``reset`` of a filter that does not exist included), 1 when the work could
+not be done, 2 for a usage error, 130 when interrupted.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """The commands that change or move what a filter holds: add, check, migrate, dump, restore, reset.
 
-``add`` feeds fingerprints (or URLs) from files or stdin to the filter and counts
-those new and those already present (a false positive counts as present); it may
-create a missing filter from sizing settings. ``check`` counts how many the filter
-(probably) holds and changes nothing. Both send batches of :data:`.streams.BATCH`
-through the engine's bulk calls, with a progress bar.
-
-``migrate`` copies a scrapy-redis fingerprint SET into the filter, resumably. The SET
-is read by SSCAN through the first client (or the cluster client): it lives where
-scrapy-redis keeps it, not in the filter's shards. Its members go to the filter in
-bulk calls; after each call the SSCAN cursor reached and the counts so far are saved
-in a progress marker beside the SET (``SETKEY:bloom-migration``, a hash naming the
-filter's id). A migration that is interrupted (Ctrl-C, a lost connection) continues
-from that cursor when run again; one that finishes deletes the marker. SSCAN returns
-every member present for the whole scan at least once, across a resume too; a member
-added twice counts as already present. ``--restart`` ignores a marker. The SET itself
-is left in place.
-
-``dump FILE`` and ``restore FILE`` move a filter between Redis deployments, as a file:
-thin wrappers of :func:`..ops.dump.dump_filter` and :func:`..ops.restore.restore_filter`
-(streamed, chunked, checksummed: see :mod:`..ops.dumpfile`), with a progress bar.
-``dump`` writes ``FILE.partial`` and renames it to ``FILE`` once whole, so a failed dump
-leaves no file that looks complete. ``restore`` checks the whole file before it writes
-anything, and a refused or failed restore leaves nothing behind; the target may be
-another topology than the source (one server, a server list, a Redis Cluster).
-
-``reset`` deletes the config record, every shard, the counters and the server markers,
-each only if it is still the filter's; it refuses while workers hold live leases unless
-``--force``. With no usable record, it finds the filter's parts by SCAN on every server
-and deletes only those that carry its id (or can be nothing else): keys that only share
-a name are listed and left alone. It asks first, unless ``--yes``.
+``add`` and ``check`` send fingerprints from files or stdin through the bulk calls, in
+batches of :data:`.streams.BATCH`. ``migrate`` copies a scrapy-redis fingerprint SET, read
+by SSCAN where scrapy-redis keeps it, into the filter; after each bulk call it saves the
+cursor and counts in a marker beside the SET (:func:`marker_key`), so an interrupted run
+resumes (SSCAN returns every member present throughout at least once; a member added
+twice counts as present). ``dump`` and ``restore`` wrap :mod:`..ops.dump` and
+:mod:`..ops.restore`. ``reset`` deletes each part only while it is still the filter's,
+refuses while workers hold leases unless ``--force``, and without a usable record deletes
+only the parts that carry the filter's id.
 """
 
 from __future__ import annotations
@@ -67,7 +46,6 @@ from scrapy_redis_bloom.cli.streams import (
     parser_for,
     progress,
     read_lines,
-    utc,
 )
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import Wording
@@ -100,12 +78,7 @@ def _created(ctx: Context, created: bool) -> list[str]:
 
 
 def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> None:
-    """Warn that a bitmap filter's bulk load of ``count`` fingerprints is slow without numpy.
-
-    Without numpy its bulk calls run in pure Python: in calls of 1,000,000 (these
-    commands'), at 0.13-0.14x ``BF.MADD``'s rate against 0.7-1.0x with numpy
-    (docs/explanation/bench-results.md, (s)); a billion-URL migration takes hours, not minutes.
-    """
+    """Warn that a bitmap filter's bulk load of ``count`` fingerprints is slow without numpy."""
     if HAVE_NUMPY or not isinstance(bloom, RedisBloomFilter) or count < ADVISE_FROM:
         return
     logger.warning(
@@ -414,7 +387,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
         present = len(bloom.parts.existing(range(record.spec.shards)))
     counters = bool(inventory.existing_keys(bloom.parts, [(bloom.parts.counter_key, None, None)]))
     marked = sum(1 for marker in markers if marker.found is not None)
-    created = utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")
+    created = record.created_text()
     parts = ["its config record", f"{present:,} shard key(s)"]
     if counters:
         parts.append("its counters")

@@ -1,16 +1,11 @@
 """What every operations command stands on: its connection, its errors, and the filter it opens.
 
-Both front ends (``scrapy bloom`` and the ``scrapy-redis-bloom`` alias) turn their
-command line into crawl settings and call :func:`run_command`, which builds the clients
-exactly as a crawl does (:func:`..scrapy.connection.filter_clients`) and runs the
-subcommand, all under :func:`guarded`, which turns every failure into one line on
-stderr and an exit status, with passwords scrubbed.
-
-A command never guesses a filter's geometry: it reads the config record
-(``KEY:meta``) and opens the filter it describes, bitmap or native (BF.*)
-(:func:`stored`, :func:`existing`). Only ``add`` and ``migrate`` may create a missing
-filter, and only from sizing settings given on purpose (:attr:`Context.sizing`,
-:func:`open_for_writing`).
+Both front ends turn their command line into crawl settings and call :func:`run_command`:
+it builds the clients as a crawl does and runs the subcommand under :func:`guarded` (every
+failure one line on stderr, passwords scrubbed). A command never guesses a filter's
+geometry: it opens the filter its config record describes (:func:`stored`,
+:func:`existing`); only ``add`` and ``migrate`` may create one, from sizing settings given
+on purpose (:func:`open_for_writing`).
 """
 
 from __future__ import annotations
@@ -87,10 +82,9 @@ class UsageError(CLIError):
 class Frontend:
     """How a front end names itself and the settings in messages.
 
-    ``prog`` starts every error line and the commands it suggests (``scrapy bloom``);
-    ``name`` names a ``BLOOMFILTER_*`` setting and ``word`` is what it calls one, where
-    a message names settings as data (a :class:`~..core.errors.Wording`): the alias
-    names its options (``--retry-timeout``), never by rewriting a finished message.
+    ``prog`` starts every error line and the commands it suggests; ``name`` and ``word``
+    name a setting where a message carries it as data (a :class:`~..core.errors.Wording`),
+    so the alias names its options instead, never by rewriting a finished message.
     """
 
     prog: str
@@ -104,10 +98,7 @@ class Frontend:
     where: str = "Redis"
 
     def words(self, message: BaseException | Wording) -> str:
-        """Return an error's message (or a wording) with the settings in this front end's words.
-
-        An error without a :class:`~..core.errors.Wording` reads as ``str(exc)``.
-        """
+        """Return an error's message (or a wording) with the settings in this front end's words."""
         if isinstance(message, (Wording, WordedError)):
             return message.render(self.name, self.word)
         return str(message)
@@ -121,10 +112,8 @@ _B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | Nativ
 class Context:
     """What every command gets: its options, the clients, and what to close at the end.
 
-    ``args`` holds the subcommand's options (``key``, ``json``, ...); ``settings`` the
-    crawl settings it connects and fingerprints with; ``sizing`` the configuration
-    that may create a missing filter (None: none was asked for). ``where`` names the
-    servers in messages; ``address`` is the same without words, for JSON.
+    ``sizing`` is the configuration that may create a missing filter (None: none asked for);
+    ``where`` names the servers in messages, ``address`` the same without words, for JSON.
     """
 
     args: argparse.Namespace
@@ -166,6 +155,14 @@ class Layered:
             value = self.overrides[name]
             return default if value is None else value
         return self.base.get(name, default)
+
+
+def config_of(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig:
+    """Return the configuration the settings give; a bad value is a usage error."""
+    try:
+        return BloomConfig.from_settings(settings)
+    except ValueError as exc:
+        raise UsageError(str(exc) if frontend is None else frontend.words(exc)) from None
 
 
 def describe(urls: Sequence[str], cluster: bool) -> tuple[str, str]:
@@ -401,10 +398,7 @@ def native_if(ctx: Context, record: FilterRecord | None) -> NativeBloomFilter | 
 def existing(
     ctx: Context, hint: str = ""
 ) -> tuple[RedisBloomFilter | NativeBloomFilter, FilterRecord]:
-    """Return the stored filter and its record; it must exist (else ``hint`` says what to do).
-
-    Not opened: the caller decides whether its parts are checked first.
-    """
+    """Return the stored filter (not opened) and its record; ``hint`` says what to do if none."""
     bloom, found = stored(ctx)
     record = usable(found)
     if record is None:
@@ -423,10 +417,7 @@ def open_existing(
 
 
 def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter, bool]:
-    """Open the filter for ``add`` / ``migrate``: create it if sizing was given.
-
-    Returns the filter and whether this call created it.
-    """
+    """Open the filter for ``add`` / ``migrate``, creating it if sizing was given; and if it did."""
     if ctx.sizing is None:
         hint = Wording(
             "Start the crawl once to create it, or give its sizing ({BLOOMFILTER_CAPACITY} and"

@@ -1,32 +1,12 @@
 """The commands that show figures and change nothing: ``info``, ``watch`` and ``size``.
 
-``info`` reads the config record (``KEY:meta``), checks each shard's header and each
-server's marker against it, and counts its bits (BITCOUNT per shard): identity,
-geometry, creation time, bits set, fill ratio (with a bar chart of the shards' fill),
-estimated items, false-positive rate now, memory, totals, live workers, and the
-shards that are missing or not this filter's. A native filter (BF.*) shows its items
-and memory. Both show what each layout (classic, blocked, native) would take in memory
-and Redis time per check at the filter's capacity and rate (:func:`..core.sizing.layout_costs`).
-It repairs nothing.
-
-``watch`` prints one line of live figures per interval while a crawl runs. Each line
-reads the counters every worker adds to about once a second (one read, no BITCOUNT,
-as the crawl's own progress line in :mod:`..scrapy.stats`): items from all
-workers, the share of the capacity, the fill and false-positive rate they imply, how
-many were added since the last line, and the live workers. A native filter reports
-what its shards say they hold. ``--count N`` stops after N lines (scripts, tests);
-otherwise Ctrl-C ends it, with exit status 0.
-
-``size`` is the sizing calculator, capacity and error rate <-> bits and hash
-functions. It reads the sizing settings (``BLOOMFILTER_CAPACITY`` / ``_ERROR_RATE`` or
-``_BIT`` / ``_HASH_NUMBER``, with ``_SHARD_BIT``, ``_SHARDS``, ``_EXPANSION``,
-``_TTL``) and says what a crawl would create from them: the geometry this release
-gives them (:mod:`..core.sizing`), the other way of writing it, the rate expected at
-capacity, what growth buys, the memory Redis reserves, and each layout's memory and
-estimated Redis time per check (the blocked one is a new bitmap filter's default, see
-:data:`..core.settings.BLOCKED`). Validated as a crawl
-validates them (:class:`..core.settings.BloomConfig`): a bad value is one error line.
-No Redis needed.
+``info`` reads the config record, checks each shard's header and each server's marker
+against it and counts the bits (BITCOUNT per shard); it repairs nothing. ``watch`` prints
+a line per interval from the counters the workers sync about once a second (no
+BITCOUNT), until ``--count`` lines or Ctrl-C (exit status 0). ``size`` is the sizing
+calculator: it validates the sizing settings as a crawl does and says what a crawl would
+create from them, without Redis. ``info`` and ``size`` both show what each layout
+(classic, blocked, native) would cost (:func:`..core.sizing.layout_costs`).
 """
 
 from __future__ import annotations
@@ -39,10 +19,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from scrapy_redis_bloom.cli.context import EXIT_OK, Context, UsageError, existing, open_existing
+from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing, open_existing
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table, utc
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
+from scrapy_redis_bloom.core.settings import SettingsLike
 from scrapy_redis_bloom.core.sizing import (
     LayoutCost,
     Sizing,
@@ -175,7 +155,7 @@ def info(ctx: Context) -> int:
         ("Backend", "bitmap (Redis strings, hashed client-side)"),
         ("State", state_text),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
-        ("Created", created.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Created", record.created_text()),
         (
             "Layout / hash scheme",
             f"{record.layout} / {record.scheme}"
@@ -282,7 +262,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Filter id", record.filter_id),
         ("State", record.state),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
-        ("Created", utc(record.created).strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("Created", record.created_text()),
         ("Sizing", record.sizing),
         ("Shards", f"{record.spec.shards:,}, {len(absent):,} missing"),
         ("Capacity", f"{record.capacity:,} items"),
@@ -454,10 +434,7 @@ def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
 
 def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     """Print the geometry, rates and memory the sizing settings give."""
-    try:
-        config = BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = config_of(settings)
     spec = config.spec
     growth = config.growth
     memory = filter_allocation(spec)

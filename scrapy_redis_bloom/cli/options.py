@@ -1,12 +1,9 @@
 """The table of the commands and their options, declared once for both front ends.
 
-``scrapy bloom`` (:mod:`.scrapy_command`) and the ``scrapy-redis-bloom`` alias
-(:mod:`.alias`) build their parsers from :data:`COMMANDS` and :data:`OPTIONS` with
-:func:`add_commands`. Each option names the subcommands of each front end that take
-it: the alias says where the filter lives and how to size it with flags
-(``--redis-url``, ``--capacity``...), each standing for a crawl setting
-(:attr:`Option.setting`), where ``scrapy bloom`` reads the project's settings
-(``-s NAME=VALUE``, ``--spider``).
+``scrapy bloom`` (:mod:`.scrapy_command`) and the alias (:mod:`.alias`) build their
+parsers from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`. The alias
+gives the servers and the sizing as flags, each standing for a crawl setting
+(:attr:`Option.setting`); ``scrapy bloom`` reads the project's settings.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, restore
-from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, UsageError
+from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, config_of
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, setting
@@ -176,11 +173,9 @@ SIZING = "sizing (to create a missing filter; checked against an existing one)"
 class Option:
     """An option (or argument) as argparse takes it, and the subcommands that take it.
 
-    ``scrapy`` and ``alias`` name the subcommands of each front end that take it, by
-    ``scrapy bloom``'s names; ``kwargs`` are argparse's, and ``in_alias`` what the alias
-    declares otherwise (``--key`` is required there, having no ``--spider`` beside it).
-    ``group`` is its section in the help; ``setting`` the crawl setting it stands for in
-    the alias, whose messages name the option instead.
+    ``scrapy`` and ``alias`` list those subcommands by ``scrapy bloom``'s names;
+    ``in_alias`` is what the alias declares otherwise (``--key`` is required there);
+    ``setting`` is the crawl setting it stands for in the alias.
     """
 
     flags: tuple[str, ...]
@@ -228,8 +223,7 @@ def switch(flags: str, scrapy: str, alias: str, help: str, **kwargs: Any) -> Opt
 def sizing(flag: str, metavar: str) -> Option:
     """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
 
-    It stands for the setting of its name: its type, range and default, in its help,
-    come from that setting's row of the settings table.
+    Its type, range and default, in its help, come from its setting's row of the table.
     """
     row = setting("BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper())
     kind = int if row.kind == "int" else float
@@ -434,9 +428,8 @@ OPTIONS = (
 def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: Any) -> None:
     """Add the subcommands of ``front`` to ``parser``, each with its options and handler.
 
-    ``subparsers`` are ``add_subparsers``' keywords (the ``dest`` of the command's name).
-    A command line without a command parses, with None there: each front end refuses
-    it with :func:`missing_command`, which lists the commands.
+    ``subparsers`` are ``add_subparsers``' keywords. A command line without a command parses
+    (None there): each front end refuses it with :func:`missing_command`.
     """
     commands = parser.add_subparsers(metavar="COMMAND", required=False, **subparsers)
     for command, name in _named(front):
@@ -461,10 +454,7 @@ def _named(front: Front) -> list[tuple[Command, str]]:
 
 
 def missing_command(front: Front, prog: str) -> str:
-    """Return the usage error of a command line without a command: the commands, one a line.
-
-    Each with its help line, from :data:`COMMANDS`; ``prog`` is the front end's name.
-    """
+    """Return the usage error of a command line without a command: the commands, one a line."""
     named = _named(front)
     width = max(len(name) for _, name in named)
     lines = [f"  {name:<{width}}  {command.help}" for command, name in named]
@@ -480,17 +470,12 @@ def missing_command(front: Front, prog: str) -> str:
 def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig | None:
     """Return the configuration the sizing settings describe; None when none is set.
 
-    A bad value is a usage error, its settings named in ``frontend``'s words.
-
-    ``BLOOMFILTER_BLOCKED`` alone sizes nothing: it shapes a filter other settings size.
+    A bad value is a usage error. ``BLOOMFILTER_BLOCKED`` alone sizes nothing.
     """
     names = [spec.setting for spec in OPTIONS if spec.group == SIZING]
     if all(settings.get(name) is None for name in names if name != "BLOOMFILTER_BLOCKED"):
         return None
-    try:
-        return BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc) if frontend is None else frontend.words(exc)) from None
+    return config_of(settings, frontend)
 
 
 def sizing_given(args: argparse.Namespace) -> dict[str, Any]:

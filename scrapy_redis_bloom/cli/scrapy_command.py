@@ -1,14 +1,10 @@
 """``scrapy bloom COMMAND``: the operations commands, run with the project's settings.
 
-Registered through the ``scrapy.commands`` entry point group, so Scrapy's command
-line finds it inside a project (settings.py through scrapy.cfg) and outside one
-(Scrapy's defaults; scrapy-redis's ``REDIS_URL`` default, ``localhost:6379``).
-``-s NAME=VALUE`` overrides a setting, before or after the subcommand's name. The
-filter is reached exactly as a crawl reaches it (``REDIS_URL`` / ``REDIS_PARAMS``
-or ``BLOOMFILTER_REDIS_URL(S)`` / ``BLOOMFILTER_REDIS_CLUSTER`` /
-``BLOOMFILTER_REDIS_PARAMS``) and named as the crawl names it: ``BLOOMFILTER_KEY``
-with ``%(spider)s`` filled in by ``--spider NAME`` (whose ``custom_settings`` apply,
-as in ``scrapy crawl NAME``), or given whole with ``--key``.
+Registered through the ``scrapy.commands`` entry point group, inside a project or
+outside one (Scrapy's defaults). ``-s NAME=VALUE`` may come before or after the
+subcommand. The filter is reached and named as a crawl reaches and names it:
+``BLOOMFILTER_KEY`` filled in by ``--spider NAME`` (whose ``custom_settings`` apply), or
+given whole with ``--key``.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from scrapy_redis_bloom.cli.context import (
     Frontend,
     Layered,
     UsageError,
+    config_of,
     guarded,
     run_command,
     settings_secrets,
@@ -36,7 +33,6 @@ from scrapy_redis_bloom.cli.options import (
     sizing_from,
     sizing_given,
 )
-from scrapy_redis_bloom.core.settings import BloomConfig
 
 FRONTEND = Frontend(prog="scrapy bloom")
 
@@ -70,11 +66,7 @@ class BloomCommand(ScrapyCommand):
         add_commands(parser, "scrapy", dest="bloom_command", title="commands")
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Apply ``-s`` given before or after the subcommand; refuse stray arguments.
-
-        Without a subcommand, the usage error lists them (Scrapy prints it after the
-        usage, and exits with status 2).
-        """
+        """Apply ``-s`` given before or after the subcommand; refuse stray arguments."""
         if opts.bloom_command is None:
             raise ScrapyUsageError(missing_command("scrapy", FRONTEND.prog), print_help=False)
         opts.set = [*opts.set, *getattr(opts, "sub_set", [])]
@@ -136,10 +128,7 @@ def _for_spider(settings: Settings, name: str | None) -> Settings:
 
 def _resolve_key(opts: argparse.Namespace, settings: Settings) -> None:
     """Set ``opts.key`` to the filter's key: ``--key``, else BLOOMFILTER_KEY for ``--spider``."""
-    try:
-        config = BloomConfig.from_settings(settings)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    config = config_of(settings)
     if opts.key is not None:
         return
     if opts.spider is None and "%(spider)s" in config.key:

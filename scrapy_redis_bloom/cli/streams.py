@@ -1,13 +1,9 @@
 """What the commands print and read: results, JSON, prompts and progress; fingerprints and URLs.
 
-Everything a command prints goes through here: stdout carries the result only (so
-``--json`` output can be piped), stderr the prompts, the progress bars (``tqdm``,
-shown only when stderr is a terminal) and the errors (:func:`.context.err`).
-
-What ``add`` and ``check`` feed the filter is read here too: fingerprints, 40 hex
-digits, one per line, or URLs (``--urls``), which become the fingerprint the crawl's
-dupefilter gives a GET request for them (:func:`url_fingerprinter`), so ``check
---urls`` answers what a crawl would.
+stdout carries the result only (so ``--json`` output can be piped); stderr the prompts,
+the progress bars (only on a terminal) and the errors. ``--urls`` input becomes the
+fingerprint a crawl gives a GET request (:func:`url_fingerprinter`), so ``check --urls``
+answers what a crawl would.
 """
 
 from __future__ import annotations
@@ -70,8 +66,7 @@ def bar(fraction: float, width: int = CHART_WIDTH) -> str:
 def fill_chart(per_shard: Sequence[int], bits_per_shard: int) -> list[tuple[str, str]]:
     """Return rows of a bar chart of the shards' fill: one per shard, or per bucket.
 
-    Bars are scaled to the fullest row (a young filter's fill is a small fraction:
-    unscaled bars would all be empty); each row also says its fill in percent.
+    Bars are scaled to the fullest row: a young filter's unscaled bars would all be empty.
     """
     if not per_shard or bits_per_shard <= 0:
         return []
@@ -94,10 +89,7 @@ def progress(total: int | None, unit: str, what: str) -> tqdm[Any]:
 
 
 def listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
-    """List keys one per line, indented, at most :data:`LISTED` of them.
-
-    The shard keys of one filter id are summed up on one line: a filter has thousands.
-    """
+    """List keys one per line, indented, at most :data:`LISTED` (a filter id's shards summed up)."""
     groups: dict[str, list[Orphan]] = {}
     for orphan in orphans:
         if orphan.kind == "shard":
@@ -174,10 +166,9 @@ class BadLineError(Exception):
 def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
     """Return the function the crawl's dupefilter fingerprints a URL's GET request with.
 
-    As :class:`..dupefilter.RFPDupeFilter` does: with ``BLOOMFILTER_FINGERPRINTER =
-    "crawler"``, the project's ``REQUEST_FINGERPRINTER_CLASS`` (built for a crawler of
-    these settings); otherwise the ``request_fingerprint`` of ``DUPEFILTER_CLASS``
-    when it is a scrapy-redis dupefilter (ours is), else scrapy-redis's own.
+    As :class:`..dupefilter.RFPDupeFilter` does: the project's ``REQUEST_FINGERPRINTER_CLASS``
+    under ``BLOOMFILTER_FINGERPRINTER = "crawler"``; else ``DUPEFILTER_CLASS``'s
+    ``request_fingerprint`` if it is a scrapy-redis dupefilter, else scrapy-redis's own.
     """
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
@@ -216,10 +207,10 @@ def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
 def read_lines(
     paths: Sequence[str], parse: Callable[[bytes], bytes | None]
 ) -> Iterator[list[bytes]]:
-    """Yield batches of parsed lines read from files (``-`` is stdin).
+    """Yield batches of parsed lines read from files (``-`` is stdin), skipping blank lines.
 
-    Blank lines are skipped. At a line ``parse`` refuses (None), the lines before it
-    are yielded, then :class:`BadLineError` is raised.
+    At a line ``parse`` refuses (None), the lines before it are yielded, then
+    :class:`BadLineError` is raised.
     """
     batch: list[bytes] = []
     for path in paths:

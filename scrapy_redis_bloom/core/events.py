@@ -1,15 +1,11 @@
 """What happens to the filter while it runs, counted in memory for the layer above to read.
 
-The engine knows nothing of Scrapy: it counts events (a retry, an ambiguous answer,
-an error answered by policy, a part of the filter recreated) and sets values (how far
-past its capacity the filter is) on a :class:`FilterEvents`; each is the stat
-``bloomfilter/<name>``, listed in :data:`scrapy_redis_bloom.scrapy.stats.STATS`.
-Nothing is pushed: the Scrapy layer reads the counts on its own timer, from the reactor
-thread, and copies them into the crawl's stats (:mod:`scrapy_redis_bloom.scrapy.stats`),
-so that a stats store that fails, or is not thread-safe, is never called from the
-executor's retries, a lease's thread or ``request_seen``. Warnings that could repeat on
-every request go through :class:`RateLimitedLog`. No log call of the package raises,
-whichever log handler fails (:class:`GuardedLogger`).
+The engine counts events and sets values on a :class:`FilterEvents` (each the stat
+``bloomfilter/<name>``); nothing is pushed: the Scrapy layer copies them into the crawl's
+stats on its own timer, from the reactor thread, so that a stats store that fails or is
+not thread-safe is never called from the executor's retries, a lease's thread or
+``request_seen``. :class:`RateLimitedLog` says repeating warnings; no log call of the
+package raises, whichever handler fails (:class:`GuardedLogger`).
 """
 
 from __future__ import annotations
@@ -23,10 +19,7 @@ from typing import Any
 
 
 class FilterEvents:
-    """Counts and values of what happened to one filter; thread-safe, read by :meth:`read`.
-
-    Counted from any thread (the crawl's, a lease's renewing thread); never calls out.
-    """
+    """Counts and values of what happened to one filter: thread-safe, never calling out."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -53,9 +46,8 @@ class FilterEvents:
 class RateLimitedLog:
     """Log a message at most once per ``interval`` seconds per topic, counting the rest.
 
-    A fault that hits every request must be said while it lasts, without one log line
-    per request: the first occurrence is logged, then one line per interval saying
-    how many more there were.
+    A fault that hits every request is said while it lasts without a line per request: the
+    first occurrence, then one line per interval saying how many more there were.
     """
 
     def __init__(self, logger: logging.Logger, interval: float = 60.0) -> None:
@@ -114,9 +106,8 @@ class GuardedLogger(logging.Logger):
 def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
     """Make the package's loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
 
-    Called when the package is imported and again when a filter or a command starts,
-    after the modules imported later made theirs. A logger of another class (a
-    program's own ``setLoggerClass``) is left as it is.
+    Called at import and again when a filter or a command starts, for modules imported
+    since. A logger of another class (a program's ``setLoggerClass``) is left as it is.
     """
     logging.getLogger(prefix)
     for name, found in list(logging.Logger.manager.loggerDict.items()):
@@ -139,9 +130,7 @@ def emit(
 ) -> bool:
     """Log ``message % args`` to every handler, never raising; return whether all took it.
 
-    As a :class:`GuardedLogger` logs, for any logger. ``exc_info`` is as for
-    ``logger.log``; ``stacklevel`` 1 names the caller of this function as the record's
-    origin.
+    As a :class:`GuardedLogger` logs, for any logger; ``stacklevel`` 1 is the caller's.
     """
     if not logger.isEnabledFor(level):
         return True
@@ -208,9 +197,8 @@ def _say_failures(
 ) -> None:
     """Say, to the handlers that took ``record``, which handlers failed it and why.
 
-    Once a minute per kind of handler: a stats store that is down fails every record,
-    each counted. A handler failing this line too is not said again (it failed the
-    record already, and is said for that).
+    Once a minute per kind of handler (a stats store that is down fails every record); a
+    handler failing this line too is not said again.
     """
     now = time.monotonic()
     kinds = []

@@ -1,31 +1,26 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
-**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Elements hash uniformly over
-the shards, so each shard grows on its own, decided inside the script that checks
-the element (see :mod:`.scripts`): when the newest generation of a shard holds its
-capacity, the next add starts generation ``g + 1`` with E times the items at r times
-the error rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). Generation 0 is the
-shard as created; its rate at its share of the capacity is ``p_0``, and the rates of
-all generations together stay under the bound ``B = p_0 / (1 - r)``: generation 0
-takes a little more than its share (headroom for the uneven spread of items over
-shards, see :attr:`Growth.first_capacity`) at a rate p_0' a little above p_0, and
-generation ``g >= 1`` is sized for ``(B - p_0') (1 - r) r**(g - 1)``. A filter sized
-by capacity and error rate p is created for ``p_0 = p (1 - r)`` when it may grow
-(:class:`..sizing.Sizing`), so that B is p.
-
-**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Time is cut into
-windows ``w = floor(Redis TIME / T)``; a shard's bits live in one growing filter per
-window, ``{KEY:<i>}:w<w>:g<g>``, each key expiring at ``(w + 2) T``. A check consults
-windows w - 1 and w and adds to w, so an element added at time t is found until the
-end of window w + 1 (at least T after t) and forgotten when that window's keys expire
-(at most 2T after t). The shard's own key ``{KEY:<i>}:g0`` is then a 32-byte anchor
-(its header) holding the newest window's number and whether the one before it existed
-then, so a window lost to eviction is told from one that expired. The native backend
-keeps its windows by the same model (one Lua function for both, ``engine/lua/windows.lua``),
-its anchor the same two numbers as text (see :mod:`..engine.native.ttl`).
-
 Everything here is a pure function of the config record, so every worker and the
 script compute the same numbers.
+
+**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Each shard grows on its own,
+decided inside the check-and-add script: when its newest generation holds its capacity,
+the next add starts generation ``g + 1`` with E times the items at r times the error
+rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). All generations together stay under
+``B = p_0 / (1 - r)``, ``p_0`` being generation 0's rate at its share of the capacity:
+generation 0 takes a little more than its share (:attr:`Growth.first_capacity`), at a
+rate p_0' a little above p_0, and generation ``g >= 1`` is sized for ``(B - p_0') (1 -
+r) r**(g - 1)``. A filter sized for error rate p that may grow is created for ``p_0 = p
+(1 - r)``, so that B is p.
+
+**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Windows are ``w =
+floor(Redis TIME / T)``; a shard's bits live in one growing filter per window,
+``{KEY:<i>}:w<w>:g<g>``, expiring at ``(w + 2) T``. A check consults windows w - 1 and w
+and adds to w, so an element added at t is found at least T after t and forgotten at
+most 2T after. ``{KEY:<i>}:g0`` is then an anchor holding the newest window's number and
+whether the one before it existed, so a window lost to eviction is told from one that
+expired. The native backend keeps its windows by the same model
+(``engine/lua/windows.lua``).
 """
 
 from __future__ import annotations
@@ -145,10 +140,9 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        Below it :mod:`.fastpath` checks without the script. Its counts arrive late (by
-        fewer than 16 items per worker), so a margin of 1% of generation 0, at least
-        :data:`SCRIPTLESS_MARGIN` items, keeps it clear of the growth boundary, which only
-        the script crosses. 0 when generation 0 is too small to have one.
+        :mod:`.fastpath`'s counts arrive late (by fewer than 16 items per worker), so a margin of
+        1% of generation 0, at least :data:`SCRIPTLESS_MARGIN`, keeps it clear of the growth
+        boundary, which only the script crosses. 0 when generation 0 is too small for one.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -256,11 +250,10 @@ def _last_of(growth: Growth) -> int:
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0 is seeded with ``x = (h1 div N) mod S`` and ``y = h2 mod S`` (B**2
-    when blocked: the hashing scheme's :func:`..hashing.place`); later ones, of other
-    sizes, with the same numbers before the mod (cut to :data:`WIDE`, a multiple of
-    B**2), which the script reduces by each generation's :attr:`Generation.seed_range`.
-    One format operation: it runs for every request that misses the near-cache.
+    Generation 0's are :func:`..hashing.place`'s ``x`` and ``y``; later generations, of other
+    sizes, get the same numbers before the mod (cut to :data:`WIDE`, a multiple of B**2),
+    which the script reduces by each one's :attr:`Generation.seed_range`. One format
+    operation: it runs for every request that misses the near-cache.
     """
     q = h1 // shards
     x, y, wx, wy = (

@@ -1,51 +1,29 @@
 """Hashing scheme: from a fingerprint to one shard and k bit offsets inside it.
 
-Scheme version 1, written down so that any worker, the CLI or another language can
-compute the same bits:
+Written down (and in docs/explanation/hashing.md) so that any worker, the CLI or another
+language computes the same bits. The element is the fingerprint's lowercase hex string
+as ASCII bytes (as scrapy-redis stores it in its SET); ``h1`` and ``h2`` are the 64-bit
+halves, little-endian, of its ``MurmurHash3_x64_128`` with seed 0. With ``N`` shards of
+``S`` bits::
 
-1. The element is the request fingerprint as a lowercase hex string, hashed as its
-   ASCII bytes (the same 40 characters scrapy-redis stores in its SET, so such a SET
-   can be migrated into the filter).
-2. ``digest = MurmurHash3_x64_128(element, seed=0)``; ``h1`` and ``h2`` are its two
-   64-bit halves read little-endian (``mmh3.hash64(element, signed=False)``).
-3. With ``N`` shards of ``S`` bits each::
+    shard = h1 mod N,  x = (h1 div N) mod S,  y = h2 mod S
 
-       shard = h1 mod N
-       x     = (h1 div N) mod S
-       y     = h2 mod S
+**Scheme 1**: the k offsets come from enhanced double hashing (Dillinger and Manolios,
+2004): ``offset[0] = x``, then for i in 1 .. k-1: ``x = (x + y) mod S``, ``y = (y + i)
+mod S``, ``offset[i] = x``. All k bits are in one shard, so one element touches one key
+(one cluster slot), and the scripts run this step on the server from ``(x, y)``
+(``engine/lua/scheme.lua``; tests/test_scheme_lua.py holds it to :func:`offsets`).
 
-4. The k offsets inside the shard come from enhanced double hashing (Dillinger and
-   Manolios, 2004)::
+**Scheme 2, blocked**: all k bits fall in one block of ``B = 512`` bits (a cache line)
+of the shard, so a check costs Redis one or two cache misses instead of k (Putze, Sanders
+and Singler, 2007). ``S`` is a multiple of B, ``y = h2 mod B**2``, and::
 
-       offset[0] = x
-       for i in 1 .. k-1:
-           x = (x + y) mod S
-           y = (y + i) mod S
-           offset[i] = x
+    offset[i] = (x - x mod B) + (x mod B + i (y mod B) + i (i - 1) / 2 (y div B)
+                + (i**3 - i) / 6) mod B
 
-All k bits of an element live in one shard, so one element touches one Redis key and
-therefore one Redis Cluster hash slot. The scripts run step 4 on the server from
-``(x, y)``, so a request sends two numbers, not k offsets: its one Lua copy is
-``engine/lua/scheme.lua``, and tests/test_scheme_lua.py shows it gives the bits of
-:func:`offsets` for every scheme.
-
-Scheme version 2, **blocked** (``BLOOMFILTER_BLOCKED``): all k bits of an element
-fall in one block of ``B = 512`` bits (64 bytes, a cache line) of its shard, so a
-check costs Redis one or two cache misses instead of k (Putze, Sanders and Singler,
-"Cache-, hash- and space-efficient Bloom filters", 2007). ``S`` is a multiple of B.
-Steps 1 and 2 as above; then::
-
-       shard = h1 mod N
-       x     = (h1 div N) mod S          (the block is x div B, x mod B its start)
-       y     = h2 mod B**2
-
-       offset[i] = (x - x mod B) + (x mod B + i * (y mod B) + i (i - 1) / 2 * (y div B)
-                   + (i**3 - i) / 6) mod B
-
-that is enhanced *triple* hashing inside the block: with double hashing two elements
-of a block share all k offsets with probability 1/B**2, which doubles the rate at
-1e-4; the third seed ``y div B`` makes that 1/B**3. Version 1 is the same formula
-with B = S (``y < S``, so its third seed is 0), which is how the code computes both.
+enhanced *triple* hashing: with two seeds, two elements of a block would share all k
+offsets with probability 1/B**2, which doubles the rate at 1e-4. Scheme 1 is this
+formula with B = S (its third seed is 0), which is how the code computes both.
 """
 
 from __future__ import annotations
@@ -75,11 +53,7 @@ MAX_SHARDS = 2**22
 
 @dataclass(frozen=True, slots=True)
 class FilterSpec:
-    """Geometry of one Bloom filter: what a worker must agree on to share its bits.
-
-    ``bits`` is always ``shards * shard_bits``: the filter is the concatenation of its
-    shards.
-    """
+    """Geometry of one Bloom filter: what a worker must agree on to share its bits."""
 
     shards: int
     shard_bits: int
@@ -132,11 +106,7 @@ class FilterSpec:
 def locate(
     element: str | bytes, shards: int, shard_bits: int, block_bits: int = 0
 ) -> tuple[int, int, int]:
-    """Return ``(shard, x, y)`` for an element: steps 2 and 3 of the scheme.
-
-    ``x`` and ``y`` seed the hashing of step 4; see :func:`offsets`. ``block_bits``:
-    the spec's (0 for scheme 1).
-    """
+    """Return ``(shard, x, y)`` for an element, the seeds of :func:`offsets`."""
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
     return place(h1, h2, shards, shard_bits, block_bits)
 
@@ -158,15 +128,11 @@ def seed_range(bits: int, block_bits: int) -> int:
 def offsets(
     x: int, y: int, hash_count: int, shard_bits: int, block_bits: int = 0, first: int = 0
 ) -> list[int]:
-    """Return the k bit offsets inside a shard: step 4 of the scheme.
+    """Return the k bit offsets inside a shard, each plus ``first`` (the header's bits).
 
-    ``first``: added to each, the offset of the shard's first bit in its string (the
-    engine's callers pass the header's size).
-
-    Computed in closed form: unrolling step 4 gives ``offset[i] = (x + i*y +
-    (i**3 - i) / 6) mod S`` (blocked: inside x's block, with the third seed), the same
-    numbers with one multiplication instead of a loop-carried chain (the bulk path
-    computes millions of them). The Lua copy (``engine/lua/scheme.lua``) runs the loop.
+    In closed form, ``offset[i] = (x + i*y + (i**3 - i) / 6) mod S`` (blocked: inside x's
+    block, with the third seed): one multiplication instead of a loop-carried chain, for the
+    bulk path's millions. The Lua copy runs the loop.
     """
     span = block_bits or shard_bits
     start = x % span
@@ -181,14 +147,11 @@ def block_masks(
 ) -> list[tuple[int, int]]:
     """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
 
-    ``seeds``: :func:`locate`'s ``(shard, x, y)``; ``first``: as :func:`offsets`'.
-    ``block start``: the bit offset of the element's block (``first`` included);
-    ``bits``: :func:`offsets`' bits within the block as one integer, offset ``p`` being
-    bit ``B - 1 - p`` (Redis numbers a string's bits from the first byte's most
-    significant one, so the block's 64 bytes read big-endian are this integer): the
+    ``bits``: :func:`offsets`' bits within the block as one integer, offset ``p`` being bit
+    ``B - 1 - p``, so that the block's 64 bytes read big-endian are this integer: the
     kernel without numpy answers with it in a few integer operations. Offset i is
-    ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``), the seeds'
-    terms from tables, one addition each (faster than computing them).
+    ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``), the terms
+    taken from tables, one addition each.
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT

@@ -1,27 +1,21 @@
 """Where a filter lives in Redis: key names and the shard header.
 
-Layout 2. A filter named ``KEY`` (``BLOOMFILTER_KEY`` with ``%(spider)s`` filled in) is:
+Layout 2. A filter named ``KEY`` is:
 
-* ``KEY:meta``, a hash: the config record (see :mod:`.record`), written first when
-  the filter is created, with the filter's random ``id``;
-* ``{KEY:<i>}:g<generation>``, strings: shard ``i``'s bitmap, a
-  :data:`HEADER_BYTES`-byte header naming the filter's id and the shard's index, then
-  its bits. Every shard is allocated whole at creation, so one missing, or whose header
-  names another filter, was lost (evicted, deleted, a server emptied or replaced) and is
-  never mistaken for an empty one. The hash tag keeps every generation and window of
-  shard ``i`` in one Redis Cluster slot; different shards spread over the masters.
-  g >= 1: the generations a growing shard started (:mod:`.generations`), with the same
-  identity; generation 0's header holds the growth state. With ``BLOOMFILTER_TTL``,
-  ``{KEY:<i>}:g0`` is the shard's anchor (a header only) and the bits live in
-  ``{KEY:<i>}:w<window>:g<g>``, every one of which expires;
-* ``KEY:count``, a hash: ``added`` and ``seen``, the outcomes of check-and-add over
-  all workers, which each worker adds to in batches;
-* ``KEY:workers``, a sorted set: the live workers' leases (see :mod:`.lease`);
-* ``KEY:server``, a string on each server of a multi-server filter: the filter's id
-  and this server's place in the list, ``<id> <i>/<n>``.
+* ``KEY:meta``, a hash: the config record (:mod:`.record`), written first, with the
+  filter's random ``id``;
+* ``{KEY:<i>}:g<g>``, strings: shard ``i``'s generation g, a :data:`HEADER_BYTES`-byte
+  header naming the filter's id and the shard, then its bits. Every shard is allocated
+  whole at creation, so one missing or naming another filter was lost, never mistaken
+  for an empty one. The hash tag keeps a shard's generations and windows in one cluster
+  slot. With ``BLOOMFILTER_TTL``, ``{KEY:<i>}:g0`` is an anchor (a header only) and the
+  bits live in ``{KEY:<i>}:w<window>:g<g>``, which expire;
+* ``KEY:count``, a hash: ``added`` and ``seen`` over all workers;
+* ``KEY:workers``, a sorted set: the live workers' leases;
+* ``KEY:server``, on each server of a multi-server filter: ``<id> <i>/<n>``.
 
-With several standalone servers, shard ``i`` lives on server ``i mod n``; the
-record, the counters and the registry live on server 0.
+With several standalone servers, shard ``i`` lives on server ``i mod n``; the record,
+the counters and the registry on server 0.
 """
 
 from __future__ import annotations

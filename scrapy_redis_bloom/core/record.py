@@ -1,12 +1,9 @@
 """The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
 
-The record says everything a worker needs to read the bits: the geometry, the hashing
-scheme, the layout, the servers, and the filter's random id, which every shard header
-and server marker repeats. It keeps the sizing request too (``sizing``): a worker
-asking for the same filter adopts the stored geometry however this release sizes it.
-
-A record is validated before it is trusted: a corrupt or foreign hash is refused with
-one error naming the key, never half-used.
+It says everything a worker needs to read the bits, and the filter's random id, which
+every shard header and server marker repeats. It keeps the sizing request too: a worker
+asking for the same filter adopts the stored geometry however this release sizes it. A
+corrupt or foreign hash is refused with one error naming the key, never half-used.
 """
 
 from __future__ import annotations
@@ -64,10 +61,8 @@ def new_id() -> str:
 class FilterRecord:
     """The config record of one filter.
 
-    ``state`` is ``creating`` from the moment the record is written until every shard
-    (and, on several servers, every server marker) exists; any worker that opens the
-    filter meanwhile finishes the job, so a creator that dies half-way leaves nothing
-    broken. ``sizing`` is the canonical sizing request (:meth:`..sizing.Sizing.canonical`).
+    ``state`` is ``creating`` until every shard and server marker exists (any worker that
+    opens the filter meanwhile finishes the job); ``sizing`` is the canonical request.
     """
 
     spec: FilterSpec
@@ -275,10 +270,8 @@ class FilterRecord:
     def check(self, key: str, wanted: FilterRecord) -> None:
         """Refuse a worker whose request is not this filter's.
 
-        The worker is accepted when it lists as many servers and asks either for the
-        same sizing (then adopting the stored geometry) or for the same geometry. One
-        that leaves ``BLOOMFILTER_BLOCKED`` unset asks for the same sizing in either
-        layout (:func:`same_sizing`): it adopts a classic filter too.
+        It must list as many servers, and ask for the same sizing (then adopting the stored
+        geometry; with ``BLOOMFILTER_BLOCKED`` unset, in either layout) or the same geometry.
         """
         if wanted.backend != self.backend:
             raise ConfigMismatchError(
@@ -366,10 +359,9 @@ _BLOCKED_WORDS = ("blocked=True", "blocked=False")
 def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
     """Tell whether a worker's sizing request asks for the filter stored with ``stored``.
 
-    ``blocked`` is the stored filter's layout (its hash scheme). The texts must be equal
-    but for the layout's word: a request that says none (``BLOOMFILTER_BLOCKED`` unset)
-    takes either layout, one that says ``blocked=True`` or ``blocked=False`` only that
-    one. The stored text's own word is not needed: the scheme says the layout.
+    The texts must be equal but for the layout's word: a request without one
+    (``BLOOMFILTER_BLOCKED`` unset) takes either layout, else only the stored filter's
+    (``blocked``, from its scheme).
     """
     words = wanted.split()
     if [w for w in words if w not in _BLOCKED_WORDS] != [

@@ -46,10 +46,7 @@ _QUERY_PASSWORD = re.compile(
 
 
 def url_secrets(url: str) -> list[str]:
-    """Return the secrets a Redis URL carries (raw and percent-decoded), longest first.
-
-    A malformed URL's too: whatever stands where ``user:password@`` would.
-    """
+    """Return the secrets a Redis URL (even malformed) carries, raw and decoded, longest first."""
     found: list[str] = []
     for run in _BEFORE_AT.finditer(url):  # parseable or not
         masked = _mask_credentials(run)
@@ -66,10 +63,7 @@ def url_secrets(url: str) -> list[str]:
 
 
 def mask_url(url: str) -> str:
-    """Return a text with every URL password (and secret query parameter) masked.
-
-    Malformed URLs too: whatever looks like ``user:password@`` or ``:password@``.
-    """
+    """Return a text with every URL password (and secret query parameter) masked."""
     text = _BEFORE_AT.sub(_mask_credentials, url)
     return _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
 

@@ -1,27 +1,15 @@
 """Settings to a validated, immutable filter configuration, through one table of settings.
 
-:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: its type, default,
-allowed values, meaning and check. The configuration reads each setting through its row
-(:meth:`Setting.read`), the settings reference (docs/reference/settings.md) is rendered
-from the rows (:func:`reference`; tests/test_settings_table.py keeps the two equal), and
-``scrapy bloom size`` takes defaults and ranges from them (:data:`SIZING`). The values end
-up in a frozen :class:`BloomConfig`. A bad value raises :class:`ValueError` naming the
-setting, the value and what is allowed, so a crawl fails at startup rather than halfway
-through. Nothing here talks to Redis or needs a crawler: any object with a ``get(name)``
-method (Scrapy's ``Settings``, a ``dict``) will do.
+:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: type, default, allowed
+values, meaning and check. The configuration reads each setting through its row, the
+docs' settings reference is rendered from the rows (:func:`reference`), and ``scrapy
+bloom size`` takes its defaults and ranges from them (:data:`SIZING`). A bad value
+raises :class:`ValueError` naming the setting, the value and what is allowed, so a crawl
+fails at startup, not halfway. Any object with a ``get(name)`` method will do.
 
-Sizing, in one of two ways (giving both kinds is refused; see :mod:`.sizing`):
-
-* ``BLOOMFILTER_BIT`` / ``BLOOMFILTER_HASH_NUMBER``: m = 2**BIT bits and k hash
-  functions, as in scrapy-redis-bloomfilter. ``BLOOMFILTER_CAPACITY`` may be added
-  to state how many items you expect (for the capacity warning and the reported
-  false-positive rate). This is the default.
-* ``BLOOMFILTER_CAPACITY`` / ``BLOOMFILTER_ERROR_RATE``: m = -n ln p / (ln 2)**2
-  and k = (m / n) ln 2, rounded. ERROR_RATE has a default when only CAPACITY is given.
-
-Growth (``BLOOMFILTER_EXPANSION``) and forgetting (``BLOOMFILTER_TTL``) shrink the
-error rate generation 0 is sized for (see :attr:`.sizing.Sizing.rate_share`), so that
-every generation and window together stay under ERROR_RATE.
+A filter is sized by ``BLOOMFILTER_BIT`` / ``_HASH_NUMBER`` (the default) or by
+``_CAPACITY`` / ``_ERROR_RATE``, never both (see :mod:`.sizing`). Growth and re-crawl
+windows shrink the rate generation 0 is sized for, so that all stay under ERROR_RATE.
 """
 
 from __future__ import annotations
@@ -217,10 +205,9 @@ _HOST = re.compile(r"[A-Za-z0-9._%-]+|\[[0-9A-Fa-f:.%]+\]")
 
 
 def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
-    """Read a list of Sentinel addresses: ``"host:port"`` strings or ``(host, port)`` pairs.
+    """Read Sentinel addresses: ``"host:port"`` or ``(host, port)``, or one string of them.
 
-    One comma-separated string is accepted too (``-s NAME=a:26379,b:26379``). ``name``
-    is the setting (or parameter) shown in the error.
+    ``name`` is the setting (or parameter) shown in the error.
     """
     allowed = (
         "It must be a non-empty list of Sentinel addresses, e.g."
@@ -313,15 +300,13 @@ def _words(choices: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True, slots=True, eq=False)  # a row is itself: compared by identity
 class Setting(Generic[_T]):
-    """One setting: how it is read and checked, its default, and its row in the README.
+    """One setting: how it is read and checked, its default, and its row in the reference.
 
-    Numbers (``kind`` int or float) are accepted from ``low`` to ``high`` (either
-    None: unbounded), both excluded when ``open``, and 0 besides when ``zero`` (0
-    turns the feature off). ``rule`` is the error's second sentence, with ``{low}``
-    and ``{high}`` filled in. ``choice`` settings take one of ``choices``; ``text``
-    settings are checked by ``parse(name, value)``, and ``allowed`` says what it
-    accepts. ``shape`` is the unit of a number (``seconds``) or the type of a text
-    setting; ``default_text`` the reference's default when the value alone misleads.
+    Numbers are accepted from ``low`` to ``high`` (None: unbounded), both excluded when
+    ``open``, and 0 too when ``zero`` (it turns the feature off); ``rule`` is the error's
+    second sentence. ``text`` settings are checked by ``parse(name, value)``, ``allowed``
+    saying what it accepts. ``shape``: a number's unit or a text's type; ``default_text``:
+    the reference's default where the value alone misleads.
     """
 
     name: str
@@ -786,10 +771,7 @@ def setting(name: str) -> Setting[Any]:
 
 
 def reference() -> str:
-    """Return the docs' settings reference table, in Markdown: one row per setting.
-
-    Generated into the docs at build time (``docs/_ext/srb_reference.py``).
-    """
+    """Return the docs' settings reference table, in Markdown (``docs/_ext/srb_reference.py``)."""
     head = "| setting | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
     return head + "".join(row.row() + "\n" for row in SETTINGS)
 
@@ -798,11 +780,10 @@ def reference() -> str:
 class ConnectionConfig:
     """Where the filter's bits live, when not on scrapy-redis's own connection.
 
-    ``urls`` is empty to use scrapy-redis's connection (``REDIS_URL``,
-    ``REDIS_PARAMS``); one URL for one server or, with ``cluster``, a Redis Cluster
-    node to start from; several URLs for several standalone servers, shard ``i``
-    living on server ``i mod len(urls)``. ``sentinels`` (with ``service``) instead: the
-    primary that these Sentinels name for that service, followed through failovers.
+    ``urls``: none for scrapy-redis's connection; one server, or with ``cluster`` a Redis
+    Cluster node to start from; or several standalone servers, shard ``i`` on server
+    ``i mod len(urls)``. Or ``sentinels`` (with ``service``): the primary they name,
+    followed through failovers.
     """
 
     urls: tuple[str, ...] = ()
@@ -892,16 +873,7 @@ def _sentinel_settings(
 
 @dataclass(frozen=True, slots=True)
 class FaultPolicy:
-    """What the filter does when Redis fails it.
-
-    ``retry_timeout``: seconds a failing call is retried, with backoff and across
-    reconnects, before ``on_error`` decides: ``"raise"`` a
-    :class:`~.errors.FilterUnavailableError`, or ``"allow"`` the request (answer
-    "new": a possible duplicate fetch, never a lost page). ``on_loss``: when part of
-    the filter is gone (a shard evicted or deleted, a server emptied or replaced),
-    ``"raise"`` a :class:`~.errors.FilterDamagedError`, or ``"recreate"`` the part
-    empty and go on, with a warning.
-    """
+    """What the filter does when Redis fails it: see the settings of its fields."""
 
     retry_timeout: float = RETRY_TIMEOUT.default
     on_error: OnError = ON_ERROR.default
@@ -921,10 +893,8 @@ class FaultPolicy:
 class BloomConfig:
     """The resolved, validated configuration of one filter.
 
-    ``sizing`` is what the settings ask for and ``spec`` the geometry this release
-    gives it (a filter that exists keeps the geometry it was created with, see
-    :mod:`.engine.record`); the other fields say how this worker names, reports on,
-    feeds and protects the filter.
+    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it (a
+    filter that exists keeps its own, see :mod:`.record`).
     """
 
     key: str
@@ -964,11 +934,10 @@ class BloomConfig:
     def for_native(self) -> BloomConfig:
         """Return this configuration as a native filter's (BF.*), which has no blocks.
 
-        ``BLOOMFILTER_BACKEND = 'auto'`` learns only from the servers which backend a new
-        filter gets: :attr:`spec` is the bitmap filter's (blocked unless
-        ``BLOOMFILTER_BLOCKED = False``), this the native one's, unblocked unless
-        ``BLOOMFILTER_BLOCKED = True`` was asked for (which such a filter then refuses,
-        as the record says). A capacity derived from the bits follows them.
+        Under ``BLOOMFILTER_BACKEND = 'auto'`` only the servers tell which backend a new filter
+        gets: :attr:`spec` is the bitmap filter's, this the native one's (unblocked unless
+        ``BLOOMFILTER_BLOCKED = True``, which it then refuses). A capacity derived from the bits
+        follows them.
         """
         if self.sizing.native:
             return self
@@ -1082,10 +1051,8 @@ def _sizing(
 ) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
-    ``share``: the part of the error rate generation 0 is sized for (see
-    :attr:`.sizing.Sizing.rate_share`); ``native``: the request is for a native filter
-    (unblocked unless ``BLOOMFILTER_BLOCKED`` says otherwise, see
-    :attr:`.sizing.Sizing.layout_blocked`).
+    ``share``: the part of the error rate generation 0 is sized for; ``native``: for a
+    native filter (unblocked unless ``BLOOMFILTER_BLOCKED`` says otherwise).
     """
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)

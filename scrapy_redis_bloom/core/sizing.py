@@ -1,20 +1,11 @@
 """From what the user asks for (capacity and error rate, or bits and k) to a geometry.
 
-Two ways to size a filter:
-
-* ``bit`` / ``hash_number``: m = 2**bit bits and k hash functions, as in
-  scrapy-redis-bloomfilter;
-* ``capacity`` / ``error_rate``: m = -n ln p / (ln 2)**2 and k = (m / n) ln 2
-  (a blocked filter: the least m, and its k, that the blocked rate allows, see
-  :func:`false_positive_rate`).
-
-The bits are then split into equal shards sized to fill the blocks Redis's allocator
-(jemalloc) reserves for them, so the spare bytes of a block become bits that lower
-the false-positive rate instead of slack (:func:`split`).
-
-:class:`Sizing` is the request itself, stored in the filter's record: a worker whose
-request equals the stored one adopts the stored geometry, so a later release that
-sizes differently never locks users out of a filter they already have.
+By ``bit`` / ``hash_number`` (m = 2**bit, as in scrapy-redis-bloomfilter) or by
+``capacity`` / ``error_rate`` (m = -n ln p / (ln 2)**2, k = (m / n) ln 2; blocked, the
+least m the blocked rate allows). The bits are split into equal shards that fill the
+blocks Redis's allocator reserves, so spare bytes become bits (:func:`split`).
+:class:`Sizing`, the request, is stored in the record: a worker asking the same adopts
+the stored geometry, so a release that sizes differently never locks users out.
 """
 
 from __future__ import annotations
@@ -58,11 +49,9 @@ def optimal_hash_count(bits: int, capacity: int) -> int:
 def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: int = 0) -> float:
     """Return the false-positive rate expected after ``items`` insertions.
 
-    ``(1 - e**(-kn/m))**k``; for a blocked filter (blocks of B bits) the mean over a
-    block's load: its items are Poisson with mean ``B n / m``, and a block holding j
-    of them answers a probe falsely with ``(1 - (1 - 1/B)**(k j))**k`` (Putze et al.,
-    2007). A busy block costs more than a quiet one saves, hence a higher rate than
-    the same bits unblocked.
+    ``(1 - e**(-kn/m))**k``; blocked (B-bit blocks), the mean over a block's Poisson load
+    (mean ``B n / m``), a block of j items answering falsely with ``(1 - (1 - 1/B)**(k
+    j))**k`` (Putze et al., 2007): a busy block costs more than a quiet one saves.
     """
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
@@ -87,11 +76,9 @@ BLOCKED_HEADROOM = 1.05
 def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> tuple[int, int]:
     """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
 
-    Unblocked: :func:`optimal_bits` and :func:`optimal_hash_count`. Blocked: for each
-    k near the unblocked optimum, the fewest bits (whole blocks) whose blocked rate is
-    at most ``error_rate / BLOCKED_HEADROOM``, found by bisection; the k needing fewest
-    bits wins. A rate that needs far more than :data:`MAX_HASH_COUNT` hash functions
-    gets the unblocked answer, whose k the caller refuses.
+    Blocked: for each k near the unblocked optimum, the fewest whole blocks whose rate is
+    at most ``error_rate / BLOCKED_HEADROOM`` (bisection); the k needing fewest bits wins.
+    A rate needing far more than :data:`MAX_HASH_COUNT` gets the unblocked answer (refused).
     """
     bits = optimal_bits(capacity, error_rate)
     centre = optimal_hash_count(bits, capacity)
@@ -123,9 +110,8 @@ def optimal_capacity(bits: int, hash_count: int) -> int:
 def allocation(size: int) -> int:
     """Return the bytes jemalloc (Redis's allocator) reserves for a ``size``-byte block.
 
-    jemalloc rounds a request up to a size class: 16-byte steps up to 128 bytes, then
-    four classes per doubling (160, 192, 224, 256, 320, ...). A string one byte past a
-    class costs the next one: an 8 MiB bitmap plus its header takes a 10 MiB block.
+    Its size classes: 16-byte steps up to 128 bytes, then four per doubling (160, 192,
+    224, 256, 320...): an 8 MiB bitmap plus its header takes a 10 MiB block.
     """
     if size <= 128:
         return max(16, -(-size // 16) * 16)
@@ -155,11 +141,7 @@ def filter_allocation(spec: FilterSpec) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Sizing:
-    """What the user asked for; exactly one of the two ways is filled in.
-
-    ``shard_bit`` (largest shard, 2**shard_bit bits) or ``shards`` (exact count)
-    may be added to either way.
-    """
+    """What the user asked for: one of the two ways, with ``shard_bit`` or ``shards`` maybe."""
 
     capacity: int | None = None
     error_rate: float | None = None
@@ -256,10 +238,7 @@ def _fits(name: str, value: object) -> bool:
 
 
 def rate_share(expansion: int, ttl: int, tightening: float) -> float:
-    """Return the share of the error rate generation 0 is sized for (:attr:`Sizing.rate_share`).
-
-    ``1 - tightening`` when the filter grows, halved when it checks two re-crawl windows.
-    """
+    """Return the share of the error rate generation 0 is sized for (:attr:`Sizing.rate_share`)."""
     return (1 - tightening if expansion else 1.0) * (0.5 if ttl else 1.0)
 
 
@@ -268,12 +247,10 @@ def split(
 ) -> FilterSpec:
     """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
 
-    With ``shards`` given, that many. Otherwise the largest allocator block (at most
-    2**``shard_bit`` bits of payload) whose shards together take at most
-    :data:`ALLOCATION_SLACK` more than ``bits`` needs (blocks and per-key overhead),
-    or failing that the block that takes least. A blocked filter's shards hold whole
-    blocks (``block_bits``): the allocator block's last partial one is left unused.
-    Raises ValueError for a request no geometry satisfies.
+    ``shards`` of them, else the largest allocator block (at most 2**``shard_bit`` bits)
+    whose shards take at most :data:`ALLOCATION_SLACK` more than the bits need, or failing
+    that the one that takes least. A blocked filter's shards hold whole blocks. Raises
+    ValueError for a request no geometry satisfies.
     """
     unit = max(block_bits, 8)  # shard payloads in whole bytes, or whole blocks
     overhead = STRING_OVERHEAD + HEADER_BYTES
@@ -349,10 +326,7 @@ NATIVE_MISS_US = 0.174
 
 
 def miss_share(nbytes: int) -> float:
-    """Return the share of a filter's random bit reads that miss the CPU's caches.
-
-    ``1 - CACHE_BYTES / nbytes``: none while the filter fits, almost all past 100x.
-    """
+    """Return the share of a filter's random bit reads that miss the CPU's caches."""
     return max(0.0, 1.0 - CACHE_BYTES / nbytes) if nbytes > 0 else 0.0
 
 
@@ -397,13 +371,10 @@ def layout_costs(
 ) -> tuple[LayoutCost, ...]:
     """Return what each layout (:data:`LAYOUTS`) costs for ``sizing`` at ``capacity`` items.
 
-    Classic and blocked: this release's geometry for the request in each layout (by
-    capacity and error rate, blocked takes more bits for the same rate; by bits and k,
-    the same bits at a higher rate) and the bytes Redis reserves for generation 0
-    (:func:`filter_allocation`). Native: RedisBloom's sizing of the classic filter's
-    capacity and rate (m = -n ln p / (ln 2)**2, k = ceil(-log2 p)) in as many shards,
-    each one allocation. The time is :func:`check_cost` for the share one of
-    ``servers`` holds.
+    Classic and blocked: this release's geometry for the request in each layout and the
+    bytes Redis reserves for generation 0. Native: RedisBloom's sizing of the classic
+    filter's capacity and rate, in as many shards. The time is :func:`check_cost` for the
+    share one of ``servers`` holds.
     """
     found: list[LayoutCost] = []
     classic = replace(sizing, blocked=False, native=False).spec()

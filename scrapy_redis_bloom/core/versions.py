@@ -1,10 +1,8 @@
 """The oldest versions of the libraries the dupefilter runs with, checked when it is built.
 
-pip enforces ``pyproject.toml``'s minimums at install time only: an environment put
-together otherwise (a pinned lock file, ``--no-deps``, a system package) may hold an
-older Scrapy or redis-py, which would fail later in ways that name neither. The
-dupefilter checks the installed versions once, when it is built, and refuses an old
-one with a message that names it and the minimum (docs/reference/versions.md).
+pip enforces the minimums at install time only: an environment put together otherwise
+(a lock file, ``--no-deps``) may hold an older Scrapy or redis-py, which would fail
+later in ways that name neither.
 """
 
 from __future__ import annotations
@@ -41,11 +39,7 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 
 def check_versions(installed: Mapping[str, str]) -> None:
-    """Refuse any library of ``installed`` (distribution -> version) below its minimum.
-
-    A distribution missing from ``installed`` is not checked (importing it fails on
-    its own, with Python's message).
-    """
+    """Refuse any library of ``installed`` below its minimum (a missing one fails on import)."""
     too_old = []
     upgrades = []
     for dist, (name, minimum) in MINIMUMS.items():

@@ -1,26 +1,14 @@
 """Checks at open that Redis's ACL lets the filter's user do everything the filter does.
 
-Without it, a user lacking a command fails late and opaquely (``+@read +@write
-+@scripting`` fails at creation with a Lua error naming neither ``TIME`` nor the key;
-a missing key pattern fails mid-crawl). :func:`check_access` runs once at open and
-names, in one error, every command and key pattern the user lacks.
-
-How: on every server that holds the filter, every command the filter sends (and its
-scripts call) is sent *directly*, so that Redis's ``NOPERM`` names it, on a probe key
-of the same family as the real keys, so key patterns are exercised too:
-``KEY:acl-probe`` for ``KEY:meta``, ``KEY:count``, ``KEY:workers``, ``KEY:server``
-(``~KEY*``), and ``{KEY:acl-probe}:g0`` for the shards (``~{KEY:*``). Writes go to the
-probe keys only, deleted at the end (with a TTL of :data:`PROBE_TTL_MS` meanwhile);
-one pipelined round trip per server. ``NOPERM`` comes before any other reply, so any
-other reply (``WRONGTYPE`` included) means allowed; the error names the command sent
-and the probe key's family, never Redis's words (which differ in 6.2 and 7.0, see
-:func:`.executor.acl_denial`). On a cluster, a numbered suffix (``KEY:acl-probe-3``)
-puts a probe key of each family on every master.
-
-``INFO`` is optional: a user without it only gets an INFO log line. A server that does
-not answer is tried once, like :func:`.health.survey`, and left to the steps of
-opening that follow (retrying here would stop a filter from opening on a server that
-is out of memory, where reading it still works).
+Without it, a missing permission fails late and opaquely (a Lua error at creation, or
+mid-crawl). :func:`check_access` sends every command the filter sends (and its scripts
+call) directly, so that ``NOPERM`` names it, on a probe key of each family of the real
+keys (:func:`probe_keys`), so key patterns are exercised too: one pipelined round trip
+per server, writes to the probe keys only. ``NOPERM`` comes before any other reply, so
+any other means allowed; the error names the command sent, never Redis's words (which
+differ across versions). A refused ``INFO`` is only logged. A server that does not
+answer is tried once and left to the rest of opening (retrying here would stop a filter
+from opening on a server that is out of memory, where reading it still works).
 """
 
 from __future__ import annotations
@@ -70,9 +58,8 @@ class Probe:
 def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
     """Return the probe keys of the filter ``key``: of its record's family, of its shards'.
 
-    ``KEY:acl-probe`` matches ``KEY*`` as ``KEY:meta`` does; ``{KEY:acl-probe}:g0``
-    matches ``{KEY:*`` as the shards ``{KEY:<i>}:g0`` do (see :mod:`.layout`). A
-    ``suffix`` other than 0 (``-3``) moves them to other cluster slots.
+    ``KEY:acl-probe`` matches ``KEY*`` as ``KEY:meta`` does; ``{KEY:acl-probe}:g0`` matches
+    ``{KEY:*`` as the shards do. A ``suffix`` (``-3``) moves them to other cluster slots.
     """
     name = "acl-probe" if suffix == 0 else f"acl-probe-{suffix}"
     return f"{key}:{name}", f"{{{key}:{name}}}:g0"
@@ -81,10 +68,8 @@ def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
 def probes(record: str, shard: str) -> list[Probe]:
     """Return the commands that check every permission the filter needs, in sending order.
 
-    ``record`` and ``shard`` are the probe keys (:func:`probe_keys`). Each command is
-    probed on the family the filter uses it on: the shards get the bitmap commands (the
-    scripts' too), the record's family the hash, sorted-set and string ones. Both probe
-    keys are deleted first (a probe cut short leaves them) and last.
+    Each on the family the filter uses it on (:func:`probe_keys`); both probe keys are
+    deleted first (a probe cut short leaves them) and last.
     """
     ttl = PROBE_TTL_MS
     return [
@@ -156,10 +141,8 @@ class _Target:
 def check_access(executor: Executor, topology: Topology, key: str) -> None:
     """Check that the Redis user may run every command the filter ``key`` needs; raise if not.
 
-    Probes every server (every master of a cluster, see the module's docstring) in
-    one pipelined round trip each. Raises :class:`~..errors.AccessDeniedError`
-    naming, per server, every refused command (by its ACL name) and key pattern, and
-    the ``ACL SETUSER`` that grants them. A refused ``INFO`` is only logged.
+    :class:`~..errors.AccessDeniedError` names, per server, every refused command and key
+    pattern, and the ``ACL SETUSER`` that grants them.
     """
     targets = _targets(topology, key)
     calls: list[Call] = []
@@ -233,10 +216,7 @@ def _targets(topology: Topology, key: str) -> list[_Target]:
 
 
 def _on(topology: Topology, address: str, name: Callable[[int], str]) -> str | None:
-    """Return the first key ``name(0)``, ``name(1)``... held by the cluster node ``address``.
-
-    None if none is (or the slot map cannot say).
-    """
+    """Return the first key ``name(0)``, ``name(1)``... the cluster node ``address`` holds."""
     for suffix in range(MAX_SUFFIXES):
         candidate = name(suffix)
         try:

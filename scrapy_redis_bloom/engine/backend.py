@@ -1,15 +1,9 @@
 """Choosing a filter's backend (``BLOOMFILTER_BACKEND``) and the interface both share.
 
-* ``bitmap``: :class:`.filter.RedisBloomFilter`, our string bitmaps (any Redis >= 6.2);
-* ``native``: :class:`.native.NativeBloomFilter`, the server's own Bloom filters (BF.*);
-* ``auto`` (the default): the record's backend when it exists; else native when every
-  server (or cluster master) has ``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not
-  asked for (a native filter is sized unblocked:
-  :meth:`.settings.BloomConfig.for_native`), else bitmap.
-
-An explicit backend that contradicts the record is refused at open
-(:meth:`.record.FilterRecord.check`), ``native`` without ``BF.*`` too
-(:func:`.native.parts.require_bloom`).
+``bitmap`` is :class:`.filter.RedisBloomFilter`, ``native`` :class:`.native.NativeBloomFilter`
+(BF.*). ``auto``: the record's backend when it exists; else native when every server has
+``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else bitmap. An explicit
+backend that contradicts the record, or ``native`` without ``BF.*``, is refused at open.
 """
 
 from __future__ import annotations
@@ -68,8 +62,7 @@ class BloomBackend(Protocol):
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
     """Return the backend a filter uses: its record's, else per ``config.backend``.
 
-    ``native`` is the filter built natively, used to read the record and probe the
-    servers (one round trip each).
+    ``native``, the filter built natively, reads the record and probes the servers.
     """
     record = native.parts.read_record()
     if record is not None:
@@ -93,8 +86,7 @@ def make_filter(
 ) -> RedisBloomFilter | NativeBloomFilter:
     """Return the filter ``config`` asks for, of the backend :func:`choose` picks.
 
-    ``options``: the constructors' other arguments (``cache_size``, ``faults``,
-    ``events``). Reads the record (and, for a new filter under ``auto``, probes the
+    ``options``: the constructors' other arguments. Reads the record (and may probe the
     servers) once; :meth:`open` then checks everything as usual.
     """
     bloom: RedisBloomFilter | NativeBloomFilter

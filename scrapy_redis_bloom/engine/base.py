@@ -1,9 +1,8 @@
 """What both backends' filters share: connections, counters, leases, the near-cache, outages.
 
-:class:`FilterBase` is the base of :class:`.filter.RedisBloomFilter` (bitmaps) and
-:class:`.native.NativeBloomFilter` (``BF.*``): everything here is the same whatever
-keeps the bits. A backend's filter sets up its :class:`.Lifecycle` (given its shards) in
-:meth:`FilterBase._setup`, and supplies :meth:`FilterBase._adopt` and its hot and bulk paths.
+A backend's filter (:class:`.filter.RedisBloomFilter`, :class:`.native.NativeBloomFilter`)
+sets up its :class:`.Lifecycle` in :meth:`FilterBase._setup` and supplies
+:meth:`FilterBase._adopt` and its hot and bulk paths.
 """
 
 from __future__ import annotations
@@ -92,11 +91,9 @@ class FilterBase:
     ) -> None:
         """Set up what every filter has: connections, parts, counters, near-cache, lock.
 
-        ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
-        of standalone clients; ``spec`` and ``capacity`` (and ``sizing``, the request
-        they come from) say what to create, with ``expansion`` and ``ttl``; a filter
-        that exists keeps what its record stores. The backend's own parts come from
-        :meth:`_setup`.
+        ``client`` is a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients;
+        the other arguments say what to create (a filter that exists keeps what its record
+        stores).
         """
         self.key = key
         self.capacity = capacity
@@ -141,9 +138,8 @@ class FilterBase:
     def open(self, create: bool = True) -> FilterRecord:
         """Create the filter, or check this worker's settings and every part against it.
 
-        With ``create=False`` a missing filter raises
-        :class:`~..errors.FilterMissingError`. See :mod:`.lifecycle` for what is
-        checked (and which servers are refused) and how lost parts are handled.
+        With ``create=False`` a missing filter raises :class:`~..errors.FilterMissingError`
+        (see :mod:`.lifecycle`).
         """
         with self._lock:
             record = self.lifecycle.open(self.wanted, create)
@@ -151,11 +147,7 @@ class FilterBase:
             return record
 
     def clear(self) -> None:
-        """Delete the filter: every part proven its own, its record last (:class:`.Shards`).
-
-        The worker registry is kept: leases belong to the workers. The next use creates
-        the filter anew.
-        """
+        """Delete the filter: every part proven its own, its record last; the leases are kept."""
         with self._lock:
             record = self.record if self.record is not None else self.parts.read_record()
             if record is not None:
@@ -183,11 +175,7 @@ class FilterBase:
     def from_config(
         cls: type[_F], client: Any, key: str, config: BloomConfig, **options: Any
     ) -> _F:
-        """Return the filter a validated configuration asks for: geometry, growth, TTL.
-
-        ``options``: the other arguments of the constructor (``cache_size``,
-        ``faults``, ``events``).
-        """
+        """Return the filter a validated configuration asks for (``options``: the constructor's)."""
         return cls(
             client,
             key,
@@ -255,8 +243,7 @@ class FilterBase:
     def sync_counters_if_due(self) -> None:
         """Sync the counts when some are unsynced and the interval passed (for a timer).
 
-        Calls sync them as they come; this keeps the totals live while the worker
-        waits (an idle spider, a slow site).
+        This keeps the totals live while the worker waits (an idle spider, a slow site).
         """
         with self._lock:
             if self.record is not None and self.counters.due:
@@ -264,10 +251,7 @@ class FilterBase:
                 self.counters.sync(self.parts, self.spec)
 
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
-        """Return this worker's lease in the filter's registry of live workers.
-
-        Its renewals tell the filter how many workers are live (:attr:`workers`).
-        """
+        """Return this worker's lease, whose renewals tell the filter :attr:`workers`."""
         lease = WorkerLease(
             self.topology, self.key, worker_id, ttl, self.faults.retry_timeout, self.events
         )
@@ -291,8 +275,7 @@ class FilterBase:
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Add elements in bulk; return, per element, whether it was there already.
 
-        The result equals calling :meth:`check_and_add` on each element in order,
-        under the same answer contract. The counts reach Redis before it returns.
+        As :meth:`check_and_add` on each in order; the counts reach Redis before it returns.
         """
         with self._lock:
             outcome = self._many(True, elements)
@@ -305,10 +288,9 @@ class FilterBase:
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
         """Add a few elements together; return, per element, whether it was there already.
 
-        The answers equal :meth:`check_and_add` called on each in order, under the same
-        contract (a repeat inside the call is "seen" after its first), but the commands
-        of every element the near-cache does not know go in one round trip per server:
-        the links of a page in one exchange. For thousands of elements, :meth:`add_many`.
+        As :meth:`check_and_add` on each in order (a repeat inside the call is "seen"), in one
+        round trip per server: the links of a page in one exchange. For thousands,
+        :meth:`add_many`.
         """
         answers = [True] * len(elements)
         with self._lock:
@@ -328,17 +310,13 @@ class FilterBase:
         return answers
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        """Check (and with ``write`` add) elements in bulk: the backend's bulk path.
-
-        Applies BLOOMFILTER_ON_ERROR to what Redis could not take (``Outcome.failed``).
-        """
+        """Check (and with ``write`` add) elements in bulk, applying BLOOMFILTER_ON_ERROR."""
         raise NotImplementedError
 
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add a few elements (``(position, tag, element, h1, h2)``) together.
 
-        One round trip per server; applies BLOOMFILTER_ON_ERROR to what Redis could not
-        take (``Outcome.failed``). By default the bulk path's.
+        One round trip per server, applying BLOOMFILTER_ON_ERROR; by default the bulk path's.
         """
         return self._many(True, [element for _, _, element, _, _ in todo])
 
@@ -356,9 +334,8 @@ class FilterBase:
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element; return True if it was (probably) there already.
 
-        One atomic command in Redis (none when the near-cache knows the element): of
-        several workers adding the same element at once, exactly one gets False.
-        Which command is the backend's (:meth:`_check_and_add_one`).
+        One atomic command in Redis (none when the near-cache knows the element): of several
+        workers adding the same element at once, exactly one gets False.
         """
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as tag()
@@ -385,11 +362,7 @@ class FilterBase:
             return seen
 
     def _check_and_add(self, element: str | bytes, h1: int, h2: int) -> bool:
-        """Check and add one element (its mmh3 halves ``h1``, ``h2``): one backend command.
-
-        Sent with :meth:`.Executor.call`; raises what the executor raises, for
-        :meth:`check_and_add` to apply ``BLOOMFILTER_ON_ERROR``.
-        """
+        """Check and add one element (its mmh3 halves) in one backend command, via the executor."""
         raise NotImplementedError
 
     @property
@@ -402,8 +375,7 @@ class FilterBase:
     ) -> list[tuple[int, int, str | bytes, int, int]]:
         """Return the elements Redis must answer: ``(position, tag, element, h1, h2)``.
 
-        The others, which the near-cache or the elements let through know, or repeats
-        of an earlier one, answer "seen" and are counted so, as in ``check_and_add``.
+        The others (known, owed, or repeats) answer "seen" and are counted so.
         """
         todo: list[tuple[int, int, str | bytes, int, int]] = []
         taken: set[int] = set()
@@ -423,10 +395,7 @@ class FilterBase:
         return todo
 
     def _flush_counts(self, only: int | None = None) -> None:
-        """Send what the backend holds back from Redis between syncs (nothing by default).
-
-        Called before every counter sync and at close; ``only``: for that shard alone.
-        """
+        """Send what the backend holds back between syncs (by default none); ``only``: a shard."""
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         """Add elements in bulk for :meth:`_settle`: by default the bulk path's."""

@@ -1,9 +1,4 @@
-"""A bounded least-recently-used map: the near-cache and the fingerprint memo.
-
-The near-cache keeps the 128-bit digests of elements this worker knows are in the
-filter; the dupefilter's memo keeps scrapy-redis fingerprints by URL. Both forget
-their oldest entries past ``size``.
-"""
+"""A bounded least-recently-used map: the near-cache (digests) and the fingerprint memo (by URL)."""
 
 from __future__ import annotations
 

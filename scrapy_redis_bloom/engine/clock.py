@@ -1,13 +1,10 @@
 """Redis's clock, as a shard's node last told it: which re-crawl window a check is in.
 
-The scripts take the window from Redis's ``TIME`` on the shard's node (see
-:mod:`..generations`). The scriptless checks of windowed filters (:mod:`.bitmap.stackpath`,
-:mod:`.native.ttl`) choose their keys by the same window without a ``TIME`` on every
-check: each shard keeps the offset between Redis's clock and this machine's, and a
-round reads ``TIME`` again (one of its pipelined commands) when that offset is older
-than :data:`CLOCK_EVERY`, or when the estimate falls within :data:`GUARD` of a window's
-edge. A check within :data:`GUARD` of its window's end goes through the script, which
-starts the next window.
+The scripts read the window from ``TIME``. The scriptless checks of windowed filters
+keep, per shard, the offset between Redis's clock and this machine's, and read ``TIME``
+again (in a round's pipeline) when it is older than :data:`CLOCK_EVERY` or the estimate
+falls within :data:`GUARD` of a window's edge; a check that near its window's end goes
+through the script, which starts the next window.
 """
 
 from __future__ import annotations
@@ -51,10 +48,7 @@ class Clock:
         return window if GUARD <= now - window * ttl <= ttl - GUARD else None
 
     def read(self, reply: Any, sent_at: float) -> float:
-        """Take a ``TIME`` reply of a round sent at ``sent_at`` (``time.time()``); return it.
-
-        Raises ``ValueError`` for a reply that is not ``TIME``'s.
-        """
+        """Take a ``TIME`` reply of a round sent at ``sent_at``; return it (ValueError if bad)."""
         if not isinstance(reply, list) or len(reply) != 2:
             raise ValueError(f"TIME replies two numbers, got {reply!r:.100}")
         now = int(reply[0]) + int(reply[1]) / 1e6
@@ -75,9 +69,8 @@ class Clock:
 class Known:
     """What a worker knows of one shard, as the scriptless paths of windows keep it.
 
-    The window it is known for, the checks since the last that read what is only read
-    now and then (each path says what), and Redis's clock on the shard's node. Extended
-    by :mod:`.bitmap.stackpath` and :mod:`.native.ttl` with what each path reads.
+    The window, the checks since the last full read, and Redis's clock on the node;
+    extended by :mod:`.bitmap.stackpath` and :mod:`.native.ttl`.
     """
 
     #: The window this is known for (-1 without windows).

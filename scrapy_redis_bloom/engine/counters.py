@@ -1,12 +1,9 @@
 """Counts of what the filter answered, shared by all workers, and the capacity warning.
 
-Each worker counts its outcomes locally (no Redis command per request) and adds them
-to the filter's one counter hash, ``KEY:count``, about once a second
-(:data:`SYNC_INTERVAL`) and when it closes. The reply gives the items added by all
-workers, which is what the capacity warning watches: a WARNING, naming the capacity,
-each time the filter passes 1x, 2x, 4x, ... its capacity, with the false-positive
-rate that follows. A failed sync never changes an answer already given: its counts
-wait for the next one.
+Each worker counts locally and adds its counts to ``KEY:count`` about once a second
+(:data:`SYNC_INTERVAL`) and at close. The reply's items added by all workers drive the
+capacity warning: each time the filter passes 1x, 2x, 4x... its capacity. A failed sync
+never changes an answer: its counts wait for the next one.
 """
 
 from __future__ import annotations
@@ -80,9 +77,8 @@ class Counters:
     def sync(self, parts: Parts, spec: FilterSpec) -> FilterTotals | None:
         """Add the unsynced counts to ``KEY:count``; return the totals, None if Redis failed.
 
-        Never raises for Redis's sake: the counts are kept for the next sync and the
-        failure is logged (at most once a minute). Whatever fails, the counts are kept
-        (another error is raised again, after).
+        A Redis failure is logged (at most once a minute), not raised; whatever fails, the
+        counts are kept for the next sync.
         """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0

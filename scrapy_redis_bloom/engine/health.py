@@ -1,17 +1,11 @@
 """What the servers can take: their version, their memory limit and eviction policy.
 
-Read at open from ``INFO server`` and ``INFO memory`` on every server (or every master
-of a cluster). No ``CONFIG`` permission is needed; a server that refuses ``INFO`` is
-used without these checks, and the log says so.
-
-* A server older than :data:`MIN_VERSION` is refused.
-* Creating a filter that does not fit in a server's ``maxmemory`` (or, without a
-  limit, in the machine's memory as Redis reports it) is refused: its shards are
-  allocated whole at creation, and would either fail half-way (``noeviction``), push
-  other data out (an eviction policy) or swap the host to a halt.
-* An eviction policy that may evict the filter's keys, or a server close to its
-  limit, is warned about: a shard evicted mid-crawl would stop the crawl (or, with
-  ``BLOOMFILTER_ON_LOSS = "recreate"``, forget what it held).
+Read at open from ``INFO`` on every server (a server that refuses it is used unchecked,
+and the log says so). A server older than :data:`MIN_VERSION` is refused, and so is
+creating a filter that does not fit in a server's memory: its shards are allocated
+whole, and would fail half-way, push other data out or swap the host to a halt. An
+eviction policy that may evict the filter, or a server close to its limit, is warned
+about: a shard evicted mid-crawl stops the crawl (or, recreated, forgets what it held).
 """
 
 from __future__ import annotations
@@ -85,8 +79,7 @@ def _info(reply: object) -> dict[str, str]:
 def product(fields: dict[str, str]) -> str:
     """Name the server from its ``INFO server`` fields: ``Valkey 9.1.2``, ``Redis 7.0.15``.
 
-    Valkey reports ``redis_version:7.2.4`` (the Redis it is compatible with, which is
-    what :data:`MIN_VERSION` is checked against) and its own ``valkey_version``.
+    Valkey's ``redis_version`` is the Redis it is compatible with, the one checked.
     """
     if fields.get("valkey_version"):
         return f"Valkey {fields['valkey_version']}"
@@ -96,8 +89,8 @@ def product(fields: dict[str, str]) -> str:
 def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
     """Read the version and memory figures of every server that holds the filter.
 
-    One attempt per server: the figures only inform, and a server that does not
-    answer is reported by the command that needs it, with the retries it deserves.
+    One attempt each: the figures only inform, and a server that does not answer is
+    reported by the command that needs it, with the retries it deserves.
     """
     found = []
     for i, node in enumerate(topology.primaries()):
@@ -158,10 +151,9 @@ def check_room(
 ) -> None:
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
-    ``needs`` maps a server's address to the bytes its new shards will take, checked
-    against what is free. ``spread`` = (bytes, servers): the whole filter, spread
-    evenly, checked against each server's whole limit (a filter that could never fit,
-    refused before its shards are even listed).
+    ``needs``: per server address, the bytes its new shards take, against what is free;
+    ``spread`` = (bytes, servers): the whole filter spread evenly, against each whole
+    limit (a filter that could never fit is refused before its shards are listed).
     """
     for server in servers:
         limit = server.limit
@@ -189,8 +181,7 @@ VOLATILE_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-random", "volatil
 def warn_risks(key: str, servers: list[ServerHealth], expiring: bool = False) -> int:
     """Log what could cost the filter its data; return how many servers may evict it.
 
-    ``expiring``: the filter's bits carry an expiry (``BLOOMFILTER_TTL``), so the
-    volatile-* policies may evict them too.
+    ``expiring``: the bits carry an expiry (``BLOOMFILTER_TTL``): volatile-* policies too.
     """
     evicting = 0
     for server in servers:

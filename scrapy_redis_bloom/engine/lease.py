@@ -1,16 +1,11 @@
 """Worker leases: which workers still use the filter (``KEY:workers``).
 
-scrapy-redis clears the dupefilter when any worker closes with
-``SCHEDULER_PERSIST = False`` or starts with ``SCHEDULER_FLUSH_ON_START``, which
-would wipe a crawl other workers are still running. Each worker holds a lease,
-renewed from a daemon thread, and the filter is only cleared by a worker that finds
-no other live lease. Expiry is judged by the Redis server's clock (``TIME`` in the
-script), never by the workers' clocks.
-
-Checking for other workers and claiming the clear are one script
-(:meth:`WorkerLease.clearing`); a worker takes its lease before opening the filter, so
-it never opens one being deleted. The renewing thread survives any failure: it says
-what failed, counts it (``lease_failed``) and tries again sooner.
+scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSIST =
+False`` or starts with ``SCHEDULER_FLUSH_ON_START``, which would wipe a crawl other
+workers still run. So each worker holds a lease, renewed from a daemon thread, and the
+filter is cleared only by a worker that finds no other live lease, in one script with
+the claim (:meth:`WorkerLease.clearing`). Expiry is judged by Redis's clock, never the
+workers'.
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ def workers_of(executor: Executor, key: str) -> list[str]:
 def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]:
     """Return the live workers of the filter ``key`` through a redis-py client.
 
-    Needs no geometry: it works before a worker has created the filter. ``client`` is
-    what :class:`~.filter.RedisBloomFilter` takes (the registry is on server 0).
+    Needs no geometry: it works before the filter exists. The registry is on server 0.
     """
     from scrapy_redis_bloom.transport.topology import make_topology
 
@@ -72,12 +66,10 @@ def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]
 
 
 class WorkerLease:
-    """A worker's lease in a filter's registry of live workers.
+    """A worker's lease in a filter's registry of live workers, on connections of its own.
 
-    The lease lasts ``ttl`` seconds unless renewed; :meth:`start` renews it every
-    ``ttl / 3`` seconds from a daemon thread, so a worker that dies stops counting as
-    live within ``ttl``. It has connections of its own (a copy of the filter's
-    topology). ``events``: where failed renewals are counted (see :mod:`..core.events`).
+    It lasts ``ttl`` seconds unless renewed; :meth:`start` renews it every ``ttl / 3`` from
+    a daemon thread, so a worker that dies stops counting as live within ``ttl``.
     """
 
     def __init__(
@@ -132,8 +124,7 @@ class WorkerLease:
     def renew(self) -> int:
         """Take or extend the lease; return how many other workers are live.
 
-        :data:`CLEARING` (-1) when another worker is clearing the filter: no lease is
-        taken then (see :meth:`start`, which waits).
+        :data:`CLEARING` (-1), and no lease, while another worker clears the filter.
         """
         return self._call("renew")
 
@@ -145,11 +136,9 @@ class WorkerLease:
     def clearing(self) -> Iterator[int]:
         """Claim the registry to clear the filter; yield how many other workers are live.
 
-        The check and the claim are one script: when it yields 0, no other worker
-        holds a live lease, and none takes one (a starting worker waits) until the
-        block ends, so the filter can be deleted under nobody's crawl. The claim is
-        renewed with the lease, and lapses within the TTL if this worker dies. When it
-        yields more, nothing is claimed and the filter must stay.
+        Yielding 0, no other worker holds a live lease and none takes one until the block ends,
+        so the filter can be deleted under nobody's crawl (the claim lapses within the TTL if
+        this worker dies). Yielding more, nothing is claimed and the filter must stay.
         """
         others = self._call("claim")
         if others:
@@ -169,12 +158,10 @@ class WorkerLease:
                 self._failed("unclaim", what, exc)
 
     def start(self) -> int:
-        """Take the lease and keep renewing it in the background until :meth:`release`.
+        """Take the lease and keep renewing it until :meth:`release`; return the other live workers.
 
-        Returns how many other workers are live. While another worker clears the
-        filter it waits (the clearer holds the registry until the filter is deleted,
-        at most ``ttl`` after it died): take the lease before opening the filter, so
-        that no worker deletes it while this one opens it.
+        While another worker clears the filter it waits: take the lease before opening the
+        filter, so that no worker deletes it while this one opens it.
         """
         others = self.renew()
         if others == CLEARING:
@@ -204,10 +191,7 @@ class WorkerLease:
         return others
 
     def _keep(self, stop: threading.Event) -> None:
-        """Renew until stopped. Survives any failure: says it, counts it, retries sooner.
-
-        Any: a renewal's, and one in saying or counting it (a log handler that fails).
-        """
+        """Renew until stopped, surviving any failure (a log handler's too): logged, counted."""
         wait = self.ttl / 3
         while not stop.wait(wait):
             failure: BaseException | str | None
@@ -240,8 +224,7 @@ class WorkerLease:
     def stop(self, wait: float = 5.0) -> None:
         """Stop renewing; the lease then lapses after its TTL (as if the worker died).
 
-        Waits up to ``wait`` seconds for a renewal under way; a longer one ends on its
-        own, and :meth:`start` waits for it before renewing again.
+        Waits up to ``wait`` seconds for a renewal under way; :meth:`start` waits for a longer one.
         """
         self._stop.set()
         if self._thread is not None:

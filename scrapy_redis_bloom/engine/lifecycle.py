@@ -1,31 +1,22 @@
 """Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
 
-One flow for both backends: what differs (how a shard is made and checked, which servers
-can hold one) is a :class:`Shards` given to :class:`Lifecycle`: :class:`Bitmaps` here,
-:class:`~.native.filter.Blooms` for the native backend.
+One flow for both backends; how a shard is made and checked is a :class:`Shards`
+(:class:`Bitmaps` here, :class:`~.native.filter.Blooms` for the native backend).
 
-Creating writes the record first (state ``creating``), then every server marker and
-every shard, each carrying the filter's id (a bitmap's header, a native shard's name);
-then sets the state to ``ready``. Any worker that opens a filter still ``creating``
-finishes the job (every step is idempotent), so a creator that dies half-way leaves
-nothing broken.
+Creating writes the record (state ``creating``), then every server marker and shard,
+each carrying the filter's id, then sets the state to ``ready``. Every step is
+idempotent, so any worker that opens a filter still ``creating`` finishes the job.
 
-Opening a ready filter checks its geometry against this worker's request (adopting
-the stored one, see :mod:`.record`) and every part's identity: each server's marker
-and each shard's (its header, or its type). What is wrong is then sorted out by
-:meth:`Lifecycle.recover`, which the hot path also calls when it finds a shard wrong:
+Opening a ready filter checks its geometry against this worker's request (adopting the
+stored one) and every part's identity. :meth:`Lifecycle.recover` (which the hot path
+calls too) then sorts out what is wrong:
 
-* metadata this worker knows exactly (the record, a server marker) that is missing
-  while the shards it describes are intact is **restored**, with a warning: it was
-  evicted or deleted, and nothing it described was lost;
-* a record with another id means the filter was reset and created again elsewhere:
-  the worker **adopts** the new filter (its near-cache is emptied by the caller);
-* a shard that is missing (or a bitmap without a header) was **lost** (evicted,
-  deleted, its server emptied or replaced): ``BLOOMFILTER_ON_LOSS`` decides, raise
-  :class:`~..errors.FilterDamagedError` or recreate it empty (with a warning: the
-  URLs it held may be fetched again, never dropped);
-* anything else where a shard belongs (another filter's shard, foreign data) is
-  never overwritten: :class:`~..errors.FilterDamagedError` whatever the policy.
+* a missing record or server marker over intact shards is **restored**, with a warning;
+* a record with another id (the filter was reset and created again) is **adopted**;
+* a missing shard (or a bitmap without a header) was **lost**: ``BLOOMFILTER_ON_LOSS``
+  decides, :class:`~..errors.FilterDamagedError` or recreate it empty, with a warning
+  (the URLs it held may be fetched again, never dropped);
+* anything else where a shard belongs is never overwritten: FilterDamagedError.
 """
 
 from __future__ import annotations
@@ -64,8 +55,7 @@ VERIFIED = 4096
 def sample(shards: int, servers: int) -> range | list[int]:
     """Return the shards to check at open: all, or :data:`VERIFIED` spread over all servers.
 
-    Shard ``i`` lives on server ``i mod servers``; the sample takes the first shards
-    (one per server at least), then evenly spaced ones, and the last.
+    The first shards (one per server at least), then evenly spaced ones, and the last.
     """
     if shards <= VERIFIED:
         return range(shards)
@@ -79,9 +69,8 @@ class Shards(Protocol):
     """What differs per backend when a filter is opened or recovered: its shards.
 
     :class:`Lifecycle` decides what to create, check, restore or recreate; a ``Shards``
-    knows how. ``create`` and ``missing`` raise :class:`~..errors.FilterDamagedError`
-    where a shard's key holds anything else (another filter's shard, foreign data): it
-    is never overwritten.
+    knows how. ``create`` and ``missing`` raise :class:`~..errors.FilterDamagedError` where a
+    shard's key holds anything else: it is never overwritten.
     """
 
     #: How messages name the filter: "Bloom filter", "native Bloom filter".
@@ -112,10 +101,7 @@ class Shards(Protocol):
 
 
 class Lifecycle:
-    """Opens, checks and recovers a filter, whose backend keeps ``shards``.
-
-    ``shards``: :class:`Bitmaps`, or the native backend's :class:`~.native.filter.Blooms`.
-    """
+    """Opens, checks and recovers a filter, whose backend keeps ``shards``."""
 
     def __init__(self, shards: Shards, faults: FaultPolicy, events: FilterEvents) -> None:
         self.shards = shards
@@ -130,9 +116,9 @@ class Lifecycle:
     def open(self, wanted: FilterRecord | None, create: bool = True) -> FilterRecord:
         """Create the filter, or check it; return its record (its geometry to use).
 
-        ``wanted`` is this worker's request (None: use whatever the record says).
-        Raises :class:`~..errors.FilterMissingError` when there is no filter and
-        ``create`` is false (or nothing says how to size one).
+        ``wanted`` is this worker's request (None: whatever the record says). Raises
+        :class:`~..errors.FilterMissingError` when there is no filter and ``create`` is false
+        (or ``wanted`` is None).
         """
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
@@ -153,8 +139,7 @@ class Lifecycle:
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
         """Write a new filter's record (``creating``); return it, or the one found instead.
 
-        That is another worker's, if it wrote one first, or one restored from shards left
-        without their record (see :meth:`Bitmaps.prepare`).
+        That is another worker's, or one restored from shards left without their record.
         """
         self.parts.spec = wanted.spec
         # A server listed out of place is refused before anything is written.
@@ -192,12 +177,10 @@ class Lifecycle:
     # -- checking and recovering -------------------------------------------------------
 
     def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
-        """Check every marker and a sample of the shards of a ready filter; recover.
+        """Check every marker and a sample of a ready filter's shards (:func:`sample`); recover.
 
-        Every shard when there are at most :data:`VERIFIED` of them, else a spread
-        sample that covers every server: opening stays O(1) in time and memory for any
-        geometry, and nothing is risked, as every check and add finds a lost shard
-        anyway.
+        A sample keeps opening O(1) for any geometry and risks nothing: every check and add
+        finds a lost shard anyway.
         """
         missing_markers: list[int] = []
         if record.servers > 1:
@@ -266,10 +249,7 @@ class Lifecycle:
         wanted: FilterRecord | None = None,
         missing_markers: list[int] | None = None,
     ) -> FilterRecord:
-        """Sort out shards found lost or wrong; return the record to use.
-
-        See the module's docstring for what is restored, adopted, recreated or refused.
-        """
+        """Sort out shards found lost or wrong (see the module's docstring); return the record."""
         current = self.parts.read_record()
         if current is not None and current.filter_id != record.filter_id:
             self.events.count("reopened")
@@ -342,9 +322,8 @@ class Lifecycle:
     def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
         """Return the error for a generation or re-crawl window of a shard found wrong.
 
-        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS =
-        "raise"`` (with ``"recreate"`` it recreates it empty itself) or when it holds
-        something else, which is never overwritten.
+        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS = "raise"``
+        (under ``"recreate"`` it recreates it itself) or when it holds something else.
         """
         call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
         found = bytes(self.parts.run("check the filter's generations", [call])[0])
@@ -387,9 +366,8 @@ def named(topology: Topology, key: Callable[[int], str], found: dict[int, str]) 
 class Bitmaps:
     """The bitmap backend's :class:`Shards`: strings allocated whole, each with a header.
 
-    A shard's header names its filter, so shards left without a record are recognised
-    (and the record restored from them), and a lost shard is one missing or without
-    a header.
+    The header names the filter, so shards left without a record restore it, and a lost
+    shard is one missing or without a header.
     """
 
     noun = "Bloom filter"
@@ -468,12 +446,10 @@ class Bitmaps:
         return self.parts.delete(record)
 
     def _clear_debris(self, debris: dict[int, bytes]) -> None:
-        """Delete bitmaps without a header where a new filter's shards go.
+        """Delete bitmaps without a header where a new filter's shards go, each if still as read.
 
-        A BITFIELD sent to a shard that was lost (the filter reset or flushed behind a
-        running worker) writes its bits into a new string with no header: no filter's
-        data, only what stood in the way of creating one. Each is deleted only if it is
-        still what was read.
+        A BITFIELD sent to a shard lost behind a running worker writes its bits into a new
+        string with no header: no filter's data, only what stood in the way.
         """
         if not debris:
             return

@@ -1,12 +1,7 @@
 """The filter's parts in Redis: its record, its shards, its server markers, its counters.
 
-:class:`Parts` reads and writes them through an :class:`~.executor.Executor`, so
-every command is routed, retried and accounted like the hot path's. It decides
-nothing: which parts to create, check or recreate is :mod:`.lifecycle`'s call. An
-error reply that retrying cannot fix becomes an error naming the key:
-:class:`~..errors.WrongTypeError` for a key of another type,
-:class:`~..errors.AccessDeniedError` for a command or key a Redis ACL refuses, a
-:class:`~..errors.BloomFilterError` quoting Redis otherwise.
+:class:`Parts` reads and writes them through an :class:`~.executor.Executor`, routed,
+retried and accounted like the hot path. It decides nothing: that is :mod:`.lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -48,9 +43,8 @@ def refusal(
 ) -> BloomFilterError:
     """Return the error for an error reply that no retry fixes, naming the key.
 
-    An ACL refusal becomes :class:`~..errors.AccessDeniedError`, a key of another type
-    :class:`~..errors.WrongTypeError` saying what the filter keeps there; anything
-    else a :class:`~..errors.BloomFilterError` with Redis's text.
+    :class:`~..errors.AccessDeniedError` for an ACL refusal, :class:`~..errors.WrongTypeError`
+    for a key of another type, else a :class:`~..errors.BloomFilterError` with Redis's text.
     """
     where = executor.topology.describe()
     if (denied := access_denied(reply, operation, key, where)) is not None:
@@ -212,10 +206,7 @@ class Parts:
         return {shard: int(reply) for shard, reply in zip(order, replies, strict=True)}
 
     def part_keys(self, record: FilterRecord, shard: int, windows: Sequence[int] = ()) -> list[str]:
-        """Return every key a shard's bits may be in: the shard, its generations, windows.
-
-        ``windows``: the re-crawl windows to name (see :meth:`windows`).
-        """
+        """Return every key a shard's bits may be in: the shard, its generations, ``windows``."""
         generations = range(record.growth.last + 1)
         names = [self.shard_key(shard)]
         if record.ttl:
@@ -227,8 +218,7 @@ class Parts:
     def windows(self, record: FilterRecord) -> list[int]:
         """Return the re-crawl windows whose keys may exist now, by server 0's clock.
 
-        Windows w - 1 and w are alive; w - 2 may linger for the clock skew of other
-        servers, and w + 1 too.
+        Windows w - 1 and w are alive; w - 2 and w + 1 may exist for other servers' clock skew.
         """
         if not record.ttl:
             return []
@@ -290,11 +280,7 @@ class Parts:
     def delete_if_still(
         self, key: str, kind: str, proof: bytes | str = b"", server: int | None = None
     ) -> Call:
-        """Return the call that deletes ``key`` only if it is still the proven part.
-
-        ``kind`` is ``shard``, ``marker``, ``counters`` or ``record`` (see
-        :data:`.scripts.DELETE_IF_STILL`); ``proof`` what proves it the filter's.
-        """
+        """Return the call that deletes ``key`` only while ``proof`` proves it that ``kind``."""
         script = scripts.DELETE_IF_STILL
         return Call(
             pack_command(b"EVALSHA", script.sha, 1, key, kind, proof),
@@ -319,10 +305,8 @@ class Parts:
     def delete(self, record: FilterRecord) -> int:
         """Delete the filter's parts, each only if it is still this filter's; return how many.
 
-        Shards carrying the record's identity, the counters, the server markers of a
-        multi-server filter (a filter on one server or a cluster has none, so a
-        ``KEY:server`` there is another program's and stays), then the record. The
-        worker registry is kept: leases belong to the workers.
+        Shards carrying its identity, the counters, the server markers of a multi-server filter
+        (elsewhere a ``KEY:server`` is another program's), then the record; the leases are kept.
         """
         k = record.spec.hash_count
         windows = self.windows(record)

@@ -1,16 +1,10 @@
 """Lua scripts run by Redis: atomic check-and-add, shard allocation, leases, the record.
 
-A script runs atomically, so the check and the add of one element cannot interleave
-with another worker's: of any number of workers offering the same element, exactly
-one is told it is new. Each element's bits live in one shard key, so a call touches
-one key (one Redis Cluster slot).
-
-Every script that writes bits first compares the shard's header with the identity
-the caller expects (filter id and shard index, see :mod:`.layout`) and writes
-nothing when they differ: a lost or foreign shard is reported, never written to.
-
-Scripts are called by SHA (``EVALSHA``) and loaded on a ``NOSCRIPT`` reply by the
-executor (:mod:`.executor`), on whichever node answered so.
+A script runs atomically: of any number of workers offering the same element, exactly
+one is told it is new. Every script that writes bits first compares the shard's header
+with the identity the caller expects and writes nothing when they differ: a lost or
+foreign shard is reported, never written to. Scripts are called by SHA and loaded on
+``NOSCRIPT`` by the executor.
 """
 
 from __future__ import annotations
@@ -41,11 +35,10 @@ GREW, FULL, RECREATED = 1, 2, 4
 
 @cache
 def lua(name: str) -> str:
-    """Return the source of ``lua/<name>.lua``, a file shipped inside the package.
+    """Return the source of ``lua/<name>.lua``, each line ``--@ other`` replaced by ``other``'s.
 
-    A line ``--@ other`` in it is replaced by the source of ``lua/other.lua``: a block
-    written once and used in several places, as text rather than a Lua function: Redis
-    runs a script's top level on every call, making such a closure anew each time.
+    Included as text, not as a Lua function: Redis runs a script's top level on every call,
+    making such a closure anew each time.
     """
     source = _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     return _INCLUDE.sub(lambda match: lua(match[1]), source)
@@ -54,8 +47,7 @@ def lua(name: str) -> str:
 def declare(**values: int | bool | str | list[int]) -> str:
     """Return Lua declaring ``values`` as locals: the numbers a ``.lua`` file takes from Python.
 
-    The files name these constants instead of holding them, so a layout constant or a
-    filter's geometry is written once, here, and the Lua stays readable as Lua.
+    So a layout constant or a geometry is written once, here, and the Lua reads as Lua.
     """
     return "".join(f"local {name} = {_literal(value)}\n" for name, value in values.items())
 
@@ -85,28 +77,21 @@ LAYOUT = declare(
 def check_and_add(growth: Growth, one: bool = False) -> Script:
     """Return the script that checks (and adds) elements of one shard, for a geometry.
 
-    ``one``: the hot path's script, for exactly one element (``SETBIT`` k times, no
-    tables); else the bulk path's (many elements, a few ``BITFIELD`` calls). The hot path
-    runs it only where :mod:`.fastpath` and :mod:`.stackpath` cannot answer.
+    ``one``: the hot path's script, for one element (``SETBIT`` k times), used only where
+    :mod:`.fastpath` and :mod:`.stackpath` cannot answer; else the bulk path's (``BITFIELD``).
 
-    ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its other generations and windows
-    are named after it, in the same Redis Cluster slot (not passed in ``KEYS``: how
-    many there are, and which windows, only the script knows; see
-    docs/howto/topologies.md). ``ARGV``: the shard's identity; ``w`` (add) or ``r`` (check
-    only); ``1`` to recreate a lost generation or window empty, ``0`` to report it;
-    then four numbers per element: its seeds of generation 0 (x, y of the hashing
-    scheme) and of later ones (see :func:`.generations.seed_arguments`).
+    ``KEYS[1]``: the shard's key ``{KEY:<i>}:g0``; its generations and windows are named
+    after it, in its cluster slot (only the script knows which exist; see
+    docs/howto/topologies.md). ``ARGV``: the shard's identity; ``w`` (add) or ``r`` (check);
+    ``1`` to recreate a lost generation or window empty, ``0`` to report it; then four
+    numbers per element: its seeds of generation 0 and of later ones
+    (:func:`.generations.seed_arguments`).
 
-    Reply: ``{0, flags, generations, answer...}``, one answer per element, 1 when it
-    was (probably) there already, 0 when not (with ``w``, it is now); from the hot
-    path's script, the answer alone when there is nothing else to report; or
-    ``{MISMATCH, key}`` when ``key`` is missing or is not this filter's (nothing was
-    written). An element is "there" when every one of its bits is set in some
-    generation (of the window or the one before). Adds go to the newest generation,
-    which is started first when the one before holds its capacity: decided here,
-    atomically, so workers crossing the boundary together start it once.
-
-    Assembled from ``lua/`` by :func:`_check_and_add_source`.
+    Reply: ``{0, flags, generations, answer...}`` (1: it was probably there already), the
+    hot path's the answer alone when there is nothing else to report; or ``{MISMATCH, key}``
+    when ``key`` is missing or not this filter's (nothing written). Adds go to the newest
+    generation, started first when the one before holds its capacity: atomically, so
+    workers crossing the boundary together start it once.
     """
     return Script(_check_and_add_source(growth, one))
 
@@ -141,10 +126,9 @@ def _check_and_add_source(growth: Growth, one: bool) -> str:
 def geometry(growth: Growth) -> str:
     """Return Lua declaring a shard's generations, as ``check_and_add.lua`` reads them.
 
-    Per generation g + 1: ``M`` bits, ``K`` hash functions, ``C`` capacity, ``B`` span
-    (the block, or the generation), ``W`` seed range; ``LAST`` generations; ``COUNTED``
-    whether the newest generation's items are counted; ``TTL``; ``at``, room for one
-    element's offsets.
+    Per generation g + 1: ``M`` bits, ``K`` hash functions, ``C`` capacity, ``B`` span, ``W``
+    seed range; ``LAST``, ``COUNTED`` (the newest's items counted), ``TTL``; ``at``, room for
+    one element's offsets.
     """
     gens = growth.generations
     return declare(

@@ -1,9 +1,7 @@
 """How full the filter is: from its bits (exact, costly) or from its counters (cheap).
 
-:func:`read_state` runs ``BITCOUNT`` and ``MEMORY USAGE`` over every shard: O(m)
-work in Redis, done on demand (the CLI's ``info``) and by the last worker to close.
-:func:`estimate_from_items` gives the same figures from the number of items added,
-which the counters keep at no cost.
+:func:`read_state` runs ``BITCOUNT`` and ``MEMORY USAGE`` over every shard, O(m) in Redis
+(``info``, and the last worker to close); :func:`estimate_from_items` needs no Redis.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ class GenerationState:
 class FilterState:
     """What the filter's fill says: bits set (per shard when read from the bits), memory.
 
-    ``bits_set_per_shard`` is empty when the state was estimated from the counters.
-    ``generations`` break a growing (or windowed) filter down; ``fpr`` is then its
-    compound rate: the chance that a new element is found in any generation.
+    ``generations`` break a growing (or windowed) filter down; ``fpr`` is then the chance
+    that a new element is found in any generation.
     """
 
     spec: FilterSpec
@@ -110,9 +107,8 @@ def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
 def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) -> FilterState:
     """Count the bits set in every shard (and the memory Redis holds for them).
 
-    A filter that grows or forgets is read generation by generation, over the live
-    re-crawl windows: two rounds of commands, one to learn each shard's generations,
-    one to count them.
+    A growing or forgetting filter takes two rounds: one to learn each shard's generations
+    (over the live windows), one to count them.
     """
     if growth is not None and (growth.expansion or growth.ttl):
         return _read_generations(parts, growth, memory)
@@ -144,9 +140,7 @@ def _generation(
 ) -> GenerationState:
     """Return generation ``g``'s state from the bits set in each shard's part of it.
 
-    ``bits``, ``k``, ``block``: one part's geometry; ``capacity``: one part's. The one
-    builder of a generation read from Redis: a fixed filter's only one and a growing
-    filter's each give the same figures for the same bits.
+    ``bits``, ``k``, ``block``, ``capacity``: one part's. Fixed and growing filters alike.
     """
     return GenerationState(
         generation=g,
@@ -244,9 +238,8 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
 def estimate_from_items(growth: Growth, items: int) -> FilterState:
     """Return the state expected after ``items`` distinct insertions: cheap, no Redis call.
 
-    Items are taken as spread evenly over the shards, each filling its generations in
-    turn; memory is what the generations started take. (With a TTL, ``items`` counts
-    every add since creation, so the figures are an upper bound.)
+    Items are taken as spread evenly over the shards, each filling its generations in turn.
+    With a TTL, ``items`` counts every add since creation: the figures are an upper bound.
     """
     spec = growth.spec
     per_shard = items / spec.shards

@@ -1,21 +1,10 @@
 """Dumping a filter to a stream: every part's bytes, chunked and checksummed (see :mod:`.dumpfile`).
 
-:func:`dump_filter` writes a filter's record, counters and bits in pieces of at most
-:data:`PIECE` bytes, so memory stays flat for any size; :mod:`.restore` reads it back
-into any topology.
-
-* **Bitmap** filters: every shard's string and every generation it started, byte for
-  byte, headers included. A shard missing or not carrying the record's identity refuses
-  the dump: it would restore the damage.
-* **Native** filters (``BF.*``): each shard's ``BF.SCANDUMP`` chunks, as the module cuts
-  them, which bounds the memory held at once.
-* Filters with ``BLOOMFILTER_TTL`` are refused: their windows expire on the source
-  servers' clock, and such a filter forgets everything within 2 TTL anyway.
-
-**Consistency.** The parts are read one piece after another, not in one snapshot, so a
-dump refuses to run while workers hold a live lease (``KEY:workers``) unless ``force``.
-Forced, URLs added meanwhile may be missing: restored, they answer "new" (the safe
-direction); a shard that starts a generation during the dump refuses it.
+:func:`dump_filter` writes the record, the counters and the parts in pieces of at most
+:data:`PIECE` bytes, so memory stays flat: a bitmap filter's shards and generations byte
+for byte, headers included; a native one's ``BF.SCANDUMP`` chunks. Filters with a TTL
+are refused (their windows expire on the source's clock). The parts are read one piece
+after another, not in one snapshot, so live workers refuse a dump unless ``force``.
 """
 
 from __future__ import annotations
@@ -57,7 +46,7 @@ class DumpSummary:
     """What :func:`dump_filter` wrote: the filter, where from, the file's counts and SHA-256.
 
     ``added``: the filter's item count (its counters); ``forced``: workers held leases
-    while it was dumped (see the module's docstring).
+    while it was dumped.
     """
 
     key: str
@@ -96,14 +85,14 @@ def dump_filter(
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
     ``bloom`` needs no opening and may be of either class: the record read from Redis
-    decides (:func:`.inventory.probe` of the key will do). ``out``: a binary stream,
-    written sequentially. ``progress(done, total)``: data bytes dumped after each piece;
-    ``total`` is estimated from ``BF.INFO`` for a native filter, exact on the last call.
-    Refuses with :class:`~..core.errors.BloomFilterError` subclasses, before writing: a
-    missing filter, one still being created, one with a TTL, one with live workers
-    unless ``force``, one whose shard is missing or foreign. A generation damaged or
-    changed while read, or Redis failing, raises with the file incomplete: without a
-    trailer, a restore refuses it as truncated (the caller should delete it).
+    decides (:func:`.inventory.probe` of the key will do). ``out``: a binary stream, written
+    sequentially. ``progress(done, total)``: data bytes dumped after each piece (``total``
+    estimated from ``BF.INFO`` for a native filter, exact on the last call). Refuses with
+    :class:`~..core.errors.BloomFilterError` subclasses, before writing: a missing filter, one
+    being created, one with a TTL, one with live workers unless ``force`` (then URLs added
+    meanwhile may be missing: restored, they answer "new"), one whose shard is missing or
+    foreign. A part damaged or changed while read, or Redis failing, raises with the file
+    incomplete: without a trailer, a restore refuses it as truncated.
     """
     started = time.monotonic()
     parts = bloom.parts

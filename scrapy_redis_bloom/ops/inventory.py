@@ -1,22 +1,11 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
-Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or
-deleting one must see it as it is, change nothing, and handle a filter too broken to
-open. So here, none is ever opened:
-
-* :func:`probe` builds a filter that reaches the keys before the geometry is known;
-  :func:`read_record` reads the config record (usable or not);
-  :meth:`~..engine.base.FilterBase.of_record` then builds the stored geometry's filter;
-* :func:`check_shards` and :func:`check_markers` compare each shard's header and each
-  server's marker with the record (present, missing, foreign);
-* :func:`find_orphans` finds by ``SCAN`` the parts of a filter without a usable record,
-  telling those it can prove are the filter's (a header or marker carrying a filter id)
-  from keys that only share a name; :func:`delete_orphans` deletes the proven ones,
-  each only if it is still what was proven (compare-and-delete in one script).
-
-Every command goes through the filter's :class:`~..transport.executor.Executor`, on any
-topology. :func:`read_hash`, :func:`existing_keys` and :func:`run_all` are shared with
-:mod:`.dump` and :mod:`.restore`.
+Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting
+one must see it as it is, change nothing, and handle a filter too broken to open. So
+:func:`probe` builds a filter that reaches the keys before the geometry is known,
+:func:`check_shards` and :func:`check_markers` compare the parts with the record, and
+:func:`find_orphans` and :func:`delete_orphans` find by ``SCAN`` and delete the parts of a
+filter without a usable record that provably are its own.
 """
 
 from __future__ import annotations
@@ -57,11 +46,7 @@ COUNTER_FIELDS = frozenset({"added", "seen"})
 
 @dataclass(frozen=True, slots=True)
 class StoredRecord:
-    """The hash at ``KEY:meta`` as stored, and the record it makes (None if unusable).
-
-    ``problem`` says why an unusable record cannot be used (the refusal of
-    :meth:`..core.record.FilterRecord.parse`).
-    """
+    """The hash at ``KEY:meta`` as stored, and its record (None: unusable, see ``problem``)."""
 
     fields: dict[str, str]
     record: FilterRecord | None
@@ -74,10 +59,7 @@ class StoredRecord:
 
 
 def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
-    """Read ``KEY:meta`` without creating or restoring anything; None when it is absent.
-
-    Raises :class:`~..core.errors.WrongTypeError` if the key is not a hash.
-    """
+    """Read ``KEY:meta`` without creating or restoring anything; None when it is absent."""
     fields = read_hash(bloom.parts, bloom.parts.meta_key, "read the filter's record")
     return stored_record(bloom, fields) if fields else None
 
@@ -85,9 +67,8 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    Besides :meth:`..core.record.FilterRecord.parse`'s checks, a record claiming more
-    shards than its servers hold keys is refused (corrupt, or its shards are gone):
-    its parts are found by SCAN instead of shard by shard.
+    A record claiming more shards than its servers hold keys is refused too (corrupt, or its
+    shards are gone): its parts are found by SCAN instead of shard by shard.
     """
     meta = bloom.parts.meta_key
     try:
@@ -118,8 +99,7 @@ def key_count(bloom: RedisBloomFilter) -> int:
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
     """Return a filter to look at ``key`` before its geometry is known (never open it).
 
-    Its geometry is :data:`UNKNOWN_SPEC`: ask it only what needs none (:func:`read_record`,
-    its live workers, :func:`find_orphans`, :func:`cluster_nodes`).
+    Its geometry is :data:`UNKNOWN_SPEC`: ask it only what needs none.
     """
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
 
@@ -132,8 +112,8 @@ def addresses(bloom: RedisBloomFilter) -> list[str]:
 def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     """Return the addresses of the listed standalone servers that are Redis Cluster nodes.
 
-    Such a server answers ``MOVED`` for most keys: it must be reached as a cluster.
-    One ``INFO cluster`` each; a server that does not answer or refuses it is not counted.
+    Such a server answers ``MOVED`` for most keys; one that does not answer ``INFO cluster``
+    is not counted.
     """
     if isinstance(bloom.topology, Cluster):
         return []
@@ -157,7 +137,7 @@ class ShardCheck:
     """Each shard's header compared with the identity the record expects.
 
     ``foreign`` holds ``(shard, what is there)`` for a key holding anything but this
-    filter's shard (another filter's shard, a bitmap without header, other data).
+    filter's shard.
     """
 
     shards: int
@@ -171,10 +151,7 @@ class ShardCheck:
 
 
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
-    """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing.
-
-    Raises :class:`~..core.errors.WrongTypeError` for a shard key that is not a string.
-    """
+    """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing."""
     spec = record.spec
     found = bloom.parts.identities(range(spec.shards))
     missing: list[int] = []
@@ -253,10 +230,9 @@ def glob_escape(literal: str) -> str:
 
 
 def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
-    """Return ``(server, key)`` for every key matching ``pattern`` on every server or master.
+    """Return ``(server, key)`` for every key matching ``pattern`` (and ``kind``) on every primary.
 
-    ``server`` indexes :meth:`..transport.topology.Topology.primaries`. ``kind`` limits the keys to
-    a Redis type (``string``, ``hash``...). O(keys) on each server, in SCAN steps.
+    ``server`` indexes :meth:`..transport.topology.Topology.primaries`.
     """
     found: list[tuple[int, str]] = []
     only: tuple[bytes | str, ...] = (b"TYPE", kind) if kind else ()
@@ -279,10 +255,8 @@ OrphanKind = Literal["shard", "marker", "counters", "record"]
 class Orphan:
     """A key named like a part of the filter, found on server ``server`` at ``address``.
 
-    ``kind`` is the part it was proven to be, or None if nothing proves it is the
-    filter's (then it is left alone). ``proof`` is what proved it (a shard's identity,
-    a marker's value), compared again when deleting; ``filter_id`` the id it carries.
-    ``shard`` is the index in a shard key's name. ``what`` describes it.
+    ``kind`` is the part it was proven to be, or None if nothing proves it is the filter's
+    (then it is left alone); ``proof`` is what proved it, compared again when deleting.
     """
 
     key: str
@@ -299,9 +273,9 @@ class Orphan:
 class Orphans:
     """What :func:`find_orphans` found: parts to delete, and keys to leave alone.
 
-    ``blocking`` holds config records that make deleting unsafe: one on another server
-    than the record's (the servers listed in another order), or a usable one (the
-    filter was created since). Deleting parts would break the filter it describes.
+    ``blocking`` holds config records that make deleting unsafe: one on another server than
+    the record's (servers listed in another order), or a usable one (the filter was created
+    since).
     """
 
     deletable: tuple[Orphan, ...] = ()
@@ -388,8 +362,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
 def _read_command(name: str, part: str) -> bytes:
     """Return the command that reads what proves a candidate is the filter's part.
 
-    An error reply (WRONGTYPE) only means the key is of another type, which ``TYPE``
-    says: the candidate is then kept.
+    A WRONGTYPE reply only means the key is of another type: the candidate is then kept.
     """
     if part in ("counters", "record"):
         return pack_command(b"HGETALL", name)

@@ -1,20 +1,11 @@
 """Restoring a dump (see :mod:`.dumpfile`, :mod:`.dump`) into any topology, all or nothing.
 
-:func:`restore_filter` reads the file twice, as a stream (memory stays flat):
-
-1. **Verify**, writing nothing: the header, every chunk's CRC32, the trailer's counts,
-   the file's SHA-256, and that the chunks make the filter the record describes (every
-   shard and generation, each whole, with the record's identity). A bad file is
-   refused with :class:`~.dumpfile.DumpFileError` naming the problem.
-2. **Write** the parts (``SETRANGE`` pieces of at most 1 MiB, or ``BF.LOADCHUNK``), the
-   counters, the server markers, and the config record last: until it exists no worker
-   uses the filter. If anything fails every key written is deleted, and the error says
-   so: a refused restore leaves nothing behind.
-
-The target may be another topology than the source (the record's ``servers`` becomes
-the list's length). The filter keeps its id, geometry, sizing, creation time and
-counters, so workers configured as for the source adopt it. A filter already under
-the key is refused unless ``replace``; a native dump needs ``BF.*`` on every server.
+:func:`restore_filter` reads the file twice, as a stream: first it verifies it whole
+(every checksum, and that the chunks make the filter the record describes), writing
+nothing; then it writes the parts, the counters, the server markers and the config
+record last, so no worker uses the filter before it is whole. If anything fails, every
+key written is deleted. The filter keeps its id, geometry, sizing, creation time and
+counters, so workers configured as for the source adopt it on another topology too.
 """
 
 from __future__ import annotations
@@ -76,8 +67,7 @@ class RestoreFailedError(BloomFilterError):
 class RestoreSummary:
     """What :func:`restore_filter` wrote: the record as written, where from and to.
 
-    ``totals``: the file's counts and SHA-256; ``replaced``: a filter under the key was
-    deleted first; ``counters``: the counts restored.
+    ``replaced``: a filter under the key was deleted first; ``counters``: the counts restored.
     """
 
     key: str
@@ -92,10 +82,7 @@ class RestoreSummary:
 
 @dataclass(frozen=True, slots=True)
 class VerifiedDump:
-    """A dump file checked whole (pass 1): its header, record, counters and totals.
-
-    ``shard_bytes`` holds the bytes of each shard's parts (for the memory check).
-    """
+    """A dump file checked whole (pass 1); ``shard_bytes`` for the memory check."""
 
     header: dict[str, Any]
     record: FilterRecord
@@ -123,7 +110,7 @@ def verify_dump(
 ) -> VerifiedDump:
     """Read a whole dump file and check it (pass 1); write nothing anywhere.
 
-    ``progress(done)`` is called after each chunk with the file's bytes read. Raises
+    ``progress(done)`` gets the file's bytes read after each chunk. Raises
     :class:`~.dumpfile.DumpFileError` naming the first problem found.
     """
     reader = DumpReader(inp, name)
@@ -481,10 +468,9 @@ def _write(
 def _undo(bloom: FilterBase, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
     """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
 
-    Raises :class:`RestoreFailedError` naming both failures if deleting fails too.
-
-    Through an executor of its own: the restore's may be failing fast after an outage
-    (an out-of-memory Redis refuses writes, yet ``DEL`` still runs).
+    Raises :class:`RestoreFailedError` naming both failures if deleting fails too. Through an
+    executor of its own: the restore's may be failing fast after an outage (an out-of-memory
+    Redis refuses writes, yet ``DEL`` still runs).
     """
     executor = Executor(bloom.topology, bloom.faults.retry_timeout)
     parts = Parts(executor, bloom.key, target.spec)

@@ -1,18 +1,11 @@
 """The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` turns the filter on.
 
-It sets ``DUPEFILTER_CLASS`` to :class:`~.dupefilter.RFPDupeFilter` at the ``addon``
-priority; with ``BLOOMFILTER_ADDON_SCHEDULER = True`` also scrapy-redis's Scheduler
-(``SCHEDULER``), and with ``BLOOMFILTER_ADDON_BATCHING = True`` the
-:class:`~.batching.BatchingMiddleware` at order 0 (see the docs' howto/batching.md).
-Then it reads every filter setting (:meth:`.core.settings.BloomConfig.from_settings`)
-and makes, without connecting, the filter's Redis clients, so that a bad value stops
-the crawl before it starts, with the same ``ValueError`` the dupefilter would raise.
-
-A ``DUPEFILTER_CLASS`` (or, when the add-on is asked to set it, a ``SCHEDULER``) that
-the project gives explicitly and that is not ours is refused, not overridden nor let
-through: the project's settings outrank an add-on's, so the crawl would run without the
-Bloom filter while ``ADDONS`` says it runs with it. Our class or a subclass of it is
-accepted.
+It sets ``DUPEFILTER_CLASS`` (and, when asked, ``SCHEDULER`` and the
+:class:`~.batching.BatchingMiddleware`), then reads every filter setting and makes the
+filter's clients without connecting, so a bad value stops the crawl before it starts. A
+``DUPEFILTER_CLASS`` (or asked-for ``SCHEDULER``) the project gives that is not ours or
+a subclass is refused, not overridden: the project's settings outrank an add-on's, so
+the crawl would run without the filter while ``ADDONS`` says it runs with it.
 """
 
 from __future__ import annotations

@@ -1,31 +1,23 @@
 """One filter round trip per crawled page: a spider middleware checks a response's links together.
 
-Without it, each link a response yields costs ``request_seen`` one round trip to Redis
-(unless the near-cache knows it). With it, the requests of a response are held until
-its output ends (or ``BLOOMFILTER_BATCH_MAX`` are held), then checked-and-added in one
-pipelined call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), and yielded; the
-dupefilter's ``request_seen`` then takes each answer with no round trip, and stays
-where a request is counted and logged as a duplicate. Items, ``dont_filter`` requests
-and anything else pass through at once.
+The requests of a response are held until its output ends (or ``BLOOMFILTER_BATCH_MAX``
+are held), checked-and-added in one pipelined call
+(:meth:`.dupefilter.RFPDupeFilter.check_batch`), then yielded; ``request_seen`` takes
+each answer with no round trip, and still counts and logs duplicates. Everything else
+passes through at once. With ``BLOOMFILTER_BATCH_WINDOW``, the requests of every
+response whose output ends within the window go in one round trip (asyncio reactor
+only): fewer, larger commands cost the shared Redis less per page.
 
-With ``BLOOMFILTER_BATCH_WINDOW`` (seconds, default 0: off), the requests of every
-response whose output ends within the window are checked together, in one round trip for
-several pages: each response waits at most the window (under the asyncio reactor,
-Scrapy's default; under another reactor the window is off, with a WARNING). Fewer, larger
-commands cost the shared Redis less per page: each command a crawl sends rarely runs with
-cold caches.
-
-Enable it with the lowest order of all spider middlewares, so that it processes the
-output last (Scrapy calls ``process_spider_output`` from the highest order down)::
+Enable it with the lowest order of all spider middlewares, so it processes the output
+last::
 
     SPIDER_MIDDLEWARES = {"scrapy_redis_bloom.batching.BatchingMiddleware": 0}
 
 A Bloom filter cannot forget: a link answered "new" is marked seen at once, so nothing
-may drop it afterwards. If an enabled middleware with a ``process_spider_output``
-would run after this one, batching is off for the crawl (a WARNING names it, and the
-stat ``bloomfilter/batching_disabled`` is 1): every request is checked alone, as
-without the middleware. Requests answered "new" that still never reach the scheduler
-are reported (see :mod:`.reservations`).
+may drop it afterwards. If an enabled middleware with a ``process_spider_output`` would
+run after this one, batching is off for the crawl (a WARNING, and the stat
+``bloomfilter/batching_disabled``). Requests answered "new" that never reach the
+scheduler are reported (:mod:`.reservations`).
 """
 
 from __future__ import annotations
@@ -70,9 +62,8 @@ def batch_window(settings: BaseSettings) -> float:
 class _Window:
     """The requests of several responses, checked together when the window closes.
 
-    The first response to join starts the timer; the window closes when it runs out or
-    when ``limit`` requests are held, whichever comes first. Every response that joined
-    resumes after the one check. Runs on the asyncio loop (the reactor's), single-threaded.
+    It closes when the first joiner's timer runs out or ``limit`` requests are held; every
+    response that joined resumes after the one check. Runs on the asyncio loop.
     """
 
     def __init__(self, check: Callable[[list[Request]], None], seconds: float, limit: int):
@@ -113,10 +104,9 @@ class _Window:
 def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
     """Name the enabled spider middlewares whose output processing runs after ``cls``'s.
 
-    Those of an order lower than (or equal to) ``cls``'s in SPIDER_MIDDLEWARES and
-    SPIDER_MIDDLEWARES_BASE that have a ``process_spider_output``: any of them could
-    drop a request after it was checked. Ours is the first entry that loads as
-    ``cls`` or a subclass of it.
+    Those of an order lower than (or equal to) ``cls``'s that have a
+    ``process_spider_output``: any could drop a request after it was checked. Ours is the
+    first entry that loads as ``cls`` or a subclass.
     """
     enabled: list[tuple[float, str, Any]] = []
     for path, order in _with_base(settings, "SPIDER_MIDDLEWARES").items():
@@ -147,10 +137,7 @@ def _with_base(settings: BaseSettings, name: str) -> dict[Any, Any]:
 
 
 def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:
-    """Name the middlewares whose output method comes after ``middleware``'s in ``methods``.
-
-    ``methods``: the ``process_spider_output`` chain as Scrapy calls it, first to last.
-    """
+    """Name the middlewares whose output method comes after ``middleware``'s in ``methods``."""
     mine = [i for i, m in enumerate(methods) if getattr(m, "__self__", None) is middleware]
     if not mine:
         return []

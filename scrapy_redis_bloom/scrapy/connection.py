@@ -1,10 +1,7 @@
 """The filter's Redis clients from a crawl's settings, scrapy-redis's connection included.
 
-Without a connection of its own (``BLOOMFILTER_REDIS_URL``, ``BLOOMFILTER_REDIS_URLS``,
-``BLOOMFILTER_REDIS_SENTINELS``, built by :mod:`..transport.connection`), the filter
-connects through scrapy-redis's connection settings (``REDIS_URL``, ``REDIS_PARAMS``,
-``REDIS_HOST``...), read here as scrapy-redis reads them: this is the Scrapy layer, the
-one that may import Scrapy and scrapy-redis.
+Without a connection of its own, the filter connects through scrapy-redis's settings
+(``REDIS_URL``, ``REDIS_PARAMS``, ``REDIS_HOST``...), read here as scrapy-redis reads them.
 """
 
 from __future__ import annotations
@@ -27,11 +24,9 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS, build_client
 def scrapy_redis_client(settings: SettingsLike) -> Any:
     """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
 
-    Its defaults (30 s timeouts) give way to :data:`..transport.connection.DEFAULT_PARAMS`;
-    whatever the user set in ``REDIS_PARAMS`` or the ``REDIS_*`` settings still wins. Its
-    default ``retry_on_timeout`` is left out: redis-py 6+ retries timeouts anyway and
-    deprecates the argument (the filter's connections retry nothing themselves, see
-    :mod:`..transport.node`).
+    :data:`..transport.connection.DEFAULT_PARAMS` replace its defaults (30 s timeouts);
+    the user's ``REDIS_PARAMS`` or ``REDIS_*`` settings still win. Its ``retry_on_timeout`` is
+    left out: redis-py 6+ deprecates it, and the filter's connections retry nothing.
     """
     user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
     defaults = {
@@ -54,10 +49,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
 
 
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
-    """Return the filter's clients: one (server, Sentinel primary, cluster) or one per server.
-
-    Its own connection's when the settings give one, else scrapy-redis's.
-    """
+    """Return the filter's clients (its own connection's, else scrapy-redis's), one per server."""
     if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
     return own_clients(config, "BLOOMFILTER_REDIS_PARAMS")

@@ -1,17 +1,11 @@
 """Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
 
-Settings become a :class:`~.config.BloomConfig` once, at startup; each
-``request_seen`` is then one fingerprint plus, unless the near-cache knows it, one
-atomic command in Redis (:mod:`.engine.filter`). What happens to the filter
-(retries, ambiguous answers, errors, recovered parts, passing its capacity) reaches
-the crawl's stats within a second (the engine counts it; :mod:`.stats` copies the
-counts on its timer). When the filter cannot answer (Redis gone for longer
-than ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR = "raise"``, a lost
-shard under ``BLOOMFILTER_ON_LOSS = "raise"``), the error is logged once, the crawl
-is stopped with the finish reason ``bloomfilter_error``, and the request in hand is
-let through to the scheduler rather than dropped: with a persistent queue it is
-fetched on the next run. Never a crawl that ends "finished" with pages silently lost,
-never a page dropped for a doubt.
+Settings become a :class:`~.config.BloomConfig` once, at startup; each ``request_seen``
+is then one fingerprint and, unless the near-cache knows it, one atomic command in
+Redis. When the filter cannot answer (under ``BLOOMFILTER_ON_ERROR`` or ``_ON_LOSS`` =
+``"raise"``), the error is logged once, the crawl stops with the finish reason
+``bloomfilter_error``, and the request in hand goes to the scheduler rather than being
+dropped: never a crawl that ends "finished" with pages silently lost.
 """
 
 from __future__ import annotations
@@ -196,13 +190,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 servers=clients,
                 crawler=crawler,
             )
-        except (AuthenticationError, CredentialsRefusedError):
-            for client in clients:
-                client.close()
-            raise _credentials_error(clients, config) from None
-        except BaseException:
+        except BaseException as exc:
             for client in clients:  # a refused start leaves no connection behind
                 client.close()
+            if isinstance(exc, (AuthenticationError, CredentialsRefusedError)):
+                raise _credentials_error(clients, config) from None
             raise
         instance._owned_clients = clients
         if crawler is not None:
@@ -241,10 +233,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
 
-        One atomic round trip to Redis: of several workers offering the same request
-        at once, exactly one is told it is new. None when :meth:`check_batch` answered
-        it ahead. When the filter cannot answer, the crawl stops (see the module's
-        docstring) and the request is answered new.
+        One atomic round trip to Redis (none when :meth:`check_batch` answered it ahead): of
+        several workers offering the same request at once, exactly one is told it is new. When
+        the filter cannot answer, the crawl stops and the request is answered new.
         """
         fingerprint = self._fingerprint(request)
         answer = self.reservations.take(fingerprint, request)
@@ -261,20 +252,15 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def check_batch(self, requests: Sequence[Request]) -> int:
         """Check-and-add requests together, ahead of ``request_seen``; return how many.
 
-        One pipelined round trip per Redis server for all the fingerprints the
-        near-cache does not know; repeats among them are sent once. Each answer is
-        held for :meth:`request_seen`, which counts and logs duplicates as before.
-        Skipped, and left to ``request_seen``: ``dont_filter`` requests, fingerprints
-        already held or unscheduled, and requests whose fingerprint fails (the
-        error is raised again there).
+        One pipelined round trip per Redis server for the fingerprints the near-cache does not
+        know, repeats sent once; each answer is held for :meth:`request_seen`. Left to
+        ``request_seen``: ``dont_filter`` requests, fingerprints already held or unscheduled,
+        and requests whose fingerprint fails (raised again there).
 
-        If the batch fails, its commands may have run on some server, or before a
-        reply was lost: asking again one by one could answer "seen" for bits this
-        batch set. So every request of a failed batch answers "new", and the failure
-        is handled as ``request_seen`` handles one: the crawl stops (the requests go
-        to the scheduler, whose queue may outlive the run). Under
-        ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no failure: the
-        batch answers "new" for what it could not check (see the engine).
+        A failed batch's commands may have run, so asking again one by one could answer "seen"
+        for bits it set: every request of a failed batch answers "new", and the crawl stops as
+        in ``request_seen``. Under ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no
+        failure: the batch answers "new" for what it could not check.
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -335,10 +321,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         )
 
     def _fail(self, exc: Exception) -> None:
-        """Say why the filter cannot answer, once, and stop the crawl.
-
-        An error that is not the package's own is a bug: said with its traceback.
-        """
+        """Say why the filter cannot answer, once (a bug with its traceback), and stop the crawl."""
         if self._failed:
             return
         self._failed = True
@@ -385,13 +368,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
 
-        Only when no other worker holds a live lease on the filter: scrapy-redis calls
-        this when ANY worker closes (``SCHEDULER_PERSIST = False``) or starts
-        (``SCHEDULER_FLUSH_ON_START``), which would wipe a crawl still running
-        elsewhere. The check and the claim to clear are one step in Redis, and no worker
-        joins until the filter is deleted (see :meth:`.lease.WorkerLease.clearing`). The
-        filter's state is first written to the stats, with this worker's last counts in
-        the totals.
+        Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
+        closes (``SCHEDULER_PERSIST = False``) or starts (``SCHEDULER_FLUSH_ON_START``), which
+        would wipe a crawl still running elsewhere (see :meth:`.lease.WorkerLease.clearing`).
+        The filter's state is first written to the stats.
         """
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
@@ -457,11 +437,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.filter_stats.publish(counts_only=True)  # the last trips (counters, lease)
 
     def _record_state(self, full: bool) -> None:
-        """Write the filter's stats, and log its state.
-
-        ``full``: count the bits in Redis (BITCOUNT of every shard); otherwise
-        estimate the state from the items the counters hold.
-        """
+        """Write the filter's stats and log its state (``full``: the bits counted in Redis)."""
         if self.bloom.record is None:
             return
         totals = self.bloom.totals()  # read now: other workers may have synced since
@@ -485,8 +461,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
     """Say which Redis refused the filter's credentials, and which setting sets them.
 
-    Redis's own text (``NOAUTH``, ``HELLO must be called ...``, ``WRONGPASS``) says
-    neither, so it is left out.
+    Redis's own text (``NOAUTH``, ``WRONGPASS``...) says neither, so it is left out.
     """
     where = ", ".join(server_address(client) for client in clients)
     settings = (

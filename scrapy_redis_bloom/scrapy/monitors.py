@@ -1,33 +1,15 @@
 """Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates.
 
-Install the extra (``pip install "scrapy-redis-bloom[spidermon]"``) and add the suite
-to the monitors Spidermon runs when the spider closes::
+With the ``spidermon`` extra installed, add the suite to the monitors Spidermon runs when
+the spider closes::
 
     SPIDERMON_ENABLED = True
     EXTENSIONS = {"spidermon.contrib.scrapy.extensions.Spidermon": 500}
     SPIDERMON_SPIDER_CLOSE_MONITORS = ["scrapy_redis_bloom.monitors.BloomFilterMonitorSuite"]
 
-Each monitor reads the ``bloomfilter/*`` stats (see :mod:`.stats`), which are current
-before any ``spider_closed`` handler runs, and fails with a message that names the stat
-and what to do:
-
-* :class:`CapacityMonitor`: a fixed-size filter holds more items than it was created for
-  (``bloomfilter/over_capacity`` with ``bloomfilter/expansion`` 0), or a shard of a growing
-  filter cannot grow further (``bloomfilter/full``). A growing filter past its capacity
-  passes: it grew, and its false-positive rate stays under its bound (docs:
-  explanation/growth.md, "Past capacity");
-* :class:`FalsePositiveRateMonitor`: the estimated false-positive rate
-  (``bloomfilter/estimated_fpr``) passed ``BLOOMFILTER_MONITOR_MAX_FPR`` (default: the
-  rate the filter is configured for, ``BLOOMFILTER_ERROR_RATE``);
-* :class:`DoubtMonitor`: requests answered "new" because Redis could not answer
-  (``bloomfilter/errors``), because a reply was lost (``bloomfilter/ambiguous``), or
-  because a batch failed (``bloomfilter/batch_failed``): duplicate fetches, and a fault
-  to look into;
-* :class:`FailoverMonitor`: the filter followed a failover (``bloomfilter/failovers``):
-  writes the old primary had not replicated are lost, so some URLs may be fetched twice.
-
-The monitors are unittest-style classes: a project may run some of them only, in a
-suite of its own.
+Each monitor reads the ``bloomfilter/*`` stats (current before any ``spider_closed``
+handler runs) and fails with a message naming the stat and what to do. They are
+unittest-style classes: a project may run some of them only, in a suite of its own.
 """
 
 from __future__ import annotations
@@ -58,9 +40,8 @@ class _FilterMonitor(BaseScrapyMonitor):  # type: ignore[misc]  # Spidermon is u
 class CapacityMonitor(_FilterMonitor):
     """Check that the filter kept its false-positive rate as it filled.
 
-    A growing filter (``bloomfilter/expansion`` > 0, the default) may pass its capacity:
-    it grows and keeps its rate, at a cost in memory only. A fixed-size one may not, and
-    neither may a growing one whose shards cannot grow further.
+    A growing filter may pass its capacity (it grows and keeps its rate); a fixed-size one
+    may not, nor a growing one whose shards cannot grow further.
     """
 
     @monitors.name("a fixed-size filter within its capacity")  # type: ignore[untyped-decorator]

@@ -1,23 +1,18 @@
 """Answers given ahead to a response's links, kept until the scheduler asks for them.
 
-The batching middleware (:mod:`.batching`) checks-and-adds the links of a response in
-one round trip; the dupefilter's ``request_seen`` then takes each answer here instead
-of asking Redis. A Bloom filter cannot forget, so a link answered "new" is already
-marked seen in Redis: if its request never reaches ``request_seen`` (a
-``request_scheduled`` handler raised ``IgnoreRequest``, the crawl stopped first), no
-worker would fetch it again. Such requests are told apart without relying on when
-Scrapy resumes the middleware (under the asyncio reactor, Scrapy 2.19 queues up to
-``2 * CONCURRENT_ITEMS`` outputs before scheduling the first):
+:mod:`.batching` checks-and-adds a response's links in one round trip and
+``request_seen`` takes each answer here. A link answered "new" is already marked seen in
+Redis: if its request never reaches ``request_seen``, no worker would fetch it again.
+Such requests are told apart without relying on when Scrapy resumes the middleware:
 
 * the engine calls ``request_scheduled`` handlers and then, with nothing in between,
-  the scheduler's ``request_seen``: a request seen by :meth:`Reservations.scheduled`
-  whose ``request_seen`` does not come next was dropped by a handler;
+  ``request_seen``: a request seen by :meth:`Reservations.scheduled` whose
+  ``request_seen`` does not come next was dropped by a handler;
 * a request collected (weak reference) without having taken its answer never will;
 * at the end of the crawl, every answer not taken is reported.
 
-A "new" answer none of its requests took is *unscheduled*: reported, and remembered
-by this worker, which answers "new" the next time it meets the fingerprint. Other
-workers, and later runs, cannot know (docs/howto/batching.md).
+A "new" answer none of its requests took is *unscheduled*: reported, and answered "new"
+by this worker the next time it meets the fingerprint (docs/howto/batching.md).
 """
 
 from __future__ import annotations
@@ -51,11 +46,10 @@ class _Reservation:
 class Reservations:
     """Answers by fingerprint, each taken once; "new" answers never taken are reported.
 
-    ``on_unscheduled(urls)`` is called with the URLs of requests answered "new" that
-    never reached ``request_seen``. ``size``: how many unscheduled fingerprints are
-    remembered (the oldest are forgotten first, counted in :attr:`forgotten`).
-    Single-threaded, as Scrapy's engine is; weak-reference callbacks only queue, and
-    what they queue is handled at the next call.
+    ``on_unscheduled(urls)`` gets the URLs of requests answered "new" that never reached
+    ``request_seen``; ``size`` unscheduled fingerprints are remembered (the oldest forgotten,
+    counted in :attr:`forgotten`). Single-threaded, as Scrapy's engine; weak-reference
+    callbacks only queue, handled at the next call.
     """
 
     def __init__(
@@ -86,8 +80,8 @@ class Reservations:
     ) -> None:
         """Hold ``answers[i]`` for the first request with ``fingerprints[i]`` to take it.
 
-        The other requests with that fingerprint then take "seen". A fingerprint
-        held already (for an earlier batch) is skipped: its answer serves both.
+        The others with that fingerprint take "seen"; one held already (an earlier batch's)
+        is skipped: its answer serves both.
         """
         self._settle()
         new: dict[str, _Reservation] = {}
@@ -114,8 +108,7 @@ class Reservations:
     def take(self, fingerprint: str, request: Request) -> bool | None:
         """Return the answer held for ``fingerprint``, once (None: none held).
 
-        An unscheduled fingerprint answers "new" once: the request that carries it
-        now is fetched, and the filter already holds it.
+        An unscheduled fingerprint answers "new" once: the filter already holds it.
         """
         pending = self._pending
         if pending is not None:

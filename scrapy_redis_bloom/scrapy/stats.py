@@ -1,29 +1,14 @@
 """What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
 
-Every stat the filter gives is listed once, in :data:`STATS`. They are written while
-the crawl runs, not only when it ends, so that monitors reading them before the
-filter's own ``spider_closed`` handler runs (Spidermon's, an extension's, a spider's
-own) see them all. The engine only counts, in memory (its
-:class:`~.core.events.FilterEvents`); this module reads the counts and writes them to
-the crawl's stats collector, always from the reactor thread:
-
-* every second, from a reactor timer: this worker's counts and what happened to the
-  filter (retries, ambiguous answers, errors, failovers, growth; added to the stats as
-  increments, so that a stats collector shared by the workers sums them), the totals
-  over all workers (the counters in Redis, synced then, plus this worker's part not
-  synced yet) and the fill and false-positive rate those totals imply;
-* when the crawl runs out of requests (``spider_idle``), when Scrapy's scheduler closes
-  the dupefilter, and when scrapy-redis's clears it: all of it, final;
-* when the filter closes: the same, with the totals read again from Redis (and the bits
-  counted there by the last worker).
-
-Writing to the stats collector is the one place a stats store that fails (scrapy-redis's
-``RedisStatsCollector``, its Redis restarting) can be met: a failure is said (a WARNING,
-at most once a minute), counted (``bloomfilter/stats_failed``), and the counts not
-written are written at the next tick. The timers never stop for it.
-
-At the same interval as Scrapy's LogStats (``LOGSTATS_INTERVAL``) an INFO line says
-what the filter holds and how it answers.
+Every stat is listed once, in :data:`STATS`. They are written while the crawl runs, so
+that monitors reading them before the filter's own ``spider_closed`` handler see them
+all: the engine only counts, in memory; this module writes the counts to the crawl's
+stats, always from the reactor thread, every second (increments, so that a collector
+shared by the workers sums them; the totals over all workers; the fill and rate they
+imply), and in full when the crawl idles, when the dupefilter closes or is cleared.
+A stats store that fails is said (at most once a minute), counted
+(``bloomfilter/stats_failed``), and what it missed is written at the next tick. An INFO
+line every ``LOGSTATS_INTERVAL`` says what the filter holds and how it answers.
 """
 
 from __future__ import annotations
@@ -128,9 +113,8 @@ _CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 class FilterStats:
     """Copies one worker's filter stats into the crawl's stats, and logs a line now and then.
 
-    ``bloom``: the filter; ``stats``: the crawl's stats collector (None: only the log
-    line); ``interval``: seconds between log lines (``LOGSTATS_INTERVAL``; 0: none).
-    Called from the reactor thread only.
+    ``stats``: the crawl's collector (None: only the log line); ``interval``: seconds
+    between log lines (0: none). Called from the reactor thread only.
     """
 
     def __init__(
@@ -149,18 +133,12 @@ class FilterStats:
         self._log_failed_before = handler_failures()
 
     def start(self) -> None:
-        """Create the counts workers add to; start the timers (stats, log line).
+        """Create the counts workers add to; start the timers (stats every second, log line).
 
-        The stats every second, the log line every ``interval``. Each count is created
-        with an increment of 0 when the spider opens, before this worker counts anything:
-        scrapy-redis's ``RedisStatsCollector`` creates a key by ``HSET 0`` then ``HINCRBY``,
-        so two workers creating one at the same moment lost one worker's count: their
-        first ticks, a second after a joint start (232 of 300 added, once in the test
-        suite), or their first retries when one Redis restart hits them all. Created
-        early, a count is then only incremented (left: a worker opening within the
-        microseconds between another's ``HEXISTS`` and ``HSET`` of a count it has not yet
-        created). So every count is in the stats, 0 until it happens. A stats store that
-        fails then is said and counted; what it missed is written at the next tick.
+        Every count is created with an increment of 0 before this worker counts anything: two
+        workers creating a count in scrapy-redis's ``RedisStatsCollector`` at once (``HSET 0``
+        then ``HINCRBY``) would lose one's count. So every count is in the stats, 0 until it
+        happens.
         """
         if self._tasks:
             return
@@ -183,19 +161,12 @@ class FilterStats:
         self._tasks = []
 
     def tick(self) -> None:
-        """Sync what an idle worker still holds, then publish: the timer's call.
-
-        Never raises, so the timer never stops: a failure is said and counted.
-        """
+        """Sync what an idle worker still holds, then publish; never raises (the timer's call)."""
         self._guarded(self.bloom.sync_counters_if_due)
         self.publish()
 
     def count_filtered(self) -> None:
-        """Count a duplicate dropped, written at once as Scrapy's own dupefilter does.
-
-        From the dupefilter's ``log()``, on the reactor thread. Guarded as every write:
-        a count the stats store missed is written at the next tick.
-        """
+        """Count a duplicate dropped, written at once as Scrapy's own dupefilter does (guarded)."""
         self.filtered += 1
         stats = self.stats
         if stats is not None:
@@ -205,9 +176,8 @@ class FilterStats:
     def publish(self, state: FilterState | None = None, counts_only: bool = False) -> bool:
         """Write every stat now; ``state``: the filter's, counted in Redis (else estimated).
 
-        ``counts_only``: only this worker's counts and events (the state written last
-        stays). Never raises: returns whether every stat was written (else the failure
-        was said and counted, and the next call writes what is missing).
+        ``counts_only``: only this worker's counts and events. Never raises: returns whether
+        every stat was written (the next call writes what is missing).
         """
         stats = self.stats
         if stats is None:

@@ -1,16 +1,11 @@
 """Redis clients for the filter, from its validated connection configuration.
 
-The filter's own connection (``BLOOMFILTER_REDIS_URL``: one server, or with
-``BLOOMFILTER_REDIS_CLUSTER`` a Redis Cluster; ``BLOOMFILTER_REDIS_URLS``: several
-standalone servers; ``BLOOMFILTER_REDIS_SENTINELS``: a primary found through Sentinel,
-see :mod:`.sentinel`) is built here; the connection it shares with scrapy-redis
-(``REDIS_URL``, ``REDIS_PARAMS``, ...) is read from Scrapy's settings by the Scrapy layer
-(:mod:`scrapy_redis_bloom.scrapy.connection`), which builds that client here too
-(:func:`build_client`). Nothing here knows Scrapy: errors name the settings (or options)
-the caller says the arguments came from. Either way the filter gets clients of its own,
-whose settings its connections copy (see :mod:`.node`), with short timeouts by default
-so that a dead server is noticed in seconds: the filter retries by its own policy
-(``BLOOMFILTER_RETRY_TIMEOUT``), not by one long socket timeout.
+The filter's own connection (URLs, a cluster, sentinels) is built here, and so is the
+client it shares with scrapy-redis (:func:`build_client`, read from Scrapy's settings
+by :mod:`scrapy_redis_bloom.scrapy.connection`). Errors name the settings the caller
+says the arguments came from. Clients get short timeouts by default, so that a dead
+server is noticed in seconds: the filter retries by ``BLOOMFILTER_RETRY_TIMEOUT``, not
+by one long socket timeout.
 """
 
 from __future__ import annotations
@@ -35,8 +30,8 @@ DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout
 def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
     """Return the clients of a configuration with servers of its own (URLs or sentinels).
 
-    One client (a server, a Sentinel primary, a cluster) or one per server. ``setting``
-    names where ``config.params`` came from, for the errors that refuse them.
+    One client (a server, a Sentinel primary, a cluster) or one per server; ``setting``
+    names where ``config.params`` came from.
     """
     if not config.urls and not config.sentinels:
         raise ValueError("own_clients() needs a configuration with URLs or sentinels")
@@ -58,9 +53,8 @@ def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
 def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source: str) -> Any:
     """Make a client of ``redis_cls`` from ``url`` (if any) and ``params``; not connected.
 
-    ``source`` names the settings the arguments came from (``the REDIS_URL and
-    REDIS_PARAMS setting(s)``): an argument the client refuses is a ValueError naming
-    them. A :class:`SentinelRedis` names its own settings and arguments at fault.
+    An argument the client refuses is a ValueError naming ``source``, the settings the
+    arguments came from.
     """
     if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
@@ -71,8 +65,8 @@ def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source
 def _checked(client: Any) -> Any:
     """Return ``client`` once a connection of its settings could be made (not opened).
 
-    redis-py keeps the arguments of a URL client until its first connection: an
-    unknown or ill-typed one would only fail at the first request, as a bare TypeError.
+    redis-py keeps a URL client's arguments until its first connection: a bad one would
+    only fail at the first request, as a bare TypeError.
     """
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
@@ -84,8 +78,7 @@ def _checked(client: Any) -> Any:
 def _named(source: str, params: dict[str, Any]) -> Iterator[None]:
     """Turn a client's refusal of its arguments into an error naming where they came from.
 
-    The message shows the arguments with secrets masked, never the client's own
-    text alone (which names no setting).
+    It shows the arguments, secrets masked: the client's own text names no setting.
     """
     try:
         yield

@@ -1,18 +1,15 @@
 """One Redis server as the filter talks to it: a connection it owns, every reply accounted.
 
-A :class:`Node` sends packed commands (:mod:`.wire`) and reads their replies in the
-order they were sent. It keeps a ticket for every batch whose replies are still owed;
-a reply is only ever handed to the ticket it belongs to. When anything goes wrong
-between a send and its last reply (a dropped connection, a timeout, an interrupt),
-the connection is thrown away with everything owed on it: a reply that was not read
-is never read later as the answer to another command. The caller learns whether the
-commands may have run (:class:`ReplyLostError`) or certainly did not (:class:`NotSentError`);
-that difference decides whether a retried write's answer can be trusted.
+A :class:`Node` keeps a ticket for every batch whose replies are still owed, and a reply
+is only ever handed to its own ticket. When anything fails between a send and its last
+reply, the connection is thrown away with everything owed on it: an unread reply is
+never read later as another command's. The caller learns whether the commands may have
+run (:class:`ReplyLostError`) or certainly did not (:class:`NotSentError`), which
+decides whether a retried write's answer can be trusted.
 
-The connection is of the client's own connection class and settings (TCP, TLS or a
-Unix socket; RESP2 or 3; credentials; hiredis when installed) but made by the node,
-with redis-py's retries and health checks off: retrying is the executor's job, and a
-health-check PING sent while replies are owed would read one of them as its PONG.
+The connection has the client's class and settings but redis-py's retries and health
+checks off: retrying is the executor's job, and a health-check PING sent while replies
+are owed would read one of them as its PONG.
 """
 
 from __future__ import annotations
@@ -50,8 +47,7 @@ ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
 def _certificate_refused(exc: BaseException) -> bool:
     """Tell whether a failed connect is a certificate that did not verify (not a fault).
 
-    A client certificate the server refuses may only show as a closed connection
-    (TLS 1.3); that one is retried like any dropped connection.
+    One the server refuses may only show as a closed connection (TLS 1.3), retried as such.
     """
     causes = [exc, exc.__cause__, exc.__context__]
     return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
@@ -83,13 +79,10 @@ class RefusedError(TransportError):
 class TripCounter:
     """Network round trips made to Redis, shared by every node of one filter.
 
-    Each :meth:`Node.call` and each :meth:`Node.send` (whose replies one
-    :meth:`Node.receive` reads) counts one, however many commands it pipelines: the
-    figure to divide by the pages a crawl fetched. Each node counts its own (a node
-    belongs to one thread, so no lock is taken on the hot path); :attr:`value` sums
-    the nodes of every topology sharing this counter, the lease thread's copy
-    included. Being shared, it also passes on when a node follows a failover
-    (:attr:`on_moved`).
+    Each :meth:`Node.call` and :meth:`Node.send` counts one, however many commands it
+    pipelines. Each node counts its own (no lock on the hot path); :attr:`value` sums the
+    nodes of every topology sharing this counter. It also passes on when a node follows a
+    failover (:attr:`on_moved`).
     """
 
     def __init__(self) -> None:
@@ -124,10 +117,9 @@ class Ticket:
 
 
 def connection_factory(pool: Any) -> Callable[[], Any]:
-    """Return a maker of connections like those of a redis-py connection pool.
+    """Return a maker of connections like a redis-py pool's.
 
-    Same class and settings, but without redis-py's retries, health checks or
-    response decoding: the filter reads raw bytes and decides itself what to retry.
+    Without redis-py's retries, health checks or decoding: the filter decides what to retry.
     """
     kwargs = {
         **pool.connection_kwargs,
@@ -142,11 +134,9 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
 def _reader(connection: Any) -> Callable[[], Any]:
     """Return what reads a connection's next reply: its parser's, when it has one.
 
-    A snapshot of a 100M filter reads ~20,000 replies per call of 10,000 elements; the
-    connection's own ``read_response`` wraps its parser's in ~1 µs of checks each
-    (+12% for such a load, measured). The parser returns an error reply as its
-    exception instead of raising it (a ``-LOADING`` or ``-NOAUTH`` it raises, as the
-    connection does): :meth:`Node.receive` takes both as the reply.
+    The connection's own ``read_response`` adds its checks to every reply (bench/NOTES.md).
+    The parser returns an error reply as its exception instead of raising it (a
+    ``-LOADING`` or ``-NOAUTH`` it raises): :meth:`Node.receive` takes both as the reply.
     """
     parser = getattr(connection, "_parser", None)
     if parser is not None and callable(getattr(parser, "read_response", None)):
@@ -158,9 +148,8 @@ def _reader(connection: Any) -> Callable[[], Any]:
 class Node:
     """A server at ``address`` (``host:port``, never a password), reached through ``factory``.
 
-    Not thread-safe: each thread that talks to Redis uses its own nodes (see
-    :meth:`.topology.Topology.copy`). After a fork, the child makes its own connection.
-    ``trips`` counts its round trips (a counter of its own if not given).
+    Not thread-safe: each thread uses its own nodes (:meth:`.topology.Topology.copy`).
+    After a fork, the child makes its own connection.
     """
 
     def __init__(
@@ -228,11 +217,7 @@ class Node:
         return self._connection
 
     def _note_peer(self, connection: Any) -> None:
-        """Log when a new connection reaches another server than the last one did.
-
-        Only a connection that looks its server up as it connects (redis-py's
-        Sentinel-managed one) can: that is a failover, and the filter follows it.
-        """
+        """Log when a new connection reaches another server than the last one did: a failover."""
         peer = f"{getattr(connection, 'host', '')}:{getattr(connection, 'port', '')}"
         if self._peer is not None and peer != self._peer:
             logger.warning(
@@ -257,12 +242,10 @@ class Node:
     ) -> Ticket:
         """Send ``count`` packed commands; return the ticket to read their replies with.
 
-        ``payload``: the commands packed, in one string or in pieces sent one after the
-        other (a snapshot's MiBs of shard bytes go as views of its copy, not joined).
-        ``serial``: send only on that connection (a ticket's), never on a new one: a
-        transaction's later rounds. Raises :class:`NotSentError` if the server cannot be
-        reached or that connection is gone, :class:`ReplyLostError` if the connection
-        fails while sending (some of the commands may have arrived).
+        ``payload``: one string or pieces sent in turn (a snapshot's shard bytes go as views);
+        ``serial``: only on that ticket's connection, never a new one (a transaction's later
+        rounds). Raises :class:`NotSentError` if the server cannot be reached or that
+        connection is gone, :class:`ReplyLostError` if it fails while sending.
         """
         connection = self._connect()
         if serial is not None and serial != self._serial:
@@ -281,8 +264,8 @@ class Node:
     def receive(self, ticket: Ticket) -> list[Any]:
         """Read a ticket's replies, in order; an error reply comes back as its exception.
 
-        Tickets are read in the order they were sent. Raises :class:`ReplyLostError` if
-        the connection the ticket was sent on is gone or fails while reading.
+        Tickets are read in the order they were sent. Raises :class:`ReplyLostError` if their
+        connection is gone or fails while reading.
         """
         if self._connection is None or ticket.serial != self._serial or ticket not in self._owed:
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
@@ -308,9 +291,8 @@ class Node:
     def call(self, payload: bytes) -> Any:
         """Send one packed command and return its reply: :meth:`exchange` for the hot path.
 
-        The same accounting without a ticket: nothing is owed before (else it falls
-        back to :meth:`exchange`), one reply is read after, or the connection is thrown
-        away with :class:`ReplyLostError`.
+        The same accounting without a ticket (with replies owed, it falls back to
+        :meth:`exchange`).
         """
         connection = self._connection
         if (
@@ -341,9 +323,8 @@ class Node:
     def _broken(self, exc: BaseException) -> NoReturn:
         """Throw the connection away after a failure between a send and its last reply.
 
-        Whatever failed (the connection, a timeout, a reply that could not be parsed),
-        the commands may have run and their replies are lost: :class:`ReplyLostError`.
-        An interrupt goes on as it is; nothing owed is ever read later either way.
+        The commands may have run and their replies are lost: :class:`ReplyLostError`. An
+        interrupt goes on as it is; nothing owed is ever read later either way.
         """
         self.abandon()
         if isinstance(exc, Exception):

@@ -1,8 +1,8 @@
 """A Redis client of the primary a group of Sentinels names, followed through failovers.
 
-scrapy-redis has no Sentinel support of its own: it builds its client as
-``REDIS_PARAMS["redis_cls"](**REDIS_PARAMS)``. :class:`SentinelRedis` is such a class, so
-one ``REDIS_PARAMS`` gives scrapy-redis's queue and this filter the same primary::
+scrapy-redis builds its client as ``REDIS_PARAMS["redis_cls"](**REDIS_PARAMS)``, and
+:class:`SentinelRedis` is such a class, so one ``REDIS_PARAMS`` gives scrapy-redis's
+queue and this filter the same primary::
 
     REDIS_PARAMS = {
         "redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis",
@@ -12,14 +12,9 @@ one ``REDIS_PARAMS`` gives scrapy-redis's queue and this filter the same primary
         "sentinel_kwargs": {"password": "..."},     # the sentinels', if they ask for one
     }
 
-It is a plain ``redis.Redis`` over redis-py's ``SentinelConnectionPool``: every new
-connection asks the sentinels where the primary is, and a connection that meets a
-demoted primary (``READONLY``) is dropped and made again. The filter's own connections
-copy the pool's connection class and settings (see :mod:`.engine.node`), so they ask
-the sentinels too. Unless ``retry`` is given, a command that meets a dead primary is
-retried for about :data:`FAILOVER_RETRIES` seconds: scrapy-redis's queue rides through
-a failover instead of losing the request in hand (the filter retries by its own policy,
-``BLOOMFILTER_RETRY_TIMEOUT``).
+Every new connection asks the sentinels where the primary is. Unless ``retry`` is given,
+a command that meets a dead primary is retried for about :data:`FAILOVER_RETRIES`
+seconds, so scrapy-redis's queue rides through a failover.
 """
 
 from __future__ import annotations
@@ -52,14 +47,10 @@ FAILOVER_RETRIES = 60
 class PrimaryConnection(SentinelManagedConnection):
     """A connection to the Sentinel's primary that follows it, even on a reconnect.
 
-    Every (re)connection asks the sentinels where the primary is (see
-    :meth:`connect_check_health`). redis-py already drops a connection that meets a
-    demoted primary (``READONLY``). A primary whose replica was just promoted is not
-    demoted yet: Sentinel reconfigures it seconds later, and what it accepted meanwhile
-    is lost. With ``min-replicas-to-write`` it refuses writes at once (``NOREPLICAS``);
+    A primary whose replica was just promoted is not demoted yet (what it accepts meanwhile
+    is lost); with ``min-replicas-to-write`` it refuses writes at once (``NOREPLICAS``), and
     this connection then drops itself and raises ``ConnectionError``, so the command is
-    retried on a new connection, to the primary the sentinels name now. Nothing was run:
-    retrying is safe.
+    retried on the primary the sentinels name now. Nothing was run: retrying is safe.
     """
 
     def connect_check_health(
@@ -67,9 +58,9 @@ class PrimaryConnection(SentinelManagedConnection):
     ) -> None:
         """Connect to the primary the sentinels name now, when not connected.
 
-        redis-py 8 reconnects a dropped connection from ``send_packed_command`` through
-        this method, to the address it had: the old primary, again and again, when a
-        command is retried after a failover. Ask the sentinels first, as ``connect()`` does.
+        redis-py 8 reconnects a dropped connection through here, to the address it had: the
+        old primary, again and again after a failover. Ask the sentinels first, as
+        ``connect()`` does.
         """
         if not self._sock:
             self.host, self.port = self.connection_pool.get_master_address()
@@ -89,8 +80,7 @@ class PrimaryConnection(SentinelManagedConnection):
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         """Read a reply; turn ``NOREPLICAS`` or ``READONLY`` into a reconnect (see the class).
 
-        Also from inside a script, where Redis 6.2 wraps the code in ``Error running
-        script`` (redis-py's own ``READONLY`` check sees only the bare reply).
+        Also inside a script's error, where redis-py's own ``READONLY`` check cannot see it.
         """
         try:
             return super().read_response(*args, **kwargs)
@@ -117,13 +107,11 @@ class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
     Usable as scrapy-redis's ``redis_cls`` (see the module docstring). ``sentinels``:
-    ``"host:port"`` strings or ``(host, port)`` pairs. ``sentinel_kwargs``: the
-    arguments of the connections to the sentinels (their password, TLS); by default
-    the ``socket_*`` ones of the primary's. ``min_other_sentinels``: ignore a sentinel
-    that sees fewer peers (one cut off from the others may name a stale primary).
-    ``setting``: the setting these arguments come from, named in errors. Every other
-    argument is a connection argument of the primary's, as for ``redis.Redis``;
-    ``host``, ``port`` and ``url`` are refused (the sentinels name it).
+    ``"host:port"`` strings or ``(host, port)`` pairs. ``sentinel_kwargs``: the arguments of
+    the connections to the sentinels (by default the primary's ``socket_*`` ones).
+    ``min_other_sentinels``: ignore a sentinel that sees fewer peers (one cut off may name a
+    stale primary). ``setting``: named in errors. Every other argument is the primary's, as
+    for ``redis.Redis``, but ``host``, ``port`` and ``url`` (the sentinels name it).
     """
 
     def __init__(

@@ -1,15 +1,11 @@
 """Where each of the filter's keys lives: one server, several servers, or a Redis Cluster.
 
-A topology turns a command's routing (its key, its shard, or an explicit server) into
-the :class:`~.node.Node` that must run it. It is built from redis-py clients, which
-supply the connection settings (and, for a cluster, the slot map); the nodes make
-their own connections from those settings.
-
-* :class:`ServerList`: one standalone server, or several. Shard ``i`` lives on server
-  ``i mod n``; everything else (record, counters, registry) on server 0.
-* :class:`Cluster`: a Redis Cluster. A key lives on the master of its hash slot.
-  :meth:`Topology.refresh` re-reads the slot map after a ``MOVED`` reply, a failover
-  or a lost connection.
+A topology turns a command's routing (its key, its shard, or a server) into the
+:class:`~.node.Node` that must run it, built from redis-py clients' settings.
+:class:`ServerList` holds shard ``i`` on server ``i mod n`` and everything else on
+server 0; in a :class:`Cluster` a key lives on its slot's master, and
+:meth:`Topology.refresh` re-reads the slot map after a ``MOVED``, a failover or a lost
+connection.
 """
 
 from __future__ import annotations

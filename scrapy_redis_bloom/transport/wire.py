@@ -1,12 +1,8 @@
 """Redis commands packed by hand (RESP), from templates.
 
-redis-py's generic ``execute_command`` spends 30-40 µs of Python per call on a
-2-vCPU VM (pool checkout, generic argument packing, its retry wrapper, response
-callbacks): a third of a loopback round trip, as much as Redis's own work. Its
-pipelines pack every argument the same generic way, which for the bulk path's
-BITFIELD commands (four arguments per bit) costs more than Redis spends running
-them. The filter sends few kinds of commands, so they are packed here and sent by
-:mod:`.node` on connections the filter owns.
+redis-py's generic ``execute_command`` and pipelines cost more Python per command than
+Redis spends running the filter's (bench/NOTES.md). The filter sends few kinds of
+commands, so they are packed here and sent by :mod:`.node` on its own connections.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The bitmap backend's filter: :class:`RedisBloomFilter`, bits in Redis strings, sharded.
 
-It knows Redis and the hashing scheme, nothing of Scrapy. Elements are request
-fingerprints as hex strings (see :mod:`..hashing`). The answer contract, for
-:meth:`~RedisBloomFilter.check_and_add`, :meth:`~RedisBloomFilter.add_many` and
-:meth:`~RedisBloomFilter.contains_many` alike:
-
-* "seen" (True) only when Redis confirmed, in this call, that every bit of the
-  element was already set in a shard that carries this filter's id;
-* any doubt answers "new" (False): a reply lost after the command was sent, with a
-  re-run finding the bits set (counted as ``ambiguous``); a shard found lost;
-  Redis unavailable for ``BLOOMFILTER_RETRY_TIMEOUT`` under ``BLOOMFILTER_ON_ERROR =
-  "allow"`` (counted as ``errors``). A duplicate fetch is cheap; a lost page is not.
-* otherwise an error, never a wrong answer: :class:`~..errors.FilterUnavailableError`,
-  :class:`~..errors.FilterDamagedError`, :class:`~..errors.WrongTypeError`, ...
-
-Elements let through under ``"allow"`` are remembered by this worker (a second offer
-is a duplicate: it answers "seen") and added to the filter once Redis answers again,
-so that other workers learn of them too.
-
-Thread-safe: calls from several threads are serialised by a lock.
+It knows Redis and the hashing scheme, nothing of Scrapy. Every call keeps the never-lose
+contract (docs/explanation/contract.md): "seen" only when Redis confirmed, in this call,
+every bit set in a shard carrying this filter's id; any doubt answers "new" (a lost
+reply whose re-run finds the bits set counts as ``ambiguous``; Redis unavailable under
+``BLOOMFILTER_ON_ERROR = "allow"`` as ``errors``); otherwise an error, never a wrong
+answer. Elements let through under ``"allow"`` are remembered and added once Redis
+answers again. Thread-safe: calls are serialised by a lock.
 """
 
 from __future__ import annotations
@@ -60,12 +48,11 @@ _T = TypeVar("_T")
 class RedisBloomFilter(FilterBase):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
-    ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence
-    of standalone clients (several servers: shard ``i`` on server ``i mod n``); the
-    filter makes its own connections from their settings. ``spec`` and ``capacity``
-    (and ``sizing``, the request they come from, see :class:`..sizing.Sizing`) say
-    what to create; a filter that exists keeps the geometry stored in its record.
-    :meth:`~.FilterBase.open` is called on first use.
+    ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
+    standalone clients (shard ``i`` on server ``i mod n``); the filter makes its own
+    connections from their settings. ``spec`` and ``capacity`` (and ``sizing``, see
+    :class:`..sizing.Sizing`) say what to create; a filter that exists keeps the geometry
+    its record stores. :meth:`~.FilterBase.open` is called on first use.
     """
 
     def _setup(self) -> None:
@@ -180,8 +167,8 @@ class RedisBloomFilter(FilterBase):
     def _stacked(self, check: Check) -> bool | None:
         """Check an element of a grown or windowed shard without the script (:mod:`.stackpath`).
 
-        Returns its answer, or None where the script must answer: the element's shard
-        or window is not as this worker knew it, or nears a boundary.
+        None where the script must answer: the shard or window is not as this worker knew it,
+        or nears a boundary.
         """
         stack = self._stack
         assert stack is not None
@@ -219,8 +206,8 @@ class RedisBloomFilter(FilterBase):
     def _read(self, key: str, replies: list[Any], read: Callable[[list[Any]], _T]) -> _T:
         """Return what ``read`` makes of a round's replies (for ``key``'s shard).
 
-        An error reply raises, naming the key; a reply of the wrong shape is not the
-        command's: :class:`~..errors.FilterUnavailableError`, nothing answered from it.
+        An error reply raises, naming the key; a reply of the wrong shape raises
+        :class:`~..errors.FilterUnavailableError`: nothing is answered from it.
         """
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -263,11 +250,10 @@ class RedisBloomFilter(FilterBase):
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
 
-        One pipelined executor batch: each element's BITFIELD, script, or reads of a
-        grown or windowed shard (:mod:`.stackpath`); then one batch of the adds those reads
-        left to do (two round trips per node; a third, of scripts, only where a shard
-        was not as this worker knew it). Elements Redis could not answer, or refused,
-        are handled per BLOOMFILTER_ON_ERROR; the others keep their answers.
+        One pipelined batch of each element's BITFIELD, script, or reads of a grown or windowed
+        shard (:mod:`.stackpath`), then one of the adds those reads left (a third, of scripts,
+        only where a shard was not as this worker knew it). BLOOMFILTER_ON_ERROR handles the
+        elements Redis could not answer, or refused; the others keep their answers.
         """
         answers: list[bool | None] = [None] * len(todo)
         failure: FilterUnavailableError | AccessDeniedError | None = None
@@ -349,11 +335,10 @@ class RedisBloomFilter(FilterBase):
         spans: dict[int, tuple[int, int]],
         checks: dict[int, Check],
     ) -> FilterUnavailableError | AccessDeniedError | None:
-        """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch.
+        """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch into ``answers``.
 
-        Puts the answers they give in ``answers``; returns the failure, if any. A
-        stacked check whose reads leave it to the add gets its add packed
-        (:attr:`.Check.add`); one they leave to the script gets none.
+        Returns the failure, if any. A stacked check whose reads leave it to the add gets its
+        add packed (:attr:`.Check.add`); one left to the script gets none.
         """
         first = len(calls)
         calls = calls + [
@@ -417,10 +402,7 @@ class RedisBloomFilter(FilterBase):
         h2: int,
         recovered: bool,
     ) -> bool:
-        """Read a check-and-add's reply: its answer, after whatever it reports is handled.
-
-        A shard found wrong is recovered and the element checked again; a refusal raises.
-        """
+        """Read a check-and-add's reply: its answer, once a shard found wrong is recovered."""
         if isinstance(reply, BaseException):
             raise self.parts.refusal(reply, command.key, "check and add a request")
         if command.fast is not None:
@@ -460,9 +442,8 @@ class RedisBloomFilter(FilterBase):
     def _take_back(self, command: Command, reply: list[Any]) -> None:
         """Clear the bits a scriptless check set in a shard that is not this filter's.
 
-        Only while the shard still carries the id the check found there; a bit another
-        worker set meanwhile may be cleared too: a duplicate fetch at worst, never a
-        page lost to bits of another filter.
+        Only while the shard still carries the id the check found; a bit another worker set
+        meanwhile may be cleared too: a duplicate fetch at worst, never a page lost.
         """
         assert command.fast is not None
         found, bits = command.fast.strays(command, reply)
@@ -471,8 +452,8 @@ class RedisBloomFilter(FilterBase):
     def _take_back_bits(self, key: str, shard: int, found: bytes, bits: list[int]) -> None:
         """Clear ``bits`` of ``key`` while it still carries the id field ``found``.
 
-        Where that field is zeros, a scriptless add made the key (it was missing): a
-        generation or window made so is deleted once empty (see :mod:`.stackpath`).
+        Zeros there mean a scriptless add made the key: such a generation or window is deleted
+        once empty.
         """
         calls = []
         if bits:
@@ -492,10 +473,7 @@ class RedisBloomFilter(FilterBase):
         )
 
     def _flush_counts(self, only: int | None = None) -> None:
-        """Send the counts of items the scriptless path found new (see :mod:`.fastpath`).
-
-        ``only``: that shard's alone.
-        """
+        """Send the counts of items the scriptless path found new (``only``: one shard's)."""
         keepers: list[Any] = [self._fast, self._stack]
         owed = [
             (keeper, flush)
@@ -521,8 +499,8 @@ class RedisBloomFilter(FilterBase):
     def _mismatch(self, shard: int, key: str, found: object) -> None:
         """Sort out the part a script found wrong: the shard itself, or a generation of it.
 
-        A wrong shard key goes to :meth:`_recover`; a generation or a re-crawl window
-        that is missing (with ``BLOOMFILTER_ON_LOSS = "raise"``) or foreign raises.
+        A wrong shard goes to :meth:`_recover`; a generation or window that is missing (under
+        ``BLOOMFILTER_ON_LOSS = "raise"``) or foreign raises.
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
@@ -584,10 +562,7 @@ class RedisBloomFilter(FilterBase):
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, script: Script | None = None
     ) -> bytes:
-        """Pack the start of a check-and-add call over ``elements`` elements.
-
-        ``script``: the bulk path's script (same reply), else the hot path's.
-        """
+        """Pack the start of a check-and-add call (``script``: else the hot path's)."""
         recreate = b"1" if self.faults.on_loss == "recreate" else b"0"
         return command_head(
             7 + 4 * elements,

@@ -1,14 +1,10 @@
 """Check-and-add computed in Python on a copy of a shard's bytes (the snapshot kernel).
 
-:mod:`.snapshot` reads a shard's bytes, answers a batch here and writes the new bits
-back in one transaction. The answers equal check-and-add on each element in order: an
-element is "seen" when each of its bits was set in the copy *or* by an element before it.
-
-:func:`check_sequential` is that definition in pure Python (the kernel without numpy);
-:func:`check_vectorised` computes the same with numpy: for each bit clear in the copy,
-the first element that sets it is new. The tests hold them to identical answers and
-bytes. :class:`Located` hashes a block of elements and groups them per shard, with
-numpy's arrays or Python's lists. Offsets are :mod:`..hashing`'s plus the header's bits.
+The answers equal check-and-add on each element in order: an element is "seen" when each
+of its bits was set in the copy *or* by an element before it. :func:`check_sequential` is
+that definition in pure Python (the kernel without numpy); :func:`check_vectorised`
+computes the same with numpy (for each bit clear in the copy, the first element that
+sets it is new), held by the tests to identical answers and bytes.
 """
 
 from __future__ import annotations
@@ -53,10 +49,7 @@ BLOCK_BYTES = BLOCK_BITS // 8
 
 
 class Located:
-    """A block of elements hashed: each one's shard and seeds, and offsets on demand.
-
-    ``vectorised``: numpy's arrays (positions are arrays), else Python's lists.
-    """
+    """A block of elements hashed: each one's shard and seeds, and offsets on demand."""
 
     def __init__(self, elements: Sequence[str | bytes], spec: FilterSpec, vectorised: bool) -> None:
         self.size = len(elements)
@@ -89,9 +82,8 @@ class Located:
     def offsets(self, positions: Any) -> Any:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
-        An (n, k) array (:func:`offsets_many`); without numpy, a list of n lists of k
-        offsets, or for a blocked filter n ``(block start, bits)`` pairs
-        (:func:`..hashing.block_masks`).
+        An (n, k) array (:func:`offsets_many`); without numpy, n lists of k offsets, or for a
+        blocked filter n ``(block start, bits)`` pairs (:func:`..hashing.block_masks`).
         """
         spec = self.spec
         k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
@@ -110,9 +102,7 @@ class Located:
     def generation_offsets(self, positions: Any, generation: Generation) -> Any:
         """Return :meth:`offsets` of the elements at ``positions`` in a later generation.
 
-        Seeded as the scripts seed generations after the first: the numbers before the
-        mod, cut to :data:`..generations.WIDE`, then reduced by the generation's bits
-        and seed range (see :func:`..generations.seed_arguments`).
+        Seeded as the scripts seed it (see :func:`..generations.seed_arguments`).
         """
         k, bits, block = generation.hash_count, generation.bits, generation.block_bits
         shards, seeds = self.spec.shards, generation.seed_range
@@ -216,10 +206,10 @@ def placed(n: int, parts: Sequence[tuple[NDArray[Any], Sequence[bool]]]) -> list
 def offsets_many(
     x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int, block_bits: int = 0
 ) -> NDArray[Any]:
-    """Return each element's k bit offsets in its shard's string, header included.
+    """Return each element's k bit offsets in its shard's string, header included, as (n, k).
 
-    :func:`..hashing.offsets` as an (n, k) array, as the scripts run step 4: the sums
-    stay below 3 S (or 3 B), so subtractions replace the modulo.
+    As the scripts run step 4: the sums stay below 3 S (or 3 B), so subtractions replace
+    the modulo.
     """
     span = block_bits or shard_bits
     out = np.empty((hash_count, len(x)), dtype=np.int64)
@@ -246,9 +236,8 @@ def check_vectorised(
 ) -> tuple[list[bool], int, int]:
     """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
 
-    ``offsets``: an (n, k) array from :func:`offsets_many`. Returns the answers (True:
-    seen) and the span ``[low, high)`` of bytes changed. Slices of :data:`SLICE` elements
-    go one after the other, each on the bytes the ones before left (cache-sized sorts).
+    Returns the answers (True: seen) and the span ``[low, high)`` of bytes changed. Slices of
+    :data:`SLICE` elements go in turn, each on the bytes the ones before left (cache-sized).
     """
     answers: list[bool] = []
     low, high = len(buffer), 0
@@ -300,8 +289,8 @@ def check_masks(
 ) -> tuple[list[bool], int, int]:
     """Do what :func:`check_sequential` does, for blocked elements as bits of their block.
 
-    ``pairs``: :func:`..hashing.block_masks`'. One block read as an integer, an AND and,
-    when new, an OR: the kernel without numpy for the blocked layout.
+    One block read as an integer, an AND and, when new, an OR: the kernel without numpy for
+    the blocked layout.
     """
     answers: list[bool] = []
     append = answers.append
@@ -322,7 +311,7 @@ def check_masks(
 def check_sequential(
     buffer: bytearray, offsets: Sequence[Sequence[int]], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_vectorised` does, one element at a time (the definition).
+    """Do what :func:`check_vectorised` does, one element at a time: the definition.
 
     Also the kernel without numpy, hence the plain loop (no calls per bit).
     """
@@ -347,9 +336,8 @@ def check_sequential(
 def gather(offsets: Any) -> tuple[Any, Any]:
     """Return the blocks a blocked shard's batch touches, and its offsets in a compact copy.
 
-    A batch needs only its blocks' bytes (scheme 2: an element's k bits are in one block):
-    the compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``),
-    and the offsets returned address it. ``offsets``: :meth:`Located.offsets`'.
+    The compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``):
+    an element's k bits are in one block, so a batch needs only its blocks' bytes.
     """
     if is_masks(offsets):
         touched = [(start - HEADER_BITS) // BLOCK_BITS for start, _ in offsets]
@@ -407,11 +395,9 @@ def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
 
 
 def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
-    """Pack ``slots`` (sorted) as runs of neighbouring blocks, as the block scripts read them.
+    """Pack ``slots`` (sorted) as :func:`runs` of blocks, each as its first block and length (u32).
 
-    Runs as :func:`runs` cuts them; each packed as its first block and its number of
-    blocks, big-endian u32. With numpy in a few array operations (Python's loop is slow
-    on the ~10,000 runs of a big filter's call).
+    With numpy in a few array operations (Python's loop is slow on a big filter's call).
     """
     if not HAVE_NUMPY:
         flat = [
@@ -431,10 +417,7 @@ def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> by
 
 
 def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[Any]:
-    """Return where each run of ``at`` starts: blocks in a row, at most ``longest`` each.
-
-    ``apart[i]``: ``at[i + 1]`` may not continue the run of ``at[i]``.
-    """
+    """Return where each run of ``at`` starts (``apart[i]``: a run ends at i; ``longest``)."""
     start = np.ones(len(at), dtype=bool)
     start[1:] = apart | (at[1:] != at[:-1] + 1)
     first = np.flatnonzero(start)
@@ -447,11 +430,10 @@ def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[
 def range_reads(
     keys: Sequence[bytes], blocks: Sequence[NDArray[Any]], longest: int
 ) -> list[tuple[bytes, int]]:
-    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy), shard by shard.
+    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy); per shard their number.
 
-    Per shard, the commands and their number. ``keys[i]``'s compact copy holds
-    ``blocks[i]`` (see :func:`gather`); the replies, in order, are the copy's bytes after
-    its header. All shards are packed at once: numpy's cost is per operation.
+    The replies, in order, are each compact copy's bytes after its header (see
+    :func:`gather`). All shards are packed at once: numpy's cost is per operation.
     """
     sizes = [len(b) for b in blocks]
     if not sum(sizes):
@@ -480,8 +462,7 @@ def range_writes(
     """Pack a ``SETRANGE`` of each block that changed in each shard's compact copy (numpy).
 
     Shard i: ``keys[i]``, its copy as read (``before[i]``) and as the kernel left it
-    (``after[i]``), its slots holding ``blocks[i]`` (see :func:`gather`). Returns the
-    commands, all shards' at once, and their number.
+    (``after[i]``), its slots holding ``blocks[i]``. Returns the commands and their number.
     """
     owners, offsets, rows = [], [], []
     for i, (read, left) in enumerate(zip(before, after, strict=True)):
@@ -516,9 +497,8 @@ def range_commands(
     """Pack ``name <key> <offset> <second>`` once per row, in a few array operations (numpy).
 
     Row i names ``keys[owner[i]]``: ``GETRANGE`` with ``second`` the end offsets, or
-    ``SETRANGE`` with ``second`` the (n, w) bytes written; faster than
-    :func:`..wire.pack_command` per command. Rows are fixed-width cells whose unused bytes
-    are masked out. Returns the commands as one string, and each row's length.
+    ``SETRANGE`` with ``second`` the (n, w) bytes written. Rows are fixed-width cells whose
+    unused bytes are masked out. Returns the commands as one string, and each row's length.
     """
     n = len(offsets)
     head = b"*4\r\n$%d\r\n%b\r\n" % (len(name), name)
@@ -550,10 +530,7 @@ def range_commands(
 
 
 def _decimal(values: NDArray[Any], cell: NDArray[Any], used: NDArray[Any]) -> None:
-    """Write each value as a RESP bulk string into its row of ``cell`` (n, :data:`_CELL`).
-
-    Right-aligned in :data:`_DIGITS` bytes; ``used`` is set False on the padding.
-    """
+    """Write each value as a RESP bulk string, right-aligned, in its row of ``cell`` (``used``)."""
     if len(values) and int(values.max()) >= 10**_DIGITS:
         raise ValueError(f"an offset of {int(values.max())} is beyond a Redis string")
     rest = values.astype(np.int32)
@@ -581,9 +558,9 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
-    """Group ``slots`` (sorted) into runs ``[first, stop)`` of neighbouring blocks.
+    """Group ``slots`` (sorted; slot i holds ``blocks[i]``) into runs ``[first, stop)``.
 
-    Slot i holds ``blocks[i]``; one GETRANGE or SETRANGE moves a run, at most ``longest``.
+    A run is neighbouring blocks, at most ``longest``: one GETRANGE or SETRANGE moves it.
     """
     out: list[tuple[int, int]] = []
     first = previous = -2

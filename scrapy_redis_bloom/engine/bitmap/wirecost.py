@@ -1,19 +1,13 @@
 """What a byte costs to move between this worker and a Redis node: measured, not assumed.
 
-A bulk load chooses, per shard (and per generation of a grown one), between moving it
-whole (a few commands, the whole shard's bytes each way) and moving only the 64-byte
-blocks its elements touch (a command per run of blocks, ~280 bytes per element). On
-loopback a byte costs ~0.4 ns to move (Redis copies it, the kernel copies it, the
-reply reader takes it), and a small shard moved whole often costs the least CPU. Over a
-1 Gbit/s network a byte takes ~8.6 ns: a 100M filter's 7.5 MiB shard moved whole for
-3,000 elements then costs 65 ms each way, its blocks 7 ms. The package cannot know
-where Redis is, so it measures: per node, the best of :data:`TRIES` ``GETRANGE`` reads of up
-to :data:`PROBE_BYTES` of a key there against the best of as many of one byte, once,
-then again every :data:`REMEASURE` seconds (one round trip each, ~1 ms on loopback).
-What a byte costs beyond loopback's (:data:`LOOPBACK_NS_PER_BYTE`, which the bulk
-path's own constants were measured with) is added to each way's cost
-(:meth:`WireCost.extra`): on loopback the choices stay as they were; over a network the
-blocks are chosen wherever the whole shard would move mostly untouched bytes.
+A bulk load moves a shard whole or only the 64-byte blocks its elements touch; which
+costs less depends on the link, which the package cannot know. So it measures, per node:
+the best of :data:`TRIES` ``GETRANGE`` reads of up to :data:`PROBE_BYTES` against as
+many of one byte, at first use and every :data:`REMEASURE` seconds. What a byte costs
+beyond loopback's (:data:`LOOPBACK_NS_PER_BYTE`, which the bulk path's constants were
+measured with) is added to each way's cost (:meth:`WireCost.extra`): on loopback the
+choices stay as they were; over a network, blocks wherever the whole shard would move
+mostly untouched bytes.
 """
 
 from __future__ import annotations
@@ -38,13 +32,11 @@ LEAST_BYTES = 16_384
 TRIES = 5
 #: Seconds between two measures of a node (a failover may move it elsewhere).
 REMEASURE = 300.0
-#: What a byte costs on loopback (measured: 0.4 ns, with and without hiredis): the
-#: part of a byte's cost that the bulk path's constants already hold.
+#: What a byte costs on loopback (bench/NOTES.md): the part of a byte's cost that the
+#: bulk path's constants already hold.
 LOOPBACK_NS_PER_BYTE = 0.4
-#: Below this much beyond loopback's, a byte's cost is taken as loopback's: a busy
-#: machine's loopback measured up to 1.06 ns beyond it (2 vCPUs, the test suite beside a
-#: benchmark), and a link that fast (4 Gbit/s and up) moves a shard whole about as
-#: cheaply; 1 Gbit/s is ~8.6 ns.
+#: Below this much beyond loopback's, a byte's cost is taken as loopback's: above a busy
+#: machine's loopback noise, below a 1 Gbit/s link's (bench/NOTES.md).
 NOISE_NS_PER_BYTE = 2.0
 
 
@@ -55,10 +47,7 @@ class _Measure:
 
 
 class WireCost:
-    """Per node, the ns a byte costs to move beyond loopback's (module doc).
-
-    ``executor``: the one call path the probes go through; ``clock``: monotonic seconds.
-    """
+    """Per node, the ns a byte costs to move beyond loopback's; ``clock``: monotonic seconds."""
 
     def __init__(self, executor: Executor, clock: Callable[[], float] = time.monotonic) -> None:
         self.executor = executor
@@ -68,10 +57,9 @@ class WireCost:
     def extra(self, address: str, key: str) -> float:
         """Return the ns a byte costs on the node at ``address`` beyond loopback's (>= 0).
 
-        ``key``: a key on that node to read (a shard's). Measured on first use and every
-        :data:`REMEASURE` seconds; a probe that fails keeps the last figure (0 at first:
-        the choices as on loopback) until the next measure is due, and says so in the
-        log: the bulk call itself then meets the same fault and answers for it.
+        ``key``: a key on that node to read. A probe that fails keeps the last figure (0 at
+        first) until the next measure is due, and logs it: the bulk call itself then meets the
+        same fault.
         """
         now = self.clock()
         known = self._nodes.get(address)

@@ -1,18 +1,11 @@
 """The parts of a native filter in Redis: server-side Bloom filters (``BF.*``), one per shard.
 
-Layout 3 (record field ``backend = native``). A filter named ``KEY`` is:
-
-* ``KEY:meta``, ``KEY:count``, ``KEY:workers``: as for a bitmap filter (:mod:`.layout`);
-* ``{KEY:<i>}:bf:<id>``, a RedisBloom scalable Bloom filter (Redis type
-  :data:`NATIVE_TYPE`) for shard ``i``, ``<id>`` the filter's random id from its
-  record. The id in the name is the shard's proof of ownership, as a bitmap shard's
-  header is: a worker still using a reset filter's keys finds its shard missing and
-  re-reads the record. The hash tag keeps shard ``i`` in one Redis Cluster slot.
-
-Each shard is created with ``BF.RESERVE key <rate> <capacity> EXPANSION <e>`` (or
-``NONSCALING``), sized by :func:`reserve_arguments`. The hot path never creates one:
-``BF.INSERT ... NOCREATE`` answers ``ERR not found`` for a missing shard, which
-``BLOOMFILTER_ON_LOSS`` then handles, as for a lost bitmap shard.
+Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter, and
+shard ``i`` in ``{KEY:<i>}:bf:<id>``, ``<id>`` the record's. The id in the name proves
+ownership as a bitmap shard's header does: a worker still using a reset filter's keys
+finds its shard missing. Shards are made by ``BF.RESERVE`` (:func:`reserve_arguments`),
+never by the hot path: ``BF.INSERT ... NOCREATE`` answers ``ERR not found`` for a missing
+one, which ``BLOOMFILTER_ON_LOSS`` handles.
 """
 
 from __future__ import annotations
@@ -83,12 +76,10 @@ class Link:
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
     """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
 
-    The capacity is a bitmap shard's generation 0's (:attr:`.Growth.first_capacity`).
-    The rate is the bound all generations stay under: the configured error rate (or
-    :attr:`.Growth.bound` for a filter sized by bits and k), since RedisBloom itself
-    tightens a scaling filter's first sub-filter by :data:`NATIVE_TIGHTENING`, as our
-    growth does; ``NONSCALING`` gets the whole rate. With ``BLOOMFILTER_TTL`` each re-crawl
-    window gets half (two are consulted).
+    The capacity is a bitmap shard's generation 0's. The rate is the bound all generations
+    stay under (the configured rate, or :attr:`.Growth.bound`), since RedisBloom tightens a
+    scaling filter's first sub-filter by :data:`NATIVE_TIGHTENING` as our growth does;
+    ``NONSCALING`` gets the whole rate. With a TTL each window gets half (two are consulted).
     """
     growth = record.growth
     options: tuple[Any, ...] = (
@@ -115,9 +106,8 @@ def links(record: FilterRecord, count: int) -> list[Link]:
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
     """Return the addresses of the servers (cluster masters) that have no ``BF.INSERT``.
 
-    Probed with ``COMMAND INFO BF.INSERT``; a server that refuses ``COMMAND`` (an ACL)
-    is counted as lacking it, and one that does not answer raises
-    :class:`~..errors.FilterUnavailableError`.
+    One that refuses ``COMMAND INFO`` (an ACL) counts as lacking it; one that does not
+    answer raises :class:`~..errors.FilterUnavailableError`.
     """
     nodes = topology.primaries()
     calls = [
@@ -151,9 +141,8 @@ def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
 def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str]]) -> FilterState:
     """Read every shard's ``BF.INFO`` and ``MEMORY USAGE``: items, sub-filters, memory.
 
-    O(shards) in Redis. Per sub-filter, the bits set and the false-positive rate are
-    estimated from its items and RedisBloom's sizing (:func:`links`): sub-filters
-    before the last are full.
+    Per sub-filter, bits set and rate are estimated from its items and RedisBloom's sizing
+    (:func:`links`); sub-filters before the last are full.
     """
     order = list(keys)
     calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in order]
