@@ -206,17 +206,18 @@ class NativeBloomFilter(FilterBase):
         check = windows.plan(shard, item)
         if check is None:
             return None
-        sent_at = time.time()
-        replies = self.executor.call_many(OPERATION, check.reads, key, shard).replies
-        try:
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise self._refused(reply, key)
-            verdict = windows.judge(check, replies, sent_at, item)
-        except ValueError as exc:
-            raise self._refused(exc, key) from None
-        if verdict != native_ttl.ADD:
-            return verdict == native_ttl.SEEN or None
+        if check.reads:  # else the add alone answers (no window before)
+            sent_at = time.time()
+            replies = self.executor.call_many(OPERATION, check.reads, key, shard).replies
+            try:
+                for reply in replies:
+                    if isinstance(reply, BaseException):
+                        raise self._refused(reply, key)
+                verdict = windows.judge(check, replies, sent_at, item)
+            except ValueError as exc:
+                raise self._refused(exc, key) from None
+            if verdict != native_ttl.ADD:
+                return verdict == native_ttl.SEEN or None
         reply, ambiguous = self.executor.call(OPERATION, check.add, key, shard, None)
         error = reply if isinstance(reply, BaseException) else None
         if error is None and isinstance(reply, list) and reply:

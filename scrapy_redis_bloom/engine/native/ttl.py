@@ -114,8 +114,9 @@ class Windows:
     ``TIME``, :mod:`..clock`, and ``EXISTS`` of the window before, so its loss is found
     within :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current
     window for an item found in neither: its reply decides between racing workers; a
-    window not started yet refuses it, for the script to start. ``anchor(i)``: a shard's
-    anchor key.
+    window not started yet refuses it, for the script to start. A shard without a window
+    before (a re-crawl's first) needs no reads: the add alone answers. ``anchor(i)``: a
+    shard's anchor key.
     """
 
     def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
@@ -124,7 +125,7 @@ class Windows:
         self._shards: dict[int, _Shard] = {}
 
     def plan(self, shard: int, item: bytes) -> WindowCheck | None:
-        """Return an item's reads; None when the script must check it."""
+        """Return an item's reads (none: its add alone); None when the script must check it."""
         known = self._shards.get(shard)
         if known is None:
             known = self._shards[shard] = _Shard()
@@ -134,6 +135,12 @@ class Windows:
         if known.before == -2:
             return None
         anchor = self.anchor(shard)
+        current = window_key(anchor, window)
+        if not known.before and not asked:
+            # No window before (the script said so) and the clock settled: the add is
+            # the whole check, its reply the answer (a window not started refuses it).
+            add = pack_command(b"BF.INSERT", current, b"NOCREATE", b"ITEMS", item)
+            return WindowCheck(shard, window, [], False, False, add)
         reads = [TIME] if asked else []
         exists = False
         if known.before:
@@ -143,7 +150,7 @@ class Windows:
                 known.since, exists = 0, True
                 reads.append(pack_command(b"EXISTS", before))
             reads.append(pack_command(b"BF.EXISTS", before, item))
-        reads.append(pack_command(b"BF.EXISTS", window_key(anchor, window), item))
+        reads.append(pack_command(b"BF.EXISTS", current, item))
         return WindowCheck(shard, window, reads, asked, exists)
 
     def judge(self, check: WindowCheck, replies: list[Any], sent_at: float, item: bytes) -> str:
