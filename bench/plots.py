@@ -182,7 +182,10 @@ def states_plot(plt: Any, results: dict[str, Any], path: Path) -> None:
     """Redis time per check by state, new and seen side by side, one panel per size (g)."""
     measure = results["measures"]["g"]
     labels = [label for label in measure if label not in ("info", "warnings")]
-    states = [s["name"] for s in measure["info"][labels[0]]["states"]]
+    built = measure["info"][labels[0]]["states"]
+    # Ours first, each backend's states together; the peers last.
+    order = {"bitmap": 0, "native": 1}
+    states = [s["name"] for s in sorted(built, key=lambda s: order.get(s["group"], 2))]
     fig, axes = plt.subplots(
         1, len(labels), figsize=(2.5 + 4.5 * len(labels), 0.9 + 0.42 * len(states)), sharey=True
     )

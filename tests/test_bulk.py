@@ -16,6 +16,7 @@ import collections
 import hashlib
 import logging
 import multiprocessing
+import os
 import queue
 import random
 import traceback
@@ -775,11 +776,14 @@ def test_redis_killed_and_restarted_with_aof_during_bulk_calls_costs_no_answer(
 
     from redis_server import RedisServer
 
+    # A key and elements of this run alone: the restart frees the server's port for a
+    # moment, and a server of another run of this test that took it must not answer ours.
+    run = os.urandom(4).hex()
     with RedisServer(appendonly=True) as server:
         client = server.client()
         settings_ = {**FIXED, "BLOOMFILTER_CAPACITY": 200_000}
-        bloom = make(client, settings_, "restart", faults=FaultPolicy(retry_timeout=20))
-        new = fingerprints(60_000, "restart")
+        bloom = make(client, settings_, f"restart-{run}", faults=FaultPolicy(retry_timeout=20))
+        new = fingerprints(60_000, f"restart-{run}")
         answers: list[bool] = []
 
         def load(back: threading.Event) -> None:
