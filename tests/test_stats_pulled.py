@@ -135,9 +135,12 @@ def test_a_shared_stats_store_restarted_mid_crawl_costs_no_page_stats_or_lease(
     assert done.lost(site) == set()
     assert any("Could not write the Bloom filter" in log for log in done.logs)
     samples = after["samples"]
-    (leases, trips), later = samples[0], samples[1:]
+    # Both workers hold a lease soon after the restart: each renews within its interval
+    # (a second), though a busy machine may leave one a sample late.
+    both = [i for i, (held, _) in enumerate(samples[:8]) if len(held) == 2]
+    assert both, [sorted(held) for held, _ in samples[:8]]
+    (leases, trips), later = samples[both[0]], samples[both[0] + 1 :]
     assert max(t for _, t in later) > trips, "the stats stopped updating"
-    assert len(leases) == 2
     # Each worker renews its lease after the restart, unless it finished and gave it back.
     for worker, score in leases.items():
         renewed = any(held.get(worker, 0) > score for held, _ in later)
