@@ -237,6 +237,10 @@ def crawl_through(
         # replica (min-replicas-to-write): Sentinel takes 15-20 s to make it one, more
         # on a loaded machine. The workers wait that long, as scrapy-redis's queue does.
         "BLOOMFILTER_RETRY_TIMEOUT": 60,
+        # Meanwhile the reactor waits in request_seen: a download in flight must outlast
+        # that wait, as it would by Scrapy's retries (the runner turns them off). At the
+        # runner's 20 s, a failover of 19 s on a busy machine timed out 26 pages unsent.
+        "DOWNLOAD_TIMEOUT": 150,
     }
     watcher = SentinelRedis(sentinels=group.addresses, service_name=SERVICE, socket_timeout=5)
     seen: dict[str, Any] = {}
