@@ -307,8 +307,9 @@ def test_native_windows_seen_in_one_round_trip_new_in_two_without_the_script(
     fresh = fingerprints(100, "fresh")
     assert [bloom.check_and_add(e) for e in fresh].count(True) <= upper(100, 1e-3)
     # A re-crawl's first window (no window before): the add alone, one round trip, but
-    # where the clock is read (a second since the shard's last TIME, or near an edge).
-    assert 100 <= bloom.round_trips - trips <= 200
+    # where the clock is read (a second since the shard's last TIME, or near an edge):
+    # BIG has one shard, so a few of the 100 at most (reads, then the add: 200).
+    assert 100 <= bloom.round_trips - trips <= 110
     assert all(bloom.check_and_add(e) for e in fresh)
     assert scripts_run(bloom_redis_client) == scripts
     bloom.close()
