@@ -276,11 +276,14 @@ class SentinelGroup(Running):
         return self.primary()
 
     def wait_for_replica(self, timeout: float = 30.0) -> RedisServer:
-        """Wait until the primary has a replica in sync (it takes writes again); return it."""
-        primary = self.primary()
+        """Wait until the primary has a replica in sync (it takes writes again); return it.
+
+        The primary is looked up on every poll: a busy machine has seen the sentinels fail
+        over a second time meanwhile.
+        """
 
         def synced() -> bool:
-            info = primary.info("replication")
+            info = self.primary().info("replication")
             return any(
                 isinstance(value, dict) and value.get("state") == "online"
                 for name, value in info.items()
@@ -288,7 +291,7 @@ class SentinelGroup(Running):
             )
 
         self._wait(synced, timeout, "a replica of the new primary")
-        return primary
+        return self.primary()
 
     def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -137,7 +137,9 @@ MIN_REPLICAS = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
 
 @pytest.fixture
 def group() -> Iterator[SentinelGroup]:
-    with SentinelGroup(server_args=MIN_REPLICAS) as started:
+    # Down after 2 s, not 1: on a busy 2-vCPU machine a just-promoted primary was once
+    # taken for down within a second, and failed over to the restarted empty server.
+    with SentinelGroup(server_args=MIN_REPLICAS, down_after_ms=2000) as started:
         yield started
 
 
