@@ -226,6 +226,8 @@ class Node:
         self._used = 0.0
         #: ``host:port`` the last connection reached (it changes after a failover).
         self._peer: str | None = None
+        #: What reads the connection's replies (:func:`_replies`), made once per connection.
+        self._read_replies: Callable[[int], list[Any]] | None = None
 
     def __repr__(self) -> str:
         return f"<Node {self.address} owed={len(self._owed)}>"
@@ -270,6 +272,7 @@ class Node:
                     ) from None
                 raise NotSentError(self.address, exc) from exc
             self._connection = connection
+            self._read_replies = _replies(connection)
             self._serial += 1
             self._note_peer(connection)
         return self._connection
@@ -325,7 +328,13 @@ class Node:
         Tickets are read in the order they were sent. Raises :class:`ReplyLostError` if their
         connection is gone or fails while reading.
         """
-        if self._connection is None or ticket.serial != self._serial or ticket not in self._owed:
+        read = self._read_replies
+        if (
+            self._connection is None
+            or read is None
+            or ticket.serial != self._serial
+            or ticket not in self._owed
+        ):
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
         if self._owed[0] is not ticket:
             # A caller left an earlier batch unread: its replies come first on the
@@ -333,7 +342,7 @@ class Node:
             self.abandon()
             raise ReplyLostError(self.address, "replies owed to an earlier batch were not read")
         try:
-            replies = _replies(self._connection)(ticket.count)
+            replies = read(ticket.count)
         except BaseException as exc:
             self._broken(exc)
         self._owed.popleft()
