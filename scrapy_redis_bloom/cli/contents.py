@@ -51,10 +51,10 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import Wording
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import format_bytes
+from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
-from scrapy_redis_bloom.engine.native.filter import delete as delete_native
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.dump import DumpSummary, FilterBusyError, Progress, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
@@ -399,10 +399,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     )
     confirm_or_abort(ctx, what)
     with claimed(ctx, bloom):
-        if native is not None:
-            delete_native(native.parts, record)
-        else:
-            bloom.parts.delete(record)
+        backend.delete(bloom.parts, record)
     data = ctx.result(
         servers=inventory.addresses(bloom),
         deleted=True,

@@ -15,11 +15,14 @@ from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import BloomConfig
+from scrapy_redis_bloom.engine.bitmap import shards as bitmap_shards
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease
+from scrapy_redis_bloom.engine.native import shards as native_shards
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.native.parts import missing_bloom
+from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 from scrapy_redis_bloom.transport.topology import Topology
 
@@ -57,6 +60,16 @@ class BloomBackend(Protocol):
     def contains(self, element: str | bytes) -> bool: ...  # noqa: D102
     def add_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
     def contains_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
+
+
+def delete(parts: Parts, record: FilterRecord) -> int:
+    """Delete the filter ``record`` describes, by its own backend; return how many keys.
+
+    Each part only if it is still that filter's, the record last (see :meth:`.Parts.delete`).
+    """
+    if record.backend == "native":
+        return native_shards.delete(parts, record)
+    return bitmap_shards.delete(parts, record)
 
 
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:

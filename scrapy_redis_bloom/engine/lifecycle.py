@@ -1,7 +1,7 @@
 """Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
 
-One flow for both backends; how a shard is made and checked is a :class:`Shards`
-(:class:`Bitmaps` here, :class:`~.native.filter.Blooms` for the native backend).
+One flow for both backends; how a shard is made, checked and deleted is a :class:`Shards`
+(:class:`.bitmap.shards.Bitmaps`, :class:`.native.shards.Blooms`).
 
 Creating writes the record (state ``creating``), then every server marker and shard,
 each carrying the filter's id, then sets the state to ``ready``. Every step is
@@ -23,26 +23,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Protocol
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
     FilterDamagedError,
     FilterMissingError,
-    OrphanedShardsError,
     ServerListMismatchError,
     Wording,
 )
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
-from scrapy_redis_bloom.core.sizing import shard_allocation
-from scrapy_redis_bloom.engine import access, health
+from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.parts import Parts
-from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Topology
-from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -319,31 +314,6 @@ class Lifecycle:
             )
         return record
 
-    def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
-        """Return the error for a generation or re-crawl window of a shard found wrong.
-
-        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS = "raise"``
-        (under ``"recreate"`` it recreates it itself) or when it holds something else.
-        """
-        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
-        found = bytes(self.parts.run("check the filter's generations", [call])[0])
-        where = self.topology.route(key, shard, None).address
-        what = layout.describe_identity(found, record.filter_id, shard)
-        if not found:
-            return FilterDamagedError(
-                f"Part {key!r} of shard {shard} of the Bloom filter {self.key!r} (a generation"
-                f" it grew, or a re-crawl window) is gone from {where}. It was evicted (see"
-                " maxmemory-policy), deleted, or its server lost its data. The URLs it held"
-                " would be taken for new, so the crawl stops here. Set BLOOMFILTER_ON_LOSS ="
-                " 'recreate' to go on with it empty (URLs it held may be fetched again, never"
-                " dropped), or reset the filter."
-            )
-        return FilterDamagedError(
-            f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps part {key!r}"
-            f" of shard {shard}, {where} holds {what}. It is never overwritten: remove that"
-            " key, or reset the filter, or choose another BLOOMFILTER_KEY."
-        )
-
     # -- messages ----------------------------------------------------------------------
 
     def _server(self, i: int) -> str:
@@ -361,192 +331,3 @@ def named(topology: Topology, key: Callable[[int], str], found: dict[int, str]) 
     ]
     more = len(found) - NAMED
     return "; ".join(listed) + (f"; and {more:,} more" if more > 0 else "")
-
-
-class Bitmaps:
-    """The bitmap backend's :class:`Shards`: strings allocated whole, each with a header.
-
-    The header names the filter, so shards left without a record restore it, and a lost
-    shard is one missing or without a header.
-    """
-
-    noun = "Bloom filter"
-
-    def __init__(self, parts: Parts, topology: Topology, events: FilterEvents) -> None:
-        self.parts = parts
-        self.topology = topology
-        self.events = events
-        self.key = parts.key
-
-    def shard_key(self, record: FilterRecord, shard: int) -> str:
-        """Return the key of a shard's bitmap."""
-        return self.parts.shard_key(shard)
-
-    def check_servers(self) -> None:
-        """Refuse servers where the Redis user may not run what the filter needs."""
-        access.check_access(self.parts.executor, self.topology, self.key)
-
-    def prepare(
-        self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
-    ) -> FilterRecord | None:
-        """Refuse a filter that does not fit; clear debris; restore a record from orphans."""
-        # First, in O(servers): a filter that could never fit is refused before anything
-        # per shard is built.
-        whole = wanted.spec.shards * shard_allocation(wanted.spec)
-        health.check_room(self.key, servers, {}, spread=(whole, len(servers)))
-        found_all = self.parts.identities(range(wanted.spec.shards))
-        self._clear_debris({shard: found for shard, found in found_all.items() if _debris(found)})
-        present = {
-            shard: found for shard, found in found_all.items() if found and not _debris(found)
-        }
-        if present or any(marker is not None for marker in markers):
-            return self._restore_orphans(wanted, present, markers)
-        needs: dict[str, int] = {}
-        for shard in range(wanted.spec.shards):
-            address = self._address(shard)
-            needs[address] = needs.get(address, 0) + shard_allocation(wanted.spec)
-        health.check_room(self.key, servers, needs)
-        return None
-
-    def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
-        """Allocate shards whole with their header (``replace``: over what was lost)."""
-        allocated = self.parts.allocate(record, shards, replace=replace)
-        refused = [shard for shard, reply in allocated.items() if reply < 0]
-        if refused:
-            found = self.parts.identities(refused)
-            raise FilterDamagedError(
-                f"Cannot create the Bloom filter {self.key!r}: where its shards belong,"
-                f" Redis already holds {self._list(record, found)}. Remove those keys or"
-                " choose another BLOOMFILTER_KEY."
-            )
-        return sum(reply == 1 for reply in allocated.values())
-
-    def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
-        """Return the shards missing or without a header; refuse any other header or data."""
-        k = record.spec.hash_count
-        wrong = {
-            shard: found
-            for shard, found in self.parts.identities(shards).items()
-            if found != layout.identity(record.filter_id, shard, k)
-        }
-        foreign = {s: f for s, f in wrong.items() if f and f.strip(b"\0")}
-        if foreign:
-            raise FilterDamagedError(
-                f"Where the Bloom filter {self.key!r} (id {record.filter_id}) keeps its"
-                f" shards, Redis holds {self._list(record, foreign)}. It is never overwritten:"
-                " remove those keys, or reset the filter, or choose another BLOOMFILTER_KEY."
-            )
-        return {
-            shard: layout.describe_identity(found, record.filter_id, shard)
-            for shard, found in wrong.items()
-        }
-
-    def delete(self, record: FilterRecord) -> int:
-        """Delete the shards, counters and markers proven the filter's, then its record."""
-        return self.parts.delete(record)
-
-    def _clear_debris(self, debris: dict[int, bytes]) -> None:
-        """Delete bitmaps without a header where a new filter's shards go, each if still as read.
-
-        A BITFIELD sent to a shard lost behind a running worker writes its bits into a new
-        string with no header: no filter's data, only what stood in the way.
-        """
-        if not debris:
-            return
-        calls = [
-            self.parts.delete_if_still(self.parts.shard_key(shard), "shard", found)
-            for shard, found in debris.items()
-        ]
-        self.parts.run("delete bitmaps left without a header", calls)
-        logger.warning(
-            "Deleted %d bitmap(s) without a header, such as %r, where the Bloom filter %r"
-            " is created: bits a worker wrote after the filter was lost.",
-            len(debris),
-            self.parts.shard_key(next(iter(debris))),
-            self.key,
-        )
-
-    def _restore_orphans(
-        self, wanted: FilterRecord, present: dict[int, bytes], markers: list[str | None]
-    ) -> FilterRecord:
-        """Rebuild a lost record from intact shards that all carry one id, or refuse."""
-        spec = wanted.spec
-        ids = {layout.Identity.parse(found) for found in present.values()}
-        first = next(iter(ids)) if len(ids) >= 1 else None
-        filter_id = first.filter_id if first is not None else None
-        complete = (
-            filter_id is not None
-            and len(present) == spec.shards
-            and all(
-                found == layout.identity(filter_id, shard, spec.hash_count)
-                for shard, found in present.items()
-            )
-            and all(
-                marker in (None, layout.server_marker(filter_id, i, wanted.servers))
-                for i, marker in enumerate(markers)
-            )
-            and all(
-                length == layout.HEADER_BYTES + wanted.shard_payload for length in self._lengths()
-            )
-        )
-        if not complete or filter_id is None:
-            example = next(iter(present), None)
-            what = (
-                f"{len(present):,} shard key(s) such as"
-                f" {self.parts.shard_key(example)!r} ({self._address(example)})"
-                if example is not None
-                else f"server markers {self.parts.marker_key!r}"
-            )
-            # A default worker asks for a blocked filter: shards of a classic one it would
-            # have adopted from the record are not its own without it.
-            classic = (
-                " If the filter was created with the classic layout (before blocked filters"
-                " became the default), set BLOOMFILTER_BLOCKED = False: a worker asking for"
-                " it restores the record from the shards."
-                if spec.block_bits and "blocked=" not in wanted.sizing
-                else ""
-            )
-            raise OrphanedShardsError(
-                f"{what} of a Bloom filter {self.key!r} exist, but its config record"
-                f" {self.parts.meta_key!r} does not, and they do not form the filter this"
-                " worker asks for, so the layout of their bits is unknown. (A record"
-                " evicted under maxmemory-policy allkeys-* does this.) Reset the filter"
-                f" (scrapy-redis-bloom reset --key {self.key!r}) or choose another"
-                f" BLOOMFILTER_KEY.{classic}"
-            )
-        restored = replace(wanted, filter_id=filter_id, state="ready")
-        record = self.parts.create_record(restored)
-        self.events.count("restored")
-        logger.warning(
-            "The Bloom filter %r had lost its config record %r, but all %s of its shards"
-            " (id %s) are intact and match this worker's settings: the record was"
-            " restored. It was evicted or deleted; see the maxmemory-policy of %s.",
-            self.key,
-            self.parts.meta_key,
-            f"{spec.shards:,}",
-            filter_id,
-            self.topology.describe(),
-        )
-        if wanted.servers > 1:
-            self.parts.write_markers(record, range(wanted.servers))
-        return record
-
-    def _lengths(self) -> list[int]:
-        calls = [
-            Call(pack_command(b"STRLEN", key), key=key, shard=shard)
-            for shard in range(self.parts.spec.shards)
-            for key in [self.parts.shard_key(shard)]
-        ]
-        return [int(reply) for reply in self.parts.run("measure the filter's shards", calls)]
-
-    def _address(self, shard: int) -> str:
-        return self.topology.route(self.parts.shard_key(shard), shard, None).address
-
-    def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
-        what = {s: layout.describe_identity(f, record.filter_id, s) for s, f in found.items()}
-        return named(self.topology, self.parts.shard_key, what)
-
-
-def _debris(found: bytes) -> bool:
-    """Tell whether a shard key's first bytes are those of a bitmap without a header."""
-    return bool(found) and not found.strip(b"\0")

@@ -302,22 +302,16 @@ class Parts:
             for i in range(record.servers if record.servers > 1 else 0)
         ]
 
-    def delete(self, record: FilterRecord) -> int:
-        """Delete the filter's parts, each only if it is still this filter's; return how many.
+    def delete(self, record: FilterRecord, shard_calls: list[Call]) -> int:
+        """Delete a filter's parts, each only if still its own; return how many keys.
 
-        Shards carrying its identity, the counters, the server markers of a multi-server filter
-        (elsewhere a ``KEY:server`` is another program's), then the record; the leases are kept.
+        ``shard_calls`` delete its shards (the backend's own proofs); then the counters, the
+        server markers of a multi-server filter (elsewhere a ``KEY:server`` is another
+        program's) and the record, last: a worker opening meanwhile never sees shards without
+        it. The leases are kept.
         """
-        k = record.spec.hash_count
-        windows = self.windows(record)
-        calls = [
-            self.delete_if_still(name, "shard", layout.identity(record.filter_id, shard, k))
-            for shard in range(record.spec.shards)
-            for name in self.part_keys(record, shard, windows)
-        ]
-        calls.append(self.delete_if_still(self.counter_key, "counters"))
+        calls = [*shard_calls, self.delete_if_still(self.counter_key, "counters")]
         calls += self.marker_deletions(record)
         deleted = sum(int(reply) for reply in self.run("delete the filter", calls, write=True))
-        # The record goes last: a worker opening meanwhile never sees shards without it.
         last = self.delete_if_still(self.meta_key, "record", record.filter_id)
         return deleted + int(self.run("delete the filter's record", [last], write=True)[0])

@@ -22,7 +22,7 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
-from scrapy_redis_bloom.engine import health
+from scrapy_redis_bloom.engine import backend, health
 from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native import filter as native
@@ -367,10 +367,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"
             f" {where} (such as {workers[0]}): stop them before replacing it."
         )
-    if existing.backend == "native":
-        native.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
-    else:
-        Parts(bloom.executor, bloom.key, existing.spec).delete(existing)
+    backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
     logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
     return True
 

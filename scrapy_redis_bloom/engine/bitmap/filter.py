@@ -31,8 +31,9 @@ from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
+from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
-from scrapy_redis_bloom.engine.lifecycle import Bitmaps, Lifecycle
+from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
@@ -58,8 +59,8 @@ class RedisBloomFilter(FilterBase):
     def _setup(self) -> None:
         key = self.key
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
-        shards = Bitmaps(self.parts, self.topology, self.events)
-        self.lifecycle = Lifecycle(shards, self.faults, self.events)
+        self._shards = Bitmaps(self.parts, self.topology, self.events)
+        self.lifecycle = Lifecycle(self._shards, self.faults, self.events)
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
@@ -506,7 +507,7 @@ class RedisBloomFilter(FilterBase):
         if bad == key:
             self._recover([shard])
         else:
-            raise self.lifecycle.lost_part(self._current(), shard, bad)
+            raise self._shards.lost_part(self._current(), shard, bad)
 
     def _note(self, shard: int, flags: int, generations: int) -> None:
         """Report what a check-and-add did beside answering: growth, a full shard, a loss."""
