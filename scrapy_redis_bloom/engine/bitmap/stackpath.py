@@ -19,7 +19,8 @@ read-only. So a check needs no script:
    generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
    the bits set already?) decides, atomically, which of several workers offering the
    element at once is told "new": exactly one. The state comes with it: the add reads
-   it, or a second command beside it (:meth:`StackPath._pack_add`).
+   it, or one add in :data:`~.fastpath.STATE_EVERY` sends a second command beside it
+   (:meth:`StackPath._pack_add`).
 
 The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
 key whose header is missing or foreign (a shard or window lost, the filter reset: the
@@ -29,8 +30,9 @@ next generation, atomically, so this path keeps a margin from the boundary for t
 counts other workers may still hold, as :mod:`.fastpath` does), a window not started
 yet, and the last :data:`..clock.GUARD` seconds of a window (the next one is started by
 the script).
-Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker and
-added to the newest generation's count (``INCRBY u48 208``) with its next add.
+Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker (up to
+:data:`~.fastpath.STATE_EVERY`) and added to the newest generation's count (``INCRBY u48
+208``) with one of its adds, or when it syncs or closes.
 """
 
 from __future__ import annotations
@@ -325,26 +327,30 @@ class StackPath:
         """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
 
         The state (generations, the newest generation's count) is in the generation 0's
-        header, and the items this worker found new since its last add go there: by the
-        add's own ``INCRBY`` when it goes to that key, else by a second command beside
-        it (``BITFIELD <g0> INCRBY u48 208 n``, or ``GET`` when it owes none), whose reply
-        is the state (:meth:`counted`). So a seen element's check reads no state: only
-        an add needs it, to keep its margin from the boundary.
+        header, and the items this worker found new go there: by the add's own ``INCRBY``
+        when it goes to that key, else, once it holds :data:`STATE_EVERY` - 1 of them, by
+        a second command beside it (``BITFIELD <g0> INCRBY u48 208 n``), whose reply is
+        the state (:meth:`counted`). The margin (:meth:`_near`) has room for the
+        :data:`STATE_EVERY` a worker may hold; its view of the count is also renewed by
+        the headers read every :data:`HEADER_EVERY` checks, and a generation sealed
+        meanwhile is told by the add's own reply (``GET u16``). So most adds are one
+        command, and a seen element's check reads no state.
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
         bits = [bit + k.block for bit in k.bits] if k.block >= 0 else list(k.bits)
         args: list[Any] = [b"BITFIELD", k.name, b"GET", b"i64", ID_FIELD]
-        check.sent, known.pending = known.pending, 0
         if k.generation == 0:
+            check.sent, known.pending = known.pending, 0
             args += (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
             check.stated = True
         else:
             args += (b"GET", b"u16", GENERATIONS_BIT)  # its seal, once a later one started
-            g0 = next(g for g in check.keys if g.current and g.generation == 0)
-            op = (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent) if check.sent else (
-                b"GET", b"u48", GENERATIONS_BIT)  # fmt: skip
-            check.count = pack_command(b"BITFIELD", g0.name, *op)
+            if known.pending >= STATE_EVERY - 1:  # else held, as the margin allows
+                check.sent, known.pending = known.pending, 0
+                g0 = next(g for g in check.keys if g.current and g.generation == 0)
+                command = (b"BITFIELD", g0.name, b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
+                check.count = pack_command(*command)
         for bit in bits:
             args += (b"SET", b"u1", bit, 1)
         check.add, check.add_key, check.add_bits = pack_command(*args), k.name, bits
