@@ -19,12 +19,12 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_redis_bloom import Addon
+from scrapy_redis_bloom.cli import options
 from scrapy_redis_bloom.core.settings import (
     BATCH_MAX,
     BATCH_WINDOW,
     BIT,
     SETTINGS,
-    SIZING,
     BloomConfig,
     Setting,
     reference,
@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: The docs' page of settings, and the generated table it includes.
 PAGE = DOCS / "reference" / "settings.md"
+#: The settings the commands' sizing options stand for.
+SIZING_OPTIONS = [spec.setting for spec in options.OPTIONS if spec.group == options.SIZING]
 INCLUDE = "```{include} generated/settings.md\n```"
 #: A setting's name where it is written out; a name ending in ``_`` is a prefix
 #: (``BLOOMFILTER_REDIS_*``), not a setting.
@@ -94,7 +96,7 @@ def test_each_setting_has_one_row_with_a_meaning() -> None:
         assert "|" not in row.meaning, row.name
         assert row.kind != "text" or row.parse is not None, row.name
         assert row.kind not in ("int", "float", "choice") or row.rule, row.name
-    assert set(SIZING) <= set(SETTINGS)
+    assert {setting(name) for name in SIZING_OPTIONS} <= set(SETTINGS)
 
 
 #: Values every reader must refuse, by kind, and what each text setting refuses.
@@ -187,6 +189,6 @@ def test_batching_agrees_with_its_rows() -> None:
 
 def test_summary_gives_a_command_its_help() -> None:
     assert BIT.summary() == "BLOOMFILTER_BIT (int, 1\N{EN DASH}47; default 30)"
-    sizing = {row.name for row in SIZING}
+    sizing = set(SIZING_OPTIONS)
     assert {"BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BIT"} <= sizing
     assert "BLOOMFILTER_KEY" not in sizing

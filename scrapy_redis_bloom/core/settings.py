@@ -2,8 +2,8 @@
 
 :data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: type, default, allowed
 values, meaning and check. The configuration reads each setting through its row, the
-docs' settings reference is rendered from the rows (:func:`reference`), and ``scrapy
-bloom size`` takes its defaults and ranges from them (:data:`SIZING`). A bad value
+docs' settings reference is rendered from the rows (:func:`reference`), and the sizing
+options of the commands take their types and ranges from them. A bad value
 raises :class:`ValueError` naming the setting, the value and what is allowed, so a crawl
 fails at startup, not halfway. Any object with a ``get(name)`` method will do.
 
@@ -719,48 +719,10 @@ FINGERPRINTER: Setting[Fingerprinter] = Setting(
     " requests look new.",
 )
 
-#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference.
-SETTINGS: tuple[Setting[Any], ...] = (
-    CAPACITY,
-    ERROR_RATE,
-    BIT,
-    HASH_NUMBER,
-    EXPANSION,
-    TTL,
-    KEY,
-    BLOCKED,
-    SHARD_BIT,
-    SHARDS,
-    REDIS_URL,
-    REDIS_CLUSTER,
-    REDIS_URLS,
-    REDIS_PARAMS,
-    SENTINELS,
-    SENTINEL_SERVICE,
-    ADDON_SCHEDULER,
-    ADDON_BATCHING,
-    WORKER_TTL,
-    RETRY_TIMEOUT,
-    ON_ERROR,
-    ON_LOSS,
-    BACKEND,
-    BATCH_MAX,
-    BATCH_WINDOW,
-    CACHE_SIZE,
-    MONITOR_MAX_FPR,
-    FINGERPRINTER,
-)
-#: The settings that size a filter, those ``scrapy bloom size`` reads.
-SIZING: tuple[Setting[Any], ...] = (
-    CAPACITY,
-    ERROR_RATE,
-    BIT,
-    HASH_NUMBER,
-    SHARD_BIT,
-    SHARDS,
-    EXPANSION,
-    TTL,
-    BLOCKED,
+#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference: the order
+#: of the rows above.
+SETTINGS: tuple[Setting[Any], ...] = tuple(
+    v for v in dict(globals()).values() if isinstance(v, Setting)
 )
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
