@@ -30,7 +30,6 @@ from scrapy_redis_bloom.core.settings import (
     reference,
     setting,
 )
-from scrapy_redis_bloom.scrapy import batching
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -174,14 +173,14 @@ def test_the_defaults_are_what_a_crawl_gets() -> None:
 
 
 def test_batching_agrees_with_its_rows() -> None:
-    """batching.py reads its two settings itself (for now): same defaults, ranges, messages."""
+    """The batching settings read from Scrapy settings: their defaults, ranges and messages."""
     empty = Settings()
-    assert batching.batch_max(empty) == BATCH_MAX.default
-    assert batching.batch_window(empty) == BATCH_WINDOW.default
-    assert batching.batch_window(Settings({BATCH_WINDOW.name: BATCH_WINDOW.high})) == 10
+    assert BATCH_MAX.read(empty) == BATCH_MAX.default
+    assert BATCH_WINDOW.read(empty) == BATCH_WINDOW.default
+    assert BATCH_WINDOW.read(Settings({BATCH_WINDOW.name: BATCH_WINDOW.high})) == 10
     for row, reader, bad in (
-        (BATCH_MAX, batching.batch_max, 0),
-        (BATCH_WINDOW, batching.batch_window, 10.5),
+        (BATCH_MAX, BATCH_MAX.read, 0),
+        (BATCH_WINDOW, BATCH_WINDOW.read, 10.5),
     ):
         with pytest.raises(ValueError, match=re.escape(row.message)):
             reader(Settings({row.name: bad}))
