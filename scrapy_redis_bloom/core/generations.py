@@ -211,16 +211,6 @@ class Growth:
         """The false-positive rate the filter stays under at any fill, while it can grow."""
         return self.compound_rate(self.last + 1)
 
-    def generations_for(self, items_per_shard: float) -> int:
-        """Return how many generations a shard holding ``items_per_shard`` items has."""
-        held, g = 0, 0
-        for gen in self.generations:
-            held += gen.capacity
-            g += 1
-            if items_per_shard <= held:
-                break
-        return g
-
 
 # Generations are pure functions of a Growth (frozen, hashable), asked for on every
 # growth event and state read; a blocked one is sized by bisection over a Poisson sum.

@@ -144,11 +144,6 @@ class ShardCheck:
     missing: tuple[int, ...] = ()
     foreign: tuple[tuple[int, str], ...] = ()
 
-    @property
-    def damaged(self) -> int:
-        """Number of shards missing or not this filter's."""
-        return len(self.missing) + len(self.foreign)
-
 
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
     """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing."""
