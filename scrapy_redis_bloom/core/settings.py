@@ -808,11 +808,8 @@ def _sentinel_settings(
     if raw is None and service is None:
         return (), ""
     if raw is None or service is None:
-        given, missing = (
-            (SENTINELS.name, SENTINEL_SERVICE.name)
-            if service is None
-            else (SENTINEL_SERVICE.name, SENTINELS.name)
-        )
+        names = (SENTINELS.name, SENTINEL_SERVICE.name)
+        given, missing = names if service is None else names[::-1]
         raise SettingError(
             Wording(
                 "The {given} {setting} needs {missing}: the sentinels' addresses and the name"
@@ -1049,10 +1046,10 @@ def _sizing(
                     " error rate holds for a given number of items."
                 )
             )
+    asked = Sizing(shard_bit=shard_bit, shards=shards, blocked=blocked, native=native)
     if capacity is not None and bit is None and hash_number is None:
         rate = ERROR_RATE.default if error_rate is None else error_rate
-        layout = Sizing(blocked=blocked, native=native)
-        bits, k = optimal_geometry(capacity, rate * share, layout.block_bits)
+        bits, k = optimal_geometry(capacity, rate * share, asked.block_bits)
         if k > MAX_HASH_COUNT:
             raise _invalid(
                 ERROR_RATE.name,
@@ -1072,24 +1069,9 @@ def _sizing(
                     max_bit=MAX_BIT,
                 ),
             )
-        sizing = Sizing(
-            capacity=capacity,
-            error_rate=rate,
-            shard_bit=shard_bit,
-            shards=shards,
-            blocked=blocked,
-            native=native,
-            rate_share=share,
-        )
+        sizing = replace(asked, capacity=capacity, error_rate=rate, rate_share=share)
     else:
-        sizing = Sizing(
-            bit=BIT.read(settings),
-            hash_number=HASH_NUMBER.read(settings),
-            shard_bit=shard_bit,
-            shards=shards,
-            blocked=blocked,
-            native=native,
-        )
+        sizing = replace(asked, bit=BIT.read(settings), hash_number=HASH_NUMBER.read(settings))
     bits = sizing.geometry()[0]
     if shards is not None:
         if shards > bits:
