@@ -274,13 +274,8 @@ def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
 #: How a setting's value is read: a number (int or float) in a range, a boolean, one of
 #: a few words, or anything else its own ``parse`` function checks ("text").
 Kind = Literal["int", "float", "bool", "choice", "text"]
-_TYPE_CELL: dict[Kind, str] = {
-    "int": "int",
-    "float": "float",
-    "bool": "bool",
-    "choice": "str",
-    "text": "",
-}
+#: The reference's type of a kind, where it is not the kind's own name.
+_TYPE_CELL: dict[Kind, str] = {"choice": "str", "text": ""}
 
 
 def _figure(value: float | None) -> str:
@@ -364,7 +359,9 @@ class Setting(Generic[_T]):
     @property
     def type_text(self) -> str:
         """The reference's type: ``int``, ``float, seconds``, ``list of str``..."""
-        return ", ".join(part for part in (_TYPE_CELL[self.kind], self.shape) if part)
+        return ", ".join(
+            part for part in (_TYPE_CELL.get(self.kind, self.kind), self.shape) if part
+        )
 
     @property
     def allowed_text(self) -> str:
