@@ -97,10 +97,7 @@ def key_count(bloom: RedisBloomFilter) -> int:
 
 
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
-    """Return a filter to look at ``key`` before its geometry is known (never open it).
-
-    Its geometry is :data:`UNKNOWN_SPEC`: ask it only what needs none.
-    """
+    """Return a filter to look at ``key`` before its geometry is known (:data:`UNKNOWN_SPEC`)."""
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
 
 
