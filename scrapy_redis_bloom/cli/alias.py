@@ -29,6 +29,7 @@ from scrapy_redis_bloom.cli.context import (
 from scrapy_redis_bloom.cli.options import (
     DEFAULT_REDIS_URL,
     OPTIONS,
+    TLS_FILES,
     add_commands,
     missing_command,
     sizing_from,
@@ -99,13 +100,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "socket_timeout": args.timeout,
         "socket_connect_timeout": connect_timeout,
     }
-    # TLS files, passed as a crawl passes them in BLOOMFILTER_REDIS_PARAMS.
-    tls_options = (
-        ("--tls-ca-cert", args.tls_ca_cert, "ssl_ca_certs"),
-        ("--tls-cert", args.tls_cert, "ssl_certfile"),
-        ("--tls-key", args.tls_key, "ssl_keyfile"),
-    )
-    for option, path, param in tls_options:
+    for option, param, _ in TLS_FILES:
+        path = getattr(args, option.removeprefix("--").replace("-", "_"))
         if path is None:
             continue
         if not all(url.startswith("rediss://") for url in urls):
