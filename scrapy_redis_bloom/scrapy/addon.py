@@ -48,10 +48,11 @@ class Addon:
 
 def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
     """Set ``name`` to ``path``, unless the project set something else above the add-on."""
+    from scrapy.settings import SETTINGS_PRIORITIES
     from scrapy.utils.misc import load_object
 
     current = settings.get(name)
-    if (settings.getpriority(name) or 0) > _priority():
+    if (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES[PRIORITY]:
         ours = load_object(path)
         try:
             given = load_object(current) if isinstance(current, str) else current
@@ -66,12 +67,6 @@ def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
             )
         return
     settings.set(name, path, PRIORITY)
-
-
-def _priority() -> int:
-    from scrapy.settings import SETTINGS_PRIORITIES
-
-    return SETTINGS_PRIORITIES[PRIORITY]
 
 
 def _validate(settings: BaseSettings) -> None:
