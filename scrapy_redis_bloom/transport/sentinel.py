@@ -88,11 +88,6 @@ class PrimarySSLConnection(PrimaryConnection, SSLConnection):
     """:class:`PrimaryConnection` over TLS."""
 
 
-def failover_retry() -> Retry:
-    """Return the default retry of a :class:`SentinelRedis`: ride through a failover."""
-    return Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES)
-
-
 class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
@@ -128,7 +123,7 @@ class SentinelRedis(redis.Redis):
         if kwargs.get("retry_on_timeout") is True:
             # scrapy-redis's default: what redis-py 6+ does anyway, and deprecates.
             del kwargs["retry_on_timeout"]
-        kwargs.setdefault("retry", failover_retry())
+        kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
         # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
