@@ -1,11 +1,9 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
 Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting
-one must see it as it is, change nothing, and handle a filter too broken to open. So
-:func:`probe` builds a filter that reaches the keys before the geometry is known,
-:func:`check_shards` and :func:`check_markers` compare the parts with the record, and
-:func:`find_orphans` and :func:`delete_orphans` find by ``SCAN`` and delete the parts of a
-filter without a usable record that provably are its own.
+one must see it as it is, change nothing, and handle a filter too broken to open: so these
+read the record and compare the parts with it, and find by ``SCAN`` and delete the parts of
+a filter without a usable record that provably are its own.
 """
 
 from __future__ import annotations
