@@ -1,11 +1,11 @@
 """``scrapy-redis-bloom`` (and ``python -m scrapy_redis_bloom``): the commands without Scrapy's.
 
-The command line of earlier releases, kept as an alias of ``scrapy bloom``: its flags
-become the crawl settings they stand for (``--redis-url`` once is ``BLOOMFILTER_REDIS_URL``,
-several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``, else
-``redis://localhost:6379``), then the same subcommands run; messages name the flags.
-Exit status: 0 (``reset`` of a filter that does not exist included), 1 when the work could
-not be done, 2 for a usage error, 130 when interrupted.
+The subcommands of ``scrapy bloom``, given the servers and the sizing as flags instead of a
+project's settings: each flag becomes the crawl setting it stands for (``--redis-url`` once is
+``BLOOMFILTER_REDIS_URL``, several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``,
+else ``redis://localhost:6379``), and messages name the flags. Exit status: 0 (``reset`` of a
+filter that does not exist included), 1 when the work could not be done, 2 for a usage error,
+130 when interrupted.
 """
 
 from __future__ import annotations
