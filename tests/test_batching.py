@@ -34,14 +34,15 @@ from test_crawl import assert_finished, crawl
 from website import Site, SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW
 from scrapy_redis_bloom.scrapy.batching import (
     BatchingMiddleware,
-    batch_max,
-    batch_window,
     later_in_chain,
     later_middlewares,
 )
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
+
+batch_max, batch_window = BATCH_MAX.read, BATCH_WINDOW.read
 
 logger = logging.getLogger(__name__)
 

@@ -19,23 +19,24 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_redis_bloom import Addon
+from scrapy_redis_bloom.cli import options
 from scrapy_redis_bloom.core.settings import (
     BATCH_MAX,
     BATCH_WINDOW,
     BIT,
     SETTINGS,
-    SIZING,
     BloomConfig,
     Setting,
     reference,
     setting,
 )
-from scrapy_redis_bloom.scrapy import batching
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: The docs' page of settings, and the generated table it includes.
 PAGE = DOCS / "reference" / "settings.md"
+#: The settings the commands' sizing options stand for.
+SIZING_OPTIONS = [spec.setting for spec in options.OPTIONS if spec.group == options.SIZING]
 INCLUDE = "```{include} generated/settings.md\n```"
 #: A setting's name where it is written out; a name ending in ``_`` is a prefix
 #: (``BLOOMFILTER_REDIS_*``), not a setting.
@@ -94,7 +95,7 @@ def test_each_setting_has_one_row_with_a_meaning() -> None:
         assert "|" not in row.meaning, row.name
         assert row.kind != "text" or row.parse is not None, row.name
         assert row.kind not in ("int", "float", "choice") or row.rule, row.name
-    assert set(SIZING) <= set(SETTINGS)
+    assert {setting(name) for name in SIZING_OPTIONS} <= set(SETTINGS)
 
 
 #: Values every reader must refuse, by kind, and what each text setting refuses.
@@ -172,14 +173,14 @@ def test_the_defaults_are_what_a_crawl_gets() -> None:
 
 
 def test_batching_agrees_with_its_rows() -> None:
-    """batching.py reads its two settings itself (for now): same defaults, ranges, messages."""
+    """The batching settings read from Scrapy settings: their defaults, ranges and messages."""
     empty = Settings()
-    assert batching.batch_max(empty) == BATCH_MAX.default
-    assert batching.batch_window(empty) == BATCH_WINDOW.default
-    assert batching.batch_window(Settings({BATCH_WINDOW.name: BATCH_WINDOW.high})) == 10
+    assert BATCH_MAX.read(empty) == BATCH_MAX.default
+    assert BATCH_WINDOW.read(empty) == BATCH_WINDOW.default
+    assert BATCH_WINDOW.read(Settings({BATCH_WINDOW.name: BATCH_WINDOW.high})) == 10
     for row, reader, bad in (
-        (BATCH_MAX, batching.batch_max, 0),
-        (BATCH_WINDOW, batching.batch_window, 10.5),
+        (BATCH_MAX, BATCH_MAX.read, 0),
+        (BATCH_WINDOW, BATCH_WINDOW.read, 10.5),
     ):
         with pytest.raises(ValueError, match=re.escape(row.message)):
             reader(Settings({row.name: bad}))
@@ -187,6 +188,6 @@ def test_batching_agrees_with_its_rows() -> None:
 
 def test_summary_gives_a_command_its_help() -> None:
     assert BIT.summary() == "BLOOMFILTER_BIT (int, 1\N{EN DASH}47; default 30)"
-    sizing = {row.name for row in SIZING}
+    sizing = set(SIZING_OPTIONS)
     assert {"BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BIT"} <= sizing
     assert "BLOOMFILTER_KEY" not in sizing

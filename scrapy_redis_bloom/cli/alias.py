@@ -1,11 +1,11 @@
 """``scrapy-redis-bloom`` (and ``python -m scrapy_redis_bloom``): the commands without Scrapy's.
 
-The command line of earlier releases, kept as an alias of ``scrapy bloom``: its flags
-become the crawl settings they stand for (``--redis-url`` once is ``BLOOMFILTER_REDIS_URL``,
-several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``, else
-``redis://localhost:6379``), then the same subcommands run; messages name the flags.
-Exit status: 0 (``reset`` of a filter that does not exist included), 1 when the work could
-not be done, 2 for a usage error, 130 when interrupted.
+The subcommands of ``scrapy bloom``, given the servers and the sizing as flags instead of a
+project's settings: each flag becomes the crawl setting it stands for (``--redis-url`` once is
+``BLOOMFILTER_REDIS_URL``, several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``,
+else ``redis://localhost:6379``), and messages name the flags. Exit status: 0 (``reset`` of a
+filter that does not exist included), 1 when the work could not be done, 2 for a usage error,
+130 when interrupted.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from scrapy_redis_bloom.cli.context import (
 from scrapy_redis_bloom.cli.options import (
     DEFAULT_REDIS_URL,
     OPTIONS,
+    TLS_FILES,
     add_commands,
     missing_command,
     sizing_from,
@@ -99,13 +100,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "socket_timeout": args.timeout,
         "socket_connect_timeout": connect_timeout,
     }
-    # TLS files, passed as a crawl passes them in BLOOMFILTER_REDIS_PARAMS.
-    tls_options = (
-        ("--tls-ca-cert", args.tls_ca_cert, "ssl_ca_certs"),
-        ("--tls-cert", args.tls_cert, "ssl_certfile"),
-        ("--tls-key", args.tls_key, "ssl_keyfile"),
-    )
-    for option, path, param in tls_options:
+    for option, param, _ in TLS_FILES:
+        path = getattr(args, option.removeprefix("--").replace("-", "_"))
         if path is None:
             continue
         if not all(url.startswith("rediss://") for url in urls):

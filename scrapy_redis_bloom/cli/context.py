@@ -188,13 +188,21 @@ def settings_secrets(settings: SettingsLike) -> list[str]:
     return found
 
 
-def connect(
+def run_command(
     args: argparse.Namespace,
     settings: SettingsLike,
     frontend: Frontend,
     sizing: BloomConfig | None = None,
-) -> Context:
-    """Build the clients from the settings as a crawl does; return the command's context."""
+) -> int:
+    """Build the clients from the settings as a crawl does, run the subcommand (``args.handler``).
+
+    ``reset`` (the one command with ``--yes``) is refused first when it cannot ask.
+    """
+    if getattr(args, "yes", True) is False and not stdin_is_tty():
+        raise UsageError(
+            "reset deletes the filter and cannot ask for confirmation (stdin is not a"
+            " terminal): pass --yes to confirm."
+        )
     # The commands' fault policy is the retry timeout alone: errors and losses raise. A
     # command never answers "new" for a filter it cannot reach (a crawl may, under
     # BLOOMFILTER_ON_ERROR = "allow"): someone is waiting for a true answer.
@@ -229,25 +237,6 @@ def connect(
         ctx.stack.callback(client.close)
     frontend.where = where
     logger.debug("Connecting to %s", where)
-    return ctx
-
-
-def run_command(
-    args: argparse.Namespace,
-    settings: SettingsLike,
-    frontend: Frontend,
-    sizing: BloomConfig | None = None,
-) -> int:
-    """Connect as :func:`connect` does and run the subcommand (``args.handler``); its status.
-
-    ``reset`` (the one command with ``--yes``) is refused first when it cannot ask.
-    """
-    if getattr(args, "yes", True) is False and not stdin_is_tty():
-        raise UsageError(
-            "reset deletes the filter and cannot ask for confirmation (stdin is not a"
-            " terminal): pass --yes to confirm."
-        )
-    ctx = connect(args, settings, frontend, sizing)
     with ctx.stack:
         code: int = args.handler(ctx)
         return code

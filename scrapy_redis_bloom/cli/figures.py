@@ -1,12 +1,9 @@
 """The commands that show figures and change nothing: ``info``, ``watch`` and ``size``.
 
-``info`` reads the config record, checks each shard's header and each server's marker
-against it and counts the bits (BITCOUNT per shard); it repairs nothing. ``watch`` prints
-a line per interval from the counters the workers sync about once a second (no
-BITCOUNT), until ``--count`` lines or Ctrl-C (exit status 0). ``size`` is the sizing
-calculator: it validates the sizing settings as a crawl does and says what a crawl would
-create from them, without Redis. ``info`` and ``size`` both show what each layout
-(classic, blocked, native) would cost (:func:`..core.sizing.layout_costs`).
+``info`` checks the parts against the record and counts the bits, ``watch`` prints the
+counters the workers sync about once a second, ``size`` says what a crawl would create from
+the sizing settings, without Redis; ``info`` and ``size`` show what each layout would cost
+(:func:`..core.sizing.layout_costs`).
 """
 
 from __future__ import annotations

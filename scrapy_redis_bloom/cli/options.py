@@ -239,6 +239,14 @@ def sizing(flag: str, metavar: str) -> Option:
     )
 
 
+#: The alias's TLS files: each option, the client argument it gives (as a crawl gives it in
+#: BLOOMFILTER_REDIS_PARAMS), and what the file is.
+TLS_FILES = (
+    ("--tls-ca-cert", "ssl_ca_certs", "CA certificate(s) (PEM) to verify a rediss:// server with"),
+    ("--tls-cert", "ssl_certfile", "client certificate (PEM) for servers that require one"),
+    ("--tls-key", "ssl_keyfile", "the client certificate's private key"),
+)
+
 #: Each option: its flags, the subcommands of ``scrapy bloom`` and of the alias that take
 #: it, its help, then argparse's keywords.
 OPTIONS = (
@@ -272,29 +280,9 @@ OPTIONS = (
         group=WHERE,
         setting="BLOOMFILTER_REDIS_CLUSTER",
     ),
-    option(
-        "--tls-ca-cert",
-        "",
-        ON_FILTER,
-        "CA certificate(s) (PEM) to verify a rediss:// server with (ssl_ca_certs)",
-        metavar="FILE",
-        group=WHERE,
-    ),
-    option(
-        "--tls-cert",
-        "",
-        ON_FILTER,
-        "client certificate (PEM) for servers that require one (ssl_certfile)",
-        metavar="FILE",
-        group=WHERE,
-    ),
-    option(
-        "--tls-key",
-        "",
-        ON_FILTER,
-        "the client certificate's private key (ssl_keyfile)",
-        metavar="FILE",
-        group=WHERE,
+    *(
+        option(flag, "", ON_FILTER, f"{what} ({param})", metavar="FILE", group=WHERE)
+        for flag, param, what in TLS_FILES
     ),
     option(
         "--spider",

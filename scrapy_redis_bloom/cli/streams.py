@@ -145,8 +145,7 @@ def confirm_or_abort(ctx: Context, what: str, lines: Sequence[str] = ()) -> None
 # -- what add and check read ----------------------------------------------------
 
 #: Fingerprints sent to the engine per bulk call: big calls let the bulk path answer a
-#: big filter's shards from whole snapshots (at 100M @ 1e-4, calls of 1,000,000 load at
-#: ~0.8x BF.MADD, calls of 10,000 at ~0.25x), and bound the memory (~150 MB).
+#: big filter's shards from whole snapshots (bench/NOTES.md), and bound the memory (~150 MB).
 BATCH = 1_000_000
 
 FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")

@@ -73,18 +73,12 @@ class RateLimitedLog:
 
 # -- log calls that never raise --------------------------------------------------------------
 #
-# A log handler may fail: Scrapy's ``LogCounterHandler`` counts every record into the
-# crawl's stats, which scrapy-redis keeps in a Redis that may be down. Scrapy 2.13 puts
-# one on the root logger per crawler, for as long as the process lives unless that
-# crawler's engine stops; later versions one per crawl, from spider_opened to
-# spider_closed. Through :mod:`logging`, the first handler that fails raises into the
-# code that logs (a lease's thread, a request answered "new", a worker closing, a command
-# whose reply is then lost) and cuts the record off from the handlers after it (the
-# crawl's log file, a test's capture). So the package's records go to each handler in
-# turn, as :mod:`logging` would send them, and a failing one stops neither the others nor
-# the caller: the record is counted (:func:`handler_failures`, the stat
-# ``bloomfilter/log_failed``) and the failure said, at most once a minute per kind of
-# handler, to the handlers that did not fail.
+# A log handler may fail (Scrapy's ``LogCounterHandler``, on the root logger, counts every
+# record into the crawl's stats, which may live in a Redis that is down), and through
+# :mod:`logging` the first that fails raises into the code that logs and cuts the record off
+# from the handlers after it. So the package's records go to each handler in turn; a failing
+# one stops neither the others nor the caller: the record is counted (:func:`handler_failures`,
+# ``bloomfilter/log_failed``) and the failure said, at most once a minute per kind of handler.
 
 #: The package's loggers: this one and those below it (:func:`guard_loggers`).
 PACKAGE_LOGGER = __name__.partition(".")[0]

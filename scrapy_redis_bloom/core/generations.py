@@ -1,26 +1,13 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
-Everything here is a pure function of the config record, so every worker and the
-script compute the same numbers.
-
-**Growth** (``BLOOMFILTER_EXPANSION`` E, 0 for none). Each shard grows on its own,
-decided inside the check-and-add script: when its newest generation holds its capacity,
-the next add starts generation ``g + 1`` with E times the items at r times the error
-rate (r = :data:`DEFAULT_TIGHTENING`, as RedisBloom). All generations together stay under
-``B = p_0 / (1 - r)``, ``p_0`` being generation 0's rate at its share of the capacity:
-generation 0 takes a little more than its share (:attr:`Growth.first_capacity`), at a
-rate p_0' a little above p_0, and generation ``g >= 1`` is sized for ``(B - p_0') (1 -
-r) r**(g - 1)``. A filter sized for error rate p that may grow is created for ``p_0 = p
-(1 - r)``, so that B is p.
-
-**Re-crawl windows** (``BLOOMFILTER_TTL`` T seconds, 0 for none). Windows are ``w =
-floor(Redis TIME / T)``; a shard's bits live in one growing filter per window,
-``{KEY:<i>}:w<w>:g<g>``, expiring at ``(w + 2) T``. A check consults windows w - 1 and w
-and adds to w, so an element added at t is found at least T after t and forgotten at
-most 2T after. ``{KEY:<i>}:g0`` is then an anchor holding the newest window's number and
-whether the one before it existed, so a window lost to eviction is told from one that
-expired. The native backend keeps its windows by the same model
-(``engine/lua/windows.lua``).
+Pure functions of the config record, so every worker and the scripts compute the same
+numbers (docs/explanation/growth.md). **Growth** (``BLOOMFILTER_EXPANSION`` E): when a
+shard's newest generation holds its capacity, the next add starts generation ``g + 1`` with
+E times the items at r times the rate (r = :data:`DEFAULT_TIGHTENING`), all generations
+together under ``B = p_0 / (1 - r)``. **Re-crawl windows** (``BLOOMFILTER_TTL`` T): a
+shard's bits live in one growing filter per window ``floor(Redis TIME / T)``, expiring at
+``(w + 2) T``; a check reads windows w - 1 and w, so a URL is remembered T to 2T, and the
+anchor ``{KEY:<i>}:g0`` tells a window lost to eviction from one that expired.
 """
 
 from __future__ import annotations
@@ -223,16 +210,6 @@ class Growth:
     def rate_bound(self) -> float:
         """The false-positive rate the filter stays under at any fill, while it can grow."""
         return self.compound_rate(self.last + 1)
-
-    def generations_for(self, items_per_shard: float) -> int:
-        """Return how many generations a shard holding ``items_per_shard`` items has."""
-        held, g = 0, 0
-        for gen in self.generations:
-            held += gen.capacity
-            g += 1
-            if items_per_shard <= held:
-                break
-        return g
 
 
 # Generations are pure functions of a Growth (frozen, hashable), asked for on every

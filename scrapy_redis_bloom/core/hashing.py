@@ -1,29 +1,12 @@
 """Hashing scheme: from a fingerprint to one shard and k bit offsets inside it.
 
-Written down (and in docs/explanation/hashing.md) so that any worker, the CLI or another
-language computes the same bits. The element is the fingerprint's lowercase hex string
-as ASCII bytes (as scrapy-redis stores it in its SET); ``h1`` and ``h2`` are the 64-bit
-halves, little-endian, of its ``MurmurHash3_x64_128`` with seed 0. With ``N`` shards of
-``S`` bits::
-
-    shard = h1 mod N,  x = (h1 div N) mod S,  y = h2 mod S
-
-**Scheme 1**: the k offsets come from enhanced double hashing (Dillinger and Manolios,
-2004): ``offset[0] = x``, then for i in 1 .. k-1: ``x = (x + y) mod S``, ``y = (y + i)
-mod S``, ``offset[i] = x``. All k bits are in one shard, so one element touches one key
-(one cluster slot), and the scripts run this step on the server from ``(x, y)``
-(``engine/lua/scheme.lua``; tests/test_scheme_lua.py holds it to :func:`offsets`).
-
-**Scheme 2, blocked**: all k bits fall in one block of ``B = 512`` bits (a cache line)
-of the shard, so a check costs Redis one or two cache misses instead of k (Putze, Sanders
-and Singler, 2007). ``S`` is a multiple of B, ``y = h2 mod B**2``, and::
-
-    offset[i] = (x - x mod B) + (x mod B + i (y mod B) + i (i - 1) / 2 (y div B)
-                + (i**3 - i) / 6) mod B
-
-enhanced *triple* hashing: with two seeds, two elements of a block would share all k
-offsets with probability 1/B**2, which doubles the rate at 1e-4. Scheme 1 is this
-formula with B = S (its third seed is 0), which is how the code computes both.
+Specified in docs/explanation/hashing.md, so that any worker, the CLI or another language
+computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
+gives the shard and the seeds of the offsets. Scheme 1 spreads the k offsets over the shard
+(enhanced double hashing; ``engine/lua/scheme.lua`` runs it on the server, held to
+:func:`offsets` by tests/test_scheme_lua.py); the blocked scheme 2 keeps them in one 512-bit
+block, a cache line (enhanced triple hashing: with two seeds, two elements of a block would
+share all k offsets with probability 1/B**2). Scheme 1 is scheme 2 with B = S.
 """
 
 from __future__ import annotations

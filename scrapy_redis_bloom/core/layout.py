@@ -1,21 +1,11 @@
-"""Where a filter lives in Redis: key names and the shard header.
+"""Where a filter lives in Redis: key names and the shard header (layout 2).
 
-Layout 2. A filter named ``KEY`` is:
-
-* ``KEY:meta``, a hash: the config record (:mod:`.record`), written first, with the
-  filter's random ``id``;
-* ``{KEY:<i>}:g<g>``, strings: shard ``i``'s generation g, a :data:`HEADER_BYTES`-byte
-  header naming the filter's id and the shard, then its bits. Every shard is allocated
-  whole at creation, so one missing or naming another filter was lost, never mistaken
-  for an empty one. The hash tag keeps a shard's generations and windows in one cluster
-  slot. With ``BLOOMFILTER_TTL``, ``{KEY:<i>}:g0`` is an anchor (a header only) and the
-  bits live in ``{KEY:<i>}:w<window>:g<g>``, which expire;
-* ``KEY:count``, a hash: ``added`` and ``seen`` over all workers;
-* ``KEY:workers``, a sorted set: the live workers' leases;
-* ``KEY:server``, on each server of a multi-server filter: ``<id> <i>/<n>``.
-
-With several standalone servers, shard ``i`` lives on server ``i mod n``; the record,
-the counters and the registry on server 0.
+``KEY:meta`` (the config record, :mod:`.record`), the shards ``{KEY:<i>}:g<g>`` (and
+``{KEY:<i>}:w<window>:g<g>`` with a TTL), ``KEY:count``, ``KEY:workers`` and ``KEY:server``:
+the table in docs/explanation/how-it-works.md. Every shard is allocated whole, behind a
+header naming the filter's id and the shard, so one missing or naming another filter was
+lost, never mistaken for an empty one. With several standalone servers shard ``i`` lives on
+server ``i mod n``; the record, the counters and the registry on server 0.
 """
 
 from __future__ import annotations

@@ -52,11 +52,6 @@ MAX_SERVERS = 1024
 _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
 
 
-def new_id() -> str:
-    """Return a fresh random filter id, as hex."""
-    return secrets.token_hex(ID_BYTES)
-
-
 @dataclass(frozen=True, slots=True)
 class FilterRecord:
     """The config record of one filter.
@@ -94,7 +89,7 @@ class FilterRecord:
         return cls(
             spec=spec,
             capacity=capacity,
-            filter_id=new_id(),
+            filter_id=secrets.token_hex(ID_BYTES),  # a fresh random id
             sizing=sizing,
             created=time.time(),
             servers=servers,

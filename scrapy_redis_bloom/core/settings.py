@@ -2,8 +2,8 @@
 
 :data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: type, default, allowed
 values, meaning and check. The configuration reads each setting through its row, the
-docs' settings reference is rendered from the rows (:func:`reference`), and ``scrapy
-bloom size`` takes its defaults and ranges from them (:data:`SIZING`). A bad value
+docs' settings reference is rendered from the rows (:func:`reference`), and the sizing
+options of the commands take their types and ranges from them. A bad value
 raises :class:`ValueError` naming the setting, the value and what is allowed, so a crawl
 fails at startup, not halfway. Any object with a ``get(name)`` method will do.
 
@@ -274,13 +274,8 @@ def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
 #: How a setting's value is read: a number (int or float) in a range, a boolean, one of
 #: a few words, or anything else its own ``parse`` function checks ("text").
 Kind = Literal["int", "float", "bool", "choice", "text"]
-_TYPE_CELL: dict[Kind, str] = {
-    "int": "int",
-    "float": "float",
-    "bool": "bool",
-    "choice": "str",
-    "text": "",
-}
+#: The reference's type of a kind, where it is not the kind's own name.
+_TYPE_CELL: dict[Kind, str] = {"choice": "str", "text": ""}
 
 
 def _figure(value: float | None) -> str:
@@ -364,7 +359,9 @@ class Setting(Generic[_T]):
     @property
     def type_text(self) -> str:
         """The reference's type: ``int``, ``float, seconds``, ``list of str``..."""
-        return ", ".join(part for part in (_TYPE_CELL[self.kind], self.shape) if part)
+        return ", ".join(
+            part for part in (_TYPE_CELL.get(self.kind, self.kind), self.shape) if part
+        )
 
     @property
     def allowed_text(self) -> str:
@@ -719,48 +716,10 @@ FINGERPRINTER: Setting[Fingerprinter] = Setting(
     " requests look new.",
 )
 
-#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference.
-SETTINGS: tuple[Setting[Any], ...] = (
-    CAPACITY,
-    ERROR_RATE,
-    BIT,
-    HASH_NUMBER,
-    EXPANSION,
-    TTL,
-    KEY,
-    BLOCKED,
-    SHARD_BIT,
-    SHARDS,
-    REDIS_URL,
-    REDIS_CLUSTER,
-    REDIS_URLS,
-    REDIS_PARAMS,
-    SENTINELS,
-    SENTINEL_SERVICE,
-    ADDON_SCHEDULER,
-    ADDON_BATCHING,
-    WORKER_TTL,
-    RETRY_TIMEOUT,
-    ON_ERROR,
-    ON_LOSS,
-    BACKEND,
-    BATCH_MAX,
-    BATCH_WINDOW,
-    CACHE_SIZE,
-    MONITOR_MAX_FPR,
-    FINGERPRINTER,
-)
-#: The settings that size a filter, those ``scrapy bloom size`` reads.
-SIZING: tuple[Setting[Any], ...] = (
-    CAPACITY,
-    ERROR_RATE,
-    BIT,
-    HASH_NUMBER,
-    SHARD_BIT,
-    SHARDS,
-    EXPANSION,
-    TTL,
-    BLOCKED,
+#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference: the order
+#: of the rows above.
+SETTINGS: tuple[Setting[Any], ...] = tuple(
+    v for v in dict(globals()).values() if isinstance(v, Setting)
 )
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
@@ -846,11 +805,8 @@ def _sentinel_settings(
     if raw is None and service is None:
         return (), ""
     if raw is None or service is None:
-        given, missing = (
-            (SENTINELS.name, SENTINEL_SERVICE.name)
-            if service is None
-            else (SENTINEL_SERVICE.name, SENTINELS.name)
-        )
+        names = (SENTINELS.name, SENTINEL_SERVICE.name)
+        given, missing = names if service is None else names[::-1]
         raise SettingError(
             Wording(
                 "The {given} {setting} needs {missing}: the sentinels' addresses and the name"
@@ -1087,10 +1043,10 @@ def _sizing(
                     " error rate holds for a given number of items."
                 )
             )
+    asked = Sizing(shard_bit=shard_bit, shards=shards, blocked=blocked, native=native)
     if capacity is not None and bit is None and hash_number is None:
         rate = ERROR_RATE.default if error_rate is None else error_rate
-        layout = Sizing(blocked=blocked, native=native)
-        bits, k = optimal_geometry(capacity, rate * share, layout.block_bits)
+        bits, k = optimal_geometry(capacity, rate * share, asked.block_bits)
         if k > MAX_HASH_COUNT:
             raise _invalid(
                 ERROR_RATE.name,
@@ -1110,24 +1066,9 @@ def _sizing(
                     max_bit=MAX_BIT,
                 ),
             )
-        sizing = Sizing(
-            capacity=capacity,
-            error_rate=rate,
-            shard_bit=shard_bit,
-            shards=shards,
-            blocked=blocked,
-            native=native,
-            rate_share=share,
-        )
+        sizing = replace(asked, capacity=capacity, error_rate=rate, rate_share=share)
     else:
-        sizing = Sizing(
-            bit=BIT.read(settings),
-            hash_number=HASH_NUMBER.read(settings),
-            shard_bit=shard_bit,
-            shards=shards,
-            blocked=blocked,
-            native=native,
-        )
+        sizing = replace(asked, bit=BIT.read(settings), hash_number=HASH_NUMBER.read(settings))
     bits = sizing.geometry()[0]
     if shards is not None:
         if shards > bits:

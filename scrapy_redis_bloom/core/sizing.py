@@ -333,19 +333,12 @@ def miss_share(nbytes: int) -> float:
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
     """Return the estimated Redis time (µs) one check of a new fingerprint costs.
 
-    A model (fitted, see :data:`CACHE_BYTES`) for one Redis server holding ``nbytes``
-    of the filter with ``hash_count`` (k) bits per element:
-
-    * classic: ``COMMAND + (k + 2) FIELD + k BIT_MISS miss_share``: every one of the k
-      bits is in another place of the filter, so a filter bigger than the caches pays k
-      misses per check, and the cost grows with k and with the filter's size;
-    * blocked: ``COMMAND + (k + 2) FIELD + BLOCK_MISS miss_share``: the k bits are in one
-      64-byte block, so a big filter pays one miss (a block) whatever k;
-    * native: ``NATIVE_COMMAND + k NATIVE_MISS miss_share``: RedisBloom's k bits, as
-      classic but in C without fields to parse.
-
-    A fixed-size filter's BITFIELD has one field fewer (no item count). The figures move
-    from machine to machine; the ratios between layouts at one size are what it is for.
+    A model fitted to measurements (see :data:`CACHE_BYTES`) for one server holding ``nbytes``
+    of the filter with k = ``hash_count`` bits per element: a command, its fields (one fewer
+    for a fixed-size filter), and the cache misses a filter bigger than the caches pays: k for
+    the classic layout (and native, in C and without fields), one block's for blocked, whatever
+    k. The figures move from machine to machine; the ratios between layouts at one size are
+    what it is for.
     """
     share = miss_share(nbytes)
     if layout == "native":

@@ -1,11 +1,9 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
 Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting
-one must see it as it is, change nothing, and handle a filter too broken to open. So
-:func:`probe` builds a filter that reaches the keys before the geometry is known,
-:func:`check_shards` and :func:`check_markers` compare the parts with the record, and
-:func:`find_orphans` and :func:`delete_orphans` find by ``SCAN`` and delete the parts of a
-filter without a usable record that provably are its own.
+one must see it as it is, change nothing, and handle a filter too broken to open: so these
+read the record and compare the parts with it, and find by ``SCAN`` and delete the parts of
+a filter without a usable record that provably are its own.
 """
 
 from __future__ import annotations
@@ -97,10 +95,7 @@ def key_count(bloom: RedisBloomFilter) -> int:
 
 
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
-    """Return a filter to look at ``key`` before its geometry is known (never open it).
-
-    Its geometry is :data:`UNKNOWN_SPEC`: ask it only what needs none.
-    """
+    """Return a filter to look at ``key`` before its geometry is known (:data:`UNKNOWN_SPEC`)."""
     return RedisBloomFilter(client, key, UNKNOWN_SPEC, 1, faults=faults)
 
 
@@ -143,11 +138,6 @@ class ShardCheck:
     shards: int
     missing: tuple[int, ...] = ()
     foreign: tuple[tuple[int, str], ...] = ()
-
-    @property
-    def damaged(self) -> int:
-        """Number of shards missing or not this filter's."""
-        return len(self.missing) + len(self.foreign)
 
 
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:

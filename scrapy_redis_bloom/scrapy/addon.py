@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redis_bloom.core.settings import BloomConfig, boolean_setting
+from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW, BloomConfig, boolean_setting
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -36,10 +36,8 @@ class Addon:
         if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
             _claim(settings, "SCHEDULER", SCHEDULER, "scrapy-redis's Scheduler")
         if boolean_setting(settings, "BLOOMFILTER_ADDON_BATCHING"):
-            from scrapy_redis_bloom.scrapy.batching import batch_max, batch_window
-
-            batch_max(settings)
-            batch_window(settings)
+            BATCH_MAX.read(settings)
+            BATCH_WINDOW.read(settings)
             # An order the project gave the middleware itself (priority "project") wins.
             settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
         _validate(settings)
@@ -50,10 +48,11 @@ class Addon:
 
 def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
     """Set ``name`` to ``path``, unless the project set something else above the add-on."""
+    from scrapy.settings import SETTINGS_PRIORITIES
     from scrapy.utils.misc import load_object
 
     current = settings.get(name)
-    if (settings.getpriority(name) or 0) > _priority():
+    if (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES[PRIORITY]:
         ours = load_object(path)
         try:
             given = load_object(current) if isinstance(current, str) else current
@@ -68,12 +67,6 @@ def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
             )
         return
     settings.set(name, path, PRIORITY)
-
-
-def _priority() -> int:
-    from scrapy.settings import SETTINGS_PRIORITIES
-
-    return SETTINGS_PRIORITIES[PRIORITY]
 
 
 def _validate(settings: BaseSettings) -> None:

@@ -1,23 +1,12 @@
 """One filter round trip per crawled page: a spider middleware checks a response's links together.
 
-The requests of a response are held until its output ends (or ``BLOOMFILTER_BATCH_MAX``
-are held), checked-and-added in one pipelined call
-(:meth:`.dupefilter.RFPDupeFilter.check_batch`), then yielded; ``request_seen`` takes
-each answer with no round trip, and still counts and logs duplicates. Everything else
-passes through at once. With ``BLOOMFILTER_BATCH_WINDOW``, the requests of every
-response whose output ends within the window go in one round trip (asyncio reactor
-only): fewer, larger commands cost the shared Redis less per page.
-
-Enable it with the lowest order of all spider middlewares, so it processes the output
-last::
-
-    SPIDER_MIDDLEWARES = {"scrapy_redis_bloom.batching.BatchingMiddleware": 0}
-
-A Bloom filter cannot forget: a link answered "new" is marked seen at once, so nothing
-may drop it afterwards. If an enabled middleware with a ``process_spider_output`` would
-run after this one, batching is off for the crawl (a WARNING, and the stat
-``bloomfilter/batching_disabled``). Requests answered "new" that never reach the
-scheduler are reported (:mod:`.reservations`).
+A response's requests are held until its output ends (or ``BLOOMFILTER_BATCH_MAX`` are
+held), checked-and-added in one call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), then
+yielded; ``request_seen`` takes each answer with no round trip. ``BLOOMFILTER_BATCH_WINDOW``
+joins the requests of several responses in one round trip (asyncio reactor only). A Bloom
+filter cannot forget, so batching is off for a crawl in which a middleware processes the
+output after this one; answers no request took are reported (:mod:`.reservations`). Usage:
+docs/howto/batching.md.
 """
 
 from __future__ import annotations
@@ -47,16 +36,6 @@ logger = logging.getLogger(__name__)
 _M = TypeVar("_M", bound="BatchingMiddleware")
 
 _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
-
-
-def batch_max(settings: BaseSettings) -> int:
-    """Return ``BLOOMFILTER_BATCH_MAX``, checked: an integer of at least 1."""
-    return BATCH_MAX.read(settings)
-
-
-def batch_window(settings: BaseSettings) -> float:
-    """Return ``BLOOMFILTER_BATCH_WINDOW``, checked: seconds from 0 (off) to 10."""
-    return BATCH_WINDOW.read(settings)
 
 
 class _Window:
@@ -179,7 +158,7 @@ class BatchingMiddleware:
                 settings["DUPEFILTER_CLASS"],
             )
             raise NotConfigured
-        middleware = cls(crawler, batch_max(settings), batch_window(settings))
+        middleware = cls(crawler, BATCH_MAX.read(settings), BATCH_WINDOW.read(settings))
         later = later_middlewares(settings, cls)
         if later:
             middleware.disable(", ".join(later))

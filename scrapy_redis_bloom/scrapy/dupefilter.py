@@ -280,26 +280,23 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         unique = list(dict.fromkeys(fingerprints))
         try:
             answers = dict(zip(unique, self.bloom.check_and_add_many(unique), strict=True))
-        except BloomFilterError as exc:
+        except Exception as exc:
             self.bloom.events.count("batch_failed")
-            if not isinstance(exc, COUNTED):  # counted by the engine
-                self.bloom.events.count("errors")
-            self._fail(exc)
             answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
-        except Exception:
-            # A bug, not a Redis fault: said with its traceback, counted, and no page
-            # lost for it (a duplicate fetch at worst).
-            emit(
-                logger,
-                logging.ERROR,
-                "Checking %d request(s) together in the Bloom filter %r failed: they are"
-                " answered 'new'.",
-                len(unique),
-                self.key,
-                exc_info=True,
-            )
-            self.bloom.events.count("batch_failed")
-            answers = dict.fromkeys(unique, False)
+            if isinstance(exc, BloomFilterError):
+                if not isinstance(exc, COUNTED):  # counted by the engine
+                    self.bloom.events.count("errors")
+                self._fail(exc)
+            else:  # a bug, not a Redis fault: said with its traceback; no page lost for it
+                emit(
+                    logger,
+                    logging.ERROR,
+                    "Checking %d request(s) together in the Bloom filter %r failed: they are"
+                    " answered 'new'.",
+                    len(unique),
+                    self.key,
+                    exc_info=True,
+                )
         self.reservations.reserve(batch, fingerprints, [answers[f] for f in fingerprints])
         self.filter_stats.batches += 1
         self.filter_stats.batched += len(batch)

@@ -1,15 +1,9 @@
 """Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates.
 
-With the ``spidermon`` extra installed, add the suite to the monitors Spidermon runs when
-the spider closes::
-
-    SPIDERMON_ENABLED = True
-    EXTENSIONS = {"spidermon.contrib.scrapy.extensions.Spidermon": 500}
-    SPIDERMON_SPIDER_CLOSE_MONITORS = ["scrapy_redis_bloom.monitors.BloomFilterMonitorSuite"]
-
-Each monitor reads the ``bloomfilter/*`` stats (current before any ``spider_closed``
-handler runs) and fails with a message naming the stat and what to do. They are
-unittest-style classes: a project may run some of them only, in a suite of its own.
+Each reads the ``bloomfilter/*`` stats (current before any ``spider_closed`` handler runs)
+and fails with a message naming the stat and what to do; :class:`BloomFilterMonitorSuite`
+runs them all (setup: docs/howto/monitor.md). Unittest-style classes: a project may run
+some of them only, in a suite of its own.
 """
 
 from __future__ import annotations

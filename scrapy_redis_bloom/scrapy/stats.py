@@ -1,14 +1,11 @@
 """What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
 
-Every stat is listed once, in :data:`STATS`. They are written while the crawl runs, so
-that monitors reading them before the filter's own ``spider_closed`` handler see them
-all: the engine only counts, in memory; this module writes the counts to the crawl's
-stats, always from the reactor thread, every second (increments, so that a collector
-shared by the workers sums them; the totals over all workers; the fill and rate they
-imply), and in full when the crawl idles, when the dupefilter closes or is cleared.
-A stats store that fails is said (at most once a minute), counted
-(``bloomfilter/stats_failed``), and what it missed is written at the next tick. An INFO
-line every ``LOGSTATS_INTERVAL`` says what the filter holds and how it answers.
+Every stat is listed once, in :data:`STATS`. The engine only counts, in memory; this module
+writes the counts to the crawl's stats from the reactor thread, every second and in full
+when the crawl idles or the dupefilter closes or is cleared, so that monitors see them all
+before any ``spider_closed`` handler. A stats store that fails is said, counted
+(``bloomfilter/stats_failed``) and written again at the next tick (docs/howto/monitor.md).
+An INFO line every ``LOGSTATS_INTERVAL`` says what the filter holds and how it answers.
 """
 
 from __future__ import annotations
@@ -103,10 +100,10 @@ EVENT_COUNTS = (
     "batch_unscheduled",
     "stats_failed",
 )
-#: The stats workers add to, created with 0 when the spider opens (see
-#: :meth:`FilterStats.start`).
 #: Scrapy's own count of duplicates, the same as ``bloomfilter/filtered``.
 _DUPEFILTER = "dupefilter/filtered"
+#: The stats workers add to, created with 0 when the spider opens (see
+#: :meth:`FilterStats.start`).
 _CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 
 

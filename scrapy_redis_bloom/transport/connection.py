@@ -1,11 +1,8 @@
 """Redis clients for the filter, from its validated connection configuration.
 
-The filter's own connection (URLs, a cluster, sentinels) is built here, and so is the
-client it shares with scrapy-redis (:func:`build_client`, read from Scrapy's settings
-by :mod:`scrapy_redis_bloom.scrapy.connection`). Errors name the settings the caller
-says the arguments came from. Clients get short timeouts by default, so that a dead
-server is noticed in seconds: the filter retries by ``BLOOMFILTER_RETRY_TIMEOUT``, not
-by one long socket timeout.
+Its own connection (URLs, a cluster, sentinels) and the client it shares with scrapy-redis
+(:func:`build_client`, read from Scrapy's settings by :mod:`scrapy_redis_bloom.scrapy.connection`),
+with short timeouts (:data:`DEFAULT_PARAMS`); errors name the settings the arguments came from.
 """
 
 from __future__ import annotations

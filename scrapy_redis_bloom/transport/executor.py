@@ -1,35 +1,15 @@
 """Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
 
-Every command the filter sends goes through :meth:`Executor.run`: a batch of
-:class:`Call` objects, routed to nodes by the :mod:`.topology`, pipelined per node,
-each reply matched to its call (:mod:`.node`). What happens to a reply depends on
-what it says:
-
-* a result, or an error that retrying cannot fix (``WRONGTYPE``, a permission
-  denied): handed to the caller; except a Redis ACL refusing a command inside one of
-  the filter's scripts (or the ``SCRIPT LOAD`` of one), raised at once as
-  :class:`~..errors.AccessDeniedError` naming the operation and the key;
-* ``NOSCRIPT``: the script is loaded on that node and the call sent again at once;
-* ``MOVED`` / ``ASK``: the slot map is refreshed (or the ``ASK`` target asked) and the
-  call sent again at once;
-* an error saying Redis cannot run commands right now (out of memory, loading its
-  data set, busy with a script, a cluster or replica without its master, a replica
-  that was a master): retried after a backoff;
-* no reply at all (the server cannot be reached, the connection drops, a timeout):
-  retried after a backoff, and if the call was a write that may already have run,
-  marked **ambiguous**: its caller must not trust a re-run's "already there".
-
-Retries go on, with backoff from 50 ms to 1 s, until ``retry_timeout`` seconds have
-passed since the first failure; then :class:`~..errors.FilterUnavailableError`. After
-that the executor fails fast (one attempt per second at most, no backoff) until Redis
-answers again, so a filter answering per ``BLOOMFILTER_ON_ERROR`` does not stall the
-crawl for the whole timeout on every request.
-
-Exchanges of several round trips on one node (a bulk chunk's pipeline, read after the
-next one is sent; a snapshot's transaction) go through a :class:`Session`: every round
-after the first on the first one's connection, or not at all, and a transaction's
-``EXEC`` reply sorted by :meth:`Session.commit`. What a session cannot do goes back to
-:meth:`Executor.run` through its caller.
+Every command goes through :meth:`Executor.run` (batches of :class:`Call`, routed by the
+:mod:`.topology`, pipelined per node) or a :class:`Session` (several rounds on one
+connection: a bulk chunk's pipeline, a snapshot's transaction). Each reply is sorted
+(:func:`classify`): a result or final error goes to the caller, an ACL refusal inside the
+filter's scripts raises :class:`~..errors.AccessDeniedError`; ``NOSCRIPT``, ``MOVED`` and
+``ASK`` are acted on at once; "not now" errors and lost replies are retried with backoff
+(50 ms to 1 s) until ``retry_timeout``, a write whose reply was lost marked **ambiguous**;
+then :class:`~..errors.FilterUnavailableError`, and one attempt a second at most until Redis
+answers again, so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall. The
+outcomes and why: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """A Redis client of the primary a group of Sentinels names, followed through failovers.
 
-scrapy-redis builds its client as ``REDIS_PARAMS["redis_cls"](**REDIS_PARAMS)``, and
-:class:`SentinelRedis` is such a class, so one ``REDIS_PARAMS`` gives scrapy-redis's
-queue and this filter the same primary::
-
-    REDIS_PARAMS = {
-        "redis_cls": "scrapy_redis_bloom.sentinel.SentinelRedis",
-        "sentinels": ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"],
-        "service_name": "mymaster",
-        "password": "...",                          # the primary's
-        "sentinel_kwargs": {"password": "..."},     # the sentinels', if they ask for one
-    }
-
-Every new connection asks the sentinels where the primary is. Unless ``retry`` is given,
-a command that meets a dead primary is retried for about :data:`FAILOVER_RETRIES`
-seconds, so scrapy-redis's queue rides through a failover.
+:class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so one
+``REDIS_PARAMS`` gives its queue and this filter the same primary (docs/howto/topologies.md).
+Every new connection asks the sentinels where the primary is, and unless ``retry`` is given a
+command that meets a dead primary is retried for about :data:`FAILOVER_RETRIES` seconds, so
+scrapy-redis's queue rides through a failover.
 """
 
 from __future__ import annotations
@@ -98,15 +88,10 @@ class PrimarySSLConnection(PrimaryConnection, SSLConnection):
     """:class:`PrimaryConnection` over TLS."""
 
 
-def failover_retry() -> Retry:
-    """Return the default retry of a :class:`SentinelRedis`: ride through a failover."""
-    return Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES)
-
-
 class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
-    Usable as scrapy-redis's ``redis_cls`` (see the module docstring). ``sentinels``:
+    Usable as scrapy-redis's ``redis_cls`` (see :doc:`/howto/topologies`). ``sentinels``:
     ``"host:port"`` strings or ``(host, port)`` pairs. ``sentinel_kwargs``: the arguments of
     the connections to the sentinels (by default the primary's ``socket_*`` ones).
     ``min_other_sentinels``: ignore a sentinel that sees fewer peers (one cut off may name a
@@ -138,7 +123,7 @@ class SentinelRedis(redis.Redis):
         if kwargs.get("retry_on_timeout") is True:
             # scrapy-redis's default: what redis-py 6+ does anyway, and deprecates.
             del kwargs["retry_on_timeout"]
-        kwargs.setdefault("retry", failover_retry())
+        kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
         # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs

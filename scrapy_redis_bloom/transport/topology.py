@@ -2,10 +2,6 @@
 
 A topology turns a command's routing (its key, its shard, or a server) into the
 :class:`~.node.Node` that must run it, built from redis-py clients' settings.
-:class:`ServerList` holds shard ``i`` on server ``i mod n`` and everything else on
-server 0; in a :class:`Cluster` a key lives on its slot's master, and
-:meth:`Topology.refresh` re-reads the slot map after a ``MOVED``, a failover or a lost
-connection.
 """
 
 from __future__ import annotations
