@@ -394,15 +394,18 @@ class StackPath:
         """Read the second look of an element new to a sealed generation: True if seen.
 
         Seen when the next generation, carrying this filter's identity, holds all its
-        bits: another worker checked it there since (or a false positive). Any doubt
-        answers new.
+        bits: another worker checked it there since, and counted it (or a false positive):
+        the item :meth:`added` counted is taken back. Any doubt answers new.
         """
         found = check.next
         assert found is not None
         bits, head = replies
         if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
             return False
-        return _all_set(bits[1:] if found.block < 0 else bits, found)
+        seen = _all_set(bits[1:] if found.block < 0 else bits, found)
+        if seen and check.known.pending > 0:
+            check.known.pending -= 1
+        return seen
 
     def counted(self, check: Check, reply: Any) -> None:
         """Read the reply of an add's state command (:meth:`_pack_add`): the shard's state.
