@@ -738,6 +738,56 @@ def test_a_joint_block_snapshot_another_worker_wrote_to_is_taken_again_shard_by_
 
 
 @needs_numpy
+@pytest.mark.parametrize("fault", ["none", "writer", "killed"])
+def test_overlapped_transactions_answer_as_one_at_a_time_or_new(
+    fault: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's transactions overlap on two connections, one shard each here.
+
+    ``writer``: another worker adds an element while the first transaction is answered
+    and the second's reads (and WATCH) are in: its shard's transaction does nothing and
+    is taken again. ``killed``: both connections die while the second is answered, the
+    first's EXEC in flight and the third's reads sent after it: writes that may have run
+    answer "new", none of the batch's new elements is "seen", and everything is added.
+    """
+    read_by_blocks(monkeypatch)
+    monkeypatch.setattr(bulk, "JOINT_BYTES", 64 * 200)  # a transaction per shard (~300 each)
+    held = fingerprints(900, "overlap-held")
+    new = fingerprints(900, "overlap-new")
+    one = make(redis_client, FIXED, "overlap-one")
+    one.add_many(held)
+    expected = [one.check_and_add(e) for e in held + new]
+    bloom = make(redis_client, FIXED, "overlap")
+    assert bloom.add_many(held) == [False] * len(held)
+    kernel = snapshot.check_vectorised
+    done: list[Any] = []
+    target = new[500]
+    other = make(redis_client, FIXED, "overlap")
+
+    def meanwhile(buffer: bytearray, offsets: Any, write: bool) -> Any:
+        done.append(None)
+        if fault == "writer" and len(done) == 1:
+            assert other.check_and_add(target) is False
+        if fault == "killed" and len(done) == 2:
+            done.append(redis_client.client_kill_filter(_type="normal", skipme=True))
+        return kernel(buffer, offsets, write)
+
+    monkeypatch.setattr(snapshot, "check_vectorised", meanwhile)
+    answers = bloom.add_many(held + new)
+    if fault == "none":
+        assert answers == expected
+    elif fault == "writer":
+        assert answers == [a or e == target for a, e in zip(expected, held + new, strict=True)]
+    else:
+        assert done[2] >= 2  # the call's two connections (and the other worker's)
+        assert answers[len(held) :] == [False] * len(new)
+        assert bloom.events.counts["ambiguous"] >= answers[: len(held)].count(False)
+    monkeypatch.undo()
+    assert bloom.contains_many(held + new) == [True] * (len(held) + len(new))
+    other.close()
+
+
+@needs_numpy
 def test_a_big_filters_bulk_call_reads_enough_for_whole_snapshots() -> None:
     # A 100M filter's 8 MiB shards are answered whole from 1,048,576 elements at a time
     # (~25,000 a shard: ~0.3 µs of transfer each); a 1M filter's small shards from 131,072.
@@ -970,14 +1020,18 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
 ) -> None:
     client = request.getfixturevalue("redis_cluster" if where == "cluster" else "clients")
     taken: list[bool] = []
-    original = bulk.take
 
-    def counted(*args: Any) -> list[snapshot.Taken]:
-        results = original(*args)
-        taken.extend(result.answers is not None for result in results)
-        return results
+    def counting(original: Callable[..., list[snapshot.Taken]]) -> Callable[..., Any]:
+        def counted(*args: Any) -> list[snapshot.Taken]:
+            results = original(*args)
+            taken.extend(result.answers is not None for result in results)
+            return results
 
-    monkeypatch.setattr(bulk, "take", counted)
+        return counted
+
+    # A batch's transactions end in finish (overlapped); a shard tried again alone, in take.
+    monkeypatch.setattr(bulk, "take", counting(bulk.take))
+    monkeypatch.setattr(bulk, "finish", counting(bulk.finish))
     elements = fingerprints(4_000, "spread")
     elements += elements[:500]
     one = make(client, FIXED, "spread-one")
