@@ -10,9 +10,10 @@ contender of a measure that goes through it (ours and ``BF.MADD``) pays the same
 Each direction of each connection is two threads: one reads from its socket and stamps
 each chunk with its due time (its arrival plus ``delay``), one sends the chunks when due,
 no faster than the direction's share of the rate allows (a token bucket per direction,
-as a full-duplex link has). Python moves ~1 GB/s this way on the benchmark's machine,
-well above 125 MB/s, so the link, not the proxy, is the limit (``python bench/link.py``
-measures what the proxy itself sustains).
+as a full-duplex link has, shared by every connection through the link: a client with
+two connections gets one link's rate, not two). Python moves ~1 GB/s this way on the
+benchmark's machine, well above 125 MB/s, so the link, not the proxy, is the limit
+(``python bench/link.py`` measures what the proxy itself sustains).
 """
 
 from __future__ import annotations
@@ -38,11 +39,32 @@ CHUNK = 256 * 1024
 SLICE = 64 * 1024
 
 
-class _Direction:
-    """One direction of one connection: read, delay, pace, send."""
+class _Wire:
+    """One direction of the link, shared by every connection through it: when it is free.
 
-    def __init__(self, src: socket.socket, dst: socket.socket, rate: float, delay: float) -> None:
+    A client with two connections (the bulk path overlaps two transactions) shares the
+    link's rate between them, as on a real network, rather than getting a rate each.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free_at = 0.0
+
+    def carry(self, due: float, size: int, rate: float) -> float:
+        """Book ``size`` bytes due at ``due``; return when the link is done with them."""
+        with self.lock:
+            self.free_at = max(self.free_at, due) + size / rate
+            return self.free_at
+
+
+class _Direction:
+    """One direction of one connection: read, delay, pace (on the link's ``wire``), send."""
+
+    def __init__(
+        self, src: socket.socket, dst: socket.socket, rate: float, delay: float, wire: _Wire
+    ) -> None:
         self.src, self.dst, self.rate, self.delay = src, dst, rate, delay
+        self.wire = wire
         self.chunks: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
         self.moved = 0
 
@@ -64,14 +86,14 @@ class _Direction:
         self.chunks.put(None)
 
     def _send(self) -> None:
-        free_at = time.perf_counter()  # when the link is done with what it carries
         try:
             while (item := self.chunks.get()) is not None:
                 due, data = item
                 for start in range(0, len(data), SLICE):
                     piece = data[start : start + SLICE]
-                    # A byte leaves when it is due and the link has carried those before it.
-                    free_at = max(free_at, due) + len(piece) / self.rate
+                    # A byte leaves when it is due and the link has carried those before it
+                    # (this connection's and every other's in this direction).
+                    free_at = self.wire.carry(due, len(piece), self.rate)
                     wait = free_at - time.perf_counter()
                     if wait > 0:
                         _sleep_until(free_at)
@@ -107,6 +129,8 @@ class Link:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: The two directions, to Redis and back: each one rate for every connection.
+        self._wires = (_Wire(), _Wire())
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
     @property
@@ -138,8 +162,8 @@ class Link:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets += (client, upstream)
-            _Direction(client, upstream, self.rate, self.delay).start()
-            _Direction(upstream, client, self.rate, self.delay).start()
+            _Direction(client, upstream, self.rate, self.delay, self._wires[0]).start()
+            _Direction(upstream, client, self.rate, self.delay, self._wires[1]).start()
 
     def close(self) -> None:
         """Stop accepting and close every connection."""

@@ -329,10 +329,6 @@ def test_runs_and_their_bytes_are_the_same_with_numpy_and_without(data: st.DataO
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObject) -> None:
-    import numpy as np
-
-    from scrapy_redis_bloom.engine.bitmap import local
-
     size = data.draw(st.integers(1, 48))
     start = data.draw(st.binary(min_size=size, max_size=size))
     k = data.draw(st.integers(1, 8))
@@ -341,17 +337,60 @@ def test_vectorised_answers_and_bytes_are_the_sequential_ones(data: st.DataObjec
     # Elements drawn from a pool: duplicates within the batch are common.
     batch = data.draw(st.lists(st.sampled_from(pool), max_size=60))
     write = data.draw(st.booleans())
+    vectorised = _same_as_sequential(start, batch, k, write, data.draw(st.integers(1, 64)))
+    if not write:
+        assert vectorised == start
+
+
+def _same_as_sequential(
+    start: bytes, rows: list[list[int]], k: int, write: bool, slice_: int
+) -> bytearray:
+    """Check rows with the numpy kernel in slices of ``slice_`` and one at a time: the same.
+
+    Returns the bytes the numpy kernel left.
+    """
+    import numpy as np
+
+    from scrapy_redis_bloom.engine.bitmap import local
+
     vectorised, sequential = bytearray(start), bytearray(start)
-    array = np.array(batch, dtype=np.int64).reshape(len(batch), k)
-    whole, local.SLICE = local.SLICE, data.draw(st.integers(1, 64))  # a batch in slices too
+    array = np.array(rows, dtype=np.int64).reshape(len(rows), k)
+    whole, local.SLICE = local.SLICE, slice_  # a batch in slices too
     try:
         got = local.check_vectorised(vectorised, array, write)
     finally:
         local.SLICE = whole
-    assert got == check_sequential(sequential, batch, write)
+    assert got == check_sequential(sequential, rows, write)
     assert vectorised == sequential
-    if not write:
-        assert vectorised == start
+    return vectorised
+
+
+@needs_numpy
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_vectorised_blocked_rows_answer_as_the_sequential_ones(data: st.DataObject) -> None:
+    """Rows each in one block (a blocked filter's) take the kernel's per-window path.
+
+    Few blocks make rows share one often (sorted among themselves), many leave most
+    alone (answered by their own bits); a row may repeat a bit, and one straddling two
+    blocks sends the slice to the general path.
+    """
+    from scrapy_redis_bloom.core.hashing import BLOCK_BITS
+
+    blocks = data.draw(st.integers(1, 120))
+    size = HEADER_BITS // 8 + blocks * BLOCK_BITS // 8
+    start = data.draw(st.binary(min_size=size, max_size=size))
+    k = data.draw(st.integers(1, 14))
+    rows = []
+    for _ in range(data.draw(st.integers(1, 80))):
+        block = data.draw(st.integers(0, blocks - 1))
+        base = HEADER_BITS + block * BLOCK_BITS
+        rows.append([base + data.draw(st.integers(0, BLOCK_BITS - 1)) for _ in range(k)])
+    if data.draw(st.booleans()) and blocks > 1:  # one row straddling two blocks
+        moved = (rows[-1][0] - HEADER_BITS + BLOCK_BITS) % (blocks * BLOCK_BITS)
+        rows[-1][-1] = HEADER_BITS + moved
+    write = data.draw(st.booleans())
+    _same_as_sequential(start, rows, k, write, data.draw(st.integers(1, 96)))
 
 
 # -- bulk against one at a time ---------------------------------------------------------------
@@ -699,6 +738,56 @@ def test_a_joint_block_snapshot_another_worker_wrote_to_is_taken_again_shard_by_
 
 
 @needs_numpy
+@pytest.mark.parametrize("fault", ["none", "writer", "killed"])
+def test_overlapped_transactions_answer_as_one_at_a_time_or_new(
+    fault: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's transactions overlap on two connections, one shard each here.
+
+    ``writer``: another worker adds an element while the first transaction is answered
+    and the second's reads (and WATCH) are in: its shard's transaction does nothing and
+    is taken again. ``killed``: both connections die while the second is answered, the
+    first's EXEC in flight and the third's reads sent after it: writes that may have run
+    answer "new", none of the batch's new elements is "seen", and everything is added.
+    """
+    read_by_blocks(monkeypatch)
+    monkeypatch.setattr(bulk, "JOINT_BYTES", 64 * 200)  # a transaction per shard (~300 each)
+    held = fingerprints(900, "overlap-held")
+    new = fingerprints(900, "overlap-new")
+    one = make(redis_client, FIXED, "overlap-one")
+    one.add_many(held)
+    expected = [one.check_and_add(e) for e in held + new]
+    bloom = make(redis_client, FIXED, "overlap")
+    assert bloom.add_many(held) == [False] * len(held)
+    kernel = snapshot.check_vectorised
+    done: list[Any] = []
+    target = new[500]
+    other = make(redis_client, FIXED, "overlap")
+
+    def meanwhile(buffer: bytearray, offsets: Any, write: bool) -> Any:
+        done.append(None)
+        if fault == "writer" and len(done) == 1:
+            assert other.check_and_add(target) is False
+        if fault == "killed" and len(done) == 2:
+            done.append(redis_client.client_kill_filter(_type="normal", skipme=True))
+        return kernel(buffer, offsets, write)
+
+    monkeypatch.setattr(snapshot, "check_vectorised", meanwhile)
+    answers = bloom.add_many(held + new)
+    if fault == "none":
+        assert answers == expected
+    elif fault == "writer":
+        assert answers == [a or e == target for a, e in zip(expected, held + new, strict=True)]
+    else:
+        assert done[2] >= 2  # the call's two connections (and the other worker's)
+        assert answers[len(held) :] == [False] * len(new)
+        assert bloom.events.counts["ambiguous"] >= answers[: len(held)].count(False)
+    monkeypatch.undo()
+    assert bloom.contains_many(held + new) == [True] * (len(held) + len(new))
+    other.close()
+
+
+@needs_numpy
 def test_a_big_filters_bulk_call_reads_enough_for_whole_snapshots() -> None:
     # A 100M filter's 8 MiB shards are answered whole from 1,048,576 elements at a time
     # (~25,000 a shard: ~0.3 µs of transfer each); a 1M filter's small shards from 131,072.
@@ -931,14 +1020,18 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
 ) -> None:
     client = request.getfixturevalue("redis_cluster" if where == "cluster" else "clients")
     taken: list[bool] = []
-    original = bulk.take
 
-    def counted(*args: Any) -> list[snapshot.Taken]:
-        results = original(*args)
-        taken.extend(result.answers is not None for result in results)
-        return results
+    def counting(original: Callable[..., list[snapshot.Taken]]) -> Callable[..., Any]:
+        def counted(*args: Any) -> list[snapshot.Taken]:
+            results = original(*args)
+            taken.extend(result.answers is not None for result in results)
+            return results
 
-    monkeypatch.setattr(bulk, "take", counted)
+        return counted
+
+    # A batch's transactions end in finish (overlapped); a shard tried again alone, in take.
+    monkeypatch.setattr(bulk, "take", counting(bulk.take))
+    monkeypatch.setattr(bulk, "finish", counting(bulk.finish))
     elements = fingerprints(4_000, "spread")
     elements += elements[:500]
     one = make(client, FIXED, "spread-one")

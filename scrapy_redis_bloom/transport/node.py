@@ -228,6 +228,8 @@ class Node:
         self._peer: str | None = None
         #: What reads the connection's replies (:func:`_replies`), made once per connection.
         self._read_replies: Callable[[int], list[Any]] | None = None
+        #: A second connection to the same server (:meth:`spare`), made on first use.
+        self._spare: Node | None = None
 
     def __repr__(self) -> str:
         return f"<Node {self.address} owed={len(self._owed)}>"
@@ -399,6 +401,22 @@ class Node:
         if connection is not None:
             connection.disconnect()
 
+    def spare(self) -> Node:
+        """Return a node of the same server on a connection of its own, made on first use.
+
+        For exchanges that overlap on one server: a bulk call's transaction sends its
+        reads while the one before it (on the other connection) still holds ``WATCH``
+        and waits for its ``EXEC``. Its round trips count in the same :attr:`trips`.
+        """
+        if self._spare is None:
+            self._spare = Node(self.address, self._factory, self.trips)
+        return self._spare
+
     def close(self) -> None:
-        """Close the connection (nothing may be owed: the caller is done with it)."""
+        """Close the connection (nothing may be owed: the caller is done with it).
+
+        Also the :meth:`spare`'s, if one was made.
+        """
         self.abandon()
+        if self._spare is not None:
+            self._spare.close()

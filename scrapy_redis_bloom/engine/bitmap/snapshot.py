@@ -190,7 +190,39 @@ def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None
     shards, nothing was written and every part is ``aborted``: the caller may try each
     shard on its own.
     """
+    pending = begin(session, parts, write, limit)
+    answer(pending)
+    return finish(pending)
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A :func:`take` in progress: its reads sent (:func:`begin`), then its writes (:func:`answer`).
+
+    Between the phases the caller may work on another node's, or another connection's,
+    take: its replies wait on this one's connection, in order.
+    """
+
+    session: Session
+    parts: Sequence[Part]
+    write: bool
+    limit: int | None
+    keys: list[bytes]
+    #: The opening's commands sent (SCRIPT LOADs, WATCH), and the reads' tickets.
+    opening: int = 0
+    reads: list[tuple[Ticket, list[int]]] = field(default_factory=list)
+    #: Set by :func:`answer`: what each part's snapshot did so far, and what its EXEC's
+    #: replies decide (:func:`_written`); or the outcome, when nothing is owed.
+    taken: list[Taken] | None = None
+    sent: Any = None
+    queued: int = 0
+    done: list[Taken] | None = None
+
+
+def begin(session: Session, parts: Sequence[Part], write: bool, limit: int | None) -> Pending:
+    """Send :func:`take`'s first round (its reads and ``MULTI``); :func:`answer` reads it."""
     packed = [encode(part.key) for part in parts]
+    pending = Pending(session, parts, write, limit, packed)
     _gather(parts, packed)
     # The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis
     # has none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL.
@@ -198,8 +230,8 @@ def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None
     opening = [*_LOAD_SCRIPTS] if scripted else []
     if write:
         opening.append(pack_command(b"WATCH", *packed))
+    pending.opening = len(opening)
     groups = _groups(parts)
-    reads: list[tuple[Ticket, list[int]]] = []
     try:
         for n, group in enumerate(groups):
             commands = [c for i in group for c in _reads(parts[i], packed[i], write)]
@@ -210,34 +242,55 @@ def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None
             if write and n == len(groups) - 1:
                 commands.append(_MULTI)
                 count += 1
-            reads.append((session.post(b"".join(commands), count), group))
+            pending.reads.append((session.post(b"".join(commands), count), group))
     except TransportError:
         session.drop()  # replies may be owed on it: never read them later
-        return [Taken() for _ in parts]  # nothing was written: the other path retries
+        pending.done = [Taken() for _ in parts]  # nothing was written: the other path retries
+    return pending
+
+
+def answer(pending: Pending) -> None:
+    """Read a :func:`begin`'s replies, answer its parts and send their writes and ``EXEC``.
+
+    The writes go once ``MULTI`` is confirmed; their replies are :func:`finish`'s to read.
+    """
+    if pending.done is not None:
+        return
+    session, parts, write, limit = pending.session, pending.parts, pending.write, pending.limit
     try:
         replies: list[Any] = []  # the opening's, then MULTI's
         failed: BaseException | None = None
         found: list[_Copy | None] = [None] * len(parts)
-        for n, (ticket, group) in enumerate(reads):
+        for n, (ticket, group) in enumerate(pending.reads):
             read = session.replies(ticket)
             failed = failed or _failure(read)
             if n == 0:
-                replies, read = read[: len(opening)], read[len(opening) :]
-            if write and n == len(reads) - 1:
+                replies, read = read[: pending.opening], read[pending.opening :]
+            if write and n == len(pending.reads) - 1:
                 replies.append(read.pop())
             for i in group:
                 mine, read = read[: parts[i].replies], read[parts[i].replies :]
                 found[i] = None if failed else _check(parts[i], mine, write, limit)
         if failed is None:
-            return _write_back(session, packed, parts, write, limit, found, replies)
+            _send_writes(pending, found, replies)
+            return
         if write:
             _end(session, write, replies)
-        return [Taken(denied=acl_denial(failed)) for _ in parts]
+        pending.done = [Taken(denied=acl_denial(failed)) for _ in parts]
     except TransportError:
-        return [Taken() for _ in parts]
+        pending.done = [Taken() for _ in parts]
     except BaseException:
         session.drop()  # a transaction may be open on it: never reuse the connection
         raise
+
+
+def finish(pending: Pending) -> list[Taken]:
+    """Read the ``EXEC`` :func:`answer` sent; return what each part's snapshot did."""
+    if pending.done is None:
+        assert pending.taken is not None
+        outcome = pending.session.settle(pending.sent, pending.queued)
+        pending.done = _written(pending.parts, pending.taken, outcome)
+    return pending.done
 
 
 def _gather(parts: Sequence[Part], keys: list[bytes]) -> None:
@@ -407,11 +460,25 @@ def _write_back(
 
     ``extra``: more writes for the transaction (a grown shard's count, in another key).
     """
+    pending = Pending(session, parts, write, limit, keys)
+    _send_writes(pending, found, opening, extra)
+    return finish(pending)
+
+
+def _send_writes(
+    pending: Pending, found: list[_Copy | None], opening: list[Any], extra: Sequence[bytes] = ()
+) -> None:
+    """Send what the answers changed and ``EXEC`` (not reading the replies: :func:`finish`).
+
+    ``found``: per part, what :func:`_check` gave (None: handed back); ``opening``: the
+    first round's replies (the opening's and MULTI's); ``extra``: as :func:`_write_back`'s.
+    """
+    session, parts, write, limit = pending.session, pending.parts, pending.write, pending.limit
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = [*extra]
     changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged parts' blocks to write
     queued = len(extra)
-    for part, key, got in zip(parts, keys, found, strict=True):
+    for part, key, got in zip(parts, pending.keys, found, strict=True):
         if got is None:
             taken.append(Taken())  # lost, foreign, odd, grown or full: the other path's
             continue
@@ -438,16 +505,24 @@ def _write_back(
             count += answers.count(False)
             commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
     if not write:
-        return taken
+        pending.done = taken
+        return
     if changed:
         writes, count = range_writes(*(list(column) for column in zip(*changed, strict=True)))
         commands.append(writes)
         queued += count
     if all(one.answers is None for one in taken):  # nothing to confirm: close it
         _end(session, write, opening)
-        return taken
+        pending.done = taken
+        return
     commands.append(_EXEC)
-    outcome, reply = session.commit(_coalesced(commands), queued)
+    pending.taken, pending.queued = taken, queued
+    pending.sent = session.propose(_coalesced(commands), queued)
+
+
+def _written(parts: Sequence[Part], taken: list[Taken], done: tuple[Commit, Any]) -> list[Taken]:
+    """Return what each part's snapshot did, from what its transaction's ``EXEC`` did."""
+    outcome, reply = done
     if outcome is Commit.DONE:
         return taken
     if outcome is Commit.ABORTED:  # another client wrote to a shard: EXEC did nothing
