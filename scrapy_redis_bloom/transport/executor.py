@@ -680,7 +680,7 @@ class Executor:
             else:
                 batch.replies[i] = reply
 
-    def call(
+    def fast(
         self, operation: str, payload: bytes, key: str, shard: int, script: Script | None
     ) -> tuple[Any, bool]:
         """Run one write on a shard's key; return its reply and whether it may have run twice.
@@ -714,12 +714,12 @@ class Executor:
         results = self.run(operation, calls, write=True, since=started)
         return results.replies[0], lost or results.ambiguous[0]
 
-    def call_many(
+    def fast_many(
         self, operation: str, payloads: list[bytes], key: str, shard: int, *, write: bool = False
     ) -> Results:
         """Run commands on one shard's node in one round trip; return their replies.
 
-        :meth:`call` for several commands of one key's slot (the hot path's reads of a
+        :meth:`fast` for several commands of one key's slot (the hot path's reads of a
         grown or windowed shard): pipelined straight to the node. Anything but plain
         replies (no reply, a redirection, a busy server, an error) sends them all to
         :meth:`run`, which retries them under the same policy; with ``write``, a batch

@@ -70,7 +70,7 @@ from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_B
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine.base import Outcome
 from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Located
-from scrapy_redis_bloom.engine.bitmap.snapshot import Part, Pending, Taken, begin, finish, take
+from scrapy_redis_bloom.engine.bitmap.snapshot import Pending, Taken, Target, begin, finish, take
 from scrapy_redis_bloom.engine.bitmap.snapshot import answer as answer_reads
 from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_stacks
 from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
@@ -423,16 +423,16 @@ class Bulk:
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
             whole = self._whole(len(positions), node, key)
-            part = Part(key, self.identity(s), located.offsets(positions), length, whole)
+            target = Target(key, self.identity(s), located.offsets(positions), length, whole)
             size = length if whole else BLOCK_BYTES * len(positions)
             joint = self.topology.joint_transactions
             most = JOINT_BYTES if whole else min(JOINT_BYTES, BLOCKS_JOINT_BYTES)
-            _join(batches, filling, node, size, (s, positions, part), joint, most)
+            _join(batches, filling, node, size, (s, positions, target), joint, most)
         taken = self._take_overlapped(batches, write, limit)
         for (node, batch), together in zip(batches, taken, strict=True):
-            for (s, positions, part), one in zip(batch, together, strict=True):
+            for (s, positions, target), one in zip(batch, together, strict=True):
                 if one.aborted and len(batch) > 1:
-                    one = self._take(node, [part], write, limit)[0]
+                    one = self._take(node, [target], write, limit)[0]
                 results.append((s, positions, one))
         return results
 
@@ -461,7 +461,7 @@ class Bulk:
             spare = turns.get(id(node), False)
             turns[id(node)] = not spare
             session = self.executor.session(node, "check in bulk", write, spare=spare)
-            pending = begin(session, [part for _, _, part in batch], write, limit)
+            pending = begin(session, [target for _, _, target in batch], write, limit)
             begun.append(pending)
             live.append(pending)
 
@@ -488,9 +488,9 @@ class Bulk:
 
     def _noted(self, batch: list[Any], taken: list[Taken]) -> list[Taken]:
         """Note an ACL refusal among a batch's snapshots (:meth:`_refused`); return them."""
-        for (_, _, part), one in zip(batch, taken, strict=True):
+        for (_, _, target), one in zip(batch, taken, strict=True):
             if one.denied is not None:
-                self._refused(one.denied, part.key)
+                self._refused(one.denied, target.key)
                 break
         return taken
 
@@ -555,7 +555,7 @@ class Bulk:
             together = take_stacks(session, [stack for _, _, stack in batch], write)
             for (s, positions, stack), one in zip(batch, together, strict=True):
                 if one.denied is not None:
-                    self._refused(one.denied, stack.parts[-1].key)
+                    self._refused(one.denied, stack.targets[-1].key)
                 results.append((s, positions, one))
         return results, cuts
 
@@ -568,12 +568,12 @@ class Bulk:
         found: Found,
         extra: float,
     ) -> tuple[Stack, int]:
-        """Return a shard's stack (a part per key ``found`` names), and the bytes it reads.
+        """Return a shard's stack (a target per key ``found`` names), and the bytes it reads.
 
         ``extra``: what a byte costs on the shard's node beyond loopback's (:mod:`.wirecost`).
         """
         by_generation: dict[int, Any] = {}
-        parts: list[Part] = []
+        targets: list[Target] = []
         size, identity = 0, self.identity(shard)
         for name, g in found.keys:
             gen = growth.generation(g)
@@ -594,18 +594,20 @@ class Bulk:
             whole = not gen.block_bits or (
                 (SNAPSHOT_NS_PER_BYTE + extra) * gen.nbytes * (1 + newest) < each * len(positions)
             )
-            part = Part(name, identity, offsets, length, whole)
-            part.by_script = not HIREDIS_AVAILABLE
-            parts.append(part)
+            target = Target(name, identity, offsets, length, whole)
+            target.by_script = not HIREDIS_AVAILABLE
+            targets.append(target)
             size += length if whole else BLOCK_BYTES * len(positions)
-        return Stack(shard, identity, found, parts, growth.ttl), size
+        return Stack(shard, identity, found, targets, growth.ttl), size
 
-    def _take(self, node: Node, parts: list[Part], write: bool, limit: int | None) -> list[Taken]:
-        """Take the parts' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
-        taken = take(self.executor.session(node, "check in bulk", write), parts, write, limit)
-        for part, one in zip(parts, taken, strict=True):
+    def _take(
+        self, node: Node, targets: list[Target], write: bool, limit: int | None
+    ) -> list[Taken]:
+        """Take the targets' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
+        taken = take(self.executor.session(node, "check in bulk", write), targets, write, limit)
+        for target, one in zip(targets, taken, strict=True):
             if one.denied is not None:
-                self._refused(one.denied, part.key)
+                self._refused(one.denied, target.key)
                 break
         return taken
 

@@ -157,7 +157,7 @@ class RedisBloomFilter(FilterBase):
                     return seen
             command = self._scripted(h1, h2)
         try:
-            reply, ambiguous = self.executor.call(
+            reply, ambiguous = self.executor.fast(
                 OPERATION, command.payload, command.key, command.shard, command.script
             )
         except (FilterUnavailableError, AccessDeniedError):
@@ -174,14 +174,14 @@ class RedisBloomFilter(FilterBase):
         stack = self._stack
         assert stack is not None
         key, sent_at = check.keys[0].name, time.time()
-        replies = self.executor.call_many(OPERATION, check.reads, key, check.shard).replies
+        replies = self.executor.fast_many(OPERATION, check.reads, key, check.shard).replies
         verdict = self._judged(check, replies, sent_at)
         if verdict != ADD:
             return verdict == SEEN or None
         try:
             if check.count:  # the count this worker owes goes with it, to the same node
                 sent = [check.add, check.count]
-                results = self.executor.call_many(
+                results = self.executor.fast_many(
                     OPERATION, sent, check.add_key, check.shard, write=True
                 )
                 reply, ambiguous = results.replies[0], results.ambiguous[0]
@@ -190,7 +190,7 @@ class RedisBloomFilter(FilterBase):
                 else:
                     stack.counted(check, results.replies[1])
             else:
-                reply, ambiguous = self.executor.call(
+                reply, ambiguous = self.executor.fast(
                     OPERATION, check.add, check.add_key, check.shard, None
                 )
         except (FilterUnavailableError, AccessDeniedError):
@@ -233,7 +233,7 @@ class RedisBloomFilter(FilterBase):
             self._take_back_bits(check.add_key, check.shard, found, bits)
             return None
         if check.again:  # new to a generation sealed meanwhile: is it in the next one?
-            replies = self.executor.call_many(
+            replies = self.executor.fast_many(
                 OPERATION, check.again, check.add_key, check.shard
             ).replies
             seen = self._read(check.add_key, replies, lambda got: stack.looked(check, got))

@@ -42,14 +42,14 @@ if TYPE_CHECKING:
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 SLICE = 8_192
 #: The most elements whose offsets :meth:`Located.offsets` computes at once (bounded
-#: memory); a bigger block computes each shard's apart.
+#: memory); a bigger batch computes each shard's apart.
 ALL_OFFSETS = 131_072
 #: Bytes of one block of a blocked filter.
 BLOCK_BYTES = BLOCK_BITS // 8
 
 
 class Located:
-    """A block of elements hashed: each one's shard and seeds, and offsets on demand."""
+    """A batch of elements hashed: each one's shard and seeds, and offsets on demand."""
 
     def __init__(self, elements: Sequence[str | bytes], spec: FilterSpec, vectorised: bool) -> None:
         self.size = len(elements)

@@ -105,8 +105,8 @@ def _end(session: Session, write: bool, opening: list[Any]) -> None:
 
 
 @dataclass(slots=True)
-class Part:
-    """One shard's batch in :func:`take`: its key, identity, offsets, length.
+class Target:
+    """One shard (one key) a :func:`take` reads and answers: key, identity, offsets, length.
 
     A shard read by its blocks must be blocked; one read ``whole`` may be of either layout.
     """
@@ -156,7 +156,9 @@ _BY_RANGES = HAVE_NUMPY
 RUN_BLOCKS = PIECE // BLOCK_BYTES
 
 
-def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None) -> list[Taken]:
+def take(
+    session: Session, targets: Sequence[Target], write: bool, limit: int | None
+) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
     A blocked filter's element has all its bits in one 64-byte block, so a batch of a
@@ -173,7 +175,7 @@ def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None
     in Lua, 1.1 to write it), but a reply per shard, not per block, which Python
     without numpy (and redis-py without hiredis) pays more for than Redis saves.
 
-    A part marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
+    A target marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
     batch's elements: a 1M filter's shards of 96 to 160 KB, of either layout) is read by
     ``GET`` and its changed span written back by ``SETRANGE``, in the same two round
     trips as the node's other shards. Not through Lua: a script's argument or result of
@@ -184,13 +186,13 @@ def take(session: Session, parts: Sequence[Part], write: bool, limit: int | None
     reply is in: Python works on one shard while Redis reads the next (the first
     round trip is then about the longer of the two, not their sum).
 
-    ``session``: the executor's session on their node. ``parts`` must be shards one
+    ``session``: the executor's session on their node. ``targets`` must be shards one
     transaction may name together (one slot in a cluster).
-    One :class:`Taken` per part, in order. When another client wrote to any of the
-    shards, nothing was written and every part is ``aborted``: the caller may try each
+    One :class:`Taken` per target, in order. When another client wrote to any of the
+    shards, nothing was written and every target is ``aborted``: the caller may try each
     shard on its own.
     """
-    pending = begin(session, parts, write, limit)
+    pending = begin(session, targets, write, limit)
     answer(pending)
     return finish(pending)
 
@@ -204,14 +206,14 @@ class Pending:
     """
 
     session: Session
-    parts: Sequence[Part]
+    targets: Sequence[Target]
     write: bool
     limit: int | None
     keys: list[bytes]
     #: The opening's commands sent (SCRIPT LOADs, WATCH), and the reads' tickets.
     opening: int = 0
     reads: list[tuple[Ticket, list[int]]] = field(default_factory=list)
-    #: Set by :func:`answer`: what each part's snapshot did so far, and what its EXEC's
+    #: Set by :func:`answer`: what each target's snapshot did so far, and what its EXEC's
     #: replies decide (:func:`_written`); or the outcome, when nothing is owed.
     taken: list[Taken] | None = None
     sent: Any = None
@@ -219,23 +221,23 @@ class Pending:
     done: list[Taken] | None = None
 
 
-def begin(session: Session, parts: Sequence[Part], write: bool, limit: int | None) -> Pending:
+def begin(session: Session, targets: Sequence[Target], write: bool, limit: int | None) -> Pending:
     """Send :func:`take`'s first round (its reads and ``MULTI``); :func:`answer` reads it."""
-    packed = [encode(part.key) for part in parts]
-    pending = Pending(session, parts, write, limit, packed)
-    _gather(parts, packed)
+    packed = [encode(target.key) for target in targets]
+    pending = Pending(session, targets, write, limit, packed)
+    _gather(targets, packed)
     # The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis
     # has none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL.
-    scripted = any(not part.whole and not part.ranged for part in parts)
+    scripted = any(not target.whole and not target.ranged for target in targets)
     opening = [*_LOAD_SCRIPTS] if scripted else []
     if write:
         opening.append(pack_command(b"WATCH", *packed))
     pending.opening = len(opening)
-    groups = _groups(parts)
+    groups = _groups(targets)
     try:
         for n, group in enumerate(groups):
-            commands = [c for i in group for c in _reads(parts[i], packed[i], write)]
-            count = sum(parts[i].replies for i in group)
+            commands = [c for i in group for c in _reads(targets[i], packed[i], write)]
+            count = sum(targets[i].replies for i in group)
             if n == 0:
                 commands[:0] = opening
                 count += len(opening)
@@ -245,22 +247,22 @@ def begin(session: Session, parts: Sequence[Part], write: bool, limit: int | Non
             pending.reads.append((session.post(b"".join(commands), count), group))
     except TransportError:
         session.drop()  # replies may be owed on it: never read them later
-        pending.done = [Taken() for _ in parts]  # nothing was written: the other path retries
+        pending.done = [Taken() for _ in targets]  # nothing was written: the other path retries
     return pending
 
 
 def answer(pending: Pending) -> None:
-    """Read a :func:`begin`'s replies, answer its parts and send their writes and ``EXEC``.
+    """Read a :func:`begin`'s replies, answer its targets and send their writes and ``EXEC``.
 
     The writes go once ``MULTI`` is confirmed; their replies are :func:`finish`'s to read.
     """
     if pending.done is not None:
         return
-    session, parts, write, limit = pending.session, pending.parts, pending.write, pending.limit
+    session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
     try:
         replies: list[Any] = []  # the opening's, then MULTI's
         failed: BaseException | None = None
-        found: list[_Copy | None] = [None] * len(parts)
+        found: list[_Copy | None] = [None] * len(targets)
         for n, (ticket, group) in enumerate(pending.reads):
             read = session.replies(ticket)
             failed = failed or _failure(read)
@@ -269,65 +271,67 @@ def answer(pending: Pending) -> None:
             if write and n == len(pending.reads) - 1:
                 replies.append(read.pop())
             for i in group:
-                mine, read = read[: parts[i].replies], read[parts[i].replies :]
-                found[i] = None if failed else _check(parts[i], mine, write, limit)
+                mine, read = read[: targets[i].replies], read[targets[i].replies :]
+                found[i] = None if failed else _check(targets[i], mine, write, limit)
         if failed is None:
             _send_writes(pending, found, replies)
             return
         if write:
             _end(session, write, replies)
-        pending.done = [Taken(denied=acl_denial(failed)) for _ in parts]
+        pending.done = [Taken(denied=acl_denial(failed)) for _ in targets]
     except TransportError:
-        pending.done = [Taken() for _ in parts]
+        pending.done = [Taken() for _ in targets]
     except BaseException:
         session.drop()  # a transaction may be open on it: never reuse the connection
         raise
 
 
 def finish(pending: Pending) -> list[Taken]:
-    """Read the ``EXEC`` :func:`answer` sent; return what each part's snapshot did."""
+    """Read the ``EXEC`` :func:`answer` sent; return what each target's snapshot did."""
     if pending.done is None:
         assert pending.taken is not None
         outcome = pending.session.settle(pending.sent, pending.queued)
-        pending.done = _written(pending.parts, pending.taken, outcome)
+        pending.done = _written(pending.targets, pending.taken, outcome)
     return pending.done
 
 
-def _gather(parts: Sequence[Part], keys: list[bytes]) -> None:
-    """Find the blocks each part read by its blocks needs; pack the ranged parts' reads.
+def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
+    """Find the blocks each target read by its blocks needs; pack the ranged targets' reads.
 
-    The ranged parts' ``GETRANGE``s are packed all at once: numpy's cost is per
+    The ranged targets' ``GETRANGE``s are packed all at once: numpy's cost is per
     operation (~120 µs a shard of a 100M filter when packed one by one).
     """
-    for part in parts:
-        part.ranged = (
-            not part.whole
+    for target in targets:
+        target.ranged = (
+            not target.whole
             and _BY_RANGES
-            and not part.by_script
-            and not isinstance(part.offsets, list)
+            and not target.by_script
+            and not isinstance(target.offsets, list)
         )
-        if not part.whole:
-            part.blocks, part.moved = gather(part.offsets)
-    ranged = [i for i, part in enumerate(parts) if part.ranged]
+        if not target.whole:
+            target.blocks, target.moved = gather(target.offsets)
+    ranged = [i for i, target in enumerate(targets) if target.ranged]
     if ranged:
         packed = range_reads(
-            [keys[i] for i in ranged], [parts[i].blocks for i in ranged], RUN_BLOCKS
+            [keys[i] for i in ranged], [targets[i].blocks for i in ranged], RUN_BLOCKS
         )
         for i, runs in zip(ranged, packed, strict=True):
-            parts[i].runs = runs
+            targets[i].runs = runs
 
 
-def _groups(parts: Sequence[Part]) -> list[list[int]]:
-    """Group the parts (by position) whose reads go together: the whole ones, then one each.
+def _groups(targets: Sequence[Target]) -> list[list[int]]:
+    """Group the targets (by position) whose reads go together: the whole ones, then one each.
 
-    A part read by its blocks costs Redis ~1.3 µs an element (a few hundred µs for a
+    A target read by its blocks costs Redis ~1.3 µs an element (a few hundred µs for a
     100M filter's shard), about what answering it costs Python: sent on its own, it is
     answered while Redis reads the next (+10% at 100M in calls of 10,000). A whole
-    part's read costs Redis little: sent apart, the 31 shards of a 1M filter paid more
-    in round trips than they gained (-5 to -30%), so the whole parts go together.
+    target's read costs Redis little: sent apart, the 31 shards of a 1M filter paid more
+    in round trips than they gained (-5 to -30%), so the whole targets go together.
     """
-    whole = [i for i, part in enumerate(parts) if part.whole]
-    return ([whole] if whole else []) + [[i] for i, part in enumerate(parts) if not part.whole]
+    whole = [i for i, target in enumerate(targets) if target.whole]
+    return ([whole] if whole else []) + [
+        [i] for i, target in enumerate(targets) if not target.whole
+    ]
 
 
 def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
@@ -360,56 +364,56 @@ def _failure(replies: list[Any]) -> BaseException | None:
     return next((r for r in replies if isinstance(r, BaseException)), None)
 
 
-def _reads(part: Part, key: bytes, write: bool) -> list[bytes]:
-    """Pack the commands that read a part: ``GET``, 1 MiB ``GETRANGE``s, or its blocks."""
-    if part.whole:  # not through Lua: it would copy and collect the bytes (~1 ns each)
-        part.moved = part.offsets
+def _reads(target: Target, key: bytes, write: bool) -> list[bytes]:
+    """Pack the commands that read a target: ``GET``, 1 MiB ``GETRANGE``s, or its blocks."""
+    if target.whole:  # not through Lua: it would copy and collect the bytes (~1 ns each)
+        target.moved = target.offsets
         # A check reads the shard in one GET: one atomic read. An add may read it in
         # pieces: its EXEC (even an empty one) confirms nothing changed since WATCH.
-        if not write or part.length <= PIECE:
-            part.replies = 1
+        if not write or target.length <= PIECE:
+            target.replies = 1
             return [pack_command(b"GET", key)]
-        ranges = range(0, part.length, PIECE)
-        part.replies = len(ranges)
+        ranges = range(0, target.length, PIECE)
+        target.replies = len(ranges)
         return [
-            pack_command(b"GETRANGE", key, start, min(start + PIECE, part.length) - 1)
+            pack_command(b"GETRANGE", key, start, min(start + PIECE, target.length) - 1)
             for start in ranges
         ]
-    if part.ranged:  # STRLEN, the header, then a GETRANGE per run of blocks
-        reads, count = part.runs
+    if target.ranged:  # STRLEN, the header, then a GETRANGE per run of blocks
+        reads, count = target.runs
         commands = [
             pack_command(b"STRLEN", key),
             pack_command(b"GETRANGE", key, 0, HEADER_BYTES - 1),
             reads,
         ]
-        part.replies = 2 + count
+        target.replies = 2 + count
         if write:  # under WATCH: EXEC confirms nothing changed since
             return commands
         # A check reads the shard atomically, as the script does: in one transaction.
-        part.replies += 2
+        target.replies += 2
         return [_MULTI, *commands, _EXEC]
-    part.replies = 1
-    spans = packed_runs(part.blocks, range(len(part.blocks)), RUN_BLOCKS)
+    target.replies = 1
+    spans = packed_runs(target.blocks, range(len(target.blocks)), RUN_BLOCKS)
     return [pack_command(b"EVALSHA", READ_BLOCKS.sha, 1, key, spans, _JOINED)]
 
 
-#: What :func:`_check` gives a part it answered: its copy after the kernel, the bytes
-#: read (a part by blocks: to find the blocks changed), its count, and the kernel's
+#: What :func:`_check` gives a target it answered: its copy after the kernel, the bytes
+#: read (a target by blocks: to find the blocks changed), its count, and the kernel's
 #: answers and changed span.
 _Copy = tuple[bytearray, bytes, int, tuple[list[bool], int, int]]
 
 
-def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy | None:
-    """Check a part's read and answer its batch on a copy; None to hand it back.
+def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _Copy | None:
+    """Check a target's read and answer its batch on a copy; None to hand it back.
 
-    A part is handed back when its shard is lost, foreign or not as expected, or, for
+    A target is handed back when its shard is lost, foreign or not as expected, or, for
     a growing shard, grown or full to the limit.
     """
-    got = _copy(part, read, write)
+    got = _copy(target, read, write)
     if got is None:
         return None
     copy, before = got
-    moved, count = part.moved, 0
+    moved, count = target.moved, 0
     if limit is not None:
         generations = int.from_bytes(copy[_GENERATIONS], "big")
         count = int.from_bytes(copy[_COUNT], "big")
@@ -423,25 +427,25 @@ def _check(part: Part, read: list[Any], write: bool, limit: int | None) -> _Copy
     return copy, before, count, _kernel(moved)(copy, moved, write)
 
 
-def _copy(part: Part, read: list[Any], write: bool) -> tuple[bytearray, bytes] | None:
-    """Return a part's copy as read (compact when by blocks) and the bytes read; None if odd.
+def _copy(target: Target, read: list[Any], write: bool) -> tuple[bytearray, bytes] | None:
+    """Return a target's copy as read (compact when by blocks) and the bytes read; None if odd.
 
     None when the key is lost, foreign or not as expected (its length, its identity).
     """
-    if part.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
+    if target.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
         copy = bytearray().join(p for p in read if isinstance(p, bytes))
         del read[:]  # (a shard's pieces are MiBs: let go once copied)
         strlen = size = len(copy)
         before = b""
     else:  # its length, the header, the runs of blocks: the read script's reply, or
         # the commands' replies (a check's: its EXEC's)
-        inside = part.ranged and not write  # (errors elsewhere: found by take's _failure)
-        reply = read[-1] if inside else read if part.ranged else read[0]
+        inside = target.ranged and not write  # (errors elsewhere: found by take's _failure)
+        reply = read[-1] if inside else read if target.ranged else read[0]
         if not isinstance(reply, list) or (inside and _failure(reply)):
             return None  # a command refused inside a check's transaction: the other path's
         strlen, before = reply[0], b"".join(reply[1:])
-        copy, size = bytearray(before), HEADER_BYTES + len(part.blocks) * BLOCK_BYTES
-    if strlen != part.length or not copy.startswith(part.identity) or len(copy) != size:
+        copy, size = bytearray(before), HEADER_BYTES + len(target.blocks) * BLOCK_BYTES
+    if strlen != target.length or not copy.startswith(target.identity) or len(copy) != size:
         return None  # lost, foreign or odd: the other path finds out which
     return copy, before
 
@@ -449,18 +453,18 @@ def _copy(part: Part, read: list[Any], write: bool) -> tuple[bytearray, bytes] |
 def _write_back(
     session: Session,
     keys: list[bytes],
-    parts: Sequence[Part],
+    targets: Sequence[Target],
     write: bool,
     limit: int | None,
     found: list[_Copy | None],
     opening: list[Any],
     extra: Sequence[bytes] = (),
 ) -> list[Taken]:
-    """Send what the answers changed and ``EXEC``; return what each part's snapshot did.
+    """Send what the answers changed and ``EXEC``; return what each target's snapshot did.
 
     ``extra``: more writes for the transaction (a grown shard's count, in another key).
     """
-    pending = Pending(session, parts, write, limit, keys)
+    pending = Pending(session, targets, write, limit, keys)
     _send_writes(pending, found, opening, extra)
     return finish(pending)
 
@@ -470,15 +474,15 @@ def _send_writes(
 ) -> None:
     """Send what the answers changed and ``EXEC`` (not reading the replies: :func:`finish`).
 
-    ``found``: per part, what :func:`_check` gave (None: handed back); ``opening``: the
+    ``found``: per target, what :func:`_check` gave (None: handed back); ``opening``: the
     first round's replies (the opening's and MULTI's); ``extra``: as :func:`_write_back`'s.
     """
-    session, parts, write, limit = pending.session, pending.parts, pending.write, pending.limit
+    session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = [*extra]
-    changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged parts' blocks to write
+    changed: list[tuple[bytes, Any, bytes, bytearray]] = []  # ranged targets' blocks to write
     queued = len(extra)
-    for part, key, got in zip(parts, pending.keys, found, strict=True):
+    for target, key, got in zip(targets, pending.keys, found, strict=True):
         if got is None:
             taken.append(Taken())  # lost, foreign, odd, grown or full: the other path's
             continue
@@ -486,18 +490,18 @@ def _send_writes(
         taken.append(Taken(answers))
         if not write or low >= high:
             continue
-        queued += 0 if part.ranged else 1  # (a ranged part's commands are counted below)
-        if part.whole:  # the span the kernel changed, its MiBs copied once (by the join)
+        queued += 0 if target.ranged else 1  # (a ranged target's commands are counted below)
+        if target.whole:  # the span the kernel changed, its MiBs copied once (by the join)
             commands += (
                 command_head(4, b"SETRANGE", key, low) + b"$%d\r\n" % (high - low),
                 memoryview(copy)[low:high],
                 b"\r\n",
             )
-        elif part.ranged:  # a SETRANGE per block changed: all parts' at once, below
-            changed.append((key, part.blocks, before, copy))
+        elif target.ranged:  # a SETRANGE per block changed: all targets' at once, below
+            changed.append((key, target.blocks, before, copy))
         else:
             slots = changed_slots(before, copy)
-            spans = packed_runs(part.blocks, slots, RUN_BLOCKS)
+            spans = packed_runs(target.blocks, slots, RUN_BLOCKS)
             data = slot_bytes(copy, slots)
             commands.append(pack_command(b"EVALSHA", WRITE_BLOCKS.sha, 1, key, spans, data))
         if limit is not None:
@@ -520,16 +524,18 @@ def _send_writes(
     pending.sent = session.propose(_coalesced(commands), queued)
 
 
-def _written(parts: Sequence[Part], taken: list[Taken], done: tuple[Commit, Any]) -> list[Taken]:
-    """Return what each part's snapshot did, from what its transaction's ``EXEC`` did."""
+def _written(
+    targets: Sequence[Target], taken: list[Taken], done: tuple[Commit, Any]
+) -> list[Taken]:
+    """Return what each target's snapshot did, from what its transaction's ``EXEC`` did."""
     outcome, reply = done
     if outcome is Commit.DONE:
         return taken
     if outcome is Commit.ABORTED:  # another client wrote to a shard: EXEC did nothing
-        logger.debug("Snapshot of %d shard(s): one changed meanwhile", len(parts))
-        return [Taken(aborted=True) for _ in parts]
+        logger.debug("Snapshot of %d shard(s): one changed meanwhile", len(targets))
+        return [Taken(aborted=True) for _ in targets]
     if outcome is Commit.REFUSED:  # nothing ran
-        return [Taken(denied=acl_denial(reply)) for _ in parts]
+        return [Taken(denied=acl_denial(reply)) for _ in targets]
     if outcome is Commit.UNSENT:  # nothing written: the other path's answers stand
-        return [Taken() for _ in parts]
+        return [Taken() for _ in targets]
     return [Taken(ambiguous=t.answers is not None) for t in taken]  # may have run

@@ -52,8 +52,8 @@ from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _LOAD_SCRIPTS,
     _MULTI,
-    Part,
     Taken,
+    Target,
     _copy,
     _end,
     _failure,
@@ -105,13 +105,13 @@ class Found:
 
 @dataclass(slots=True)
 class Stack:
-    """One shard's batch in :func:`take_stacks`: what :func:`probe` found, a part per key."""
+    """One shard's batch in :func:`take_stacks`: what :func:`probe` found, a target per key."""
 
     shard: int
     identity: bytes
     found: Found
-    #: One :class:`.snapshot.Part` per key of ``found.keys``, in order.
-    parts: list[Part]
+    #: One :class:`.snapshot.Target` per key of ``found.keys``, in order.
+    targets: list[Target]
     ttl: int = 0
 
 
@@ -205,11 +205,11 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
     One :class:`.snapshot.Taken` per stack, in order: its answers (the first of its
     batch's elements, the rest the script's), or why it goes back to the script.
     """
-    parts = [part for stack in stacks for part in stack.parts]
-    keys = [encode(part.key) for part in parts]
-    _gather(parts, keys)
+    targets = [target for stack in stacks for target in stack.targets]
+    keys = [encode(target.key) for target in targets]
+    _gather(targets, keys)
     commands: list[bytes] = []
-    if any(not part.whole and not part.ranged for part in parts):
+    if any(not target.whole and not target.ranged for target in targets):
         commands += _LOAD_SCRIPTS
     if write:
         watched = dict.fromkeys(name for stack in stacks for name in _watched(stack))
@@ -222,8 +222,8 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
     for stack in stacks:
         if stack.found.anchor is not None:
             commands.append(_header(stack.found.anchor))
-        for part in stack.parts:
-            commands += _reads(part, keys[at], write)
+        for target in stack.targets:
+            commands += _reads(target, keys[at], write)
             at += 1
     if write:
         commands.append(_MULTI)
@@ -252,19 +252,19 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
             if stack.found.anchor is not None:
                 anchor, at = read[at], at + 1
             mine = []
-            for part in stack.parts:
-                mine.append(read[at : at + part.replies])
-                at += part.replies
+            for target in stack.targets:
+                mine.append(read[at : at + target.replies])
+                at += target.replies
             got, counted = _answer(stack, anchor, mine, write, now)
             if got is not None and stack.ttl and now is not None:
                 late = now + (time.monotonic() - sent_at)
                 if (stack.found.window + 1) * stack.ttl - late <= GUARD:
                     got = None  # the window nears its end: the script's
-            found += [None] * (len(stack.parts) - 1) + [got]
+            found += [None] * (len(stack.targets) - 1) + [got]
             if got is not None and write and counted is not None:
                 state, count = stack.found.state, min(counted, 2**32 - 1).to_bytes(4, "big")
                 extra.append(pack_command(b"SETRANGE", state, _COUNT, count))
-        taken = _write_back(session, keys, parts, write, None, found, opened, extra)
+        taken = _write_back(session, keys, targets, write, None, found, opened, extra)
     except TransportError:
         return [Taken() for _ in stacks]
     except BaseException:
@@ -272,7 +272,7 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
         raise
     out, at = [], 0
     for stack in stacks:
-        at += len(stack.parts)
+        at += len(stack.targets)
         out.append(taken[at - 1])
     return out
 
@@ -282,7 +282,7 @@ def _replies(stacks: Sequence[Stack], opening: int, write: bool) -> int:
     count = opening + write
     for stack in stacks:
         count += stack.found.anchor is not None
-        count += sum(part.replies for part in stack.parts)
+        count += sum(target.replies for target in stack.targets)
     return count
 
 
@@ -319,12 +319,12 @@ def _answer(
         if absent and int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"):
             return _NONE
     copies = []
-    for part, mine in zip(stack.parts, reads, strict=True):
-        got = _copy(part, mine, write)
+    for target, mine in zip(stack.targets, reads, strict=True):
+        got = _copy(target, mine, write)
         if got is None:
             return _NONE  # lost, foreign or odd: the script finds out which
         copies.append(got)
-    heads = {part.key: copy for part, (copy, _) in zip(stack.parts, copies, strict=True)}
+    heads = {target.key: copy for target, (copy, _) in zip(stack.targets, copies, strict=True)}
     state = heads[found.state]
     if _generations(state) != found.generations:
         return _NONE  # grown meanwhile
@@ -332,15 +332,15 @@ def _answer(
     if before is not None and before[1] and _generations(heads[before[0]]) != before[1]:
         return _NONE
     count = _u32(state)
-    moved = stack.parts[-1].moved
+    moved = stack.targets[-1].moved
     room = found.limit - 1 - count
     if write and room <= 0:
         return _NONE  # full to the limit: the script's
     vectorised = not isinstance(moved, list)
     seen: Any = None
-    older = stack.parts if not write else stack.parts[:-1]
-    for part, (copy, _) in zip(older, copies, strict=False):
-        answers = _kernel(part.moved)(copy, part.moved, False)[0]
+    older = stack.targets if not write else stack.targets[:-1]
+    for target, (copy, _) in zip(older, copies, strict=False):
+        answers = _kernel(target.moved)(copy, target.moved, False)[0]
         if seen is None:
             seen = np.array(answers, dtype=bool) if vectorised else answers
         elif vectorised:

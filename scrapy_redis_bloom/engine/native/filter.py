@@ -178,7 +178,7 @@ class NativeBloomFilter(FilterBase):
             if answer is not None:
                 return answer
         payload = head + b"$%d\r\n%b\r\n" % (len(item), item)
-        reply, ambiguous = self.executor.call(OPERATION, payload, key, shard, self._script)
+        reply, ambiguous = self.executor.fast(OPERATION, payload, key, shard, self._script)
         answers = self._read(reply, key, True, 1)
         if answers is None:
             if recovered:
@@ -206,7 +206,7 @@ class NativeBloomFilter(FilterBase):
             return None
         if check.reads:  # else the add alone answers (no window before)
             sent_at = time.time()
-            replies = self.executor.call_many(OPERATION, check.reads, key, shard).replies
+            replies = self.executor.fast_many(OPERATION, check.reads, key, shard).replies
             try:
                 for reply in replies:
                     if isinstance(reply, BaseException):
@@ -216,7 +216,7 @@ class NativeBloomFilter(FilterBase):
                 raise self._refused(exc, key) from None
             if verdict != native_ttl.ADD:
                 return verdict == native_ttl.SEEN or None
-        reply, ambiguous = self.executor.call(OPERATION, check.add, key, shard, None)
+        reply, ambiguous = self.executor.fast(OPERATION, check.add, key, shard, None)
         error = reply if isinstance(reply, BaseException) else None
         if error is None and isinstance(reply, list) and reply:
             error = reply[-1] if isinstance(reply[-1], BaseException) else None
