@@ -77,3 +77,21 @@ class Known:
     window: int = -1
     since: int = 0
     clock: Clock = field(default_factory=Clock)
+
+    def timed(
+        self, replies: list[Any], asked: bool, sent_at: float, window: int, ttl: int
+    ) -> tuple[float, list[Any]] | None:
+        """Return Redis's time at a round's reads and the replies after its ``TIME``.
+
+        ``asked``: the round began with ``TIME`` (read, and the clock's offset renewed);
+        else the offset tells. None when the round chose its keys by another window than
+        ``window``, Redis's or the one known now: the check is then the script's.
+        Raises ``ValueError`` for a ``TIME`` reply of the wrong shape.
+        """
+        if asked:
+            now, replies = self.clock.read(replies[0], sent_at), replies[1:]
+        else:
+            now = self.clock.now()
+        if int(now // ttl) != window or self.window != window:
+            return None
+        return now, replies

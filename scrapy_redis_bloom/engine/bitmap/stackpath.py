@@ -270,13 +270,10 @@ class StackPath:
         known = check.known
         late = False
         if self.ttl:
-            if check.asked:
-                now = known.clock.read(replies[0], sent_at)
-                replies = replies[1:]
-            else:
-                now = known.clock.now()
-            if int(now // self.ttl) != check.window or known.window != check.window:
+            timed = known.timed(replies, check.asked, sent_at, check.window, self.ttl)
+            if timed is None:
                 return SCRIPT  # the round chose its keys by another window
+            now, replies = timed
             late = not Clock.inside(now, check.window, self.ttl)
         if len(replies) != len(check.keys) + sum(k.header for k in check.keys):
             raise ValueError(f"replies to {len(check.reads)} reads, got {len(replies)}")

@@ -161,13 +161,10 @@ class Windows:
         known = self._shards[check.shard]
         if len(replies) != len(check.reads):
             raise ValueError(f"{len(check.reads)} replies, got {len(replies)}")
-        if check.asked:
-            now = known.clock.read(replies[0], sent_at)
-            replies = replies[1:]
-        else:
-            now = known.clock.now()
-        if int(now // self.ttl) != check.window or known.window != check.window:
+        timed = known.timed(replies, check.asked, sent_at, check.window, self.ttl)
+        if timed is None:
             return SCRIPT  # the round chose its keys by another window
+        now, replies = timed
         seen = replies[-1] == 1
         if check.exists:
             if replies[0] == 0:  # the window before is missing: lost, or never started
