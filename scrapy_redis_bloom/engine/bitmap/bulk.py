@@ -466,7 +466,8 @@ class Bulk:
             live.append(pending)
 
         def end(index: int) -> None:
-            out.append(self._noted(batches[index][1], finish(live[0])))
+            targets = [target for _, _, target in batches[index][1]]
+            out.append(self._noted(targets, finish(live[0])))
             live.pop(0)  # (the oldest: they finish in the order they began)
 
         try:
@@ -486,9 +487,9 @@ class Bulk:
             raise
         return out
 
-    def _noted(self, batch: list[Any], taken: list[Taken]) -> list[Taken]:
-        """Note an ACL refusal among a batch's snapshots (:meth:`_refused`); return them."""
-        for (_, _, target), one in zip(batch, taken, strict=True):
+    def _noted(self, targets: list[Target], taken: list[Taken]) -> list[Taken]:
+        """Note an ACL refusal among the targets' snapshots (:meth:`_refused`); return them."""
+        for target, one in zip(targets, taken, strict=True):
             if one.denied is not None:
                 self._refused(one.denied, target.key)
                 break
@@ -604,12 +605,8 @@ class Bulk:
         self, node: Node, targets: list[Target], write: bool, limit: int | None
     ) -> list[Taken]:
         """Take the targets' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
-        taken = take(self.executor.session(node, "check in bulk", write), targets, write, limit)
-        for target, one in zip(targets, taken, strict=True):
-            if one.denied is not None:
-                self._refused(one.denied, target.key)
-                break
-        return taken
+        session = self.executor.session(node, "check in bulk", write)
+        return self._noted(targets, take(session, targets, write, limit))
 
     def _refused(self, denied: str, key: str) -> None:
         """Stop taking snapshots: Redis's ACL refused one."""
