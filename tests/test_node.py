@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import threading
 import time
 
@@ -208,3 +210,27 @@ def test_a_thread_and_the_main_thread_share_the_connection_in_turn(
     thread.join()
     assert other == [True] * 300
     assert bloom.contains_many(first) == [True] * 300
+
+
+def test_responds_tells_a_server_that_answers_from_one_that_does_not() -> None:
+    """``Node.responds`` (the executor's watch of a server that stopped answering).
+
+    Any reply counts, a refused password too; a stopped server or a closed port does not.
+    """
+    with RedisServer(password="right") as server:
+        right = redis.Redis("127.0.0.1", server.port, password="right", socket_timeout=0.5)
+        wrong = redis.Redis("127.0.0.1", server.port, password="wrong", socket_timeout=0.5)
+        assert node_of(right).responds() is True
+        assert node_of(wrong).responds() is True  # refused: but the server is there
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            assert node_of(right).responds() is False
+            assert time.monotonic() - began < 2.0  # within its socket timeouts
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert node_of(right).responds() is True
+        port = server.port
+    gone = redis.Redis("127.0.0.1", port, socket_timeout=0.5)
+    assert node_of(gone).responds() is False

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
 import mmh3
 import pytest
 import redis
+from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
@@ -122,3 +124,123 @@ def test_requests_owed_after_an_outage_are_kept_when_adding_them_fails_otherwise
     assert bloom.contains_many(owed) == [True] * len(owed)
     bloom.close()
     client.close()
+
+
+def watches() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("bloomfilter-watch")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("state", ["fresh", "grown"])
+def test_no_call_waits_a_socket_timeout_while_redis_stays_stalled(
+    server: RedisServer, state: str
+) -> None:
+    """Once the first call gave up, a stall of any length costs no call a socket timeout.
+
+    Before the watch thread, the one attempt a second was made by a call of the crawl,
+    which waited a socket timeout each time: a crawl under ``allow`` spent a socket
+    timeout in every second plus one of a stall.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=0.5, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "watch", config, faults=faults, cache_size=0)
+    if state == "grown":
+        bloom.add_many(fingerprints(30_000, "member"))
+    assert bloom.check_and_add("before") is False
+    let_through = fingerprints(400, "stalled")
+    stall(server, True)
+    try:
+        assert bloom.check_and_add(let_through[0]) is False  # gives up after the timeouts
+        assert watches(), "no thread watches the stalled server"
+        slowest, started, i = 0.0, time.monotonic(), 1
+        while time.monotonic() - started < 4 * SOCKET_TIMEOUT:  # several watch rounds
+            began = time.monotonic()
+            assert bloom.check_and_add(let_through[i]) is False
+            slowest = max(slowest, time.monotonic() - began)
+            i += 1
+            time.sleep(0.01)
+        # No I/O at all: a call that waited for the server would take a socket timeout.
+        assert slowest < SOCKET_TIMEOUT / 4, slowest
+        began = time.monotonic()
+        assert bloom.add_many(fingerprints(50, "bulk")) == [False] * 50  # bulk fails fast too
+        assert time.monotonic() - began < SOCKET_TIMEOUT / 4
+    finally:
+        stall(server, False)
+    deadline = time.monotonic() + 10  # the watch sees it answer within a second or so
+    while time.monotonic() < deadline:  # until a check is answered by Redis, not let through
+        errors = bloom.events.counts["errors"]
+        bloom.check_and_add(f"after-{time.monotonic()}")
+        if bloom.events.counts["errors"] == errors:
+            break
+        time.sleep(0.05)
+    assert bloom.events.counts["errors"] == errors, "Redis answered, the filter never asked"
+    bloom.check_and_add_many(fingerprints(5, "settle"))  # a write that settles what is owed
+    other = RedisBloomFilter.from_config(client, "watch", config, cache_size=0)
+    assert other.contains_many(let_through[:i]) == [True] * i
+    assert not watches()  # the watch ended when the server answered
+    bloom.close()
+    other.close()
+    client.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_filter_ends_the_watch_of_a_stalled_server(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=0.5, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "close", config, faults=faults, cache_size=0)
+    bloom.check_and_add("before")
+    stall(server, True)
+    try:
+        assert bloom.check_and_add("during") is False
+        assert watches()
+        bloom.close()
+        deadline = time.monotonic() + 2 * SOCKET_TIMEOUT + 2
+        while watches() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not watches()
+    finally:
+        stall(server, False)
+        client.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_cluster_failover_that_outlasts_the_retry_timeout_is_followed(
+    redis_cluster_replicas: RedisClusterNodes,
+) -> None:
+    """A master killed for longer than the retry timeout is followed to its replica.
+
+    Once a replica serves its slots, the filter checks with Redis again (the watch of the
+    dead master ends when the slot map no longer names it), rather than letting requests
+    through for the rest of the crawl.
+    """
+    nodes = redis_cluster_replicas
+    nodes.wait_until_consistent(timeout=20)
+    nodes.flushall()
+    cluster = nodes.client(socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 6})
+    faults = FaultPolicy(retry_timeout=0.5, on_error="allow", on_loss="recreate")
+    bloom = RedisBloomFilter.from_config(cluster, "failover", config, faults=faults, cache_size=0)
+    bloom.check_and_add_many(fingerprints(100, "before"))
+    time.sleep(0.5)  # replicated
+    victim = nodes.masters()[0]
+    nodes.kill_node(victim)
+    try:
+        during = fingerprints(300, "during")
+        assert bloom.check_and_add_many(during) == [False] * len(during)
+        assert bloom.events.counts["errors"] > 0  # the victim's shards were let through
+        nodes.wait_for_failover(victim)
+        deadline, quiet = time.monotonic() + 30, 0
+        while time.monotonic() < deadline and quiet < 50:  # 50 checks in a row by Redis
+            errors = bloom.events.counts["errors"]
+            bloom.check_and_add(f"after-{time.monotonic()}")
+            quiet = quiet + 1 if bloom.events.counts["errors"] == errors else 0
+            time.sleep(0.02)
+        assert quiet >= 50, "the filter never checked with the promoted replica"
+        bloom.check_and_add_many(fingerprints(5, "settle"))  # settles what is owed
+        assert bloom.contains_many(during) == [True] * len(during)
+    finally:
+        bloom.close()
+        nodes.restart_node(victim)
+        cluster.close()

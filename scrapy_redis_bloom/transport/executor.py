@@ -8,15 +8,18 @@ filter's scripts raises :class:`~..errors.AccessDeniedError`; ``NOSCRIPT``, ``MO
 ``ASK`` are acted on at once; "not now" errors and lost replies are retried with backoff
 (50 ms to 1 s) until ``retry_timeout``, a write whose reply was lost marked **ambiguous**;
 then :class:`~..errors.FilterUnavailableError`, and one attempt a second at most until Redis
-answers again, so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall. The
+answers again (a server that stopped answering: once a watch thread sees it answer), so a
+crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall. The
 outcomes and why: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +60,10 @@ logger = logging.getLogger(__name__)
 #: Backoff between retry rounds: from the first, doubling, up to the last.
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
-#: After the retry timeout ran out, at most one attempt per this many seconds.
+#: After the retry timeout ran out, at most one attempt per this many seconds. A server
+#: that stopped answering (a timeout, a refused connection) is watched from a thread of
+#: its own instead (:meth:`Executor._watch`): the crawl's calls fail fast with no I/O,
+#: and never wait a socket timeout, until it answers a ``PING`` again.
 PROBE_INTERVAL = 1.0
 #: Redirections and script loads followed at once for one batch, before waiting.
 MAX_REDIRECTS = 16
@@ -399,6 +405,9 @@ class _Outage:
     why: str
     where: str
     next_attempt: float = 0.0
+    #: The watch of a server that stopped answering (:meth:`Executor._watch`): set when
+    #: it is over (the server answered, the outage ended, the executor closed).
+    watched: threading.Event | None = None
 
 
 @dataclass
@@ -506,7 +515,7 @@ class Executor:
             if now >= end:
                 why = describe_failure(step.failure or "no answer")
                 if timeout is None:  # a whole retry window: fail fast from now on
-                    self._failing(write, first_failure, why, step.where, now)
+                    self._failing(write, first_failure, why, step.where, now, step.failure)
                 failure = self._unavailable(operation, why, step.where, started)
                 if partial:
                     return Results(batch.replies, batch.ambiguous, failure)
@@ -520,23 +529,73 @@ class Executor:
         self._recovered(write)
         return Results(batch.replies, batch.ambiguous)
 
-    def _failing(self, write: bool, since: float, why: str, where: str, now: float) -> _Outage:
-        """Note that a kind of command failed for a whole retry window: fail fast from now on."""
+    def _failing(
+        self, write: bool, since: float, why: str, where: str, now: float, failure: object
+    ) -> _Outage:
+        """Note that a kind of command failed for a whole retry window: fail fast from now on.
+
+        The next attempt is a second away, or, when the server at ``where`` stopped
+        answering (``failure`` is a transport one), once a watch sees it answer again:
+        then for both kinds of command (a read would wait for it as long).
+        """
         outage = self._outages.get(write)
         if outage is None:
             outage = self._outages[write] = _Outage(since, why, where)
         outage.why, outage.where = why, where
         outage.next_attempt = now + PROBE_INTERVAL
+        if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
+            try:
+                node = self.topology.node_at(failure.address)
+            except (RedisError, RedisClusterException, ValueError):
+                return outage  # not a node of the topology now: an attempt a second
+            outage.next_attempt = math.inf
+            self._outages.setdefault(not write, outage)
+            if outage.watched is None or outage.watched.is_set():
+                outage.watched = threading.Event()
+                threading.Thread(
+                    target=self._watch,
+                    args=(outage, node, outage.watched),
+                    name=f"bloomfilter-watch-{node.address}",
+                    daemon=True,
+                ).start()
         return outage
+
+    def _watch(self, outage: _Outage, node: Node, over: threading.Event) -> None:
+        """Ask a server that stopped answering for a ``PING`` once a second, until it answers.
+
+        Runs in a thread of its own, on connections of its own (:meth:`.Node.responds`),
+        so that a stalled server (SIGSTOP, a paused VM, a partition that drops packets)
+        costs the crawl's calls no socket timeout: they fail fast until it answers (or,
+        in a cluster, until another node serves its slots: :meth:`.Topology.serves`),
+        then the next one makes the attempt. Survives anything (said in the log, and
+        tried again a second later).
+        """
+        while not over.wait(PROBE_INTERVAL):
+            try:
+                answered = node.responds() or not self.topology.serves(node)
+            except Exception:  # never ends the watch: the outage would never end
+                logger.exception("Could not ask Redis at %s whether it answers", node.address)
+                continue
+            if answered:
+                over.set()  # first: a failure noted meanwhile starts a watch of its own
+                outage.next_attempt = 0.0
+                logger.debug("Redis at %s answers again, or no longer serves the filter: the next"
+                             " call tries it", node.address)  # fmt: skip
+                return
 
     def _recovered(self, write: bool) -> None:
         """Say that a kind of command runs again after an outage, and stop failing fast."""
         outage = self._outages.pop(write, None)
         if outage is not None:
+            both = self._outages.get(not write) is outage  # a server that stopped answering
+            if both:
+                del self._outages[not write]
+            if outage.watched is not None:
+                outage.watched.set()
             logger.warning(
                 "%s carries out %s again, after %.1f s of: %s",
                 self.topology.describe(),
-                "writes" if write else "reads",
+                "reads and writes" if both else "writes" if write else "reads",
                 time.monotonic() - outage.since,
                 outage.why,
             )
@@ -569,7 +628,7 @@ class Executor:
             return
         why = describe_failure(failure)
         since = outage.since if outage is not None else started
-        outage = self._failing(write, since, why, failure.address, now)
+        outage = self._failing(write, since, why, failure.address, now, failure)
         if probing:
             raise self._still_failing(operation, outage, now) from None
         raise self._unavailable(operation, why, failure.address, started) from None
@@ -758,16 +817,16 @@ class Executor:
     ) -> Session:
         """Return a :class:`Session` on ``node``, for an exchange of several round trips.
 
-        With ``operation``, the session is an extra the caller can do without (a
-        snapshot): while its kind of command has been failing for a whole retry window,
-        it sends nothing (:class:`NotSentError`), as the hot path fails fast (:meth:`_admit`).
-        With ``spare``, on the node's second connection (:meth:`.Node.spare`): an
-        exchange that overlaps one on the first.
+        While its kind of command has been failing for a whole retry window, the session
+        sends nothing (:class:`NotSentError`, naming ``operation``), as the hot path fails
+        fast (:meth:`_admit`): the caller's way back, :meth:`run`, fails fast too. With
+        ``spare``, on the node's second connection (:meth:`.Node.spare`): an exchange
+        that overlaps one on the first.
         """
         if spare:
             node = node.spare()
         try:
-            probing = operation is not None and self._admit(operation, write)
+            probing = self._admit(operation or "reach Redis", write)
         except FilterUnavailableError as exc:
             return Session(self, node, write, False, str(exc))
         return Session(self, node, write, probing, None)
@@ -851,5 +910,12 @@ class Executor:
         return FilterUnavailableError(message, operation=operation, server=place)
 
     def close(self) -> None:
-        """Close the topology's connections."""
+        """Close the topology's connections, and end the watch of any server not answering.
+
+        A call after that (a filter used again) makes the next attempt itself.
+        """
+        for outage in list(self._outages.values()):
+            if outage.watched is not None:
+                outage.watched.set()
+                outage.next_attempt = 0.0
         self.topology.close()

@@ -45,6 +45,7 @@ _PLAIN = frozenset((bytes, int))
 #: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
 #: and -NOAUTH as ConnectionError subclasses, although they are replies.)
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
+_PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 def _certificate_refused(exc: BaseException) -> bool:
@@ -378,6 +379,27 @@ class Node:
             self._broken(exc)
         self._used = time.monotonic()
         return reply
+
+    def responds(self) -> bool:
+        """Tell whether the server answers a ``PING`` now, on a connection of its own.
+
+        Safe from another thread (it shares nothing with :meth:`send`): the executor's
+        watch of a server that stopped answering runs it, so that no call of the crawl's
+        waits a socket timeout for a stalled server. Any reply counts, an error reply too
+        (an ACL without ``PING``, a refused password, ``LOADING``): the server is there.
+        """
+        connection = self._factory()
+        try:
+            connection.connect()
+            connection.send_packed_command([_PING], check_health=False)
+            connection.read_response(disconnect_on_error=False)
+        except ERROR_REPLIES:  # (AuthenticationError and -LOADING before the others)
+            return True
+        except CONNECTION_ERRORS:
+            return False
+        finally:
+            connection.disconnect()
+        return True
 
     def exchange(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> list[Any]:
         """Send ``count`` packed commands and return their replies (see :meth:`receive`)."""

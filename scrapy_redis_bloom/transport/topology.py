@@ -71,6 +71,15 @@ class Topology(ABC):
     def refresh(self) -> None:
         """Re-read where keys live, after a redirection or a failed node. Never raises."""
 
+    def serves(self, node: Node) -> bool:
+        """Tell whether ``node`` still serves part of the filter (a cluster's: see there).
+
+        For the executor's watch of a server that stopped answering, in a thread of its
+        own: a fixed list of servers always does (a Sentinel-managed one reconnects to
+        whichever primary the sentinels name).
+        """
+        return True
+
     @abstractmethod
     def describe(self) -> str:
         """Say where the filter lives, as a noun phrase: addresses, never passwords."""
@@ -199,6 +208,16 @@ class Cluster(Topology):
             self.client.nodes_manager.initialize()
         except (RedisError, RedisClusterException) as exc:
             logger.debug("Could not refresh the cluster's slot map: %s", exc)
+
+    def serves(self, node: Node) -> bool:
+        """Re-read the slot map; tell whether ``node`` is still one of its masters.
+
+        A replica that took a dead master's slots ends the watch of that master: the next
+        call goes to the replica. (The slot map is the client's, shared by every copy.)
+        """
+        self.refresh()
+        masters = self.client.get_primaries()  # type: ignore[no-untyped-call]  # untyped
+        return any(f"{master.host}:{master.port}" == node.address for master in masters)
 
     def describe(self) -> str:
         """Return the cluster's startup nodes."""
