@@ -161,10 +161,10 @@ def test_no_call_waits_a_socket_timeout_while_redis_stays_stalled(
             i += 1
             time.sleep(0.01)
         # No I/O at all: a call that waited for the server would take a socket timeout.
-        assert slowest < SOCKET_TIMEOUT / 4, slowest
+        assert slowest < SOCKET_TIMEOUT / 2, slowest
         began = time.monotonic()
         assert bloom.add_many(fingerprints(50, "bulk")) == [False] * 50  # bulk fails fast too
-        assert time.monotonic() - began < SOCKET_TIMEOUT / 4
+        assert time.monotonic() - began < SOCKET_TIMEOUT / 2
     finally:
         stall(server, False)
     deadline = time.monotonic() + 10  # the watch sees it answer within a second or so
