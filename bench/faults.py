@@ -18,7 +18,8 @@ share of the pages (or from the start, for the connection killer).
 
 Faults, one row each: none (the control); every client connection killed every 50 ms;
 Redis SIGKILLed and restarted from its AOF 3 s later; Redis frozen 3 s (``DEBUG
-SLEEP``); ``maxmemory`` set below ``used_memory`` under ``noeviction``; keys evicted
+SLEEP``); Redis stalled 10 s (SIGSTOP: it keeps its connections and answers nothing, longer
+than the retry window); ``maxmemory`` set below ``used_memory`` under ``noeviction``; keys evicted
 (``allkeys-random`` and junk writes until one of the dupefilter's keys is gone); our
 filter sized for 100 items on a 400-page site. Contenders: ours with its default
 policies, ours with ``BLOOMFILTER_ON_ERROR = 'allow'`` and ``BLOOMFILTER_ON_LOSS =
@@ -39,8 +40,10 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -141,6 +144,8 @@ class FaultContext:
     done: threading.Event
     #: What the fault did, for the table ("killed 412 connections in 96 rounds").
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Pages the site has served so far (set once the site runs).
+    served: Callable[[], int] = lambda: 0
 
 
 Inject = Callable[[FaultContext], None]
@@ -167,7 +172,9 @@ class Fault:
 
     def label(self, args: argparse.Namespace) -> str:
         """Return the row's label for this run's sizes."""
-        return self.title.format(outage=args.outage, kill_ms=args.kill_interval * 1000)
+        return self.title.format(
+            outage=args.outage, kill_ms=args.kill_interval * 1000, stall=args.stall
+        )
 
 
 def inject_killer(ctx: FaultContext) -> None:
@@ -200,6 +207,28 @@ def inject_freeze(ctx: FaultContext) -> None:
         raise RuntimeError(f"DEBUG SLEEP did not complete: {thread.error}")
     ctx.details["frozen_seconds"] = round(time.monotonic() - started, 2)
     ctx.details["summary"] = f"frozen {ctx.details['frozen_seconds']:.1f} s"
+
+
+def inject_stall(ctx: FaultContext) -> None:
+    """SIGSTOP redis-server for ``--stall`` s (until the crawl ends, if sooner), then SIGCONT.
+
+    The server keeps its connections and answers nothing, as a paused VM or a partition
+    that drops packets: a client waits a socket timeout per attempt. Reports the pages the
+    site served meanwhile: how much the crawl went on while Redis did not answer.
+    """
+    process = ctx.server.process
+    if process is None:
+        raise RuntimeError("redis-server is not running")
+    served, started = ctx.served(), time.monotonic()
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        ctx.done.wait(ctx.args.stall)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    stalled = time.monotonic() - started
+    meanwhile = ctx.served() - served
+    ctx.details.update(stalled_seconds=round(stalled, 2), served_meanwhile=meanwhile)
+    ctx.details["summary"] = f"stalled {stalled:.1f} s; {meanwhile} pages served meanwhile"
 
 
 def inject_oom(ctx: FaultContext) -> None:
@@ -291,6 +320,14 @@ FAULTS: tuple[Fault, ...] = (
         settings={"REDIS_PARAMS": {"socket_timeout": 1}},
         not_run={"lenient": "not run: the freeze is shorter than the retry window"},
     ),
+    Fault(
+        "stall",
+        "stalled {stall:g} s (SIGSTOP), socket_timeout 1 s, retry timeout 2 s",
+        ("ours", "lenient", "scrapy-redis"),
+        inject_stall,
+        settings={"REDIS_PARAMS": {"socket_timeout": 1}},
+        ours_settings={"BLOOMFILTER_RETRY_TIMEOUT": 2},
+    ),
     Fault("oom", "maxmemory reached (noeviction)", ("ours", "lenient", "scrapy-redis"), inject_oom),
     Fault(
         "evict",
@@ -379,9 +416,9 @@ def crawl_settings(fault: Fault, contender: Contender, args: argparse.Namespace)
     """Return the settings of one crawl: the contender's, the fault's, and the bounds."""
     settings: dict[str, Any] = {**contender.settings, **fault.settings}
     if contender.ours:
-        settings.update(fault.ours_settings)
         if args.retry_timeout is not None:
             settings["BLOOMFILTER_RETRY_TIMEOUT"] = args.retry_timeout
+        settings.update(fault.ours_settings)  # a row's own settings win
     settings.update(
         {
             # A crawl that runs away (a filter answering "new" for every back-link of a
@@ -415,6 +452,9 @@ def run_crawl(
     fault_errors: list[str] = []
     try:
         with SiteServer(site, delay=args.delay) as web:
+            ctx.served = lambda: sum(
+                n for path, n in web.hits_snapshot().items() if path.startswith("/page/")
+            )
             command = [
                 sys.executable, str(RUNNER), "--site", web.url, "--redis-url", server.url,
                 "--scheduler", "default", "--mode", "follow",
@@ -668,8 +708,11 @@ def method_notes(args: argparse.Namespace) -> list[str]:
         f"Faults: connections killed = CLIENT KILL TYPE normal every {args.kill_interval * 1000:g}"
         f" ms for the whole crawl; restart = SIGKILL, {args.outage:g} s down, same port and"
         f" AOF; freeze = DEBUG SLEEP {args.outage:g}, with REDIS_PARAMS socket_timeout 1 s for"
-        " every contender; maxmemory = maxmemory-policy noeviction and maxmemory at half of"
-        " used_memory, left so until the end; evicted = maxmemory-policy allkeys-random,"
+        f" every contender; stalled = SIGSTOP for {args.stall:g} s (or until the crawl ends),"
+        " then SIGCONT, with socket_timeout 1 s for every contender and"
+        " BLOOMFILTER_RETRY_TIMEOUT 2 s for ours; maxmemory = maxmemory-policy noeviction and"
+        " maxmemory at half of used_memory, left so until the end; evicted ="
+        " maxmemory-policy allkeys-random,"
         f" maxmemory used_memory + 1 MiB, then {JUNK_BYTES // 1024} KiB junk keys until a shard"
         " (ours) or the SET (scrapy-redis) is gone, then maxmemory 0; over capacity = no"
         " fault, our filter sized for 100 items at 1%.",
@@ -779,6 +822,7 @@ DEFAULTS: dict[str, Any] = {
     "delay": 0.06,
     "trigger": 0.25,
     "outage": 3.0,
+    "stall": 10.0,
     "kill_interval": 0.05,
     "retry_timeout": None,
     "runaway": 4,
@@ -790,6 +834,7 @@ QUICK: dict[str, Any] = {
     "pages": 150,
     "delay": 0.04,
     "outage": 1.5,
+    "stall": 6.0,
     "retry_timeout": 4.0,
     "closespider_timeout": 40.0,
     "crawl_timeout": 60.0,
@@ -812,6 +857,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     group.add_argument("--delay", type=float, help="seconds the site waits per page")
     group.add_argument("--trigger", type=float, help="share of the pages served before the fault")
     group.add_argument("--outage", type=float, help="seconds Redis is down (restart) or frozen")
+    group.add_argument("--stall", type=float, help="seconds Redis is stalled (SIGSTOP)")
     group.add_argument("--kill-interval", type=float, help="seconds between CLIENT KILLs")
     group.add_argument(
         "--retry-timeout",
@@ -824,8 +870,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = finish_args(parser, argv, DEFAULTS, QUICK, list(FAULTS_BY_KEY), "faults")
     if args.rounds < 1 or args.pages < 7 or args.runaway < 2:
         parser.error("--rounds must be at least 1, --pages at least 7, --runaway at least 2")
-    if not 0 < args.trigger < 1 or args.delay < 0 or args.outage <= 0:
-        parser.error("--trigger must be in (0, 1), --delay >= 0 and --outage > 0")
+    if not 0 < args.trigger < 1 or args.delay < 0 or args.outage <= 0 or args.stall <= 0:
+        parser.error("--trigger must be in (0, 1), --delay >= 0, --outage and --stall > 0")
     return args
 
 
