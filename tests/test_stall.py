@@ -22,7 +22,7 @@ from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.core.errors import WrongTypeError
+from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeError
 from scrapy_redis_bloom.core.settings import FaultPolicy
 
 SOCKET_TIMEOUT = 1.0
@@ -244,3 +244,41 @@ def test_a_cluster_failover_that_outlasts_the_retry_timeout_is_followed(
         bloom.close()
         nodes.restart_node(victim)
         cluster.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_lease_knows_the_outage_its_filter_waited_out(server: RedisServer) -> None:
+    """A worker closing while Redis stays stalled does not wait out a second retry window.
+
+    The lease renews from a thread of its own, on an executor of its own: before it shared
+    its filter's outages, releasing it at close waited its whole retry window and a socket
+    timeout (15 s with the defaults) although the filter knew Redis answered nothing.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=RETRY_TIMEOUT, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "lease", config, faults=faults, cache_size=0)
+    bloom.check_and_add("before")
+    lease = bloom.lease("worker-1", ttl=30)
+    assert lease.renew() == 0
+    stall(server, True)
+    try:
+        assert bloom.check_and_add("during") is False  # waits out the retry window once
+        began = time.monotonic()
+        with pytest.raises(FilterUnavailableError, match="still failing"):
+            lease.release()
+        assert time.monotonic() - began < SOCKET_TIMEOUT / 2
+    finally:
+        stall(server, False)
+    deadline = time.monotonic() + 10
+    while bloom.events.counts["errors"] and time.monotonic() < deadline:  # until it answers
+        errors = bloom.events.counts["errors"]
+        bloom.check_and_add(f"after-{time.monotonic()}")
+        if bloom.events.counts["errors"] == errors:
+            break
+        time.sleep(0.05)
+    again = bloom.lease("worker-1", ttl=30)
+    assert again.renew() == 0  # the lease works again once Redis answers
+    again.release()
+    bloom.close()
+    client.close()

@@ -253,7 +253,13 @@ class FilterBase:
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
         """Return this worker's lease, whose renewals tell the filter :attr:`workers`."""
         lease = WorkerLease(
-            self.topology, self.key, worker_id, ttl, self.faults.retry_timeout, self.events
+            self.topology,
+            self.key,
+            worker_id,
+            ttl,
+            self.faults.retry_timeout,
+            self.events,
+            shared=self.executor,
         )
         lease.on_workers = self._workers_live
         return lease

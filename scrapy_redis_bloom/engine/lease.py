@@ -80,14 +80,18 @@ class WorkerLease:
         ttl: float,
         retry_timeout: float,
         events: FilterEvents | None = None,
+        shared: Executor | None = None,
     ) -> None:
         self._filter_key = key
         self.key = layout.workers_key(key)
         self.worker_id = worker_id
         self.ttl = ttl
         self.events = events if events is not None else FilterEvents()
-        # A renewal that waits longer than a third of the TTL is late anyway.
-        self._executor = Executor(topology.copy(), retry_timeout=min(retry_timeout, ttl / 3))
+        # A renewal that waits longer than a third of the TTL is late anyway. ``shared``:
+        # the filter's executor, whose outages this one knows (and tells).
+        self._executor = Executor(
+            topology.copy(), retry_timeout=min(retry_timeout, ttl / 3), shared=shared
+        )
         self._executor.explain_denial = partial(
             check_access, self._executor, self._executor.topology, key
         )

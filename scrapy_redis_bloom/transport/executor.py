@@ -15,6 +15,7 @@ outcomes and why: docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -445,7 +446,10 @@ class _Round:
 class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
-    Not thread-safe (its topology's nodes are not): one executor per thread.
+    Not thread-safe (its topology's nodes are not): one executor per thread. With
+    ``shared``, another thread's executor of the same filter (the worker lease's), it
+    knows that one's outages and they know its: a worker's thread does not wait out a
+    retry window the other already waited out.
     """
 
     def __init__(
@@ -453,6 +457,7 @@ class Executor:
         topology: Topology,
         retry_timeout: float,
         events: FilterEvents | None = None,
+        shared: Executor | None = None,
     ) -> None:
         self.topology = topology
         self.retry_timeout = retry_timeout
@@ -461,7 +466,11 @@ class Executor:
         self.explain_denial: Callable[[], None] | None = None
         #: Per kind of command (write or not): an outage after which runs fail fast. Kept
         #: apart because an out-of-memory Redis refuses writes and still serves reads.
-        self._outages: dict[bool, _Outage] = {}
+        #: Read without a lock (the hot path's look); changed under ``_changing``.
+        self._outages: dict[bool, _Outage] = {} if shared is None else shared._outages
+        self._changing: threading.Lock = threading.Lock() if shared is None else shared._changing
+        #: Whether closing this executor ends the outages' watches: the first one's.
+        self._owner = shared is None
 
     def run(
         self,
@@ -538,16 +547,18 @@ class Executor:
         answering (``failure`` is a transport one), once a watch sees it answer again:
         then for both kinds of command (a read would wait for it as long).
         """
-        outage = self._outages.get(write)
-        if outage is None:
-            outage = self._outages[write] = _Outage(since, why, where)
-        outage.why, outage.where = why, where
-        outage.next_attempt = now + PROBE_INTERVAL
+        node = None  # (not a node of the topology now: an attempt a second)
         if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
-            try:
+            with contextlib.suppress(RedisError, RedisClusterException, ValueError):
                 node = self.topology.node_at(failure.address)
-            except (RedisError, RedisClusterException, ValueError):
-                return outage  # not a node of the topology now: an attempt a second
+        with self._changing:
+            outage = self._outages.get(write)
+            if outage is None:
+                outage = self._outages[write] = _Outage(since, why, where)
+            outage.why, outage.where = why, where
+            outage.next_attempt = now + PROBE_INTERVAL
+            if node is None:
+                return outage
             outage.next_attempt = math.inf
             self._outages.setdefault(not write, outage)
             if outage.watched is None or outage.watched.is_set():
@@ -585,11 +596,12 @@ class Executor:
 
     def _recovered(self, write: bool) -> None:
         """Say that a kind of command runs again after an outage, and stop failing fast."""
-        outage = self._outages.pop(write, None)
-        if outage is not None:
-            both = self._outages.get(not write) is outage  # a server that stopped answering
-            if both:
+        with self._changing:
+            outage = self._outages.pop(write, None)
+            both = outage is not None and self._outages.get(not write) is outage
+            if both:  # a server that stopped answering
                 del self._outages[not write]
+        if outage is not None:
             if outage.watched is not None:
                 outage.watched.set()
             logger.warning(
@@ -912,9 +924,12 @@ class Executor:
     def close(self) -> None:
         """Close the topology's connections, and end the watch of any server not answering.
 
-        A call after that (a filter used again) makes the next attempt itself.
+        A call after that (a filter used again) makes the next attempt itself. (The
+        watches go on for an executor that shares another's outages.)
         """
-        for outage in list(self._outages.values()):
+        with self._changing:
+            outages = list(self._outages.values()) if self._owner else []
+        for outage in outages:
             if outage.watched is not None:
                 outage.watched.set()
                 outage.next_attempt = 0.0
