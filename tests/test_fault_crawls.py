@@ -11,6 +11,8 @@ fault table says: pages lost, duplicate fetches, and the stat or message that te
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +193,57 @@ def test_a_filter_past_its_capacity_says_so_while_crawling(
     assert "WARNING" in warned[0]
     assert "BLOOMFILTER_CAPACITY" in warned[0]
     assert max(r["stats"].get("bloomfilter/over_capacity", 0) for r in done.results) > 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("batching", [{}, WINDOWED], ids=["per-request", "windowed-batches"])
+def test_a_stalled_redis_under_allow_loses_no_page_and_holds_up_no_worker(
+    site: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    batching: dict[str, Any],
+) -> None:
+    """The filter's Redis SIGSTOPped for longer than the retry window, two workers crawling.
+
+    It keeps its connections and answers nothing. Under ``allow`` each worker waits the
+    retry window and a socket timeout once, then crawls on without waiting for Redis
+    again (requests let through, the batching middleware's windows included): the pages
+    not fetched yet are fetched while Redis still answers nothing, none is lost, and what
+    was let through is added once it answers (the crawl ``finished``, no ERROR).
+    """
+    stall = 8.0
+    with RedisServer() as bloom_redis:
+        admin = bloom_redis.client()
+        assert bloom_redis.process is not None
+        pid = bloom_redis.process.pid
+        served: dict[str, int] = {}
+
+        def pages() -> int:  # distinct pages the site has served
+            return sum(1 for path in site.hits_snapshot() if path.startswith("/page/"))
+
+        def stalled() -> None:
+            time.sleep(1.0)
+            served["before"] = pages()
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(stall)
+                served["by_the_end"] = pages()
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+        settings = filter_settings(
+            bloom_redis.url,
+            BLOOMFILTER_RETRY_TIMEOUT=1,
+            BLOOMFILTER_ON_ERROR="allow",
+            BLOOMFILTER_REDIS_PARAMS={"socket_timeout": 1},
+            **batching,
+        )
+        done = run_workers(site, redis_url, tmp_path, settings, admin, during=stalled)
+        admin.close()
+    assert_clean(done)
+    assert done.lost(site) == set()
+    assert done.stat("bloomfilter/errors") > 0  # the workers did meet the stall
+    assert served["before"] < PAGES
+    # The crawl went on through the stall: every page left was fetched during it.
+    assert served["by_the_end"] == PAGES, served

@@ -282,3 +282,38 @@ def test_the_worker_lease_knows_the_outage_its_filter_waited_out(server: RedisSe
     again.release()
     bloom.close()
     client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_that_gave_up_does_not_stop_its_filter_riding_out_the_fault(
+    server: RedisServer,
+) -> None:
+    """The lease's retry window is shorter than its filter's: its outage is not the filter's.
+
+    Redis stalled for longer than the lease's window and shorter than the filter's: the
+    lease gives up, the filter rides it out. (When the lease's executor shared its outages
+    with the filter, a Sentinel failover that refused writes for 10 s stopped the crawl:
+    the filter failed fast on the lease's outage.)
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=8)
+    bloom = RedisBloomFilter.from_config(client, "ride", config, faults=faults, cache_size=0)
+    bloom.check_and_add("before")
+    lease = bloom.lease("worker-1", ttl=3)  # retries for a third of its TTL: 1 s
+    lease.renew()
+    resumed = threading.Timer(3.0, stall, (server, False))
+    stall(server, True)
+    resumed.start()
+    try:
+        with pytest.raises(FilterUnavailableError):
+            lease.renew()  # gave up after its 1 s and a socket timeout
+        assert resumed.is_alive()  # Redis still stalled: the filter's turn
+        assert bloom.check_and_add("during") is False  # retried until Redis answered
+        assert bloom.events.counts["errors"] == 0
+    finally:
+        resumed.join()
+    assert bloom.contains("during") is True
+    lease.release()
+    bloom.close()
+    client.close()

@@ -259,7 +259,7 @@ class FilterBase:
             ttl,
             self.faults.retry_timeout,
             self.events,
-            shared=self.executor,
+            follows=self.executor,
         )
         lease.on_workers = self._workers_live
         return lease

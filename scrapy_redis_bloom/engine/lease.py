@@ -80,17 +80,17 @@ class WorkerLease:
         ttl: float,
         retry_timeout: float,
         events: FilterEvents | None = None,
-        shared: Executor | None = None,
+        follows: Executor | None = None,
     ) -> None:
         self._filter_key = key
         self.key = layout.workers_key(key)
         self.worker_id = worker_id
         self.ttl = ttl
         self.events = events if events is not None else FilterEvents()
-        # A renewal that waits longer than a third of the TTL is late anyway. ``shared``:
-        # the filter's executor, whose outages this one knows (and tells).
+        # A renewal that waits longer than a third of the TTL is late anyway. ``follows``:
+        # the filter's executor, while whose outage this one fails fast.
         self._executor = Executor(
-            topology.copy(), retry_timeout=min(retry_timeout, ttl / 3), shared=shared
+            topology.copy(), retry_timeout=min(retry_timeout, ttl / 3), follows=follows
         )
         self._executor.explain_denial = partial(
             check_access, self._executor, self._executor.topology, key

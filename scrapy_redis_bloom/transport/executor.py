@@ -447,9 +447,10 @@ class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
     Not thread-safe (its topology's nodes are not): one executor per thread. With
-    ``shared``, another thread's executor of the same filter (the worker lease's), it
-    knows that one's outages and they know its: a worker's thread does not wait out a
-    retry window the other already waited out.
+    ``follows``, the executor of the filter that another thread's one (the worker
+    lease's) serves, it fails fast while that one does too: the lease does not wait out a
+    retry window its filter already waited out. (Not the other way round: the lease's
+    window is shorter, and the filter rides out what its own window allows.)
     """
 
     def __init__(
@@ -457,7 +458,7 @@ class Executor:
         topology: Topology,
         retry_timeout: float,
         events: FilterEvents | None = None,
-        shared: Executor | None = None,
+        follows: Executor | None = None,
     ) -> None:
         self.topology = topology
         self.retry_timeout = retry_timeout
@@ -466,11 +467,9 @@ class Executor:
         self.explain_denial: Callable[[], None] | None = None
         #: Per kind of command (write or not): an outage after which runs fail fast. Kept
         #: apart because an out-of-memory Redis refuses writes and still serves reads.
-        #: Read without a lock (the hot path's look); changed under ``_changing``.
-        self._outages: dict[bool, _Outage] = {} if shared is None else shared._outages
-        self._changing: threading.Lock = threading.Lock() if shared is None else shared._changing
-        #: Whether closing this executor ends the outages' watches: the first one's.
-        self._owner = shared is None
+        self._outages: dict[bool, _Outage] = {}
+        #: The other thread's outages, read only (a dict lookup, safe across threads).
+        self._followed = follows._outages if follows is not None else {}
 
     def run(
         self,
@@ -499,7 +498,7 @@ class Executor:
         # Retries stop a budget after the call began: a server that stalls (each attempt
         # waits a socket timeout) costs the budget and one socket timeout at most.
         end = started + budget
-        outage = self._outages.get(write)
+        outage = self._outages.get(write) or self._followed.get(write)
         if outage is not None:
             if started < outage.next_attempt:
                 failure = self._still_failing(operation, outage, started)
@@ -551,24 +550,23 @@ class Executor:
         if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
             with contextlib.suppress(RedisError, RedisClusterException, ValueError):
                 node = self.topology.node_at(failure.address)
-        with self._changing:
-            outage = self._outages.get(write)
-            if outage is None:
-                outage = self._outages[write] = _Outage(since, why, where)
-            outage.why, outage.where = why, where
-            outage.next_attempt = now + PROBE_INTERVAL
-            if node is None:
-                return outage
-            outage.next_attempt = math.inf
-            self._outages.setdefault(not write, outage)
-            if outage.watched is None or outage.watched.is_set():
-                outage.watched = threading.Event()
-                threading.Thread(
-                    target=self._watch,
-                    args=(outage, node, outage.watched),
-                    name=f"bloomfilter-watch-{node.address}",
-                    daemon=True,
-                ).start()
+        outage = self._outages.get(write)
+        if outage is None:
+            outage = self._outages[write] = _Outage(since, why, where)
+        outage.why, outage.where = why, where
+        outage.next_attempt = now + PROBE_INTERVAL
+        if node is None:
+            return outage
+        outage.next_attempt = math.inf
+        self._outages.setdefault(not write, outage)
+        if outage.watched is None or outage.watched.is_set():
+            outage.watched = threading.Event()
+            threading.Thread(
+                target=self._watch,
+                args=(outage, node, outage.watched),
+                name=f"bloomfilter-watch-{node.address}",
+                daemon=True,
+            ).start()
         return outage
 
     def _watch(self, outage: _Outage, node: Node, over: threading.Event) -> None:
@@ -596,11 +594,10 @@ class Executor:
 
     def _recovered(self, write: bool) -> None:
         """Say that a kind of command runs again after an outage, and stop failing fast."""
-        with self._changing:
-            outage = self._outages.pop(write, None)
-            both = outage is not None and self._outages.get(not write) is outage
-            if both:  # a server that stopped answering
-                del self._outages[not write]
+        outage = self._outages.pop(write, None)
+        both = outage is not None and self._outages.get(not write) is outage
+        if both:  # a server that stopped answering
+            del self._outages[not write]
         if outage is not None:
             if outage.watched is not None:
                 outage.watched.set()
@@ -924,12 +921,9 @@ class Executor:
     def close(self) -> None:
         """Close the topology's connections, and end the watch of any server not answering.
 
-        A call after that (a filter used again) makes the next attempt itself. (The
-        watches go on for an executor that shares another's outages.)
+        A call after that (a filter used again) makes the next attempt itself.
         """
-        with self._changing:
-            outages = list(self._outages.values()) if self._owner else []
-        for outage in outages:
+        for outage in self._outages.values():
             if outage.watched is not None:
                 outage.watched.set()
                 outage.next_attempt = 0.0
