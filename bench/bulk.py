@@ -335,7 +335,7 @@ def setbit_pipeline(client: Any, spec: Any, elements: Sequence[str]) -> None:
     pipe = client.pipeline(transaction=False)
     pending = 0
     for element in elements:
-        shard, x, y = locate(element, shards, shard_bits)
+        shard, x, y = locate(element, spec)
         key = keys[shard]
         for offset in offsets(x, y, k, shard_bits):
             pipe.setbit(key, offset, 1)

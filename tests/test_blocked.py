@@ -15,6 +15,7 @@ the record (scheme 2) and the refusals; a cluster; and ``auto`` on a server with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,11 +29,13 @@ from test_hashing import reference as reference_v1
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import ConfigMismatchError
-from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, WIDE, Generation
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Generation
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     BLOCKED_SCHEME,
+    CLASSIC_SCHEME,
     SCHEME_VERSION,
+    WIDE,
     FilterSpec,
     distinct_bits,
     locate,
@@ -132,8 +135,9 @@ def shard_bits_set(client: Any, bloom: RedisBloomFilter, g: int = 0) -> list[set
     ("shards", "size", "k"), [(1, 2**26, 7), (16, 512, 13), (7, 512 * 187, 20)]
 )
 def test_blocked_offsets_follow_the_written_formula(shards: int, size: int, k: int) -> None:
+    spec = FilterSpec(shards, size, k, B)
     for element in ["", "a" * 1000, "ünï", *fingerprints(500, "scheme")]:
-        shard, x, y = locate(element, shards, size, B)
+        shard, x, y = locate(element, spec)
         got = offsets(x, y, k, size, B)
         assert (shard, got) == reference(element.encode(), shards, size, k)
         assert 0 <= y < B**2
@@ -142,15 +146,17 @@ def test_blocked_offsets_follow_the_written_formula(shards: int, size: int, k: i
         assert all(0 <= o < size for o in got)
 
 
-def test_without_a_block_the_scheme_is_version_1() -> None:
+def test_without_a_block_and_with_two_seeds_the_scheme_is_version_1() -> None:
     for element in fingerprints(300, "v1"):
         for shards, size, k in [(16, 2**26, 6), (7, 95_851, 13)]:
-            shard, x, y = locate(element, shards, size, 0)
-            assert (shard, x, y) == locate(element, shards, size)
-            expected_v1 = reference_v1(element.encode(), shards, size, k)
+            shard, x, y = locate(element, FilterSpec(shards, size, k, two_seeds=True))
+            expected_v1 = reference_v1(element.encode(), shards, size, k, SCHEME_VERSION)
             assert (shard, offsets(x, y, k, size, 0)) == expected_v1
-    assert FilterSpec(1, 1024, 3).scheme == SCHEME_VERSION == 1
+    assert FilterSpec(1, 1024, 3, two_seeds=True).scheme == SCHEME_VERSION == 1
     assert FilterSpec(1, 1024, 3, B).scheme == BLOCKED_SCHEME == 2
+    assert FilterSpec(1, 1024, 3).scheme == CLASSIC_SCHEME == 3
+    with pytest.raises(ValueError, match="three seeds, not two"):
+        FilterSpec(1, 1024, 3, B, two_seeds=True)
 
 
 @needs_numpy
@@ -159,8 +165,9 @@ def test_the_snapshot_kernel_computes_the_same_blocked_offsets() -> None:
 
     elements = fingerprints(3_000, "vector")
     for shards, size, k in [(1, 2**26, 7), (5, 512, 14), (3, 512 * 313, 30)]:
-        shard, x, y = locate_many(elements, shards, size, B)
-        located = [locate(e, shards, size, B) for e in elements]
+        spec = FilterSpec(shards, size, k, B)
+        shard, x, y = locate_many(elements, spec)
+        located = [locate(e, spec) for e in elements]
         assert list(zip(shard.tolist(), x.tolist(), y.tolist(), strict=True)) == located
         got = offsets_many(x, y, k, size, B).tolist()
         assert got == [
@@ -548,9 +555,59 @@ def test_the_record_says_scheme_2_and_other_schemes_are_refused(redis_client: re
         bloom_for(redis_client, classic, KEY).open()
     # And the other way round.
     bloom_for(redis_client, classic, "plain").open()
-    assert redis_client.hget(meta_key("plain"), "scheme") == b"1"
+    assert redis_client.hget(meta_key("plain"), "scheme") == b"3"
     with pytest.raises(ConfigMismatchError, match="blocked"):
         bloom_for(redis_client, cfg, "plain").open()
+
+
+def test_a_scheme_1_filter_of_an_earlier_build_keeps_its_bits_and_says_its_floor(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A classic filter as earlier builds created it: hash scheme 1, two seeds. Small, so
+    # that its floor (30 items in 1,152 bits: 30 / 1,152**2 = 2.3e-5) passes its rate.
+    asked = config(30, 1e-6, BLOOMFILTER_BLOCKED=False)
+    old = dataclasses.replace(asked, spec=dataclasses.replace(asked.spec, two_seeds=True))
+    first = bloom_for(redis_client, old, "old")
+    members = fingerprints(30, "member")
+    assert first.add_many(members) == [False] * 30
+    assert redis_client.hget(meta_key("old"), "scheme") == b"1"
+    # Its bits are scheme 1's, as the written scheme computes them.
+    spec = first.spec
+    assert spec.two_seeds
+    assert spec.shards == 1
+    want = {
+        o
+        for e in members
+        for o in reference_v1(e.encode(), 1, spec.shard_bits, spec.hash_count, SCHEME_VERSION)[1]
+    }
+    raw = redis_client.get(shard_key("old", 0)) or b""
+    got = {
+        i - HEADER_BITS for i in range(HEADER_BITS, 8 * len(raw)) if raw[i // 8] & (0x80 >> i % 8)
+    }
+    assert got == want
+    # A worker of this build opens it as it is, finds every member, and says the floor.
+    caplog.clear()
+    worker = bloom_for(redis_client, asked, "old")
+    assert worker.open().spec == spec
+    assert worker.contains_many(members) == [True] * 30
+    floor = 30 / spec.shard_bits**2
+    assert worker.events.values["rate_floor"] == pytest.approx(floor)
+    (said,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    text = said.getMessage()
+    assert "hash scheme 1" in text
+    assert f"cannot go below {floor:.3g}" in text
+    assert "reset --key 'old'" in text
+    # A new classic filter of the same request has scheme 3, and no floor to say.
+    caplog.clear()
+    new = bloom_for(redis_client, asked, "new")
+    assert new.add_many(members) == [False] * 30
+    assert redis_client.hget(meta_key("new"), "scheme") == b"3"
+    assert new.spec.geometry == spec.geometry
+    assert new.spec.seed_range == spec.shard_bits**2
+    assert "rate_floor" not in new.events.values
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    for bloom in (first, worker, new):
+        bloom.close()
 
 
 def test_a_default_worker_keeps_a_classic_filter_and_creates_blocked_ones(
@@ -561,7 +618,7 @@ def test_a_default_worker_keeps_a_classic_filter_and_creates_blocked_ones(
     first = bloom_for(redis_client, classic, "plain")
     first.add_many(fingerprints(100, "member"))
     before = redis_client.hgetall(meta_key("plain"))
-    assert before[b"scheme"] == b"1"
+    assert before[b"scheme"] == b"3"
     # A worker with the default settings opens it with one INFO line, keeping its layout.
     default = config(10_000, 1e-3)
     assert default.spec.block_bits == B

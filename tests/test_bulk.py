@@ -146,10 +146,12 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 def test_vectorised_seeds_and_offsets_are_the_schemes(
     elements: list[str | bytes], k: int, size: int, shards: int
 ) -> None:
+    from scrapy_redis_bloom.core.hashing import FilterSpec
     from scrapy_redis_bloom.engine.bitmap.local import locate_many, offsets_many
 
-    shard, x, y = locate_many(elements, shards, size)
-    expected = [locate(e, shards, size) for e in elements]
+    spec = FilterSpec(shards, size, k)
+    shard, x, y = locate_many(elements, spec)
+    expected = [locate(e, spec) for e in elements]
     assert list(zip(shard.tolist(), x.tolist(), y.tolist(), strict=True)) == expected
     got = offsets_many(x, y, k, size).tolist()
     assert got == [[o + HEADER_BITS for o in offsets(sx, sy, k, size)] for _, sx, sy in expected]
@@ -172,7 +174,7 @@ def test_located_groups_and_offsets_are_the_schemes_with_and_without_numpy(
 
     size = max(size - size % block, block) if block else size
     spec = FilterSpec(shards=shards, shard_bits=size, hash_count=k, block_bits=block)
-    seeds = [locate(e, shards, size, block) for e in elements]
+    seeds = [locate(e, spec) for e in elements]
     expected: dict[int, list[int]] = {}
     for position, (shard, _, _) in enumerate(seeds):
         expected.setdefault(shard, []).append(position)
@@ -594,7 +596,7 @@ def test_a_shard_lost_between_bulk_calls_is_found_and_recovered(
     assert bloom.add_many(held) == [False] * len(held)
     redis_client.delete("{lost:0}:g0")
     answers = bloom.add_many(held)
-    lost = [locate(e, 3, bloom.spec.shard_bits)[0] == 0 for e in held]
+    lost = [locate(e, bloom.spec)[0] == 0 for e in held]
     assert 0 < sum(lost) < len(held)
     # Elements of the lost shard are new again (a duplicate fetch, never a lost page).
     assert [not a for a in answers] == lost
@@ -635,7 +637,7 @@ def test_a_shard_lost_during_a_snapshot_is_found_and_recovered(
     batch = held + fingerprints(3_000, "new")
     answers = bloom.add_many(batch)
     assert deleted == [1]
-    lost = [locate(e, 3, bloom.spec.shard_bits)[0] == 0 for e in batch]
+    lost = [locate(e, bloom.spec)[0] == 0 for e in batch]
     expected = [not gone and i < len(held) for i, gone in enumerate(lost)]
     assert answers == expected  # the lost shard's elements are new again, no others
     assert bloom.events.counts["recreated"] >= 1

@@ -53,7 +53,7 @@ def test_open_writes_the_config_record_and_every_shard(redis_client: redis.Redis
     assert stored["shard_bits"] == "4096"
     assert stored["hash_count"] == "5"
     assert stored["bits"] == str(4 * 4096)
-    assert stored["scheme"] == "1"
+    assert stored["scheme"] == "3"
     assert stored["layout"] == "2"
     assert stored["state"] == "ready"
     assert stored["id"] == record.filter_id
@@ -85,7 +85,7 @@ def test_server_sets_exactly_the_documented_bits(redis_client: redis.Redis) -> N
     bf = make(redis_client)
     element = "0123456789abcdef0123456789abcdef01234567"
     bf.check_and_add(element)
-    shard, x, y = locate(element, SMALL.shards, SMALL.shard_bits)
+    shard, x, y = locate(element, SMALL)
     for i, key in enumerate(bf.shard_keys):
         ones = bits_of(redis_client.get(key) or b"")
         want = set(offsets(x, y, SMALL.hash_count, SMALL.shard_bits)) if i == shard else set()

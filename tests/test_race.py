@@ -74,7 +74,7 @@ def test_no_false_positive_is_possible() -> None:
     assert false_positive_rate(SPEC.bits, SPEC.hash_count, ELEMENTS) < 3e-15
     bits = [
         {(shard, offset) for offset in offsets(x, y, SPEC.hash_count, SPEC.shard_bits)}
-        for shard, x, y in (locate(fp, SPEC.shards, SPEC.shard_bits) for fp in fingerprints())
+        for shard, x, y in (locate(fp, SPEC) for fp in fingerprints())
     ]
     setters = collections.Counter(bit for element_bits in bits for bit in element_bits)
     # An element whose every bit is also set by others could read as seen before it is added.

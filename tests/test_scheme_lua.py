@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.core.generations import WIDE, Generation, Growth, seed_arguments
+from scrapy_redis_bloom.core.generations import Generation, Growth, seed_arguments
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     MAX_HASH_COUNT,
     MAX_SHARD_BITS,
+    WIDE,
     FilterSpec,
     locate,
     offsets,
@@ -45,21 +46,27 @@ end
 return out
 """
 
-#: Geometries: (shards, shard bits, k, blocked), from the smallest to the largest shard.
+#: Geometries: (shards, shard bits, k, scheme), from the smallest to the largest shard, in
+#: each scheme: 3 (classic), 2 (blocked), 1 (classic with two seeds, of earlier builds).
 SCHEMES = [
-    (1, 1, 1, False),
-    (3, 1_000, 7, False),
-    (16, 2**20 + 7, 14, False),
-    (5, MAX_SHARD_BITS, MAX_HASH_COUNT, False),
-    (1, BLOCK_BITS, 1, True),
-    (7, BLOCK_BITS * 9, 6, True),
-    (16, BLOCK_BITS * 4096, 13, True),
-    (3, MAX_SHARD_BITS - MAX_SHARD_BITS % BLOCK_BITS, 30, True),
+    (1, 1, 1, 3),
+    (3, 1_000, 7, 3),
+    (16, 2**20 + 7, 14, 3),
+    (2, 2**27 + 3, 9, 3),
+    (5, MAX_SHARD_BITS, MAX_HASH_COUNT, 3),
+    (1, BLOCK_BITS, 1, 2),
+    (7, BLOCK_BITS * 9, 6, 2),
+    (16, BLOCK_BITS * 4096, 13, 2),
+    (3, MAX_SHARD_BITS - MAX_SHARD_BITS % BLOCK_BITS, 30, 2),
+    (1, 1, 1, 1),
+    (3, 1_000, 7, 1),
+    (5, MAX_SHARD_BITS, MAX_HASH_COUNT, 1),
 ]
 
 
-def growth_of(shards: int, bits: int, k: int, blocked: bool, expansion: int = 2) -> Growth:
-    spec = FilterSpec(shards, bits, k, BLOCK_BITS if blocked else 0)
+def growth_of(shards: int, bits: int, k: int, scheme: int, expansion: int = 2) -> Growth:
+    spec = FilterSpec(shards, bits, k, BLOCK_BITS if scheme == 2 else 0, two_seeds=scheme == 1)
+    assert spec.scheme == scheme
     return Growth(spec, capacity=max(1, bits // (4 * k)) * shards, expansion=expansion)
 
 
@@ -76,7 +83,7 @@ def wrapper(growth: Growth) -> str:
 
 def seeds_sent(h1: int, h2: int, spec: FilterSpec) -> list[bytes]:
     """Return the four seeds a check sends for an element, read back from their RESP."""
-    packed = seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
+    packed = seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.seed_range)
     return packed.split(b"\r\n")[1::2]
 
 
@@ -84,7 +91,7 @@ def python_offsets(element: bytes, growth: Growth, g: int) -> list[int]:
     """Return the Python copy's offsets of an element in generation g of its shard."""
     spec, gen = growth.spec, growth.generation(g)
     if g == 0:
-        _, x, y = locate(element, spec.shards, spec.shard_bits, spec.block_bits)
+        _, x, y = locate(element, spec)
     else:
         # A later generation: the wide seeds reduced by its own size (seed_arguments).
         h1, h2 = hash_of(element)
@@ -113,11 +120,11 @@ def fingerprints(n: int, tag: str) -> list[bytes]:
     return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest().encode() for i in range(n)]
 
 
-@pytest.mark.parametrize(("shards", "bits", "k", "blocked"), SCHEMES)
+@pytest.mark.parametrize(("shards", "bits", "k", "scheme"), SCHEMES)
 def test_lua_and_python_give_the_same_bits_in_every_generation(
-    redis_client: redis.Redis, shards: int, bits: int, k: int, blocked: bool
+    redis_client: redis.Redis, shards: int, bits: int, k: int, scheme: int
 ) -> None:
-    growth = growth_of(shards, bits, k, blocked)
+    growth = growth_of(shards, bits, k, scheme)
     elements = fingerprints(300, f"{shards}-{bits}-{k}")
     for g in range(growth.last + 1):
         want = [python_offsets(element, growth, g) for element in elements]
@@ -125,10 +132,16 @@ def test_lua_and_python_give_the_same_bits_in_every_generation(
 
 
 def test_the_schemes_cover_growth_and_both_layouts() -> None:
-    """The table above reaches late generations, blocked and not, up to the largest k."""
+    """The table above reaches late generations, in every scheme, up to the largest k.
+
+    And seeds past 2**53 nowhere: a scheme-3 shard of more than 2**26 bits takes its
+    seeds modulo :data:`WIDE`, which Lua's doubles hold exactly.
+    """
     grown = [growth_of(*scheme) for scheme in SCHEMES]
     assert max(growth.last for growth in grown) >= 8
-    assert {growth.spec.block_bits for growth in grown} == {0, BLOCK_BITS}
+    assert {growth.spec.scheme for growth in grown} == {1, 2, 3}
+    ranges = [gen.seed_range for growth in grown for gen in growth.generations]
+    assert WIDE // 2 < max(ranges) <= WIDE
     last: list[Generation] = [growth.generation(growth.last) for growth in grown]
     assert max(gen.hash_count for gen in last) == MAX_HASH_COUNT
 
@@ -146,13 +159,13 @@ def test_the_schemes_cover_growth_and_both_layouts() -> None:
 def test_any_element_gets_the_same_bits_in_lua_and_python(
     redis_client: redis.Redis,
     elements: list[bytes],
-    scheme: tuple[int, int, int, bool],
+    scheme: tuple[int, int, int, int],
     k: int,
     expansion: int,
     generation: int,
 ) -> None:
-    shards, bits, _, blocked = scheme
-    growth = growth_of(shards, bits, k, blocked, expansion)
+    shards, bits, _, version = scheme
+    growth = growth_of(shards, bits, k, version, expansion)
     g = min(generation, growth.last)
     want = [python_offsets(element, growth, g) for element in elements]
     assert lua_offsets(redis_client, growth, g, elements) == want

@@ -155,7 +155,7 @@ def test_a_stale_worker_after_a_reset_takes_back_the_bits_it_set_in_the_new_filt
 
 
 def bit_offsets(spec: FilterSpec, h1: int, h2: int) -> list[int]:
-    _, x, y = place(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
+    _, x, y = place(h1, h2, spec.shards, spec.shard_bits, spec.seed_range)
     return offsets(x, y, spec.hash_count, spec.shard_bits, spec.block_bits, HEADER_BITS)
 
 

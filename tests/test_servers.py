@@ -192,7 +192,7 @@ def test_an_evicted_marker_is_restored(clients: list[redis.Redis]) -> None:
 def bf_shard(fingerprint: str) -> int:
     from scrapy_redis_bloom.core.hashing import locate
 
-    return locate(fingerprint, SPEC.shards, SPEC.shard_bits)[0]
+    return locate(fingerprint, SPEC)[0]
 
 
 def test_a_foreign_server_key_is_named_not_taken_for_a_marker(clients: list[redis.Redis]) -> None:

@@ -16,7 +16,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec, seed_range
+from scrapy_redis_bloom.core.hashing import (
+    MAX_HASH_COUNT,
+    MAX_SHARD_BITS,
+    WIDE,
+    FilterSpec,
+    seed_range,
+)
 from scrapy_redis_bloom.core.sizing import false_positive_rate, optimal_bits, optimal_geometry
 
 #: Most generations a shard may have (fewer when their bits would pass a Redis
@@ -28,8 +34,6 @@ DEFAULT_TIGHTENING = 0.5
 DEFAULT_EXPANSION = 2
 #: Most items a generation may take: the script counts them in a u32 of the header.
 MAX_GENERATION_ITEMS = 2**32 - 1
-#: Width of the seeds of generations after the first (Lua doubles are exact below 2**53).
-WIDE = 2**52
 
 #: Bit offsets in a header of its state (after the 26-byte identity). A shard's (or a
 #: window's) generation 0: the number of generations (u16; 0 reads as 1) and the items
@@ -43,7 +47,7 @@ COUNT_BIT = 224
 class Generation:
     """One generation of a shard: items it takes, bits, hash functions, its error rate.
 
-    ``block_bits``: the filter's block (0: unblocked), as in :class:`..hashing.FilterSpec`.
+    ``block_bits`` and ``two_seeds``: the filter's, as in :class:`..hashing.FilterSpec`.
     """
 
     capacity: int
@@ -51,6 +55,7 @@ class Generation:
     hash_count: int
     error_rate: float
     block_bits: int = 0
+    two_seeds: bool = False
 
     @property
     def span(self) -> int:
@@ -60,7 +65,18 @@ class Generation:
     @property
     def seed_range(self) -> int:
         """What the script takes an element's second seed modulo, in this generation."""
-        return seed_range(self.bits, self.block_bits)
+        return seed_range(self.bits, self.block_bits, self.two_seeds)
+
+    @property
+    def seed_floor(self) -> float:
+        """Least false-positive rate it has at its capacity, however many bits it has.
+
+        A new element whose seeds ``x`` and ``y`` equal a stored one's shares all its bits:
+        ``capacity / (bits * seed_range)``. Tiny in schemes 2 and 3; in scheme 1
+        (``two_seeds``), ``n / S**2``, more than the rate asked for in a shard of a few
+        thousand bits.
+        """
+        return self.capacity / self.bits / self.seed_range
 
     @property
     def nbytes(self) -> int:
@@ -112,7 +128,9 @@ class Growth:
         if g == 0:
             capacity = self.first_capacity
             rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block)
-            return Generation(capacity, spec.shard_bits, spec.hash_count, rate, block)
+            return Generation(
+                capacity, spec.shard_bits, spec.hash_count, rate, block, spec.two_seeds
+            )
         capacity = nominal * self.expansion**g
         # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
         rest = self.bound - self._generation(0).error_rate
@@ -121,7 +139,8 @@ class Growth:
             bits, hash_count = optimal_geometry(capacity, rate, block)
             return Generation(capacity, bits, hash_count, rate, block)
         hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
-        return Generation(capacity, optimal_bits(capacity, rate), hash_count, rate)
+        bits = optimal_bits(capacity, rate)
+        return Generation(capacity, bits, hash_count, rate, two_seeds=spec.two_seeds)
 
     @property
     def scriptless_limit(self) -> int:
@@ -224,10 +243,11 @@ def _last_of(growth: Growth) -> int:
     return growth._count()
 
 
-def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0) -> bytes:
+def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's are :func:`..hashing.place`'s ``x`` and ``y``; later generations, of other
+    Generation 0's are :func:`..hashing.place`'s ``x`` and ``y`` (``seeds``: the filter's
+    :attr:`..hashing.FilterSpec.seed_range`); later generations, of other
     sizes, get the same numbers before the mod (cut to :data:`WIDE`, a multiple of B**2),
     which the script reduces by each one's :attr:`Generation.seed_range`. One format
     operation: it runs for every request that misses the near-cache.
@@ -235,7 +255,7 @@ def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, block_bits: i
     q = h1 // shards
     x, y, wx, wy = (
         b"%d" % (q % shard_bits),
-        b"%d" % (h2 % seed_range(shard_bits, block_bits)),
+        b"%d" % (h2 % seeds),
         b"%d" % (q % WIDE),
         b"%d" % (h2 % WIDE),
     )

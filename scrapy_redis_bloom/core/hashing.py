@@ -2,11 +2,17 @@
 
 Specified in docs/explanation/hashing.md, so that any worker, the CLI or another language
 computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
-gives the shard and the seeds of the offsets. Scheme 1 spreads the k offsets over the shard
-(enhanced double hashing; ``engine/lua/scheme.lua`` runs it on the server, held to
-:func:`offsets` by tests/test_scheme_lua.py); the blocked scheme 2 keeps them in one 512-bit
-block, a cache line (enhanced triple hashing: with two seeds, two elements of a block would
-share all k offsets with probability 1/B**2). Scheme 1 is scheme 2 with B = S.
+gives the shard and the seeds of the offsets. One formula (enhanced triple hashing;
+``engine/lua/scheme.lua`` runs it on the server, held to :func:`offsets` by
+tests/test_scheme_lua.py) in three versions, which differ in where the k offsets fall and how
+many values the seeds take:
+
+- scheme 3 (classic): anywhere in the shard of S bits, with three seeds;
+- scheme 2 (blocked): in one 512-bit block of the shard, a cache line, with three seeds;
+- scheme 1 (classic filters created by earlier builds): anywhere in the shard, with two seeds.
+  Two elements then share all k offsets with probability 1/S**2, a floor under the
+  false-positive rate of n/S**2 that a small shard or generation feels (1,152 bits holding
+  30 items: 3.4e-5 where 2e-8 was asked for); scheme 3 lowers it to n/S**3.
 """
 
 from __future__ import annotations
@@ -18,12 +24,19 @@ from functools import lru_cache
 
 import mmh3
 
-#: Version of the scheme above. Stored in the filter's config record: a worker with
-#: another version refuses to touch the filter.
+#: Versions of the scheme above, stored in the filter's config record: a worker that does not
+#: know a filter's version refuses to touch it. Version 1, classic with two seeds, is kept for
+#: the filters created with it.
 SCHEME_VERSION = 1
 #: The blocked scheme's version, and its block: 512 bits, one 64-byte cache line.
 BLOCKED_SCHEME = 2
 BLOCK_BITS = 512
+#: A new classic filter's version: the offsets of scheme 1 with a third seed.
+CLASSIC_SCHEME = 3
+#: Most values a seed takes (Lua doubles are exact below 2**53): what a classic scheme-3
+#: shard of more than 2**26 bits takes its second seed modulo, and the width of the seeds
+#: of generations after the first (a multiple of B**2).
+WIDE = 2**52
 
 #: Most bits in one shard: a Redis string holds at most 512 MiB (2**32 bits), and
 #: each shard starts with a 256-bit header (see :mod:`.engine.layout`).
@@ -41,9 +54,12 @@ class FilterSpec:
     shards: int
     shard_bits: int
     hash_count: int
-    #: 0: the bits of an element anywhere in its shard (scheme 1); :data:`BLOCK_BITS`:
+    #: 0: the bits of an element anywhere in its shard (scheme 3, or 1); :data:`BLOCK_BITS`:
     #: in one block of the shard (scheme 2, "blocked").
     block_bits: int = 0
+    #: True for scheme 1: a classic filter created before scheme 3, whose offsets have two
+    #: seeds (read from its record; a new filter never has it).
+    two_seeds: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= MAX_SHARDS:
@@ -59,6 +75,8 @@ class FilterSpec:
             )
         if self.block_bits not in (0, BLOCK_BITS):
             raise ValueError(f"a block has {BLOCK_BITS} bits (or 0: none), got {self.block_bits:,}")
+        if self.block_bits and self.two_seeds:
+            raise ValueError("a blocked filter's offsets have three seeds, not two")
         if self.block_bits and self.shard_bits % self.block_bits:
             raise ValueError(
                 f"a blocked filter's shard holds a whole number of {self.block_bits}-bit blocks,"
@@ -67,8 +85,24 @@ class FilterSpec:
 
     @property
     def scheme(self) -> int:
-        """The hashing scheme's version: 1, or 2 when blocked."""
-        return BLOCKED_SCHEME if self.block_bits else SCHEME_VERSION
+        """The hashing scheme's version: 2 when blocked, else 3 (1 with two seeds)."""
+        if self.block_bits:
+            return BLOCKED_SCHEME
+        return SCHEME_VERSION if self.two_seeds else CLASSIC_SCHEME
+
+    @property
+    def seed_range(self) -> int:
+        """What an element's second seed ``y`` is taken modulo (see :func:`seed_range`)."""
+        return seed_range(self.shard_bits, self.block_bits, self.two_seeds)
+
+    @property
+    def geometry(self) -> tuple[int, int, int, int]:
+        """Shards, bits per shard, hash functions and block: what sizing decides.
+
+        The hashing scheme aside, which the filter's record decides: a worker asking for a
+        filter's geometry opens it, whatever scheme it was created with.
+        """
+        return self.shards, self.shard_bits, self.hash_count, self.block_bits
 
     @property
     def bits(self) -> int:
@@ -86,26 +120,32 @@ class FilterSpec:
         return self.shards * self.shard_bytes
 
 
-def locate(
-    element: str | bytes, shards: int, shard_bits: int, block_bits: int = 0
-) -> tuple[int, int, int]:
-    """Return ``(shard, x, y)`` for an element, the seeds of :func:`offsets`."""
+def locate(element: str | bytes, spec: FilterSpec) -> tuple[int, int, int]:
+    """Return ``(shard, x, y)`` for an element of a filter, the seeds of :func:`offsets`."""
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-    return place(h1, h2, shards, shard_bits, block_bits)
+    return place(h1, h2, spec.shards, spec.shard_bits, spec.seed_range)
 
 
-def place(
-    h1: int, h2: int, shards: int, shard_bits: int, block_bits: int = 0
-) -> tuple[int, int, int]:
-    """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`)."""
-    # seed_range(shard_bits, block_bits), written out: the hot path calls this per request.
-    seeds = block_bits * block_bits if block_bits else shard_bits
+def place(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> tuple[int, int, int]:
+    """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`).
+
+    ``seeds``: the filter's :attr:`FilterSpec.seed_range`, which the hot path keeps.
+    """
     return h1 % shards, (h1 // shards) % shard_bits, h2 % seeds
 
 
-def seed_range(bits: int, block_bits: int) -> int:
-    """Return what ``y`` is taken modulo: S (scheme 1), or B**2 (blocked: two seeds)."""
-    return block_bits * block_bits if block_bits else bits
+def seed_range(bits: int, block_bits: int, two_seeds: bool = False) -> int:
+    """Return what ``y`` is taken modulo in a shard or generation of ``bits`` bits.
+
+    ``y`` holds the second and third seeds (``y mod span`` and ``y div span``, see
+    :func:`offsets`): blocked, B**2; classic, S times S (at most :data:`WIDE` in all);
+    scheme 1, S (no third seed).
+    """
+    if block_bits:
+        return block_bits * block_bits
+    if two_seeds:
+        return bits
+    return bits * min(bits, WIDE // bits)
 
 
 def offsets(
@@ -113,9 +153,10 @@ def offsets(
 ) -> list[int]:
     """Return the k bit offsets inside a shard, each plus ``first`` (the header's bits).
 
-    In closed form, ``offset[i] = (x + i*y + (i**3 - i) / 6) mod S`` (blocked: inside x's
-    block, with the third seed): one multiplication instead of a loop-carried chain, for the
-    bulk path's millions. The Lua copy runs the loop.
+    In closed form, with ``span`` the block (blocked) or the shard ``S``, ``s = x mod span``,
+    ``b = y mod span`` and ``c = y div span``: ``offset[i] = (x - s) + (s + i b + i (i - 1) / 2
+    c + (i**3 - i) / 6) mod span``: a few multiplications instead of a loop-carried chain, for
+    the bulk path's millions. The Lua copy runs the loop.
     """
     span = block_bits or shard_bits
     start = x % span

@@ -23,7 +23,13 @@ from scrapy_redis_bloom.core.errors import (
     Wording,
 )
 from scrapy_redis_bloom.core.generations import DEFAULT_TIGHTENING, Growth
-from scrapy_redis_bloom.core.hashing import BLOCK_BITS, BLOCKED_SCHEME, SCHEME_VERSION, FilterSpec
+from scrapy_redis_bloom.core.hashing import (
+    BLOCK_BITS,
+    BLOCKED_SCHEME,
+    CLASSIC_SCHEME,
+    SCHEME_VERSION,
+    FilterSpec,
+)
 from scrapy_redis_bloom.core.layout import ID_BYTES, LAYOUT_VERSION
 
 logger = logging.getLogger(__name__)
@@ -85,9 +91,14 @@ class FilterRecord:
         ttl: int = 0,
         backend: Backend = "bitmap",
     ) -> FilterRecord:
-        """Return the record of a filter about to be created (state ``creating``)."""
+        """Return the record of a filter about to be created (state ``creating``).
+
+        A native filter's record says scheme 1, as it always has: RedisBloom hashes its
+        elements, not this scheme, and workers of earlier builds open it.
+        """
+        native = backend == "native"
         return cls(
-            spec=spec,
+            spec=replace(spec, two_seeds=True) if native and not spec.block_bits else spec,
             capacity=capacity,
             filter_id=secrets.token_hex(ID_BYTES),  # a fresh random id
             sizing=sizing,
@@ -97,7 +108,7 @@ class FilterRecord:
             ttl=ttl,
             state="creating",
             backend=backend,
-            layout=NATIVE_LAYOUT if backend == "native" else LAYOUT_VERSION,
+            layout=NATIVE_LAYOUT if native else LAYOUT_VERSION,
         )
 
     @property
@@ -180,10 +191,11 @@ class FilterRecord:
                 raise refuse(f"its {name} is {text!r}, not an integer from {low:,} to {high:,}")
             return int(text)
 
-        if fields["scheme"] not in (str(SCHEME_VERSION), str(BLOCKED_SCHEME)):
+        schemes = (SCHEME_VERSION, BLOCKED_SCHEME, CLASSIC_SCHEME)
+        if fields["scheme"] not in map(str, schemes):
             raise refuse(
                 f"its hash scheme is {fields['scheme']!r}; this version knows schemes"
-                f" {SCHEME_VERSION} and {BLOCKED_SCHEME} (blocked) only"
+                f" {SCHEME_VERSION}, {BLOCKED_SCHEME} (blocked) and {CLASSIC_SCHEME} only"
             )
         scheme = int(fields["scheme"])
         if scheme == BLOCKED_SCHEME and backend == "native":
@@ -199,6 +211,7 @@ class FilterRecord:
                 shard_bits=integer("shard_bits", 1, 2**63),
                 hash_count=integer("hash_count", 1, 2**63),
                 block_bits=BLOCK_BITS if scheme == BLOCKED_SCHEME else 0,
+                two_seeds=scheme == SCHEME_VERSION,
             )
         except ValueError as exc:
             raise refuse(f"its geometry is impossible ({exc})") from None
@@ -282,7 +295,10 @@ class FilterRecord:
                 )
             )
         blocked = bool(self.spec.block_bits)
-        same_request = same_sizing(wanted.sizing, self.sizing, blocked) or wanted.spec == self.spec
+        same_request = (
+            same_sizing(wanted.sizing, self.sizing, blocked)
+            or wanted.spec.geometry == self.spec.geometry
+        )
         if same_request and wanted.spec.block_bits != self.spec.block_bits:
             logger.info(
                 "The Bloom filter %r keeps the %s layout it was created with"

@@ -129,7 +129,36 @@ class Lifecycle:
         record = self._settle(record, wanted)
         risk = health.warn_risks(self.key, servers, expiring=record.ttl > 0)
         self.events.set("eviction_risk", risk)
+        self._warn_seed_floor(record)
         return record
+
+    def _warn_seed_floor(self, record: FilterRecord) -> None:
+        """Say, in the log and a stat, when a scheme-1 filter cannot keep its rate.
+
+        Its generation 0, the smallest, has the highest floor (see
+        :attr:`..generations.Generation.seed_floor`); said past a tenth of the rate asked.
+        """
+        if record.backend != "bitmap" or not record.spec.two_seeds:
+            return
+        growth = record.growth
+        first = growth.generation(0)
+        if first.seed_floor <= growth.bound / 10:
+            return
+        self.events.set("rate_floor", first.seed_floor)
+        logger.warning(
+            "The Bloom filter %r has hash scheme 1 (a classic filter of an earlier build),"
+            " whose elements share all their bits with probability 1/S**2 in a generation of"
+            " S bits: at its capacity (%s items in %s bits per shard) its false-positive"
+            " rate cannot go below %.3g, against the %.3g its bits give. Reset it"
+            " (scrapy-redis-bloom reset --key %r; it forgets every URL it holds): a new"
+            " classic filter has hash scheme 3, whose floor is S times lower.",
+            self.key,
+            f"{first.capacity:,}",
+            f"{first.bits:,}",
+            first.seed_floor,
+            growth.bound,
+            self.key,
+        )
 
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
         """Write a new filter's record (``creating``); return it, or the one found instead.

@@ -61,6 +61,10 @@ STATS: dict[str, str] = {
     ),
     "batching_disabled": "1 when a later middleware could drop requests: no batching",
     "eviction_risk": "servers whose maxmemory-policy may evict the filter's keys",
+    "rate_floor": (
+        "least false-positive rate of a hash scheme 1 filter at its capacity, when above a"
+        " tenth of its rate"
+    ),
     "over_capacity": "items over all workers, as a multiple of the capacity (when past it)",
     # The filter, over all workers.
     "backend": "where the bits are: 'bitmap' (this package's) or 'native' (BF.*)",

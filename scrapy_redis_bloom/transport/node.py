@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from scrapy_redis_bloom.core.errors import CertificateError
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ _PLAIN = frozenset((bytes, int))
 #: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
 #: and -NOAUTH as ConnectionError subclasses, although they are replies.)
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
-_PING = b"*1\r\n$4\r\nPING\r\n"
+_PING = pack_command(b"PING")
 
 
 def _certificate_refused(exc: BaseException) -> bool:

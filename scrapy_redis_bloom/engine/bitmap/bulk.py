@@ -670,10 +670,10 @@ class Bulk:
         if self.hooks is not None and self.hooks.active():
             return self._prepare_scripted(write, elements, self.hooks)
         spec = self.spec
-        k, size, shards, block = spec.hash_count, spec.shard_bits, spec.shards, spec.block_bits
+        k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for i, element in enumerate(elements):
-            shard, x, y = locate(element, shards, size, block)
+            shard, x, y = locate(element, spec)
             group = groups.get(shard)
             if group is None:
                 group = groups[shard] = ([], [])
@@ -703,7 +703,7 @@ class Bulk:
         The path of a filter that grows or forgets: only the script knows a shard's
         generations and windows. Its groups carry the packed seeds of each element.
         """
-        shards, size, block = self.spec.shards, self.spec.shard_bits, self.spec.block_bits
+        shards, size, wide = self.spec.shards, self.spec.shard_bits, self.spec.seed_range
         groups: dict[int, tuple[list[int], list[int]]] = {}
         seeds: dict[int, list[bytes]] = {}
         for i, element in enumerate(elements):
@@ -714,7 +714,7 @@ class Bulk:
                 group = groups[shard] = ([], [])
                 seeds[shard] = []
             group[0].append(i)
-            seeds[shard].append(seed_arguments(h1, h2, shards, size, block))
+            seeds[shard].append(seed_arguments(h1, h2, shards, size, wide))
         script = hooks.script()
         plans: dict[int, tuple[Session, list[_Command]]] = {}
         for shard, (positions, _) in groups.items():

@@ -117,7 +117,7 @@ class FastPath:
     def __post_init__(self) -> None:
         spec = self.growth.spec
         self.shards, self.size, self.k = spec.shards, spec.shard_bits, spec.hash_count
-        self.block = spec.block_bits
+        self.block, self.seeds = spec.block_bits, spec.seed_range
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
         self.first = self.growth.first_capacity
@@ -153,7 +153,7 @@ class FastPath:
         it reads before the bits (1, or 2 with the state). None when the element's
         shard has grown or nears its limit: its checks are the script's.
         """
-        shard, x, y = place(h1, h2, self.shards, self.size, self.block)
+        shard, x, y = place(h1, h2, self.shards, self.size, self.seeds)
         known = self._shards.get(shard) or self._shard(shard)
         if self.counted and (known.grown or known.near):
             return None

@@ -390,7 +390,7 @@ class RedisBloomFilter(FilterBase):
         if self._fast is not None or self._stack is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         head, key = self._heads.get(shard) or self._head(shard)
-        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.block_bits)
+        payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.seed_range)
         return Command(shard, key, payload, script=self._script)
 
     def _conclude(

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
-from scrapy_redis_bloom.core.generations import WIDE, Generation
+from scrapy_redis_bloom.core.generations import Generation
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
+    WIDE,
     FilterSpec,
     block_masks,
     locate,
     offsets,
-    seed_range,
 )
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES
 from scrapy_redis_bloom.core.versions import NUMPY_MINIMUM, parse_version
@@ -55,16 +55,15 @@ class Located:
         self.size = len(elements)
         self.spec = spec
         self.vectorised = vectorised
-        shards, bits, block = spec.shards, spec.shard_bits, spec.block_bits
         self._offsets: Any = None
         self._elements = elements
         self._wide: Any = None
         self._generations: dict[Generation, Any] = {}
         if vectorised:
-            self.shard, self.x, self.y = locate_many(elements, shards, bits, block)
+            self.shard, self.x, self.y = locate_many(elements, spec)
             self._seeds: list[tuple[int, int, int]] = []
         else:
-            self._seeds = [locate(element, shards, bits, block) for element in elements]
+            self._seeds = [locate(element, spec) for element in elements]
 
     def crowded(self, least: int) -> dict[int, Any]:
         """Return the positions of the elements of each shard with at least ``least``."""
@@ -157,15 +156,15 @@ class Located:
 
 
 def locate_many(
-    elements: Sequence[str | bytes], shards: int, shard_bits: int, block_bits: int = 0
+    elements: Sequence[str | bytes], spec: FilterSpec
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Return ``(shard, x, y)`` arrays for elements: :func:`..hashing.locate`, vectorised."""
     h1, h2 = hashes_many(elements)
-    n, s = np.uint64(shards), np.uint64(shard_bits)
+    n, s = np.uint64(spec.shards), np.uint64(spec.shard_bits)
     return (
         (h1 % n).astype(np.int64),
         ((h1 // n) % s).astype(np.int64),
-        (h2 % np.uint64(seed_range(shard_bits, block_bits))).astype(np.int64),
+        (h2 % np.uint64(spec.seed_range)).astype(np.int64),
     )
 
 

@@ -44,12 +44,11 @@ from typing import Any
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.generations import (
     GENERATIONS_BIT,
-    WIDE,
     Generation,
     Growth,
     window_key,
 )
-from scrapy_redis_bloom.core.hashing import offsets
+from scrapy_redis_bloom.core.hashing import WIDE, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
