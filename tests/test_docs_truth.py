@@ -39,7 +39,7 @@ import pytest
 import scrapy_redis_bloom
 from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.core.settings import MAX_BIT, SETTINGS, BloomConfig
-from scrapy_redis_bloom.core.sizing import false_positive_rate, format_bytes
+from scrapy_redis_bloom.core.sizing import false_positive_rate, format_bytes, layout_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scrapy_redis_bloom"
@@ -683,6 +683,67 @@ def test_the_capacity_pages_table() -> None:
     assert said, "the cost of a lower rate is not stated"
     assert rounds_to(said[1], min(steps)), steps
     assert rounds_to(said[2], max(steps)), steps
+
+
+# -- the sizing page's tables -------------------------------------------------------------------
+
+SIZE_PAGE = DOCS / "howto" / "size-a-filter.md"
+#: scrapy-redis's SET, bytes per fingerprint, as the page states it (the benchmark's).
+TABLE_SET_BYTES = 80.4
+
+
+def sizing_row(capacity: int, rate: float) -> str:
+    """Return the sizing table's row for a capacity and rate: this release's geometry."""
+    sized = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
+    grows = BloomConfig.from_settings(sized)
+    fixed = BloomConfig.from_settings({**sized, "BLOOMFILTER_EXPANSION": 0})
+    spec = grows.spec
+    cells = [
+        f"{capacity:,}",
+        f"{rate:g}",
+        str(spec.hash_count),
+        f"{spec.shards:,}",
+        format_bytes(spec.total_bytes),
+        f"{spec.total_bytes / capacity:.2f}",
+        f"{format_bytes(fixed.spec.total_bytes)} ({fixed.spec.hash_count})",
+        f"{grows.growth.grown_capacity / capacity:,.0f}x",
+        format_bytes(int(capacity * TABLE_SET_BYTES)),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def layouts_row(rate: float, capacity: int = 100_000_000) -> str:
+    """Return the layouts table's row for a rate: each layout's k and memory, growing and fixed."""
+    cells = [f"{rate:g}"]
+    for growing in (True, False):
+        sized = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
+        config = BloomConfig.from_settings(
+            sized if growing else {**sized, "BLOOMFILTER_EXPANSION": 0}
+        )
+        costs = {cost.layout: cost for cost in layout_costs(config.sizing, capacity)}
+        shown = ("classic", "blocked", "native") if growing else ("classic", "blocked")
+        extra = costs["blocked"].memory_bytes / costs["classic"].memory_bytes - 1
+        for layout in shown:
+            cost = costs[layout]
+            cells.append(f"{cost.hash_count}, {format_bytes(cost.memory_bytes)}")
+            if layout == "blocked":
+                cells.append(f"+{100 * extra:.1f}%")
+    return "| " + " | ".join(cells) + " |"
+
+
+def test_the_sizing_pages_tables() -> None:
+    """Every row of size-a-filter.md's two tables is this release's sizing."""
+    lines = SIZE_PAGE.read_text(encoding="utf-8").splitlines()
+    sizing = [line for line in lines if re.match(r"^\| [\d,]+ \| [\d.e-]+ \|", line)]
+    assert len(sizing) >= 10, sizing
+    for line in sizing:
+        capacity, rate = line.split("|")[1:3]
+        assert line == sizing_row(int(capacity.replace(",", "")), float(rate))
+    start = next(i for i, line in enumerate(lines) if line.startswith("| error rate | growing"))
+    layouts = list(itertools.takewhile(lambda line: line.startswith("| "), lines[start + 2 :]))
+    assert len(layouts) == 3, layouts
+    for line in layouts:
+        assert line == layouts_row(float(line.split("|")[1]))
 
 
 def test_the_capacity_pages_benchmark_figures() -> None:

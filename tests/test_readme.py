@@ -450,7 +450,7 @@ def test_activate_capacity_and_error_rate(
     scrapy_redis_crawl(small, "https://example.com/activate-1")
     assert not redis_client.exists(f"{KEY}:meta")  # cleared on close (no SCHEDULER_PERSIST)
     stats = crawl(small, "https://example.com/activate-1")
-    assert stats["bloomfilter/hash_functions"] == config.spec.hash_count
+    assert stats["bloomfilter/hash_functions"] == validate(small)[0].spec.hash_count
     assert redis_client.exists(f"{KEY}:meta")  # Scrapy's scheduler: the filter outlives it
 
 

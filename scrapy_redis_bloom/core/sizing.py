@@ -51,7 +51,10 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
 
     ``(1 - e**(-kn/m))**k``; blocked (B-bit blocks), the mean over a block's Poisson load
     (mean ``B n / m``), a block of j items answering falsely with ``(1 - (1 - 1/B)**(k
-    j))**k`` (Putze et al., 2007): a busy block costs more than a quiet one saves.
+    j))**k`` (Putze et al., 2007): a busy block costs more than a quiet one saves. Plus,
+    blocked, the chance that an item of the block has the same three seeds (hash scheme 2,
+    one in B**3 per item: ``n / (m B**2)``), a floor the bits alone do not show: 0.2% of a
+    rate of 1e-4 at its size, 10% of 1e-6, 6 times 1e-8.
     """
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
@@ -64,12 +67,17 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
     for j in range(max(0, int(load - spread)), int(load + spread) + 1):
         weight = math.exp(j * math.log(load) - load - math.lgamma(j + 1))
         total += weight * (-math.expm1(miss * j)) ** hash_count
-    return min(1.0, total)
+    return min(1.0, total + items / bits / block_bits**2)
 
 
 #: How much a blocked filter's real rate may run above :func:`false_positive_rate` (the
 #: formula prices a block by its mean fill; 2-4% in simulations): blocked sizing aims lower.
 BLOCKED_HEADROOM = 1.05
+#: Most bits per item a default request's blocked layout may take, as a multiple of the
+#: classic one's: past it (rates below about 6e-8 for generation 0, where the blocks' seed
+#: floor rules), a new filter of a request that leaves ``blocked`` unset is classic.
+BLOCKED_MOST = 2
+NOMINAL_ITEMS = 1_000_000
 
 
 @lru_cache(maxsize=256)
@@ -178,8 +186,21 @@ class Sizing:
 
     @property
     def layout_blocked(self) -> bool:
-        """Whether a new filter of this request is blocked: as asked, else as its backend does."""
-        return self.blocked if self.blocked is not None else not self.native
+        """Whether a new filter of this request is blocked: as asked, else as its backend does.
+
+        The bitmap backend's default is blocked, unless blocks would take more than
+        :data:`BLOCKED_MOST` times the classic layout's bits per item at the rate asked
+        (priced on a million items: the rate decides, not a small filter's rounding).
+        """
+        if self.blocked is not None:
+            return self.blocked
+        if self.native:
+            return False
+        if self.error_rate is None:
+            return True
+        rate = self.error_rate * self.rate_share
+        blocked = optimal_geometry(NOMINAL_ITEMS, rate, BLOCK_BITS)[0]
+        return blocked <= BLOCKED_MOST * optimal_geometry(NOMINAL_ITEMS, rate)[0]
 
     @classmethod
     def parse(cls, text: str, rate_share: float = 1.0) -> Sizing | None:
