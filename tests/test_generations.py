@@ -36,6 +36,7 @@ from scrapy_redis_bloom.core.generations import (
     MAX_GENERATIONS,
     Growth,
 )
+from scrapy_redis_bloom.core.hashing import BLOCK_BITS, FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
 from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
@@ -690,3 +691,28 @@ def test_connections_killed_at_the_growth_boundary_lose_no_answer(
     assert sum(answers) <= upper(len(elements), 0.01)
     assert all(bloom.contains_many(elements))
     assert bloom.generations >= 3
+
+
+def test_a_records_generations_are_those_earlier_builds_gave_it() -> None:
+    # No record stores the generations after a shard's first: every build must compute
+    # the same ones from the record, whatever its sizing of new filters (which now counts
+    # a blocked filter's seed floor, and the generations do not). Frozen on 2026-11-29
+    # from b33f2ab's build; a change here strands the generations filters have in Redis.
+    default_1m = Growth(FilterSpec(31, 785_920, 13, BLOCK_BITS), 1_000_000, 2)
+    assert default_1m.first_capacity == 32_978
+    assert default_1m.last == 11
+    assert [(g.capacity, g.bits, g.hash_count) for g in default_1m.generations[:4]] == [
+        (32_978, 785_920, 13),
+        (64_518, 1_774_080, 14),
+        (129_036, 3_862_528, 14),
+        (258_072, 8_386_560, 15),
+    ]
+    billion = Growth(FilterSpec(638, 67_108_352, 17, BLOCK_BITS), 10**9, 2)
+    assert [(g.capacity, g.bits, g.hash_count) for g in billion.generations] == [
+        (1_572_407, 67_108_352, 17),
+        (3_134_798, 145_851_904, 18),
+        (6_269_596, 314_071_552, 19),
+        (12_539_192, 675_197_440, 19),
+        (25_078_384, 1_451_074_048, 20),
+        (50_156_768, 3_115_452_416, 20),
+    ]

@@ -8,6 +8,10 @@ together under ``B = p_0 / (1 - r)``. **Re-crawl windows** (``BLOOMFILTER_TTL`` 
 shard's bits live in one growing filter per window ``floor(Redis TIME / T)``, expiring at
 ``(w + 2) T``; a check reads windows w - 1 and w, so a URL is remembered T to 2T, and the
 anchor ``{KEY:<i>}:g0`` tells a window lost to eviction from one that expired.
+
+The rates here leave out a blocked filter's seed floor (:func:`..sizing.false_positive_rate`,
+``floor=False``): the generations of filters created before it was counted must keep their
+sizes, which no record stores. It is under 1e-7 per generation at their sizes.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class Growth:
         spec, nominal, block = self.spec, self.shard_capacity, self.spec.block_bits
         if g == 0:
             capacity = self.first_capacity
-            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block)
+            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block, False)
             return Generation(
                 capacity, spec.shard_bits, spec.hash_count, rate, block, spec.two_seeds
             )
@@ -136,7 +140,7 @@ class Growth:
         rest = self.bound - self._generation(0).error_rate
         rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
         if block:
-            bits, hash_count = optimal_geometry(capacity, rate, block)
+            bits, hash_count = optimal_geometry(capacity, rate, block, floor=False)
             return Generation(capacity, bits, hash_count, rate, block)
         hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
         bits = optimal_bits(capacity, rate)
@@ -162,7 +166,7 @@ class Growth:
         """
         spec = self.spec
         p0 = false_positive_rate(
-            spec.shard_bits, spec.hash_count, self.shard_capacity, spec.block_bits
+            spec.shard_bits, spec.hash_count, self.shard_capacity, spec.block_bits, floor=False
         )
         return p0 / (1 - self.tightening) if self.expansion else p0
 
@@ -181,7 +185,9 @@ class Growth:
         spec, ceiling = self.spec, 0.75 * self.bound
 
         def rate(items: int) -> float:
-            return false_positive_rate(spec.shard_bits, spec.hash_count, items, spec.block_bits)
+            return false_positive_rate(
+                spec.shard_bits, spec.hash_count, items, spec.block_bits, floor=False
+            )
 
         high = nominal + math.ceil(4 * math.sqrt(nominal))
         if rate(high) <= ceiling:

@@ -46,7 +46,9 @@ def optimal_hash_count(bits: int, capacity: int) -> int:
     return max(1, round(bits / capacity * math.log(2)))
 
 
-def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: int = 0) -> float:
+def false_positive_rate(
+    bits: int, hash_count: int, items: float, block_bits: int = 0, floor: bool = True
+) -> float:
     """Return the false-positive rate expected after ``items`` insertions.
 
     ``(1 - e**(-kn/m))**k``; blocked (B-bit blocks), the mean over a block's Poisson load
@@ -54,7 +56,8 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
     j))**k`` (Putze et al., 2007): a busy block costs more than a quiet one saves. Plus,
     blocked, the chance that an item of the block has the same three seeds (hash scheme 2,
     one in B**3 per item: ``n / (m B**2)``), a floor the bits alone do not show: 0.2% of a
-    rate of 1e-4 at its size, 10% of 1e-6, 6 times 1e-8.
+    rate of 1e-4 at its size, 10% of 1e-6, 6 times 1e-8. ``floor=False``: without it, as
+    the generations after the first are sized (see :mod:`.generations`).
     """
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
@@ -67,7 +70,7 @@ def false_positive_rate(bits: int, hash_count: int, items: float, block_bits: in
     for j in range(max(0, int(load - spread)), int(load + spread) + 1):
         weight = math.exp(j * math.log(load) - load - math.lgamma(j + 1))
         total += weight * (-math.expm1(miss * j)) ** hash_count
-    return min(1.0, total + items / bits / block_bits**2)
+    return min(1.0, total + (items / bits / block_bits**2 if floor else 0.0))
 
 
 #: How much a blocked filter's real rate may run above :func:`false_positive_rate` (the
@@ -81,7 +84,9 @@ NOMINAL_ITEMS = 1_000_000
 
 
 @lru_cache(maxsize=256)
-def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> tuple[int, int]:
+def optimal_geometry(
+    capacity: int, error_rate: float, block_bits: int = 0, floor: bool = True
+) -> tuple[int, int]:
     """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
 
     Blocked: for each k near the unblocked optimum, the fewest whole blocks whose rate is
@@ -96,11 +101,14 @@ def optimal_geometry(capacity: int, error_rate: float, block_bits: int = 0) -> t
     best: tuple[int, int] | None = None
     for k in range(max(1, centre - 8), min(MAX_HASH_COUNT, centre + 3) + 1):
         low, high = bits // block_bits, 2 * bits // block_bits + 1
-        while false_positive_rate(high * block_bits, k, capacity, block_bits) > error_rate:
+        while false_positive_rate(high * block_bits, k, capacity, block_bits, floor) > error_rate:
             low, high = high, 2 * high
         while high - low > 1:
             middle = (low + high) // 2
-            if false_positive_rate(middle * block_bits, k, capacity, block_bits) > error_rate:
+            if (
+                false_positive_rate(middle * block_bits, k, capacity, block_bits, floor)
+                > error_rate
+            ):
                 low = middle
             else:
                 high = middle
