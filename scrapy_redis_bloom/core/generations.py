@@ -17,7 +17,7 @@ sizes, which no record stores. It is under 1e-7 per generation at their sizes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from scrapy_redis_bloom.core.hashing import (
@@ -60,16 +60,19 @@ class Generation:
     error_rate: float
     block_bits: int = 0
     two_seeds: bool = False
+    #: What the script takes an element's second seed modulo, in this generation: set once,
+    #: read by every check of a grown or windowed shard.
+    seed_range: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "seed_range", seed_range(self.bits, self.block_bits, self.two_seeds)
+        )
 
     @property
     def span(self) -> int:
         """Where an element's k bits fall: its block, or the whole generation."""
         return self.block_bits or self.bits
-
-    @property
-    def seed_range(self) -> int:
-        """What the script takes an element's second seed modulo, in this generation."""
-        return seed_range(self.bits, self.block_bits, self.two_seeds)
 
     @property
     def seed_floor(self) -> float:
@@ -131,10 +134,9 @@ class Growth:
         spec, nominal, block = self.spec, self.shard_capacity, self.spec.block_bits
         if g == 0:
             capacity = self.first_capacity
-            rate = false_positive_rate(spec.shard_bits, spec.hash_count, capacity, block, False)
-            return Generation(
-                capacity, spec.shard_bits, spec.hash_count, rate, block, spec.two_seeds
-            )
+            k = spec.hash_count
+            rate = false_positive_rate(spec.shard_bits, k, capacity, block, floor=False)
+            return Generation(capacity, spec.shard_bits, k, rate, block, spec.two_seeds)
         capacity = nominal * self.expansion**g
         # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
         rest = self.bound - self._generation(0).error_rate

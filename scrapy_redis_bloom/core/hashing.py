@@ -12,14 +12,15 @@ many values the seeds take:
 - scheme 1 (classic filters created by earlier builds): anywhere in the shard, with two seeds.
   Two elements then share all k offsets with probability 1/S**2, a floor under the
   false-positive rate of n/S**2 that a small shard or generation feels (1,152 bits holding
-  30 items: 3.4e-5 where 2e-8 was asked for); scheme 3 lowers it to n/S**3.
+  30 items: 2.3e-5, where 2.6e-8 was asked for); scheme 3 lowers it to n/(S**2 T), with T
+  the third seed's range (:func:`seed_range`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import mmh3
@@ -60,6 +61,9 @@ class FilterSpec:
     #: True for scheme 1: a classic filter created before scheme 3, whose offsets have two
     #: seeds (read from its record; a new filter never has it).
     two_seeds: bool = False
+    #: What an element's second seed ``y`` is taken modulo (:func:`seed_range`): set once,
+    #: read by every check that misses the near-cache.
+    seed_range: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= MAX_SHARDS:
@@ -82,6 +86,9 @@ class FilterSpec:
                 f"a blocked filter's shard holds a whole number of {self.block_bits}-bit blocks,"
                 f" got {self.shard_bits:,} bits"
             )
+        object.__setattr__(
+            self, "seed_range", seed_range(self.shard_bits, self.block_bits, self.two_seeds)
+        )
 
     @property
     def scheme(self) -> int:
@@ -89,11 +96,6 @@ class FilterSpec:
         if self.block_bits:
             return BLOCKED_SCHEME
         return SCHEME_VERSION if self.two_seeds else CLASSIC_SCHEME
-
-    @property
-    def seed_range(self) -> int:
-        """What an element's second seed ``y`` is taken modulo (see :func:`seed_range`)."""
-        return seed_range(self.shard_bits, self.block_bits, self.two_seeds)
 
     @property
     def geometry(self) -> tuple[int, int, int, int]:

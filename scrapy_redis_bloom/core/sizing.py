@@ -80,6 +80,7 @@ BLOCKED_HEADROOM = 1.05
 #: classic one's: past it (rates below about 6e-8 for generation 0, where the blocks' seed
 #: floor rules), a new filter of a request that leaves ``blocked`` unset is classic.
 BLOCKED_MOST = 2
+#: The items that comparison prices both layouts at: the rate decides, not rounding.
 NOMINAL_ITEMS = 1_000_000
 
 
