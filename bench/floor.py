@@ -33,7 +33,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from bulkload import main_thread_cpu  # noqa: E402
-from harness import BenchRedis, machine, rotated  # noqa: E402
-from redis_modules import bloom_server  # noqa: E402
+from harness import BenchRedis, floor_start, machine, rotated  # noqa: E402
 
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS  # noqa: E402
 from scrapy_redis_bloom.core.layout import HEADER_BYTES  # noqa: E402
-from scrapy_redis_bloom.core.settings import BloomConfig  # noqa: E402
 from scrapy_redis_bloom.engine.scripts import READ_BLOCKS, WRITE_BLOCKS  # noqa: E402
 
 logger = logging.getLogger("bench.floor")
@@ -61,27 +59,15 @@ MADD = "BF.MADD (RedisBloom)"
 FLUSH = 2_000
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main() -> int:
     """Measure each way's Redis CPU per element, print and write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--capacity", type=int, default=100_000_000)
-    parser.add_argument("--error-rate", type=float, default=1e-4)
-    parser.add_argument("--elements", type=int, default=200_000, help="elements per way, round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=HERE / "floor.md")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    found = bloom_server()
-    if found is None:
-        logger.error("No redis-server that loads RedisBloom here (see tests/redis_modules.py).")
+    per_round = ("--elements", 200_000, "elements per way, round")
+    started = floor_start(__doc__, 100_000_000, per_round, 5, HERE / "floor.md")
+    if started is None:
         return 2
-    spec = BloomConfig.from_settings(
-        {"BLOOMFILTER_CAPACITY": args.capacity, "BLOOMFILTER_ERROR_RATE": args.error_rate}
-    ).spec
-    blocks = (spec.shard_bits // BLOCK_BITS) if spec.block_bits else 0
-    if not blocks:
-        logger.error("The default geometry here is not blocked: nothing to measure.")
-        return 2
+    args, found, config = started
+    spec = config.spec
+    blocks = spec.shard_bits // BLOCK_BITS
     rng = random.Random(23)
     with BenchRedis(found) as bench:
         client = bench.redis()

@@ -245,6 +245,42 @@ def machine() -> dict[str, Any]:
     }
 
 
+def floor_start(
+    doc: str | None, capacity: int, per_round: tuple[str, int, str], rounds: int, out: Path
+) -> tuple[argparse.Namespace, tuple[str, str], Any] | None:
+    """Parse a floor script's options; return them, RedisBloom's server, the filter's config.
+
+    The floor scripts (``floor.py``, ``checkfloor.py``) take ``--capacity``,
+    ``--error-rate``, ``per_round`` (option, default, help), ``--rounds`` and ``--out``, and
+    measure a blocked filter of that size (its ``BloomConfig``) beside RedisBloom. None,
+    said in the log, when no redis-server here loads RedisBloom or the size is not blocked.
+    """
+    from redis_modules import bloom_server
+
+    from scrapy_redis_bloom.core.settings import BloomConfig
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--capacity", type=int, default=capacity)
+    parser.add_argument("--error-rate", type=float, default=1e-4)
+    option, default, what = per_round
+    parser.add_argument(option, type=int, default=default, help=what)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    found = bloom_server()
+    if found is None:
+        logger.error("No redis-server that loads RedisBloom here (see tests/redis_modules.py).")
+        return None
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": args.capacity, "BLOOMFILTER_ERROR_RATE": args.error_rate}
+    )
+    if not config.spec.block_bits:
+        logger.error("The default geometry here is not blocked: nothing to measure.")
+        return None
+    return args, found, config
+
+
 def bench_parser(doc: str | None, quick: str, out: str) -> argparse.ArgumentParser:
     """Start a benchmark script's parser: its description, ``--quick`` and ``--out``.
 
