@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+import mmh3
 import pytest
 import redis
 from test_generations import upper
@@ -106,6 +107,52 @@ def test_the_counts_reach_the_newest_generation(redis_client: redis.Redis) -> No
     assert generations == 2
     assert count >= new  # and what add_many counted in generation 1 before
     assert bloom.state().generations[-1].estimated_items > before
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_two_adds_over_bits_others_set_since_the_read_tell_one_new(
+    redis_client: redis.Redis, state: str
+) -> None:
+    """The add sets only the bits its read found unset; racing workers still get one "new".
+
+    Half the element's bits in the newest generation are set by others first (as other
+    URLs would), then two workers read it, then both add it: the first is told new and
+    sets the other half, the second finds them set (seen), and the element is then seen
+    with all its bits set, in one round trip.
+    """
+    first, members = grown(redis_client, **STATES[state])
+    second = bloom_for(redis_client, **STATES[state])
+    for element in members[:20]:
+        assert second.check_and_add(element) is True
+    element = fingerprints(1, "racer")[0]
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+    plans = []
+    for bloom in (first, second):
+        stack = bloom._stack
+        assert stack is not None
+        check = stack.plan(h1, h2)
+        assert check is not None
+        plans.append((bloom, check))
+    newest = next(k for k in plans[0][1].keys if k.newest)
+    absolute = [b + newest.block for b in newest.bits] if newest.block >= 0 else newest.bits
+    preset = absolute[::2]
+    for bit in preset:
+        redis_client.setbit(newest.name, bit, 1)
+    unset = [bit for bit in absolute if not redis_client.getbit(newest.name, bit)]
+    assert unset  # (others' URLs set some of the rest too, not all)
+    for bloom, check in plans:
+        replies = bloom.executor.fast_many("test", check.reads, check.keys[0].name, check.shard)
+        assert bloom._judged(check, replies.replies, time.time()) == "add"
+        assert check.add_bits == unset  # the add sets only these
+    answers = []
+    for bloom, check in plans:
+        reply, ambiguous = bloom.executor.fast("test", check.add, check.add_key, check.shard, None)
+        answers.append(bloom._added(check, reply, ambiguous))
+    assert answers == [False, True]
+    assert all(redis_client.getbit(newest.name, bit) for bit in absolute)
+    trips = first.round_trips
+    assert first.check_and_add(element) is True
+    assert first.round_trips == trips + 1
 
 
 @pytest.mark.parametrize("state", ["grown", "windows"])

@@ -16,9 +16,10 @@ read-only. So a check needs no script:
    found by its header within :data:`HEADER_EVERY` checks): a seen URL is answered in
    this one round trip.
 2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
-   generation that reads 8 bytes of its id and sets the k bits. Its own reply (were all
-   the bits set already?) decides, atomically, which of several workers offering the
-   element at once is told "new": exactly one. The state comes with it: the add reads
+   generation that reads 8 bytes of its id and sets the element's bits the read found
+   unset (the others stay set: bits are only ever set). Its own reply (were they all set
+   already?) decides, atomically, which of several workers offering the element at once
+   is told "new": exactly one. The state comes with it: the add reads
    it, or one add in :data:`~.fastpath.STATE_EVERY` sends a second command beside it
    (:meth:`StackPath._pack_add`).
 
@@ -115,6 +116,9 @@ class Check:
     #: The window it chose its keys by (-1: none), and whether it reads the clock.
     window: int
     asked: bool
+    #: The element's bits the read found unset in the newest generation (relative to its
+    #: block when blocked): the add sets only these (:meth:`StackPath._pack_add`).
+    unset: list[int] = field(default_factory=list)
     #: The add's command, once :meth:`StackPath.judge` said :data:`ADD`.
     add: bytes = b""
     add_key: str = ""
@@ -311,7 +315,10 @@ class StackPath:
                 else:
                     known.count = int.from_bytes(head[28:32], "big")
             if not seen:
-                seen = _all_set(bits[1:] if k.block < 0 else bits, k)
+                unset = _unset(bits[1:] if k.block < 0 else bits, k)
+                seen = not unset
+                if k.newest:
+                    check.unset = unset
         if seen:
             return SEEN
         if not sound or late or self._near(known):
@@ -334,7 +341,10 @@ class StackPath:
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
-        bits = [bit + k.block for bit in k.bits] if k.block >= 0 else list(k.bits)
+        # Only the bits the read found unset: bits are only ever set, so the others still
+        # are, and the reply tells as surely whether this add set any (the element is new)
+        # or another add set them all since (seen), with fewer fields for Redis to parse.
+        bits = [bit + k.block for bit in check.unset] if k.block >= 0 else list(check.unset)
         args: list[Any] = [b"BITFIELD", k.name, b"GET", b"i64", ID_FIELD]
         if k.generation == 0:
             check.sent, known.pending = known.pending, 0
@@ -398,7 +408,7 @@ class StackPath:
         bits, head = replies
         if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
             return False
-        seen = _all_set(bits[1:] if found.block < 0 else bits, found)
+        seen = not _unset(bits[1:] if found.block < 0 else bits, found)
         if seen and check.known.pending > 0:
             check.known.pending -= 1
         return seen
@@ -467,15 +477,15 @@ def _header(name: str) -> bytes:
     return b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%b\r\n" % (len(key), key) + _HEADER
 
 
-def _all_set(reply: Any, k: _Key) -> bool:
-    """Tell whether a read found every bit of the element set."""
+def _unset(reply: Any, k: _Key) -> list[int]:
+    """Return the element's bits a read found unset (none: every bit set), as ``k.bits``."""
     if k.block < 0:
         if not isinstance(reply, list) or len(reply) != len(k.bits):
             raise ValueError(f"a BITFIELD_RO of {len(k.bits)} fields, got {reply!r:.200}")
-        return 0 not in reply
+        return [bit for bit, value in zip(k.bits, reply, strict=True) if not value]
     if not isinstance(reply, bytes):
         raise ValueError(f"a GETRANGE's bytes, got {reply!r:.200}")
     top = 8 * len(reply) - 1
     value = int.from_bytes(reply, "big")
     # A missing (or short) key reads short: its header says so too.
-    return all(bit <= top and value >> (top - bit) & 1 for bit in k.bits)
+    return [bit for bit in k.bits if bit > top or not value >> (top - bit) & 1]
