@@ -155,6 +155,53 @@ def test_two_adds_over_bits_others_set_since_the_read_tell_one_new(
     assert first.round_trips == trips + 1
 
 
+@pytest.mark.parametrize("state", ["grown", "grown-classic"])
+def test_a_stale_worker_and_a_current_one_adding_across_a_growth_tell_one_new(
+    redis_client: redis.Redis, state: str
+) -> None:
+    """A worker that adds to a generation sealed meanwhile adds to the next one too.
+
+    The current worker reads the element (absent everywhere) and is about to add it to
+    the newest generation; the stale one, which knows one generation less, adds it to
+    the sealed one, finds it new there, then goes to the next: had it only read there
+    (before 2026-11-29), it would find nothing yet and answer new, and so would the
+    current worker's add. Both adds now run on that key: one is told new.
+    """
+    stale, members = grown(redis_client, **STATES[state])
+    current = bloom_for(redis_client, **STATES[state])
+    current.add_many(fingerprints(31_000, "more"))  # fills generation 1: generation 2 starts
+    assert current.generations == 3
+    for element in members[:20]:
+        assert current.check_and_add(element) is True  # it learns of generation 2
+    element = fingerprints(1, "racer")[0]
+    h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+
+    def read(bloom: RedisBloomFilter) -> Any:
+        stack = bloom._stack
+        assert stack is not None
+        check = stack.plan(h1, h2)
+        assert check is not None
+        replies = bloom.executor.fast_many("test", check.reads, check.keys[0].name, check.shard)
+        assert bloom._judged(check, replies.replies, time.time()) == "add"
+        return check
+
+    def add(bloom: RedisBloomFilter, check: Any) -> bool | None:
+        reply, ambiguous = bloom.executor.fast("test", check.add, check.add_key, check.shard, None)
+        return bloom._added(check, reply, ambiguous)
+
+    assert stale._stack is not None
+    stale._stack._shards[0].since = 0  # no header this round: it still knows two generations
+    late = read(current)
+    early = read(stale)
+    assert [k.generation for k in early.keys if k.newest] == [1]
+    assert [k.generation for k in late.keys if k.newest] == [2]
+    assert add(stale, early) is False  # new to sealed generation 1, then to generation 2
+    assert early.again  # it went on to generation 2
+    assert add(current, late) is True
+    assert stale.check_and_add(element) is True
+    assert current.check_and_add(element) is True
+
+
 @pytest.mark.parametrize("state", ["grown", "windows"])
 def test_a_generation_lost_while_grown_is_detected(redis_client: redis.Redis, state: str) -> None:
     bloom, _ = grown(redis_client, **STATES[state])

@@ -229,14 +229,19 @@ class RedisBloomFilter(FilterBase):
         except ValueError as exc:
             raise self._not_ours(check.add_key, exc) from None
         if seen is None:  # lost or reset between the reads and the add: the script sorts it out
-            found, bits = stack.strays(check, reply)
+            found, bits = stack.strays(reply, check.add_bits)
             self._take_back_bits(check.add_key, check.shard, found, bits)
             return None
-        if check.again:  # new to a generation sealed meanwhile: is it in the next one?
-            replies = self.executor.fast_many(
-                OPERATION, check.again, check.add_key, check.shard
-            ).replies
-            seen = self._read(check.add_key, replies, lambda got: stack.looked(check, got))
+        if check.again:  # new to a generation sealed meanwhile: add it to the next one too
+            key = check.next.name if check.next is not None else check.add_key
+            results = self.executor.fast_many(OPERATION, check.again, key, check.shard, write=True)
+            again = results.replies[0]
+            seen = self._read(key, [again], lambda got: stack.looked(check, got[0]))
+            if seen is None:  # not this filter's: its bits go, and the element is new
+                found, bits = stack.strays(again, check.again_bits)
+                self._take_back_bits(key, check.shard, found, bits)
+                return False
+            ambiguous = ambiguous or results.ambiguous[0]
         if seen and ambiguous:
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt

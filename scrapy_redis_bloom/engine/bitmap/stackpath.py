@@ -129,8 +129,10 @@ class Check:
     sent: int = 0
     stated: bool = False
     count: bytes = b""
-    #: Where the add landed in a generation sealed meanwhile: the reads of the next one.
+    #: Where the add landed in a generation sealed meanwhile: the add of the next one
+    #: (:meth:`StackPath.added`), its absolute bit offsets, and that generation.
     again: list[bytes] = field(default_factory=list)
+    again_bits: list[int] = field(default_factory=list)
     next: _Key | None = None
 
 
@@ -258,7 +260,7 @@ class StackPath:
             return True
         # The counts other workers may hold back, and this one: the generation takes at
         # most these few more than its capacity. (Which worker is told "new" at the
-        # boundary needs no margin: an add that lands in a sealed generation looks again.)
+        # boundary needs no margin: an add that lands in a sealed generation adds again.)
         late = STATE_EVERY * (self.workers() + 1)
         return known.count + known.pending + 1 >= self.gens[g].capacity - late
 
@@ -365,8 +367,11 @@ class StackPath:
         """Read the add's reply: True for "seen", False for new; None: the key is not ours.
 
         An element new to a generation sealed meanwhile (a later one started) gets
-        :attr:`Check.again`: the reads that look for it in the next generation, where a
-        worker that checked it through the script may have added it (:meth:`looked`).
+        :attr:`Check.again`: its add to the next generation, where another worker may have
+        added it since (through the script, or by an add after reads that did not see
+        this one's bits): both adds run on that key, so exactly one of them finds bits
+        unset (:meth:`looked`). A read there instead could miss a worker between its reads
+        and its add, and both would be told "new".
         Raises ``ValueError`` for a reply of the wrong shape.
         """
         k = len(check.add_bits)
@@ -393,22 +398,28 @@ class StackPath:
             known.now = max(known.now, after + 1)
             window = check.window if self.ttl else -1
             nxt = self._key(check.shard, check.h1, check.h2, after, window, True, True)
-            check.again, check.next = self._reads([nxt]), nxt
+            bits = [bit + nxt.block for bit in nxt.bits] if nxt.block >= 0 else list(nxt.bits)
+            args: list[Any] = [b"BITFIELD", nxt.name, b"GET", b"i64", ID_FIELD]
+            args += (b"GET", b"u16", GENERATIONS_BIT)
+            for bit in bits:
+                args += (b"SET", b"u1", bit, 1)
+            check.again, check.again_bits, check.next = [pack_command(*args)], bits, nxt
         return seen
 
-    def looked(self, check: Check, replies: list[Any]) -> bool:
-        """Read the second look of an element new to a sealed generation: True if seen.
+    def looked(self, check: Check, reply: Any) -> bool | None:
+        """Read the add to the next generation of an element new to a sealed one.
 
-        Seen when the next generation, carrying this filter's identity, holds all its
-        bits: another worker checked it there since, and counted it (or a false positive):
-        the item :meth:`added` counted is taken back. Any doubt answers new.
+        True ("seen") when every bit was set already: another worker added it there
+        since, and was told new (or a false positive); the item :meth:`added` counted is
+        taken back. None: the key is not this filter's (lost or reset; answer new).
+        Raises ``ValueError`` for a reply of the wrong shape.
         """
-        found = check.next
-        assert found is not None
-        bits, head = replies
-        if not isinstance(head, bytes) or head[:IDENTITY_BYTES] != self.identity(check.shard):
-            return False
-        seen = not _unset(bits[1:] if found.block < 0 else bits, found)
+        k = len(check.again_bits)
+        if not isinstance(reply, list) or len(reply) != 2 + k:
+            raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
+        if reply[0] != id_field(self.identity(check.shard)):
+            return None
+        seen = 0 not in reply[2:]
         if seen and check.known.pending > 0:
             check.known.pending -= 1
         return seen
@@ -423,10 +434,11 @@ class StackPath:
             generations, count = divmod(reply[0], 1 << 32)
             check.known.now, check.known.count = max(generations, 1), count
 
-    def strays(self, check: Check, reply: list[Any]) -> tuple[bytes, list[int]]:
-        """Return what an add that found a foreign key set there: the id field it read, bits."""
+    @staticmethod
+    def strays(reply: list[Any], bits: list[int]) -> tuple[bytes, list[int]]:
+        """Return what an add of ``bits`` that found a foreign key set there: its id field, bits."""
         found = reply[0].to_bytes(8, "big", signed=True)
-        return found, [b for b, was in zip(check.add_bits, reply[2:], strict=True) if not was]
+        return found, [b for b, was in zip(bits, reply[2:], strict=True) if not was]
 
     def lost(self, check: Check) -> None:
         """Give back the count an add carried that surely did not run."""
