@@ -1,20 +1,15 @@
-"""Exceptions raised when the filter in Redis cannot be used as configured.
+"""Exceptions raised when the settings, or the filter in Redis, cannot be used.
 
-Bad settings raise a :class:`ValueError` (Scrapy's convention for a component with
-an invalid setting), :class:`SettingError` where the message names settings. The other
-classes here cover what is found in Redis at run time.
-Each message says what was found, where (``host:port``, never a password) and how to
-proceed. A message that names settings is a :class:`Wording`, so that each front end
-names them in its own words; ``str(exc)`` names them as Scrapy settings.
+Bad settings raise a :class:`ValueError` (Scrapy's convention), :class:`SettingError` where
+the message names settings; the other classes cover what is found in Redis. Each message
+says what was found, where (``host:port``, never a password) and how to proceed; one that
+names settings is a :class:`Wording`, so that each front end names them in its own words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from string import Formatter
-
-#: The prefix of the setting names a template's fields may hold (``{BLOOMFILTER_TTL}``).
-SETTING_PREFIX = "BLOOMFILTER_"
 
 
 def setting_name(setting: str) -> str:
@@ -31,13 +26,11 @@ class SettingName(str):
 class Wording:
     """A message whose settings are data, so that each front end names them in its words.
 
-    ``template`` is a :meth:`str.format` template: a field named as a setting
-    (``{BLOOMFILTER_RETRY_TIMEOUT}``) is the setting's name; ``{setting}`` and
-    ``{settings}`` are the word for one or several settings; any other field is one of
-    ``values``, formatted once (so a value holding ``{`` is never read as a field). A
-    value that is a :class:`SettingName` is named as a setting; one that is a
-    :class:`Wording` is rendered in the same words. Scrapy's words are the default:
-    ``str()`` is the message as a Scrapy user reads it.
+    ``template`` is a :meth:`str.format` template: ``{BLOOMFILTER_TTL}`` names a setting,
+    ``{setting}`` / ``{settings}`` are the word for one or several; other fields are
+    ``values``, formatted once (a value holding ``{`` is never read as a field), a
+    :class:`SettingName` named as a setting, a :class:`Wording` rendered in the same words.
+    ``str()`` is the message in Scrapy's words.
     """
 
     __slots__ = ("template", "values")
@@ -52,7 +45,7 @@ class Wording:
         found: list[str] = []
         for _, field, _, _ in Formatter().parse(self.template):
             value = self.values.get(field or "")
-            if field and field.startswith(SETTING_PREFIX):
+            if field and field.startswith("BLOOMFILTER_"):  # a setting: {BLOOMFILTER_TTL}
                 found.append(field)
             elif isinstance(value, SettingName):
                 found.append(str(value))
@@ -83,9 +76,8 @@ class Wording:
 class WordedError(Exception):
     """An error whose message may be a :class:`Wording`: front ends name its settings.
 
-    ``str(exc)`` (and ``exc.args[0]``) is the message in Scrapy's words, as before;
-    :meth:`render` words it otherwise (the ``scrapy-redis-bloom`` command names its
-    options). ``wording`` is None for a message given as a plain string.
+    ``str(exc)`` is the message in Scrapy's words; :meth:`render` words it otherwise (the
+    command names its options). ``wording`` is None for a plain string message.
     """
 
     wording: Wording | None = None
@@ -146,9 +138,8 @@ class FilterUnavailableError(BloomFilterError):
 class FilterDamagedError(BloomFilterError):
     """Part of the filter is gone: a shard evicted or deleted, a server emptied or replaced.
 
-    Raised under ``BLOOMFILTER_ON_LOSS = "raise"``; the filter is never used with a
-    part silently missing, since a lost shard answers "new" for URLs already crawled
-    and a replaced one would mix two filters' bits.
+    Under ``BLOOMFILTER_ON_LOSS = "raise"``: a lost shard would answer "new" for URLs
+    already crawled, a replaced one mix two filters' bits.
     """
 
 
@@ -163,12 +154,9 @@ class UnsupportedServerError(BloomFilterError):
 class AccessDeniedError(BloomFilterError):
     """A Redis ACL does not let the filter's user run a command it needs, or reach its keys.
 
-    Raised at open by the permission check (:mod:`.engine.access`), which names every
-    refused command and key pattern at once, and later when Redis refuses a command
-    (for instance one inside the filter's scripts) of a user whose rights changed.
-    ``server`` names where (``Redis at host:port``, never a password); ``commands``
-    the refused commands by their ACL names (``time``, ``memory|usage``) and ``keys``
-    the refused key patterns (``~KEY*``, ``~{KEY:*``), as far as they are known.
+    Raised at open by :mod:`.engine.access` (naming all that is refused at once), or when
+    Redis later refuses a command. ``server``: ``Redis at host:port``; ``commands``: ACL
+    names (``memory|usage``); ``keys``: key patterns (``~{KEY:*``), as far as known.
     """
 
     def __init__(

@@ -1,9 +1,8 @@
 """What happens to the filter while it runs, counted in memory for the layer above to read.
 
-The engine counts events and sets values on a :class:`FilterEvents` (each the stat
-``bloomfilter/<name>``); nothing is pushed: the Scrapy layer copies them into the crawl's
-stats on its own timer, from the reactor thread, so that a stats store that fails or is
-not thread-safe is never called from the executor's retries, a lease's thread or
+The engine counts on a :class:`FilterEvents` (stats ``bloomfilter/<name>``); the Scrapy layer
+copies them into the crawl's stats on its own timer, from the reactor thread, so a stats
+store that fails or is not thread-safe is never called from retries, a lease's thread or
 ``request_seen``. :class:`RateLimitedLog` says repeating warnings; no log call of the
 package raises, whichever handler fails (:class:`GuardedLogger`).
 """
@@ -44,11 +43,7 @@ class FilterEvents:
 
 
 class RateLimitedLog:
-    """Log a message at most once per ``interval`` seconds per topic, counting the rest.
-
-    A fault that hits every request is said while it lasts without a line per request: the
-    first occurrence, then one line per interval saying how many more there were.
-    """
+    """Log a message at most once per ``interval`` seconds per topic, then say how many more."""
 
     def __init__(self, logger: logging.Logger, interval: float = 60.0) -> None:
         self.logger = logger
@@ -72,13 +67,10 @@ class RateLimitedLog:
 
 
 # -- log calls that never raise --------------------------------------------------------------
-#
-# A log handler may fail (Scrapy's ``LogCounterHandler``, on the root logger, counts every
-# record into the crawl's stats, which may live in a Redis that is down), and through
-# :mod:`logging` the first that fails raises into the code that logs and cuts the record off
-# from the handlers after it. So the package's records go to each handler in turn; a failing
-# one stops neither the others nor the caller: the record is counted (:func:`handler_failures`,
-# ``bloomfilter/log_failed``) and the failure said, at most once a minute per kind of handler.
+# A handler may fail (Scrapy's ``LogCounterHandler`` counts records into stats that may live
+# in a Redis that is down); through :mod:`logging` it would raise into the caller and cut the
+# record off from later handlers. So each handler gets the record in turn; a failure is
+# counted (:func:`handler_failures`, ``bloomfilter/log_failed``) and said once a minute.
 
 #: The package's loggers: this one and those below it (:func:`guard_loggers`).
 PACKAGE_LOGGER = __name__.partition(".")[0]
@@ -100,8 +92,8 @@ class GuardedLogger(logging.Logger):
 def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
     """Make the package's loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
 
-    Called at import and again when a filter or a command starts, for modules imported
-    since. A logger of another class (a program's ``setLoggerClass``) is left as it is.
+    Called at import and when a filter or a command starts (for modules imported since); a
+    logger of another class (a program's ``setLoggerClass``) is left as it is.
     """
     logging.getLogger(prefix)
     for name, found in list(logging.Logger.manager.loggerDict.items()):
@@ -156,21 +148,15 @@ def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
     return False
 
 
-def _handlers(logger: logging.Logger) -> list[logging.Handler]:
-    """Return the handlers a record of ``logger`` reaches, in the order logging calls them."""
-    found: list[logging.Handler] = []
-    current: logging.Logger | None = logger
-    while current is not None:
-        found += current.handlers
-        current = current.parent if current.propagate else None
-    return found
-
-
 def _deliver(
     logger: logging.Logger, record: logging.LogRecord, skip: tuple[logging.Handler, ...]
 ) -> list[tuple[logging.Handler, Exception]]:
     """Hand ``record`` to each handler (but ``skip``); return those that raised, and why."""
-    handlers = _handlers(logger)
+    handlers: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:  # in the order logging calls them
+        handlers += current.handlers
+        current = current.parent if current.propagate else None
     if not handlers:  # as logging does: the last resort, to stderr
         handlers = [logging.lastResort] if logging.lastResort is not None else []
     failed = []
@@ -189,10 +175,9 @@ def _say_failures(
     record: logging.LogRecord,
     failed: list[tuple[logging.Handler, Exception]],
 ) -> None:
-    """Say, to the handlers that took ``record``, which handlers failed it and why.
+    """Say, to the handlers that took ``record``, which failed it and why: once a minute per kind.
 
-    Once a minute per kind of handler (a stats store that is down fails every record); a
-    handler failing this line too is not said again.
+    A handler failing this line too is not said again.
     """
     now = time.monotonic()
     kinds = []

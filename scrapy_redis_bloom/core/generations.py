@@ -2,16 +2,15 @@
 
 Pure functions of the config record, so every worker and the scripts compute the same
 numbers (docs/explanation/growth.md). **Growth** (``BLOOMFILTER_EXPANSION`` E): when a
-shard's newest generation holds its capacity, the next add starts generation ``g + 1`` with
-E times the items at r times the rate (r = :data:`DEFAULT_TIGHTENING`), all generations
-together under ``B = p_0 / (1 - r)``. **Re-crawl windows** (``BLOOMFILTER_TTL`` T): a
-shard's bits live in one growing filter per window ``floor(Redis TIME / T)``, expiring at
-``(w + 2) T``; a check reads windows w - 1 and w, so a URL is remembered T to 2T, and the
-anchor ``{KEY:<i>}:g0`` tells a window lost to eviction from one that expired.
+shard's newest generation is full, the next add starts generation ``g + 1`` with E times
+the items at r times the rate (r = :data:`DEFAULT_TIGHTENING`), all together under
+``B = p_0 / (1 - r)``. **Re-crawl windows** (``BLOOMFILTER_TTL`` T): a shard's bits live in
+one growing filter per window ``floor(Redis TIME / T)``, expiring at ``(w + 2) T``; a check
+reads windows w - 1 and w (a URL is remembered T to 2T); the anchor ``{KEY:<i>}:g0`` tells
+a window lost to eviction from one that expired.
 
-The rates here leave out a blocked filter's seed floor (:func:`..sizing.false_positive_rate`,
-``floor=False``): the generations of filters created before it was counted must keep their
-sizes, which no record stores. It is under 1e-7 per generation at their sizes.
+The rates leave out a blocked filter's seed floor (``floor=False``, under 1e-7 here): the
+generations of filters created before it was counted must keep their sizes.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from scrapy_redis_bloom.core.hashing import (
 )
 from scrapy_redis_bloom.core.sizing import false_positive_rate, optimal_bits, optimal_geometry
 
-#: Most generations a shard may have (fewer when their bits would pass a Redis
-#: string's 512 MiB, see :attr:`Growth.last`).
+#: Most generations a shard may have (fewer past a Redis string's size, :attr:`Growth.last`).
 MAX_GENERATIONS = 16
 #: RedisBloom's default tightening ratio of the error rate per generation.
 DEFAULT_TIGHTENING = 0.5
@@ -39,20 +37,16 @@ DEFAULT_EXPANSION = 2
 #: Most items a generation may take: the script counts them in a u32 of the header.
 MAX_GENERATION_ITEMS = 2**32 - 1
 
-#: Bit offsets in a header of its state (after the 26-byte identity). A shard's (or a
-#: window's) generation 0: the number of generations (u16; 0 reads as 1) and the items
-#: in the newest one (u32). A TTL filter's anchor: whether the window before the newest
-#: existed when the newest was started (u16), and the newest window's number (u32).
+#: Bit offsets of a header's state, after the identity. Generation 0: the generations (u16;
+#: 0 reads as 1) and the newest one's items (u32). A TTL anchor: whether the window before
+#: the newest existed when it started (u16), and the newest window's number (u32).
 GENERATIONS_BIT = 208
 COUNT_BIT = 224
 
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """One generation of a shard: items it takes, bits, hash functions, its error rate.
-
-    ``block_bits`` and ``two_seeds``: the filter's, as in :class:`..hashing.FilterSpec`.
-    """
+    """One generation of a shard: items, bits, hash functions, error rate, and the scheme's."""
 
     capacity: int
     bits: int
@@ -60,8 +54,7 @@ class Generation:
     error_rate: float
     block_bits: int = 0
     two_seeds: bool = False
-    #: What the script takes an element's second seed modulo, in this generation: set once,
-    #: read by every check of a grown or windowed shard.
+    #: :func:`..hashing.seed_range`, set once: every check of a grown or windowed shard reads it.
     seed_range: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,12 +69,10 @@ class Generation:
 
     @property
     def seed_floor(self) -> float:
-        """Least false-positive rate it has at its capacity, however many bits it has.
+        """Least false-positive rate at capacity, however many bits: ``n / (bits seed_range)``.
 
-        A new element whose seeds ``x`` and ``y`` equal a stored one's shares all its bits:
-        ``capacity / (bits * seed_range)``. Tiny in schemes 2 and 3; in scheme 1
-        (``two_seeds``), ``n / S**2``, more than the rate asked for in a shard of a few
-        thousand bits.
+        A new element with a stored one's seeds shares all its bits. Tiny in schemes 2 and 3;
+        in scheme 1, ``n / S**2``, more than the rate asked for in a shard of a few kbit.
         """
         return self.capacity / self.bits / self.seed_range
 
@@ -99,7 +90,7 @@ SCRIPTLESS_MARGIN = 1024
 class Growth:
     """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
 
-    ``spec`` and ``capacity`` are the filter's own: generation 0 of every shard.
+    ``spec`` and ``capacity`` (the filter's) make generation 0 of every shard.
     """
 
     spec: FilterSpec
@@ -130,31 +121,12 @@ class Growth:
     def _generation(self, g: int) -> Generation:
         return _generation_of(self, g)
 
-    def _compute(self, g: int) -> Generation:
-        spec, nominal, block = self.spec, self.shard_capacity, self.spec.block_bits
-        if g == 0:
-            capacity = self.first_capacity
-            k = spec.hash_count
-            rate = false_positive_rate(spec.shard_bits, k, capacity, block, floor=False)
-            return Generation(capacity, spec.shard_bits, k, rate, block, spec.two_seeds)
-        capacity = nominal * self.expansion**g
-        # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
-        rest = self.bound - self._generation(0).error_rate
-        rate = rest * (1 - self.tightening) * self.tightening ** (g - 1)
-        if block:
-            bits, hash_count = optimal_geometry(capacity, rate, block, floor=False)
-            return Generation(capacity, bits, hash_count, rate, block)
-        hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
-        bits = optimal_bits(capacity, rate)
-        return Generation(capacity, bits, hash_count, rate, two_seeds=spec.two_seeds)
-
     @property
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        :mod:`.fastpath`'s counts arrive late (by fewer than 16 items per worker), so a margin of
-        1% of generation 0, at least :data:`SCRIPTLESS_MARGIN`, keeps it clear of the growth
-        boundary, which only the script crosses. 0 when generation 0 is too small for one.
+        :mod:`.fastpath`'s counts arrive late (< 16 items per worker): a margin of 1% (at
+        least :data:`SCRIPTLESS_MARGIN`) keeps it clear of growth, which only the script does.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -163,8 +135,8 @@ class Growth:
     def bound(self) -> float:
         """The rate every generation together stays under: p_0 / (1 - r).
 
-        ``p_0`` is generation 0's rate at its share of the capacity, ``capacity /
-        shards``: about p (1 - r) for a filter sized by error rate p, so the bound is p.
+        ``p_0``, generation 0's rate at its share of the capacity, is p (1 - r) for a filter
+        sized by error rate p: the bound is p.
         """
         spec = self.spec
         p0 = false_positive_rate(
@@ -176,10 +148,8 @@ class Growth:
     def first_capacity(self) -> int:
         """Items generation 0 of a shard takes before the shard grows.
 
-        Its share of the capacity, plus headroom for the spread of items over shards
-        (4 standard deviations of a binomial share, while generation 0's rate stays
-        under 3/4 of :attr:`bound`): a filter filled to its capacity has not grown,
-        whereas without headroom half of its shards would pass their share.
+        Its share of the capacity plus 4 standard deviations (while its rate stays under 3/4
+        of :attr:`bound`): else half the shards of a filter at capacity would have grown.
         """
         nominal = self.shard_capacity
         if not self.expansion or self.spec.shards == 1:
@@ -208,17 +178,6 @@ class Growth:
         """The last generation a shard may have: its bits and items must fit a Redis string."""
         return _last_of(self)
 
-    def _count(self) -> int:
-        if not self.expansion:
-            return 0
-        g = 0
-        while g + 1 < MAX_GENERATIONS:
-            nxt = self._generation(g + 1)
-            if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
-                break
-            g += 1
-        return g
-
     @property
     def generations(self) -> list[Generation]:
         """Every generation a shard may have, in order."""
@@ -239,26 +198,46 @@ class Growth:
         return self.compound_rate(self.last + 1)
 
 
-# Generations are pure functions of a Growth (frozen, hashable), asked for on every
-# growth event and state read; a blocked one is sized by bisection over a Poisson sum.
+# Pure functions of a (hashable) Growth, asked for on every growth event and state read.
 @lru_cache(maxsize=4096)
 def _generation_of(growth: Growth, g: int) -> Generation:
-    return growth._compute(g)
+    spec, nominal, block = growth.spec, growth.shard_capacity, growth.spec.block_bits
+    if g == 0:
+        capacity = growth.first_capacity
+        k = spec.hash_count
+        rate = false_positive_rate(spec.shard_bits, k, capacity, block, floor=False)
+        return Generation(capacity, spec.shard_bits, k, rate, block, spec.two_seeds)
+    capacity = nominal * growth.expansion**g
+    # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
+    rest = growth.bound - _generation_of(growth, 0).error_rate
+    rate = rest * (1 - growth.tightening) * growth.tightening ** (g - 1)
+    if block:
+        bits, hash_count = optimal_geometry(capacity, rate, block, floor=False)
+        return Generation(capacity, bits, hash_count, rate, block)
+    hash_count = min(MAX_HASH_COUNT, max(1, math.ceil(math.log2(1 / rate))))
+    bits = optimal_bits(capacity, rate)
+    return Generation(capacity, bits, hash_count, rate, two_seeds=spec.two_seeds)
 
 
 @lru_cache(maxsize=256)
 def _last_of(growth: Growth) -> int:
-    return growth._count()
+    if not growth.expansion:
+        return 0
+    g = 0
+    while g + 1 < MAX_GENERATIONS:
+        nxt = _generation_of(growth, g + 1)
+        if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
+            break
+        g += 1
+    return g
 
 
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's are :func:`..hashing.place`'s ``x`` and ``y`` (``seeds``: the filter's
-    :attr:`..hashing.FilterSpec.seed_range`); later generations, of other
-    sizes, get the same numbers before the mod (cut to :data:`WIDE`, a multiple of B**2),
-    which the script reduces by each one's :attr:`Generation.seed_range`. One format
-    operation: it runs for every request that misses the near-cache.
+    Generation 0's :func:`..hashing.place` ``x`` and ``y``, and for later generations the
+    same numbers cut to :data:`WIDE`, which the script reduces by each one's
+    :attr:`Generation.seed_range`. One format operation: it runs for every near-cache miss.
     """
     q = h1 // shards
     x, y, wx, wy = (

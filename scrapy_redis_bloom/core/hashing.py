@@ -2,18 +2,15 @@
 
 Specified in docs/explanation/hashing.md, so that any worker, the CLI or another language
 computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
-gives the shard and the seeds of the offsets. One formula (enhanced triple hashing;
-``engine/lua/scheme.lua`` runs it on the server, held to :func:`offsets` by
-tests/test_scheme_lua.py) in three versions, which differ in where the k offsets fall and how
-many values the seeds take:
+gives the shard and the offsets' seeds. One formula (enhanced triple hashing, run on the
+server by ``engine/lua/scheme.lua``, held to :func:`offsets` by tests/test_scheme_lua.py) in
+three versions:
 
-- scheme 3 (classic): anywhere in the shard of S bits, with three seeds;
-- scheme 2 (blocked): in one 512-bit block of the shard, a cache line, with three seeds;
-- scheme 1 (classic filters created by earlier builds): anywhere in the shard, with two seeds.
-  Two elements then share all k offsets with probability 1/S**2, a floor under the
-  false-positive rate of n/S**2 that a small shard or generation feels (1,152 bits holding
-  30 items: 2.3e-5, where 2.6e-8 was asked for); scheme 3 lowers it to n/(S**2 T), with T
-  the third seed's range (:func:`seed_range`).
+- scheme 3 (classic): offsets anywhere in the shard of S bits, three seeds;
+- scheme 2 (blocked): in one 512-bit block (a cache line) of the shard, three seeds;
+- scheme 1 (classic filters of earlier builds): two seeds, so two elements share all k
+  offsets with probability 1/S**2, a floor of n/S**2 under the false-positive rate that a
+  small shard feels; scheme 3 lowers it to n/(S**2 T), T the third seed's range.
 """
 
 from __future__ import annotations
@@ -25,22 +22,19 @@ from functools import lru_cache
 
 import mmh3
 
-#: Versions of the scheme above, stored in the filter's config record: a worker that does not
-#: know a filter's version refuses to touch it. Version 1, classic with two seeds, is kept for
-#: the filters created with it.
+#: Versions of the scheme, stored in the filter's record: a worker refuses one it does not
+#: know. Version 1 (classic, two seeds) is kept for the filters created with it.
 SCHEME_VERSION = 1
 #: The blocked scheme's version, and its block: 512 bits, one 64-byte cache line.
 BLOCKED_SCHEME = 2
 BLOCK_BITS = 512
 #: A new classic filter's version: the offsets of scheme 1 with a third seed.
 CLASSIC_SCHEME = 3
-#: Most values a seed takes (Lua doubles are exact below 2**53): what a classic scheme-3
-#: shard of more than 2**26 bits takes its second seed modulo, and the width of the seeds
-#: of generations after the first (a multiple of B**2).
+#: Most values a seed takes (Lua doubles are exact below 2**53): a big classic shard's
+#: second-seed modulus, and the width of later generations' seeds (a multiple of B**2).
 WIDE = 2**52
 
-#: Most bits in one shard: a Redis string holds at most 512 MiB (2**32 bits), and
-#: each shard starts with a 256-bit header (see :mod:`.engine.layout`).
+#: Most bits in one shard: a Redis string's 2**32 bits less the 256-bit header.
 MAX_SHARD_BITS = 2**32 - 256
 #: Most hash functions: beyond 64, a lower error rate costs more than it gains.
 MAX_HASH_COUNT = 64
@@ -55,14 +49,11 @@ class FilterSpec:
     shards: int
     shard_bits: int
     hash_count: int
-    #: 0: the bits of an element anywhere in its shard (scheme 3, or 1); :data:`BLOCK_BITS`:
-    #: in one block of the shard (scheme 2, "blocked").
+    #: :data:`BLOCK_BITS` for scheme 2 (blocked), else 0.
     block_bits: int = 0
-    #: True for scheme 1: a classic filter created before scheme 3, whose offsets have two
-    #: seeds (read from its record; a new filter never has it).
+    #: Scheme 1: a classic filter created before scheme 3 (never a new filter).
     two_seeds: bool = False
-    #: What an element's second seed ``y`` is taken modulo (:func:`seed_range`): set once,
-    #: read by every check that misses the near-cache.
+    #: :func:`seed_range`, set once: every check that misses the near-cache reads it.
     seed_range: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,8 +92,7 @@ class FilterSpec:
     def geometry(self) -> tuple[int, int, int, int]:
         """Shards, bits per shard, hash functions and block: what sizing decides.
 
-        The hashing scheme aside, which the filter's record decides: a worker asking for a
-        filter's geometry opens it, whatever scheme it was created with.
+        Not the scheme: a worker asking for a filter's geometry opens it, whatever its scheme.
         """
         return self.shards, self.shard_bits, self.hash_count, self.block_bits
 
@@ -129,19 +119,15 @@ def locate(element: str | bytes, spec: FilterSpec) -> tuple[int, int, int]:
 
 
 def place(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> tuple[int, int, int]:
-    """Return ``(shard, x, y)`` from an element's mmh3 halves (see :func:`locate`).
-
-    ``seeds``: the filter's :attr:`FilterSpec.seed_range`, which the hot path keeps.
-    """
+    """Return ``(shard, x, y)`` from an element's mmh3 halves; ``seeds``: its seed range."""
     return h1 % shards, (h1 // shards) % shard_bits, h2 % seeds
 
 
 def seed_range(bits: int, block_bits: int, two_seeds: bool = False) -> int:
     """Return what ``y`` is taken modulo in a shard or generation of ``bits`` bits.
 
-    ``y`` holds the second and third seeds (``y mod span`` and ``y div span``, see
-    :func:`offsets`): blocked, B**2; classic, S times S (at most :data:`WIDE` in all);
-    scheme 1, S (no third seed).
+    ``y`` holds the second and third seeds (``y mod span``, ``y div span``): blocked, B**2;
+    classic, S times S (at most :data:`WIDE`); scheme 1, S (no third seed).
     """
     if block_bits:
         return block_bits * block_bits
@@ -155,10 +141,9 @@ def offsets(
 ) -> list[int]:
     """Return the k bit offsets inside a shard, each plus ``first`` (the header's bits).
 
-    In closed form, with ``span`` the block (blocked) or the shard ``S``, ``s = x mod span``,
-    ``b = y mod span`` and ``c = y div span``: ``offset[i] = (x - s) + (s + i b + i (i - 1) / 2
-    c + (i**3 - i) / 6) mod span``: a few multiplications instead of a loop-carried chain, for
-    the bulk path's millions. The Lua copy runs the loop.
+    With ``span`` the block or shard, ``s = x mod span``, ``b = y mod span``, ``c = y div
+    span``: ``offset[i] = (x - s) + (s + i b + i (i - 1) / 2 c + (i**3 - i) / 6) mod span``,
+    in closed form for the bulk path's millions (the Lua copy runs the loop).
     """
     span = block_bits or shard_bits
     start = x % span
@@ -173,11 +158,9 @@ def block_masks(
 ) -> list[tuple[int, int]]:
     """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
 
-    ``bits``: :func:`offsets`' bits within the block as one integer, offset ``p`` being bit
-    ``B - 1 - p``, so that the block's 64 bytes read big-endian are this integer: the
-    kernel without numpy answers with it in a few integer operations. Offset i is
-    ``(s + i y1 + t_i y2 + c_i) mod B`` (``s = x mod B``, ``y = y1 + B y2``), the terms
-    taken from tables, one addition each.
+    ``bits``: :func:`offsets`' bits in the block as one integer, offset ``p`` being bit
+    ``B - 1 - p`` (the block's 64 bytes read big-endian), for the kernel without numpy.
+    Offset i is ``(s + i y1 + t_i y2 + c_i) mod B`` (``y = y1 + B y2``), terms from tables.
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT
@@ -215,13 +198,10 @@ def offset_steps(hash_count: int) -> tuple[tuple[int, int, int], ...]:
 def distinct_bits(hash_count: int, span: int) -> float:
     """Return how many distinct bits one element sets, on average, among its k offsets.
 
-    ``span``: the bits its offsets range over (the shard, or a blocked filter's block).
-    Offsets ``i`` and ``j`` coincide when ``(j - i) y + (t_j - t_i) z + (c_j - c_i)`` is 0
-    mod ``span`` (see :func:`offsets`), which, for ``y`` and ``z`` uniform, happens with
+    ``span``: the block (a classic filter's offsets nearly never coincide). Offsets ``i``
+    and ``j`` coincide when ``(j - i) y + (t_j - t_i) z + (c_j - c_i) = 0 mod span``: with
     probability ``g / span`` if ``g = gcd(j - i, t_j - t_i, span)`` divides ``c_j - c_i``,
-    else never. k minus the expected coinciding pairs: exact to the first order, which
-    is what counts in a 512-bit block (about 0.2 of 13 bits). For blocked filters
-    (``z`` is the third seed); a classic filter's offsets nearly never coincide.
+    else never. k minus the expected coinciding pairs, exact to the first order.
     """
     steps = offset_steps(hash_count)
     pairs = 0.0

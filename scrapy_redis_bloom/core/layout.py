@@ -1,11 +1,9 @@
 """Where a filter lives in Redis: key names and the shard header (layout 2).
 
-``KEY:meta`` (the config record, :mod:`.record`), the shards ``{KEY:<i>}:g<g>`` (and
-``{KEY:<i>}:w<window>:g<g>`` with a TTL), ``KEY:count``, ``KEY:workers`` and ``KEY:server``:
-the table in docs/explanation/how-it-works.md. Every shard is allocated whole, behind a
-header naming the filter's id and the shard, so one missing or naming another filter was
-lost, never mistaken for an empty one. With several standalone servers shard ``i`` lives on
-server ``i mod n``; the record, the counters and the registry on server 0.
+The keys are tabled in docs/explanation/how-it-works.md. Every shard is allocated whole,
+behind a header naming the filter's id and the shard, so one missing or naming another
+filter was lost, never mistaken for an empty one. With n standalone servers shard ``i``
+lives on server ``i mod n``; the record, the counters and the registry on server 0.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ LAYOUT_VERSION = 2
 #: Bytes at the start of every shard before its bits: magic ``SRB``, layout (1 byte),
 #: filter id (16), shard index (4, big-endian), hash functions k (2), then zeros.
 HEADER_BYTES = 32
-#: The bits of a shard start after its header.
 HEADER_BITS = HEADER_BYTES * 8
 #: The part of the header that identifies the shard: magic to k.
 IDENTITY_BYTES = 26

@@ -1,9 +1,9 @@
 """The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
 
-It says everything a worker needs to read the bits, and the filter's random id, which
-every shard header and server marker repeats. It keeps the sizing request too: a worker
-asking for the same filter adopts the stored geometry however this release sizes it. A
-corrupt or foreign hash is refused with one error naming the key, never half-used.
+It holds all a worker needs to read the bits, the filter's random id (which every shard
+header and server marker repeats) and the sizing request, so that a worker asking the same
+adopts the stored geometry. A corrupt or foreign hash is refused naming the key, never
+half-used.
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ from scrapy_redis_bloom.core.layout import ID_BYTES, LAYOUT_VERSION
 logger = logging.getLogger(__name__)
 
 State = Literal["creating", "ready"]
-#: Where a filter keeps its bits: our string bitmaps, or the server's own Bloom filters
-#: (RedisBloom / valkey-bloom ``BF.*``, see :mod:`.native`).
+#: Where a filter keeps its bits: our bitmaps, or the server's own ``BF.*`` (:mod:`.native`).
 Backend = Literal["bitmap", "native"]
 BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
-#: The layout of a native filter's keys (see :mod:`.native`): a release that reads
-#: layout 2 only refuses it, instead of taking its shards for lost bitmaps.
+#: A native filter's key layout: a release reading layout 2 only refuses it, not taking its
+#: shards for lost bitmaps.
 NATIVE_LAYOUT = 3
 
 #: Fields of the record, in the order they are written.
@@ -49,8 +48,7 @@ FIELDS = (
     "capacity", "sizing", "servers", "generations", "created",
     "expansion", "tightening", "ttl", "backend",
 )  # fmt: skip
-#: Fields a record written before growth (0.1) lacks: read as no growth, no TTL; and
-#: before the native backend: read as a bitmap filter.
+#: Fields older records lack: read as no growth, no TTL, a bitmap filter.
 LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
 #: Most servers a filter may be spread over.
@@ -62,8 +60,8 @@ _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
 class FilterRecord:
     """The config record of one filter.
 
-    ``state`` is ``creating`` until every shard and server marker exists (any worker that
-    opens the filter meanwhile finishes the job); ``sizing`` is the canonical request.
+    ``state`` is ``creating`` until every shard and server marker exists (a worker opening
+    it meanwhile finishes the job); ``sizing`` is the canonical request.
     """
 
     spec: FilterSpec
@@ -93,8 +91,7 @@ class FilterRecord:
     ) -> FilterRecord:
         """Return the record of a filter about to be created (state ``creating``).
 
-        A native filter's record says scheme 1, as it always has: RedisBloom hashes its
-        elements, not this scheme, and workers of earlier builds open it.
+        A native filter's record says scheme 1, as it always has, so earlier builds open it.
         """
         native = backend == "native"
         return cls(
@@ -122,14 +119,9 @@ class FilterRecord:
         return Growth(self.spec, self.capacity, self.expansion, self.tightening, self.ttl)
 
     @property
-    def anchored(self) -> bool:
-        """True when the shard keys are anchors only (a TTL filter keeps bits in windows)."""
-        return self.ttl > 0
-
-    @property
     def shard_payload(self) -> int:
-        """Bytes of bits a shard key holds after its header: none for an anchor."""
-        return 0 if self.anchored else self.spec.shard_bytes
+        """Bytes of bits a shard key holds after its header: none for a TTL filter's anchor."""
+        return 0 if self.ttl > 0 else self.spec.shard_bytes
 
     def ready(self) -> FilterRecord:
         """Return this record in state ``ready``."""
@@ -264,12 +256,8 @@ class FilterRecord:
     def growth_text(self) -> str:
         """Say how the filter grows and forgets, as settings would."""
         grows = f"growing {self.expansion}x per generation" if self.expansion else "fixed size"
-        ttl = (
-            f"URLs forgotten after {self.ttl:,} to {2 * self.ttl:,} s"
-            if self.ttl
-            else ("URLs remembered forever")
-        )
-        return f"{grows}, {ttl}"
+        forgets = f"URLs forgotten after {self.ttl:,} to {2 * self.ttl:,} s"
+        return f"{grows}, {forgets if self.ttl else 'URLs remembered forever'}"
 
     def created_text(self) -> str:
         """Return the creation time as ``YYYY-MM-DD HH:MM:SS UTC``."""
@@ -278,8 +266,8 @@ class FilterRecord:
     def check(self, key: str, wanted: FilterRecord) -> None:
         """Refuse a worker whose request is not this filter's.
 
-        It must list as many servers, and ask for the same sizing (then adopting the stored
-        geometry; with ``BLOOMFILTER_BLOCKED`` unset, in either layout) or the same geometry.
+        It must list as many servers, and ask for the same sizing (adopting the stored
+        geometry, in either layout if ``BLOOMFILTER_BLOCKED`` is unset) or the same geometry.
         """
         if wanted.backend != self.backend:
             raise ConfigMismatchError(
@@ -368,11 +356,9 @@ _BLOCKED_WORDS = ("blocked=True", "blocked=False")
 
 
 def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
-    """Tell whether a worker's sizing request asks for the filter stored with ``stored``.
+    """Tell whether a request's text asks for the stored one's: equal but for the layout's word.
 
-    The texts must be equal but for the layout's word: a request without one
-    (``BLOOMFILTER_BLOCKED`` unset) takes either layout, else only the stored filter's
-    (``blocked``, from its scheme).
+    A request naming no layout takes either; else only the stored one's (``blocked``).
     """
     words = wanted.split()
     if [w for w in words if w not in _BLOCKED_WORDS] != [

@@ -68,19 +68,12 @@ def mask_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
 
 
-def mask_params(params: Mapping[str, object]) -> dict[str, object]:
-    """Return client keyword arguments with secret values masked."""
-    return {
-        name: MASK if is_secret(name) else masked_value(value) for name, value in params.items()
-    }
-
-
 def masked_value(value: object) -> object:
     """Return a setting's value with secrets masked: URLs, lists of them, kwargs dicts."""
     if isinstance(value, str):
         return mask_url(value)
     if isinstance(value, Mapping):
-        return mask_params({str(k): v for k, v in value.items()})
+        return {str(k): MASK if is_secret(str(k)) else masked_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(masked_value(item) for item in value)
     return value

@@ -1,15 +1,11 @@
 """Settings to a validated, immutable filter configuration, through one table of settings.
 
-:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: type, default, allowed
-values, meaning and check. The configuration reads each setting through its row, the
-docs' settings reference is rendered from the rows (:func:`reference`), and the sizing
-options of the commands take their types and ranges from them. A bad value
-raises :class:`ValueError` naming the setting, the value and what is allowed, so a crawl
-fails at startup, not halfway. Any object with a ``get(name)`` method will do.
-
-A filter is sized by ``BLOOMFILTER_BIT`` / ``_HASH_NUMBER`` (the default) or by
-``_CAPACITY`` / ``_ERROR_RATE``, never both (see :mod:`.sizing`). Growth and re-crawl
-windows shrink the rate generation 0 is sized for, so that all stay under ERROR_RATE.
+:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once (type, default, allowed
+values, meaning, check): the configuration reads each setting through its row, the docs'
+settings reference is rendered from the rows (:func:`reference`), the commands' sizing
+options take their types and ranges from them. A bad value raises :class:`ValueError`
+naming the setting, the value and what is allowed, so a crawl fails at startup, not
+halfway. Any object with a ``get(name)`` method will do.
 """
 
 from __future__ import annotations
@@ -37,14 +33,12 @@ from scrapy_redis_bloom.core.sizing import (
     rate_share,
 )
 
-#: The largest filter: 2**47 bits = 16 TiB, 2,097,165 shards of the default size,
-#: within :data:`.hashing.MAX_SHARDS`.
+#: The largest filter: 2**47 bits = 16 TiB, within :data:`.hashing.MAX_SHARDS` by default.
 MAX_BIT = 47
 
 OnError = Literal["raise", "allow"]
 OnLoss = Literal["raise", "recreate"]
-#: Values of BLOOMFILTER_BACKEND: choose by what the servers offer, our bitmaps, or
-#: the server's own Bloom filters (BF.*, see :mod:`.engine.native`).
+#: BLOOMFILTER_BACKEND: by what the servers offer, our bitmaps, or BF.* (:mod:`.engine.native`).
 BackendSetting = Literal["auto", "bitmap", "native"]
 Fingerprinter = Literal["scrapy-redis", "crawler"]
 
@@ -58,35 +52,19 @@ class SettingsLike(Protocol):
         """Return the value of a setting, or ``default`` when it is not set."""
 
 
+def _refuse(template: str, **values: object) -> SettingError:
+    """Return a :class:`SettingError` whose message (a :class:`Wording`) names settings."""
+    return SettingError(Wording(template, **values))
+
+
 def _invalid(name: str, value: object, allowed: str | Wording) -> SettingError:
     """Return the error for a bad setting: its name, value (secrets masked), what is allowed."""
-    return SettingError(
-        Wording(
-            "The value of the {name} {setting} ({value}) is invalid. {allowed}",
-            name=SettingName(name),
-            value=masked(value),
-            allowed=allowed,
-        )
+    return _refuse(
+        "The value of the {name} {setting} ({value}) is invalid. {allowed}",
+        name=SettingName(name),
+        value=masked(value),
+        allowed=allowed,
     )
-
-
-def _checked_number(
-    name: str, raw: object, integer: bool, ok: Callable[[float], bool], allowed: str
-) -> float:
-    """Return a number given as a number or a string, if finite (whole) and ``ok``."""
-    try:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-            raise TypeError
-        value = float(raw)
-        if not math.isfinite(value) or (integer and not value.is_integer()):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise _invalid(name, raw, allowed) from None
-    if integer:
-        value = raw if isinstance(raw, int) else int(value)  # exact beyond a float's 53 bits
-    if not ok(value):
-        raise _invalid(name, raw, allowed)
-    return value
 
 
 def _boolean(name: str, raw: object) -> bool:
@@ -130,35 +108,41 @@ def check_url(name: str, value: object, where: object = None) -> str:
     return value
 
 
-def _url_list(name: str, value: object) -> tuple[str, ...]:
-    """Read a non-empty list of distinct Redis URLs, or one comma-separated string of them."""
+def _distinct(
+    name: str, value: object, allowed: str, what: str, read: Callable[[Any], _T]
+) -> tuple[_T, ...]:
+    """Read a non-empty list (or comma-separated string) of entries; refuse a ``what`` twice."""
     listed = value.split(",") if isinstance(value, str) else value
     if not isinstance(listed, (list, tuple)) or not listed:
-        raise _invalid(
-            name,
-            value,
-            "It must be a non-empty list of Redis URLs (or one comma-separated string).",
-        )
-    found = tuple(check_url(name, u.strip() if isinstance(u, str) else u, value) for u in listed)
+        raise _invalid(name, value, allowed)
+    found = tuple(map(read, listed))
     if len(set(found)) != len(found):
-        raise _invalid(name, value, "It lists the same server more than once.")
+        raise _invalid(name, value, f"It lists the same {what} more than once.")
     return found
+
+
+def _url_list(name: str, value: object) -> tuple[str, ...]:
+    """Read a non-empty list of distinct Redis URLs, or one comma-separated string of them."""
+    return _distinct(
+        name,
+        value,
+        "It must be a non-empty list of Redis URLs (or one comma-separated string).",
+        "server",
+        lambda url: check_url(name, url.strip() if isinstance(url, str) else url, value),
+    )
 
 
 def _key(name: str, value: object) -> str:
     """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys.
 
-    Braces would change the Redis Cluster hash tags the filter derives from the key;
-    any %-sequence but ``%(spider)s`` and ``%%`` would be filled in with junk.
+    Braces would change the filter's Redis Cluster hash tags; any other %-sequence would be
+    filled in with junk.
     """
     if not isinstance(value, str) or not value:
         raise _invalid(name, value, "It must be a non-empty string.")
     if "{" in value or "}" in value:
-        raise _invalid(
-            name,
-            value,
-            "It must not contain { or }: the filter derives Redis Cluster hash tags from it.",
-        )
+        why = "It must not contain { or }: the filter derives Redis Cluster hash tags from it."
+        raise _invalid(name, value, why)
     if re.sub(r"%%|%\(spider\)s", "", value).count("%"):
         raise _invalid(
             name,
@@ -171,13 +155,9 @@ def _key(name: str, value: object) -> str:
 
 #: Client keyword arguments that must be numbers (seconds, counts, indexes).
 _NUMERIC_PARAMS = (
-    "socket_timeout",
-    "socket_connect_timeout",
-    "health_check_interval",
-    "port",
-    "db",
+    "socket_timeout", "socket_connect_timeout", "health_check_interval", "port", "db",
     "max_connections",
-)
+)  # fmt: skip
 
 
 def client_params(name: str, params: object) -> dict[str, Any]:
@@ -185,13 +165,11 @@ def client_params(name: str, params: object) -> dict[str, Any]:
     if params is None:
         return {}
     if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
-        raise SettingError(  # its value is not shown: it may hold a password in any form
-            Wording(
-                "The value of the {name} {setting} (a {type}) is invalid. It must be a dict of"
-                " keyword arguments for the Redis client, e.g. {{'socket_timeout': 30}}.",
-                name=SettingName(name),
-                type=type(params).__name__,
-            )
+        raise _refuse(  # its value is not shown: it may hold a password in any form
+            "The value of the {name} {setting} (a {type}) is invalid. It must be a dict of"
+            " keyword arguments for the Redis client, e.g. {{'socket_timeout': 30}}.",
+            name=SettingName(name),
+            type=type(params).__name__,
         )
     for param in _NUMERIC_PARAMS:
         value = params.get(param)
@@ -205,20 +183,14 @@ _HOST = re.compile(r"[A-Za-z0-9._%-]+|\[[0-9A-Fa-f:.%]+\]")
 
 
 def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
-    """Read Sentinel addresses: ``"host:port"`` or ``(host, port)``, or one string of them.
-
-    ``name`` is the setting (or parameter) shown in the error.
-    """
+    """Read the Sentinel addresses of ``name``: ``"host:port"``, ``(host, port)``, or a string."""
     allowed = (
         "It must be a non-empty list of Sentinel addresses, e.g."
         " ['10.0.0.1:26379', '10.0.0.2:26379'] (or [('10.0.0.1', 26379), ...], or one"
         " comma-separated string)."
     )
-    listed = value.split(",") if isinstance(value, str) else value
-    if not isinstance(listed, (list, tuple)) or not listed:
-        raise _invalid(name, value, allowed)
-    found: list[tuple[str, int]] = []
-    for entry in listed:
+
+    def address(entry: object) -> tuple[str, int]:
         if isinstance(entry, str):
             host, sep, port_text = entry.strip().rpartition(":")
             port: object = int(port_text) if sep and port_text.isdigit() else None
@@ -234,10 +206,9 @@ def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
             or not 0 < port < 65536
         ):
             raise _invalid(name, value, f"Its entry {masked(entry)} is no host:port. {allowed}")
-        found.append((host.strip("[]"), port))
-    if len(set(found)) != len(found):
-        raise _invalid(name, value, "It lists the same Sentinel more than once.")
-    return tuple(found)
+        return host.strip("[]"), port
+
+    return _distinct(name, value, allowed, "Sentinel", address)
 
 
 def sentinel_service(name: str, value: object) -> str:
@@ -271,8 +242,7 @@ def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
         client_params(f"{name}['sentinel_kwargs']", inner)
 
 
-#: How a setting's value is read: a number (int or float) in a range, a boolean, one of
-#: a few words, or anything else its own ``parse`` function checks ("text").
+#: How a setting is read: a number in a range, a boolean, one of a few words, or by ``parse``.
 Kind = Literal["int", "float", "bool", "choice", "text"]
 #: The reference's type of a kind, where it is not the kind's own name.
 _TYPE_CELL: dict[Kind, str] = {"choice": "str", "text": ""}
@@ -287,21 +257,14 @@ def _figure(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 10_000 else f"{value:.0f}"
 
 
-def _words(choices: tuple[str, ...]) -> str:
-    """Write choices as Markdown: ```"a"`, `"b"` or `"c"```."""
-    quoted = [f'`"{choice}"`' for choice in choices]
-    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
-
-
 @dataclass(frozen=True, slots=True, eq=False)  # a row is itself: compared by identity
 class Setting(Generic[_T]):
     """One setting: how it is read and checked, its default, and its row in the reference.
 
-    Numbers are accepted from ``low`` to ``high`` (None: unbounded), both excluded when
-    ``open``, and 0 too when ``zero`` (it turns the feature off); ``rule`` is the error's
-    second sentence. ``text`` settings are checked by ``parse(name, value)``, ``allowed``
-    saying what it accepts. ``shape``: a number's unit or a text's type; ``default_text``:
-    the reference's default where the value alone misleads.
+    Numbers: ``low`` to ``high`` (None: unbounded), both excluded when ``open``, and 0 too
+    when ``zero`` (off); ``rule`` is the error's second sentence. ``text`` settings: checked
+    by ``parse(name, value)``, which accepts what ``allowed`` says. ``shape``: a unit or a
+    text's type; ``default_text``: the reference's default where the value misleads.
     """
 
     name: str
@@ -320,12 +283,12 @@ class Setting(Generic[_T]):
     default_text: str = ""
 
     def given(self, settings: SettingsLike) -> _T | None:
-        """Return the checked value of the setting, or None when it is not set."""
+        """Return the checked value, or None when the setting is not set."""
         raw = settings.get(self.name)
         return None if raw is None else self.check(raw)
 
     def read(self, settings: SettingsLike) -> _T:
-        """Return the checked value of the setting, or its default when it is not set."""
+        """Return the checked value, or the default when the setting is not set."""
         value = self.given(settings)
         return self.default if value is None else value
 
@@ -340,7 +303,19 @@ class Setting(Generic[_T]):
                 if raw == choice:
                     return cast(_T, choice)
             raise _invalid(self.name, raw, self.rule)
-        value = _checked_number(self.name, raw, self.kind == "int", self.accepts, self.message)
+        integer = self.kind == "int"  # a number, or a string of one: finite (whole), in range
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise TypeError
+            value = float(raw)
+            if not math.isfinite(value) or (integer and not value.is_integer()):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise _invalid(self.name, raw, self.message) from None
+        if integer:
+            value = raw if isinstance(raw, int) else int(value)  # exact beyond a float's 53 bits
+        if not self.accepts(value):
+            raise _invalid(self.name, raw, self.message)
         return cast(_T, value)
 
     def accepts(self, value: float) -> bool:
@@ -368,8 +343,9 @@ class Setting(Generic[_T]):
         """The reference's allowed values: a range, the words, or what ``parse`` accepts."""
         if self.kind == "bool":
             return "`True` or `False`"
-        if self.kind == "choice":
-            return _words(self.choices)
+        if self.kind == "choice":  # `"a"`, `"b"` or `"c"`
+            quoted = [f'`"{choice}"`' for choice in self.choices]
+            return ", ".join(quoted[:-1]) + " or " + quoted[-1]
         if self.kind == "text":
             return self.allowed
         low, high = _figure(self.low), _figure(self.high)
@@ -757,33 +733,27 @@ class ConnectionConfig:
         url = REDIS_URL.given(settings)
         urls = REDIS_URLS.read(settings)
         if url is not None and urls:
-            raise SettingError(
-                Wording(
-                    "The {settings} {BLOOMFILTER_REDIS_URL} and {BLOOMFILTER_REDIS_URLS}"
-                    " contradict each other: give one server (or cluster node) or a list of"
-                    " servers, not both."
-                )
+            raise _refuse(
+                "The {settings} {BLOOMFILTER_REDIS_URL} and {BLOOMFILTER_REDIS_URLS}"
+                " contradict each other: give one server (or cluster node) or a list of"
+                " servers, not both."
             )
         found = urls if url is None else (url,)
         cluster = REDIS_CLUSTER.read(settings)
         if cluster and len(found) != 1:
-            raise SettingError(
-                Wording(
-                    "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL},"
-                    " the URL of one node of the cluster to start from (the client discovers"
-                    " the others)."
-                )
+            raise _refuse(
+                "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL},"
+                " the URL of one node of the cluster to start from (the client discovers"
+                " the others)."
             )
         sentinels, service = _sentinel_settings(settings, found)
         params = REDIS_PARAMS.read(settings)
         if params and not found and not sentinels:
-            raise SettingError(
-                Wording(
-                    "The {BLOOMFILTER_REDIS_PARAMS} {setting} needs {BLOOMFILTER_REDIS_URL},"
-                    " {BLOOMFILTER_REDIS_URLS} or {BLOOMFILTER_REDIS_SENTINELS}; without them"
-                    " the filter uses scrapy-redis's connection, set by REDIS_URL and"
-                    " REDIS_PARAMS."
-                )
+            raise _refuse(
+                "The {BLOOMFILTER_REDIS_PARAMS} {setting} needs {BLOOMFILTER_REDIS_URL},"
+                " {BLOOMFILTER_REDIS_URLS} or {BLOOMFILTER_REDIS_SENTINELS}; without them"
+                " the filter uses scrapy-redis's connection, set by REDIS_URL and"
+                " REDIS_PARAMS."
             )
         if sentinels:
             check_sentinel_params(REDIS_PARAMS.name, params)
@@ -807,22 +777,18 @@ def _sentinel_settings(
     if raw is None or service is None:
         names = (SENTINELS.name, SENTINEL_SERVICE.name)
         given, missing = names if service is None else names[::-1]
-        raise SettingError(
-            Wording(
-                "The {given} {setting} needs {missing}: the sentinels' addresses and the name"
-                " they monitor the primary under go together.",
-                given=SettingName(given),
-                missing=SettingName(missing),
-            )
+        raise _refuse(
+            "The {given} {setting} needs {missing}: the sentinels' addresses and the name"
+            " they monitor the primary under go together.",
+            given=SettingName(given),
+            missing=SettingName(missing),
         )
     if urls or REDIS_CLUSTER.read(settings):
-        raise SettingError(
-            Wording(
-                "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts"
-                " {BLOOMFILTER_REDIS_URL}, {BLOOMFILTER_REDIS_URLS} and"
-                " {BLOOMFILTER_REDIS_CLUSTER}: give the sentinels of one Sentinel-managed"
-                " primary, or the servers themselves, not both."
-            )
+        raise _refuse(
+            "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts"
+            " {BLOOMFILTER_REDIS_URL}, {BLOOMFILTER_REDIS_URLS} and"
+            " {BLOOMFILTER_REDIS_CLUSTER}: give the sentinels of one Sentinel-managed"
+            " primary, or the servers themselves, not both."
         )
     return SENTINELS.check(raw), SENTINEL_SERVICE.check(service)
 
@@ -891,9 +857,7 @@ class BloomConfig:
         """Return this configuration as a native filter's (BF.*), which has no blocks.
 
         Under ``BLOOMFILTER_BACKEND = 'auto'`` only the servers tell which backend a new filter
-        gets: :attr:`spec` is the bitmap filter's, this the native one's (unblocked unless
-        ``BLOOMFILTER_BLOCKED = True``, which it then refuses). A capacity derived from the bits
-        follows them.
+        gets; a capacity derived from the bits follows them.
         """
         if self.sizing.native:
             return self
@@ -955,23 +919,17 @@ class BloomConfig:
         share = rate_share(expansion, ttl, DEFAULT_TIGHTENING)
         sizing, capacity = _sizing(settings, share, native=backend == "native")
         if sizing.blocked and backend == "native":
-            raise SettingError(
-                Wording(
-                    "The {settings} {BLOOMFILTER_BLOCKED} = True and {BLOOMFILTER_BACKEND} ="
-                    " 'native' contradict each other: blocks are a layout of the bitmap"
-                    " backend (the server's BF.* filters have their own). Use"
-                    " {BLOOMFILTER_BACKEND} = 'bitmap' or 'auto', or leave"
-                    " {BLOOMFILTER_BLOCKED} unset (or False)."
-                )
+            raise _refuse(
+                "The {settings} {BLOOMFILTER_BLOCKED} = True and {BLOOMFILTER_BACKEND} ="
+                " 'native' contradict each other: blocks are a layout of the bitmap"
+                " backend (the server's BF.* filters have their own). Use"
+                " {BLOOMFILTER_BACKEND} = 'bitmap' or 'auto', or leave"
+                " {BLOOMFILTER_BLOCKED} unset (or False)."
             )
         try:
             spec = sizing.spec()
         except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
-            name, value = (
-                (SHARDS.name, sizing.shards)
-                if sizing.shards is not None
-                else (SHARD_BIT.name, sizing.shard_bit)
-            )
+            row = SHARDS if sizing.shards is not None else SHARD_BIT
             blocks = Wording(
                 " A blocked filter's shards hold whole {bits}-bit blocks: give larger shards,"
                 " or set {BLOOMFILTER_BLOCKED} = False."
@@ -984,7 +942,7 @@ class BloomConfig:
                 exc=exc,
                 blocks=blocks,
             )
-            raise _invalid(name, value, why) from None
+            raise _invalid(row.name, row.given(settings), why) from None
         return cls(
             key=KEY.read(settings),
             spec=spec,
@@ -1007,8 +965,9 @@ def _sizing(
 ) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
-    ``share``: the part of the error rate generation 0 is sized for; ``native``: for a
-    native filter (unblocked unless ``BLOOMFILTER_BLOCKED`` says otherwise).
+    By BIT / HASH_NUMBER (the default) or CAPACITY / ERROR_RATE, never both. ``share``: the
+    part of the error rate generation 0 gets (growth and re-crawl windows take the rest, so
+    all stay under ERROR_RATE); ``native``: for a native filter.
     """
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)
@@ -1018,30 +977,24 @@ def _sizing(
     blocked = BLOCKED.given(settings)
     shards = SHARDS.given(settings)
     if shards is not None and shard_bit is not None:
-        raise SettingError(
-            Wording(
-                "The {settings} {BLOOMFILTER_SHARDS} and {BLOOMFILTER_SHARD_BIT} contradict"
-                " each other: give the number of shards or the largest shard size, not both."
-            )
+        raise _refuse(
+            "The {settings} {BLOOMFILTER_SHARDS} and {BLOOMFILTER_SHARD_BIT} contradict"
+            " each other: give the number of shards or the largest shard size, not both."
         )
     if error_rate is not None:
         given = [s.name for s, v in ((BIT, bit), (HASH_NUMBER, hash_number)) if v is not None]
         if given:
-            raise SettingError(
-                Wording(
-                    "The {settings} {BLOOMFILTER_ERROR_RATE} and {given} contradict each other:"
-                    " size the filter either by {BLOOMFILTER_CAPACITY} and"
-                    " {BLOOMFILTER_ERROR_RATE}, or by {BLOOMFILTER_BIT} and"
-                    " {BLOOMFILTER_HASH_NUMBER}.",
-                    given=Wording(" and ".join("{" + name + "}" for name in given)),
-                )
+            raise _refuse(
+                "The {settings} {BLOOMFILTER_ERROR_RATE} and {given} contradict each other:"
+                " size the filter either by {BLOOMFILTER_CAPACITY} and"
+                " {BLOOMFILTER_ERROR_RATE}, or by {BLOOMFILTER_BIT} and"
+                " {BLOOMFILTER_HASH_NUMBER}.",
+                given=Wording(" and ".join("{" + name + "}" for name in given)),
             )
         if capacity is None:
-            raise SettingError(
-                Wording(
-                    "The {BLOOMFILTER_ERROR_RATE} {setting} needs {BLOOMFILTER_CAPACITY}: the"
-                    " error rate holds for a given number of items."
-                )
+            raise _refuse(
+                "The {BLOOMFILTER_ERROR_RATE} {setting} needs {BLOOMFILTER_CAPACITY}: the"
+                " error rate holds for a given number of items."
             )
     asked = Sizing(shard_bit=shard_bit, shards=shards, blocked=blocked, native=native)
     if capacity is not None and bit is None and hash_number is None:

@@ -1,11 +1,10 @@
 """From what the user asks for (capacity and error rate, or bits and k) to a geometry.
 
-By ``bit`` / ``hash_number`` (m = 2**bit, as in scrapy-redis-bloomfilter) or by
-``capacity`` / ``error_rate`` (m = -n ln p / (ln 2)**2, k = (m / n) ln 2; blocked, the
-least m the blocked rate allows). The bits are split into equal shards that fill the
-blocks Redis's allocator reserves, so spare bytes become bits (:func:`split`).
-:class:`Sizing`, the request, is stored in the record: a worker asking the same adopts
-the stored geometry, so a release that sizes differently never locks users out.
+m = 2**bit (as in scrapy-redis-bloomfilter), or m = -n ln p / (ln 2)**2 and k = (m / n) ln 2
+(blocked: the least m the blocked rate allows), split into equal shards that fill Redis's
+allocator blocks (:func:`split`). The request (:class:`Sizing`) is stored in the record: a
+worker asking the same adopts the stored geometry, so a release that sizes differently
+never locks users out.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from scrapy_redis_bloom.core.layout import HEADER_BYTES
 DEFAULT_SHARD_BIT = 26
 #: How much more than the bits need that the shards' Redis allocations may reserve.
 ALLOCATION_SLACK = 0.02
-#: Bytes a Redis string needs beyond its payload: the sds header (at most 9 bytes
-#: below 4 GiB) and a NUL, rounded up.
+#: Bytes a Redis string needs beyond its payload: sds header (≤ 9 below 4 GiB), NUL, rounded up.
 STRING_OVERHEAD = 16
 #: Bytes Redis spends per key besides the value's block: dict entry, object, key name.
 KEY_OVERHEAD = 56
@@ -52,12 +50,10 @@ def false_positive_rate(
     """Return the false-positive rate expected after ``items`` insertions.
 
     ``(1 - e**(-kn/m))**k``; blocked (B-bit blocks), the mean over a block's Poisson load
-    (mean ``B n / m``), a block of j items answering falsely with ``(1 - (1 - 1/B)**(k
-    j))**k`` (Putze et al., 2007): a busy block costs more than a quiet one saves. Plus,
-    blocked, the chance that an item of the block has the same three seeds (hash scheme 2,
-    one in B**3 per item: ``n / (m B**2)``), a floor the bits alone do not show: 0.2% of a
-    rate of 1e-4 at its size, 10% of 1e-6, 6 times 1e-8. ``floor=False``: without it, as
-    the generations after the first are sized (see :mod:`.generations`).
+    (mean ``B n / m``) of ``(1 - (1 - 1/B)**(k j))**k`` for j items (Putze et al., 2007): a
+    busy block costs more than a quiet one saves. Plus, blocked, the seed floor: an item of
+    the block with the same three seeds (one in B**3: ``n / (m B**2)``), 10% of a rate of
+    1e-6 at its size; ``floor=False`` leaves it out, as generations are sized.
     """
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
@@ -73,12 +69,11 @@ def false_positive_rate(
     return min(1.0, total + (items / bits / block_bits**2 if floor else 0.0))
 
 
-#: How much a blocked filter's real rate may run above :func:`false_positive_rate` (the
-#: formula prices a block by its mean fill; 2-4% in simulations): blocked sizing aims lower.
+#: How far a blocked filter's real rate runs above :func:`false_positive_rate` (2-4% in
+#: simulations): blocked sizing aims lower.
 BLOCKED_HEADROOM = 1.05
 #: Most bits per item a default request's blocked layout may take, as a multiple of the
-#: classic one's: past it (rates below about 6e-8 for generation 0, where the blocks' seed
-#: floor rules), a new filter of a request that leaves ``blocked`` unset is classic.
+#: classic one's: past it (rates below about 6e-8, where the seed floor rules), it is classic.
 BLOCKED_MOST = 2
 #: The items that comparison prices both layouts at: the rate decides, not rounding.
 NOMINAL_ITEMS = 1_000_000
@@ -90,9 +85,9 @@ def optimal_geometry(
 ) -> tuple[int, int]:
     """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
 
-    Blocked: for each k near the unblocked optimum, the fewest whole blocks whose rate is
-    at most ``error_rate / BLOCKED_HEADROOM`` (bisection); the k needing fewest bits wins.
-    A rate needing far more than :data:`MAX_HASH_COUNT` gets the unblocked answer (refused).
+    Blocked: for each k near the unblocked optimum, the fewest whole blocks at most at
+    ``error_rate / BLOCKED_HEADROOM``; the k needing fewest bits wins. A rate needing far
+    more than :data:`MAX_HASH_COUNT` gets the unblocked answer (refused).
     """
     bits = optimal_bits(capacity, error_rate)
     centre = optimal_hash_count(bits, capacity)
@@ -106,10 +101,8 @@ def optimal_geometry(
             low, high = high, 2 * high
         while high - low > 1:
             middle = (low + high) // 2
-            if (
-                false_positive_rate(middle * block_bits, k, capacity, block_bits, floor)
-                > error_rate
-            ):
+            rate = false_positive_rate(middle * block_bits, k, capacity, block_bits, floor)
+            if rate > error_rate:
                 low = middle
             else:
                 high = middle
@@ -125,11 +118,7 @@ def optimal_capacity(bits: int, hash_count: int) -> int:
 
 
 def allocation(size: int) -> int:
-    """Return the bytes jemalloc (Redis's allocator) reserves for a ``size``-byte block.
-
-    Its size classes: 16-byte steps up to 128 bytes, then four per doubling (160, 192,
-    224, 256, 320...): an 8 MiB bitmap plus its header takes a 10 MiB block.
-    """
+    """Return the bytes jemalloc reserves for ``size``: 16-byte steps to 128, 4 per doubling."""
     if size <= 128:
         return max(16, -(-size // 16) * 16)
     step = 1 << ((size - 1).bit_length() - 3)
@@ -158,7 +147,11 @@ def filter_allocation(spec: FilterSpec) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Sizing:
-    """What the user asked for: one of the two ways, with ``shard_bit`` or ``shards`` maybe."""
+    """What the user asked for: one of the two ways, with ``shard_bit`` or ``shards`` maybe.
+
+    ``native`` (no blocks) and ``rate_share`` (the share of ``error_rate`` generation 0
+    gets, below 1 with growth or a TTL) follow from other settings: not in the text.
+    """
 
     capacity: int | None = None
     error_rate: float | None = None
@@ -166,40 +159,25 @@ class Sizing:
     hash_number: int | None = None
     shard_bit: int | None = None
     shards: int | None = None
-    #: Each element's bits in one 512-bit block (hash scheme 2, ``BLOOMFILTER_BLOCKED``):
-    #: True or False when asked for, None (the default) for the layout's default, which
-    #: is blocked for a bitmap filter and unblocked for a native one (:attr:`layout_blocked`).
+    #: ``BLOOMFILTER_BLOCKED``: None for the backend's default (:attr:`layout_blocked`).
     blocked: bool | None = None
-    #: The request is for a native filter (BF.*), which has no blocks: ``blocked = None``
-    #: then means unblocked. Not part of the request's text: it follows from the backend.
     native: bool = False
-    #: The share of ``error_rate`` generation 0 is sized for: below 1 when the filter
-    #: grows (``1 - tightening``) or checks two re-crawl windows (1/2), so that all its
-    #: generations and windows together stay under ``error_rate``. Not part of the
-    #: request's text: it follows from BLOOMFILTER_EXPANSION and BLOOMFILTER_TTL,
-    #: which the record stores on their own.
     rate_share: float = 1.0
 
     def canonical(self) -> str:
         """Return the request as the text stored in the record: stable across releases."""
-        parts = [
-            f"{name}={value!r}"
-            for name in ("capacity", "error_rate", "bit", "hash_number", "shard_bit", "shards")
-            if (value := getattr(self, name)) is not None
-        ]
-        # Only when asked for: a default request's text names no layout, so a default
-        # worker adopts a filter of either (the record's hash scheme says which).
-        if self.blocked is not None:
-            parts.append(f"blocked={self.blocked!r}")
-        return " ".join(parts)
+        # Unset fields are left out: a default request names no layout (``blocked``), so a
+        # default worker adopts a filter of either (the record's hash scheme says which).
+        return " ".join(
+            f"{name}={value!r}" for name in _CANONICAL if (value := getattr(self, name)) is not None
+        )
 
     @property
     def layout_blocked(self) -> bool:
         """Whether a new filter of this request is blocked: as asked, else as its backend does.
 
-        The bitmap backend's default is blocked, unless blocks would take more than
-        :data:`BLOCKED_MOST` times the classic layout's bits per item at the rate asked
-        (priced on a million items: the rate decides, not a small filter's rounding).
+        Bitmap: blocked, unless blocks take over :data:`BLOCKED_MOST` times the classic bits
+        at the rate asked (on :data:`NOMINAL_ITEMS`); native: never.
         """
         if self.blocked is not None:
             return self.blocked
@@ -249,14 +227,9 @@ class Sizing:
 
 #: The fields of a request's text and their types (:meth:`Sizing.parse`).
 _CANONICAL: dict[str, type] = {
-    "capacity": int,
-    "error_rate": float,
-    "bit": int,
-    "hash_number": int,
-    "shard_bit": int,
-    "shards": int,
-    "blocked": bool,
-}
+    "capacity": int, "error_rate": float, "bit": int, "hash_number": int, "shard_bit": int,
+    "shards": int, "blocked": bool,
+}  # fmt: skip
 
 
 def _fits(name: str, value: object) -> bool:
@@ -277,10 +250,9 @@ def split(
 ) -> FilterSpec:
     """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
 
-    ``shards`` of them, else the largest allocator block (at most 2**``shard_bit`` bits)
-    whose shards take at most :data:`ALLOCATION_SLACK` more than the bits need, or failing
-    that the one that takes least. A blocked filter's shards hold whole blocks. Raises
-    ValueError for a request no geometry satisfies.
+    ``shards`` of them, else the largest allocator block (≤ 2**``shard_bit`` bits) within
+    :data:`ALLOCATION_SLACK` of the bits, or failing that the cheapest; blocked, whole
+    blocks. Raises ValueError for a request no geometry satisfies.
     """
     unit = max(block_bits, 8)  # shard payloads in whole bytes, or whole blocks
     overhead = STRING_OVERHEAD + HEADER_BYTES
@@ -295,8 +267,7 @@ def split(
 
     max_payload = min(2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit), MAX_SHARD_BITS)
     max_payload //= 8
-    # The smallest block that holds as much payload as wanted, and the classes below it
-    # whose payload is within the maximum.
+    # The smallest block holding the payload wanted, and the classes below it within the maximum.
     cap = allocation(min(max_payload, need) + overhead)
     candidates = [
         c
@@ -329,28 +300,24 @@ def format_bytes(nbytes: int) -> str:
 
 # -- what each layout costs: memory, and Redis time per check --------------------------
 
-#: The layouts :func:`layout_costs` compares: the bitmap backend's classic (unblocked,
-#: hash scheme 1) and blocked (scheme 2) layouts, and the native backend (BF.*).
+#: The layouts :func:`layout_costs` compares: bitmap classic and blocked, and native (BF.*).
 Layout = Literal["classic", "blocked", "native"]
 LAYOUTS: tuple[Layout, ...] = ("classic", "blocked", "native")
 
-# The cost model of :func:`check_cost`: parameters FITTED to bench/run.py --only t
-# (see bench/NOTES.md, "core/sizing.py"), not derived from the hardware.
-#: Bytes of a filter that stay in the CPU's caches between two checks (fitted: a share
-#: of a busy VM's L2 and L3). Past it, a random bit is a cache miss more and more often.
+# :func:`check_cost`'s parameters, FITTED to bench/run.py --only t (bench/NOTES.md,
+# "core/sizing.py"), not derived from the hardware.
+#: Bytes of a filter that stay in the CPU's caches between two checks (a share of a busy
+#: VM's L2 and L3).
 CACHE_BYTES = 1_887_437  # 1.8 MiB
-#: A BITFIELD's own cost, and each field's (the k bits, the shard's identity, and the
-#: item count of a growing shard) when its bit is in cache.
+#: A BITFIELD's own cost, and each field's (k bits, identity, a growing shard's count).
 COMMAND_US = 1.05
 FIELD_US = 0.12
-#: What a bit costs when it misses the caches (classic: k bits in k places; the misses
-#: of one command partly overlap), and what a blocked filter's one block costs (its one
-#: or two cache lines, and the TLB miss of a page of a filter far bigger than the TLB
-#: covers).
+#: A bit's cache miss (the misses of one command partly overlap), and a blocked filter's
+#: one block's (one or two cache lines and a TLB miss).
 BIT_MISS_US = 0.37
 BLOCK_MISS_US = 1.22
-#: The native backend (BF.INSERT ... NOCREATE): its command, and each of its k bits on a
-#: miss (fitted to the first two native points only).
+#: The native backend (BF.INSERT ... NOCREATE): its command, and each bit's miss (fitted
+#: to the first two native points only).
 NATIVE_COMMAND_US = 0.95
 NATIVE_MISS_US = 0.174
 
@@ -363,12 +330,9 @@ def miss_share(nbytes: int) -> float:
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
     """Return the estimated Redis time (µs) one check of a new fingerprint costs.
 
-    A model fitted to measurements (see :data:`CACHE_BYTES`) for one server holding ``nbytes``
-    of the filter with k = ``hash_count`` bits per element: a command, its fields (one fewer
-    for a fixed-size filter), and the cache misses a filter bigger than the caches pays: k for
-    the classic layout (and native, in C and without fields), one block's for blocked, whatever
-    k. The figures move from machine to machine; the ratios between layouts at one size are
-    what it is for.
+    For one server holding ``nbytes`` of the filter: a command, its fields (one fewer when
+    not ``growing``), and the cache misses: k for classic and native, one block's for
+    blocked. The figures move between machines; the ratios between layouts are what count.
     """
     share = miss_share(nbytes)
     if layout == "native":
@@ -394,10 +358,9 @@ def layout_costs(
 ) -> tuple[LayoutCost, ...]:
     """Return what each layout (:data:`LAYOUTS`) costs for ``sizing`` at ``capacity`` items.
 
-    Classic and blocked: this release's geometry for the request in each layout and the
-    bytes Redis reserves for generation 0. Native: RedisBloom's sizing of the classic
-    filter's capacity and rate, in as many shards. The time is :func:`check_cost` for the
-    share one of ``servers`` holds.
+    Bitmap: this release's geometry and generation 0's allocation; native: RedisBloom's
+    sizing of the classic filter's capacity and rate, in as many shards. The time is for
+    the share one of ``servers`` holds.
     """
     found: list[LayoutCost] = []
     classic = replace(sizing, blocked=False, native=False).spec()
