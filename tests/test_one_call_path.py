@@ -105,7 +105,7 @@ def test_writes_that_ran_outside_the_transaction_are_a_doubt(
     bloom = make(redis_client, FIXED, "outside")
     held = fingerprints(600, "held")
     assert bloom.add_many(held) == [False] * len(held)
-    propose = Session.propose  # (what commit sends by, and the bulk path's overlapped sends)
+    propose = Session.propose  # (what a transaction's writes are sent by)
     discarded: list[Any] = []
 
     def discarding_first(self: Session, payload: Any, queued: int) -> Any:
@@ -135,30 +135,33 @@ def test_an_exec_reply_is_sorted_by_what_it_can_be_matched_to(redis_client: redi
         assert all(not isinstance(r, Exception) for r in one.round(b"".join(opening), len(opening)))
         return one
 
+    def commit(one: Session, payload: list[bytes]) -> tuple[Commit, Any]:
+        return one.settle(one.propose(payload, 1), 1)
+
     watch, multi, exec_ = pack_command(b"WATCH", "k"), pack_command(b"MULTI"), pack_command(b"EXEC")
     set_k = pack_command(b"SET", "k", "mine")
     # Its writes' results: done.
-    outcome, results = session([watch, multi]).commit([set_k, exec_], 1)
+    outcome, results = commit(session([watch, multi]), [set_k, exec_])
     assert outcome is Commit.DONE
     assert results == [b"OK"]
     # A watched key written by another client meanwhile: nothing ran.
     one = session([watch, multi])
     redis_client.set("k", "theirs")
-    assert one.commit([set_k, exec_], 1) == (Commit.ABORTED, None)
+    assert commit(one, [set_k, exec_]) == (Commit.ABORTED, None)
     assert redis_client.get("k") == b"theirs"
     # A queued command refused (wrong arity): EXECABORT, nothing ran.
-    outcome, refused = session([multi]).commit([pack_command(b"SETRANGE", "k"), exec_], 1)
+    outcome, refused = commit(session([multi]), [pack_command(b"SETRANGE", "k"), exec_])
     assert outcome is Commit.REFUSED
     assert "wrong number of arguments" in str(refused)
     # No MULTI on this connection: the write ran at once and EXEC says so. A doubt.
-    outcome, _ = session([watch]).commit([set_k, exec_], 1)
+    outcome, _ = commit(session([watch]), [set_k, exec_])
     assert outcome is Commit.DOUBT
     assert redis_client.get("k") == b"mine"
     # More results than this transaction queued: commands of someone else's. A doubt.
-    outcome, _ = session([multi, set_k]).commit([set_k, exec_], 1)
+    outcome, _ = commit(session([multi, set_k]), [set_k, exec_])
     assert outcome is Commit.DOUBT
     # A result in error: ran in part. A doubt.
-    outcome, _ = session([multi]).commit([pack_command(b"INCR", "k"), exec_], 1)
+    outcome, _ = commit(session([multi]), [pack_command(b"INCR", "k"), exec_])
     assert outcome is Commit.DOUBT
     bloom.close()
 

@@ -1,11 +1,10 @@
 """The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` turns the filter on.
 
-It sets ``DUPEFILTER_CLASS`` (and, when asked, ``SCHEDULER`` and the
-:class:`~.batching.BatchingMiddleware`), then reads every filter setting and makes the
-filter's clients without connecting, so a bad value stops the crawl before it starts. A
-``DUPEFILTER_CLASS`` (or asked-for ``SCHEDULER``) the project gives that is not ours or
-a subclass is refused, not overridden: the project's settings outrank an add-on's, so
-the crawl would run without the filter while ``ADDONS`` says it runs with it.
+It sets ``DUPEFILTER_CLASS`` (and, if asked, ``SCHEDULER`` and the
+:class:`~.batching.BatchingMiddleware`), then reads every filter setting and makes its clients
+without connecting: a bad value stops the crawl before it starts. A project's own
+``DUPEFILTER_CLASS`` (or asked-for ``SCHEDULER``) that is not ours is refused: it outranks the
+add-on's, so the crawl would run without the filter while ``ADDONS`` says it runs with it.
 """
 
 from __future__ import annotations

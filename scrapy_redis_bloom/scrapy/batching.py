@@ -1,12 +1,11 @@
 """One filter round trip per crawled page: a spider middleware checks a response's links together.
 
-A response's requests are held until its output ends (or ``BLOOMFILTER_BATCH_MAX`` are
-held), checked-and-added in one call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), then
-yielded; ``request_seen`` takes each answer with no round trip. ``BLOOMFILTER_BATCH_WINDOW``
-joins the requests of several responses in one round trip (asyncio reactor only). A Bloom
-filter cannot forget, so batching is off for a crawl in which a middleware processes the
-output after this one; answers no request took are reported (:mod:`.reservations`). Usage:
-docs/howto/batching.md.
+A response's requests are held until its output ends (or ``BLOOMFILTER_BATCH_MAX`` are),
+checked-and-added in one call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), then yielded;
+``request_seen`` takes each answer with no round trip. ``BLOOMFILTER_BATCH_WINDOW`` joins
+several responses' requests (asyncio reactor only). A Bloom filter cannot forget, so batching
+is off when a middleware processes the output after this one; answers no request took are
+reported (:mod:`.reservations`). Usage: docs/howto/batching.md.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
 class _Window:
     """The requests of several responses, checked together when the window closes.
 
-    It closes when the first joiner's timer runs out or ``limit`` requests are held; every
-    response that joined resumes after the one check. Runs on the asyncio loop.
+    It closes when the first joiner's timer runs out or ``limit`` requests are held (asyncio).
     """
 
     def __init__(self, check: Callable[[list[Request]], None], seconds: float, limit: int):
@@ -83,9 +81,8 @@ class _Window:
 def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
     """Name the enabled spider middlewares whose output processing runs after ``cls``'s.
 
-    Those of an order lower than (or equal to) ``cls``'s that have a
-    ``process_spider_output``: any could drop a request after it was checked. Ours is the
-    first entry that loads as ``cls`` or a subclass.
+    Those of an order not above ``cls``'s (the first entry that loads as it or a subclass)
+    with a ``process_spider_output``: any could drop a request after it was checked.
     """
     enabled: list[tuple[float, str, Any]] = []
     for path, order in _with_base(settings, "SPIDER_MIDDLEWARES").items():
@@ -127,9 +124,8 @@ def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: obj
 class BatchingMiddleware:
     """Check the links of each response in one filter round trip (see the module).
 
-    Works with :class:`.dupefilter.RFPDupeFilter` (or a subclass) as the crawl's
-    dupefilter, under scrapy-redis's Scheduler or Scrapy's; with any other, it
-    passes the output through.
+    With :class:`.dupefilter.RFPDupeFilter` (or a subclass) as the crawl's dupefilter, under
+    either scheduler; with any other, it passes the output through.
     """
 
     def __init__(
@@ -188,12 +184,10 @@ class BatchingMiddleware:
                 )
 
     def _spider_opened(self, spider: Spider) -> None:
+        """Find the dupefilter; check the running chain: nothing may process the output after us."""
         self._resolve()
-        if self.disabled is None:
-            self._check_chain()
-
-    def _check_chain(self) -> None:
-        """Check the running middleware chain too: nothing may process the output after us."""
+        if self.disabled is not None:
+            return
         try:
             manager = self.crawler.engine.scraper.spidermw
             methods = list(manager.methods["process_spider_output"])
@@ -281,8 +275,7 @@ class BatchingMiddleware:
         try:
             dupefilter.check_batch(held)
         except Exception:
-            # A bug past the filter call (check_batch handles the call's failures): said,
-            # counted; the requests go on, each checked alone by request_seen.
+            # A bug past the filter call: said, counted; request_seen checks each alone.
             dupefilter.bloom.events.count("batch_failed")
             emit(
                 logger,

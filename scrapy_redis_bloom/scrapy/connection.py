@@ -24,9 +24,8 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS, build_client
 def scrapy_redis_client(settings: SettingsLike) -> Any:
     """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
 
-    :data:`..transport.connection.DEFAULT_PARAMS` replace its defaults (30 s timeouts);
-    the user's ``REDIS_PARAMS`` or ``REDIS_*`` settings still win. Its ``retry_on_timeout`` is
-    left out: redis-py 6+ deprecates it, and the filter's connections retry nothing.
+    :data:`..transport.connection.DEFAULT_PARAMS` replace its defaults (the user's settings
+    still win); its ``retry_on_timeout`` is left out (deprecated by redis-py 6+).
     """
     user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
     defaults = {

@@ -1,11 +1,10 @@
 """Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
 
-Settings become a :class:`~.config.BloomConfig` once, at startup; each ``request_seen``
-is then one fingerprint and, unless the near-cache knows it, one atomic command in
-Redis. When the filter cannot answer (under ``BLOOMFILTER_ON_ERROR`` or ``_ON_LOSS`` =
-``"raise"``), the error is logged once, the crawl stops with the finish reason
-``bloomfilter_error``, and the request in hand goes to the scheduler rather than being
-dropped: never a crawl that ends "finished" with pages silently lost.
+Settings become a :class:`~.config.BloomConfig` once; each ``request_seen`` is then one
+fingerprint and, unless the near-cache knows it, one atomic command in Redis. When the
+filter cannot answer (``BLOOMFILTER_ON_ERROR`` or ``_ON_LOSS`` = ``"raise"``), the error is
+logged once, the crawl stops (finish reason ``bloomfilter_error``) and the request in hand
+goes to the scheduler: never a crawl that ends "finished" with pages silently lost.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Failures the engine counts in ``bloomfilter/errors`` itself (it applied
-#: BLOOMFILTER_ON_ERROR to them); the dupefilter counts any other.
+#: Failures the engine counts in ``bloomfilter/errors`` itself; the dupefilter counts others.
 COUNTED = (FilterUnavailableError, AccessDeniedError)
 
 _F = TypeVar("_F", bound="RFPDupeFilter")
@@ -66,11 +64,10 @@ _BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
 class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
     """Request duplicates filter backed by a sharded Bloom filter in Redis.
 
-    A drop-in replacement for ``scrapy_redis.dupefilter.RFPDupeFilter``: use it as
-    ``DUPEFILTER_CLASS`` under scrapy-redis's Scheduler (``from_spider``) or Scrapy's
-    own scheduler (``from_crawler``). It never deletes the filter on close; under
-    scrapy-redis's Scheduler, ``SCHEDULER_PERSIST = False`` and
-    ``SCHEDULER_FLUSH_ON_START`` clear it through :meth:`clear`.
+    A drop-in replacement for ``scrapy_redis.dupefilter.RFPDupeFilter`` as ``DUPEFILTER_CLASS``,
+    under scrapy-redis's Scheduler (``from_spider``) or Scrapy's (``from_crawler``). It never
+    deletes the filter on close; ``SCHEDULER_PERSIST = False`` and ``SCHEDULER_FLUSH_ON_START``
+    clear it through :meth:`clear`.
     """
 
     logger = logger
@@ -92,7 +89,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
         self.crawler = crawler
-        events = FilterEvents()
         clients = list(servers) if servers else [server]
         self.bloom = make_filter(
             clients,
@@ -100,12 +96,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.config,
             cache_size=self.config.cache_size,
             faults=self.config.faults,
-            events=events,
+            events=FilterEvents(),
         )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
-        # scrapy-redis's fingerprint is a pure function of method, URL and body: for the
-        # GET requests without body that links make, remember it by URL, as many as the
-        # near-cache holds. A repeated link then costs no canonicalisation, JSON or SHA1.
+        # scrapy-redis's fingerprint is a pure function of method, URL and body: remember a
+        # bodiless GET's by URL, so a repeated link costs no canonicalisation, JSON or SHA1.
         self._memo: LRU[str, str] = LRU(self.config.cache_size)
         if (
             fingerprint is None
@@ -203,7 +198,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 instance.reservations.scheduled, signal=signals.request_scheduled
             )
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
-            crawler.signals.connect(instance._on_spider_closed, signal=signals.spider_closed)
+            crawler.signals.connect(instance._finish, signal=signals.spider_closed)
             crawler.signals.connect(instance.filter_stats.start, signal=signals.spider_opened)
             # Out of requests: everything is final now, for monitors that run at close.
             crawler.signals.connect(instance.filter_stats.publish, signal=signals.spider_idle)
@@ -233,9 +228,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
 
-        One atomic round trip to Redis (none when :meth:`check_batch` answered it ahead): of
-        several workers offering the same request at once, exactly one is told it is new. When
-        the filter cannot answer, the crawl stops and the request is answered new.
+        One atomic round trip (none if :meth:`check_batch` answered ahead): of workers offering
+        the same request at once, exactly one is told it is new. When the filter cannot
+        answer, the crawl stops and the request is answered new.
         """
         fingerprint = self._fingerprint(request)
         answer = self.reservations.take(fingerprint, request)
@@ -252,15 +247,12 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def check_batch(self, requests: Sequence[Request]) -> int:
         """Check-and-add requests together, ahead of ``request_seen``; return how many.
 
-        One pipelined round trip per Redis server for the fingerprints the near-cache does not
-        know, repeats sent once; each answer is held for :meth:`request_seen`. Left to
-        ``request_seen``: ``dont_filter`` requests, fingerprints already held or unscheduled,
-        and requests whose fingerprint fails (raised again there).
-
-        A failed batch's commands may have run, so asking again one by one could answer "seen"
-        for bits it set: every request of a failed batch answers "new", and the crawl stops as
-        in ``request_seen``. Under ``BLOOMFILTER_ON_ERROR = "allow"`` an unavailable Redis is no
-        failure: the batch answers "new" for what it could not check.
+        One pipelined round trip per server, each answer held for :meth:`request_seen`. Left
+        to ``request_seen``: ``dont_filter`` requests, fingerprints already held or
+        unscheduled, and those whose fingerprint fails (raised again there). A failed
+        batch's commands may have run, so asking again could answer "seen" for bits it set:
+        every request of it answers "new", and the crawl stops as in ``request_seen`` (under
+        ``BLOOMFILTER_ON_ERROR = "allow"``, an unavailable Redis only answers "new").
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -366,9 +358,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """Forget every request: delete the filter's record and bits from Redis.
 
         Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
-        closes (``SCHEDULER_PERSIST = False``) or starts (``SCHEDULER_FLUSH_ON_START``), which
-        would wipe a crawl still running elsewhere (see :meth:`.lease.WorkerLease.clearing`).
-        The filter's state is first written to the stats.
+        closes or starts, which would wipe a crawl running elsewhere
+        (:meth:`.lease.WorkerLease.clearing`). The filter's state goes to the stats first.
         """
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
@@ -389,9 +380,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
     def close(self, reason: str = "") -> None:
         """Report the filter's state and leave the registry. The filter stays in Redis."""
-        self._finish()
-
-    def _on_spider_closed(self, spider: Spider, reason: str) -> None:
         self._finish()
 
     def _finish(self) -> None:
@@ -419,9 +407,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                     f"{self.config.worker_ttl:g}",
                     exc,
                 )
-            # Whatever failed above: the stats at close are the filter's totals at close,
-            # read again. The last worker to leave counts the bits (O(m) in Redis); the
-            # others estimate from the counters, so a closing worker costs O(1).
+            # Whatever failed above, the stats are the totals at close. The last worker counts
+            # the bits (O(m) in Redis); the others estimate from the counters, in O(1).
             try:
                 self._record_state(full=others == 0)
             except BloomFilterError as exc:
@@ -458,7 +445,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
     """Say which Redis refused the filter's credentials, and which setting sets them.
 
-    Redis's own text (``NOAUTH``, ``WRONGPASS``...) says neither, so it is left out.
+    (Redis's own text, ``NOAUTH`` or ``WRONGPASS``, says neither: left out.)
     """
     where = ", ".join(server_address(client) for client in clients)
     settings = (

@@ -1,9 +1,8 @@
 """Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates.
 
-Each reads the ``bloomfilter/*`` stats (current before any ``spider_closed`` handler runs)
-and fails with a message naming the stat and what to do; :class:`BloomFilterMonitorSuite`
-runs them all (setup: docs/howto/monitor.md). Unittest-style classes: a project may run
-some of them only, in a suite of its own.
+Each reads the ``bloomfilter/*`` stats (current before any ``spider_closed`` handler) and
+fails with a message naming the stat and what to do; :class:`BloomFilterMonitorSuite` runs
+them all (docs/howto/monitor.md), or a project's own suite some of them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Answers given ahead to a response's links, kept until the scheduler asks for them.
 
-:mod:`.batching` checks-and-adds a response's links in one round trip and
-``request_seen`` takes each answer here. A link answered "new" is already marked seen in
-Redis: if its request never reaches ``request_seen``, no worker would fetch it again.
-Such requests are told apart without relying on when Scrapy resumes the middleware:
+:mod:`.batching` checks-and-adds a response's links in one round trip; ``request_seen``
+takes each answer here. A link answered "new" is already seen in Redis: if its request never
+reaches ``request_seen``, no worker would fetch it. Such requests are told apart thus:
 
-* the engine calls ``request_scheduled`` handlers and then, with nothing in between,
-  ``request_seen``: a request seen by :meth:`Reservations.scheduled` whose
-  ``request_seen`` does not come next was dropped by a handler;
+* the engine calls ``request_scheduled`` handlers, then at once ``request_seen``: a request
+  seen by :meth:`Reservations.scheduled` whose ``request_seen`` does not come next was dropped;
 * a request collected (weak reference) without having taken its answer never will;
 * at the end of the crawl, every answer not taken is reported.
 
-A "new" answer none of its requests took is *unscheduled*: reported, and answered "new"
-by this worker the next time it meets the fingerprint (docs/howto/batching.md).
+Such an *unscheduled* "new" answer is reported, and answered "new" by this worker the next
+time it meets the fingerprint (docs/howto/batching.md).
 """
 
 from __future__ import annotations
@@ -46,10 +44,9 @@ class _Reservation:
 class Reservations:
     """Answers by fingerprint, each taken once; "new" answers never taken are reported.
 
-    ``on_unscheduled(urls)`` gets the URLs of requests answered "new" that never reached
-    ``request_seen``; ``size`` unscheduled fingerprints are remembered (the oldest forgotten,
-    counted in :attr:`forgotten`). Single-threaded, as Scrapy's engine; weak-reference
-    callbacks only queue, handled at the next call.
+    ``on_unscheduled(urls)`` gets the URLs answered "new" that never reached ``request_seen``;
+    ``size`` unscheduled fingerprints are remembered (the oldest forgotten, counted in
+    :attr:`forgotten`). Single-threaded; weak-reference callbacks only queue.
     """
 
     def __init__(
@@ -78,10 +75,9 @@ class Reservations:
     def reserve(
         self, requests: Sequence[Request], fingerprints: Sequence[str], answers: Sequence[bool]
     ) -> None:
-        """Hold ``answers[i]`` for the first request with ``fingerprints[i]`` to take it.
+        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others.
 
-        The others with that fingerprint take "seen"; one held already (an earlier batch's)
-        is skipped: its answer serves both.
+        A fingerprint held already (an earlier batch's) is skipped: its answer serves both.
         """
         self._settle()
         new: dict[str, _Reservation] = {}
@@ -106,10 +102,7 @@ class Reservations:
             self._pending = (reservation, key)
 
     def take(self, fingerprint: str, request: Request) -> bool | None:
-        """Return the answer held for ``fingerprint``, once (None: none held).
-
-        An unscheduled fingerprint answers "new" once: the filter already holds it.
-        """
+        """Return the answer held for ``fingerprint``, once (None: none; unscheduled: "new")."""
         pending = self._pending
         if pending is not None:
             self._pending = None

@@ -1,11 +1,10 @@
 """What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
 
-Every stat is listed once, in :data:`STATS`. The engine only counts, in memory; this module
-writes the counts to the crawl's stats from the reactor thread, every second and in full
-when the crawl idles or the dupefilter closes or is cleared, so that monitors see them all
-before any ``spider_closed`` handler. A stats store that fails is said, counted
-(``bloomfilter/stats_failed``) and written again at the next tick (docs/howto/monitor.md).
-An INFO line every ``LOGSTATS_INTERVAL`` says what the filter holds and how it answers.
+Every stat is listed once, in :data:`STATS`. The engine counts in memory; this module writes
+the counts to the crawl's stats from the reactor thread, every second and in full when the
+crawl idles or the dupefilter closes or is cleared, so monitors see them all before any
+``spider_closed`` handler. A failed write is said, counted (``bloomfilter/stats_failed``) and
+retried at the next tick (docs/howto/monitor.md). An INFO line every ``LOGSTATS_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -24,23 +23,15 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_redis_bloom.engine.backend import BloomBackend
-    from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
+    from scrapy_redis_bloom.engine.state import FilterState
 
 logger = logging.getLogger(__name__)
 
 #: The prefix of every stat the filter gives.
 PREFIX = "bloomfilter/"
 
-#: Every stat the filter gives (without :data:`PREFIX`), and what it says.
-STATS: dict[str, str] = {
-    # This worker's answers (summed over the workers by a shared stats collector).
-    "added": "requests this worker added to the filter (answered 'new')",
-    "filtered": "requests this worker dropped as duplicates (also dupefilter/filtered)",
-    "cache_hits": "duplicates this worker's near-cache answered, with no round trip",
-    "round_trips": "network round trips this worker made to the filter's Redis",
-    "batches": "batches of requests checked together (BatchingMiddleware)",
-    "batched": "requests checked in those batches",
-    # What happened, as it happened.
+#: The counts of what happened (:class:`..core.events.FilterEvents` ``count``).
+_EVENTS = {
     "retries": "rounds of retrying a Redis command that failed (with backoff)",
     "ambiguous": "requests answered 'new' because a reply was lost after the command was sent",
     "errors": "requests Redis could not answer, handled per BLOOMFILTER_ON_ERROR",
@@ -55,6 +46,18 @@ STATS: dict[str, str] = {
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
     "stats_failed": "times writing these stats to the crawl's stats collector failed (retried)",
+}
+#: Every stat the filter gives (without :data:`PREFIX`), and what it says.
+STATS: dict[str, str] = {
+    # This worker's answers (summed over the workers by a shared stats collector).
+    "added": "requests this worker added to the filter (answered 'new')",
+    "filtered": "requests this worker dropped as duplicates (also dupefilter/filtered)",
+    "cache_hits": "duplicates this worker's near-cache answered, with no round trip",
+    "round_trips": "network round trips this worker made to the filter's Redis",
+    "batches": "batches of requests checked together (BatchingMiddleware)",
+    "batched": "requests checked in those batches",
+    # What happened, as it happened.
+    **_EVENTS,
     "log_failed": (
         "the package's log lines, in this worker's process, that a log handler failed to take"
         " (Scrapy's LogCounterHandler, its stats store down): said, and sent to the others"
@@ -86,24 +89,8 @@ STATS: dict[str, str] = {
 
 #: Counts of this worker, added to the stats as increments.
 _COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched", "log_failed")
-#: The counts of what happened (:class:`..core.events.FilterEvents` ``count``), every one
-#: in :data:`STATS`.
-EVENT_COUNTS = (
-    "retries",
-    "ambiguous",
-    "errors",
-    "failovers",
-    "recreated",
-    "restored",
-    "reopened",
-    "taken_back",
-    "lease_failed",
-    "grown",
-    "full",
-    "batch_failed",
-    "batch_unscheduled",
-    "stats_failed",
-)
+#: The counts of what happened, every one in :data:`STATS`.
+EVENT_COUNTS = tuple(_EVENTS)
 #: Scrapy's own count of duplicates, the same as ``bloomfilter/filtered``.
 _DUPEFILTER = "dupefilter/filtered"
 #: The stats workers add to, created with 0 when the spider opens (see
@@ -136,10 +123,9 @@ class FilterStats:
     def start(self) -> None:
         """Create the counts workers add to; start the timers (stats every second, log line).
 
-        Every count is created with an increment of 0 before this worker counts anything: two
-        workers creating a count in scrapy-redis's ``RedisStatsCollector`` at once (``HSET 0``
-        then ``HINCRBY``) would lose one's count. So every count is in the stats, 0 until it
-        happens.
+        Every count is created with an increment of 0 first: two workers creating a count in
+        scrapy-redis's ``RedisStatsCollector`` at once (``HSET 0`` then ``HINCRBY``) would
+        lose one's count.
         """
         if self._tasks:
             return
@@ -178,7 +164,7 @@ class FilterStats:
         """Write every stat now; ``state``: the filter's, counted in Redis (else estimated).
 
         ``counts_only``: only this worker's counts and events. Never raises: returns whether
-        every stat was written (the next call writes what is missing).
+        every stat was written.
         """
         stats = self.stats
         if stats is None:
@@ -237,7 +223,9 @@ class FilterStats:
         bloom = self.bloom
         record = bloom.record
         assert record is not None
-        totals = self._totals()
+        if bloom.counters.synced is None:
+            bloom.sync_counters()  # the first: reads them
+        totals = bloom.counters.current()  # as last synced, plus this worker's unsynced
         estimated = bloom.estimate(totals.added)
         if state is None:
             state = estimated
@@ -266,13 +254,6 @@ class FilterStats:
             values["bits"] = state.total_bits
             values["hash_functions"] = state.generations[0].hash_count
         return values
-
-    def _totals(self) -> FilterTotals:
-        """Return the totals over all workers: as last synced, plus this worker's unsynced."""
-        counters = self.bloom.counters
-        if counters.synced is None:
-            self.bloom.sync_counters()  # the first: reads them
-        return counters.current()
 
     def log(self) -> None:
         """Log one line: the timer's call. Never raises (see :meth:`tick`)."""

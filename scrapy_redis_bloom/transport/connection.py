@@ -1,7 +1,6 @@
 """Redis clients for the filter, from its validated connection configuration.
 
-Its own connection (URLs, a cluster, sentinels) and the client it shares with scrapy-redis
-(:func:`build_client`, read from Scrapy's settings by :mod:`scrapy_redis_bloom.scrapy.connection`),
+Its own (URLs, a cluster, sentinels) and the one shared with scrapy-redis (:func:`build_client`),
 with short timeouts (:data:`DEFAULT_PARAMS`); errors name the settings the arguments came from.
 """
 
@@ -25,10 +24,9 @@ DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout
 
 
 def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
-    """Return the clients of a configuration with servers of its own (URLs or sentinels).
+    """Return the clients of a configuration with URLs or sentinels: one, or one per server.
 
-    One client (a server, a Sentinel primary, a cluster) or one per server; ``setting``
-    names where ``config.params`` came from.
+    ``setting`` names where ``config.params`` came from.
     """
     if not config.urls and not config.sentinels:
         raise ValueError("own_clients() needs a configuration with URLs or sentinels")
@@ -50,8 +48,7 @@ def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
 def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source: str) -> Any:
     """Make a client of ``redis_cls`` from ``url`` (if any) and ``params``; not connected.
 
-    An argument the client refuses is a ValueError naming ``source``, the settings the
-    arguments came from.
+    An argument the client refuses is a ValueError naming ``source``, the settings given.
     """
     if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
@@ -75,7 +72,7 @@ def _checked(client: Any) -> Any:
 def _named(source: str, params: dict[str, Any]) -> Iterator[None]:
     """Turn a client's refusal of its arguments into an error naming where they came from.
 
-    It shows the arguments, secrets masked: the client's own text names no setting.
+    (With the arguments, secrets masked: the client's own text names no setting.)
     """
     try:
         yield

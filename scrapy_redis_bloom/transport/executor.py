@@ -1,16 +1,13 @@
 """Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
 
 Every command goes through :meth:`Executor.run` (batches of :class:`Call`, routed by the
-:mod:`.topology`, pipelined per node) or a :class:`Session` (several rounds on one
-connection: a bulk chunk's pipeline, a snapshot's transaction). Each reply is sorted
-(:func:`classify`): a result or final error goes to the caller, an ACL refusal inside the
-filter's scripts raises :class:`~..errors.AccessDeniedError`; ``NOSCRIPT``, ``MOVED`` and
-``ASK`` are acted on at once; "not now" errors and lost replies are retried with backoff
-(50 ms to 1 s) until ``retry_timeout``, a write whose reply was lost marked **ambiguous**;
-then :class:`~..errors.FilterUnavailableError`, and one attempt a second at most until Redis
-answers again (a server that stopped answering: once a watch thread sees it answer), so a
-crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall. The
-outcomes and why: docs/architecture.md.
+:mod:`.topology`, pipelined per node) or a :class:`Session` (rounds on one connection). Each
+reply is sorted (:func:`classify`): a result or final error goes to the caller, an ACL refusal
+in the filter's scripts raises :class:`~..errors.AccessDeniedError`; ``NOSCRIPT``, ``MOVED``
+and ``ASK`` are acted on at once; "not now" errors and lost replies are retried with backoff
+until ``retry_timeout`` (a write whose reply was lost marked **ambiguous**), then
+:class:`~..errors.FilterUnavailableError` and one attempt a second until Redis answers again,
+so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -61,10 +58,8 @@ logger = logging.getLogger(__name__)
 #: Backoff between retry rounds: from the first, doubling, up to the last.
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
-#: After the retry timeout ran out, at most one attempt per this many seconds. A server
-#: that stopped answering (a timeout, a refused connection) is watched from a thread of
-#: its own instead (:meth:`Executor._watch`): the crawl's calls fail fast with no I/O,
-#: and never wait a socket timeout, until it answers a ``PING`` again.
+#: After the retry timeout ran out, at most one attempt per this many seconds (a server that
+#: stopped answering: once :meth:`Executor._watch` sees it answer a ``PING``).
 PROBE_INTERVAL = 1.0
 #: Redirections and script loads followed at once for one batch, before waiting.
 MAX_REDIRECTS = 16
@@ -74,14 +69,6 @@ _ASKING = pack_command(b"ASKING")
 _PLAIN = (int, list)
 #: The same, and the strings its reads reply (GETRANGE).
 _READ = (int, list, bytes)
-
-#: Error-reply prefixes that mean "not run, try again later".
-#: ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its replicas (one
-#: being promoted, say) refuses writes before running them: retried like the others.
-_LATER = (
-    *("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"),
-    "NOREPLICAS",
-)
 
 
 class Kind(Enum):
@@ -94,22 +81,37 @@ class Kind(Enum):
     LATER = "later"
 
 
+#: What an error reply's code means when it is not a result. The "not run, try again later"
+#: ones include ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its
+#: replicas refuses writes before running them.
+_ACT_ON: dict[str, Kind] = {
+    "NOSCRIPT": Kind.NOSCRIPT,
+    "MOVED": Kind.MOVED,
+    "ASK": Kind.ASK,
+    **dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER),
+    **dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER),
+}
+
+
+#: The prefix redis-py strips from the error replies it raises as these classes.
+_PREFIXES = {
+    "OutOfMemoryError": "OOM",
+    "BusyLoadingError": "LOADING",
+    "ReadOnlyError": "READONLY",
+    "NoScriptError": "NOSCRIPT",
+    "TryAgainError": "TRYAGAIN",
+    "MasterDownError": "MASTERDOWN",
+    "ClusterDownError": "CLUSTERDOWN",
+    "NoPermissionError": "NOPERM",
+    "MovedError": "MOVED",
+    "AskError": "ASK",
+}
+
+
 def error_text(reply: BaseException) -> str:
     """Return an error reply's text with its prefix (redis-py strips known prefixes)."""
     text = str(reply)
-    prefixes = {
-        "OutOfMemoryError": "OOM",
-        "BusyLoadingError": "LOADING",
-        "ReadOnlyError": "READONLY",
-        "NoScriptError": "NOSCRIPT",
-        "TryAgainError": "TRYAGAIN",
-        "MasterDownError": "MASTERDOWN",
-        "ClusterDownError": "CLUSTERDOWN",
-        "NoPermissionError": "NOPERM",
-        "MovedError": "MOVED",
-        "AskError": "ASK",
-    }
-    prefix = prefixes.get(type(reply).__name__)
+    prefix = _PREFIXES.get(type(reply).__name__)
     if prefix and not text.startswith(prefix):
         return f"{prefix} {text}"
     return text
@@ -122,9 +124,8 @@ _IN_SCRIPT = re.compile(r"(?:^|\s)-([A-Z]{2,})\s")
 def error_code(reply: BaseException) -> str:
     """Return an error reply's code (``OOM``, ``MOVED``...), also from inside a script's error.
 
-    A script fails as a whole with ``ERR Error running script``: the code of the command
-    that failed inside it says what happened (Redis refuses a script's first write when
-    out of memory, before anything was written).
+    A script fails as a whole (``ERR Error running script``): the code of the command that
+    failed inside it says what happened (an out-of-memory Redis refuses its first write).
     """
     text = error_text(reply)
     word = text.split(" ", 1)[0]
@@ -136,12 +137,11 @@ def error_code(reply: BaseException) -> str:
 def acl_denial(reply: Any) -> str | None:
     """Say whether a reply is a Redis ACL refusal: ``"command"``, ``"key"``, or None.
 
-    Redis words it differently by version and by where the command ran: directly,
-    ``NOPERM this user has no permissions to run the 'time' command`` (6.2 adds "or
-    its subcommand") or ``... to access one of the keys used as arguments``; inside a
-    script, ``The user executing the script can't run this command or subcommand`` or
-    ``... can't access at least one of the keys mentioned in the command arguments``
-    (6.2 wraps it in ``Error running script``, 7.0 does not, neither says ``NOPERM``).
+    Redis words it by version and place: directly, ``NOPERM this user has no permissions to
+    run the 'time' command`` (6.2 adds "or its subcommand") or ``... to access one of the
+    keys used as arguments``; in a script, ``The user executing the script can't run this
+    command or subcommand`` or ``... can't access at least one of the keys mentioned in the
+    command arguments`` (6.2 wraps it in ``Error running script``; neither says ``NOPERM``).
     """
     if reply.__class__ is int or not isinstance(reply, ResponseError):
         return None
@@ -159,21 +159,17 @@ def access_denied(
 ) -> AccessDeniedError | None:
     """Return the error for a reply by which a Redis ACL refused a command; None otherwise.
 
-    ``where`` names the server as a noun phrase (``Redis at host:port``). The message
-    says what the filter was doing, on which key, and what to grant: a denial inside a
-    script names no command, so it points at the list in docs/howto/tls-acl.md#least-privilege.
+    ``where`` names the server (``Redis at host:port``). The message says what the filter was
+    doing, on which key, and what to grant (docs/howto/tls-acl.md#least-privilege).
     """
     kind = acl_denial(reply)
     if kind is None:
         return None
     message = error_text(reply)
-    inside = "executing the script" in message
-    what = {
-        (True, "command"): "refused a command of the filter's script",
-        (True, "key"): "refused the filter's script a key",
-        (False, "command"): "refused the command",
-        (False, "key"): "refused the key",
-    }[inside, kind]
+    what = f"refused the {kind}"
+    if "executing the script" in message:
+        inside = ("refused a command of the filter's script", "refused the filter's script a key")
+        what = inside[kind == "key"]
     on_key = f" (key {key!r})" if key else ""
     return AccessDeniedError(
         f"{where} could not {operation}{on_key}: a Redis ACL {what} (Redis: {message})."
@@ -185,26 +181,19 @@ def access_denied(
 
 def classify(reply: Any) -> Kind:
     """Say what a reply means: a result (or final error), or something to act on."""
-    if reply.__class__ is int or not isinstance(reply, ERROR_REPLIES):
-        return Kind.RESULT
-    if isinstance(reply, AuthenticationError):
+    if (
+        reply.__class__ is int
+        or not isinstance(reply, ERROR_REPLIES)
+        or isinstance(reply, AuthenticationError)
+    ):
         return Kind.RESULT
     if isinstance(reply, BusyLoadingError):
         return Kind.LATER
-    word = error_code(reply)
-    if word == "NOSCRIPT":
-        return Kind.NOSCRIPT
-    if word == "MOVED":
-        return Kind.MOVED
-    if word == "ASK":
-        return Kind.ASK
-    if word in _LATER:
-        return Kind.LATER
-    return Kind.RESULT
+    return _ACT_ON.get(error_code(reply), Kind.RESULT)
 
 
 class Commit(Enum):
-    """What a transaction's ``EXEC`` did (:meth:`Session.commit`)."""
+    """What a transaction's ``EXEC`` did (:meth:`Session.settle`)."""
 
     #: Ran: every queued command's result is in.
     DONE = "done"
@@ -279,10 +268,7 @@ def describe_failure(failure: BaseException | str) -> str:
 
 @dataclass(slots=True)
 class Call:
-    """One command: packed, and routed by its key, its shard or an explicit server.
-
-    ``script`` is the script an ``EVALSHA`` payload calls, loaded on ``NOSCRIPT``.
-    """
+    """One command: packed, routed by its key, shard or server; ``script``: loaded on NOSCRIPT."""
 
     payload: bytes
     key: str | None = None
@@ -293,10 +279,9 @@ class Call:
 
 @dataclass(slots=True)
 class Results:
-    """Replies of a batch, in call order; ``ambiguous[i]`` if call ``i`` may have run twice.
+    """Replies of a batch, in call order (a result, or an error reply retrying could not fix).
 
-    A reply is the result, or the error reply (an exception object) that retrying
-    could not fix.
+    ``ambiguous[i]``: call ``i`` may have run twice.
     """
 
     replies: list[Any]
@@ -308,14 +293,11 @@ class Results:
 class Session:
     """Rounds of pipelined commands on one node, every round on the first one's connection.
 
-    Obtained from :meth:`Executor.session`, for exchanges that span round trips: a bulk
-    chunk's pipeline (read after the next chunk is sent) and a snapshot's transaction
-    (``WATCH``, its reads and ``MULTI``; then its writes and ``EXEC``). The first
-    :meth:`post` may connect; each later one goes on that same connection, or raises
-    :class:`NotSentError` with nothing sent. So a transaction's writes never run outside
-    it on a new connection (the node reconnects silently when it finds an idle
-    connection closed). Replies are read in order by :meth:`replies`; an error reply
-    comes back as its exception, to sort with :func:`classify`.
+    From :meth:`Executor.session`, for exchanges over round trips: a bulk chunk's pipeline, a
+    snapshot's transaction. The first :meth:`post` may connect; each later one goes on that
+    connection or raises :class:`NotSentError` with nothing sent, so a transaction's writes
+    never run outside it on a new connection. Replies come in order (:meth:`replies`), an
+    error reply as its exception, to sort with :func:`classify`.
     """
 
     __slots__ = ("_executor", "_probing", "_serial", "_shut", "_write", "node")
@@ -325,8 +307,7 @@ class Session:
     ) -> None:
         self.node = node
         self._executor, self._write, self._probing = executor, write, probing
-        #: The connection of the first round; None before it.
-        self._serial: int | None = None
+        self._serial: int | None = None  # the connection of the first round
         #: Why no round is sent (its first failed, an outage); None while they may be.
         self._shut = shut
 
@@ -352,19 +333,10 @@ class Session:
         """Send commands and read their replies: one round trip."""
         return self.replies(self.post(payload, count))
 
-    def commit(self, payload: Sequence[bytes | memoryview], queued: int) -> tuple[Commit, Any]:
-        """Send a transaction's ``queued`` commands and ``EXEC``; say what it did (:func:`settled`).
-
-        ``payload`` ends with the ``EXEC``. Transport failures are sorted too: nothing
-        sent is UNSENT, a lost reply a DOUBT. After a doubt the connection is thrown
-        away: what is on it cannot be matched to anything sent.
-        """
-        return self.settle(self.propose(payload, queued), queued)
-
     def propose(
         self, payload: Sequence[bytes | memoryview], queued: int
     ) -> Ticket | tuple[Commit, Any]:
-        """Send what :meth:`commit` sends, not reading the replies: their ticket for :meth:`settle`.
+        """Send a transaction's ``queued`` commands and ``EXEC``: the ticket for :meth:`settle`.
 
         Or, when the send failed, what the transaction did (UNSENT, or a DOUBT).
         """
@@ -376,7 +348,11 @@ class Session:
             return Commit.DOUBT, exc
 
     def settle(self, sent: Ticket | tuple[Commit, Any], queued: int) -> tuple[Commit, Any]:
-        """Read the replies of what :meth:`propose` sent; say what the transaction did."""
+        """Read the replies of what :meth:`propose` sent; say what it did (:func:`settled`).
+
+        A lost reply is a DOUBT; after a doubt the connection is thrown away: what is on it
+        cannot be matched to anything sent.
+        """
         if not isinstance(sent, Ticket):
             return sent
         try:
@@ -390,10 +366,7 @@ class Session:
         return outcome
 
     def drop(self) -> None:
-        """Throw the node's connection away: replies owed, or a transaction open, on it.
-
-        (Not when nothing was ever sent: the connection is others' to use.)
-        """
+        """Throw the node's connection away (replies owed, a transaction open), if it sent."""
         if self._serial is not None:
             self.node.abandon()
 
@@ -406,8 +379,7 @@ class _Outage:
     why: str
     where: str
     next_attempt: float = 0.0
-    #: The watch of a server that stopped answering (:meth:`Executor._watch`): set when
-    #: it is over (the server answered, the outage ended, the executor closed).
+    #: The watch of a server that stopped answering (:meth:`Executor._watch`): set when over.
     watched: threading.Event | None = None
 
 
@@ -438,19 +410,16 @@ class _Round:
     where: str = ""
     #: Calls sent after ``ASKING`` in this round.
     asked: set[int] = field(default_factory=set)
-    #: Per node and script: its load's outcome in this round. Many calls answered
-    #: NOSCRIPT together (a fresh server) need one SCRIPT LOAD, not one each.
+    #: Per node and script: its load's outcome (many NOSCRIPT replies, one SCRIPT LOAD).
     loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
 
 
 class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
-    Not thread-safe (its topology's nodes are not): one executor per thread. With
-    ``follows``, the executor of the filter that another thread's one (the worker
-    lease's) serves, it fails fast while that one does too: the lease does not wait out a
-    retry window its filter already waited out. (Not the other way round: the lease's
-    window is shorter, and the filter rides out what its own window allows.)
+    Not thread-safe (its nodes are not): one executor per thread. With ``follows`` (the
+    filter's executor, for the worker lease's), it fails fast while that one does too: the
+    lease does not wait out a retry window its filter already waited out.
     """
 
     def __init__(
@@ -465,8 +434,8 @@ class Executor:
         self.events = events if events is not None else FilterEvents()
         #: Called when Redis refuses a script: raises the error naming what is missing.
         self.explain_denial: Callable[[], None] | None = None
-        #: Per kind of command (write or not): an outage after which runs fail fast. Kept
-        #: apart because an out-of-memory Redis refuses writes and still serves reads.
+        #: Per kind of command (write or not: an out-of-memory Redis still serves reads): an
+        #: outage after which runs fail fast.
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
@@ -483,20 +452,16 @@ class Executor:
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
-        ``write``: the calls change data, so one whose reply was lost and that is
-        sent again is marked ambiguous. ``timeout`` replaces the retry timeout for
-        this run (0: one attempt); ``since``: when the caller's first attempt began
-        (``time.monotonic()``), from which the timeout counts. Raises
-        :class:`FilterUnavailableError` when Redis does not answer in time (with
-        ``partial``, returns instead the replies it has,
-        None for the others, and the error in :attr:`Results.failure`), and
-        :class:`AccessDeniedError` when Redis refuses the credentials or an ACL
-        refuses a script.
+        ``write``: a call whose reply was lost and that is sent again is marked ambiguous.
+        ``timeout`` replaces the retry timeout (0: one attempt), counted from ``since`` (the
+        caller's first attempt, ``time.monotonic()``). Raises :class:`FilterUnavailableError`
+        when Redis does not answer in time (with ``partial``, returns the replies it has, None
+        for the others, the error in :attr:`Results.failure`), :class:`AccessDeniedError`
+        when Redis refuses the credentials or an ACL refuses a script.
         """
         started = time.monotonic() if since is None else since
         budget = self.retry_timeout if timeout is None else timeout
-        # Retries stop a budget after the call began: a server that stalls (each attempt
-        # waits a socket timeout) costs the budget and one socket timeout at most.
+        # A stalled server (each attempt waits a socket timeout) costs the budget and one more.
         end = started + budget
         outage = self._outages.get(write) or self._followed.get(write)
         if outage is not None:
@@ -542,9 +507,8 @@ class Executor:
     ) -> _Outage:
         """Note that a kind of command failed for a whole retry window: fail fast from now on.
 
-        The next attempt is a second away, or, when the server at ``where`` stopped
-        answering (``failure`` is a transport one), once a watch sees it answer again:
-        then for both kinds of command (a read would wait for it as long).
+        The next attempt is a second away, or, when the server stopped answering (a transport
+        ``failure``), once a watch sees it answer: then for reads and writes alike.
         """
         node = None  # (not a node of the topology now: an attempt a second)
         if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
@@ -572,12 +536,10 @@ class Executor:
     def _watch(self, outage: _Outage, node: Node, over: threading.Event) -> None:
         """Ask a server that stopped answering for a ``PING`` once a second, until it answers.
 
-        Runs in a thread of its own, on connections of its own (:meth:`.Node.responds`),
-        so that a stalled server (SIGSTOP, a paused VM, a partition that drops packets)
-        costs the crawl's calls no socket timeout: they fail fast until it answers (or,
-        in a cluster, until another node serves its slots: :meth:`.Topology.serves`),
-        then the next one makes the attempt. Survives anything (said in the log, and
-        tried again a second later).
+        In a thread and on connections of its own (:meth:`.Node.responds`), so that a stalled
+        server (SIGSTOP, a partition) costs the crawl's calls no socket timeout: they fail fast
+        until it answers (or another node serves its slots: :meth:`.Topology.serves`).
+        Survives anything (logged, tried again a second later).
         """
         while not over.wait(PROBE_INTERVAL):
             try:
@@ -610,10 +572,7 @@ class Executor:
             )
 
     def _admit(self, operation: str, write: bool) -> bool:
-        """Let a hot-path call through, or fail fast while its kind of command is failing.
-
-        Returns whether this call is the one attempt a second made during an outage.
-        """
+        """Let a hot-path call through, or fail fast; True if it is an outage's attempt a second."""
         outage = self._outages.get(write)
         if outage is None:
             return False
@@ -625,11 +584,9 @@ class Executor:
     def _spent(
         self, operation: str, write: bool, failure: TransportError, started: float, probing: bool
     ) -> None:
-        """Raise if a hot-path call that failed must not be retried; else return.
+        """Raise if a failed hot-path call must not be retried: an outage's attempt, or too late.
 
-        Not during an outage (its one attempt a second was this one), nor once the
-        attempt took the whole retry timeout (a stalled server answers nothing within a
-        socket timeout): no call waits past the timeout and one socket timeout.
+        No call waits past the retry timeout and one socket timeout.
         """
         now = time.monotonic()
         outage = self._outages.get(write)
@@ -678,8 +635,7 @@ class Executor:
             for node, indexes, ticket in sent:
                 self._sort_out(batch, step, node, indexes, ticket)
         finally:
-            # An error raised above (a refusal, a failed send) leaves replies unread:
-            # throw those connections away, so no later call reads them as its own.
+            # An error raised above leaves replies unread: no later call may read them.
             for node, _, ticket in sent:
                 if isinstance(ticket, Ticket) and node.owes(ticket):
                     node.abandon()
@@ -753,9 +709,8 @@ class Executor:
     ) -> tuple[Any, bool]:
         """Run one write on a shard's key; return its reply and whether it may have run twice.
 
-        The hot path's way to Redis: straight on the shard's node, one round trip.
-        Anything but a plain reply (no reply, a redirection, ``NOSCRIPT``, a busy
-        server) goes to :meth:`run`, which retries it under the same policy.
+        The hot path: straight to the shard's node, one round trip. Anything but a plain reply
+        (none, a redirection, ``NOSCRIPT``, a busy server) goes to :meth:`run` to retry.
         """
         probing = self._admit(operation, True)
         started = time.monotonic()
@@ -787,12 +742,9 @@ class Executor:
     ) -> Results:
         """Run commands on one shard's node in one round trip; return their replies.
 
-        :meth:`fast` for several commands of one key's slot (the hot path's reads of a
-        grown or windowed shard): pipelined straight to the node. Anything but plain
-        replies (no reply, a redirection, a busy server, an error) sends them all to
-        :meth:`run`, which retries them under the same policy; with ``write``, a batch
-        whose replies were lost is marked ambiguous. An error reply that no retry fixes
-        is handed back among the replies, as by :meth:`run`.
+        :meth:`fast` for several commands of one key's slot (a grown or windowed shard's
+        reads). Anything but plain replies sends them all to :meth:`run`; with ``write``, a
+        batch whose replies were lost is marked ambiguous.
         """
         probing = self._admit(operation, write)
         started = time.monotonic()
@@ -826,11 +778,9 @@ class Executor:
     ) -> Session:
         """Return a :class:`Session` on ``node``, for an exchange of several round trips.
 
-        While its kind of command has been failing for a whole retry window, the session
-        sends nothing (:class:`NotSentError`, naming ``operation``), as the hot path fails
-        fast (:meth:`_admit`): the caller's way back, :meth:`run`, fails fast too. With
-        ``spare``, on the node's second connection (:meth:`.Node.spare`): an exchange
-        that overlaps one on the first.
+        During an outage of its kind of command it sends nothing (:class:`NotSentError`
+        naming ``operation``), as :meth:`_admit`. ``spare``: on the node's second connection
+        (:meth:`.Node.spare`), for an exchange that overlaps one on the first.
         """
         if spare:
             node = node.spare()
@@ -851,10 +801,9 @@ class Executor:
         )
 
     def load(self, node: Node, script: Script, operation: str) -> TransportError | None:
-        """Load a script on a node that answered ``NOSCRIPT``; the call is then resent.
+        """Load a script on a node that answered ``NOSCRIPT``; return the failure if unconfirmed.
 
-        Returns the transport failure if the load was not confirmed (SCRIPT LOAD is
-        idempotent, so the next NOSCRIPT simply loads it again).
+        (``SCRIPT LOAD`` is idempotent: the next ``NOSCRIPT`` loads it again.)
         """
         try:
             (reply,) = node.exchange(pack_command(b"SCRIPT", b"LOAD", script.source), 1)
@@ -871,8 +820,8 @@ class Executor:
     def explain(self, denied: AccessDeniedError) -> AccessDeniedError:
         """Return the error naming what a refused script lacked, or ``denied`` itself.
 
-        Inside a script Redis names neither the command nor the key it refused; the
-        :attr:`explain_denial` probe (:func:`.access.check_access`), run only now, does.
+        Redis names neither the command nor the key refused in a script; the
+        :attr:`explain_denial` probe (:func:`.access.check_access`) does.
         """
         probe, self.explain_denial = self.explain_denial, None  # the probe runs no script
         if probe is None:
@@ -897,7 +846,6 @@ class Executor:
     def _unavailable(
         self, operation: str, why: str, where: str, started: float
     ) -> FilterUnavailableError:
-        waited = time.monotonic() - started
         place = self._where(where)
         message = Wording(
             "{place} could not {operation}: {why}. Retried for {waited:.1f} s"
@@ -905,7 +853,7 @@ class Executor:
             place=place,
             operation=operation,
             why=why,
-            waited=waited,
+            waited=time.monotonic() - started,
             timeout=self.retry_timeout,
         )
         return FilterUnavailableError(message, operation=operation, server=place)
@@ -919,10 +867,7 @@ class Executor:
         return FilterUnavailableError(message, operation=operation, server=place)
 
     def close(self) -> None:
-        """Close the topology's connections, and end the watch of any server not answering.
-
-        A call after that (a filter used again) makes the next attempt itself.
-        """
+        """Close the topology's connections; end any watch (a later call makes the attempt)."""
         for outage in self._outages.values():
             if outage.watched is not None:
                 outage.watched.set()

@@ -1,15 +1,12 @@
 """One Redis server as the filter talks to it: a connection it owns, every reply accounted.
 
-A :class:`Node` keeps a ticket for every batch whose replies are still owed, and a reply
-is only ever handed to its own ticket. When anything fails between a send and its last
-reply, the connection is thrown away with everything owed on it: an unread reply is
-never read later as another command's. The caller learns whether the commands may have
-run (:class:`ReplyLostError`) or certainly did not (:class:`NotSentError`), which
-decides whether a retried write's answer can be trusted.
-
-The connection has the client's class and settings but redis-py's retries and health
-checks off: retrying is the executor's job, and a health-check PING sent while replies
-are owed would read one of them as its PONG.
+A :class:`Node` keeps a ticket for every batch whose replies are owed, and hands a reply
+only to its own ticket. When anything fails between a send and its last reply, the
+connection is thrown away with everything owed on it, so no reply is read later as another
+command's; the caller learns whether the commands may have run (:class:`ReplyLostError`) or
+did not (:class:`NotSentError`). The connection has the client's settings, but redis-py's
+retries (the executor's job) and health checks (a PING while replies are owed would read
+one of them as its PONG) off.
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ _PING = pack_command(b"PING")
 def _certificate_refused(exc: BaseException) -> bool:
     """Tell whether a failed connect is a certificate that did not verify (not a fault).
 
-    One the server refuses may only show as a closed connection (TLS 1.3), retried as such.
+    (One the server refuses may only show as a closed connection (TLS 1.3): retried.)
     """
     causes = [exc, exc.__cause__, exc.__context__]
     return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
@@ -82,12 +79,10 @@ class RefusedError(TransportError):
 
 
 class TripCounter:
-    """Network round trips made to Redis, shared by every node of one filter.
+    """Network round trips made to Redis by the nodes of one filter; and its failovers.
 
-    Each :meth:`Node.call` and :meth:`Node.send` counts one, however many commands it
-    pipelines. Each node counts its own (no lock on the hot path); :attr:`value` sums the
-    nodes of every topology sharing this counter. It also passes on when a node follows a
-    failover (:attr:`on_moved`).
+    Each :meth:`Node.call` and :meth:`Node.send` counts one. Each node counts its own (no
+    lock on the hot path); :attr:`value` sums them. :attr:`on_moved` hears of a failover.
     """
 
     def __init__(self) -> None:
@@ -122,10 +117,7 @@ class Ticket:
 
 
 def connection_factory(pool: Any) -> Callable[[], Any]:
-    """Return a maker of connections like a redis-py pool's.
-
-    Without redis-py's retries, health checks or decoding: the filter decides what to retry.
-    """
+    """Return a maker of a pool's connections, without retries, health checks or decoding."""
     kwargs = {
         **pool.connection_kwargs,
         "retry": Retry(NoBackoff(), 0),
@@ -136,32 +128,18 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
     return lambda: connection_class(**kwargs)
 
 
-def _reader(connection: Any) -> Callable[[], Any]:
-    """Return what reads a connection's next reply: its parser's, when it has one.
-
-    The connection's own ``read_response`` adds its checks to every reply (bench/NOTES.md).
-    The parser returns an error reply as its exception instead of raising it (a
-    ``-LOADING`` or ``-NOAUTH`` it raises): :meth:`Node.receive` takes both as the reply.
-    """
-    parser = getattr(connection, "_parser", None)
-    if parser is not None and callable(getattr(parser, "read_response", None)):
-        read: Callable[[], Any] = parser.read_response
-        return read
-    return functools.partial(connection.read_response, disconnect_on_error=False)
-
-
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
     """Return what reads a connection's next ``count`` replies; an error reply as its exception.
 
-    With hiredis, straight from its reader: the parser's ``read_response`` spends ~1.2 µs
-    of Python on each reply (bench/NOTES.md), and a bulk call reads one per block it
-    touches. Its checks are made here on the replies that need them: an error reply
-    kept as the reply (redis-py raises ``-LOADING`` and ``-NOAUTH``), any other
-    connection error raised, a push notification handed to the parser; when the reader
-    has no whole reply, the parser reads the socket and returns the next one.
+    Its parser's ``read_response``, when it has one: the connection's adds its checks to
+    every reply. With hiredis, straight from its reader: the parser spends ~1.2 µs of Python
+    on each reply, and a bulk call reads one per block (bench/NOTES.md). Its checks are made
+    here, on the replies that need them; when the reader has no whole reply, the parser reads.
     """
-    read = _reader(connection)
     parser: Any = getattr(connection, "_parser", None)
+    read: Callable[[], Any] = functools.partial(connection.read_response, disconnect_on_error=False)
+    if parser is not None and callable(getattr(parser, "read_response", None)):
+        read = parser.read_response
     reader: Any = getattr(parser, "_reader", None)
     missing = getattr(sys.modules.get(type(parser).__module__), "NOT_ENOUGH_DATA", None)
     if missing is None or not callable(getattr(reader, "gets", None)):
@@ -208,8 +186,8 @@ def _one_by_one(read: Callable[[], Any], count: int) -> list[Any]:
 class Node:
     """A server at ``address`` (``host:port``, never a password), reached through ``factory``.
 
-    Not thread-safe: each thread uses its own nodes (:meth:`.topology.Topology.copy`).
-    After a fork, the child makes its own connection.
+    Not thread-safe: one per thread (:meth:`.topology.Topology.copy`); a forked child
+    makes its own connection.
     """
 
     def __init__(
@@ -226,12 +204,9 @@ class Node:
         self._owed: deque[Ticket] = deque()
         self._pid = os.getpid()
         self._used = 0.0
-        #: ``host:port`` the last connection reached (it changes after a failover).
-        self._peer: str | None = None
-        #: What reads the connection's replies (:func:`_replies`), made once per connection.
-        self._read_replies: Callable[[int], list[Any]] | None = None
-        #: A second connection to the same server (:meth:`spare`), made on first use.
-        self._spare: Node | None = None
+        self._peer: str | None = None  # host:port the last connection reached (failovers)
+        self._read_replies: Callable[[int], list[Any]] | None = None  # (:func:`_replies`)
+        self._spare: Node | None = None  # a second connection (:meth:`spare`)
 
     def __repr__(self) -> str:
         return f"<Node {self.address} owed={len(self._owed)}>"
@@ -307,9 +282,8 @@ class Node:
     ) -> Ticket:
         """Send ``count`` packed commands; return the ticket to read their replies with.
 
-        ``payload``: one string or pieces sent in turn (a snapshot's shard bytes go as views);
-        ``serial``: only on that ticket's connection, never a new one (a transaction's later
-        rounds). Raises :class:`NotSentError` if the server cannot be reached or that
+        ``payload``: one string or pieces; ``serial``: only on that ticket's connection,
+        never a new one. Raises :class:`NotSentError` if the server cannot be reached or that
         connection is gone, :class:`ReplyLostError` if it fails while sending.
         """
         connection = self._connect()
@@ -327,10 +301,9 @@ class Node:
         return ticket
 
     def receive(self, ticket: Ticket) -> list[Any]:
-        """Read a ticket's replies, in order; an error reply comes back as its exception.
+        """Read a ticket's replies (tickets in the order sent); an error reply as its exception.
 
-        Tickets are read in the order they were sent. Raises :class:`ReplyLostError` if their
-        connection is gone or fails while reading.
+        Raises :class:`ReplyLostError` if their connection is gone or fails while reading.
         """
         read = self._read_replies
         if (
@@ -354,11 +327,7 @@ class Node:
         return replies
 
     def call(self, payload: bytes) -> Any:
-        """Send one packed command and return its reply: :meth:`exchange` for the hot path.
-
-        The same accounting without a ticket (with replies owed, it falls back to
-        :meth:`exchange`).
-        """
+        """Send one packed command and return its reply: :meth:`exchange` with no ticket."""
         connection = self._connection
         if (
             connection is None
@@ -384,9 +353,7 @@ class Node:
     def responds(self) -> bool:
         """Tell whether the server answers a ``PING`` now, on a connection of its own.
 
-        Safe from another thread (it shares nothing with :meth:`send`): the executor's
-        watch of a server that stopped answering runs it, so that no call of the crawl's
-        waits a socket timeout for a stalled server. Any reply counts, an error reply too
+        Safe from another thread (the executor's watch). Any reply counts, an error reply too
         (an ACL without ``PING``, a refused password, ``LOADING``): the server is there.
         """
         connection = self._factory()
@@ -409,8 +376,7 @@ class Node:
     def _broken(self, exc: BaseException) -> NoReturn:
         """Throw the connection away after a failure between a send and its last reply.
 
-        The commands may have run and their replies are lost: :class:`ReplyLostError`. An
-        interrupt goes on as it is; nothing owed is ever read later either way.
+        :class:`ReplyLostError`, or an interrupt as it is; nothing owed is ever read later.
         """
         self.abandon()
         if isinstance(exc, Exception):
@@ -427,19 +393,15 @@ class Node:
     def spare(self) -> Node:
         """Return a node of the same server on a connection of its own, made on first use.
 
-        For exchanges that overlap on one server: a bulk call's transaction sends its
-        reads while the one before it (on the other connection) still holds ``WATCH``
-        and waits for its ``EXEC``. Its round trips count in the same :attr:`trips`.
+        For overlapping exchanges: a bulk call's transaction sends its reads while the one
+        before it still holds ``WATCH``. Its round trips count in the same :attr:`trips`.
         """
         if self._spare is None:
             self._spare = Node(self.address, self._factory, self.trips)
         return self._spare
 
     def close(self) -> None:
-        """Close the connection (nothing may be owed: the caller is done with it).
-
-        Also the :meth:`spare`'s, if one was made.
-        """
+        """Close the connection, and the :meth:`spare`'s (nothing may be owed)."""
         self.abandon()
         if self._spare is not None:
             self._spare.close()

@@ -1,10 +1,9 @@
 """A Redis client of the primary a group of Sentinels names, followed through failovers.
 
-:class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so one
-``REDIS_PARAMS`` gives its queue and this filter the same primary (docs/howto/topologies.md).
-Every new connection asks the sentinels where the primary is, and unless ``retry`` is given a
-command that meets a dead primary is retried for about :data:`FAILOVER_RETRIES` seconds, so
-scrapy-redis's queue rides through a failover.
+:class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so its queue and
+this filter share the primary (docs/howto/topologies.md). Each new connection asks the
+sentinels for the primary; unless ``retry`` is given, a command that meets a dead primary is
+retried for about :data:`FAILOVER_RETRIES` seconds, so the queue rides through a failover.
 """
 
 from __future__ import annotations
@@ -28,19 +27,17 @@ from scrapy_redis_bloom.core.settings import (
 )
 from scrapy_redis_bloom.transport.executor import error_code
 
-#: Retries of a failed command, about one a second after the first few (backoff 0.1 s
-#: doubling to 1 s): about a minute, longer than a failover under Sentinel's default
-#: ``down-after-milliseconds`` (30 s) plus its election.
+#: Retries of a failed command (backoff 0.1 s doubling to 1 s): about a minute, longer than
+#: a failover under Sentinel's default ``down-after-milliseconds`` (30 s) plus its election.
 FAILOVER_RETRIES = 60
 
 
 class PrimaryConnection(SentinelManagedConnection):
     """A connection to the Sentinel's primary that follows it, even on a reconnect.
 
-    A primary whose replica was just promoted is not demoted yet (what it accepts meanwhile
-    is lost); with ``min-replicas-to-write`` it refuses writes at once (``NOREPLICAS``), and
-    this connection then drops itself and raises ``ConnectionError``, so the command is
-    retried on the primary the sentinels name now. Nothing was run: retrying is safe.
+    A primary whose replica was just promoted is not demoted yet; with
+    ``min-replicas-to-write`` it refuses writes (``NOREPLICAS``): this connection then drops
+    itself and raises ``ConnectionError``, so the command (not run) is retried on the new one.
     """
 
     def connect_check_health(
@@ -48,9 +45,8 @@ class PrimaryConnection(SentinelManagedConnection):
     ) -> None:
         """Connect to the primary the sentinels name now, when not connected.
 
-        redis-py 8 reconnects a dropped connection through here, to the address it had: the
-        old primary, again and again after a failover. Ask the sentinels first, as
-        ``connect()`` does.
+        redis-py 8 reconnects a dropped connection through here, to the address it had (the
+        old primary): ask the sentinels first, as ``connect()`` does.
         """
         if not self._sock:
             self.host, self.port = self.connection_pool.get_master_address()

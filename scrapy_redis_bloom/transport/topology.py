@@ -1,7 +1,6 @@
 """Where each of the filter's keys lives: one server, several servers, or a Redis Cluster.
 
-A topology turns a command's routing (its key, its shard, or a server) into the
-:class:`~.node.Node` that must run it, built from redis-py clients' settings.
+A topology turns a command's key, shard or server into the :class:`~.node.Node` to run it.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ class Topology(ABC):
 
     #: Number of standalone servers the shards are spread over (1 for a cluster).
     servers: int = 1
-    #: Whether one transaction (WATCH, MULTI/EXEC) may name the keys of several shards
-    #: on a node: not in a cluster, where they are in different hash slots (CROSSSLOT).
+    #: Whether one transaction may name several shards' keys (not in a cluster: CROSSSLOT).
     joint_transactions: bool = True
     #: Round trips made by every node of this topology and of its copies.
     trips: TripCounter
@@ -72,11 +70,9 @@ class Topology(ABC):
         """Re-read where keys live, after a redirection or a failed node. Never raises."""
 
     def serves(self, node: Node) -> bool:
-        """Tell whether ``node`` still serves part of the filter (a cluster's: see there).
+        """Tell whether ``node`` still serves part of the filter (for the executor's watch).
 
-        For the executor's watch of a server that stopped answering, in a thread of its
-        own: a fixed list of servers always does (a Sentinel-managed one reconnects to
-        whichever primary the sentinels name).
+        A fixed list of servers always does (a Sentinel-managed one follows the primary).
         """
         return True
 
@@ -212,8 +208,7 @@ class Cluster(Topology):
     def serves(self, node: Node) -> bool:
         """Re-read the slot map; tell whether ``node`` is still one of its masters.
 
-        A replica that took a dead master's slots ends the watch of that master: the next
-        call goes to the replica. (The slot map is the client's, shared by every copy.)
+        A replica that took a dead master's slots ends the watch of that master.
         """
         self.refresh()
         masters = self.client.get_primaries()  # type: ignore[no-untyped-call]  # untyped

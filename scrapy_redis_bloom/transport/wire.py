@@ -1,8 +1,7 @@
 """Redis commands packed by hand (RESP), from templates.
 
-redis-py's generic ``execute_command`` and pipelines cost more Python per command than
-Redis spends running the filter's (bench/NOTES.md). The filter sends few kinds of
-commands, so they are packed here and sent by :mod:`.node` on its own connections.
+redis-py's ``execute_command`` and pipelines cost more Python per command than Redis spends
+running the filter's (bench/NOTES.md); the filter sends few kinds, packed here.
 """
 
 from __future__ import annotations
@@ -23,14 +22,9 @@ def encode(value: Arg) -> bytes:
     return value.encode()
 
 
-def bulk_string(value: bytes) -> bytes:
-    """Pack one argument as a RESP bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
 def command_head(count: int, *args: Arg) -> bytes:
-    """Pack the start of a command of ``count`` arguments: its first ``args``."""
-    return b"*%d\r\n" % count + b"".join(bulk_string(encode(arg)) for arg in args)
+    """Pack the start of a command of ``count`` arguments: its first ``args`` (bulk strings)."""
+    return b"*%d\r\n" % count + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in map(encode, args))
 
 
 def pack_command(*args: Arg) -> bytes:
