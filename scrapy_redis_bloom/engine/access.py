@@ -1,14 +1,12 @@
 """Checks at open that Redis's ACL lets the filter's user do everything the filter does.
 
-Without it, a missing permission fails late and opaquely (a Lua error at creation, or
-mid-crawl). :func:`check_access` sends every command the filter sends (and its scripts
-call) directly, so that ``NOPERM`` names it, on a probe key of each family of the real
-keys (:func:`probe_keys`), so key patterns are exercised too: one pipelined round trip
-per server, writes to the probe keys only. ``NOPERM`` comes before any other reply, so
-any other means allowed; the error names the command sent, never Redis's words (which
-differ across versions). A refused ``INFO`` is only logged. A server that does not
-answer is tried once and left to the rest of opening (retrying here would stop a filter
-from opening on a server that is out of memory, where reading it still works).
+Else a missing permission fails late and opaquely (a Lua error, mid-crawl).
+:func:`check_access` sends every command the filter (and its scripts) sends, on a probe key
+of each key family (:func:`probe_keys`, so key patterns are exercised), in one round trip
+per server, writing to probe keys only. ``NOPERM`` comes before any other reply, so any
+other means allowed; the error names the command, never Redis's words (which vary). A
+refused ``INFO`` is only logged. A silent server is tried once, left to the rest of opening
+(retries would stop a filter opening on a server out of memory, where reads still work).
 """
 
 from __future__ import annotations
@@ -43,10 +41,9 @@ SHARD_ROLE = "its shards"
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """One command sent to find out whether the user may run it, on one key family.
+    """One command sent to learn whether the user may run it (``command``: its ACL name).
 
-    ``command`` is its ACL name (``memory|usage``); ``key`` the probe key it touches,
-    or with ``keyed`` false the probe key it is only routed by (``TIME``).
+    ``key``: the probe key it touches (``keyed`` false: is only routed by, as ``TIME``).
     """
 
     command: str
@@ -56,10 +53,10 @@ class Probe:
 
 
 def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
-    """Return the probe keys of the filter ``key``: of its record's family, of its shards'.
+    """Return the probe keys of ``key``'s families: ``KEY:acl-probe``, ``{KEY:acl-probe}:g0``.
 
-    ``KEY:acl-probe`` matches ``KEY*`` as ``KEY:meta`` does; ``{KEY:acl-probe}:g0`` matches
-    ``{KEY:*`` as the shards do. A ``suffix`` (``-3``) moves them to other cluster slots.
+    They match ``KEY*`` and ``{KEY:*`` as the record and shards do; ``suffix`` (``-3``) moves
+    them to other cluster slots.
     """
     name = "acl-probe" if suffix == 0 else f"acl-probe-{suffix}"
     return f"{key}:{name}", f"{{{key}:{name}}}:g0"
@@ -68,8 +65,8 @@ def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
 def probes(record: str, shard: str) -> list[Probe]:
     """Return the commands that check every permission the filter needs, in sending order.
 
-    Each on the family the filter uses it on (:func:`probe_keys`); both probe keys are
-    deleted first (a probe cut short leaves them) and last.
+    Each on the family it is used on; both probe keys deleted first (a probe cut short leaves
+    them) and last.
     """
     ttl = PROBE_TTL_MS
     return [
@@ -135,14 +132,12 @@ class _Target:
     user: str
     commands: dict[str, None] = field(default_factory=dict)  # ordered set
     families: dict[str, None] = field(default_factory=dict)
-    no_info: str = ""
 
 
 def check_access(executor: Executor, topology: Topology, key: str) -> None:
-    """Check that the Redis user may run every command the filter ``key`` needs; raise if not.
+    """Check the Redis user may run every command the filter ``key`` needs, else raise.
 
-    :class:`~..errors.AccessDeniedError` names, per server, every refused command and key
-    pattern, and the ``ACL SETUSER`` that grants them.
+    AccessDeniedError names per server every refused command and key pattern, and the fix.
     """
     targets = _targets(topology, key)
     calls: list[Call] = []
@@ -164,22 +159,19 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
         kind = acl_denial(reply)
         if kind is None:
             continue
-        if probe.command in OPTIONAL:
-            target.no_info = str(reply)
-        elif kind == "key" and probe.keyed:
-            target.families[_family(key, probe.key, target.shard)] = None
-        else:
-            target.commands[probe.command] = None
-    for target in targets:
-        if target.no_info:
+        if probe.command in OPTIONAL:  # one per server, in order
             logger.info(
                 "Redis at %s does not let its user run INFO (%s): the Bloom filter %r is"
                 " used without the checks of the server's version and memory. Grant +info"
                 " for them (docs/howto/tls-acl.md#least-privilege).",
                 target.address,
-                target.no_info,
+                reply,
                 key,
             )
+        elif kind == "key" and probe.keyed:
+            target.families[_family(key, probe.key, target.shard)] = None
+        else:
+            target.commands[probe.command] = None
     refused = [t for t in targets if t.commands or t.families]
     if refused:
         raise _error(key, refused)
@@ -203,14 +195,9 @@ def _targets(topology: Topology, key: str) -> list[_Target]:
         return found
     record, shard = probe_keys(key)
     clients = topology.clients if isinstance(topology, ServerList) else ()
+    users = [_user(client.connection_pool.connection_kwargs) for client in clients]
     return [
-        _Target(
-            node.address,
-            i,
-            record,
-            shard,
-            _user(clients[i].connection_pool.connection_kwargs) if i < len(clients) else "",
-        )
+        _Target(node.address, i, record, shard, users[i] if i < len(users) else "")
         for i, node in enumerate(topology.primaries())
     ]
 

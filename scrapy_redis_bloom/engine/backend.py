@@ -18,23 +18,20 @@ from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.engine.bitmap import shards as bitmap_shards
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.counters import Counters
-from scrapy_redis_bloom.engine.lease import WorkerLease
 from scrapy_redis_bloom.engine.native import shards as native_shards
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.native.parts import missing_bloom
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
-from scrapy_redis_bloom.transport.topology import Topology
 
 logger = logging.getLogger(__name__)
 
 
 class BloomBackend(Protocol):
-    """What the dupefilter and the CLI's element commands use of a filter, either backend."""
+    """What the Scrapy layer's stats (``FilterStats``) use of a filter, either backend."""
 
     key: str
     backend: Backend
-    topology: Topology
     events: FilterEvents
     counters: Counters
     cache_hits: int
@@ -46,27 +43,14 @@ class BloomBackend(Protocol):
     def spec(self) -> FilterSpec: ...  # noqa: D102
     @property
     def round_trips(self) -> int: ...  # noqa: D102
-    def open(self, create: bool = True) -> FilterRecord: ...  # noqa: D102
-    def close(self) -> None: ...  # noqa: D102
-    def clear(self) -> None: ...  # noqa: D102
-    def state(self) -> FilterState: ...  # noqa: D102
     def estimate(self, items: int) -> FilterState: ...  # noqa: D102
     def totals(self) -> FilterTotals: ...  # noqa: D102
     def sync_counters(self) -> FilterTotals | None: ...  # noqa: D102
     def sync_counters_if_due(self) -> None: ...  # noqa: D102
-    def lease(self, worker_id: str, ttl: float) -> WorkerLease: ...  # noqa: D102
-    def live_workers(self) -> list[str]: ...  # noqa: D102
-    def check_and_add(self, element: str | bytes) -> bool: ...  # noqa: D102
-    def contains(self, element: str | bytes) -> bool: ...  # noqa: D102
-    def add_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
-    def contains_many(self, elements: Any) -> list[bool]: ...  # noqa: D102
 
 
 def delete(parts: Parts, record: FilterRecord) -> int:
-    """Delete the filter ``record`` describes, by its own backend; return how many keys.
-
-    Each part only if it is still that filter's, the record last (see :meth:`.Parts.delete`).
-    """
+    """Delete the filter ``record`` describes, by its backend; return how many keys deleted."""
     if record.backend == "native":
         return native_shards.delete(parts, record)
     return bitmap_shards.delete(parts, record)
@@ -75,7 +59,7 @@ def delete(parts: Parts, record: FilterRecord) -> int:
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
     """Return the backend a filter uses: its record's, else per ``config.backend``.
 
-    ``native``, the filter built natively, reads the record and probes the servers.
+    ``native`` (the filter built natively) reads the record and probes the servers.
     """
     record = native.parts.read_record()
     if record is not None:
@@ -99,8 +83,7 @@ def make_filter(
 ) -> RedisBloomFilter | NativeBloomFilter:
     """Return the filter ``config`` asks for, of the backend :func:`choose` picks.
 
-    ``options``: the constructors' other arguments. Reads the record (and may probe the
-    servers) once; :meth:`open` then checks everything as usual.
+    ``options``: the constructors' other arguments. :meth:`open` then checks as usual.
     """
     bloom: RedisBloomFilter | NativeBloomFilter
     if config.backend == "bitmap":

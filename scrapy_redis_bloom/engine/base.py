@@ -89,11 +89,9 @@ class FilterBase:
         expansion: int = 0,
         ttl: int = 0,
     ) -> None:
-        """Set up what every filter has: connections, parts, counters, near-cache, lock.
+        """Set up connections, parts, counters, near-cache; the arguments say what to create.
 
-        ``client`` is a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients;
-        the other arguments say what to create (a filter that exists keeps what its record
-        stores).
+        ``client``: a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients.
         """
         self.key = key
         self.capacity = capacity
@@ -136,11 +134,7 @@ class FilterBase:
         """Set up the backend's own parts (called at the end of ``__init__``)."""
 
     def open(self, create: bool = True) -> FilterRecord:
-        """Create the filter, or check this worker's settings and every part against it.
-
-        With ``create=False`` a missing filter raises :class:`~..errors.FilterMissingError`
-        (see :mod:`.lifecycle`).
-        """
+        """Create the filter or check it (missing, ``create=False`` raises FilterMissingError)."""
         with self._lock:
             record = self.lifecycle.open(self.wanted, create)
             self._adopt(record)
@@ -241,10 +235,7 @@ class FilterBase:
             return self.counters.sync(self.parts, self.spec)
 
     def sync_counters_if_due(self) -> None:
-        """Sync the counts when some are unsynced and the interval passed (for a timer).
-
-        This keeps the totals live while the worker waits (an idle spider, a slow site).
-        """
+        """Sync the counts when due (for a timer: live totals while the worker waits)."""
         with self._lock:
             if self.record is not None and self.counters.due:
                 self._flush_counts()
@@ -279,10 +270,7 @@ class FilterBase:
             return self._many(False, elements).answers
 
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add elements in bulk; return, per element, whether it was there already.
-
-        As :meth:`check_and_add` on each in order; the counts reach Redis before it returns.
-        """
+        """Add elements in bulk, as :meth:`check_and_add` each; the counts are synced on return."""
         with self._lock:
             outcome = self._many(True, elements)
             self.counters.record(outcome.added, outcome.seen)
@@ -292,11 +280,9 @@ class FilterBase:
             return outcome.answers
 
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
-        """Add a few elements together; return, per element, whether it was there already.
+        """Add a few elements (a page's links) in one round trip per server.
 
-        As :meth:`check_and_add` on each in order (a repeat inside the call is "seen"), in one
-        round trip per server: the links of a page in one exchange. For thousands,
-        :meth:`add_many`.
+        As :meth:`check_and_add` each (a repeat is "seen"). For thousands, :meth:`add_many`.
         """
         answers = [True] * len(elements)
         with self._lock:
@@ -320,10 +306,7 @@ class FilterBase:
         raise NotImplementedError
 
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
-        """Check and add a few elements (``(position, tag, element, h1, h2)``) together.
-
-        One round trip per server, applying BLOOMFILTER_ON_ERROR; by default the bulk path's.
-        """
+        """Check and add ``(position, tag, element, h1, h2)`` items together: the bulk path's."""
         return self._many(True, [element for _, _, element, _, _ in todo])
 
     def _owe_or_settle(self, outcome: Outcome) -> None:
@@ -379,10 +362,7 @@ class FilterBase:
     def _unknown(
         self, elements: Sequence[str | bytes]
     ) -> list[tuple[int, int, str | bytes, int, int]]:
-        """Return the elements Redis must answer: ``(position, tag, element, h1, h2)``.
-
-        The others (known, owed, or repeats) answer "seen" and are counted so.
-        """
+        """Return the elements Redis must answer; the others (known, owed, repeats) count "seen"."""
         todo: list[tuple[int, int, str | bytes, int, int]] = []
         taken: set[int] = set()
         for i, element in enumerate(elements):
@@ -404,7 +384,7 @@ class FilterBase:
         """Send what the backend holds back between syncs (by default none); ``only``: a shard."""
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        """Add elements in bulk for :meth:`_settle`: by default the bulk path's."""
+        """Add elements for :meth:`_settle`: by default the bulk path's."""
         return self._many(True, elements)
 
     def _settle(self) -> None:
@@ -412,9 +392,10 @@ class FilterBase:
         owed, self._owed = self._owed, {}
         try:
             outcome = self._add_owed(list(owed.values()))
-        except (FilterUnavailableError, AccessDeniedError) as exc:
-            # Still failing somewhere (a server refusing, say): kept for the next time.
-            self._owed.update(owed)
+        except BaseException as exc:
+            self._owed.update(owed)  # kept for the next time, whatever went wrong
+            if not isinstance(exc, (FilterUnavailableError, AccessDeniedError)):
+                raise
             self._log.log(
                 logging.WARNING,
                 "settle",
@@ -423,9 +404,6 @@ class FilterBase:
                 exc,
             )
             return
-        except BaseException:
-            self._owed.update(owed)  # kept for the next time, whatever went wrong
-            raise
         self.counters.record(outcome.added, outcome.seen)
         if outcome.failed:
             failed = set(outcome.failed)

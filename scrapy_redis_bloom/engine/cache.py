@@ -23,9 +23,6 @@ class LRU(Generic[_K, _V]):
     def __iter__(self) -> Iterator[_K]:
         return iter(self._items)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
     def get(self, key: _K) -> _V | None:
         """Return the value of ``key`` (marking it used), or None."""
         value = self._items.get(key)

@@ -1,10 +1,8 @@
 """Redis's clock, as a shard's node last told it: which re-crawl window a check is in.
 
-The scripts read the window from ``TIME``. The scriptless checks of windowed filters
-keep, per shard, the offset between Redis's clock and this machine's, and read ``TIME``
-again (in a round's pipeline) when it is older than :data:`CLOCK_EVERY` or the estimate
-falls within :data:`GUARD` of a window's edge; a check that near its window's end goes
-through the script, which starts the next window.
+The scripts read ``TIME``; scriptless checks keep, per shard, Redis's clock minus this
+machine's, read again (in a round's pipeline) after :data:`CLOCK_EVERY` or within
+:data:`GUARD` of a window's edge; a check that near its window's end goes to the script.
 """
 
 from __future__ import annotations
@@ -67,10 +65,9 @@ class Clock:
 
 @dataclass
 class Known:
-    """What a worker knows of one shard, as the scriptless paths of windows keep it.
+    """What a scriptless windowed path knows of one shard: window, checks since a read, clock.
 
-    The window, the checks since the last full read, and Redis's clock on the node;
-    extended by :mod:`.bitmap.stackpath` and :mod:`.native.ttl`.
+    Extended by :mod:`.bitmap.stackpath` and :mod:`.native.ttl`.
     """
 
     #: The window this is known for (-1 without windows).
@@ -83,10 +80,9 @@ class Known:
     ) -> tuple[float, list[Any]] | None:
         """Return Redis's time at a round's reads and the replies after its ``TIME``.
 
-        ``asked``: the round began with ``TIME`` (read, and the clock's offset renewed);
-        else the offset tells. None when the round chose its keys by another window than
-        ``window``, Redis's or the one known now: the check is then the script's.
-        Raises ``ValueError`` for a ``TIME`` reply of the wrong shape.
+        ``asked``: the round began with ``TIME`` (read; else the offset tells). None when the
+        round chose its keys by a window not Redis's or known now: the script then checks.
+        ValueError for a bad ``TIME`` reply.
         """
         if asked:
             now, replies = self.clock.read(replies[0], sent_at), replies[1:]

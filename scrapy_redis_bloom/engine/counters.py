@@ -1,9 +1,8 @@
 """Counts of what the filter answered, shared by all workers, and the capacity warning.
 
-Each worker counts locally and adds its counts to ``KEY:count`` about once a second
-(:data:`SYNC_INTERVAL`) and at close. The reply's items added by all workers drive the
-capacity warning: each time the filter passes 1x, 2x, 4x... its capacity. A failed sync
-never changes an answer: its counts wait for the next one.
+Each worker adds its local counts to ``KEY:count`` every :data:`SYNC_INTERVAL` and at
+close; the total added drives the capacity warning (at 1x, 2x, 4x... the capacity). A
+failed sync never changes an answer: its counts wait for the next one.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ class Counters:
 
     def __init__(self, key: str, capacity: int, events: FilterEvents) -> None:
         self.key = key
-        #: The capacity warned about: the filter record's (from the first sync after
-        #: opening), which a worker that adopted the filter may not have asked for.
+        #: The capacity warned about: the record's, from the first sync (an adopter's may differ).
         self.capacity = capacity
         self.events = events
         #: Outcomes of this worker, since it started.
@@ -42,9 +40,8 @@ class Counters:
         self._warned_at = 0  # the capacity multiple last warned about
         #: The totals over all workers Redis gave at the last sync or read (None: none yet).
         self.synced: FilterTotals | None = None
-        #: A fixed-size filter that remembers forever: passing its capacity raises its
-        #: false-positive rate, which is warned about here. A filter that grows or
-        #: forgets reports from its check-and-add script instead (growth, a full shard).
+        #: A fixed-size filter that remembers forever, warned about here; one that grows or
+        #: forgets reports from its check-and-add script (growth, a full shard).
         self.fixed = True
         self._log = RateLimitedLog(logger)
 
@@ -77,8 +74,7 @@ class Counters:
     def sync(self, parts: Parts, spec: FilterSpec) -> FilterTotals | None:
         """Add the unsynced counts to ``KEY:count``; return the totals, None if Redis failed.
 
-        A Redis failure is logged (at most once a minute), not raised; whatever fails, the
-        counts are kept for the next sync.
+        A Redis failure is logged (rate-limited), not raised; whatever fails, counts are kept.
         """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
@@ -124,12 +120,9 @@ class Counters:
         if items <= self.capacity:
             return
         ratio = items / self.capacity
-        if not self.fixed:
-            self.events.set("over_capacity", round(ratio, 2))
-            return
-        multiple = 1 << (int(ratio).bit_length() - 1)  # the power of two passed
         self.events.set("over_capacity", round(ratio, 2))
-        if multiple <= self._warned_at:
+        multiple = 1 << (int(ratio).bit_length() - 1)  # the power of two passed
+        if not self.fixed or multiple <= self._warned_at:
             return
         self._warned_at = multiple
         now = false_positive_rate(spec.bits, spec.hash_count, items, spec.block_bits)

@@ -1,11 +1,10 @@
 """What the servers can take: their version, their memory limit and eviction policy.
 
-Read at open from ``INFO`` on every server (a server that refuses it is used unchecked,
-and the log says so). A server older than :data:`MIN_VERSION` is refused, and so is
-creating a filter that does not fit in a server's memory: its shards are allocated
-whole, and would fail half-way, push other data out or swap the host to a halt. An
-eviction policy that may evict the filter, or a server close to its limit, is warned
-about: a shard evicted mid-crawl stops the crawl (or, recreated, forgets what it held).
+Read at open from ``INFO`` on every server (one refusing it is used unchecked, as logged).
+Refused: a server older than :data:`MIN_VERSION`, and a new filter that does not fit in a
+server's memory (shards allocated whole would fail half-way, evict data or swap the host).
+Warned: a policy that may evict the filter, a server near its limit (a shard evicted
+mid-crawl stops the crawl or, recreated, forgets what it held).
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ logger = logging.getLogger(__name__)
 MIN_VERSION = (6, 2)
 #: Policies under which Redis may evict keys without an expiry, the filter's shards.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+#: What also evicts a filter whose bits expire (re-crawl windows): any key with a TTL.
+VOLATILE_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
 #: Share of maxmemory above which a server is said to be nearly full.
 NEARLY_FULL = 0.9
 
@@ -60,12 +61,6 @@ class ServerHealth:
             return self.system_memory, "no maxmemory, and the host's memory is"
         return None
 
-    @property
-    def free(self) -> int | None:
-        """Bytes left under maxmemory (else the host's memory), or None if unknown."""
-        limit = self.limit
-        return limit[0] - self.used_memory if limit is not None else None
-
 
 def _info(reply: object) -> dict[str, str]:
     fields: dict[str, str] = {}
@@ -77,10 +72,7 @@ def _info(reply: object) -> dict[str, str]:
 
 
 def product(fields: dict[str, str]) -> str:
-    """Name the server from its ``INFO server`` fields: ``Valkey 9.1.2``, ``Redis 7.0.15``.
-
-    Valkey's ``redis_version`` is the Redis it is compatible with, the one checked.
-    """
+    """Name the server from its ``INFO server`` fields: ``Valkey 9.1.2``, ``Redis 7.0.15``."""
     if fields.get("valkey_version"):
         return f"Valkey {fields['valkey_version']}"
     return f"Redis {fields.get('redis_version', '?')}"
@@ -89,28 +81,23 @@ def product(fields: dict[str, str]) -> str:
 def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
     """Read the version and memory figures of every server that holds the filter.
 
-    One attempt each: the figures only inform, and a server that does not answer is
-    reported by the command that needs it, with the retries it deserves.
+    One attempt each: a silent server is reported by the command needing it, with retries.
     """
     found = []
     for i, node in enumerate(topology.primaries()):
         calls = [
             Call(pack_command(b"INFO", section), server=i) for section in (b"server", b"memory")
         ]
+        refused: BaseException | None
         try:
             replies = executor.run("read INFO", calls, timeout=0).replies
-        except FilterUnavailableError as exc:
-            found.append(ServerHealth(node.address, known=False, why_unknown=str(exc)))
-            continue
-        refused = next((r for r in replies if isinstance(r, BaseException)), None)
+            refused = next((r for r in replies if isinstance(r, BaseException)), None)
+        except FilterUnavailableError as exc:  # not an ACL refusal (acl_denial says None)
+            refused = exc
         if refused is not None:
+            why, denied = str(refused), acl_denial(refused) is not None
             found.append(
-                ServerHealth(
-                    node.address,
-                    known=False,
-                    why_unknown=str(refused),
-                    refused_by_acl=acl_denial(refused) is not None,
-                )
+                ServerHealth(node.address, known=False, why_unknown=why, refused_by_acl=denied)
             )
             continue
         fields = {**_info(replies[0]), **_info(replies[1])}
@@ -151,9 +138,9 @@ def check_room(
 ) -> None:
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
-    ``needs``: per server address, the bytes its new shards take, against what is free;
-    ``spread`` = (bytes, servers): the whole filter spread evenly, against each whole
-    limit (a filter that could never fit is refused before its shards are listed).
+    ``needs``: per address, its new shards' bytes, against what is free; ``spread`` =
+    (bytes, servers): the filter spread evenly, against each whole limit (a filter that
+    could never fit is refused before its shards are listed).
     """
     for server in servers:
         limit = server.limit
@@ -174,14 +161,10 @@ def check_room(
             )
 
 
-#: What also evicts a filter whose bits expire (re-crawl windows): any key with a TTL.
-VOLATILE_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
-
-
 def warn_risks(key: str, servers: list[ServerHealth], expiring: bool = False) -> int:
     """Log what could cost the filter its data; return how many servers may evict it.
 
-    ``expiring``: the bits carry an expiry (``BLOOMFILTER_TTL``): volatile-* policies too.
+    ``expiring``: the bits expire (``BLOOMFILTER_TTL``), so volatile-* policies count too.
     """
     evicting = 0
     for server in servers:

@@ -1,11 +1,10 @@
 """Worker leases: which workers still use the filter (``KEY:workers``).
 
 scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSIST =
-False`` or starts with ``SCHEDULER_FLUSH_ON_START``, which would wipe a crawl other
-workers still run. So each worker holds a lease, renewed from a daemon thread, and the
-filter is cleared only by a worker that finds no other live lease, in one script with
-the claim (:meth:`WorkerLease.clearing`). Expiry is judged by Redis's clock, never the
-workers'.
+False`` or starts with ``SCHEDULER_FLUSH_ON_START``, wiping a crawl others still run. So
+each worker holds a lease, renewed from a daemon thread, and only a worker finding no other
+live lease clears, claiming the registry in the same script (:meth:`WorkerLease.clearing`).
+Expiry is judged by Redis's clock, never the workers'.
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
-from scrapy_redis_bloom.engine.parts import refusal, text
-from scrapy_redis_bloom.transport.executor import Call, Executor
-from scrapy_redis_bloom.transport.topology import Topology
-from scrapy_redis_bloom.transport.wire import Script, pack_command
+from scrapy_redis_bloom.engine.parts import refusal, script_call, text
+from scrapy_redis_bloom.transport.executor import Executor
+from scrapy_redis_bloom.transport.topology import Topology, make_topology
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +36,9 @@ CLEARING = -1
 WAIT_STEP = 0.05
 
 
-def _script_call(script: Script, key: str, *args: bytes | str | int) -> Call:
-    return Call(pack_command(b"EVALSHA", script.sha, 1, key, *args), key=key, script=script)
-
-
 def workers_of(executor: Executor, key: str) -> list[str]:
     """Return the ids of the workers holding a live lease on the filter ``key``."""
-    call = _script_call(scripts.LEASE, layout.workers_key(key), "", 0, "list")
+    call = script_call(scripts.LEASE, layout.workers_key(key), "", 0, "list")
     (reply,) = executor.run("list the live workers", [call]).replies
     if isinstance(reply, BaseException):
         raise refusal(executor, key, reply, layout.workers_key(key), "list the live workers")
@@ -52,12 +46,7 @@ def workers_of(executor: Executor, key: str) -> list[str]:
 
 
 def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]:
-    """Return the live workers of the filter ``key`` through a redis-py client.
-
-    Needs no geometry: it works before the filter exists. The registry is on server 0.
-    """
-    from scrapy_redis_bloom.transport.topology import make_topology
-
+    """Return the live workers of the filter ``key`` through a redis-py client (no geometry)."""
     topology = make_topology(client)
     try:
         return workers_of(Executor(topology, retry_timeout), key)
@@ -68,8 +57,7 @@ def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]
 class WorkerLease:
     """A worker's lease in a filter's registry of live workers, on connections of its own.
 
-    It lasts ``ttl`` seconds unless renewed; :meth:`start` renews it every ``ttl / 3`` from
-    a daemon thread, so a worker that dies stops counting as live within ``ttl``.
+    It lasts ``ttl`` seconds: :meth:`start` renews it every ``ttl / 3`` from a daemon thread.
     """
 
     def __init__(
@@ -113,7 +101,7 @@ class WorkerLease:
                 action = "hold"
             elif action == "unclaim":
                 self._claimed = False  # a failed unclaim: the claim lapses within the TTL
-            call = _script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
+            call = script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
             (reply,) = self._executor.run(f"{action} a worker lease", [call], write=True).replies
             if isinstance(reply, BaseException):
                 raise refusal(
@@ -126,10 +114,7 @@ class WorkerLease:
         return int(reply)
 
     def renew(self) -> int:
-        """Take or extend the lease; return how many other workers are live.
-
-        :data:`CLEARING` (-1), and no lease, while another worker clears the filter.
-        """
+        """Take or extend the lease; return how many others are live (:data:`CLEARING`: none)."""
         return self._call("renew")
 
     def others(self) -> int:
@@ -140,9 +125,8 @@ class WorkerLease:
     def clearing(self) -> Iterator[int]:
         """Claim the registry to clear the filter; yield how many other workers are live.
 
-        Yielding 0, no other worker holds a live lease and none takes one until the block ends,
-        so the filter can be deleted under nobody's crawl (the claim lapses within the TTL if
-        this worker dies). Yielding more, nothing is claimed and the filter must stay.
+        0: none is, nor takes a lease until the block ends (the claim lapses within the TTL if
+        this worker dies), so the filter may be deleted. More: nothing claimed; it must stay.
         """
         others = self._call("claim")
         if others:
@@ -162,10 +146,9 @@ class WorkerLease:
                 self._failed("unclaim", what, exc)
 
     def start(self) -> int:
-        """Take the lease and keep renewing it until :meth:`release`; return the other live workers.
+        """Take the lease and renew it until :meth:`release`; return the other live workers.
 
-        While another worker clears the filter it waits: take the lease before opening the
-        filter, so that no worker deletes it while this one opens it.
+        Waits while another worker clears the filter: take it before opening the filter.
         """
         others = self.renew()
         if others == CLEARING:
@@ -208,15 +191,11 @@ class WorkerLease:
             else:
                 wait = min(self.ttl / 3, 1.0)  # the lease must not lapse for one failure
                 with contextlib.suppress(Exception):  # counted first; saying it may fail
-                    self._failed("renew", self._renewing, failure)
-
-    @property
-    def _renewing(self) -> str:
-        """What the thread does, for its warning."""
-        return (
-            f"renew the lease of worker {self.worker_id} (other workers take it for gone"
-            f" {self.ttl:g}s after its last renewal; trying again)"
-        )
+                    what = (
+                        f"renew the lease of worker {self.worker_id} (other workers take it for"
+                        f" gone {self.ttl:g}s after its last renewal; trying again)"
+                    )
+                    self._failed("renew", what, failure)
 
     def _failed(self, topic: str, what: str, failure: BaseException | str) -> None:
         """Count a failure of the lease (``lease_failed``) and say it, at most once per TTL."""
@@ -226,10 +205,7 @@ class WorkerLease:
         self._log.log(logging.WARNING, topic, "Could not %s: %s", what, failure)
 
     def stop(self, wait: float = 5.0) -> None:
-        """Stop renewing; the lease then lapses after its TTL (as if the worker died).
-
-        Waits up to ``wait`` seconds for a renewal under way; :meth:`start` waits for a longer one.
-        """
+        """Stop renewing (the lease lapses after its TTL); wait up to ``wait`` s for a renewal."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=wait)

@@ -1,21 +1,16 @@
 """Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
 
-One flow for both backends; how a shard is made, checked and deleted is a :class:`Shards`
-(:class:`.bitmap.shards.Bitmaps`, :class:`.native.shards.Blooms`).
-
-Creating writes the record (state ``creating``), then every server marker and shard,
-each carrying the filter's id, then sets the state to ``ready``. Every step is
-idempotent, so any worker that opens a filter still ``creating`` finishes the job.
-
-Opening a ready filter checks its geometry against this worker's request (adopting the
-stored one) and every part's identity. :meth:`Lifecycle.recover` (which the hot path
-calls too) then sorts out what is wrong:
+One flow for both backends, whose :class:`Shards` make, check and delete shards. Creating
+writes the record (state ``creating``), every server marker and shard (each carrying the
+filter's id), then state ``ready``: each step idempotent, so any worker opening a filter
+still ``creating`` finishes the job. Opening a ready one checks its geometry (adopting the
+stored one) and every part's identity; :meth:`Lifecycle.recover` (the hot path's too)
+sorts out what is wrong:
 
 * a missing record or server marker over intact shards is **restored**, with a warning;
 * a record with another id (the filter was reset and created again) is **adopted**;
 * a missing shard (or a bitmap without a header) was **lost**: ``BLOOMFILTER_ON_LOSS``
-  decides, :class:`~..errors.FilterDamagedError` or recreate it empty, with a warning
-  (the URLs it held may be fetched again, never dropped);
+  raises :class:`~..errors.FilterDamagedError` or recreates it empty, with a warning;
 * anything else where a shard belongs is never overwritten: FilterDamagedError.
 """
 
@@ -48,10 +43,7 @@ VERIFIED = 4096
 
 
 def sample(shards: int, servers: int) -> range | list[int]:
-    """Return the shards to check at open: all, or :data:`VERIFIED` spread over all servers.
-
-    The first shards (one per server at least), then evenly spaced ones, and the last.
-    """
+    """Return the shards checked at open: all, or :data:`VERIFIED` (each server's first, spread)."""
     if shards <= VERIFIED:
         return range(shards)
     first = min(servers, VERIFIED // 2)
@@ -61,11 +53,9 @@ def sample(shards: int, servers: int) -> range | list[int]:
 
 
 class Shards(Protocol):
-    """What differs per backend when a filter is opened or recovered: its shards.
+    """How a backend makes, checks and deletes shards; :class:`Lifecycle` decides when.
 
-    :class:`Lifecycle` decides what to create, check, restore or recreate; a ``Shards``
-    knows how. ``create`` and ``missing`` raise :class:`~..errors.FilterDamagedError` where a
-    shard's key holds anything else: it is never overwritten.
+    ``create`` and ``missing`` raise FilterDamagedError where a shard's key holds anything else.
     """
 
     #: How messages name the filter: "Bloom filter", "native Bloom filter".
@@ -111,9 +101,8 @@ class Lifecycle:
     def open(self, wanted: FilterRecord | None, create: bool = True) -> FilterRecord:
         """Create the filter, or check it; return its record (its geometry to use).
 
-        ``wanted`` is this worker's request (None: whatever the record says). Raises
-        :class:`~..errors.FilterMissingError` when there is no filter and ``create`` is false
-        (or ``wanted`` is None).
+        ``wanted``: this worker's request (None: the record's; a missing filter then raises,
+        as with ``create`` false, :class:`~..errors.FilterMissingError`).
         """
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
@@ -133,11 +122,7 @@ class Lifecycle:
         return record
 
     def _warn_seed_floor(self, record: FilterRecord) -> None:
-        """Say, in the log and a stat, when a scheme-1 filter cannot keep its rate.
-
-        Its generation 0, the smallest, has the highest floor (see
-        :attr:`..generations.Generation.seed_floor`); said past a tenth of the rate asked.
-        """
+        """Warn (and a stat) when a scheme-1 filter's generation 0 floor passes 1/10 its rate."""
         if record.backend != "bitmap" or not record.spec.two_seeds:
             return
         growth = record.growth
@@ -161,10 +146,7 @@ class Lifecycle:
         )
 
     def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
-        """Write a new filter's record (``creating``); return it, or the one found instead.
-
-        That is another worker's, or one restored from shards left without their record.
-        """
+        """Write a new filter's record (``creating``); return it, or one found or restored."""
         self.parts.spec = wanted.spec
         # A server listed out of place is refused before anything is written.
         markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
@@ -201,10 +183,9 @@ class Lifecycle:
     # -- checking and recovering -------------------------------------------------------
 
     def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
-        """Check every marker and a sample of a ready filter's shards (:func:`sample`); recover.
+        """Check every marker and a :func:`sample` of a ready filter's shards; recover.
 
-        A sample keeps opening O(1) for any geometry and risks nothing: every check and add
-        finds a lost shard anyway.
+        A sample keeps opening O(1); every check and add finds a lost shard anyway.
         """
         missing_markers: list[int] = []
         if record.servers > 1:
@@ -254,17 +235,14 @@ class Lifecycle:
         """Refuse servers listed in another order, or holding another filter of this name."""
         self.check_places(markers, record.servers)
         for i, marker in enumerate(markers):
-            if marker is None or marker == layout.server_marker(
-                record.filter_id, i, record.servers
-            ):
-                continue
-            where = self.topology.route(None, None, i).address
-            raise ServerListMismatchError(
-                f"Redis at {where} holds part of another Bloom filter named {self.key!r}"
-                f" (marker {marker!r}), not of the one whose record is on server 0 (id"
-                f" {record.filter_id}). The server list mixes two filters' servers: list the"
-                " filter's own servers, or reset the filter on every server."
-            )
+            if marker not in (None, layout.server_marker(record.filter_id, i, record.servers)):
+                raise ServerListMismatchError(
+                    f"Redis at {self._server(i)} holds part of another Bloom filter named"
+                    f" {self.key!r} (marker {marker!r}), not of the one whose record is on"
+                    f" server 0 (id {record.filter_id}). The server list mixes two filters'"
+                    " servers: list the filter's own servers, or reset the filter on every"
+                    " server."
+                )
 
     def recover(
         self,
@@ -285,11 +263,9 @@ class Lifecycle:
                 record.filter_id,
             )
             return self._settle(current, wanted)
-        # Only shards that are wrong now: one found wrong may have been recreated since
-        # (by an earlier element of the same batch, or another worker). A record lost
-        # alone (evicted: LRU picks it first, it is read only at open) is restored from
-        # this worker's copy; a filter gone entirely (reset, flushed, its server emptied)
-        # is lost, and restored only to be recreated.
+        # Only shards wrong now (another worker may have recreated them). A record lost alone
+        # (evicted: LRU picks it first) is restored from this worker's copy; a filter gone
+        # entirely (reset, flushed) is lost, and restored only to be recreated.
         lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
             self.parts.create_record(record)

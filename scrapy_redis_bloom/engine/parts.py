@@ -16,7 +16,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.transport.executor import Call, Executor, access_denied, error_text
-from scrapy_redis_bloom.transport.wire import pack_command
+from scrapy_redis_bloom.transport.wire import Arg, Script, pack_command
 
 #: Commands sent in one batch by the maintenance operations.
 BATCH = 1000
@@ -30,6 +30,14 @@ def text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def script_call(
+    script: Script, key: str, *args: Arg, shard: int | None = None, server: int | None = None
+) -> Call:
+    """Return the call running ``script`` on ``key`` by SHA (the executor loads it if needed)."""
+    argv = pack_command(b"EVALSHA", script.sha, 1, key, *args)
+    return Call(argv, key=key, shard=shard, server=server, script=script)
+
+
 def pairs(reply: Any) -> dict[str, str]:
     """Return a hash reply (a flat RESP2 list or a RESP3 map) as a dict of text."""
     if isinstance(reply, dict):
@@ -41,10 +49,9 @@ def pairs(reply: Any) -> dict[str, str]:
 def refusal(
     executor: Executor, filter_key: str, reply: BaseException, key: str, operation: str
 ) -> BloomFilterError:
-    """Return the error for an error reply that no retry fixes, naming the key.
+    """Return the error for an error reply no retry fixes, naming the key.
 
-    :class:`~..errors.AccessDeniedError` for an ACL refusal, :class:`~..errors.WrongTypeError`
-    for a key of another type, else a :class:`~..errors.BloomFilterError` with Redis's text.
+    AccessDeniedError (ACL), WrongTypeError (a key of another type), else BloomFilterError.
     """
     where = executor.topology.describe()
     if (denied := access_denied(reply, operation, key, where)) is not None:
@@ -92,19 +99,15 @@ class Parts:
         self.executor = executor
         self.key = key
         self.spec = spec
-        #: The capacity in the record last read or written: the filter's, which a worker
-        #: that adopted it measures against, whatever it asked for (None: none yet).
+        #: The capacity in the record last read or written (what an adopting worker uses).
         self.capacity: int | None = None
         self.meta_key = layout.meta_key(key)
         self.counter_key = layout.counter_key(key)
-        self.workers_key = layout.workers_key(key)
         self.marker_key = layout.server_key(key)
 
     def shard_key(self, shard: int) -> str:
         """Return the key of a shard's bitmap."""
         return layout.shard_key(self.key, shard)
-
-    # -- running ---------------------------------------------------------------------
 
     def run(
         self, operation: str, calls: list[Call], write: bool = False, batch_size: int = BATCH
@@ -124,8 +127,6 @@ class Parts:
         """Return the error for an error reply that no retry fixes, naming the key."""
         return refusal(self.executor, self.key, reply, key, operation)
 
-    # -- the record ------------------------------------------------------------------
-
     def read_record(self) -> FilterRecord | None:
         """Read the config record; None when there is none."""
         call = Call(pack_command(b"HGETALL", self.meta_key), key=self.meta_key)
@@ -135,12 +136,7 @@ class Parts:
     def create_record(self, record: FilterRecord) -> FilterRecord:
         """Write ``record`` unless a record exists; return the record in Redis."""
         argv = [item for pair in record.fields().items() for item in pair]
-        script = scripts.CREATE_RECORD
-        call = Call(
-            pack_command(b"EVALSHA", script.sha, 1, self.meta_key, *argv),
-            key=self.meta_key,
-            script=script,
-        )
+        call = script_call(scripts.CREATE_RECORD, self.meta_key, *argv)
         fields = pairs(self.run("create the filter's record", [call], write=True)[0])
         return self._known(FilterRecord.parse(self.meta_key, fields))
 
@@ -154,52 +150,39 @@ class Parts:
         call = Call(pack_command(b"HSET", self.meta_key, b"state", b"ready"), key=self.meta_key)
         self.run("finish creating the filter", [call], write=True)
 
-    # -- shards ----------------------------------------------------------------------
-
     def identities(self, shards: Iterable[int]) -> dict[int, bytes]:
         """Return the first bytes of each shard: its identity, or b"" if it is missing."""
         order = list(shards)
+        ends = (0, layout.IDENTITY_BYTES - 1)
+        replies = self._on_shards("check the filter's shards", order, b"GETRANGE", *ends)
+        return {shard: bytes(reply) for shard, reply in zip(order, replies, strict=True)}
+
+    def _on_shards(self, operation: str, shards: Sequence[int], *argv: Arg) -> list[Any]:
+        """Run ``argv[0] <shard key> argv[1:]`` on each shard; return the replies."""
         calls = [
-            Call(
-                pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1),
-                key=key,
-                shard=shard,
-            )
-            for shard in order
+            Call(pack_command(argv[0], key, *argv[1:]), key=key, shard=shard)
+            for shard in shards
             for key in [self.shard_key(shard)]
         ]
-        replies = self.run("check the filter's shards", calls)
-        return {shard: bytes(reply) for shard, reply in zip(order, replies, strict=True)}
+        return self.run(operation, calls)
 
     def allocate(
         self, record: FilterRecord, shards: Iterable[int], replace: bool = False
     ) -> dict[int, int]:
-        """Allocate shards whole with their header; return per shard the script's reply.
+        """Allocate shards whole with their header; per shard 1 (now), 0 (there) or -1 (foreign).
 
-        1: allocated now; 0: it was there with this identity; -1: the key holds
-        something else (left alone unless ``replace``).
+        A foreign key is left alone unless ``replace``.
         """
         order = list(shards)
         last = layout.HEADER_BYTES + record.shard_payload - 1
         mode = b"replace" if replace else b"create"
-        script = scripts.ALLOCATE
+        k = record.spec.hash_count
         calls = [
-            Call(
-                pack_command(
-                    b"EVALSHA",
-                    script.sha,
-                    1,
-                    key,
-                    layout.header(record.filter_id, shard, record.spec.hash_count),
-                    last,
-                    mode,
-                ),
-                key=key,
-                shard=shard,
-                script=script,
+            script_call(
+                scripts.ALLOCATE, key, layout.header(record.filter_id, s, k), last, mode, shard=s
             )
-            for shard in order
-            for key in [self.shard_key(shard)]
+            for s in order
+            for key in [self.shard_key(s)]
         ]
         per_batch = max(1, min(BATCH, ALLOCATE_BYTES // (last + 1)))
         replies = self.run("allocate the filter's shards", calls, write=True, batch_size=per_batch)
@@ -216,14 +199,11 @@ class Parts:
         return names
 
     def windows(self, record: FilterRecord) -> list[int]:
-        """Return the re-crawl windows whose keys may exist now, by server 0's clock.
-
-        Windows w - 1 and w are alive; w - 2 and w + 1 may exist for other servers' clock skew.
-        """
+        """Return the windows whose keys may exist now, by server 0's clock (w - 2 to w + 1)."""
         if not record.ttl:
             return []
         now = self.clock() // record.ttl
-        return [now - 2, now - 1, now, now + 1]
+        return [now - 2, now - 1, now, now + 1]  # w - 1, w live; the others: clock skew
 
     def live_windows(self, ttl: int) -> list[int]:
         """Return the re-crawl windows a check consults now (w - 1 and w), by server 0's clock."""
@@ -237,15 +217,8 @@ class Parts:
 
     def existing(self, shards: Sequence[int]) -> list[int]:
         """Return the shards whose keys exist."""
-        calls = [
-            Call(pack_command(b"EXISTS", key), key=key, shard=shard)
-            for shard in shards
-            for key in [self.shard_key(shard)]
-        ]
-        replies = self.run("look for the filter's shards", calls)
+        replies = self._on_shards("look for the filter's shards", shards, b"EXISTS")
         return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply)]
-
-    # -- servers ---------------------------------------------------------------------
 
     def markers(self, servers: int) -> list[str | None]:
         """Return ``KEY:server`` on each of the servers (None where it is missing)."""
@@ -275,20 +248,12 @@ class Parts:
         ]
         self.run("mark the filter's servers", calls, write=True)
 
-    # -- deleting --------------------------------------------------------------------
-
     def delete_if_still(
         self, key: str, kind: str, proof: bytes | str = b"", server: int | None = None
     ) -> Call:
         """Return the call that deletes ``key`` only while ``proof`` proves it that ``kind``."""
-        script = scripts.DELETE_IF_STILL
-        return Call(
-            pack_command(b"EVALSHA", script.sha, 1, key, kind, proof),
-            key=key,
-            shard=shard_of(self.key, key),
-            server=server,
-            script=script,
-        )
+        shard = shard_of(self.key, key)
+        return script_call(scripts.DELETE_IF_STILL, key, kind, proof, shard=shard, server=server)
 
     def marker_deletions(self, record: FilterRecord) -> list[Call]:
         """Return the calls deleting a multi-server filter's markers (none on one server)."""
@@ -305,10 +270,8 @@ class Parts:
     def delete(self, record: FilterRecord, shard_calls: list[Call]) -> int:
         """Delete a filter's parts, each only if still its own; return how many keys.
 
-        ``shard_calls`` delete its shards (the backend's own proofs); then the counters, the
-        server markers of a multi-server filter (elsewhere a ``KEY:server`` is another
-        program's) and the record, last: a worker opening meanwhile never sees shards without
-        it. The leases are kept.
+        ``shard_calls`` (the backend's), the counters, a multi-server filter's markers, then the
+        record, last: no worker opening meanwhile sees shards without it. Leases are kept.
         """
         calls = [*shard_calls, self.delete_if_still(self.counter_key, "counters")]
         calls += self.marker_deletions(record)

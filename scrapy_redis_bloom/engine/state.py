@@ -50,8 +50,7 @@ class GenerationState:
 class FilterState:
     """What the filter's fill says: bits set (per shard when read from the bits), memory.
 
-    ``generations`` break a growing (or windowed) filter down; ``fpr`` is then the chance
-    that a new element is found in any generation.
+    ``generations`` break a growing (or windowed) filter down; ``fpr`` then covers them all.
     """
 
     spec: FilterSpec
@@ -84,8 +83,7 @@ class FilterState:
 def _rate(bits: int, k: int, ones: int, block: int) -> float:
     """Return the rate of a part with ``ones`` of its ``bits`` set: (X/m)**k unblocked.
 
-    Blocked, a fill says less (busy blocks answer falsely more often than the mean
-    fill does): the blocked rate of the items that fill gives (:func:`_items`).
+    Blocked (busy blocks answer falsely more often than the mean fill): the rate of its items.
     """
     if not block:
         return (ones / bits) ** k
@@ -95,8 +93,7 @@ def _rate(bits: int, k: int, ones: int, block: int) -> float:
 def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
     """Items that set ``ones`` of ``bits`` bits: -(m/d) ln(1 - X/m); a lower bound when full.
 
-    ``d`` is the distinct bits one item sets: k, less the offsets that coincide inside
-    a block (about 0.2 of k = 13 in 512 bits; :func:`.hashing.distinct_bits`).
+    ``d``: distinct bits per item, k less those coinciding in a block (:func:`.distinct_bits`).
     """
     if bits <= 1:
         return float(ones)
@@ -107,8 +104,7 @@ def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
 def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) -> FilterState:
     """Count the bits set in every shard (and the memory Redis holds for them).
 
-    A growing or forgetting filter takes two rounds: one to learn each shard's generations
-    (over the live windows), one to count them.
+    A growing or forgetting filter takes two rounds: its generations (per window), their bits.
     """
     if growth is not None and (growth.expansion or growth.ttl):
         return _read_generations(parts, growth, memory)
@@ -138,10 +134,7 @@ def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) 
 def _generation(
     g: int, bits: int, k: int, block: int, capacity: int, found: Sequence[int]
 ) -> GenerationState:
-    """Return generation ``g``'s state from the bits set in each shard's part of it.
-
-    ``bits``, ``k``, ``block``, ``capacity``: one part's. Fixed and growing filters alike.
-    """
+    """Return generation ``g``'s state from each shard's part of it (``bits``... one part's)."""
     return GenerationState(
         generation=g,
         shards=len(found),
@@ -168,17 +161,11 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
             else [window_key(parts.key, shard, w, 0)[:-1] for w in record_windows]
         )
     ]
+    heads = [(shard, f"{base}0") for shard, base in bases]
     first = [
-        Call(
-            pack_command(b"BITFIELD", f"{base}0", b"GET", b"u16", GENERATIONS_BIT),
-            key=f"{base}0",
-            shard=shard,
-        )
-        for shard, base in bases
-    ] + [
-        Call(pack_command(b"EXISTS", f"{base}0"), key=f"{base}0", shard=shard)
-        for shard, base in bases
-    ]
+        Call(pack_command(b"BITFIELD", key, b"GET", b"u16", GENERATIONS_BIT), key=key, shard=shard)
+        for shard, key in heads
+    ] + [Call(pack_command(b"EXISTS", key), key=key, shard=shard) for shard, key in heads]
     replies = parts.run("read the filter's generations", first)
     counts = [
         (max(int(reply[0]), 1) if int(exists) else 0)
@@ -194,16 +181,11 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
         for shard, _, key in keys
     ]
     if memory:
+        anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
         calls += [
             Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
-            for shard, _, key in keys
+            for shard, key in [*((shard, key) for shard, _, key in keys), *anchors]
         ]
-        if growth.ttl:  # the anchors
-            calls += [
-                Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
-                for shard in range(shards)
-                for key in [parts.shard_key(shard)]
-            ]
     replies = parts.run("count the filter's bits", calls)
     ones = [int(reply) for reply in replies[: len(keys)]]
     used = sum(int(reply or 0) for reply in replies[len(keys) :])
@@ -238,8 +220,7 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
 def estimate_from_items(growth: Growth, items: int) -> FilterState:
     """Return the state expected after ``items`` distinct insertions: cheap, no Redis call.
 
-    Items are taken as spread evenly over the shards, each filling its generations in turn.
-    With a TTL, ``items`` counts every add since creation: the figures are an upper bound.
+    Spread evenly over the shards, filling generations in turn (with a TTL, an upper bound).
     """
     spec = growth.spec
     per_shard = items / spec.shards

@@ -1,14 +1,11 @@
 """The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
 
 On servers with ``BF.*`` (Redis 8, Redis Stack / RedisBloom, Valkey with valkey-bloom),
-each shard is one scalable Bloom filter kept by the server (keys and sizing:
-:mod:`.native.parts`), picked as a bitmap filter would (``h1 mod shards``).
-
-One command per check, atomic across workers: ``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE
-ITEMS <fingerprint>`` (never ``BF.ADD``, which would silently create a default filter in
-place of a lost one). The answer contract is :mod:`.bitmap.filter`'s. Bulk calls send
-``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard, pipelined. Re-crawl windows
-(``BLOOMFILTER_TTL``): see :mod:`.native.ttl`. Thread-safe (a lock).
+each shard (``h1 mod shards``) is one scalable Bloom filter (:mod:`.native.parts`). One
+atomic command per check: ``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE ITEMS <fingerprint>``
+(``BF.ADD`` would silently create a default filter in place of a lost one). Bulk calls
+pipeline ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard. Re-crawl windows:
+:mod:`.native.ttl`. Thread-safe (a lock).
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import mmh3
@@ -52,8 +50,7 @@ _INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
 class NativeBloomFilter(FilterBase):
     """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
 
-    The same interface as :class:`.filter.RedisBloomFilter`; ``spec`` (only its shard
-    count is used to place elements) and ``capacity`` say what to create.
+    :class:`.filter.RedisBloomFilter`'s interface; of ``spec`` only the shard count is used.
     """
 
     backend: Backend = "native"
@@ -93,37 +90,24 @@ class NativeBloomFilter(FilterBase):
         filter_id = self._current().filter_id
         return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
 
-    # -- lifecycle ---------------------------------------------------------------------
-
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
         self._ttl = record.ttl
         self._script = native_ttl.CHECK if record.ttl else None
+        anchor = partial(native_parts.shard_key, self.key, filter_id=record.filter_id)
         #: Checks of live windows without the script, where it can (see :class:`.Windows`).
-        self._windows = (
-            native_ttl.Windows(
-                record.ttl,
-                lambda shard: native_parts.shard_key(self.key, shard, record.filter_id),
-            )
-            if record.ttl
-            else None
-        )
+        self._windows = native_ttl.Windows(record.ttl, anchor) if record.ttl else None
         if old is None or old.filter_id != record.filter_id:
             self._heads = [
                 (key, self._command_head(record, key, True, 1))
-                for shard in range(record.spec.shards)
-                for key in [native_parts.shard_key(self.key, shard, record.filter_id)]
+                for key in map(anchor, range(record.spec.shards))
             ]
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
                 self._cache.clear()
 
     def _command_head(self, record: FilterRecord, key: str, write: bool, items: int) -> bytes:
-        """Pack the start of a check (and add) on a shard, before its ``items`` items.
-
-        ``BF.INSERT key NOCREATE ITEMS`` or ``BF.MEXISTS key``; with a TTL, the
-        :data:`.native_ttl.CHECK` script's call.
-        """
+        """Pack ``BF.INSERT key NOCREATE ITEMS``, ``BF.MEXISTS key`` or the TTL script's call."""
         if record.ttl:
             rate, capacity, _ = native_parts.reserve_arguments(record)
             recreate = self.faults.on_loss == "recreate"
@@ -140,11 +124,9 @@ class NativeBloomFilter(FilterBase):
         return native_parts.estimate(self._current(), items)
 
     def state(self, shards: list[int] | None = None) -> FilterState:
-        """Read items, sub-filters and memory of every shard (``BF.INFO``, O(shards)).
+        """Read items, sub-filters and memory of every shard, or ``shards`` (``BF.INFO``).
 
-        ``shards``: only those (the CLI leaves out missing ones). With a TTL, the live
-        re-crawl windows of each shard (an element may be in both: items are counted
-        per window).
+        With a TTL, of each live re-crawl window (an element in both is counted twice).
         """
         with self._lock:
             record = self._current()
@@ -161,8 +143,6 @@ class NativeBloomFilter(FilterBase):
                 self.generations = generations
                 self.events.set("generations", generations)
             return found
-
-    # -- elements ----------------------------------------------------------------------
 
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
@@ -196,11 +176,7 @@ class NativeBloomFilter(FilterBase):
     def _windowed(
         self, windows: native_ttl.Windows, item: bytes, shard: int, key: str
     ) -> bool | None:
-        """Check an item in a shard's live windows without the script (:class:`.Windows`).
-
-        Returns its answer, or None where the script must answer (a window to start,
-        one found missing, a window's last second).
-        """
+        """Check an item in a shard's live windows without the script; None: the script must."""
         check = windows.plan(shard, item)
         if check is None:
             return None
@@ -233,11 +209,7 @@ class NativeBloomFilter(FilterBase):
         return bool(seen)
 
     def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
-        """Return per item whether a shard's reply says "seen"; None if the shard is missing.
-
-        Raises for any other error reply, and for a re-crawl window lost under
-        ``BLOOMFILTER_ON_LOSS = "raise"``.
-        """
+        """Return per item whether a reply says "seen"; None: the shard is missing; else raise."""
         error = reply if isinstance(reply, BaseException) else None
         if error is None and reply and isinstance(reply[-1], BaseException):
             error = reply[-1]  # RedisBloom stops at the first item it refuses

@@ -1,11 +1,10 @@
 """The parts of a native filter in Redis: server-side Bloom filters (``BF.*``), one per shard.
 
-Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter, and
-shard ``i`` in ``{KEY:<i>}:bf:<id>``, ``<id>`` the record's. The id in the name proves
-ownership as a bitmap shard's header does: a worker still using a reset filter's keys
-finds its shard missing. Shards are made by ``BF.RESERVE`` (:func:`reserve_arguments`),
-never by the hot path: ``BF.INSERT ... NOCREATE`` answers ``ERR not found`` for a missing
-one, which ``BLOOMFILTER_ON_LOSS`` handles.
+Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter; shard
+``i`` in ``{KEY:<i>}:bf:<id>``, whose record id proves ownership as a bitmap header does (a
+worker on a reset filter's keys finds its shard missing). Shards are made by ``BF.RESERVE``
+(:func:`reserve_arguments`), never by the hot path, whose ``BF.INSERT ... NOCREATE``
+answers ``ERR not found`` for a missing one, which ``BLOOMFILTER_ON_LOSS`` handles.
 """
 
 from __future__ import annotations
@@ -76,10 +75,9 @@ class Link:
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
     """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
 
-    The capacity is a bitmap shard's generation 0's. The rate is the bound all generations
-    stay under (the configured rate, or :attr:`.Growth.bound`), since RedisBloom tightens a
-    scaling filter's first sub-filter by :data:`NATIVE_TIGHTENING` as our growth does;
-    ``NONSCALING`` gets the whole rate. With a TTL each window gets half (two are consulted).
+    The capacity: a bitmap shard's generation 0's. The rate: the bound all generations stay
+    under (as asked, or :attr:`.Growth.bound`; RedisBloom tightens sub-filters by
+    :data:`NATIVE_TIGHTENING` as our growth does); with a TTL half (two windows are read).
     """
     growth = record.growth
     options: tuple[Any, ...] = (
@@ -106,8 +104,7 @@ def links(record: FilterRecord, count: int) -> list[Link]:
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
     """Return the addresses of the servers (cluster masters) that have no ``BF.INSERT``.
 
-    One that refuses ``COMMAND INFO`` (an ACL) counts as lacking it; one that does not
-    answer raises :class:`~..errors.FilterUnavailableError`.
+    Refusing ``COMMAND INFO`` (an ACL) counts as lacking it; silence raises.
     """
     nodes = topology.primaries()
     calls = [
@@ -141,8 +138,7 @@ def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
 def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str]]) -> FilterState:
     """Read every shard's ``BF.INFO`` and ``MEMORY USAGE``: items, sub-filters, memory.
 
-    Per sub-filter, bits set and rate are estimated from its items and RedisBloom's sizing
-    (:func:`links`); sub-filters before the last are full.
+    Each sub-filter's bits set and rate are estimated by :func:`links`; all but the last full.
     """
     order = list(keys)
     calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in order]

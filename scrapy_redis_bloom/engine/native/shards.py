@@ -13,7 +13,7 @@ from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.parts import Parts, script_call
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -22,9 +22,8 @@ from scrapy_redis_bloom.transport.wire import pack_command
 class Blooms:
     """The native backend's :class:`.lifecycle.Shards`: a ``BF.RESERVE``'d filter per shard.
 
-    With a TTL, a shard's key holds its anchor (a string, :mod:`.native.ttl`) and its
-    windows are made as they are needed. A shard's name carries its filter's id: one
-    is lost when missing, and any other type at its key is foreign.
+    With a TTL, a shard's key holds its anchor (:mod:`.native.ttl`); windows come as needed.
+    A shard's name carries its filter's id: missing, it is lost; another type is foreign.
     """
 
     noun = "native Bloom filter"
@@ -48,16 +47,13 @@ class Blooms:
         return None
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
-        """Create shards with ``BF.RESERVE`` (or their anchors); one there must be ours.
-
-        Returns how many were created now (another worker may have created the rest).
-        """
+        """Create shards by ``BF.RESERVE`` (or anchors; any there must be ours); return how many."""
         order = [(shard, self.shard_key(record, shard)) for shard in shards]
         anchor = native_ttl.CREATE_ANCHOR
         rate, capacity, options = native_parts.reserve_arguments(record)
         reserve = (repr(rate), capacity, *options)
         calls = [
-            Call(pack_command(b"EVALSHA", anchor.sha, 1, key), key=key, shard=shard, script=anchor)
+            script_call(anchor, key, shard=shard)
             if record.ttl
             else Call(pack_command(b"BF.RESERVE", key, *reserve), key=key, shard=shard)
             for shard, key in order
@@ -97,9 +93,8 @@ class Blooms:
 def delete(parts: Parts, record: FilterRecord) -> int:
     """Delete a native filter's parts, each only if still its own; return how many keys.
 
-    A shard key is deleted only when it still holds a Bloom filter (its name carries
-    the record's id), or with a TTL a string (its anchor), and the re-crawl windows
-    that may exist; then the counters and the server markers; the record last.
+    A shard key only while of its type (a Bloom filter; with a TTL an anchor string, and the
+    windows that may exist); then the counters and server markers; the record last.
     """
     windows = parts.windows(record)  # with a TTL: those whose keys may exist now
     typed = [
@@ -113,10 +108,4 @@ def delete(parts: Parts, record: FilterRecord) -> int:
         for w in windows
     ]
     script = native_ttl.DELETE_TYPED
-    calls = [
-        Call(
-            pack_command(b"EVALSHA", script.sha, 1, key, kind), key=key, shard=shard, script=script
-        )
-        for key, shard, kind in typed
-    ]
-    return parts.delete(record, calls)
+    return parts.delete(record, [script_call(script, k, kind, shard=s) for k, s, kind in typed])

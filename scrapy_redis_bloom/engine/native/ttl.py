@@ -1,19 +1,16 @@
 """Re-crawl windows (``BLOOMFILTER_TTL``) on the native backend: one Bloom filter per window.
 
-The window model is the bitmap backend's (:mod:`..core.generations`; one Lua function
-for both, ``lua/windows.lua``). Shard ``i`` of a native filter with a TTL is:
+The window model is the bitmap backend's (:mod:`..core.generations`, ``lua/windows.lua``).
+Shard ``i`` of a native filter with a TTL is:
 
-* ``{KEY:<i>}:bf:<id>``, its anchor: a string ``"<newest window> <0|1>"``, the newest
-  window started and whether the window before it existed then (``-1 0`` before any).
-  It never expires, so a window lost (evicted, deleted) is told from one never started;
-* ``{KEY:<i>}:bf:<id>:w<w>``: a RedisBloom filter per window, created by the first add
-  of that window, expiring at ``(w + 2) T``.
+* ``{KEY:<i>}:bf:<id>``, its anchor: a string ``"<newest window> <0|1>"`` (whether the
+  window before existed then; ``-1 0`` before any). It never expires, so a window lost is
+  told from one never started;
+* ``{KEY:<i>}:bf:<id>:w<w>``: a RedisBloom filter per window, created by the window's first
+  add, expiring at ``(w + 2) T``, for half the error rate (two are consulted).
 
 :data:`CHECK` consults windows w - 1 and w and adds to w, in one atomic script call;
-:class:`Windows` does the same without it where it can. Each window is created for
-half the error rate (two are consulted). Only the anchor's encoding differs from a
-bitmap filter's (text here, the header's numbers there: that header is the identity
-every open checks).
+:class:`Windows` does the same without it where it can.
 """
 
 from __future__ import annotations
@@ -35,12 +32,9 @@ WINDOW_LOST = -3
 #: Flag: a lost window was passed over (``BLOOMFILTER_ON_LOSS = "recreate"``).
 RECREATED = 1
 
-#: Check (and add) items in a shard's live windows (``lua/native_windows.lua``, on the
-#: window model of ``lua/windows.lua`` it shares with the bitmap backend). ``KEYS[1]``
-#: the anchor; ARGV: the TTL, BF.RESERVE's rate and capacity, the expansion (0:
-#: NONSCALING), ``1`` to go on past a lost window, ``w`` to add or ``r`` to only check,
-#: then the items. Reply: ``{flags, answer...}`` with 1 for "seen in a live window"; or
-#: ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
+#: Check (and add) items in a shard's live windows. ``KEYS[1]`` the anchor; ARGV:
+#: :func:`check_arguments`, then the items. Reply: ``{flags, answer...}`` (1: seen in a
+#: live window), or ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
 CHECK = Script(
     declare(ANCHOR_LOST=ANCHOR_LOST, FOREIGN=FOREIGN, WINDOW_LOST=WINDOW_LOST, RECREATED=RECREATED)
     + lua("windows")
@@ -62,7 +56,7 @@ def window_key(anchor: str, window: int) -> str:
 def check_arguments(
     ttl: int, rate: float, capacity: int, expansion: int, recreate: bool, write: bool
 ) -> tuple[Any, ...]:
-    """Return :data:`CHECK`'s arguments before the items."""
+    """Return :data:`CHECK`'s arguments before the items (expansion 0: NONSCALING)."""
     return (
         ttl,
         repr(rate),
@@ -81,10 +75,7 @@ EXISTS_EVERY = 16
 
 @dataclass
 class _Shard(Known):
-    """What this worker knows of a shard's windows, for the window it last checked.
-
-    ``since``: checks since the window before's existence was last read.
-    """
+    """What this worker knows of a shard's windows (``since``: checks since ``EXISTS``)."""
 
     #: The window before: 1 there, 0 absent (never started, as :data:`CHECK` confirmed),
     #: -1 not known (its existence is read), -2 found missing (for the script to judge).
@@ -98,8 +89,7 @@ class WindowCheck:
     shard: int
     window: int
     reads: list[bytes]
-    #: Whether the round reads the clock (``TIME`` first), and the window before's
-    #: existence (``EXISTS`` next).
+    #: Whether the round reads the clock (``TIME`` first), the window before's ``EXISTS``.
     asked: bool
     exists: bool
     add: bytes = b""
@@ -108,15 +98,13 @@ class WindowCheck:
 class Windows:
     """Checks a native filter's live windows without :data:`CHECK` where it can.
 
-    The windows' keys carry the filter's id, so plain commands suffice except where only
-    the script can act (starting a window, a window found missing): one pipelined round
-    of ``BF.EXISTS`` on the window before and the current one (now and then with
-    ``TIME``, :mod:`..clock`, and ``EXISTS`` of the window before, so its loss is found
-    within :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current
-    window for an item found in neither: its reply decides between racing workers; a
-    window not started yet refuses it, for the script to start. A shard without a window
-    before (a re-crawl's first) needs no reads: the add alone answers. ``anchor(i)``: a
-    shard's anchor key.
+    The windows' keys carry the filter's id, so plain commands suffice unless a window must
+    be started or was found missing: a round of ``BF.EXISTS`` on the window before and the
+    current one (with ``TIME`` now and then, and ``EXISTS`` of the window before every
+    :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current window for
+    an item in neither: its reply decides between racing workers (a window not started
+    refuses it, for the script). Without a window before, the add alone answers.
+    ``anchor(i)``: a shard's anchor key.
     """
 
     def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
@@ -154,10 +142,7 @@ class Windows:
         return WindowCheck(shard, window, reads, asked, exists)
 
     def judge(self, check: WindowCheck, replies: list[Any], sent_at: float, item: bytes) -> str:
-        """Read a check's reads: :data:`SEEN`, :data:`ADD` (its add packed) or :data:`SCRIPT`.
-
-        Raises ``ValueError`` for replies of the wrong shape.
-        """
+        """Judge a check's replies: :data:`SEEN`, :data:`ADD` (packed) or :data:`SCRIPT`."""
         known = self._shards[check.shard]
         if len(replies) != len(check.reads):
             raise ValueError(f"{len(check.reads)} replies, got {len(replies)}")
@@ -182,10 +167,7 @@ class Windows:
         return ADD
 
     def scripted(self, shard: int) -> None:
-        """Note that :data:`CHECK` answered for a shard: a missing window before is no loss.
-
-        Only while this worker's clock puts the call safely inside the window it knows.
-        """
+        """Note :data:`CHECK` answered: a missing window before is no loss (clock permitting)."""
         known = self._shards.get(shard)
         if (
             known is not None
