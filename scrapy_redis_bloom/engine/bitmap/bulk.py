@@ -1,48 +1,35 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-Elements are read in batches of :data:`BATCH`, hashed and grouped per shard (with numpy,
-the optional extra ``numpy``, at once; else in Python, :class:`.local.Located`). A shard
-with enough of a batch's elements answers them through a snapshot (:mod:`.snapshot`):
-its bytes read under ``WATCH``, the answers computed in Python (:mod:`.local`), the new
-bits and a growing shard's count written back in one ``MULTI``/``EXEC``, which does
-nothing if another client wrote to the shard meanwhile. Redis then spends almost no
-time per element. A blocked filter's shard with few of a batch's elements (an 8 MiB
-shard of a 100M filter gets a few hundred of a call's 10,000) is read by blocks
-instead: only the 64-byte blocks its elements touch, by a script, the shards of a node
-in one transaction (:func:`.snapshot.take`; ~2.5 µs of Redis time per element
-against ~10 µs for the check-and-add script). "Enough", and whole or by blocks, weigh
-each path's cost (:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
-snapshots while it has one generation, for the elements of a batch that keep its count
-under :attr:`.generations.Growth.scriptless_limit` (the script takes the others and
-crosses the growth boundary). A shard that has grown, and every shard of a filter that
-forgets (TTL), takes a stack instead (:mod:`.stacks`): the same snapshot over all the
-keys its elements may be in (its generations; the current window's and the one
-before's), the adds in the newest, under the same margin from its capacity. Elements of
-the other shards, and of every snapshot or stack that was not taken (the shard changed,
-is lost or not as expected, a window nears its end, a connection failed, an ACL refused
-it), go through the chunks below. A batch's snapshot transactions overlap two at a time,
-on a node's two connections (:meth:`Bulk._take_overlapped`): Python answers one while
-Redis reads the next and runs the one before's writes.
+Elements are read in batches of :data:`BATCH`, hashed and grouped per shard (with numpy
+at once, else in Python: :class:`.local.Located`). A shard with enough of a batch's
+elements answers them through a snapshot (:mod:`.snapshot`): its bytes (whole, or for a
+blocked filter only the 64-byte blocks its elements touch) read under ``WATCH``, the
+answers computed in Python (:mod:`.local`), the new bits and a growing shard's count
+written back in one ``MULTI``/``EXEC``, which does nothing if another client wrote to
+the shard meanwhile. "Enough", and whole or by blocks, weigh each path's cost
+(:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
+snapshots while it has one generation, below
+:attr:`.generations.Growth.scriptless_limit`; a grown shard, and every shard of a
+filter that forgets (TTL), takes a stack (:mod:`.stacks`) over all the keys its
+elements may be in. Elements of the other shards, and of every snapshot or stack not
+taken (the shard changed, is lost or odd, a window nears its end, a connection failed,
+an ACL refused it), go through the chunks. Snapshot transactions overlap two at a time
+(:meth:`Bulk._take_overlapped`).
 
-Chunks: each chunk of :data:`CHUNK` elements is hashed in Python and grouped per
-shard; per shard the batch sends ``GETRANGE`` of the shard's identity, then ``BITFIELD
-key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about :data:`COMMAND_BITS`
-bits each. BITFIELD is atomic and replies the old bits, so "were all k bits already
-set" is exactly check-and-add's answer, at ~0.2 µs of Redis time per bit against ~1
-µs for a Lua ``redis.call``. A filter that grows or forgets sends check-and-add script
-calls of :data:`PER_SCRIPT` elements instead (only the script crosses the growth
-boundary). Chunk n+1 is sent before chunk n's replies are read, so Python packs while
-Redis works.
+Chunks: :data:`CHUNK` elements hashed and grouped per shard; per shard a ``GETRANGE``
+of its identity, then ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of
+about :data:`COMMAND_BITS` bits. BITFIELD is atomic and replies the old bits, so "were
+all k bits already set" is check-and-add's answer (~0.2 µs of Redis time per bit against
+~1 µs for a Lua ``redis.call``). A filter that grows or forgets sends check-and-add
+script calls of :data:`PER_SCRIPT` elements instead (only the script crosses the growth
+boundary). Chunk n+1 is sent before chunk n's replies are read.
 
-What the hot path's script checks atomically, the bulk path checks per chunk: a shard
-whose identity did not match answers "not there" for every element of the chunk in it
-(its BITFIELD may have written into a lost shard's place), and is handed to the
-filter's recovery, after which those elements are added again. A command that fails
-is run again through the executor; if it was a write that may already have run (a
-chunk's, or a snapshot's ``EXEC``), the elements it carried answer "new" (ambiguous)
-whatever the re-run says. If the iterable raises, or anything else interrupts the
-work, the connections with replies still owed are thrown away, so no later call reads
-them.
+A shard whose identity did not match answers "not there" for the chunk's elements in
+it (its BITFIELD may have written into a lost shard's place), is recovered, and those
+elements are added again. A failed command is run again through the executor; if it
+was a write that may have run (a chunk's, or a snapshot's ``EXEC``), its elements answer
+"new" (ambiguous). If the iterable raises, or anything else interrupts the work, the
+connections with replies still owed are thrown away.
 """
 
 from __future__ import annotations
@@ -85,56 +72,42 @@ from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pa
 logger = logging.getLogger(__name__)
 
 #: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
-#: small enough for the kernel to take the send at once while Redis works on the chunk
-#: before (10,000 made the send wait for Redis, serialising the two: -10% on 2 vCPUs).
+#: which the kernel takes at once while Redis works on the chunk before (10,000: -10%).
 CHUNK = 4_000
-#: Bits per BITFIELD command (a multiple of k is used): about 1 ms of Redis time, so
-#: other clients wait no longer than that between two commands.
+#: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, the most other
+#: clients wait between two commands.
 COMMAND_BITS = 5_000
-#: Elements read from the iterable at a time when snapshots may be taken: each shard with
-#: enough of them is answered through one snapshot (:mod:`.snapshot`), so a larger batch
-#: spreads a shard's transfer and round trips over more elements (+20% from 65,536 at 21
-#: shards). Memory: 8 k bytes of offsets per element, ~15 MiB at k = 14 in one shard.
-#: Without numpy, the most read at a time (Python's lists take ~200 bytes per element).
+#: Elements read at a time when snapshots may be taken (and the most without numpy,
+#: whose lists take ~200 bytes per element): a larger batch spreads a shard's transfer
+#: over more elements (+20% from 65,536 at 21 shards).
 BATCH = 131_072
-#: The most elements read at a time: a filter of many large shards reads more than BATCH,
-#: for enough elements per shard (:data:`WHOLE_NS_PER_ELEMENT`). Memory: ~50 bytes per
-#: element (hashes, seeds, positions), plus one shard's offsets and copy at a time.
+#: The most elements read at a time (~50 bytes each, plus one shard's offsets and copy).
 MAX_BATCH = 1_048_576
-#: With numpy, a batch holds (up to MAX_BATCH) enough elements per shard for a whole
-#: shard's snapshot to cost about this much per element: a 100M filter's 42 shards of 8
-#: MiB read 1,048,576 at a time, not 131,072 (measured at 100M @ 1e-4 in calls of
-#: 1,000,000: 410,000-470,000 fp/s and 1.0-1.1 µs of Redis CPU per fingerprint became
-#: 1,000,000 and 0.2 µs; BF.MADD: ~1,200,000 and 0.6).
+#: With numpy, a batch holds enough elements per shard for a whole shard's snapshot to
+#: cost about this much per element (100M @ 1e-4 in calls of 1,000,000: 410,000-470,000
+#: fp/s became 1,000,000; BF.MADD: ~1,200,000).
 WHOLE_NS_PER_ELEMENT = 250
-#: What decides whether a shard's elements go through a snapshot: its cost, about
-#: SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard (read, and written back),
-#: against the other path's, BITFIELD_NS_PER_BIT per bit or, for a growing shard,
-#: SCRIPT_NS_PER_ELEMENT per element (bench/NOTES.md).
+#: A snapshot costs about SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard,
+#: against BITFIELD_NS_PER_BIT per bit or SCRIPT_NS_PER_ELEMENT per element
+#: (bench/NOTES.md).
 SNAPSHOT_NS = 200_000
 SNAPSHOT_NS_PER_BYTE = 2
-#: A blocked shard's snapshot may read only the blocks its elements touch
-#: (:func:`.snapshot.take`): about BLOCKS_NS_PER_ELEMENT each, the shards of a node
-#: together in two round trips. A reply per run of blocks: redis-py parses each one in
-#: Python without hiredis.
+#: A blocked shard read by its blocks (:func:`.snapshot.take`): per element (a reply per
+#: run of blocks, which redis-py parses in Python without hiredis).
 BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
 #: A block an older generation's batch reads (not written back): about half the above.
 READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
-#: Bytes on the wire, both ways, per block a snapshot reads and writes back (its
-#: GETRANGE and its reply, its SETRANGE: measured 280 at 100M in calls of 10,000), and
-#: per block only read. Weighed by what a byte costs beyond loopback's
-#: (:mod:`.wirecost`) against a whole shard's bytes, read and written back.
+#: Bytes on the wire per block read and written back (measured 280 at 100M), and per
+#: block only read, weighed by what a byte costs beyond loopback's (:mod:`.wirecost`).
 BLOCK_WIRE_BYTES = 280
 READ_WIRE_BYTES = 140
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
-#: The most bytes the shards of one snapshot transaction hold (read whole, or by their
-#: blocks): a call holds the copies of two transactions at once (they overlap,
-#: :meth:`Bulk._take_overlapped`), as two 8 MiB shards'.
+#: The most bytes the shards of one snapshot transaction hold; two transactions overlap
+#: (:meth:`Bulk._take_overlapped`), as two 8 MiB shards'.
 JOINT_BYTES = 8 << 20
-#: The most bytes of blocks one transaction of shards read by their blocks holds: a call
-#: of 100,000 at 100M (6.4 MB of blocks) is then a few transactions, which overlap
-#: (:meth:`Bulk._take_overlapped`), not one.
+#: The same for shards read by their blocks: a call of 100,000 at 100M is then a few
+#: overlapping transactions, not one.
 BLOCKS_JOINT_BYTES = 2 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
@@ -146,11 +119,10 @@ LAYERED = True
 class ScriptHooks:
     """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
 
-    ``active()``: whether the filter is such a filter now (its record says so);
-    ``script()``: the check-and-add script; ``head(shard, write, n)``: the packed start
-    of a call over n elements; ``note(shard, flags, generations)``: report what a call
-    did beside answering; ``mismatch(shard, shard_key, bad_key)``: sort out a part a
-    call found wrong.
+    ``active()``: whether the filter is such a filter now; ``script()``: the check-and-add
+    script; ``head(shard, write, n)``: the packed start of a call over n elements;
+    ``note(shard, flags, generations)``: report what a call did beside answering;
+    ``mismatch(shard, shard_key, bad_key)``: sort out a part a call found wrong.
     """
 
     active: Callable[[], bool]
@@ -158,12 +130,10 @@ class ScriptHooks:
     head: Callable[[int, bool, int], bytes]
     note: Callable[[int, int, int], None]
     mismatch: Callable[[int, str, object], None]
-    #: For a filter that grows but does not forget, :attr:`.generations.Growth.scriptless_limit`:
-    #: its shards with one generation and room take snapshots too. None (or returning
-    #: 0): the script always.
+    #: :attr:`.generations.Growth.scriptless_limit` of a filter that grows but does not
+    #: forget (its one-generation shards take snapshots too); None or 0: the script always.
     scriptless: Callable[[], int] | None = None
-    #: The filter's growth (its record's), for the stacks of grown and windowed shards
-    #: (:mod:`.stacks`). None: read from the record once per filter id.
+    #: The filter's growth, for the stacks (:mod:`.stacks`); None: read from the record.
     growth: Callable[[], Growth] | None = None
 
 
@@ -187,8 +157,8 @@ class _Command:
 class _Chunk:
     write: bool
     elements: Sequence[str | bytes]
-    #: Per shard: the positions of its elements in the chunk, and their k offsets each.
-    groups: dict[int, tuple[list[int], list[int]]]
+    #: Per shard: its elements' positions in the chunk, and their k offsets (or seeds) each.
+    groups: dict[int, tuple[list[int], list[Any]]]
     #: Per node: the executor's session on it and its commands, in sending order.
     plans: dict[int, tuple[Session, list[_Command]]]
     #: Per node: a ticket of replies owed, the replies read early, or why none come.
@@ -198,11 +168,9 @@ class _Chunk:
 class Bulk:
     """Runs bulk checks on a filter's shards.
 
-    ``identity(shard)`` returns the bytes the shard's header must start with (they
-    change if the filter is adopted anew); ``recover(shards)`` sorts out shards whose
-    header did not match (it raises, or returns once they are usable); ``allow``:
-    answer "new" for a chunk Redis could not take within the retry timeout, instead
-    of raising.
+    ``identity(shard)``: the bytes the shard's header must start with; ``recover(shards)``
+    sorts out shards whose header did not match (raises, or returns once usable);
+    ``allow``: answer "new" for a chunk Redis could not take in time, instead of raising.
     """
 
     def __init__(
@@ -222,15 +190,10 @@ class Bulk:
         self.recover = recover
         self.allow = allow
         self.hooks = hooks
-        #: Whether snapshots may be taken: Redis's ACL allows them.
-        self._snapshots = SNAPSHOTS
-        #: Shards found grown (their batches go to stacks at once, see :mod:`.stacks`).
-        self._grown: set[int] = set()
-        #: The filter's growth, read from its record, with the identity of shard 0.
-        self._growth: tuple[bytes, Growth] | None = None
-        #: Redis's clock minus this machine's, from the last ``TIME`` read (windows).
-        self._clock = 0.0
-        #: What moving a byte to or from each node costs beyond loopback's.
+        self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
+        self._grown: set[int] = set()  # shards found grown: their batches go to stacks
+        self._growth: tuple[bytes, Growth] | None = None  # (shard 0's identity, growth)
+        self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
         self._wire = WireCost(executor)
 
     @property
@@ -249,11 +212,10 @@ class Bulk:
         return outcome
 
     def _least(self, scripted: bool) -> int:
-        """Return the fewest elements of a shard that it answers through a snapshot.
+        """Return the fewest elements of a shard it answers through a snapshot.
 
-        ``scripted``: the other path is the script (a growing filter), else BITFIELD.
-        A blocked shard's snapshot may read its elements' blocks alone, so pays off
-        from a few elements on (:meth:`_whole`).
+        ``scripted``: the other path is the script, else BITFIELD. A blocked shard may be
+        read by its elements' blocks alone, so pays off from a few elements on.
         """
         spec = self.spec
         each = SCRIPT_NS_PER_ELEMENT if scripted else BITFIELD_NS_PER_BIT * spec.hash_count
@@ -263,12 +225,7 @@ class Bulk:
         return max(1, -(-cost // each))
 
     def _whole(self, count: int, node: Node, key: str) -> bool:
-        """Whether ``count`` elements of a shard read it whole, rather than their blocks.
-
-        Whole when that costs less: its bytes read and written back, at what a byte
-        costs on the shard's ``node`` (:mod:`.wirecost`), against its blocks' commands
-        and bytes.
-        """
+        """Whether ``count`` elements of a shard read it whole (cheaper), not their blocks."""
         spec = self.spec
         if not spec.block_bits:
             return True
@@ -285,11 +242,10 @@ class Bulk:
     ) -> None:
         """Run a batch: snapshots for the shards with many of its elements, chunks for the rest.
 
-        Elements of different shards touch different bits, so each shard's elements may
-        be answered apart from the others' without changing any answer. A shard whose
-        newest generation is full to its scriptless limit gives the script only the
-        elements that may take it to its capacity (where the script starts the next);
-        with ``defer``, its others are run after them as a batch of their own.
+        Shards touch different bits, so each shard's elements may be answered apart. A
+        shard full to its scriptless limit gives the script only the elements that may
+        take it to its capacity; with ``defer``, its others run after as a batch of
+        their own.
         """
         mode = self._snapshot_mode()
         growth = self._stack_growth()
@@ -361,10 +317,7 @@ class Bulk:
         outcome.answers.extend(answers)
 
     def _stack_growth(self) -> Growth | None:
-        """Return the growth of a filter that grows or forgets, when its stacks may be taken.
-
-        From the hooks, else from the filter's record (read once per filter id).
-        """
+        """Return the growth of a filter that grows or forgets, when its stacks may be taken."""
         hooks = self.hooks
         if not LAYERED or not self._snapshots or hooks is None or not hooks.active():
             return None
@@ -392,8 +345,7 @@ class Bulk:
     def _snapshot_mode(self) -> tuple[int | None] | None:
         """Whether snapshots may be taken now: None if not, else (the scriptless limit,).
 
-        The limit is None for a filter that neither grows nor forgets; a filter that
-        forgets (TTL) takes none (its shards take stacks, :meth:`_stacks_of`).
+        The limit is None for a filter that neither grows nor forgets.
         """
         hooks = self.hooks
         if hooks is None or not hooks.active():
@@ -404,13 +356,10 @@ class Bulk:
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
     ) -> list[tuple[int, Any, Taken]]:
-        """Take the snapshots of a batch's crowded shards: whole, or of their blocks.
+        """Take the snapshots of a batch's crowded shards; return (shard, positions, taken).
 
-        Returns each shard, its positions and what its snapshot did. Shards go together
-        per node (:func:`.snapshot.take`: a blocked shard's blocks, or a whole shard, as
-        a 1M filter's 17 to 31 small ones; two round trips for all of them), as many as
-        hold :data:`JOINT_BYTES` at most (a shard bigger than that alone); when another
-        client wrote to one of them meanwhile, each is tried again on its own.
+        Shards go together per node (:func:`.snapshot.take`), up to :data:`JOINT_BYTES`;
+        when another client wrote to one of them meanwhile, each is tried again alone.
         """
         results: list[tuple[int, Any, Taken]] = []
         batches: list[tuple[Node, list[Any]]] = []
@@ -432,7 +381,8 @@ class Bulk:
         for (node, batch), together in zip(batches, taken, strict=True):
             for (s, positions, target), one in zip(batch, together, strict=True):
                 if one.aborted and len(batch) > 1:
-                    one = self._take(node, [target], write, limit)[0]
+                    session = self.executor.session(node, "check in bulk", write)
+                    one = self._noted([target], take(session, [target], write, limit))[0]
                 results.append((s, positions, one))
         return results
 
@@ -441,15 +391,10 @@ class Bulk:
     ) -> list[list[Taken]]:
         """Take each batch's snapshots (:func:`.snapshot.take`), two transactions at a time.
 
-        Batch i+1's reads are sent before batch i is answered, and batch i's writes and
-        ``EXEC`` are read after batch i+1 is answered: Python answers one batch while
-        Redis reads the next and runs the last one's writes, and the link carries them
-        (at 100M through a 1 Gbit/s link: +25-30% in calls of 100,000, +60% in calls of
-        1,000,000, bench/NOTES.md). Two batches in flight on one node take
-        its two connections in turn (:meth:`.Executor.session`'s ``spare``): each
-        ``WATCH`` holds on its own connection, and a connection's next reads are sent
-        after its last ``EXEC``. The batches name different shards, so their
-        transactions never watch each other's keys.
+        Batch i+1's reads are sent before batch i is answered, and batch i's ``EXEC`` read
+        after: Python answers one batch while Redis reads the next (+25-60% at 100M over
+        1 Gbit/s, bench/NOTES.md). Two batches on one node take its two connections in
+        turn (``spare``), each ``WATCH`` on its own; they name different shards.
         """
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
@@ -500,13 +445,10 @@ class Bulk:
     ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
         """Answer the batches of grown or windowed shards through stacks (:mod:`.stacks`).
 
-        One round of :func:`.stacks.probe` reads (the headers, ``TIME`` with windows)
-        for all of them, then per node transactions of as many shards as hold
-        :data:`JOINT_BYTES` (a shard bigger than that alone). A shard the probe or its
-        transaction leaves to the script is returned without answers. Also returns, per
-        shard full to its limit that may grow, how many of its elements the script
-        takes first: enough to reach its capacity, where the script starts the next
-        generation.
+        One round of :func:`.stacks.probe` reads for all, then per node transactions of
+        up to :data:`JOINT_BYTES`. A shard left to the script comes back without answers.
+        Also returns, per shard full to its limit that may grow, how many elements the
+        script takes first: enough to reach its capacity.
         """
         results: list[tuple[int, Any, Taken]] = []
         cuts: dict[int, int] = {}
@@ -569,10 +511,7 @@ class Bulk:
         found: Found,
         extra: float,
     ) -> tuple[Stack, int]:
-        """Return a shard's stack (a target per key ``found`` names), and the bytes it reads.
-
-        ``extra``: what a byte costs on the shard's node beyond loopback's (:mod:`.wirecost`).
-        """
+        """Return a shard's stack (a target per key ``found`` names), and the bytes it reads."""
         by_generation: dict[int, Any] = {}
         targets: list[Target] = []
         size, identity = 0, self.identity(shard)
@@ -587,8 +526,7 @@ class Bulk:
                 )
             length = HEADER_BYTES + gen.nbytes
             newest = (name, g) == found.keys[-1]
-            # Whole when moving its bytes (read, and for the newest written back) costs
-            # less than its blocks (an older generation's are only read).
+            # Whole when its bytes (read, the newest's written back) cost less than its blocks.
             each = (BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS) + extra * (
                 BLOCK_WIRE_BYTES if newest else READ_WIRE_BYTES
             )
@@ -600,13 +538,6 @@ class Bulk:
             targets.append(target)
             size += length if whole else BLOCK_BYTES * len(positions)
         return Stack(shard, identity, found, targets, growth.ttl), size
-
-    def _take(
-        self, node: Node, targets: list[Target], write: bool, limit: int | None
-    ) -> list[Taken]:
-        """Take the targets' snapshots (:func:`.snapshot.take`); note an ACL refusal."""
-        session = self.executor.session(node, "check in bulk", write)
-        return self._noted(targets, take(session, targets, write, limit))
 
     def _refused(self, denied: str, key: str) -> None:
         """Stop taking snapshots: Redis's ACL refused one."""
@@ -645,89 +576,63 @@ class Bulk:
             for unread in (pending, prepared):
                 if unread is not None:
                     self._abandon(unread)
-        if retry:
-            self._again(write, retry, outcome)
+        if retry:  # check again the elements of shards recovered (their second answer)
+            same = self.topology, self.executor, self.parts, self.identity
+            again = Bulk(*same, _refuse, self.allow, self.hooks)
+            second = again.run(write, [element for _, element in retry])
+            for (position, _), answer in zip(retry, second.answers, strict=True):
+                outcome.answers[position] = answer
+            second.answers = []
+            _merge(outcome, second)
         return outcome
-
-    def _again(self, write: bool, retry: list[tuple[int, str | bytes]], outcome: Outcome) -> None:
-        """Check again the elements of shards that were recovered; keep "new" answers."""
-        again = Bulk(
-            self.topology, self.executor, self.parts, self.identity, _refuse, self.allow, self.hooks
-        )
-        second = again.run(write, [element for _, element in retry])
-        for (position, _), answer in zip(retry, second.answers, strict=True):
-            outcome.answers[position] = answer
-        outcome.added += second.added
-        outcome.seen += second.seen
-        outcome.ambiguous += second.ambiguous
-        outcome.errors += second.errors
-        outcome.failed += second.failed
 
     # -- planning --------------------------------------------------------------------
 
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
-        """Hash a chunk and plan its commands: per node, per shard, COMMAND_BITS bits each."""
-        if self.hooks is not None and self.hooks.active():
-            return self._prepare_scripted(write, elements, self.hooks)
+        """Hash a chunk and plan its commands per node and shard.
+
+        BITFIELDs of COMMAND_BITS bits after an identity check; for a filter that grows or
+        forgets, script calls of PER_SCRIPT elements (only the script knows a shard's
+        generations and windows), its groups carrying each element's packed seeds.
+        """
+        hooks = self.hooks if self.hooks is not None and self.hooks.active() else None
         spec = self.spec
         k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
-        groups: dict[int, tuple[list[int], list[int]]] = {}
+        groups: dict[int, tuple[list[int], list[Any]]] = {}
         for i, element in enumerate(elements):
-            shard, x, y = locate(element, spec)
+            if hooks is None:
+                shard, x, y = locate(element, spec)
+            else:
+                h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
+                shard = h1 % spec.shards
             group = groups.get(shard)
             if group is None:
                 group = groups[shard] = ([], [])
             group[0].append(i)
-            # A shard's bits start after its header.
-            group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
-        per_command = max(1, COMMAND_BITS // k)
+            if hooks is None:  # (a shard's bits start after its header)
+                group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
+            else:
+                group[1].append(seed_arguments(h1, h2, spec.shards, size, spec.seed_range))
+        script = hooks.script() if hooks is not None else None
+        per = PER_SCRIPT if hooks is not None else max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
         plans: dict[int, tuple[Session, list[_Command]]] = {}
-        for shard, (positions, bits) in groups.items():
+        for shard, (positions, packed) in groups.items():
             key = self.parts.shard_key(shard)
             commands = self._plan(plans, key, shard)
-            check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
-            commands.append(_Command(Call(check, key=key, shard=shard), shard))
             packed_key = encode(key)
-            for first in range(0, len(positions), per_command):
-                span = range(first, min(first + per_command, len(positions)))
-                payload = packer.pack(packed_key, bits[span.start * k : span.stop * k])
-                commands.append(_Command(Call(payload, key=key, shard=shard), shard, span))
-        return _Chunk(write, elements, groups, plans)
-
-    def _prepare_scripted(
-        self, write: bool, elements: Sequence[str | bytes], hooks: ScriptHooks
-    ) -> _Chunk:
-        """Plan a chunk as check-and-add script calls of up to PER_SCRIPT elements each.
-
-        The path of a filter that grows or forgets: only the script knows a shard's
-        generations and windows. Its groups carry the packed seeds of each element.
-        """
-        shards, size, wide = self.spec.shards, self.spec.shard_bits, self.spec.seed_range
-        groups: dict[int, tuple[list[int], list[int]]] = {}
-        seeds: dict[int, list[bytes]] = {}
-        for i, element in enumerate(elements):
-            h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
-            shard = h1 % shards
-            group = groups.get(shard)
-            if group is None:
-                group = groups[shard] = ([], [])
-                seeds[shard] = []
-            group[0].append(i)
-            seeds[shard].append(seed_arguments(h1, h2, shards, size, wide))
-        script = hooks.script()
-        plans: dict[int, tuple[Session, list[_Command]]] = {}
-        for shard, (positions, _) in groups.items():
-            key = self.parts.shard_key(shard)
-            commands = self._plan(plans, key, shard)
-            packed = seeds[shard]
-            for first in range(0, len(positions), PER_SCRIPT):
-                span = range(first, min(first + PER_SCRIPT, len(positions)))
-                payload = hooks.head(shard, write, len(span)) + b"".join(
-                    packed[span.start : span.stop]
-                )
+            if hooks is None:
+                check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
+                commands.append(_Command(Call(check, key=key, shard=shard), shard))
+            for first in range(0, len(positions), per):
+                span = range(first, min(first + per, len(positions)))
+                if hooks is None:
+                    payload = packer.pack(packed_key, packed[span.start * k : span.stop * k])
+                else:
+                    payload = hooks.head(shard, write, len(span))
+                    payload += b"".join(packed[span.start : span.stop])
                 call = Call(payload, key=key, shard=shard, script=script)
-                commands.append(_Command(call, shard, span, scripted=True))
+                commands.append(_Command(call, shard, span, scripted=hooks is not None))
         return _Chunk(write, elements, groups, plans)
 
     def _plan(
@@ -776,10 +681,9 @@ class Bulk:
         outcome: Outcome,
         offset: int,
     ) -> list[tuple[int, str | bytes]]:
-        """Read a chunk's replies (running failed commands again); add its answers.
+        """Read a chunk's replies (running failed ones again); add its answers.
 
-        Returns the elements of shards that had to be recovered, with their positions,
-        for a second pass.
+        Returns the elements (with positions) of shards recovered, for a second pass.
         """
         k = self.spec.hash_count
         write = chunk.write
@@ -798,14 +702,11 @@ class Bulk:
                         if found != self.identity(command.shard):
                             mismatched[command.shard] = found
                         continue
-                    if command.scripted:
-                        scripted = True
-                        if self._scripted_reply(command, reply, mismatched):
-                            old_bits[command.shard].extend(reply[3:])
-                        if maybe_twice:
-                            doubtful[command.shard].update(command.elements)
-                        continue
-                    old_bits[command.shard].extend(reply)
+                    if not command.scripted:
+                        old_bits[command.shard].extend(reply)
+                    elif self._scripted_reply(command, reply, mismatched):
+                        old_bits[command.shard].extend(reply[3:])
+                    scripted = scripted or command.scripted
                     if maybe_twice:
                         doubtful[command.shard].update(command.elements)
         except FilterUnavailableError:
@@ -846,10 +747,10 @@ class Bulk:
         ]
 
     def _scripted_reply(self, command: _Command, reply: Any, mismatched: dict[int, bytes]) -> bool:
-        """Take a script call's reply apart; return True when it carries answers.
+        """Take a script call's reply apart; True when it carries answers.
 
-        A shard key found wrong is noted in ``mismatched`` for recovery; a generation
-        or window found wrong is the hooks' to raise about.
+        A wrong shard key is noted in ``mismatched``; a wrong generation or window is the
+        hooks' to raise about.
         """
         assert self.hooks is not None
         shard, key = command.shard, command.call.key or ""
@@ -890,8 +791,7 @@ class Bulk:
             redo = [i for i, reply in enumerate(replies) if classify(reply) is not Kind.RESULT]
         unsure = [lost and chunk.write] * len(commands)
         if redo:
-            # The executor may use any node: first read every reply owed on them, this
-            # chunk's, then the next one's (the order they were sent in).
+            # The executor may use any node: first read every reply owed, in sending order.
             self._drain(chunk)
             self._drain(later)
             results = self.executor.run(
@@ -908,10 +808,8 @@ class Bulk:
 def batch_size(spec: FilterSpec, least: int) -> int:
     """Return the elements a bulk call reads at a time: enough per shard for a cheap snapshot.
 
-    That is, at least twice ``least`` per shard (the fewest a shard answers through a
-    snapshot), and enough that a whole shard's snapshot costs about
-    :data:`WHOLE_NS_PER_ELEMENT` per element (bounded by MAX_BATCH). Without numpy,
-    BATCH: Python's lists take ~200 bytes per element.
+    At least twice ``least`` per shard, and enough for a whole shard's snapshot to cost
+    about :data:`WHOLE_NS_PER_ELEMENT` per element (at most MAX_BATCH); without numpy, BATCH.
     """
     if not HAVE_NUMPY:
         return BATCH
@@ -926,15 +824,13 @@ def _join(
     size: int,
     item: Any,
     joint: bool,
-    most: int | None = None,
+    most: int = JOINT_BYTES,
 ) -> None:
     """Put a shard's ``item`` in its node's open batch, or a new one past ``most`` bytes.
 
-    ``filling``: per node, its open batch and the bytes in it; ``joint``: whether a
-    transaction may name several shards (else one batch each); ``most``: JOINT_BYTES
-    unless given.
+    ``filling``: per node, its open batch and bytes; ``joint``: whether a transaction may
+    name several shards.
     """
-    most = JOINT_BYTES if most is None else most
     index, held = filling.get(id(node), (-1, most))
     if held + size > most or not joint:
         index, held = len(batches), 0

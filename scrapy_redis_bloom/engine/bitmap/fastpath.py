@@ -1,32 +1,22 @@
 """The hot path without a script: one ``BITFIELD`` per check, when a shard allows it.
 
-A check-and-add of one element on a shard that neither forgets (no TTL) nor has
-grown is a single command::
+A check-and-add on a shard that neither forgets (no TTL) nor has grown is one command::
 
     BITFIELD {KEY:i}:g0 GET i64 32 [INCRBY u48 208 <n>] SET u1 <o1> 1 ... SET u1 <ok> 1
 
-(the state field only on some checks of a growing shard, see below).
+``BITFIELD`` is atomic and replies every field's old value, so "were all k bits already
+set" is check-and-add's answer, at a fraction of the script's Redis time. The first
+field reads 8 bytes of the filter's id from the header: a reply with another id was not
+written where this worker believes (a lost shard, a reset filter) and goes to recovery.
 
-``BITFIELD`` is atomic and replies the old value of every field, so "were all k bits
-already set" is check-and-add's answer, at a fraction of the script's Redis time. The
-first field reads 8 bytes of the filter's id from the shard's header: a reply with
-another id was not written where this worker believes (the shard was lost, or the
-filter reset), and goes to the filter's recovery, its answer discarded.
-
-A growing shard also needs its count of items, which decides when it grows. One
-command cannot raise it only when the element turns out new, so each worker keeps the
-items it found new and sends them with one of its checks in :data:`STATE_EVERY` on that
-shard (sooner when that many are owed), and when it syncs or closes: ``INCRBY u48 208
-<n>`` on the header's state (generations u16, count u32) adds them and replies both.
-Only the script crosses the growth boundary, so this path is used while the count
-stays under :attr:`.Growth.scriptless_limit`, with room for the counts every live
-worker may still hold (:data:`STATE_EVERY` each, workers counted by the lease
-registry). A shard found grown, or near its limit, is left to the script from then on.
-
-What this path cannot see, and why it is safe: if a shard grew after this worker's
-last look (at most :data:`STATE_EVERY` checks ago), its element went to generation 0,
-which is still read by every check; "seen" there is a true Bloom answer, "new" at
-worst a duplicate fetch.
+A growing shard's count decides when it grows, and one command cannot raise it only for
+a new element: each worker keeps the items it found new and sends them with one check
+in :data:`STATE_EVERY` (sooner when that many are owed), and on sync or close, by
+``INCRBY u48 208 <n>`` on the header's state (generations u16, count u32). Only the
+script crosses the growth boundary, so this path stops below
+:attr:`.Growth.scriptless_limit`, with room for what every live worker may still hold.
+If a shard grew since this worker's last look, its element went to generation 0, which
+every check still reads: "seen" is a true answer, "new" at worst a duplicate fetch.
 """
 
 from __future__ import annotations
@@ -43,9 +33,8 @@ from scrapy_redis_bloom.transport.wire import Arg, Script, command_head, pack_co
 #: A worker's checks of a shard between two that read its state (and send its count).
 STATE_EVERY = 16
 
-#: Where the fields read before the bits live in a shard's header (bit offsets): 8 of
-#: the 16 random bytes of the filter id; the state, generations (u16) then count (u32),
-#: as one u48.
+#: Bit offsets in a shard's header: 8 of the filter id's 16 random bytes; the state,
+#: generations (u16) then count (u32), as one u48.
 ID_FIELD = 32
 STATE_FIELD = GENERATIONS_BIT
 
@@ -59,19 +48,14 @@ def id_field(identity: bytes) -> int:
 class _Shard:
     """What this worker knows of one shard: its command's start, and its count."""
 
-    #: The command's start: without the state field, and with it.
-    plain: str
-    stated: str
+    plain: str  # the command's start, without the state field
+    stated: str  # and with it
     key: str
     expected: int
-    #: Checks since the last that read the state.
-    since: int = 0
-    #: Items in generation 0 at this worker's last look (None: not looked yet).
-    count: int | None = None
-    #: Items this worker found new since, not yet added to the count in Redis.
-    pending: int = 0
-    #: It has grown (its count is a later generation's), or its count nears the limit:
-    #: its checks are the script's from now on.
+    since: int = 0  # checks since the last that read the state
+    count: int | None = None  # items in generation 0 at the last look (None: not yet)
+    pending: int = 0  # items found new since, not yet sent
+    #: Grown, or its count nears the limit: its checks are the script's from now on.
     grown: bool = False
     near: bool = False
 
@@ -83,14 +67,12 @@ class Command:
     shard: int
     key: str
     payload: bytes
-    #: The script an ``EVALSHA`` payload runs (loaded on ``NOSCRIPT``); None for BITFIELD.
-    script: Script | None = None
+    script: Script | None = None  # what an EVALSHA runs; None for BITFIELD
     fast: FastPath | None = None
-    #: Items it adds to the shard's count (scriptless path), to give back if it never ran.
+    #: BITFIELD: the items it adds to the count (given back if it never ran), the fields
+    #: read before the bits, the bits it sets (taken back from a shard not this filter's).
     counted: int = 0
-    #: Fields its BITFIELD reads before the bits (scriptless path).
     fields: int = 0
-    #: The bit offsets it sets (scriptless path), to take back from a shard not this filter's.
     bits: list[int] | None = None
 
     def give_back(self) -> None:
@@ -103,14 +85,13 @@ class Command:
 class FastPath:
     """Packs and reads the scriptless check-and-add of one filter (see the module doc).
 
-    ``growth``: the filter's geometry and growth (TTL filters have no fast path);
-    ``shard_key(i)`` and ``identity(i)``: a shard's key and the header it must carry.
+    ``shard_key(i)``, ``identity(i)``: a shard's key and the header it must carry;
+    ``workers()``: live leases (their late counts widen the margin).
     """
 
     growth: Growth
     shard_key: Any
     identity: Any
-    #: How many workers hold a live lease (their late counts widen the margin).
     workers: Callable[[], int] = lambda: 1
     _shards: dict[int, _Shard] = field(default_factory=dict)
 
@@ -148,10 +129,8 @@ class FastPath:
     def pack(self, h1: int, h2: int) -> Command | None:
         """Return the command for an element (hashes ``h1``, ``h2``); None: use the script.
 
-        The command carries the count it sends (what it adds to the shard's count:
-        :meth:`lost` gives it back when the command surely did not run) and the fields
-        it reads before the bits (1, or 2 with the state). None when the element's
-        shard has grown or nears its limit: its checks are the script's.
+        None when the shard has grown or nears its limit. The command carries the count it
+        sends (:meth:`lost` gives it back) and the fields read before the bits (1 or 2).
         """
         shard, x, y = place(h1, h2, self.shards, self.size, self.seeds)
         known = self._shards.get(shard) or self._shard(shard)
@@ -177,9 +156,8 @@ class FastPath:
     def strays(self, command: Command, reply: list[Any]) -> tuple[bytes, list[int]]:
         """Return what a command that found a foreign shard set there: its id field, bits.
 
-        A ``BITFIELD`` sets its bits before its reply can show the shard is not this
-        filter's (a reset under the same key, a lost shard): the bits it found clear
-        were set in another filter, and :data:`.scripts.TAKE_BACK` clears them.
+        (A ``BITFIELD`` sets its bits before its reply shows the shard is not this
+        filter's: :data:`.scripts.TAKE_BACK` clears them.)
         """
         found = reply[0].to_bytes(8, "big", signed=True)
         old = reply[command.fields :]
@@ -192,13 +170,9 @@ class FastPath:
     give_back = lost
 
     def read(self, shard: int, reply: Any, fields: int) -> tuple[bool | None, int]:
-        """Return a reply's answer and the shard's generations (1: it does not grow).
+        """Return a reply's answer (True: seen; None: not this filter's) and the generations.
 
-        ``fields``: the fields the command read before the bits (see :meth:`pack`).
-
-        The answer is True for "seen", None when the shard is not this filter's.
-
-        A reply of the wrong shape raises ``ValueError``: it is not this command's.
+        ``fields``: read before the bits (:meth:`pack`). A wrong shape raises ``ValueError``.
         """
         if not isinstance(reply, list) or len(reply) != fields + self.k:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
@@ -227,8 +201,7 @@ class FastPath:
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items still to count.
 
-        Each command adds the items to the shard's count; :meth:`lost` gives them back
-        when it fails. ``only``: that shard's, if any (before its script takes over).
+        :meth:`lost` gives them back when it fails. ``only``: that shard's, if any.
         """
         out = []
         shards = self._shards

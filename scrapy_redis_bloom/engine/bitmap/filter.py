@@ -1,19 +1,17 @@
 """The bitmap backend's filter: :class:`RedisBloomFilter`, bits in Redis strings, sharded.
 
-It knows Redis and the hashing scheme, nothing of Scrapy. Every call keeps the never-lose
-contract (docs/explanation/contract.md): "seen" only when Redis confirmed, in this call,
-every bit set in a shard carrying this filter's id; any doubt answers "new" (a lost
-reply whose re-run finds the bits set counts as ``ambiguous``; Redis unavailable under
-``BLOOMFILTER_ON_ERROR = "allow"`` as ``errors``); otherwise an error, never a wrong
-answer. Elements let through under ``"allow"`` are remembered and added once Redis
-answers again. Thread-safe: calls are serialised by a lock.
+Every call keeps the never-lose contract (docs/explanation/contract.md): "seen" only
+when Redis confirmed, in this call, every bit set in a shard carrying this filter's id;
+any doubt answers "new" (counted as ``ambiguous``, or ``errors`` under
+``BLOOMFILTER_ON_ERROR = "allow"``, whose elements are added once Redis answers again);
+otherwise an error, never a wrong answer. Calls are serialised by a lock.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -49,11 +47,10 @@ _T = TypeVar("_T")
 class RedisBloomFilter(FilterBase):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
-    ``client`` is a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
-    standalone clients (shard ``i`` on server ``i mod n``); the filter makes its own
-    connections from their settings. ``spec`` and ``capacity`` (and ``sizing``, see
-    :class:`..sizing.Sizing`) say what to create; a filter that exists keeps the geometry
-    its record stores. :meth:`~.FilterBase.open` is called on first use.
+    ``client``: a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
+    standalone clients (shard ``i`` on server ``i mod n``), whose settings it connects
+    with. ``spec``, ``capacity`` and ``sizing`` (:class:`..sizing.Sizing`) say what to
+    create; a filter that exists keeps its record's geometry. Opened on first use.
     """
 
     def _setup(self) -> None:
@@ -64,9 +61,7 @@ class RedisBloomFilter(FilterBase):
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
-        #: The scriptless hot path (see :mod:`.fastpath`), once the filter is open.
-        self._fast: FastPath | None = None
-        #: The scriptless hot path of grown and windowed shards (see :mod:`.stackpath`).
+        self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
@@ -166,11 +161,7 @@ class RedisBloomFilter(FilterBase):
         return self._conclude(command, reply, ambiguous, element, h1, h2, recovered)
 
     def _stacked(self, check: Check) -> bool | None:
-        """Check an element of a grown or windowed shard without the script (:mod:`.stackpath`).
-
-        None where the script must answer: the shard or window is not as this worker knew it,
-        or nears a boundary.
-        """
+        """Check an element of a grown or windowed shard without the script; None: the script's."""
         stack = self._stack
         assert stack is not None
         key, sent_at = check.keys[0].name, time.time()
@@ -185,10 +176,7 @@ class RedisBloomFilter(FilterBase):
                     OPERATION, sent, check.add_key, check.shard, write=True
                 )
                 reply, ambiguous = results.replies[0], results.ambiguous[0]
-                if isinstance(results.replies[1], BaseException):
-                    stack.lost(check)  # kept for the next one (out of memory, say)
-                else:
-                    stack.counted(check, results.replies[1])
+                stack.counted(check, results.replies[1])
             else:
                 reply, ambiguous = self.executor.fast(
                     OPERATION, check.add, check.add_key, check.shard, None
@@ -207,8 +195,8 @@ class RedisBloomFilter(FilterBase):
     def _read(self, key: str, replies: list[Any], read: Callable[[list[Any]], _T]) -> _T:
         """Return what ``read`` makes of a round's replies (for ``key``'s shard).
 
-        An error reply raises, naming the key; a reply of the wrong shape raises
-        :class:`~..errors.FilterUnavailableError`: nothing is answered from it.
+        An error reply raises, naming the key; a wrong shape raises
+        :class:`~..errors.FilterUnavailableError`.
         """
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -256,13 +244,11 @@ class RedisBloomFilter(FilterBase):
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
 
-        One pipelined batch of each element's BITFIELD, script, or reads of a grown or windowed
-        shard (:mod:`.stackpath`), then one of the adds those reads left (a third, of scripts,
-        only where a shard was not as this worker knew it). BLOOMFILTER_ON_ERROR handles the
-        elements Redis could not answer, or refused; the others keep their answers.
+        One pipelined batch of each element's BITFIELD, script, or stacked reads, then one
+        of the adds those reads left (then scripts where a shard was not as known).
+        BLOOMFILTER_ON_ERROR handles the elements Redis could not answer, or refused.
         """
         answers: list[bool | None] = [None] * len(todo)
-        failure: FilterUnavailableError | AccessDeniedError | None = None
         stack = self._stack
         checks: dict[int, Check] = {}
         commands: dict[int, Command] = {}
@@ -297,11 +283,8 @@ class RedisBloomFilter(FilterBase):
             for i in adds:
                 at, count = spans[i]
                 reply, check = results.replies[at], checks[i]
-                counted = results.replies[at + 1] if count == 2 else 0
-                if counted is None or isinstance(counted, BaseException):
-                    stack.lost(check)  # the count goes with a later add
-                elif count == 2:
-                    stack.counted(check, counted)
+                if count == 2:
+                    stack.counted(check, results.replies[at + 1])
                 if reply is None:
                     continue
                 seen = self._added(check, reply, results.ambiguous[at])
@@ -313,23 +296,16 @@ class RedisBloomFilter(FilterBase):
             scripted = {i: self._scripted(todo[i][3], todo[i][4]) for i in again}
             failure = self._scripts_and_fast(todo, scripted, answers, [], {}, {}) or failure
         outcome = Outcome()
-        rest: list[str | bytes] = []
-        for i, seen in enumerate(answers):
-            if seen is None:
-                rest.append(todo[i][2])
-                outcome.answers.append(False)
-            else:
-                outcome.answers.append(seen)
-                outcome.added += not seen
-                outcome.seen += seen
+        rest = [todo[i][2] for i, seen in enumerate(answers) if seen is None]
+        unavailable: Iterator[bool] = iter(())
         if rest:
             assert failure is not None
             unavailable = iter(self._unavailable(failure, len(rest)))
-            outcome.answers = [
-                answer if answers[i] is not None else next(unavailable)
-                for i, answer in enumerate(outcome.answers)
-            ]
             outcome.errors, outcome.failed = len(rest), rest
+        for seen in answers:
+            outcome.answers.append(next(unavailable) if seen is None else seen)
+            outcome.added += seen is False
+            outcome.seen += seen is True
         return outcome
 
     def _scripts_and_fast(
@@ -343,8 +319,7 @@ class RedisBloomFilter(FilterBase):
     ) -> FilterUnavailableError | AccessDeniedError | None:
         """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch into ``answers``.
 
-        Returns the failure, if any. A stacked check whose reads leave it to the add gets its
-        add packed (:attr:`.Check.add`); one left to the script gets none.
+        Returns the failure, if any. A check left to the add gets it packed (:attr:`.Check.add`).
         """
         first = len(calls)
         calls = calls + [
@@ -381,12 +356,6 @@ class RedisBloomFilter(FilterBase):
             return Results([None] * len(calls), [False] * len(calls)), exc
         return results, results.failure
 
-    def _prepare(self, h1: int, h2: int) -> Command:
-        """Pack an element's check-and-add: a BITFIELD where the shard allows, else the script."""
-        fast = self._fast
-        command = fast.pack(h1, h2) if fast is not None else None
-        return command if command is not None else self._scripted(h1, h2)
-
     def _scripted(self, h1: int, h2: int) -> Command:
         """Pack an element's check-and-add script (its shard has grown, or forgets)."""
         record = self.record if self.record is not None else self._current()
@@ -417,12 +386,14 @@ class RedisBloomFilter(FilterBase):
             except ValueError as exc:
                 raise self._not_ours(command.key, exc) from None
             if seen is None:
-                # Its bits went wherever the key now points: the shard was lost (a bitmap
-                # without a header now), or the filter reset. Recover, then check again;
-                # "seen" then may be this call's own bits.
+                # Its bits went to a lost shard or a reset filter: recover, check again
+                # ("seen" then may be this call's own bits).
                 if recovered:
                     raise self._still_wrong(command.key)
-                self._take_back(command, reply)
+                # While the shard still carries the id found; a bit another worker set
+                # meanwhile may be cleared too: a duplicate fetch at worst.
+                found, bits = command.fast.strays(command, reply)
+                self._take_back_bits(command.key, command.shard, found, bits)
                 self._recover([command.shard])
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
@@ -445,21 +416,10 @@ class RedisBloomFilter(FilterBase):
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
 
-    def _take_back(self, command: Command, reply: list[Any]) -> None:
-        """Clear the bits a scriptless check set in a shard that is not this filter's.
-
-        Only while the shard still carries the id the check found; a bit another worker set
-        meanwhile may be cleared too: a duplicate fetch at worst, never a page lost.
-        """
-        assert command.fast is not None
-        found, bits = command.fast.strays(command, reply)
-        self._take_back_bits(command.key, command.shard, found, bits)
-
     def _take_back_bits(self, key: str, shard: int, found: bytes, bits: list[int]) -> None:
         """Clear ``bits`` of ``key`` while it still carries the id field ``found``.
 
-        Zeros there mean a scriptless add made the key: such a generation or window is deleted
-        once empty.
+        Zeros there: a scriptless add made the key, a generation or window deleted once empty.
         """
         calls = []
         if bits:
@@ -503,11 +463,7 @@ class RedisBloomFilter(FilterBase):
                 keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
-        """Sort out the part a script found wrong: the shard itself, or a generation of it.
-
-        A wrong shard goes to :meth:`_recover`; a generation or window that is missing (under
-        ``BLOOMFILTER_ON_LOSS = "raise"``) or foreign raises.
-        """
+        """Sort out the part a script found wrong: the shard (:meth:`_recover`), or else raise."""
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
             self._recover([shard])

@@ -1,10 +1,9 @@
 """Check-and-add computed in Python on a copy of a shard's bytes (the snapshot kernel).
 
-The answers equal check-and-add on each element in order: an element is "seen" when each
-of its bits was set in the copy *or* by an element before it. :func:`check_sequential` is
-that definition in pure Python (the kernel without numpy); :func:`check_vectorised`
-computes the same with numpy (for each bit clear in the copy, the first element that
-sets it is new), held by the tests to identical answers and bytes.
+The answers equal check-and-add on each element in order: "seen" when each of its bits
+was set in the copy or by an element before it. :func:`check_sequential` is that
+definition (the kernel without numpy); :func:`check_vectorised` computes the same with
+numpy (for each bit clear in the copy, the first element that sets it is new).
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ if TYPE_CHECKING:
 
 #: Elements answered together by :func:`check_vectorised` (their k bits sorted at once).
 SLICE = 8_192
-#: The most elements whose offsets :meth:`Located.offsets` computes at once (bounded
-#: memory); a bigger batch computes each shard's apart.
+#: The most elements whose offsets :meth:`Located.offsets` computes at once (memory).
 ALL_OFFSETS = 131_072
 #: Bytes of one block of a blocked filter.
 BLOCK_BYTES = BLOCK_BITS // 8
@@ -68,7 +66,13 @@ class Located:
     def crowded(self, least: int) -> dict[int, Any]:
         """Return the positions of the elements of each shard with at least ``least``."""
         if self.vectorised:
-            return crowded(self.shard, self.spec.shards, least)
+            counts = np.bincount(self.shard, minlength=self.spec.shards)
+            busy = np.flatnonzero(counts >= least)
+            if not len(busy):
+                return {}
+            order = np.argsort(self.shard, kind="stable")
+            starts = np.concatenate(([0], np.cumsum(counts)))
+            return {int(s): order[starts[s] : starts[s + 1]] for s in busy.tolist()}
         groups: dict[int, list[int]] = {}
         for position, (shard, _, _) in enumerate(self._seeds):
             group = groups.get(shard)
@@ -81,16 +85,15 @@ class Located:
     def offsets(self, positions: Any) -> Any:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
-        An (n, k) array (:func:`offsets_many`); without numpy, n lists of k offsets, or for a
-        blocked filter n ``(block start, bits)`` pairs (:func:`..hashing.block_masks`).
+        An (n, k) array; without numpy, n lists of k offsets, or for a blocked filter n
+        ``(block start, bits)`` pairs (:func:`..hashing.block_masks`).
         """
         spec = self.spec
         k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
         if self.vectorised:
             if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
                 return offsets_many(self.x[positions], self.y[positions], k, bits, block)
-            # The whole block's at the first call: numpy's cost is per call, not per shard.
-            if self._offsets is None:
+            if self._offsets is None:  # all at once: numpy's cost is per call
                 self._offsets = offsets_many(self.x, self.y, k, bits, block)
             return self._offsets[positions]
         seeds = self._seeds
@@ -99,10 +102,7 @@ class Located:
         return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
 
     def generation_offsets(self, positions: Any, generation: Generation) -> Any:
-        """Return :meth:`offsets` of the elements at ``positions`` in a later generation.
-
-        Seeded as the scripts seed it (see :func:`..generations.seed_arguments`).
-        """
+        """Return :meth:`offsets` in a later generation, seeded as the scripts seed it."""
         k, bits, block = generation.hash_count, generation.bits, generation.block_bits
         shards, seeds = self.spec.shards, generation.seed_range
         if self.vectorised:
@@ -114,8 +114,7 @@ class Located:
                 x = (qx[positions] % np.uint64(bits)).astype(np.int64)
                 y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
                 return offsets_many(x, y, k, bits, block)
-            # The whole block's at once, as :meth:`offsets` does.
-            every = self._generations.get(generation)
+            every = self._generations.get(generation)  # all at once, as offsets does
             if every is None:
                 x = (qx % np.uint64(bits)).astype(np.int64)
                 y = (qy % np.uint64(seeds)).astype(np.int64)
@@ -137,7 +136,10 @@ class Located:
     def outside(self, taken: Sequence[Any]) -> list[int]:
         """Return the positions that are in none of the ``taken`` groups of positions."""
         if self.vectorised:
-            return outside(self.size, taken)
+            left = np.ones(self.size, dtype=bool)
+            for positions in taken:
+                left[positions] = False
+            return [int(p) for p in np.flatnonzero(left).tolist()]
         rest = [True] * self.size
         for positions in taken:
             for position in positions:
@@ -147,7 +149,11 @@ class Located:
     def placed(self, parts: Sequence[tuple[Any, Sequence[bool]]]) -> list[bool]:
         """Return the answers: each part's answers at its positions, False elsewhere."""
         if self.vectorised:
-            return placed(self.size, parts)
+            array = np.zeros(self.size, dtype=bool)
+            for positions, values in parts:
+                array[positions] = values
+            listed: list[bool] = array.tolist()
+            return listed
         answers = [False] * self.size
         for positions, values in parts:
             for position, value in zip(positions, values, strict=True):
@@ -174,41 +180,12 @@ def hashes_many(elements: Sequence[str | bytes]) -> tuple[NDArray[Any], NDArray[
     return raw[0::2], raw[1::2]
 
 
-def crowded(shard: NDArray[Any], shards: int, least: int) -> dict[int, NDArray[Any]]:
-    """Return the positions of the elements of each shard that has at least ``least``."""
-    counts = np.bincount(shard, minlength=shards)
-    busy = np.flatnonzero(counts >= least)
-    if not len(busy):
-        return {}
-    order = np.argsort(shard, kind="stable")
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    return {int(s): order[starts[s] : starts[s + 1]] for s in busy.tolist()}
-
-
-def outside(n: int, taken: Sequence[NDArray[Any]]) -> list[int]:
-    """Return the positions below ``n`` that are in none of the ``taken`` arrays."""
-    rest = np.ones(n, dtype=bool)
-    for positions in taken:
-        rest[positions] = False
-    return [int(p) for p in np.flatnonzero(rest).tolist()]
-
-
-def placed(n: int, parts: Sequence[tuple[NDArray[Any], Sequence[bool]]]) -> list[bool]:
-    """Return n answers: each part's answers at its positions, False elsewhere."""
-    answers = np.zeros(n, dtype=bool)
-    for positions, values in parts:
-        answers[positions] = values
-    listed: list[bool] = answers.tolist()
-    return listed
-
-
 def offsets_many(
     x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int, block_bits: int = 0
 ) -> NDArray[Any]:
     """Return each element's k bit offsets in its shard's string, header included, as (n, k).
 
-    As the scripts run step 4: the sums stay below 3 S (or 3 B), so subtractions replace
-    the modulo.
+    As the scripts' step 4: the sums stay below 3 S (or 3 B), so subtractions replace modulo.
     """
     span = block_bits or shard_bits
     out = np.empty((hash_count, len(x)), dtype=np.int64)
@@ -224,8 +201,7 @@ def offsets_many(
         cy -= span * (cy >= span)
         out[i] = cx
     out += base
-    # Rows are elements, contiguous: the bulk path takes each shard's rows by fancy
-    # indexing, which on the transposed view costs as much as the kernel.
+    # Contiguous rows: fancy indexing of the transposed view costs as much as the kernel.
     rows: NDArray[Any] = np.ascontiguousarray(out.T)
     return rows
 
@@ -235,8 +211,8 @@ def check_vectorised(
 ) -> tuple[list[bool], int, int]:
     """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
 
-    Returns the answers (True: seen) and the span ``[low, high)`` of bytes changed. Slices of
-    :data:`SLICE` elements go in turn, each on the bytes the ones before left (cache-sized).
+    Returns the answers (True: seen) and the span ``[low, high)`` of bytes changed, a
+    cache-sized :data:`SLICE` at a time.
     """
     answers: list[bool] = []
     low, high = len(buffer), 0
@@ -278,10 +254,8 @@ _WINDOW_SHIFT = BLOCK_BITS.bit_length() - 1
 def _shared(offsets: NDArray[Any]) -> NDArray[Any] | None:
     """Return per row whether another row is in its :data:`BLOCK_BITS` window (past the header).
 
-    A blocked filter's element has its k bits in one block, so rows in different windows
-    share no byte: only rows sharing a window can answer for one another. None when a row
-    straddles two windows (a classic filter's), or when most rows share theirs (a small
-    shard's batch: one sort of the slice's bits costs less, :func:`_first_setters`).
+    Rows in different windows share no byte. None when a row straddles two windows (a
+    classic filter's), or most rows share theirs (then one sort of the slice costs less).
     """
     first = (offsets[0] - HEADER_BITS) >> _WINDOW_SHIFT  # (a shift: floor, as //, but cheaper)
     if bool((first != first[0]).any()):
@@ -301,19 +275,15 @@ def _check_windows(
 ) -> tuple[list[bool], int, int]:
     """Do what :func:`_check_slice` does for rows each in one window (:func:`_shared`).
 
-    ``shared``: per row, whether another row of the slice is in its window. A row alone
-    in its window is new exactly when one of its bits is clear: nothing before it in the
-    slice touches its bytes. Only the rows sharing a window need the sort of
-    :func:`_first_setters` (a few % of a 100M filter's slice), not the whole slice's k
-    bits (the kernel's main cost: ~0.6 µs an element at 100M).
+    A row alone in its window is new exactly when one of its bits is clear; only the rows
+    sharing one need the sort of :func:`_first_setters` (the kernel's main cost).
     """
     new: NDArray[Any] = np.asarray(clear.any(axis=1))
     alone = ~shared
     if shared.any():
         rows = np.flatnonzero(shared)  # in order: earlier rows first, as the slice has them
         new[rows] = _first_setters(copy, offsets[rows], clear[rows])[0]
-    # The alone rows' bits: a column at a time, in which no two rows share a byte (their
-    # windows differ); a bit already set is ORed again, unchanged.
+    # The alone rows' bits, a column at a time: no two rows share a byte.
     lonely = offsets[alone]
     for column in range(lonely.shape[1]):
         bit = lonely[:, column]
@@ -325,16 +295,11 @@ def _check_windows(
 def _first_setters(
     copy: NDArray[Any], offsets: NDArray[Any], clear: NDArray[Any]
 ) -> tuple[NDArray[Any], int, int]:
-    """Return which rows are new (first to want one of their clear bits); set those bits.
-
-    ``clear``: per row and column, whether that bit is clear in ``copy``. Also returns
-    the span ``[low, high)`` of bytes changed.
-    """
+    """Return which rows are new (first to want a clear bit) and the span changed; set them."""
     n = offsets.shape[0]
     if not clear.any():
         return np.zeros(n, dtype=bool), 0, 0
-    # Each clear bit with the element that wants it, sorted by bit then element: the
-    # first of each bit's run is the element that sets it, and so is new.
+    # Clear bits with their element, sorted: the first of each bit's run sets it (new).
     shift = max(1, n.bit_length())
     owners = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], offsets.shape)[clear]
     keys = np.sort((offsets[clear] << shift) | owners)
@@ -355,11 +320,7 @@ def _first_setters(
 def check_masks(
     buffer: bytearray, pairs: Sequence[tuple[int, int]], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_sequential` does, for blocked elements as bits of their block.
-
-    One block read as an integer, an AND and, when new, an OR: the kernel without numpy for
-    the blocked layout.
-    """
+    """Do what :func:`check_sequential` does for blocked elements: a block as an integer."""
     answers: list[bool] = []
     append = answers.append
     low, high = len(buffer), 0
@@ -379,10 +340,7 @@ def check_masks(
 def check_sequential(
     buffer: bytearray, offsets: Sequence[Sequence[int]], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_vectorised` does, one element at a time: the definition.
-
-    Also the kernel without numpy, hence the plain loop (no calls per bit).
-    """
+    """Do what :func:`check_vectorised` does, one element at a time: the definition."""
     answers: list[bool] = []
     low, high = len(buffer), -1
     for element in offsets:
@@ -404,22 +362,18 @@ def check_sequential(
 def gather(offsets: Any) -> tuple[Any, Any]:
     """Return the blocks a blocked shard's batch touches, and its offsets in a compact copy.
 
-    The compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``):
-    an element's k bits are in one block, so a batch needs only its blocks' bytes.
+    The compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``).
     """
-    if is_masks(offsets):
-        touched = [(start - HEADER_BITS) // BLOCK_BITS for start, _ in offsets]
-        blocks = sorted(set(touched))
-        slot = {block: i for i, block in enumerate(blocks)}
-        pairs = [
-            (HEADER_BITS + slot[block] * BLOCK_BITS, bits)
-            for (_, bits), block in zip(offsets, touched, strict=True)
-        ]
-        return blocks, pairs
-    if isinstance(offsets, list):
+    if isinstance(offsets, list):  # (a pair's first item is its block's start)
         touched = [(element[0] - HEADER_BITS) // BLOCK_BITS for element in offsets]
         blocks = sorted(set(touched))
         slot = {block: i for i, block in enumerate(blocks)}
+        if is_masks(offsets):
+            pairs = [
+                (HEADER_BITS + slot[block] * BLOCK_BITS, bits)
+                for (_, bits), block in zip(offsets, touched, strict=True)
+            ]
+            return blocks, pairs
         moved = [
             [offset + (slot[block] - block) * BLOCK_BITS for offset in element]
             for element, block in zip(offsets, touched, strict=True)
@@ -463,10 +417,7 @@ def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
 
 
 def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
-    """Pack ``slots`` (sorted) as :func:`runs` of blocks, each as its first block and length (u32).
-
-    With numpy in a few array operations (Python's loop is slow on a big filter's call).
-    """
+    """Pack ``slots`` (sorted) as :func:`runs`, each as its first block and length (u32)."""
     if not HAVE_NUMPY:
         flat = [
             value
@@ -498,10 +449,10 @@ def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[
 def range_reads(
     keys: Sequence[bytes], blocks: Sequence[NDArray[Any]], longest: int
 ) -> list[tuple[bytes, int]]:
-    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy); per shard their number.
+    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy), all shards at once.
 
-    The replies, in order, are each compact copy's bytes after its header (see
-    :func:`gather`). All shards are packed at once: numpy's cost is per operation.
+    Per shard: its commands and their number. The replies are each compact copy's bytes
+    after its header (:func:`gather`).
     """
     sizes = [len(b) for b in blocks]
     if not sum(sizes):
@@ -527,10 +478,10 @@ def range_writes(
     before: Sequence[bytes],
     after: Sequence[bytearray],
 ) -> tuple[bytes, int]:
-    """Pack a ``SETRANGE`` of each block that changed in each shard's compact copy (numpy).
+    """Pack a ``SETRANGE`` of each block changed in each shard's compact copy (numpy).
 
-    Shard i: ``keys[i]``, its copy as read (``before[i]``) and as the kernel left it
-    (``after[i]``), its slots holding ``blocks[i]``. Returns the commands and their number.
+    Shard i: ``keys[i]``, its copy as read (``before[i]``) and as left (``after[i]``), its
+    slots holding ``blocks[i]``. Returns the commands and their number.
     """
     owners, offsets, rows = [], [], []
     for i, (read, left) in enumerate(zip(before, after, strict=True)):
@@ -547,11 +498,9 @@ def range_writes(
     return packed, len(owner)
 
 
-#: Decimal digits of an offset in a RESP command of :func:`range_commands`: a Redis
-#: string is at most 512 MiB, so an offset has at most 9.
+#: Decimal digits of an offset (a Redis string is at most 512 MiB), and the bytes of its
+#: cell (:func:`_decimal`): ``$``, the digits' count, CR LF, the digits, CR LF.
 _DIGITS = 9
-#: Bytes of a decimal's cell (:func:`_decimal`): ``$``, its digits' count, CR LF, the
-#: digits, CR LF.
 _CELL = 4 + _DIGITS + 2
 
 
@@ -564,9 +513,9 @@ def range_commands(
 ) -> tuple[bytes, NDArray[Any]]:
     """Pack ``name <key> <offset> <second>`` once per row, in a few array operations (numpy).
 
-    Row i names ``keys[owner[i]]``: ``GETRANGE`` with ``second`` the end offsets, or
-    ``SETRANGE`` with ``second`` the (n, w) bytes written. Rows are fixed-width cells whose
-    unused bytes are masked out. Returns the commands as one string, and each row's length.
+    Row i names ``keys[owner[i]]``; ``second``: end offsets (``GETRANGE``) or (n, w) bytes
+    (``SETRANGE``). Fixed-width cells, unused bytes masked out. Returns the commands and
+    each row's length.
     """
     n = len(offsets)
     head = b"*4\r\n$%d\r\n%b\r\n" % (len(name), name)
@@ -628,7 +577,7 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
     """Group ``slots`` (sorted; slot i holds ``blocks[i]``) into runs ``[first, stop)``.
 
-    A run is neighbouring blocks, at most ``longest``: one GETRANGE or SETRANGE moves it.
+    A run: neighbouring blocks, at most ``longest``, one GETRANGE or SETRANGE each.
     """
     out: list[tuple[int, int]] = []
     first = previous = -2

@@ -40,10 +40,9 @@ def delete(parts: Parts, record: FilterRecord) -> int:
 
 
 class Bitmaps:
-    """Bitmap shards: strings allocated whole, each with a header.
+    """Bitmap shards: strings allocated whole, each with a header naming the filter.
 
-    The header names the filter, so shards left without a record restore it, and a lost
-    shard is one missing or without a header.
+    Shards left without a record restore it; a lost shard is missing or without a header.
     """
 
     noun = "Bloom filter"
@@ -66,8 +65,7 @@ class Bitmaps:
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
         """Refuse a filter that does not fit; clear debris; restore a record from orphans."""
-        # First, in O(servers): a filter that could never fit is refused before anything
-        # per shard is built.
+        # First, in O(servers): a filter that could never fit is refused.
         whole = wanted.spec.shards * shard_allocation(wanted.spec)
         health.check_room(self.key, servers, {}, spread=(whole, len(servers)))
         found_all = self.parts.identities(range(wanted.spec.shards))
@@ -124,8 +122,7 @@ class Bitmaps:
     def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
         """Return the error for a generation or re-crawl window of a shard found wrong.
 
-        The script reports one only when it is missing under ``BLOOMFILTER_ON_LOSS = "raise"``
-        (under ``"recreate"`` it recreates it itself) or when it holds something else.
+        (Missing under ``BLOOMFILTER_ON_LOSS = "raise"``, or holding something else.)
         """
         call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
         found = bytes(self.parts.run("check the filter's generations", [call])[0])
@@ -149,8 +146,7 @@ class Bitmaps:
     def _clear_debris(self, debris: dict[int, bytes]) -> None:
         """Delete bitmaps without a header where a new filter's shards go, each if still as read.
 
-        A BITFIELD sent to a shard lost behind a running worker writes its bits into a new
-        string with no header: no filter's data, only what stood in the way.
+        (A BITFIELD sent to a lost shard writes its bits into a new string with no header.)
         """
         if not debris:
             return
@@ -198,8 +194,7 @@ class Bitmaps:
                 if example is not None
                 else f"server markers {self.parts.marker_key!r}"
             )
-            # A default worker asks for a blocked filter: shards of a classic one it would
-            # have adopted from the record are not its own without it.
+            # A default worker asks for a blocked filter: a classic one's shards are not its own.
             classic = (
                 " If the filter was created with the classic layout (before blocked filters"
                 " became the default), set BLOOMFILTER_BLOCKED = False: a worker asking for"

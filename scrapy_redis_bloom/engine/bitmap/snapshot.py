@@ -1,42 +1,32 @@
 """The bulk path's snapshot of a shard: read its bytes, answer in Python, write back at once.
 
-For a batch with many elements in one shard, ``BITFIELD`` costs Redis ~0.25 µs per
-bit (~3.5 µs per element at k = 13). The snapshot moves that work out of Redis, in two
-round trips on the shard's node:
+``BITFIELD`` costs Redis ~0.25 µs per bit (~3.5 µs per element at k = 13). The snapshot
+moves that work out of Redis, in two round trips on the shard's node:
 
-1. ``WATCH key``, ``GET`` (or for a shard over 1 MiB ``GETRANGE`` of each MiB),
-   ``MULTI``: the shard's bytes (a check without adds sends one ``GET``), checked
-   against the identity, and for a
-   growing shard its state: one generation, and room below
-   :attr:`.generations.Growth.scriptless_limit` for the batch, or for its first
-   elements (the script decides growth for the others);
-2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE key <low> <the
-   changed bytes>``, for a growing shard ``SETRANGE`` of its count (the u32 at bit
-   224) plus the new elements, and ``EXEC`` (empty when nothing changed).
+1. ``WATCH key``, ``GET`` (or ``GETRANGE`` of each MiB; only the blocks the batch
+   touches for a blocked shard), ``MULTI``: the bytes, checked against the identity,
+   and for a growing shard its state (one generation, and room below
+   :attr:`.generations.Growth.scriptless_limit` for the batch or its first elements);
+2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE`` of the changed
+   bytes (and of a growing shard's count), and ``EXEC``.
 
-``EXEC`` runs only if nobody wrote to the shard since ``WATCH`` (another worker, the
-hot path, growth, a recovery): the batch then took effect as one atomic step, exactly
-as check-and-add on each element in order would have. ``MULTI`` is confirmed before
-any write is sent, so the writes never run outside the transaction.
+``EXEC`` runs only if nobody wrote to the shard since ``WATCH``: the batch took effect
+as one atomic step, as check-and-add on each element in order would have. The second
+round goes on the first one's connection (an executor
+:class:`~..transport.executor.Session`) or not at all, after ``MULTI`` is confirmed, so
+the writes never run outside the transaction. Several shards of a node share the two
+round trips and one transaction (:func:`take`).
 
-A blocked shard's batch may instead read only its blocks. Several shards of a node go
-in the same two round trips and one transaction (:func:`take`); the caller bounds the
-bytes one call holds.
-
-Both round trips go through an executor :class:`~..transport.executor.Session`: the
-second on the first one's connection or not at all, so the writes never run outside
-the transaction (a dropped connection is not silently replaced by a new one).
-
-In every other case the batch is handed back (:attr:`Taken.answers` is None) to the
-``BITFIELD`` or script path, which deals with redirections, retries, lost shards and
-their recovery: an aborted ``EXEC``, a shard that is not as expected, an error reply,
-a failed connection. When ``EXEC`` may have run but its reply was lost, or the replies
-are not the transaction's (:func:`.executor.settled`), the batch is handed back as
-``ambiguous``: the bits may be its own, so "seen" answers become "new".
+Otherwise the batch is handed back (:attr:`Taken.answers` is None) to the ``BITFIELD``
+or script path, which deals with redirections, retries and lost shards: an aborted
+``EXEC``, a shard not as expected, an error reply, a failed connection. When ``EXEC``
+may have run but its reply was lost, it is handed back ``ambiguous``: "seen" answers
+become "new".
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,15 +68,13 @@ _COUNT = slice(COUNT_BIT // 8, COUNT_BIT // 8 + 4)
 class Taken:
     """What a snapshot did: the answers, or why the batch goes back to the other path."""
 
-    #: Per element, True when seen; None: not answered, run it through the other path.
-    #: Fewer than the batch's elements: the first ones; the rest go through the other path.
+    #: Per element, True when seen (maybe only the first ones); None: the other path's.
     answers: list[bool] | None = None
     #: The writes may have run (a lost reply): the other path's "seen" answers become "new".
     ambiguous: bool = False
     #: A Redis ACL refused a command ("command" or "key"): do not try snapshots again.
     denied: str | None = None
-    #: (Several shards together) Another client wrote to one of the shards: nothing was
-    #: written; each shard may be tried again on its own.
+    #: Another client wrote to one of several shards: nothing written; retry each alone.
     aborted: bool = False
 
 
@@ -106,32 +94,27 @@ def _end(session: Session, write: bool, opening: list[Any]) -> None:
 
 @dataclass(slots=True)
 class Target:
-    """One shard (one key) a :func:`take` reads and answers: key, identity, offsets, length.
+    """One shard (one key) a :func:`take` reads and answers.
 
-    A shard read by its blocks must be blocked; one read ``whole`` may be of either layout.
+    ``offsets``: its batch's (:meth:`.local.Located.offsets`); ``length``: the bytes its
+    string must have; ``whole``: read it all, not only the blocks the batch touches (a
+    shard read by its blocks must be blocked).
     """
 
     key: str
     identity: bytes
-    #: As :func:`take`'s ``offsets``.
     offsets: Any
-    #: Bytes the shard's string must have.
     length: int
-    #: Read every block (a small shard with many of the batch's elements), not only
-    #: those the batch touches; its changed span is written back as :func:`take` does.
     whole: bool = False
-    #: Filled by take: the blocks read (by blocks), the offsets in the copy read, and
-    #: the replies its read takes (a whole shard read in pieces: one per piece).
+    #: Filled by take: the blocks read, the offsets in the copy, the replies its read takes.
     blocks: Any = field(default_factory=list)
     moved: Any = None
     replies: int = 1
-    #: Read and written by ``GETRANGE`` and ``SETRANGE`` per run of blocks (packed by
-    #: numpy), not by the block scripts (see :func:`_reads`); its reads, packed, and
-    #: their number.
+    #: Read and written by ``GETRANGE``/``SETRANGE`` per run of blocks (numpy), not by the
+    #: block scripts; its reads, packed, and their number.
     ranged: bool = False
     runs: tuple[bytes, int] = (b"", 0)
-    #: Read (and written) by the block scripts even with numpy: one reply for all its
-    #: blocks, which redis-py without hiredis parses at a fraction of one per run.
+    #: By the block scripts even with numpy: one reply for all its blocks (no hiredis).
     by_script: bool = False
 
 
@@ -141,16 +124,12 @@ _LOAD_SCRIPTS = tuple(
 )
 _MULTI = pack_command(b"MULTI")
 _EXEC = pack_command(b"EXEC")
-#: Whether the read script joins the blocks into one string: for redis-py without
-#: hiredis, which parses each string of a reply in Python (~0.5 µs each: ~5 ms per
-#: call of 10,000 at 100M), not with it (joining costs Redis ~0.1 µs a block).
+#: Whether the read script joins the blocks into one string: redis-py without hiredis
+#: parses each string of a reply in Python (~0.5 µs each); joining costs Redis ~0.1 µs.
 _JOINED = b"0" if HIREDIS_AVAILABLE else b"1"
-#: Whether a block-read shard is read and written by plain ``GETRANGE`` and
-#: ``SETRANGE`` per run of blocks, packed by numpy (:func:`.local.range_commands`):
-#: at 100M, ~0.55 and ~0.65 µs of Redis time a block, against ~1.3 and ~1.1 in the
-#: scripts, whose ``redis.call`` per block and argument strings cost Redis more than
-#: the commands' own parsing (``bench/floor.py``). Without numpy the scripts stay:
-#: Python packs ~1.4 µs per command, and (without hiredis) parses each reply in Python.
+#: Whether blocks are moved by ``GETRANGE``/``SETRANGE`` per run, packed by numpy
+#: (:func:`.local.range_commands`): ~0.55/0.65 µs of Redis time a block at 100M, against
+#: ~1.3/1.1 in the scripts (``bench/floor.py``). Without numpy, Python packs too slowly.
 _BY_RANGES = HAVE_NUMPY
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
@@ -161,36 +140,21 @@ def take(
 ) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
-    A blocked filter's element has all its bits in one 64-byte block, so a batch of a
-    few hundred elements in an 8 MiB shard needs a few hundred blocks, not the shard.
-    ``WATCH`` the keys, then per shard its length (``STRLEN``), its header and each run
-    of neighbouring blocks the batch touches (``GETRANGE``), ``MULTI``; the answers
-    computed on that compact copy (:func:`.local.gather`); then a ``SETRANGE`` of each
-    block changed and of a growing shard's count, and ``EXEC``: two round trips for the
-    shards given, about 1.3 µs of Redis time per element at 100M (the commands packed
-    by numpy, :func:`.local.range_commands`). A check without adds reads each shard in
-    a ``MULTI``/``EXEC`` of its own: atomically. Without numpy, a script reads each
-    shard (``lua/read_blocks.lua``: one reply) and one writes it back
-    (``lua/write_blocks.lua``): ~2.4 µs of Redis time per element (1.3 to read a block
-    in Lua, 1.1 to write it), but a reply per shard, not per block, which Python
-    without numpy (and redis-py without hiredis) pays more for than Redis saves.
+    A blocked filter's element has its bits in one 64-byte block, so a few hundred
+    elements of an 8 MiB shard need a few hundred blocks. ``WATCH`` the keys, then per
+    shard ``STRLEN``, its header and a ``GETRANGE`` per run of blocks touched, ``MULTI``;
+    the answers on that compact copy (:func:`.local.gather`); then a ``SETRANGE`` per
+    block changed (and of a growing shard's count), and ``EXEC``. A check without adds
+    reads each shard in a ``MULTI``/``EXEC`` of its own. Without numpy, a script reads
+    (``lua/read_blocks.lua``) and writes back (``lua/write_blocks.lua``) each shard: one
+    reply per shard, not per block. A ``whole`` target is read by ``GET`` and its changed
+    span written by ``SETRANGE``, not through Lua (a script's argument or result costs
+    Redis ~1 ns a byte). Each shard's read is sent once packed and answered once in, so
+    Python works on one while Redis reads the next.
 
-    A target marked ``whole`` (a small shard, at most :data:`PIECE`, with many of the
-    batch's elements: a 1M filter's shards of 96 to 160 KB, of either layout) is read by
-    ``GET`` and its changed span written back by ``SETRANGE``, in the same two round
-    trips as the node's other shards. Not through Lua: a script's argument or result of
-    that size costs Redis ~1 ns a byte to copy and collect (measured: ~100 µs for 96
-    KB, against 1.5 µs for a ``GETRANGE`` of it).
-
-    Each shard's read is sent as soon as it is packed, and answered as soon as its
-    reply is in: Python works on one shard while Redis reads the next (the first
-    round trip is then about the longer of the two, not their sum).
-
-    ``session``: the executor's session on their node. ``targets`` must be shards one
-    transaction may name together (one slot in a cluster).
-    One :class:`Taken` per target, in order. When another client wrote to any of the
-    shards, nothing was written and every target is ``aborted``: the caller may try each
-    shard on its own.
+    ``session``: the executor's session on their node; ``targets``: shards one
+    transaction may name (one slot in a cluster). One :class:`Taken` per target; when
+    another client wrote to any of them, nothing was written and each is ``aborted``.
     """
     pending = begin(session, targets, write, limit)
     answer(pending)
@@ -201,8 +165,7 @@ def take(
 class Pending:
     """A :func:`take` in progress: its reads sent (:func:`begin`), then its writes (:func:`answer`).
 
-    Between the phases the caller may work on another node's, or another connection's,
-    take: its replies wait on this one's connection, in order.
+    Between the phases the caller may work on another take: replies wait, in order.
     """
 
     session: Session
@@ -213,8 +176,8 @@ class Pending:
     #: The opening's commands sent (SCRIPT LOADs, WATCH), and the reads' tickets.
     opening: int = 0
     reads: list[tuple[Ticket, list[int]]] = field(default_factory=list)
-    #: Set by :func:`answer`: what each target's snapshot did so far, and what its EXEC's
-    #: replies decide (:func:`_written`); or the outcome, when nothing is owed.
+    #: Set by :func:`answer`: what each target did so far, the EXEC's ticket and queued
+    #: commands (:func:`_written`); ``done``: the outcome, when nothing is owed.
     taken: list[Taken] | None = None
     sent: Any = None
     queued: int = 0
@@ -252,10 +215,7 @@ def begin(session: Session, targets: Sequence[Target], write: bool, limit: int |
 
 
 def answer(pending: Pending) -> None:
-    """Read a :func:`begin`'s replies, answer its targets and send their writes and ``EXEC``.
-
-    The writes go once ``MULTI`` is confirmed; their replies are :func:`finish`'s to read.
-    """
+    """Read a :func:`begin`'s replies, answer its targets, send their writes and ``EXEC``."""
     if pending.done is not None:
         return
     session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
@@ -276,8 +236,7 @@ def answer(pending: Pending) -> None:
         if failed is None:
             _send_writes(pending, found, replies)
             return
-        if write:
-            _end(session, write, replies)
+        _end(session, write, replies)
         pending.done = [Taken(denied=acl_denial(failed)) for _ in targets]
     except TransportError:
         pending.done = [Taken() for _ in targets]
@@ -296,10 +255,9 @@ def finish(pending: Pending) -> list[Taken]:
 
 
 def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
-    """Find the blocks each target read by its blocks needs; pack the ranged targets' reads.
+    """Find the blocks each target by blocks needs; pack the ranged targets' reads at once.
 
-    The ranged targets' ``GETRANGE``s are packed all at once: numpy's cost is per
-    operation (~120 µs a shard of a 100M filter when packed one by one).
+    (numpy's cost is per operation: ~120 µs a shard of a 100M filter one by one.)
     """
     for target in targets:
         target.ranged = (
@@ -322,11 +280,9 @@ def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
 def _groups(targets: Sequence[Target]) -> list[list[int]]:
     """Group the targets (by position) whose reads go together: the whole ones, then one each.
 
-    A target read by its blocks costs Redis ~1.3 µs an element (a few hundred µs for a
-    100M filter's shard), about what answering it costs Python: sent on its own, it is
-    answered while Redis reads the next (+10% at 100M in calls of 10,000). A whole
-    target's read costs Redis little: sent apart, the 31 shards of a 1M filter paid more
-    in round trips than they gained (-5 to -30%), so the whole targets go together.
+    A target by blocks costs Redis about what answering it costs Python: sent alone, it
+    is answered while Redis reads the next (+10% at 100M). Whole targets' reads are cheap:
+    sent apart, a 1M filter's 31 shards lost more in round trips (-5 to -30%).
     """
     whole = [i for i, target in enumerate(targets) if target.whole]
     return ([whole] if whole else []) + [
@@ -335,23 +291,14 @@ def _groups(targets: Sequence[Target]) -> list[list[int]]:
 
 
 def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Join the small pieces of a payload; leave the big ones (views of a copy) as they are.
+    """Join the small pieces of a payload; leave the big ones (views of a copy) unjoined.
 
-    A 1M filter's call writes back ~4 MB of shard bytes: joined, they were copied once
-    more (~10% of a call of 100,000); sent as views, a send each.
+    (Joined, a 1M filter's ~4 MB of shard bytes were copied once more: ~10% of a call.)
     """
     out: list[bytes | memoryview] = []
-    small: list[bytes | memoryview] = []
-    for piece in pieces:
-        if len(piece) < _BIG:
-            small.append(piece)
-            continue
-        if small:
-            out.append(b"".join(small))
-            small = []
-        out.append(piece)
-    if small:
-        out.append(b"".join(small))
+    for big, run in itertools.groupby(pieces, lambda piece: len(piece) >= _BIG):
+        together = list(run)
+        out += together if big else [b"".join(together)]
     return out
 
 
@@ -366,10 +313,9 @@ def _failure(replies: list[Any]) -> BaseException | None:
 
 def _reads(target: Target, key: bytes, write: bool) -> list[bytes]:
     """Pack the commands that read a target: ``GET``, 1 MiB ``GETRANGE``s, or its blocks."""
-    if target.whole:  # not through Lua: it would copy and collect the bytes (~1 ns each)
+    if target.whole:
         target.moved = target.offsets
-        # A check reads the shard in one GET: one atomic read. An add may read it in
-        # pieces: its EXEC (even an empty one) confirms nothing changed since WATCH.
+        # A check reads it in one atomic GET; an add may read pieces, its EXEC confirms.
         if not write or target.length <= PIECE:
             target.replies = 1
             return [pack_command(b"GET", key)]
@@ -398,16 +344,14 @@ def _reads(target: Target, key: bytes, write: bool) -> list[bytes]:
 
 
 #: What :func:`_check` gives a target it answered: its copy after the kernel, the bytes
-#: read (a target by blocks: to find the blocks changed), its count, and the kernel's
-#: answers and changed span.
+#: read (by blocks), its count, and the kernel's answers and changed span.
 _Copy = tuple[bytearray, bytes, int, tuple[list[bool], int, int]]
 
 
 def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _Copy | None:
-    """Check a target's read and answer its batch on a copy; None to hand it back.
+    """Answer a target's batch on a copy of its read; None to hand it back.
 
-    A target is handed back when its shard is lost, foreign or not as expected, or, for
-    a growing shard, grown or full to the limit.
+    Handed back: lost, foreign, not as expected, or (growing) grown or full to the limit.
     """
     got = _copy(target, read, write)
     if got is None:
@@ -417,9 +361,7 @@ def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _
     if limit is not None:
         generations = int.from_bytes(copy[_GENERATIONS], "big")
         count = int.from_bytes(copy[_COUNT], "big")
-        # A check reads generation 0 alone only while it is the one generation; an
-        # add must also leave the growth boundary to the script: the snapshot takes
-        # the elements the shard has room for below the limit, the script the rest.
+        # An add leaves the growth boundary to the script: it takes what the room allows.
         room = limit - 1 - count if write else len(moved)
         if generations > 1 or room <= 0:
             return None  # grown, or full to the limit: the script's
@@ -428,17 +370,13 @@ def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _
 
 
 def _copy(target: Target, read: list[Any], write: bool) -> tuple[bytearray, bytes] | None:
-    """Return a target's copy as read (compact when by blocks) and the bytes read; None if odd.
-
-    None when the key is lost, foreign or not as expected (its length, its identity).
-    """
+    """Return a target's copy (compact when by blocks) and the bytes read; None if odd."""
     if target.whole:  # GET's reply or GETRANGE's pieces (a missing key: None, or b"")
         copy = bytearray().join(p for p in read if isinstance(p, bytes))
         del read[:]  # (a shard's pieces are MiBs: let go once copied)
         strlen = size = len(copy)
         before = b""
-    else:  # its length, the header, the runs of blocks: the read script's reply, or
-        # the commands' replies (a check's: its EXEC's)
+    else:  # its length, the header, the blocks: the script's reply, or the commands' (or EXEC's)
         inside = target.ranged and not write  # (errors elsewhere: found by take's _failure)
         reply = read[-1] if inside else read if target.ranged else read[0]
         if not isinstance(reply, list) or (inside and _failure(reply)):
@@ -450,32 +388,13 @@ def _copy(target: Target, read: list[Any], write: bool) -> tuple[bytearray, byte
     return copy, before
 
 
-def _write_back(
-    session: Session,
-    keys: list[bytes],
-    targets: Sequence[Target],
-    write: bool,
-    limit: int | None,
-    found: list[_Copy | None],
-    opening: list[Any],
-    extra: Sequence[bytes] = (),
-) -> list[Taken]:
-    """Send what the answers changed and ``EXEC``; return what each target's snapshot did.
-
-    ``extra``: more writes for the transaction (a grown shard's count, in another key).
-    """
-    pending = Pending(session, targets, write, limit, keys)
-    _send_writes(pending, found, opening, extra)
-    return finish(pending)
-
-
 def _send_writes(
     pending: Pending, found: list[_Copy | None], opening: list[Any], extra: Sequence[bytes] = ()
 ) -> None:
-    """Send what the answers changed and ``EXEC`` (not reading the replies: :func:`finish`).
+    """Send what the answers changed and ``EXEC`` (:func:`finish` reads the replies).
 
-    ``found``: per target, what :func:`_check` gave (None: handed back); ``opening``: the
-    first round's replies (the opening's and MULTI's); ``extra``: as :func:`_write_back`'s.
+    ``found``: per target, what :func:`_check` gave; ``opening``: the first round's replies
+    (the opening's and MULTI's); ``extra``: more writes (a grown shard's count).
     """
     session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
     taken: list[Taken] = []

@@ -1,39 +1,30 @@
 """The hot path of a shard that has grown or forgets: plain reads, then one ``BITFIELD``.
 
-A shard that has grown keeps its bits in several generations, ``{KEY:i}:g0`` ... ``:g<G-1>``;
-with re-crawl windows (``BLOOMFILTER_TTL``), in the generations of two windows,
-``{KEY:i}:w<w-1>:g<g>`` and ``{KEY:i}:w<w>:g<g>`` (see :mod:`..generations`). Only the
-newest generation of the current window takes adds; every other key a check consults is
-read-only. So a check needs no script:
+A grown shard keeps its bits in generations ``{KEY:i}:g0`` ... ``:g<G-1>``; with re-crawl
+windows (``BLOOMFILTER_TTL``), in those of two windows, ``{KEY:i}:w<w-1>:g<g>`` and
+``{KEY:i}:w<w>:g<g>`` (:mod:`..generations`). Only the newest generation of the current
+window takes adds; every other key is read-only. So a check needs no script:
 
-1. **Reads**, one pipelined round trip to the shard's node: for every key the element may
-   be in, its bits (``GETRANGE`` of the element's 64-byte block when blocked, else
-   ``BITFIELD_RO ... GET u1``); every :data:`HEADER_EVERY` checks of a shard, every
-   key's header too (``GETRANGE 0 31``: its identity and, in a generation 0, the state:
-   generations and the newest one's count); with windows, ``TIME`` first now and then
-   (:mod:`..clock`). "Seen"
-   when every bit is set in a key of this filter (a key lost reads empty; one reset is
-   found by its header within :data:`HEADER_EVERY` checks): a seen URL is answered in
-   this one round trip.
-2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the newest
-   generation that reads 8 bytes of its id and sets the element's bits the read found
-   unset (the others stay set: bits are only ever set). Its own reply (were they all set
-   already?) decides, atomically, which of several workers offering the element at once
-   is told "new": exactly one. The state comes with it: the add reads
-   it, or one add in :data:`~.fastpath.STATE_EVERY` sends a second command beside it
+1. **Reads**, one pipelined round trip: for every key the element may be in, its bits
+   (``GETRANGE`` of its 64-byte block when blocked, else ``BITFIELD_RO ... GET u1``);
+   every :data:`HEADER_EVERY` checks of a shard, every key's header too (its identity
+   and, in a generation 0, the generations and the newest one's count); with windows,
+   ``TIME`` now and then (:mod:`..clock`). "Seen" when every bit is set in a key of
+   this filter: a seen URL costs this one round trip.
+2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the
+   newest generation that reads 8 bytes of its id and sets the bits the read found unset.
+   Its reply (were they all set already?) decides atomically which of several workers
+   offering the element at once is told "new": exactly one. The state comes with it
    (:meth:`StackPath._pack_add`).
 
 The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
-key whose header is missing or foreign (a shard or window lost, the filter reset: the
-script reports it and the filter recovers), a shard whose generations changed since
-this worker looked, a newest generation near its capacity (only the script starts the
-next generation, atomically, so this path keeps a margin from the boundary for the
-counts other workers may still hold, as :mod:`.fastpath` does), a window not started
-yet, and the last :data:`..clock.GUARD` seconds of a window (the next one is started by
-the script).
-Items this path finds new are counted like :mod:`.fastpath`'s: kept by the worker (up to
-:data:`~.fastpath.STATE_EVERY`) and added to the newest generation's count (``INCRBY u48
-208``) with one of its adds, or when it syncs or closes.
+key whose header is missing or foreign (the script reports it, the filter recovers), a
+shard whose generations changed since this worker looked, a newest generation near its
+capacity (only the script starts the next one, so this path keeps a margin for the
+counts other workers hold, as :mod:`.fastpath`), a window not started yet, and the last
+:data:`..clock.GUARD` seconds of a window. Items found new are counted as
+:mod:`.fastpath`'s: kept by the worker (up to :data:`~.fastpath.STATE_EVERY`) and added
+to the newest generation's count (``INCRBY u48 208``) with an add, or on sync or close.
 """
 
 from __future__ import annotations
@@ -55,31 +46,28 @@ from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.transport.wire import pack_command
 
-#: A shard's checks between two that read the header of every key; the others read none
-#: (the state comes with the add). A key lost meanwhile reads empty, which its bits'
-#: read shows; a classic key's read carries its id field.
+#: A shard's checks between two that read every key's header (a lost key reads empty; a
+#: classic key's read carries its id field).
 HEADER_EVERY = 16
 
 #: What a read round decided (see :meth:`StackPath.judge`).
 SEEN, ADD, SCRIPT = "seen", "add", "script"
 
 _HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
+#: An add's read of its generation's seal (once a later one started).
+_SEAL = (b"GET", b"u16", GENERATIONS_BIT)
 
 
 @dataclass
 class _Shard(Known):
-    """What this worker knows of one shard: its keys' generations, and its count.
-
-    ``since``: checks since the last that read every key's header.
-    """
+    """What this worker knows of one shard: its keys' generations, and its count."""
 
     #: Generations of the window before (0: it has none; -1: missing, which only the
     #: script can tell from a lost one).
     before: int = 1
     #: Generations of the shard, or of the current window.
     now: int = 2
-    #: Items in the newest generation at the last read, and those this worker found new
-    #: since, not yet added to that count in Redis.
+    #: Items in the newest generation at the last read; those found new since, not sent.
     count: int = 0
     pending: int = 0
 
@@ -90,16 +78,12 @@ class _Key:
 
     name: str
     generation: int
-    #: Of the shard (no windows) or of the current window; not of the window before.
-    current: bool
-    #: True: the newest generation of the current window (where adds go).
-    newest: bool
-    #: Bit offsets of the element; with a block read, relative to the block's first bit.
+    current: bool  # of the shard or the current window, not the window before
+    newest: bool  # the newest generation of the current window (where adds go)
+    #: Bit offsets of the element, relative to ``block`` (its first bit; -1: bit by bit).
     bits: list[int]
-    #: First bit of the element's block (blocked generations), or -1: read bit by bit.
     block: int
-    #: Whether this round reads its header too (see :data:`HEADER_EVERY`).
-    header: bool = True
+    header: bool = True  # this round reads its header too
 
 
 @dataclass(slots=True)
@@ -111,26 +95,23 @@ class Check:
     h2: int
     known: _Shard
     keys: list[_Key]
-    #: The packed read commands, in order (``TIME`` first where the round reads the clock).
-    reads: list[bytes]
+    reads: list[bytes]  # packed, ``TIME`` first where the round reads the clock
     #: The window it chose its keys by (-1: none), and whether it reads the clock.
     window: int
     asked: bool
-    #: The element's bits the read found unset in the newest generation (relative to its
-    #: block when blocked): the add sets only these (:meth:`StackPath._pack_add`).
+    #: The bits the read found unset in the newest generation (as ``_Key.bits``).
     unset: list[int] = field(default_factory=list)
-    #: The add's command, once :meth:`StackPath.judge` said :data:`ADD`.
+    #: The add (once :meth:`StackPath.judge` said :data:`ADD`), its key and absolute bits.
     add: bytes = b""
     add_key: str = ""
-    #: Its absolute bit offsets (to take back from a key that is not this filter's).
     add_bits: list[int] = field(default_factory=list)
     #: Items the add sends to the count (given back if it never ran); whether it reads
     #: the state (the add key is a generation 0); else the command sending them, if any.
     sent: int = 0
     stated: bool = False
     count: bytes = b""
-    #: Where the add landed in a generation sealed meanwhile: the add of the next one
-    #: (:meth:`StackPath.added`), its absolute bit offsets, and that generation.
+    #: An add that landed in a generation sealed meanwhile: the next one's add
+    #: (:meth:`StackPath.added`), its absolute bits, and that generation.
     again: list[bytes] = field(default_factory=list)
     again_bits: list[int] = field(default_factory=list)
     next: _Key | None = None
@@ -186,9 +167,8 @@ class StackPath:
             keys += self._keys(shard, h1, h2, known.now, window, True)
             reads = [TIME] if asked else []
         else:
-            # One generation: the fresh path's (:mod:`.fastpath`), which left it to the
-            # script near its growth. Near a boundary the reads still answer a seen
-            # element; only an add needs the script there (:meth:`judge`).
+            # One generation: the fresh path's (:mod:`.fastpath`); near its growth the reads
+            # still answer a seen element, only an add needs the script (:meth:`judge`).
             if not 1 < known.now <= self.last:
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
@@ -251,16 +231,12 @@ class StackPath:
         return reads
 
     def _near(self, known: _Shard) -> bool:
-        """Tell whether the newest generation is too near its capacity for this path.
-
-        Only the script starts the next generation (and reports a shard past its last).
-        """
+        """Tell whether the newest generation is too near its capacity (the script's)."""
         g = known.now - 1
         if not 0 <= g < self.last:
             return True
-        # The counts other workers may hold back, and this one: the generation takes at
-        # most these few more than its capacity. (Which worker is told "new" at the
-        # boundary needs no margin: an add that lands in a sealed generation adds again.)
+        # The counts workers may hold back: at most these few more than its capacity. (An
+        # add that lands in a sealed generation adds again: "new" needs no margin.)
         late = STATE_EVERY * (self.workers() + 1)
         return known.count + known.pending + 1 >= self.gens[g].capacity - late
 
@@ -269,8 +245,7 @@ class StackPath:
     def judge(self, check: Check, replies: list[Any], sent_at: float) -> str:
         """Read a check's read round: :data:`SEEN`, :data:`ADD` (its add packed), :data:`SCRIPT`.
 
-        ``sent_at``: this machine's clock when the round was sent (windows).
-        Raises ``ValueError`` for a reply of the wrong shape (not the command's).
+        ``sent_at``: when the round was sent. A reply of the wrong shape raises ``ValueError``.
         """
         known = check.known
         late = False
@@ -290,8 +265,7 @@ class StackPath:
             head = None
             if k.header:
                 head, at = replies[at], at + 1
-            # Missing, or not this filter's: the script sorts it out. A key reads empty
-            # when missing; a classic key's read starts with its id field.
+            # Missing (reads empty), or not this filter's: the script sorts it out.
             if k.block < 0:
                 ours = isinstance(bits, list) and bool(bits) and bits[0] == expected
             else:
@@ -331,48 +305,38 @@ class StackPath:
     def _pack_add(self, check: Check) -> None:
         """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
 
-        The state (generations, the newest generation's count) is in the generation 0's
-        header, and the items this worker found new go there: by the add's own ``INCRBY``
-        when it goes to that key, else, once it holds :data:`STATE_EVERY` - 1 of them, by
-        a second command beside it (``BITFIELD <g0> INCRBY u48 208 n``), whose reply is
-        the state (:meth:`counted`). The margin (:meth:`_near`) has room for the
-        :data:`STATE_EVERY` a worker may hold; its view of the count is also renewed by
-        the headers read every :data:`HEADER_EVERY` checks, and a generation sealed
-        meanwhile is told by the add's own reply (``GET u16``). So most adds are one
-        command, and a seen element's check reads no state.
+        The state is in the generation 0's header, and the items found new go there: by
+        the add's own ``INCRBY`` when it goes to that key, else, once this worker holds
+        :data:`STATE_EVERY` - 1, by a second command (``BITFIELD <g0> INCRBY u48 208 n``)
+        whose reply is the state (:meth:`counted`). The margin (:meth:`_near`) has room
+        for what a worker holds; a generation sealed meanwhile is told by the add's reply
+        (``GET u16``). Only the bits the read found unset are set: bits are only ever
+        set, so the reply tells as surely whether this add set any.
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
-        # Only the bits the read found unset: bits are only ever set, so the others still
-        # are, and the reply tells as surely whether this add set any (the element is new)
-        # or another add set them all since (seen), with fewer fields for Redis to parse.
-        bits = [bit + k.block for bit in check.unset] if k.block >= 0 else list(check.unset)
-        args: list[Any] = [b"BITFIELD", k.name, b"GET", b"i64", ID_FIELD]
         if k.generation == 0:
             check.sent, known.pending = known.pending, 0
-            args += (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
+            head: tuple[Any, ...] = (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
             check.stated = True
         else:
-            args += (b"GET", b"u16", GENERATIONS_BIT)  # its seal, once a later one started
+            head = _SEAL  # its seal, once a later one started
             if known.pending >= STATE_EVERY - 1:  # else held, as the margin allows
                 check.sent, known.pending = known.pending, 0
                 g0 = next(g for g in check.keys if g.current and g.generation == 0)
                 command = (b"BITFIELD", g0.name, b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
                 check.count = pack_command(*command)
-        for bit in bits:
-            args += (b"SET", b"u1", bit, 1)
-        check.add, check.add_key, check.add_bits = pack_command(*args), k.name, bits
+        check.add, check.add_bits = _pack_set(k.name, head, k.block, check.unset)
+        check.add_key = k.name
 
     def added(self, check: Check, reply: Any) -> bool | None:
         """Read the add's reply: True for "seen", False for new; None: the key is not ours.
 
-        An element new to a generation sealed meanwhile (a later one started) gets
-        :attr:`Check.again`: its add to the next generation, where another worker may have
-        added it since (through the script, or by an add after reads that did not see
-        this one's bits): both adds run on that key, so exactly one of them finds bits
-        unset (:meth:`looked`). A read there instead could miss a worker between its reads
-        and its add, and both would be told "new".
-        Raises ``ValueError`` for a reply of the wrong shape.
+        An element new to a generation sealed meanwhile gets :attr:`Check.again`: its add
+        to the next generation, where another worker may have added it since; both adds
+        run on that key, so exactly one finds bits unset (:meth:`looked`). (A read there
+        could miss a worker between its reads and its add: both told "new".) A reply of
+        the wrong shape raises ``ValueError``.
         """
         k = len(check.add_bits)
         if not isinstance(reply, list) or len(reply) != 2 + k:
@@ -387,8 +351,7 @@ class StackPath:
         newest = next(key for key in check.keys if key.newest)
         if check.stated:
             generations, known.count = divmod(reply[1], 1 << 32)
-            # Grown meanwhile: the count is the next generation's; what this worker owes
-            # goes there (it grows a little early, never late).
+            # Grown meanwhile: what this worker owes goes to the next (early, never late).
             known.now = max(generations, 1)
             sealed = generations > 1
         else:
@@ -398,21 +361,15 @@ class StackPath:
             known.now = max(known.now, after + 1)
             window = check.window if self.ttl else -1
             nxt = self._key(check.shard, check.h1, check.h2, after, window, True, True)
-            bits = [bit + nxt.block for bit in nxt.bits] if nxt.block >= 0 else list(nxt.bits)
-            args: list[Any] = [b"BITFIELD", nxt.name, b"GET", b"i64", ID_FIELD]
-            args += (b"GET", b"u16", GENERATIONS_BIT)
-            for bit in bits:
-                args += (b"SET", b"u1", bit, 1)
-            check.again, check.again_bits, check.next = [pack_command(*args)], bits, nxt
+            add, bits = _pack_set(nxt.name, _SEAL, nxt.block, nxt.bits)
+            check.again, check.again_bits, check.next = [add], bits, nxt
         return seen
 
     def looked(self, check: Check, reply: Any) -> bool | None:
         """Read the add to the next generation of an element new to a sealed one.
 
-        True ("seen") when every bit was set already: another worker added it there
-        since, and was told new (or a false positive); the item :meth:`added` counted is
-        taken back. None: the key is not this filter's (lost or reset; answer new).
-        Raises ``ValueError`` for a reply of the wrong shape.
+        True ("seen"): another worker added it there since (the item :meth:`added` counted
+        is taken back). None: the key is not this filter's. Wrong shape: ``ValueError``.
         """
         k = len(check.again_bits)
         if not isinstance(reply, list) or len(reply) != 2 + k:
@@ -427,10 +384,12 @@ class StackPath:
     def counted(self, check: Check, reply: Any) -> None:
         """Read the reply of an add's state command (:meth:`_pack_add`): the shard's state.
 
-        A reply of another shape (the key was lost or reset meanwhile: the add's own
-        reply says so) teaches nothing.
+        None (not answered) or an error (out of memory, say): the count goes with a later
+        add. Another shape (the key lost or reset: the add's reply says so) teaches nothing.
         """
-        if isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
+        if reply is None or isinstance(reply, BaseException):
+            self.lost(check)
+        elif isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
             generations, count = divmod(reply[0], 1 << 32)
             check.known.now, check.known.count = max(generations, 1), count
 
@@ -447,10 +406,8 @@ class StackPath:
     def scripted(self, shard: int, generations: int) -> None:
         """Note what the script found: the shard's (or the current window's) generations.
 
-        A window before that was missing is taken as absent from now on: the script,
-        which tells a lost window from one never started, answered without a loss (or
-        recreated it empty). Only while this worker's clock puts the script's call
-        safely inside the window it knows (else the next check asks the script again).
+        A window before that was missing is absent from now on (the script tells a lost
+        one from one never started), while this worker's clock is settled in its window.
         """
         known = self._shards.get(shard)
         if known is None:
@@ -481,6 +438,17 @@ class StackPath:
         known = self._shards.get(shard)
         if known is not None:
             known.pending += items
+
+
+def _pack_set(
+    name: str, head: tuple[Any, ...], block: int, bits: list[int]
+) -> tuple[bytes, list[int]]:
+    """Pack ``BITFIELD <name> GET i64 32 <head> SET u1 <bit> 1 ...`` (bits from ``block``)."""
+    bits = [bit + block for bit in bits] if block >= 0 else list(bits)
+    args: list[Any] = [b"BITFIELD", name, b"GET", b"i64", ID_FIELD, *head]
+    for bit in bits:
+        args += (b"SET", b"u1", bit, 1)
+    return pack_command(*args), bits
 
 
 def _header(name: str) -> bytes:

@@ -1,35 +1,27 @@
 """Bulk checks of grown and windowed shards: every key read, the newest written, atomically.
 
-A shard that has grown keeps its bits in several generations; with re-crawl windows,
-in the generations of two windows (see :mod:`..generations` and :mod:`.stackpath`). Only
-the newest generation of the current window takes adds. So a batch of a shard's
-elements is a snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack*
-(:class:`Stack`), in two round trips on the shard's node after one round of
-:func:`probes` for all shards (their headers, ``TIME`` with windows):
+A grown shard keeps its bits in several generations; with re-crawl windows, in the
+generations of two windows (:mod:`..generations`, :mod:`.stackpath`). Only the newest
+generation of the current window takes adds. So a batch of a shard's elements is a
+snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack* (:class:`Stack`),
+in two round trips after one round of :func:`probes` for all shards:
 
 1. ``WATCH`` every key, (``TIME`` with windows; the anchor's header), each key's bytes
-   (whole, or the blocks the batch touches, as :func:`.snapshot.take` reads a shard),
-   ``MULTI``. Every key must carry the shard's identity and its length; the headers'
-   state must be as :func:`probe` found it (the generations of the shard or of each
-   window; the anchor naming the current window as the newest started).
-2. The answers computed in Python: "seen" where an element is in any older key
-   (nothing added), else the newest generation's kernel on the others, in order. Then
-   ``SETRANGE`` of the newest generation's changed bytes and of its count (in its
-   generation 0's header), and ``EXEC``, which runs only if no key changed since
-   ``WATCH``: the batch took effect as one atomic step, as the check-and-add script on
-   each element in order would have.
+   (whole or by blocks, as :func:`.snapshot.take`), ``MULTI``. Every key must carry the
+   shard's identity and length, the headers' state as :func:`probe` found it.
+2. "Seen" where an element is in an older key, else the newest generation's kernel on
+   the others, in order; ``SETRANGE`` of its changed bytes and count, and ``EXEC``,
+   which runs only if no key changed since ``WATCH``: one atomic step, as the script
+   on each element in order.
 
-A check without adds (``contains_many``) watches nothing and writes nothing: each key
-is read atomically with its header (one ``GET``, or its blocks in a ``MULTI``/``EXEC``
-of their own), "seen" where an element's bits are all set in one key of this filter.
+A check without adds watches and writes nothing: each key is read atomically with its
+header, "seen" where an element's bits are all set in one key of this filter.
 
-The script stays the authority at the boundaries, as for :mod:`.stackpath`: a batch that
-would bring the newest generation's count within the margin of its capacity gives its
-elements past that point back (only the script starts a generation), and a shard that
-is not as found (lost, reset, foreign, grown meanwhile), a window not started yet or
-in its last :data:`GUARD` seconds (by ``TIME`` read in the first round, plus the time
-since) are given back whole: the caller's chunks run the script, which reports and
-recovers what is wrong.
+The script stays the authority at the boundaries: elements that would bring the
+newest generation within the margin of its capacity go back to it (only the script
+starts a generation), and so does a whole batch whose shard is not as found (lost,
+reset, foreign, grown meanwhile) or whose window is not started or in its last
+:data:`GUARD` seconds.
 """
 
 from __future__ import annotations
@@ -47,11 +39,12 @@ from scrapy_redis_bloom.core.generations import (
     Growth,
     window_key,
 )
-from scrapy_redis_bloom.core.layout import HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.core.layout import IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _LOAD_SCRIPTS,
     _MULTI,
+    Pending,
     Taken,
     Target,
     _copy,
@@ -60,8 +53,10 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _gather,
     _kernel,
     _reads,
-    _write_back,
+    _send_writes,
+    finish,
 )
+from scrapy_redis_bloom.engine.bitmap.stackpath import _header
 from scrapy_redis_bloom.engine.clock import GUARD, TIME
 from scrapy_redis_bloom.transport.executor import Call, Session, acl_denial
 from scrapy_redis_bloom.transport.node import TransportError
@@ -78,12 +73,9 @@ _COUNT = COUNT_BIT // 8
 class Found:
     """What :func:`probe` read of a shard: the keys its batch reads, the state they must have.
 
-    ``keys``: ``(key, generation)`` of the older keys then the newest (where adds go);
-    ``state``: the key holding the current generations and count (generation 0 of the
-    shard or of the current window); ``generations``: its generations; ``before``: the
-    key of the window before's generation 0 and its generations (0: no window before,
-    as the anchor says); ``anchor``: the shard's key with windows; ``window``: the
-    current window (-1 without).
+    ``keys``: ``(key, generation)``, older keys then the newest; ``state``: the key holding
+    the generations and count; ``before``: the window before's generation 0 and its
+    generations (0: none); ``anchor``: the shard's key with windows; ``window``: -1 without.
     """
 
     @property
@@ -95,8 +87,7 @@ class Found:
     state: str
     generations: int
     limit: int
-    #: The newest generation's count and capacity, as probed.
-    count: int
+    count: int  # (the newest generation's count and capacity, as probed)
     capacity: int
     before: tuple[str, int] | None = None
     anchor: str | None = None
@@ -110,8 +101,7 @@ class Stack:
     shard: int
     identity: bytes
     found: Found
-    #: One :class:`.snapshot.Target` per key of ``found.keys``, in order.
-    targets: list[Target]
+    targets: list[Target]  # (one per key of ``found.keys``)
     ttl: int = 0
 
 
@@ -136,13 +126,7 @@ def probes(key: str, shard: int, ttl: int, window: int) -> list[Call]:
 def probe(
     growth: Growth, key: str, shard: int, identity: bytes, replies: list[Any], window: int
 ) -> Found | None:
-    """Read a shard's probe (:func:`probes`' replies); None: the script's (see the module doc).
-
-    Without windows, a shard of one generation too (the fresh snapshot gave it back:
-    full to its limit, or changed meanwhile); with windows, a shard whose current
-    window was started and is not in its last seconds, and whose window before is there
-    or was absent when the current one started.
-    """
+    """Read a shard's probe (:func:`probes`' replies); None: the script's (see the module doc)."""
     if any(not isinstance(reply, bytes | list) for reply in replies):
         return None
     ttl = growth.ttl
@@ -200,10 +184,7 @@ def probe(
 def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[Taken]:
     """Check (and add) the batches of shards of one node in one transaction (module doc).
 
-    ``session``: the executor's session on their node.
-
-    One :class:`.snapshot.Taken` per stack, in order: its answers (the first of its
-    batch's elements, the rest the script's), or why it goes back to the script.
+    One :class:`.snapshot.Taken` per stack: its answers (maybe the first elements only).
     """
     targets = [target for stack in stacks for target in stack.targets]
     keys = [encode(target.key) for target in targets]
@@ -238,8 +219,7 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
         opened = read[:opening] + ([read[-1]] if write else [])
         failed = _failure(read)
         if failed is not None:
-            if write:
-                _end(session, write, opened)
+            _end(session, write, opened)
             return [Taken(denied=acl_denial(failed)) for _ in stacks]
         at = opening
         now = None
@@ -264,7 +244,9 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
             if got is not None and write and counted is not None:
                 state, count = stack.found.state, min(counted, 2**32 - 1).to_bytes(4, "big")
                 extra.append(pack_command(b"SETRANGE", state, _COUNT, count))
-        taken = _write_back(session, keys, targets, write, None, found, opened, extra)
+        pending = Pending(session, targets, write, None, keys)
+        _send_writes(pending, found, opened, extra)
+        taken = finish(pending)
     except TransportError:
         return [Taken() for _ in stacks]
     except BaseException:
@@ -305,8 +287,7 @@ def _answer(
 ) -> tuple[Any, int | None]:
     """Answer a stack's batch from its keys' bytes; None to give it back to the script.
 
-    Returns what :func:`.snapshot._write_back` takes of its newest key (its copy, the
-    bytes read, 0, and the answers with the span changed), and the newest
+    Returns what :func:`.snapshot._send_writes` takes of its newest key, and the newest
     generation's count to write (None: unchanged).
     """
     found = stack.found
@@ -352,8 +333,7 @@ def _answer(
         return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
     if seen is None:
         seen = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
-    # The elements up to the one that could bring the count to the limit (each element
-    # found in an older key adds nothing): the script takes the others.
+    # Up to the element that could bring the count to the limit: the script takes the rest.
     n = _within(seen, room, vectorised)
     seen, newest = seen[:n], moved[:n]
     rest = newest[~seen] if vectorised else [m for m, s in zip(newest, seen, strict=True) if not s]
@@ -380,11 +360,6 @@ def _within(seen: Any, room: int, vectorised: bool) -> int:
             if room < 0:
                 return i
     return len(seen)
-
-
-def _header(name: str) -> bytes:
-    """Pack ``GETRANGE <name> 0 31``: a key's header."""
-    return pack_command(b"GETRANGE", name, 0, HEADER_BYTES - 1)
 
 
 def _ours(head: Any, identity: bytes) -> bool:

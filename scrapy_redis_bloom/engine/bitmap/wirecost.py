@@ -1,13 +1,11 @@
 """What a byte costs to move between this worker and a Redis node: measured, not assumed.
 
 A bulk load moves a shard whole or only the 64-byte blocks its elements touch; which
-costs less depends on the link, which the package cannot know. So it measures, per node:
-the best of :data:`TRIES` ``GETRANGE`` reads of up to :data:`PROBE_BYTES` against as
-many of one byte, at first use and every :data:`REMEASURE` seconds. What a byte costs
-beyond loopback's (:data:`LOOPBACK_NS_PER_BYTE`, which the bulk path's constants were
-measured with) is added to each way's cost (:meth:`WireCost.extra`): on loopback the
-choices stay as they were; over a network, blocks wherever the whole shard would move
-mostly untouched bytes.
+costs less depends on the link. So it measures, per node, the best of :data:`TRIES`
+``GETRANGE`` reads of :data:`PROBE_BYTES` against as many of one byte, at first use and
+every :data:`REMEASURE` seconds. What a byte costs beyond loopback's
+(:data:`LOOPBACK_NS_PER_BYTE`, the bulk path's constants' own) is added to each way's
+cost (:meth:`WireCost.extra`).
 """
 
 from __future__ import annotations
@@ -23,20 +21,16 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Bytes the probe reads at most (less when the key is shorter), and at least for a
-#: figure to be taken (below it, loopback's noise is the size of the signal).
+#: Bytes the probe reads at most, and at least for a figure (below: noise).
 PROBE_BYTES = 65_536
 LEAST_BYTES = 16_384
-#: Reads of each size per measure, the two sizes in turn: the best of each counts (noise
-#: only ever adds, and a busy spell then hits both sizes).
+#: Reads of each size per measure, in turn: the best counts (noise only ever adds).
 TRIES = 5
 #: Seconds between two measures of a node (a failover may move it elsewhere).
 REMEASURE = 300.0
-#: What a byte costs on loopback (bench/NOTES.md): the part of a byte's cost that the
-#: bulk path's constants already hold.
+#: What a byte costs on loopback (bench/NOTES.md), held in the bulk path's constants.
 LOOPBACK_NS_PER_BYTE = 0.4
-#: Below this much beyond loopback's, a byte's cost is taken as loopback's: above a busy
-#: machine's loopback noise, below a 1 Gbit/s link's (bench/NOTES.md).
+#: Below this much beyond loopback's, a byte costs loopback's (noise, not a 1 Gbit/s link).
 NOISE_NS_PER_BYTE = 2.0
 
 
@@ -57,9 +51,8 @@ class WireCost:
     def extra(self, address: str, key: str) -> float:
         """Return the ns a byte costs on the node at ``address`` beyond loopback's (>= 0).
 
-        ``key``: a key on that node to read. A probe that fails keeps the last figure (0 at
-        first) until the next measure is due, and logs it: the bulk call itself then meets the
-        same fault.
+        ``key``: a key on that node. A failed probe keeps the last figure (0 at first) until
+        the next measure, and logs it (the bulk call then meets the same fault).
         """
         now = self.clock()
         known = self._nodes.get(address)
