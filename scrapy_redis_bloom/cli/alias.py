@@ -1,11 +1,9 @@
 """``scrapy-redis-bloom`` (and ``python -m scrapy_redis_bloom``): the commands without Scrapy's.
 
-The subcommands of ``scrapy bloom``, given the servers and the sizing as flags instead of a
-project's settings: each flag becomes the crawl setting it stands for (``--redis-url`` once is
-``BLOOMFILTER_REDIS_URL``, several times ``BLOOMFILTER_REDIS_URLS``; without it ``$REDIS_URL``,
-else ``redis://localhost:6379``), and messages name the flags. Exit status: 0 (``reset`` of a
-filter that does not exist included), 1 when the work could not be done, 2 for a usage error,
-130 when interrupted.
+The subcommands of ``scrapy bloom`` with the servers and sizing as flags, each becoming the
+crawl setting it stands for (``--redis-url`` once is ``BLOOMFILTER_REDIS_URL``, several times
+``BLOOMFILTER_REDIS_URLS``); messages name the flags. Exit status: 0 (a ``reset`` of no filter
+too), 1 when the work could not be done, 2 for a usage error, 130 when interrupted.
 """
 
 from __future__ import annotations

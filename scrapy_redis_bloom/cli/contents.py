@@ -1,14 +1,11 @@
 """The commands that change or move what a filter holds: add, check, migrate, dump, restore, reset.
 
-``add`` and ``check`` send fingerprints from files or stdin through the bulk calls, in
-batches of :data:`.streams.BATCH`. ``migrate`` copies a scrapy-redis fingerprint SET, read
-by SSCAN where scrapy-redis keeps it, into the filter; after each bulk call it saves the
-cursor and counts in a marker beside the SET (:func:`marker_key`), so an interrupted run
-resumes (SSCAN returns every member present throughout at least once; a member added
-twice counts as present). ``dump`` and ``restore`` wrap :mod:`..ops.dump` and
-:mod:`..ops.restore`. ``reset`` deletes each part only while it is still the filter's,
-refuses while workers hold leases unless ``--force``, and without a usable record deletes
-only the parts that carry the filter's id.
+``add`` and ``check`` send fingerprints through the bulk calls in batches of
+:data:`.streams.BATCH`. ``migrate`` copies a scrapy-redis SET by SSCAN, saving the cursor and
+counts beside it after each bulk call (:func:`marker_key`), so an interrupted run resumes
+(SSCAN returns every member present throughout at least once; one added twice counts as
+present). ``reset`` deletes each part only while it is still the filter's, and without a
+usable record only the parts that carry the filter's id.
 """
 
 from __future__ import annotations
@@ -55,6 +52,7 @@ from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.engine.parts import pairs, text
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.dump import DumpSummary, FilterBusyError, Progress, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
@@ -119,12 +117,7 @@ def add(ctx: Context) -> int:
     bloom, created = open_for_writing(ctx)
     present, new = _count_hits(ctx, paths, bloom, True)
     total = new + present
-    data = ctx.result(
-        created_filter=created,
-        fingerprints=total,
-        new=new,
-        already_present=present,
-    )
+    data = ctx.result(created_filter=created, fingerprints=total, new=new, already_present=present)
     lines = _created(ctx, created)
     lines.append(
         f"Added {total:,} fingerprint(s) to the Bloom filter {ctx.key!r} on {ctx.where}:"
@@ -140,19 +133,12 @@ def check(ctx: Context) -> int:
     bloom = open_existing(ctx)
     present, absent = _count_hits(ctx, paths, bloom, False)
     total = present + absent
-    data = ctx.result(
-        fingerprints=total,
-        present=present,
-        absent=absent,
+    data = ctx.result(fingerprints=total, present=present, absent=absent)
+    line = (
+        f"Checked {total:,} fingerprint(s) against the Bloom filter {ctx.key!r} on"
+        f" {ctx.where}: {present:,} present, {absent:,} absent."
     )
-    emit(
-        ctx,
-        data,
-        [
-            f"Checked {total:,} fingerprint(s) against the Bloom filter {ctx.key!r} on"
-            f" {ctx.where}: {present:,} present, {absent:,} absent."
-        ],
-    )
+    emit(ctx, data, [line])
     return EXIT_OK
 
 
@@ -164,14 +150,9 @@ def marker_key(set_key: str) -> str:
     return f"{set_key}:bloom-migration"
 
 
-def _decode(value: Any) -> str:
-    """Decode a reply item, whether or not the client decodes responses."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _resume_point(client: Any, marker: str, filter_id: str) -> tuple[int, dict[str, int]]:
     """Return the cursor and counts a marker of this filter saved; (0, zeros) if none."""
-    fields = {_decode(k): _decode(v) for k, v in (client.hgetall(marker) or {}).items()}
+    fields = pairs(client.hgetall(marker))  # whether or not the client decodes responses
     counts = dict.fromkeys(_COUNTS, 0)
     if fields.get("filter_id") != filter_id:
         return 0, counts
@@ -187,7 +168,7 @@ def migrate(ctx: Context) -> int:
     batch_size = int(ctx.args.batch)
     client = ctx.clients[0]
     source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
-    kind = _decode(client.type(set_key))
+    kind = text(client.type(set_key))
     if kind == "none":
         raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
     if kind != "set":
@@ -225,9 +206,9 @@ def migrate(ctx: Context) -> int:
             cursor, members = client.sscan(set_key, cursor, count=min(SCAN_COUNT, batch_size))
             cursor = int(cursor)
             for member in members:
-                text = member.strip() if isinstance(member, bytes) else str(member).encode()
-                if FINGERPRINT.fullmatch(text.strip()):
-                    batch.append(text.strip().lower())
+                line = (member if isinstance(member, bytes) else str(member).encode()).strip()
+                if FINGERPRINT.fullmatch(line):
+                    batch.append(line.lower())
                 else:
                     counts["skipped"] += 1
                     bar.update(1)
@@ -416,10 +397,10 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
 def _refuse_foreign_markers(
     ctx: Context, record: FilterRecord, markers: Sequence[MarkerCheck]
 ) -> None:
-    """Refuse to reset by a server list that does not match the servers' markers.
+    """Refuse to reset by a server list the servers' markers contradict.
 
-    Deleting by geometry on servers listed in another order would miss parts, and on
-    a server of another filter, or holding another program's key, delete theirs.
+    Deleting by geometry on servers in another order would miss parts, and delete those of
+    another filter or program holding the marker's key.
     """
     for marker in markers:
         if marker.status != "foreign" or marker.found is None:
@@ -487,9 +468,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
         )
     kept = list(found.kept)
     data = ctx.result(
-        servers=inventory.addresses(bloom),
-        record=False,
-        not_deleted=orphan_data(kept),
+        servers=inventory.addresses(bloom), record=False, not_deleted=orphan_data(kept)
     )
     kept_lines = ["Not deleted (carries no filter id):", *listing(key, kept)] if kept else []
     if not found.deletable:
@@ -527,9 +506,8 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
 def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
     """Hold the worker registry while deleting: no worker starts on a filter half gone.
 
-    The check for live workers and the claim are one script (see
-    :meth:`.WorkerLease.clearing`): a worker that started since the prompt is refused
-    here too. With ``--force``, nothing is claimed.
+    The check for live workers and the claim are one script (:meth:`.WorkerLease.clearing`):
+    a worker that started since the prompt is refused too. ``--force`` claims nothing.
     """
     if ctx.args.force:
         yield

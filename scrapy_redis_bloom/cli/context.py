@@ -1,11 +1,9 @@
 """What every operations command stands on: its connection, its errors, and the filter it opens.
 
-Both front ends turn their command line into crawl settings and call :func:`run_command`:
-it builds the clients as a crawl does and runs the subcommand under :func:`guarded` (every
-failure one line on stderr, passwords scrubbed). A command never guesses a filter's
-geometry: it opens the filter its config record describes (:func:`stored`,
-:func:`existing`); only ``add`` and ``migrate`` may create one, from sizing settings given
-on purpose (:func:`open_for_writing`).
+Both front ends turn their command line into crawl settings for :func:`run_command`, which
+builds the clients as a crawl does; under :func:`guarded` every failure is one line on stderr,
+passwords scrubbed. A command opens the filter its config record describes (:func:`existing`);
+only ``add`` and ``migrate`` may create one, from sizing given (:func:`open_for_writing`).
 """
 
 from __future__ import annotations
@@ -80,11 +78,10 @@ class UsageError(CLIError):
 
 @dataclass
 class Frontend:
-    """How a front end names itself and the settings in messages.
+    """How a front end names itself (``prog``, starting every error line) and the settings.
 
-    ``prog`` starts every error line and the commands it suggests; ``name`` and ``word``
-    name a setting where a message carries it as data (a :class:`~..core.errors.Wording`),
-    so the alias names its options instead, never by rewriting a finished message.
+    ``name`` and ``word`` name a setting a message carries as data (a
+    :class:`~..core.errors.Wording`): the alias names its options instead.
     """
 
     prog: str
@@ -112,8 +109,8 @@ _B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | Nativ
 class Context:
     """What every command gets: its options, the clients, and what to close at the end.
 
-    ``sizing`` is the configuration that may create a missing filter (None: none asked for);
-    ``where`` names the servers in messages, ``address`` the same without words, for JSON.
+    ``sizing`` may create a missing filter (None: not asked for); ``where`` names the servers
+    in messages, ``address`` in JSON.
     """
 
     args: argparse.Namespace
@@ -140,21 +137,6 @@ class Context:
         """Close ``bloom``'s connections when the command ends."""
         self.stack.callback(bloom.close)
         return bloom
-
-
-class Layered:
-    """Settings with some overridden: what a command's options change for this run only."""
-
-    def __init__(self, base: SettingsLike, overrides: dict[str, Any]) -> None:
-        self.base = base
-        self.overrides = overrides
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """Return the overridden value, else the base settings' one."""
-        if name in self.overrides:
-            value = self.overrides[name]
-            return default if value is None else value
-        return self.base.get(name, default)
 
 
 def config_of(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig:
@@ -196,7 +178,7 @@ def run_command(
 ) -> int:
     """Build the clients from the settings as a crawl does, run the subcommand (``args.handler``).
 
-    ``reset`` (the one command with ``--yes``) is refused first when it cannot ask.
+    ``reset`` without ``--yes`` is refused first when it cannot ask.
     """
     if getattr(args, "yes", True) is False and not stdin_is_tty():
         raise UsageError(
@@ -211,12 +193,9 @@ def run_command(
     try:
         config = ConnectionConfig.from_settings(settings)
         faults = FaultPolicy.from_settings(retry)
-    except ValueError as exc:
-        raise UsageError(frontend.words(exc)) from None
-    where, address = describe(config.urls, config.cluster)
-    try:
+        where, address = describe(config.urls, config.cluster)
         clients = filter_clients(config, settings)
-    except ValueError as exc:  # e.g. a port that is not a number
+    except ValueError as exc:  # a bad setting, or e.g. a port that is not a number
         raise UsageError(frontend.words(exc)) from None
     except RedisClusterException as exc:  # the cluster client reads the slot map at once
         raise CLIError(f"cannot connect to {where}: {exc}") from None
@@ -261,9 +240,8 @@ def guarded(
 ) -> int:
     """Run a command; turn every failure into one line on stderr and an exit status.
 
-    ``secrets`` is called when a message is printed, so that it sees the settings
-    read by then. Library warnings go to stderr unless the host program configured
-    logging (the body may lower the level: it is restored at the end).
+    ``secrets`` is called when a message is printed, to see the settings read by then.
+    Library warnings go to stderr unless the host program configured logging.
     """
     guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
     package_logger = logging.getLogger(__package__.rpartition(".")[0])
@@ -330,12 +308,15 @@ def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
     return bloom, found
 
 
-def usable(found: StoredRecord | None) -> FilterRecord | None:
-    """Return the stored record; refuse one this version cannot use (reset deletes it)."""
+def usable(
+    ctx: Context, bloom: RedisBloomFilter, found: StoredRecord | None
+) -> FilterRecord | None:
+    """Return the stored record, checked against the servers; refuse an unusable one (reset it)."""
     if found is None:
         return None
     if found.record is None:
         raise CLIError(found.problem)
+    check_servers(ctx, bloom, found.record)
     return found.record
 
 
@@ -389,10 +370,9 @@ def existing(
 ) -> tuple[RedisBloomFilter | NativeBloomFilter, FilterRecord]:
     """Return the stored filter (not opened) and its record; ``hint`` says what to do if none."""
     bloom, found = stored(ctx)
-    record = usable(found)
+    record = usable(ctx, bloom, found)
     if record is None:
         raise missing(ctx, bloom, hint)
-    check_servers(ctx, bloom, record)
     return native_if(ctx, record) or bloom, record
 
 
@@ -415,9 +395,7 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
         )
         return open_existing(ctx, ctx.frontend.words(hint)), False
     bloom, found = stored(ctx)
-    record = usable(found)
-    if record is not None:
-        check_servers(ctx, bloom, record)
+    record = usable(ctx, bloom, found)
     opened = ctx.own(make_filter(ctx.clients, ctx.key, ctx.sizing, faults=ctx.faults))
     try:
         opened.open(create=True)

@@ -1,9 +1,8 @@
 """The commands that show figures and change nothing: ``info``, ``watch`` and ``size``.
 
 ``info`` checks the parts against the record and counts the bits, ``watch`` prints the
-counters the workers sync about once a second, ``size`` says what a crawl would create from
-the sizing settings, without Redis; ``info`` and ``size`` show what each layout would cost
-(:func:`..core.sizing.layout_costs`).
+counters the workers sync about once a second, ``size`` says what a crawl would create
+(without Redis); both show what each layout would cost (:func:`..core.sizing.layout_costs`).
 """
 
 from __future__ import annotations
@@ -41,6 +40,11 @@ from scrapy_redis_bloom.ops import inventory
 #: The two ways of sizing: given one, the other's settings are set aside.
 _BY_RATE = ("BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE")
 _BY_BITS = ("BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER")
+#: What ``info --json`` says of each generation, in order.
+_GENERATION = (
+    *("generation", "shards", "bits", "hash_count", "capacity"),
+    *("bits_set", "fill_ratio", "estimated_items", "estimated_fpr"),
+)
 
 
 # -- info ------------------------------------------------------------------------------
@@ -67,7 +71,8 @@ def info(ctx: Context) -> int:
     if isinstance(bloom, NativeBloomFilter):
         return _native_info(ctx, bloom, record)
     spec = record.spec
-    shards = inventory.check_shards(bloom, record)
+    damaged = inventory.check_shards(bloom, record)
+    missing = sum(1 for _, what in damaged if what == "missing")
     markers = inventory.check_markers(bloom, record)
     state = read_state(bloom.parts, record.growth)
     activity, activity_rows = _activity(bloom, state)
@@ -76,8 +81,6 @@ def info(ctx: Context) -> int:
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     growth = record.growth
     written = sum(1 for ones in state.bits_set_per_shard if ones)
-    damaged = [(shard, "missing") for shard in shards.missing] + list(shards.foreign)
-    damaged.sort()
     bad_markers = [m for m in markers if m.status != "ok"]
     data: dict[str, Any] = {
         "key": key,
@@ -107,8 +110,8 @@ def info(ctx: Context) -> int:
         "estimated_fpr": state.estimated_fpr,
         **activity,
         "shards_with_bits_set": written,
-        "shards_missing": len(shards.missing),
-        "shards_foreign": len(shards.foreign),
+        "shards_missing": missing,
+        "shards_foreign": len(damaged) - missing,
         "damaged_shards": [
             {
                 "shard": shard,
@@ -129,18 +132,7 @@ def info(ctx: Context) -> int:
         "grown_capacity": growth.grown_capacity,
         "rate_bound": growth.rate_bound,
         "generations": [
-            {
-                "generation": gen.generation,
-                "shards": gen.shards,
-                "bits": gen.bits,
-                "hash_count": gen.hash_count,
-                "capacity": gen.capacity,
-                "bits_set": gen.bits_set,
-                "fill_ratio": gen.fill_ratio,
-                "estimated_items": gen.estimated_items,
-                "estimated_fpr": gen.estimated_fpr,
-            }
-            for gen in state.generations
+            {name: getattr(gen, name) for name in _GENERATION} for gen in state.generations
         ],
     }
     state_text: str = record.state
@@ -175,7 +167,7 @@ def info(ctx: Context) -> int:
         ("Hash functions (k)", str(spec.hash_count)),
         ("Capacity", f"{record.capacity:,} items"),
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
-        ("Growth / re-crawl", _growth_text(record)),
+        ("Growth / re-crawl", record.growth_text() + _grown(record)),
     ]
     layouts, layout_rows = _record_layouts(record)
     data["layouts"] = layouts
@@ -329,16 +321,15 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
     return _layouts(costs, current, "this filter")
 
 
-def _growth_text(record: FilterRecord) -> str:
-    """Say how the filter grows and forgets, with what growth buys."""
+def _grown(record: FilterRecord) -> str:
+    """Say what growth buys a growing filter."""
     growth = record.growth
-    text = record.growth_text()
-    if record.expansion:
-        text += (
-            f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
-            f" in all at an FP rate under {growth.rate_bound:.3g}"
-        )
-    return text
+    if not record.expansion:
+        return ""
+    return (
+        f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
+        f" in all at an FP rate under {growth.rate_bound:.3g}"
+    )
 
 
 def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
@@ -418,14 +409,12 @@ def watch(ctx: Context) -> int:
 def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
     """Return the settings a calculation overrides: those given, and the other way unset.
 
-    Options for one way of sizing replace the project's settings of the other way,
-    which a crawl would refuse beside them.
+    A crawl would refuse the project's settings of the other way of sizing beside them.
     """
     found = {name: value for name, value in given.items() if value is not None}
-    if any(name in found for name in _BY_RATE):
-        found.update({name: None for name in _BY_BITS if name not in found})
-    elif any(name in found for name in _BY_BITS):
-        found.update({name: None for name in _BY_RATE if name not in found})
+    for way, other in ((_BY_RATE, _BY_BITS), (_BY_BITS, _BY_RATE)):
+        if any(name in found for name in way):
+            return {**dict.fromkeys(other), **found}
     return found
 
 

@@ -1,9 +1,8 @@
 """The table of the commands and their options, declared once for both front ends.
 
-``scrapy bloom`` (:mod:`.scrapy_command`) and the alias (:mod:`.alias`) build their
-parsers from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`. The alias
-gives the servers and the sizing as flags, each standing for a crawl setting
-(:attr:`Option.setting`); ``scrapy bloom`` reads the project's settings.
+``scrapy bloom`` (:mod:`.scrapy_command`) and the alias (:mod:`.alias`) build their parsers
+from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`; the alias's flags for
+the servers and the sizing each stand for a crawl setting (:attr:`Option.setting`).
 """
 
 from __future__ import annotations
@@ -74,8 +73,8 @@ def positive_int(value: str) -> int:
 class Command:
     """A subcommand: its name in ``scrapy bloom`` and in the alias (None: not there).
 
-    ``handler`` runs it on a connected :class:`.context.Context`; ``size``, which
-    needs no Redis, has none (the Scrapy command runs it itself).
+    ``handler`` runs it on a connected :class:`.context.Context`; ``size`` needs no Redis
+    and has none (the Scrapy command runs it itself).
     """
 
     name: str
@@ -446,13 +445,8 @@ def missing_command(front: Front, prog: str) -> str:
     named = _named(front)
     width = max(len(name) for _, name in named)
     lines = [f"  {name:<{width}}  {command.help}" for command, name in named]
-    return "\n".join(
-        [
-            "give a command, one of:",
-            *lines,
-            f"See '{prog} COMMAND --help' for a command's options.",
-        ]
-    )
+    head = "give a command, one of:"
+    return "\n".join([head, *lines, f"See '{prog} COMMAND --help' for a command's options."])
 
 
 def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig | None:

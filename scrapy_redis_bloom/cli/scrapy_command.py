@@ -1,10 +1,8 @@
 """``scrapy bloom COMMAND``: the operations commands, run with the project's settings.
 
-Registered through the ``scrapy.commands`` entry point group, inside a project or
-outside one (Scrapy's defaults). ``-s NAME=VALUE`` may come before or after the
-subcommand. The filter is reached and named as a crawl reaches and names it:
-``BLOOMFILTER_KEY`` filled in by ``--spider NAME`` (whose ``custom_settings`` apply), or
-given whole with ``--key``.
+A ``scrapy.commands`` entry point, inside a project or outside one; ``-s NAME=VALUE`` may
+come before or after the subcommand. The filter is reached and named as a crawl does:
+``BLOOMFILTER_KEY`` for ``--spider NAME`` (whose ``custom_settings`` apply), or ``--key``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from scrapy.utils.misc import load_object
 
 from scrapy_redis_bloom.cli.context import (
     Frontend,
-    Layered,
     UsageError,
     config_of,
     guarded,
@@ -87,8 +84,10 @@ class BloomCommand(ScrapyCommand):
 
         def body() -> int:
             nonlocal settings
-            if opts.bloom_command == "size":
-                return size(opts, Layered(settings, size_overrides(sizing_given(opts))))
+            if opts.bloom_command == "size":  # the options override, None unsetting
+                updated = settings.copy()
+                updated.setdict(size_overrides(sizing_given(opts)), priority="cmdline")
+                return size(opts, updated)
             settings = _for_spider(settings, opts.spider)
             _resolve_key(opts, settings)
             if opts.bloom_command == "migrate" and opts.set_key is None:

@@ -1,9 +1,8 @@
 """What the commands print and read: results, JSON, prompts and progress; fingerprints and URLs.
 
-stdout carries the result only (so ``--json`` output can be piped); stderr the prompts,
-the progress bars (only on a terminal) and the errors. ``--urls`` input becomes the
-fingerprint a crawl gives a GET request (:func:`url_fingerprinter`), so ``check --urls``
-answers what a crawl would.
+stdout carries the result only (``--json`` output can be piped); stderr the prompts, the
+progress bars (on a terminal) and the errors. ``--urls`` input becomes the fingerprint a
+crawl gives a GET request (:func:`url_fingerprinter`): ``check --urls`` answers as a crawl.
 """
 
 from __future__ import annotations
@@ -15,16 +14,13 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from tqdm import tqdm
 
 from scrapy_redis_bloom.cli.context import CLIError, Context, UsageError, err, stdin_is_tty
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
 from scrapy_redis_bloom.ops.inventory import Orphan
-
-if TYPE_CHECKING:
-    from scrapy import Request
 
 #: Keys listed one per line in text output, at most (JSON lists them all).
 LISTED = 20
@@ -181,11 +177,7 @@ def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
         fingerprinter: Any = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
-
-        def by_crawler(url: str) -> str:
-            return str(fingerprinter.fingerprint(Request(url)).hex())
-
-        return by_crawler
+        return lambda url: str(fingerprinter.fingerprint(Request(url)).hex())
     dupefilter: Any = RedisDupeFilter
     named = settings.get("DUPEFILTER_CLASS")
     if named:
@@ -195,12 +187,7 @@ def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
     # request_fingerprint is a pure function of the request: no instance state is needed,
     # and building a dupefilter would open the filter and join it as a worker.
     bare = dupefilter.__new__(dupefilter)
-
-    def by_dupefilter(url: str) -> str:
-        request: Request = Request(url)
-        return str(bare.request_fingerprint(request))
-
-    return by_dupefilter
+    return lambda url: str(bare.request_fingerprint(Request(url)))
 
 
 def read_lines(

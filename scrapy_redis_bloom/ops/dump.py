@@ -1,10 +1,8 @@
 """Dumping a filter to a stream: every part's bytes, chunked and checksummed (see :mod:`.dumpfile`).
 
 :func:`dump_filter` writes the record, the counters and the parts in pieces of at most
-:data:`PIECE` bytes, so memory stays flat: a bitmap filter's shards and generations byte
-for byte, headers included; a native one's ``BF.SCANDUMP`` chunks. Filters with a TTL
-are refused (their windows expire on the source's clock). The parts are read one piece
-after another, not in one snapshot, so live workers refuse a dump unless ``force``.
+:data:`PIECE` bytes, so memory stays flat: a bitmap filter's shards byte for byte, a native
+one's ``BF.SCANDUMP`` chunks. The parts are read piece after piece, not in one snapshot.
 """
 
 from __future__ import annotations
@@ -43,11 +41,7 @@ _GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
 
 @dataclass(frozen=True, slots=True)
 class DumpSummary:
-    """What :func:`dump_filter` wrote: the filter, where from, the file's counts and SHA-256.
-
-    ``added``: the filter's item count (its counters); ``forced``: workers held leases
-    while it was dumped.
-    """
+    """What :func:`dump_filter` wrote; ``added``: the item count, ``forced``: workers were live."""
 
     key: str
     record: FilterRecord
@@ -84,14 +78,14 @@ def dump_filter(
 ) -> DumpSummary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
-    ``bloom`` needs no opening and may be of either class: the record read from Redis
-    decides (:func:`.inventory.probe` of the key will do). ``out``: a binary stream, written
-    sequentially. ``progress(done, total)``: data bytes dumped after each piece (``total``
-    estimated from ``BF.INFO`` for a native filter, exact on the last call). Refuses with
-    :class:`~..core.errors.BloomFilterError` subclasses, before writing: a missing filter, one
-    being created, one with a TTL, one with live workers unless ``force`` (then URLs added
-    meanwhile may be missing: restored, they answer "new"), one whose shard is missing or
-    foreign. A part damaged or changed while read, or Redis failing, raises with the file
+    ``bloom`` needs no opening, of either class: the record read from Redis decides
+    (:func:`.inventory.probe` of the key will do). ``out`` is written sequentially.
+    ``progress(done, total)`` gets the data bytes dumped after each piece (``total`` estimated
+    from ``BF.INFO`` for a native filter, exact on the last call). Refuses, before writing,
+    with :class:`~..core.errors.BloomFilterError` subclasses: a missing filter, one being
+    created, one with a TTL (its windows expire on the source's clock), one with live workers
+    unless ``force`` (URLs added meanwhile may then be missing), one with a missing or foreign
+    shard. A part damaged or changed while read, or Redis failing, raises with the file
     incomplete: without a trailer, a restore refuses it as truncated.
     """
     started = time.monotonic()
@@ -139,16 +133,12 @@ def dump_filter(
     }
     pieces: _Pieces
     if record.backend == "native":
-        keys = native_keys(parts.key, record)
+        keys = [(s, part_key(parts.key, record, s)) for s in range(record.spec.shards)]
         total = _native_total(parts, keys)
         pieces = _native_pieces(parts, keys)
     else:
         counts = _generation_counts(parts, record)
-        total = sum(
-            part_bytes(record, g)
-            for shard in range(record.spec.shards)
-            for g in range(counts[shard])
-        )
+        total = sum(part_bytes(record, g) for count in counts for g in range(count))
         pieces = _bitmap_pieces(parts, record, counts)
     writer.header(header)
     for kind, shard, generation, position, data in pieces:
@@ -182,11 +172,13 @@ def dump_filter(
 
 #: What the piece generators yield: (kind, shard, generation, position, data).
 _Pieces = Iterator[tuple[int, int, int, int, bytes]]
+#: Pieces to read in one round trip: (shard, generation, start, size, call).
+_Batch = list[tuple[int, int, int, int, Call]]
 
 
 def _bitmap_pieces(parts: Parts, record: FilterRecord, counts: array[int]) -> _Pieces:
     """Yield every bitmap shard's generations in pieces, read in batches of about a MiB."""
-    batch: list[tuple[int, int, int, int, Call]] = []  # (shard, g, start, size, call)
+    batch: _Batch = []
     held = 0
     for shard in range(record.spec.shards):
         for g in range(counts[shard]):
@@ -244,12 +236,7 @@ def _check_identity(parts: Parts, record: FilterRecord, shard: int, g: int, head
     )
 
 
-def _read_pieces(
-    parts: Parts,
-    record: FilterRecord,
-    counts: array[int],
-    batch: list[tuple[int, int, int, int, Call]],
-) -> _Pieces:
+def _read_pieces(parts: Parts, record: FilterRecord, counts: array[int], batch: _Batch) -> _Pieces:
     """Read a batch of pieces; check each is whole and carries its identity; yield them."""
     replies = parts.run("dump the filter's shards", [call for *_, call in batch])
     for (shard, g, start, size, _), reply in zip(batch, replies, strict=True):
@@ -268,11 +255,6 @@ def _read_pieces(
                 f" {part_bytes(record, g):,} (it was truncated or replaced)."
             )
         yield dumpfile.BITMAP, shard, g, start, data
-
-
-def native_keys(key: str, record: FilterRecord) -> list[tuple[int, str]]:
-    """Return ``(shard, key)`` of every shard of a native filter."""
-    return [(s, part_key(key, record, s)) for s in range(record.spec.shards)]
 
 
 def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:

@@ -22,6 +22,7 @@ extra bytes raises :class:`DumpFileError` naming the problem and where it is.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -36,8 +37,7 @@ MAGIC = b"SRBDUMP\0"
 VERSION = 1
 #: Kinds of parts a chunk belongs to.
 BITMAP, NATIVE = 0, 1
-#: Largest chunk a reader accepts: a bitmap's are 1 MiB; RedisBloom's BF.SCANDUMP
-#: chunks are at most its sub-filter size cap (far below this).
+#: Largest chunk a reader accepts: a bitmap's are 1 MiB, BF.SCANDUMP's far below this.
 MAX_CHUNK = 1 << 30
 #: Largest header JSON a reader accepts.
 MAX_HEADER = 1 << 20
@@ -55,17 +55,13 @@ class DumpFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One chunk read back: which part it belongs to, where in it, its data.
-
-    ``number`` counts the file's chunks from 1; ``index`` the part's own from 1.
-    """
+    """One chunk read back: its part, its position there, its data; ``index`` counts from 1."""
 
     kind: int
     shard: int
     generation: int
     position: int
     data: bytes
-    number: int
     index: int
 
     def where(self) -> str:
@@ -133,11 +129,9 @@ class DumpWriter:
 
 
 class DumpReader:
-    """Reads a dump file from ``inp`` as a stream, checking every checksum on the way.
+    """Reads a dump file from ``inp`` (``name`` in messages) as a stream, checking every checksum.
 
-    ``name`` names the file in messages. Read :meth:`header` first, then iterate
-    :meth:`chunks` to the end: the trailer is checked when the last chunk was read,
-    and only then is the file known to be whole (:attr:`totals`).
+    The file is known whole (:attr:`totals` set) only once :meth:`chunks` reached its end.
     """
 
     def __init__(self, inp: BinaryIO, name: str) -> None:
@@ -149,7 +143,7 @@ class DumpReader:
         self._header: dict[str, Any] | None = None
 
     def refuse(self, problem: str) -> DumpFileError:
-        """Return the error refusing the file for ``problem``, naming the file."""
+        """Return the error refusing the file for ``problem``."""
         return DumpFileError(f"The dump file {self.name} cannot be restored: {problem}.")
 
     def _read(self, size: int, what: str) -> bytes:
@@ -223,7 +217,7 @@ class DumpReader:
                 part, index = (kind, shard, generation), 0
                 parts += 1
             index += 1
-            chunk = Chunk(kind, shard, generation, position, b"", number, index)
+            chunk = Chunk(kind, shard, generation, position, b"", index)
             data = self._read(size, f"{chunk.where()} (chunk {number} of the file)")
             end = self.offset
             if zlib.crc32(data) != crc:
@@ -232,7 +226,7 @@ class DumpReader:
                     f" {end - size:,} to {end:,}) fails its checksum: the file is corrupted"
                 )
             data_bytes += size
-            yield Chunk(kind, shard, generation, position, data, number, index)
+            yield dataclasses.replace(chunk, data=data)
         self._trailer(parts, number, data_bytes)
 
     def _trailer(self, parts: int, chunks: int, data_bytes: int) -> None:

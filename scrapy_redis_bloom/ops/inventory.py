@@ -1,9 +1,8 @@
 """A filter as it is in Redis, read without opening it: what the operations CLI needs.
 
-Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting
-one must see it as it is, change nothing, and handle a filter too broken to open: so these
-read the record and compare the parts with it, and find by ``SCAN`` and delete the parts of
-a filter without a usable record that provably are its own.
+Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting one
+must see it as it is, even too broken to open: these compare the parts with the record, and
+find by ``SCAN`` the parts of a filter without a usable record that provably are its own.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    A record claiming more shards than its servers hold keys is refused too (corrupt, or its
-    shards are gone): its parts are found by SCAN instead of shard by shard.
+    One claiming more shards than its servers hold keys is refused too: its parts are then
+    found by SCAN instead of shard by shard.
     """
     meta = bloom.parts.meta_key
     try:
@@ -107,8 +106,7 @@ def addresses(bloom: RedisBloomFilter) -> list[str]:
 def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     """Return the addresses of the listed standalone servers that are Redis Cluster nodes.
 
-    Such a server answers ``MOVED`` for most keys; one that does not answer ``INFO cluster``
-    is not counted.
+    Such a server answers ``MOVED`` for most keys; one not answering ``INFO cluster`` is left out.
     """
     if isinstance(bloom.topology, Cluster):
         return []
@@ -127,33 +125,18 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
 # -- checking the parts --------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ShardCheck:
-    """Each shard's header compared with the identity the record expects.
+def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> list[tuple[int, str]]:
+    """Compare every shard's identity (GETRANGE) with the record's; repair nothing.
 
-    ``foreign`` holds ``(shard, what is there)`` for a key holding anything but this
-    filter's shard.
+    Returns ``(shard, what is there)`` for each shard that is ``"missing"`` or not this
+    filter's, in shard order.
     """
-
-    shards: int
-    missing: tuple[int, ...] = ()
-    foreign: tuple[tuple[int, str], ...] = ()
-
-
-def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> ShardCheck:
-    """Read every shard's identity (GETRANGE) and compare it with the record's; repair nothing."""
     spec = record.spec
-    found = bloom.parts.identities(range(spec.shards))
-    missing: list[int] = []
-    foreign: list[tuple[int, str]] = []
-    for shard, ident in found.items():
-        if ident == layout.identity(record.filter_id, shard, spec.hash_count):
-            continue
-        if not ident:
-            missing.append(shard)
-        else:
-            foreign.append((shard, layout.describe_identity(ident, record.filter_id, shard)))
-    return ShardCheck(spec.shards, tuple(missing), tuple(foreign))
+    return [
+        (shard, layout.describe_identity(ident, record.filter_id, shard))
+        for shard, ident in sorted(bloom.parts.identities(range(spec.shards)).items())
+        if ident != layout.identity(record.filter_id, shard, spec.hash_count)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +222,8 @@ def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list
 
 
 OrphanKind = Literal["shard", "marker", "counters", "record"]
+#: The parts that are hashes; the others are strings.
+_HASHES = ("counters", "record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +248,8 @@ class Orphan:
 class Orphans:
     """What :func:`find_orphans` found: parts to delete, and keys to leave alone.
 
-    ``blocking`` holds config records that make deleting unsafe: one on another server than
-    the record's (servers listed in another order), or a usable one (the filter was created
-    since).
+    ``blocking``: config records that make deleting unsafe, on another server than the
+    record's (servers listed in another order) or usable (the filter was created since).
     """
 
     deletable: tuple[Orphan, ...] = ()
@@ -317,16 +301,20 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     kept: list[Orphan] = []
     blocking: list[Orphan] = []
     for (server, name, part), kind, content in zip(candidates, kinds, contents, strict=True):
-        found = Orphan(name, server, places[server], f"a {text(kind)}")
+        shard = shards.get((server, name))
+        found = Orphan(name, server, places[server], f"a {text(kind)}", shard=shard)
+        hashed = part in _HASHES
+        if text(kind) != ("hash" if hashed else "string") or isinstance(content, BaseException):
+            kept.append(found)  # e.g. WRONGTYPE: another type than the part's
+            continue
         if part == "shard":
-            found = replace(found, shard=shards[server, name])
-            orphan = _as_shard(found, text(kind), content, shards[server, name])
+            orphan = _as_shard(found, bytes(content), shard or 0)
         elif part == "marker":
-            orphan = _as_marker(found, text(kind), content)
+            orphan = _as_marker(found, bytes(content))
         elif part == "counters":
-            orphan = _as_counters(found, text(kind), content)
+            orphan = _as_counters(found, pairs(content))
         else:
-            orphan, usable = _as_record(bloom, found, text(kind), content)
+            orphan, usable = _as_record(bloom, found, pairs(content))
             why = ""
             if orphan.kind is not None and places[server] != home:
                 why = (
@@ -350,11 +338,8 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
 
 
 def _read_command(name: str, part: str) -> bytes:
-    """Return the command that reads what proves a candidate is the filter's part.
-
-    A WRONGTYPE reply only means the key is of another type: the candidate is then kept.
-    """
-    if part in ("counters", "record"):
+    """Return the command that reads what proves a candidate is the filter's part."""
+    if part in _HASHES:
         return pack_command(b"HGETALL", name)
     if part == "marker":
         return pack_command(b"GETRANGE", name, 0, 255)  # a marker is about 40 bytes
@@ -376,10 +361,7 @@ def _run_each(
     return out
 
 
-def _as_shard(found: Orphan, kind: str, content: Any, shard: int) -> Orphan:
-    if kind != "string" or isinstance(content, BaseException):
-        return found
-    head = bytes(content)
+def _as_shard(found: Orphan, head: bytes, shard: int) -> Orphan:
     ident = layout.Identity.parse(head)
     if ident is None or ident.shard != shard:
         return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
@@ -387,10 +369,7 @@ def _as_shard(found: Orphan, kind: str, content: Any, shard: int) -> Orphan:
     return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
 
 
-def _as_marker(found: Orphan, kind: str, content: Any) -> Orphan:
-    if kind != "string" or isinstance(content, BaseException):
-        return found
-    value = bytes(content)
+def _as_marker(found: Orphan, value: bytes) -> Orphan:
     marker = layout.parse_marker(text(value))
     if marker is None:
         return replace(found, what="a string that is not a server marker (no filter id)")
@@ -398,10 +377,7 @@ def _as_marker(found: Orphan, kind: str, content: Any) -> Orphan:
     return replace(found, what=what, kind="marker", proof=value, filter_id=marker[0])
 
 
-def _as_counters(found: Orphan, kind: str, content: Any) -> Orphan:
-    if kind != "hash" or isinstance(content, BaseException):
-        return found
-    fields = pairs(content)
+def _as_counters(found: Orphan, fields: dict[str, str]) -> Orphan:
     if not fields or not set(fields) <= COUNTER_FIELDS:
         return replace(found, what="a hash with other fields than the counters'")
     counts = ", ".join(f"{name}={fields[name]}" for name in sorted(fields))
@@ -409,12 +385,10 @@ def _as_counters(found: Orphan, kind: str, content: Any) -> Orphan:
 
 
 def _as_record(
-    bloom: RedisBloomFilter, found: Orphan, kind: str, content: Any
+    bloom: RedisBloomFilter, found: Orphan, fields: dict[str, str]
 ) -> tuple[Orphan, bool]:
     """Tell whether a hash at ``KEY:meta`` is a config record, and whether it is usable."""
-    if kind != "hash" or isinstance(content, BaseException):
-        return found, False
-    stored = stored_record(bloom, pairs(content))
+    stored = stored_record(bloom, fields)
     if not stored.written_by_us:
         return replace(found, what="a hash that is not a config record"), False
     filter_id = stored.fields.get("id", "")

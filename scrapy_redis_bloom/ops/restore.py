@@ -1,11 +1,9 @@
 """Restoring a dump (see :mod:`.dumpfile`, :mod:`.dump`) into any topology, all or nothing.
 
-:func:`restore_filter` reads the file twice, as a stream: first it verifies it whole
-(every checksum, and that the chunks make the filter the record describes), writing
-nothing; then it writes the parts, the counters, the server markers and the config
-record last, so no worker uses the filter before it is whole. If anything fails, every
-key written is deleted. The filter keeps its id, geometry, sizing, creation time and
-counters, so workers configured as for the source adopt it on another topology too.
+:func:`restore_filter` reads the file twice: first to verify it whole, writing nothing; then
+to write the parts, counters and markers, and the config record last, so no worker uses the
+filter before it is whole. On failure every key written is deleted. The filter keeps its id,
+geometry, sizing, creation time and counters: workers set up as for the source adopt it.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import logging
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from scrapy_redis_bloom.core import layout
@@ -65,10 +63,7 @@ class RestoreFailedError(BloomFilterError):
 
 @dataclass(frozen=True, slots=True)
 class RestoreSummary:
-    """What :func:`restore_filter` wrote: the record as written, where from and to.
-
-    ``replaced``: a filter under the key was deleted first; ``counters``: the counts restored.
-    """
+    """What :func:`restore_filter` wrote; ``replaced``: a filter under the key was deleted first."""
 
     key: str
     record: FilterRecord
@@ -105,13 +100,10 @@ def _size(inp: BinaryIO, name: str) -> tuple[int, int]:
     return start, end - start
 
 
-def verify_dump(
-    inp: BinaryIO, name: str, progress: Callable[[int], None] | None = None
-) -> VerifiedDump:
-    """Read a whole dump file and check it (pass 1); write nothing anywhere.
+def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> VerifiedDump:
+    """Check a whole dump file (pass 1), ``progress(bytes read)`` after each chunk; write nothing.
 
-    ``progress(done)`` gets the file's bytes read after each chunk. Raises
-    :class:`~.dumpfile.DumpFileError` naming the first problem found.
+    Raises :class:`~.dumpfile.DumpFileError` naming the first problem found.
     """
     reader = DumpReader(inp, name)
     header = reader.header()
@@ -120,11 +112,9 @@ def verify_dump(
     checker = _Checker(record, reader)
     for chunk in reader.chunks():
         checker.take(chunk)
-        if progress is not None:
-            progress(reader.offset)
-    checker.finish()
-    if progress is not None:
         progress(reader.offset)
+    checker.finish()
+    progress(reader.offset)
     assert reader.totals is not None  # set once the trailer was checked
     return VerifiedDump(header, record, counters, reader.totals, checker.shard_bytes)
 
@@ -261,12 +251,12 @@ def restore_filter(
 ) -> RestoreSummary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
-    ``client``: what :class:`~..engine.bitmap.filter.RedisBloomFilter` takes: the target
-    topology. ``inp``: a seekable binary file (read twice), from its current position.
-    ``progress(done, total)``: file bytes processed over both passes (``total`` is twice
-    the file's size). ``replace``: delete a filter already under ``key`` (once the file
-    is verified, and unless workers hold leases on it) instead of refusing. ``name``
-    names the file in messages (default: ``inp.name``). ``faults``: the retry policy.
+    ``client``: the target topology, as :class:`~..engine.bitmap.filter.RedisBloomFilter`
+    takes it. ``inp``: a seekable binary file (read twice) from its current position.
+    ``progress(done, total)``: file bytes processed over both passes (``total``: twice the
+    size). ``replace``: delete a filter already under ``key`` (once the file is verified,
+    unless workers hold leases on it) instead of refusing. ``name`` names the file in
+    messages (default: ``inp.name``).
 
     Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
     for a taken key, :class:`~..core.errors.BloomFilterError` subclasses for Redis failures;
@@ -383,14 +373,14 @@ def _taken(bloom: FilterBase, target: FilterRecord) -> list[str]:
     return existing_keys(parts, keys)
 
 
+@dataclass
 class _Writes:
     """The keys a restore wrote, to delete them all if it fails."""
 
-    def __init__(self) -> None:
-        self.keys: list[tuple[str, int]] = []  # (key, shard)
-        self.counters = False
-        self.markers = False
-        self.record = False
+    keys: list[tuple[str, int]] = field(default_factory=list)  # (key, shard)
+    counters: bool = False
+    markers: bool = False
+    record: bool = False
 
 
 def _write(
@@ -419,13 +409,8 @@ def _write(
                     )
                 done.keys.append((key, chunk.shard))
             command = b"BF.LOADCHUNK" if chunk.kind == NATIVE else b"SETRANGE"
-            batch.append(
-                Call(
-                    pack_command(command, key, chunk.position, chunk.data),
-                    key=key,
-                    shard=chunk.shard,
-                )
-            )
+            packed = pack_command(command, key, chunk.position, chunk.data)
+            batch.append(Call(packed, key=key, shard=chunk.shard))
             held += len(chunk.data)
             # BF.LOADCHUNK goes one at a time: each chunk needs the one before.
             if chunk.kind == NATIVE or held >= PIECE or len(batch) >= BATCH:
@@ -465,9 +450,8 @@ def _write(
 def _undo(bloom: FilterBase, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
     """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
 
-    Raises :class:`RestoreFailedError` naming both failures if deleting fails too. Through an
-    executor of its own: the restore's may be failing fast after an outage (an out-of-memory
-    Redis refuses writes, yet ``DEL`` still runs).
+    Through an executor of its own: the restore's may be failing fast after an outage (an
+    out-of-memory Redis refuses writes, yet ``DEL`` runs). Raises :class:`RestoreFailedError`.
     """
     executor = Executor(bloom.topology, bloom.faults.retry_timeout)
     parts = Parts(executor, bloom.key, target.spec)
