@@ -23,6 +23,7 @@ from typing import Any
 import mmh3
 import pytest
 import redis
+from reply_cutter import Command, ReplyCutter
 from test_generations import upper
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
@@ -200,6 +201,41 @@ def test_a_stale_worker_and_a_current_one_adding_across_a_growth_tell_one_new(
     assert add(current, late) is True
     assert stale.check_and_add(element) is True
     assert current.check_and_add(element) is True
+
+
+@pytest.mark.parametrize("state", ["grown", "grown-classic"])
+def test_a_lost_reply_of_the_add_to_the_next_generation_answers_new(
+    redis_server: Any, redis_client: redis.Redis, state: str
+) -> None:
+    """The stale worker's add to the next generation is a write like its first add.
+
+    Its reply is cut after Redis ran it: the retry finds the bits the lost attempt set,
+    which must not read as "seen" (the page would be lost). It answers "new", counted
+    ambiguous, and the current worker, who adds the element after it, is told "seen".
+    """
+
+    def next_generation_add(command: Command, reply: bytes) -> bool:
+        return command[0] == b"BITFIELD" and command[1].endswith(b":g2")
+
+    with ReplyCutter(redis_server.port, next_generation_add) as cutter:
+        client = redis.Redis(host="127.0.0.1", port=cutter.port)
+        stale, members = grown(client, **STATES[state])
+        current = bloom_for(redis_client, **STATES[state])
+        current.add_many(fingerprints(31_000, "more"))  # generation 2 starts
+        for element in members[:20]:
+            assert current.check_and_add(element) is True  # it learns of generation 2
+        assert stale._stack is not None
+        stale._stack._shards[0].since = 0  # no header this round: it knows two generations
+        element = fingerprints(1, "lost")[0]
+        ambiguous = stale.events.counts["ambiguous"]
+        cutter.armed = True
+        assert stale.check_and_add(element) is False
+        cutter.armed = False
+        assert cutter.cuts == ["BITFIELD"]  # the add to generation 2 ran, unanswered
+        assert stale.events.counts["ambiguous"] == ambiguous + 1
+        assert current.check_and_add(element) is True  # its bits are in generation 2
+        assert stale.check_and_add(element) is True
+        client.close()
 
 
 @pytest.mark.parametrize("state", ["grown", "windows"])
