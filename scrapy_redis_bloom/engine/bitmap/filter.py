@@ -221,8 +221,10 @@ class RedisBloomFilter(FilterBase):
             self._take_back_bits(check.add_key, check.shard, found, bits)
             return None
         if check.again:  # new to a generation sealed meanwhile: add it to the next one too
-            key = check.next.name if check.next is not None else check.add_key
-            results = self.executor.fast_many(OPERATION, check.again, key, check.shard, write=True)
+            key = check.again_key
+            results = self.executor.fast_many(
+                OPERATION, [check.again], key, check.shard, write=True
+            )
             again = results.replies[0]
             seen = self._read(key, [again], lambda got: stack.looked(check, got[0]))
             if seen is None:  # not this filter's: its bits go, and the element is new

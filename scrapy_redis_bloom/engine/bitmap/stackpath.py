@@ -58,6 +58,19 @@ _HEADER = b"$1\r\n0\r\n$2\r\n%d\r\n" % (HEADER_BYTES - 1)
 _SEAL = (b"GET", b"u16", GENERATIONS_BIT)
 
 
+def _were_set(reply: Any, k: int, identity: int) -> bool | None:
+    """Tell from an add's reply (``[id, seal or state, k bits]``) whether all were set.
+
+    None: the key is not this filter's (``identity``). A reply of the wrong shape raises
+    ``ValueError``.
+    """
+    if not isinstance(reply, list) or len(reply) != 2 + k:
+        raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
+    if reply[0] != identity:
+        return None
+    return 0 not in reply[2:]
+
+
 @dataclass
 class _Shard(Known):
     """What this worker knows of one shard: its keys' generations, and its count."""
@@ -111,10 +124,10 @@ class Check:
     stated: bool = False
     count: bytes = b""
     #: An add that landed in a generation sealed meanwhile: the next one's add
-    #: (:meth:`StackPath.added`), its absolute bits, and that generation.
-    again: list[bytes] = field(default_factory=list)
+    #: (:meth:`StackPath.added`), its key and its absolute bits.
+    again: bytes = b""
+    again_key: str = ""
     again_bits: list[int] = field(default_factory=list)
-    next: _Key | None = None
 
 
 class StackPath:
@@ -338,15 +351,12 @@ class StackPath:
         could miss a worker between its reads and its add: both told "new".) A reply of
         the wrong shape raises ``ValueError``.
         """
-        k = len(check.add_bits)
-        if not isinstance(reply, list) or len(reply) != 2 + k:
-            raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
         known = check.known
-        if reply[0] != id_field(self.identity(check.shard)):
+        seen = _were_set(reply, len(check.add_bits), id_field(self.identity(check.shard)))
+        if seen is None:
             if check.stated:  # the count went to the wrong key too
                 known.pending += check.sent
             return None
-        seen = 0 not in reply[2:]
         known.pending += not seen
         newest = next(key for key in check.keys if key.newest)
         if check.stated:
@@ -361,8 +371,8 @@ class StackPath:
             known.now = max(known.now, after + 1)
             window = check.window if self.ttl else -1
             nxt = self._key(check.shard, check.h1, check.h2, after, window, True, True)
-            add, bits = _pack_set(nxt.name, _SEAL, nxt.block, nxt.bits)
-            check.again, check.again_bits, check.next = [add], bits, nxt
+            check.again, check.again_bits = _pack_set(nxt.name, _SEAL, nxt.block, nxt.bits)
+            check.again_key = nxt.name
         return seen
 
     def looked(self, check: Check, reply: Any) -> bool | None:
@@ -371,12 +381,7 @@ class StackPath:
         True ("seen"): another worker added it there since (the item :meth:`added` counted
         is taken back). None: the key is not this filter's. Wrong shape: ``ValueError``.
         """
-        k = len(check.again_bits)
-        if not isinstance(reply, list) or len(reply) != 2 + k:
-            raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
-        if reply[0] != id_field(self.identity(check.shard)):
-            return None
-        seen = 0 not in reply[2:]
+        seen = _were_set(reply, len(check.again_bits), id_field(self.identity(check.shard)))
         if seen and check.known.pending > 0:
             check.known.pending -= 1
         return seen
