@@ -137,14 +137,38 @@ def emit(
 
 
 def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
-    """Hand ``record`` to the handlers; count and say a failure. Whether all took it."""
+    """Hand ``record`` to the handlers; return whether all took it.
+
+    A failure is counted, and said to the handlers that took ``record`` (which failed it and
+    why), once a minute per kind of handler; a handler failing that line too is not said again.
+    """
     global _failures
     failed = _deliver(logger, record, skip=())
     if not failed:
         return True
+    now = time.monotonic()
+    kinds = []
     with _failures_lock:
         _failures += 1
-    _say_failures(logger, record, failed)
+        for handler, exc in failed:
+            kind = type(handler).__qualname__
+            last = _handler_failures_said.get(kind)
+            if last is None or now - last >= HANDLER_FAILURE_INTERVAL:
+                _handler_failures_said[kind] = now
+                kinds.append(f"{kind} ({type(exc).__name__}: {exc})")
+    if kinds:
+        said = logger.makeRecord(
+            logger.name,
+            logging.WARNING,
+            record.pathname,
+            record.lineno,
+            "A log handler failed to take a record (%s); the other handlers got it. Said at"
+            " most once a minute per kind of handler; every record missed is counted.",
+            ("; ".join(kinds),),
+            None,
+            record.funcName,
+        )
+        _deliver(logger, said, skip=tuple(handler for handler, _ in failed))
     return False
 
 
@@ -168,37 +192,3 @@ def _deliver(
         except Exception as exc:
             failed.append((handler, exc))
     return failed
-
-
-def _say_failures(
-    logger: logging.Logger,
-    record: logging.LogRecord,
-    failed: list[tuple[logging.Handler, Exception]],
-) -> None:
-    """Say, to the handlers that took ``record``, which failed it and why: once a minute per kind.
-
-    A handler failing this line too is not said again.
-    """
-    now = time.monotonic()
-    kinds = []
-    with _failures_lock:
-        for handler, exc in failed:
-            kind = type(handler).__qualname__
-            last = _handler_failures_said.get(kind)
-            if last is None or now - last >= HANDLER_FAILURE_INTERVAL:
-                _handler_failures_said[kind] = now
-                kinds.append(f"{kind} ({type(exc).__name__}: {exc})")
-    if not kinds:
-        return
-    said = logger.makeRecord(
-        logger.name,
-        logging.WARNING,
-        record.pathname,
-        record.lineno,
-        "A log handler failed to take a record (%s); the other handlers got it. Said at"
-        " most once a minute per kind of handler; every record missed is counted.",
-        ("; ".join(kinds),),
-        None,
-        record.funcName,
-    )
-    _deliver(logger, said, skip=tuple(handler for handler, _ in failed))

@@ -232,6 +232,10 @@ def _last_of(growth: Growth) -> int:
     return g
 
 
+#: :func:`seed_arguments`' format: four RESP bulk strings.
+_FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
+
+
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
@@ -240,22 +244,9 @@ def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -
     :attr:`Generation.seed_range`. One format operation: it runs for every near-cache miss.
     """
     q = h1 // shards
-    x, y, wx, wy = (
-        b"%d" % (q % shard_bits),
-        b"%d" % (h2 % seeds),
-        b"%d" % (q % WIDE),
-        b"%d" % (h2 % WIDE),
-    )
-    return b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        len(x),
-        x,
-        len(y),
-        y,
-        len(wx),
-        wx,
-        len(wy),
-        wy,
-    )
+    x, y = b"%d" % (q % shard_bits), b"%d" % (h2 % seeds)
+    wx, wy = b"%d" % (q % WIDE), b"%d" % (h2 % WIDE)
+    return _FOUR_BULKS % (len(x), x, len(y), y, len(wx), wx, len(wy), wy)
 
 
 def window_key(key: str, shard: int, window: int, generation: int) -> str:

@@ -283,18 +283,32 @@ class FilterRecord:
                 )
             )
         blocked = bool(self.spec.block_bits)
-        same_request = (
+        if not (
             same_sizing(wanted.sizing, self.sizing, blocked)
             or wanted.spec.geometry == self.spec.geometry
-        )
-        if same_request and wanted.spec.block_bits != self.spec.block_bits:
+        ):
+            raise ConfigMismatchError(
+                Wording(
+                    "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
+                    " this worker is configured with {wanted}. A filter's layout cannot change"
+                    " once it holds bits. Either start this worker with the {settings} the"
+                    " filter was created with, choose another {BLOOMFILTER_KEY}, or reset the"
+                    " filter (scrapy-redis-bloom reset --key {key!r}), which forgets every URL"
+                    " it has seen.",
+                    key=key,
+                    created=self.created_text(),
+                    stored=self.describe(),
+                    wanted=wanted.describe(),
+                )
+            )
+        if wanted.spec.block_bits != self.spec.block_bits:
             logger.info(
                 "The Bloom filter %r keeps the %s layout it was created with"
                 " (BLOOMFILTER_BLOCKED is unset: a new bitmap filter would be blocked).",
                 key,
                 "blocked" if blocked else "classic (unblocked)",
             )
-        if same_request and wanted.ttl != self.ttl:
+        if wanted.ttl != self.ttl:
             raise ConfigMismatchError(
                 Wording(
                     "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
@@ -308,22 +322,7 @@ class FilterRecord:
                     wanted=wanted.ttl,
                 )
             )
-        if same_request and wanted.servers == self.servers:
-            if wanted.expansion != self.expansion:
-                logger.warning(
-                    "The Bloom filter %r was created with BLOOMFILTER_EXPANSION = %d; this"
-                    " worker's setting (%d) does not apply to it, so that all workers grow"
-                    " it alike.%s",
-                    key,
-                    self.expansion,
-                    wanted.expansion,
-                    " It cannot grow: past its capacity its false-positive rate rises (reset"
-                    " it to create it growing)."
-                    if not self.expansion
-                    else "",
-                )
-            return
-        if same_request:
+        if wanted.servers != self.servers:
             raise ServerListMismatchError(
                 Wording(
                     "The Bloom filter {key!r} was created on {servers} server(s); this worker"
@@ -335,20 +334,18 @@ class FilterRecord:
                     wanted=wanted.servers,
                 )
             )
-        raise ConfigMismatchError(
-            Wording(
-                "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
-                " this worker is configured with {wanted}. A filter's layout cannot change"
-                " once it holds bits. Either start this worker with the {settings} the filter"
-                " was created with, choose another {BLOOMFILTER_KEY}, or reset the filter"
-                " (scrapy-redis-bloom reset --key {key!r}), which forgets every URL it has"
-                " seen.",
-                key=key,
-                created=self.created_text(),
-                stored=self.describe(),
-                wanted=wanted.describe(),
+        if wanted.expansion != self.expansion:
+            logger.warning(
+                "The Bloom filter %r was created with BLOOMFILTER_EXPANSION = %d; this worker's"
+                " setting (%d) does not apply to it, so that all workers grow it alike.%s",
+                key,
+                self.expansion,
+                wanted.expansion,
+                " It cannot grow: past its capacity its false-positive rate rises (reset it to"
+                " create it growing)."
+                if not self.expansion
+                else "",
             )
-        )
 
 
 #: The layout's word in a sizing request's text (:meth:`..sizing.Sizing.canonical`).

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Literal, Protocol, TypeVar, cast
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
 from urllib.parse import urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
@@ -271,14 +271,14 @@ class Setting(Generic[_T]):
     kind: Kind
     default: _T
     meaning: str
-    rule: str = ""
     low: float | None = None
     high: float | None = None
+    shape: str = ""
+    rule: str = ""
     open: bool = False
     zero: bool = False
     choices: tuple[str, ...] = ()
     parse: Callable[[str, Any], Any] | None = None
-    shape: str = ""
     allowed: str = ""
     default_text: str = ""
 
@@ -381,315 +381,227 @@ class Setting(Generic[_T]):
         return f"{self.name} ({self.type_text}, {self.allowed_text}{default})".replace("`", "")
 
 
-CAPACITY: Setting[int | None] = Setting(
-    "BLOOMFILTER_CAPACITY",
-    "int",
-    None,
-    low=1,
+def _row(head: tuple[Any, ...], meaning: str, **more: Any) -> Setting[Any]:
+    """Return a row of the table: ``head`` is ``(name, kind, default[, low[, high[, shape]]])``."""
+    name, kind, default, *bounds = head
+    return Setting(name, kind, default, meaning, *bounds, **more)
+
+
+CAPACITY: Setting[int | None] = _row(
+    ("BLOOMFILTER_CAPACITY", "int", None, 1),
+    "Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it sizes the"
+    " filter; beside `BLOOMFILTER_BIT` it only states the load at which the expected false-positive"
+    " rate is logged and reported. Example: `1_000_000_000`.",
     rule="It must be a positive integer (the number of items you expect).",
-    meaning="Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it"
-    " sizes the filter; beside `BLOOMFILTER_BIT` it only states the load at which the expected"
-    " false-positive rate is logged and reported. Example: `1_000_000_000`.",
 )
-ERROR_RATE: Setting[float] = Setting(
-    "BLOOMFILTER_ERROR_RATE",
-    "float",
-    0.001,
-    low=0,
-    high=1,
-    open=True,
+ERROR_RATE: Setting[float] = _row(
+    ("BLOOMFILTER_ERROR_RATE", "float", 0.001, 0, 1),
+    "False-positive rate wanted at capacity. Needs `BLOOMFILTER_CAPACITY`. Example: `0.0001`.",
     rule="It must be a number strictly between 0 and 1, e.g. 0.001.",
     default_text="`0.001` when only a capacity is given",
-    meaning="False-positive rate wanted at capacity. Needs `BLOOMFILTER_CAPACITY`."
-    " Example: `0.0001`.",
+    open=True,
 )
-BIT: Setting[int] = Setting(
-    "BLOOMFILTER_BIT",
-    "int",
-    30,
-    low=1,
-    high=MAX_BIT,
+BIT: Setting[int] = _row(
+    ("BLOOMFILTER_BIT", "int", 30, 1, MAX_BIT),
+    "The filter has 2**BIT bits (rounded up to whole allocator blocks). Example: `32` (512 MiB).",
     rule="It must be an integer from {low} to {high} (the filter has 2**BIT bits).",
-    meaning="The filter has 2**BIT bits (rounded up to whole allocator blocks)."
-    " Example: `32` (512 MiB).",
 )
-HASH_NUMBER: Setting[int] = Setting(
-    "BLOOMFILTER_HASH_NUMBER",
-    "int",
-    6,
-    low=1,
-    high=MAX_HASH_COUNT,
+HASH_NUMBER: Setting[int] = _row(
+    ("BLOOMFILTER_HASH_NUMBER", "int", 6, 1, MAX_HASH_COUNT),
+    "k, the number of hash functions, with `BLOOMFILTER_BIT`.",
     rule="It must be an integer from {low} to {high}.",
-    meaning="k, the number of hash functions, with `BLOOMFILTER_BIT`.",
 )
-EXPANSION: Setting[int] = Setting(
-    "BLOOMFILTER_EXPANSION",
-    "int",
-    DEFAULT_EXPANSION,
-    low=2,
-    high=1024,
+EXPANSION: Setting[int] = _row(
+    ("BLOOMFILTER_EXPANSION", "int", DEFAULT_EXPANSION, 2, 1024),
+    "When a shard's newest generation holds its capacity, the next add starts one with EXPANSION x"
+    " the items at half the error rate, so the filter never fills up (see"
+    " [Growth](#growth-and-re-crawl-windows)). 0: a fixed-size filter, whose rate rises past its"
+    " capacity. Stored in the filter's record: a filter keeps the expansion it was created with.",
+    rule="It must be 0 (a fixed-size filter) or an integer from {low} to {high}: how many times the"
+    " items of the generation before a new one takes.",
     zero=True,
-    rule="It must be 0 (a fixed-size filter) or an integer from {low} to {high}: how many"
-    " times the items of the generation before a new one takes.",
-    meaning="When a shard's newest generation holds its capacity, the next add starts one with"
-    " EXPANSION x the items at half the error rate, so the filter never fills up (see"
-    " [Growth](#growth-and-re-crawl-windows)). 0: a fixed-size filter, whose rate rises past"
-    " its capacity. Stored in the filter's record: a filter keeps the expansion it was"
-    " created with.",
 )
-TTL: Setting[int] = Setting(
-    "BLOOMFILTER_TTL",
-    "int",
-    0,
-    low=0,
-    high=10 * 365 * 86_400,
-    shape="seconds",
-    rule="It must be 0 (remember URLs forever) or a whole number of seconds up to {high:,}"
-    " (ten years) after which a URL may be crawled again.",
-    meaning='Re-crawl window: a URL answered "new" is remembered at least TTL seconds and'
-    " forgotten within 2 x TTL, then may be crawled again. 0: remember forever. With a TTL,"
-    " `BLOOMFILTER_CAPACITY` is the items added per TTL. All workers must use the same TTL"
-    " (a worker with another is refused).",
+TTL: Setting[int] = _row(
+    ("BLOOMFILTER_TTL", "int", 0, 0, 10 * 365 * 86_400, "seconds"),
+    'Re-crawl window: a URL answered "new" is remembered at least TTL seconds and forgotten within'
+    " 2 x TTL, then may be crawled again. 0: remember forever. With a TTL, `BLOOMFILTER_CAPACITY`"
+    " is the items added per TTL. All workers must use the same TTL (a worker with another is"
+    " refused).",
+    rule="It must be 0 (remember URLs forever) or a whole number of seconds up to {high:,} (ten"
+    " years) after which a URL may be crawled again.",
 )
-KEY: Setting[str] = Setting(
-    "BLOOMFILTER_KEY",
-    "text",
-    "%(spider)s:bloomfilter",
+KEY: Setting[str] = _row(
+    ("BLOOMFILTER_KEY", "text", "%(spider)s:bloomfilter"),
+    "Redis key prefix of the filter; `%(spider)s` is the spider's name. Example:"
+    ' `"bf:%(spider)s"`.',
+    allowed="not empty; no `{` or `}`; no %-sequence but `%(spider)s` and `%%`",
     parse=_key,
     shape="str",
-    allowed="not empty; no `{` or `}`; no %-sequence but `%(spider)s` and `%%`",
-    meaning="Redis key prefix of the filter; `%(spider)s` is the spider's name."
-    ' Example: `"bf:%(spider)s"`.',
 )
-BLOCKED: Setting[bool | None] = Setting(
-    "BLOOMFILTER_BLOCKED",
-    "bool",
-    None,
+BLOCKED: Setting[bool | None] = _row(
+    ("BLOOMFILTER_BLOCKED", "bool", None),
+    "Keep each URL's k bits in one 512-bit block (hash scheme 2): on a filter bigger than the CPU's"
+    " caches about half the Redis time per check of the classic layout, for 9% more memory at 1e-3,"
+    " 19% at 1e-4 (see [Layouts](#layouts-classic-blocked-native)). Unset: blocked for a new bitmap"
+    " filter, unblocked for a native one, and an existing filter keeps the layout it was created"
+    " with. `False`: the classic (unblocked, scheme 1) layout; `True`: blocked (bitmap backend"
+    " only). Stored in the filter's record: a worker asking for the other layout is refused.",
     default_text="blocked for a new bitmap filter",
-    meaning="Keep each URL's k bits in one 512-bit block (hash scheme 2): on a filter bigger"
-    " than the CPU's caches about half the Redis time per check of the classic layout, for"
-    " 9% more memory at 1e-3, 19% at 1e-4 (see [Layouts](#layouts-classic-blocked-native))."
-    " Unset: blocked for a new"
-    " bitmap filter, unblocked for a native one, and an existing filter keeps the layout it"
-    " was created with. `False`: the classic (unblocked, scheme 1) layout; `True`: blocked"
-    " (bitmap backend only). Stored in the filter's record: a worker asking for the other"
-    " layout is refused.",
 )
-SHARD_BIT: Setting[int] = Setting(
-    "BLOOMFILTER_SHARD_BIT",
-    "int",
-    DEFAULT_SHARD_BIT,
+SHARD_BIT: Setting[int] = _row(
     # The smallest allocator block that holds a shard's header and string overhead has a
     # payload of 2**7 bits; a Redis string holds at most 2**32.
-    low=7,
-    high=32,
-    rule="It must be an integer from {low} to {high}: a shard holds at most 2**{high} bits"
-    " (Redis's 512 MB string limit).",
-    meaning="Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so"
-    " that they fill their allocator blocks. A blocked filter's shards hold whole 512-bit"
-    " blocks: 9 or more.",
+    ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
+    "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
+    " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more.",
+    rule="It must be an integer from {low} to {high}: a shard holds at most 2**{high} bits (Redis's"
+    " 512 MB string limit).",
 )
-SHARDS: Setting[int | None] = Setting(
-    "BLOOMFILTER_SHARDS",
-    "int",
-    None,
-    low=1,
-    rule="It must be a positive integer (the number of Redis keys the bits are split over).",
-    meaning="Exact number of shards instead (each ≤ 2**32 - 256 bits). Not together with"
+SHARDS: Setting[int | None] = _row(
+    ("BLOOMFILTER_SHARDS", "int", None, 1),
+    "Exact number of shards instead (each ≤ 2**32 - 256 bits). Not together with"
     " `BLOOMFILTER_SHARD_BIT`.",
+    rule="It must be a positive integer (the number of Redis keys the bits are split over).",
 )
-REDIS_URL: Setting[str | None] = Setting(
-    "BLOOMFILTER_REDIS_URL",
-    "text",
-    None,
-    parse=check_url,
-    shape="str",
+REDIS_URL: Setting[str | None] = _row(
+    ("BLOOMFILTER_REDIS_URL", "text", None),
+    "The filter's own Redis, when it should not live beside the queue. Example:"
+    ' `"redis://bloom-host:6379/0"`.',
     allowed="`redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS) or"
     " `unix:///path/to/socket`",
     default_text="— (scrapy-redis's connection)",
-    meaning="The filter's own Redis, when it should not live beside the queue."
-    ' Example: `"redis://bloom-host:6379/0"`.',
+    parse=check_url,
+    shape="str",
 )
-REDIS_CLUSTER: Setting[bool] = Setting(
-    "BLOOMFILTER_REDIS_CLUSTER",
-    "bool",
-    False,
-    meaning="Treat `BLOOMFILTER_REDIS_URL` as a node of a Redis Cluster (redis-py's"
-    " `RedisCluster`).",
+REDIS_CLUSTER: Setting[bool] = _row(
+    ("BLOOMFILTER_REDIS_CLUSTER", "bool", False),
+    "Treat `BLOOMFILTER_REDIS_URL` as a node of a Redis Cluster (redis-py's `RedisCluster`).",
 )
-REDIS_URLS: Setting[tuple[str, ...]] = Setting(
-    "BLOOMFILTER_REDIS_URLS",
-    "text",
-    (),
+REDIS_URLS: Setting[tuple[str, ...]] = _row(
+    ("BLOOMFILTER_REDIS_URLS", "text", ()),
+    'Several standalone servers; shard i lives on server i mod n. Example: `["redis://r1:6379",'
+    ' "redis://r2:6379"]`.',
+    allowed="Redis URLs, at least one, none twice (or one comma-separated string)",
     parse=_url_list,
     shape="list of str",
-    allowed="Redis URLs, at least one, none twice (or one comma-separated string)",
-    meaning="Several standalone servers; shard i lives on server i mod n."
-    ' Example: `["redis://r1:6379", "redis://r2:6379"]`.',
 )
-REDIS_PARAMS: Setting[dict[str, Any]] = Setting(
-    "BLOOMFILTER_REDIS_PARAMS",
-    "text",
-    {},
+REDIS_PARAMS: Setting[dict[str, Any]] = _row(
+    ("BLOOMFILTER_REDIS_PARAMS", "text", {}),
+    "Client keyword arguments for the URLs above (e.g. TLS options), or for the primary the"
+    " sentinels name (`password`, `db`, TLS; `sentinel_kwargs` for the sentinels' own"
+    " connections).",
+    allowed="keyword arguments of the Redis client (`socket_timeout`, `port`, `db`... numbers)",
     parse=client_params,
     shape="dict",
-    allowed="keyword arguments of the Redis client (`socket_timeout`, `port`, `db`... numbers)",
-    meaning="Client keyword arguments for the URLs above (e.g. TLS options), or for the primary"
-    " the sentinels name (`password`, `db`, TLS; `sentinel_kwargs` for the sentinels' own"
-    " connections).",
 )
-SENTINELS: Setting[tuple[tuple[str, int], ...]] = Setting(
-    "BLOOMFILTER_REDIS_SENTINELS",
-    "text",
-    (),
+SENTINELS: Setting[tuple[tuple[str, int], ...]] = _row(
+    ("BLOOMFILTER_REDIS_SENTINELS", "text", ()),
+    "The filter's own Sentinel-managed primary, found through these sentinels and followed through"
+    " failovers (see [Sentinel](#sentinel)). Needs `BLOOMFILTER_REDIS_SENTINEL_SERVICE`; not with"
+    ' the URL settings. Example: `["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]`.',
+    allowed='`"host:port"` or `(host, port)`, at least one, none twice (or one comma-separated'
+    " string)",
     parse=parse_sentinels,
     shape='list of `"host:port"`',
-    allowed='`"host:port"` or `(host, port)`, at least one, none twice (or one'
-    " comma-separated string)",
-    meaning="The filter's own Sentinel-managed primary, found through these sentinels and"
-    " followed through failovers (see [Sentinel](#sentinel)). Needs"
-    " `BLOOMFILTER_REDIS_SENTINEL_SERVICE`; not with the URL settings."
-    ' Example: `["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]`.',
 )
-SENTINEL_SERVICE: Setting[str] = Setting(
-    "BLOOMFILTER_REDIS_SENTINEL_SERVICE",
-    "text",
-    "",
-    parse=sentinel_service,
-    shape="str",
+SENTINEL_SERVICE: Setting[str] = _row(
+    ("BLOOMFILTER_REDIS_SENTINEL_SERVICE", "text", ""),
+    "The name the sentinels monitor the primary under (`sentinel monitor <name> ...`). Example:"
+    ' `"mymaster"`.',
     allowed="a name without surrounding spaces",
     default_text="—",
-    meaning="The name the sentinels monitor the primary under (`sentinel monitor <name> ...`)."
-    ' Example: `"mymaster"`.',
+    parse=sentinel_service,
+    shape="str",
 )
-ADDON_SCHEDULER: Setting[bool] = Setting(
-    "BLOOMFILTER_ADDON_SCHEDULER",
-    "bool",
-    False,
-    meaning="With the [add-on](#activate): also set `SCHEDULER` to scrapy-redis's Scheduler.",
+ADDON_SCHEDULER: Setting[bool] = _row(
+    ("BLOOMFILTER_ADDON_SCHEDULER", "bool", False),
+    "With the [add-on](#activate): also set `SCHEDULER` to scrapy-redis's Scheduler.",
 )
-ADDON_BATCHING: Setting[bool] = Setting(
-    "BLOOMFILTER_ADDON_BATCHING",
-    "bool",
-    False,
-    meaning="With the add-on: also enable `BatchingMiddleware` at order 0 (an order your"
+ADDON_BATCHING: Setting[bool] = _row(
+    ("BLOOMFILTER_ADDON_BATCHING", "bool", False),
+    "With the add-on: also enable `BatchingMiddleware` at order 0 (an order your"
     " `SPIDER_MIDDLEWARES` gives it wins).",
 )
-WORKER_TTL: Setting[float] = Setting(
-    "BLOOMFILTER_WORKER_TTL",
-    "float",
-    30.0,
-    low=1,
-    high=86_400,
-    shape="seconds",
+WORKER_TTL: Setting[float] = _row(
+    ("BLOOMFILTER_WORKER_TTL", "float", 30.0, 1, 86_400, "seconds"),
+    "Seconds a worker's lease lasts unless renewed (it renews every third of that).",
     rule="It must be a number of seconds from {low} to {high:,} (a day).",
-    meaning="Seconds a worker's lease lasts unless renewed (it renews every third of that).",
 )
-RETRY_TIMEOUT: Setting[float] = Setting(
-    "BLOOMFILTER_RETRY_TIMEOUT",
-    "float",
-    20.0,
-    low=0,
-    high=3600,
-    shape="seconds",
+RETRY_TIMEOUT: Setting[float] = _row(
+    ("BLOOMFILTER_RETRY_TIMEOUT", "float", 20.0, 0, 3600, "seconds"),
+    "Seconds a failing Redis call is retried (backoff 50 ms to 1 s, across reconnects) before"
+    " `BLOOMFILTER_ON_ERROR` decides. Long enough for a restart or a failover; `0` never retries."
+    " See [Faults](#faults).",
     rule="It must be a number of seconds from {low} (no retry) to {high}.",
-    meaning="Seconds a failing Redis call is retried (backoff 50 ms to 1 s, across reconnects)"
-    " before `BLOOMFILTER_ON_ERROR` decides. Long enough for a restart or a failover; `0` never"
-    " retries. See [Faults](#faults).",
 )
-ON_ERROR: Setting[OnError] = Setting(
-    "BLOOMFILTER_ON_ERROR",
-    "choice",
-    "raise",
-    choices=("raise", "allow"),
+ON_ERROR: Setting[OnError] = _row(
+    ("BLOOMFILTER_ON_ERROR", "choice", "raise"),
+    'When Redis stays unavailable past the retry timeout: `"raise"` a `FilterUnavailableError`'
+    " naming the server and the operation, and stop the crawl (finish reason `bloomfilter_error`);"
+    ' `"allow"` the request (answer "new": it may be fetched twice), count it in'
+    " `bloomfilter/errors` and warn once a minute.",
     rule="It must be 'raise' (stop with an error once retries are exhausted, the default) or"
     " 'allow' (let the request through: a possible duplicate fetch).",
-    meaning='When Redis stays unavailable past the retry timeout: `"raise"` a'
-    " `FilterUnavailableError` naming the server and the operation, and stop the crawl (finish"
-    ' reason `bloomfilter_error`); `"allow"` the request (answer "new": it may be fetched'
-    " twice), count it in `bloomfilter/errors` and warn once a minute.",
+    choices=get_args(OnError),
 )
-ON_LOSS: Setting[OnLoss] = Setting(
-    "BLOOMFILTER_ON_LOSS",
-    "choice",
-    "raise",
-    choices=("raise", "recreate"),
-    rule="It must be 'raise' (stop with an error when part of the filter is lost, the default)"
-    " or 'recreate' (recreate the lost part empty and go on).",
-    meaning="When part of the filter is gone (a shard evicted or deleted, a server emptied or"
-    ' replaced): `"raise"` a `FilterDamagedError` naming the parts, and stop the crawl; or'
-    ' `"recreate"` the lost parts empty and go on, with a warning (the URLs they held may be'
-    " fetched again, never dropped).",
+ON_LOSS: Setting[OnLoss] = _row(
+    ("BLOOMFILTER_ON_LOSS", "choice", "raise"),
+    "When part of the filter is gone (a shard evicted or deleted, a server emptied or replaced):"
+    ' `"raise"` a `FilterDamagedError` naming the parts, and stop the crawl; or `"recreate"` the'
+    " lost parts empty and go on, with a warning (the URLs they held may be fetched again, never"
+    " dropped).",
+    rule="It must be 'raise' (stop with an error when part of the filter is lost, the default) or"
+    " 'recreate' (recreate the lost part empty and go on).",
+    choices=get_args(OnLoss),
 )
-BACKEND: Setting[BackendSetting] = Setting(
-    "BLOOMFILTER_BACKEND",
-    "choice",
-    "auto",
-    choices=("auto", "bitmap", "native"),
+BACKEND: Setting[BackendSetting] = _row(
+    ("BLOOMFILTER_BACKEND", "choice", "auto"),
+    "Where the bits live: our sharded bitmaps, or the server's own Bloom filters (BF.*);"
+    ' `"auto"` takes native where every server has BF.* (see [Native Bloom'
+    " filters](#native-bloom-filters-bf)). Stored in the filter's record.",
     rule="It must be 'auto' (the server's own Bloom filters when every server has BF.*, else"
     " bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack, RedisBloom or"
     " valkey-bloom).",
-    meaning="Where the bits live: our sharded bitmaps, or the server's own Bloom filters"
-    ' (BF.*); `"auto"` takes native where every server has BF.* (see [Native Bloom'
-    " filters](#native-bloom-filters-bf)). Stored in the filter's record.",
+    choices=get_args(BackendSetting),
 )
-BATCH_MAX: Setting[int] = Setting(
-    "BLOOMFILTER_BATCH_MAX",
-    "int",
-    1000,
-    low=1,
+BATCH_MAX: Setting[int] = _row(
+    ("BLOOMFILTER_BATCH_MAX", "int", 1000, 1),
+    "Most requests `BatchingMiddleware` holds before checking them together (see [One round trip"
+    " per page](#one-round-trip-per-page)).",
     rule="It must be a whole number of at least {low}: the requests held before they are checked.",
-    meaning="Most requests `BatchingMiddleware` holds before checking them together (see [One"
-    " round trip per page](#one-round-trip-per-page)).",
 )
-BATCH_WINDOW: Setting[float] = Setting(
-    "BLOOMFILTER_BATCH_WINDOW",
-    "float",
-    0.0,
-    low=0,
-    high=10,
-    shape="seconds",
-    rule="It must be a number of seconds from {low} (off) to {high}: how long a response's"
-    " requests wait to be checked with those of other responses.",
+BATCH_WINDOW: Setting[float] = _row(
+    ("BLOOMFILTER_BATCH_WINDOW", "float", 0.0, 0, 10, "seconds"),
+    "How long `BatchingMiddleware` holds a response's requests to check them with those of other"
+    " responses: one round trip for several pages (see [One round trip per"
+    " page](#one-round-trip-per-page)). Needs the asyncio reactor (Scrapy's default); ignored, with"
+    " a WARNING, under another.",
+    rule="It must be a number of seconds from {low} (off) to {high}: how long a response's requests"
+    " wait to be checked with those of other responses.",
     default_text="`0` (off)",
-    meaning="How long `BatchingMiddleware` holds a response's requests to check them with those"
-    " of other responses: one round trip for several pages (see [One round trip per"
-    " page](#one-round-trip-per-page)). Needs the asyncio reactor (Scrapy's default); ignored,"
-    " with a WARNING, under another.",
 )
-CACHE_SIZE: Setting[int] = Setting(
-    "BLOOMFILTER_CACHE_SIZE",
-    "int",
-    100_000,
-    low=0,
-    high=100_000_000,
-    rule="It must be an integer from {low} (no near-cache) to {high:,}: the number of"
-    " fingerprints this worker remembers locally.",
-    meaning="Fingerprints each worker remembers locally (the near-cache, about 150 bytes each:"
-    " 15 MB by default). `0` turns it off.",
+CACHE_SIZE: Setting[int] = _row(
+    ("BLOOMFILTER_CACHE_SIZE", "int", 100_000, 0, 100_000_000),
+    "Fingerprints each worker remembers locally (the near-cache, about 150 bytes each: 15 MB by"
+    " default). `0` turns it off.",
+    rule="It must be an integer from {low} (no near-cache) to {high:,}: the number of fingerprints"
+    " this worker remembers locally.",
 )
-MONITOR_MAX_FPR: Setting[float | None] = Setting(
-    "BLOOMFILTER_MONITOR_MAX_FPR",
-    "float",
-    None,
-    low=0,
-    high=1,
-    open=True,
+MONITOR_MAX_FPR: Setting[float | None] = _row(
+    ("BLOOMFILTER_MONITOR_MAX_FPR", "float", None, 0, 1),
+    "The false-positive rate above which the Spidermon `FalsePositiveRateMonitor` fails a crawl"
+    " (see [Monitoring with Spidermon](#monitoring-with-spidermon)).",
     rule="It must be a false-positive rate between 0 and 1, e.g. 0.001.",
     default_text="the filter's design rate",
-    meaning="The false-positive rate above which the Spidermon `FalsePositiveRateMonitor` fails"
-    " a crawl (see [Monitoring with Spidermon](#monitoring-with-spidermon)).",
+    open=True,
 )
-FINGERPRINTER: Setting[Fingerprinter] = Setting(
-    "BLOOMFILTER_FINGERPRINTER",
-    "choice",
-    "scrapy-redis",
-    choices=("scrapy-redis", "crawler"),
-    rule="It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or 'crawler'"
-    " (the crawler's REQUEST_FINGERPRINTER_CLASS).",
-    meaning="Which fingerprint is hashed: scrapy-redis's, or the crawler's"
-    " `REQUEST_FINGERPRINTER_CLASS`. Changing it on a filter that holds data makes old"
-    " requests look new.",
+FINGERPRINTER: Setting[Fingerprinter] = _row(
+    ("BLOOMFILTER_FINGERPRINTER", "choice", "scrapy-redis"),
+    "Which fingerprint is hashed: scrapy-redis's, or the crawler's `REQUEST_FINGERPRINTER_CLASS`."
+    " Changing it on a filter that holds data makes old requests look new.",
+    rule="It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or 'crawler' (the"
+    " crawler's REQUEST_FINGERPRINTER_CLASS).",
+    choices=get_args(Fingerprinter),
 )
 
 #: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference: the order
@@ -804,11 +716,7 @@ class FaultPolicy:
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> FaultPolicy:
         """Read ``BLOOMFILTER_RETRY_TIMEOUT``, ``_ON_ERROR`` and ``_ON_LOSS``."""
-        return cls(
-            retry_timeout=RETRY_TIMEOUT.read(settings),
-            on_error=ON_ERROR.read(settings),
-            on_loss=ON_LOSS.read(settings),
-        )
+        return cls(RETRY_TIMEOUT.read(settings), ON_ERROR.read(settings), ON_LOSS.read(settings))
 
 
 @dataclass(frozen=True, slots=True)
@@ -891,20 +799,16 @@ class BloomConfig:
     def describe(self) -> str:
         """One line for the log: m, k, shards, memory and the rate expected at capacity."""
         spec = self.spec
-        return (
+        text = (
             f"m={spec.bits:,} bits ({format_bytes(spec.total_bytes)}) in {spec.shards:,} shard(s)"
             f" of {spec.shard_bits:,} bits, k={spec.hash_count} hash functions,"
             f" capacity {self.capacity:,} items, expected false-positive rate at capacity"
-            f" {self.expected_error_rate:.3g}{self._growth_text()}"
+            f" {self.expected_error_rate:.3g}"
         )
-
-    def _growth_text(self) -> str:
-        growth = self.growth
-        text = ""
         if self.expansion:
             text += (
                 f"; grows {self.expansion}x per generation up to"
-                f" {growth.grown_capacity:,} items, rate under {growth.rate_bound:.3g}"
+                f" {self.growth.grown_capacity:,} items, rate under {self.growth.rate_bound:.3g}"
             )
         if self.ttl:
             text += f"; URLs forgotten {self.ttl:,} to {2 * self.ttl:,} s after being added"
