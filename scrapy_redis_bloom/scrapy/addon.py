@@ -1,10 +1,8 @@
 """The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` turns the filter on.
 
-It sets ``DUPEFILTER_CLASS`` (and, if asked, ``SCHEDULER`` and the
-:class:`~.batching.BatchingMiddleware`), then reads every filter setting and makes its clients
-without connecting: a bad value stops the crawl before it starts. A project's own
-``DUPEFILTER_CLASS`` (or asked-for ``SCHEDULER``) that is not ours is refused: it outranks the
-add-on's, so the crawl would run without the filter while ``ADDONS`` says it runs with it.
+It sets ``DUPEFILTER_CLASS`` (and, if asked, ``SCHEDULER`` and batching), then checks every
+filter setting: a bad value stops the crawl before it starts. A project's own
+``DUPEFILTER_CLASS`` that is not ours is refused: the crawl would run without the filter.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ logger = logging.getLogger(__name__)
 DUPEFILTER = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"
 SCHEDULER = "scrapy_redis.scheduler.Scheduler"
 BATCHING = "scrapy_redis_bloom.batching.BatchingMiddleware"
-#: The settings' priority the add-on writes at (Scrapy's ``SETTINGS_PRIORITIES``).
-PRIORITY = "addon"
+PRIORITY = "addon"  #: The settings' priority the add-on writes at (``SETTINGS_PRIORITIES``).
 
 
 class Addon:

@@ -1,11 +1,8 @@
 """One filter round trip per crawled page: a spider middleware checks a response's links together.
 
-A response's requests are held until its output ends (or ``BLOOMFILTER_BATCH_MAX`` are),
-checked-and-added in one call (:meth:`.dupefilter.RFPDupeFilter.check_batch`), then yielded;
-``request_seen`` takes each answer with no round trip. ``BLOOMFILTER_BATCH_WINDOW`` joins
-several responses' requests (asyncio reactor only). A Bloom filter cannot forget, so batching
-is off when a middleware processes the output after this one; answers no request took are
-reported (:mod:`.reservations`). Usage: docs/howto/batching.md.
+A response's requests are held until its output ends, checked-and-added in one call, then
+yielded; ``request_seen`` takes each answer with no round trip. A Bloom filter cannot forget,
+so batching is off when a middleware processes the output after this one.
 """
 
 from __future__ import annotations
@@ -38,10 +35,7 @@ _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
 
 
 class _Window:
-    """The requests of several responses, checked together when the window closes.
-
-    It closes when the first joiner's timer runs out or ``limit`` requests are held (asyncio).
-    """
+    """The requests of several responses, checked together when the window closes (asyncio)."""
 
     def __init__(self, check: Callable[[list[Request]], None], seconds: float, limit: int):
         self._check = check
@@ -79,13 +73,11 @@ class _Window:
 
 
 def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
-    """Name the enabled spider middlewares whose output processing runs after ``cls``'s.
-
-    Those of an order not above ``cls``'s (the first entry that loads as it or a subclass)
-    with a ``process_spider_output``: any could drop a request after it was checked.
-    """
+    """Name the enabled spider middlewares whose output processing runs after ``cls``'s."""
+    # Scrapy >= 2.14 merges the setting with its _BASE also where a class is given as its path.
+    merged = getattr(settings, "get_component_priority_dict_with_base", settings.getwithbase)
     enabled: list[tuple[float, str, Any]] = []
-    for path, order in _with_base(settings, "SPIDER_MIDDLEWARES").items():
+    for path, order in dict(merged("SPIDER_MIDDLEWARES")).items():
         if order is None:
             continue
         component = load_object(path) if isinstance(path, str) else path
@@ -94,22 +86,13 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
     ours = [order for order, _, c in enabled if isinstance(c, type) and issubclass(c, cls)]
     if not ours:
         return []
-    mine = ours[0]
     return [
         f"{name} (order {order})"
         for order, name, component in sorted(enabled, key=lambda e: e[0])
-        if order <= mine
+        if order <= ours[0]
         and not (isinstance(component, type) and issubclass(component, cls))
         and any(hasattr(component, method) for method in _OUTPUT_METHODS)
     ]
-
-
-def _with_base(settings: BaseSettings, name: str) -> dict[Any, Any]:
-    """Return a component setting merged with its ``_BASE``: ``{component: order}``."""
-    merged = getattr(settings, "get_component_priority_dict_with_base", None)
-    if merged is not None:  # Scrapy >= 2.14: also merges a class given as its path
-        return dict(merged(name))
-    return dict(settings.getwithbase(name))
 
 
 def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:
@@ -122,11 +105,7 @@ def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: obj
 
 
 class BatchingMiddleware:
-    """Check the links of each response in one filter round trip (see the module).
-
-    With :class:`.dupefilter.RFPDupeFilter` (or a subclass) as the crawl's dupefilter, under
-    either scheduler; with any other, it passes the output through.
-    """
+    """Check the links of each response in one filter round trip (see the module)."""
 
     def __init__(
         self, crawler: Crawler, limit: int = BATCH_MAX.default, window: float = 0.0
@@ -134,11 +113,9 @@ class BatchingMiddleware:
         guard_loggers()  # this module's logger among them (see core.events)
         self.crawler = crawler
         self.limit = limit
-        #: Seconds the requests of a response wait for other responses' (0: none).
-        self.window = window
+        self.window = window  #: Seconds a response's requests wait for others' (0: none).
         self._window: _Window | None = None
-        #: Why batching is off for this crawl, or None.
-        self.disabled: str | None = None
+        self.disabled: str | None = None  #: Why batching is off for this crawl, or None.
         self._dupefilter: RFPDupeFilter | None = None
         self._resolved = False
 
@@ -211,10 +188,7 @@ class BatchingMiddleware:
         return self._dupefilter
 
     async def process_spider_output(
-        self,
-        response: Response,
-        result: AsyncIterator[Any],
-        spider: Spider | None = None,
+        self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
     ) -> AsyncIterator[Any]:
         """Yield items at once; hold the requests to filter, check them together, yield them."""
         dupefilter = None if self.disabled is not None else self._resolve()

@@ -1,8 +1,4 @@
-"""The filter's Redis clients from a crawl's settings, scrapy-redis's connection included.
-
-Without a connection of its own, the filter connects through scrapy-redis's settings
-(``REDIS_URL``, ``REDIS_PARAMS``, ``REDIS_HOST``...), read here as scrapy-redis reads them.
-"""
+"""The filter's Redis clients from a crawl's settings, scrapy-redis's connection included."""
 
 from __future__ import annotations
 
@@ -22,17 +18,10 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS, build_client
 
 
 def scrapy_redis_client(settings: SettingsLike) -> Any:
-    """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts.
-
-    :data:`..transport.connection.DEFAULT_PARAMS` replace its defaults (the user's settings
-    still win); its ``retry_on_timeout`` is left out (deprecated by redis-py 6+).
-    """
+    """Build a client as scrapy-redis's ``get_redis_from_settings`` does, with our timeouts."""
     user = client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS"))
-    defaults = {
-        name: value
-        for name, value in scrapy_redis_defaults.REDIS_PARAMS.items()
-        if name != "retry_on_timeout"
-    }
+    defaults = dict(scrapy_redis_defaults.REDIS_PARAMS)
+    defaults.pop("retry_on_timeout", None)  # deprecated by redis-py 6+
     params: dict[str, Any] = {**defaults, **DEFAULT_PARAMS, **user}
     for setting, name in SETTINGS_PARAMS_MAP.items():
         value = settings.get(setting)

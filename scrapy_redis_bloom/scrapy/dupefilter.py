@@ -1,10 +1,8 @@
 """Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
 
-Settings become a :class:`~.config.BloomConfig` once; each ``request_seen`` is then one
-fingerprint and, unless the near-cache knows it, one atomic command in Redis. When the
-filter cannot answer (``BLOOMFILTER_ON_ERROR`` or ``_ON_LOSS`` = ``"raise"``), the error is
-logged once, the crawl stops (finish reason ``bloomfilter_error``) and the request in hand
-goes to the scheduler: never a crawl that ends "finished" with pages silently lost.
+Each ``request_seen`` is one fingerprint and, unless the near-cache knows it, one atomic
+command in Redis. When the filter cannot answer, the error is logged once, the crawl stops
+(finish reason ``bloomfilter_error``) and the request in hand goes to the scheduler.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ COUNTED = (FilterUnavailableError, AccessDeniedError)
 
 _F = TypeVar("_F", bound="RFPDupeFilter")
 
-#: The finish reason of a crawl stopped because the filter could not answer.
-FINISH_REASON = "bloomfilter_error"
+FINISH_REASON = "bloomfilter_error"  #: Of a crawl stopped because the filter could not answer.
 
 #: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`). Weak
 #: both ways: the dupefilter refers to its crawler, and must not keep it alive.
@@ -62,13 +59,7 @@ _BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
 
 
 class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis is untyped
-    """Request duplicates filter backed by a sharded Bloom filter in Redis.
-
-    A drop-in replacement for ``scrapy_redis.dupefilter.RFPDupeFilter`` as ``DUPEFILTER_CLASS``,
-    under scrapy-redis's Scheduler (``from_spider``) or Scrapy's (``from_crawler``). It never
-    deletes the filter on close; ``SCHEDULER_PERSIST = False`` and ``SCHEDULER_FLUSH_ON_START``
-    clear it through :meth:`clear`.
-    """
+    """Drop-in for scrapy-redis's dupefilter, backed by a sharded Bloom filter in Redis."""
 
     logger = logger
 
@@ -108,8 +99,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             and type(self).request_fingerprint is _RedisRFPDupeFilter.request_fingerprint
         ):
             self._fingerprint = self._remembered_fingerprint
-        self._finished = False
-        self._failed = False
+        self._finished = self._failed = False
         self._log = RateLimitedLog(logger)
         #: Answers given ahead by check_batch, taken by request_seen.
         self.reservations = Reservations(self._unscheduled, self.config.cache_size)
@@ -146,10 +136,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
     @classmethod
     def _build(
-        cls: type[_F],
-        settings: SettingsLike,
-        spider_name: str | None,
-        crawler: Crawler | None,
+        cls: type[_F], settings: SettingsLike, spider_name: str | None, crawler: Crawler | None
     ) -> _F:
         check_installed()  # pip enforced the minimums at install time only
         config = BloomConfig.from_settings(settings)
@@ -239,20 +226,15 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         try:
             return self.bloom.check_and_add(fingerprint)
         except Exception as exc:  # whatever failed, the request is not dropped
-            if not isinstance(exc, COUNTED):  # counted by the engine
-                self.bloom.events.count("errors")
             self._fail(exc)
             return False  # a doubt: to the scheduler, whose queue may outlive this run
 
     def check_batch(self, requests: Sequence[Request]) -> int:
         """Check-and-add requests together, ahead of ``request_seen``; return how many.
 
-        One pipelined round trip per server, each answer held for :meth:`request_seen`. Left
-        to ``request_seen``: ``dont_filter`` requests, fingerprints already held or
-        unscheduled, and those whose fingerprint fails (raised again there). A failed
-        batch's commands may have run, so asking again could answer "seen" for bits it set:
-        every request of it answers "new", and the crawl stops as in ``request_seen`` (under
-        ``BLOOMFILTER_ON_ERROR = "allow"``, an unavailable Redis only answers "new").
+        One pipelined round trip per server, each answer held for :meth:`request_seen`. A
+        failed batch's commands may have run, so asking again could answer "seen" for bits it
+        set: every request of it answers "new", and the crawl stops as in ``request_seen``.
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -263,10 +245,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 fingerprint = self._fingerprint(request)
             except Exception:  # raised again, and reported, by request_seen
                 continue
-            if fingerprint in self.reservations:
-                continue
-            batch.append(request)
-            fingerprints.append(fingerprint)
+            if fingerprint not in self.reservations:
+                batch.append(request)
+                fingerprints.append(fingerprint)
         if not batch:
             return 0
         unique = list(dict.fromkeys(fingerprints))
@@ -276,8 +257,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.events.count("batch_failed")
             answers = dict.fromkeys(unique, False)  # a doubt: to the scheduler
             if isinstance(exc, BloomFilterError):
-                if not isinstance(exc, COUNTED):  # counted by the engine
-                    self.bloom.events.count("errors")
                 self._fail(exc)
             else:  # a bug, not a Redis fault: said with its traceback; no page lost for it
                 emit(
@@ -310,7 +289,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         )
 
     def _fail(self, exc: Exception) -> None:
-        """Say why the filter cannot answer, once (a bug with its traceback), and stop the crawl."""
+        """Count a failure; say why the filter cannot answer, once, and stop the crawl."""
+        if not isinstance(exc, COUNTED):  # counted by the engine
+            self.bloom.events.count("errors")
         if self._failed:
             return
         self._failed = True
@@ -358,8 +339,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """Forget every request: delete the filter's record and bits from Redis.
 
         Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
-        closes or starts, which would wipe a crawl running elsewhere
-        (:meth:`.lease.WorkerLease.clearing`). The filter's state goes to the stats first.
+        closes or starts, which would wipe a crawl running elsewhere.
         """
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
@@ -443,33 +423,20 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
 
 def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
-    """Say which Redis refused the filter's credentials, and which setting sets them.
-
-    (Redis's own text, ``NOAUTH`` or ``WRONGPASS``, says neither: left out.)
-    """
+    """Say which Redis refused the filter's credentials, and which setting sets them."""
     where = ", ".join(server_address(client) for client in clients)
-    settings = (
-        "BLOOMFILTER_REDIS_PARAMS"
-        if config.connection.sentinels
-        else "BLOOMFILTER_REDIS_URLS"
-        if len(config.connection.urls) > 1
-        else "BLOOMFILTER_REDIS_URL"
-        if config.connection.urls
-        else "REDIS_URL (or REDIS_PARAMS)"
-    )
+    urls = config.connection.urls
+    settings, example = "REDIS_URL (or REDIS_PARAMS)", "redis://user:password@host:6379/0."
+    if urls:
+        settings = "BLOOMFILTER_REDIS_URLS" if len(urls) > 1 else "BLOOMFILTER_REDIS_URL"
+    if config.connection.sentinels:
+        settings, example = "BLOOMFILTER_REDIS_PARAMS", "{'username': 'user', 'password': '...'}."
     given = any(
         client.get_connection_kwargs().get("password")
         for client in clients
         if hasattr(client, "get_connection_kwargs")
     )
     problem = "refused the password given" if given else "needs a password, and none was given"
-    return BloomFilterError(
-        f"Redis at {where} {problem} for the Bloom filter"
-        + (" (a wrong password or user, or a disabled user)" if given else "")
-        + f". Set it in {settings}, e.g. "
-        + (
-            "{'username': 'user', 'password': '...'}."
-            if config.connection.sentinels
-            else "redis://user:password@host:6379/0."
-        )
-    )
+    why = " (a wrong password or user, or a disabled user)" if given else ""
+    said = f"Redis at {where} {problem} for the Bloom filter{why}."
+    return BloomFilterError(f"{said} Set it in {settings}, e.g. {example}")

@@ -1,9 +1,4 @@
-"""Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates.
-
-Each reads the ``bloomfilter/*`` stats (current before any ``spider_closed`` handler) and
-fails with a message naming the stat and what to do; :class:`BloomFilterMonitorSuite` runs
-them all (docs/howto/monitor.md), or a project's own suite some of them.
-"""
+"""Spidermon monitors that fail a crawl the Bloom filter may have cost pages or duplicates."""
 
 from __future__ import annotations
 
@@ -31,11 +26,7 @@ class _FilterMonitor(BaseScrapyMonitor):  # type: ignore[misc]  # Spidermon is u
 
 @monitors.name("Bloom filter capacity")
 class CapacityMonitor(_FilterMonitor):
-    """Check that the filter kept its false-positive rate as it filled.
-
-    A growing filter may pass its capacity (it grows and keeps its rate); a fixed-size one
-    may not, nor a growing one whose shards cannot grow further.
-    """
+    """Check that the filter kept its false-positive rate as it filled (or could grow)."""
 
     @monitors.name("a fixed-size filter within its capacity")  # type: ignore[untyped-decorator]
     def test_within_capacity(self) -> None:

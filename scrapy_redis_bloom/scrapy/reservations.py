@@ -1,16 +1,10 @@
 """Answers given ahead to a response's links, kept until the scheduler asks for them.
 
-:mod:`.batching` checks-and-adds a response's links in one round trip; ``request_seen``
-takes each answer here. A link answered "new" is already seen in Redis: if its request never
-reaches ``request_seen``, no worker would fetch it. Such requests are told apart thus:
-
-* the engine calls ``request_scheduled`` handlers, then at once ``request_seen``: a request
-  seen by :meth:`Reservations.scheduled` whose ``request_seen`` does not come next was dropped;
-* a request collected (weak reference) without having taken its answer never will;
-* at the end of the crawl, every answer not taken is reported.
-
-Such an *unscheduled* "new" answer is reported, and answered "new" by this worker the next
-time it meets the fingerprint (docs/howto/batching.md).
+A link answered "new" is already seen in Redis: if its request never reaches
+``request_seen``, no worker would fetch it. Such a request is one the engine passed to
+``request_scheduled`` handlers without calling ``request_seen`` next, one collected without
+having taken its answer, or one not taken when the crawl ends. It is reported, and answered
+"new" by this worker the next time it meets the fingerprint (docs/howto/batching.md).
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from scrapy import Request
 
-#: Unscheduled fingerprints remembered at least, whatever the near-cache's size.
-MIN_UNSCHEDULED = 10_000
+MIN_UNSCHEDULED = 10_000  #: Unscheduled fingerprints remembered at least, whatever the cache.
 
 
 @dataclass(eq=False)
@@ -35,36 +28,26 @@ class _Reservation:
 
     fingerprint: str
     url: str
-    #: The answer for the next request to take it: the batch's, then "seen".
-    answer: bool
+    answer: bool  #: The answer for the next request to take it: the batch's, then "seen".
     #: The batch's requests with this fingerprint that did not take an answer yet.
     members: dict[int, weakref.ref[Request]] = field(default_factory=dict)
 
 
 class Reservations:
-    """Answers by fingerprint, each taken once; "new" answers never taken are reported.
-
-    ``on_unscheduled(urls)`` gets the URLs answered "new" that never reached ``request_seen``;
-    ``size`` unscheduled fingerprints are remembered (the oldest forgotten, counted in
-    :attr:`forgotten`). Single-threaded; weak-reference callbacks only queue.
-    """
+    """Answers by fingerprint, each taken once; "new" ones never taken go to ``on_unscheduled``."""
 
     def __init__(
-        self,
-        on_unscheduled: Callable[[list[str]], None],
-        size: int = MIN_UNSCHEDULED,
+        self, on_unscheduled: Callable[[list[str]], None], size: int = MIN_UNSCHEDULED
     ) -> None:
         self._items: dict[str, _Reservation] = {}
-        #: id() of each member request, to its reservation.
-        self._members: dict[int, _Reservation] = {}
+        self._members: dict[int, _Reservation] = {}  #: id() of each member: its reservation.
         self._dead: deque[tuple[_Reservation, int, weakref.ref[Request]]] = deque()
         #: A member that passed ``request_scheduled``, whose ``request_seen`` must come next.
         self._pending: tuple[_Reservation, int] | None = None
         self._unscheduled: dict[str, None] = {}
         self._size = max(size, MIN_UNSCHEDULED)
         self._on_unscheduled = on_unscheduled
-        #: Unscheduled fingerprints forgotten because too many were remembered.
-        self.forgotten = 0
+        self.forgotten = 0  #: Unscheduled fingerprints forgotten because too many were remembered.
 
     def __len__(self) -> int:
         return len(self._items)
@@ -75,10 +58,7 @@ class Reservations:
     def reserve(
         self, requests: Sequence[Request], fingerprints: Sequence[str], answers: Sequence[bool]
     ) -> None:
-        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others.
-
-        A fingerprint held already (an earlier batch's) is skipped: its answer serves both.
-        """
+        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others."""
         self._settle()
         new: dict[str, _Reservation] = {}
         for fingerprint, answer, request in zip(fingerprints, answers, requests, strict=True):

@@ -1,10 +1,8 @@
 """What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
 
 Every stat is listed once, in :data:`STATS`. The engine counts in memory; this module writes
-the counts to the crawl's stats from the reactor thread, every second and in full when the
-crawl idles or the dupefilter closes or is cleared, so monitors see them all before any
-``spider_closed`` handler. A failed write is said, counted (``bloomfilter/stats_failed``) and
-retried at the next tick (docs/howto/monitor.md). An INFO line every ``LOGSTATS_INTERVAL``.
+the counts to the crawl's stats every second and in full when the crawl idles or the
+dupefilter closes, so monitors see them all before any ``spider_closed`` handler.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The prefix of every stat the filter gives.
-PREFIX = "bloomfilter/"
+PREFIX = "bloomfilter/"  #: The prefix of every stat the filter gives.
 
 #: The counts of what happened (:class:`..core.events.FilterEvents` ``count``).
 _EVENTS = {
@@ -89,21 +86,15 @@ STATS: dict[str, str] = {
 
 #: Counts of this worker, added to the stats as increments.
 _COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched", "log_failed")
-#: The counts of what happened, every one in :data:`STATS`.
-EVENT_COUNTS = tuple(_EVENTS)
-#: Scrapy's own count of duplicates, the same as ``bloomfilter/filtered``.
-_DUPEFILTER = "dupefilter/filtered"
+EVENT_COUNTS = tuple(_EVENTS)  #: The counts of what happened, every one in :data:`STATS`.
+_DUPEFILTER = "dupefilter/filtered"  #: Scrapy's own count, the same as ``bloomfilter/filtered``.
 #: The stats workers add to, created with 0 when the spider opens (see
 #: :meth:`FilterStats.start`).
 _CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 
 
 class FilterStats:
-    """Copies one worker's filter stats into the crawl's stats, and logs a line now and then.
-
-    ``stats``: the crawl's collector (None: only the log line); ``interval``: seconds
-    between log lines (0: none). Called from the reactor thread only.
-    """
+    """Copies one worker's filter stats into the crawl's stats and logs a line (reactor thread)."""
 
     def __init__(
         self, bloom: BloomBackend, stats: StatsCollector | None, interval: float = 0.0
@@ -113,8 +104,7 @@ class FilterStats:
         self.interval = interval
         #: Requests checked in batches, and duplicates dropped (the dupefilter counts them).
         self.batches = self.batched = self.filtered = 0
-        #: Per stat added to: how much of its count was added (absent: not even 0 yet).
-        self._given: dict[str, int] = {}
+        self._given: dict[str, int] = {}  #: Per stat added to: how much of its count was.
         self._tasks: list[task.LoopingCall] = []
         self._log = RateLimitedLog(logger)
         #: The process's count of log lines a handler failed (:mod:`..core.events`) before.
@@ -123,19 +113,15 @@ class FilterStats:
     def start(self) -> None:
         """Create the counts workers add to; start the timers (stats every second, log line).
 
-        Every count is created with an increment of 0 first: two workers creating a count in
-        scrapy-redis's ``RedisStatsCollector`` at once (``HSET 0`` then ``HINCRBY``) would
-        lose one's count.
+        (Created with an increment of 0 first: two workers creating a count in scrapy-redis's
+        ``RedisStatsCollector`` at once would lose one's count.)
         """
         if self._tasks:
             return
-        timers = [(self.tick, SYNC_INTERVAL)]
-        if self.interval > 0:
-            timers.append((self.log, self.interval))
-        for call, every in timers:
-            timer = task.LoopingCall(call)
-            timer.start(every, now=False)
-            self._tasks.append(timer)
+        for call, every in ((self.tick, SYNC_INTERVAL), (self.log, self.interval)):
+            if every > 0:  # (no log line with an interval of 0)
+                self._tasks.append(task.LoopingCall(call))
+                self._tasks[-1].start(every, now=False)
         stats = self.stats
         if stats is not None:
             self._guarded(lambda: self._add(stats, dict.fromkeys(_CREATED, 0)))
@@ -161,11 +147,7 @@ class FilterStats:
             self._guarded(lambda: self._add(stats, {f"{PREFIX}filtered": n, _DUPEFILTER: n}))
 
     def publish(self, state: FilterState | None = None, counts_only: bool = False) -> bool:
-        """Write every stat now; ``state``: the filter's, counted in Redis (else estimated).
-
-        ``counts_only``: only this worker's counts and events. Never raises: returns whether
-        every stat was written.
-        """
+        """Write every stat now (``state``: counted in Redis); return whether all were written."""
         stats = self.stats
         if stats is None:
             return True
@@ -212,8 +194,7 @@ class FilterStats:
         counts = {PREFIX + name: n for name, n in (*mine.items(), *counted.items())}
         counts[_DUPEFILTER] = self.filtered
         self._add(stats, counts)
-        record = bloom.record
-        if not counts_only and record is not None:
+        if not counts_only and bloom.record is not None:
             values.update(self._state(state))
         for name, value in values.items():
             stats.set_value(PREFIX + name, value)

@@ -1,8 +1,4 @@
-"""Redis clients for the filter, from its validated connection configuration.
-
-Its own (URLs, a cluster, sentinels) and the one shared with scrapy-redis (:func:`build_client`),
-with short timeouts (:data:`DEFAULT_PARAMS`); errors name the settings the arguments came from.
-"""
+"""The filter's Redis clients from its validated connection configuration, with short timeouts."""
 
 from __future__ import annotations
 
@@ -24,19 +20,13 @@ DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout
 
 
 def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
-    """Return the clients of a configuration with URLs or sentinels: one, or one per server.
-
-    ``setting`` names where ``config.params`` came from.
-    """
+    """Return the clients of a configuration with URLs or sentinels (``setting``: its name)."""
     if not config.urls and not config.sentinels:
         raise ValueError("own_clients() needs a configuration with URLs or sentinels")
     params = {**DEFAULT_PARAMS, **dict(config.params)}
     if config.sentinels:
         client = SentinelRedis(
-            sentinels=list(config.sentinels),
-            service_name=config.service,
-            setting=setting,
-            **params,
+            sentinels=list(config.sentinels), service_name=config.service, setting=setting, **params
         )
         return [_checked(client)]
     with _named(f"the {setting} setting(s)", params):
@@ -46,10 +36,7 @@ def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
 
 
 def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source: str) -> Any:
-    """Make a client of ``redis_cls`` from ``url`` (if any) and ``params``; not connected.
-
-    An argument the client refuses is a ValueError naming ``source``, the settings given.
-    """
+    """Make a client of ``redis_cls`` from ``url`` (if any) and ``params``; not connected."""
     if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
     with _named(source, params):
@@ -57,11 +44,7 @@ def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source
 
 
 def _checked(client: Any) -> Any:
-    """Return ``client`` once a connection of its settings could be made (not opened).
-
-    redis-py keeps a URL client's arguments until its first connection: a bad one would
-    only fail at the first request, as a bare TypeError.
-    """
+    """Return ``client`` once a connection of its settings could be made (bad ones fail now)."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         pool.connection_class(**pool.connection_kwargs)
@@ -70,10 +53,7 @@ def _checked(client: Any) -> Any:
 
 @contextmanager
 def _named(source: str, params: dict[str, Any]) -> Iterator[None]:
-    """Turn a client's refusal of its arguments into an error naming where they came from.
-
-    (With the arguments, secrets masked: the client's own text names no setting.)
-    """
+    """Turn a client's refusal of its arguments into an error naming where they came from."""
     try:
         yield
     except (TypeError, ValueError) as exc:

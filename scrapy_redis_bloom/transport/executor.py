@@ -1,18 +1,16 @@
 """Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
 
-Every command goes through :meth:`Executor.run` (batches of :class:`Call`, routed by the
-:mod:`.topology`, pipelined per node) or a :class:`Session` (rounds on one connection). Each
-reply is sorted (:func:`classify`): a result or final error goes to the caller, an ACL refusal
-in the filter's scripts raises :class:`~..errors.AccessDeniedError`; ``NOSCRIPT``, ``MOVED``
-and ``ASK`` are acted on at once; "not now" errors and lost replies are retried with backoff
-until ``retry_timeout`` (a write whose reply was lost marked **ambiguous**), then
-:class:`~..errors.FilterUnavailableError` and one attempt a second until Redis answers again,
-so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
+Every command goes through :meth:`Executor.run` (batches of :class:`Call`, pipelined per node)
+or a :class:`Session` (rounds on one connection). Each reply is sorted (:func:`classify`);
+"not now" errors and lost replies are retried with backoff until ``retry_timeout`` (a write
+whose reply was lost marked **ambiguous**), then one attempt a second until Redis answers
+again, so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import random
@@ -61,14 +59,11 @@ MAX_BACKOFF = 1.0
 #: After the retry timeout ran out, at most one attempt per this many seconds (a server that
 #: stopped answering: once :meth:`Executor._watch` sees it answer a ``PING``).
 PROBE_INTERVAL = 1.0
-#: Redirections and script loads followed at once for one batch, before waiting.
-MAX_REDIRECTS = 16
+MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
 _ASKING = pack_command(b"ASKING")
-#: Reply types that are results, whatever they hold (the hot path's replies).
-_PLAIN = (int, list)
-#: The same, and the strings its reads reply (GETRANGE).
-_READ = (int, list, bytes)
+_PLAIN = (int, list)  #: Reply types that are results, whatever they hold (the hot path's replies).
+_READ = (int, list, bytes)  #: The same, and the strings its reads reply (GETRANGE).
 
 
 class Kind(Enum):
@@ -84,13 +79,9 @@ class Kind(Enum):
 #: What an error reply's code means when it is not a result. The "not run, try again later"
 #: ones include ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its
 #: replicas refuses writes before running them.
-_ACT_ON: dict[str, Kind] = {
-    "NOSCRIPT": Kind.NOSCRIPT,
-    "MOVED": Kind.MOVED,
-    "ASK": Kind.ASK,
-    **dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER),
-    **dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER),
-}
+_ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK": Kind.ASK}
+_ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
+_ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER))
 
 
 #: The prefix redis-py strips from the error replies it raises as these classes.
@@ -122,26 +113,19 @@ _IN_SCRIPT = re.compile(r"(?:^|\s)-([A-Z]{2,})\s")
 
 
 def error_code(reply: BaseException) -> str:
-    """Return an error reply's code (``OOM``, ``MOVED``...), also from inside a script's error.
-
-    A script fails as a whole (``ERR Error running script``): the code of the command that
-    failed inside it says what happened (an out-of-memory Redis refuses its first write).
-    """
+    """Return an error reply's code (``OOM``, ``MOVED``...), also from inside a script's error."""
     text = error_text(reply)
-    word = text.split(" ", 1)[0]
     if "script" in text and (inside := _IN_SCRIPT.search(text)):
         return inside.group(1)
-    return word
+    return text.split(" ", 1)[0]
 
 
 def acl_denial(reply: Any) -> str | None:
     """Say whether a reply is a Redis ACL refusal: ``"command"``, ``"key"``, or None.
 
-    Redis words it by version and place: directly, ``NOPERM this user has no permissions to
-    run the 'time' command`` (6.2 adds "or its subcommand") or ``... to access one of the
-    keys used as arguments``; in a script, ``The user executing the script can't run this
-    command or subcommand`` or ``... can't access at least one of the keys mentioned in the
-    command arguments`` (6.2 wraps it in ``Error running script``; neither says ``NOPERM``).
+    Redis words it by version and place: ``NOPERM this user has no permissions to run ...`` or
+    ``... to access one of the keys ...``; in a script (no ``NOPERM``), ``The user executing
+    the script can't run this command ...`` or ``... can't access at least one of the keys``.
     """
     if reply.__class__ is int or not isinstance(reply, ResponseError):
         return None
@@ -157,11 +141,7 @@ def acl_denial(reply: Any) -> str | None:
 def access_denied(
     reply: Any, operation: str, key: str | None, where: str
 ) -> AccessDeniedError | None:
-    """Return the error for a reply by which a Redis ACL refused a command; None otherwise.
-
-    ``where`` names the server (``Redis at host:port``). The message says what the filter was
-    doing, on which key, and what to grant (docs/howto/tls-acl.md#least-privilege).
-    """
+    """Return the error for a reply by which a Redis ACL refused a command; None otherwise."""
     kind = acl_denial(reply)
     if kind is None:
         return None
@@ -195,14 +175,10 @@ def classify(reply: Any) -> Kind:
 class Commit(Enum):
     """What a transaction's ``EXEC`` did (:meth:`Session.settle`)."""
 
-    #: Ran: every queued command's result is in.
-    DONE = "done"
-    #: A watched key changed: nothing ran.
-    ABORTED = "aborted"
-    #: A queued command was refused (``EXECABORT``): nothing ran.
-    REFUSED = "refused"
-    #: Nothing was sent: the transaction's connection was gone.
-    UNSENT = "unsent"
+    DONE = "done"  #: Ran: every queued command's result is in.
+    ABORTED = "aborted"  #: A watched key changed: nothing ran.
+    REFUSED = "refused"  #: A queued command was refused (``EXECABORT``): nothing ran.
+    UNSENT = "unsent"  #: Nothing was sent: the transaction's connection was gone.
     #: The writes may have run, in part or outside the transaction: a lost reply, or
     #: replies that are not this transaction's.
     DOUBT = "doubt"
@@ -211,11 +187,9 @@ class Commit(Enum):
 def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
     """Sort a transaction's last replies: its ``queued`` commands' then ``EXEC``'s.
 
-    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Only
-    replies that can be matched to the transaction count: each queued command answered
-    ``QUEUED`` (or refused), then a list of ``queued`` results with no error, nil (a
-    watched key changed) or ``EXECABORT``. Anything else (a command that ran at once,
-    ``EXEC without MULTI``, a list of another length, a result in error) is a doubt.
+    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Only replies
+    matched to the transaction count: each command ``QUEUED`` (or refused), then ``queued``
+    results with no error, nil or ``EXECABORT``. Anything else is a doubt.
     """
     *queue, result = replies
     refused = None
@@ -234,13 +208,6 @@ def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
     if refused is not None and isinstance(result, ExecAbortError):
         return Commit.REFUSED, refused
     return Commit.DOUBT, result
-
-
-def _ask_target(reply: ResponseError) -> str:
-    """Return the ``host:port`` an ``ASK`` reply redirects to."""
-    if isinstance(reply, AskError):
-        return f"{reply.host}:{reply.port}"
-    return error_text(reply).split()[-1]
 
 
 def describe_failure(failure: BaseException | str) -> str:
@@ -279,10 +246,7 @@ class Call:
 
 @dataclass(slots=True)
 class Results:
-    """Replies of a batch, in call order (a result, or an error reply retrying could not fix).
-
-    ``ambiguous[i]``: call ``i`` may have run twice.
-    """
+    """Replies of a batch, in call order; ``ambiguous[i]``: call ``i`` may have run twice."""
 
     replies: list[Any]
     ambiguous: list[bool] = field(default_factory=list)
@@ -293,11 +257,8 @@ class Results:
 class Session:
     """Rounds of pipelined commands on one node, every round on the first one's connection.
 
-    From :meth:`Executor.session`, for exchanges over round trips: a bulk chunk's pipeline, a
-    snapshot's transaction. The first :meth:`post` may connect; each later one goes on that
-    connection or raises :class:`NotSentError` with nothing sent, so a transaction's writes
-    never run outside it on a new connection. Replies come in order (:meth:`replies`), an
-    error reply as its exception, to sort with :func:`classify`.
+    The first :meth:`post` may connect; a later one goes on that connection or raises
+    :class:`NotSentError` with nothing sent: a transaction's writes never run outside it.
     """
 
     __slots__ = ("_executor", "_probing", "_serial", "_shut", "_write", "node")
@@ -308,8 +269,7 @@ class Session:
         self.node = node
         self._executor, self._write, self._probing = executor, write, probing
         self._serial: int | None = None  # the connection of the first round
-        #: Why no round is sent (its first failed, an outage); None while they may be.
-        self._shut = shut
+        self._shut = shut  #: Why no round is sent (its first failed, an outage), or None.
 
     def post(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
         """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
@@ -336,10 +296,7 @@ class Session:
     def propose(
         self, payload: Sequence[bytes | memoryview], queued: int
     ) -> Ticket | tuple[Commit, Any]:
-        """Send a transaction's ``queued`` commands and ``EXEC``: the ticket for :meth:`settle`.
-
-        Or, when the send failed, what the transaction did (UNSENT, or a DOUBT).
-        """
+        """Send a transaction's commands and ``EXEC``: the ticket, or UNSENT/DOUBT if it failed."""
         try:
             return self.post(payload, queued + 1)
         except (NotSentError, RefusedError):  # (refused: only ever when connecting anew)
@@ -348,11 +305,7 @@ class Session:
             return Commit.DOUBT, exc
 
     def settle(self, sent: Ticket | tuple[Commit, Any], queued: int) -> tuple[Commit, Any]:
-        """Read the replies of what :meth:`propose` sent; say what it did (:func:`settled`).
-
-        A lost reply is a DOUBT; after a doubt the connection is thrown away: what is on it
-        cannot be matched to anything sent.
-        """
+        """Read the replies of what :meth:`propose` sent; say what it did; drop it on a doubt."""
         if not isinstance(sent, Ticket):
             return sent
         try:
@@ -385,31 +338,19 @@ class _Outage:
 
 @dataclass
 class _Batch:
-    """A run's calls and what is known of them so far."""
+    """A run's calls, what is known of them so far, and what its last round left to do."""
 
     operation: str
     calls: list[Call]
     write: bool
-    replies: list[Any] = field(init=False)
-    ambiguous: list[bool] = field(init=False)
-    #: Calls to send next to the node an ``ASK`` named.
-    asking: dict[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.replies = [None] * len(self.calls)
-        self.ambiguous = [False] * len(self.calls)
-
-
-@dataclass
-class _Round:
-    """What one round of sending a batch left to do."""
-
+    replies: list[Any]
+    ambiguous: list[bool]
+    asking: dict[int, str] = field(default_factory=dict)  #: Calls to send to the node ASK named.
     again: list[int] = field(default_factory=list)  # at once: redirected, script loaded
     later: list[int] = field(default_factory=list)  # after a backoff
     failure: BaseException | None = None
     where: str = ""
-    #: Calls sent after ``ASKING`` in this round.
-    asked: set[int] = field(default_factory=set)
+    asked: set[int] = field(default_factory=set)  #: Calls sent after ``ASKING`` in the round.
     #: Per node and script: its load's outcome (many NOSCRIPT replies, one SCRIPT LOAD).
     loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
 
@@ -417,9 +358,8 @@ class _Round:
 class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
-    Not thread-safe (its nodes are not): one executor per thread. With ``follows`` (the
-    filter's executor, for the worker lease's), it fails fast while that one does too: the
-    lease does not wait out a retry window its filter already waited out.
+    One per thread (its nodes are not thread-safe). With ``follows`` (the filter's executor,
+    for the lease's), it fails fast while that one does too.
     """
 
     def __init__(
@@ -452,17 +392,14 @@ class Executor:
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
-        ``write``: a call whose reply was lost and that is sent again is marked ambiguous.
-        ``timeout`` replaces the retry timeout (0: one attempt), counted from ``since`` (the
-        caller's first attempt, ``time.monotonic()``). Raises :class:`FilterUnavailableError`
-        when Redis does not answer in time (with ``partial``, returns the replies it has, None
-        for the others, the error in :attr:`Results.failure`), :class:`AccessDeniedError`
-        when Redis refuses the credentials or an ACL refuses a script.
+        ``write``: a call whose lost reply is sent again is marked ambiguous. ``timeout``
+        replaces the retry timeout (0: one attempt), counted from ``since`` (``monotonic()``).
+        Raises :class:`FilterUnavailableError` when Redis does not answer in time (``partial``:
+        returns the replies it has, None for others, the error in :attr:`Results.failure`).
         """
         started = time.monotonic() if since is None else since
-        budget = self.retry_timeout if timeout is None else timeout
         # A stalled server (each attempt waits a socket timeout) costs the budget and one more.
-        end = started + budget
+        end = started + (self.retry_timeout if timeout is None else timeout)
         outage = self._outages.get(write) or self._followed.get(write)
         if outage is not None:
             if started < outage.next_attempt:
@@ -471,25 +408,25 @@ class Executor:
                     return Results([None] * len(calls), [False] * len(calls), failure)
                 raise failure
             end = started  # one attempt: it has been failing for a while
-        batch = _Batch(operation, calls, write)
+        batch = _Batch(operation, calls, write, [None] * len(calls), [False] * len(calls))
         todo = list(range(len(calls)))
         backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
         while todo:
-            step = self._round(batch, todo)
-            if step.again and redirects < MAX_REDIRECTS and not step.later:
+            self._round(batch, todo)
+            if batch.again and redirects < MAX_REDIRECTS and not batch.later:
                 redirects += 1
-                todo = step.again
+                todo = batch.again
                 continue
-            todo = step.again + step.later
+            todo = batch.again + batch.later
             if not todo:
                 break
             now = time.monotonic()
             first_failure = first_failure or now
             if now >= end:
-                why = describe_failure(step.failure or "no answer")
+                why = describe_failure(batch.failure or "no answer")
                 if timeout is None:  # a whole retry window: fail fast from now on
-                    self._failing(write, first_failure, why, step.where, now, step.failure)
-                failure = self._unavailable(operation, why, step.where, started)
+                    self._failing(write, first_failure, why, batch.where, now, batch.failure)
+                failure = self._unavailable(operation, why, batch.where, started)
                 if partial:
                     return Results(batch.replies, batch.ambiguous, failure)
                 raise failure
@@ -497,7 +434,7 @@ class Executor:
             time.sleep(min(backoff * (0.5 + random.random()), end - now))
             backoff = min(backoff * 2, MAX_BACKOFF)
             redirects = 0
-            if isinstance(step.failure, TransportError):
+            if isinstance(batch.failure, TransportError):
                 self.topology.refresh()
         self._recovered(write)
         return Results(batch.replies, batch.ambiguous)
@@ -507,21 +444,18 @@ class Executor:
     ) -> _Outage:
         """Note that a kind of command failed for a whole retry window: fail fast from now on.
 
-        The next attempt is a second away, or, when the server stopped answering (a transport
-        ``failure``), once a watch sees it answer: then for reads and writes alike.
+        The next attempt is a second away, or, when the server stopped answering, once a watch
+        sees it answer (then for reads and writes alike).
         """
         node = None  # (not a node of the topology now: an attempt a second)
         if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
             with contextlib.suppress(RedisError, RedisClusterException, ValueError):
                 node = self.topology.node_at(failure.address)
-        outage = self._outages.get(write)
-        if outage is None:
-            outage = self._outages[write] = _Outage(since, why, where)
+        outage = self._outages.setdefault(write, _Outage(since, why, where))
         outage.why, outage.where = why, where
-        outage.next_attempt = now + PROBE_INTERVAL
+        outage.next_attempt = now + PROBE_INTERVAL if node is None else math.inf
         if node is None:
             return outage
-        outage.next_attempt = math.inf
         self._outages.setdefault(not write, outage)
         if outage.watched is None or outage.watched.is_set():
             outage.watched = threading.Event()
@@ -536,10 +470,8 @@ class Executor:
     def _watch(self, outage: _Outage, node: Node, over: threading.Event) -> None:
         """Ask a server that stopped answering for a ``PING`` once a second, until it answers.
 
-        In a thread and on connections of its own (:meth:`.Node.responds`), so that a stalled
-        server (SIGSTOP, a partition) costs the crawl's calls no socket timeout: they fail fast
-        until it answers (or another node serves its slots: :meth:`.Topology.serves`).
-        Survives anything (logged, tried again a second later).
+        In a thread, on connections of its own: the crawl's calls fail fast meanwhile instead
+        of each waiting a socket timeout. Survives anything (logged, tried a second later).
         """
         while not over.wait(PROBE_INTERVAL):
             try:
@@ -584,10 +516,7 @@ class Executor:
     def _spent(
         self, operation: str, write: bool, failure: TransportError, started: float, probing: bool
     ) -> None:
-        """Raise if a failed hot-path call must not be retried: an outage's attempt, or too late.
-
-        No call waits past the retry timeout and one socket timeout.
-        """
+        """Raise if a failed hot-path call must not be retried: an outage's attempt, or too late."""
         now = time.monotonic()
         outage = self._outages.get(write)
         if not probing and now - started < self.retry_timeout:
@@ -599,10 +528,11 @@ class Executor:
             raise self._still_failing(operation, outage, now) from None
         raise self._unavailable(operation, why, failure.address, started) from None
 
-    def _round(self, batch: _Batch, todo: list[int]) -> _Round:
+    def _round(self, batch: _Batch, todo: list[int]) -> None:
         """Send the calls still to do, pipelined per node; sort out their replies."""
-        step = _Round()
-        calls, asked = batch.calls, step.asked
+        batch.again, batch.later, batch.asked, batch.loads = [], [], set(), {}
+        batch.failure, batch.where = None, ""
+        calls, asked = batch.calls, batch.asked
         groups: dict[int, tuple[Node, list[int]]] = {}
         for i in todo:
             call = calls[i]
@@ -614,8 +544,8 @@ class Executor:
                     node = self.topology.node_at(target)
                     asked.add(i)
             except (RedisError, RedisClusterException, ValueError) as exc:
-                step.later.append(i)  # e.g. a slot no node covers during a failover
-                step.failure = exc
+                batch.later.append(i)  # e.g. a slot no node covers during a failover
+                batch.failure = exc
                 continue
             groups.setdefault(id(node), (node, []))[1].append(i)
         # Every node's batch is sent before any is read: one round trip in all.
@@ -625,31 +555,24 @@ class Executor:
                 payload = b"".join(
                     (_ASKING if i in asked else b"") + calls[i].payload for i in indexes
                 )
+                count = len(indexes) + len(asked.intersection(indexes))
                 try:
-                    ticket: Ticket | TransportError = node.send(
-                        payload, len(indexes) + len(asked.intersection(indexes))
-                    )
+                    ticket: Ticket | TransportError = node.send(payload, count)
                 except TransportError as exc:
                     ticket = exc
                 sent.append((node, indexes, ticket))
             for node, indexes, ticket in sent:
-                self._sort_out(batch, step, node, indexes, ticket)
+                self._sort_out(batch, node, indexes, ticket)
         finally:
             # An error raised above leaves replies unread: no later call may read them.
             for node, _, ticket in sent:
                 if isinstance(ticket, Ticket) and node.owes(ticket):
                     node.abandon()
-        return step
 
     def _sort_out(
-        self,
-        batch: _Batch,
-        step: _Round,
-        node: Node,
-        indexes: list[int],
-        ticket: Ticket | TransportError,
+        self, batch: _Batch, node: Node, indexes: list[int], ticket: Ticket | TransportError
     ) -> None:
-        """Read one node's replies of a round and sort them into ``step``."""
+        """Read one node's replies of a round and sort them into ``batch``."""
         try:
             if isinstance(ticket, TransportError):
                 raise ticket
@@ -660,48 +583,42 @@ class Executor:
             if batch.write and isinstance(exc, ReplyLostError):
                 for i in indexes:
                     batch.ambiguous[i] = True
-            step.later += indexes
-            step.failure, step.where = exc, node.address
+            batch.later += indexes
+            batch.failure, batch.where = exc, node.address
             return
-        if step.asked:  # drop the replies to ASKING
-            kept, position = [], 0
-            for i in indexes:
-                position += i in step.asked
-                kept.append(got[position])
-                position += 1
-            got = kept
+        if batch.asked:  # drop the replies to ASKING
+            keep = [k for i in indexes for k in ((False, True) if i in batch.asked else (True,))]
+            got = list(itertools.compress(got, keep))
+        where = f"Redis at {node.address}"
         for i, reply in zip(indexes, got, strict=True):
-            kind = classify(reply)
-            if kind is Kind.RESULT:
-                if isinstance(reply, AuthenticationError):
-                    raise self.refused(batch.operation, RefusedError(node.address, reply))
-                if batch.calls[i].script is not None and (
-                    denied := access_denied(
-                        reply, batch.operation, batch.calls[i].key, f"Redis at {node.address}"
-                    )
-                ):
-                    raise self.explain(denied)
-                batch.replies[i] = reply
-            elif kind is Kind.NOSCRIPT and (script := batch.calls[i].script) is not None:
-                load = (id(node), script.sha)
-                if load not in step.loads:
-                    step.loads[load] = self.load(node, script, batch.operation)
-                lost = step.loads[load]
+            kind, call = classify(reply), batch.calls[i]
+            if kind is Kind.NOSCRIPT and call.script is not None:
+                load = (id(node), call.script.sha)
+                if load not in batch.loads:
+                    batch.loads[load] = self.load(node, call.script, batch.operation)
+                lost = batch.loads[load]
                 if lost is None:
-                    step.again.append(i)
+                    batch.again.append(i)
                 else:  # the call itself did not run: resend it after a backoff
-                    step.later.append(i)
-                    step.failure, step.where = lost, node.address
+                    batch.later.append(i)
+                    batch.failure, batch.where = lost, node.address
             elif kind is Kind.MOVED:
                 self.topology.moved(node.address, reply)
-                step.again.append(i)
-            elif kind is Kind.ASK:
-                batch.asking[i] = _ask_target(reply)
-                step.again.append(i)
+                batch.again.append(i)
+            elif kind is Kind.ASK:  # to the host:port it names
+                target = f"{reply.host}:{reply.port}" if isinstance(reply, AskError) else None
+                batch.asking[i] = target or error_text(reply).split()[-1]
+                batch.again.append(i)
             elif kind is Kind.LATER:
-                step.later.append(i)
-                step.failure, step.where = reply, node.address
-            else:
+                batch.later.append(i)
+                batch.failure, batch.where = reply, node.address
+            else:  # a result, or an error reply retrying cannot fix
+                if isinstance(reply, AuthenticationError):
+                    raise self.refused(batch.operation, RefusedError(node.address, reply))
+                if call.script is not None and (
+                    denied := access_denied(reply, batch.operation, call.key, where)
+                ):
+                    raise self.explain(denied)
                 batch.replies[i] = reply
 
     def fast(
@@ -740,12 +657,7 @@ class Executor:
     def fast_many(
         self, operation: str, payloads: list[bytes], key: str, shard: int, *, write: bool = False
     ) -> Results:
-        """Run commands on one shard's node in one round trip; return their replies.
-
-        :meth:`fast` for several commands of one key's slot (a grown or windowed shard's
-        reads). Anything but plain replies sends them all to :meth:`run`; with ``write``, a
-        batch whose replies were lost is marked ambiguous.
-        """
+        """Run commands of one key's slot in one round trip as :meth:`fast` (a grown shard's)."""
         probing = self._admit(operation, write)
         started = time.monotonic()
         try:
@@ -778,9 +690,8 @@ class Executor:
     ) -> Session:
         """Return a :class:`Session` on ``node``, for an exchange of several round trips.
 
-        During an outage of its kind of command it sends nothing (:class:`NotSentError`
-        naming ``operation``), as :meth:`_admit`. ``spare``: on the node's second connection
-        (:meth:`.Node.spare`), for an exchange that overlaps one on the first.
+        During an outage it sends nothing (:meth:`_admit`). ``spare``: on the node's second
+        connection, for an exchange that overlaps one on the first.
         """
         if spare:
             node = node.spare()
@@ -801,10 +712,7 @@ class Executor:
         )
 
     def load(self, node: Node, script: Script, operation: str) -> TransportError | None:
-        """Load a script on a node that answered ``NOSCRIPT``; return the failure if unconfirmed.
-
-        (``SCRIPT LOAD`` is idempotent: the next ``NOSCRIPT`` loads it again.)
-        """
+        """Load a script on a node that answered ``NOSCRIPT``; return the failure if unconfirmed."""
         try:
             (reply,) = node.exchange(pack_command(b"SCRIPT", b"LOAD", script.source), 1)
         except RefusedError as exc:
@@ -818,11 +726,7 @@ class Executor:
         return None
 
     def explain(self, denied: AccessDeniedError) -> AccessDeniedError:
-        """Return the error naming what a refused script lacked, or ``denied`` itself.
-
-        Redis names neither the command nor the key refused in a script; the
-        :attr:`explain_denial` probe (:func:`.access.check_access`) does.
-        """
+        """Return the error naming what a refused script lacked, which Redis does not say."""
         probe, self.explain_denial = self.explain_denial, None  # the probe runs no script
         if probe is None:
             return denied
@@ -840,13 +744,10 @@ class Executor:
             self.explain_denial = probe
         return denied
 
-    def _where(self, where: str) -> str:
-        return f"Redis at {where}" if where else self.topology.describe()
-
     def _unavailable(
         self, operation: str, why: str, where: str, started: float
     ) -> FilterUnavailableError:
-        place = self._where(where)
+        place = f"Redis at {where}" if where else self.topology.describe()
         message = Wording(
             "{place} could not {operation}: {why}. Retried for {waited:.1f} s"
             " ({BLOOMFILTER_RETRY_TIMEOUT} = {timeout:g} s).",
@@ -859,7 +760,7 @@ class Executor:
         return FilterUnavailableError(message, operation=operation, server=place)
 
     def _still_failing(self, operation: str, outage: _Outage, now: float) -> FilterUnavailableError:
-        place = self._where(outage.where)
+        place = f"Redis at {outage.where}" if outage.where else self.topology.describe()
         message = (
             f"{place} could not {operation}: still failing after {now - outage.since:.0f} s"
             f" ({outage.why}; tried again once a second meanwhile)."

@@ -1,12 +1,9 @@
 """One Redis server as the filter talks to it: a connection it owns, every reply accounted.
 
-A :class:`Node` keeps a ticket for every batch whose replies are owed, and hands a reply
-only to its own ticket. When anything fails between a send and its last reply, the
-connection is thrown away with everything owed on it, so no reply is read later as another
-command's; the caller learns whether the commands may have run (:class:`ReplyLostError`) or
-did not (:class:`NotSentError`). The connection has the client's settings, but redis-py's
-retries (the executor's job) and health checks (a PING while replies are owed would read
-one of them as its PONG) off.
+A :class:`Node` keeps a ticket for every batch whose replies are owed, and hands a reply only
+to its own ticket. When anything fails between a send and its last reply, the connection is
+thrown away with everything owed on it, so no reply is read later as another command's. The
+connection has the client's settings, but redis-py's retries and health checks off.
 """
 
 from __future__ import annotations
@@ -34,12 +31,10 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a connection may sit unused before a send first checks it is still open.
-IDLE_CHECK = 1.0
+IDLE_CHECK = 1.0  #: Seconds a connection may sit unused before a send checks it is open.
 #: Errors of the connection itself, after which it is thrown away.
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
-#: Replies that need no check (:func:`_replies`).
-_PLAIN = frozenset((bytes, int))
+_PLAIN = frozenset((bytes, int))  #: Replies that need no check (:func:`_replies`).
 #: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
 #: and -NOAUTH as ConnectionError subclasses, although they are replies.)
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
@@ -47,10 +42,7 @@ _PING = pack_command(b"PING")
 
 
 def _certificate_refused(exc: BaseException) -> bool:
-    """Tell whether a failed connect is a certificate that did not verify (not a fault).
-
-    (One the server refuses may only show as a closed connection (TLS 1.3): retried.)
-    """
+    """Tell whether a failed connect is a certificate that did not verify (not a fault)."""
     causes = [exc, exc.__cause__, exc.__context__]
     return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
         "CERTIFICATE_VERIFY_FAILED" in str(exc)
@@ -79,33 +71,19 @@ class RefusedError(TransportError):
 
 
 class TripCounter:
-    """Network round trips made to Redis by the nodes of one filter; and its failovers.
-
-    Each :meth:`Node.call` and :meth:`Node.send` counts one. Each node counts its own (no
-    lock on the hot path); :attr:`value` sums them. :attr:`on_moved` hears of a failover.
-    """
+    """Network round trips made to Redis by the nodes of one filter (each counts its own)."""
 
     def __init__(self) -> None:
-        self._nodes: list[Node] = []
-        self._lock = threading.Lock()
+        self.nodes: list[Node] = []  #: The nodes counted (each adds itself, under :attr:`lock`).
+        self.lock = threading.Lock()
         #: Told when a node's new connection reached another server (a failover).
         self.on_moved: Callable[[], None] | None = None
 
-    def register(self, node: Node) -> None:
-        """Count ``node``'s round trips in :attr:`value` (from any thread)."""
-        with self._lock:
-            self._nodes.append(node)
-
     @property
     def value(self) -> int:
-        """Round trips made so far by every node registered."""
-        with self._lock:
-            return sum(node.trips_made for node in self._nodes)
-
-    def moved(self) -> None:
-        """Report that a node now reaches another server than before (a failover)."""
-        if self.on_moved is not None:
-            self.on_moved()
+        """Round trips made so far by every node counted."""
+        with self.lock:
+            return sum(node.trips_made for node in self.nodes)
 
 
 @dataclass(slots=True, eq=False)
@@ -131,10 +109,8 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
     """Return what reads a connection's next ``count`` replies; an error reply as its exception.
 
-    Its parser's ``read_response``, when it has one: the connection's adds its checks to
-    every reply. With hiredis, straight from its reader: the parser spends ~1.2 µs of Python
-    on each reply, and a bulk call reads one per block (bench/NOTES.md). Its checks are made
-    here, on the replies that need them; when the reader has no whole reply, the parser reads.
+    With hiredis, straight from its reader: the parser spends ~1.2 µs of Python on each reply,
+    and a bulk call reads one per block (bench/NOTES.md). Its checks are made here instead.
     """
     parser: Any = getattr(connection, "_parser", None)
     read: Callable[[], Any] = functools.partial(connection.read_response, disconnect_on_error=False)
@@ -184,20 +160,16 @@ def _one_by_one(read: Callable[[], Any], count: int) -> list[Any]:
 
 
 class Node:
-    """A server at ``address`` (``host:port``, never a password), reached through ``factory``.
-
-    Not thread-safe: one per thread (:meth:`.topology.Topology.copy`); a forked child
-    makes its own connection.
-    """
+    """A server at ``address`` (``host:port``), reached through ``factory``. One per thread."""
 
     def __init__(
         self, address: str, factory: Callable[[], Any], trips: TripCounter | None = None
     ) -> None:
         self.address = address
         self.trips = trips if trips is not None else TripCounter()
-        #: Round trips made by this node (summed by :attr:`trips`).
-        self.trips_made = 0
-        self.trips.register(self)
+        self.trips_made = 0  #: Round trips made by this node (summed by :attr:`trips`).
+        with self.trips.lock:
+            self.trips.nodes.append(self)
         self._factory = factory
         self._connection: Any = None
         self._serial = 0
@@ -267,7 +239,8 @@ class Node:
                 peer,
                 self._peer,
             )
-            self.trips.moved()
+            if self.trips.on_moved is not None:
+                self.trips.on_moved()
         self._peer = peer
 
     def _stale(self) -> bool:
@@ -280,12 +253,7 @@ class Node:
     def send(
         self, payload: bytes | Sequence[bytes | memoryview], count: int, serial: int | None = None
     ) -> Ticket:
-        """Send ``count`` packed commands; return the ticket to read their replies with.
-
-        ``payload``: one string or pieces; ``serial``: only on that ticket's connection,
-        never a new one. Raises :class:`NotSentError` if the server cannot be reached or that
-        connection is gone, :class:`ReplyLostError` if it fails while sending.
-        """
+        """Send ``count`` packed commands (``serial``: only on that connection); return a ticket."""
         connection = self._connect()
         if serial is not None and serial != self._serial:
             raise NotSentError(self.address, "the connection the exchange began on was dropped")
@@ -301,10 +269,7 @@ class Node:
         return ticket
 
     def receive(self, ticket: Ticket) -> list[Any]:
-        """Read a ticket's replies (tickets in the order sent); an error reply as its exception.
-
-        Raises :class:`ReplyLostError` if their connection is gone or fails while reading.
-        """
+        """Read a ticket's replies (tickets in the order sent); an error reply as its exception."""
         read = self._read_replies
         if (
             self._connection is None
@@ -351,11 +316,7 @@ class Node:
         return reply
 
     def responds(self) -> bool:
-        """Tell whether the server answers a ``PING`` now, on a connection of its own.
-
-        Safe from another thread (the executor's watch). Any reply counts, an error reply too
-        (an ACL without ``PING``, a refused password, ``LOADING``): the server is there.
-        """
+        """Tell whether the server answers a ``PING`` (any reply), on a connection of its own."""
         connection = self._factory()
         try:
             connection.connect()
@@ -374,10 +335,7 @@ class Node:
         return self.receive(self.send(payload, count))
 
     def _broken(self, exc: BaseException) -> NoReturn:
-        """Throw the connection away after a failure between a send and its last reply.
-
-        :class:`ReplyLostError`, or an interrupt as it is; nothing owed is ever read later.
-        """
+        """Throw the connection away after a failure between a send and its last reply; raise."""
         self.abandon()
         if isinstance(exc, Exception):
             raise ReplyLostError(self.address, exc) from exc
@@ -391,11 +349,7 @@ class Node:
             connection.disconnect()
 
     def spare(self) -> Node:
-        """Return a node of the same server on a connection of its own, made on first use.
-
-        For overlapping exchanges: a bulk call's transaction sends its reads while the one
-        before it still holds ``WATCH``. Its round trips count in the same :attr:`trips`.
-        """
+        """Return a node of the same server on a connection of its own (overlapping exchanges)."""
         if self._spare is None:
             self._spare = Node(self.address, self._factory, self.trips)
         return self._spare

@@ -1,9 +1,8 @@
 """A Redis client of the primary a group of Sentinels names, followed through failovers.
 
-:class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so its queue and
-this filter share the primary (docs/howto/topologies.md). Each new connection asks the
-sentinels for the primary; unless ``retry`` is given, a command that meets a dead primary is
-retried for about :data:`FAILOVER_RETRIES` seconds, so the queue rides through a failover.
+:class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so its queue and this
+filter share the primary (docs/howto/topologies.md). Unless ``retry`` is given, a command that
+meets a dead primary is retried for about :data:`FAILOVER_RETRIES` seconds.
 """
 
 from __future__ import annotations
@@ -35,39 +34,26 @@ FAILOVER_RETRIES = 60
 class PrimaryConnection(SentinelManagedConnection):
     """A connection to the Sentinel's primary that follows it, even on a reconnect.
 
-    A primary whose replica was just promoted is not demoted yet; with
-    ``min-replicas-to-write`` it refuses writes (``NOREPLICAS``): this connection then drops
-    itself and raises ``ConnectionError``, so the command (not run) is retried on the new one.
+    An old primary that refuses writes (``NOREPLICAS``) makes it drop itself and raise
+    ``ConnectionError``, so the command (not run) is retried on the new one.
     """
 
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
     ) -> None:
-        """Connect to the primary the sentinels name now, when not connected.
-
-        redis-py 8 reconnects a dropped connection through here, to the address it had (the
-        old primary): ask the sentinels first, as ``connect()`` does.
-        """
+        """Connect to the primary the sentinels name now (redis-py 8 reconnects through here)."""
         if not self._sock:
             self.host, self.port = self.connection_pool.get_master_address()
-        self._connect_here(check_health, retry_socket_connect)
+        # The plain connection's connect, past SentinelManagedConnection's lookup.
+        Connection.connect_check_health(self, check_health, retry_socket_connect)
 
     def connect_to(self, address: tuple[str, int]) -> None:
         """Connect to ``address`` (the primary, just looked up by ``connect()``)."""
         self.host, self.port = address
-        self._connect_here(self.connection_pool.check_connection, False)
-
-    def _connect_here(self, check_health: bool, retry_socket_connect: bool) -> None:
-        # The plain connection's connect, past SentinelManagedConnection's lookup.
-        Connection.connect_check_health(
-            self, check_health=check_health, retry_socket_connect=retry_socket_connect
-        )
+        Connection.connect_check_health(self, self.connection_pool.check_connection, False)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        """Read a reply; turn ``NOREPLICAS`` or ``READONLY`` into a reconnect (see the class).
-
-        Also inside a script's error, where redis-py's own ``READONLY`` check cannot see it.
-        """
+        """Read a reply; turn ``NOREPLICAS`` or ``READONLY`` (also in a script) into a reconnect."""
         try:
             return super().read_response(*args, **kwargs)
         except ResponseError as exc:
@@ -87,12 +73,9 @@ class PrimarySSLConnection(PrimaryConnection, SSLConnection):
 class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
-    Usable as scrapy-redis's ``redis_cls`` (see :doc:`/howto/topologies`). ``sentinels``:
-    ``"host:port"`` strings or ``(host, port)`` pairs. ``sentinel_kwargs``: the arguments of
-    the connections to the sentinels (by default the primary's ``socket_*`` ones).
-    ``min_other_sentinels``: ignore a sentinel that sees fewer peers (one cut off may name a
-    stale primary). ``setting``: named in errors. Every other argument is the primary's, as
-    for ``redis.Redis``, but ``host``, ``port`` and ``url`` (the sentinels name it).
+    ``sentinels``: ``"host:port"`` strings or ``(host, port)`` pairs; ``sentinel_kwargs``: the
+    arguments of the connections to the sentinels; ``setting``: named in errors. Every other
+    argument is the primary's, as for ``redis.Redis``, but ``host``, ``port`` and ``url``.
     """
 
     def __init__(
@@ -117,20 +100,15 @@ class SentinelRedis(redis.Redis):
         client_params(setting, kwargs)
         given = dict(kwargs)
         if kwargs.get("retry_on_timeout") is True:
-            # scrapy-redis's default: what redis-py 6+ does anyway, and deprecates.
-            del kwargs["retry_on_timeout"]
+            del kwargs["retry_on_timeout"]  # scrapy-redis's default, deprecated by redis-py 6+
         kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
         # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
         )
-        connection_class = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
+        connection = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
         pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
-            service,
-            self.sentinel_manager,
-            is_master=True,
-            connection_class=connection_class,
-            **kwargs,
+            service, self.sentinel_manager, is_master=True, connection_class=connection, **kwargs
         )
         try:
             pool.connection_class(**pool.connection_kwargs)  # an unknown argument, now

@@ -1,14 +1,10 @@
-"""Where each of the filter's keys lives: one server, several servers, or a Redis Cluster.
-
-A topology turns a command's key, shard or server into the :class:`~.node.Node` to run it.
-"""
+"""Where each of the filter's keys lives: one server, several servers, or a Redis Cluster."""
 
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -35,52 +31,39 @@ def server_address(client: Any) -> str:
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
-class Topology(ABC):
+class Topology(Protocol):
     """Routes commands to nodes. Not thread-safe: use :meth:`copy` in another thread."""
 
-    #: Number of standalone servers the shards are spread over (1 for a cluster).
-    servers: int = 1
+    servers: int = 1  #: Number of standalone servers the shards are spread over (1 for a cluster).
     #: Whether one transaction may name several shards' keys (not in a cluster: CROSSSLOT).
     joint_transactions: bool = True
-    #: Round trips made by every node of this topology and of its copies.
-    trips: TripCounter
+    trips: TripCounter  #: Round trips made by every node of this topology and of its copies.
 
-    @abstractmethod
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:
         """Return the node for a command on ``key`` (of shard ``shard``), or on ``server``."""
 
-    @abstractmethod
     def primaries(self) -> list[Node]:
         """Return a node for every server that holds part of the filter."""
 
-    @abstractmethod
     def node_at(self, address: str) -> Node:
         """Return the node at ``host:port`` (a cluster's ``ASK`` redirection)."""
 
-    @abstractmethod
     def copy(self) -> Topology:
         """Return the same topology with nodes of its own (for another thread)."""
 
-    @abstractmethod
     def moved(self, address: str, reply: BaseException) -> None:
         """Handle a ``MOVED`` reply from the node at ``address``: follow it, or refuse."""
 
-    @abstractmethod
     def refresh(self) -> None:
         """Re-read where keys live, after a redirection or a failed node. Never raises."""
 
     def serves(self, node: Node) -> bool:
-        """Tell whether ``node`` still serves part of the filter (for the executor's watch).
-
-        A fixed list of servers always does (a Sentinel-managed one follows the primary).
-        """
+        """Tell whether ``node`` still serves part of the filter (a fixed list always does)."""
         return True
 
-    @abstractmethod
     def describe(self) -> str:
         """Say where the filter lives, as a noun phrase: addresses, never passwords."""
 
-    @abstractmethod
     def close(self) -> None:
         """Close every connection the nodes hold."""
 
@@ -178,17 +161,16 @@ class Cluster(Topology):
 
     def node_at(self, address: str) -> Node:
         """Return the node at ``address``, known to the slot map or not."""
-        node = self._nodes.get(address)
-        if node is None:
-            host, _, port = address.rpartition(":")
+        if address in self._nodes:
+            return self._nodes[address]
+        host, _, port = address.rpartition(":")
+        cluster_node = self.client.get_node(host=host, port=int(port))  # type: ignore[no-untyped-call]
+        if cluster_node is None:
+            self.refresh()
             cluster_node = self.client.get_node(host=host, port=int(port))  # type: ignore[no-untyped-call]
-            if cluster_node is None:
-                self.refresh()
-                cluster_node = self.client.get_node(host=host, port=int(port))  # type: ignore[no-untyped-call]
-            if cluster_node is None:
-                raise ValueError(f"{address} is not a node of the cluster")
-            node = self._node(cluster_node)
-        return node
+        if cluster_node is None:
+            raise ValueError(f"{address} is not a node of the cluster")
+        return self._node(cluster_node)
 
     def copy(self) -> Cluster:
         """Return the same cluster with connections of its own (slot map and trip count shared)."""
@@ -206,10 +188,7 @@ class Cluster(Topology):
             logger.debug("Could not refresh the cluster's slot map: %s", exc)
 
     def serves(self, node: Node) -> bool:
-        """Re-read the slot map; tell whether ``node`` is still one of its masters.
-
-        A replica that took a dead master's slots ends the watch of that master.
-        """
+        """Re-read the slot map; tell whether ``node`` is still one of its masters."""
         self.refresh()
         masters = self.client.get_primaries()  # type: ignore[no-untyped-call]  # untyped
         return any(f"{master.host}:{master.port}" == node.address for master in masters)

@@ -1,8 +1,4 @@
-"""Redis commands packed by hand (RESP), from templates.
-
-redis-py's ``execute_command`` and pipelines cost more Python per command than Redis spends
-running the filter's (bench/NOTES.md); the filter sends few kinds, packed here.
-"""
+"""Redis commands packed by hand (RESP): less Python per command than redis-py's."""
 
 from __future__ import annotations
 
