@@ -41,10 +41,7 @@ SHARD_ROLE = "its shards"
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """One command sent to learn whether the user may run it (``command``: its ACL name).
-
-    ``key``: the probe key it touches (``keyed`` false: is only routed by, as ``TIME``).
-    """
+    """A command (its ACL name) sent on a probe key (``keyed`` false: only routed by it)."""
 
     command: str
     argv: tuple[Arg, ...]
@@ -53,11 +50,7 @@ class Probe:
 
 
 def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
-    """Return the probe keys of ``key``'s families: ``KEY:acl-probe``, ``{KEY:acl-probe}:g0``.
-
-    They match ``KEY*`` and ``{KEY:*`` as the record and shards do; ``suffix`` (``-3``) moves
-    them to other cluster slots.
-    """
+    """Return ``KEY:acl-probe`` and ``{KEY:acl-probe}:g0`` (``suffix`` moves their slots)."""
     name = "acl-probe" if suffix == 0 else f"acl-probe-{suffix}"
     return f"{key}:{name}", f"{{{key}:{name}}}:g0"
 
@@ -65,8 +58,7 @@ def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
 def probes(record: str, shard: str) -> list[Probe]:
     """Return the commands that check every permission the filter needs, in sending order.
 
-    Each on the family it is used on; both probe keys deleted first (a probe cut short leaves
-    them) and last.
+    Each on its family's key, deleted first (a probe cut short leaves it) and last.
     """
     ttl = PROBE_TTL_MS
     return [
@@ -135,17 +127,10 @@ class _Target:
 
 
 def check_access(executor: Executor, topology: Topology, key: str) -> None:
-    """Check the Redis user may run every command the filter ``key`` needs, else raise.
-
-    AccessDeniedError names per server every refused command and key pattern, and the fix.
-    """
+    """Refuse (AccessDeniedError, naming the grants per server) a user the filter's ACL fails."""
     targets = _targets(topology, key)
-    calls: list[Call] = []
-    sent: list[tuple[_Target, Probe]] = []
-    for target in targets:
-        for probe in probes(target.record, target.shard):
-            calls.append(Call(pack_command(*probe.argv), key=probe.key, server=target.server))
-            sent.append((target, probe))
+    sent = [(target, probe) for target in targets for probe in probes(target.record, target.shard)]
+    calls = [Call(pack_command(*probe.argv), key=probe.key, server=t.server) for t, probe in sent]
     try:
         replies = executor.run(
             "check the Redis user's permissions", calls, write=True, timeout=0
@@ -169,7 +154,8 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
                 key,
             )
         elif kind == "key" and probe.keyed:
-            target.families[_family(key, probe.key, target.shard)] = None
+            family = f"~{{{key}:*" if probe.key == target.shard else f"~{key}*"
+            target.families[family] = None
         else:
             target.commands[probe.command] = None
     refused = [t for t in targets if t.commands or t.families]
@@ -218,11 +204,6 @@ def _user(connection_kwargs: Any) -> str:
     """Return the Redis user a client logs in as (``default`` without a username)."""
     username = connection_kwargs.get("username") if isinstance(connection_kwargs, dict) else None
     return str(username) if username else "default"
-
-
-def _family(key: str, probe_key: str, shard_probe: str) -> str:
-    """Return the ACL key pattern a probe key stands for: ``~{KEY:*`` or ``~KEY*``."""
-    return f"~{{{key}:*" if probe_key == shard_probe else f"~{key}*"
 
 
 def _error(key: str, refused: list[_Target]) -> AccessDeniedError:

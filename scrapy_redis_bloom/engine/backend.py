@@ -18,9 +18,8 @@ from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.engine.bitmap import shards as bitmap_shards
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.counters import Counters
-from scrapy_redis_bloom.engine.native import shards as native_shards
+from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
-from scrapy_redis_bloom.engine.native.parts import missing_bloom
 from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 
@@ -52,15 +51,12 @@ class BloomBackend(Protocol):
 def delete(parts: Parts, record: FilterRecord) -> int:
     """Delete the filter ``record`` describes, by its backend; return how many keys deleted."""
     if record.backend == "native":
-        return native_shards.delete(parts, record)
+        return native_parts.delete(parts, record)
     return bitmap_shards.delete(parts, record)
 
 
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
-    """Return the backend a filter uses: its record's, else per ``config.backend``.
-
-    ``native`` (the filter built natively) reads the record and probes the servers.
-    """
+    """Return the backend a filter uses: its record's, else per ``config.backend``."""
     record = native.parts.read_record()
     if record is not None:
         return record.backend if config.backend == "auto" else config.backend
@@ -68,7 +64,7 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
         return config.backend
     if config.sizing.blocked:  # asked for: a blocked filter is a bitmap layout
         return "bitmap"
-    missing = missing_bloom(native.executor, native.topology)
+    missing = native_parts.missing_bloom(native.executor, native.topology)
     if missing:
         logger.debug(
             "BLOOMFILTER_BACKEND = 'auto' picks bitmaps: Redis at %s has no BF.* commands.",
@@ -81,24 +77,17 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
 def make_filter(
     client: Any, key: str, config: BloomConfig, **options: Any
 ) -> RedisBloomFilter | NativeBloomFilter:
-    """Return the filter ``config`` asks for, of the backend :func:`choose` picks.
-
-    ``options``: the constructors' other arguments. :meth:`open` then checks as usual.
-    """
-    bloom: RedisBloomFilter | NativeBloomFilter
-    if config.backend == "bitmap":
-        bloom = RedisBloomFilter.from_config(client, key, config, **options)
-    else:
+    """Return the filter ``config`` asks for (``options``: the constructor's), not opened."""
+    bloom: RedisBloomFilter | NativeBloomFilter | None = None
+    if config.backend != "bitmap":
         native = NativeBloomFilter.from_config(client, key, config.for_native(), **options)
         try:
-            backend = choose(native, config)
-        except BaseException:
-            native.close()
-            raise
-        if backend == "native":
-            bloom = native
-        else:
-            native.close()
-            bloom = RedisBloomFilter.from_config(client, key, config, **options)
+            if choose(native, config) == "native":
+                bloom = native
+        finally:
+            if bloom is None:  # its connections are closed whatever went wrong
+                native.close()
+    if bloom is None:
+        bloom = RedisBloomFilter.from_config(client, key, config, **options)
     bloom.events.set("backend", bloom.backend)
     return bloom

@@ -64,11 +64,12 @@ def tag(element: str | bytes) -> int:
 
 
 class FilterBase:
-    """The part of a filter that does not depend on its backend."""
+    """The part of a filter that does not depend on its backend.
 
-    key: str
+    ``client``: a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients.
+    """
+
     record: FilterRecord | None
-    parts: Parts
     #: Opens and recovers the filter, given the backend's shards (set by :meth:`_setup`).
     lifecycle: Lifecycle
 
@@ -89,10 +90,6 @@ class FilterBase:
         expansion: int = 0,
         ttl: int = 0,
     ) -> None:
-        """Set up connections, parts, counters, near-cache; the arguments say what to create.
-
-        ``client``: a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients.
-        """
         self.key = key
         self.capacity = capacity
         self.topology = make_topology(client)
@@ -208,12 +205,9 @@ class FilterBase:
 
     def exists(self) -> bool:
         """Tell whether the filter's config record is in Redis."""
-        key = self.parts.meta_key
+        call = Call(pack_command(b"EXISTS", self.parts.meta_key), key=self.parts.meta_key)
         with self._lock:
-            (reply,) = self.parts.run(
-                "look for the filter", [Call(pack_command(b"EXISTS", key), key=key)]
-            )
-        return bool(reply)
+            return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
         """Close the filter's connections. It stays usable: they reopen on demand."""
@@ -237,9 +231,8 @@ class FilterBase:
     def sync_counters_if_due(self) -> None:
         """Sync the counts when due (for a timer: live totals while the worker waits)."""
         with self._lock:
-            if self.record is not None and self.counters.due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
+            if self.counters.due:
+                self.sync_counters()
 
     def lease(self, worker_id: str, ttl: float) -> WorkerLease:
         """Return this worker's lease, whose renewals tell the filter :attr:`workers`."""
@@ -252,12 +245,8 @@ class FilterBase:
             self.events,
             follows=self.executor,
         )
-        lease.on_workers = self._workers_live
+        lease.on_workers = functools.partial(setattr, self, "workers")  # from its thread
         return lease
-
-    def _workers_live(self, workers: int) -> None:
-        """Note how many workers hold a live lease (from the lease's thread)."""
-        self.workers = workers
 
     def live_workers(self) -> list[str]:
         """Return the ids (``host:pid:random``) of the workers holding a live lease."""
@@ -280,10 +269,7 @@ class FilterBase:
             return outcome.answers
 
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
-        """Add a few elements (a page's links) in one round trip per server.
-
-        As :meth:`check_and_add` each (a repeat is "seen"). For thousands, :meth:`add_many`.
-        """
+        """Add a page's links as :meth:`check_and_add` each, in one round trip per server."""
         answers = [True] * len(elements)
         with self._lock:
             todo = self._unknown(elements)

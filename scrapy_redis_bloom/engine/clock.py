@@ -65,10 +65,7 @@ class Clock:
 
 @dataclass
 class Known:
-    """What a scriptless windowed path knows of one shard: window, checks since a read, clock.
-
-    Extended by :mod:`.bitmap.stackpath` and :mod:`.native.ttl`.
-    """
+    """What a scriptless windowed path (:mod:`.stackpath`, :mod:`.native.ttl`) knows of a shard."""
 
     #: The window this is known for (-1 without windows).
     window: int = -1
@@ -78,11 +75,10 @@ class Known:
     def timed(
         self, replies: list[Any], asked: bool, sent_at: float, window: int, ttl: int
     ) -> tuple[float, list[Any]] | None:
-        """Return Redis's time at a round's reads and the replies after its ``TIME``.
+        """Return Redis's time at a round's reads (by its ``TIME`` if ``asked``) and the rest.
 
-        ``asked``: the round began with ``TIME`` (read; else the offset tells). None when the
-        round chose its keys by a window not Redis's or known now: the script then checks.
-        ValueError for a bad ``TIME`` reply.
+        None when the round chose its keys by a window not Redis's or known now: the script
+        then checks. ValueError for a bad ``TIME`` reply.
         """
         if asked:
             now, replies = self.clock.read(replies[0], sent_at), replies[1:]

@@ -72,10 +72,7 @@ class Counters:
         self._unsynced_added = self._unsynced_seen = 0
 
     def sync(self, parts: Parts, spec: FilterSpec) -> FilterTotals | None:
-        """Add the unsynced counts to ``KEY:count``; return the totals, None if Redis failed.
-
-        A Redis failure is logged (rate-limited), not raised; whatever fails, counts are kept.
-        """
+        """Add the unsynced counts to ``KEY:count``; return the totals (None: logged, kept)."""
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
         self._next_sync = time.monotonic() + SYNC_INTERVAL

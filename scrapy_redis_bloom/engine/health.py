@@ -63,26 +63,12 @@ class ServerHealth:
 
 
 def _info(reply: object) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in text(reply).splitlines():
-        name, sep, value = line.partition(":")
-        if sep and not name.startswith("#"):
-            fields[name.strip()] = value.strip()
-    return fields
-
-
-def product(fields: dict[str, str]) -> str:
-    """Name the server from its ``INFO server`` fields: ``Valkey 9.1.2``, ``Redis 7.0.15``."""
-    if fields.get("valkey_version"):
-        return f"Valkey {fields['valkey_version']}"
-    return f"Redis {fields.get('redis_version', '?')}"
+    lines = [line.partition(":") for line in text(reply).splitlines()]
+    return {name.strip(): value.strip() for name, sep, value in lines if sep and name[:1] != "#"}
 
 
 def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
-    """Read the version and memory figures of every server that holds the filter.
-
-    One attempt each: a silent server is reported by the command needing it, with retries.
-    """
+    """Read every server's version and memory (once: a silent one fails what needs it)."""
     found = []
     for i, node in enumerate(topology.primaries()):
         calls = [
@@ -102,6 +88,8 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
             continue
         fields = {**_info(replies[0]), **_info(replies[1])}
         version = tuple(int(p) for p in fields.get("redis_version", "0").split(".") if p.isdigit())
+        valkey = fields.get("valkey_version")
+        product = f"Valkey {valkey}" if valkey else f"Redis {fields.get('redis_version', '?')}"
         found.append(
             ServerHealth(
                 address=node.address,
@@ -111,7 +99,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 maxmemory=int(fields.get("maxmemory", 0)),
                 policy=fields.get("maxmemory_policy", ""),
                 system_memory=int(fields.get("total_system_memory", 0)),
-                product=product(fields),
+                product=product,
             )
         )
     return found
@@ -162,10 +150,7 @@ def check_room(
 
 
 def warn_risks(key: str, servers: list[ServerHealth], expiring: bool = False) -> int:
-    """Log what could cost the filter its data; return how many servers may evict it.
-
-    ``expiring``: the bits expire (``BLOOMFILTER_TTL``), so volatile-* policies count too.
-    """
+    """Log what could cost the filter its data; return how many servers may evict it."""
     evicting = 0
     for server in servers:
         if not server.known:

@@ -146,10 +146,7 @@ class WorkerLease:
                 self._failed("unclaim", what, exc)
 
     def start(self) -> int:
-        """Take the lease and renew it until :meth:`release`; return the other live workers.
-
-        Waits while another worker clears the filter: take it before opening the filter.
-        """
+        """Take the lease (first waiting out a clear) and renew it; return the other workers."""
         others = self.renew()
         if others == CLEARING:
             logger.info(

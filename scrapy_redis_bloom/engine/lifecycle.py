@@ -17,7 +17,7 @@ sorts out what is wrong:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from scrapy_redis_bloom.core import layout
@@ -53,10 +53,7 @@ def sample(shards: int, servers: int) -> range | list[int]:
 
 
 class Shards(Protocol):
-    """How a backend makes, checks and deletes shards; :class:`Lifecycle` decides when.
-
-    ``create`` and ``missing`` raise FilterDamagedError where a shard's key holds anything else.
-    """
+    """How a backend makes, checks and deletes shards; :class:`Lifecycle` decides when."""
 
     #: How messages name the filter: "Bloom filter", "native Bloom filter".
     noun: str
@@ -76,10 +73,10 @@ class Shards(Protocol):
         """Before a record is created: refuse what cannot be; return one restored, if any."""
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
-        """Create shards (``replace``: where found lost); return how many were made now."""
+        """Create shards (``replace``: where lost); return how many; refuse a foreign key."""
 
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
-        """Return the shards that are lost, with what stands in their place ("missing")."""
+        """Return the lost shards, with what stands in their place; refuse a foreign key."""
 
     def delete(self, record: FilterRecord) -> int:
         """Delete every part of the filter still its own, its record last; return how many."""
@@ -96,28 +93,26 @@ class Lifecycle:
         self.events = events
         self.key = self.parts.key
 
-    # -- opening ---------------------------------------------------------------------
-
-    def open(self, wanted: FilterRecord | None, create: bool = True) -> FilterRecord:
-        """Create the filter, or check it; return its record (its geometry to use).
-
-        ``wanted``: this worker's request (None: the record's; a missing filter then raises,
-        as with ``create`` false, :class:`~..errors.FilterMissingError`).
-        """
+    def open(self, wanted: FilterRecord, create: bool = True) -> FilterRecord:
+        """Create the filter ``wanted``, or check it; return its record (the geometry to use)."""
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
         self.shards.check_servers()
         record = self.parts.read_record()
         if record is None:
-            if not create or wanted is None:
+            if not create:
                 raise FilterMissingError(
                     f"There is no Bloom filter {self.key!r} (no config record"
                     f" {self.parts.meta_key!r}) on {self.topology.describe()}."
                 )
-            record = self._create(wanted, servers)
+            self.parts.spec = wanted.spec
+            # A server listed out of place is refused before anything is written.
+            markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
+            self.check_places(markers, wanted.servers)
+            restored = self.shards.prepare(wanted, servers, markers)
+            record = restored if restored is not None else self.parts.create_record(wanted)
         record = self._settle(record, wanted)
-        risk = health.warn_risks(self.key, servers, expiring=record.ttl > 0)
-        self.events.set("eviction_risk", risk)
+        self.events.set("eviction_risk", health.warn_risks(self.key, servers, record.ttl > 0))
         self._warn_seed_floor(record)
         return record
 
@@ -145,26 +140,12 @@ class Lifecycle:
             self.key,
         )
 
-    def _create(self, wanted: FilterRecord, servers: list[health.ServerHealth]) -> FilterRecord:
-        """Write a new filter's record (``creating``); return it, or one found or restored."""
-        self.parts.spec = wanted.spec
-        # A server listed out of place is refused before anything is written.
-        markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
-        self.check_places(markers, wanted.servers)
-        restored = self.shards.prepare(wanted, servers, markers)
-        return restored if restored is not None else self.parts.create_record(wanted)
-
-    def _settle(self, record: FilterRecord, wanted: FilterRecord | None) -> FilterRecord:
-        """Check a record against this worker's request; finish creating it, or verify it."""
-        if wanted is not None:
-            record.check(self.key, wanted)
+    def _settle(self, record: FilterRecord, wanted: FilterRecord) -> FilterRecord:
+        """Check a record against this worker's request; verify it, or finish creating it."""
+        record.check(self.key, wanted)
         self.parts.spec = record.spec
-        if record.state == "creating":
-            return self._finish_creation(record)
-        return self.verify(record, wanted)
-
-    def _finish_creation(self, record: FilterRecord) -> FilterRecord:
-        """Write every marker and shard of a record in state ``creating``; mark it ready."""
+        if record.state != "creating":
+            return self.verify(record, wanted)
         if record.servers > 1:
             self.check_markers(record, self.parts.markers(record.servers))
             self.parts.write_markers(record, range(record.servers))
@@ -180,9 +161,7 @@ class Lifecycle:
         )
         return record.ready()
 
-    # -- checking and recovering -------------------------------------------------------
-
-    def verify(self, record: FilterRecord, wanted: FilterRecord | None = None) -> FilterRecord:
+    def verify(self, record: FilterRecord, wanted: FilterRecord) -> FilterRecord:
         """Check every marker and a :func:`sample` of a ready filter's shards; recover.
 
         A sample keeps opening O(1); every check and add finds a lost shard anyway.
@@ -248,8 +227,8 @@ class Lifecycle:
         self,
         record: FilterRecord,
         shards: Iterable[int],
-        wanted: FilterRecord | None = None,
-        missing_markers: list[int] | None = None,
+        wanted: FilterRecord,
+        missing_markers: Sequence[int] = (),
     ) -> FilterRecord:
         """Sort out shards found lost or wrong (see the module's docstring); return the record."""
         current = self.parts.read_record()
@@ -277,7 +256,7 @@ class Lifecycle:
                 self.key,
             )
         lost_servers = sorted(
-            {i for i in (missing_markers or []) if any(s % record.servers == i for s in lost)}
+            {i for i in missing_markers if any(s % record.servers == i for s in lost)}
         )
         if lost and self.faults.on_loss == "raise":
             raise FilterDamagedError(
@@ -318,8 +297,6 @@ class Lifecycle:
                 self._list(record, lost),
             )
         return record
-
-    # -- messages ----------------------------------------------------------------------
 
     def _server(self, i: int) -> str:
         return self.topology.route(None, None, i).address

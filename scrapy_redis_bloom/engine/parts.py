@@ -131,17 +131,17 @@ class Parts:
         """Read the config record; None when there is none."""
         call = Call(pack_command(b"HGETALL", self.meta_key), key=self.meta_key)
         fields = pairs(self.run("read the filter's record", [call])[0])
-        return self._known(FilterRecord.parse(self.meta_key, fields)) if fields else None
+        return self._parse(fields) if fields else None
 
     def create_record(self, record: FilterRecord) -> FilterRecord:
         """Write ``record`` unless a record exists; return the record in Redis."""
         argv = [item for pair in record.fields().items() for item in pair]
         call = script_call(scripts.CREATE_RECORD, self.meta_key, *argv)
-        fields = pairs(self.run("create the filter's record", [call], write=True)[0])
-        return self._known(FilterRecord.parse(self.meta_key, fields))
+        return self._parse(pairs(self.run("create the filter's record", [call], write=True)[0]))
 
-    def _known(self, record: FilterRecord) -> FilterRecord:
-        """Note the capacity of a record read or written; return the record."""
+    def _parse(self, fields: dict[str, str]) -> FilterRecord:
+        """Parse the record read or written, noting its capacity."""
+        record = FilterRecord.parse(self.meta_key, fields)
         self.capacity = record.capacity
         return record
 
@@ -233,18 +233,11 @@ class Parts:
 
     def write_markers(self, record: FilterRecord, servers: Iterable[int]) -> None:
         """Write each listed server's marker (``<id> <i>/<n>``), where none exists."""
+        key = self.marker_key
         calls = [
-            Call(
-                pack_command(
-                    b"SET",
-                    self.marker_key,
-                    layout.server_marker(record.filter_id, i, record.servers),
-                    b"NX",
-                ),
-                key=self.marker_key,
-                server=i,
-            )
+            Call(pack_command(b"SET", key, marker, b"NX"), key=key, server=i)
             for i in servers
+            for marker in [layout.server_marker(record.filter_id, i, record.servers)]
         ]
         self.run("mark the filter's servers", calls, write=True)
 
@@ -258,13 +251,9 @@ class Parts:
     def marker_deletions(self, record: FilterRecord) -> list[Call]:
         """Return the calls deleting a multi-server filter's markers (none on one server)."""
         return [
-            self.delete_if_still(
-                self.marker_key,
-                "marker",
-                layout.server_marker(record.filter_id, i, record.servers),
-                server=i,
-            )
+            self.delete_if_still(self.marker_key, "marker", marker, server=i)
             for i in range(record.servers if record.servers > 1 else 0)
+            for marker in [layout.server_marker(record.filter_id, i, record.servers)]
         ]
 
     def delete(self, record: FilterRecord, shard_calls: list[Call]) -> int:

@@ -66,6 +66,7 @@ LAYOUT = declare(
 )
 
 
+@lru_cache(maxsize=64)
 def check_and_add(growth: Growth, one: bool = False) -> Script:
     """Return the script that checks (and adds) elements of one shard, for a geometry.
 
@@ -79,11 +80,6 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     the answer alone when nothing else is to report), or ``{MISMATCH, key}`` (nothing
     written). Adds go to the newest generation, started atomically once the one before is full.
     """
-    return Script(_check_and_add_source(growth, one))
-
-
-@lru_cache(maxsize=64)
-def _check_and_add_source(growth: Growth, one: bool) -> str:
     # Constants, scheme, generation 0's shortcut (one, no TTL), geometry, shared part, bits.
     first = growth.generations[0]
     parts = [LAYOUT, lua("scheme")]
@@ -101,7 +97,7 @@ def _check_and_add_source(growth: Growth, one: bool) -> str:
     else:
         parts.append(lua("shard"))
     parts.append(lua("one" if one else "many"))
-    return "".join(parts)
+    return Script("".join(parts))
 
 
 def geometry(growth: Growth) -> str:

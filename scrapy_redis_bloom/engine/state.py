@@ -90,7 +90,7 @@ def _rate(bits: int, k: int, ones: int, block: int) -> float:
     return false_positive_rate(bits, k, _items(bits, k, ones, block), block)
 
 
-def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
+def _items(bits: int, k: int, ones: int, block: int) -> float:
     """Items that set ``ones`` of ``bits`` bits: -(m/d) ln(1 - X/m); a lower bound when full.
 
     ``d``: distinct bits per item, k less those coinciding in a block (:func:`.distinct_bits`).
@@ -101,30 +101,27 @@ def _items(bits: int, k: int, ones: int, block: int = 0) -> float:
     return -bits / distinct * math.log1p(-min(ones, bits - 1) / bits)
 
 
-def read_state(parts: Parts, growth: Growth | None = None, memory: bool = True) -> FilterState:
-    """Count the bits set in every shard (and the memory Redis holds for them).
+def read_state(parts: Parts, growth: Growth) -> FilterState:
+    """Count the bits set in every shard and the memory Redis holds for them.
 
     A growing or forgetting filter takes two rounds: its generations (per window), their bits.
     """
-    if growth is not None and (growth.expansion or growth.ttl):
-        return _read_generations(parts, growth, memory)
+    if growth.expansion or growth.ttl:
+        return _read_generations(parts, growth)
     calls: list[Call] = []
     for shard in range(parts.spec.shards):
         key = parts.shard_key(shard)
         calls.append(Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard))
-        if memory:
-            calls.append(Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard))
+        calls.append(Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard))
     replies = parts.run("count the filter's bits", calls)
-    step = 2 if memory else 1
-    per_shard = tuple(int(reply) for reply in replies[::step])
-    used = sum(int(reply or 0) for reply in replies[1::2]) if memory else 0
+    per_shard = tuple(int(reply) for reply in replies[::2])
     spec = parts.spec
-    capacity = growth.generations[0].capacity if growth is not None else 0
+    capacity = growth.generations[0].capacity
     first = _generation(0, spec.shard_bits, spec.hash_count, spec.block_bits, capacity, per_shard)
     return FilterState(
         spec=spec,
         bits_set=sum(per_shard),
-        memory_bytes=used,
+        memory_bytes=sum(int(reply or 0) for reply in replies[1::2]),
         bits_set_per_shard=per_shard,
         estimated_items=first.estimated_items,
         generations=(first,),
@@ -147,7 +144,7 @@ def _generation(
     )
 
 
-def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState:
+def _read_generations(parts: Parts, growth: Growth) -> FilterState:
     gens = growth.generations
     shards = parts.spec.shards
     record_windows = parts.live_windows(growth.ttl) if growth.ttl else []
@@ -180,12 +177,11 @@ def _read_generations(parts: Parts, growth: Growth, memory: bool) -> FilterState
         Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard)
         for shard, _, key in keys
     ]
-    if memory:
-        anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
-        calls += [
-            Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
-            for shard, key in [*((shard, key) for shard, _, key in keys), *anchors]
-        ]
+    anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
+    calls += [
+        Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
+        for shard, key in [*((shard, key) for shard, _, key in keys), *anchors]
+    ]
     replies = parts.run("count the filter's bits", calls)
     ones = [int(reply) for reply in replies[: len(keys)]]
     used = sum(int(reply or 0) for reply in replies[len(keys) :])

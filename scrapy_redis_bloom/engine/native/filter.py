@@ -30,9 +30,9 @@ from scrapy_redis_bloom.engine.base import FilterBase, Outcome
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
-from scrapy_redis_bloom.engine.native.shards import Blooms
+from scrapy_redis_bloom.engine.native.parts import Blooms
 from scrapy_redis_bloom.engine.state import FilterState
-from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.executor import Call, error_text
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,7 @@ _INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
 
 
 class NativeBloomFilter(FilterBase):
-    """A Bloom filter kept as server-side Bloom filters (``BF.*``), one per shard.
-
-    :class:`.filter.RedisBloomFilter`'s interface; of ``spec`` only the shard count is used.
-    """
+    """:class:`.RedisBloomFilter`'s interface on ``BF.*``; of ``spec`` only its shard count."""
 
     backend: Backend = "native"
 
@@ -87,8 +84,8 @@ class NativeBloomFilter(FilterBase):
     @property
     def shard_keys(self) -> list[str]:
         """The keys of every shard, in shard order."""
-        filter_id = self._current().filter_id
-        return [native_parts.shard_key(self.key, s, filter_id) for s in range(self.spec.shards)]
+        self._current()
+        return [key for key, _ in self._heads]
 
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
@@ -110,10 +107,9 @@ class NativeBloomFilter(FilterBase):
         """Pack ``BF.INSERT key NOCREATE ITEMS``, ``BF.MEXISTS key`` or the TTL script's call."""
         if record.ttl:
             rate, capacity, _ = native_parts.reserve_arguments(record)
-            recreate = self.faults.on_loss == "recreate"
-            args = native_ttl.check_arguments(
-                record.ttl, rate, capacity, record.expansion, recreate, write
-            )
+            recreate = b"1" if self.faults.on_loss == "recreate" else b"0"
+            mode = b"w" if write else b"r"
+            args = (record.ttl, repr(rate), capacity, record.expansion, recreate, mode)
             sha = native_ttl.CHECK.sha
             return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
         verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
@@ -124,10 +120,7 @@ class NativeBloomFilter(FilterBase):
         return native_parts.estimate(self._current(), items)
 
     def state(self, shards: list[int] | None = None) -> FilterState:
-        """Read items, sub-filters and memory of every shard, or ``shards`` (``BF.INFO``).
-
-        With a TTL, of each live re-crawl window (an element in both is counted twice).
-        """
+        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``)."""
         with self._lock:
             record = self._current()
             chosen = range(record.spec.shards) if shards is None else shards
@@ -263,7 +256,7 @@ class NativeBloomFilter(FilterBase):
                 f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
                 " recovery."
             )
-        if native_parts.is_full(error):
+        if "full" in error_text(error):
             self.events.count("full")
             return BloomFilterError(
                 f"Shard {key!r} of the native Bloom filter {self.key!r} is full: it was created"

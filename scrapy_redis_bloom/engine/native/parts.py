@@ -5,6 +5,7 @@ Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter
 worker on a reset filter's keys finds its shard missing). Shards are made by ``BF.RESERVE``
 (:func:`reserve_arguments`), never by the hot path, whose ``BF.INSERT ... NOCREATE``
 answers ``ERR not found`` for a missing one, which ``BLOOMFILTER_ON_LOSS`` handles.
+:class:`Blooms` is the :class:`~..lifecycle.Shards` of :class:`.filter.NativeBloomFilter`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from scrapy_redis_bloom.core.errors import UnsupportedServerError
+from scrapy_redis_bloom.core.errors import FilterDamagedError, UnsupportedServerError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import native_geometry
-from scrapy_redis_bloom.engine.parts import Parts, pairs, text
+from scrapy_redis_bloom.engine import health
+from scrapy_redis_bloom.engine.lifecycle import named
+from scrapy_redis_bloom.engine.native import ttl as native_ttl
+from scrapy_redis_bloom.engine.parts import Parts, pairs, script_call, text
 from scrapy_redis_bloom.engine.state import FilterState, GenerationState
 from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
 from scrapy_redis_bloom.transport.topology import Topology
@@ -34,8 +37,6 @@ INSTALL_HINT = (
     "Redis 8 (Bloom filters built in), Redis Stack, the RedisBloom module, or Valkey with"
     " valkey-bloom"
 )
-
-
 _ERROR_RATE = re.compile(r"(?:^| )error_rate=([0-9.e+-]+)(?: |$)")
 
 
@@ -49,27 +50,12 @@ def is_not_found(reply: object) -> bool:
     return isinstance(reply, BaseException) and error_text(reply).endswith("not found")
 
 
-def is_full(reply: object) -> bool:
-    """Tell whether an error reply says a non-scaling filter is full."""
-    return isinstance(reply, BaseException) and "full" in error_text(reply)
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """One sub-filter a shard's scalable Bloom filter has or may add (its "generation")."""
+class Link(NamedTuple):
+    """A sub-filter a shard has or may add (its "generation"), as RedisBloom sizes it."""
 
     capacity: int
-    error_rate: float
-
-    @property
-    def bits(self) -> int:
-        """Bits RedisBloom gives it (:func:`.sizing.native_geometry`)."""
-        return native_geometry(self.capacity, self.error_rate)[0]
-
-    @property
-    def hash_count(self) -> int:
-        """Hash functions RedisBloom gives it (:func:`.sizing.native_geometry`)."""
-        return native_geometry(self.capacity, self.error_rate)[1]
+    bits: int
+    hash_count: int
 
 
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
@@ -94,18 +80,16 @@ def links(record: FilterRecord, count: int) -> list[Link]:
     """Return the first ``count`` sub-filters of a shard, as RedisBloom sizes them."""
     rate, capacity, _ = reserve_arguments(record)
     if not record.expansion:
-        return [Link(capacity, rate)]
+        return [Link(capacity, *native_geometry(capacity, rate))]
     return [
-        Link(capacity * record.expansion**g, rate * NATIVE_TIGHTENING ** (g + 1))
+        Link(n, *native_geometry(n, rate * NATIVE_TIGHTENING ** (g + 1)))
         for g in range(count)
+        for n in [capacity * record.expansion**g]
     ]
 
 
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
-    """Return the addresses of the servers (cluster masters) that have no ``BF.INSERT``.
-
-    Refusing ``COMMAND INFO`` (an ACL) counts as lacking it; silence raises.
-    """
+    """Return the servers (cluster masters) without ``BF.INSERT`` (or refusing to say)."""
     nodes = topology.primaries()
     calls = [
         Call(pack_command(b"COMMAND", b"INFO", b"BF.INSERT"), server=i) for i in range(len(nodes))
@@ -118,17 +102,6 @@ def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
     ]
 
 
-def require_bloom(executor: Executor, topology: Topology, key: str) -> None:
-    """Refuse servers without ``BF.*``, naming them and what to install."""
-    missing = missing_bloom(executor, topology)
-    if missing:
-        raise UnsupportedServerError(
-            f"BLOOMFILTER_BACKEND = 'native' needs Bloom filter commands (BF.*) on every server"
-            f" of the filter {key!r}, and Redis at {', '.join(missing)} has none: install"
-            f" {INSTALL_HINT}, or set BLOOMFILTER_BACKEND = 'bitmap' (or 'auto')."
-        )
-
-
 def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
     """Return the Redis type of each ``(shard, key)`` (``none`` when missing)."""
     calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard) for shard, key in keys]
@@ -136,10 +109,7 @@ def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
 
 
 def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str]]) -> FilterState:
-    """Read every shard's ``BF.INFO`` and ``MEMORY USAGE``: items, sub-filters, memory.
-
-    Each sub-filter's bits set and rate are estimated by :func:`links`; all but the last full.
-    """
+    """Read each shard's ``BF.INFO`` and ``MEMORY USAGE``; :func:`links` estimates the rest."""
     order = list(keys)
     calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in order]
     calls += [
@@ -211,3 +181,100 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
         fpr=clear / max(1, len(shards)),
         total_bits=sum(gen.bits for gen in generations) or record.spec.bits,
     )
+
+
+class Blooms:
+    """A ``BF.RESERVE``'d filter per shard (with a TTL, its anchor: :mod:`.native.ttl`).
+
+    A shard's name carries its filter's id: missing, it is lost; another type is foreign.
+    """
+
+    noun = "native Bloom filter"
+
+    def __init__(self, parts: Parts, topology: Topology) -> None:
+        self.parts = parts
+        self.topology = topology
+
+    def shard_key(self, record: FilterRecord, shard: int) -> str:
+        """Return the key of a shard's Bloom filter (or its anchor, with a TTL)."""
+        return shard_key(self.parts.key, shard, record.filter_id)
+
+    def check_servers(self) -> None:
+        """Refuse servers without ``BF.*``, naming them and what to install."""
+        missing = missing_bloom(self.parts.executor, self.topology)
+        if missing:
+            raise UnsupportedServerError(
+                "BLOOMFILTER_BACKEND = 'native' needs Bloom filter commands (BF.*) on every"
+                f" server of the filter {self.parts.key!r}, and Redis at {', '.join(missing)}"
+                f" has none: install {INSTALL_HINT}, or set BLOOMFILTER_BACKEND"
+                " = 'bitmap' (or 'auto')."
+            )
+
+    def prepare(
+        self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
+    ) -> FilterRecord | None:
+        """Nothing to clear: a new filter's shards are named by its new id."""
+        return None
+
+    def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
+        """Create shards by ``BF.RESERVE`` (or anchors; any there must be ours); return how many."""
+        order = [(shard, self.shard_key(record, shard)) for shard in shards]
+        rate, capacity, options = reserve_arguments(record)
+        reserve = (repr(rate), capacity, *options)
+        calls = [
+            script_call(native_ttl.CREATE_ANCHOR, key, shard=shard)
+            if record.ttl
+            else Call(pack_command(b"BF.RESERVE", key, *reserve), key=key, shard=shard)
+            for shard, key in order
+        ]
+        replies = self.parts.executor.run("create the filter's shards", calls, write=True).replies
+        existing = [
+            shard
+            for (shard, _), reply in zip(order, replies, strict=True)
+            if (isinstance(reply, BaseException) and "exists" in str(reply))
+            or (record.ttl and reply != b"created")
+        ]
+        for (shard, key), reply in zip(order, replies, strict=True):
+            if isinstance(reply, BaseException) and shard not in existing:
+                raise self.parts.refusal(reply, key, "create the filter's shards")
+        self.missing(record, existing)
+        return len(order) - len(existing)
+
+    def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards whose key is missing; refuse any key of another type."""
+        keys = [(shard, self.shard_key(record, shard)) for shard in shards]
+        ours = ("none", "string" if record.ttl else NATIVE_TYPE)
+        found = dict(zip([s for s, _ in keys], types(self.parts, keys), strict=True))
+        foreign = {shard: f"a {kind}" for shard, kind in found.items() if kind not in ours}
+        if foreign:
+            raise FilterDamagedError(
+                f"Where the native Bloom filter {self.parts.key!r} keeps its shards, Redis holds"
+                f" {named(self.topology, lambda s: self.shard_key(record, s), foreign)}. It is"
+                " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
+            )
+        return {shard: "missing" for shard, kind in found.items() if kind == "none"}
+
+    def delete(self, record: FilterRecord) -> int:
+        """Delete the filter's parts, each only if still its own (see :func:`delete`)."""
+        return delete(self.parts, record)
+
+
+def delete(parts: Parts, record: FilterRecord) -> int:
+    """Delete a native filter's parts, each only if still its own; return how many keys.
+
+    A shard key only while of its type (a Bloom filter; with a TTL an anchor string, and the
+    windows that may exist); then the counters and server markers; the record last.
+    """
+    windows = parts.windows(record)  # with a TTL: those whose keys may exist now
+    typed = [
+        (key, shard, "string" if record.ttl else NATIVE_TYPE)
+        for shard in range(record.spec.shards)
+        for key in [shard_key(parts.key, shard, record.filter_id)]
+    ]
+    typed += [
+        (native_ttl.window_key(key, w), shard, NATIVE_TYPE)
+        for key, shard, _ in list(typed)
+        for w in windows
+    ]
+    script = native_ttl.DELETE_TYPED
+    return parts.delete(record, [script_call(script, k, kind, shard=s) for k, s, kind in typed])

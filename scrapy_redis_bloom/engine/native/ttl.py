@@ -32,9 +32,10 @@ WINDOW_LOST = -3
 #: Flag: a lost window was passed over (``BLOOMFILTER_ON_LOSS = "recreate"``).
 RECREATED = 1
 
-#: Check (and add) items in a shard's live windows. ``KEYS[1]`` the anchor; ARGV:
-#: :func:`check_arguments`, then the items. Reply: ``{flags, answer...}`` (1: seen in a
-#: live window), or ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
+#: Check (and add) items in a shard's live windows. ``KEYS[1]`` the anchor; ARGV: TTL, rate,
+#: capacity, expansion (0: NONSCALING), recreate ``1``/``0``, ``w``/``r``, then the items.
+#: Reply: ``{flags, answer...}`` (1: seen in a live window), or ``{ANCHOR_LOST}``,
+#: ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
 CHECK = Script(
     declare(ANCHOR_LOST=ANCHOR_LOST, FOREIGN=FOREIGN, WINDOW_LOST=WINDOW_LOST, RECREATED=RECREATED)
     + lua("windows")
@@ -51,20 +52,6 @@ DELETE_TYPED = Script(lua("delete_typed"))
 def window_key(anchor: str, window: int) -> str:
     """Return the key of a shard's window ``window`` (``anchor`` the shard's key)."""
     return f"{anchor}:w{window}"
-
-
-def check_arguments(
-    ttl: int, rate: float, capacity: int, expansion: int, recreate: bool, write: bool
-) -> tuple[Any, ...]:
-    """Return :data:`CHECK`'s arguments before the items (expansion 0: NONSCALING)."""
-    return (
-        ttl,
-        repr(rate),
-        capacity,
-        expansion,
-        b"1" if recreate else b"0",
-        b"w" if write else b"r",
-    )
 
 
 #: What a read round decided (see :meth:`Windows.judge`).
