@@ -1,35 +1,27 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-Elements are read in batches of :data:`BATCH`, hashed and grouped per shard (with numpy
-at once, else in Python: :class:`.local.Located`). A shard with enough of a batch's
-elements answers them through a snapshot (:mod:`.snapshot`): its bytes (whole, or for a
-blocked filter only the 64-byte blocks its elements touch) read under ``WATCH``, the
-answers computed in Python (:mod:`.local`), the new bits and a growing shard's count
-written back in one ``MULTI``/``EXEC``, which does nothing if another client wrote to
-the shard meanwhile. "Enough", and whole or by blocks, weigh each path's cost
-(:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). A growing shard takes
-snapshots while it has one generation, below
-:attr:`.generations.Growth.scriptless_limit`; a grown shard, and every shard of a
-filter that forgets (TTL), takes a stack (:mod:`.stacks`) over all the keys its
-elements may be in. Elements of the other shards, and of every snapshot or stack not
-taken (the shard changed, is lost or odd, a window nears its end, a connection failed,
-an ACL refused it), go through the chunks. Snapshot transactions overlap two at a time
-(:meth:`Bulk._take_overlapped`).
+Elements are read in batches, hashed and grouped per shard (:class:`.local.Located`). A
+shard with enough of a batch's elements answers them through a snapshot
+(:mod:`.snapshot`); a grown shard, or any shard of a filter that forgets, through a stack
+(:mod:`.stacks`). "Enough", and whole or by blocks, weigh each path's cost
+(:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). Snapshot transactions overlap
+two at a time (:meth:`Bulk._take_overlapped`). Elements of the other shards, and of every
+snapshot or stack not taken (the shard changed, is lost or odd, a window nears its end,
+a connection failed, an ACL refused it), go through the chunks.
 
-Chunks: :data:`CHUNK` elements hashed and grouped per shard; per shard a ``GETRANGE``
-of its identity, then ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of
-about :data:`COMMAND_BITS` bits. BITFIELD is atomic and replies the old bits, so "were
-all k bits already set" is check-and-add's answer (~0.2 µs of Redis time per bit against
-~1 µs for a Lua ``redis.call``). A filter that grows or forgets sends check-and-add
-script calls of :data:`PER_SCRIPT` elements instead (only the script crosses the growth
-boundary). Chunk n+1 is sent before chunk n's replies are read.
+Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
+``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
+:data:`COMMAND_BITS` bits: atomic, replying the old bits, so "were all k bits already
+set" is check-and-add's answer (~0.2 µs of Redis time per bit against ~1 µs for a Lua
+``redis.call``). A filter that grows or forgets sends script calls of :data:`PER_SCRIPT`
+elements instead (only the script crosses the growth boundary). Chunk n+1 is sent before
+chunk n's replies are read.
 
-A shard whose identity did not match answers "not there" for the chunk's elements in
-it (its BITFIELD may have written into a lost shard's place), is recovered, and those
-elements are added again. A failed command is run again through the executor; if it
-was a write that may have run (a chunk's, or a snapshot's ``EXEC``), its elements answer
-"new" (ambiguous). If the iterable raises, or anything else interrupts the work, the
-connections with replies still owed are thrown away.
+A shard whose identity did not match answers "not there" for the chunk's elements in it
+(its BITFIELD may have written into a lost shard's place), is recovered, and those
+elements are added again. A failed command is run again through the executor; a write
+that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous). If
+anything interrupts the work, the connections with replies still owed are thrown away.
 """
 
 from __future__ import annotations
@@ -44,17 +36,14 @@ from typing import Any
 import mmh3
 from redis.utils import HIREDIS_AVAILABLE
 
-from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
-    BloomFilterError,
     FilterDamagedError,
     FilterUnavailableError,
 )
 from scrapy_redis_bloom.core.generations import Growth, seed_arguments
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
-from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine.base import Outcome
 from scrapy_redis_bloom.engine.bitmap.local import BLOCK_BYTES, HAVE_NUMPY, Located
 from scrapy_redis_bloom.engine.bitmap.snapshot import Pending, Taken, Target, begin, finish, take
@@ -62,7 +51,7 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import answer as answer_reads
 from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_stacks
 from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
-from scrapy_redis_bloom.engine.parts import Parts, pairs
+from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.scripts import MISMATCH
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, Session, classify
 from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
@@ -122,7 +111,10 @@ class ScriptHooks:
     ``active()``: whether the filter is such a filter now; ``script()``: the check-and-add
     script; ``head(shard, write, n)``: the packed start of a call over n elements;
     ``note(shard, flags, generations)``: report what a call did beside answering;
-    ``mismatch(shard, shard_key, bad_key)``: sort out a part a call found wrong.
+    ``mismatch(shard, shard_key, bad_key)``: sort out a part a call found wrong;
+    ``scriptless()``: :attr:`.generations.Growth.scriptless_limit` of a filter that grows
+    but does not forget (its one-generation shards take snapshots too; 0: the script
+    always); ``growth()``: the filter's growth, for the stacks (:mod:`.stacks`).
     """
 
     active: Callable[[], bool]
@@ -130,11 +122,8 @@ class ScriptHooks:
     head: Callable[[int, bool, int], bytes]
     note: Callable[[int, int, int], None]
     mismatch: Callable[[int, str, object], None]
-    #: :attr:`.generations.Growth.scriptless_limit` of a filter that grows but does not
-    #: forget (its one-generation shards take snapshots too); None or 0: the script always.
-    scriptless: Callable[[], int] | None = None
-    #: The filter's growth, for the stacks (:mod:`.stacks`); None: read from the record.
-    growth: Callable[[], Growth] | None = None
+    scriptless: Callable[[], int]
+    growth: Callable[[], Growth]
 
 
 #: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
@@ -157,6 +146,8 @@ class _Command:
 class _Chunk:
     write: bool
     elements: Sequence[str | bytes]
+    #: Values per element in its commands' replies: k old bits, or the script's one answer.
+    k: int
     #: Per shard: its elements' positions in the chunk, and their k offsets (or seeds) each.
     groups: dict[int, tuple[list[int], list[Any]]]
     #: Per node: the executor's session on it and its commands, in sending order.
@@ -181,7 +172,7 @@ class Bulk:
         identity: Callable[[int], bytes],
         recover: Callable[[Iterable[int]], None],
         allow: bool,
-        hooks: ScriptHooks | None = None,
+        hooks: ScriptHooks,
     ) -> None:
         self.topology = topology
         self.executor = executor
@@ -192,7 +183,6 @@ class Bulk:
         self.hooks = hooks
         self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
         self._grown: set[int] = set()  # shards found grown: their batches go to stacks
-        self._growth: tuple[bytes, Growth] | None = None  # (shard 0's identity, growth)
         self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
         self._wire = WireCost(executor)
 
@@ -207,15 +197,14 @@ class Bulk:
             return self._run_chunks(write, elements)
         outcome = Outcome()
         remaining = iter(elements)
-        while batch := list(itertools.islice(remaining, self._batch_size())):
+        while batch := list(itertools.islice(remaining, batch_size(self.spec, self._least(False)))):
             self._run_batch(write, batch, outcome)
         return outcome
 
     def _least(self, scripted: bool) -> int:
-        """Return the fewest elements of a shard it answers through a snapshot.
+        """Return the fewest elements of a shard worth a snapshot (against the script, or BITFIELD).
 
-        ``scripted``: the other path is the script, else BITFIELD. A blocked shard may be
-        read by its elements' blocks alone, so pays off from a few elements on.
+        A blocked shard may be read by its elements' blocks alone: from a few elements on.
         """
         spec = self.spec
         each = SCRIPT_NS_PER_ELEMENT if scripted else BITFIELD_NS_PER_BIT * spec.hash_count
@@ -233,26 +222,23 @@ class Bulk:
         whole = (SNAPSHOT_NS_PER_BYTE + 2 * extra) * spec.shard_bytes
         return whole < (BLOCKS_NS_PER_ELEMENT + BLOCK_WIRE_BYTES * extra) * count
 
-    def _batch_size(self) -> int:
-        """Return the elements to read next (:func:`batch_size`)."""
-        return batch_size(self.spec, self._least(False))
-
     def _run_batch(
         self, write: bool, batch: list[str | bytes], outcome: Outcome, defer: bool = True
     ) -> None:
         """Run a batch: snapshots for the shards with many of its elements, chunks for the rest.
 
-        Shards touch different bits, so each shard's elements may be answered apart. A
-        shard full to its scriptless limit gives the script only the elements that may
-        take it to its capacity; with ``defer``, its others run after as a batch of
-        their own.
+        Shards touch different bits, so each shard's elements may be answered apart. A shard
+        full to its limit gives the script only the elements that may take it to its
+        capacity; with ``defer``, its others run after as a batch of their own.
         """
-        mode = self._snapshot_mode()
+        # Snapshots: a filter that neither grows nor forgets, or below its scriptless limit.
+        active = self.hooks.active()
+        limit = (self.hooks.scriptless() or None) if active else None
+        snapshots = not active or limit is not None
         growth = self._stack_growth()
-        if mode is None and growth is None:
+        if not snapshots and growth is None:
             _merge(outcome, self._run_chunks(write, batch))
             return
-        limit = mode[0] if mode is not None else None
         located = Located(batch, self.spec, HAVE_NUMPY)
         groups = located.crowded(self._least(limit is not None or growth is not None))
         if not groups:
@@ -263,7 +249,7 @@ class Bulk:
         # A shard known grown (and every shard with windows) goes to the stacks at once;
         # the others to the snapshot of one key, which gives back those found grown.
         cuts: dict[int, int] = {}
-        fresh = {s: p for s, p in groups.items() if s not in self._grown} if mode else {}
+        fresh = {s: p for s, p in groups.items() if s not in self._grown} if snapshots else {}
         results = self._snapshots_of(fresh, located, write, limit)
         if growth is not None:
             handed = {s: p for s, p in groups.items() if s not in fresh}
@@ -275,11 +261,9 @@ class Bulk:
             results = [r for r in results if r[0] not in handed]
             stacked, cuts = self._stacks_of(growth, handed, located, write)
             results += stacked
-        deferred: list[int] = []
-        if growth is not None and defer:
-            for s, cut in cuts.items():
-                deferred += [int(p) for p in groups[s][cut:]]
-            deferred.sort()
+        deferred = (
+            sorted(int(p) for s, cut in cuts.items() for p in groups[s][cut:]) if defer else []
+        )
         for _, positions, taken in results:
             if taken.answers is None:
                 if taken.ambiguous:
@@ -297,73 +281,37 @@ class Bulk:
             others = [p for p in others if p not in later]
         if others:
             second = self._run_chunks(write, [batch[p] for p in others])
-            for position, answer in zip(others, second.answers, strict=True):
-                if answer and position in doubtful:
-                    answer = False  # the bits may be this batch's own, from a lost EXEC
+            for n, position in enumerate(others):
+                if second.answers[n] and position in doubtful:
+                    second.answers[n] = False  # the bits may be this batch's own, from a lost EXEC
                     second.ambiguous += 1
                     if write:
                         second.seen -= 1
                         second.added += 1
-                answers[position] = answer
-            second.answers = []
-            _merge(outcome, second)
+            _merge(outcome, second, answers, others)
         if deferred:  # after the script took their shards' first elements over the boundary
             third = Outcome()
             self._run_batch(write, [batch[p] for p in deferred], third, defer=False)
-            for position, answer in zip(deferred, third.answers, strict=True):
-                answers[position] = answer
-            third.answers = []
-            _merge(outcome, third)
+            _merge(outcome, third, answers, deferred)
         outcome.answers.extend(answers)
 
     def _stack_growth(self) -> Growth | None:
         """Return the growth of a filter that grows or forgets, when its stacks may be taken."""
-        hooks = self.hooks
-        if not LAYERED or not self._snapshots or hooks is None or not hooks.active():
+        if not LAYERED or not self._snapshots or not self.hooks.active():
             return None
-        growth = hooks.growth() if hooks.growth is not None else self._record_growth()
-        return growth if growth is not None and (growth.expansion or growth.ttl) else None
-
-    def _record_growth(self) -> Growth | None:
-        """Read the growth of the filter in use from its record (None: not this filter's)."""
-        identity = self.identity(0)
-        if self._growth is not None and self._growth[0] == identity:
-            return self._growth[1]
-        call = Call(pack_command(b"HGETALL", self.parts.meta_key), key=self.parts.meta_key)
-        try:
-            fields = pairs(self.executor.run("read the filter's record", [call]).replies[0])
-            record = FilterRecord.parse(self.parts.meta_key, fields) if fields else None
-        except BloomFilterError:
-            return None
-        if record is None or record.spec != self.spec:
-            return None
-        if layout.identity(record.filter_id, 0, record.spec.hash_count) != identity:
-            return None
-        self._growth = identity, record.growth
-        return record.growth
-
-    def _snapshot_mode(self) -> tuple[int | None] | None:
-        """Whether snapshots may be taken now: None if not, else (the scriptless limit,).
-
-        The limit is None for a filter that neither grows nor forgets.
-        """
-        hooks = self.hooks
-        if hooks is None or not hooks.active():
-            return (None,)
-        limit = hooks.scriptless() if hooks.scriptless is not None else None
-        return (limit,) if limit else None
+        growth = self.hooks.growth()
+        return growth if growth.expansion or growth.ttl else None
 
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
     ) -> list[tuple[int, Any, Taken]]:
         """Take the snapshots of a batch's crowded shards; return (shard, positions, taken).
 
-        Shards go together per node (:func:`.snapshot.take`), up to :data:`JOINT_BYTES`;
-        when another client wrote to one of them meanwhile, each is tried again alone.
+        Shards go together per node, up to :data:`JOINT_BYTES`; when another client wrote to
+        one of them meanwhile, each is tried again alone.
         """
         results: list[tuple[int, Any, Taken]] = []
-        batches: list[tuple[Node, list[Any]]] = []
-        filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
+        batches = _Batches(self.topology.joint_transactions)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
             if not self._snapshots:
@@ -374,9 +322,8 @@ class Bulk:
             whole = self._whole(len(positions), node, key)
             target = Target(key, self.identity(s), located.offsets(positions), length, whole)
             size = length if whole else BLOCK_BYTES * len(positions)
-            joint = self.topology.joint_transactions
             most = JOINT_BYTES if whole else min(JOINT_BYTES, BLOCKS_JOINT_BYTES)
-            _join(batches, filling, node, size, (s, positions, target), joint, most)
+            batches.join(node, size, (s, positions, target), most)
         taken = self._take_overlapped(batches, write, limit)
         for (node, batch), together in zip(batches, taken, strict=True):
             for (s, positions, target), one in zip(batch, together, strict=True):
@@ -445,10 +392,9 @@ class Bulk:
     ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
         """Answer the batches of grown or windowed shards through stacks (:mod:`.stacks`).
 
-        One round of :func:`.stacks.probe` reads for all, then per node transactions of
-        up to :data:`JOINT_BYTES`. A shard left to the script comes back without answers.
-        Also returns, per shard full to its limit that may grow, how many elements the
-        script takes first: enough to reach its capacity.
+        One round of probes for all, then per node transactions of up to :data:`JOINT_BYTES`;
+        a shard left to the script comes back without answers. Also returns, per shard full
+        to its limit that may grow, how many elements the script takes first.
         """
         results: list[tuple[int, Any, Taken]] = []
         cuts: dict[int, int] = {}
@@ -456,50 +402,43 @@ class Bulk:
             return results, cuts
         ttl, key = growth.ttl, self.parts.key
         window = int((time.time() + self._clock) // ttl) if ttl else -1
-        calls: list[Call] = []
-        spans: dict[int, tuple[int, int]] = {}
-        for s in groups:
-            probe = probes(key, s, ttl, window)
-            spans[s] = len(calls), len(probe)
-            calls += probe
+        probed = {s: probes(key, s, ttl, window) for s in groups}
+        calls = [call for probe in probed.values() for call in probe]
         try:
             replies = self.executor.run("check in bulk", calls, timeout=0, partial=True).replies
         except (FilterUnavailableError, AccessDeniedError):
             replies = [None] * len(calls)  # the chunks run into it, and report it
-        batches: list[tuple[Node, list[Any]]] = []
-        filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
+        batches = _Batches(self.topology.joint_transactions)
+        at = 0
         for s, positions in groups.items():
-            at, count = spans[s]
+            mine, at = replies[at : at + len(probed[s])], at + len(probed[s])
             found = None
-            if all(reply is not None for reply in replies[at : at + count]):
-                mine = replies[at : at + count]
+            if all(reply is not None for reply in mine):
                 if ttl and isinstance(mine[0], list) and len(mine[0]) == 2:
                     now = int(mine[0][0]) + int(mine[0][1]) / 1e6
                     self._clock = now - time.time()
                 found = probe_reply(growth, key, s, self.identity(s), mine, window)
             if not ttl:
                 self._grown.discard(s)
-            if found is None or not self._snapshots or (write and found.full):
+            # An add to a newest generation full to its limit leaves no room for the stack.
+            if found is None or not self._snapshots or (write and found.count + 1 >= found.limit):
                 if found is not None and found.generations < len(growth.generations):
                     cuts[s] = max(PER_SCRIPT, found.capacity - found.count + 1)
                 results.append((s, positions, Taken()))  # the script's
                 continue
             if not ttl and found.generations > 1:
                 self._grown.add(s)
-            if self.hooks is not None and found.generations > 1:
+            if found.generations > 1:
                 self.hooks.note(s, 0, found.generations)
             node = self.topology.route(self.parts.shard_key(s), s, None)
             extra = self._wire.extra(node.address, found.keys[-1][0])
             stack, size = self._stack(growth, s, positions, located, found, extra)
-            joint = self.topology.joint_transactions
-            _join(batches, filling, node, size, (s, positions, stack), joint)
+            batches.join(node, size, (s, positions, stack))
         for node, batch in batches:
             session = self.executor.session(node, "check in bulk", write)
             together = take_stacks(session, [stack for _, _, stack in batch], write)
-            for (s, positions, stack), one in zip(batch, together, strict=True):
-                if one.denied is not None:
-                    self._refused(one.denied, stack.targets[-1].key)
-                results.append((s, positions, one))
+            self._noted([stack.targets[-1] for _, _, stack in batch], together)
+            results += [(s, p, one) for (s, p, _), one in zip(batch, together, strict=True)]
         return results, cuts
 
     def _stack(
@@ -580,22 +519,18 @@ class Bulk:
             same = self.topology, self.executor, self.parts, self.identity
             again = Bulk(*same, _refuse, self.allow, self.hooks)
             second = again.run(write, [element for _, element in retry])
-            for (position, _), answer in zip(retry, second.answers, strict=True):
-                outcome.answers[position] = answer
-            second.answers = []
-            _merge(outcome, second)
+            _merge(outcome, second, outcome.answers, [position for position, _ in retry])
         return outcome
 
     # -- planning --------------------------------------------------------------------
 
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
-        """Hash a chunk and plan its commands per node and shard.
+        """Hash a chunk and plan its commands per node and shard (see the module doc).
 
-        BITFIELDs of COMMAND_BITS bits after an identity check; for a filter that grows or
-        forgets, script calls of PER_SCRIPT elements (only the script knows a shard's
-        generations and windows), its groups carrying each element's packed seeds.
+        A filter that grows or forgets sends the script (only it knows a shard's generations
+        and windows), its groups carrying each element's packed seeds.
         """
-        hooks = self.hooks if self.hooks is not None and self.hooks.active() else None
+        hooks = self.hooks if self.hooks.active() else None
         spec = self.spec
         k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
         groups: dict[int, tuple[list[int], list[Any]]] = {}
@@ -619,7 +554,11 @@ class Bulk:
         plans: dict[int, tuple[Session, list[_Command]]] = {}
         for shard, (positions, packed) in groups.items():
             key = self.parts.shard_key(shard)
-            commands = self._plan(plans, key, shard)
+            node = self.topology.route(key, shard, None)
+            plan = plans.get(id(node))
+            if plan is None:
+                plan = plans[id(node)] = (self.executor.session(node), [])
+            commands = plan[1]
             packed_key = encode(key)
             if hooks is None:
                 check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
@@ -633,17 +572,7 @@ class Bulk:
                     payload += b"".join(packed[span.start : span.stop])
                 call = Call(payload, key=key, shard=shard, script=script)
                 commands.append(_Command(call, shard, span, scripted=hooks is not None))
-        return _Chunk(write, elements, groups, plans)
-
-    def _plan(
-        self, plans: dict[int, tuple[Session, list[_Command]]], key: str, shard: int
-    ) -> list[_Command]:
-        """Return the commands a chunk sends to a shard's node (a session of their own)."""
-        node = self.topology.route(key, shard, None)
-        plan = plans.get(id(node))
-        if plan is None:
-            plan = plans[id(node)] = (self.executor.session(node), [])
-        return plan[1]
+        return _Chunk(write, elements, 1 if hooks is not None else k, groups, plans)
 
     # -- sending and reading -----------------------------------------------------------
 
@@ -675,25 +604,15 @@ class Bulk:
                     chunk.sent[node_id] = exc
 
     def _collect(
-        self,
-        chunk: _Chunk,
-        later: _Chunk | None,
-        outcome: Outcome,
-        offset: int,
+        self, chunk: _Chunk, later: _Chunk | None, outcome: Outcome, offset: int
     ) -> list[tuple[int, str | bytes]]:
-        """Read a chunk's replies (running failed ones again); add its answers.
-
-        Returns the elements (with positions) of shards recovered, for a second pass.
-        """
-        k = self.spec.hash_count
-        write = chunk.write
+        """Add a chunk's answers (failed ones run again); return its recovered shards' elements."""
         old_bits: dict[int, list[int]] = {shard: [] for shard in chunk.groups}
         doubtful: dict[int, set[int]] = {shard: set() for shard in chunk.groups}
         mismatched: dict[int, bytes] = {}
-        scripted = False
         try:
-            for node_id, (session, commands) in chunk.plans.items():
-                replies, unsure = self._replies(chunk, node_id, session, commands, later)
+            for node_id, (_, commands) in chunk.plans.items():
+                replies, unsure = self._replies(chunk, node_id, later)
                 for command, reply, maybe_twice in zip(commands, replies, unsure, strict=True):
                     if isinstance(reply, BaseException):
                         raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
@@ -706,7 +625,6 @@ class Bulk:
                         old_bits[command.shard].extend(reply)
                     elif self._scripted_reply(command, reply, mismatched):
                         old_bits[command.shard].extend(reply[3:])
-                    scripted = scripted or command.scripted
                     if maybe_twice:
                         doubtful[command.shard].update(command.elements)
         except FilterUnavailableError:
@@ -719,8 +637,7 @@ class Bulk:
             return []
         size = len(chunk.elements)
         answers = [False] * size
-        if scripted:
-            k = 1  # one answer per element, not k old bits
+        k = chunk.k
         for shard, (positions, _) in chunk.groups.items():
             if shard in mismatched:
                 continue
@@ -731,7 +648,7 @@ class Bulk:
                     seen = False  # the set bits may be this call's own, from a lost reply
                     outcome.ambiguous += 1
                 answers[position] = seen
-        if write:
+        if chunk.write:
             added = size - sum(answers)
             outcome.added += added
             outcome.seen += size - added
@@ -747,12 +664,7 @@ class Bulk:
         ]
 
     def _scripted_reply(self, command: _Command, reply: Any, mismatched: dict[int, bytes]) -> bool:
-        """Take a script call's reply apart; True when it carries answers.
-
-        A wrong shard key is noted in ``mismatched``; a wrong generation or window is the
-        hooks' to raise about.
-        """
-        assert self.hooks is not None
+        """Take a script call's reply apart (a wrong key into ``mismatched``); True: answers."""
         shard, key = command.shard, command.call.key or ""
         if reply[0] == MISMATCH:
             bad = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
@@ -765,14 +677,10 @@ class Bulk:
         return True
 
     def _replies(
-        self,
-        chunk: _Chunk,
-        node_id: int,
-        session: Session,
-        commands: list[_Command],
-        later: _Chunk | None,
+        self, chunk: _Chunk, node_id: int, later: _Chunk | None
     ) -> tuple[list[Any], list[bool]]:
         """Return a node's replies for a chunk, and per command whether it may have run twice."""
+        session, commands = chunk.plans[node_id]
         sent = chunk.sent.get(node_id)
         replies: list[Any] | None = None
         lost = isinstance(sent, ReplyLostError)
@@ -817,31 +725,33 @@ def batch_size(spec: FilterSpec, least: int) -> int:
     return min(MAX_BATCH, max(BATCH, max(2 * least, whole) * spec.shards))
 
 
-def _join(
-    batches: list[tuple[Node, list[Any]]],
-    filling: dict[int, tuple[int, int]],
-    node: Node,
-    size: int,
-    item: Any,
-    joint: bool,
-    most: int = JOINT_BYTES,
+class _Batches(list[tuple[Node, list[Any]]]):
+    """Shards' items per node, a transaction each (``joint``: one may name several shards)."""
+
+    def __init__(self, joint: bool) -> None:
+        super().__init__()
+        self.joint = joint
+        self._filling: dict[int, tuple[int, int]] = {}  # node -> (its open batch, bytes in it)
+
+    def join(self, node: Node, size: int, item: Any, most: int = JOINT_BYTES) -> None:
+        """Put a shard's ``item`` in its node's open batch, or a new one past ``most`` bytes."""
+        index, held = self._filling.get(id(node), (-1, most))
+        if held + size > most or not self.joint:
+            index, held = len(self), 0
+            self.append((node, []))
+        self[index][1].append(item)
+        self._filling[id(node)] = (index, held + size)
+
+
+def _merge(
+    outcome: Outcome, part: Outcome, answers: list[bool] | None = None, positions: Any = ()
 ) -> None:
-    """Put a shard's ``item`` in its node's open batch, or a new one past ``most`` bytes.
-
-    ``filling``: per node, its open batch and bytes; ``joint``: whether a transaction may
-    name several shards.
-    """
-    index, held = filling.get(id(node), (-1, most))
-    if held + size > most or not joint:
-        index, held = len(batches), 0
-        batches.append((node, []))
-    batches[index][1].append(item)
-    filling[id(node)] = (index, held + size)
-
-
-def _merge(outcome: Outcome, part: Outcome) -> None:
-    """Add a part's answers and counts to an outcome."""
-    outcome.answers.extend(part.answers)
+    """Add a part's counts to an outcome, its answers after, or at ``positions`` of ``answers``."""
+    if answers is None:
+        outcome.answers.extend(part.answers)
+    else:
+        for position, answer in zip(positions, part.answers, strict=True):
+            answers[position] = answer
     outcome.added += part.added
     outcome.seen += part.seen
     outcome.ambiguous += part.ambiguous

@@ -153,16 +153,6 @@ class FastPath:
         payload = (text + self._ops % tuple(args)).encode("latin-1")
         return Command(shard, known.key, payload, None, self, sent, fields, bits)
 
-    def strays(self, command: Command, reply: list[Any]) -> tuple[bytes, list[int]]:
-        """Return what a command that found a foreign shard set there: its id field, bits.
-
-        (A ``BITFIELD`` sets its bits before its reply shows the shard is not this
-        filter's: :data:`.scripts.TAKE_BACK` clears them.)
-        """
-        found = reply[0].to_bytes(8, "big", signed=True)
-        old = reply[command.fields :]
-        return found, [bit for bit, was in zip(command.bits or [], old, strict=True) if not was]
-
     def lost(self, shard: int, sent: int) -> None:
         """Take back the count a command carried that surely did not run."""
         self._shard(shard).pending += sent

@@ -32,9 +32,10 @@ from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
+from scrapy_redis_bloom.engine.parts import script_call
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
-from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
+from scrapy_redis_bloom.transport.wire import Script, command_head, encode
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class RedisBloomFilter(FilterBase):
     """
 
     def _setup(self) -> None:
-        key = self.key
-        self.executor.explain_denial = partial(check_access, self.executor, self.topology, key)
+        self.executor.explain_denial = partial(check_access, self.executor, self.topology, self.key)
         self._shards = Bitmaps(self.parts, self.topology, self.events)
         self.lifecycle = Lifecycle(self._shards, self.faults, self.events)
         self._script = scripts.check_and_add(self.wanted.growth, one=True)
@@ -105,16 +105,12 @@ class RedisBloomFilter(FilterBase):
             self._script = scripts.check_and_add(record.growth, one=True)
             self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
-            self._fast = (
-                FastPath(record.growth, self.parts.shard_key, self._identity, lambda: self.workers)
-                if FastPath.applies(record.growth)
-                else None
-            )
-            self._stack = (
-                StackPath(record.growth, self.key, self._identity, lambda: self.workers)
-                if StackPath.applies(record.growth)
-                else None
-            )
+            growth, workers = record.growth, lambda: self.workers
+            self._fast = self._stack = None
+            if FastPath.applies(growth):
+                self._fast = FastPath(growth, self.parts.shard_key, self._identity, workers)
+            if StackPath.applies(growth):
+                self._stack = StackPath(growth, self.key, self._identity, workers)
             self._identities.clear()
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
@@ -166,7 +162,7 @@ class RedisBloomFilter(FilterBase):
         assert stack is not None
         key, sent_at = check.keys[0].name, time.time()
         replies = self.executor.fast_many(OPERATION, check.reads, key, check.shard).replies
-        verdict = self._judged(check, replies, sent_at)
+        verdict = self._read(key, replies, lambda got: stack.judge(check, got, sent_at))
         if verdict != ADD:
             return verdict == SEEN or None
         try:
@@ -185,12 +181,6 @@ class RedisBloomFilter(FilterBase):
             stack.lost(check)
             raise
         return self._added(check, reply, ambiguous)
-
-    def _judged(self, check: Check, replies: list[Any], sent_at: float) -> str:
-        """Read a stacked check's reads: :data:`.stackpath.SEEN`, ``ADD`` or ``SCRIPT``."""
-        stack = self._stack
-        assert stack is not None
-        return self._read(check.keys[0].name, replies, lambda got: stack.judge(check, got, sent_at))
 
     def _read(self, key: str, replies: list[Any], read: Callable[[list[Any]], _T]) -> _T:
         """Return what ``read`` makes of a round's replies (for ``key``'s shard).
@@ -217,8 +207,7 @@ class RedisBloomFilter(FilterBase):
         except ValueError as exc:
             raise self._not_ours(check.add_key, exc) from None
         if seen is None:  # lost or reset between the reads and the add: the script sorts it out
-            found, bits = stack.strays(reply, check.add_bits)
-            self._take_back_bits(check.add_key, check.shard, found, bits)
+            self._take_back_bits(check.add_key, check.shard, reply, check.add_bits)
             return None
         if check.again:  # new to a generation sealed meanwhile: add it to the next one too
             key = check.again_key
@@ -228,8 +217,7 @@ class RedisBloomFilter(FilterBase):
             again = results.replies[0]
             seen = self._read(key, [again], lambda got: stack.looked(check, got[0]))
             if seen is None:  # not this filter's: its bits go, and the element is new
-                found, bits = stack.strays(again, check.again_bits)
-                self._take_back_bits(key, check.shard, found, bits)
+                self._take_back_bits(key, check.shard, again, check.again_bits)
                 return False
             ambiguous = ambiguous or results.ambiguous[0]
         if seen and ambiguous:
@@ -262,41 +250,36 @@ class RedisBloomFilter(FilterBase):
                 checks[i] = check
             else:
                 commands[i] = command if command is not None else self._scripted(h1, h2)
-        calls: list[Call] = []
-        spans: dict[int, tuple[int, int]] = {}
-        for i, check in checks.items():
-            spans[i] = len(calls), len(check.reads)
-            key = check.keys[0].name
-            calls += [Call(payload, key=key, shard=check.shard) for payload in check.reads]
-        failure = self._scripts_and_fast(todo, commands, answers, calls, spans, checks)
+        failure = self._scripts_and_fast(todo, commands, answers, checks)
         adds = [i for i, check in checks.items() if answers[i] is None and check.add]
         again = [i for i, check in checks.items() if answers[i] is None and not check.add]
         if adds:
-            calls, spans = [], {}
+            calls = []
             for i in adds:
                 check = checks[i]
-                spans[i] = len(calls), 1 + bool(check.count)
                 calls.append(Call(check.add, key=check.add_key, shard=check.shard))
                 if check.count:
                     calls.append(Call(check.count, key=check.add_key, shard=check.shard))
             assert stack is not None
             results, failed = self._partial(calls)
             failure = failure or failed
+            at = 0
             for i in adds:
-                at, count = spans[i]
-                reply, check = results.replies[at], checks[i]
-                if count == 2:
+                check = checks[i]
+                reply, ambiguous = results.replies[at], results.ambiguous[at]
+                if check.count:
                     stack.counted(check, results.replies[at + 1])
+                at += 1 + bool(check.count)
                 if reply is None:
                     continue
-                seen = self._added(check, reply, results.ambiguous[at])
+                seen = self._added(check, reply, ambiguous)
                 if seen is None:
                     again.append(i)
                 else:
                     answers[i] = seen
         if again:  # the script answers where the reads could not
             scripted = {i: self._scripted(todo[i][3], todo[i][4]) for i in again}
-            failure = self._scripts_and_fast(todo, scripted, answers, [], {}, {}) or failure
+            failure = self._scripts_and_fast(todo, scripted, answers, {}) or failure
         outcome = Outcome()
         rest = [todo[i][2] for i, seen in enumerate(answers) if seen is None]
         unavailable: Iterator[bool] = iter(())
@@ -315,27 +298,32 @@ class RedisBloomFilter(FilterBase):
         todo: list[tuple[int, int, str | bytes, int, int]],
         commands: dict[int, Command],
         answers: list[bool | None],
-        calls: list[Call],
-        spans: dict[int, tuple[int, int]],
         checks: dict[int, Check],
     ) -> FilterUnavailableError | AccessDeniedError | None:
-        """Run ``commands`` and ``calls`` (the reads of ``checks``) in one batch into ``answers``.
+        """Run the reads of ``checks`` and ``commands`` in one batch into ``answers``.
 
         Returns the failure, if any. A check left to the add gets it packed (:attr:`.Check.add`).
         """
+        calls = [
+            Call(payload, key=check.keys[0].name, shard=check.shard)
+            for check in checks.values()
+            for payload in check.reads
+        ]
         first = len(calls)
-        calls = calls + [
+        calls += [
             Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands.values()
         ]
         sent_at = time.time()
         results, failure = self._partial(calls)
+        stack, at = self._stack, 0
         for i, check in checks.items():
-            at, count = spans[i]
-            replies = results.replies[at : at + count]
+            replies = results.replies[at : at + len(check.reads)]
+            at += len(check.reads)
             if any(reply is None for reply in replies):
                 continue
-            verdict = self._judged(check, replies, sent_at)
-            if verdict == SEEN:
+            assert stack is not None
+            judge = partial(stack.judge, check, sent_at=sent_at)
+            if self._read(check.keys[0].name, replies, judge) == SEEN:
                 answers[i] = True
         for at, (i, command) in enumerate(commands.items(), first):
             reply = results.replies[at]
@@ -365,7 +353,11 @@ class RedisBloomFilter(FilterBase):
         shard = h1 % spec.shards
         if self._fast is not None or self._stack is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
-        head, key = self._heads.get(shard) or self._head(shard)
+        cached = self._heads.get(shard)
+        if cached is None:
+            key = self.parts.shard_key(shard)
+            cached = self._heads[shard] = self._scripted_head(shard, True), key
+        head, key = cached
         payload = head + seed_arguments(h1, h2, spec.shards, spec.shard_bits, spec.seed_range)
         return Command(shard, key, payload, script=self._script)
 
@@ -394,8 +386,8 @@ class RedisBloomFilter(FilterBase):
                     raise self._still_wrong(command.key)
                 # While the shard still carries the id found; a bit another worker set
                 # meanwhile may be cleared too: a duplicate fetch at worst.
-                found, bits = command.fast.strays(command, reply)
-                self._take_back_bits(command.key, command.shard, found, bits)
+                bits = command.bits or []
+                self._take_back_bits(command.key, command.shard, reply, bits, command.fields)
                 self._recover([command.shard])
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
@@ -418,18 +410,22 @@ class RedisBloomFilter(FilterBase):
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
 
-    def _take_back_bits(self, key: str, shard: int, found: bytes, bits: list[int]) -> None:
-        """Clear ``bits`` of ``key`` while it still carries the id field ``found``.
+    def _take_back_bits(
+        self, key: str, shard: int, reply: list[Any], sent: list[int], fields: int = 2
+    ) -> None:
+        """Clear the bits a ``BITFIELD`` that found a foreign key (``reply``) set there.
 
-        Zeros there: a scriptless add made the key, a generation or window deleted once empty.
+        They are the ``sent`` bits whose old value (after ``fields`` fields) was 0; cleared
+        while the key still carries the id field found (:data:`.scripts.TAKE_BACK`). Zeros
+        there: a scriptless add made the key, a generation or window deleted once empty.
         """
+        found = reply[0].to_bytes(8, "big", signed=True)
+        bits = [bit for bit, was in zip(sent, reply[fields:], strict=True) if not was]
         calls = []
         if bits:
-            payload = pack_command(b"EVALSHA", scripts.TAKE_BACK.sha, 1, key, found, *bits)
-            calls.append(Call(payload, key=key, shard=shard, script=scripts.TAKE_BACK))
+            calls.append(script_call(scripts.TAKE_BACK, key, found, *bits, shard=shard))
         if not found.strip(b"\0") and key != self.parts.shard_key(shard):
-            payload = pack_command(b"EVALSHA", scripts.DROP_STRAY.sha, 1, key)
-            calls.append(Call(payload, key=key, shard=shard, script=scripts.DROP_STRAY))
+            calls.append(script_call(scripts.DROP_STRAY, key, shard=shard))
         if calls:
             self.executor.run("take back bits set in a foreign shard", calls, write=True)
         self.events.count("taken_back", len(bits))
@@ -442,13 +438,8 @@ class RedisBloomFilter(FilterBase):
 
     def _flush_counts(self, only: int | None = None) -> None:
         """Send the counts of items the scriptless path found new (``only``: one shard's)."""
-        keepers: list[Any] = [self._fast, self._stack]
-        owed = [
-            (keeper, flush)
-            for keeper in keepers
-            if keeper is not None
-            for flush in keeper.flushes(only)
-        ]
+        keepers: list[Any] = [keeper for keeper in (self._fast, self._stack) if keeper is not None]
+        owed = [(keeper, flush) for keeper in keepers for flush in keeper.flushes(only)]
         if not owed:
             return
         calls = [Call(command, key=key, shard=shard) for _, (shard, key, command, _) in owed]
@@ -515,13 +506,6 @@ class RedisBloomFilter(FilterBase):
                 self.key,
                 self.topology.describe(),
             )
-
-    def _head(self, shard: int) -> tuple[bytes, str]:
-        """Pack ``EVALSHA sha 1 <shard key> <identity> w <recreate>`` for a shard; and its key."""
-        key = self.parts.shard_key(shard)
-        head = self._scripted_head(shard, True)
-        self._heads[shard] = head, key
-        return head, key
 
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, script: Script | None = None

@@ -395,13 +395,8 @@ def changed_slots(before: bytes, after: bytearray) -> list[int]:
     if HAVE_NUMPY:
         differ: list[int] = _changed(before, after).tolist()
         return differ
-    count = (len(after) - HEADER_BYTES) // BLOCK_BYTES
-    return [
-        i
-        for i in range(count)
-        if before[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
-        != after[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
-    ]
+    starts, end = range(HEADER_BYTES, len(after), BLOCK_BYTES), BLOCK_BYTES
+    return [i for i, at in enumerate(starts) if before[at : at + end] != after[at : at + end]]
 
 
 def _rows(copy: bytes | bytearray) -> NDArray[Any]:

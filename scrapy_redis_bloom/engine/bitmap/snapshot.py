@@ -140,21 +140,18 @@ def take(
 ) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
-    A blocked filter's element has its bits in one 64-byte block, so a few hundred
-    elements of an 8 MiB shard need a few hundred blocks. ``WATCH`` the keys, then per
-    shard ``STRLEN``, its header and a ``GETRANGE`` per run of blocks touched, ``MULTI``;
-    the answers on that compact copy (:func:`.local.gather`); then a ``SETRANGE`` per
-    block changed (and of a growing shard's count), and ``EXEC``. A check without adds
-    reads each shard in a ``MULTI``/``EXEC`` of its own. Without numpy, a script reads
+    A blocked filter's element has its bits in one 64-byte block: per shard ``STRLEN``, its
+    header and a ``GETRANGE`` per run of blocks touched, answered on that compact copy
+    (:func:`.local.gather`), then a ``SETRANGE`` per block changed (a check reads each
+    shard in a ``MULTI``/``EXEC`` of its own). Without numpy, a script reads
     (``lua/read_blocks.lua``) and writes back (``lua/write_blocks.lua``) each shard: one
     reply per shard, not per block. A ``whole`` target is read by ``GET`` and its changed
     span written by ``SETRANGE``, not through Lua (a script's argument or result costs
-    Redis ~1 ns a byte). Each shard's read is sent once packed and answered once in, so
-    Python works on one while Redis reads the next.
+    Redis ~1 ns a byte). Each shard's read is answered once in: Python works on one while
+    Redis reads the next.
 
-    ``session``: the executor's session on their node; ``targets``: shards one
-    transaction may name (one slot in a cluster). One :class:`Taken` per target; when
-    another client wrote to any of them, nothing was written and each is ``aborted``.
+    ``targets``: shards one transaction may name (one slot in a cluster). One :class:`Taken`
+    per target; when another client wrote to any, nothing was written and each is ``aborted``.
     """
     pending = begin(session, targets, write, limit)
     answer(pending)
@@ -163,10 +160,7 @@ def take(
 
 @dataclass(slots=True, eq=False)
 class Pending:
-    """A :func:`take` in progress: its reads sent (:func:`begin`), then its writes (:func:`answer`).
-
-    Between the phases the caller may work on another take: replies wait, in order.
-    """
+    """A :func:`take` in progress: reads sent (:func:`begin`), then writes (:func:`answer`)."""
 
     session: Session
     targets: Sequence[Target]
@@ -188,15 +182,13 @@ def begin(session: Session, targets: Sequence[Target], write: bool, limit: int |
     """Send :func:`take`'s first round (its reads and ``MULTI``); :func:`answer` reads it."""
     packed = [encode(target.key) for target in targets]
     pending = Pending(session, targets, write, limit, packed)
-    _gather(targets, packed)
-    # The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis
-    # has none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL.
-    scripted = any(not target.whole and not target.ranged for target in targets)
-    opening = [*_LOAD_SCRIPTS] if scripted else []
-    if write:
-        opening.append(pack_command(b"WATCH", *packed))
+    opening = _opening(targets, packed, packed if write else None)
     pending.opening = len(opening)
-    groups = _groups(targets)
+    # Whole targets' reads go together (cheap: apart, a 1M filter's 31 shards lost 5-30% in
+    # round trips); one by blocks alone is answered while Redis reads the next (+10% at 100M).
+    whole = [i for i, target in enumerate(targets) if target.whole]
+    groups = [whole] if whole else []
+    groups += [[i] for i, target in enumerate(targets) if not target.whole]
     try:
         for n, group in enumerate(groups):
             commands = [c for i in group for c in _reads(targets[i], packed[i], write)]
@@ -254,11 +246,25 @@ def finish(pending: Pending) -> list[Taken]:
     return pending.done
 
 
-def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
-    """Find the blocks each target by blocks needs; pack the ranged targets' reads at once.
+def _opening(
+    targets: Sequence[Target], keys: list[bytes], watched: Sequence[bytes | str] | None
+) -> list[bytes]:
+    """Find what the targets read (:func:`_gather`); return the commands opening their take.
 
-    (numpy's cost is per operation: ~120 µs a shard of a 100M filter one by one.)
+    The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis has
+    none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL. Then ``WATCH``
+    of the ``watched`` keys (None: a check, which watches nothing).
     """
+    _gather(targets, keys)
+    scripted = any(not target.whole and not target.ranged for target in targets)
+    opening = [*_LOAD_SCRIPTS] if scripted else []
+    if watched is not None:
+        opening.append(pack_command(b"WATCH", *watched))
+    return opening
+
+
+def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
+    """Find each target's blocks; pack the ranged ones' reads at once (numpy's cost is per call)."""
     for target in targets:
         target.ranged = (
             not target.whole
@@ -277,24 +283,8 @@ def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
             targets[i].runs = runs
 
 
-def _groups(targets: Sequence[Target]) -> list[list[int]]:
-    """Group the targets (by position) whose reads go together: the whole ones, then one each.
-
-    A target by blocks costs Redis about what answering it costs Python: sent alone, it
-    is answered while Redis reads the next (+10% at 100M). Whole targets' reads are cheap:
-    sent apart, a 1M filter's 31 shards lost more in round trips (-5 to -30%).
-    """
-    whole = [i for i, target in enumerate(targets) if target.whole]
-    return ([whole] if whole else []) + [
-        [i] for i, target in enumerate(targets) if not target.whole
-    ]
-
-
 def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Join the small pieces of a payload; leave the big ones (views of a copy) unjoined.
-
-    (Joined, a 1M filter's ~4 MB of shard bytes were copied once more: ~10% of a call.)
-    """
+    """Join a payload's small pieces, not its big ones (copying those cost ~10% of a call)."""
     out: list[bytes | memoryview] = []
     for big, run in itertools.groupby(pieces, lambda piece: len(piece) >= _BIG):
         together = list(run)
@@ -349,10 +339,7 @@ _Copy = tuple[bytearray, bytes, int, tuple[list[bool], int, int]]
 
 
 def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _Copy | None:
-    """Answer a target's batch on a copy of its read; None to hand it back.
-
-    Handed back: lost, foreign, not as expected, or (growing) grown or full to the limit.
-    """
+    """Answer a target's batch on a copy of its read; None: lost, odd, grown or full (hand back)."""
     got = _copy(target, read, write)
     if got is None:
         return None

@@ -34,12 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.generations import (
-    GENERATIONS_BIT,
-    Generation,
-    Growth,
-    window_key,
-)
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Generation, Growth, window_key
 from scrapy_redis_bloom.core.hashing import WIDE, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
@@ -61,8 +56,7 @@ _SEAL = (b"GET", b"u16", GENERATIONS_BIT)
 def _were_set(reply: Any, k: int, identity: int) -> bool | None:
     """Tell from an add's reply (``[id, seal or state, k bits]``) whether all were set.
 
-    None: the key is not this filter's (``identity``). A reply of the wrong shape raises
-    ``ValueError``.
+    None: the key is not this filter's (``identity``); a wrong shape raises ``ValueError``.
     """
     if not isinstance(reply, list) or len(reply) != 2 + k:
         raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
@@ -199,15 +193,13 @@ class StackPath:
         self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
     ) -> list[_Key]:
         """Return the keys of a shard (or of one window of it) and the element's bits there."""
-        newest = generations - 1
-        return [
-            self._key(shard, h1, h2, g, window, current, g == newest) for g in range(newest + 1)
-        ]
+        last = generations - 1
+        return [self._key(shard, h1, h2, g, window, current, g == last) for g in range(last + 1)]
 
     def _key(
         self, shard: int, h1: int, h2: int, g: int, window: int, current: bool, newest: bool
     ) -> _Key:
-        """Return generation ``g`` of a shard (or of one window) and the element's bits there."""
+        """Return :meth:`_keys`' generation ``g``."""
         gen = self.gens[g]
         q = h1 // self.shards
         if g == 0:
@@ -256,9 +248,9 @@ class StackPath:
     # -- reading ---------------------------------------------------------------------
 
     def judge(self, check: Check, replies: list[Any], sent_at: float) -> str:
-        """Read a check's read round: :data:`SEEN`, :data:`ADD` (its add packed), :data:`SCRIPT`.
+        """Read a check's reads (sent at ``sent_at``): :data:`SEEN`, :data:`ADD`, :data:`SCRIPT`.
 
-        ``sent_at``: when the round was sent. A reply of the wrong shape raises ``ValueError``.
+        A reply of the wrong shape raises ``ValueError``.
         """
         known = check.known
         late = False
@@ -318,13 +310,12 @@ class StackPath:
     def _pack_add(self, check: Check) -> None:
         """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
 
-        The state is in the generation 0's header, and the items found new go there: by
-        the add's own ``INCRBY`` when it goes to that key, else, once this worker holds
-        :data:`STATE_EVERY` - 1, by a second command (``BITFIELD <g0> INCRBY u48 208 n``)
-        whose reply is the state (:meth:`counted`). The margin (:meth:`_near`) has room
-        for what a worker holds; a generation sealed meanwhile is told by the add's reply
-        (``GET u16``). Only the bits the read found unset are set: bits are only ever
-        set, so the reply tells as surely whether this add set any.
+        The items found new go to the generation 0's state: by the add's own ``INCRBY`` when
+        it goes to that key, else, once this worker holds :data:`STATE_EVERY` - 1, by a
+        second command whose reply is the state (:meth:`counted`); the margin
+        (:meth:`_near`) has room for what a worker holds. A generation sealed meanwhile is
+        told by the add's reply (``GET u16``). Only the bits the read found unset are set:
+        bits are only ever set, so the reply tells as surely whether this add set any.
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
@@ -346,10 +337,9 @@ class StackPath:
         """Read the add's reply: True for "seen", False for new; None: the key is not ours.
 
         An element new to a generation sealed meanwhile gets :attr:`Check.again`: its add
-        to the next generation, where another worker may have added it since; both adds
-        run on that key, so exactly one finds bits unset (:meth:`looked`). (A read there
-        could miss a worker between its reads and its add: both told "new".) A reply of
-        the wrong shape raises ``ValueError``.
+        to the next generation, where another worker may have added it since; both adds run
+        on that key, so exactly one finds bits unset (:meth:`looked`; a read there could miss
+        a worker between its reads and its add). A wrong shape raises ``ValueError``.
         """
         known = check.known
         seen = _were_set(reply, len(check.add_bits), id_field(self.identity(check.shard)))
@@ -376,11 +366,7 @@ class StackPath:
         return seen
 
     def looked(self, check: Check, reply: Any) -> bool | None:
-        """Read the add to the next generation of an element new to a sealed one.
-
-        True ("seen"): another worker added it there since (the item :meth:`added` counted
-        is taken back). None: the key is not this filter's. Wrong shape: ``ValueError``.
-        """
+        """Read :attr:`Check.again`'s reply (as :meth:`added`; "seen" takes its count back)."""
         seen = _were_set(reply, len(check.again_bits), id_field(self.identity(check.shard)))
         if seen and check.known.pending > 0:
             check.known.pending -= 1
@@ -389,20 +375,14 @@ class StackPath:
     def counted(self, check: Check, reply: Any) -> None:
         """Read the reply of an add's state command (:meth:`_pack_add`): the shard's state.
 
-        None (not answered) or an error (out of memory, say): the count goes with a later
-        add. Another shape (the key lost or reset: the add's reply says so) teaches nothing.
+        None or an error (out of memory, say): the count goes with a later add. Another
+        shape (the key lost or reset: the add's reply says so) teaches nothing.
         """
         if reply is None or isinstance(reply, BaseException):
             self.lost(check)
         elif isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
             generations, count = divmod(reply[0], 1 << 32)
             check.known.now, check.known.count = max(generations, 1), count
-
-    @staticmethod
-    def strays(reply: list[Any], bits: list[int]) -> tuple[bytes, list[int]]:
-        """Return what an add of ``bits`` that found a foreign key set there: its id field, bits."""
-        found = reply[0].to_bytes(8, "big", signed=True)
-        return found, [b for b, was in zip(bits, reply[2:], strict=True) if not was]
 
     def lost(self, check: Check) -> None:
         """Give back the count an add carried that surely did not run."""

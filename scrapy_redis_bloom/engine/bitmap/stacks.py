@@ -1,31 +1,28 @@
 """Bulk checks of grown and windowed shards: every key read, the newest written, atomically.
 
 A grown shard keeps its bits in several generations; with re-crawl windows, in the
-generations of two windows (:mod:`..generations`, :mod:`.stackpath`). Only the newest
+generations of two windows (:mod:`..generations`, :mod:`.stackpath`), and only the newest
 generation of the current window takes adds. So a batch of a shard's elements is a
-snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack* (:class:`Stack`),
-in two round trips after one round of :func:`probes` for all shards:
+snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack* (:class:`Stack`), in
+two round trips after one round of :func:`probes` for all shards:
 
 1. ``WATCH`` every key, (``TIME`` with windows; the anchor's header), each key's bytes
-   (whole or by blocks, as :func:`.snapshot.take`), ``MULTI``. Every key must carry the
-   shard's identity and length, the headers' state as :func:`probe` found it.
-2. "Seen" where an element is in an older key, else the newest generation's kernel on
-   the others, in order; ``SETRANGE`` of its changed bytes and count, and ``EXEC``,
-   which runs only if no key changed since ``WATCH``: one atomic step, as the script
-   on each element in order.
+   (as :func:`.snapshot.take`), ``MULTI``: every key must carry the shard's identity and
+   length, the headers' state as :func:`probe` found it.
+2. "Seen" where an element is in an older key, else the newest generation's kernel on the
+   others, in order; ``SETRANGE`` of its changed bytes and count, and ``EXEC``, which runs
+   only if no key changed since ``WATCH``: one atomic step, as the script on each element.
 
-A check without adds watches and writes nothing: each key is read atomically with its
-header, "seen" where an element's bits are all set in one key of this filter.
-
-The script stays the authority at the boundaries: elements that would bring the
-newest generation within the margin of its capacity go back to it (only the script
-starts a generation), and so does a whole batch whose shard is not as found (lost,
-reset, foreign, grown meanwhile) or whose window is not started or in its last
-:data:`GUARD` seconds.
+A check watches and writes nothing: each key is read atomically with its header. The
+script stays the authority at the boundaries: elements that would bring the newest
+generation within the margin of its capacity go back to it (only the script starts a
+generation), and so does a whole batch whose shard is not as found (lost, reset, foreign,
+grown meanwhile) or whose window is not started or in its last :data:`GUARD` seconds.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +39,6 @@ from scrapy_redis_bloom.core.generations import (
 from scrapy_redis_bloom.core.layout import IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.snapshot import (
-    _LOAD_SCRIPTS,
     _MULTI,
     Pending,
     Taken,
@@ -50,8 +46,8 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _copy,
     _end,
     _failure,
-    _gather,
     _kernel,
+    _opening,
     _reads,
     _send_writes,
     finish,
@@ -77,11 +73,6 @@ class Found:
     the generations and count; ``before``: the window before's generation 0 and its
     generations (0: none); ``anchor``: the shard's key with windows; ``window``: -1 without.
     """
-
-    @property
-    def full(self) -> bool:
-        """Tell whether the newest generation is full to its limit: no room for the stack."""
-        return self.count + 1 >= self.limit
 
     keys: tuple[tuple[str, int], ...]
     state: str
@@ -129,72 +120,62 @@ def probe(
     """Read a shard's probe (:func:`probes`' replies); None: the script's (see the module doc)."""
     if any(not isinstance(reply, bytes | list) for reply in replies):
         return None
-    ttl = growth.ttl
-    if not ttl:
-        head = replies[0]
-        if not _ours(head, identity):
+    ttl, most, head = growth.ttl, len(growth.generations), replies[-1]
+    older: tuple[tuple[str, int], ...] = ()
+    previous, anchor = None, None
+    if ttl:
+        now, first, before, _ = replies
+        seconds = _seconds(now)
+        if seconds is None or int(seconds) // ttl != window:
             return None
-        generations = _generations(head)
-        if generations > len(growth.generations):
+        if (window + 1) * ttl - seconds <= 2 * GUARD:
+            return None  # its last seconds: the script starts the next window
+        if not _anchored(first, identity, window, before == b""):
+            return None  # not ours, or the current window not started: the script's
+        prior = window_key(key, shard, window - 1, 0)
+        if before == b"":
+            previous = (prior, 0)
+        elif _ours(before, identity) and _generations(before) <= most:
+            count = _generations(before)
+            older = tuple((window_key(key, shard, window - 1, g), g) for g in range(count))
+            previous = (prior, count)
+        else:
             return None
-        names = tuple((layout.shard_key(key, shard, g), g) for g in range(generations))
-        capacity = growth.generation(generations - 1).capacity
-        newest = limit(growth, generations - 1)
-        return Found(names, names[0][0], generations, newest, _u32(head), capacity)
-    now, anchor, before, current = replies
-    seconds = _seconds(now)
-    if seconds is None or int(seconds) // ttl != window:
+        anchor = layout.shard_key(key, shard)
+    if not _ours(head, identity) or _generations(head) > most:
         return None
-    if (window + 1) * ttl - seconds <= 2 * GUARD:
-        return None  # its last seconds: the script starts the next window
-    if not _ours(anchor, identity) or _u32(anchor) != window or not _ours(current, identity):
-        return None  # not ours, or the current window not started: the script's
-    generations = _generations(current)
-    if generations > len(growth.generations):
-        return None
-    prior = window_key(key, shard, window - 1, 0)
-    if before == b"":
-        if int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"):
-            return None  # it existed when the current window started: lost, the script's
-        older: tuple[tuple[str, int], ...] = ()
-        previous = (prior, 0)
-    elif _ours(before, identity):
-        count = _generations(before)
-        if count > len(growth.generations):
-            return None
-        older = tuple((window_key(key, shard, window - 1, g), g) for g in range(count))
-        previous = (prior, count)
+    generations = _generations(head)
+    if ttl:
+        names = older + tuple((window_key(key, shard, window, g), g) for g in range(generations))
     else:
-        return None
-    names = older + tuple((window_key(key, shard, window, g), g) for g in range(generations))
-    state = window_key(key, shard, window, 0)
+        names = tuple((layout.shard_key(key, shard, g), g) for g in range(generations))
     return Found(
         names,
-        state,
+        names[len(older)][0],
         generations,
         limit(growth, generations - 1),
-        _u32(current),
+        _u32(head),
         growth.generation(generations - 1).capacity,
         previous,
-        layout.shard_key(key, shard),
+        anchor,
         window,
     )
 
 
-def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[Taken]:
-    """Check (and add) the batches of shards of one node in one transaction (module doc).
+def _anchored(anchor: Any, identity: bytes, window: int, absent: bool) -> bool:
+    """Tell whether an anchor is ours and of ``window`` (``absent``: the window before is)."""
+    if not _ours(anchor, identity) or _u32(anchor) != window:
+        return False
+    # Absent now, but it existed when the current window started: lost, the script's.
+    return not (absent and int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"))
 
-    One :class:`.snapshot.Taken` per stack: its answers (maybe the first elements only).
-    """
+
+def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[Taken]:
+    """Check (and add) shards' batches on one node in one transaction; a :class:`.Taken` each."""
     targets = [target for stack in stacks for target in stack.targets]
     keys = [encode(target.key) for target in targets]
-    _gather(targets, keys)
-    commands: list[bytes] = []
-    if any(not target.whole and not target.ranged for target in targets):
-        commands += _LOAD_SCRIPTS
-    if write:
-        watched = dict.fromkeys(name for stack in stacks for name in _watched(stack))
-        commands.append(pack_command(b"WATCH", *watched))
+    watched = dict.fromkeys(name for stack in stacks for name in _watched(stack))
+    commands = _opening(targets, keys, list(watched) if write else None)
     opening = len(commands)
     timed = any(stack.ttl for stack in stacks)
     if timed:
@@ -208,9 +189,11 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
             at += 1
     if write:
         commands.append(_MULTI)
+    anchors = sum(stack.found.anchor is not None for stack in stacks)
+    owed = opening + timed + anchors + sum(target.replies for target in targets) + write
     sent_at = time.monotonic()
     try:
-        ticket = session.post(b"".join(commands), _replies(stacks, opening + timed, write))
+        ticket = session.post(b"".join(commands), owed)
     except TransportError:
         session.drop()  # replies may be owed on it: never read them later
         return [Taken() for _ in stacks]
@@ -252,20 +235,8 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
     except BaseException:
         session.drop()  # a transaction may be open on it: never reuse the connection
         raise
-    out, at = [], 0
-    for stack in stacks:
-        at += len(stack.targets)
-        out.append(taken[at - 1])
-    return out
-
-
-def _replies(stacks: Sequence[Stack], opening: int, write: bool) -> int:
-    """Return the replies a stacks' first round owes: the opening's, then each stack's."""
-    count = opening + write
-    for stack in stacks:
-        count += stack.found.anchor is not None
-        count += sum(target.replies for target in stack.targets)
-    return count
+    ends = itertools.accumulate(len(stack.targets) for stack in stacks)
+    return [taken[end - 1] for end in ends]  # (a stack's answers are its newest key's)
 
 
 def _watched(stack: Stack) -> list[str]:
@@ -287,17 +258,15 @@ def _answer(
 ) -> tuple[Any, int | None]:
     """Answer a stack's batch from its keys' bytes; None to give it back to the script.
 
-    Returns what :func:`.snapshot._send_writes` takes of its newest key, and the newest
-    generation's count to write (None: unchanged).
+    Returns what :func:`.snapshot._send_writes` takes of its newest key, and that key's
+    count to write (None: unchanged).
     """
     found = stack.found
     if found.anchor is not None:
         if now is None or int(now) // stack.ttl != found.window:
             return _NONE
-        if not _ours(anchor, stack.identity) or _u32(anchor) != found.window:
-            return _NONE
         absent = found.before is not None and not found.before[1]
-        if absent and int.from_bytes(anchor[_GENERATIONS:_COUNT], "big"):
+        if not _anchored(anchor, stack.identity, found.window, absent):
             return _NONE
     copies = []
     for target, mine in zip(stack.targets, reads, strict=True):

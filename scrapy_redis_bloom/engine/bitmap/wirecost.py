@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.transport.executor import Call, Executor
@@ -34,19 +33,13 @@ LOOPBACK_NS_PER_BYTE = 0.4
 NOISE_NS_PER_BYTE = 2.0
 
 
-@dataclass(slots=True)
-class _Measure:
-    extra: float
-    at: float
-
-
 class WireCost:
     """Per node, the ns a byte costs to move beyond loopback's; ``clock``: monotonic seconds."""
 
     def __init__(self, executor: Executor, clock: Callable[[], float] = time.monotonic) -> None:
         self.executor = executor
         self.clock = clock
-        self._nodes: dict[str, _Measure] = {}
+        self._nodes: dict[str, tuple[float, float]] = {}  # address -> (extra, measured at)
 
     def extra(self, address: str, key: str) -> float:
         """Return the ns a byte costs on the node at ``address`` beyond loopback's (>= 0).
@@ -55,10 +48,10 @@ class WireCost:
         the next measure, and logs it (the bulk call then meets the same fault).
         """
         now = self.clock()
-        known = self._nodes.get(address)
-        if known is not None and now - known.at < REMEASURE:
-            return known.extra
-        extra = known.extra if known is not None else 0.0
+        last, at = self._nodes.get(address, (None, 0.0))
+        if last is not None and now - at < REMEASURE:
+            return last
+        extra = last if last is not None else 0.0
         try:
             measured = self._measure(key)
         except BloomFilterError as exc:
@@ -68,10 +61,10 @@ class WireCost:
             if measured is not None:
                 extra = measured - LOOPBACK_NS_PER_BYTE
                 extra = extra if extra >= NOISE_NS_PER_BYTE else 0.0
-                if known is None or abs(extra - known.extra) > 1.0:
+                if last is None or abs(extra - last) > 1.0:
                     logger.debug("Moving a byte to or from Redis %s costs %.1f ns beyond"
                                  " loopback's.", address, extra)  # fmt: skip
-        self._nodes[address] = _Measure(extra, now)
+        self._nodes[address] = (extra, now)
         return extra
 
     def _measure(self, key: str) -> float | None:
