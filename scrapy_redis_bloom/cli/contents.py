@@ -10,11 +10,11 @@ usable record only the parts that carry the filter's id.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,10 @@ from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.parts import pairs, text
 from scrapy_redis_bloom.ops import inventory
-from scrapy_redis_bloom.ops.dump import DumpSummary, FilterBusyError, Progress, dump_filter
+from scrapy_redis_bloom.ops.dump import FilterBusyError, Progress, Summary, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import MarkerCheck, StoredRecord
-from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreSummary, restore_filter
+from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +150,6 @@ def marker_key(set_key: str) -> str:
     return f"{set_key}:bloom-migration"
 
 
-def _resume_point(client: Any, marker: str, filter_id: str) -> tuple[int, dict[str, int]]:
-    """Return the cursor and counts a marker of this filter saved; (0, zeros) if none."""
-    fields = pairs(client.hgetall(marker))  # whether or not the client decodes responses
-    counts = dict.fromkeys(_COUNTS, 0)
-    if fields.get("filter_id") != filter_id:
-        return 0, counts
-    try:
-        return int(fields["cursor"]), {name: int(fields[name]) for name in _COUNTS}
-    except (KeyError, ValueError):  # not a marker this version wrote: start over
-        return 0, counts
-
-
 def migrate(ctx: Context) -> int:
     """Copy a scrapy-redis fingerprint SET into the filter, from where a run stopped."""
     set_key = str(ctx.args.set_key)
@@ -182,9 +170,12 @@ def migrate(ctx: Context) -> int:
     record = bloom.record
     assert record is not None  # opened
     marker = marker_key(set_key)
-    cursor, counts = (0, dict.fromkeys(_COUNTS, 0))
-    if not ctx.args.restart:
-        cursor, counts = _resume_point(client, marker, record.filter_id)
+    cursor, counts = 0, dict.fromkeys(_COUNTS, 0)
+    # Where a run of this filter stopped (whether or not the client decodes responses).
+    saved = {} if ctx.args.restart else pairs(client.hgetall(marker))
+    if saved.get("filter_id") == record.filter_id:
+        with contextlib.suppress(KeyError, ValueError):  # not a marker this version wrote
+            cursor, counts = int(saved["cursor"]), {name: int(saved[name]) for name in _COUNTS}
     resumed = cursor != 0
     batch: list[bytes] = []
     with progress(size, "fp", "Migrating") as bar:
@@ -259,15 +250,13 @@ def _follow(bar: tqdm[Any]) -> Progress:
     return update
 
 
-def _file_result(
-    ctx: Context, path: Path, summary: DumpSummary | RestoreSummary, items: int, **more: Any
-) -> dict[str, Any]:
+def _file_result(ctx: Context, path: Path, summary: Summary, **more: Any) -> dict[str, Any]:
     """Return the JSON result of ``dump`` or ``restore``: the file, the filter, the counts."""
     totals = summary.totals
     return ctx.result(
         file=str(path),
         id=summary.record.filter_id,
-        items=items,
+        items=summary.added,
         parts=totals.parts,
         data_bytes=totals.data_bytes,
         sha256=totals.sha256,
@@ -294,7 +283,6 @@ def dump(ctx: Context) -> int:
         ctx,
         path,
         summary,
-        summary.added,
         chunks=totals.chunks,
         file_bytes=totals.file_bytes,
         forced=summary.forced,
@@ -330,12 +318,11 @@ def restore(ctx: Context) -> int:
     except FilterExistsError as exc:
         raise CLIError(f"{exc} (--replace)") from None
     totals = summary.totals
-    added = summary.counters.get("added", 0)
-    data = _file_result(ctx, path, summary, added, source=summary.source, replaced=summary.replaced)
+    data = _file_result(ctx, path, summary, source=summary.source, replaced=summary.replaced)
     lines = [
         f"Restored the Bloom filter {ctx.key!r} (id {summary.record.filter_id}) on {ctx.where}"
         f" from {str(path)!r} (dumped from {summary.source}): {totals.parts:,} part(s),"
-        f" {added:,} items, {format_bytes(totals.data_bytes)} in {summary.seconds:.1f} s."
+        f" {summary.added:,} items, {format_bytes(totals.data_bytes)} in {summary.seconds:.1f} s."
     ]
     if summary.replaced:
         lines.append("The filter that was under this key was deleted first (--replace).")
@@ -428,19 +415,15 @@ def _refuse_foreign_markers(
                 " servers given mix two filters'. Give this filter's own servers; reset"
                 " another filter's leftovers on their server alone"
             )
-        raise CLIError(
-            ctx.frontend.words(
-                Wording(
-                    "Cannot reset the Bloom filter {key!r} (id {id}) on {where}: Redis at"
-                    " {address} is not its server {server}: {problem}. Nothing was deleted.",
-                    key=ctx.key,
-                    id=record.filter_id,
-                    where=ctx.where,
-                    address=marker.address,
-                    server=marker.server,
-                    problem=problem,
-                )
-            )
+        raise ctx.refusal(
+            "Cannot reset the Bloom filter {key!r} (id {id}) on {where}: Redis at"
+            " {address} is not its server {server}: {problem}. Nothing was deleted.",
+            key=ctx.key,
+            id=record.filter_id,
+            where=ctx.where,
+            address=marker.address,
+            server=marker.server,
+            problem=problem,
         )
 
 
@@ -451,20 +434,15 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     found = inventory.find_orphans(bloom)
     if found.blocking:
         record = found.blocking[0]
-        raise CLIError(
-            ctx.frontend.words(
-                Wording(
-                    "Cannot delete parts of the Bloom filter {key!r} on {where} as orphans:"
-                    " {part!r} on {address} is {what}. Give the servers in"
-                    " {BLOOMFILTER_REDIS_URLS} in the filter's order, then reset again."
-                    " Nothing was deleted.",
-                    key=key,
-                    where=ctx.where,
-                    part=record.key,
-                    address=record.address,
-                    what=record.what,
-                )
-            )
+        raise ctx.refusal(
+            "Cannot delete parts of the Bloom filter {key!r} on {where} as orphans: {part!r} on"
+            " {address} is {what}. Give the servers in {BLOOMFILTER_REDIS_URLS} in the filter's"
+            " order, then reset again. Nothing was deleted.",
+            key=key,
+            where=ctx.where,
+            part=record.key,
+            address=record.address,
+            what=record.what,
         )
     kept = list(found.kept)
     data = ctx.result(
@@ -502,7 +480,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     return EXIT_OK
 
 
-@contextmanager
+@contextlib.contextmanager
 def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
     """Hold the worker registry while deleting: no worker starts on a filter half gone.
 

@@ -133,6 +133,10 @@ class Context:
         """Return a command's result for JSON: the filter's key and servers, then ``fields``."""
         return {"key": self.key, "server": self.address, **fields}
 
+    def refusal(self, template: str, /, **values: object) -> CLIError:
+        """Return the error of a :class:`~..core.errors.Wording`, in the front end's words."""
+        return CLIError(self.frontend.words(Wording(template, **values)))
+
     def own(self, bloom: _B) -> _B:
         """Close ``bloom``'s connections when the command ends."""
         self.stack.callback(bloom.close)
@@ -201,17 +205,7 @@ def run_command(
         raise CLIError(f"cannot connect to {where}: {exc}") from None
     if not config.urls:  # scrapy-redis's connection: REDIS_URL, REDIS_HOST/PORT, REDIS_PARAMS
         where = address = server_address(clients[0])
-    ctx = Context(
-        args=args,
-        settings=settings,
-        frontend=frontend,
-        clients=clients,
-        where=where,
-        address=address,
-        cluster=config.cluster,
-        faults=faults,
-        sizing=sizing,
-    )
+    ctx = Context(args, settings, frontend, clients, where, address, config.cluster, faults, sizing)
     for client in clients:
         ctx.stack.callback(client.close)
     frontend.where = where
@@ -343,18 +337,14 @@ def check_servers(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     given = bloom.topology.servers
     if record.servers == given:
         return
-    raise CLIError(
-        ctx.frontend.words(
-            Wording(
-                "The Bloom filter {key!r} (id {id}) was created on {servers} server(s);"
-                " {given} given. Give each of its servers in {BLOOMFILTER_REDIS_URLS}, in the"
-                " crawl's order: shard i lives on server i mod {servers}.",
-                key=ctx.key,
-                id=record.filter_id,
-                servers=record.servers,
-                given=given,
-            )
-        )
+    raise ctx.refusal(
+        "The Bloom filter {key!r} (id {id}) was created on {servers} server(s); {given} given."
+        " Give each of its servers in {BLOOMFILTER_REDIS_URLS}, in the crawl's order: shard i"
+        " lives on server i mod {servers}.",
+        key=ctx.key,
+        id=record.filter_id,
+        servers=record.servers,
+        given=given,
     )
 
 
@@ -402,13 +392,9 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
     except ServerListMismatchError:
         raise
     except ConfigMismatchError as exc:
-        raise CLIError(
-            ctx.frontend.words(
-                Wording(
-                    "The sizing {settings} do not match the existing filter (leave them out to"
-                    " use the filter as it is): {exc}",
-                    exc=exc.wording or str(exc),
-                )
-            )
+        raise ctx.refusal(
+            "The sizing {settings} do not match the existing filter (leave them out to use the"
+            " filter as it is): {exc}",
+            exc=exc.wording or str(exc),
         ) from None
     return opened, record is None

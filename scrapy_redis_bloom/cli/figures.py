@@ -8,6 +8,8 @@ counters the workers sync about once a second, ``size`` says what a crawl would 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import time
@@ -16,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing, open_existing
-from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table, utc
+from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import SettingsLike
 from scrapy_redis_bloom.core.sizing import (
@@ -40,14 +42,18 @@ from scrapy_redis_bloom.ops import inventory
 #: The two ways of sizing: given one, the other's settings are set aside.
 _BY_RATE = ("BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE")
 _BY_BITS = ("BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER")
+#: The figures of a filter's (or a generation's) state, in ``info --json``'s order.
+_STATE = "bits_set fill_ratio estimated_items estimated_fpr"
 #: What ``info --json`` says of each generation, in order.
-_GENERATION = (
-    *("generation", "shards", "bits", "hash_count", "capacity"),
-    *("bits_set", "fill_ratio", "estimated_items", "estimated_fpr"),
-)
+_GENERATION = "generation shards bits hash_count capacity " + _STATE
 
 
 # -- info ------------------------------------------------------------------------------
+
+
+def _fields(source: object, names: str) -> dict[str, Any]:
+    """Return the attributes of ``source`` that ``names`` lists (as words), by name."""
+    return {name: getattr(source, name) for name in names.split()}
 
 
 def shard_address(bloom: RedisBloomFilter, shard: int) -> str:
@@ -77,7 +83,7 @@ def info(ctx: Context) -> int:
     state = read_state(bloom.parts, record.growth)
     activity, activity_rows = _activity(bloom, state)
     places = inventory.addresses(bloom)
-    created = utc(record.created)
+    created = datetime.fromtimestamp(record.created, UTC)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     growth = record.growth
     written = sum(1 for ones in state.bits_set_per_shard if ones)
@@ -92,22 +98,16 @@ def info(ctx: Context) -> int:
         "state": record.state,
         "created": created.isoformat(),
         "created_timestamp": record.created,
-        "layout": record.layout,
-        "scheme": record.scheme,
+        **_fields(record, "layout scheme"),
         "block_bits": spec.block_bits,
         "sizing": record.sizing,
         "record_servers": record.servers,
         "bits": spec.bits,
         "bytes": spec.total_bytes,
-        "shards": spec.shards,
-        "shard_bits": spec.shard_bits,
-        "hash_count": spec.hash_count,
+        **_fields(spec, "shards shard_bits hash_count"),
         "capacity": record.capacity,
         "expected_fpr_at_capacity": at_capacity,
-        "bits_set": state.bits_set,
-        "fill_ratio": state.fill_ratio,
-        "estimated_items": state.estimated_items,
-        "estimated_fpr": state.estimated_fpr,
+        **_fields(state, _STATE),
         **activity,
         "shards_with_bits_set": written,
         "shards_missing": missing,
@@ -125,19 +125,15 @@ def info(ctx: Context) -> int:
             {"server": m.address, "marker": m.found, "status": m.status} for m in markers
         ],
         "bits_set_per_shard": list(state.bits_set_per_shard),
-        "expansion": record.expansion,
-        "tightening": record.tightening,
-        "ttl": record.ttl,
+        **_fields(record, "expansion tightening ttl"),
         "max_generations": growth.last + 1,
-        "grown_capacity": growth.grown_capacity,
-        "rate_bound": growth.rate_bound,
-        "generations": [
-            {name: getattr(gen, name) for name in _GENERATION} for gen in state.generations
-        ],
+        **_fields(growth, "grown_capacity rate_bound"),
+        "generations": [_fields(gen, _GENERATION) for gen in state.generations],
     }
     state_text: str = record.state
     if record.state == "creating":
         state_text += " (being created, or its creator stopped: a worker opening it finishes it)"
+    blocked = f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""
     rows = [
         ("Bloom filter", key),
         ("Filter id", record.filter_id),
@@ -145,29 +141,27 @@ def info(ctx: Context) -> int:
         ("State", state_text),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
         ("Created", record.created_text()),
-        (
-            "Layout / hash scheme",
-            f"{record.layout} / {record.scheme}"
-            + (f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""),
-        ),
+        ("Layout / hash scheme", f"{record.layout} / {record.scheme}{blocked}"),
         ("Sizing", record.sizing),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
         ("Missing or foreign shards", _damaged_text(bloom, damaged)),
     ]
     if markers:
-        rows.append(
-            (
-                "Server markers",
-                f"{len(markers) - len(bad_markers)} of {len(markers)} in place"
-                + "".join(f"; {m.address}: {m.status} ({m.found!r})" for m in bad_markers),
-            )
-        )
+        bad = "".join(f"; {m.address}: {m.status} ({m.found!r})" for m in bad_markers)
+        in_place = len(markers) - len(bad_markers)
+        rows.append(("Server markers", f"{in_place} of {len(markers)} in place{bad}"))
+    grown = (  # what growth buys a growing filter
+        f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
+        f" in all at an FP rate under {growth.rate_bound:.3g}"
+        if record.expansion
+        else ""
+    )
     rows += [
         ("Hash functions (k)", str(spec.hash_count)),
         ("Capacity", f"{record.capacity:,} items"),
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
-        ("Growth / re-crawl", record.growth_text() + _grown(record)),
+        ("Growth / re-crawl", record.growth_text() + grown),
     ]
     layouts, layout_rows = _record_layouts(record)
     data["layouts"] = layouts
@@ -182,16 +176,13 @@ def info(ctx: Context) -> int:
         for gen in state.generations
         if record.expansion or record.ttl
     ]
+    together = " (all generations together)" if len(state.generations) > 1 else ""
     rows += [
         ("Bits set", f"{state.bits_set:,}"),
         ("Fill ratio", f"{100 * state.fill_ratio:.4f} %"),
         *fill_chart(state.bits_set_per_shard, state.total_bits // spec.shards),
         ("Estimated items", f"{state.estimated_items:,}"),
-        (
-            "Estimated FP rate now",
-            f"{state.estimated_fpr:.3g}"
-            + (" (all generations together)" if len(state.generations) > 1 else ""),
-        ),
+        ("Estimated FP rate now", f"{state.estimated_fpr:.3g}{together}"),
     ]
     emit(ctx, data, table(rows + activity_rows))
     return EXIT_OK
@@ -231,17 +222,15 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         "servers": places,
         "id": record.filter_id,
         "state": record.state,
-        "created": utc(record.created).isoformat(),
+        "created": datetime.fromtimestamp(record.created, UTC).isoformat(),
         "layout": record.layout,
         "sizing": record.sizing,
         "shards": record.spec.shards,
         "shards_missing": len(absent),
         "missing_shard_keys": [bloom.shard_keys[s] for s in absent],
-        "capacity": record.capacity,
-        "expansion": record.expansion,
+        **_fields(record, "capacity expansion"),
         "generations": len(state.generations),
-        "estimated_items": state.estimated_items,
-        "estimated_fpr": state.estimated_fpr,
+        **_fields(state, "estimated_items estimated_fpr"),
         "layouts": layouts,
         **activity,
     }
@@ -283,9 +272,7 @@ def _layouts(
     """Return each layout's figures as data and as rows; ``current`` is marked ``mark``."""
     data = [
         {
-            "layout": cost.layout,
-            "hash_count": cost.hash_count,
-            "memory_bytes": cost.memory_bytes,
+            **_fields(cost, "layout hash_count memory_bytes"),
             "error_rate_at_capacity": cost.error_rate,
             "redis_us_per_check": round(cost.check_us, 2),
             "current": cost.layout == current,
@@ -319,17 +306,6 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
     else:
         current = "blocked" if record.spec.block_bits else "classic"
     return _layouts(costs, current, "this filter")
-
-
-def _grown(record: FilterRecord) -> str:
-    """Say what growth buys a growing filter."""
-    growth = record.growth
-    if not record.expansion:
-        return ""
-    return (
-        f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
-        f" in all at an FP rate under {growth.rate_bound:.3g}"
-    )
 
 
 def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
@@ -389,17 +365,13 @@ def watch(ctx: Context) -> int:
     interval = float(ctx.args.interval)
     count: int | None = ctx.args.count
     previous: dict[str, Any] | None = None
-    done = 0
-    try:
-        while count is None or done < count:
+    with contextlib.suppress(KeyboardInterrupt):  # the way to stop a watch without --count
+        for done in itertools.count() if count is None else range(count):
             if done:
                 time.sleep(interval)
             sample = _sample(bloom)
             out(json.dumps(sample) if ctx.args.json else _line(sample, previous))
             previous = sample
-            done += 1
-    except KeyboardInterrupt:
-        pass  # the way to stop a watch without --count
     return EXIT_OK
 
 
@@ -442,15 +414,11 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         "bits": spec.bits,
         "bits_asked": wanted,
         "hash_number": spec.hash_count,
-        "shards": spec.shards,
-        "shard_bits": spec.shard_bits,
-        "block_bits": spec.block_bits,
+        **_fields(spec, "shards shard_bits block_bits"),
         "bytes": spec.total_bytes,
         "memory_bytes": memory,
-        "expansion": config.expansion,
-        "ttl": config.ttl,
-        "grown_capacity": growth.grown_capacity,
-        "rate_bound": growth.rate_bound,
+        **_fields(config, "expansion ttl"),
+        **_fields(growth, "grown_capacity rate_bound"),
     }
     costs = layout_costs(
         config.sizing,
@@ -476,16 +444,12 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, generation 0)"),
         *layout_rows,
     ]
-    if config.expansion:
-        rows.append(
-            (
-                "Growth",
-                f"x{config.expansion} per generation, up to {growth.grown_capacity:,} items"
-                f" at an FP rate under {growth.rate_bound:.3g}",
-            )
-        )
-    else:
-        rows.append(("Growth", "none (BLOOMFILTER_EXPANSION = 0): a fixed size"))
+    grows = (
+        f"x{config.expansion} per generation, up to {growth.grown_capacity:,} items"
+        f" at an FP rate under {growth.rate_bound:.3g}"
+    )
+    fixed = "none (BLOOMFILTER_EXPANSION = 0): a fixed size"
+    rows.append(("Growth", grows if config.expansion else fixed))
     if config.ttl:
         rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
     emit(args, data, table(rows))

@@ -46,27 +46,20 @@ def key_argument(value: str) -> str:
     return value
 
 
-def seconds_argument(value: str, zero_ok: bool = False) -> float:
-    """Parse a finite number of seconds: positive, or also 0 if ``zero_ok``."""
+def number_argument(value: str, kind: type[float] = float, zero_ok: bool = False) -> float:
+    """Parse a finite number (``kind`` int: a whole one): positive, or also 0 if ``zero_ok``."""
+    what = "whole number" if kind is int else "number"
     try:
-        number = float(value)
+        number = kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        raise argparse.ArgumentTypeError(f"not a {what}: {value!r}") from None
     if not (math.isfinite(number) and (number > 0 or (zero_ok and number == 0))):
         which = "non-negative" if zero_ok else "positive"
-        raise argparse.ArgumentTypeError(f"must be a {which} number, got {value!r}")
+        raise argparse.ArgumentTypeError(f"must be a {which} {what}, got {value!r}")
     return number
 
 
-def positive_int(value: str) -> int:
-    """Parse a positive whole number."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
-    return number
+positive_int = functools.partial(number_argument, kind=int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,77 +77,69 @@ class Command:
     description: str
 
 
+#: The subcommands the alias has too, by its names; the handlers, by their commands' names.
+_ALIASES = dict(info="info", reset="reset", add="add", check="check", migrate="migrate-set")
+_HANDLERS = {h.__name__: h for h in (info, reset, add, check, migrate, dump, restore, watch)}
+
+
+def _command(name: str, help: str, description: str) -> Command:
+    """Declare a subcommand: the alias names it by :data:`_ALIASES` (if it has it)."""
+    return Command(name, _ALIASES.get(name), _HANDLERS.get(name), help, description)
+
+
 COMMANDS = (
-    Command(
+    _command(
         "info",
-        "info",
-        info,
         "show the filter: capacity, items, fill, FP rate, memory, backend, workers",
         "Show the filter's configuration (from its record) and the state of its bits: bits"
         " set, fill ratio (a bar chart of the shards' fill), estimated items and"
         " false-positive rate now, its counters and live workers. Repairs nothing.",
     ),
-    Command(
+    _command(
         "size",
-        None,
-        None,
         "sizing calculator: capacity/error rate <-> BIT/HASH_NUMBER, with memory",
         "Say what a crawl creates from the sizing settings, overridden by these options.",
     ),
-    Command(
+    _command(
         "reset",
-        "reset",
-        reset,
         "delete the filter: its record and every part, on every server",
         "Delete the filter's record, shards, counters and server markers, forgetting every"
         " request it has seen. Stop the crawl first: a filter with live workers (see info)"
         " is refused unless --force. Asks for confirmation on a terminal; otherwise pass"
         " --yes. A filter that does not exist is not an error.",
     ),
-    Command(
+    _command(
         "add",
-        "add",
-        add,
         "add fingerprints from files or stdin",
         "Add request fingerprints to the filter and count those new and those already"
         " present (a false positive counts as present).",
     ),
-    Command(
+    _command(
         "check",
-        "check",
-        check,
         "count how many fingerprints the filter holds",
         "Count the fingerprints the filter (probably) holds. Changes nothing.",
     ),
-    Command(
+    _command(
         "migrate",
-        "migrate-set",
-        migrate,
         "copy a scrapy-redis dupefilter SET into the filter (resumable)",
         "Copy the fingerprints of scrapy-redis's dupefilter SET into the filter by SSCAN, in"
         " batches; an interrupted run continues where it stopped. The SET is left in place.",
     ),
-    Command(
+    _command(
         "dump",
-        None,
-        dump,
         "write the filter to a file (streamed, checksummed)",
         "Write the filter's record, counters and bits to FILE, in checksummed chunks:"
         " memory stays flat whatever its size. Refuses while workers hold live leases"
         " unless --force.",
     ),
-    Command(
+    _command(
         "restore",
-        None,
-        restore,
         "restore a dump file as the filter, on any topology",
         "Check FILE whole (every checksum), then write the filter it holds on the servers"
         " the settings name; a refused or failed restore leaves nothing behind.",
     ),
-    Command(
+    _command(
         "watch",
-        None,
-        watch,
         "print live items, fill and FP rate every interval while a crawl runs",
         "Print one line of the filter's live figures every --interval seconds.",
     ),
@@ -163,6 +148,9 @@ COMMANDS = (
 #: The subcommands that work on a filter in Redis (all but ``size``), by ``scrapy bloom``'s
 #: names: the alias has the first five (``migrate`` named ``migrate-set``).
 ON_FILTER = "info reset add check migrate dump restore watch"
+#: The subcommands (``scrapy bloom``'s | the alias's) of the connection and sizing options.
+CONNECTING = "| " + ON_FILTER
+SIZED = "size | add migrate"
 #: Titles of the help's sections.
 WHERE = "where the filter lives (as the crawl's settings)"
 SIZING = "sizing (to create a missing filter; checked against an existing one)"
@@ -191,51 +179,36 @@ class Option:
         return str(self.kwargs.get("dest") or self.flags[-1].lstrip("-").replace("-", "_"))
 
 
-def option(
-    flags: str,
-    scrapy: str,
-    alias: str,
-    help: str,
-    *,
-    in_alias: dict[str, Any] | None = None,
-    group: str | None = None,
-    setting: str = "",
-    **kwargs: Any,
-) -> Option:
-    """Declare an option: flags and subcommands as words; ``kwargs`` are argparse's."""
+def option(flags: str, commands: str, help: str, **kwargs: Any) -> Option:
+    """Declare an option: flags, then its metavar if in capitals; ``commands``: its subcommands.
+
+    Those of ``scrapy bloom``, then ``|`` and those of the alias, as words. ``in_alias``,
+    ``group`` and ``setting`` are :class:`Option`'s fields, the other keywords argparse's.
+    """
+    words = flags.split()
+    if words[-1].isupper():
+        kwargs["metavar"] = words.pop()
+    scrapy, _, alias = commands.partition("|")
+    ours = {name: kwargs.pop(name) for name in ("in_alias", "group", "setting") if name in kwargs}
     return Option(
-        tuple(flags.split()),
-        tuple(scrapy.split()),
-        tuple(alias.split()),
-        {"help": help, **kwargs},
-        in_alias or {},
-        group,
-        setting,
+        tuple(words), tuple(scrapy.split()), tuple(alias.split()), {"help": help, **kwargs}, **ours
     )
 
 
-def switch(flags: str, scrapy: str, alias: str, help: str, **kwargs: Any) -> Option:
+def switch(flags: str, commands: str, help: str, **kwargs: Any) -> Option:
     """Declare an option that is off unless given (``store_true``)."""
-    return option(flags, scrapy, alias, help, action="store_true", **kwargs)
+    return option(flags, commands, help, action="store_true", **kwargs)
 
 
-def sizing(flag: str, metavar: str) -> Option:
+def sizing(flags: str) -> Option:
     """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
 
     Its type, range and default, in its help, come from its setting's row of the table.
     """
+    flag = flags.split()[0]
     row = setting("BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper())
     kind = int if row.kind == "int" else float
-    return option(
-        flag,
-        "size",
-        "add migrate",
-        row.summary(),
-        type=kind,
-        metavar=metavar,
-        group=SIZING,
-        setting=row.name,
-    )
+    return option(flags, SIZED, row.summary(), type=kind, group=SIZING, setting=row.name)
 
 
 #: The alias's TLS files: each option, the client argument it gives (as a crawl gives it in
@@ -246,169 +219,133 @@ TLS_FILES = (
     ("--tls-key", "ssl_keyfile", "the client certificate's private key"),
 )
 
-#: Each option: its flags, the subcommands of ``scrapy bloom`` and of the alias that take
-#: it, its help, then argparse's keywords.
+#: Each option: its flags (and metavar), the subcommands of ``scrapy bloom`` and of the
+#: alias that take it, its help, then argparse's keywords.
 OPTIONS = (
     option(
-        "-s --set",
-        ON_FILTER + " size",
-        "",
+        "-s --set NAME=VALUE",
+        ON_FILTER + " size |",
         "set/override setting (may be repeated)",
         dest="sub_set",
         action="append",
         default=[],
-        metavar="NAME=VALUE",
     ),
     option(
-        "--redis-url",
-        "",
-        ON_FILTER,
+        "--redis-url URL",
+        CONNECTING,
         "Redis URL; give it several times for a server list, in the crawl's order"
         " (BLOOMFILTER_REDIS_URLS: shard i on server i mod n). Default: $REDIS_URL, else"
         f" {DEFAULT_REDIS_URL}",
         action="append",
-        metavar="URL",
         group=WHERE,
         setting="BLOOMFILTER_REDIS_URL",
     ),
     switch(
         "--cluster",
-        "",
-        ON_FILTER,
+        CONNECTING,
         "the --redis-url is a node of a Redis Cluster (BLOOMFILTER_REDIS_CLUSTER)",
         group=WHERE,
         setting="BLOOMFILTER_REDIS_CLUSTER",
     ),
     *(
-        option(flag, "", ON_FILTER, f"{what} ({param})", metavar="FILE", group=WHERE)
+        option(f"{flag} FILE", CONNECTING, f"{what} ({param})", group=WHERE)
         for flag, param, what in TLS_FILES
     ),
     option(
-        "--spider",
-        ON_FILTER,
-        "",
+        "--spider NAME",
+        ON_FILTER + " |",
         "the spider whose filter it is: fills in BLOOMFILTER_KEY's %%(spider)s (or give --key)",
-        metavar="NAME",
     ),
     option(
-        "--key",
-        ON_FILTER,
-        ON_FILTER,
+        "--key KEY",
+        f"{ON_FILTER} | {ON_FILTER}",
         "the filter's key: BLOOMFILTER_KEY with the spider's name filled in,"
         " e.g. myspider:bloomfilter",
         type=key_argument,
-        metavar="KEY",
         in_alias={"required": True},
     ),
-    switch("--json", ON_FILTER + " size", ON_FILTER, "print the result as JSON"),
+    switch("--json", f"{ON_FILTER} size | {ON_FILTER}", "print the result as JSON"),
     option(
-        "--timeout",
-        "",
-        ON_FILTER,
+        "--timeout SECONDS",
+        CONNECTING,
         "socket timeout of each Redis command (default: %(default)s)",
-        type=seconds_argument,
+        type=number_argument,
         default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
     ),
     option(
-        "--retry-timeout",
-        "",
-        ON_FILTER,
+        "--retry-timeout SECONDS",
+        CONNECTING,
         "how long a failing Redis command is retried, 0 for once"
         " (BLOOMFILTER_RETRY_TIMEOUT; default: %(default)s)",
-        type=functools.partial(seconds_argument, zero_ok=True),
+        type=functools.partial(number_argument, zero_ok=True),
         default=DEFAULT_RETRY_TIMEOUT,
-        metavar="SECONDS",
         setting="BLOOMFILTER_RETRY_TIMEOUT",
     ),
-    switch("-v --verbose", "", ON_FILTER, "log what the engine does on stderr"),
-    sizing("--capacity", "N"),
-    sizing("--error-rate", "P"),
-    sizing("--bit", "B"),
-    sizing("--hash-number", "K"),
-    sizing("--shard-bit", "S"),
-    sizing("--shards", "N"),
-    sizing("--expansion", "E"),
-    sizing("--ttl", "SECONDS"),
+    switch("-v --verbose", CONNECTING, "log what the engine does on stderr"),
+    sizing("--capacity N"),
+    sizing("--error-rate P"),
+    sizing("--bit B"),
+    sizing("--hash-number K"),
+    sizing("--shard-bit S"),
+    sizing("--shards N"),
+    sizing("--expansion E"),
+    sizing("--ttl SECONDS"),
     option(
         "--blocked",
-        "size",
-        "add migrate",
+        SIZED,
         "BLOOMFILTER_BLOCKED: each URL's bits in one 512-bit block, a new bitmap filter's"
         " default; --no-blocked for the classic (unblocked) layout",
         action=argparse.BooleanOptionalAction,
         group=SIZING,
         setting="BLOOMFILTER_BLOCKED",
     ),
-    switch("-y --yes", "reset", "reset", "do not ask for confirmation"),
-    switch("--force", "reset", "reset", "reset even while workers hold live leases"),
+    switch("-y --yes", "reset | reset", "do not ask for confirmation"),
+    switch("--force", "reset | reset", "reset even while workers hold live leases"),
     option(
-        "files",
-        "add check",
-        "add check",
+        "files FILE",
+        "add check | add check",
         "files of fingerprints (40 hex digits), one a line; - for stdin, which is read when no"
         " FILE is given",
         nargs="*",
         default=[],
-        metavar="FILE",
     ),
     switch(
         "--urls",
-        "add check",
-        "",
+        "add check |",
         "the lines are URLs: fingerprint them as the crawl's dupefilter does",
     ),
     option(
-        "--set-key",
-        "migrate",
-        "migrate",
+        "--set-key KEY",
+        "migrate | migrate",
         "the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
-        metavar="KEY",
         in_alias={"required": True, "help": "the SET to read, e.g. myspider:dupefilter"},
     ),
     switch(
         "--restart",
-        "migrate",
-        "migrate",
+        "migrate | migrate",
         "start over, ignoring the progress marker an interrupted run left",
     ),
     option(
-        "--batch",
-        "migrate",
-        "migrate",
+        "--batch N",
+        "migrate | migrate",
         "fingerprints per bulk call, and between two saves of the progress marker"
         " (default: %(default)s)",
         type=positive_int,
         default=BATCH,
-        metavar="N",
     ),
-    option("file", "dump restore", "", "the dump file to write (dump) or read (restore)"),
+    option("file", "dump restore |", "the dump file to write (dump) or read (restore)"),
     switch(
-        "--force",
-        "dump",
-        "",
-        "dump even while workers add (URLs they add meanwhile may be missing)",
+        "--force", "dump |", "dump even while workers add (URLs they add meanwhile may be missing)"
     ),
-    switch(
-        "--replace", "restore", "", "delete a filter already under the key first (else refused)"
-    ),
+    switch("--replace", "restore |", "delete a filter already under the key first (else refused)"),
     option(
-        "--interval",
-        "watch",
-        "",
+        "--interval SECONDS",
+        "watch |",
         "seconds between lines (default: %(default)s)",
-        type=seconds_argument,
+        type=number_argument,
         default=5.0,
-        metavar="SECONDS",
     ),
-    option(
-        "--count",
-        "watch",
-        "",
-        "stop after N lines (default: never)",
-        type=positive_int,
-        metavar="N",
-    ),
+    option("--count N", "watch |", "stop after N lines (default: never)", type=positive_int),
 )
 
 

@@ -13,7 +13,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import IO, Any
 
 from tqdm import tqdm
@@ -121,11 +121,6 @@ def orphan_data(orphans: Sequence[Orphan]) -> list[dict[str, str]]:
     return [{"key": o.key, "server": o.address, "what": o.what} for o in orphans]
 
 
-def utc(timestamp: float) -> datetime:
-    """Return a Unix timestamp as an aware UTC datetime."""
-    return datetime.fromtimestamp(timestamp, tz=UTC)
-
-
 def confirm_or_abort(ctx: Context, what: str, lines: Sequence[str] = ()) -> None:
     """Ask before deleting, unless ``--yes``; raise if the answer is not an explicit yes."""
     if ctx.args.yes:
@@ -148,14 +143,13 @@ FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")
 _URL = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
+@dataclass(eq=False)  # hashable, as exceptions are
 class BadLineError(Exception):
     """An input line that is not what the command reads."""
 
-    def __init__(self, source: str, lineno: int, text: bytes) -> None:
-        super().__init__(source, lineno, text)
-        self.source = source
-        self.lineno = lineno
-        self.text = text
+    source: str
+    lineno: int
+    text: bytes
 
 
 def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:

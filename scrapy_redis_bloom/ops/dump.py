@@ -40,16 +40,27 @@ _GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
 
 
 @dataclass(frozen=True, slots=True)
-class DumpSummary:
-    """What :func:`dump_filter` wrote; ``added``: the item count, ``forced``: workers were live."""
+class Summary:
+    """What :func:`dump_filter` or :func:`.restore.restore_filter` wrote, and in how long.
+
+    ``source``: where the filter was dumped from; ``forced``: workers were live during a
+    dump; ``target``: where a restore wrote; ``replaced``: it deleted a filter there first.
+    """
 
     key: str
     record: FilterRecord
     source: str
     totals: Totals
     seconds: float
-    added: int
-    forced: bool
+    counters: dict[str, int]
+    forced: bool = False
+    target: str = ""
+    replaced: bool = False
+
+    @property
+    def added(self) -> int:
+        """The filter's item count: the workers' ``added`` counter."""
+        return self.counters.get("added", 0)
 
 
 class FilterBusyError(BloomFilterError):
@@ -75,7 +86,7 @@ def part_key(key: str, record: FilterRecord, shard: int, generation: int = 0) ->
 
 def dump_filter(
     bloom: FilterBase, out: BinaryIO, progress: Progress | None = None, *, force: bool = False
-) -> DumpSummary:
+) -> Summary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
     ``bloom`` needs no opening, of either class: the record read from Redis decides
@@ -159,15 +170,7 @@ def dump_filter(
         totals.data_bytes,
         seconds,
     )
-    return DumpSummary(
-        key=bloom.key,
-        record=record,
-        source=where,
-        totals=totals,
-        seconds=seconds,
-        added=counters.get("added", 0),
-        forced=bool(workers),
-    )
+    return Summary(bloom.key, record, where, totals, seconds, counters, forced=bool(workers))
 
 
 #: What the piece generators yield: (kind, shard, generation, position, data).

@@ -91,10 +91,7 @@ class DumpWriter:
     def __init__(self, out: BinaryIO) -> None:
         self.out = out
         self._sha = hashlib.sha256()
-        self.file_bytes = 0
-        self.parts = 0
-        self.chunks = 0
-        self.data_bytes = 0
+        self.file_bytes = self.parts = self.chunks = self.data_bytes = 0
         self._part: tuple[int, int, int] | None = None
 
     def _write(self, data: bytes) -> None:

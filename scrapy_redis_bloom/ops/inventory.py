@@ -74,7 +74,8 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
         return StoredRecord(fields, None, str(exc))
     if record.servers not in (1, len(addresses(bloom))):
         return StoredRecord(fields, record)  # the wrong servers: refused by name later
-    keys = key_count(bloom)
+    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
+    keys = sum(int(reply) for reply in bloom.parts.run("count the keys", calls))  # all servers'
     if record.spec.shards > keys:
         return StoredRecord(
             fields,
@@ -85,12 +86,6 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
             f" {bloom.key!r}): the filter's parts are then found by SCAN.",
         )
     return StoredRecord(fields, record)
-
-
-def key_count(bloom: RedisBloomFilter) -> int:
-    """Return the number of keys (DBSIZE) over every server or cluster master."""
-    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
-    return sum(int(reply) for reply in bloom.parts.run("count the keys", calls))
 
 
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
@@ -307,12 +302,8 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
         if text(kind) != ("hash" if hashed else "string") or isinstance(content, BaseException):
             kept.append(found)  # e.g. WRONGTYPE: another type than the part's
             continue
-        if part == "shard":
-            orphan = _as_shard(found, bytes(content), shard or 0)
-        elif part == "marker":
-            orphan = _as_marker(found, bytes(content))
-        elif part == "counters":
-            orphan = _as_counters(found, pairs(content))
+        if part != "record":
+            orphan = _proven(found, part, content)
         else:
             orphan, usable = _as_record(bloom, found, pairs(content))
             why = ""
@@ -361,23 +352,23 @@ def _run_each(
     return out
 
 
-def _as_shard(found: Orphan, head: bytes, shard: int) -> Orphan:
-    ident = layout.Identity.parse(head)
-    if ident is None or ident.shard != shard:
-        return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
-    what = f"shard {shard} of filter id {ident.filter_id}"
-    return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
-
-
-def _as_marker(found: Orphan, value: bytes) -> Orphan:
-    marker = layout.parse_marker(text(value))
-    if marker is None:
-        return replace(found, what="a string that is not a server marker (no filter id)")
-    what = f"server marker {text(value)!r}"
-    return replace(found, what=what, kind="marker", proof=value, filter_id=marker[0])
-
-
-def _as_counters(found: Orphan, fields: dict[str, str]) -> Orphan:
+def _proven(found: Orphan, part: str, content: Any) -> Orphan:
+    """Return a shard, marker or counters candidate as the part its content proves, if it does."""
+    if part == "shard":
+        shard, head = found.shard or 0, bytes(content)
+        ident = layout.Identity.parse(head)
+        if ident is None or ident.shard != shard:
+            return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
+        what = f"shard {shard} of filter id {ident.filter_id}"
+        return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
+    if part == "marker":
+        value = bytes(content)
+        marker = layout.parse_marker(text(value))
+        if marker is None:
+            return replace(found, what="a string that is not a server marker (no filter id)")
+        what = f"server marker {text(value)!r}"
+        return replace(found, what=what, kind="marker", proof=value, filter_id=marker[0])
+    fields = pairs(content)
     if not fields or not set(fields) <= COUNTER_FIELDS:
         return replace(found, what="a hash with other fields than the counters'")
     counts = ", ".join(f"{name}={fields[name]}" for name in sorted(fields))

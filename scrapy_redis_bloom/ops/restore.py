@@ -30,6 +30,7 @@ from scrapy_redis_bloom.ops.dump import (
     PIECE,
     FilterBusyError,
     Progress,
+    Summary,
     generations_in,
     part_bytes,
     part_key,
@@ -37,7 +38,6 @@ from scrapy_redis_bloom.ops.dump import (
 from scrapy_redis_bloom.ops.dumpfile import (
     BITMAP,
     NATIVE,
-    Chunk,
     DumpFileError,
     DumpReader,
     Totals,
@@ -62,20 +62,6 @@ class RestoreFailedError(BloomFilterError):
 
 
 @dataclass(frozen=True, slots=True)
-class RestoreSummary:
-    """What :func:`restore_filter` wrote; ``replaced``: a filter under the key was deleted first."""
-
-    key: str
-    record: FilterRecord
-    source: str
-    target: str
-    totals: Totals
-    seconds: float
-    replaced: bool
-    counters: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
 class VerifiedDump:
     """A dump file checked whole (pass 1); ``shard_bytes`` for the memory check."""
 
@@ -86,157 +72,111 @@ class VerifiedDump:
     shard_bytes: array[int]
 
 
-def _size(inp: BinaryIO, name: str) -> tuple[int, int]:
-    """Return the stream's position and its bytes from there; refuse one that cannot seek."""
-    if not inp.seekable():
-        raise DumpFileError(
-            f"The dump file {name} cannot be restored from a stream that cannot seek (a pipe):"
-            " a restore reads it twice, to check every checksum before it writes anything,"
-            " then to write. Save it to a file first."
-        )
-    start = inp.tell()
-    end = inp.seek(0, 2)
-    inp.seek(start)
-    return start, end - start
-
-
 def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> VerifiedDump:
     """Check a whole dump file (pass 1), ``progress(bytes read)`` after each chunk; write nothing.
 
+    The chunks must make the filter its record describes, each part whole and in order.
     Raises :class:`~.dumpfile.DumpFileError` naming the first problem found.
     """
     reader = DumpReader(inp, name)
+    fail = reader.refuse
     header = reader.header()
-    record = _record_of(header, reader)
-    counters = _counters_of(header, reader)
-    checker = _Checker(record, reader)
-    for chunk in reader.chunks():
-        checker.take(chunk)
-        progress(reader.offset)
-    checker.finish()
-    progress(reader.offset)
-    assert reader.totals is not None  # set once the trailer was checked
-    return VerifiedDump(header, record, counters, reader.totals, checker.shard_bytes)
-
-
-def _record_of(header: dict[str, Any], reader: DumpReader) -> FilterRecord:
     fields = header.get("record")
     if not isinstance(fields, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in fields.items()
     ):
-        raise reader.refuse("its header holds no config record")
+        raise fail("its header holds no config record")
     try:
         record = FilterRecord.parse("KEY:meta", fields)
     except BloomFilterError as exc:  # its advice (reset the key) is not for a file
         problem = str(exc).split(" cannot be used: ", 1)[-1].split(". Check that", 1)[0]
-        raise reader.refuse(f"the config record it holds cannot be used: {problem}") from None
+        raise fail(f"the config record it holds cannot be used: {problem}") from None
     if record.ttl or record.state != "ready":
-        raise reader.refuse("its config record is not that of a ready filter without a TTL")
-    return record
-
-
-def _counters_of(header: dict[str, Any], reader: DumpReader) -> dict[str, int]:
+        raise fail("its config record is not that of a ready filter without a TTL")
     counters = header.get("counters", {})
     if not isinstance(counters, dict) or not all(
         name in ("added", "seen") and isinstance(value, int) and value >= 0
         for name, value in counters.items()
     ):
-        raise reader.refuse("its counters are not 'added' and 'seen' counts")
-    return {str(name): int(value) for name, value in counters.items()}
+        raise fail("its counters are not 'added' and 'seen' counts")
+    kind = NATIVE if record.backend == "native" else BITMAP
+    shards = record.spec.shards
+    shard, generation, generations, offset = -1, 0, 1, 0
+    shard_bytes = array("Q", [0]) * shards
 
-
-class _Checker:
-    """Checks, chunk by chunk, that a file's chunks make the filter its record describes."""
-
-    def __init__(self, record: FilterRecord, reader: DumpReader) -> None:
-        self.record = record
-        self.fail = reader.refuse
-        self.kind = NATIVE if record.backend == "native" else BITMAP
-        self.shard = -1
-        self.generation = 0
-        self.generations = 1
-        self.offset = 0
-        self.shard_bytes = array("Q", [0]) * record.spec.shards
-
-    def take(self, chunk: Chunk) -> None:
-        """Check one chunk against the parts before it and the record."""
-        if chunk.kind != self.kind:
-            raise self.fail(
-                f"{chunk.where()} is a {'native' if chunk.kind == NATIVE else 'bitmap'} chunk,"
-                f" and its record is of a {self.record.backend} filter (the file is corrupted)"
-            )
-        if chunk.index == 1:
-            self._start(chunk)
-        if self.kind == BITMAP and chunk.position != self.offset:
-            raise self.fail(
-                f"{chunk.where()} starts at byte {chunk.position:,} of its part, where byte"
-                f" {self.offset:,} was due (the file is corrupted)"
-            )
-        if self.kind == NATIVE and chunk.position == 0:
-            raise self.fail(f"{chunk.where()} has no BF.SCANDUMP position (corrupted)")
-        self.offset += len(chunk.data)
-        self.shard_bytes[chunk.shard] += len(chunk.data)
-        if self.kind == BITMAP and self.offset > part_bytes(self.record, chunk.generation):
-            length = part_bytes(self.record, chunk.generation)
-            raise self.fail(f"{chunk.where()} ends past the part's {length:,} bytes (corrupted)")
-
-    def _start(self, chunk: Chunk) -> None:
-        """Check a part's first chunk: the next shard or generation, with the identity."""
-        if chunk.generation == 0:
-            self._end_shard()
-            due = (self.shard + 1, 0)
-        else:
-            self._end_part()
-            due = (self.shard, self.generation + 1)
-        if (chunk.shard, chunk.generation) != due or chunk.shard >= self.record.spec.shards:
-            raise self.fail(
-                f"{chunk.where()} comes where {'generation' if due[1] else 'shard'}"
-                f" {due[1] if due[1] else due[0]} was due (the file is corrupted)"
-            )
-        if chunk.generation >= self.generations:
-            raise self.fail(
-                f"{chunk.where()} is past the {self.generations} generation(s) its shard's"
-                " header names (the file is corrupted)"
-            )
-        self.shard, self.generation, self.offset = chunk.shard, chunk.generation, 0
-        if self.kind == NATIVE:
+    def end_part() -> None:  # a bitmap part ends whole
+        if shard < 0 or kind == NATIVE:
             return
-        expected = layout.identity(self.record.filter_id, chunk.shard, self.record.spec.hash_count)
-        if chunk.data[: layout.IDENTITY_BYTES] != expected:
-            raise self.fail(f"{chunk.where()} does not carry the record's filter id and shard")
-        if chunk.generation == 0:
-            found = generations_in(chunk.data) if self.record.expansion else 1
-            if found > self.record.growth.last + 1:
-                raise self.fail(f"{chunk.where()}'s header claims {found} generations")
-            self.generations = found
-
-    def _end_part(self) -> None:
-        if self.shard < 0 or self.kind == NATIVE:
-            return
-        length = part_bytes(self.record, self.generation)
-        if self.offset != length:
-            raise self.fail(
-                f"{part_name(BITMAP, self.shard, self.generation)} holds {self.offset:,} bytes of"
-                f" {length:,} (the file is corrupted)"
+        length = part_bytes(record, generation)
+        if offset != length:
+            raise fail(
+                f"{part_name(BITMAP, shard, generation)} holds {offset:,} bytes of {length:,}"
+                " (the file is corrupted)"
             )
 
-    def _end_shard(self) -> None:
-        self._end_part()
-        if self.shard >= 0 and self.generation + 1 != self.generations:
-            raise self.fail(
-                f"shard {self.shard} has {self.generation + 1} generation(s) in the file, and"
-                f" its header says {self.generations} (the file is corrupted)"
+    def end_shard() -> None:  # a shard ends with the generations its header names
+        end_part()
+        if shard >= 0 and generation + 1 != generations:
+            raise fail(
+                f"shard {shard} has {generation + 1} generation(s) in the file, and its header"
+                f" says {generations} (the file is corrupted)"
             )
 
-    def finish(self) -> None:
-        """Check that the last shard was whole and every shard was there."""
-        self._end_shard()
-        shards = self.record.spec.shards
-        if self.shard != shards - 1:
-            raise self.fail(
-                f"it holds {self.shard + 1:,} of the filter's {shards:,} shards (the file is"
-                " corrupted)"
+    for chunk in reader.chunks():
+        where = chunk.where()
+        if chunk.kind != kind:
+            raise fail(
+                f"{where} is a {'native' if chunk.kind == NATIVE else 'bitmap'} chunk, and its"
+                f" record is of a {record.backend} filter (the file is corrupted)"
             )
+        if chunk.index == 1:  # a part's first: the next shard or generation, with the identity
+            if chunk.generation == 0:
+                end_shard()
+                due = (shard + 1, 0)
+            else:
+                end_part()
+                due = (shard, generation + 1)
+            if (chunk.shard, chunk.generation) != due or chunk.shard >= shards:
+                raise fail(
+                    f"{where} comes where {'generation' if due[1] else 'shard'}"
+                    f" {due[1] if due[1] else due[0]} was due (the file is corrupted)"
+                )
+            if chunk.generation >= generations:
+                raise fail(
+                    f"{where} is past the {generations} generation(s) its shard's header names"
+                    " (the file is corrupted)"
+                )
+            shard, generation, offset = chunk.shard, chunk.generation, 0
+            if kind == BITMAP:
+                expected = layout.identity(record.filter_id, shard, record.spec.hash_count)
+                if chunk.data[: layout.IDENTITY_BYTES] != expected:
+                    raise fail(f"{where} does not carry the record's filter id and shard")
+                if generation == 0:
+                    generations = generations_in(chunk.data) if record.expansion else 1
+                    if generations > record.growth.last + 1:
+                        raise fail(f"{where}'s header claims {generations} generations")
+        if kind == BITMAP and chunk.position != offset:
+            raise fail(
+                f"{where} starts at byte {chunk.position:,} of its part, where byte {offset:,}"
+                " was due (the file is corrupted)"
+            )
+        if kind == NATIVE and chunk.position == 0:
+            raise fail(f"{where} has no BF.SCANDUMP position (corrupted)")
+        offset += len(chunk.data)
+        shard_bytes[chunk.shard] += len(chunk.data)
+        length = part_bytes(record, generation) if kind == BITMAP else offset
+        if offset > length:
+            raise fail(f"{where} ends past the part's {length:,} bytes (corrupted)")
+        progress(reader.offset)
+    end_shard()
+    if shard != shards - 1:
+        raise fail(
+            f"it holds {shard + 1:,} of the filter's {shards:,} shards (the file is corrupted)"
+        )
+    progress(reader.offset)
+    assert reader.totals is not None  # set once the trailer was checked
+    counts = {str(name): int(value) for name, value in counters.items()}
+    return VerifiedDump(header, record, counts, reader.totals, shard_bytes)
 
 
 def restore_filter(
@@ -248,7 +188,7 @@ def restore_filter(
     replace: bool = False,
     name: str | None = None,
     faults: FaultPolicy | None = None,
-) -> RestoreSummary:
+) -> Summary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
     ``client``: the target topology, as :class:`~..engine.bitmap.filter.RedisBloomFilter`
@@ -265,7 +205,15 @@ def restore_filter(
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))
-    start, size = _size(inp, name)
+    if not inp.seekable():
+        raise DumpFileError(
+            f"The dump file {name} cannot be restored from a stream that cannot seek (a pipe):"
+            " a restore reads it twice, to check every checksum before it writes anything,"
+            " then to write. Save it to a file first."
+        )
+    start = inp.tell()
+    size = inp.seek(0, 2) - start
+    inp.seek(start)
     report = progress if progress is not None else (lambda done, total: None)
     verified = verify_dump(inp, name, lambda done: report(done, 2 * size))
     record = verified.record
@@ -292,15 +240,15 @@ def restore_filter(
         totals.data_bytes,
         seconds,
     )
-    return RestoreSummary(
+    return Summary(
         key=key,
         record=target,
         source=str(verified.header.get("source", "?")),
-        target=where,
         totals=totals,
         seconds=seconds,
-        replaced=replaced,
         counters=verified.counters,
+        target=where,
+        replaced=replaced,
     )
 
 
@@ -321,7 +269,13 @@ def _prepare(
                 " be turned into a bitmap filter."
             )
     replaced = _clear_existing(bloom, where, replace)
-    conflicts = _taken(bloom, target)
+    parts = bloom.parts  # the restored filter's shards (generation 0), counters, markers
+    keys: list[tuple[str, int | None, int | None]]
+    keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
+    keys.append((parts.counter_key, None, None))
+    if target.servers > 1:
+        keys += [(parts.marker_key, None, i) for i in range(target.servers)]
+    conflicts = existing_keys(parts, keys)
     if conflicts:
         named = ", ".join(repr(k) for k in conflicts[:NAMED])
         more = f" and {len(conflicts) - NAMED:,} more" if len(conflicts) > NAMED else ""
@@ -360,17 +314,6 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
     backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
     logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
     return True
-
-
-def _taken(bloom: FilterBase, target: FilterRecord) -> list[str]:
-    """Return which keys of the restored filter's shards (generation 0), counters, markers exist."""
-    parts = bloom.parts
-    keys: list[tuple[str, int | None, int | None]]
-    keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
-    keys.append((parts.counter_key, None, None))
-    if target.servers > 1:
-        keys += [(parts.marker_key, None, i) for i in range(target.servers)]
-    return existing_keys(parts, keys)
 
 
 @dataclass
