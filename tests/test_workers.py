@@ -224,5 +224,4 @@ def test_a_stats_store_down_at_spider_open_leaves_the_timers_running(
             assert dupefilter.bloom.events.counts["stats_failed"] == 1
             assert [timer.running for timer in dupefilter.filter_stats._tasks] == [True, True]
         finally:
-            dupefilter.filter_stats.stop()
-            dupefilter.bloom.close()
+            dupefilter.close("finished")  # its lease too: no renewal outlives the test
