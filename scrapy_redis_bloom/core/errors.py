@@ -90,9 +90,7 @@ class WordedError(Exception):
 
     def render(self, name: Callable[[str], str] = setting_name, word: str = "setting") -> str:
         """Return the message, its settings named by ``name`` and called a ``word``."""
-        if self.wording is None:
-            return str(self)
-        return self.wording.render(name, word)
+        return str(self) if self.wording is None else self.wording.render(name, word)
 
 
 class SettingError(WordedError, ValueError):

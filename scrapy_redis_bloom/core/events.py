@@ -137,11 +137,7 @@ def emit(
 
 
 def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
-    """Hand ``record`` to the handlers; return whether all took it.
-
-    A failure is counted, and said to the handlers that took ``record`` (which failed it and
-    why), once a minute per kind of handler; a handler failing that line too is not said again.
-    """
+    """Hand ``record`` to the handlers, counting and saying failures; return whether all took it."""
     global _failures
     failed = _deliver(logger, record, skip=())
     if not failed:

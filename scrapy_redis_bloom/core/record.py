@@ -48,6 +48,8 @@ FIELDS = (
     "capacity", "sizing", "servers", "generations", "created",
     "expansion", "tightening", "ttl", "backend",
 )  # fmt: skip
+#: Fields that are the geometry's (:class:`FilterSpec`'s attributes).
+_SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
 #: Fields older records lack: read as no growth, no TTL, a bitmap filter.
 LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
@@ -128,27 +130,11 @@ class FilterRecord:
         return replace(self, state="ready")
 
     def fields(self) -> dict[str, str]:
-        """Return the record as the hash fields written to Redis."""
-        spec = self.spec
-        values: dict[str, object] = {
-            "layout": self.layout,
-            "scheme": self.scheme,
-            "id": self.filter_id,
-            "state": self.state,
-            "shards": spec.shards,
-            "shard_bits": spec.shard_bits,
-            "hash_count": spec.hash_count,
-            "bits": spec.bits,
-            "capacity": self.capacity,
-            "sizing": self.sizing,
-            "servers": self.servers,
-            "generations": self.growth.last + 1,
-            "created": repr(self.created),
-            "expansion": self.expansion,
-            "tightening": repr(self.tightening),
-            "ttl": self.ttl,
-            "backend": self.backend,
-        }
+        """Return the record as the hash fields written to Redis (floats as their repr)."""
+        values: dict[str, object] = {"id": self.filter_id, "generations": self.growth.last + 1}
+        for name in FIELDS:
+            if name not in values:
+                values[name] = getattr(self.spec if name in _SPEC_FIELDS else self, name)
         return {name: str(values[name]) for name in FIELDS}
 
     @classmethod
@@ -264,42 +250,38 @@ class FilterRecord:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.created))
 
     def check(self, key: str, wanted: FilterRecord) -> None:
-        """Refuse a worker whose request is not this filter's.
+        """Refuse a worker whose request (:func:`same_sizing`, or geometry) is not this filter's."""
 
-        It must list as many servers, and ask for the same sizing (adopting the stored
-        geometry, in either layout if ``BLOOMFILTER_BLOCKED`` is unset) or the same geometry.
-        """
+        def mismatch(kind: type[ConfigMismatchError], text: str, **values: object) -> Exception:
+            return kind(Wording(text, key=key, **values))
+
         if wanted.backend != self.backend:
-            raise ConfigMismatchError(
-                Wording(
-                    "The Bloom filter {key!r} was created with {BLOOMFILTER_BACKEND} ="
-                    " {backend!r}; this worker asks for {wanted!r}. Every worker must use the"
-                    " filter's backend: set {BLOOMFILTER_BACKEND} = 'auto' (it adopts the"
-                    " filter's) or {backend!r}, choose another {BLOOMFILTER_KEY}, or reset the"
-                    " filter (scrapy-redis-bloom reset --key {key!r}).",
-                    key=key,
-                    backend=self.backend,
-                    wanted=wanted.backend,
-                )
+            raise mismatch(
+                ConfigMismatchError,
+                "The Bloom filter {key!r} was created with {BLOOMFILTER_BACKEND} ="
+                " {backend!r}; this worker asks for {wanted!r}. Every worker must use the"
+                " filter's backend: set {BLOOMFILTER_BACKEND} = 'auto' (it adopts the"
+                " filter's) or {backend!r}, choose another {BLOOMFILTER_KEY}, or reset the"
+                " filter (scrapy-redis-bloom reset --key {key!r}).",
+                backend=self.backend,
+                wanted=wanted.backend,
             )
         blocked = bool(self.spec.block_bits)
         if not (
             same_sizing(wanted.sizing, self.sizing, blocked)
             or wanted.spec.geometry == self.spec.geometry
         ):
-            raise ConfigMismatchError(
-                Wording(
-                    "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
-                    " this worker is configured with {wanted}. A filter's layout cannot change"
-                    " once it holds bits. Either start this worker with the {settings} the"
-                    " filter was created with, choose another {BLOOMFILTER_KEY}, or reset the"
-                    " filter (scrapy-redis-bloom reset --key {key!r}), which forgets every URL"
-                    " it has seen.",
-                    key=key,
-                    created=self.created_text(),
-                    stored=self.describe(),
-                    wanted=wanted.describe(),
-                )
+            raise mismatch(
+                ConfigMismatchError,
+                "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
+                " this worker is configured with {wanted}. A filter's layout cannot change"
+                " once it holds bits. Either start this worker with the {settings} the"
+                " filter was created with, choose another {BLOOMFILTER_KEY}, or reset the"
+                " filter (scrapy-redis-bloom reset --key {key!r}), which forgets every URL"
+                " it has seen.",
+                created=self.created_text(),
+                stored=self.describe(),
+                wanted=wanted.describe(),
             )
         if wanted.spec.block_bits != self.spec.block_bits:
             logger.info(
@@ -309,30 +291,26 @@ class FilterRecord:
                 "blocked" if blocked else "classic (unblocked)",
             )
         if wanted.ttl != self.ttl:
-            raise ConfigMismatchError(
-                Wording(
-                    "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
-                    " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
-                    " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
-                    " choose another {BLOOMFILTER_KEY}, or reset the filter"
-                    " (scrapy-redis-bloom reset --key {key!r}).",
-                    key=key,
-                    ttl=self.ttl,
-                    growth=self.growth_text(),
-                    wanted=wanted.ttl,
-                )
+            raise mismatch(
+                ConfigMismatchError,
+                "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
+                " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
+                " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
+                " choose another {BLOOMFILTER_KEY}, or reset the filter"
+                " (scrapy-redis-bloom reset --key {key!r}).",
+                ttl=self.ttl,
+                growth=self.growth_text(),
+                wanted=wanted.ttl,
             )
         if wanted.servers != self.servers:
-            raise ServerListMismatchError(
-                Wording(
-                    "The Bloom filter {key!r} was created on {servers} server(s); this worker"
-                    " lists {wanted}. List the servers in {BLOOMFILTER_REDIS_URLS} exactly as"
-                    " when the filter was created (same servers, same order): shards are"
-                    " never re-mapped to other servers.",
-                    key=key,
-                    servers=self.servers,
-                    wanted=wanted.servers,
-                )
+            raise mismatch(
+                ServerListMismatchError,
+                "The Bloom filter {key!r} was created on {servers} server(s); this worker"
+                " lists {wanted}. List the servers in {BLOOMFILTER_REDIS_URLS} exactly as"
+                " when the filter was created (same servers, same order): shards are"
+                " never re-mapped to other servers.",
+                servers=self.servers,
+                wanted=wanted.servers,
             )
         if wanted.expansion != self.expansion:
             logger.warning(

@@ -86,7 +86,6 @@ def masked(value: object) -> str:
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     """Remove the given secrets, and any URL password, from a message."""
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, MASK)
+    for secret in sorted(set(secrets) - {""}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
     return mask_url(text)

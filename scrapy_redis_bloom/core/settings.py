@@ -669,13 +669,7 @@ class ConnectionConfig:
             )
         if sentinels:
             check_sentinel_params(REDIS_PARAMS.name, params)
-        return cls(
-            urls=found,
-            cluster=cluster,
-            params=tuple(sorted(params.items())),
-            sentinels=sentinels,
-            service=service,
-        )
+        return cls(found, cluster, tuple(sorted(params.items())), sentinels, service)
 
 
 def _sentinel_settings(

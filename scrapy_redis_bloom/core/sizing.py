@@ -235,9 +235,7 @@ _CANONICAL: dict[str, type] = {
 def _fits(name: str, value: object) -> bool:
     """Tell whether a value read back from a request's text has its field's type."""
     kind = _CANONICAL[name]
-    if kind is bool or isinstance(value, bool):
-        return kind is bool and isinstance(value, bool)
-    return isinstance(value, (int, float) if kind is float else int)
+    return type(value) is kind or (kind is float and type(value) is int)
 
 
 def rate_share(expansion: int, ttl: int, tightening: float) -> float:
@@ -291,11 +289,11 @@ def split(
 def format_bytes(nbytes: int) -> str:
     """Format a byte count for humans (binary units)."""
     size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
             return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.1f} TiB"
 
 
 # -- what each layout costs: memory, and Redis time per check --------------------------

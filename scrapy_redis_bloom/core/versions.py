@@ -7,6 +7,7 @@ later in ways that name neither.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Mapping
@@ -60,10 +61,8 @@ def installed_versions() -> dict[str, str]:
     """Return the installed version of each library of :data:`MINIMUMS` that is installed."""
     found = {}
     for dist in MINIMUMS:
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             found[dist] = version(dist)
-        except PackageNotFoundError:
-            continue
     return found
 
 
