@@ -8,7 +8,7 @@ filter setting: a bad value stops the crawl before it starts. A project's own
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW, BloomConfig, boolean_setting
 
@@ -72,8 +72,7 @@ def _validate(settings: BaseSettings) -> None:
     config = BloomConfig.from_settings(settings)
     if config.connection.cluster or _cluster_class(settings):
         return  # a cluster client connects as it is made: checked when the filter opens
-    clients: list[Any] = filter_clients(config.connection, settings)
-    for client in clients:
+    for client in filter_clients(config.connection, settings):
         client.close()
     logger.debug("scrapy_redis_bloom.Addon: %s", config.describe())
 

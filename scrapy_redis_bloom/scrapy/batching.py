@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request, signals
 from scrapy.exceptions import NotConfigured
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
-
-_M = TypeVar("_M", bound="BatchingMiddleware")
 
 _OUTPUT_METHODS = ("process_spider_output", "process_spider_output_async")
 
@@ -120,7 +118,7 @@ class BatchingMiddleware:
         self._resolved = False
 
     @classmethod
-    def from_crawler(cls: type[_M], crawler: Crawler) -> _M:
+    def from_crawler(cls, crawler: Crawler) -> Self:
         """Build for a crawl; NotConfigured (and an INFO line) if its dupefilter is not ours."""
         settings = crawler.settings
         dupefilter_cls = load_object(settings["DUPEFILTER_CLASS"])

@@ -14,7 +14,7 @@ import socket
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from scrapy import signals
@@ -46,8 +46,6 @@ logger = logging.getLogger(__name__)
 
 #: Failures the engine counts in ``bloomfilter/errors`` itself; the dupefilter counts others.
 COUNTED = (FilterUnavailableError, AccessDeniedError)
-
-_F = TypeVar("_F", bound="RFPDupeFilter")
 
 FINISH_REASON = "bloomfilter_error"  #: Of a crawl stopped because the filter could not answer.
 
@@ -136,8 +134,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
     @classmethod
     def _build(
-        cls: type[_F], settings: SettingsLike, spider_name: str | None, crawler: Crawler | None
-    ) -> _F:
+        cls, settings: SettingsLike, spider_name: str | None, crawler: Crawler | None
+    ) -> Self:
         check_installed()  # pip enforced the minimums at install time only
         config = BloomConfig.from_settings(settings)
         key = config.key_for(spider_name)
@@ -192,17 +190,17 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         return instance
 
     @classmethod
-    def from_settings(cls: type[_F], settings: SettingsLike) -> _F:
+    def from_settings(cls, settings: SettingsLike) -> Self:
         """Build without a crawler: BLOOMFILTER_KEY must then not use %(spider)s."""
         return cls._build(settings, None, None)
 
     @classmethod
-    def from_crawler(cls: type[_F], crawler: Crawler) -> _F:
+    def from_crawler(cls, crawler: Crawler) -> Self:
         """Build for Scrapy's own scheduler (``DUPEFILTER_CLASS``)."""
         return cls._build(crawler.settings, crawler.spidercls.name, crawler)
 
     @classmethod
-    def from_spider(cls: type[_F], spider: Spider) -> _F:
+    def from_spider(cls, spider: Spider) -> Self:
         """Build for scrapy-redis's Scheduler, which calls this when it opens."""
         return cls._build(spider.settings, spider.name, spider.crawler)
 
@@ -363,6 +361,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._finish()
 
     def _finish(self) -> None:
+        # On spider_closed too; not close(), which a subclass may override.
         if self._finished:
             return
         self._finished = True

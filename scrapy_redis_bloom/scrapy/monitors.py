@@ -63,8 +63,7 @@ class FalsePositiveRateMonitor(_FilterMonitor):
     @monitors.name("estimated false-positive rate under the threshold")  # type: ignore[untyped-decorator]
     def test_false_positive_rate(self) -> None:
         """Fail when ``bloomfilter/estimated_fpr`` passed ``BLOOMFILTER_MONITOR_MAX_FPR``."""
-        settings = self.crawler.settings
-        config = BloomConfig.from_settings(settings)
+        config = BloomConfig.from_settings(self.crawler.settings)
         limit = config.monitor_max_fpr or config.design_error_rate
         rate = self.stat("estimated_fpr", None)
         if rate is None:

@@ -88,8 +88,7 @@ STATS: dict[str, str] = {
 _COUNTS = ("added", "filtered", "cache_hits", "round_trips", "batches", "batched", "log_failed")
 EVENT_COUNTS = tuple(_EVENTS)  #: The counts of what happened, every one in :data:`STATS`.
 _DUPEFILTER = "dupefilter/filtered"  #: Scrapy's own count, the same as ``bloomfilter/filtered``.
-#: The stats workers add to, created with 0 when the spider opens (see
-#: :meth:`FilterStats.start`).
+#: The stats workers add to, created with 0 when the spider opens (:meth:`FilterStats.start`).
 _CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 
 
@@ -208,8 +207,7 @@ class FilterStats:
             bloom.sync_counters()  # the first: reads them
         totals = bloom.counters.current()  # as last synced, plus this worker's unsynced
         estimated = bloom.estimate(totals.added)
-        if state is None:
-            state = estimated
+        state = estimated if state is None else state
         spec = bloom.spec
         values: dict[str, Any] = {
             "total_added": totals.added,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,25 +21,21 @@ DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout
 
 def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
     """Return the clients of a configuration with URLs or sentinels (``setting``: its name)."""
-    if not config.urls and not config.sentinels:
-        raise ValueError("own_clients() needs a configuration with URLs or sentinels")
     params = {**DEFAULT_PARAMS, **dict(config.params)}
     if config.sentinels:
         client = SentinelRedis(
             sentinels=list(config.sentinels), service_name=config.service, setting=setting, **params
         )
         return [_checked(client)]
-    with _named(f"the {setting} setting(s)", params):
-        if config.cluster:
-            return [RedisCluster.from_url(config.urls[0], **params)]
-        return [_checked(redis.Redis.from_url(url, **params)) for url in config.urls]
+    redis_cls = RedisCluster if config.cluster else redis.Redis  # (a cluster: one URL)
+    source = f"the {setting} setting(s)"
+    return [build_client(redis_cls, url, params, source) for url in config.urls]
 
 
 def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source: str) -> Any:
     """Make a client of ``redis_cls`` from ``url`` (if any) and ``params``; not connected."""
-    if isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis):
-        return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
-    with _named(source, params):
+    sentinel = isinstance(redis_cls, type) and issubclass(redis_cls, SentinelRedis)
+    with nullcontext() if sentinel else _named(source, params):  # (names its own arguments)
         return _checked(redis_cls.from_url(url, **params) if url else redis_cls(**params))
 
 

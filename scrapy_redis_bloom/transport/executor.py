@@ -218,7 +218,6 @@ def describe_failure(failure: BaseException | str) -> str:
         return f"the connection failed before the reply came ({failure.cause})"
     if isinstance(failure, ResponseError | BusyLoadingError):
         text = error_text(failure)
-        word = error_code(failure)
         meaning = {
             "OOM": "Redis is out of memory (used_memory is above maxmemory, so it refuses"
             " writes; see maxmemory and maxmemory-policy)",
@@ -228,7 +227,7 @@ def describe_failure(failure: BaseException | str) -> str:
             "MASTERDOWN": "the replica has lost its master",
             "CLUSTERDOWN": "the Redis Cluster is down",
             "TRYAGAIN": "a cluster slot is being migrated",
-        }.get(word)
+        }.get(error_code(failure))
         return f"{meaning}: {text}" if meaning else text
     return str(failure)
 
@@ -442,11 +441,7 @@ class Executor:
     def _failing(
         self, write: bool, since: float, why: str, where: str, now: float, failure: object
     ) -> _Outage:
-        """Note that a kind of command failed for a whole retry window: fail fast from now on.
-
-        The next attempt is a second away, or, when the server stopped answering, once a watch
-        sees it answer (then for reads and writes alike).
-        """
+        """Note that a kind of command failed for a whole retry window: fail fast from now on."""
         node = None  # (not a node of the topology now: an attempt a second)
         if isinstance(failure, TransportError) and not isinstance(failure, RefusedError):
             with contextlib.suppress(RedisError, RedisClusterException, ValueError):
@@ -456,6 +451,7 @@ class Executor:
         outage.next_attempt = now + PROBE_INTERVAL if node is None else math.inf
         if node is None:
             return outage
+        # A server that stopped answering: reads and writes alike wait for the watch to see it.
         self._outages.setdefault(not write, outage)
         if outage.watched is None or outage.watched.is_set():
             outage.watched = threading.Event()
@@ -596,13 +592,11 @@ class Executor:
                 load = (id(node), call.script.sha)
                 if load not in batch.loads:
                     batch.loads[load] = self.load(node, call.script, batch.operation)
-                lost = batch.loads[load]
-                if lost is None:
+                if batch.loads[load] is None:
                     batch.again.append(i)
-                else:  # the call itself did not run: resend it after a backoff
-                    batch.later.append(i)
-                    batch.failure, batch.where = lost, node.address
-            elif kind is Kind.MOVED:
+                    continue
+                kind, reply = Kind.LATER, batch.loads[load]  # not run: resent after a backoff
+            if kind is Kind.MOVED:
                 self.topology.moved(node.address, reply)
                 batch.again.append(i)
             elif kind is Kind.ASK:  # to the host:port it names

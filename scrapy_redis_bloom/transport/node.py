@@ -41,14 +41,6 @@ ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
 _PING = pack_command(b"PING")
 
 
-def _certificate_refused(exc: BaseException) -> bool:
-    """Tell whether a failed connect is a certificate that did not verify (not a fault)."""
-    causes = [exc, exc.__cause__, exc.__context__]
-    return any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
-        "CERTIFICATE_VERIFY_FAILED" in str(exc)
-    )
-
-
 class TransportError(Exception):
     """A batch's replies cannot be read. ``address`` names the server, ``cause`` why."""
 
@@ -102,8 +94,7 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
         "health_check_interval": 0,
         "decode_responses": False,
     }
-    connection_class = pool.connection_class
-    return lambda: connection_class(**kwargs)
+    return functools.partial(pool.connection_class, **kwargs)
 
 
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
@@ -214,7 +205,11 @@ class Node:
                 raise RefusedError(self.address, exc) from exc
             except CONNECTION_ERRORS as exc:
                 connection.disconnect()
-                if _certificate_refused(exc):
+                # A certificate that did not verify is no fault: retrying cannot help.
+                causes = (exc, exc.__cause__, exc.__context__)
+                if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
+                    "CERTIFICATE_VERIFY_FAILED" in str(exc)
+                ):
                     raise CertificateError(
                         f"Redis at {self.address} cannot be reached over TLS: {exc}. Check the"
                         " CA (ssl_ca_certs), the client certificate and key (ssl_certfile,"

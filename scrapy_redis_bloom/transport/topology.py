@@ -56,6 +56,7 @@ class Topology(Protocol):
 
     def refresh(self) -> None:
         """Re-read where keys live, after a redirection or a failed node. Never raises."""
+        return None  # (a fixed list of servers: nothing to re-read)
 
     def serves(self, node: Node) -> bool:
         """Tell whether ``node`` still serves part of the filter (a fixed list always does)."""
@@ -113,9 +114,6 @@ class ServerList(Topology):
             " with BLOOMFILTER_REDIS_URL (or give scrapy-redis a RedisCluster client through"
             " REDIS_PARAMS), or use --cluster with the command-line tool."
         )
-
-    def refresh(self) -> None:
-        """Nothing to re-read: the list is fixed."""
 
     def describe(self) -> str:
         """Return ``Redis at <addresses>``."""
