@@ -230,11 +230,9 @@ def _error(key: str, refused: list[_Target]) -> AccessDeniedError:
             f" {' and '.join(named)}: its Redis user {user!r} lacks these ACL permissions."
             f" Grant them: ACL SETUSER {user} {grant}."
         )
-    every_command = tuple(dict.fromkeys(c for t in refused for c in t.commands))
-    every_family = tuple(dict.fromkeys(f for t in refused for f in t.families))
     return AccessDeniedError(
         " ".join(sentences) + " See docs/howto/tls-acl.md#least-privilege.",
         server="Redis at " + ", ".join(t.address for t in refused),
-        commands=every_command,
-        keys=every_family,
+        commands=tuple(dict.fromkeys(c for t in refused for c in t.commands)),
+        keys=tuple(dict.fromkeys(f for t in refused for f in t.families)),
     )

@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 import mmh3
 
@@ -52,9 +52,6 @@ class Outcome:
     errors: int = 0
     #: Elements Redis could not take (answered "new" by BLOOMFILTER_ON_ERROR = "allow").
     failed: list[str | bytes] = field(default_factory=list)
-
-
-_F = TypeVar("_F", bound="FilterBase")
 
 
 def tag(element: str | bytes) -> int:
@@ -163,9 +160,7 @@ class FilterBase:
         self._adopt(self.lifecycle.recover(self._current(), shards, self.wanted))
 
     @classmethod
-    def from_config(
-        cls: type[_F], client: Any, key: str, config: BloomConfig, **options: Any
-    ) -> _F:
+    def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
         """Return the filter a validated configuration asks for (``options``: the constructor's)."""
         return cls(
             client,
@@ -180,12 +175,8 @@ class FilterBase:
 
     @classmethod
     def of_record(
-        cls: type[_F],
-        client: Any,
-        key: str,
-        record: FilterRecord,
-        faults: FaultPolicy | None = None,
-    ) -> _F:
+        cls, client: Any, key: str, record: FilterRecord, faults: FaultPolicy | None = None
+    ) -> Self:
         """Return a filter of a stored record's geometry, capacity and sizing; not opened."""
         return cls(
             client,

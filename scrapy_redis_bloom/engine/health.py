@@ -52,15 +52,6 @@ class ServerHealth:
     #: What the server says it is: "Redis 7.0.15", "Valkey 9.1.2" (``valkey_version``).
     product: str = ""
 
-    @property
-    def limit(self) -> tuple[int, str] | None:
-        """The memory Redis may use and what sets it, or None when nothing is known."""
-        if self.maxmemory:
-            return self.maxmemory, "maxmemory"
-        if self.system_memory:
-            return self.system_memory, "no maxmemory, and the host's memory is"
-        return None
-
 
 def _info(reply: object) -> dict[str, str]:
     lines = [line.partition(":") for line in text(reply).splitlines()]
@@ -71,9 +62,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
     """Read every server's version and memory (once: a silent one fails what needs it)."""
     found = []
     for i, node in enumerate(topology.primaries()):
-        calls = [
-            Call(pack_command(b"INFO", section), server=i) for section in (b"server", b"memory")
-        ]
+        calls = [Call(pack_command(b"INFO", part), server=i) for part in (b"server", b"memory")]
         refused: BaseException | None
         try:
             replies = executor.run("read INFO", calls, timeout=0).replies
@@ -131,17 +120,18 @@ def check_room(
     could never fit is refused before its shards are listed).
     """
     for server in servers:
-        limit = server.limit
-        if not server.known or limit is None:
+        limit = server.maxmemory or server.system_memory  # the memory Redis may use
+        if not server.known or not limit:
             continue
         if spread is not None:
-            need, room, what = -(-spread[0] // spread[1]), limit[0], "in all"
+            need, room, what = -(-spread[0] // spread[1]), limit, "in all"
         else:
-            need, room, what = needs.get(server.address, 0), limit[0] - server.used_memory, "free"
+            need, room, what = needs.get(server.address, 0), limit - server.used_memory, "free"
         if need > room:
+            source = "maxmemory" if server.maxmemory else "no maxmemory, and the host's memory is"
             raise NotEnoughMemoryError(
                 f"The Bloom filter {key!r} needs {format_bytes(need)} on Redis at"
-                f" {server.address}, which has {limit[1]} {format_bytes(limit[0])}"
+                f" {server.address}, which has {source} {format_bytes(limit)}"
                 f" ({format_bytes(server.used_memory)} used, {format_bytes(max(room, 0))}"
                 f" {what}). Raise maxmemory, free memory, spread the filter over more"
                 " servers, or size it smaller (BLOOMFILTER_CAPACITY and"

@@ -77,13 +77,11 @@ class WorkerLease:
         self.events = events if events is not None else FilterEvents()
         # A renewal that waits longer than a third of the TTL is late anyway. ``follows``:
         # the filter's executor, while whose outage this one fails fast.
-        self._executor = Executor(
+        executor = self._executor = Executor(
             topology.copy(), retry_timeout=min(retry_timeout, ttl / 3), follows=follows
         )
-        self._executor.explain_denial = partial(
-            check_access, self._executor, self._executor.topology, key
-        )
-        weakref.finalize(self, self._executor.topology.close)
+        executor.explain_denial = partial(check_access, executor, executor.topology, key)
+        weakref.finalize(self, executor.topology.close)
         self._lock = threading.Lock()
         #: The renewing thread, and the event that stops it (each thread its own).
         self._thread: threading.Thread | None = None
@@ -183,10 +181,9 @@ class WorkerLease:
                 failure = _TAKEN if self.renew() == CLEARING else None
             except Exception as exc:  # any failure: the thread must go on renewing
                 failure = exc
-            if failure is None:
-                wait = self.ttl / 3
-            else:
-                wait = min(self.ttl / 3, 1.0)  # the lease must not lapse for one failure
+            # Sooner after a failure: the lease must not lapse for one.
+            wait = self.ttl / 3 if failure is None else min(self.ttl / 3, 1.0)
+            if failure is not None:
                 with contextlib.suppress(Exception):  # counted first; saying it may fail
                     what = (
                         f"renew the lease of worker {self.worker_id} (other workers take it for"

@@ -108,7 +108,7 @@ class Lifecycle:
             self.parts.spec = wanted.spec
             # A server listed out of place is refused before anything is written.
             markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
-            self.check_places(markers, wanted.servers)
+            self.check_markers(markers, wanted.servers)
             restored = self.shards.prepare(wanted, servers, markers)
             record = restored if restored is not None else self.parts.create_record(wanted)
         record = self._settle(record, wanted)
@@ -147,7 +147,7 @@ class Lifecycle:
         if record.state != "creating":
             return self.verify(record, wanted)
         if record.servers > 1:
-            self.check_markers(record, self.parts.markers(record.servers))
+            self.check_markers(self.parts.markers(record.servers), record.servers, record.filter_id)
             self.parts.write_markers(record, range(record.servers))
         self.shards.create(record, range(record.spec.shards))
         self.parts.mark_ready()
@@ -169,15 +169,15 @@ class Lifecycle:
         missing_markers: list[int] = []
         if record.servers > 1:
             markers = self.parts.markers(record.servers)
-            self.check_markers(record, markers)
+            self.check_markers(markers, record.servers, record.filter_id)
             missing_markers = [i for i, marker in enumerate(markers) if marker is None]
         lost = self.shards.missing(record, sample(record.spec.shards, record.servers))
         if lost or missing_markers:
             return self.recover(record, lost, wanted, missing_markers)
         return record
 
-    def check_places(self, markers: list[str | None], servers: int) -> None:
-        """Refuse servers whose marker gives them another place in the list than ours."""
+    def check_markers(self, markers: list[str | None], servers: int, filter_id: str = "") -> None:
+        """Refuse servers listed in another order, or holding another filter (of ``filter_id``)."""
         for i, marker in enumerate(markers):
             if marker is None:
                 continue
@@ -209,16 +209,12 @@ class Lifecycle:
                         servers=servers,
                     )
                 )
-
-    def check_markers(self, record: FilterRecord, markers: list[str | None]) -> None:
-        """Refuse servers listed in another order, or holding another filter of this name."""
-        self.check_places(markers, record.servers)
-        for i, marker in enumerate(markers):
-            if marker not in (None, layout.server_marker(record.filter_id, i, record.servers)):
+        for i, marker in enumerate(markers if filter_id else ()):
+            if marker not in (None, layout.server_marker(filter_id, i, servers)):
                 raise ServerListMismatchError(
                     f"Redis at {self._server(i)} holds part of another Bloom filter named"
                     f" {self.key!r} (marker {marker!r}), not of the one whose record is on"
-                    f" server 0 (id {record.filter_id}). The server list mixes two filters'"
+                    f" server 0 (id {filter_id}). The server list mixes two filters'"
                     " servers: list the filter's own servers, or reset the filter on every"
                     " server."
                 )

@@ -49,40 +49,28 @@ def pairs(reply: Any) -> dict[str, str]:
 def refusal(
     executor: Executor, filter_key: str, reply: BaseException, key: str, operation: str
 ) -> BloomFilterError:
-    """Return the error for an error reply no retry fixes, naming the key.
-
-    AccessDeniedError (ACL), WrongTypeError (a key of another type), else BloomFilterError.
-    """
+    """Return the error (ACL, a key of another type, else Redis's) for an error reply, by key."""
     where = executor.topology.describe()
     if (denied := access_denied(reply, operation, key, where)) is not None:
         return executor.explain(denied)
     message = error_text(reply)
     if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
+        calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard_of(filter_key, key))]
+        kind = text(executor.run("read a key's type", calls).replies[0])
+        role = {
+            layout.meta_key(filter_key): "its config record (a hash)",
+            layout.counter_key(filter_key): "its counters (a hash)",
+            layout.workers_key(filter_key): "its registry of live workers (a sorted set)",
+            layout.server_key(filter_key): "its server marker (a string)",
+        }.get(key, "a shard's bits (a string)")
         return WrongTypeError(
-            f"Redis key {key!r} holds a {_key_type(executor, filter_key, key)}, where the Bloom"
-            f" filter {filter_key!r} keeps {_role(filter_key, key)}. Another program wrote it."
+            f"Redis key {key!r} holds a {kind}, where the Bloom filter {filter_key!r} keeps"
+            f" {role}. Another program wrote it."
             " Choose another BLOOMFILTER_KEY, or remove that key if it is not needed."
         )
     return BloomFilterError(
         f"Redis refused to {operation} for the Bloom filter {filter_key!r} (key {key!r}): {message}"
     )
-
-
-def _role(filter_key: str, key: str) -> str:
-    """Say what the filter keeps at ``key``."""
-    roles = {
-        layout.meta_key(filter_key): "its config record (a hash)",
-        layout.counter_key(filter_key): "its counters (a hash)",
-        layout.workers_key(filter_key): "its registry of live workers (a sorted set)",
-        layout.server_key(filter_key): "its server marker (a string)",
-    }
-    return roles.get(key, "a shard's bits (a string)")
-
-
-def _key_type(executor: Executor, filter_key: str, key: str) -> str:
-    """Return the Redis type of ``key`` (for messages)."""
-    calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard_of(filter_key, key))]
-    return text(executor.run("read a key's type", calls).replies[0])
 
 
 def shard_of(filter_key: str, key: str) -> int | None:

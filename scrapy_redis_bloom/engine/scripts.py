@@ -80,7 +80,6 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     the answer alone when nothing else is to report), or ``{MISMATCH, key}`` (nothing
     written). Adds go to the newest generation, started atomically once the one before is full.
     """
-    # Constants, scheme, generation 0's shortcut (one, no TTL), geometry, shared part, bits.
     first = growth.generations[0]
     parts = [LAYOUT, lua("scheme")]
     if one and not growth.ttl:

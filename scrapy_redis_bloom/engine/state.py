@@ -102,10 +102,7 @@ def _items(bits: int, k: int, ones: int, block: int) -> float:
 
 
 def read_state(parts: Parts, growth: Growth) -> FilterState:
-    """Count the bits set in every shard and the memory Redis holds for them.
-
-    A growing or forgetting filter takes two rounds: its generations (per window), their bits.
-    """
+    """Count the bits set in every shard (of each generation, window) and their memory."""
     if growth.expansion or growth.ttl:
         return _read_generations(parts, growth)
     calls: list[Call] = []

@@ -44,7 +44,6 @@ OPERATION = "check and add a request"
 CHUNK = 1000
 #: Commands per pipelined batch of the bulk path.
 BATCH = 32
-_INSERT_HEAD = (b"BF.INSERT", b"NOCREATE", b"ITEMS")
 
 
 class NativeBloomFilter(FilterBase):
@@ -53,7 +52,7 @@ class NativeBloomFilter(FilterBase):
     backend: Backend = "native"
 
     def _setup(self) -> None:
-        #: Per shard, its key and the packed start of its ``BF.INSERT``.
+        #: Per shard, its key and the packed start of its ``BF.INSERT`` (set by :meth:`_adopt`).
         self._heads: list[tuple[str, bytes]] = []
         self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._ttl = self.wanted.ttl
@@ -112,7 +111,7 @@ class NativeBloomFilter(FilterBase):
             args = (record.ttl, repr(rate), capacity, record.expansion, recreate, mode)
             sha = native_ttl.CHECK.sha
             return command_head(4 + len(args) + items, b"EVALSHA", sha, b"1", encode(key), *args)
-        verb = _INSERT_HEAD if write else (b"BF.MEXISTS",)
+        verb = (b"BF.INSERT", b"NOCREATE", b"ITEMS") if write else (b"BF.MEXISTS",)
         return command_head(len(verb) + 1 + items, verb[0], encode(key), *verb[1:])
 
     def estimate(self, items: int) -> FilterState:

@@ -66,9 +66,7 @@ def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]
     :data:`NATIVE_TIGHTENING` as our growth does); with a TTL half (two windows are read).
     """
     growth = record.growth
-    options: tuple[Any, ...] = (
-        (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
-    )
+    options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
     asked = _ERROR_RATE.search(record.sizing)
     rate = float(asked.group(1)) if asked else growth.bound
     if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
@@ -146,11 +144,8 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
     shape = links(record, most)
     per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per shard
     clear = 0.0  # sum over shards of the chance a new element is found by none of its links
-    items_total = 0
-    for items, count in shards:
-        items_total += items
+    for left, count in shards:  # items not yet placed in a link
         missed = 0.0  # log of the chance that every link misses a new element
-        left = items
         for g, link in enumerate(shape[:count]):
             held = left if g == count - 1 else min(left, link.capacity)
             left -= held
@@ -176,7 +171,7 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
         spec=record.spec,
         bits_set=sum(gen.bits_set for gen in generations),
         memory_bytes=memory,
-        estimated_items=items_total,
+        estimated_items=sum(items for items, _ in shards),
         generations=generations,
         fpr=clear / max(1, len(shards)),
         total_bits=sum(gen.bits for gen in generations) or record.spec.bits,
@@ -184,10 +179,7 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
 
 
 class Blooms:
-    """A ``BF.RESERVE``'d filter per shard (with a TTL, its anchor: :mod:`.native.ttl`).
-
-    A shard's name carries its filter's id: missing, it is lost; another type is foreign.
-    """
+    """A ``BF.RESERVE``'d filter per shard (with a TTL, its anchor: :mod:`.native.ttl`)."""
 
     noun = "native Bloom filter"
 
@@ -228,14 +220,12 @@ class Blooms:
             for shard, key in order
         ]
         replies = self.parts.executor.run("create the filter's shards", calls, write=True).replies
-        existing = [
-            shard
-            for (shard, _), reply in zip(order, replies, strict=True)
-            if (isinstance(reply, BaseException) and "exists" in str(reply))
-            or (record.ttl and reply != b"created")
-        ]
+        existing = []
         for (shard, key), reply in zip(order, replies, strict=True):
-            if isinstance(reply, BaseException) and shard not in existing:
+            failed = isinstance(reply, BaseException)
+            if (failed and "exists" in str(reply)) or (record.ttl and reply != b"created"):
+                existing.append(shard)
+            elif failed:
                 raise self.parts.refusal(reply, key, "create the filter's shards")
         self.missing(record, existing)
         return len(order) - len(existing)

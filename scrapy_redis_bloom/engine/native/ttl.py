@@ -8,9 +8,6 @@ Shard ``i`` of a native filter with a TTL is:
   told from one never started;
 * ``{KEY:<i>}:bf:<id>:w<w>``: a RedisBloom filter per window, created by the window's first
   add, expiring at ``(w + 2) T``, for half the error rate (two are consulted).
-
-:data:`CHECK` consults windows w - 1 and w and adds to w, in one atomic script call;
-:class:`Windows` does the same without it where it can.
 """
 
 from __future__ import annotations
