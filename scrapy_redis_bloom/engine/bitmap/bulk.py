@@ -102,6 +102,8 @@ BLOCKS_JOINT_BYTES = 2 << 20
 SNAPSHOTS = True
 #: Whether grown and windowed shards take stacks (:mod:`.stacks`), not the script.
 LAYERED = True
+#: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
+PER_SCRIPT = 100
 
 
 @dataclass(frozen=True)
@@ -124,10 +126,6 @@ class ScriptHooks:
     mismatch: Callable[[int, str, object], None]
     scriptless: Callable[[], int]
     growth: Callable[[], Growth]
-
-
-#: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
-PER_SCRIPT = 100
 
 
 @dataclass(slots=True)
@@ -174,17 +172,12 @@ class Bulk:
         allow: bool,
         hooks: ScriptHooks,
     ) -> None:
-        self.topology = topology
-        self.executor = executor
-        self.parts = parts
-        self.identity = identity
-        self.recover = recover
-        self.allow = allow
-        self.hooks = hooks
+        self.topology, self.executor, self.parts = topology, executor, parts
+        self.identity, self.recover, self.allow, self.hooks = identity, recover, allow, hooks
         self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
         self._grown: set[int] = set()  # shards found grown: their batches go to stacks
         self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
-        self._wire = WireCost(executor)
+        self._wire = WireCost(self.executor)
 
     @property
     def spec(self) -> FilterSpec:
@@ -299,8 +292,7 @@ class Bulk:
         """Return the growth of a filter that grows or forgets, when its stacks may be taken."""
         if not LAYERED or not self._snapshots or not self.hooks.active():
             return None
-        growth = self.hooks.growth()
-        return growth if growth.expansion or growth.ttl else None
+        return self.hooks.growth()
 
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
@@ -310,13 +302,11 @@ class Bulk:
         Shards go together per node, up to :data:`JOINT_BYTES`; when another client wrote to
         one of them meanwhile, each is tried again alone.
         """
-        results: list[tuple[int, Any, Taken]] = []
+        if not self._snapshots:  # refused by an ACL: the chunks'
+            return [(s, positions, Taken()) for s, positions in groups.items()]
         batches = _Batches(self.topology.joint_transactions)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
-            if not self._snapshots:
-                results.append((s, positions, Taken()))  # refused by an ACL: the chunks'
-                continue
             key = self.parts.shard_key(s)
             node = self.topology.route(key, s, None)
             whole = self._whole(len(positions), node, key)
@@ -325,6 +315,7 @@ class Bulk:
             most = JOINT_BYTES if whole else min(JOINT_BYTES, BLOCKS_JOINT_BYTES)
             batches.join(node, size, (s, positions, target), most)
         taken = self._take_overlapped(batches, write, limit)
+        results: list[tuple[int, Any, Taken]] = []
         for (node, batch), together in zip(batches, taken, strict=True):
             for (s, positions, target), one in zip(batch, together, strict=True):
                 if one.aborted and len(batch) > 1:
@@ -345,46 +336,49 @@ class Bulk:
         """
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
-        begun: list[Pending] = []  # reads sent, not answered yet, in order
-        live: list[Pending] = []  # begun or answered, not finished: replies owed
+        begun: list[Pending] = []  # in order; those not finished (from len(out) on) owe replies
 
         def start(index: int) -> None:
-            node, batch = batches[index]
-            spare = turns.get(id(node), False)
-            turns[id(node)] = not spare
-            session = self.executor.session(node, "check in bulk", write, spare=spare)
-            pending = begin(session, [target for _, _, target in batch], write, limit)
-            begun.append(pending)
-            live.append(pending)
+            if index < len(batches):
+                node, batch = batches[index]
+                spare = turns.get(id(node), False)
+                turns[id(node)] = not spare
+                session = self.executor.session(node, "check in bulk", write, spare=spare)
+                begun.append(begin(session, [target for _, _, target in batch], write, limit))
 
         def end(index: int) -> None:
             targets = [target for _, _, target in batches[index][1]]
-            out.append(self._noted(targets, finish(live[0])))
-            live.pop(0)  # (the oldest: they finish in the order they began)
+            out.append(self._noted(targets, finish(begun[index])))
 
         try:
-            for index in range(min(2, len(batches))):
-                start(index)
+            start(0)
+            start(1)
             for index in range(len(batches)):
-                answer_reads(begun.pop(0))
+                answer_reads(begun[index])
                 if index:  # the batch before: its EXEC ran while this one was answered
                     end(index - 1)
-                if index + 2 < len(batches):  # on the connection this one's EXEC went on
-                    start(index + 2)
+                start(index + 2)  # on the connection this one's EXEC went on
             if batches:
                 end(len(batches) - 1)
         except BaseException:
-            for pending in live:  # replies owed, or a transaction open: never reuse them
-                pending.session.drop()
+            for pending in begun[len(out) :]:  # replies owed, or a transaction open
+                pending.session.drop()  # never reuse them
             raise
         return out
 
     def _noted(self, targets: list[Target], taken: list[Taken]) -> list[Taken]:
-        """Note an ACL refusal among the targets' snapshots (:meth:`_refused`); return them."""
+        """Stop taking snapshots once Redis's ACL refused one of the targets'; return them."""
         for target, one in zip(targets, taken, strict=True):
-            if one.denied is not None:
-                self._refused(one.denied, target.key)
-                break
+            if one.denied is not None and self._snapshots:
+                self._snapshots = False
+                logger.info(
+                    "Bulk checks use BITFIELD (or the script) from now on, no snapshots: the"
+                    " Redis user may not run WATCH, GET, GETRANGE, STRLEN, MULTI, SETRANGE,"
+                    " EXEC, DISCARD or UNWATCH on %r (ACL: refused the %s). Granting them"
+                    " makes add_many and contains_many faster.",
+                    target.key,
+                    one.denied,
+                )
         return taken
 
     def _stacks_of(
@@ -458,11 +452,7 @@ class Bulk:
             gen = growth.generation(g)
             offsets = by_generation.get(g)
             if offsets is None:
-                offsets = by_generation[g] = (
-                    located.offsets(positions)
-                    if g == 0
-                    else located.generation_offsets(positions, gen)
-                )
+                offsets = by_generation[g] = located.offsets(positions, gen if g else None)
             length = HEADER_BYTES + gen.nbytes
             newest = (name, g) == found.keys[-1]
             # Whole when its bytes (read, the newest's written back) cost less than its blocks.
@@ -477,19 +467,6 @@ class Bulk:
             targets.append(target)
             size += length if whole else BLOCK_BYTES * len(positions)
         return Stack(shard, identity, found, targets, growth.ttl), size
-
-    def _refused(self, denied: str, key: str) -> None:
-        """Stop taking snapshots: Redis's ACL refused one."""
-        if self._snapshots:
-            self._snapshots = False
-            logger.info(
-                "Bulk checks use BITFIELD (or the script) from now on, no snapshots: the"
-                " Redis user may not run WATCH, GET, GETRANGE, STRLEN, MULTI, SETRANGE,"
-                " EXEC, DISCARD or UNWATCH on %r (ACL: refused the %s). Granting them"
-                " makes add_many and contains_many faster.",
-                key,
-                denied,
-            )
 
     def _run_chunks(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         """Check (and add) elements in chunks of BITFIELD or script calls, pipelined."""
@@ -530,26 +507,25 @@ class Bulk:
         A filter that grows or forgets sends the script (only it knows a shard's generations
         and windows), its groups carrying each element's packed seeds.
         """
-        hooks = self.hooks if self.hooks.active() else None
+        scripted = self.hooks.active()
         spec = self.spec
         k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
         groups: dict[int, tuple[list[int], list[Any]]] = {}
         for i, element in enumerate(elements):
-            if hooks is None:
-                shard, x, y = locate(element, spec)
-            else:
+            if scripted:
                 h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
                 shard = h1 % spec.shards
+                values: list[Any] = [seed_arguments(h1, h2, spec.shards, size, spec.seed_range)]
+            else:  # (a shard's bits start after its header)
+                shard, x, y = locate(element, spec)
+                values = offsets(x, y, k, size, block, HEADER_BITS)
             group = groups.get(shard)
             if group is None:
                 group = groups[shard] = ([], [])
             group[0].append(i)
-            if hooks is None:  # (a shard's bits start after its header)
-                group[1].extend(offsets(x, y, k, size, block, HEADER_BITS))
-            else:
-                group[1].append(seed_arguments(h1, h2, spec.shards, size, spec.seed_range))
-        script = hooks.script() if hooks is not None else None
-        per = PER_SCRIPT if hooks is not None else max(1, COMMAND_BITS // k)
+            group[1].extend(values)
+        script = self.hooks.script() if scripted else None
+        per = PER_SCRIPT if scripted else max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
         plans: dict[int, tuple[Session, list[_Command]]] = {}
         for shard, (positions, packed) in groups.items():
@@ -560,19 +536,19 @@ class Bulk:
                 plan = plans[id(node)] = (self.executor.session(node), [])
             commands = plan[1]
             packed_key = encode(key)
-            if hooks is None:
+            if not scripted:
                 check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
                 commands.append(_Command(Call(check, key=key, shard=shard), shard))
             for first in range(0, len(positions), per):
                 span = range(first, min(first + per, len(positions)))
-                if hooks is None:
+                if not scripted:
                     payload = packer.pack(packed_key, packed[span.start * k : span.stop * k])
                 else:
-                    payload = hooks.head(shard, write, len(span))
+                    payload = self.hooks.head(shard, write, len(span))
                     payload += b"".join(packed[span.start : span.stop])
                 call = Call(payload, key=key, shard=shard, script=script)
-                commands.append(_Command(call, shard, span, scripted=hooks is not None))
-        return _Chunk(write, elements, 1 if hooks is not None else k, groups, plans)
+                commands.append(_Command(call, shard, span, scripted=scripted))
+        return _Chunk(write, elements, 1 if scripted else k, groups, plans)
 
     # -- sending and reading -----------------------------------------------------------
 
@@ -682,21 +658,17 @@ class Bulk:
         """Return a node's replies for a chunk, and per command whether it may have run twice."""
         session, commands = chunk.plans[node_id]
         sent = chunk.sent.get(node_id)
-        replies: list[Any] | None = None
-        lost = isinstance(sent, ReplyLostError)
         if isinstance(sent, Ticket):
             try:
-                replies = chunk.sent[node_id] = session.replies(sent)
+                sent = chunk.sent[node_id] = session.replies(sent)
             except ReplyLostError as exc:
-                chunk.sent[node_id] = exc
-                lost = True
-        elif isinstance(sent, list):
+                sent = chunk.sent[node_id] = exc
+        lost = isinstance(sent, ReplyLostError)
+        if isinstance(sent, list):
             replies = sent
-        if replies is None:
-            redo = list(range(len(commands)))
-            replies = [None] * len(commands)
-        else:
             redo = [i for i, reply in enumerate(replies) if classify(reply) is not Kind.RESULT]
+        else:
+            replies, redo = [None] * len(commands), list(range(len(commands)))
         unsure = [lost and chunk.write] * len(commands)
         if redo:
             # The executor may use any node: first read every reply owed, in sending order.

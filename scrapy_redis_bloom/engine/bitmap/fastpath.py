@@ -78,7 +78,7 @@ class Command:
     def give_back(self) -> None:
         """Keep the count it carried for a later command: this one did not run."""
         if self.fast is not None:
-            self.fast.lost(self.shard, self.counted)
+            self.fast.give_back(self.shard, self.counted)
 
 
 @dataclass
@@ -130,7 +130,7 @@ class FastPath:
         """Return the command for an element (hashes ``h1``, ``h2``); None: use the script.
 
         None when the shard has grown or nears its limit. The command carries the count it
-        sends (:meth:`lost` gives it back) and the fields read before the bits (1 or 2).
+        sends (:meth:`give_back` gives it back) and the fields read before the bits (1 or 2).
         """
         shard, x, y = place(h1, h2, self.shards, self.size, self.seeds)
         known = self._shards.get(shard) or self._shard(shard)
@@ -153,11 +153,9 @@ class FastPath:
         payload = (text + self._ops % tuple(args)).encode("latin-1")
         return Command(shard, known.key, payload, None, self, sent, fields, bits)
 
-    def lost(self, shard: int, sent: int) -> None:
-        """Take back the count a command carried that surely did not run."""
+    def give_back(self, shard: int, sent: int) -> None:
+        """Take back the count a command (or a flush) carried that surely did not run."""
         self._shard(shard).pending += sent
-
-    give_back = lost
 
     def read(self, shard: int, reply: Any, fields: int) -> tuple[bool | None, int]:
         """Return a reply's answer (True: seen; None: not this filter's) and the generations.
@@ -191,7 +189,7 @@ class FastPath:
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items still to count.
 
-        :meth:`lost` gives them back when it fails. ``only``: that shard's, if any.
+        :meth:`give_back` gives them back when it fails. ``only``: that shard's, if any.
         """
         out = []
         shards = self._shards

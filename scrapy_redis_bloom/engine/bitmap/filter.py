@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -58,7 +58,7 @@ class RedisBloomFilter(FilterBase):
         self.executor.explain_denial = partial(check_access, self.executor, self.topology, self.key)
         self._shards = Bitmaps(self.parts, self.topology, self.events)
         self.lifecycle = Lifecycle(self._shards, self.faults, self.events)
-        self._script = scripts.check_and_add(self.wanted.growth, one=True)
+        self._script = scripts.check_and_add(self.wanted.growth, one=True)  # (_adopt: record's)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
@@ -254,12 +254,12 @@ class RedisBloomFilter(FilterBase):
         adds = [i for i, check in checks.items() if answers[i] is None and check.add]
         again = [i for i, check in checks.items() if answers[i] is None and not check.add]
         if adds:
-            calls = []
-            for i in adds:
-                check = checks[i]
-                calls.append(Call(check.add, key=check.add_key, shard=check.shard))
-                if check.count:
-                    calls.append(Call(check.count, key=check.add_key, shard=check.shard))
+            calls = [
+                Call(command, key=checks[i].add_key, shard=checks[i].shard)
+                for i in adds
+                for command in (checks[i].add, checks[i].count)
+                if command
+            ]
             assert stack is not None
             results, failed = self._partial(calls)
             failure = failure or failed
@@ -280,17 +280,12 @@ class RedisBloomFilter(FilterBase):
         if again:  # the script answers where the reads could not
             scripted = {i: self._scripted(todo[i][3], todo[i][4]) for i in again}
             failure = self._scripts_and_fast(todo, scripted, answers, {}) or failure
-        outcome = Outcome()
         rest = [todo[i][2] for i, seen in enumerate(answers) if seen is None]
-        unavailable: Iterator[bool] = iter(())
         if rest:
             assert failure is not None
-            unavailable = iter(self._unavailable(failure, len(rest)))
-            outcome.errors, outcome.failed = len(rest), rest
-        for seen in answers:
-            outcome.answers.append(next(unavailable) if seen is None else seen)
-            outcome.added += seen is False
-            outcome.seen += seen is True
+            self._unavailable(failure, len(rest))  # raises, or answers "new" (False) for them
+        outcome = Outcome([seen is True for seen in answers], errors=len(rest), failed=rest)
+        outcome.added, outcome.seen = answers.count(False), answers.count(True)
         return outcome
 
     def _scripts_and_fast(
@@ -544,14 +539,13 @@ class RedisBloomFilter(FilterBase):
         try:
             self._current()
         except FilterUnavailableError as exc:
-            items: Sequence[str | bytes] = list(elements)
-            outcome = Outcome(answers=self._unavailable(exc, len(items)), failed=list(items))
-        else:
-            outcome = self._bulk.run(write, elements)
-            self.events.count("ambiguous", outcome.ambiguous)
-            if outcome.errors:
-                self._unavailable(
-                    FilterUnavailableError(f"Redis could not take {outcome.errors:,} element(s)"),
-                    outcome.errors,
-                )
+            items = list(elements)
+            return Outcome(answers=self._unavailable(exc, len(items)), failed=items)
+        outcome = self._bulk.run(write, elements)
+        self.events.count("ambiguous", outcome.ambiguous)
+        if outcome.errors:
+            self._unavailable(
+                FilterUnavailableError(f"Redis could not take {outcome.errors:,} element(s)"),
+                outcome.errors,
+            )
         return outcome

@@ -53,10 +53,9 @@ class Located:
         self.size = len(elements)
         self.spec = spec
         self.vectorised = vectorised
-        self._offsets: Any = None
         self._elements = elements
         self._wide: Any = None
-        self._generations: dict[Generation, Any] = {}
+        self._offsets: dict[Generation | None, Any] = {}  # (all elements', per generation)
         if vectorised:
             self.shard, self.x, self.y = locate_many(elements, spec)
             self._seeds: list[tuple[int, int, int]] = []
@@ -75,60 +74,50 @@ class Located:
             return {int(s): order[starts[s] : starts[s + 1]] for s in busy.tolist()}
         groups: dict[int, list[int]] = {}
         for position, (shard, _, _) in enumerate(self._seeds):
-            group = groups.get(shard)
-            if group is None:
-                groups[shard] = [position]
-            else:
-                group.append(position)
+            groups.setdefault(shard, []).append(position)
         return {shard: group for shard, group in groups.items() if len(group) >= least}
 
-    def offsets(self, positions: Any) -> Any:
+    def offsets(self, positions: Any, generation: Generation | None = None) -> Any:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
         An (n, k) array; without numpy, n lists of k offsets, or for a blocked filter n
-        ``(block start, bits)`` pairs (:func:`..hashing.block_masks`).
+        ``(block start, bits)`` pairs (:func:`..hashing.block_masks`). With ``generation``:
+        in that later generation, seeded as the scripts seed it.
         """
-        spec = self.spec
-        k, bits, block = spec.hash_count, spec.shard_bits, spec.block_bits
+        g, spec = generation, self.spec
+        k, block = (g or spec).hash_count, (g or spec).block_bits
+        bits = spec.shard_bits if g is None else g.bits
         if self.vectorised:
-            if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
-                return offsets_many(self.x[positions], self.y[positions], k, bits, block)
-            if self._offsets is None:  # all at once: numpy's cost is per call
-                self._offsets = offsets_many(self.x, self.y, k, bits, block)
-            return self._offsets[positions]
-        seeds = self._seeds
-        if block:  # (block start, bits) pairs: the kernel without numpy takes them
-            return block_masks([seeds[p] for p in positions], k, HEADER_BITS)
-        return [offsets(seeds[p][1], seeds[p][2], k, bits, block, HEADER_BITS) for p in positions]
-
-    def generation_offsets(self, positions: Any, generation: Generation) -> Any:
-        """Return :meth:`offsets` in a later generation, seeded as the scripts seed it."""
-        k, bits, block = generation.hash_count, generation.bits, generation.block_bits
-        shards, seeds = self.spec.shards, generation.seed_range
-        if self.vectorised:
-            if self._wide is None:
-                h1, h2 = hashes_many(self._elements)
-                self._wide = (h1 // np.uint64(shards)) % np.uint64(WIDE), h2 % np.uint64(WIDE)
-            qx, qy = self._wide
-            if self.size > ALL_OFFSETS:  # a shard's at a time: bounded memory
-                x = (qx[positions] % np.uint64(bits)).astype(np.int64)
-                y = (qy[positions] % np.uint64(seeds)).astype(np.int64)
-                return offsets_many(x, y, k, bits, block)
-            every = self._generations.get(generation)  # all at once, as offsets does
-            if every is None:
-                x = (qx % np.uint64(bits)).astype(np.int64)
-                y = (qy % np.uint64(seeds)).astype(np.int64)
-                every = self._generations[generation] = offsets_many(x, y, k, bits, block)
-            return every[positions]
-        known: dict[int, tuple[int, int]] = self._wide if self._wide is not None else {}
-        self._wide = known
-        wide: list[tuple[int, int, int]] = []
-        for p in positions:
-            found = known.get(p)
-            if found is None:
-                a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
-                found = known[p] = (a // shards) % WIDE, b % WIDE
-            wide.append((0, found[0] % bits, found[1] % seeds))
+            every = self.size <= ALL_OFFSETS  # all at once: numpy's cost is per call
+            if every and g in self._offsets:
+                return self._offsets[g][positions]
+            chosen = slice(None) if every else positions  # else a shard's: bounded memory
+            if g is None:
+                x, y = self.x[chosen], self.y[chosen]
+            else:
+                if self._wide is None:
+                    h1, h2 = hashes_many(self._elements)
+                    shards = np.uint64(spec.shards)
+                    self._wide = (h1 // shards) % np.uint64(WIDE), h2 % np.uint64(WIDE)
+                x = (self._wide[0][chosen] % np.uint64(bits)).astype(np.int64)
+                y = (self._wide[1][chosen] % np.uint64(g.seed_range)).astype(np.int64)
+            found = offsets_many(x, y, k, bits, block)
+            if not every:
+                return found
+            self._offsets[g] = found
+            return found[positions]
+        if g is None:
+            wide = [self._seeds[p] for p in positions]
+        else:
+            known: dict[int, tuple[int, int]] = self._wide if self._wide is not None else {}
+            self._wide = known
+            wide = []
+            for p in positions:
+                seeds = known.get(p)
+                if seeds is None:
+                    a, b = mmh3.hash64(self._elements[p], seed=0, x64arch=True, signed=False)
+                    seeds = known[p] = (a // spec.shards) % WIDE, b % WIDE
+                wide.append((0, seeds[0] % bits, seeds[1] % g.seed_range))
         if block:
             return block_masks(wide, k, HEADER_BITS)
         return [offsets(sx, sy, k, bits, block, HEADER_BITS) for _, sx, sy in wide]
@@ -229,8 +218,6 @@ def _check_slice(
 ) -> tuple[list[bool], int, int]:
     """Do what :func:`check_vectorised` does, for a slice of a batch."""
     n = offsets.shape[0]
-    if n == 0:
-        return [], 0, 0
     copy = np.frombuffer(buffer, dtype=np.uint8)
     flat = offsets.reshape(-1)
     have = ((copy[flat >> 3] >> (7 - (flat & 7)).astype(np.uint8)) & 1).astype(bool)

@@ -7,6 +7,7 @@ each shard a string allocated whole, its header naming the filter (:mod:`...core
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -66,8 +67,8 @@ class Bitmaps:
     ) -> FilterRecord | None:
         """Refuse a filter that does not fit; clear debris; restore a record from orphans."""
         # First, in O(servers): a filter that could never fit is refused.
-        whole = wanted.spec.shards * shard_allocation(wanted.spec)
-        health.check_room(self.key, servers, {}, spread=(whole, len(servers)))
+        each = shard_allocation(wanted.spec)
+        health.check_room(self.key, servers, {}, spread=(wanted.spec.shards * each, len(servers)))
         found_all = self.parts.identities(range(wanted.spec.shards))
         self._clear_debris({shard: found for shard, found in found_all.items() if _debris(found)})
         present = {
@@ -75,11 +76,8 @@ class Bitmaps:
         }
         if present or any(marker is not None for marker in markers):
             return self._restore_orphans(wanted, present, markers)
-        needs: dict[str, int] = {}
-        for shard in range(wanted.spec.shards):
-            address = self._address(shard)
-            needs[address] = needs.get(address, 0) + shard_allocation(wanted.spec)
-        health.check_room(self.key, servers, needs)
+        held = Counter(self._address(shard) for shard in range(wanted.spec.shards))
+        health.check_room(self.key, servers, {address: n * each for address, n in held.items()})
         return None
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
@@ -168,8 +166,7 @@ class Bitmaps:
     ) -> FilterRecord:
         """Rebuild a lost record from intact shards that all carry one id, or refuse."""
         spec = wanted.spec
-        ids = {layout.Identity.parse(found) for found in present.values()}
-        first = next(iter(ids)) if len(ids) >= 1 else None
+        first = layout.Identity.parse(next(iter(present.values()), b""))
         filter_id = first.filter_id if first is not None else None
         complete = (
             filter_id is not None

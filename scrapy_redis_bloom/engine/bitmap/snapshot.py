@@ -60,8 +60,17 @@ logger = logging.getLogger(__name__)
 #: Bytes a GETRANGE reads at most: a shard of 8 MiB is read in 8 commands of ~0.2 ms of
 #: Redis time each, so other clients do not wait for one long GET.
 PIECE = 1 << 20
-_GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
-_COUNT = slice(COUNT_BIT // 8, COUNT_BIT // 8 + 4)
+_GENERATIONS = GENERATIONS_BIT // 8
+_COUNT = COUNT_BIT // 8
+
+
+def _generations(head: bytes | bytearray) -> int:
+    """Return a generation 0's generations (u16 of its state; 0 reads as 1)."""
+    return max(int.from_bytes(head[_GENERATIONS:_COUNT], "big"), 1)
+
+
+def _u32(head: bytes | bytearray) -> int:
+    return int.from_bytes(head[_COUNT : _COUNT + 4], "big")
 
 
 @dataclass(slots=True)
@@ -147,8 +156,7 @@ def take(
     (``lua/read_blocks.lua``) and writes back (``lua/write_blocks.lua``) each shard: one
     reply per shard, not per block. A ``whole`` target is read by ``GET`` and its changed
     span written by ``SETRANGE``, not through Lua (a script's argument or result costs
-    Redis ~1 ns a byte). Each shard's read is answered once in: Python works on one while
-    Redis reads the next.
+    Redis ~1 ns a byte).
 
     ``targets``: shards one transaction may name (one slot in a cluster). One :class:`Taken`
     per target; when another client wrote to any, nothing was written and each is ``aborted``.
@@ -266,14 +274,10 @@ def _opening(
 def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
     """Find each target's blocks; pack the ranged ones' reads at once (numpy's cost is per call)."""
     for target in targets:
-        target.ranged = (
-            not target.whole
-            and _BY_RANGES
-            and not target.by_script
-            and not isinstance(target.offsets, list)
-        )
         if not target.whole:
             target.blocks, target.moved = gather(target.offsets)
+            lists = isinstance(target.offsets, list)
+            target.ranged = _BY_RANGES and not target.by_script and not lists
     ranged = [i for i, target in enumerate(targets) if target.ranged]
     if ranged:
         packed = range_reads(
@@ -346,8 +350,7 @@ def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _
     copy, before = got
     moved, count = target.moved, 0
     if limit is not None:
-        generations = int.from_bytes(copy[_GENERATIONS], "big")
-        count = int.from_bytes(copy[_COUNT], "big")
+        generations, count = _generations(copy), _u32(copy)
         # An add leaves the growth boundary to the script: it takes what the room allows.
         room = limit - 1 - count if write else len(moved)
         if generations > 1 or room <= 0:
@@ -413,18 +416,15 @@ def _send_writes(
         if limit is not None:
             queued += 1
             count += answers.count(False)
-            commands.append(pack_command(b"SETRANGE", key, _COUNT.start, count.to_bytes(4, "big")))
-    if not write:
+            commands.append(pack_command(b"SETRANGE", key, _COUNT, count.to_bytes(4, "big")))
+    if not write or all(one.answers is None for one in taken):  # nothing to confirm: close it
+        _end(session, write, opening)
         pending.done = taken
         return
     if changed:
         writes, count = range_writes(*(list(column) for column in zip(*changed, strict=True)))
         commands.append(writes)
         queued += count
-    if all(one.answers is None for one in taken):  # nothing to confirm: close it
-        _end(session, write, opening)
-        pending.done = taken
-        return
     commands.append(_EXEC)
     pending.taken, pending.queued = taken, queued
     pending.sent = session.propose(_coalesced(commands), queued)

@@ -124,6 +124,7 @@ class Check:
     again_bits: list[int] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class StackPath:
     """Packs and reads the scriptless checks of grown and windowed shards (module doc).
 
@@ -131,22 +132,16 @@ class StackPath:
     shard's keys carry; ``workers()``: live workers (their late counts widen the margin).
     """
 
-    def __init__(
-        self,
-        growth: Growth,
-        key: str,
-        identity: Callable[[int], bytes],
-        workers: Callable[[], int] = lambda: 1,
-    ) -> None:
-        self.growth = growth
-        self.key = key
-        self.identity = identity
-        self.workers = workers
-        spec = growth.spec
-        self.shards, self.ttl = spec.shards, growth.ttl
-        self.gens: list[Generation] = growth.generations
+    growth: Growth
+    key: str
+    identity: Callable[[int], bytes]
+    workers: Callable[[], int] = lambda: 1
+    _shards: dict[int, _Shard] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.shards, self.ttl = self.growth.spec.shards, self.growth.ttl
+        self.gens: list[Generation] = self.growth.generations
         self.last = len(self.gens)
-        self._shards: dict[int, _Shard] = {}
 
     @staticmethod
     def applies(growth: Growth) -> bool:

@@ -29,16 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.generations import (
-    COUNT_BIT,
-    GENERATIONS_BIT,
-    SCRIPTLESS_MARGIN,
-    Growth,
-    window_key,
-)
+from scrapy_redis_bloom.core.generations import SCRIPTLESS_MARGIN, Growth, window_key
 from scrapy_redis_bloom.core.layout import IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.snapshot import (
+    _COUNT,
+    _GENERATIONS,
     _MULTI,
     Pending,
     Taken,
@@ -46,10 +42,12 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _copy,
     _end,
     _failure,
+    _generations,
     _kernel,
     _opening,
     _reads,
     _send_writes,
+    _u32,
     finish,
 )
 from scrapy_redis_bloom.engine.bitmap.stackpath import _header
@@ -60,9 +58,6 @@ from scrapy_redis_bloom.transport.wire import encode, pack_command
 
 if HAVE_NUMPY:
     import numpy as np
-
-_GENERATIONS = GENERATIONS_BIT // 8
-_COUNT = COUNT_BIT // 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +91,6 @@ class Stack:
     ttl: int = 0
 
 
-def limit(growth: Growth, generation: int) -> int:
-    """Items a shard's newest generation may hold before its adds go through the script."""
-    capacity = growth.generation(generation).capacity
-    return capacity - max(SCRIPTLESS_MARGIN, capacity // 100)
-
-
 def probes(key: str, shard: int, ttl: int, window: int) -> list[Call]:
     """Return the reads :func:`probe` takes for a shard (``window``: the current one, guessed)."""
     shard_key = layout.shard_key(key, shard)
@@ -132,19 +121,16 @@ def probe(
             return None  # its last seconds: the script starts the next window
         if not _anchored(first, identity, window, before == b""):
             return None  # not ours, or the current window not started: the script's
-        prior = window_key(key, shard, window - 1, 0)
-        if before == b"":
-            previous = (prior, 0)
-        elif _ours(before, identity) and _generations(before) <= most:
-            count = _generations(before)
-            older = tuple((window_key(key, shard, window - 1, g), g) for g in range(count))
-            previous = (prior, count)
-        else:
+        if before != b"" and not (_ours(before, identity) and _generations(before) <= most):
             return None
+        count = _generations(before) if before else 0  # (absent: none)
+        older = tuple((window_key(key, shard, window - 1, g), g) for g in range(count))
+        previous = (window_key(key, shard, window - 1, 0), count)
         anchor = layout.shard_key(key, shard)
     if not _ours(head, identity) or _generations(head) > most:
         return None
     generations = _generations(head)
+    capacity = growth.generation(generations - 1).capacity  # (the newest's)
     if ttl:
         names = older + tuple((window_key(key, shard, window, g), g) for g in range(generations))
     else:
@@ -153,9 +139,9 @@ def probe(
         names,
         names[len(older)][0],
         generations,
-        limit(growth, generations - 1),
+        capacity - max(SCRIPTLESS_MARGIN, capacity // 100),  # then its adds are the script's
         _u32(head),
-        growth.generation(generations - 1).capacity,
+        capacity,
         previous,
         anchor,
         window,
@@ -180,13 +166,11 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
     timed = any(stack.ttl for stack in stacks)
     if timed:
         commands.append(TIME)
-    at = 0
     for stack in stacks:
         if stack.found.anchor is not None:
             commands.append(_header(stack.found.anchor))
         for target in stack.targets:
-            commands += _reads(target, keys[at], write)
-            at += 1
+            commands += _reads(target, encode(target.key), write)
     if write:
         commands.append(_MULTI)
     anchors = sum(stack.found.anchor is not None for stack in stacks)
@@ -204,10 +188,7 @@ def take_stacks(session: Session, stacks: Sequence[Stack], write: bool) -> list[
         if failed is not None:
             _end(session, write, opened)
             return [Taken(denied=acl_denial(failed)) for _ in stacks]
-        at = opening
-        now = None
-        if timed:
-            now, at = _seconds(read[at]), at + 1
+        now, at = _seconds(read[opening]) if timed else None, opening + timed
         found: list[Any] = []
         extra: list[bytes] = []
         for stack in stacks:
@@ -333,15 +314,6 @@ def _within(seen: Any, room: int, vectorised: bool) -> int:
 
 def _ours(head: Any, identity: bytes) -> bool:
     return isinstance(head, bytes | bytearray) and bytes(head[:IDENTITY_BYTES]) == identity
-
-
-def _generations(head: bytes | bytearray) -> int:
-    """Return a generation 0's generations (u16 of its state; 0 reads as 1)."""
-    return max(int.from_bytes(head[_GENERATIONS:_COUNT], "big"), 1)
-
-
-def _u32(head: bytes | bytearray) -> int:
-    return int.from_bytes(head[_COUNT : _COUNT + 4], "big")
 
 
 def _seconds(reply: Any) -> float | None:
