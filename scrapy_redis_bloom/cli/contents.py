@@ -21,7 +21,6 @@ from typing import Any
 from tqdm import tqdm
 
 from scrapy_redis_bloom.cli.context import (
-    EXIT_OK,
     CLIError,
     Context,
     check_servers,
@@ -118,13 +117,11 @@ def add(ctx: Context) -> int:
     present, new = _count_hits(ctx, paths, bloom, True)
     total = new + present
     data = ctx.result(created_filter=created, fingerprints=total, new=new, already_present=present)
-    lines = _created(ctx, created)
-    lines.append(
+    line = (
         f"Added {total:,} fingerprint(s) to the Bloom filter {ctx.key!r} on {ctx.where}:"
         f" {new:,} new, {present:,} already present."
     )
-    emit(ctx, data, lines)
-    return EXIT_OK
+    return emit(ctx, data, [*_created(ctx, created), line])
 
 
 def check(ctx: Context) -> int:
@@ -138,8 +135,7 @@ def check(ctx: Context) -> int:
         f"Checked {total:,} fingerprint(s) against the Bloom filter {ctx.key!r} on"
         f" {ctx.where}: {present:,} present, {absent:,} absent."
     )
-    emit(ctx, data, [line])
-    return EXIT_OK
+    return emit(ctx, data, [line])
 
 
 # -- migrate ----------------------------------------------------------------------------
@@ -232,8 +228,7 @@ def migrate(ctx: Context) -> int:
     lines.append(
         f"The set {set_key!r} is left in place: delete it once the crawl runs on the filter."
     )
-    emit(ctx, data, lines)
-    return EXIT_OK
+    return emit(ctx, data, lines)
 
 
 # -- dump and restore -------------------------------------------------------------------
@@ -295,8 +290,7 @@ def dump(ctx: Context) -> int:
     ]
     if summary.forced:
         lines.append("Workers held leases meanwhile: URLs they added may be missing (--force).")
-    emit(ctx, data, lines)
-    return EXIT_OK
+    return emit(ctx, data, lines)
 
 
 def restore(ctx: Context) -> int:
@@ -326,8 +320,7 @@ def restore(ctx: Context) -> int:
     ]
     if summary.replaced:
         lines.append("The filter that was under this key was deleted first (--replace).")
-    emit(ctx, data, lines)
-    return EXIT_OK
+    return emit(ctx, data, lines)
 
 
 # -- reset ------------------------------------------------------------------------------
@@ -349,10 +342,8 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     markers = inventory.check_markers(bloom, record)
     _refuse_foreign_markers(ctx, record, markers)
     native = native_if(ctx, record)
-    if native is not None:
-        present = len(native.existing())
-    else:
-        present = len(bloom.parts.existing(range(record.spec.shards)))
+    shards = native.existing() if native else bloom.parts.existing(range(record.spec.shards))
+    present = len(shards)
     counters = bool(inventory.existing_keys(bloom.parts, [(bloom.parts.counter_key, None, None)]))
     marked = sum(1 for marker in markers if marker.found is not None)
     created = record.created_text()
@@ -377,8 +368,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
         counters=counters,
         server_markers=marked,
     )
-    emit(ctx, data, [f"Deleted {what}."])
-    return EXIT_OK
+    return emit(ctx, data, [f"Deleted {what}."])
 
 
 def _refuse_foreign_markers(
@@ -452,8 +442,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     if not found.deletable:
         data.update(deleted=False, shard_keys=0, deleted_keys=[])
         lines = [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete.", *kept_lines]
-        emit(ctx, data, lines)
-        return EXIT_OK
+        return emit(ctx, data, lines)
     orphans = list(found.deletable)
     shards = sum(1 for o in orphans if o.kind == "shard")
     others = len(orphans) - shards
@@ -476,8 +465,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     lines = [f"Deleted {what}:", *listing(key, deleted)]
     if changed:
         lines += ["Not deleted (changed since listed):", *listing(key, changed)]
-    emit(ctx, data, lines + kept_lines)
-    return EXIT_OK
+    return emit(ctx, data, lines + kept_lines)
 
 
 @contextlib.contextmanager

@@ -63,17 +63,13 @@ DEFAULT_RETRY_TIMEOUT = 5.0
 class CLIError(Exception):
     """A failure reported as one line on stderr, with ``code`` as the exit status."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+    code = EXIT_FAILURE
 
 
 class UsageError(CLIError):
     """The command line or the settings are wrong: exit status 2."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, EXIT_USAGE)
+    code = EXIT_USAGE
 
 
 @dataclass
@@ -180,10 +176,7 @@ def run_command(
     frontend: Frontend,
     sizing: BloomConfig | None = None,
 ) -> int:
-    """Build the clients from the settings as a crawl does, run the subcommand (``args.handler``).
-
-    ``reset`` without ``--yes`` is refused first when it cannot ask.
-    """
+    """Build the clients from the settings as a crawl does; run the subcommand (``handler``)."""
     if getattr(args, "yes", True) is False and not stdin_is_tty():
         raise UsageError(
             "reset deletes the filter and cannot ask for confirmation (stdin is not a"
@@ -254,7 +247,7 @@ def guarded(
     try:
         return body()
     except CLIError as exc:
-        return fail(exc.message, exc.code)
+        return fail(str(exc), exc.code)
     except BloomFilterError as exc:  # e.g. unavailable past the retry timeout: named settings
         return fail(frontend.words(exc))
     except AuthenticationError as exc:
@@ -319,13 +312,12 @@ def missing(ctx: Context, bloom: RedisBloomFilter, hint: str = "") -> CLIError:
     key = ctx.key
     meta = layout.meta_key(key)
     message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."
-    first_shard = layout.shard_key(key, 0)
     if key.endswith(":meta"):
         message += f" Give the filter's key without ':meta': --key {key[: -len(':meta')]!r}."
     elif bloom.parts.existing([0]):
         message += (
-            f" Its shard key {first_shard!r} exists without the record (orphaned bits):"
-            f" delete them with '{ctx.frontend.prog} reset --key {key}'."
+            f" Its shard key {layout.shard_key(key, 0)!r} exists without the record (orphaned"
+            f" bits): delete them with '{ctx.frontend.prog} reset --key {key}'."
         )
     elif hint:
         message += " " + hint

@@ -56,11 +56,6 @@ def _fields(source: object, names: str) -> dict[str, Any]:
     return {name: getattr(source, name) for name in names.split()}
 
 
-def shard_address(bloom: RedisBloomFilter, shard: int) -> str:
-    """Return where a shard lives."""
-    return bloom.topology.route(bloom.parts.shard_key(shard), shard, None).address
-
-
 def _servers_text(ctx: Context, places: Sequence[str]) -> str:
     """Say where the filter lives, for the info table."""
     if ctx.cluster:
@@ -77,17 +72,24 @@ def info(ctx: Context) -> int:
     if isinstance(bloom, NativeBloomFilter):
         return _native_info(ctx, bloom, record)
     spec = record.spec
-    damaged = inventory.check_shards(bloom, record)
-    missing = sum(1 for _, what in damaged if what == "missing")
+    damaged = [
+        {
+            "shard": shard,
+            "key": key,
+            "server": bloom.topology.route(key, shard, None).address,
+            "found": what,
+        }
+        for shard, what in inventory.check_shards(bloom, record)
+        for key in [bloom.parts.shard_key(shard)]
+    ]
+    missing = sum(1 for shard in damaged if shard["found"] == "missing")
     markers = inventory.check_markers(bloom, record)
     state = read_state(bloom.parts, record.growth)
     activity, activity_rows = _activity(bloom, state)
     places = inventory.addresses(bloom)
-    created = datetime.fromtimestamp(record.created, UTC)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     growth = record.growth
     written = sum(1 for ones in state.bits_set_per_shard if ones)
-    bad_markers = [m for m in markers if m.status != "ok"]
     data: dict[str, Any] = {
         "key": key,
         "backend": "bitmap",
@@ -96,7 +98,7 @@ def info(ctx: Context) -> int:
         "cluster": ctx.cluster,
         "id": record.filter_id,
         "state": record.state,
-        "created": created.isoformat(),
+        "created": datetime.fromtimestamp(record.created, UTC).isoformat(),
         "created_timestamp": record.created,
         **_fields(record, "layout scheme"),
         "block_bits": spec.block_bits,
@@ -112,15 +114,7 @@ def info(ctx: Context) -> int:
         "shards_with_bits_set": written,
         "shards_missing": missing,
         "shards_foreign": len(damaged) - missing,
-        "damaged_shards": [
-            {
-                "shard": shard,
-                "key": bloom.parts.shard_key(shard),
-                "server": shard_address(bloom, shard),
-                "found": what,
-            }
-            for shard, what in damaged
-        ],
+        "damaged_shards": damaged,
         "server_markers": [
             {"server": m.address, "marker": m.found, "status": m.status} for m in markers
         ],
@@ -145,12 +139,12 @@ def info(ctx: Context) -> int:
         ("Sizing", record.sizing),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
-        ("Missing or foreign shards", _damaged_text(bloom, damaged)),
+        ("Missing or foreign shards", _damaged_text(damaged)),
     ]
     if markers:
-        bad = "".join(f"; {m.address}: {m.status} ({m.found!r})" for m in bad_markers)
-        in_place = len(markers) - len(bad_markers)
-        rows.append(("Server markers", f"{in_place} of {len(markers)} in place{bad}"))
+        bad = [f"; {m.address}: {m.status} ({m.found!r})" for m in markers if m.status != "ok"]
+        in_place = len(markers) - len(bad)
+        rows.append(("Server markers", f"{in_place} of {len(markers)} in place{''.join(bad)}"))
     grown = (  # what growth buys a growing filter
         f"; up to {growth.last + 1} generations per shard, {growth.grown_capacity:,} items"
         f" in all at an FP rate under {growth.rate_bound:.3g}"
@@ -184,8 +178,7 @@ def info(ctx: Context) -> int:
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}{together}"),
     ]
-    emit(ctx, data, table(rows + activity_rows))
-    return EXIT_OK
+    return emit(ctx, data, table(rows + activity_rows))
 
 
 def _activity(
@@ -250,8 +243,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Estimated items", f"{state.estimated_items:,}"),
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
     ]
-    emit(ctx, data, table(rows + activity_rows))
-    return EXIT_OK
+    return emit(ctx, data, table(rows + activity_rows))
 
 
 #: What the layouts' rows say of their Redis time, once.
@@ -301,21 +293,15 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
     costs = layout_costs(
         sizing, record.capacity, growing=bool(record.expansion), servers=record.servers
     )
-    if record.backend == "native":
-        current = "native"
-    else:
-        current = "blocked" if record.spec.block_bits else "classic"
-    return _layouts(costs, current, "this filter")
+    current = "blocked" if record.spec.block_bits else "classic"
+    return _layouts(costs, "native" if record.backend == "native" else current, "this filter")
 
 
-def _damaged_text(bloom: RedisBloomFilter, damaged: Sequence[tuple[int, str]]) -> str:
+def _damaged_text(damaged: Sequence[dict[str, Any]]) -> str:
     """Say which shards are missing or not this filter's: the first few, then a count."""
     if not damaged:
         return "0"
-    named = [
-        f"{bloom.parts.shard_key(shard)!r} on {shard_address(bloom, shard)}: {what}"
-        for shard, what in damaged[:5]
-    ]
+    named = [f"{d['key']!r} on {d['server']}: {d['found']}" for d in damaged[:5]]
     more = f"; and {len(damaged) - 5:,} more" if len(damaged) > 5 else ""
     return f"{len(damaged):,} ({'; '.join(named)}{more})"
 
@@ -452,5 +438,4 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     rows.append(("Growth", grows if config.expansion else fixed))
     if config.ttl:
         rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
-    emit(args, data, table(rows))
-    return EXIT_OK
+    return emit(args, data, table(rows))

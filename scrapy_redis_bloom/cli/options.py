@@ -201,10 +201,7 @@ def switch(flags: str, commands: str, help: str, **kwargs: Any) -> Option:
 
 
 def sizing(flags: str) -> Option:
-    """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``.
-
-    Its type, range and default, in its help, come from its setting's row of the table.
-    """
+    """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``."""
     flag = flags.split()[0]
     row = setting("BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper())
     kind = int if row.kind == "int" else float
@@ -371,9 +368,7 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
 
 def _named(front: Front) -> list[tuple[Command, str]]:
     """Return the commands ``front`` has, each with its name there."""
-    named = [
-        (command, command.name if front == "scrapy" else command.alias) for command in COMMANDS
-    ]
+    named = [(c, c.name if front == "scrapy" else c.alias) for c in COMMANDS]
     return [(command, name) for command, name in named if name is not None]
 
 

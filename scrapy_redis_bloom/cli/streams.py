@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from scrapy_redis_bloom.cli.context import CLIError, Context, UsageError, err, stdin_is_tty
+from scrapy_redis_bloom.cli.context import EXIT_OK, CLIError, Context, UsageError, err, stdin_is_tty
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike
 from scrapy_redis_bloom.ops.inventory import Orphan
 
@@ -36,14 +36,15 @@ def out(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
-def emit(ctx: Context | argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -> None:
-    """Print a command's result: ``data`` as JSON with ``--json``, else ``lines``."""
+def emit(ctx: Context | argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -> int:
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``lines``; return 0."""
     args = ctx.args if isinstance(ctx, Context) else ctx
     if args.json:
         out(json.dumps(data, indent=2))
     else:
         for line in lines:
             out(line)
+    return EXIT_OK
 
 
 def table(rows: Sequence[tuple[str, str]]) -> list[str]:
@@ -90,14 +91,13 @@ def listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
     for orphan in orphans:
         if orphan.kind == "shard":
             groups.setdefault(orphan.filter_id, []).append(orphan)
-    lines = []
-    for filter_id, shards in groups.items():
-        places = sorted({o.address for o in shards})
-        pattern = "{" + key + ":<i>}:g<m>"
-        lines.append(
-            f"  {len(shards):,} shard key(s) {pattern!r} of filter id {filter_id}:"
-            f" shards {ranges(o.shard or 0 for o in shards)}, on {', '.join(places)}"
-        )
+    pattern = "{" + key + ":<i>}:g<m>"
+    lines = [
+        f"  {len(shards):,} shard key(s) {pattern!r} of filter id {filter_id}: shards"
+        f" {ranges(o.shard or 0 for o in shards)}, on"
+        f" {', '.join(sorted({o.address for o in shards}))}"
+        for filter_id, shards in groups.items()
+    ]
     rest = [o for o in orphans if o.kind != "shard"]
     lines += [f"  {o.key!r} on {o.address}: {o.what}" for o in rest[:LISTED]]
     if len(rest) > LISTED:

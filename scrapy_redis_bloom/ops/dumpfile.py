@@ -22,7 +22,6 @@ extra bytes raises :class:`DumpFileError` naming the problem and where it is.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import struct
@@ -214,16 +213,16 @@ class DumpReader:
                 part, index = (kind, shard, generation), 0
                 parts += 1
             index += 1
-            chunk = Chunk(kind, shard, generation, position, b"", index)
-            data = self._read(size, f"{chunk.where()} (chunk {number} of the file)")
+            where = f"chunk {index} of {part_name(kind, shard, generation)}"
+            data = self._read(size, f"{where} (chunk {number} of the file)")
             end = self.offset
             if zlib.crc32(data) != crc:
                 raise self.refuse(
-                    f"{chunk.where()} (chunk {number} of the file, bytes"
+                    f"{where} (chunk {number} of the file, bytes"
                     f" {end - size:,} to {end:,}) fails its checksum: the file is corrupted"
                 )
             data_bytes += size
-            yield dataclasses.replace(chunk, data=data)
+            yield Chunk(kind, shard, generation, position, data, index)
         self._trailer(parts, number, data_bytes)
 
     def _trailer(self, parts: int, chunks: int, data_bytes: int) -> None:

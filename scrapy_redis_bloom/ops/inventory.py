@@ -121,11 +121,7 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
 
 
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> list[tuple[int, str]]:
-    """Compare every shard's identity (GETRANGE) with the record's; repair nothing.
-
-    Returns ``(shard, what is there)`` for each shard that is ``"missing"`` or not this
-    filter's, in shard order.
-    """
+    """Return ``(shard, what is there)`` of each shard missing or not this filter's, in order."""
     spec = record.spec
     return [
         (shard, layout.describe_identity(ident, record.filter_id, shard))
@@ -198,10 +194,7 @@ def glob_escape(literal: str) -> str:
 
 
 def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
-    """Return ``(server, key)`` for every key matching ``pattern`` (and ``kind``) on every primary.
-
-    ``server`` indexes :meth:`..transport.topology.Topology.primaries`.
-    """
+    """Return ``(index of its primary, key)`` of each key matching ``pattern`` (and ``kind``)."""
     found: list[tuple[int, str]] = []
     only: tuple[bytes | str, ...] = (b"TYPE", kind) if kind else ()
     for server in range(len(bloom.topology.primaries())):

@@ -240,15 +240,9 @@ def restore_filter(
         totals.data_bytes,
         seconds,
     )
+    source = str(verified.header.get("source", "?"))
     return Summary(
-        key=key,
-        record=target,
-        source=str(verified.header.get("source", "?")),
-        totals=totals,
-        seconds=seconds,
-        counters=verified.counters,
-        target=where,
-        replaced=replaced,
+        key, target, source, totals, seconds, verified.counters, target=where, replaced=replaced
     )
 
 
@@ -338,7 +332,6 @@ def _write(
     parts, done = bloom.parts, _Writes()
     try:
         reader = DumpReader(inp, name)
-        reader.header()
         batch: list[Call] = []
         held = 0
         for chunk in reader.chunks():
