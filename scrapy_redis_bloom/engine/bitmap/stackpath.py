@@ -136,7 +136,7 @@ class StackPath:
     key: str
     identity: Callable[[int], bytes]
     workers: Callable[[], int] = lambda: 1
-    _shards: dict[int, _Shard] = field(default_factory=dict)
+    _shards: dict[int, _Shard] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.shards, self.ttl = self.growth.spec.shards, self.growth.ttl
