@@ -178,7 +178,7 @@ class RedisBloomFilter(FilterBase):
                     OPERATION, check.add, check.add_key, check.shard, None
                 )
         except (FilterUnavailableError, AccessDeniedError):
-            stack.lost(check)
+            check.give_back()
             raise
         return self._added(check, reply, ambiguous)
 

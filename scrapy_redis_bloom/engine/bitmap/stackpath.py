@@ -123,6 +123,10 @@ class Check:
     again_key: str = ""
     again_bits: list[int] = field(default_factory=list)
 
+    def give_back(self) -> None:
+        """Keep the count its add carried for a later add: this one surely did not run."""
+        self.known.pending += self.sent
+
 
 @dataclass(eq=False)
 class StackPath:
@@ -374,14 +378,10 @@ class StackPath:
         shape (the key lost or reset: the add's reply says so) teaches nothing.
         """
         if reply is None or isinstance(reply, BaseException):
-            self.lost(check)
+            check.give_back()
         elif isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
             generations, count = divmod(reply[0], 1 << 32)
             check.known.now, check.known.count = max(generations, 1), count
-
-    def lost(self, check: Check) -> None:
-        """Give back the count an add carried that surely did not run."""
-        check.known.pending += check.sent
 
     def scripted(self, shard: int, generations: int) -> None:
         """Note what the script found: the shard's (or the current window's) generations.
