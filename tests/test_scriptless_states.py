@@ -23,11 +23,14 @@ from typing import Any
 import mmh3
 import pytest
 import redis
+from redis_server import RedisServer
 from reply_cutter import Command, ReplyCutter
+from test_acl import FILTER_COMMANDS, set_user
 from test_generations import upper
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.core.errors import FilterDamagedError
+from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterDamagedError
+from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 
 KEY = "states:bloomfilter"
@@ -108,6 +111,54 @@ def test_the_counts_reach_the_newest_generation(redis_client: redis.Redis) -> No
     assert generations == 2
     assert count >= new  # and what add_many counted in generation 1 before
     assert bloom.state().generations[-1].estimated_items > before
+
+
+def newest_count(client: redis.Redis) -> int:
+    """Return the count in shard 0's state: its generation 0's, or its newest window's."""
+    key = max(  # a window's keys (":w<n>:g0") sort after the plain ":g0"
+        k.decode() for k in client.keys(f"{{{KEY}:0}}:*g0")
+    )
+    return int.from_bytes(client.getrange(key, 28, 31), "big")
+
+
+@pytest.mark.parametrize("state", ["fresh", "grown", "window of one generation"])
+def test_an_add_refused_gives_its_count_to_a_later_one(state: str) -> None:
+    """An add Redis refused (an ACL taken away) raises, and the count it carried is kept.
+
+    Fresh, a BITFIELD carries the count now and then; grown, the count goes beside the add
+    once a worker holds ``STATE_EVERY`` - 1 items; in a window of one generation, inside
+    the add itself. None ran: the items they carried go with a later add, and the shard's
+    count misses none of them (before 2026-11-30 a refused fresh or windowed add dropped
+    them). A read refused raises too, naming the key: never an answer.
+    """
+    one = state == "window of one generation"
+    with RedisServer() as server:
+        admin = server.client()
+        set_user(admin, [f"~{KEY}*", f"~{{{KEY}:*", *FILTER_COMMANDS])
+        user = redis.Redis(port=server.port, username="bloom", password="pw")
+        settings = STATES["windows"] if one else {}
+        bloom, _ = grown(user, 2 if state == "grown" else 1, **settings)
+        bloom.sync_counters()
+        before = newest_count(admin)
+        assert [bloom.check_and_add(e) for e in fingerprints(15, "held")] == [False] * 15
+        admin.execute_command("ACL", "SETUSER", "bloom", "-bitfield")
+        for element in fingerprints(STATE_EVERY + 1, "refused"):  # one carries a count
+            with pytest.raises(AccessDeniedError, match=r"check and add .* command bitfield"):
+                bloom.check_and_add(element)
+        with pytest.raises(AccessDeniedError, match=r"command bitfield"):  # as a batch
+            bloom.check_and_add_many(fingerprints(STATE_EVERY + 1, "batch"))
+        admin.execute_command("ACL", "SETUSER", "bloom", "+bitfield")
+        if state != "fresh":  # the reads of a stacked check
+            admin.execute_command("ACL", "SETUSER", "bloom", "-getrange")
+            with pytest.raises(AccessDeniedError, match=rf"key '\{{{KEY}:0\}}:.*g0'.* getrange"):
+                bloom.check_and_add(fingerprints(1, "unread")[0])
+            admin.execute_command("ACL", "SETUSER", "bloom", "+getrange")
+        later = fingerprints(STATE_EVERY + 1, "refused") + fingerprints(5, "later")
+        later += fingerprints(STATE_EVERY + 1, "batch")
+        assert [bloom.check_and_add(e) for e in later] == [False] * len(later)
+        bloom.close()  # sends the counts it still holds
+        assert newest_count(admin) == before + 15 + len(later)
+        user.close()
 
 
 @pytest.mark.parametrize("state", STATES)

@@ -200,7 +200,9 @@ class RedisBloomFilter(FilterBase):
         """Read a stacked check's add: its answer, or None (the key was not this filter's)."""
         stack = self._stack
         assert stack is not None
-        if isinstance(reply, BaseException):
+        if isinstance(reply, BaseException):  # refused, not run
+            if check.stated:  # nor the count inside it: it goes with a later add
+                check.give_back()
             raise self.parts.refusal(reply, check.add_key, OPERATION)
         try:
             seen = stack.added(check, reply)
@@ -263,20 +265,26 @@ class RedisBloomFilter(FilterBase):
             assert stack is not None
             results, failed = self._partial(calls)
             failure = failure or failed
-            at = 0
+            at, refused = 0, None
             for i in adds:
                 check = checks[i]
                 reply, ambiguous = results.replies[at], results.ambiguous[at]
                 if check.count:
                     stack.counted(check, results.replies[at + 1])
                 at += 1 + bool(check.count)
-                if reply is None:
+                if reply is None or isinstance(reply, BaseException):
+                    if check.stated:  # not run: the count inside it goes with a later add
+                        check.give_back()
+                    if reply is not None:  # raised once every add's count is sorted
+                        refused = refused or self.parts.refusal(reply, check.add_key, OPERATION)
                     continue
                 seen = self._added(check, reply, ambiguous)
                 if seen is None:
                     again.append(i)
                 else:
                     answers[i] = seen
+            if refused is not None:
+                raise refused
         if again:  # the script answers where the reads could not
             scripted = {i: self._scripted(todo[i][3], todo[i][4]) for i in again}
             failure = self._scripts_and_fast(todo, scripted, answers, {}) or failure
@@ -320,15 +328,20 @@ class RedisBloomFilter(FilterBase):
             judge = partial(stack.judge, check, sent_at=sent_at)
             if self._read(check.keys[0].name, replies, judge) == SEEN:
                 answers[i] = True
+        refused = None
         for at, (i, command) in enumerate(commands.items(), first):
             reply = results.replies[at]
-            if reply is None:
-                command.give_back()
+            if reply is None or isinstance(reply, BaseException):
+                command.give_back()  # not run: its count goes with a later command
+                if reply is not None:  # raised once every command's count is sorted
+                    refused = refused or self.parts.refusal(reply, command.key, OPERATION)
                 continue
             _, _, element, h1, h2 = todo[i]
             answers[i] = self._conclude(
                 command, reply, results.ambiguous[at], element, h1, h2, False
             )
+        if refused is not None:
+            raise refused
         return failure
 
     def _partial(
@@ -367,7 +380,8 @@ class RedisBloomFilter(FilterBase):
         recovered: bool,
     ) -> bool:
         """Read a check-and-add's reply: its answer, once a shard found wrong is recovered."""
-        if isinstance(reply, BaseException):
+        if isinstance(reply, BaseException):  # refused, not run: its count goes later
+            command.give_back()
             raise self.parts.refusal(reply, command.key, "check and add a request")
         if command.fast is not None:
             try:

@@ -344,7 +344,7 @@ class StackPath:
         seen = _were_set(reply, len(check.add_bits), id_field(self.identity(check.shard)))
         if seen is None:
             if check.stated:  # the count went to the wrong key too
-                known.pending += check.sent
+                check.give_back()
             return None
         known.pending += not seen
         newest = next(key for key in check.keys if key.newest)
