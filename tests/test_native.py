@@ -380,6 +380,38 @@ def test_out_of_memory_while_a_shard_must_scale_is_an_error_never_an_answer(
     client.close()
 
 
+def test_a_full_fixed_size_shard_is_an_error_never_an_answer(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    """A shard made ``NONSCALING`` (``BLOOMFILTER_EXPANSION = 0``) refuses new items once full.
+
+    RedisBloom then refuses the item: raised, naming the shard and what to do, and counted
+    (``full``), one at a time and in bulk: never "new" nor "seen". What it holds is still
+    answered.
+    """
+    fixed = {"BLOOMFILTER_EXPANSION": 0, "BLOOMFILTER_CAPACITY": 100, "BLOOMFILTER_SHARDS": 1}
+    bloom = native(bloom_redis_client, **fixed)
+    fps = fingerprints(300, "full")
+    answers: list[bool] = []
+    full = r"Shard '\{nat:0\}:bf:\w+' of the native Bloom filter 'nat' is full: .* Reset it"
+
+    def fill() -> None:
+        for fp in fps:
+            answers.append(bloom.check_and_add(fp))
+
+    with pytest.raises(BloomFilterError, match=full):
+        fill()
+    held = int(bloom_redis_client.execute_command("BF.CARD", bloom.shard_keys[0]))
+    assert answers.count(False) == held >= 100  # refused only once it held its capacity
+    assert sum(answers) <= upper(len(answers), 1e-3)
+    with pytest.raises(BloomFilterError, match=full):
+        bloom.add_many(fps[:10] + fps[-10:])
+    assert bloom.events.counts["full"] == 2
+    assert bloom.contains_many(fps[: len(answers)]) == [True] * len(answers)
+    assert bloom.add_many(fps[:10]) == [True] * 10
+    bloom.close()
+
+
 def test_restart_without_persistence(small_bloom_server: RedisServer) -> None:
     client = small_bloom_server.client()
     strict = native(client)
