@@ -89,6 +89,37 @@ def test_moved_slots_are_followed(
         redis_cluster_nodes.migrate_slot(slot, owner)
 
 
+def test_a_slot_in_migration_is_followed_through_ask(
+    redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
+) -> None:
+    """While a shard's slot migrates (a resharding), its keys answer ``ASK`` from the owner.
+
+    The keys already moved are served by the target after ``ASKING``, one at a time and in
+    bulk: the same answers, bits and counts as before, and the slot then finishes moving.
+    """
+    nodes = redis_cluster_nodes
+    bf = make(redis_cluster)
+    bf.add_many(fingerprints(2000))
+    key = bf.shard_keys[0]
+    slot = nodes.keyslot(key)
+    owner = nodes.node_of(key)
+    target = next(i for i, node in enumerate(nodes.nodes) if node != owner)
+    source = nodes.begin_slot_migration(slot, target)
+    try:
+        assert nodes.move_slot_keys(slot, source, target) >= 1
+        assert nodes.node_of(key) == owner  # the slot is still the owner's: it answers ASK
+        assert all(bf.contains_many(fingerprints(2000)))
+        assert [bf.check_and_add(fp) for fp in fingerprints(2100)] == [True] * 2000 + [False] * 100
+        assert bf.add_many(fingerprints(2200)) == [True] * 2100 + [False] * 100
+        bf.sync_counters()
+        assert bf.totals() == FilterTotals(added=2200, seen=4100)
+        nodes.finish_slot_migration(slot, target)
+        assert all(bf.contains_many(fingerprints(2200)))
+    finally:
+        nodes.finish_slot_migration(slot, target)
+        nodes.migrate_slot(slot, owner)
+
+
 class BooksSpider(Spider):
     name = "books"
 
