@@ -24,6 +24,7 @@ from redis_server import RedisServer
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeError
 from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine.base import MIN_OWED
 
 SOCKET_TIMEOUT = 1.0
 RETRY_TIMEOUT = 2.0
@@ -122,6 +123,36 @@ def test_requests_owed_after_an_outage_are_kept_when_adding_them_fails_otherwise
     bloom.clear()
     bloom.check_and_add_many(on_shard_0("again"))  # this settle adds them
     assert bloom.contains_many(owed) == [True] * len(owed)
+    bloom.close()
+    client.close()
+
+
+def test_requests_let_through_past_what_a_worker_remembers_are_said_and_counted(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker remembers at most ``MIN_OWED`` (or its cache size) requests to add later.
+
+    Those past it are forgotten: fetched again if met again, never lost. That is said
+    while the crawl runs, in the log and in ``bloomfilter/owed_forgotten``, and the count
+    is true: what was remembered is added once Redis answers, and the rest is not.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 50_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=0.5, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "forgot", config, faults=faults, cache_size=0)
+    bloom.open()
+    owed = fingerprints(MIN_OWED + 25, "owed")
+    server.kill()
+    assert [bloom.check_and_add(e) for e in owed] == [False] * len(owed)  # let through
+    assert bloom.events.counts["owed_forgotten"] == 25
+    said = [r.getMessage() for r in caplog.records if "Could not remember" in r.getMessage()]
+    assert said[0].startswith("Could not remember 1 request(s) let through")
+    server.restart()
+    time.sleep(1.1)  # the outage's next attempt is due
+    bloom.open()  # no persistence: the filter is created again
+    bloom.check_and_add_many(fingerprints(5, "settle"))  # this write settles what is owed
+    assert bloom.contains_many(owed[:MIN_OWED]) == [True] * MIN_OWED
+    assert sum(bloom.contains_many(owed[MIN_OWED:])) <= 2  # false positives only (~1e-3)
     bloom.close()
     client.close()
 

@@ -398,12 +398,14 @@ class FilterBase:
         """Remember elements let through while Redis could not answer (bounded)."""
         room = max(self.cache_size, MIN_OWED) - len(self._owed)
         if room < len(elements):
+            forgotten = len(elements) - max(room, 0)
+            self.events.count("owed_forgotten", forgotten)
             self._log.log(
                 logging.WARNING,
                 "owed",
                 "Could not remember %d request(s) let through while Redis could not answer"
                 " (%d remembered already): they may be fetched again.",
-                len(elements) - max(room, 0),
+                forgotten,
                 len(self._owed),
             )
         for tag, element in list(elements.items())[: max(room, 0)]:

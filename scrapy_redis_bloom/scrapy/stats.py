@@ -32,6 +32,10 @@ _EVENTS = {
     "retries": "rounds of retrying a Redis command that failed (with backoff)",
     "ambiguous": "requests answered 'new' because a reply was lost after the command was sent",
     "errors": "requests Redis could not answer, handled per BLOOMFILTER_ON_ERROR",
+    "owed_forgotten": (
+        "requests let through while Redis could not answer, past the most a worker remembers"
+        " to add once it answers (they may be fetched again)"
+    ),
     "failovers": "new connections that reached another server than before (a failover)",
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
