@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_modules import SKIP_REASON, bloom_server
 from redis_server import RedisServer
+from reply_cutter import Command, ReplyCutter
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import (
@@ -694,6 +695,32 @@ def test_ttl_windows_remember_then_forget(bloom_redis_client: redis.Redis) -> No
     bloom.clear()
     assert bloom_redis_client.keys("*") == []
     bloom.close()
+
+
+def test_ttl_a_lost_reply_of_the_add_answers_new(bloom_redis_server: RedisServer) -> None:
+    """A window's ``BF.INSERT`` that ran but whose reply was cut is a doubt: "new", counted.
+
+    The retry finds the item the lost attempt added: "seen" from it would lose the page.
+    """
+
+    def window_add(command: Command, reply: bytes) -> bool:
+        return command[0] == b"BF.INSERT"
+
+    bloom_redis_server.client().flushall()
+    with ReplyCutter(bloom_redis_server.port, window_add) as cutter:
+        client = redis.Redis(host="127.0.0.1", port=cutter.port)
+        bloom = native(client, BLOOMFILTER_TTL=3600, BLOOMFILTER_CACHE_SIZE=0)
+        assert bloom.add_many(fingerprints(20, "before")) == [False] * 20
+        assert bloom.check_and_add(fingerprints(21, "before")[20]) is False  # the window is known
+        element = fingerprints(1, "cut")[0]
+        cutter.armed = True
+        assert bloom.check_and_add(element) is False
+        cutter.armed = False
+        assert cutter.cuts == ["BF.INSERT"]  # it ran, unanswered
+        assert bloom.events.counts["ambiguous"] == 1
+        assert bloom.check_and_add(element) is True
+        bloom.close()
+        client.close()
 
 
 @settings(
