@@ -7,7 +7,7 @@ import time
 
 import pytest
 from redis.cluster import RedisCluster
-from redis_cluster import RedisClusterNodes
+from redis_cluster import Address, RedisClusterNodes
 from redis_server import free_port
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
@@ -68,15 +68,22 @@ def test_scripts_reload_after_a_node_forgets_them(
     assert all(bf.contains_many(fingerprints(700)))
 
 
+def filled_and_a_slot_to_move(
+    client: RedisCluster, nodes: RedisClusterNodes
+) -> tuple[RedisBloomFilter, str, int, Address, int]:
+    """Return a filter of 2,000 fingerprints, its shard 0's key, slot and owner, and a target."""
+    bf = make(client)
+    bf.add_many(fingerprints(2000))
+    key = bf.shard_keys[0]
+    owner = nodes.node_of(key)
+    target = next(i for i, node in enumerate(nodes.nodes) if node != owner)
+    return bf, key, nodes.keyslot(key), owner, target
+
+
 def test_moved_slots_are_followed(
     redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
 ) -> None:
-    bf = make(redis_cluster)
-    bf.add_many(fingerprints(2000))
-    key = bf.shard_keys[0]
-    slot = redis_cluster_nodes.keyslot(key)
-    owner = redis_cluster_nodes.node_of(key)
-    target = next(i for i, node in enumerate(redis_cluster_nodes.nodes) if node != owner)
+    bf, key, slot, owner, target = filled_and_a_slot_to_move(redis_cluster, redis_cluster_nodes)
     redis_cluster_nodes.migrate_slot(slot, target)
     try:
         assert redis_cluster_nodes.node_of(key) != owner
@@ -98,12 +105,7 @@ def test_a_slot_in_migration_is_followed_through_ask(
     bulk: the same answers, bits and counts as before, and the slot then finishes moving.
     """
     nodes = redis_cluster_nodes
-    bf = make(redis_cluster)
-    bf.add_many(fingerprints(2000))
-    key = bf.shard_keys[0]
-    slot = nodes.keyslot(key)
-    owner = nodes.node_of(key)
-    target = next(i for i, node in enumerate(nodes.nodes) if node != owner)
+    bf, key, slot, owner, target = filled_and_a_slot_to_move(redis_cluster, nodes)
     source = nodes.begin_slot_migration(slot, target)
     try:
         assert nodes.move_slot_keys(slot, source, target) >= 1
