@@ -201,8 +201,7 @@ class RedisBloomFilter(FilterBase):
         stack = self._stack
         assert stack is not None
         if isinstance(reply, BaseException):  # refused, not run
-            if check.stated:  # nor the count inside it: it goes with a later add
-                check.give_back()
+            check.add_undone()
             raise self.parts.refusal(reply, check.add_key, OPERATION)
         try:
             seen = stack.added(check, reply)
@@ -273,8 +272,7 @@ class RedisBloomFilter(FilterBase):
                     stack.counted(check, results.replies[at + 1])
                 at += 1 + bool(check.count)
                 if reply is None or isinstance(reply, BaseException):
-                    if check.stated:  # not run: the count inside it goes with a later add
-                        check.give_back()
+                    check.add_undone()
                     if reply is not None:  # raised once every add's count is sorted
                         refused = refused or self.parts.refusal(reply, check.add_key, OPERATION)
                     continue

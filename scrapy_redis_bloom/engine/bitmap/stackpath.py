@@ -127,6 +127,14 @@ class Check:
         """Keep the count its add carried for a later add: this one surely did not run."""
         self.known.pending += self.sent
 
+    def add_undone(self) -> None:
+        """Keep a count the add held inside it: the add did not land (refused, lost, wrong key).
+
+        A count sent beside the add (:attr:`count`) is sorted out by its own reply.
+        """
+        if self.stated:
+            self.give_back()
+
 
 @dataclass(eq=False)
 class StackPath:
@@ -343,8 +351,7 @@ class StackPath:
         known = check.known
         seen = _were_set(reply, len(check.add_bits), id_field(self.identity(check.shard)))
         if seen is None:
-            if check.stated:  # the count went to the wrong key too
-                check.give_back()
+            check.add_undone()  # it went to the wrong key
             return None
         known.pending += not seen
         newest = next(key for key in check.keys if key.newest)
