@@ -25,6 +25,8 @@ from redis_server import RedisServer
 from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
 
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+
 PAGES = 400
 
 
@@ -52,12 +54,28 @@ def assert_clean(done: Crawl) -> None:
         assert result["stats"].get("log_count/ERROR", 0) == 0
 
 
+#: States a crawl reaches past a fresh filter: grown (two generations before the crawl
+#: starts, more during it), and grown inside a re-crawl window. Their checks take the
+#: scriptless reads-then-add path (engine/bitmap/stackpath.py), not the fresh BITFIELD.
+GROWN = {"BLOOMFILTER_CAPACITY": 60}
+STATES = {"fresh": {}, "grown": GROWN, "grown in a window": {**GROWN, "BLOOMFILTER_TTL": 3600}}
+
+
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("state", list(STATES))
 def test_filter_redis_killed_and_restarted_with_aof(
-    site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    site: SiteServer, redis_url: str, redis_client: redis.Redis, tmp_path: Path, state: str
 ) -> None:
     with RedisServer(appendonly=True) as bloom_redis:
         admin = bloom_redis.client()
+        settings = filter_settings(bloom_redis.url, **STATES[state])
+        if state != "fresh":  # grown before the workers open it: 200 items at capacity 60
+            bloom = RedisBloomFilter.from_config(
+                admin, "shared:bloomfilter", BloomConfig.from_settings(settings)
+            )
+            bloom.add_many([f"before-the-crawl-{i}" for i in range(200)])
+            assert bloom.generations >= 2
+            bloom.close()
 
         def restart() -> None:
             time.sleep(1.0)
@@ -65,13 +83,13 @@ def test_filter_redis_killed_and_restarted_with_aof(
             time.sleep(3.0)
             bloom_redis.restart()
 
-        done = run_workers(
-            site, redis_url, tmp_path, filter_settings(bloom_redis.url), admin, during=restart
-        )
+        done = run_workers(site, redis_url, tmp_path, settings, admin, during=restart)
         admin.close()
     assert_clean(done)
     assert done.lost(site) == set()
     assert done.stat("bloomfilter/retries") > 0  # the workers did meet the outage
+    if state != "fresh":  # the crawl's adds went on growing it, across the restart
+        assert min(r["stats"]["bloomfilter/generations"] for r in done.results) >= 3
     # A duplicate fetch needs a doubt answered "new": at most one per ambiguous answer.
     assert done.duplicates() <= done.stat("bloomfilter/ambiguous")
 
