@@ -35,6 +35,7 @@ from scrapy_redis_bloom.core.generations import (
     GENERATIONS_BIT,
     MAX_GENERATIONS,
     Growth,
+    _generation_of,
 )
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
@@ -130,7 +131,8 @@ def test_generations_stop_where_a_redis_string_ends() -> None:
     assert growth.spec.shard_bits <= 2**26
     assert 0 < growth.last < MAX_GENERATIONS - 1
     assert growth.generation(growth.last).bits <= 2**32
-    assert Growth(growth.spec, growth.capacity, 2)._generation(growth.last + 1).bits > 2**32 - 256
+    past = _generation_of(Growth(growth.spec, growth.capacity, 2), growth.last + 1)
+    assert past.bits > 2**32 - 256
     # The default filter then holds 63x its capacity before its rate can rise.
     assert growth.grown_capacity >= 63 * growth.capacity
 

@@ -116,9 +116,6 @@ class Growth:
         """Return generation ``g`` of a shard (0: the filter's own shard geometry)."""
         if not 0 <= g <= self.last:
             raise ValueError(f"a shard has generations 0 to {self.last}, not {g}")
-        return self._generation(g)
-
-    def _generation(self, g: int) -> Generation:
         return _generation_of(self, g)
 
     @property
@@ -138,11 +135,15 @@ class Growth:
         ``p_0``, generation 0's rate at its share of the capacity, is p (1 - r) for a filter
         sized by error rate p: the bound is p.
         """
-        spec = self.spec
-        p0 = false_positive_rate(
-            spec.shard_bits, spec.hash_count, self.shard_capacity, spec.block_bits, floor=False
-        )
+        p0 = self.first_rate(self.shard_capacity)
         return p0 / (1 - self.tightening) if self.expansion else p0
+
+    def first_rate(self, items: int) -> float:
+        """Return generation 0's false-positive rate after ``items`` (without the seed floor)."""
+        spec = self.spec
+        return false_positive_rate(
+            spec.shard_bits, spec.hash_count, items, spec.block_bits, floor=False
+        )
 
     @property
     def first_capacity(self) -> int:
@@ -154,20 +155,14 @@ class Growth:
         nominal = self.shard_capacity
         if not self.expansion or self.spec.shards == 1:
             return nominal
-        spec, ceiling = self.spec, 0.75 * self.bound
-
-        def rate(items: int) -> float:
-            return false_positive_rate(
-                spec.shard_bits, spec.hash_count, items, spec.block_bits, floor=False
-            )
-
+        ceiling = 0.75 * self.bound
         high = nominal + math.ceil(4 * math.sqrt(nominal))
-        if rate(high) <= ceiling:
+        if self.first_rate(high) <= ceiling:
             return high
         low = nominal  # its rate is (1 - r) of the bound: under the ceiling
         while high - low > 1:
             middle = (low + high) // 2
-            if rate(middle) <= ceiling:
+            if self.first_rate(middle) <= ceiling:
                 low = middle
             else:
                 high = middle
@@ -181,7 +176,7 @@ class Growth:
     @property
     def generations(self) -> list[Generation]:
         """Every generation a shard may have, in order."""
-        return [self._generation(g) for g in range(self.last + 1)]
+        return [_generation_of(self, g) for g in range(self.last + 1)]
 
     @property
     def grown_capacity(self) -> int:
@@ -190,7 +185,7 @@ class Growth:
 
     def compound_rate(self, generations: int) -> float:
         """Return the false-positive rate bound of a shard with ``generations`` full ones."""
-        return sum(self._generation(g).error_rate for g in range(generations))
+        return sum(_generation_of(self, g).error_rate for g in range(generations))
 
     @property
     def rate_bound(self) -> float:
@@ -204,9 +199,8 @@ def _generation_of(growth: Growth, g: int) -> Generation:
     spec, nominal, block = growth.spec, growth.shard_capacity, growth.spec.block_bits
     if g == 0:
         capacity = growth.first_capacity
-        k = spec.hash_count
-        rate = false_positive_rate(spec.shard_bits, k, capacity, block, floor=False)
-        return Generation(capacity, spec.shard_bits, k, rate, block, spec.two_seeds)
+        rate = growth.first_rate(capacity)
+        return Generation(capacity, spec.shard_bits, spec.hash_count, rate, block, spec.two_seeds)
     capacity = nominal * growth.expansion**g
     # What generation 0 leaves of the bound, shared out as (1 - r) r**(g - 1).
     rest = growth.bound - _generation_of(growth, 0).error_rate
@@ -223,13 +217,11 @@ def _generation_of(growth: Growth, g: int) -> Generation:
 def _last_of(growth: Growth) -> int:
     if not growth.expansion:
         return 0
-    g = 0
-    while g + 1 < MAX_GENERATIONS:
-        nxt = _generation_of(growth, g + 1)
-        if nxt.bits > MAX_SHARD_BITS or nxt.capacity > MAX_GENERATION_ITEMS:
-            break
-        g += 1
-    return g
+    for g in range(1, MAX_GENERATIONS):
+        gen = _generation_of(growth, g)
+        if gen.bits > MAX_SHARD_BITS or gen.capacity > MAX_GENERATION_ITEMS:
+            return g - 1
+    return MAX_GENERATIONS - 1
 
 
 #: :func:`seed_arguments`' format: four RESP bulk strings.

@@ -828,17 +828,15 @@ class BloomConfig:
             spec = sizing.spec()
         except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
             row = SHARDS if sizing.shards is not None else SHARD_BIT
-            blocks = Wording(
+            blocks = (
                 " A blocked filter's shards hold whole {bits}-bit blocks: give larger shards,"
                 " or set {BLOOMFILTER_BLOCKED} = False."
-                if sizing.block_bits
-                else "",
-                bits=sizing.block_bits,
             )
             why = Wording(
-                "It cannot split the filter's bits into shards ({exc}).{blocks}",
+                "It cannot split the filter's bits into shards ({exc})."
+                + (blocks if sizing.block_bits else ""),
                 exc=exc,
-                blocks=blocks,
+                bits=sizing.block_bits,
             )
             raise _invalid(row.name, row.given(settings), why) from None
         return cls(

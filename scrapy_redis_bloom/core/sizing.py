@@ -69,8 +69,8 @@ def false_positive_rate(
     return min(1.0, total + (items / bits / block_bits**2 if floor else 0.0))
 
 
-#: How far a blocked filter's real rate runs above :func:`false_positive_rate` (2-4% in
-#: simulations): blocked sizing aims lower.
+#: How far a blocked filter's real rate runs above :func:`false_positive_rate`: blocked
+#: sizing aims lower.
 BLOCKED_HEADROOM = 1.05
 #: Most bits per item a default request's blocked layout may take, as a multiple of the
 #: classic one's: past it (rates below about 6e-8, where the seed floor rules), it is classic.
@@ -174,11 +174,7 @@ class Sizing:
 
     @property
     def layout_blocked(self) -> bool:
-        """Whether a new filter of this request is blocked: as asked, else as its backend does.
-
-        Bitmap: blocked, unless blocks take over :data:`BLOCKED_MOST` times the classic bits
-        at the rate asked (on :data:`NOMINAL_ITEMS`); native: never.
-        """
+        """Whether a new filter of this request is blocked: as asked, else as its backend does."""
         if self.blocked is not None:
             return self.blocked
         if self.native:
@@ -198,10 +194,14 @@ class Sizing:
             if not sep or name not in _CANONICAL or name in values:
                 return None
             try:
-                values[name] = literal_eval(value)
+                found = literal_eval(value)
             except (ValueError, SyntaxError):
                 return None
-        if not values or not all(_fits(name, value) for name, value in values.items()):
+            kind = _CANONICAL[name]
+            if type(found) is not kind and not (kind is float and type(found) is int):
+                return None
+            values[name] = found
+        if not values:
             return None
         return cls(**values, rate_share=rate_share)  # type: ignore[arg-type]
 
@@ -230,12 +230,6 @@ _CANONICAL: dict[str, type] = {
     "capacity": int, "error_rate": float, "bit": int, "hash_number": int, "shard_bit": int,
     "shards": int, "blocked": bool,
 }  # fmt: skip
-
-
-def _fits(name: str, value: object) -> bool:
-    """Tell whether a value read back from a request's text has its field's type."""
-    kind = _CANONICAL[name]
-    return type(value) is kind or (kind is float and type(value) is int)
 
 
 def rate_share(expansion: int, ttl: int, tightening: float) -> float:
@@ -267,13 +261,10 @@ def split(
     max_payload //= 8
     # The smallest block holding the payload wanted, and the classes below it within the maximum.
     cap = allocation(min(max_payload, need) + overhead)
-    candidates = [
-        c
-        for c in allocation_classes(cap)
-        if overhead < c <= max_payload + overhead and (c - overhead) * 8 >= unit
-    ]
     best: tuple[int, int] | None = None  # (total bytes, payload bits)
-    for block in candidates:
+    for block in allocation_classes(cap):
+        if not overhead < block <= max_payload + overhead or (block - overhead) * 8 < unit:
+            continue
         payload_bits = (block - overhead) * 8 // unit * unit
         total = -(-need * 8 // payload_bits) * (block + KEY_OVERHEAD)
         if best is None or total < best[0]:
@@ -328,9 +319,8 @@ def miss_share(nbytes: int) -> float:
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
     """Return the estimated Redis time (µs) one check of a new fingerprint costs.
 
-    For one server holding ``nbytes`` of the filter: a command, its fields (one fewer when
-    not ``growing``), and the cache misses: k for classic and native, one block's for
-    blocked. The figures move between machines; the ratios between layouts are what count.
+    ``nbytes``: what one server holds of the filter. The figures move between machines; the
+    ratios between layouts are what count.
     """
     share = miss_share(nbytes)
     if layout == "native":
