@@ -1,7 +1,5 @@
 """Run the operations commands: ``python -m scrapy_redis_bloom COMMAND``."""
 
-from __future__ import annotations
-
 from scrapy_redis_bloom.cli import main
 
 if __name__ == "__main__":

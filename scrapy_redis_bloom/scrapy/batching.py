@@ -130,8 +130,7 @@ class BatchingMiddleware:
             )
             raise NotConfigured
         middleware = cls(crawler, BATCH_MAX.read(settings), BATCH_WINDOW.read(settings))
-        later = later_middlewares(settings, cls)
-        if later:
+        if later := later_middlewares(settings, cls):
             middleware.disable(", ".join(later))
         crawler.signals.connect(middleware._spider_opened, signal=signals.spider_opened)
         return middleware
@@ -169,8 +168,7 @@ class BatchingMiddleware:
         except (AttributeError, KeyError, RuntimeError) as exc:  # Scrapy internals moved
             logger.debug("Could not read the spider middleware chain: %r", exc)
             return
-        later = later_in_chain(methods, self)
-        if later:
+        if later := later_in_chain(methods, self):
             self.disable(", ".join(later))
 
     def _resolve(self) -> RFPDupeFilter | None:

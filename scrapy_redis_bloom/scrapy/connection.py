@@ -24,8 +24,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     defaults.pop("retry_on_timeout", None)  # deprecated by redis-py 6+
     params: dict[str, Any] = {**defaults, **DEFAULT_PARAMS, **user}
     for setting, name in SETTINGS_PARAMS_MAP.items():
-        value = settings.get(setting)
-        if value:
+        if value := settings.get(setting):
             params[name] = value
     redis_cls = params.pop("redis_cls", scrapy_redis_defaults.REDIS_CLS)
     if isinstance(redis_cls, str):

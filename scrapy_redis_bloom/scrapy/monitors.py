@@ -46,8 +46,7 @@ class CapacityMonitor(_FilterMonitor):
     @monitors.name("has room to grow")  # type: ignore[untyped-decorator]
     def test_not_full(self) -> None:
         """Fail when a shard passed the capacity of its last generation."""
-        full = self.stat("full")
-        if full:
+        if full := self.stat("full"):
             self.fail(
                 f"bloomfilter/full is {full}: shards of the filter passed the capacity of their"
                 " last generation and cannot grow further, so new URLs are being taken for seen."
@@ -102,8 +101,7 @@ class FailoverMonitor(_FilterMonitor):
     @monitors.name("no failover")  # type: ignore[untyped-decorator]
     def test_no_failover(self) -> None:
         """Fail on ``bloomfilter/failovers``."""
-        failovers = self.stat("failovers")
-        if failovers:
+        if failovers := self.stat("failovers"):
             self.fail(
                 f"bloomfilter/failovers is {failovers}: the filter followed its Redis to another"
                 " server. Writes the old primary had not replicated are gone, so some URLs may be"

@@ -142,8 +142,7 @@ class Reservations:
             self._unschedule([reservation])
 
     def _unschedule(self, lost: list[_Reservation]) -> None:
-        for reservation in lost:
-            self._unscheduled[reservation.fingerprint] = None
+        self._unscheduled.update(dict.fromkeys(reservation.fingerprint for reservation in lost))
         excess = len(self._unscheduled) - self._size
         if excess > 0:
             for fingerprint in list(self._unscheduled)[:excess]:

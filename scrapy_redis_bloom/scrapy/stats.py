@@ -125,8 +125,7 @@ class FilterStats:
             if every > 0:  # (no log line with an interval of 0)
                 self._tasks.append(task.LoopingCall(call))
                 self._tasks[-1].start(every, now=False)
-        stats = self.stats
-        if stats is not None:
+        if (stats := self.stats) is not None:
             self._guarded(lambda: self._add(stats, dict.fromkeys(_CREATED, 0)))
 
     def stop(self) -> None:
@@ -144,8 +143,7 @@ class FilterStats:
     def count_filtered(self) -> None:
         """Count a duplicate dropped, written at once as Scrapy's own dupefilter does (guarded)."""
         self.filtered += 1
-        stats = self.stats
-        if stats is not None:
+        if (stats := self.stats) is not None:
             n = self.filtered
             self._guarded(lambda: self._add(stats, {f"{PREFIX}filtered": n, _DUPEFILTER: n}))
 

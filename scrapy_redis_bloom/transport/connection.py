@@ -41,8 +41,7 @@ def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source
 
 def _checked(client: Any) -> Any:
     """Return ``client`` once a connection of its settings could be made (bad ones fail now)."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
+    if (pool := getattr(client, "connection_pool", None)) is not None:
         pool.connection_class(**pool.connection_kwargs)
     return client
 

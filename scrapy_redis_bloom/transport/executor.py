@@ -193,8 +193,7 @@ def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
     """
     *queue, result = replies
     refused = None
-    # Every command queued (the usual case) in one count, not a Python test per command:
-    # a bulk transaction queues one SETRANGE per block changed (~0.2 µs each).
+    # One count, not a test per command: a bulk transaction queues a SETRANGE per block changed.
     if queue.count(b"QUEUED") != len(queue):
         refused = next((r for r in queue if isinstance(r, ERROR_REPLIES)), None)
         if any(r not in (b"QUEUED", "QUEUED") and not isinstance(r, ERROR_REPLIES) for r in queue):

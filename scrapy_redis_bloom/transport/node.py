@@ -100,8 +100,8 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
     """Return what reads a connection's next ``count`` replies; an error reply as its exception.
 
-    With hiredis, straight from its reader: the parser spends ~1.2 µs of Python on each reply,
-    and a bulk call reads one per block (bench/NOTES.md). Its checks are made here instead.
+    With hiredis, straight from its reader, the parser's checks made here: its Python per reply
+    adds up, as a bulk call reads one per block (bench/NOTES.md).
     """
     parser: Any = getattr(connection, "_parser", None)
     read: Callable[[], Any] = functools.partial(connection.read_response, disconnect_on_error=False)

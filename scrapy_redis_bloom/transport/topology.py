@@ -139,9 +139,8 @@ class Cluster(Topology):
         name = f"{cluster_node.host}:{cluster_node.port}"
         node = self._nodes.get(name)
         if node is None:
-            redis_node = self.client.get_redis_connection(cluster_node)
-            factory = connection_factory(redis_node.connection_pool)
-            node = self._nodes[name] = Node(name, factory, self.trips)
+            pool = self.client.get_redis_connection(cluster_node).connection_pool
+            node = self._nodes[name] = Node(name, connection_factory(pool), self.trips)
         return node
 
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:
