@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         for url in urls:
             secrets[:0] = url_secrets(url)
         FRONTEND.where = describe(urls, args.cluster)[0]
-        sizing = {name: value for name, value in sizing_given(args).items() if value is not None}
+        sizing = sizing_given(args)
         settings = {**settings_of(args), **sizing}
         return run_command(args, settings, FRONTEND, sizing_from(sizing, FRONTEND))
 

@@ -55,13 +55,11 @@ from scrapy_redis_bloom.engine.parts import pairs, text
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.dump import FilterBusyError, Progress, Summary, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
-from scrapy_redis_bloom.ops.inventory import MarkerCheck, StoredRecord
+from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
 
 logger = logging.getLogger(__name__)
 
-#: COUNT hint of each SSCAN call.
-SCAN_COUNT = 1000
 #: Fields of the progress marker that hold counts.
 _COUNTS = ("new", "present", "skipped")
 #: Fingerprints from which a bulk command without numpy says what the numpy extra would
@@ -238,8 +236,7 @@ def _follow(bar: tqdm[Any]) -> Progress:
     """Return a ``progress(done, total)`` callback of the ops layer that moves ``bar``."""
 
     def update(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
+        bar.total = total
         bar.update(done - bar.n)
 
     return update

@@ -204,8 +204,7 @@ def run_command(
     frontend.where = where
     logger.debug("Connecting to %s", where)
     with ctx.stack:
-        code: int = args.handler(ctx)
-        return code
+        return int(args.handler(ctx))
 
 
 def err(text: str) -> None:
@@ -221,9 +220,7 @@ def stdin_is_tty() -> bool:
 
 
 def guarded(
-    frontend: Frontend,
-    secrets: Callable[[], Sequence[str]],
-    body: Callable[[], int],
+    frontend: Frontend, secrets: Callable[[], Sequence[str]], body: Callable[[], int]
 ) -> int:
     """Run a command; turn every failure into one line on stderr and an exit status.
 
@@ -340,9 +337,9 @@ def check_servers(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     )
 
 
-def native_if(ctx: Context, record: FilterRecord | None) -> NativeBloomFilter | None:
+def native_if(ctx: Context, record: FilterRecord) -> NativeBloomFilter | None:
     """Return the native filter a record of the native backend describes (not opened)."""
-    if record is None or record.backend != "native":
+    if record.backend != "native":
         return None
     return ctx.own(NativeBloomFilter.of_record(ctx.clients, ctx.key, record, ctx.faults))
 

@@ -32,11 +32,7 @@ from scrapy_redis_bloom.core.sizing import (
 )
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
-from scrapy_redis_bloom.engine.state import (
-    FilterState,
-    estimate_from_items,
-    read_state,
-)
+from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.ops import inventory
 
 #: The two ways of sizing: given one, the other's settings are set aside.
@@ -348,13 +344,12 @@ def _line(sample: dict[str, Any], previous: dict[str, Any] | None) -> str:
 def watch(ctx: Context) -> int:
     """Print a line of figures every ``--interval`` seconds, ``--count`` times or until Ctrl-C."""
     bloom = open_existing(ctx)
-    interval = float(ctx.args.interval)
-    count: int | None = ctx.args.count
+    count = ctx.args.count
     previous: dict[str, Any] | None = None
     with contextlib.suppress(KeyboardInterrupt):  # the way to stop a watch without --count
         for done in itertools.count() if count is None else range(count):
             if done:
-                time.sleep(interval)
+                time.sleep(ctx.args.interval)
             sample = _sample(bloom)
             out(json.dumps(sample) if ctx.args.json else _line(sample, previous))
             previous = sample
@@ -369,11 +364,10 @@ def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
 
     A crawl would refuse the project's settings of the other way of sizing beside them.
     """
-    found = {name: value for name, value in given.items() if value is not None}
     for way, other in ((_BY_RATE, _BY_BITS), (_BY_BITS, _BY_RATE)):
-        if any(name in found for name in way):
-            return {**dict.fromkeys(other), **found}
-    return found
+        if any(name in given for name in way):
+            return {**dict.fromkeys(other), **given}
+    return given
 
 
 def size(args: argparse.Namespace, settings: SettingsLike) -> int:

@@ -216,8 +216,7 @@ TLS_FILES = (
     ("--tls-key", "ssl_keyfile", "the client certificate's private key"),
 )
 
-#: Each option: its flags (and metavar), the subcommands of ``scrapy bloom`` and of the
-#: alias that take it, its help, then argparse's keywords.
+#: Every option and argument of the subcommands, as :func:`option` declares it.
 OPTIONS = (
     option(
         "-s --set NAME=VALUE",
@@ -382,10 +381,7 @@ def missing_command(front: Front, prog: str) -> str:
 
 
 def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig | None:
-    """Return the configuration the sizing settings describe; None when none is set.
-
-    A bad value is a usage error. ``BLOOMFILTER_BLOCKED`` alone sizes nothing.
-    """
+    """Return the configuration the sizing settings describe; None when none sizes the filter."""
     names = [spec.setting for spec in OPTIONS if spec.group == SIZING]
     if all(settings.get(name) is None for name in names if name != "BLOOMFILTER_BLOCKED"):
         return None
@@ -393,7 +389,8 @@ def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> Blo
 
 
 def sizing_given(args: argparse.Namespace) -> dict[str, Any]:
-    """Return the sizing settings the options give: setting -> value (None: not given)."""
-    return {
+    """Return the sizing settings given as options: setting -> value."""
+    values = {
         spec.setting: getattr(args, spec.dest, None) for spec in OPTIONS if spec.group == SIZING
     }
+    return {name: value for name, value in values.items() if value is not None}

@@ -24,12 +24,7 @@ from scrapy_redis_bloom.cli.context import (
     settings_secrets,
 )
 from scrapy_redis_bloom.cli.figures import size, size_overrides
-from scrapy_redis_bloom.cli.options import (
-    add_commands,
-    missing_command,
-    sizing_from,
-    sizing_given,
-)
+from scrapy_redis_bloom.cli.options import add_commands, missing_command, sizing_from, sizing_given
 
 FRONTEND = Frontend(prog="scrapy bloom")
 

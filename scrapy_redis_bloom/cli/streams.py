@@ -155,9 +155,7 @@ class BadLineError(Exception):
 def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
     """Return the function the crawl's dupefilter fingerprints a URL's GET request with.
 
-    As :class:`..dupefilter.RFPDupeFilter` does: the project's ``REQUEST_FINGERPRINTER_CLASS``
-    under ``BLOOMFILTER_FINGERPRINTER = "crawler"``; else ``DUPEFILTER_CLASS``'s
-    ``request_fingerprint`` if it is a scrapy-redis dupefilter, else scrapy-redis's own.
+    It picks it as :class:`..dupefilter.RFPDupeFilter` does.
     """
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler

@@ -151,15 +151,14 @@ def dump_filter(
         counts = _generation_counts(parts, record)
         total = sum(part_bytes(record, g) for count in counts for g in range(count))
         pieces = _bitmap_pieces(parts, record, counts)
+    report = progress if progress is not None else (lambda done, total: None)
     writer.header(header)
     for kind, shard, generation, position, data in pieces:
         writer.chunk(kind, shard, generation, position, data)
         total = max(total, writer.data_bytes)
-        if progress is not None:
-            progress(writer.data_bytes, total)
+        report(writer.data_bytes, total)
     totals = writer.finish()
-    if progress is not None:
-        progress(totals.data_bytes, totals.data_bytes)
+    report(totals.data_bytes, totals.data_bytes)
     seconds = time.monotonic() - started
     logger.info(
         "Dumped the Bloom filter %r from %s: %d part(s), %d chunk(s), %d data bytes in %.1f s.",

@@ -192,9 +192,8 @@ class DumpReader:
     def chunks(self) -> Iterator[Chunk]:
         """Yield every chunk, checked against its CRC32; then check the trailer."""
         self.header()
-        number = index = 0
+        number = index = parts = data_bytes = 0
         part: tuple[int, int, int] | None = None
-        parts = data_bytes = 0
         while True:
             tag = self._read(1, f"the frame after chunk {number}")
             if tag == b"E":

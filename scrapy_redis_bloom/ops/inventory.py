@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 #: Geometry of a filter built before its record is read. Nothing that touches bits
 #: may be asked of such a filter: only what needs no geometry (records, workers, SCAN).
 UNKNOWN_SPEC = FilterSpec(shards=1, shard_bits=1, hash_count=1)
-#: COUNT hint of each SCAN call.
+#: COUNT hint of each SCAN call (and of migrate's SSCAN).
 SCAN_COUNT = 1000
 #: Fields every config record has had, whatever its layout: a hash with both was
 #: written by scrapy-redis-bloom.
@@ -43,16 +43,10 @@ COUNTER_FIELDS = frozenset({"added", "seen"})
 
 @dataclass(frozen=True, slots=True)
 class StoredRecord:
-    """The hash at ``KEY:meta`` as stored, and its record (None: unusable, see ``problem``)."""
+    """The record of the hash at ``KEY:meta`` as stored (None: unusable, see ``problem``)."""
 
-    fields: dict[str, str]
     record: FilterRecord | None
     problem: str = ""
-
-    @property
-    def written_by_us(self) -> bool:
-        """Tell whether the hash is a config record of some version of this package."""
-        return all(name in self.fields for name in RECORD_MARKS)
 
 
 def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
@@ -71,21 +65,20 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
     try:
         record = FilterRecord.parse(meta, fields)
     except BloomFilterError as exc:
-        return StoredRecord(fields, None, str(exc))
+        return StoredRecord(None, str(exc))
     if record.servers not in (1, len(addresses(bloom))):
-        return StoredRecord(fields, record)  # the wrong servers: refused by name later
+        return StoredRecord(record)  # the wrong servers: refused by name later
     calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
     keys = sum(int(reply) for reply in bloom.parts.run("count the keys", calls))  # all servers'
     if record.spec.shards > keys:
         return StoredRecord(
-            fields,
             None,
             f"The config record {meta!r} cannot be used: it claims {record.spec.shards:,}"
             f" shards, but its server(s) hold {keys:,} key(s) in all, so it is corrupt or the"
             f" filter has lost its shards. Reset it (scrapy-redis-bloom reset --key"
             f" {bloom.key!r}): the filter's parts are then found by SCAN.",
         )
-    return StoredRecord(fields, record)
+    return StoredRecord(record)
 
 
 def probe(client: Any, key: str, faults: FaultPolicy | None = None) -> RedisBloomFilter:
@@ -156,7 +149,7 @@ def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerC
     return [
         MarkerCheck(
             server=i,
-            address=places[i] if i < len(places) else "?",
+            address=places[i],
             found=value,
             expected=layout.server_marker(record.filter_id, i, record.servers),
         )
@@ -170,18 +163,10 @@ def read_hash(parts: Parts, key: str, operation: str) -> dict[str, str]:
     return pairs(parts.run(operation, [call])[0])
 
 
-def run_all(parts: Parts, operation: str, calls: Sequence[Call], write: bool = False) -> list[Any]:
-    """Run calls in batches of :data:`~..engine.parts.BATCH`; return every reply, in order."""
-    replies: list[Any] = []
-    for first in range(0, len(calls), BATCH):
-        replies += parts.run(operation, list(calls[first : first + BATCH]), write=write)
-    return replies
-
-
 def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None]]) -> list[str]:
     """Return which keys exist (EXISTS), each given as ``(key, shard, server)`` to route it."""
     calls = [Call(pack_command(b"EXISTS", k), key=k, shard=s, server=i) for k, s, i in keys]
-    replies = run_all(parts, "look for the filter's keys", calls)
+    replies = parts.run("look for the filter's keys", calls)
     return [key for (key, _, _), reply in zip(keys, replies, strict=True) if int(reply)]
 
 
@@ -373,9 +358,9 @@ def _as_record(
 ) -> tuple[Orphan, bool]:
     """Tell whether a hash at ``KEY:meta`` is a config record, and whether it is usable."""
     stored = stored_record(bloom, fields)
-    if not stored.written_by_us:
+    if not all(name in fields for name in RECORD_MARKS):
         return replace(found, what="a hash that is not a config record"), False
-    filter_id = stored.fields.get("id", "")
+    filter_id = fields.get("id", "")
     if stored.record is None:
         what = f"a config record that cannot be used ({stored.problem.split(': ', 1)[-1]})"
         return replace(found, what=what, kind="record", filter_id=filter_id), False

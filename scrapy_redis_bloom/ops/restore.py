@@ -43,7 +43,7 @@ from scrapy_redis_bloom.ops.dumpfile import (
     Totals,
     part_name,
 )
-from scrapy_redis_bloom.ops.inventory import existing_keys, read_hash, run_all
+from scrapy_redis_bloom.ops.inventory import existing_keys, read_hash
 from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -400,7 +400,7 @@ def _undo(bloom: FilterBase, target: FilterRecord, done: _Writes, exc: BaseExcep
         calls.append(parts.delete_if_still(parts.counter_key, "counters"))
     calls += [Call(pack_command(b"DEL", key), key=key, shard=shard) for key, shard in done.keys]
     try:
-        run_all(parts, "undo a failed restore", calls, write=True)
+        parts.run("undo a failed restore", calls, write=True)
     except BloomFilterError as undo:
         raise RestoreFailedError(
             f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"
