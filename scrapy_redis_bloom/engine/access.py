@@ -29,8 +29,6 @@ logger = logging.getLogger(__name__)
 PROBE_SCRIPT = Script("return 1")
 #: Milliseconds a probe key may outlive a probe that could not delete it.
 PROBE_TTL_MS = 60_000
-#: Commands the filter can do without (ACL names).
-OPTIONAL = frozenset({"info"})
 #: Suffixes tried per Redis Cluster master to find probe keys in its slots, at most.
 MAX_SUFFIXES = 65_536
 
@@ -144,7 +142,7 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
         kind = acl_denial(reply)
         if kind is None:
             continue
-        if probe.command in OPTIONAL:  # one per server, in order
+        if probe.command == "info":  # the filter can do without it (one per server, in order)
             logger.info(
                 "Redis at %s does not let its user run INFO (%s): the Bloom filter %r is"
                 " used without the checks of the server's version and memory. Grant +info"

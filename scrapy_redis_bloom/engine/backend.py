@@ -9,43 +9,21 @@ backend that contradicts the record, or ``native`` without ``BF.*``, is refused 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
-from scrapy_redis_bloom.core.events import FilterEvents
-from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import BloomConfig
+from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap import shards as bitmap_shards
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.parts import Parts
-from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 
 logger = logging.getLogger(__name__)
 
-
-class BloomBackend(Protocol):
-    """What the Scrapy layer's stats (``FilterStats``) use of a filter, either backend."""
-
-    key: str
-    backend: Backend
-    events: FilterEvents
-    counters: Counters
-    cache_hits: int
-    generations: int
-
-    @property
-    def record(self) -> FilterRecord | None: ...  # noqa: D102
-    @property
-    def spec(self) -> FilterSpec: ...  # noqa: D102
-    @property
-    def round_trips(self) -> int: ...  # noqa: D102
-    def estimate(self, items: int) -> FilterState: ...  # noqa: D102
-    def totals(self) -> FilterTotals: ...  # noqa: D102
-    def sync_counters(self) -> FilterTotals | None: ...  # noqa: D102
-    def sync_counters_if_due(self) -> None: ...  # noqa: D102
+#: A filter of either backend, as the Scrapy layer's stats (``FilterStats``) use it.
+BloomBackend = FilterBase
 
 
 def delete(parts: Parts, record: FilterRecord) -> int:

@@ -13,24 +13,21 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import mmh3
 
-from scrapy_redis_bloom.core.settings import FaultPolicy
-
-if TYPE_CHECKING:
-    from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
+from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.cache import LRU
 from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import Parts
-from scrapy_redis_bloom.engine.state import FilterTotals
+from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.topology import make_topology
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -193,6 +190,10 @@ class FilterBase:
     def spec(self) -> FilterSpec:
         """The geometry in use: the stored one once the filter is open."""
         return self.parts.spec
+
+    def estimate(self, items: int) -> FilterState:
+        """Return the state ``items`` distinct adds leave: no Redis call."""
+        raise NotImplementedError
 
     def exists(self) -> bool:
         """Tell whether the filter's config record is in Redis."""

@@ -107,7 +107,7 @@ class Lifecycle:
                 )
             self.parts.spec = wanted.spec
             # A server listed out of place is refused before anything is written.
-            markers = self.parts.markers(wanted.servers) if wanted.servers > 1 else []
+            markers = self.parts.markers(wanted.servers)
             self.check_markers(markers, wanted.servers)
             restored = self.shards.prepare(wanted, servers, markers)
             record = restored if restored is not None else self.parts.create_record(wanted)
@@ -146,9 +146,8 @@ class Lifecycle:
         self.parts.spec = record.spec
         if record.state != "creating":
             return self.verify(record, wanted)
-        if record.servers > 1:
-            self.check_markers(self.parts.markers(record.servers), record.servers, record.filter_id)
-            self.parts.write_markers(record, range(record.servers))
+        self.check_markers(self.parts.markers(record.servers), record.servers, record.filter_id)
+        self.parts.write_markers(record, range(record.servers))
         self.shards.create(record, range(record.spec.shards))
         self.parts.mark_ready()
         logger.debug(
@@ -166,11 +165,9 @@ class Lifecycle:
 
         A sample keeps opening O(1); every check and add finds a lost shard anyway.
         """
-        missing_markers: list[int] = []
-        if record.servers > 1:
-            markers = self.parts.markers(record.servers)
-            self.check_markers(markers, record.servers, record.filter_id)
-            missing_markers = [i for i, marker in enumerate(markers) if marker is None]
+        markers = self.parts.markers(record.servers)
+        self.check_markers(markers, record.servers, record.filter_id)
+        missing_markers = [i for i, marker in enumerate(markers) if marker is None]
         lost = self.shards.missing(record, sample(record.spec.shards, record.servers))
         if lost or missing_markers:
             return self.recover(record, lost, wanted, missing_markers)

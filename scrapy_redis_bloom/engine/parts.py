@@ -209,10 +209,10 @@ class Parts:
         return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply)]
 
     def markers(self, servers: int) -> list[str | None]:
-        """Return ``KEY:server`` on each of the servers (None where it is missing)."""
+        """Return ``KEY:server`` on each of the servers (None where missing; none on one server)."""
         calls = [
             Call(pack_command(b"GET", self.marker_key), key=self.marker_key, server=i)
-            for i in range(servers)
+            for i in range(servers if servers > 1 else 0)
         ]
         return [
             None if reply is None else text(reply)
@@ -220,11 +220,11 @@ class Parts:
         ]
 
     def write_markers(self, record: FilterRecord, servers: Iterable[int]) -> None:
-        """Write each listed server's marker (``<id> <i>/<n>``), where none exists."""
+        """Write each listed server's marker (``<id> <i>/<n>``) where none exists (none on one)."""
         key = self.marker_key
         calls = [
             Call(pack_command(b"SET", key, marker, b"NX"), key=key, server=i)
-            for i in servers
+            for i in (servers if record.servers > 1 else ())
             for marker in [layout.server_marker(record.filter_id, i, record.servers)]
         ]
         self.run("mark the filter's servers", calls, write=True)

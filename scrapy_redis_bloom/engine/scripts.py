@@ -80,21 +80,14 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     the answer alone when nothing else is to report), or ``{MISMATCH, key}`` (nothing
     written). Adds go to the newest generation, started atomically once the one before is full.
     """
-    first = growth.generations[0]
     parts = [LAYOUT, lua("scheme")]
     if one and not growth.ttl:
-        k = first.hash_count
-        parts.append(
-            declare(
-                FIRST_CAPACITY=first.capacity, FIRST_K=k, FIRST_SPAN=first.span, FIRST_AT=[0] * k
-            )
-        )
+        first = growth.generations[0]
+        capacity, k, span = first.capacity, first.hash_count, first.span
+        parts.append(declare(FIRST_CAPACITY=capacity, FIRST_K=k, FIRST_SPAN=span, FIRST_AT=[0] * k))
         parts.append(lua("first_generation"))
     parts += [geometry(growth), lua("check_and_add")]
-    if growth.ttl:
-        parts += [lua("windows"), lua("bitmap_windows")]
-    else:
-        parts.append(lua("shard"))
+    parts += [lua("windows"), lua("bitmap_windows")] if growth.ttl else [lua("shard")]
     parts.append(lua("one" if one else "many"))
     return Script("".join(parts))
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Growth, window_key
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Generation, Growth, window_key
 from scrapy_redis_bloom.core.hashing import FilterSpec, distinct_bits
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 from scrapy_redis_bloom.core.sizing import allocation, false_positive_rate
@@ -112,11 +112,9 @@ def read_state(parts: Parts, growth: Growth) -> FilterState:
         calls.append(Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard))
     replies = parts.run("count the filter's bits", calls)
     per_shard = tuple(int(reply) for reply in replies[::2])
-    spec = parts.spec
-    capacity = growth.generations[0].capacity
-    first = _generation(0, spec.shard_bits, spec.hash_count, spec.block_bits, capacity, per_shard)
+    first = _generation(0, growth.generations[0], per_shard)
     return FilterState(
-        spec=spec,
+        spec=parts.spec,
         bits_set=sum(per_shard),
         memory_bytes=sum(int(reply or 0) for reply in replies[1::2]),
         bits_set_per_shard=per_shard,
@@ -125,17 +123,16 @@ def read_state(parts: Parts, growth: Growth) -> FilterState:
     )
 
 
-def _generation(
-    g: int, bits: int, k: int, block: int, capacity: int, found: Sequence[int]
-) -> GenerationState:
-    """Return generation ``g``'s state from each shard's part of it (``bits``... one part's)."""
+def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationState:
+    """Return generation ``g``'s state from each shard's part of it (``gen``: one part)."""
+    bits, k, block = gen.bits, gen.hash_count, gen.block_bits
     return GenerationState(
         generation=g,
         shards=len(found),
         bits=bits * len(found),
         bits_set=sum(found),
         hash_count=k,
-        capacity=capacity * len(found),
+        capacity=gen.capacity * len(found),
         estimated_items=round(sum(_items(bits, k, x, block) for x in found)),
         estimated_fpr=sum(_rate(bits, k, x, block) for x in found) / len(found),
     )
@@ -144,16 +141,12 @@ def _generation(
 def _read_generations(parts: Parts, growth: Growth) -> FilterState:
     gens = growth.generations
     shards = parts.spec.shards
-    record_windows = parts.live_windows(growth.ttl) if growth.ttl else []
-    # Per shard, the bases of its filters: the shard itself, or its live windows.
+    windows: Sequence[int | None] = parts.live_windows(growth.ttl) if growth.ttl else [None]
+    # Per shard, the bases of its filters: the shard itself (None), or its live windows.
     bases = [
-        (shard, name)
+        (shard, (parts.shard_key(shard) if w is None else window_key(parts.key, shard, w, 0))[:-1])
         for shard in range(shards)
-        for name in (
-            [parts.shard_key(shard)[:-1]]
-            if not growth.ttl
-            else [window_key(parts.key, shard, w, 0)[:-1] for w in record_windows]
-        )
+        for w in windows
     ]
     heads = [(shard, f"{base}0") for shard, base in bases]
     first = [
@@ -193,11 +186,7 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
         clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
         if g == 0:
             per_shard[shard] += found
-    states = tuple(
-        _generation(g, gen.bits, gen.hash_count, gen.block_bits, gen.capacity, found)
-        for g, found in sorted(per_gen.items())
-        for gen in [gens[g]]
-    )
+    states = tuple(_generation(g, gens[g], found) for g, found in sorted(per_gen.items()))
     return FilterState(
         spec=parts.spec,
         bits_set=sum(ones),

@@ -55,7 +55,6 @@ class NativeBloomFilter(FilterBase):
         #: Per shard, its key and the packed start of its ``BF.INSERT`` (set by :meth:`_adopt`).
         self._heads: list[tuple[str, bytes]] = []
         self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
-        self._ttl = self.wanted.ttl
         self._script: Script | None = None
 
     @classmethod
@@ -64,7 +63,6 @@ class NativeBloomFilter(FilterBase):
     ) -> NativeBloomFilter:
         """Return the filter a stored record describes, adopted (for the CLI's reads)."""
         bloom = super().of_record(client, key, record, faults)
-        bloom.parts.spec = record.spec
         bloom._adopt(record)
         return bloom
 

@@ -250,11 +250,7 @@ class Blooms:
 
 
 def delete(parts: Parts, record: FilterRecord) -> int:
-    """Delete a native filter's parts, each only if still its own; return how many keys.
-
-    A shard key only while of its type (a Bloom filter; with a TTL an anchor string, and the
-    windows that may exist); then the counters and server markers; the record last.
-    """
+    """Delete a native filter's parts (a shard key only while of its type); return how many keys."""
     windows = parts.windows(record)  # with a TTL: those whose keys may exist now
     typed = [
         (key, shard, "string" if record.ttl else NATIVE_TYPE)
