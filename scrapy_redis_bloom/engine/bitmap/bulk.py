@@ -12,10 +12,9 @@ a connection failed, an ACL refused it), go through the chunks.
 Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
 ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
 :data:`COMMAND_BITS` bits: atomic, replying the old bits, so "were all k bits already
-set" is check-and-add's answer (~0.2 µs of Redis time per bit against ~1 µs for a Lua
-``redis.call``). A filter that grows or forgets sends script calls of :data:`PER_SCRIPT`
-elements instead (only the script crosses the growth boundary). Chunk n+1 is sent before
-chunk n's replies are read.
+set" is check-and-add's answer, in less Redis time than a Lua ``redis.call``. A filter
+that grows or forgets sends script calls of :data:`PER_SCRIPT` elements instead (only
+the script crosses the growth boundary). Chunk n+1 is sent before chunk n's replies are read.
 
 A shard whose identity did not match answers "not there" for the chunk's elements in it
 (its BITFIELD may have written into a lost shard's place), is recovered, and those
@@ -61,20 +60,18 @@ from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pa
 logger = logging.getLogger(__name__)
 
 #: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
-#: which the kernel takes at once while Redis works on the chunk before (10,000: -10%).
+#: which the kernel takes at once while Redis works on the chunk before.
 CHUNK = 4_000
 #: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, the most other
 #: clients wait between two commands.
 COMMAND_BITS = 5_000
-#: Elements read at a time when snapshots may be taken (and the most without numpy,
-#: whose lists take ~200 bytes per element): a larger batch spreads a shard's transfer
-#: over more elements (+20% from 65,536 at 21 shards).
+#: Elements read at a time when snapshots may be taken (the most without numpy, whose
+#: lists take ~200 bytes each): a larger batch spreads a shard's transfer over more elements.
 BATCH = 131_072
 #: The most elements read at a time (~50 bytes each, plus one shard's offsets and copy).
 MAX_BATCH = 1_048_576
 #: With numpy, a batch holds enough elements per shard for a whole shard's snapshot to
-#: cost about this much per element (100M @ 1e-4 in calls of 1,000,000: 410,000-470,000
-#: fp/s became 1,000,000; BF.MADD: ~1,200,000).
+#: cost about this much per element.
 WHOLE_NS_PER_ELEMENT = 250
 #: A snapshot costs about SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard,
 #: against BITFIELD_NS_PER_BIT per bit or SCRIPT_NS_PER_ELEMENT per element
@@ -86,8 +83,8 @@ SNAPSHOT_NS_PER_BYTE = 2
 BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
 #: A block an older generation's batch reads (not written back): about half the above.
 READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
-#: Bytes on the wire per block read and written back (measured 280 at 100M), and per
-#: block only read, weighed by what a byte costs beyond loopback's (:mod:`.wirecost`).
+#: Bytes on the wire per block read and written back (at 100M), and per block only read,
+#: weighed by what a byte costs beyond loopback's (:mod:`.wirecost`).
 BLOCK_WIRE_BYTES = 280
 READ_WIRE_BYTES = 140
 BITFIELD_NS_PER_BIT = 500
@@ -100,8 +97,6 @@ JOINT_BYTES = 8 << 20
 BLOCKS_JOINT_BYTES = 2 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
-#: Whether grown and windowed shards take stacks (:mod:`.stacks`), not the script.
-LAYERED = True
 #: Elements per script call of the scripted bulk path: about 1 ms of Redis time.
 PER_SCRIPT = 100
 
@@ -130,14 +125,12 @@ class ScriptHooks:
 
 @dataclass(slots=True)
 class _Command:
-    """A command of a chunk: a shard's identity check, or a BITFIELD over some elements."""
+    """A command of a chunk: a shard's identity check, a BITFIELD, or a script (``call.script``)."""
 
     call: Call
     shard: int
     #: Elements of the shard's group it carries (BITFIELD), or None (identity check).
     elements: range | None = None
-    #: A check-and-add script call (which checks the identity itself).
-    scripted: bool = False
 
 
 @dataclass
@@ -224,11 +217,12 @@ class Bulk:
         full to its limit gives the script only the elements that may take it to its
         capacity; with ``defer``, its others run after as a batch of their own.
         """
-        # Snapshots: a filter that neither grows nor forgets, or below its scriptless limit.
+        # Snapshots (unless an ACL refused one): a filter that neither grows nor forgets, or
+        # below its scriptless limit; stacks: a filter that grows or forgets.
         active = self.hooks.active()
         limit = (self.hooks.scriptless() or None) if active else None
-        snapshots = not active or limit is not None
-        growth = self._stack_growth()
+        snapshots = self._snapshots and (not active or limit is not None)
+        growth = self.hooks.growth() if self._snapshots and active else None
         if not snapshots and growth is None:
             _merge(outcome, self._run_chunks(write, batch))
             return
@@ -288,12 +282,6 @@ class Bulk:
             _merge(outcome, third, answers, deferred)
         outcome.answers.extend(answers)
 
-    def _stack_growth(self) -> Growth | None:
-        """Return the growth of a filter that grows or forgets, when its stacks may be taken."""
-        if not LAYERED or not self._snapshots or not self.hooks.active():
-            return None
-        return self.hooks.growth()
-
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
     ) -> list[tuple[int, Any, Taken]]:
@@ -302,8 +290,6 @@ class Bulk:
         Shards go together per node, up to :data:`JOINT_BYTES`; when another client wrote to
         one of them meanwhile, each is tried again alone.
         """
-        if not self._snapshots:  # refused by an ACL: the chunks'
-            return [(s, positions, Taken()) for s, positions in groups.items()]
         batches = _Batches(self.topology.joint_transactions)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
@@ -330,9 +316,9 @@ class Bulk:
         """Take each batch's snapshots (:func:`.snapshot.take`), two transactions at a time.
 
         Batch i+1's reads are sent before batch i is answered, and batch i's ``EXEC`` read
-        after: Python answers one batch while Redis reads the next (+25-60% at 100M over
-        1 Gbit/s, bench/NOTES.md). Two batches on one node take its two connections in
-        turn (``spare``), each ``WATCH`` on its own; they name different shards.
+        after: Python answers one batch while Redis reads the next (bench/NOTES.md). Two
+        batches on one node take its two connections in turn (``spare``), each ``WATCH`` on
+        its own; they name different shards.
         """
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
@@ -426,7 +412,7 @@ class Bulk:
                 self.hooks.note(s, 0, found.generations)
             node = self.topology.route(self.parts.shard_key(s), s, None)
             extra = self._wire.extra(node.address, found.keys[-1][0])
-            stack, size = self._stack(growth, s, positions, located, found, extra)
+            stack, size = _stack(growth, self.identity(s), positions, located, found, extra)
             batches.join(node, size, (s, positions, stack))
         for node, batch in batches:
             session = self.executor.session(node, "check in bulk", write)
@@ -434,39 +420,6 @@ class Bulk:
             self._noted([stack.targets[-1] for _, _, stack in batch], together)
             results += [(s, p, one) for (s, p, _), one in zip(batch, together, strict=True)]
         return results, cuts
-
-    def _stack(
-        self,
-        growth: Growth,
-        shard: int,
-        positions: Any,
-        located: Located,
-        found: Found,
-        extra: float,
-    ) -> tuple[Stack, int]:
-        """Return a shard's stack (a target per key ``found`` names), and the bytes it reads."""
-        by_generation: dict[int, Any] = {}
-        targets: list[Target] = []
-        size, identity = 0, self.identity(shard)
-        for name, g in found.keys:
-            gen = growth.generation(g)
-            offsets = by_generation.get(g)
-            if offsets is None:
-                offsets = by_generation[g] = located.offsets(positions, gen if g else None)
-            length = HEADER_BYTES + gen.nbytes
-            newest = (name, g) == found.keys[-1]
-            # Whole when its bytes (read, the newest's written back) cost less than its blocks.
-            each = (BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS) + extra * (
-                BLOCK_WIRE_BYTES if newest else READ_WIRE_BYTES
-            )
-            whole = not gen.block_bits or (
-                (SNAPSHOT_NS_PER_BYTE + extra) * gen.nbytes * (1 + newest) < each * len(positions)
-            )
-            target = Target(name, identity, offsets, length, whole)
-            target.by_script = not HIREDIS_AVAILABLE
-            targets.append(target)
-            size += length if whole else BLOCK_BYTES * len(positions)
-        return Stack(shard, identity, found, targets, growth.ttl), size
 
     def _run_chunks(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         """Check (and add) elements in chunks of BITFIELD or script calls, pipelined."""
@@ -536,7 +489,7 @@ class Bulk:
                 plan = plans[id(node)] = (self.executor.session(node), [])
             commands = plan[1]
             packed_key = encode(key)
-            if not scripted:
+            if not scripted:  # (the script checks the identity itself)
                 check = pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1)
                 commands.append(_Command(Call(check, key=key, shard=shard), shard))
             for first in range(0, len(positions), per):
@@ -547,7 +500,7 @@ class Bulk:
                     payload = self.hooks.head(shard, write, len(span))
                     payload += b"".join(packed[span.start : span.stop])
                 call = Call(payload, key=key, shard=shard, script=script)
-                commands.append(_Command(call, shard, span, scripted=scripted))
+                commands.append(_Command(call, shard, span))
         return _Chunk(write, elements, 1 if scripted else k, groups, plans)
 
     # -- sending and reading -----------------------------------------------------------
@@ -597,7 +550,7 @@ class Bulk:
                         if found != self.identity(command.shard):
                             mismatched[command.shard] = found
                         continue
-                    if not command.scripted:
+                    if command.call.script is None:
                         old_bits[command.shard].extend(reply)
                     elif self._scripted_reply(command, reply, mismatched):
                         old_bits[command.shard].extend(reply[3:])
@@ -686,15 +639,39 @@ class Bulk:
 
 
 def batch_size(spec: FilterSpec, least: int) -> int:
-    """Return the elements a bulk call reads at a time: enough per shard for a cheap snapshot.
-
-    At least twice ``least`` per shard, and enough for a whole shard's snapshot to cost
-    about :data:`WHOLE_NS_PER_ELEMENT` per element (at most MAX_BATCH); without numpy, BATCH.
-    """
+    """Return the elements a bulk call reads at a time: enough per shard for a cheap snapshot."""
     if not HAVE_NUMPY:
         return BATCH
     whole = -(-SNAPSHOT_NS_PER_BYTE * spec.shard_bytes // WHOLE_NS_PER_ELEMENT)
     return min(MAX_BATCH, max(BATCH, max(2 * least, whole) * spec.shards))
+
+
+def _stack(
+    growth: Growth, identity: bytes, positions: Any, located: Located, found: Found, extra: float
+) -> tuple[Stack, int]:
+    """Return a shard's stack (a target per key ``found`` names), and the bytes it reads."""
+    by_generation: dict[int, Any] = {}
+    targets: list[Target] = []
+    size = 0
+    for name, g in found.keys:
+        gen = growth.generation(g)
+        offsets = by_generation.get(g)
+        if offsets is None:
+            offsets = by_generation[g] = located.offsets(positions, gen if g else None)
+        length = HEADER_BYTES + gen.nbytes
+        newest = (name, g) == found.keys[-1]
+        # Whole when its bytes (read, the newest's written back) cost less than its blocks.
+        each = (BLOCKS_NS_PER_ELEMENT if newest else READ_BLOCK_NS) + extra * (
+            BLOCK_WIRE_BYTES if newest else READ_WIRE_BYTES
+        )
+        whole = not gen.block_bits or (
+            (SNAPSHOT_NS_PER_BYTE + extra) * gen.nbytes * (1 + newest) < each * len(positions)
+        )
+        target = Target(name, identity, offsets, length, whole)
+        target.by_script = not HIREDIS_AVAILABLE
+        targets.append(target)
+        size += length if whole else BLOCK_BYTES * len(positions)
+    return Stack(identity, found, targets, growth.ttl), size
 
 
 class _Batches(list[tuple[Node, list[Any]]]):

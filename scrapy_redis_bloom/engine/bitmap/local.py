@@ -129,11 +129,8 @@ class Located:
             for positions in taken:
                 left[positions] = False
             return [int(p) for p in np.flatnonzero(left).tolist()]
-        rest = [True] * self.size
-        for positions in taken:
-            for position in positions:
-                rest[position] = False
-        return [position for position, left in enumerate(rest) if left]
+        done = {position for positions in taken for position in positions}
+        return [position for position in range(self.size) if position not in done]
 
     def placed(self, parts: Sequence[tuple[Any, Sequence[bool]]]) -> list[bool]:
         """Return the answers: each part's answers at its positions, False elsewhere."""
@@ -471,8 +468,6 @@ def range_writes(
         owners.append(np.full(len(slots), i))
         offsets.append(HEADER_BYTES + blocks[i][slots].astype(np.int64) * BLOCK_BYTES)
         rows.append(_rows(left)[slots])
-    if not owners:
-        return b"", 0
     owner = np.concatenate(owners)
     packed, _ = range_commands(
         b"SETRANGE", keys, owner, np.concatenate(offsets), np.concatenate(rows)

@@ -1,7 +1,7 @@
 """The bulk path's snapshot of a shard: read its bytes, answer in Python, write back at once.
 
-``BITFIELD`` costs Redis ~0.25 µs per bit (~3.5 µs per element at k = 13). The snapshot
-moves that work out of Redis, in two round trips on the shard's node:
+``BITFIELD`` costs Redis time per bit; the snapshot moves that work out of Redis, in two
+round trips on the shard's node:
 
 1. ``WATCH key``, ``GET`` (or ``GETRANGE`` of each MiB; only the blocks the batch
    touches for a blocked shard), ``MULTI``: the bytes, checked against the identity,
@@ -38,7 +38,6 @@ from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 from scrapy_redis_bloom.engine.bitmap.local import (
     BLOCK_BYTES,
-    HAVE_NUMPY,
     changed_slots,
     check_masks,
     check_sequential,
@@ -119,8 +118,9 @@ class Target:
     blocks: Any = field(default_factory=list)
     moved: Any = None
     replies: int = 1
-    #: Read and written by ``GETRANGE``/``SETRANGE`` per run of blocks (numpy), not by the
-    #: block scripts; its reads, packed, and their number.
+    #: Read and written by ``GETRANGE``/``SETRANGE`` per run of blocks, packed by numpy
+    #: (:func:`.local.range_commands`; Python packs too slowly), in about half the block
+    #: scripts' Redis time (bench/NOTES.md); its reads, packed, and their number.
     ranged: bool = False
     runs: tuple[bytes, int] = (b"", 0)
     #: By the block scripts even with numpy: one reply for all its blocks (no hiredis).
@@ -134,12 +134,8 @@ _LOAD_SCRIPTS = tuple(
 _MULTI = pack_command(b"MULTI")
 _EXEC = pack_command(b"EXEC")
 #: Whether the read script joins the blocks into one string: redis-py without hiredis
-#: parses each string of a reply in Python (~0.5 µs each); joining costs Redis ~0.1 µs.
+#: parses each string of a reply in Python, which costs more than Redis's join.
 _JOINED = b"0" if HIREDIS_AVAILABLE else b"1"
-#: Whether blocks are moved by ``GETRANGE``/``SETRANGE`` per run, packed by numpy
-#: (:func:`.local.range_commands`): ~0.55/0.65 µs of Redis time a block at 100M, against
-#: ~1.3/1.1 in the scripts (``bench/floor.py``). Without numpy, Python packs too slowly.
-_BY_RANGES = HAVE_NUMPY
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
 
@@ -149,14 +145,12 @@ def take(
 ) -> list[Taken]:
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
-    A blocked filter's element has its bits in one 64-byte block: per shard ``STRLEN``, its
-    header and a ``GETRANGE`` per run of blocks touched, answered on that compact copy
-    (:func:`.local.gather`), then a ``SETRANGE`` per block changed (a check reads each
-    shard in a ``MULTI``/``EXEC`` of its own). Without numpy, a script reads
-    (``lua/read_blocks.lua``) and writes back (``lua/write_blocks.lua``) each shard: one
-    reply per shard, not per block. A ``whole`` target is read by ``GET`` and its changed
-    span written by ``SETRANGE``, not through Lua (a script's argument or result costs
-    Redis ~1 ns a byte).
+    A blocked shard's batch is answered on a compact copy of the 64-byte blocks it touches
+    (:func:`.local.gather`): ``STRLEN``, the header and a ``GETRANGE`` per run of blocks,
+    then a ``SETRANGE`` per block changed; without numpy, the block scripts (one reply per
+    shard, not per block). A ``whole`` target is read by ``GET`` and its changed span
+    written by ``SETRANGE``, not through Lua (a script's argument or result costs Redis
+    time per byte).
 
     ``targets``: shards one transaction may name (one slot in a cluster). One :class:`Taken`
     per target; when another client wrote to any, nothing was written and each is ``aborted``.
@@ -192,8 +186,8 @@ def begin(session: Session, targets: Sequence[Target], write: bool, limit: int |
     pending = Pending(session, targets, write, limit, packed)
     opening = _opening(targets, packed, packed if write else None)
     pending.opening = len(opening)
-    # Whole targets' reads go together (cheap: apart, a 1M filter's 31 shards lost 5-30% in
-    # round trips); one by blocks alone is answered while Redis reads the next (+10% at 100M).
+    # Whole targets' reads go together (apart, small shards lose time in round trips); one
+    # by blocks alone is answered while Redis reads the next (bench/NOTES.md).
     whole = [i for i, target in enumerate(targets) if target.whole]
     groups = [whole] if whole else []
     groups += [[i] for i, target in enumerate(targets) if not target.whole]
@@ -276,8 +270,7 @@ def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
     for target in targets:
         if not target.whole:
             target.blocks, target.moved = gather(target.offsets)
-            lists = isinstance(target.offsets, list)
-            target.ranged = _BY_RANGES and not target.by_script and not lists
+            target.ranged = not target.by_script and not isinstance(target.offsets, list)
     ranged = [i for i, target in enumerate(targets) if target.ranged]
     if ranged:
         packed = range_reads(
@@ -288,7 +281,7 @@ def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
 
 
 def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Join a payload's small pieces, not its big ones (copying those cost ~10% of a call)."""
+    """Join a payload's small pieces, not its big ones (copying those costs time)."""
     out: list[bytes | memoryview] = []
     for big, run in itertools.groupby(pieces, lambda piece: len(piece) >= _BIG):
         together = list(run)

@@ -84,7 +84,6 @@ class Found:
 class Stack:
     """One shard's batch in :func:`take_stacks`: what :func:`probe` found, a target per key."""
 
-    shard: int
     identity: bytes
     found: Found
     targets: list[Target]  # (one per key of ``found.keys``)
@@ -268,21 +267,17 @@ def _answer(
     if write and room <= 0:
         return _NONE  # full to the limit: the script's
     vectorised = not isinstance(moved, list)
-    seen: Any = None
+    seen: Any = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
     older = stack.targets if not write else stack.targets[:-1]
     for target, (copy, _) in zip(older, copies, strict=False):
         answers = _kernel(target.moved)(copy, target.moved, False)[0]
-        if seen is None:
-            seen = np.array(answers, dtype=bool) if vectorised else answers
-        elif vectorised:
+        if vectorised:
             seen |= np.array(answers, dtype=bool)
         else:
             seen = [a or b for a, b in zip(seen, answers, strict=True)]
     copy, read = copies[-1]
     if not write:
         return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
-    if seen is None:
-        seen = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
     # Up to the element that could bring the count to the limit: the script takes the rest.
     n = _within(seen, room, vectorised)
     seen, newest = seen[:n], moved[:n]
@@ -302,14 +297,10 @@ def _answer(
 def _within(seen: Any, room: int, vectorised: bool) -> int:
     """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len)."""
     if vectorised:
-        missing = np.flatnonzero(~seen)
-        return int(missing[room]) if len(missing) > room else len(seen)
-    for i, there in enumerate(seen):
-        if not there:
-            room -= 1
-            if room < 0:
-                return i
-    return len(seen)
+        missing: Any = np.flatnonzero(~seen)
+    else:
+        missing = [i for i, there in enumerate(seen) if not there]
+    return int(missing[room]) if len(missing) > room else len(seen)
 
 
 def _ours(head: Any, identity: bytes) -> bool:
