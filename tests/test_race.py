@@ -70,6 +70,15 @@ def _race(
         results.put((index, None, traceback.format_exc()))
 
 
+def join_all(workers: list[Any]) -> None:
+    """Wait for each process up to 30 s, killing one that hangs (the test fails on it)."""
+    for worker in workers:
+        worker.join(timeout=30)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
 def test_no_false_positive_is_possible() -> None:
     assert false_positive_rate(SPEC.bits, SPEC.hash_count, ELEMENTS) < 3e-15
     bits = [
@@ -121,11 +130,7 @@ def test_each_fingerprint_is_new_to_exactly_one_process(
             else:
                 new_to[index] = new
     finally:
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        join_all(workers)
     assert errors == []
     assert [worker.exitcode for worker in workers] == [0] * PROCESSES
 

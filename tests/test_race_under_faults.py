@@ -31,6 +31,7 @@ import pytest
 import redis
 from redis_server import RedisServer
 from test_generations import upper
+from test_race import join_all
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
@@ -154,11 +155,7 @@ def test_racing_workers_under_killed_connections_and_pauses_lose_nothing(
         stop.set()
         if chaos.is_alive():
             chaos.join(10)
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        join_all(workers)
     assert errors == []
     doubts = sum(c.get("ambiguous", 0) + c.get("errors", 0) for _, _, c in reports.values())
     assert sum(c.get("retries", 0) for _, _, c in reports.values()) + doubts > 0  # it hit
