@@ -251,6 +251,9 @@ class Bulk:
         deferred = (
             sorted(int(p) for s, cut in cuts.items() for p in groups[s][cut:]) if defer else []
         )
+        if deferred:  # (a full shard's stack may have answered past its cut: what it held)
+            held = {int(p) for _, ps, t in results for p in ps[: len(t.answers or ())]}
+            deferred = [p for p in deferred if p not in held]
         for _, positions, taken in results:
             if taken.answers is None:
                 if taken.ambiguous:
@@ -400,12 +403,14 @@ class Bulk:
                 found = probe_reply(growth, key, s, self.identity(s), mine, window)
             if not ttl:
                 self._grown.discard(s)
-            # An add to a newest generation full to its limit leaves no room for the stack.
-            if found is None or not self._snapshots or (write and found.count + 1 >= found.limit):
-                if found is not None and found.generations < len(growth.generations):
-                    cuts[s] = max(PER_SCRIPT, found.capacity - found.count + 1)
+            if found is None or not self._snapshots:
                 results.append((s, positions, Taken()))  # the script's
                 continue
+            # A newest generation full to its limit: the script takes its first new element
+            # over the boundary (the stack answers what it holds before), the rest come after.
+            full = write and found.count + 1 >= found.limit
+            if full and found.generations < len(growth.generations):
+                cuts[s] = max(PER_SCRIPT, found.capacity - found.count + 1)
             if not ttl and found.generations > 1:
                 self._grown.add(s)
             if found.generations > 1:

@@ -346,9 +346,14 @@ def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _
         generations, count = _generations(copy), _u32(copy)
         # An add leaves the growth boundary to the script: it takes what the room allows.
         room = limit - 1 - count if write else len(moved)
-        if generations > 1 or room <= 0:
-            return None  # grown, or full to the limit: the script's
-        moved = moved[:room]
+        if generations > 1:
+            return None  # grown: the stacks'
+        if room < len(moved):  # up to the room's worth of elements it does not hold yet
+            there = _kernel(moved)(copy, moved, False)[0]
+            missing = [i for i, held in enumerate(there) if not held]
+            moved = moved[: missing[max(room, 0)] if len(missing) > max(room, 0) else len(moved)]
+            if not len(moved):
+                return None  # full to the limit: the script's
     return copy, before, count, _kernel(moved)(copy, moved, write)
 
 

@@ -264,8 +264,6 @@ def _answer(
     count = _u32(state)
     moved = stack.targets[-1].moved
     room = found.limit - 1 - count
-    if write and room <= 0:
-        return _NONE  # full to the limit: the script's
     vectorised = not isinstance(moved, list)
     seen: Any = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
     older = stack.targets if not write else stack.targets[:-1]
@@ -278,6 +276,12 @@ def _answer(
     copy, read = copies[-1]
     if not write:
         return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
+    if room <= 0:  # full to the limit: only the script adds, as it alone grows the shard
+        # What the shard holds needs no add: answered, up to the first element it does not.
+        there = _kernel(moved)(copy, moved, False)[0]
+        held = seen | np.array(there, dtype=bool) if vectorised else map(max, seen, there)
+        n = _within(held if vectorised else list(held), 0, vectorised)
+        return ((copy, read, 0, ([True] * n, 0, 0)), None) if n else _NONE
     # Up to the element that could bring the count to the limit: the script takes the rest.
     n = _within(seen, room, vectorised)
     seen, newest = seen[:n], moved[:n]
