@@ -147,6 +147,20 @@ class Located:
         return answers
 
 
+def within(seen: Any, room: int) -> int:
+    """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len).
+
+    What a bulk add near a generation's boundary may take: ``room`` new elements at most
+    (none when ``room`` <= 0), with the elements already held around them.
+    """
+    if isinstance(seen, list):
+        missing: Any = [i for i, there in enumerate(seen) if not there]
+    else:
+        missing = np.flatnonzero(~seen)
+    room = max(room, 0)
+    return int(missing[room]) if len(missing) > room else len(seen)
+
+
 def locate_many(
     elements: Sequence[str | bytes], spec: FilterSpec
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:

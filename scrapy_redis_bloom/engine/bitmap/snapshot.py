@@ -48,6 +48,7 @@ from scrapy_redis_bloom.engine.bitmap.local import (
     range_reads,
     range_writes,
     slot_bytes,
+    within,
 )
 from scrapy_redis_bloom.engine.scripts import READ_BLOCKS, WRITE_BLOCKS
 from scrapy_redis_bloom.transport.executor import Commit, Session, acl_denial
@@ -349,9 +350,7 @@ def _check(target: Target, read: list[Any], write: bool, limit: int | None) -> _
         if generations > 1:
             return None  # grown: the stacks'
         if room < len(moved):  # up to the room's worth of elements it does not hold yet
-            there = _kernel(moved)(copy, moved, False)[0]
-            missing = [i for i, held in enumerate(there) if not held]
-            moved = moved[: missing[max(room, 0)] if len(missing) > max(room, 0) else len(moved)]
+            moved = moved[: within(_kernel(moved)(copy, moved, False)[0], room)]
             if not len(moved):
                 return None  # full to the limit: the script's
     return copy, before, count, _kernel(moved)(copy, moved, write)

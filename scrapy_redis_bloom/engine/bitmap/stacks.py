@@ -31,7 +31,7 @@ from typing import Any
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.generations import SCRIPTLESS_MARGIN, Growth, window_key
 from scrapy_redis_bloom.core.layout import IDENTITY_BYTES
-from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY, within
 from scrapy_redis_bloom.engine.bitmap.snapshot import (
     _COUNT,
     _GENERATIONS,
@@ -279,11 +279,14 @@ def _answer(
     if room <= 0:  # full to the limit: only the script adds, as it alone grows the shard
         # What the shard holds needs no add: answered, up to the first element it does not.
         there = _kernel(moved)(copy, moved, False)[0]
-        held = seen | np.array(there, dtype=bool) if vectorised else map(max, seen, there)
-        n = _within(held if vectorised else list(held), 0, vectorised)
+        if vectorised:
+            held = seen | np.array(there, dtype=bool)
+        else:
+            held = [a or b for a, b in zip(seen, there, strict=True)]
+        n = within(held, 0)
         return ((copy, read, 0, ([True] * n, 0, 0)), None) if n else _NONE
     # Up to the element that could bring the count to the limit: the script takes the rest.
-    n = _within(seen, room, vectorised)
+    n = within(seen, room)
     seen, newest = seen[:n], moved[:n]
     rest = newest[~seen] if vectorised else [m for m, s in zip(newest, seen, strict=True) if not s]
     added, low, high = _kernel(rest)(copy, rest, True)
@@ -296,15 +299,6 @@ def _answer(
         left = iter(added)
         answers = [True if s else next(left) for s in seen]
     return (copy, read, 0, (answers, low, high)), (count + new if new else None)
-
-
-def _within(seen: Any, room: int, vectorised: bool) -> int:
-    """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len)."""
-    if vectorised:
-        missing: Any = np.flatnonzero(~seen)
-    else:
-        missing = [i for i, there in enumerate(seen) if not there]
-    return int(missing[room]) if len(missing) > room else len(seen)
 
 
 def _ours(head: Any, identity: bytes) -> bool:
