@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis_server import RedisServer
+from reply_cutter import ReplyCutter
 from test_bulk import calls, fingerprints, make
 
 from scrapy_redis_bloom import FaultPolicy, FilterDamagedError
@@ -226,3 +228,28 @@ def test_a_shard_full_to_its_limit_answers_what_it_holds_without_the_script(
             for key in ("edge", "reference")
         )
         assert mine == theirs, s
+
+
+@pytest.mark.parametrize("filled", [2_500, 8_800], ids=["one generation", "grown"])
+def test_a_full_shards_answers_from_a_transaction_whose_exec_reply_is_lost_are_new(
+    redis_server: RedisServer, filled: int
+) -> None:
+    """A shard full to its limit answers what it holds in a transaction; its EXEC reply lost.
+
+    Nothing is confirmed then: every element of the call answers "new" (ambiguous), none
+    is taken for seen, and the new ones are added all the same. (One generation: the
+    snapshot answers; grown, near the next boundary: the stack.)
+    """
+    held, new = fingerprints(filled, "held"), fingerprints(100, "new")
+    with ReplyCutter(redis_server.port, lambda command, _: command[0] == b"EXEC", 1) as cutter:
+        client = redis.Redis(host="127.0.0.1", port=cutter.port)
+        bloom = make(client, GROWN, f"cut{filled}", faults=FaultPolicy(retry_timeout=5))
+        bloom.add_many(held)
+        cutter.armed = True
+        answers = bloom.add_many(held[:600] + new)
+        cutter.armed = False
+        assert len(cutter.cuts) == 1
+        assert answers[600:] == [False] * len(new)
+        assert bloom.events.counts["ambiguous"] > 0
+        assert bloom.contains_many(held + new) == [True] * (len(held) + len(new))
+        client.close()
