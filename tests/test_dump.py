@@ -23,6 +23,7 @@ from redis.cluster import RedisCluster
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.ops import dumpfile, inventory
@@ -306,36 +307,22 @@ def test_wrong_magic_version_and_trailing_bytes_are_refused(
     refused(redis_client, b"", r"not a scrapy-redis-bloom dump")
 
 
-def rewritten(data: bytes, keep: Any) -> bytes:
-    """Return the dump ``data`` with only the chunks ``keep(chunk)`` accepts, checksummed anew."""
-    reader = dumpfile.DumpReader(io.BytesIO(data), "in")
-    out = io.BytesIO()
-    writer = dumpfile.DumpWriter(out)
-    writer.header(reader.header())
-    for chunk in reader.chunks():
-        if keep(chunk):
-            writer.chunk(chunk.kind, chunk.shard, chunk.generation, chunk.position, chunk.data)
-    writer.finish()
-    return out.getvalue()
-
-
 def test_well_checksummed_chunks_that_do_not_make_the_filter_are_refused(
     redis_client: redis.Redis, dumped: bytes
 ) -> None:
-    assert rewritten(dumped, lambda chunk: True) == dumped
     refused(
         redis_client,
-        rewritten(dumped, lambda chunk: chunk.shard != 1),
+        edited(dumped, chunks=lambda rows: [r for r in rows if r[1] != 1]),
         r"chunk 1 of shard 2 \(generation 0\) comes where shard 1 was due",
     )
     refused(
         redis_client,
-        rewritten(dumped, lambda chunk: chunk.shard != 2),
+        edited(dumped, chunks=lambda rows: [r for r in rows if r[1] != 2]),
         r"it holds 2 of the filter's 3 shards",
     )
     refused(
         redis_client,
-        rewritten(dumped, lambda chunk: (chunk.shard, chunk.generation) != (0, 1)),
+        edited(dumped, chunks=lambda rows: [r for r in rows if r[1:3] != [0, 1]]),
         r"chunk 1 of shard 0 \(generation 2\) comes where generation 1 was due",
     )
     out = io.BytesIO()
@@ -343,6 +330,153 @@ def test_well_checksummed_chunks_that_do_not_make_the_filter_are_refused(
     writer.header({"record": {"layout": "2", "scheme": "1"}})
     writer.finish()
     refused(redis_client, out.getvalue(), r"the config record it holds cannot be used: it lacks")
+
+
+def edited(data: bytes, header: Any = None, chunks: Any = None) -> bytes:
+    """Return the dump ``data`` rewritten: ``header(fields)`` and ``chunks(list)`` edit in place.
+
+    ``chunks`` gets ``[kind, shard, generation, position, data]`` lists, one per chunk (and
+    may return the list to write instead); the file is checksummed anew, so only the checks
+    of what the chunks make can refuse it.
+    """
+    reader = dumpfile.DumpReader(io.BytesIO(data), "in")
+    fields = reader.header()
+    rows: list[list[Any]] = [
+        [c.kind, c.shard, c.generation, c.position, c.data] for c in reader.chunks()
+    ]
+    if header is not None:
+        header(fields)
+    if chunks is not None:
+        rows = chunks(rows) or rows
+    out = io.BytesIO()
+    writer = dumpfile.DumpWriter(out)
+    writer.header(fields)
+    for row in rows:
+        writer.chunk(*row)
+    writer.finish()
+    return out.getvalue()
+
+
+def _part(rows: list[list[Any]], shard: int, generation: int) -> list[Any]:
+    """Return the first chunk row of a shard's generation."""
+    return next(row for row in rows if row[1:3] == [shard, generation])
+
+
+def _split(rows: list[list[Any]], shard: int, generation: int, shift: int) -> None:
+    """Cut a part's chunk in two halves, the second's position moved by ``shift``."""
+    row = _part(rows, shard, generation)
+    half = len(row[4]) // 2
+    second = [row[0], shard, generation, row[3] + half + shift, row[4][half:]]
+    row[4] = row[4][:half]
+    rows.insert(rows.index(row) + 1, second)
+
+
+def _with_generations(rows: list[list[Any]], shard: int, count: int) -> None:
+    """Make a shard's generation-0 header claim ``count`` generations (its u16)."""
+    row = _part(rows, shard, 0)
+    at = GENERATIONS_BIT // 8
+    row[4] = row[4][:at] + count.to_bytes(2, "big") + row[4][at + 2 :]
+
+
+def _flip(rows: list[list[Any]], shard: int, generation: int, at: int) -> None:
+    row = _part(rows, shard, generation)
+    row[4] = row[4][:at] + bytes([row[4][at] ^ 1]) + row[4][at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("header", "chunks", "match"),
+    [
+        pytest.param(
+            lambda h: h.update(record=["not", "a", "record"]),
+            None,
+            r"its header holds no config record",
+            id="no record",
+        ),
+        pytest.param(
+            lambda h: h["record"].update(ttl="3600"),
+            None,
+            r"its config record is not that of a ready filter without a TTL",
+            id="a TTL",
+        ),
+        pytest.param(
+            lambda h: h.update(counters={"added": -1}),
+            None,
+            r"its counters are not 'added' and 'seen' counts",
+            id="negative counter",
+        ),
+        pytest.param(
+            lambda h: h.update(counters={"inserted": 3}),
+            None,
+            r"its counters are not 'added' and 'seen' counts",
+            id="unknown counter",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _flip(rows, 1, 0, 0),
+            r"chunk 1 of shard 1 \(generation 0\) does not carry the record's filter id and"
+            r" shard",
+            id="foreign identity",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _with_generations(rows, 0, 17),
+            r"chunk 1 of shard 0 \(generation 0\)'s header claims 17 generations",
+            id="too many generations claimed",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _with_generations(rows, 0, 2),
+            r"chunk 1 of shard 0 \(generation 2\) is past the 2 generation\(s\) its shard's"
+            r" header names",
+            id="fewer generations claimed",
+        ),
+        pytest.param(
+            None,
+            lambda rows: rows.remove(_part(rows, 2, 2)),
+            r"shard 2 has 2 generation\(s\) in the file, and its header says 3",
+            id="last generation missing",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _part(rows, 1, 0).__setitem__(0, dumpfile.NATIVE),
+            r"chunk 1 of native shard 1 is a native chunk, and its record is of a bitmap filter",
+            id="native chunk",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _split(rows, 0, 1, 1),
+            r"chunk 2 of shard 0 \(generation 1\) starts at byte [\d,]+ of its part, where"
+            r" byte [\d,]+ was due",
+            id="gap between chunks",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _split(rows, 0, 1, -1),
+            r"chunk 2 of shard 0 \(generation 1\) starts at byte",
+            id="chunks overlap",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _part(rows, 1, 1).__setitem__(4, _part(rows, 1, 1)[4] + b"\0"),
+            r"chunk 1 of shard 1 \(generation 1\) ends past the part's [\d,]+ bytes",
+            id="part too long",
+        ),
+        pytest.param(
+            None,
+            lambda rows: _part(rows, 1, 1).__setitem__(4, _part(rows, 1, 1)[4][:-64]),
+            r"shard 1 \(generation 1\) holds 6,496 bytes of 6,560 \(the file is corrupted\)",
+            id="part too short",
+        ),
+    ],
+)
+def test_a_well_checksummed_file_whose_content_is_not_a_filter_is_refused_naming_why(
+    redis_client: redis.Redis, dumped: bytes, header: Any, chunks: Any, match: str
+) -> None:
+    """The checks of what the chunks make (not the checksums'): each names its problem."""
+    assert edited(dumped) == dumped
+    restore_filter(redis_client, KEY, io.BytesIO(edited(dumped)), name="x.dump")  # as is: fine
+    redis_client.flushall()
+    refused(redis_client, edited(dumped, header, chunks), match)
 
 
 def test_a_pipe_is_refused_before_anything_is_read(redis_client: redis.Redis) -> None:
