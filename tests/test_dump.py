@@ -479,6 +479,33 @@ def test_a_well_checksummed_file_whose_content_is_not_a_filter_is_refused_naming
     refused(redis_client, edited(dumped, header, chunks), match)
 
 
+def test_a_native_file_with_a_bitmap_chunk_or_no_scandump_position_is_refused(
+    bloom_redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_BACKEND="native")
+    bloom = filled(bloom_redis_client, cfg, fingerprints(1000, "n"))
+    dump(bloom, tmp_path / "native.dump")
+    bloom.close()
+    bloom_redis_client.flushall()
+    data = (tmp_path / "native.dump").read_bytes()
+
+    def first(rows: list[list[Any]], column: int, value: int) -> None:
+        rows[0][column] = value
+
+    refused(
+        bloom_redis_client,
+        edited(data, chunks=lambda rows: first(rows, 3, 0)),
+        r"chunk 1 of native shard 0 has no BF\.SCANDUMP position",
+    )
+    refused(
+        bloom_redis_client,
+        edited(data, chunks=lambda rows: first(rows, 0, dumpfile.BITMAP)),
+        r"chunk 1 of shard 0 \(generation 0\) is a bitmap chunk, and its record is of a"
+        r" native filter",
+    )
+    restore_filter(bloom_redis_client, KEY, io.BytesIO(edited(data)), name="x.dump")  # as is
+
+
 def test_a_pipe_is_refused_before_anything_is_read(redis_client: redis.Redis) -> None:
     read, write = os.pipe()
     with (
