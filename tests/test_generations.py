@@ -670,6 +670,47 @@ def test_out_of_memory_when_a_shard_must_grow_writes_nothing_and_never_answers_s
     assert bloom.check_and_add(element) is True
 
 
+def test_a_full_redis_still_answers_a_grown_filters_members_and_loses_no_count(
+    redis_client: redis.Redis,
+) -> None:
+    # Grown (generation 1 taking adds without the script): reads, then an add to the newest,
+    # which carries the counts this worker owes.
+    bloom, key = _full_first_generation(redis_client, retry_timeout=0.3)
+    members = fingerprints(100, "grown")
+    added = [bloom.check_and_add(e) for e in members].count(False)
+    assert bloom.generations == 2
+    bloom.sync_counters()
+    # Held by the worker until the next add, which carries them (STATE_EVERY - 1 at most).
+    owed = fingerprints(STATE_EVERY - 1, "owed")
+    added += [bloom.check_and_add(e) for e in owed].count(False)
+    assert added >= 100 + STATE_EVERY - 2
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", used // 2)
+    new = fingerprints(2, "refused")
+    try:
+        # Members are answered by the reads, which a full Redis still serves.
+        assert bloom.check_and_add(members[0]) is True
+        assert bloom.check_and_add_many(members[1:4]) == [True] * 3
+        with pytest.raises(FilterUnavailableError, match=r"Redis is out of memory"):
+            bloom.check_and_add(new[0])
+        time.sleep(PROBE_INTERVAL)  # the next attempt: its reads run, its add is refused
+        with pytest.raises(FilterUnavailableError, match=r"Redis is out of memory"):
+            bloom.check_and_add_many([members[5], new[1]])
+        bloom.sync_counters()  # refused too: the counts stay owed
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    time.sleep(PROBE_INTERVAL)  # after a failed retry window, one attempt a second
+    assert not any(bloom.contains_many(new))  # nothing of the refused adds was written
+    assert bloom.check_and_add_many(new) == [False, False]
+    assert bloom.check_and_add_many(new) == [True, True]
+    bloom.sync_counters()
+    # Generation 1 holds what was added since it started, each counted once: no count
+    # that rode on a refused add was lost, none counted twice.
+    assert int(redis_client.bitfield(key).get("u32", COUNT_BIT).execute()[0]) == added + 2
+    bloom.close()
+
+
 @pytest.mark.timeout(60)
 def test_connections_killed_at_the_growth_boundary_lose_no_answer(
     redis_client: redis.Redis,
