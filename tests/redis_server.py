@@ -202,10 +202,11 @@ class RedisServer(Running):
             self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
 
-    def _wait_ready(self, timeout: float) -> bool:
+    def _wait_ready(self, timeout: float, loaded: bool = True) -> bool:
         """Wait until the process answers PING and is done loading; False on timeout.
 
-        Raises RuntimeError at once if the process exits.
+        ``loaded=False``: until it answers at all (``-LOADING`` too). Raises RuntimeError at
+        once if the process exits.
         """
         deadline = time.monotonic() + timeout
         client = self.client(socket_connect_timeout=1, socket_timeout=2, retry=no_retry())
@@ -220,7 +221,8 @@ class RedisServer(Running):
                     )
                 # PING fails with LOADING while the AOF is read; INFO is allowed then.
                 with contextlib.suppress(redis.RedisError):
-                    if client.ping() and int(client.info("persistence")["loading"]) == 0:
+                    loading = int(client.info("persistence")["loading"])
+                    if not loaded or (client.ping() and loading == 0):
                         return True
                 time.sleep(0.05)
         finally:
@@ -264,18 +266,19 @@ class RedisServer(Running):
         self.process.wait(timeout=10)
         self._reap()
 
-    def restart(self, timeout: float = 30.0) -> RedisServer:
+    def restart(self, timeout: float = 30.0, loaded: bool = True) -> RedisServer:
         """Start again after :meth:`kill` (or a crash), on the same port and directory.
 
-        With ``appendonly`` the AOF is reloaded; this waits (bounded) until the server
-        answers PING and reports ``loading:0``. On timeout the process is killed (the
-        directory stays, for the log) and RuntimeError is raised.
+        With ``appendonly`` the AOF is reloaded (else an RDB file ``SAVE`` wrote); this waits
+        (bounded) until the server answers PING and reports ``loading:0``, or with
+        ``loaded=False`` until it answers ``INFO``, loading or not. On timeout the process is
+        killed (the directory stays, for the log) and RuntimeError is raised.
         """
         if self.running:
             raise ValueError(f"redis-server on port {self.port} is running")
         self._reap()
         self._spawn()
-        if self._wait_ready(timeout):
+        if self._wait_ready(timeout, loaded):
             return self
         if self.running:
             self.kill()

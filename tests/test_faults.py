@@ -28,6 +28,7 @@ from scrapy_redis_bloom import (
     UnsupportedServerError,
 )
 from scrapy_redis_bloom.engine.health import ServerHealth, check_versions
+from scrapy_redis_bloom.transport.node import IDLE_CHECK
 
 SETTINGS = {"BLOOMFILTER_CAPACITY": 200_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
 #: The classic layout (hash scheme 1), named: a new filter's default is blocked.
@@ -162,6 +163,44 @@ def test_redis_killed_and_restarted_with_aof_costs_no_answer(blocked: bool) -> N
         assert bloom.events.counts["retries"] > 0  # the outage really hit the calls
         # Every acknowledged write was on disk before its reply (appendfsync always).
         assert bloom.contains_many(new) == [True] * len(new)
+        client.close()
+
+
+#: Loading slowed down (Redis 7+'s testing configs): 50 µs a key, the clients answered
+#: ``-LOADING`` every KiB read meanwhile.
+SLOW_LOAD = ("--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
+
+
+@pytest.mark.parametrize("way", ["one", "batch", "bulk"])
+def test_a_restarted_redis_still_loading_its_data_is_waited_for(way: str) -> None:
+    # A big filter takes seconds to load after a restart: Redis answers -LOADING meanwhile.
+    server = RedisServer(*SLOW_LOAD)
+    if server.version < (7, 0, 0):
+        pytest.skip(f"redis-server {server.version} has no key-load-delay to slow its loading")
+    with server:
+        client = server.client()
+        bloom = make(client, blocked=True, retry_timeout=30)
+        members, new = fingerprints(300, "loaded"), fingerprints(300, "after")
+        assert bloom.add_many(members) == [False] * len(members)
+        client.execute_command("DEBUG", "POPULATE", 40_000, "pad")  # 2 s of loading
+        client.save()
+        server.kill()
+        time.sleep(IDLE_CHECK)  # idle meanwhile: its connection is found closed, no doubt
+        server.restart(loaded=False)
+        assert int(server.info("persistence")["loading"]) == 1
+        retries = bloom.events.counts["retries"]
+        mixed = [e for pair in zip(members, new, strict=True) for e in pair]
+        if way == "one":
+            answers = [bloom.check_and_add(e) for e in mixed]
+        elif way == "batch":
+            answers = bloom.check_and_add_many(mixed)
+        else:
+            answers = bloom.add_many(mixed)
+        assert int(server.info("persistence")["loading"]) == 0  # it waited for the load
+        assert bloom.events.counts["retries"] > retries  # and met it
+        assert answers == [True, False] * len(members)
+        assert bloom.contains_many(new) == [True] * len(new)
+        assert bloom.events.counts["errors"] == bloom.events.counts["ambiguous"] == 0
         client.close()
 
 
