@@ -167,8 +167,6 @@ def classify(reply: Any) -> Kind:
         or isinstance(reply, AuthenticationError)
     ):
         return Kind.RESULT
-    if isinstance(reply, BusyLoadingError):
-        return Kind.LATER
     return _ACT_ON.get(error_code(reply), Kind.RESULT)
 
 
