@@ -104,6 +104,17 @@ def redis_server_version(binary: str) -> tuple[int, int, int]:
     return major, minor, patch
 
 
+def slow_loading(per_key_us: int) -> tuple[str, ...]:
+    """Return the arguments that slow a server's loading of an RDB (or an AOF's RDB base).
+
+    Redis 7+'s testing configs: ``per_key_us`` µs a key, the clients answered ``-LOADING``
+    every KiB read meanwhile (a big data set's restart, in seconds of a small one).
+    """
+    return (
+        "--key-load-delay", str(per_key_us), "--loading-process-events-interval-bytes", "1024"
+    )  # fmt: skip
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 from redis_cluster import RedisClusterNodes
-from redis_server import RedisServer
+from redis_server import RedisServer, slow_loading
 from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
 
@@ -132,6 +132,66 @@ WINDOWED = {
     "SPIDER_MIDDLEWARES": {"scrapy_redis_bloom.batching.BatchingMiddleware": 0},
     "BLOOMFILTER_BATCH_WINDOW": 0.05,
 }
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("state", "batching"),
+    [("grown", {}), ("fresh", WINDOWED)],
+    ids=["grown, per-request", "fresh, windowed-batches"],
+)
+def test_a_restarted_redis_loading_its_data_for_seconds_loses_no_page(
+    site: SiteServer,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    state: str,
+    batching: dict[str, Any],
+) -> None:
+    # A big filter's Redis answers -LOADING for seconds after a restart: here 40,000 keys
+    # in the AOF's RDB base at 100 µs each, beside the filter.
+    server = RedisServer(*slow_loading(100), appendonly=True)
+    if server.version < (7, 0, 0):
+        pytest.skip(f"redis-server {server.version} has no key-load-delay to slow its loading")
+    with server as bloom_redis:
+        admin = bloom_redis.client()
+        pipe = admin.pipeline(transaction=False)
+        for i in range(40):
+            pipe.mset({f"pad:{i}:{j}": "x" for j in range(1000)})
+        pipe.execute()
+        admin.bgrewriteaof()  # the keys go to an RDB base, whose loading the delay slows
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            persistence = admin.info("persistence")
+            if not (
+                int(persistence["aof_rewrite_in_progress"])
+                or int(persistence["aof_rewrite_scheduled"])
+            ):
+                break
+            time.sleep(0.1)
+        settings = filter_settings(bloom_redis.url, **STATES[state], **batching)
+        if state != "fresh":
+            bloom = RedisBloomFilter.from_config(
+                admin, "shared:bloomfilter", BloomConfig.from_settings(settings)
+            )
+            bloom.add_many([f"before-the-crawl-{i}" for i in range(200)])
+            bloom.close()
+        loading: list[int] = []
+
+        def restart() -> None:
+            time.sleep(1.0)
+            bloom_redis.kill()
+            time.sleep(1.0)
+            bloom_redis.restart(loaded=False)
+            loading.append(int(bloom_redis.info("persistence")["loading"]))
+
+        done = run_workers(site, redis_url, tmp_path, settings, admin, during=restart)
+        admin.close()
+    assert loading == [1]  # the workers met a Redis still loading
+    assert_clean(done)
+    assert done.lost(site) == set()
+    assert done.stat("bloomfilter/retries") > 0
+    assert done.duplicates() <= done.stat("bloomfilter/ambiguous")
 
 
 @pytest.mark.timeout(180)

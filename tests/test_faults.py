@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis_server import RedisServer
+from redis_server import RedisServer, slow_loading
 
 from scrapy_redis_bloom import (
     BloomConfig,
@@ -166,15 +166,10 @@ def test_redis_killed_and_restarted_with_aof_costs_no_answer(blocked: bool) -> N
         client.close()
 
 
-#: Loading slowed down (Redis 7+'s testing configs): 50 µs a key, the clients answered
-#: ``-LOADING`` every KiB read meanwhile.
-SLOW_LOAD = ("--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
-
-
 @pytest.mark.parametrize("way", ["one", "batch", "bulk"])
 def test_a_restarted_redis_still_loading_its_data_is_waited_for(way: str) -> None:
     # A big filter takes seconds to load after a restart: Redis answers -LOADING meanwhile.
-    server = RedisServer(*SLOW_LOAD)
+    server = RedisServer(*slow_loading(50))
     if server.version < (7, 0, 0):
         pytest.skip(f"redis-server {server.version} has no key-load-delay to slow its loading")
     with server:
