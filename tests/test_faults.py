@@ -199,6 +199,24 @@ def test_a_restarted_redis_still_loading_its_data_is_waited_for(way: str) -> Non
         client.close()
 
 
+@pytest.mark.parametrize("way", ["batch", "bulk"])
+def test_a_batch_sent_after_redis_closed_the_connection_is_not_in_doubt(way: str) -> None:
+    # Restarted between two batches, well within IDLE_CHECK: the connection the batch would
+    # go on was closed by the server before it was sent, so nothing of it can have run.
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        bloom = make(client, blocked=True, retry_timeout=20)
+        members, new = fingerprints(300, "kept"), fingerprints(300, "later")
+        assert bloom.check_and_add_many(members) == [False] * len(members)
+        server.kill()
+        server.restart()
+        mixed = [e for pair in zip(members, new, strict=True) for e in pair]
+        answers = bloom.check_and_add_many(mixed) if way == "batch" else bloom.add_many(mixed)
+        assert bloom.events.counts["ambiguous"] == 0
+        assert answers == [True, False] * len(members)
+        client.close()
+
+
 def test_a_paused_redis_is_waited_for_and_the_doubt_answers_new(server: RedisServer) -> None:
     client = server.client(socket_timeout=0.5)
     bloom = make(client, retry_timeout=10)

@@ -272,7 +272,7 @@ class Session:
         if self._shut is not None:
             raise NotSentError(self.node.address, self._shut)
         pinned, self._shut = self._serial, "the connection it began on failed"
-        ticket = self.node.send(payload, count, pinned)
+        ticket = self.node.send(payload, count, pinned, check=True)
         self._shut = None
         self._serial = ticket.serial
         return ticket
@@ -550,7 +550,7 @@ class Executor:
                 )
                 count = len(indexes) + len(asked.intersection(indexes))
                 try:
-                    ticket: Ticket | TransportError = node.send(payload, count)
+                    ticket: Ticket | TransportError = node.send(payload, count, check=True)
                 except TransportError as exc:
                     ticket = exc
                 sent.append((node, indexes, ticket))
