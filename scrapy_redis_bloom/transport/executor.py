@@ -38,7 +38,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterUnavailableError,
     Wording,
 )
-from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.transport.node import (
     ERROR_REPLIES,
     Node,
@@ -375,6 +375,7 @@ class Executor:
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
+        self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
 
     def run(
         self,
@@ -469,8 +470,17 @@ class Executor:
         while not over.wait(PROBE_INTERVAL):
             try:
                 answered = node.responds() or not self.topology.serves(node)
-            except Exception:  # never ends the watch: the outage would never end
-                logger.exception("Could not ask Redis at %s whether it answers", node.address)
+            except Exception as exc:  # never ends the watch: the outage would never end
+                logger.debug("Asking Redis at %s failed", node.address, exc_info=True)
+                self._watch_log.log(
+                    logging.WARNING,
+                    node.address,
+                    "Could not ask Redis at %s whether it answers (%s: %s); asking again"
+                    " every second",
+                    node.address,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             if answered:
                 over.set()  # first: a failure noted meanwhile starts a watch of its own
