@@ -258,9 +258,9 @@ def test_each_server_of_a_list_is_checked_in_one_round_trip(
         exchanges: list[tuple[str, int]] = []
         send = Node.send
 
-        def counted(node: Node, payload: bytes, count: int) -> Any:
+        def counted(node: Node, payload: bytes, count: int, *args: Any, **kwargs: Any) -> Any:
             exchanges.append((node.address, count))
-            return send(node, payload, count)
+            return send(node, payload, count, *args, **kwargs)
 
         monkeypatch.setattr(Node, "send", counted)
         with pytest.raises(AccessDeniedError) as caught:
