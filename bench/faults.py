@@ -58,7 +58,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from harness import TESTS, bench_parser, finish_args, machine, rotated, run_main  # noqa: E402  # also puts tests/ on sys.path
-from redis_server import RedisServer, no_retry  # noqa: E402
+from redis_server import RedisServer, no_retry, slow_loading  # noqa: E402
 from report import grid, md_table  # noqa: E402
 from website import SiteServer, TreeSite  # noqa: E402
 
@@ -163,6 +163,8 @@ class Fault:
     #: Inject as the crawl starts, not once a share of the pages was served.
     from_start: bool = False
     appendonly: bool = False
+    #: Arguments of the row's redis-server (after the harness's own).
+    server_args: tuple[str, ...] = ()
     #: Settings added for every contender of this row.
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Settings added for our contenders only.
@@ -196,6 +198,46 @@ def inject_restart(ctx: FaultContext) -> None:
     ctx.server.restart()
     ctx.details["down_seconds"] = round(time.monotonic() - killed, 2)
     ctx.details["summary"] = f"down {ctx.details['down_seconds']:.1f} s, AOF reloaded"
+
+
+#: Keys that make the restart's load last seconds (slowed 100 µs a key), as a big filter's.
+LOADING_KEYS = 40_000
+
+
+def inject_restart_loading(ctx: FaultContext) -> None:
+    """SIGKILL redis-server, restart it ``--outage`` s later; it answers -LOADING for seconds.
+
+    :data:`LOADING_KEYS` keys beside the crawl's are rewritten into the AOF's RDB base,
+    whose loading the server's ``key-load-delay`` slows: what a restart of a Redis holding
+    gigabytes does, the clients answered ``-LOADING`` until it is done.
+    """
+    admin = ctx.server.admin()
+    pipe = admin.pipeline(transaction=False)
+    for i in range(0, LOADING_KEYS, 1000):
+        pipe.mset({f"pad:{j}": "x" for j in range(i, i + 1000)})
+    pipe.execute()
+    admin.bgrewriteaof()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        persistence = admin.info("persistence")
+        if not int(persistence["aof_rewrite_in_progress"]) + int(
+            persistence["aof_rewrite_scheduled"]
+        ):
+            break
+        time.sleep(0.05)
+    ctx.server.kill()
+    killed = time.monotonic()
+    time.sleep(ctx.args.outage)
+    ctx.server.restart(loaded=False)
+    restarted = time.monotonic()
+    while int(ctx.server.info("persistence")["loading"]):
+        time.sleep(0.05)
+    ctx.details["down_seconds"] = round(restarted - killed, 2)
+    ctx.details["loading_seconds"] = round(time.monotonic() - restarted, 2)
+    ctx.details["summary"] = (
+        f"down {ctx.details['down_seconds']:.1f} s, then {ctx.details['loading_seconds']:.1f} s"
+        " of -LOADING"
+    )
 
 
 def inject_freeze(ctx: FaultContext) -> None:
@@ -310,6 +352,15 @@ FAULTS: tuple[Fault, ...] = (
         ("ours", "scrapy-redis"),
         inject_restart,
         appendonly=True,
+        not_run={"lenient": "not run: the outage is shorter than the retry window"},
+    ),
+    Fault(
+        "restart-loading",
+        "SIGKILL, restart from AOF {outage:g} s later, then seconds of -LOADING",
+        ("ours", "scrapy-redis"),
+        inject_restart_loading,
+        appendonly=True,
+        server_args=slow_loading(100),
         not_run={"lenient": "not run: the outage is shorter than the retry window"},
     ),
     Fault(
@@ -446,7 +497,7 @@ def run_crawl(
     injected_at: float | None = None
     served_at_injection: int | None = None
     timed_out = False
-    server = RedisServer(appendonly=fault.appendonly)
+    server = RedisServer(*fault.server_args, appendonly=fault.appendonly)
     server.start()
     ctx = FaultContext(server, contender, args, done)
     fault_errors: list[str] = []
