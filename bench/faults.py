@@ -17,8 +17,9 @@ port) and its own site; the fault is injected from a thread once the site has se
 share of the pages (or from the start, for the connection killer).
 
 Faults, one row each: none (the control); every client connection killed every 50 ms;
-Redis SIGKILLed and restarted from its AOF 3 s later; Redis frozen 3 s (``DEBUG
-SLEEP``); Redis stalled 10 s (SIGSTOP: it keeps its connections and answers nothing, longer
+Redis SIGKILLed and restarted from its AOF 3 s later; the same, its restart then answering
+``-LOADING`` for seconds (40,000 keys loaded slowly, as a big data set); Redis frozen 3 s
+(``DEBUG SLEEP``); Redis stalled 10 s (SIGSTOP: it keeps its connections and answers nothing, longer
 than the retry window); ``maxmemory`` set below ``used_memory`` under ``noeviction``; keys evicted
 (``allkeys-random`` and junk writes until one of the dupefilter's keys is gone); our
 filter sized for 100 items on a 400-page site. Contenders: ours with its default
@@ -744,7 +745,7 @@ def method_notes(args: argparse.Namespace) -> list[str]:
         " page i links to 2i+1 and 2i+2 (its only parent links to it) and back to its parent,"
         " the home page and itself (duplicates). 'pages never fetched' and 'duplicate fetches'"
         " are counted by the site server. A fresh redis-server (127.0.0.1, free port, no"
-        " persistence except the restart row: appendonly, appendfsync always) and a fresh"
+        " persistence except the restart rows: appendonly, appendfsync always) and a fresh"
         " site per crawl.",
         f"The fault is injected from a thread once the site has served {args.trigger:.0%} of"
         " the pages (the connection killer: from the launch of the crawl to its end).",
@@ -758,7 +759,10 @@ def method_notes(args: argparse.Namespace) -> list[str]:
         " at once, after a lost connection or a timeout (redis-py 8.1).",
         f"Faults: connections killed = CLIENT KILL TYPE normal every {args.kill_interval * 1000:g}"
         f" ms for the whole crawl; restart = SIGKILL, {args.outage:g} s down, same port and"
-        f" AOF; freeze = DEBUG SLEEP {args.outage:g}, with REDIS_PARAMS socket_timeout 1 s for"
+        f" AOF; restart then -LOADING = the same, once {LOADING_KEYS:,} keys were written beside"
+        " the crawl's and rewritten into the AOF's RDB base (BGREWRITEAOF), the server started"
+        " with key-load-delay 100 µs: it answers -LOADING until they are loaded;"
+        f" freeze = DEBUG SLEEP {args.outage:g}, with REDIS_PARAMS socket_timeout 1 s for"
         f" every contender; stalled = SIGSTOP for {args.stall:g} s (or until the crawl ends),"
         " then SIGCONT, with socket_timeout 1 s for every contender and"
         " BLOOMFILTER_RETRY_TIMEOUT 2 s for ours; maxmemory = maxmemory-policy noeviction and"
