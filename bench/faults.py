@@ -3,7 +3,7 @@
 
 Usage, from the repository root::
 
-    python bench/faults.py            # full run, about five minutes
+    python bench/faults.py            # full run, about six minutes
     python bench/faults.py --quick    # smoke run, about a minute
 
 Each crawl is one ``tests/crawl_runner.py --scheduler default --mode follow`` worker:
