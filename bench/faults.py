@@ -214,20 +214,7 @@ def inject_restart_loading(ctx: FaultContext) -> None:
     whose loading the server's ``key-load-delay`` slows: what a restart of a Redis holding
     gigabytes does, the clients answered ``-LOADING`` until it is done.
     """
-    admin = ctx.server.admin()
-    pipe = admin.pipeline(transaction=False)
-    for i in range(0, LOADING_KEYS, 1000):
-        pipe.mset({f"pad:{j}": "x" for j in range(i, i + 1000)})
-    pipe.execute()
-    admin.bgrewriteaof()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        persistence = admin.info("persistence")
-        if not int(persistence["aof_rewrite_in_progress"]) + int(
-            persistence["aof_rewrite_scheduled"]
-        ):
-            break
-        time.sleep(0.05)
+    ctx.server.slow_to_load(LOADING_KEYS)
     ctx.server.kill()
     killed = time.monotonic()
     time.sleep(ctx.args.outage)

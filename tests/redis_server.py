@@ -325,6 +325,28 @@ class RedisServer(Running):
 
     # -- faults ---------------------------------------------------------------------------
 
+    def slow_to_load(self, keys: int = 40_000, timeout: float = 30.0) -> None:
+        """Write ``keys`` padding keys and rewrite the AOF, so that they are its RDB base.
+
+        A server started with :func:`slow_loading` then answers ``-LOADING`` while it loads
+        them at a restart. Waits (bounded) until the rewrite is done.
+        """
+        admin = self.admin()
+        pipe = admin.pipeline(transaction=False)
+        for first in range(0, keys, 1000):
+            pipe.mset({f"pad:{i}": "x" for i in range(first, min(first + 1000, keys))})
+        pipe.execute()
+        admin.bgrewriteaof()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            persistence = admin.info("persistence")
+            if not int(persistence["aof_rewrite_in_progress"]) + int(
+                persistence["aof_rewrite_scheduled"]
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not rewrite its AOF in time")
+
     def pause(self, seconds: float) -> PauseThread:
         """Freeze the server for ``seconds`` with ``DEBUG SLEEP``; return the thread.
 

@@ -155,20 +155,7 @@ def test_a_restarted_redis_loading_its_data_for_seconds_loses_no_page(
         pytest.skip("no redis-server 7+ nor valkey-server to slow a loading with")
     with RedisServer(*slow_loading(100), appendonly=True, binary=binary) as bloom_redis:
         admin = bloom_redis.client()
-        pipe = admin.pipeline(transaction=False)
-        for i in range(40):
-            pipe.mset({f"pad:{i}:{j}": "x" for j in range(1000)})
-        pipe.execute()
-        admin.bgrewriteaof()  # the keys go to an RDB base, whose loading the delay slows
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            persistence = admin.info("persistence")
-            if not (
-                int(persistence["aof_rewrite_in_progress"])
-                or int(persistence["aof_rewrite_scheduled"])
-            ):
-                break
-            time.sleep(0.1)
+        bloom_redis.slow_to_load(40_000)  # beside the filter, loaded 100 µs a key
         settings = filter_settings(bloom_redis.url, **STATES[state], **batching)
         if state != "fresh":
             bloom = RedisBloomFilter.from_config(
