@@ -138,11 +138,15 @@ class _Pair:
                             if not self.owed:
                                 raise OSError("a reply to no command")
                             command = self.owed.popleft()
-                        if self.cutter.picks(command, bytes(buffer[at:end])):
-                            logger.info("Cut before the reply to %s", command[0].decode())
-                            self.close()
-                            return
-                        self.client.sendall(bytes(buffer[at:end]))
+                        reply = bytes(buffer[at:end])
+                        if self.cutter.picks(command, reply):
+                            if self.cutter.replace is None:
+                                logger.info("Cut before the reply to %s", command[0].decode())
+                                self.close()
+                                return
+                            logger.info("Replaced the reply to %s", command[0].decode())
+                            reply = self.cutter.replace
+                        self.client.sendall(reply)
                         at = end
                 del buffer[:at]
         except OSError:
@@ -155,16 +159,25 @@ class ReplyCutter:
 
     ``cut(command, reply)`` is asked about each command whose reply (its RESP bytes)
     came in while :attr:`armed`; True closes that connection (both sides) instead of
-    passing the reply on. ``times`` bounds the cuts (then it passes everything on). Use as a
-    context manager; :attr:`port` is where clients connect.
+    passing the reply on. ``times`` bounds the cuts (then it passes everything on). With
+    ``replace`` (RESP bytes), a picked reply is replaced by it instead, and the connection
+    goes on: a reply that is not its command's. Use as a context manager; :attr:`port` is
+    where clients connect.
     """
 
-    def __init__(self, port: int, cut: Callable[[Command, bytes], bool], times: int = 1) -> None:
+    def __init__(
+        self,
+        port: int,
+        cut: Callable[[Command, bytes], bool],
+        times: int = 1,
+        replace: bytes | None = None,
+    ) -> None:
         self.upstream = port
         self.cut = cut
         self.times = times
+        self.replace = replace
         self.armed = False
-        #: The names of the commands whose replies were cut, in order.
+        #: The names of the commands whose replies were cut (or replaced), in order.
         self.cuts: list[str] = []
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from functools import cache, lru_cache
 from importlib import resources
+from typing import Any
 
 from scrapy_redis_bloom.core.generations import Growth
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS
@@ -90,6 +91,25 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     parts += [lua("windows"), lua("bitmap_windows")] if growth.ttl else [lua("shard")]
     parts.append(lua("one" if one else "many"))
     return Script("".join(parts))
+
+
+def script_reply(reply: Any, answers: int) -> list[Any]:
+    """Return a check-and-add script's list reply for ``answers`` elements; else ``ValueError``.
+
+    Only ``{0, flags, generations, answer...}`` (each answer 0 or 1) or ``{MISMATCH, key}``:
+    any other reply is not this call's, and nothing is read from it.
+    """
+    if isinstance(reply, list) and reply:
+        if reply[0] == MISMATCH and len(reply) == 2 and isinstance(reply[1], bytes):
+            return reply
+        if (
+            reply[0] == 0
+            and len(reply) == 3 + answers
+            and all(value.__class__ is int for value in reply[1:3])
+            and all(value in (0, 1) for value in reply[3:])
+        ):
+            return reply
+    raise ValueError(f"the script's reply for {answers} element(s), got {reply!r:.200}")
 
 
 def geometry(growth: Growth) -> str:

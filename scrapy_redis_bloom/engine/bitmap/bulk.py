@@ -51,7 +51,7 @@ from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_s
 from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
 from scrapy_redis_bloom.engine.parts import Parts
-from scrapy_redis_bloom.engine.scripts import MISMATCH
+from scrapy_redis_bloom.engine.scripts import MISMATCH, script_reply
 from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, Session, classify
 from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
 from scrapy_redis_bloom.transport.topology import Topology
@@ -271,13 +271,8 @@ class Bulk:
             others = [p for p in others if p not in later]
         if others:
             second = self._run_chunks(write, [batch[p] for p in others])
-            for n, position in enumerate(others):
-                if second.answers[n] and position in doubtful:
-                    second.answers[n] = False  # the bits may be this batch's own, from a lost EXEC
-                    second.ambiguous += 1
-                    if write:
-                        second.seen -= 1
-                        second.added += 1
+            # The bits may be this batch's own, from a lost EXEC.
+            _doubt(second, [n for n, p in enumerate(others) if p in doubtful], write)
             _merge(outcome, second, answers, others)
         if deferred:  # after the script took their shards' first elements over the boundary
             third = Outcome()
@@ -454,6 +449,8 @@ class Bulk:
             same = self.topology, self.executor, self.parts, self.identity
             again = Bulk(*same, _refuse, self.allow, self.hooks)
             second = again.run(write, [element for _, element in retry])
+            if write:  # the bits may be this call's own, set before the shard was found wrong
+                _doubt(second, range(len(retry)), write)
             _merge(outcome, second, outcome.answers, [position for position, _ in retry])
         return outcome
 
@@ -550,16 +547,15 @@ class Bulk:
                 for command, reply, maybe_twice in zip(commands, replies, unsure, strict=True):
                     if isinstance(reply, BaseException):
                         raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
-                    if command.elements is None:
-                        found = bytes(reply)
-                        if found != self.identity(command.shard):
-                            mismatched[command.shard] = found
-                        continue
-                    if command.call.script is None:
-                        old_bits[command.shard].extend(reply)
-                    elif self._scripted_reply(command, reply, mismatched):
-                        old_bits[command.shard].extend(reply[3:])
-                    if maybe_twice:
+                    try:
+                        bits = self._read_reply(command, reply, chunk.k, mismatched)
+                    except ValueError as exc:
+                        raise FilterUnavailableError(
+                            f"Redis answered a bulk check of {command.call.key!r} with a reply"
+                            f" that is not this command's ({exc}); answering nothing from it."
+                        ) from None
+                    old_bits[command.shard].extend(bits)
+                    if maybe_twice and command.elements is not None:
                         doubtful[command.shard].update(command.elements)
         except FilterUnavailableError:
             self._abandon(chunk)
@@ -597,18 +593,33 @@ class Bulk:
             for position in chunk.groups[shard][0]
         ]
 
-    def _scripted_reply(self, command: _Command, reply: Any, mismatched: dict[int, bytes]) -> bool:
-        """Take a script call's reply apart (a wrong key into ``mismatched``); True: answers."""
-        shard, key = command.shard, command.call.key or ""
-        if reply[0] == MISMATCH:
-            bad = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-            if bad != key:
-                self.hooks.mismatch(shard, key, bad)
+    def _read_reply(
+        self, command: _Command, reply: Any, k: int, mismatched: dict[int, bytes]
+    ) -> list[int]:
+        """Return a chunk command's old bits or answers; a wrong shard into ``mismatched``.
+
+        A reply of another shape than the command's raises ``ValueError``.
+        """
+        shard, key, elements = command.shard, command.call.key or "", command.elements
+        if elements is None:  # the shard's identity
+            if not isinstance(reply, bytes):
+                raise ValueError(f"a GETRANGE's bytes, got {reply!r:.200}")
+            if reply != self.identity(shard):
+                mismatched[shard] = reply
+            return []
+        if command.call.script is None:
+            if not isinstance(reply, list) or len(reply) != k * len(elements):
+                raise ValueError(f"a BITFIELD of {k * len(elements)} fields, got {reply!r:.200}")
+            return reply
+        got = script_reply(reply, len(elements))
+        if got[0] == MISMATCH:
+            if got[1].decode() != key:
+                self.hooks.mismatch(shard, key, got[1].decode())
             mismatched[shard] = b""
-            return False
-        if reply[1] or reply[2] > 1:
-            self.hooks.note(shard, reply[1], reply[2])
-        return True
+            return []
+        if got[1] or got[2] > 1:
+            self.hooks.note(shard, got[1], got[2])
+        return got[3:]
 
     def _replies(
         self, chunk: _Chunk, node_id: int, later: _Chunk | None
@@ -711,6 +722,17 @@ def _merge(
     outcome.ambiguous += part.ambiguous
     outcome.errors += part.errors
     outcome.failed += part.failed
+
+
+def _doubt(outcome: Outcome, indexes: Iterable[int], write: bool) -> None:
+    """Answer "new" where ``outcome`` answered "seen" at ``indexes``: counted ambiguous."""
+    for n in indexes:
+        if outcome.answers[n]:
+            outcome.answers[n] = False
+            outcome.ambiguous += 1
+            if write:
+                outcome.seen -= 1
+                outcome.added += 1
 
 
 def _refuse(found: Iterable[int]) -> None:

@@ -399,14 +399,18 @@ class RedisBloomFilter(FilterBase):
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
                 self._note(command.shard, 0, generations)
-        elif reply.__class__ is int:  # the script's common reply: the answer alone
+        elif reply.__class__ is int and reply in (0, 1):  # the script's common reply
             seen = reply == 1
-        elif reply[0] == scripts.MISMATCH:
-            if recovered:
-                raise self._still_wrong(command.key)
-            self._mismatch(command.shard, command.key, reply[1])
-            return self._check_and_add(element, h1, h2, recovered=True)
         else:
+            try:
+                reply = scripts.script_reply(reply, 1)
+            except ValueError as exc:
+                raise self._not_ours(command.key, exc) from None
+            if reply[0] == scripts.MISMATCH:
+                if recovered:
+                    raise self._still_wrong(command.key)
+                self._mismatch(command.shard, command.key, reply[1])
+                return self._check_and_add(element, h1, h2, recovered=True)
             if reply[1] or reply[2] > self.generations:
                 self._note(command.shard, reply[1], reply[2])
             if self._stack is not None:

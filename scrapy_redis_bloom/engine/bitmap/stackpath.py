@@ -288,7 +288,7 @@ class StackPath:
                 ours = ours and isinstance(head, bytes) and head[:IDENTITY_BYTES] == identity
             if not ours:
                 sound = False
-                missing = head == b"" or bits == b"" or bits[:1] == [0]
+                missing = head == b"" or bits == b"" or (isinstance(bits, list) and bits[:1] == [0])
                 if k.generation == 0 and not k.current and missing:
                     known.before = -1  # never started, or lost: only the script can tell
                 continue

@@ -1,0 +1,204 @@
+"""A reply that is not its command's is never read as an answer.
+
+A proxy between the filter and a real redis-server (:class:`reply_cutter.ReplyCutter`,
+``replace``) hands the filter, for one command, a reply of another shape than that
+command's: an integer, a string, a short array. What Redis did with the command is
+unknown, so the filter must answer nothing from the reply: a write's foreign reply is
+under ``BLOOMFILTER_ON_ERROR = "raise"`` a :class:`FilterUnavailableError` saying so
+(never an ``IndexError`` or a ``TypeError`` from taking the reply apart), under
+``"allow"`` "new", counted in ``errors``; a read's sends the check to the script, the
+authority, which answers it. The connection stays in step: the next calls are answered
+as the truth has it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+from redis_server import RedisServer
+from reply_cutter import Command, ReplyCutter
+
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.core.errors import FilterUnavailableError
+from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine.bitmap import bulk
+from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
+
+#: One shard, so that every check of a state takes the same way.
+GROWING = {"BLOOMFILTER_CAPACITY": 2_000, "BLOOMFILTER_ERROR_RATE": 1e-3, "BLOOMFILTER_SHARDS": 1}
+#: The state of a filter, how far it is filled first, the command that answers a check,
+#: and whether a foreign reply to it is an error (else the script answers the check).
+STATES: dict[str, tuple[dict[str, Any], int, bytes, bool]] = {
+    # A fresh shard: one BITFIELD (engine/bitmap/fastpath.py).
+    "fresh": ({**GROWING, "BLOOMFILTER_EXPANSION": 0}, 100, b"BITFIELD", True),
+    # Near its capacity: the script, which alone starts the next generation.
+    "boundary": (GROWING, 1_995, b"EVALSHA", True),
+    # Grown: the reads of every generation (engine/bitmap/stackpath.py).
+    "grown": (GROWING, 5_000, b"GETRANGE", False),
+}
+#: Replies of another shape than any of these commands' answers.
+FOREIGN = {
+    "integer": b":7\r\n",
+    "string": b"$2\r\nOK\r\n",
+    "short-array": b"*1\r\n:1\r\n",
+}
+
+
+def fingerprints(n: int, tag: str) -> list[str]:
+    return [hashlib.sha1(f"{tag}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0))
+
+
+def make(client: redis.Redis, settings: dict[str, Any], on_error: str) -> RedisBloomFilter:
+    faults = FaultPolicy(retry_timeout=2, on_error=on_error)  # type: ignore[arg-type]
+    return RedisBloomFilter.from_config(
+        client, "foreign", BloomConfig.from_settings(settings), faults=faults
+    )
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("on_error", ["raise", "allow"])
+def test_a_check_answered_by_a_foreign_reply_answers_nothing_from_it(
+    state: str, reply: str, on_error: str, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    settings, prefill, answering, refused = STATES[state]
+    held = fingerprints(prefill, "held")
+    new = fingerprints(3, "new")
+
+    def first_answer(command: Command, _: bytes) -> bool:
+        return command[0] == answering
+
+    with ReplyCutter(redis_server.port, first_answer, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        bloom = make(client, settings, on_error)
+        for element in held:
+            bloom.check_and_add(element)
+        scripts = calls(redis_client, "evalsha")
+        proxy.armed = True
+        if on_error == "raise" and refused:
+            with pytest.raises(FilterUnavailableError, match="not this command's"):
+                bloom.check_and_add(new[0])
+        else:
+            assert bloom.check_and_add(new[0]) is False
+            assert bloom.events.counts["errors"] == int(refused)
+        proxy.armed = False
+        assert proxy.cuts == [answering.decode()]  # the check met the foreign reply
+        if not refused:  # the script answered it
+            assert calls(redis_client, "evalsha") == scripts + 1
+        # In step: the next replies are their commands' own.
+        assert bloom.check_and_add(new[1]) is False
+        assert bloom.check_and_add(new[1]) is True
+        assert bloom.check_and_add(held[-1]) is True
+        client.close()
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize("on_error", ["raise", "allow"])
+def test_a_bulk_script_call_answered_by_a_foreign_reply_answers_nothing_from_it(
+    reply: str, on_error: str, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """``add_many`` over a growth boundary runs the script; one call's reply is foreign."""
+    held = fingerprints(1_700, "held")
+    new = fingerprints(600, "new")
+
+    def script(command: Command, _: bytes) -> bool:
+        return command[0] == b"EVALSHA"
+
+    with ReplyCutter(redis_server.port, script, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        bloom = make(client, GROWING, on_error)
+        bloom.add_many(held)
+        proxy.armed = True
+        if on_error == "raise":
+            with pytest.raises(FilterUnavailableError, match="not this command's"):
+                bloom.add_many(new)
+        else:
+            answers = bloom.add_many(new)
+            assert bloom.events.counts["errors"] > 0
+            # Only what a filter of this error rate may take for seen; never the lot.
+            assert answers.count(True) <= 6
+        proxy.armed = False
+        assert proxy.cuts == ["EVALSHA"]
+        assert bloom.contains_many(held[-100:]) == [True] * 100
+        client.close()
+
+
+FIXED = {
+    "BLOOMFILTER_CAPACITY": 20_000,
+    "BLOOMFILTER_ERROR_RATE": 1e-4,
+    "BLOOMFILTER_SHARDS": 3,
+    "BLOOMFILTER_EXPANSION": 0,
+}
+#: A bulk call's ways (engine/bitmap/bulk.py), and the commands each sends.
+WAYS = {
+    "whole": [b"GET", b"EXEC"],  # a snapshot of each shard
+    "blocks": [b"GETRANGE", b"EXEC"],  # of its batch's blocks (numpy)
+    "blocks-pure": [b"EVALSHA", b"EXEC"],  # the same by the block scripts (no numpy)
+    "chunks": [b"GETRANGE", b"BITFIELD"],  # no snapshot: the identity, then BITFIELDs
+}
+
+
+def take_way(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make a bulk call take ``way`` (the tests' shards are small: whole by default)."""
+    if way in ("whole", "blocks") and not bulk.HAVE_NUMPY:
+        pytest.skip("numpy (the numpy extra) is not installed")
+    if way.startswith("blocks"):
+        monkeypatch.setattr(bulk, "BLOCKS_NS_PER_ELEMENT", 1)
+        monkeypatch.setattr(WireCost, "extra", lambda self, address, key: 0.0)
+    if way == "blocks-pure":
+        monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
+    if way == "chunks":
+        monkeypatch.setattr(bulk, "SNAPSHOTS", False)
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize(
+    ("way", "answering"), [(way, command) for way, sent in WAYS.items() for command in sent]
+)
+@pytest.mark.parametrize("on_error", ["raise", "allow"])
+def test_a_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_a_new_element(
+    way: str,
+    answering: bytes,
+    reply: str,
+    on_error: str,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each command of each way, its first reply foreign: a doubt, never "seen"."""
+    take_way(way, monkeypatch)
+    held = fingerprints(3_000, "held")
+    new = fingerprints(3_000, "new")
+    twin = RedisBloomFilter.from_config(redis_client, "twin", BloomConfig.from_settings(FIXED))
+    twin.add_many(held)
+    expected = twin.add_many(new)  # what the call answers when nothing is foreign
+
+    def first(command: Command, _: bytes) -> bool:
+        return command[0] == answering
+
+    with ReplyCutter(redis_server.port, first, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        bloom = make(client, FIXED, on_error)
+        bloom.add_many(held)
+        proxy.armed = True
+        error, answers = None, [False] * len(new)
+        try:
+            answers = bloom.add_many(new)
+        except FilterUnavailableError as exc:
+            error = str(exc)
+        proxy.armed = False
+        if error is not None:  # said, not answered
+            assert on_error == "raise"
+            assert "not this command's" in error
+        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
+        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
+        assert bloom.contains_many(held) == [True] * len(held)
+        client.close()
