@@ -38,20 +38,17 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS
 
 PROG = "scrapy-redis-bloom"
 
-#: The settings the alias's options stand for, and the option that names each.
-_OPTION_OF = {spec.setting: spec.flags[-1] for spec in OPTIONS if spec.alias and spec.setting}
-_OPTION_OF["BLOOMFILTER_REDIS_URLS"] = "--redis-url"
-_OPTION_OF["BLOOMFILTER_KEY"] = "--key"  # a command's filter is the one --key names
-
-
-def option_name(setting: str) -> str:
-    """Name a setting by the option that stands for it; one without an option as itself."""
-    return _OPTION_OF.get(setting, setting)
-
+#: The settings the alias's options stand for, and the option that names each (a command's
+#: filter is the one --key names); a setting without an option is named as itself.
+_OPTION_OF = {
+    **{spec.setting: spec.flags[-1] for spec in OPTIONS if spec.alias and spec.setting},
+    "BLOOMFILTER_REDIS_URLS": "--redis-url",
+    "BLOOMFILTER_KEY": "--key",
+}
 
 FRONTEND = Frontend(
     prog=PROG,
-    name=option_name,
+    name=lambda setting: _OPTION_OF.get(setting, setting),
     word="option",
     cluster_hint="pass --cluster, with the URL of one node as --redis-url",
 )
@@ -72,17 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, reset and feed scrapy-redis-bloom filters in Redis.",
         epilog="Exit status: 0 success, 1 failure, 2 usage error.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {version('scrapy-redis-bloom')}"
-    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version(PROG)}")
     add_commands(parser, "alias", dest="command")
     return parser
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
     """Return the URLs given, else ``$REDIS_URL``, else the default."""
-    given: list[str] = args.redis_url or []
-    return given or [os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL]
+    return list(args.redis_url or [os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL])
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,8 +93,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "socket_connect_timeout": connect_timeout,
     }
     for option, param, _ in TLS_FILES:
-        path = getattr(args, option.removeprefix("--").replace("-", "_"))
-        if path is None:
+        if (path := getattr(args, option.removeprefix("--").replace("-", "_"))) is None:
             continue
         if not all(url.startswith("rediss://") for url in urls):
             raise UsageError(f"{option} needs a rediss:// URL (Redis over TLS) in --redis-url.")
@@ -124,7 +117,6 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     secrets: list[str] = url_secrets(os.environ.get("REDIS_URL", ""))
-    FRONTEND.where = "Redis"
 
     def body() -> int:
         try:

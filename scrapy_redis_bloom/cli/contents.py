@@ -74,15 +74,11 @@ def _created(ctx: Context, created: bool) -> list[str]:
 
 def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> None:
     """Warn that a bitmap filter's bulk load of ``count`` fingerprints is slow without numpy."""
-    if HAVE_NUMPY or not isinstance(bloom, RedisBloomFilter) or count < ADVISE_FROM:
-        return
-    logger.warning(
-        "numpy is not installed, so this load runs in pure Python, 5-7x slower than with"
-        " the numpy extra: pip install 'scrapy-redis-bloom[numpy]'."
-    )
-
-
-# -- add and check ---------------------------------------------------------------------
+    if not HAVE_NUMPY and isinstance(bloom, RedisBloomFilter) and count >= ADVISE_FROM:
+        logger.warning(
+            "numpy is not installed, so this load runs in pure Python, 5-7x slower than with"
+            " the numpy extra: pip install 'scrapy-redis-bloom[numpy]'."
+        )
 
 
 def _count_hits(
@@ -134,9 +130,6 @@ def check(ctx: Context) -> int:
         f" {ctx.where}: {present:,} present, {absent:,} absent."
     )
     return emit(ctx, data, [line])
-
-
-# -- migrate ----------------------------------------------------------------------------
 
 
 def marker_key(set_key: str) -> str:
@@ -229,9 +222,6 @@ def migrate(ctx: Context) -> int:
     return emit(ctx, data, lines)
 
 
-# -- dump and restore -------------------------------------------------------------------
-
-
 def _follow(bar: tqdm[Any]) -> Progress:
     """Return a ``progress(done, total)`` callback of the ops layer that moves ``bar``."""
 
@@ -320,9 +310,6 @@ def restore(ctx: Context) -> int:
     return emit(ctx, data, lines)
 
 
-# -- reset ------------------------------------------------------------------------------
-
-
 def reset(ctx: Context) -> int:
     """Delete the filter on every server, or the parts it left without a usable record."""
     bloom, found = stored(ctx)
@@ -333,25 +320,22 @@ def reset(ctx: Context) -> int:
 
 def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -> int:
     """Delete a filter that has a record: every part its geometry and server count name."""
-    key = ctx.key
     check_servers(ctx, bloom, record)
     refuse_live_workers(ctx, bloom)
     markers = inventory.check_markers(bloom, record)
     _refuse_foreign_markers(ctx, record, markers)
     native = native_if(ctx, record)
-    shards = native.existing() if native else bloom.parts.existing(range(record.spec.shards))
-    present = len(shards)
+    present = len(native.existing() if native else bloom.parts.existing(range(record.spec.shards)))
     counters = bool(inventory.existing_keys(bloom.parts, [(bloom.parts.counter_key, None, None)]))
     marked = sum(1 for marker in markers if marker.found is not None)
-    created = record.created_text()
     parts = ["its config record", f"{present:,} shard key(s)"]
     if counters:
         parts.append("its counters")
     if marked:
         parts.append(f"its server markers on {marked} server(s)")
     what = (
-        f"the Bloom filter {key!r} on {ctx.where} (id {record.filter_id}, created {created},"
-        f" {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
+        f"the Bloom filter {ctx.key!r} on {ctx.where} (id {record.filter_id}, created"
+        f" {record.created_text()}, {record.describe()}): {', '.join(parts[:-1])} and {parts[-1]}"
     )
     confirm_or_abort(ctx, what)
     with claimed(ctx, bloom):
@@ -476,19 +460,15 @@ def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
         yield
         return
     lease = bloom.lease(f"scrapy-bloom-reset:{socket.gethostname()}:{os.getpid()}", ttl=30)
-    try:
-        with lease.clearing() as others:
-            if others:
-                refuse_live_workers(ctx, bloom)
-            yield
-    finally:
-        lease.close()
+    with contextlib.closing(lease), lease.clearing() as others:
+        if others:
+            refuse_live_workers(ctx, bloom)
+        yield
 
 
 def refuse_live_workers(ctx: Context, bloom: RedisBloomFilter) -> None:
     """Refuse to reset while workers hold live leases, unless ``--force``."""
-    workers = bloom.live_workers()
-    if workers and not ctx.args.force:
+    if (workers := bloom.live_workers()) and not ctx.args.force:
         raise CLIError(
             f"{len(workers)} worker(s) still crawl with the Bloom filter {ctx.key!r} on"
             f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"

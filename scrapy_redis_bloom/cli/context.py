@@ -162,8 +162,7 @@ def settings_secrets(settings: SettingsLike) -> list[str]:
         if isinstance(url, str):
             found += url_secrets(url.strip())
     for name in ("REDIS_PARAMS", "BLOOMFILTER_REDIS_PARAMS"):
-        params = settings.get(name)
-        if isinstance(params, dict):
+        if isinstance(params := settings.get(name), dict):
             found += [str(v) for k, v in params.items() if is_secret(str(k)) and v]
             if isinstance(params.get("url"), str):
                 found += url_secrets(params["url"])
@@ -171,10 +170,7 @@ def settings_secrets(settings: SettingsLike) -> list[str]:
 
 
 def run_command(
-    args: argparse.Namespace,
-    settings: SettingsLike,
-    frontend: Frontend,
-    sizing: BloomConfig | None = None,
+    args: argparse.Namespace, settings: SettingsLike, frontend: Frontend, sizing: BloomConfig | None
 ) -> int:
     """Build the clients from the settings as a crawl does; run the subcommand (``handler``)."""
     if getattr(args, "yes", True) is False and not stdin_is_tty():
@@ -215,8 +211,7 @@ def err(text: str) -> None:
 
 def stdin_is_tty() -> bool:
     """Tell whether stdin is an interactive terminal."""
-    stdin = sys.stdin
-    return stdin is not None and not stdin.closed and stdin.isatty()
+    return sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty()
 
 
 def guarded(
@@ -227,6 +222,7 @@ def guarded(
     ``secrets`` is called when a message is printed, to see the settings read by then.
     Library warnings go to stderr unless the host program configured logging.
     """
+    frontend.where = "Redis"  # until the command knows its servers
     guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
     package_logger = logging.getLogger(__package__.rpartition(".")[0])
     handler: logging.Handler = logging.NullHandler()
@@ -279,8 +275,7 @@ def guarded(
 def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
     """Read the filter's record; return a filter of the stored geometry (never opened)."""
     bloom = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults))
-    nodes = inventory.cluster_nodes(bloom)  # they would answer MOVED until the retry timeout
-    if nodes:
+    if nodes := inventory.cluster_nodes(bloom):  # they would answer MOVED until the retry timeout
         raise UsageError(
             f"Redis at {', '.join(nodes)} is a node of a Redis Cluster:"
             f" {ctx.frontend.cluster_hint}."
@@ -292,49 +287,29 @@ def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
     return bloom, found
 
 
-def usable(
-    ctx: Context, bloom: RedisBloomFilter, found: StoredRecord | None
-) -> FilterRecord | None:
-    """Return the stored record, checked against the servers; refuse an unusable one (reset it)."""
+def usable(ctx: Context) -> tuple[RedisBloomFilter, FilterRecord | None]:
+    """Return the stored filter and its record, checked against the servers; refuse a bad one."""
+    bloom, found = stored(ctx)
     if found is None:
-        return None
+        return bloom, None
     if found.record is None:
         raise CLIError(found.problem)
     check_servers(ctx, bloom, found.record)
-    return found.record
-
-
-def missing(ctx: Context, bloom: RedisBloomFilter, hint: str = "") -> CLIError:
-    """Return the error for a filter whose config record does not exist."""
-    key = ctx.key
-    meta = layout.meta_key(key)
-    message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."
-    if key.endswith(":meta"):
-        message += f" Give the filter's key without ':meta': --key {key[: -len(':meta')]!r}."
-    elif bloom.parts.existing([0]):
-        message += (
-            f" Its shard key {layout.shard_key(key, 0)!r} exists without the record (orphaned"
-            f" bits): delete them with '{ctx.frontend.prog} reset --key {key}'."
-        )
-    elif hint:
-        message += " " + hint
-    return CLIError(message)
+    return bloom, found.record
 
 
 def check_servers(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -> None:
     """Refuse a server list of another length than the filter's: shards would be misplaced."""
-    given = bloom.topology.servers
-    if record.servers == given:
-        return
-    raise ctx.refusal(
-        "The Bloom filter {key!r} (id {id}) was created on {servers} server(s); {given} given."
-        " Give each of its servers in {BLOOMFILTER_REDIS_URLS}, in the crawl's order: shard i"
-        " lives on server i mod {servers}.",
-        key=ctx.key,
-        id=record.filter_id,
-        servers=record.servers,
-        given=given,
-    )
+    if record.servers != bloom.topology.servers:
+        raise ctx.refusal(
+            "The Bloom filter {key!r} (id {id}) was created on {servers} server(s); {given} given."
+            " Give each of its servers in {BLOOMFILTER_REDIS_URLS}, in the crawl's order: shard i"
+            " lives on server i mod {servers}.",
+            key=ctx.key,
+            id=record.filter_id,
+            servers=record.servers,
+            given=bloom.topology.servers,
+        )
 
 
 def native_if(ctx: Context, record: FilterRecord) -> NativeBloomFilter | None:
@@ -348,11 +323,22 @@ def existing(
     ctx: Context, hint: str = ""
 ) -> tuple[RedisBloomFilter | NativeBloomFilter, FilterRecord]:
     """Return the stored filter (not opened) and its record; ``hint`` says what to do if none."""
-    bloom, found = stored(ctx)
-    record = usable(ctx, bloom, found)
-    if record is None:
-        raise missing(ctx, bloom, hint)
-    return native_if(ctx, record) or bloom, record
+    bloom, record = usable(ctx)
+    if record is not None:
+        return native_if(ctx, record) or bloom, record
+    key = ctx.key
+    meta = layout.meta_key(key)
+    message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."
+    if key.endswith(":meta"):
+        message += f" Give the filter's key without ':meta': --key {key[: -len(':meta')]!r}."
+    elif bloom.parts.existing([0]):
+        message += (
+            f" Its shard key {layout.shard_key(key, 0)!r} exists without the record (orphaned"
+            f" bits): delete them with '{ctx.frontend.prog} reset --key {key}'."
+        )
+    elif hint:
+        message += " " + hint
+    raise CLIError(message)
 
 
 def open_existing(
@@ -373,8 +359,7 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
             " create it here."
         )
         return open_existing(ctx, ctx.frontend.words(hint)), False
-    bloom, found = stored(ctx)
-    record = usable(ctx, bloom, found)
+    created = usable(ctx)[1] is None
     opened = ctx.own(make_filter(ctx.clients, ctx.key, ctx.sizing, faults=ctx.faults))
     try:
         opened.open(create=True)
@@ -386,4 +371,4 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
             " filter as it is): {exc}",
             exc=exc.wording or str(exc),
         ) from None
-    return opened, record is None
+    return opened, created

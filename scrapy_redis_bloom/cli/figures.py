@@ -22,7 +22,6 @@ from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import SettingsLike
 from scrapy_redis_bloom.core.sizing import (
-    LayoutCost,
     Sizing,
     false_positive_rate,
     filter_allocation,
@@ -42,9 +41,6 @@ _BY_BITS = ("BLOOMFILTER_BIT", "BLOOMFILTER_HASH_NUMBER")
 _STATE = "bits_set fill_ratio estimated_items estimated_fpr"
 #: What ``info --json`` says of each generation, in order.
 _GENERATION = "generation shards bits hash_count capacity " + _STATE
-
-
-# -- info ------------------------------------------------------------------------------
 
 
 def _fields(source: object, names: str) -> dict[str, Any]:
@@ -69,12 +65,9 @@ def info(ctx: Context) -> int:
         return _native_info(ctx, bloom, record)
     spec = record.spec
     damaged = [
-        {
-            "shard": shard,
-            "key": key,
-            "server": bloom.topology.route(key, shard, None).address,
-            "found": what,
-        }
+        dict(
+            shard=shard, key=key, server=bloom.topology.route(key, shard, None).address, found=what
+        )
         for shard, what in inventory.check_shards(bloom, record)
         for key in [bloom.parts.shard_key(shard)]
     ]
@@ -153,8 +146,7 @@ def info(ctx: Context) -> int:
         ("Expected FP rate at capacity", f"{at_capacity:.3g}"),
         ("Growth / re-crawl", record.growth_text() + grown),
     ]
-    layouts, layout_rows = _record_layouts(record)
-    data["layouts"] = layouts
+    data["layouts"], layout_rows = _record_layouts(record)
     rows += layout_rows
     rows += [
         (
@@ -212,8 +204,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         "id": record.filter_id,
         "state": record.state,
         "created": datetime.fromtimestamp(record.created, UTC).isoformat(),
-        "layout": record.layout,
-        "sizing": record.sizing,
+        **_fields(record, "layout sizing"),
         "shards": record.spec.shards,
         "shards_missing": len(absent),
         "missing_shard_keys": [bloom.shard_keys[s] for s in absent],
@@ -255,9 +246,10 @@ _LAYOUT_NAMES = {
 
 
 def _layouts(
-    costs: Sequence[LayoutCost], current: str | None, mark: str
+    sizing: Sizing, capacity: int, expansion: int, servers: int, current: str, mark: str
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """Return each layout's figures as data and as rows; ``current`` is marked ``mark``."""
+    """Return what each layout costs, as data and as rows; ``current`` is marked ``mark``."""
+    costs = layout_costs(sizing, capacity, growing=bool(expansion), servers=servers)
     data = [
         {
             **_fields(cost, "layout hash_count memory_bytes"),
@@ -286,11 +278,12 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
         spec = record.spec
         rate = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
         sizing = Sizing(capacity=record.capacity, error_rate=rate)
-    costs = layout_costs(
-        sizing, record.capacity, growing=bool(record.expansion), servers=record.servers
-    )
     current = "blocked" if record.spec.block_bits else "classic"
-    return _layouts(costs, "native" if record.backend == "native" else current, "this filter")
+    if record.backend == "native":
+        current = "native"
+    return _layouts(
+        sizing, record.capacity, record.expansion, record.servers, current, "this filter"
+    )
 
 
 def _damaged_text(damaged: Sequence[dict[str, Any]]) -> str:
@@ -300,9 +293,6 @@ def _damaged_text(damaged: Sequence[dict[str, Any]]) -> str:
     named = [f"{d['key']!r} on {d['server']}: {d['found']}" for d in damaged[:5]]
     more = f"; and {len(damaged) - 5:,} more" if len(damaged) > 5 else ""
     return f"{len(damaged):,} ({'; '.join(named)}{more})"
-
-
-# -- watch ------------------------------------------------------------------------------
 
 
 def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
@@ -356,9 +346,6 @@ def watch(ctx: Context) -> int:
     return EXIT_OK
 
 
-# -- size -------------------------------------------------------------------------------
-
-
 def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
     """Return the settings a calculation overrides: those given, and the other way unset.
 
@@ -400,14 +387,11 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         **_fields(config, "expansion ttl"),
         **_fields(growth, "grown_capacity rate_bound"),
     }
-    costs = layout_costs(
-        config.sizing,
-        config.capacity,
-        growing=bool(config.expansion),
-        servers=max(1, len(config.connection.urls)),
-    )
     current = "blocked" if spec.block_bits else "classic"
-    data["layouts"], layout_rows = _layouts(costs, current, "these settings")
+    servers = max(1, len(config.connection.urls))
+    data["layouts"], layout_rows = _layouts(
+        config.sizing, config.capacity, config.expansion, servers, current, "these settings"
+    )
     rows = [
         ("Sizing asked for", config.sizing.canonical()),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)}; {wanted:,} asked)"),

@@ -173,11 +173,6 @@ class Option:
     group: str | None = None
     setting: str = ""
 
-    @property
-    def dest(self) -> str:
-        """The attribute the parsed arguments hold the option's value in."""
-        return str(self.kwargs.get("dest") or self.flags[-1].lstrip("-").replace("-", "_"))
-
 
 def option(flags: str, commands: str, help: str, **kwargs: Any) -> Option:
     """Declare an option: flags, then its metavar if in capitals; ``commands``: its subcommands.
@@ -367,8 +362,7 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
 
 def _named(front: Front) -> list[tuple[Command, str]]:
     """Return the commands ``front`` has, each with its name there."""
-    named = [(c, c.name if front == "scrapy" else c.alias) for c in COMMANDS]
-    return [(command, name) for command, name in named if name is not None]
+    return [(c, name) for c in COMMANDS if (name := c.name if front == "scrapy" else c.alias)]
 
 
 def missing_command(front: Front, prog: str) -> str:
@@ -390,7 +384,6 @@ def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> Blo
 
 def sizing_given(args: argparse.Namespace) -> dict[str, Any]:
     """Return the sizing settings given as options: setting -> value."""
-    values = {
-        spec.setting: getattr(args, spec.dest, None) for spec in OPTIONS if spec.group == SIZING
-    }
+    flags = {spec.setting: spec.flags[0] for spec in OPTIONS if spec.group == SIZING}
+    values = {name: getattr(args, flag[2:].replace("-", "_"), None) for name, flag in flags.items()}
     return {name: value for name, value in values.items() if value is not None}

@@ -75,7 +75,6 @@ class BloomCommand(ScrapyCommand):
         """Run the subcommand; its exit status becomes the command's."""
         assert self.settings is not None
         settings: Settings = self.settings
-        FRONTEND.where = "Redis"
 
         def body() -> int:
             nonlocal settings
@@ -114,9 +113,8 @@ def _for_spider(settings: Settings, name: str | None) -> Settings:
                 " give one of them to --spider, or the filter's key to --key."
             )
         return settings
-    spidercls = loader.load(name)
     updated = settings.copy()
-    spidercls.update_settings(updated)
+    loader.load(name).update_settings(updated)
     return updated
 
 

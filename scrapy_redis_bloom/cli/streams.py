@@ -163,16 +163,14 @@ def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
     from scrapy.utils.misc import build_from_crawler, load_object
     from scrapy_redis.dupefilter import RFPDupeFilter as RedisDupeFilter
 
-    config = BloomConfig.from_settings(settings)
-    if config.fingerprinter == "crawler":
+    if BloomConfig.from_settings(settings).fingerprinter == "crawler":
         crawler = Crawler(Spider, settings if isinstance(settings, (Settings, dict)) else None)
         fingerprinter: Any = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
         return lambda url: str(fingerprinter.fingerprint(Request(url)).hex())
     dupefilter: Any = RedisDupeFilter
-    named = settings.get("DUPEFILTER_CLASS")
-    if named:
+    if named := settings.get("DUPEFILTER_CLASS"):
         loaded = load_object(named)
         if isinstance(loaded, type) and issubclass(loaded, RedisDupeFilter):
             dupefilter = loaded
@@ -197,11 +195,9 @@ def read_lines(
             stream: IO[bytes]
             stream = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
             for lineno, line in enumerate(stream, 1):
-                text = line.strip()
-                if not text:
+                if not (text := line.strip()):
                     continue
-                parsed = parse(text)
-                if parsed is None:
+                if (parsed := parse(text)) is None:
                     if batch:
                         yield batch
                     raise BadLineError(source, lineno, text)
@@ -218,13 +214,9 @@ def parser_for(ctx: Context) -> Callable[[bytes], bytes | None]:
     if not getattr(ctx.args, "urls", False):
         return lambda text: text.lower() if FINGERPRINT.fullmatch(text) else None
     fingerprint = url_fingerprinter(ctx.settings)
-
-    def from_url(text: bytes) -> bytes | None:
-        if not _URL.fullmatch(text):
-            return None
-        return fingerprint(text.decode(errors="replace")).encode()
-
-    return from_url
+    return lambda text: (
+        fingerprint(text.decode(errors="replace")).encode() if _URL.fullmatch(text) else None
+    )
 
 
 def input_paths(ctx: Context) -> list[str]:
