@@ -169,8 +169,7 @@ class FilterRecord:
                 raise refuse(f"its {name} is {text!r}, not an integer from {low:,} to {high:,}")
             return int(text)
 
-        schemes = (SCHEME_VERSION, BLOCKED_SCHEME, CLASSIC_SCHEME)
-        if fields["scheme"] not in map(str, schemes):
+        if fields["scheme"] not in map(str, (SCHEME_VERSION, BLOCKED_SCHEME, CLASSIC_SCHEME)):
             raise refuse(
                 f"its hash scheme is {fields['scheme']!r}; this version knows schemes"
                 f" {SCHEME_VERSION}, {BLOCKED_SCHEME} (blocked) and {CLASSIC_SCHEME} only"
@@ -252,12 +251,13 @@ class FilterRecord:
     def check(self, key: str, wanted: FilterRecord) -> None:
         """Refuse a worker whose request (:func:`same_sizing`, or geometry) is not this filter's."""
 
-        def mismatch(kind: type[ConfigMismatchError], text: str, **values: object) -> Exception:
+        def mismatch(
+            text: str, kind: type[ConfigMismatchError] = ConfigMismatchError, **values: object
+        ) -> Exception:
             return kind(Wording(text, key=key, **values))
 
         if wanted.backend != self.backend:
             raise mismatch(
-                ConfigMismatchError,
                 "The Bloom filter {key!r} was created with {BLOOMFILTER_BACKEND} ="
                 " {backend!r}; this worker asks for {wanted!r}. Every worker must use the"
                 " filter's backend: set {BLOOMFILTER_BACKEND} = 'auto' (it adopts the"
@@ -272,7 +272,6 @@ class FilterRecord:
             or wanted.spec.geometry == self.spec.geometry
         ):
             raise mismatch(
-                ConfigMismatchError,
                 "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
                 " this worker is configured with {wanted}. A filter's layout cannot change"
                 " once it holds bits. Either start this worker with the {settings} the"
@@ -292,7 +291,6 @@ class FilterRecord:
             )
         if wanted.ttl != self.ttl:
             raise mismatch(
-                ConfigMismatchError,
                 "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
                 " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
                 " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
@@ -304,11 +302,11 @@ class FilterRecord:
             )
         if wanted.servers != self.servers:
             raise mismatch(
-                ServerListMismatchError,
                 "The Bloom filter {key!r} was created on {servers} server(s); this worker"
                 " lists {wanted}. List the servers in {BLOOMFILTER_REDIS_URLS} exactly as"
                 " when the filter was created (same servers, same order): shards are"
                 " never re-mapped to other servers.",
+                ServerListMismatchError,
                 servers=self.servers,
                 wanted=wanted.servers,
             )
@@ -335,10 +333,6 @@ def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
 
     A request naming no layout takes either; else only the stored one's (``blocked``).
     """
-    words = wanted.split()
-    if [w for w in words if w not in _BLOCKED_WORDS] != [
-        w for w in stored.split() if w not in _BLOCKED_WORDS
-    ]:
-        return False
-    said = [w for w in words if w in _BLOCKED_WORDS]
-    return not said or said == [f"blocked={blocked!r}"]
+    said = [w for w in wanted.split() if w in _BLOCKED_WORDS]
+    rest = [[w for w in text.split() if w not in _BLOCKED_WORDS] for text in (wanted, stored)]
+    return rest[0] == rest[1] and (not said or said == [f"blocked={blocked!r}"])

@@ -196,8 +196,7 @@ def _bitmap_pieces(parts: Parts, record: FilterRecord, counts: array[int]) -> _P
                 if held >= PIECE or len(batch) >= BATCH:
                     yield from _read_pieces(parts, record, counts, batch)
                     batch, held = [], 0
-    if batch:
-        yield from _read_pieces(parts, record, counts, batch)
+    yield from _read_pieces(parts, record, counts, batch)
 
 
 def _generation_counts(parts: Parts, record: FilterRecord) -> array[int]:

@@ -54,7 +54,7 @@ class DumpFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One chunk read back: its part, its position there, its data; ``index`` counts from 1."""
+    """A chunk read back: its part, position, data, ``index`` (from 1), ``where`` for messages."""
 
     kind: int
     shard: int
@@ -62,10 +62,7 @@ class Chunk:
     position: int
     data: bytes
     index: int
-
-    def where(self) -> str:
-        """Name the chunk as a message does: ``chunk 17 of shard 3 (generation 0)``."""
-        return f"chunk {self.index} of {part_name(self.kind, self.shard, self.generation)}"
+    where: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +133,6 @@ class DumpReader:
         self._sha = hashlib.sha256()
         self.offset = 0
         self.totals: Totals | None = None
-        self._header: dict[str, Any] | None = None
 
     def refuse(self, problem: str) -> DumpFileError:
         """Return the error refusing the file for ``problem``."""
@@ -156,10 +152,8 @@ class DumpReader:
 
     def header(self) -> dict[str, Any]:
         """Read and check the magic, the version and the header's JSON; return the JSON."""
-        if self._header is not None:
-            return self._header
         start = self.inp.read(_START.size)
-        if len(start) < len(MAGIC) or start[: len(MAGIC)] != MAGIC:
+        if start[: len(MAGIC)] != MAGIC:
             raise self.refuse(
                 "it is not a scrapy-redis-bloom dump (it does not start with"
                 f" {MAGIC!r}, but {start[: len(MAGIC)]!r})"
@@ -186,12 +180,12 @@ class DumpReader:
             raise self.refuse(f"its header is not JSON ({exc})") from None
         if not isinstance(fields, dict):
             raise self.refuse("its header is not a JSON object")
-        self._header = fields
         return fields
 
     def chunks(self) -> Iterator[Chunk]:
-        """Yield every chunk, checked against its CRC32; then check the trailer."""
-        self.header()
+        """Read the header if not done yet, yield every chunk CRC32-checked, check the trailer."""
+        if not self.offset:
+            self.header()
         number = index = parts = data_bytes = 0
         part: tuple[int, int, int] | None = None
         while True:
@@ -221,10 +215,7 @@ class DumpReader:
                     f" {end - size:,} to {end:,}) fails its checksum: the file is corrupted"
                 )
             data_bytes += size
-            yield Chunk(kind, shard, generation, position, data, index)
-        self._trailer(parts, number, data_bytes)
-
-    def _trailer(self, parts: int, chunks: int, data_bytes: int) -> None:
+            yield Chunk(kind, shard, generation, position, data, index, where)
         counts = _TRAILER.unpack(self._read(_TRAILER.size, "the trailer"))
         expected = self._sha.digest()
         digest = self.inp.read(_SHA)
@@ -234,14 +225,14 @@ class DumpReader:
                 f" of the file, {_SHA - len(digest)} byte(s) short"
             )
         self.offset += _SHA
-        if counts != (parts, chunks, data_bytes):
+        if counts != (parts, number, data_bytes):
             raise self.refuse(
                 f"its trailer counts {counts[0]:,} part(s), {counts[1]:,} chunk(s) and"
-                f" {counts[2]:,} byte(s), and the file holds {parts:,}, {chunks:,} and"
+                f" {counts[2]:,} byte(s), and the file holds {parts:,}, {number:,} and"
                 f" {data_bytes:,} (the file is corrupted)"
             )
         if digest != expected:
             raise self.refuse("its SHA-256 does not match its content (the file is corrupted)")
         if self.inp.read(1):
             raise self.refuse(f"bytes follow its trailer (at byte {self.offset:,})")
-        self.totals = Totals(parts, chunks, data_bytes, self.offset, expected.hex())
+        self.totals = Totals(parts, number, data_bytes, self.offset, expected.hex())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -66,9 +66,10 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
         record = FilterRecord.parse(meta, fields)
     except BloomFilterError as exc:
         return StoredRecord(None, str(exc))
-    if record.servers not in (1, len(addresses(bloom))):
+    servers = len(addresses(bloom))
+    if record.servers not in (1, servers):
         return StoredRecord(record)  # the wrong servers: refused by name later
-    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(len(addresses(bloom)))]
+    calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(servers)]
     keys = sum(int(reply) for reply in bloom.parts.run("count the keys", calls))  # all servers'
     if record.spec.shards > keys:
         return StoredRecord(
@@ -142,18 +143,10 @@ class MarkerCheck:
 
 def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerCheck]:
     """Read every server's marker; empty for a filter on one server (which has none)."""
-    if record.servers <= 1:
-        return []
-    found = bloom.parts.markers(record.servers)
     places = addresses(bloom)
     return [
-        MarkerCheck(
-            server=i,
-            address=places[i],
-            found=value,
-            expected=layout.server_marker(record.filter_id, i, record.servers),
-        )
-        for i, value in enumerate(found)
+        MarkerCheck(i, places[i], value, layout.server_marker(record.filter_id, i, record.servers))
+        for i, value in enumerate(bloom.parts.markers(record.servers))
     ]
 
 
@@ -178,14 +171,13 @@ def glob_escape(literal: str) -> str:
     return re.sub(r"([\\*?\[\]])", r"\\\1", literal)
 
 
-def scan(bloom: RedisBloomFilter, pattern: str, kind: str | None = None) -> list[tuple[int, str]]:
-    """Return ``(index of its primary, key)`` of each key matching ``pattern`` (and ``kind``)."""
+def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
+    """Return ``(index of its primary, key)`` of each key matching ``pattern``."""
     found: list[tuple[int, str]] = []
-    only: tuple[bytes | str, ...] = (b"TYPE", kind) if kind else ()
     for server in range(len(bloom.topology.primaries())):
         cursor = b"0"
         while True:
-            command = pack_command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_COUNT, *only)
+            command = pack_command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_COUNT)
             (reply,) = bloom.parts.run("look for the filter's keys", [Call(command, server=server)])
             cursor, keys = bytes(reply[0]), reply[1]
             found += [(server, text(name)) for name in keys]
@@ -267,8 +259,16 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
         for server, name in scan(bloom, glob_escape(key) + ":*")
         if name in names
     )
-    kinds = _run_each(bloom, candidates, lambda name, _: pack_command(b"TYPE", name))
-    contents = _run_each(bloom, candidates, _read_command)
+    calls = [  # per candidate, its type and what proves it is the part (error replies kept)
+        Call(command, key=name, server=server)
+        for server, name, part in candidates
+        for command in (pack_command(b"TYPE", name), _read_command(name, part))
+    ]
+    replies: list[Any] = []
+    for start in range(0, len(calls), BATCH):
+        batch = calls[start : start + BATCH]
+        replies += bloom.executor.run("read the filter's keys", batch).replies
+    kinds, contents = replies[::2], replies[1::2]
     home = bloom.topology.route(bloom.parts.meta_key, None, None).address
     deletable: list[Orphan] = []
     kept: list[Orphan] = []
@@ -315,21 +315,6 @@ def _read_command(name: str, part: str) -> bytes:
     return pack_command(b"GETRANGE", name, 0, layout.IDENTITY_BYTES - 1)
 
 
-def _run_each(
-    bloom: RedisBloomFilter,
-    candidates: Sequence[tuple[int, str, str]],
-    command: Callable[[str, str], bytes],
-) -> list[Any]:
-    """Run one command per candidate key, where it was found; error replies are returned."""
-    calls = [
-        Call(command(name, part), key=name, server=server) for server, name, part in candidates
-    ]
-    out: list[Any] = []
-    for start in range(0, len(calls), BATCH):
-        out += bloom.executor.run("read the filter's keys", calls[start : start + BATCH]).replies
-    return out
-
-
 def _proven(found: Orphan, part: str, content: Any) -> Orphan:
     """Return a shard, marker or counters candidate as the part its content proves, if it does."""
     if part == "shard":
@@ -357,15 +342,14 @@ def _as_record(
     bloom: RedisBloomFilter, found: Orphan, fields: dict[str, str]
 ) -> tuple[Orphan, bool]:
     """Tell whether a hash at ``KEY:meta`` is a config record, and whether it is usable."""
-    stored = stored_record(bloom, fields)
     if not all(name in fields for name in RECORD_MARKS):
         return replace(found, what="a hash that is not a config record"), False
     filter_id = fields.get("id", "")
+    stored = stored_record(bloom, fields)
+    what = f"the config record of filter id {filter_id}"
     if stored.record is None:
         what = f"a config record that cannot be used ({stored.problem.split(': ', 1)[-1]})"
-        return replace(found, what=what, kind="record", filter_id=filter_id), False
-    what = f"the config record of filter id {filter_id}"
-    return replace(found, what=what, kind="record", filter_id=filter_id), True
+    return replace(found, what=what, kind="record", filter_id=filter_id), stored.record is not None
 
 
 def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:

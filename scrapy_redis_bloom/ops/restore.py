@@ -13,7 +13,7 @@ import logging
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from scrapy_redis_bloom.core import layout
@@ -104,42 +104,35 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
     shard, generation, generations, offset = -1, 0, 1, 0
     shard_bytes = array("Q", [0]) * shards
 
-    def end_part() -> None:  # a bitmap part ends whole
-        if shard < 0 or kind == NATIVE:
+    def end_part(shard_ends: bool) -> None:  # a bitmap part ends whole; a shard, each generation
+        if shard < 0:
             return
-        length = part_bytes(record, generation)
+        length = part_bytes(record, generation) if kind == BITMAP else offset
         if offset != length:
             raise fail(
                 f"{part_name(BITMAP, shard, generation)} holds {offset:,} bytes of {length:,}"
                 " (the file is corrupted)"
             )
-
-    def end_shard() -> None:  # a shard ends with the generations its header names
-        end_part()
-        if shard >= 0 and generation + 1 != generations:
+        if shard_ends and generation + 1 != generations:
             raise fail(
                 f"shard {shard} has {generation + 1} generation(s) in the file, and its header"
                 f" says {generations} (the file is corrupted)"
             )
 
     for chunk in reader.chunks():
-        where = chunk.where()
+        where = chunk.where
         if chunk.kind != kind:
             raise fail(
                 f"{where} is a {'native' if chunk.kind == NATIVE else 'bitmap'} chunk, and its"
                 f" record is of a {record.backend} filter (the file is corrupted)"
             )
         if chunk.index == 1:  # a part's first: the next shard or generation, with the identity
-            if chunk.generation == 0:
-                end_shard()
-                due = (shard + 1, 0)
-            else:
-                end_part()
-                due = (shard, generation + 1)
+            end_part(chunk.generation == 0)
+            due = (shard, generation + 1) if chunk.generation else (shard + 1, 0)
             if (chunk.shard, chunk.generation) != due or chunk.shard >= shards:
                 raise fail(
                     f"{where} comes where {'generation' if due[1] else 'shard'}"
-                    f" {due[1] if due[1] else due[0]} was due (the file is corrupted)"
+                    f" {due[1] or due[0]} was due (the file is corrupted)"
                 )
             if chunk.generation >= generations:
                 raise fail(
@@ -168,7 +161,7 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
         if offset > length:
             raise fail(f"{where} ends past the part's {length:,} bytes (corrupted)")
         progress(reader.offset)
-    end_shard()
+    end_part(True)
     if shard != shards - 1:
         raise fail(
             f"it holds {shard + 1:,} of the filter's {shards:,} shards (the file is corrupted)"
@@ -310,16 +303,6 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
     return True
 
 
-@dataclass
-class _Writes:
-    """The keys a restore wrote, to delete them all if it fails."""
-
-    keys: list[tuple[str, int]] = field(default_factory=list)  # (key, shard)
-    counters: bool = False
-    markers: bool = False
-    record: bool = False
-
-
 def _write(
     bloom: FilterBase,
     target: FilterRecord,
@@ -329,7 +312,8 @@ def _write(
     progress: Callable[[int], None],
 ) -> None:
     """Write every part, the counters, the markers, then the record; undo all on failure."""
-    parts, done = bloom.parts, _Writes()
+    parts = bloom.parts
+    undo: list[Call] = []  # deletes what was written, the latest first: the record before all
     try:
         reader = DumpReader(inp, name)
         batch: list[Call] = []
@@ -343,7 +327,7 @@ def _write(
                         f" already holds {key!r}, where a generation of its shard"
                         f" {chunk.shard} goes. Reset the filter or restore under another key."
                     )
-                done.keys.append((key, chunk.shard))
+                undo.append(Call(pack_command(b"DEL", key), key=key, shard=chunk.shard))
             command = b"BF.LOADCHUNK" if chunk.kind == NATIVE else b"SETRANGE"
             packed = pack_command(command, key, chunk.position, chunk.data)
             batch.append(Call(packed, key=key, shard=chunk.shard))
@@ -353,18 +337,16 @@ def _write(
                 parts.run("restore the filter's shards", batch, write=True)
                 batch, held = [], 0
             progress(reader.offset)
-        if batch:
-            parts.run("restore the filter's shards", batch, write=True)
+        parts.run("restore the filter's shards", batch, write=True)
         progress(reader.offset)  # the trailer too: the whole file
         if verified.counters:
-            done.counters = True
+            undo.insert(0, parts.delete_if_still(parts.counter_key, "counters"))
             fields = [item for pair in sorted(verified.counters.items()) for item in pair]
             call = Call(pack_command(b"HSET", parts.counter_key, *fields), key=parts.counter_key)
             parts.run("restore the filter's counters", [call], write=True)
-        if target.servers > 1:
-            done.markers = True
-            parts.write_markers(target, range(target.servers))
-        done.record = True
+        undo[:0] = parts.marker_deletions(target)  # none on one server
+        parts.write_markers(target, range(target.servers))
+        undo.insert(0, parts.delete_if_still(parts.meta_key, "record", target.filter_id))
         stored = parts.create_record(target)
         if stored.filter_id != target.filter_id:
             raise FilterExistsError(
@@ -372,7 +354,7 @@ def _write(
                 f" {bloom.topology.describe()} while {name} was restored."
             )
     except BaseException as exc:
-        _undo(bloom, target, done, exc)
+        _undo(bloom, undo, exc)
         if isinstance(exc, DumpFileError | FilterExistsError):
             raise type(exc)(f"{exc} What the restore had written was deleted.") from None
         if isinstance(exc, BloomFilterError):
@@ -383,32 +365,23 @@ def _write(
         raise
 
 
-def _undo(bloom: FilterBase, target: FilterRecord, done: _Writes, exc: BaseException) -> None:
-    """Delete what a failed restore wrote: the record first, so no worker adopts the rest.
+def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
+    """Run ``undo``, deleting what a failed restore wrote: the record first, so no worker adopts.
 
     Through an executor of its own: the restore's may be failing fast after an outage (an
     out-of-memory Redis refuses writes, yet ``DEL`` runs). Raises :class:`RestoreFailedError`.
     """
-    executor = Executor(bloom.topology, bloom.faults.retry_timeout)
-    parts = Parts(executor, bloom.key, target.spec)
-    calls: list[Call] = []
-    if done.record:
-        calls.append(parts.delete_if_still(parts.meta_key, "record", target.filter_id))
-    if done.markers:
-        calls += parts.marker_deletions(target)
-    if done.counters:
-        calls.append(parts.delete_if_still(parts.counter_key, "counters"))
-    calls += [Call(pack_command(b"DEL", key), key=key, shard=shard) for key, shard in done.keys]
+    parts = Parts(Executor(bloom.topology, bloom.faults.retry_timeout), bloom.key, bloom.parts.spec)
     try:
-        parts.run("undo a failed restore", calls, write=True)
-    except BloomFilterError as undo:
+        parts.run("undo a failed restore", undo, write=True)
+    except BloomFilterError as undone:
         raise RestoreFailedError(
             f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"
-            f" written failed too ({undo}): reset the filter {bloom.key!r} to delete its parts."
+            f" written failed too ({undone}): reset the filter {bloom.key!r} to delete its parts."
         ) from exc
     logger.info(
         "Restoring the Bloom filter %r failed; the %d key(s) it had written were deleted: %s",
         bloom.key,
-        len(done.keys) + done.counters + done.record,
+        sum(call.key != parts.marker_key for call in undo),  # the markers are not counted
         exc,
     )
