@@ -1,16 +1,13 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
 Pure functions of the config record, so every worker and the scripts compute the same
-numbers (docs/explanation/growth.md). **Growth** (``BLOOMFILTER_EXPANSION`` E): when a
-shard's newest generation is full, the next add starts generation ``g + 1`` with E times
-the items at r times the rate (r = :data:`DEFAULT_TIGHTENING`), all together under
-``B = p_0 / (1 - r)``. **Re-crawl windows** (``BLOOMFILTER_TTL`` T): a shard's bits live in
-one growing filter per window ``floor(Redis TIME / T)``, expiring at ``(w + 2) T``; a check
-reads windows w - 1 and w (a URL is remembered T to 2T); the anchor ``{KEY:<i>}:g0`` tells
-a window lost to eviction from one that expired.
-
-The rates leave out a blocked filter's seed floor (``floor=False``, under 1e-7 here): the
-generations of filters created before it was counted must keep their sizes.
+numbers (docs/explanation/growth.md; the keys in how-it-works.md). **Growth**: generation
+``g + 1`` takes E (``BLOOMFILTER_EXPANSION``) times the items at r (:data:`DEFAULT_TIGHTENING`)
+times the rate, all together under ``p_0 / (1 - r)``. **Re-crawl windows**
+(``BLOOMFILTER_TTL`` T): one growing filter per window ``w = floor(Redis TIME / T)``, expiring
+at ``(w + 2) T``; a check reads windows w - 1 and w. The rates leave out a blocked filter's
+seed floor (``floor=False``): the generations of filters created before it was counted must
+keep their sizes.
 """
 
 from __future__ import annotations
@@ -88,9 +85,10 @@ SCRIPTLESS_MARGIN = 1024
 
 @dataclass(frozen=True, slots=True)
 class Growth:
-    """How a filter's shards grow (``expansion``, ``tightening``) and forget (``ttl``).
+    """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``).
 
-    ``spec`` and ``capacity`` (the filter's) make generation 0 of every shard.
+    ``spec`` and ``capacity`` (the filter's) make generation 0 of every shard. The settings
+    and the record check the values before they get here.
     """
 
     spec: FilterSpec
@@ -98,14 +96,6 @@ class Growth:
     expansion: int = 0
     tightening: float = DEFAULT_TIGHTENING
     ttl: int = 0
-
-    def __post_init__(self) -> None:
-        if self.expansion < 0 or self.expansion == 1:
-            raise ValueError(f"expansion is 0 (no growth) or at least 2, got {self.expansion}")
-        if not 0 < self.tightening < 1:
-            raise ValueError(f"tightening is strictly between 0 and 1, got {self.tightening}")
-        if self.ttl < 0:
-            raise ValueError(f"a TTL is 0 (remember forever) or more seconds, got {self.ttl}")
 
     @property
     def shard_capacity(self) -> int:
@@ -130,11 +120,7 @@ class Growth:
 
     @property
     def bound(self) -> float:
-        """The rate every generation together stays under: p_0 / (1 - r).
-
-        ``p_0``, generation 0's rate at its share of the capacity, is p (1 - r) for a filter
-        sized by error rate p: the bound is p.
-        """
+        """The rate all generations together stay under: p_0 / (1 - r), p if sized by rate p."""
         p0 = self.first_rate(self.shard_capacity)
         return p0 / (1 - self.tightening) if self.expansion else p0
 
@@ -231,9 +217,9 @@ _FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's :func:`..hashing.place` ``x`` and ``y``, and for later generations the
-    same numbers cut to :data:`WIDE`, which the script reduces by each one's
-    :attr:`Generation.seed_range`. One format operation: it runs for every near-cache miss.
+    Generation 0's :func:`..hashing.place` ``x`` and ``y``, then both cut to :data:`WIDE` for
+    the later generations (the script reduces them by each one's :attr:`Generation.seed_range`).
+    One format operation: it runs for every near-cache miss.
     """
     q = h1 // shards
     x, y = b"%d" % (q % shard_bits), b"%d" % (h2 % seeds)

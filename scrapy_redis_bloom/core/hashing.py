@@ -4,13 +4,9 @@ Specified in docs/explanation/hashing.md, so that any worker, the CLI or another
 computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
 gives the shard and the offsets' seeds. One formula (enhanced triple hashing, run on the
 server by ``engine/lua/scheme.lua``, held to :func:`offsets` by tests/test_scheme_lua.py) in
-three versions:
-
-- scheme 3 (classic): offsets anywhere in the shard of S bits, three seeds;
-- scheme 2 (blocked): in one 512-bit block (a cache line) of the shard, three seeds;
-- scheme 1 (classic filters of earlier builds): two seeds, so two elements share all k
-  offsets with probability 1/S**2, a floor of n/S**2 under the false-positive rate that a
-  small shard feels; scheme 3 lowers it to n/(S**2 T), T the third seed's range.
+three versions: scheme 3 (classic: anywhere in the shard), 2 (blocked: in one 512-bit block,
+a cache line) and 1 (classic filters of earlier builds: two seeds instead of three, so a
+floor of n/S**2 under the false-positive rate that a small shard feels).
 """
 
 from __future__ import annotations

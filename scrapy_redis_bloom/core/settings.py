@@ -4,8 +4,7 @@
 values, meaning, check): the configuration reads each setting through its row, the docs'
 settings reference is rendered from the rows (:func:`reference`), the commands' sizing
 options take their types and ranges from them. A bad value raises :class:`ValueError`
-naming the setting, the value and what is allowed, so a crawl fails at startup, not
-halfway. Any object with a ``get(name)`` method will do.
+naming the setting, the value and what is allowed, so a crawl fails at startup, not halfway.
 """
 
 from __future__ import annotations
@@ -77,13 +76,12 @@ def _boolean(name: str, raw: object) -> bool:
     raise _invalid(name, raw, "It must be a boolean: True, False, 1 or 0.")
 
 
-def boolean_setting(settings: SettingsLike, name: str, default: bool = False) -> bool:
-    """Read a boolean setting by name (``DUPEFILTER_DEBUG``); ``default`` if unset."""
+def boolean_setting(settings: SettingsLike, name: str) -> bool:
+    """Read a boolean setting by name (``DUPEFILTER_DEBUG``); False if unset."""
     raw = settings.get(name)
-    return default if raw is None else _boolean(name, raw)
+    return raw is not None and _boolean(name, raw)
 
 
-_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 #: redis-py's reading of a Redis URL (untyped there).
 parse_url: Callable[[str], dict[str, Any]] = _redis_parse_url
 
@@ -91,7 +89,7 @@ parse_url: Callable[[str], dict[str, Any]] = _redis_parse_url
 def check_url(name: str, value: object, where: object = None) -> str:
     """Check a Redis URL as redis-py will read it: scheme, port, database, query."""
     shown = value if where is None else where
-    if not isinstance(value, str) or not value.startswith(_URL_SCHEMES):
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
         raise _invalid(
             name,
             shown,
@@ -133,11 +131,7 @@ def _url_list(name: str, value: object) -> tuple[str, ...]:
 
 
 def _key(name: str, value: object) -> str:
-    """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys.
-
-    Braces would change the filter's Redis Cluster hash tags; any other %-sequence would be
-    filled in with junk.
-    """
+    """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys."""
     if not isinstance(value, str) or not value:
         raise _invalid(name, value, "It must be a non-empty string.")
     if "{" in value or "}" in value:
@@ -237,9 +231,7 @@ def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
             f"With Sentinel the primary's address comes from the sentinels: remove"
             f" {', '.join(map(repr, fixed))}.",
         )
-    inner = params.get("sentinel_kwargs")
-    if inner is not None:
-        client_params(f"{name}['sentinel_kwargs']", inner)
+    client_params(f"{name}['sentinel_kwargs']", params.get("sentinel_kwargs"))
 
 
 #: How a setting is read: a number in a range, a boolean, one of a few words, or by ``parse``.
@@ -320,11 +312,9 @@ class Setting(Generic[_T]):
 
     def accepts(self, value: float) -> bool:
         """Whether a number is in the setting's range."""
-        if self.zero and value == 0:
-            return True
-        if self.low is not None and (value <= self.low if self.open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.open else value <= self.high)
+        low = self.low is None or (value > self.low if self.open else value >= self.low)
+        high = self.high is None or (value < self.high if self.open else value <= self.high)
+        return (self.zero and value == 0) or (low and high)
 
     @property
     def message(self) -> str:
@@ -604,8 +594,7 @@ FINGERPRINTER: Setting[Fingerprinter] = _row(
     choices=get_args(Fingerprinter),
 )
 
-#: Every ``BLOOMFILTER_*`` setting, in the order of the docs' settings reference: the order
-#: of the rows above.
+#: Every ``BLOOMFILTER_*`` setting, in the order of the rows above: the docs' reference's.
 SETTINGS: tuple[Setting[Any], ...] = tuple(
     v for v in dict(globals()).values() if isinstance(v, Setting)
 )
@@ -728,12 +717,12 @@ class BloomConfig:
         default_factory=lambda: Sizing(bit=BIT.default, hash_number=HASH_NUMBER.default)
     )
     fingerprinter: Fingerprinter = FINGERPRINTER.default
-    connection: ConnectionConfig = field(default_factory=lambda: ConnectionConfig())
+    connection: ConnectionConfig = field(default_factory=ConnectionConfig)
     worker_ttl: float = WORKER_TTL.default
     cache_size: int = CACHE_SIZE.default
     expansion: int = EXPANSION.default
     ttl: int = TTL.default
-    faults: FaultPolicy = field(default_factory=lambda: FaultPolicy())
+    faults: FaultPolicy = field(default_factory=FaultPolicy)
     backend: BackendSetting = BACKEND.default
     #: The false-positive rate above which the Spidermon monitor fails a crawl (None:
     #: :attr:`design_error_rate`).
@@ -856,9 +845,7 @@ class BloomConfig:
         )
 
 
-def _sizing(
-    settings: SettingsLike, share: float = 1.0, *, native: bool = False
-) -> tuple[Sizing, int | None]:
+def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
     By BIT / HASH_NUMBER (the default) or CAPACITY / ERROR_RATE, never both. ``share``: the

@@ -94,7 +94,7 @@ def optimal_geometry(
     if not block_bits or centre - 8 > MAX_HASH_COUNT:
         return bits, centre
     error_rate /= BLOCKED_HEADROOM
-    best: tuple[int, int] | None = None
+    found = []
     for k in range(max(1, centre - 8), min(MAX_HASH_COUNT, centre + 3) + 1):
         low, high = bits // block_bits, 2 * bits // block_bits + 1
         while false_positive_rate(high * block_bits, k, capacity, block_bits, floor) > error_rate:
@@ -106,10 +106,8 @@ def optimal_geometry(
                 low = middle
             else:
                 high = middle
-        if best is None or high * block_bits < best[0]:
-            best = (high * block_bits, k)
-    assert best is not None
-    return best
+        found.append((high * block_bits, k))
+    return min(found)  # the fewest bits, and of those the fewest hash functions
 
 
 def optimal_capacity(bits: int, hash_count: int) -> int:

@@ -41,8 +41,7 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 def check_versions(installed: Mapping[str, str]) -> None:
     """Refuse any library of ``installed`` below its minimum (a missing one fails on import)."""
-    too_old = []
-    upgrades = []
+    too_old, upgrades = [], []
     for dist, (name, minimum) in MINIMUMS.items():
         have = installed.get(dist)
         if have is not None and parse_version(have) < minimum:
