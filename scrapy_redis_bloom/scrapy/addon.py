@@ -28,6 +28,8 @@ class Addon:
 
     def update_settings(self, settings: BaseSettings) -> None:
         """Set the components, then validate every filter setting (ValueError if bad)."""
+        from scrapy_redis_bloom.scrapy.connection import filter_clients
+
         _claim(settings, "DUPEFILTER_CLASS", DUPEFILTER, "the Bloom dupefilter")
         if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
             _claim(settings, "SCHEDULER", SCHEDULER, "scrapy-redis's Scheduler")
@@ -36,7 +38,13 @@ class Addon:
             BATCH_WINDOW.read(settings)
             # An order the project gave the middleware itself (priority "project") wins.
             settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
-        _validate(settings)
+        # Read the filter's settings and make its clients (no connection), as a crawl will; a
+        # cluster client connects as it is made: checked when the filter opens.
+        config = BloomConfig.from_settings(settings)
+        if not (config.connection.cluster or _cluster_class(settings)):
+            for client in filter_clients(config.connection, settings):
+                client.close()
+            logger.debug("scrapy_redis_bloom.Addon: %s", config.describe())
 
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.{type(self).__name__}>"
@@ -63,18 +71,6 @@ def _claim(settings: BaseSettings, name: str, path: str, what: str) -> None:
             )
         return
     settings.set(name, path, PRIORITY)
-
-
-def _validate(settings: BaseSettings) -> None:
-    """Read the filter's settings and make its clients (no connection), as a crawl will."""
-    from scrapy_redis_bloom.scrapy.connection import filter_clients
-
-    config = BloomConfig.from_settings(settings)
-    if config.connection.cluster or _cluster_class(settings):
-        return  # a cluster client connects as it is made: checked when the filter opens
-    for client in filter_clients(config.connection, settings):
-        client.close()
-    logger.debug("scrapy_redis_bloom.Addon: %s", config.describe())
 
 
 def _cluster_class(settings: BaseSettings) -> bool:

@@ -82,12 +82,11 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
         name = path if isinstance(path, str) else global_object_name(path)
         enabled.append((order, name, component))
     ours = [order for order, _, c in enabled if isinstance(c, type) and issubclass(c, cls)]
-    if not ours:
-        return []
     return [
         f"{name} (order {order})"
         for order, name, component in sorted(enabled, key=lambda e: e[0])
-        if order <= ours[0]
+        if ours
+        and order <= ours[0]
         and not (isinstance(component, type) and issubclass(component, cls))
         and any(hasattr(component, method) for method in _OUTPUT_METHODS)
     ]
@@ -96,10 +95,8 @@ def later_middlewares(settings: BaseSettings, cls: type[Any]) -> list[str]:
 def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: object) -> list[str]:
     """Name the middlewares whose output method comes after ``middleware``'s in ``methods``."""
     mine = [i for i, m in enumerate(methods) if getattr(m, "__self__", None) is middleware]
-    if not mine:
-        return []
-    later = [m for m in methods[mine[0] + 1 :] if m is not None]
-    return [global_object_name(type(getattr(m, "__self__", m))) for m in later]
+    later = methods[mine[0] + 1 :] if mine else []
+    return [global_object_name(type(getattr(m, "__self__", m))) for m in later if m is not None]
 
 
 class BatchingMiddleware:

@@ -1,8 +1,7 @@
 """Scrapy glue: the dupefilter that scrapy-redis's and Scrapy's schedulers call.
 
 Each ``request_seen`` is one fingerprint and, unless the near-cache knows it, one atomic
-command in Redis. When the filter cannot answer, the error is logged once, the crawl stops
-(finish reason ``bloomfilter_error``) and the request in hand goes to the scheduler.
+command in Redis; when the filter cannot answer, it is said once and the crawl stops.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from scrapy import signals
+from scrapy.utils.defer import deferred_from_coro
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from scrapy_redis_bloom.core.errors import (
@@ -44,13 +44,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Failures the engine counts in ``bloomfilter/errors`` itself; the dupefilter counts others.
-COUNTED = (FilterUnavailableError, AccessDeniedError)
-
 FINISH_REASON = "bloomfilter_error"  #: Of a crawl stopped because the filter could not answer.
 
-#: The dupefilter of each crawl, for the batching middleware (:mod:`.batching`). Weak
-#: both ways: the dupefilter refers to its crawler, and must not keep it alive.
+#: The dupefilter of each crawl, for :mod:`.batching`; weak both ways: it refers to its crawler.
 _BY_CRAWLER: weakref.WeakKeyDictionary[Crawler, weakref.ref[RFPDupeFilter]] = (
     weakref.WeakKeyDictionary()
 )
@@ -78,9 +74,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.config = config if config is not None else BloomConfig.from_settings({})
         self.stats = stats
         self.crawler = crawler
-        clients = list(servers) if servers else [server]
         self.bloom = make_filter(
-            clients,
+            list(servers) if servers else [server],
             key,
             self.config,
             cache_size=self.config.cache_size,
@@ -101,8 +96,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._log = RateLimitedLog(logger)
         #: Answers given ahead by check_batch, taken by request_seen.
         self.reservations = Reservations(self._unscheduled, self.config.cache_size)
-        #: Clients this filter made (from_crawler / from_spider), closed when it closes.
-        self._owned_clients: list[Any] = []
+        self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         #: The ``bloomfilter/*`` stats, kept current while the crawl runs.
         self.filter_stats = FilterStats(self.bloom, stats, interval)
@@ -151,7 +145,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             def fingerprint(request: Request) -> str:
                 return fingerprinter.fingerprint(request).hex()
 
-        debug = boolean_setting(settings, "DUPEFILTER_DEBUG")
         try:
             clients = filter_clients(config.connection, settings)
         except (RedisError, RedisClusterException) as exc:
@@ -163,7 +156,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             instance = cls(
                 clients[0],
                 key,
-                debug=debug,
+                debug=boolean_setting(settings, "DUPEFILTER_DEBUG"),
                 config=config,
                 stats=crawler.stats if crawler is not None else None,
                 fingerprint=fingerprint,
@@ -288,7 +281,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
 
     def _fail(self, exc: Exception) -> None:
         """Count a failure; say why the filter cannot answer, once, and stop the crawl."""
-        if not isinstance(exc, COUNTED):  # counted by the engine
+        if not isinstance(exc, (FilterUnavailableError, AccessDeniedError)):  # the engine's
             self.bloom.events.count("errors")
         if self._failed:
             return
@@ -311,8 +304,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             return
         close_async = getattr(engine, "close_spider_async", None)
         if close_async is not None:  # Scrapy >= 2.14
-            from scrapy.utils.defer import deferred_from_coro
-
             deferred = deferred_from_coro(close_async(reason=FINISH_REASON))
         else:
             deferred = engine.close_spider(spider, FINISH_REASON)

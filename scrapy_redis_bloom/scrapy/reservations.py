@@ -1,10 +1,9 @@
 """Answers given ahead to a response's links, kept until the scheduler asks for them.
 
-A link answered "new" is already seen in Redis: if its request never reaches
-``request_seen``, no worker would fetch it. Such a request is one the engine passed to
-``request_scheduled`` handlers without calling ``request_seen`` next, one collected without
-having taken its answer, or one not taken when the crawl ends. It is reported, and answered
-"new" by this worker the next time it meets the fingerprint (docs/howto/batching.md).
+A link answered "new" is already seen in Redis: if its request never reaches ``request_seen``
+(a ``request_scheduled`` handler dropped it, it was collected, or the crawl ended first), no
+worker would fetch it. It is reported, and answered "new" by this worker when met again
+(docs/howto/batching.md).
 """
 
 from __future__ import annotations
@@ -32,13 +31,16 @@ class _Reservation:
     #: The batch's requests with this fingerprint that did not take an answer yet.
     members: dict[int, weakref.ref[Request]] = field(default_factory=dict)
 
+    def alive(self, key: int) -> Request | None:
+        """Return the member request ``key``, if it is one and alive."""
+        ref = self.members.get(key)
+        return ref() if ref is not None else None
+
 
 class Reservations:
     """Answers by fingerprint, each taken once; "new" ones never taken go to ``on_unscheduled``."""
 
-    def __init__(
-        self, on_unscheduled: Callable[[list[str]], None], size: int = MIN_UNSCHEDULED
-    ) -> None:
+    def __init__(self, on_unscheduled: Callable[[list[str]], None], size: int) -> None:
         self._items: dict[str, _Reservation] = {}
         self._members: dict[int, _Reservation] = {}  #: id() of each member: its reservation.
         self._dead: deque[tuple[_Reservation, int, weakref.ref[Request]]] = deque()
@@ -58,27 +60,26 @@ class Reservations:
     def reserve(
         self, requests: Sequence[Request], fingerprints: Sequence[str], answers: Sequence[bool]
     ) -> None:
-        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others."""
+        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others.
+
+        The caller reserves no fingerprint held already (``in`` tells).
+        """
         self._settle()
-        new: dict[str, _Reservation] = {}
         for fingerprint, answer, request in zip(fingerprints, answers, requests, strict=True):
-            reservation = new.get(fingerprint)
-            if reservation is None:
-                if fingerprint in self._items:
-                    continue
-                reservation = new[fingerprint] = _Reservation(fingerprint, request.url, answer)
+            if fingerprint not in self._items:
+                self._items[fingerprint] = _Reservation(fingerprint, request.url, answer)
+            reservation = self._items[fingerprint]
             key = id(request)
             callback = partial(self._collected, reservation, key)
             reservation.members[key] = weakref.ref(request, callback)
             self._members[key] = reservation
-        self._items.update(new)
 
     def scheduled(self, request: Request) -> None:
         """Note a request the engine is about to schedule (a ``request_scheduled`` handler)."""
         self._settle()
         key = id(request)
         reservation = self._members.get(key)
-        if reservation is not None and _alive(reservation, key) is request:
+        if reservation is not None and reservation.alive(key) is request:
             self._pending = (reservation, key)
 
     def take(self, fingerprint: str, request: Request) -> bool | None:
@@ -98,7 +99,7 @@ class Reservations:
             return None
         answer, reservation.answer = reservation.answer, True
         key = id(request)
-        if _alive(reservation, key) is request:
+        if reservation.alive(key) is request:
             self._resolve(reservation, key, dropped=False)
         return answer
 
@@ -149,9 +150,3 @@ class Reservations:
                 del self._unscheduled[fingerprint]
             self.forgotten += excess
         self._on_unscheduled([reservation.url for reservation in lost])
-
-
-def _alive(reservation: _Reservation, key: int) -> Request | None:
-    """Return the member request ``key`` of a reservation, if it is one and alive."""
-    ref = reservation.members.get(key)
-    return ref() if ref is not None else None

@@ -99,9 +99,7 @@ _CREATED = (*(PREFIX + name for name in (*_COUNTS, *EVENT_COUNTS)), _DUPEFILTER)
 class FilterStats:
     """Copies one worker's filter stats into the crawl's stats and logs a line (reactor thread)."""
 
-    def __init__(
-        self, bloom: BloomBackend, stats: StatsCollector | None, interval: float = 0.0
-    ) -> None:
+    def __init__(self, bloom: BloomBackend, stats: StatsCollector | None, interval: float) -> None:
         self.bloom = bloom
         self.stats = stats
         self.interval = interval
@@ -150,9 +148,7 @@ class FilterStats:
     def publish(self, state: FilterState | None = None, counts_only: bool = False) -> bool:
         """Write every stat now (``state``: counted in Redis); return whether all were written."""
         stats = self.stats
-        if stats is None:
-            return True
-        return self._guarded(lambda: self._publish(stats, state, counts_only))
+        return stats is None or self._guarded(lambda: self._publish(stats, state, counts_only))
 
     def _guarded(self, write: Callable[[], object]) -> bool:
         """Run ``write``; an exception is said (rate-limited WARNING) and counted, not raised."""
@@ -210,14 +206,15 @@ class FilterStats:
         totals = bloom.counters.current()  # as last synced, plus this worker's unsynced
         estimated = bloom.estimate(totals.added)
         state = estimated if state is None else state
-        spec = bloom.spec
-        values: dict[str, Any] = {
+        # The server sizes its own native filters: their bits and k, not the bitmap geometry.
+        native = state.generations if bloom.backend == "native" else None
+        return {
             "total_added": totals.added,
             "total_filtered": totals.seen,
             "capacity": record.capacity,
-            "bits": spec.bits,
-            "hash_functions": spec.hash_count,
-            "shards": spec.shards,
+            "bits": state.total_bits if native else bloom.spec.bits,
+            "hash_functions": native[0].hash_count if native else bloom.spec.hash_count,
+            "shards": bloom.spec.shards,
             "bits_set": state.bits_set,
             "fill_ratio": round(state.fill_ratio, 6),
             # From the counters, as while the crawl ran: the same figure before and after
@@ -230,11 +227,6 @@ class FilterStats:
             "backend": bloom.backend,
             "generations": max(len(state.generations), bloom.generations),
         }
-        if bloom.backend == "native" and state.generations:
-            # The server sizes its own filters: their bits and k, not the bitmap geometry.
-            values["bits"] = state.total_bits
-            values["hash_functions"] = state.generations[0].hash_count
-        return values
 
     def log(self) -> None:
         """Log one line: the timer's call. Never raises (see :meth:`tick`)."""
