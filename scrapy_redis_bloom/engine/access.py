@@ -1,12 +1,9 @@
 """Checks at open that Redis's ACL lets the filter's user do everything the filter does.
 
-Else a missing permission fails late and opaquely (a Lua error, mid-crawl).
-:func:`check_access` sends every command the filter (and its scripts) sends, on a probe key
-of each key family (:func:`probe_keys`, so key patterns are exercised), in one round trip
-per server, writing to probe keys only. ``NOPERM`` comes before any other reply, so any
-other means allowed; the error names the command, never Redis's words (which vary). A
-refused ``INFO`` is only logged. A silent server is tried once, left to the rest of opening
-(retries would stop a filter opening on a server out of memory, where reads still work).
+Else a missing permission fails late and opaquely (a Lua error, mid-crawl). How, and what
+the error says: docs/howto/tls-acl.md#least-privilege. ``NOPERM`` comes before any other
+reply, so any other means allowed. A silent server is tried once, left to the rest of
+opening (retries would stop a filter opening on a server out of memory, where reads work).
 """
 
 from __future__ import annotations

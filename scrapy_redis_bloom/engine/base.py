@@ -147,10 +147,7 @@ class FilterBase:
 
     def _current(self) -> FilterRecord:
         """Return the record in use, opening the filter on first use."""
-        if self.record is None:
-            self.open()
-        assert self.record is not None
-        return self.record
+        return self.record if self.record is not None else self.open()
 
     def _recover(self, shards: Iterable[int]) -> None:
         """Sort out shards found lost or wrong (see :meth:`.Lifecycle.recover`); adopt."""
@@ -409,8 +406,7 @@ class FilterBase:
                 forgotten,
                 len(self._owed),
             )
-        for tag, element in list(elements.items())[: max(room, 0)]:
-            self._owed[tag] = element
+        self._owed.update(list(elements.items())[: max(room, 0)])
 
     def _report(self, event: str, level: int, message: str, *args: object) -> None:
         """Count an event (the stat ``bloomfilter/<event>``) and say it, rate-limited."""

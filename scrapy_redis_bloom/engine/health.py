@@ -63,7 +63,6 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
     found = []
     for i, node in enumerate(topology.primaries()):
         calls = [Call(pack_command(b"INFO", part), server=i) for part in (b"server", b"memory")]
-        refused: BaseException | None
         try:
             replies = executor.run("read INFO", calls, timeout=0).replies
             refused = next((r for r in replies if isinstance(r, BaseException)), None)

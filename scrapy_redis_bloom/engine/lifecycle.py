@@ -248,9 +248,7 @@ class Lifecycle:
                 self.parts.meta_key,
                 self.key,
             )
-        lost_servers = sorted(
-            {i for i in missing_markers if any(s % record.servers == i for s in lost)}
-        )
+        lost_servers = sorted(set(missing_markers) & {s % record.servers for s in lost})
         if lost and self.faults.on_loss == "raise":
             raise FilterDamagedError(
                 f"{len(lost):,} of the {record.spec.shards:,} shards of the {self.shards.noun}"

@@ -50,9 +50,7 @@ def _literal(value: int | bool | str | list[int]) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return "{" + ", ".join(str(item) for item in value) + "}"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
+    return repr(value)  # a number, or a quoted string
 
 
 #: What every check-and-add script declares first: the layout's constants and reply codes.

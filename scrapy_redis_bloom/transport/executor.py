@@ -101,11 +101,8 @@ _PREFIXES = {
 
 def error_text(reply: BaseException) -> str:
     """Return an error reply's text with its prefix (redis-py strips known prefixes)."""
-    text = str(reply)
-    prefix = _PREFIXES.get(type(reply).__name__)
-    if prefix and not text.startswith(prefix):
-        return f"{prefix} {text}"
-    return text
+    text, prefix = str(reply), _PREFIXES.get(type(reply).__name__)
+    return f"{prefix} {text}" if prefix and not text.startswith(prefix) else text
 
 
 #: An error code inside a script's error: "... @user_script: 7: -OOM command not ...".
@@ -271,10 +268,9 @@ class Session:
         """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
         if self._shut is not None:
             raise NotSentError(self.node.address, self._shut)
-        pinned, self._shut = self._serial, "the connection it began on failed"
-        ticket = self.node.send(payload, count, pinned, check=True)
-        self._shut = None
-        self._serial = ticket.serial
+        self._shut = "the connection it began on failed"
+        ticket = self.node.send(payload, count, self._serial, check=True)
+        self._shut, self._serial = None, ticket.serial
         return ticket
 
     def replies(self, ticket: Ticket) -> list[Any]:
@@ -521,10 +517,9 @@ class Executor:
     ) -> None:
         """Raise if a failed hot-path call must not be retried: an outage's attempt, or too late."""
         now = time.monotonic()
-        outage = self._outages.get(write)
         if not probing and now - started < self.retry_timeout:
             return
-        why = describe_failure(failure)
+        why, outage = describe_failure(failure), self._outages.get(write)
         since = outage.since if outage is not None else started
         outage = self._failing(write, since, why, failure.address, now, failure)
         if probing:

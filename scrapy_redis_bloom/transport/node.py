@@ -126,10 +126,8 @@ def _replies(connection: Any) -> Callable[[int], list[Any]]:
                 if reply is not missing:
                     parser.handle_push_response(reply)  # not a reply: read the next
                 replies += _one_by_one(read, 1)
-            elif isinstance(reply, ERROR_REPLIES):
-                append(reply)
-            elif isinstance(reply, RedisConnectionError):
-                raise reply
+            elif isinstance(reply, RedisConnectionError) and not isinstance(reply, ERROR_REPLIES):
+                raise reply  # the connection failed (-LOADING, -NOAUTH are replies)
             elif isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
                 raise reply[0]
             else:
@@ -279,12 +277,7 @@ class Node:
     def receive(self, ticket: Ticket) -> list[Any]:
         """Read a ticket's replies (tickets in the order sent); an error reply as its exception."""
         read = self._read_replies
-        if (
-            self._connection is None
-            or read is None
-            or ticket.serial != self._serial
-            or ticket not in self._owed
-        ):
+        if read is None or ticket not in self._owed:  # (every drop empties it)
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
         if self._owed[0] is not ticket:
             # A caller left an earlier batch unread: its replies come first on the

@@ -145,11 +145,10 @@ class Cluster(Topology):
 
     def route(self, key: str | None, shard: int | None, server: int | None) -> Node:
         """Return the master of the key's hash slot (``server`` indexes the masters)."""
-        manager = self.client.nodes_manager
         if key is None:
             primaries = self.primaries()
             return primaries[(server or 0) % len(primaries)]
-        return self._node(manager.get_node_from_slot(key_slot(key.encode())))
+        return self._node(self.client.nodes_manager.get_node_from_slot(key_slot(key.encode())))
 
     def primaries(self) -> list[Node]:
         """Return every master the slot map knows, by address."""

@@ -1,11 +1,9 @@
 """The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
 
-On servers with ``BF.*`` (Redis 8, Redis Stack / RedisBloom, Valkey with valkey-bloom),
-each shard (``h1 mod shards``) is one scalable Bloom filter (:mod:`.native.parts`). One
-atomic command per check: ``BF.INSERT {KEY:<i>}:bf:<id> NOCREATE ITEMS <fingerprint>``
-(``BF.ADD`` would silently create a default filter in place of a lost one). Bulk calls
-pipeline ``BF.INSERT`` / ``BF.MEXISTS`` with many items per shard. Re-crawl windows:
-:mod:`.native.ttl`. Thread-safe (a lock).
+Shard ``h1 mod shards`` (:mod:`.native.parts`) takes one atomic ``BF.INSERT ... NOCREATE``
+per check (``BF.ADD`` would silently create a default filter in place of a lost one; see
+docs/howto/native.md); bulk calls pipeline ``BF.INSERT`` / ``BF.MEXISTS`` with many items
+per shard. Re-crawl windows: :mod:`.native.ttl`. Thread-safe (a lock).
 """
 
 from __future__ import annotations
@@ -158,10 +156,9 @@ class NativeBloomFilter(FilterBase):
         if windows is not None:
             windows.scripted(shard)
         seen = answers[0]
-        if seen and ambiguous:
+        if seen and ambiguous:  # maybe this call's own add, by an attempt whose reply was lost
             self.events.count("ambiguous")
-            return False  # the element may be this call's own, added by a lost attempt
-        return seen
+        return seen and not ambiguous
 
     def _windowed(
         self, windows: native_ttl.Windows, item: bytes, shard: int, key: str
@@ -183,9 +180,8 @@ class NativeBloomFilter(FilterBase):
             if verdict != native_ttl.ADD:
                 return verdict == native_ttl.SEEN or None
         reply, ambiguous = self.executor.fast(OPERATION, check.add, key, shard, None)
-        error = reply if isinstance(reply, BaseException) else None
-        if error is None and isinstance(reply, list) and reply:
-            error = reply[-1] if isinstance(reply[-1], BaseException) else None
+        last = reply[-1] if isinstance(reply, list) and reply else reply
+        error = last if isinstance(last, BaseException) else None
         if native_parts.is_not_found(error):
             return None  # the window is not started yet: the script starts it
         if error is not None:
@@ -193,10 +189,9 @@ class NativeBloomFilter(FilterBase):
         if not isinstance(reply, list) or len(reply) != 1:
             raise self._refused(ValueError(f"one reply to one item, got {reply!r:.100}"), key)
         seen = reply[0] == 0  # BF.INSERT: 1 (or true) when added
-        if seen and ambiguous:
+        if seen and ambiguous:  # maybe this call's own add, by an attempt whose reply was lost
             self.events.count("ambiguous")
-            return False  # the item may be this call's own, added by a lost attempt
-        return bool(seen)
+        return seen and not ambiguous
 
     def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
         """Return per item whether a reply says "seen"; None: the shard is missing; else raise."""
@@ -336,12 +331,11 @@ class NativeBloomFilter(FilterBase):
                     raise self._refused(None, key)
                 redo.append((shard, part))
                 continue
-            answers = outcome.answers
             if write and ambiguous:  # "already there" may be this command's own lost attempt
                 outcome.ambiguous += found.count(True)
             else:
                 for i, seen in zip(part, found, strict=True):
-                    answers[i] = seen
+                    outcome.answers[i] = seen
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)

@@ -3,8 +3,7 @@
 Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter; shard
 ``i`` in ``{KEY:<i>}:bf:<id>``, whose record id proves ownership as a bitmap header does (a
 worker on a reset filter's keys finds its shard missing). Shards are made by ``BF.RESERVE``
-(:func:`reserve_arguments`), never by the hot path, whose ``BF.INSERT ... NOCREATE``
-answers ``ERR not found`` for a missing one, which ``BLOOMFILTER_ON_LOSS`` handles.
+(:func:`reserve_arguments`), never by the hot path (``NOCREATE``: a missing one is lost).
 :class:`Blooms` is the :class:`~..lifecycle.Shards` of :class:`.filter.NativeBloomFilter`.
 """
 
