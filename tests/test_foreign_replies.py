@@ -24,6 +24,7 @@ from reply_cutter import Command, ReplyCutter
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError
 from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap import bulk
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
 
@@ -43,7 +44,7 @@ STATES: dict[str, tuple[dict[str, Any], int, bytes, bool]] = {
 FOREIGN = {
     "integer": b":7\r\n",
     "string": b"$2\r\nOK\r\n",
-    "short-array": b"*1\r\n:1\r\n",
+    "short-array": b"*1\r\n:7\r\n",  # (short, or one value no answer takes)
 }
 
 
@@ -201,4 +202,78 @@ def test_a_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_a_new_el
         assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
         assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
         assert bloom.contains_many(held) == [True] * len(held)
+        client.close()
+
+
+#: The native backend's calls and the command each sends: BF.INSERT; with re-crawl windows,
+#: the script (or BF.EXISTS on the windows, then the script or BF.INSERT), and whether a
+#: foreign reply to it is an error (None: an error, or the check answered by another way).
+NATIVE = [
+    ("fresh", "one", b"BF.INSERT", True),
+    ("fresh", "bulk", b"BF.INSERT", True),
+    ("fresh", "batch", b"BF.INSERT", True),
+    ("windows", "one", b"BF.EXISTS", None),
+    ("windows", "one", b"EVALSHA", True),
+    ("windows", "bulk", b"EVALSHA", True),
+    ("windows", "batch", b"EVALSHA", True),
+]
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize(("state", "call", "answering", "refused"), NATIVE)
+@pytest.mark.parametrize("on_error", ["raise", "allow"])
+def test_a_native_check_answered_by_a_foreign_reply_answers_nothing_from_it(
+    state: str,
+    call: str,
+    answering: bytes,
+    refused: bool | None,
+    reply: str,
+    on_error: str,
+    bloom_redis_server: RedisServer,
+) -> None:
+    bloom_redis_server.client().flushall()
+    held = fingerprints(50, "held")
+    new = fingerprints(20, "new")
+
+    def first(command: Command, _: bytes) -> bool:
+        return command[0] == answering
+
+    with ReplyCutter(bloom_redis_server.port, first, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        config = BloomConfig.from_settings(
+            {
+                "BLOOMFILTER_CAPACITY": 10_000,
+                "BLOOMFILTER_ERROR_RATE": 1e-3,
+                "BLOOMFILTER_BACKEND": "native",
+                "BLOOMFILTER_CACHE_SIZE": 0,
+                "BLOOMFILTER_TTL": 3600 if state == "windows" else 0,
+            }
+        )
+        faults = FaultPolicy(retry_timeout=2, on_error=on_error)  # type: ignore[arg-type]
+        bloom = make_filter([client], "native-foreign", config, faults=faults)
+        bloom.add_many(held)
+        bloom.check_and_add(held[0])  # the window is known
+        proxy.armed = True
+        error, answers = None, [False] * len(new)
+        try:
+            if call == "one":
+                answers = [bloom.check_and_add(new[0])]
+            elif call == "bulk":
+                answers = bloom.add_many(new)
+            else:
+                answers = bloom.check_and_add_many(new)
+        except FilterUnavailableError as exc:
+            error = str(exc)
+        proxy.armed = False
+        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
+        assert True not in answers
+        if error is not None:  # said, not answered
+            assert on_error == "raise"
+            assert refused is not False
+            assert "not this command's" in error
+        elif refused:
+            assert bloom.events.counts["errors"] > 0
+        assert bloom.check_and_add(new[-1]) is (call != "one")
+        assert bloom.contains_many(held) == [True] * len(held)
+        bloom.close()
         client.close()

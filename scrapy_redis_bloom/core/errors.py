@@ -133,6 +133,18 @@ class FilterUnavailableError(BloomFilterError):
         self.server = server
 
 
+def foreign_reply(what: str, key: str, exc: ValueError) -> FilterUnavailableError:
+    """Return the error for a reply of another shape than its command's (``exc`` says how).
+
+    What Redis did is unknown: nothing is read from it, and it is handled as an outage
+    (``BLOOMFILTER_ON_ERROR``).
+    """
+    return FilterUnavailableError(
+        f"Redis answered {what} of {key!r} with a reply that is not this command's ({exc});"
+        " answering nothing from it."
+    )
+
+
 class FilterDamagedError(BloomFilterError):
     """Part of the filter is gone: a shard evicted or deleted, a server emptied or replaced.
 

@@ -39,6 +39,7 @@ from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     FilterDamagedError,
     FilterUnavailableError,
+    foreign_reply,
 )
 from scrapy_redis_bloom.core.generations import Growth, seed_arguments
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
@@ -550,10 +551,7 @@ class Bulk:
                     try:
                         bits = self._read_reply(command, reply, chunk.k, mismatched)
                     except ValueError as exc:
-                        raise FilterUnavailableError(
-                            f"Redis answered a bulk check of {command.call.key!r} with a reply"
-                            f" that is not this command's ({exc}); answering nothing from it."
-                        ) from None
+                        raise foreign_reply("a bulk check", command.call.key or "", exc) from None
                     old_bits[command.shard].extend(bits)
                     if maybe_twice and command.elements is not None:
                         doubtful[command.shard].update(command.elements)

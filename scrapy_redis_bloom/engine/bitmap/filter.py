@@ -21,6 +21,7 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     FilterDamagedError,
     FilterUnavailableError,
+    foreign_reply,
 )
 from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
@@ -194,7 +195,7 @@ class RedisBloomFilter(FilterBase):
         try:
             return read(replies)
         except ValueError as exc:
-            raise self._not_ours(key, exc) from None
+            raise foreign_reply("a check", key, exc) from None
 
     def _added(self, check: Check, reply: Any, ambiguous: bool) -> bool | None:
         """Read a stacked check's add: its answer, or None (the key was not this filter's)."""
@@ -206,7 +207,7 @@ class RedisBloomFilter(FilterBase):
         try:
             seen = stack.added(check, reply)
         except ValueError as exc:
-            raise self._not_ours(check.add_key, exc) from None
+            raise foreign_reply("a check", check.add_key, exc) from None
         if seen is None:  # lost or reset between the reads and the add: the script sorts it out
             self._take_back_bits(check.add_key, check.shard, reply, check.add_bits)
             return None
@@ -225,12 +226,6 @@ class RedisBloomFilter(FilterBase):
             self.events.count("ambiguous")
             return False  # the bits may be this call's own, set by a lost attempt
         return seen
-
-    def _not_ours(self, key: str, exc: ValueError) -> FilterUnavailableError:
-        return FilterUnavailableError(
-            f"Redis answered a check of {key!r} with a reply that is not this"
-            f" command's ({exc}); answering nothing from it."
-        )
 
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
@@ -385,7 +380,7 @@ class RedisBloomFilter(FilterBase):
             try:
                 seen, generations = command.fast.read(command.shard, reply, command.fields)
             except ValueError as exc:
-                raise self._not_ours(command.key, exc) from None
+                raise foreign_reply("a check", command.key, exc) from None
             if seen is None:
                 # Its bits went to a lost shard or a reset filter: recover, check again
                 # ("seen" then may be this call's own bits).
@@ -405,7 +400,7 @@ class RedisBloomFilter(FilterBase):
             try:
                 reply = scripts.script_reply(reply, 1)
             except ValueError as exc:
-                raise self._not_ours(command.key, exc) from None
+                raise foreign_reply("a check", command.key, exc) from None
             if reply[0] == scripts.MISMATCH:
                 if recovered:
                     raise self._still_wrong(command.key)

@@ -21,6 +21,7 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     FilterDamagedError,
     FilterUnavailableError,
+    foreign_reply,
 )
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
@@ -176,7 +177,7 @@ class NativeBloomFilter(FilterBase):
                         raise self._refused(reply, key)
                 verdict = windows.judge(check, replies, sent_at, item)
             except ValueError as exc:
-                raise self._refused(exc, key) from None
+                raise foreign_reply("a check", key, exc) from None
             if verdict != native_ttl.ADD:
                 return verdict == native_ttl.SEEN or None
         reply, ambiguous = self.executor.fast(OPERATION, check.add, key, shard, None)
@@ -186,49 +187,60 @@ class NativeBloomFilter(FilterBase):
             return None  # the window is not started yet: the script starts it
         if error is not None:
             raise self._refused(error, key)
-        if not isinstance(reply, list) or len(reply) != 1:
-            raise self._refused(ValueError(f"one reply to one item, got {reply!r:.100}"), key)
+        if not isinstance(reply, list) or len(reply) != 1 or reply[0] not in (0, 1):
+            shape = ValueError(f"one reply to one item, got {reply!r:.200}")
+            raise foreign_reply("a check", key, shape)
         seen = reply[0] == 0  # BF.INSERT: 1 (or true) when added
         if seen and ambiguous:  # maybe this call's own add, by an attempt whose reply was lost
             self.events.count("ambiguous")
         return seen and not ambiguous
 
     def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
-        """Return per item whether a reply says "seen"; None: the shard is missing; else raise."""
-        error = reply if isinstance(reply, BaseException) else None
-        if error is None and reply and isinstance(reply[-1], BaseException):
-            error = reply[-1]  # RedisBloom stops at the first item it refuses
-        if error is not None:
-            if native_parts.is_not_found(error):
+        """Return per item whether a reply says "seen"; None: the shard is missing; else raise.
+
+        A reply of another shape than the command's raises (:func:`..errors.foreign_reply`).
+        """
+        if isinstance(reply, BaseException) or (
+            isinstance(reply, list) and reply and isinstance(reply[-1], BaseException)
+        ):
+            error = reply if isinstance(reply, BaseException) else reply[-1]
+            if native_parts.is_not_found(error):  # (RedisBloom stops at an item it refuses)
                 return None
             raise self._refused(error, key)
-        if self._ttl:
-            code = reply[0]
-            if code == native_ttl.ANCHOR_LOST:
-                return None
-            if code < 0:
-                raise self._window_refused(code, reply, key)
-            if code & native_ttl.RECREATED:
-                self._report(
-                    "recreated",
-                    logging.WARNING,
-                    "A lost re-crawl window of the native Bloom filter %r (shard key %r) was"
-                    " passed over (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
-                    " fetched again. See the maxmemory-policy of %s.",
-                    self.key,
-                    key,
-                    self.topology.describe(),
-                )
-            reply = reply[1:]
-        if len(reply) != items:
-            raise self._refused(ValueError(f"{len(reply)} replies to {items} items"), key)
+        code = reply[0] if self._ttl and isinstance(reply, list) and reply else 0
+        if code == native_ttl.ANCHOR_LOST and len(reply) == 1:
+            return None
+        if (code == native_ttl.FOREIGN and len(reply) == 1) or (
+            code == native_ttl.WINDOW_LOST and len(reply) == 2 and isinstance(reply[1], bytes)
+        ):
+            raise self._window_refused(code, reply, key)
+        answers = reply[1:] if self._ttl and isinstance(reply, list) else reply
+        if (
+            not isinstance(reply, list)
+            or code not in (0, native_ttl.RECREATED)
+            or len(answers) != items
+            or not all(answer in (0, 1) for answer in answers)
+        ):
+            shape = ValueError(f"a reply to {items} item(s), got {reply!r:.200}")
+            raise foreign_reply("a check", key, shape)
+        if code == native_ttl.RECREATED:
+            self._report(
+                "recreated",
+                logging.WARNING,
+                "A lost re-crawl window of the native Bloom filter %r (shard key %r) was"
+                " passed over (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may be"
+                " fetched again. See the maxmemory-policy of %s.",
+                self.key,
+                key,
+                self.topology.describe(),
+            )
         if self._ttl or not write:
-            return [answer == 1 for answer in reply]
-        return [answer == 0 for answer in reply]  # BF.INSERT: 1 (or true) when added
+            return [answer == 1 for answer in answers]
+        return [answer == 0 for answer in answers]  # BF.INSERT: 1 (or true) when added
 
     def _window_refused(self, code: int, reply: Any, key: str) -> FilterDamagedError:
         if code == native_ttl.WINDOW_LOST:
-            window = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            window = reply[1].decode()
             return FilterDamagedError(
                 f"Re-crawl window {window!r} of the native Bloom filter {self.key!r} is gone"
                 f" from {self.topology.describe()} before its time: it was evicted (see"
@@ -325,7 +337,13 @@ class NativeBloomFilter(FilterBase):
             chunks, calls, results.replies, results.ambiguous, strict=True
         ):
             key = call.key or ""
-            found = self._read(reply, key, write, len(part))
+            try:
+                found = self._read(reply, key, write, len(part))
+            except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
+                self._unavailable(exc, len(part))
+                outcome.errors += len(part)
+                outcome.failed += [items[i] for i in part]
+                continue
             if found is None:
                 if recovered:
                     raise self._refused(None, key)

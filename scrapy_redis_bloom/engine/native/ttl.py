@@ -134,6 +134,8 @@ class Windows:
         if timed is None:
             return SCRIPT  # the round chose its keys by another window
         now, replies = timed
+        if not all(reply in (0, 1) for reply in replies):
+            raise ValueError(f"EXISTS and BF.EXISTS replies, got {replies!r:.200}")
         seen = replies[-1] == 1
         if check.exists:
             if replies[0] == 0:  # the window before is missing: lost, or never started
