@@ -104,7 +104,7 @@ def script_reply(reply: Any, answers: int) -> list[Any]:
             reply[0] == 0
             and len(reply) == 3 + answers
             and all(value.__class__ is int for value in reply[1:3])
-            and all(value in (0, 1) for value in reply[3:])
+            and (given := reply[3:]).count(0) + given.count(1) == answers
         ):
             return reply
     raise ValueError(f"the script's reply for {answers} element(s), got {reply!r:.200}")
