@@ -14,6 +14,7 @@ as the truth has it.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap import bulk
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
+from scrapy_redis_bloom.engine.clock import CLOCK_EVERY
 
 #: One shard, so that every check of a state takes the same way.
 GROWING = {"BLOOMFILTER_CAPACITY": 2_000, "BLOOMFILTER_ERROR_RATE": 1e-3, "BLOOMFILTER_SHARDS": 1}
@@ -39,6 +41,8 @@ STATES: dict[str, tuple[dict[str, Any], int, bytes, bool]] = {
     "boundary": (GROWING, 1_995, b"EVALSHA", True),
     # Grown: the reads of every generation (engine/bitmap/stackpath.py).
     "grown": (GROWING, 5_000, b"GETRANGE", False),
+    # With windows: Redis's clock, read beside them now and then (engine/clock.py).
+    "windowed": ({**GROWING, "BLOOMFILTER_TTL": 3600}, 100, b"TIME", True),
 }
 #: Replies of another shape than any of these commands' answers.
 FOREIGN = {
@@ -83,6 +87,8 @@ def test_a_check_answered_by_a_foreign_reply_answers_nothing_from_it(
         for element in held:
             bloom.check_and_add(element)
         scripts = calls(redis_client, "evalsha")
+        if answering == b"TIME":
+            time.sleep(CLOCK_EVERY + 0.1)  # the next check reads Redis's clock again
         proxy.armed = True
         if on_error == "raise" and refused:
             with pytest.raises(FilterUnavailableError, match="not this command's"):
@@ -276,4 +282,57 @@ def test_a_native_check_answered_by_a_foreign_reply_answers_nothing_from_it(
         assert bloom.check_and_add(new[-1]) is (call != "one")
         assert bloom.contains_many(held) == [True] * len(held)
         bloom.close()
+        client.close()
+
+
+#: Bulk calls on a grown filter and on one with windows (stacks, engine/bitmap/stacks.py,
+#: and the script at the growth boundary), and the commands they send.
+STACKED = [
+    (state, command)
+    for state, commands in (
+        ("grown", [b"GET", b"GETRANGE", b"EVALSHA"]),
+        ("windowed", [b"GET", b"GETRANGE", b"EVALSHA", b"TIME"]),
+    )
+    for command in commands
+]
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize(("state", "answering"), STACKED)
+@pytest.mark.parametrize("on_error", ["raise", "allow"])
+def test_a_stacked_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_a_new_element(
+    state: str,
+    answering: bytes,
+    reply: str,
+    on_error: str,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+) -> None:
+    settings = {**GROWING, "BLOOMFILTER_TTL": 3600 if state == "windowed" else 0}
+    held = fingerprints(5_000, "held")
+    new = fingerprints(3_000, "new")
+    twin = RedisBloomFilter.from_config(redis_client, "twin", BloomConfig.from_settings(settings))
+    twin.add_many(held)
+    expected = twin.add_many(new)  # what the call answers when nothing is foreign
+
+    def first(command: Command, _: bytes) -> bool:
+        return command[0] == answering
+
+    with ReplyCutter(redis_server.port, first, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        bloom = make(client, settings, on_error)
+        bloom.add_many(held)
+        proxy.armed = True
+        error, answers = None, [False] * len(new)
+        try:
+            answers = bloom.add_many(new)
+        except FilterUnavailableError as exc:
+            error = str(exc)
+        proxy.armed = False
+        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
+        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
+        if error is not None:  # said, not answered
+            assert on_error == "raise"
+            assert "not this command's" in error
+        assert bloom.contains_many(held) == [True] * len(held)
         client.close()
