@@ -71,9 +71,16 @@ def make(client: redis.Redis, settings: dict[str, Any], on_error: str) -> RedisB
 @pytest.mark.parametrize("reply", list(FOREIGN))
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("on_error", ["raise", "allow"])
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
 def test_a_check_answered_by_a_foreign_reply_answers_nothing_from_it(
-    state: str, reply: str, on_error: str, redis_server: RedisServer, redis_client: redis.Redis
+    state: str,
+    reply: str,
+    on_error: str,
+    batch: bool,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
 ) -> None:
+    """``check_and_add``, and ``check_and_add_many`` (BatchingMiddleware's) of one element."""
     settings, prefill, answering, refused = STATES[state]
     held = fingerprints(prefill, "held")
     new = fingerprints(3, "new")
@@ -86,24 +93,25 @@ def test_a_check_answered_by_a_foreign_reply_answers_nothing_from_it(
         bloom = make(client, settings, on_error)
         for element in held:
             bloom.check_and_add(element)
+        check = (lambda e: bloom.check_and_add_many([e])[0]) if batch else bloom.check_and_add
         scripts = calls(redis_client, "evalsha")
         if answering == b"TIME":
             time.sleep(CLOCK_EVERY + 0.1)  # the next check reads Redis's clock again
         proxy.armed = True
         if on_error == "raise" and refused:
             with pytest.raises(FilterUnavailableError, match="not this command's"):
-                bloom.check_and_add(new[0])
+                check(new[0])
         else:
-            assert bloom.check_and_add(new[0]) is False
+            assert check(new[0]) is False
             assert bloom.events.counts["errors"] == int(refused)
         proxy.armed = False
         assert proxy.cuts == [answering.decode()]  # the check met the foreign reply
         if not refused:  # the script answered it
             assert calls(redis_client, "evalsha") == scripts + 1
         # In step: the next replies are their commands' own.
-        assert bloom.check_and_add(new[1]) is False
-        assert bloom.check_and_add(new[1]) is True
-        assert bloom.check_and_add(held[-1]) is True
+        assert check(new[1]) is False
+        assert check(new[1]) is True
+        assert check(held[-1]) is True
         client.close()
 
 

@@ -271,7 +271,11 @@ class RedisBloomFilter(FilterBase):
                     if reply is not None:  # raised once every add's count is sorted
                         refused = refused or self.parts.refusal(reply, check.add_key, OPERATION)
                     continue
-                seen = self._added(check, reply, ambiguous)
+                try:
+                    seen = self._added(check, reply, ambiguous)
+                except FilterUnavailableError as exc:  # a foreign reply: answered as an outage
+                    failure = failure or exc
+                    continue
                 if seen is None:
                     again.append(i)
                 else:
@@ -312,6 +316,7 @@ class RedisBloomFilter(FilterBase):
         sent_at = time.time()
         results, failure = self._partial(calls)
         stack, at = self._stack, 0
+        foreign: list[int] = []  # checks whose reads had a foreign reply
         for i, check in checks.items():
             replies = results.replies[at : at + len(check.reads)]
             at += len(check.reads)
@@ -319,8 +324,13 @@ class RedisBloomFilter(FilterBase):
                 continue
             assert stack is not None
             judge = partial(stack.judge, check, sent_at=sent_at)
-            if self._read(check.keys[0].name, replies, judge) == SEEN:
-                answers[i] = True
+            try:
+                answers[i] = self._read(check.keys[0].name, replies, judge) == SEEN or None
+            except FilterUnavailableError as exc:  # a foreign reply: answered as an outage
+                failure = failure or exc
+                foreign.append(i)
+        for i in foreign:
+            del checks[i]  # neither added nor scripted
         refused = None
         for at, (i, command) in enumerate(commands.items(), first):
             reply = results.replies[at]
@@ -330,9 +340,12 @@ class RedisBloomFilter(FilterBase):
                     refused = refused or self.parts.refusal(reply, command.key, OPERATION)
                 continue
             _, _, element, h1, h2 = todo[i]
-            answers[i] = self._conclude(
-                command, reply, results.ambiguous[at], element, h1, h2, False
-            )
+            try:
+                answers[i] = self._conclude(
+                    command, reply, results.ambiguous[at], element, h1, h2, False
+                )
+            except FilterUnavailableError as exc:  # a foreign reply, or an outage in recovery
+                failure = failure or exc
         if refused is not None:
             raise refused
         return failure
