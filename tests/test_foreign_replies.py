@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from scrapy_redis_bloom.core.errors import FilterUnavailableError
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap import bulk
+from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
 from scrapy_redis_bloom.engine.clock import CLOCK_EVERY
 
@@ -163,7 +165,7 @@ WAYS = {
 
 def take_way(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make a bulk call take ``way`` (the tests' shards are small: whole by default)."""
-    if way in ("whole", "blocks") and not bulk.HAVE_NUMPY:
+    if way in ("whole", "blocks") and not HAVE_NUMPY:
         pytest.skip("numpy (the numpy extra) is not installed")
     if way.startswith("blocks"):
         monkeypatch.setattr(bulk, "BLOCKS_NS_PER_ELEMENT", 1)
@@ -172,6 +174,53 @@ def take_way(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(bulk, "HAVE_NUMPY", False)
     if way == "chunks":
         monkeypatch.setattr(bulk, "SNAPSHOTS", False)
+
+
+def outcome(call: Callable[[], list[bool]], size: int) -> tuple[list[bool], str | None]:
+    """Run a call that meets a foreign reply: its answers (all "new" if it raised), its error."""
+    try:
+        return call(), None
+    except FilterUnavailableError as exc:
+        return [False] * size, str(exc)
+
+
+def bulk_with_a_foreign_reply(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    settings: dict[str, Any],
+    prefill: int,
+    answering: bytes,
+    reply: str,
+    on_error: str,
+) -> None:
+    """``add_many`` of 3,000 new elements, the first reply to ``answering`` foreign.
+
+    No element a twin filter (the same call, nothing foreign) answers "new" is "seen"; an
+    error says the reply was foreign; the elements held before stay held.
+    """
+    held = fingerprints(prefill, "held")
+    new = fingerprints(3_000, "new")
+    twin = RedisBloomFilter.from_config(redis_client, "twin", BloomConfig.from_settings(settings))
+    twin.add_many(held)
+    expected = twin.add_many(new)  # what the call answers when nothing is foreign
+
+    def first(command: Command, _: bytes) -> bool:
+        return command[0] == answering
+
+    with ReplyCutter(redis_server.port, first, replace=FOREIGN[reply]) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        bloom = make(client, settings, on_error)
+        bloom.add_many(held)
+        proxy.armed = True
+        answers, error = outcome(lambda: bloom.add_many(new), len(new))
+        proxy.armed = False
+        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
+        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
+        if error is not None:  # said, not answered
+            assert on_error == "raise"
+            assert "not this command's" in error
+        assert bloom.contains_many(held) == [True] * len(held)
+        client.close()
 
 
 @pytest.mark.parametrize("reply", list(FOREIGN))
@@ -190,33 +239,7 @@ def test_a_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_a_new_el
 ) -> None:
     """Each command of each way, its first reply foreign: a doubt, never "seen"."""
     take_way(way, monkeypatch)
-    held = fingerprints(3_000, "held")
-    new = fingerprints(3_000, "new")
-    twin = RedisBloomFilter.from_config(redis_client, "twin", BloomConfig.from_settings(FIXED))
-    twin.add_many(held)
-    expected = twin.add_many(new)  # what the call answers when nothing is foreign
-
-    def first(command: Command, _: bytes) -> bool:
-        return command[0] == answering
-
-    with ReplyCutter(redis_server.port, first, replace=FOREIGN[reply]) as proxy:
-        client = redis.Redis(host="127.0.0.1", port=proxy.port)
-        bloom = make(client, FIXED, on_error)
-        bloom.add_many(held)
-        proxy.armed = True
-        error, answers = None, [False] * len(new)
-        try:
-            answers = bloom.add_many(new)
-        except FilterUnavailableError as exc:
-            error = str(exc)
-        proxy.armed = False
-        if error is not None:  # said, not answered
-            assert on_error == "raise"
-            assert "not this command's" in error
-        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
-        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
-        assert bloom.contains_many(held) == [True] * len(held)
-        client.close()
+    bulk_with_a_foreign_reply(redis_server, redis_client, FIXED, 3_000, answering, reply, on_error)
 
 
 #: The native backend's calls and the command each sends: BF.INSERT; with re-crawl windows,
@@ -268,16 +291,12 @@ def test_a_native_check_answered_by_a_foreign_reply_answers_nothing_from_it(
         bloom.add_many(held)
         bloom.check_and_add(held[0])  # the window is known
         proxy.armed = True
-        error, answers = None, [False] * len(new)
-        try:
-            if call == "one":
-                answers = [bloom.check_and_add(new[0])]
-            elif call == "bulk":
-                answers = bloom.add_many(new)
-            else:
-                answers = bloom.check_and_add_many(new)
-        except FilterUnavailableError as exc:
-            error = str(exc)
+        calls = {
+            "one": lambda: [bloom.check_and_add(new[0])],
+            "bulk": lambda: bloom.add_many(new),
+            "batch": lambda: bloom.check_and_add_many(new),
+        }
+        answers, error = outcome(calls[call], len(new))
         proxy.armed = False
         assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
         assert True not in answers
@@ -317,30 +336,6 @@ def test_a_stacked_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_
     redis_client: redis.Redis,
 ) -> None:
     settings = {**GROWING, "BLOOMFILTER_TTL": 3600 if state == "windowed" else 0}
-    held = fingerprints(5_000, "held")
-    new = fingerprints(3_000, "new")
-    twin = RedisBloomFilter.from_config(redis_client, "twin", BloomConfig.from_settings(settings))
-    twin.add_many(held)
-    expected = twin.add_many(new)  # what the call answers when nothing is foreign
-
-    def first(command: Command, _: bytes) -> bool:
-        return command[0] == answering
-
-    with ReplyCutter(redis_server.port, first, replace=FOREIGN[reply]) as proxy:
-        client = redis.Redis(host="127.0.0.1", port=proxy.port)
-        bloom = make(client, settings, on_error)
-        bloom.add_many(held)
-        proxy.armed = True
-        error, answers = None, [False] * len(new)
-        try:
-            answers = bloom.add_many(new)
-        except FilterUnavailableError as exc:
-            error = str(exc)
-        proxy.armed = False
-        assert proxy.cuts == [answering.decode()]  # the call met the foreign reply
-        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
-        if error is not None:  # said, not answered
-            assert on_error == "raise"
-            assert "not this command's" in error
-        assert bloom.contains_many(held) == [True] * len(held)
-        client.close()
+    bulk_with_a_foreign_reply(
+        redis_server, redis_client, settings, 5_000, answering, reply, on_error
+    )
