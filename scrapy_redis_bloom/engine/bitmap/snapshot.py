@@ -368,10 +368,12 @@ def _copy(target: Target, read: list[Any], write: bool) -> tuple[bytearray, byte
         reply = read[-1] if inside else read if target.ranged else read[0]
         if not isinstance(reply, list) or (inside and _failure(reply)):
             return None  # a command refused inside a check's transaction: the other path's
-        strlen, parts = reply[0], reply[1:]
-        if strlen.__class__ is not int or not all(isinstance(part, bytes) for part in parts):
+        try:
+            strlen, before = reply[0], b"".join(reply[1:])  # (TypeError: not all strings)
+        except TypeError:
             return None  # not these commands' replies: the other path reads again
-        before = b"".join(parts)
+        if strlen.__class__ is not int:
+            return None
         copy, size = bytearray(before), HEADER_BYTES + len(target.blocks) * BLOCK_BYTES
     if strlen != target.length or not copy.startswith(target.identity) or len(copy) != size:
         return None  # lost, foreign or odd: the other path finds out which

@@ -200,23 +200,22 @@ class NativeBloomFilter(FilterBase):
 
         A reply of another shape than the command's raises (:func:`..errors.foreign_reply`).
         """
-        if isinstance(reply, BaseException) or (
-            isinstance(reply, list) and reply and isinstance(reply[-1], BaseException)
-        ):
-            error = reply if isinstance(reply, BaseException) else reply[-1]
-            if native_parts.is_not_found(error):  # (RedisBloom stops at an item it refuses)
+        listed = isinstance(reply, list)
+        error = reply[-1] if listed and reply else reply  # (RedisBloom stops at a refused item)
+        if isinstance(error, BaseException):
+            if native_parts.is_not_found(error):
                 return None
             raise self._refused(error, key)
-        code = reply[0] if self._ttl and isinstance(reply, list) and reply else 0
+        code = reply[0] if self._ttl and listed and reply else 0
         if code == native_ttl.ANCHOR_LOST and len(reply) == 1:
             return None
         if (code == native_ttl.FOREIGN and len(reply) == 1) or (
             code == native_ttl.WINDOW_LOST and len(reply) == 2 and isinstance(reply[1], bytes)
         ):
             raise self._window_refused(code, reply, key)
-        answers = reply[1:] if self._ttl and isinstance(reply, list) else reply
+        answers = reply[1:] if self._ttl and listed else reply
         if (
-            not isinstance(reply, list)
+            not listed
             or code not in (0, native_ttl.RECREATED)
             or len(answers) != items
             or answers.count(0) + answers.count(1) != len(answers)  # (at C speed)
