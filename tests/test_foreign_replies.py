@@ -14,18 +14,24 @@ as the truth has it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from cli_run import assert_one_line_error, run
 from redis_server import RedisServer
 from reply_cutter import Command, ReplyCutter
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError
 from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap import bulk
 from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
@@ -339,3 +345,121 @@ def test_a_stacked_bulk_call_answered_by_a_foreign_reply_never_answers_seen_for_
     bulk_with_a_foreign_reply(
         redis_server, redis_client, settings, 5_000, answering, reply, on_error
     )
+
+
+class BooksSpider(Spider):
+    name = "books"
+
+
+#: A worker's calls off the hot path (opening, leases, counters, the state in its stats),
+#: each picked by its name and an argument (the first such reply is replaced), and the
+#: foreign replies of its own command's shape, which no check can tell from a true one.
+LIFE: dict[str, tuple[bytes, bytes, set[str]]] = {
+    "handshake": (b"HELLO", b"", set(FOREIGN)),  # not sent: the connection is made again
+    "server version": (b"INFO", b"server", set()),
+    "backend probe": (b"COMMAND", b"BF.INSERT", set()),
+    "record read": (b"HGETALL", b":meta", set()),
+    "lease": (b"EVALSHA", b":workers", {"integer"}),
+    "counters sync": (b"HINCRBY", b":count", {"integer"}),
+    "counters read": (b"HMGET", b":count", set()),
+    "generations read": (b"BITFIELD", b"u16", {"short-array"}),
+    "bits counted": (b"BITCOUNT", b":g0", {"integer"}),
+    "memory read": (b"MEMORY", b":g0", {"integer"}),
+}
+
+
+@pytest.mark.parametrize("reply", list(FOREIGN))
+@pytest.mark.parametrize("call", list(LIFE))
+def test_a_workers_calls_answered_by_a_foreign_reply_raise_no_raw_error(
+    call: str,
+    reply: str,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Opening, leasing, counting and reading the state: nothing read from a foreign reply.
+
+    Opening fails with the error that says so, or the crawl goes on and the worker says
+    what it met: no ``ValueError``, ``TypeError`` or ``AttributeError`` from taking the
+    reply apart, no count or state made up of it, and never "seen" for a new URL.
+    """
+    name, argument, own = LIFE[call]
+    caplog.set_level(logging.INFO)
+
+    def picked(command: Command, _: bytes) -> bool:
+        arguments = command[1:] or [b""]
+        return (
+            command[0] == name
+            and any(argument in part for part in arguments)
+            and not any(b"acl-probe" in part for part in arguments)  # engine/access.py's
+        )
+
+    urls = [f"http://books.test/{i}" for i in range(20)]
+    with ReplyCutter(redis_server.port, picked, replace=FOREIGN[reply]) as proxy:
+        proxy.armed = True
+        settings = {
+            "REDIS_URL": f"redis://127.0.0.1:{proxy.port}",
+            "BLOOMFILTER_CAPACITY": 100_000,
+            "BLOOMFILTER_ON_ERROR": "allow",
+            "BLOOMFILTER_RETRY_TIMEOUT": 2,
+        }
+        crawler = get_crawler(BooksSpider, settings)
+        crawler.spider = BooksSpider()
+        failed: FilterUnavailableError | None = None
+        try:
+            dupefilter = RFPDupeFilter.from_crawler(crawler)
+        except FilterUnavailableError as exc:  # opening: nothing to answer from yet
+            failed = exc
+        if failed is not None:
+            assert reply not in own
+            assert "not this command's" in str(failed)
+            assert proxy.cuts == [name.decode()]
+            return
+        answers = [dupefilter.request_seen(Request(url)) for url in urls + urls[:5]]
+        dupefilter.close("finished")
+    assert proxy.cuts == [name.decode()]  # the worker met the foreign reply
+    assert answers == [False] * 20 + [True] * 5
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
+    told = [m for m in said if "not this command's" in m or "names no version" in m]
+    assert bool(told) == (reply not in own), said
+
+
+#: Operations (the command line) and the call each meets a foreign reply at first.
+OPERATIONS = {
+    "info: counters": ("info", b"HMGET", b":count"),
+    "info: live workers": ("info", b"EVALSHA", b":workers"),
+    "info: memory": ("info", b"MEMORY", b":g0"),
+    "check: keys counted": ("check", b"DBSIZE", b""),
+    "check: record": ("check", b"HGETALL", b":meta"),
+}
+
+
+@pytest.mark.parametrize("reply", ["string", "short-array"])
+@pytest.mark.parametrize("operation", list(OPERATIONS))
+def test_an_operation_answered_by_a_foreign_reply_fails_saying_so(
+    operation: str,
+    reply: str,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """One line naming the reply, exit status 1: no traceback, no figure made up of it."""
+    command, name, argument = OPERATIONS[operation]
+    held = tmp_path / "held.txt"
+    held.write_text("".join(f"{i:040x}\n" for i in range(2_500)))
+    url = f"redis://127.0.0.1:{redis_server.port}"
+    added = run(capsys, "add", "--redis-url", url, "--key", "ops", "--capacity", "1000", str(held))
+    assert added[0] == 0
+
+    def picked(command: Command, _: bytes) -> bool:
+        return command[0] == name and any(argument in part for part in command[1:] or [b""])
+
+    with ReplyCutter(redis_server.port, picked, replace=FOREIGN[reply]) as proxy:
+        proxy.armed = True
+        argv = [command, "--redis-url", f"redis://127.0.0.1:{proxy.port}", "--key", "ops"]
+        code, _, err = run(capsys, *argv, *([str(held)] if command == "check" else []))
+    assert proxy.cuts == [name.decode()]
+    assert code == 1
+    assert_one_line_error(err)
+    assert "not this command's" in err

@@ -8,7 +8,8 @@ names settings is a :class:`Wording`, so that each front end names them in its o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from string import Formatter
 
 
@@ -133,16 +134,35 @@ class FilterUnavailableError(BloomFilterError):
         self.server = server
 
 
-def foreign_reply(what: str, key: str, exc: ValueError) -> FilterUnavailableError:
+def foreign_reply(what: str, key: str, exc: Exception) -> FilterUnavailableError:
     """Return the error for a reply of another shape than its command's (``exc`` says how).
 
     What Redis did is unknown: nothing is read from it, and it is handled as an outage
     (``BLOOMFILTER_ON_ERROR``).
     """
     return FilterUnavailableError(
-        f"Redis answered {what} of {key!r} with a reply that is not this command's ({exc});"
+        f"Redis answered {what} on {key!r} with a reply that is not this command's ({exc});"
         " answering nothing from it."
     )
+
+
+#: What taking apart a reply of another shape than expected raises.
+SHAPE_ERRORS = (ValueError, TypeError, IndexError, KeyError, AttributeError)
+
+
+@contextmanager
+def taking_apart(operation: str, key: str) -> Iterator[None]:
+    """Take replies apart inside: one of another shape raises :func:`foreign_reply`.
+
+    For the calls off the hot path (records, counters, leases, state, inventory), which read
+    their replies with ``int()`` and unpacking; the package's own errors pass through.
+    """
+    try:
+        yield
+    except WordedError:
+        raise
+    except SHAPE_ERRORS as exc:
+        raise foreign_reply(f"a call to {operation}", key, exc) from None
 
 
 class FilterDamagedError(BloomFilterError):

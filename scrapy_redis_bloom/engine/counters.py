@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.parts import Parts, integer
 from scrapy_redis_bloom.engine.state import FilterTotals
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -82,7 +83,7 @@ class Counters:
             Call(pack_command(b"HINCRBY", key, b"seen", seen), key=key),
         ]
         try:
-            replies = parts.run("add to the filter's counters", calls, write=True)
+            replies = parts.run("add to the filter's counters", calls, write=True, take=int)
         except BaseException as exc:
             self._unsynced_added += added
             self._unsynced_seen += seen
@@ -97,7 +98,7 @@ class Counters:
                 exc,
             )
             return None
-        totals = self.synced = FilterTotals(added=int(replies[0]), seen=int(replies[1]))
+        totals = self.synced = FilterTotals(added=replies[0], seen=replies[1])
         if parts.capacity is not None and parts.capacity != self.capacity:
             self.capacity = parts.capacity
             self._warned_at = 0
@@ -108,8 +109,7 @@ class Counters:
         """Read the totals over all workers (this worker's unsynced counts not included)."""
         key = parts.counter_key
         call = Call(pack_command(b"HMGET", key, b"added", b"seen"), key=key)
-        added, seen = parts.run("read the filter's counters", [call])[0]
-        self.synced = FilterTotals(added=int(added or 0), seen=int(seen or 0))
+        (self.synced,) = parts.run("read the filter's counters", [call], take=_totals)
         return self.synced
 
     def check_capacity(self, items: int, spec: FilterSpec) -> None:
@@ -137,3 +137,11 @@ class Counters:
             now,
             planned,
         )
+
+
+def _totals(reply: Any) -> FilterTotals:
+    """Return the totals an ``HMGET KEY:count added seen`` reply holds (missing: 0)."""
+    if not isinstance(reply, list):
+        raise ValueError(f"two counts, got {reply!r:.200}")
+    added, seen = reply
+    return FilterTotals(added=integer(added), seen=integer(seen))

@@ -75,6 +75,10 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
             )
             continue
         fields = {**_info(replies[0]), **_info(replies[1])}
+        if "redis_version" not in fields:  # a reply that is not INFO's: nothing read from it
+            why = f"its reply to INFO server names no version ({text(replies[0])[:100]!r})"
+            found.append(ServerHealth(node.address, known=False, why_unknown=why))
+            continue
         version = tuple(int(p) for p in fields.get("redis_version", "0").split(".") if p.isdigit())
         valkey = fields.get("valkey_version")
         product = f"Valkey {valkey}" if valkey else f"Redis {fields.get('redis_version', '?')}"

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.errors import BloomFilterError, foreign_reply, taking_apart
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
@@ -42,6 +42,9 @@ def workers_of(executor: Executor, key: str) -> list[str]:
     (reply,) = executor.run("list the live workers", [call]).replies
     if isinstance(reply, BaseException):
         raise refusal(executor, key, reply, layout.workers_key(key), "list the live workers")
+    if not isinstance(reply, list) or not all(isinstance(item, bytes) for item in reply):
+        shape = ValueError(f"the workers' ids, got {reply!r:.200}")
+        raise foreign_reply("a call to list the live workers", layout.workers_key(key), shape)
     return [text(item) for item in reply]
 
 
@@ -105,11 +108,13 @@ class WorkerLease:
                 raise refusal(
                     self._executor, self._filter_key, reply, self.key, f"{action} a lease"
                 )
-            if action == "claim" and int(reply) == 0:
+            with taking_apart(f"{action} a worker lease", self.key):
+                others = int(reply)
+            if action == "claim" and others == 0:
                 self._claimed = True
-        if action in ("renew", "hold") and int(reply) >= 0 and self.on_workers is not None:
-            self.on_workers(int(reply) + 1)
-        return int(reply)
+        if action in ("renew", "hold") and others >= 0 and self.on_workers is not None:
+            self.on_workers(others + 1)
+        return others
 
     def renew(self) -> int:
         """Take or extend the lease; return how many others are live (:data:`CLEARING`: none)."""

@@ -6,11 +6,11 @@ retried and accounted like the hot path. It decides nothing: that is :mod:`.life
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, WrongTypeError
+from scrapy_redis_bloom.core.errors import BloomFilterError, WrongTypeError, taking_apart
 from scrapy_redis_bloom.core.generations import window_key
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
@@ -42,8 +42,21 @@ def pairs(reply: Any) -> dict[str, str]:
     """Return a hash reply (a flat RESP2 list or a RESP3 map) as a dict of text."""
     if isinstance(reply, dict):
         return {text(k): text(v) for k, v in reply.items()}
-    items = list(reply or [])
-    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+    if not isinstance(reply, list) or len(reply) % 2:
+        raise ValueError(f"a hash's fields and values, got {reply!r:.200}")
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def blob(reply: Any) -> bytes:
+    """Return a string reply's bytes."""
+    if not isinstance(reply, bytes):
+        raise ValueError(f"a string, got {reply!r:.200}")
+    return reply
+
+
+def integer(reply: Any) -> int:
+    """Return an integer reply, None (a missing key's ``MEMORY USAGE``) as 0."""
+    return 0 if reply is None else int(reply)
 
 
 def refusal(
@@ -98,9 +111,18 @@ class Parts:
         return layout.shard_key(self.key, shard)
 
     def run(
-        self, operation: str, calls: list[Call], write: bool = False, batch_size: int = BATCH
+        self,
+        operation: str,
+        calls: list[Call],
+        write: bool = False,
+        batch_size: int = BATCH,
+        take: Callable[[Any], Any] | None = None,
     ) -> list[Any]:
-        """Run calls in batches; return the replies, refusing every error reply by name."""
+        """Run calls in batches; return the replies, refusing every error reply by name.
+
+        ``take`` turns each reply into its value (``int``, :func:`pairs`): one of another
+        shape raises :func:`~.errors.foreign_reply`, naming its key.
+        """
         out: list[Any] = []
         for start in range(0, len(calls), batch_size):
             batch = calls[start : start + batch_size]
@@ -108,6 +130,9 @@ class Parts:
             for call, reply in zip(batch, replies, strict=True):
                 if isinstance(reply, BaseException):
                     raise self.refusal(reply, call.key or "", operation)
+                if take is not None:
+                    with taking_apart(operation, call.key or ""):
+                        reply = take(reply)
                 out.append(reply)
         return out
 
@@ -118,14 +143,15 @@ class Parts:
     def read_record(self) -> FilterRecord | None:
         """Read the config record; None when there is none."""
         call = Call(pack_command(b"HGETALL", self.meta_key), key=self.meta_key)
-        fields = pairs(self.run("read the filter's record", [call])[0])
+        (fields,) = self.run("read the filter's record", [call], take=pairs)
         return self._parse(fields) if fields else None
 
     def create_record(self, record: FilterRecord) -> FilterRecord:
         """Write ``record`` unless a record exists; return the record in Redis."""
         argv = [item for pair in record.fields().items() for item in pair]
         call = script_call(scripts.CREATE_RECORD, self.meta_key, *argv)
-        return self._parse(pairs(self.run("create the filter's record", [call], write=True)[0]))
+        (fields,) = self.run("create the filter's record", [call], write=True, take=pairs)
+        return self._parse(fields)
 
     def _parse(self, fields: dict[str, str]) -> FilterRecord:
         """Parse the record read or written, noting its capacity."""
@@ -142,17 +168,19 @@ class Parts:
         """Return the first bytes of each shard: its identity, or b"" if it is missing."""
         order = list(shards)
         ends = (0, layout.IDENTITY_BYTES - 1)
-        replies = self._on_shards("check the filter's shards", order, b"GETRANGE", *ends)
-        return {shard: bytes(reply) for shard, reply in zip(order, replies, strict=True)}
+        replies = self._on_shards("check the filter's shards", order, blob, b"GETRANGE", *ends)
+        return dict(zip(order, replies, strict=True))
 
-    def _on_shards(self, operation: str, shards: Sequence[int], *argv: Arg) -> list[Any]:
-        """Run ``argv[0] <shard key> argv[1:]`` on each shard; return the replies."""
+    def _on_shards(
+        self, operation: str, shards: Sequence[int], take: Callable[[Any], Any], *argv: Arg
+    ) -> list[Any]:
+        """Run ``argv[0] <shard key> argv[1:]`` on each shard; return the replies ``take`` reads."""
         calls = [
             Call(pack_command(argv[0], key, *argv[1:]), key=key, shard=shard)
             for shard in shards
             for key in [self.shard_key(shard)]
         ]
-        return self.run(operation, calls)
+        return self.run(operation, calls, take=take)
 
     def allocate(
         self, record: FilterRecord, shards: Iterable[int], replace: bool = False
@@ -173,8 +201,10 @@ class Parts:
             for key in [self.shard_key(s)]
         ]
         per_batch = max(1, min(BATCH, ALLOCATE_BYTES // (last + 1)))
-        replies = self.run("allocate the filter's shards", calls, write=True, batch_size=per_batch)
-        return {shard: int(reply) for shard, reply in zip(order, replies, strict=True)}
+        replies = self.run(
+            "allocate the filter's shards", calls, write=True, batch_size=per_batch, take=int
+        )
+        return dict(zip(order, replies, strict=True))
 
     def part_keys(self, record: FilterRecord, shard: int, windows: Sequence[int] = ()) -> list[str]:
         """Return every key a shard's bits may be in: the shard, its generations, ``windows``."""
@@ -201,12 +231,13 @@ class Parts:
     def clock(self) -> int:
         """Return server 0's clock (Redis TIME), in whole seconds: what the scripts use."""
         call = Call(pack_command(b"TIME"), key=self.meta_key)
-        return int(text(self.run("read the server's clock", [call])[0][0]))
+        (now,) = self.run("read the server's clock", [call], take=lambda r: int(text(r[0])))
+        return int(now)
 
     def existing(self, shards: Sequence[int]) -> list[int]:
         """Return the shards whose keys exist."""
-        replies = self._on_shards("look for the filter's shards", shards, b"EXISTS")
-        return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply)]
+        replies = self._on_shards("look for the filter's shards", shards, int, b"EXISTS")
+        return [shard for shard, reply in zip(shards, replies, strict=True) if reply]
 
     def markers(self, servers: int) -> list[str | None]:
         """Return ``KEY:server`` on each of the servers (None where missing; none on one server)."""
@@ -252,6 +283,7 @@ class Parts:
         """
         calls = [*shard_calls, self.delete_if_still(self.counter_key, "counters")]
         calls += self.marker_deletions(record)
-        deleted = sum(int(reply) for reply in self.run("delete the filter", calls, write=True))
+        deleted: int = sum(self.run("delete the filter", calls, write=True, take=int))
         last = self.delete_if_still(self.meta_key, "record", record.filter_id)
-        return deleted + int(self.run("delete the filter's record", [last], write=True)[0])
+        (record_deleted,) = self.run("delete the filter's record", [last], write=True, take=int)
+        return deleted + int(record_deleted)

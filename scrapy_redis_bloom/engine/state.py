@@ -10,11 +10,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scrapy_redis_bloom.core.errors import taking_apart
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Generation, Growth, window_key
 from scrapy_redis_bloom.core.hashing import FilterSpec, distinct_bits
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 from scrapy_redis_bloom.core.sizing import allocation, false_positive_rate
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.parts import Parts, integer
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -110,13 +111,13 @@ def read_state(parts: Parts, growth: Growth) -> FilterState:
         key = parts.shard_key(shard)
         calls.append(Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard))
         calls.append(Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard))
-    replies = parts.run("count the filter's bits", calls)
-    per_shard = tuple(int(reply) for reply in replies[::2])
+    replies = parts.run("count the filter's bits", calls, take=integer)
+    per_shard = tuple(replies[::2])
     first = _generation(0, growth.generations[0], per_shard)
     return FilterState(
         spec=parts.spec,
         bits_set=sum(per_shard),
-        memory_bytes=sum(int(reply or 0) for reply in replies[1::2]),
+        memory_bytes=sum(replies[1::2]),
         bits_set_per_shard=per_shard,
         estimated_items=first.estimated_items,
         generations=(first,),
@@ -154,10 +155,13 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
         for shard, key in heads
     ] + [Call(pack_command(b"EXISTS", key), key=key, shard=shard) for shard, key in heads]
     replies = parts.run("read the filter's generations", first)
-    counts = [
-        (max(int(reply[0]), 1) if int(exists) else 0)
-        for reply, exists in zip(replies[: len(bases)], replies[len(bases) :], strict=True)
-    ]
+    with taking_apart("read the filter's generations", parts.key):
+        if not all(isinstance(reply, list) for reply in replies[: len(bases)]):
+            raise ValueError(f"BITFIELD's values, got {replies[: len(bases)]!r:.200}")
+        counts = [
+            (max(int(reply[0]), 1) if int(exists) else 0)
+            for reply, exists in zip(replies[: len(bases)], replies[len(bases) :], strict=True)
+        ]
     keys = [
         (shard, g, f"{base}{g}")
         for (shard, base), count in zip(bases, counts, strict=True)
@@ -172,9 +176,9 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
         Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
         for shard, key in [*((shard, key) for shard, _, key in keys), *anchors]
     ]
-    replies = parts.run("count the filter's bits", calls)
-    ones = [int(reply) for reply in replies[: len(keys)]]
-    used = sum(int(reply or 0) for reply in replies[len(keys) :])
+    replies = parts.run("count the filter's bits", calls, take=integer)
+    ones = replies[: len(keys)]
+    used = sum(replies[len(keys) :])
     per_gen: dict[int, list[int]] = {}
     # Per shard: log of the chance that a new element is missed by every part (kept as a
     # log so that rates far below 1e-16 are not lost to rounding).

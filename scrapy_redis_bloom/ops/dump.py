@@ -13,14 +13,14 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, FilterDamagedError, FilterMissingError
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine.native import parts as native_parts
-from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
 from scrapy_redis_bloom.ops import dumpfile
 from scrapy_redis_bloom.ops.dumpfile import DumpWriter, Totals
 from scrapy_redis_bloom.ops.inventory import read_hash
@@ -209,9 +209,8 @@ def _generation_counts(parts: Parts, record: FilterRecord) -> array[int]:
             for s in shards
             for key in [layout.shard_key(parts.key, s, 0)]
         ]
-        heads = parts.run("read the filter's shard headers", calls)
+        heads = parts.run("read the filter's shard headers", calls, take=blob)
         for shard, head in zip(shards, heads, strict=True):
-            head = bytes(head)
             _check_identity(parts, record, shard, 0, head)
             found = generations_in(head) if record.expansion else 1
             if found > record.growth.last + 1:
@@ -239,9 +238,8 @@ def _check_identity(parts: Parts, record: FilterRecord, shard: int, g: int, head
 
 def _read_pieces(parts: Parts, record: FilterRecord, counts: array[int], batch: _Batch) -> _Pieces:
     """Read a batch of pieces; check each is whole and carries its identity; yield them."""
-    replies = parts.run("dump the filter's shards", [call for *_, call in batch])
-    for (shard, g, start, size, _), reply in zip(batch, replies, strict=True):
-        data = bytes(reply)
+    replies = parts.run("dump the filter's shards", [call for *_, call in batch], take=blob)
+    for (shard, g, start, size, _), data in zip(batch, replies, strict=True):
         if start == 0:
             _check_identity(parts, record, shard, g, data)
             if g == 0 and record.expansion and generations_in(data) != counts[shard]:
@@ -279,8 +277,8 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
                 " or reset it first."
             )
         calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=s) for s, key in group]
-        for info in parts.run("measure the filter's shards", calls):
-            total += int(pairs(info).get("Size", "0"))
+        sizes = parts.run("measure the filter's shards", calls, take=_size)
+        total += sum(sizes)
     return total
 
 
@@ -290,8 +288,18 @@ def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
         cursor = 0
         while True:
             call = Call(pack_command(b"BF.SCANDUMP", key, cursor), key=key, shard=shard)
-            reply = parts.run("dump the filter's shards", [call])[0]
-            cursor = int(text(reply[0]))
+            ((cursor, data),) = parts.run("dump the filter's shards", [call], take=_chunk)
             if cursor == 0:
                 break
-            yield dumpfile.NATIVE, shard, 0, cursor, bytes(reply[1])
+            yield dumpfile.NATIVE, shard, 0, cursor, data
+
+
+def _size(reply: Any) -> int:
+    """Return the ``Size`` a ``BF.INFO`` reply gives."""
+    return int(pairs(reply).get("Size", "0"))
+
+
+def _chunk(reply: Any) -> tuple[int, bytes]:
+    """Return the cursor and bytes of a ``BF.SCANDUMP`` reply."""
+    cursor, data = reply
+    return int(text(cursor)), blob(data)

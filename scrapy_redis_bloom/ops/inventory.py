@@ -14,12 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterUnavailableError,
+    taking_apart,
+)
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.parts import BATCH, Parts, pairs, text
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -70,7 +74,7 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
     if record.servers not in (1, servers):
         return StoredRecord(record)  # the wrong servers: refused by name later
     calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(servers)]
-    keys = sum(int(reply) for reply in bloom.parts.run("count the keys", calls))  # all servers'
+    keys = sum(bloom.parts.run("count the keys", calls, take=int))  # all servers'
     if record.spec.shards > keys:
         return StoredRecord(
             None,
@@ -153,17 +157,26 @@ def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerC
 def read_hash(parts: Parts, key: str, operation: str) -> dict[str, str]:
     """Read one of the filter's hashes (HGETALL): its fields, empty when it does not exist."""
     call = Call(pack_command(b"HGETALL", key), key=key)
-    return pairs(parts.run(operation, [call])[0])
+    (fields,) = parts.run(operation, [call], take=pairs)
+    return dict(fields)
 
 
 def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None]]) -> list[str]:
     """Return which keys exist (EXISTS), each given as ``(key, shard, server)`` to route it."""
     calls = [Call(pack_command(b"EXISTS", k), key=k, shard=s, server=i) for k, s, i in keys]
-    replies = parts.run("look for the filter's keys", calls)
-    return [key for (key, _, _), reply in zip(keys, replies, strict=True) if int(reply)]
+    replies = parts.run("look for the filter's keys", calls, take=int)
+    return [key for (key, _, _), reply in zip(keys, replies, strict=True) if reply]
 
 
 # -- orphaned parts --------------------------------------------------------------------
+
+
+def _page(reply: Any) -> tuple[bytes, list[Any]]:
+    """Return the cursor and keys of a ``SCAN`` reply."""
+    cursor, keys = reply
+    if not isinstance(keys, list):
+        raise ValueError(f"SCAN's keys, got {keys!r:.200}")
+    return blob(cursor), keys
 
 
 def glob_escape(literal: str) -> str:
@@ -178,8 +191,8 @@ def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
         cursor = b"0"
         while True:
             command = pack_command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_COUNT)
-            (reply,) = bloom.parts.run("look for the filter's keys", [Call(command, server=server)])
-            cursor, keys = bytes(reply[0]), reply[1]
+            call = Call(command, server=server)
+            ((cursor, keys),) = bloom.parts.run("look for the filter's keys", [call], take=_page)
             found += [(server, text(name)) for name in keys]
             if cursor == b"0":
                 break
@@ -280,10 +293,12 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
         if text(kind) != ("hash" if hashed else "string") or isinstance(content, BaseException):
             kept.append(found)  # e.g. WRONGTYPE: another type than the part's
             continue
-        if part != "record":
-            orphan = _proven(found, part, content)
-        else:
-            orphan, usable = _as_record(bloom, found, pairs(content))
+        with taking_apart("read the filter's keys", name):
+            if part != "record":
+                orphan, usable = _proven(found, part, content), False
+            else:
+                orphan, usable = _as_record(bloom, found, pairs(content))
+        if part == "record":
             why = ""
             if orphan.kind is not None and places[server] != home:
                 why = (
@@ -318,14 +333,14 @@ def _read_command(name: str, part: str) -> bytes:
 def _proven(found: Orphan, part: str, content: Any) -> Orphan:
     """Return a shard, marker or counters candidate as the part its content proves, if it does."""
     if part == "shard":
-        shard, head = found.shard or 0, bytes(content)
+        shard, head = found.shard or 0, blob(content)
         ident = layout.Identity.parse(head)
         if ident is None or ident.shard != shard:
             return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
         what = f"shard {shard} of filter id {ident.filter_id}"
         return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
     if part == "marker":
-        value = bytes(content)
+        value = blob(content)
         marker = layout.parse_marker(text(value))
         if marker is None:
             return replace(found, what="a string that is not a server marker (no filter id)")
@@ -359,8 +374,8 @@ def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[O
     """
     order = sorted((o for o in orphans if o.kind is not None), key=lambda o: o.kind == "record")
     calls = [bloom.parts.delete_if_still(o.key, o.kind or "", o.proof, o.server) for o in order]
-    replies = bloom.parts.run("delete the filter's orphaned parts", calls, write=True)
-    deleted = [o for o, reply in zip(order, replies, strict=True) if int(reply)]
+    replies = bloom.parts.run("delete the filter's orphaned parts", calls, write=True, take=int)
+    deleted = [o for o, reply in zip(order, replies, strict=True) if reply]
     if len(deleted) < len(order):
         logger.warning(
             "%d part(s) of the Bloom filter %r changed after they were listed and were left alone.",

@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from scrapy_redis_bloom.core.errors import CertificateError
+from scrapy_redis_bloom.core.errors import SHAPE_ERRORS, CertificateError
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
@@ -220,6 +220,10 @@ class Node:
                         " or REDIS_PARAMS (see docs/howto/tls-acl.md#tls)."
                     ) from None
                 raise NotSentError(self.address, exc) from exc
+            except SHAPE_ERRORS as exc:  # redis-py taking apart a handshake reply not HELLO's
+                connection.disconnect()
+                detail = f"a handshake reply not its command's: {exc}"
+                raise NotSentError(self.address, detail) from None
             self._connection = connection
             self._read_replies = _replies(connection)
             self._serial += 1

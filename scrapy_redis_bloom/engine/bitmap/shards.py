@@ -230,7 +230,7 @@ class Bitmaps:
             for shard in range(self.parts.spec.shards)
             for key in [self.parts.shard_key(shard)]
         ]
-        return [int(reply) for reply in self.parts.run("measure the filter's shards", calls)]
+        return self.parts.run("measure the filter's shards", calls, take=int)
 
     def _address(self, shard: int) -> str:
         return self.topology.route(self.parts.shard_key(shard), shard, None).address

@@ -14,13 +14,18 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from scrapy_redis_bloom.core.errors import FilterDamagedError, UnsupportedServerError
+from scrapy_redis_bloom.core.errors import (
+    FilterDamagedError,
+    UnsupportedServerError,
+    foreign_reply,
+    taking_apart,
+)
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import native_geometry
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
-from scrapy_redis_bloom.engine.parts import Parts, pairs, script_call, text
+from scrapy_redis_bloom.engine.parts import Parts, integer, pairs, script_call, text
 from scrapy_redis_bloom.engine.state import FilterState, GenerationState
 from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
 from scrapy_redis_bloom.transport.topology import Topology
@@ -92,11 +97,16 @@ def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
         Call(pack_command(b"COMMAND", b"INFO", b"BF.INSERT"), server=i) for i in range(len(nodes))
     ]
     replies = executor.run("look for Bloom filter commands (BF.*)", calls).replies
-    return [
-        node.address
-        for node, reply in zip(nodes, replies, strict=True)
-        if isinstance(reply, BaseException) or not reply or reply[0] is None
-    ]
+    missing = []
+    for node, reply in zip(nodes, replies, strict=True):
+        if isinstance(reply, BaseException) or reply == [None]:
+            missing.append(node.address)
+        elif not (
+            isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], (list, dict))
+        ):
+            shape = ValueError(f"a command's description, got {reply!r:.200}")
+            raise foreign_reply("a call to look for Bloom filter commands", node.address, shape)
+    return missing
 
 
 def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
@@ -113,8 +123,9 @@ def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str
         Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard) for shard, key in order
     ]
     replies = parts.run("read the filter's shards", calls)
-    infos = [pairs(reply) for reply in replies[: len(order)]]
-    memory = sum(int(reply or 0) for reply in replies[len(order) :])
+    with taking_apart("read the filter's shards", parts.key):
+        infos = [pairs(reply) for reply in replies[: len(order)]]
+        memory = sum(integer(reply) for reply in replies[len(order) :])
     shards = [
         (int(info.get("Number of items inserted", "0")), int(info.get("Number of filters", "1")))
         for info in infos
