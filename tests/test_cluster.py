@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pytest
@@ -15,13 +16,17 @@ from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 from scrapy_redis_bloom import BloomConfig, FilterTotals, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.hashing import locate
 from scrapy_redis_bloom.core.layout import shard_key
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.transport.topology import Cluster
 
-CONFIG = BloomConfig.from_settings(
-    {"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_ERROR_RATE": 1e-4, "BLOOMFILTER_SHARD_BIT": 14}
-)
+SETTINGS = {
+    "BLOOMFILTER_CAPACITY": 20_000,
+    "BLOOMFILTER_ERROR_RATE": 1e-4,
+    "BLOOMFILTER_SHARD_BIT": 14,
+}
+CONFIG = BloomConfig.from_settings(SETTINGS)
 
 
 def fingerprints(n: int, tag: str = "") -> list[str]:
@@ -212,3 +217,40 @@ def test_a_cluster_node_given_as_a_server_is_named(redis_cluster_nodes: RedisClu
     assert time.monotonic() - started < 5  # refused at once, not retried for the timeout
     bf.close()
     node.close()
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["one", "bulk"])
+def test_a_script_meeting_a_migrating_slot_is_retried_not_refused(
+    bulk: bool, redis_cluster: RedisCluster, redis_cluster_nodes: RedisClusterNodes
+) -> None:
+    """A resharding moves a shard's re-crawl windows before the shard key the script names.
+
+    The script runs on the owner and meets a window it no longer holds: Redis stops it
+    ("Script attempted to access a non local key"), maybe after some of its writes. That is
+    a slot in migration, not a refusal: retried once the slot has moved, answered "new"
+    for every new element (the retry may find bits its stopped run set), nothing lost.
+    """
+    nodes = redis_cluster_nodes
+    config = BloomConfig.from_settings({**SETTINGS, "BLOOMFILTER_TTL": 3600})
+    bf = RedisBloomFilter.from_config(redis_cluster, "bf", config)
+    held = fingerprints(2000)
+    assert bf.add_many(held) == [False] * 2000
+    key = bf.shard_keys[0]
+    slot, owner = nodes.keyslot(key), nodes.node_of(key)
+    target = next(i for i, node in enumerate(nodes.nodes) if node != owner)
+    windows = [k for k in redis_cluster.keys("{bf:0}:*") if k.decode() != key]
+    assert windows, "the shard's windows"
+    source = nodes.begin_slot_migration(slot, target)
+    port = nodes.ports[target]
+    nodes.execute(source, "MIGRATE", "127.0.0.1", port, "", 0, 10_000, "KEYS", *windows)
+    finisher = threading.Timer(0.5, nodes.migrate_slot, (slot, target))
+    finisher.start()
+    try:
+        new = [fp for fp in fingerprints(4000, "new") if locate(fp, config.spec)[0] == 0][:50]
+        answers = bf.add_many(new) if bulk else [bf.check_and_add(fp) for fp in new]
+        assert answers == [False] * len(new)
+        finisher.join()
+        assert all(bf.contains_many(held + new))
+    finally:
+        finisher.join()
+        nodes.migrate_slot(slot, owner)

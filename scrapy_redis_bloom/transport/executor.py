@@ -74,6 +74,10 @@ class Kind(Enum):
     MOVED = "moved"
     ASK = "ask"
     LATER = "later"
+    #: Stopped part way, to be tried again later: a script that met a key its node no longer
+    #: serves (a cluster slot migrating under it) or the cluster going down. Its writes
+    #: before that stand, so a write's retry may find its own bits (ambiguous).
+    PARTIAL = "partial"
 
 
 #: What an error reply's code means when it is not a result. The "not run, try again later"
@@ -82,6 +86,9 @@ class Kind(Enum):
 _ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK": Kind.ASK}
 _ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
 _ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER))
+#: How Redis words a script stopped by its cluster: "Script attempted to access a non local
+#: key in a cluster node", "... to execute a (write) command while the cluster is down".
+_STOPPED = re.compile(r"Script attempted to (?:access a non local key|execute .* cluster is down)")
 
 
 #: The prefix redis-py strips from the error replies it raises as these classes.
@@ -164,7 +171,10 @@ def classify(reply: Any) -> Kind:
         or isinstance(reply, AuthenticationError)
     ):
         return Kind.RESULT
-    return _ACT_ON.get(error_code(reply), Kind.RESULT)
+    kind = _ACT_ON.get(error_code(reply), Kind.RESULT)
+    if kind is Kind.RESULT and _STOPPED.search(str(reply)):
+        return Kind.PARTIAL
+    return kind
 
 
 class Commit(Enum):
@@ -605,7 +615,9 @@ class Executor:
                 target = f"{reply.host}:{reply.port}" if isinstance(reply, AskError) else None
                 batch.asking[i] = target or error_text(reply).split()[-1]
                 batch.again.append(i)
-            elif kind is Kind.LATER:
+            elif kind is Kind.LATER or kind is Kind.PARTIAL:
+                if kind is Kind.PARTIAL and batch.write:
+                    batch.ambiguous[i] = True
                 batch.later.append(i)
                 batch.failure, batch.where = reply, node.address
             else:  # a result, or an error reply retrying cannot fix
@@ -641,11 +653,12 @@ class Executor:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
             # An int or an array is never an error reply: no need to classify it.
-            if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
+            kind = Kind.RESULT if reply.__class__ in _PLAIN else classify(reply)
+            if kind is Kind.RESULT:
                 if probing:
                     self._recovered(True)
                 return reply, False
-            lost = False
+            lost = kind is Kind.PARTIAL
         calls = [Call(payload, key, shard, script=script)]
         results = self.run(operation, calls, write=True, since=started)
         return results.replies[0], lost or results.ambiguous[0]
@@ -670,11 +683,12 @@ class Executor:
             for reply in replies:
                 if isinstance(reply, AuthenticationError):
                     raise self.refused(operation, RefusedError(node.address, reply))
-            if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
+            kinds = [Kind.RESULT if r.__class__ in _READ else classify(r) for r in replies]
+            if kinds.count(Kind.RESULT) == len(kinds):
                 if probing:
                     self._recovered(write)
                 return Results(replies, [False] * len(replies))
-            lost = False
+            lost = Kind.PARTIAL in kinds
         calls = [Call(payload, key, shard) for payload in payloads]
         results = self.run(operation, calls, write=write, since=started)
         if lost and write:

@@ -631,12 +631,15 @@ class Bulk:
             except ReplyLostError as exc:
                 sent = chunk.sent[node_id] = exc
         lost = isinstance(sent, ReplyLostError)
+        unsure = [lost and chunk.write] * len(commands)
         if isinstance(sent, list):
             replies = sent
-            redo = [i for i, reply in enumerate(replies) if classify(reply) is not Kind.RESULT]
+            kinds = [classify(reply) for reply in replies]
+            redo = [i for i, kind in enumerate(kinds) if kind is not Kind.RESULT]
+            for i in redo:  # a script stopped part way may have added some of its elements
+                unsure[i] = chunk.write and kinds[i] is Kind.PARTIAL
         else:
             replies, redo = [None] * len(commands), list(range(len(commands)))
-        unsure = [lost and chunk.write] * len(commands)
         if redo:
             # The executor may use any node: first read every reply owed, in sending order.
             self._drain(chunk)
