@@ -653,12 +653,11 @@ class Executor:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
             # An int or an array is never an error reply: no need to classify it.
-            kind = Kind.RESULT if reply.__class__ in _PLAIN else classify(reply)
-            if kind is Kind.RESULT:
+            if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
                     self._recovered(True)
                 return reply, False
-            lost = kind is Kind.PARTIAL
+            lost = classify(reply) is Kind.PARTIAL
         calls = [Call(payload, key, shard, script=script)]
         results = self.run(operation, calls, write=True, since=started)
         return results.replies[0], lost or results.ambiguous[0]
@@ -683,12 +682,11 @@ class Executor:
             for reply in replies:
                 if isinstance(reply, AuthenticationError):
                     raise self.refused(operation, RefusedError(node.address, reply))
-            kinds = [Kind.RESULT if r.__class__ in _READ else classify(r) for r in replies]
-            if kinds.count(Kind.RESULT) == len(kinds):
+            if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
                 if probing:
                     self._recovered(write)
                 return Results(replies, [False] * len(replies))
-            lost = Kind.PARTIAL in kinds
+            lost = any(r.__class__ not in _READ and classify(r) is Kind.PARTIAL for r in replies)
         calls = [Call(payload, key, shard) for payload in payloads]
         results = self.run(operation, calls, write=write, since=started)
         if lost and write:

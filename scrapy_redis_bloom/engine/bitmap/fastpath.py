@@ -28,7 +28,7 @@ from typing import Any
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Growth
 from scrapy_redis_bloom.core.hashing import offsets, place
 from scrapy_redis_bloom.core.layout import HEADER_BITS
-from scrapy_redis_bloom.transport.wire import Arg, Script, command_head, pack_command
+from scrapy_redis_bloom.transport.wire import SET_BIT, Arg, Script, command_head, pack_command
 
 #: A worker's checks of a shard between two that read its state (and send its count).
 STATE_EVERY = 16
@@ -102,7 +102,7 @@ class FastPath:
         self.counted = self.growth.expansion > 0
         self.limit = self.growth.scriptless_limit if self.counted else 0
         self.first = self.growth.first_capacity
-        self._ops = "$3\r\nSET\r\n$2\r\nu1\r\n$%d\r\n%d\r\n$1\r\n1\r\n" * self.k
+        self._ops = SET_BIT * self.k
 
     @staticmethod
     def applies(growth: Growth) -> bool:

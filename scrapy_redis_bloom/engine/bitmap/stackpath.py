@@ -39,7 +39,7 @@ from scrapy_redis_bloom.core.hashing import WIDE, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_field
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
-from scrapy_redis_bloom.transport.wire import pack_command
+from scrapy_redis_bloom.transport.wire import SET_BIT, command_head, pack_command
 
 #: A shard's checks between two that read every key's header (a lost key reads empty; a
 #: classic key's read carries its id field).
@@ -433,9 +433,11 @@ def _pack_set(
     """Pack ``BITFIELD <name> GET i64 32 <head> SET u1 <bit> 1 ...`` (bits from ``block``)."""
     bits = [bit + block for bit in bits] if block >= 0 else list(bits)
     args: list[Any] = [b"BITFIELD", name, b"GET", b"i64", ID_FIELD, *head]
+    fill: list[int] = []
     for bit in bits:
-        args += (b"SET", b"u1", bit, 1)
-    return pack_command(*args), bits
+        fill += (len(str(bit)), bit)
+    ops = (SET_BIT * len(bits) % tuple(fill)).encode("latin-1")
+    return command_head(len(args) + 4 * len(bits), *args) + ops, bits
 
 
 def _header(name: str) -> bytes:
