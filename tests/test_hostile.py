@@ -152,3 +152,18 @@ def test_a_corrupt_record_is_one_clear_error_and_can_be_reset(
     assert "its config record cannot be used" in out
     assert redis_client.keys("*") == []
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("renamed", ["SCRIPT", "EVALSHA"])
+def test_a_server_without_scripting_is_named_at_open(renamed: str) -> None:
+    """A server whose scripting commands are renamed away (``rename-command X ""``).
+
+    Opening fails with an error naming the server and the command, not redis-py's
+    ``ResponseError`` (``SCRIPT``'s was one, out of the script loader).
+    """
+    with RedisServer("--rename-command", renamed, "") as server:
+        client = server.client()
+        with pytest.raises(BloomFilterError, match=f"unknown command '{renamed}'") as raised:
+            make(client, "scriptless", BLOOMFILTER_CAPACITY=10_000).open()
+        assert f"127.0.0.1:{server.port}" in str(raised.value)
+        client.close()

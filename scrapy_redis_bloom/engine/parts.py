@@ -82,7 +82,8 @@ def refusal(
             " Choose another BLOOMFILTER_KEY, or remove that key if it is not needed."
         )
     return BloomFilterError(
-        f"Redis refused to {operation} for the Bloom filter {filter_key!r} (key {key!r}): {message}"
+        f"{where} refused to {operation} for the Bloom filter {filter_key!r} (key {key!r}):"
+        f" {message}"
     )
 
 

@@ -36,6 +36,7 @@ from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     CredentialsRefusedError,
     FilterUnavailableError,
+    UnsupportedServerError,
     Wording,
 )
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
@@ -730,7 +731,15 @@ class Executor:
         if isinstance(reply, ERROR_REPLIES) and classify(reply) is Kind.RESULT:
             where = f"Redis at {node.address}"
             denied = access_denied(reply, f"load a script to {operation}", None, where)
-            raise reply if denied is None else self.explain(denied)
+            if denied is not None:
+                raise self.explain(denied)
+            raise UnsupportedServerError(
+                f"{where} cannot load the filter's Lua scripts to {operation} (SCRIPT LOAD:"
+                f" {error_text(reply)}). The filter needs scripting: EVALSHA and SCRIPT LOAD"
+                " enabled and not renamed (rename-command)."
+            )
+        if reply != script.sha.encode():  # not SCRIPT LOAD's reply: the script is not known
+            return NotSentError(node.address, f"SCRIPT LOAD answered {reply!r:.100}")
         return None
 
     def explain(self, denied: AccessDeniedError) -> AccessDeniedError:
