@@ -317,7 +317,16 @@ class Session:
             return Commit.DOUBT, exc
         outcome = settled(got, queued)
         if outcome[0] is Commit.DOUBT:
-            logger.warning("%s: a transaction's replies are not its own: %r", self.node, got[-1])
+            if classify(got[-1]) in (Kind.MOVED, Kind.ASK):  # a resharding: EXEC not run
+                logger.info(
+                    "%s: a transaction's slot moved before its EXEC (%s): its elements are"
+                    " done again where the slot is now.",
+                    self.node,
+                    error_text(got[-1]),
+                )
+            else:
+                what = "%s: a transaction's replies are not its own: %r"
+                logger.warning(what, self.node, got[-1])
             self.drop()
         return outcome
 
