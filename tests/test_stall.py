@@ -93,6 +93,47 @@ def test_a_stalled_redis_answers_new_fast_then_adds_what_it_let_through(
     client.close()
 
 
+@pytest.mark.timeout(120)
+def test_writes_held_by_a_pause_fail_fast_until_they_run_again(server: RedisServer) -> None:
+    """``CLIENT PAUSE WRITE`` (what Redis's ``FAILOVER`` does): reads answer, writes wait.
+
+    The watch asked for a ``PING``, which a write pause answers: the next check then waited a
+    socket timeout again, every other second. It asks with a script no one loaded, which a
+    write pause holds as it holds the checks: they fail fast until writes run again.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=RETRY_TIMEOUT, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "paused", config, faults=faults, cache_size=0)
+    assert bloom.check_and_add("before") is False
+    admin = server.client()
+    admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    let_through = fingerprints(80, "paused")
+    try:
+        started = time.monotonic()
+        assert bloom.check_and_add(let_through[0]) is False
+        assert time.monotonic() - started <= RETRY_TIMEOUT + SOCKET_TIMEOUT + 0.5
+        waits = []
+        for element in let_through[1:]:  # 4 s of checks, one every 50 ms
+            started = time.monotonic()
+            assert bloom.check_and_add(element) is False
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+        assert max(waits) < 0.5, sorted(waits)[-3:]
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    deadline = time.monotonic() + 10
+    added = False
+    while not added and time.monotonic() < deadline:  # the watch sees writes run again
+        time.sleep(0.5)
+        bloom.check_and_add_many(fingerprints(5, f"settle-{time.monotonic()}"))  # settles
+        added = bloom.contains_many(let_through) == [True] * len(let_through)
+    assert added, "what was let through while writes were held is added once they run"
+    bloom.close()
+    admin.close()
+    client.close()
+
+
 def test_requests_owed_after_an_outage_are_kept_when_adding_them_fails_otherwise(
     server: RedisServer,
 ) -> None:

@@ -38,7 +38,10 @@ _PLAIN = frozenset((bytes, int))  #: Replies that need no check (:func:`_replies
 #: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
 #: and -NOAUTH as ConnectionError subclasses, although they are replies.)
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
-_PING = pack_command(b"PING")
+#: Asks whether a server carries out commands again: a script no one loaded, which runs
+#: nothing (``NOSCRIPT``) but waits, as the filter's writes do, while a ``CLIENT PAUSE WRITE``
+#: holds them (Redis's ``FAILOVER``, a ``CLUSTER FAILOVER``), where a ``PING`` is answered.
+_PROBE = pack_command(b"EVALSHA", b"0" * 40, 0)
 
 
 class TransportError(Exception):
@@ -321,11 +324,11 @@ class Node:
         return reply
 
     def responds(self) -> bool:
-        """Tell whether the server answers a ``PING`` (any reply), on a connection of its own."""
+        """Tell whether the server answers :data:`_PROBE` (any reply), on a connection apart."""
         connection = self._factory()
         try:
             connection.connect()
-            connection.send_packed_command([_PING], check_health=False)
+            connection.send_packed_command([_PROBE], check_health=False)
             connection.read_response(disconnect_on_error=False)
         except ERROR_REPLIES:  # (AuthenticationError and -LOADING before the others)
             return True
