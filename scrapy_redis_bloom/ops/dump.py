@@ -300,6 +300,7 @@ def _size(reply: Any) -> int:
 
 
 def _chunk(reply: Any) -> tuple[int, bytes]:
-    """Return the cursor and bytes of a ``BF.SCANDUMP`` reply."""
+    """Return the cursor and bytes of a ``BF.SCANDUMP`` reply (none with the last, cursor 0)."""
     cursor, data = reply
-    return int(text(cursor)), blob(data)
+    cursor = int(text(cursor))
+    return cursor, blob(data) if cursor else b""
