@@ -163,7 +163,8 @@ def test_a_server_without_scripting_is_named_at_open(renamed: str) -> None:
     """
     with RedisServer("--rename-command", renamed, "") as server:
         client = server.client()
-        with pytest.raises(BloomFilterError, match=f"unknown command '{renamed}'") as raised:
+        # Redis 7 quotes the command 'so', Redis 6.2 `so`.
+        with pytest.raises(BloomFilterError, match=f"unknown command .{renamed}.") as raised:
             make(client, "scriptless", BLOOMFILTER_CAPACITY=10_000).open()
         assert f"127.0.0.1:{server.port}" in str(raised.value)
         client.close()

@@ -88,8 +88,9 @@ _ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK
 _ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
 _ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER))
 #: How Redis words a script stopped by its cluster: "Script attempted to access a non local
-#: key in a cluster node", "... to execute a (write) command while the cluster is down".
-_STOPPED = re.compile(r"Script attempted to (?:access a non local key|execute .* cluster is down)")
+#: key in a cluster node", "... to execute a (write) command while the cluster is down"
+#: (Redis 6.2: "Lua script attempted to ...", hence no first letter in the pattern).
+_STOPPED = re.compile(r"cript attempted to (?:access a non local key|execute .* cluster is down)")
 
 
 #: The prefix redis-py strips from the error replies it raises as these classes.
