@@ -417,6 +417,8 @@ def test_a_workers_calls_answered_by_a_foreign_reply_raise_no_raw_error(
             return
         answers = [dupefilter.request_seen(Request(url)) for url in urls + urls[:5]]
         dupefilter.close("finished")
+    if name == b"HELLO" and not proxy.cuts:
+        pytest.skip("this redis-py sends no HELLO (RESP2, the default of older releases)")
     assert proxy.cuts == [name.decode()]  # the worker met the foreign reply
     assert answers == [False] * 20 + [True] * 5
     said = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
