@@ -1,9 +1,9 @@
 """Real faults against the engine: not one new fingerprint answered "seen", every fault said.
 
 Each test injects a fault into a real redis-server (CLIENT KILL, SIGKILL and restart with
-AOF, DEBUG SLEEP, maxmemory under noeviction and allkeys-lru, eviction, a filter past its
-capacity) and checks the answer contract: "seen" only when Redis confirmed it in this
-call; any doubt answers "new"; otherwise a clear error, never a wrong answer.
+AOF, DEBUG SLEEP, maxmemory under noeviction and allkeys-lru, eviction, a failing RDB save, a
+filter past its capacity) and checks the answer contract: "seen" only when Redis confirmed it
+in this call; any doubt answers "new"; otherwise a clear error, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -287,6 +288,61 @@ def test_out_of_memory_under_noeviction_is_named(server: RedisServer, blocked: b
     time.sleep(1.1)
     assert lenient.check_and_add(fingerprints(1, "after")[0]) is False
     assert lenient.contains(element) is True  # added once Redis took writes again
+    client.close()
+
+
+def _saves_fail(server: RedisServer, client: redis.Redis, failing: bool) -> None:
+    """Make the server's RDB saves fail, as on a full disk (or succeed again), and wait.
+
+    A directory takes the RDB file's name, so the save cannot put its file in place; with a
+    save point configured, Redis then refuses writes (``MISCONF``) until a save succeeds.
+    """
+    rdb = Path(server.dir) / "dump.rdb"
+    client.config_set("save", "900 1")
+    if failing:
+        rdb.unlink(missing_ok=True)  # a save that succeeded before
+        rdb.mkdir()
+    else:
+        rdb.rmdir()
+    client.bgsave()
+    deadline = time.monotonic() + 10
+    want = "err" if failing else "ok"
+    while time.monotonic() < deadline:
+        persistence = client.info("persistence")
+        if not persistence["rdb_bgsave_in_progress"] and (
+            persistence["rdb_last_bgsave_status"] == want
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the RDB save did not end {want!r}: {server.log_tail()}")
+
+
+@SCHEMES
+def test_a_redis_that_cannot_save_is_named_and_waited_for(
+    server: RedisServer, blocked: bool
+) -> None:
+    # A full disk on the Redis host: every write refused with MISCONF until a save succeeds.
+    # It is an outage, not a refusal: retried, answered "new" under "allow", added after.
+    client = server.client()
+    strict = make(client, "strict", blocked, retry_timeout=0.5)
+    lenient = make(client, "lenient", blocked, retry_timeout=0.5, on_error="allow")
+    strict.open()
+    lenient.open()
+    _saves_fail(server, client, failing=True)
+    element, many = fingerprints(1, "misconf")[0], fingerprints(500, "misconf-many")
+    started = time.monotonic()
+    with pytest.raises(FilterUnavailableError, match=r"Redis cannot save to disk .*MISCONF"):
+        strict.check_and_add(element)
+    assert time.monotonic() - started >= 0.5  # tried again for the retry timeout
+    assert lenient.check_and_add(element) is False
+    assert lenient.add_many(many) == [False] * len(many)
+    assert lenient.events.counts["errors"] == 1 + len(many)
+    assert lenient.contains(element) is False  # reads still run, and tell the truth
+    _saves_fail(server, client, failing=False)
+    time.sleep(1.1)
+    assert lenient.check_and_add(fingerprints(1, "after")[0]) is False
+    # Redis writes again: what was let through meanwhile is added for every worker.
+    assert make(client, "lenient", blocked).contains_many([element, *many]) == [True] * 501
     client.close()
 
 

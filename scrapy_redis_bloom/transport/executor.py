@@ -83,10 +83,11 @@ class Kind(Enum):
 
 #: What an error reply's code means when it is not a result. The "not run, try again later"
 #: ones include ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its
-#: replicas refuses writes before running them.
+#: replicas refuses writes before running them; and ``MISCONF``: a primary whose last RDB
+#: save failed (a full disk) refuses writes until one succeeds.
 _ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK": Kind.ASK}
 _ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
-_ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS"), Kind.LATER))
+_ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF"), Kind.LATER))
 #: How Redis words a script stopped by its cluster: "Script attempted to access a non local
 #: key in a cluster node", "... to execute a (write) command while the cluster is down"
 #: (Redis 6.2: "Lua script attempted to ...", hence no first letter in the pattern).
@@ -233,8 +234,10 @@ def describe_failure(failure: BaseException | str) -> str:
             "MASTERDOWN": "the replica has lost its master",
             "CLUSTERDOWN": "the Redis Cluster is down",
             "TRYAGAIN": "a cluster slot is being migrated",
+            "MISCONF": "Redis cannot save to disk (its last RDB save failed, so it refuses"
+            " writes until one succeeds; see the Redis log and stop-writes-on-bgsave-error)",
         }.get(error_code(failure))
-        return f"{meaning}: {text}" if meaning else text
+        return f"{meaning}: {text.rstrip('.')}" if meaning else text
     return str(failure)
 
 
