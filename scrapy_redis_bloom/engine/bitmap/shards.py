@@ -126,7 +126,7 @@ class Bitmaps:
         found = bytes(self.parts.run("check the filter's generations", [call])[0])
         where = self.topology.route(key, shard, None).address
         what = layout.describe_identity(found, record.filter_id, shard)
-        if not found:
+        if not found.strip(b"\0"):  # missing, or bits written where it was: as good as gone
             return FilterDamagedError(
                 f"Part {key!r} of shard {shard} of the Bloom filter {self.key!r} (a generation"
                 f" it grew, or a re-crawl window) is gone from {where}. It was evicted (see"

@@ -32,6 +32,12 @@ local function allocate(key, g)
   redis.call('SETRANGE', key, 0, id)
   if expire then redis.call('EXPIREAT', key, expire) end
 end
+-- A key's first bytes with no identity: missing, or a bitmap a scriptless add or count
+-- (engine/bitmap/stackpath.py) wrote where the key was lost or not started yet, and as
+-- good as missing: its bits were answered for by this script, and allocate() replaces it.
+local function unnamed(found)
+  return not string.find(string.sub(found, 1, IDENTITY_BYTES), '[^%z]')
+end
 -- Read a filter's header (a shard's, or a window's) and check its generations, each of
 -- which must carry the id. ``needed``: a missing generation 0 is a loss (else: nothing
 -- there yet); ``create``: start generation 0 when there is none; ``shard``: it is the
@@ -39,7 +45,7 @@ end
 local function load(view, needed, create, shard)
   local g0 = view.base .. '0'
   local head = redis.call('GETRANGE', g0, 0, HEADER_BYTES - 1)
-  if head == '' then
+  if unnamed(head) then
     if needed and (shard or not recreate) then bad = g0 return false end
     if needed then flags = bit.bor(flags, RECREATED) end
     if not create then return true end
@@ -51,10 +57,11 @@ local function load(view, needed, create, shard)
   for g = 1, view.G - 1 do
     local key = view.base .. g
     local found = redis.call('GETRANGE', key, 0, IDENTITY_BYTES - 1)
-    if found == '' and recreate and write then
+    local lost = unnamed(found)
+    if lost and recreate and write then
       allocate(key, g)
       flags = bit.bor(flags, RECREATED)
-    elseif found ~= id and not (found == '' and recreate) then bad = key return false end
+    elseif found ~= id and not (lost and recreate) then bad = key return false end
   end
   return true
 end
