@@ -126,7 +126,7 @@ def test_a_refused_server_in_a_multi_node_check_leaves_no_reply_owed(
 
 
 def test_a_stale_worker_after_a_reset_takes_back_the_bits_it_set_in_the_new_filter(
-    redis_client: redis.Redis,
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = "books:bloomfilter"
     # The classic layout: one shard each, so the stale worker's bits are easy to find.
@@ -152,6 +152,7 @@ def test_a_stale_worker_after_a_reset_takes_back_the_bits_it_set_in_the_new_filt
     blind = [bit for bit in stale_bits - fresh_bits if bit_is_set(raw, bit)]
     assert blind == []  # taken back: they stand for no element of the new filter
     assert stale.events.counts["taken_back"] >= len(stale_bits - fresh_bits) - 2
+    assert f"wrote to {shard_key!r} (shard 0) after it was lost or replaced" in caplog.text
 
 
 def bit_offsets(spec: FilterSpec, h1: int, h2: int) -> list[int]:

@@ -448,6 +448,17 @@ class RedisBloomFilter(FilterBase):
         if calls:
             self.executor.run("take back bits set in a foreign shard", calls, write=True)
         self.events.count("taken_back", len(bits))
+        self._log.log(
+            logging.WARNING,
+            "taken_back",
+            "A check of the Bloom filter %r wrote to %r (shard %d) after it was lost or"
+            " replaced: Redis lost data (an eviction, a restart from an older snapshot, a"
+            " failover to a replica behind) or the filter was reset. The check's bits there"
+            " were cleared and it is made again; URLs the part held may be fetched again.",
+            self.key,
+            key,
+            shard,
+        )
 
     def _still_wrong(self, key: str) -> FilterDamagedError:
         return FilterDamagedError(
