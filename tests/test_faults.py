@@ -492,3 +492,30 @@ def test_servers_older_than_the_minimum_are_refused() -> None:
     with pytest.raises(UnsupportedServerError, match=r"b:2 is version 6\.0\.0 \(Valkey 6\.0\.0\);"):
         check_versions([valkey])
     check_versions([ServerHealth("b:2", known=True, version=(7, 2, 4), product="Valkey 9.1.2")])
+
+
+def test_a_replica_is_refused_at_open_by_name() -> None:
+    # A URL of a replica (a cloud "reader endpoint", a primary demoted since): every check
+    # would wait out the retry timeout, then fail on READONLY. Refused at open instead,
+    # naming its primary, for a new filter and for one the primary already holds.
+    with RedisServer() as primary, RedisServer() as replica:
+        source = primary.client()
+        make(source, "held").open()
+        client = replica.client()
+        client.replicaof("127.0.0.1", primary.port)
+        deadline = time.monotonic() + 10
+        while client.info("replication")["master_link_status"] != "up":
+            assert time.monotonic() < deadline, replica.log_tail()
+            time.sleep(0.05)
+        for key in ("new", "held"):
+            started = time.monotonic()
+            with pytest.raises(
+                UnsupportedServerError,
+                match=rf"Redis at 127\.0\.0\.1:{replica.port} is a replica of"
+                rf" 127\.0\.0\.1:{primary.port}: the Bloom filter writes with every check",
+            ):
+                make(client, key, retry_timeout=5).open()
+            assert time.monotonic() - started < 1  # at once, not after the retry timeout
+        assert sorted(source.keys("new*")) == []
+        client.close()
+        source.close()

@@ -178,7 +178,7 @@ class NotEnoughMemoryError(BloomFilterError):
 
 
 class UnsupportedServerError(BloomFilterError):
-    """The server is older than the Redis version the filter needs."""
+    """The server cannot hold the filter: too old, a replica, or without a command it needs."""
 
 
 class AccessDeniedError(BloomFilterError):

@@ -1,8 +1,9 @@
-"""What the servers can take: their version, their memory limit and eviction policy.
+"""What the servers can take: their version, role, memory limit and eviction policy.
 
 Read at open from ``INFO`` on every server (one refusing it is used unchecked, as logged).
-Refused: a server older than :data:`MIN_VERSION`, and a new filter that does not fit in a
-server's memory (shards allocated whole would fail half-way, evict data or swap the host).
+Refused: a server older than :data:`MIN_VERSION`, a replica (every check writes), and a new
+filter that does not fit in a server's memory (shards allocated whole would fail half-way,
+evict data or swap the host).
 Warned: a policy that may evict the filter, a server near its limit (a shard evicted
 mid-crawl stops the crawl or, recreated, forgets what it held).
 """
@@ -20,7 +21,7 @@ from scrapy_redis_bloom.core.errors import (
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine.parts import text
 from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial
-from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.topology import SENTINEL, Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class ServerHealth:
     system_memory: int = 0  # the host's, 0 when Redis does not say
     #: What the server says it is: "Redis 7.0.15", "Valkey 9.1.2" (``valkey_version``).
     product: str = ""
+    #: ``host:port`` of its primary when the server is a replica, else "".
+    replica_of: str = ""
 
 
 def _info(reply: object) -> dict[str, str]:
@@ -62,7 +65,8 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
     """Read every server's version and memory (once: a silent one fails what needs it)."""
     found = []
     for i, node in enumerate(topology.primaries()):
-        calls = [Call(pack_command(b"INFO", part), server=i) for part in (b"server", b"memory")]
+        parts = (b"server", b"memory", b"replication")
+        calls = [Call(pack_command(b"INFO", part), server=i) for part in parts]
         try:
             replies = executor.run("read INFO", calls, timeout=0).replies
             refused = next((r for r in replies if isinstance(r, BaseException)), None)
@@ -74,7 +78,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 ServerHealth(node.address, known=False, why_unknown=why, refused_by_acl=denied)
             )
             continue
-        fields = {**_info(replies[0]), **_info(replies[1])}
+        fields = {**_info(replies[0]), **_info(replies[1]), **_info(replies[2])}
         if "redis_version" not in fields:  # a reply that is not INFO's: nothing read from it
             why = f"its reply to INFO server names no version ({text(replies[0])[:100]!r})"
             found.append(ServerHealth(node.address, known=False, why_unknown=why))
@@ -82,6 +86,8 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
         version = tuple(int(p) for p in fields.get("redis_version", "0").split(".") if p.isdigit())
         valkey = fields.get("valkey_version")
         product = f"Valkey {valkey}" if valkey else f"Redis {fields.get('redis_version', '?')}"
+        primary = f"{fields.get('master_host', '?')}:{fields.get('master_port', '?')}"
+        sentinel = node.address.endswith(SENTINEL)
         found.append(
             ServerHealth(
                 address=node.address,
@@ -92,9 +98,23 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 policy=fields.get("maxmemory_policy", ""),
                 system_memory=int(fields.get("total_system_memory", 0)),
                 product=product,
+                # Sentinel's primary, met in a failover: its connections follow the new one.
+                replica_of=primary if fields.get("role") == "slave" and not sentinel else "",
             )
         )
     return found
+
+
+def check_primaries(servers: list[ServerHealth]) -> None:
+    """Refuse a replica: it refuses writes (or loses them at its next sync, if writable)."""
+    for server in servers:
+        if server.replica_of:
+            raise UnsupportedServerError(
+                f"Redis at {server.address} is a replica of {server.replica_of}: the Bloom"
+                " filter writes with every check, which a replica refuses (or, writable, loses"
+                " at its next sync). Give the filter its primary's address, or its Sentinel's"
+                " (docs/howto/topologies.md)."
+            )
 
 
 def check_versions(servers: list[ServerHealth]) -> None:

@@ -97,6 +97,7 @@ class Lifecycle:
         """Create the filter ``wanted``, or check it; return its record (the geometry to use)."""
         servers = health.survey(self.parts.executor, self.topology)
         health.check_versions(servers)
+        health.check_primaries(servers)
         self.shards.check_servers()
         record = self.parts.read_record()
         if record is None:

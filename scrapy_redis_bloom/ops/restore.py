@@ -246,6 +246,7 @@ def _prepare(
     where = bloom.topology.describe()
     servers = health.survey(bloom.executor, bloom.topology)
     health.check_versions(servers)
+    health.check_primaries(servers)
     if target.backend == "native":
         missing = native_parts.missing_bloom(bloom.executor, bloom.topology)
         if missing:

@@ -16,6 +16,9 @@ from scrapy_redis_bloom.transport.node import Node, TripCounter, connection_fact
 
 logger = logging.getLogger(__name__)
 
+#: How a server's address ends when its Sentinels name it (it follows their primary).
+SENTINEL = " (Sentinel)"
+
 
 def server_address(client: Any) -> str:
     """Describe where a client connects, as ``host:port`` or a socket path: no password."""
@@ -24,7 +27,7 @@ def server_address(client: Any) -> str:
         return ", ".join(sorted(nodes)) or "a Redis Cluster"
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, SentinelConnectionPool):  # the primary changes: name the service
-        return f"{pool.service_name} (Sentinel)"
+        return f"{pool.service_name}{SENTINEL}"
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
