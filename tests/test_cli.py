@@ -8,6 +8,8 @@ import json
 import logging
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +24,8 @@ from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.ops import inventory
+from scrapy_redis_bloom.ops.scanning import Scan
 
 KEY = "myspider:bloomfilter"
 #: A small filter over several shards, so that sharding is exercised.
@@ -784,6 +788,77 @@ def test_migrate_set_needs_a_filter_or_sizing(
     assert_one_line_error(err)
     assert "--capacity" in err
     assert not redis_client.exists(f"{KEY}:meta")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("restart", ["during the run", "between two runs"])
+def test_migrate_set_through_a_redis_restart_copies_every_member(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, restart: str
+) -> None:
+    # An SSCAN cursor is a place in one server process's hash table (seeded at its start):
+    # followed after a restart, it skipped about a fifth of this set. Each scan now names the
+    # process that answered, and the scan starts over when it changed. Before, a restart
+    # during a run stopped it at once ("cannot connect"), and the run that resumed it left
+    # members out.
+    members = fingerprints(60_000, "restarted")
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        for start in range(0, len(members), 10_000):
+            client.sadd("myspider:dupefilter", *members[start : start + 10_000])
+        marker = contents.marker_key("myspider:dupefilter")
+        argv = ["migrate-set", "--redis-url", server.url, "--key", KEY, "--set-key"]
+        argv += ["myspider:dupefilter", "--capacity", "100000", "--batch", "2000"]
+
+        def fault() -> None:
+            deadline = time.monotonic() + 60
+            while not client.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            server.kill()
+            if restart == "during the run":
+                time.sleep(0.3)
+                server.restart()
+
+        thread = threading.Thread(target=fault)
+        thread.start()
+        if restart == "during the run":
+            code, out, err = run(capsys, *argv, "--json")
+            thread.join()
+            assert code == 0, err
+            assert json.loads(out)["started_over"] >= 1
+            assert "restarted or failed over during the migration" in caplog.text
+        else:
+            code, _, err = run(capsys, *argv, "--retry-timeout", "0.5")
+            thread.join()
+            assert code == 1, err  # Redis stayed down
+            server.restart()
+            assert client.exists(marker)  # its progress, kept by the AOF
+            data = run_json(capsys, *argv)
+            assert (data["resumed"], data["started_over"]) == (True, 1)
+        record = read_record(client, KEY)
+        bloom = RedisBloomFilter(client, KEY, record.spec, record.capacity)
+        assert bloom.contains_many(members).count(False) == 0
+        assert not client.exists(marker)
+        client.close()
+
+
+def test_a_scan_met_by_a_restart_starts_over_and_finds_every_key() -> None:
+    # The same for reset's SCAN of the keys: a cursor from before a restart is not followed.
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        names = [f"orphan:{i}" for i in range(5_000)]
+        for start in range(0, len(names), 1_000):
+            client.mset(dict.fromkeys(names[start : start + 1_000], "x"))
+        probe = inventory.probe(client, "orphan")
+        keys = Scan(probe.parts, (b"SCAN",), (b"MATCH", "orphan:*"), server=0)
+        cursor, first = keys.next(0, 100)
+        assert cursor
+        assert first
+        server.kill()
+        server.restart()
+        assert keys.next(cursor, 100)[0] is None  # another process: not followed
+        assert sorted(name for _, name in inventory.scan(probe, "orphan:*")) == sorted(names)
+        probe.close()
+        client.close()
 
 
 # -- connection, credentials and usage -------------------------------------------

@@ -57,6 +57,9 @@ from scrapy_redis_bloom.ops.dump import FilterBusyError, Progress, Summary, dump
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
+from scrapy_redis_bloom.ops.scanning import Scan
+from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +144,10 @@ def migrate(ctx: Context) -> int:
     """Copy a scrapy-redis fingerprint SET into the filter, from where a run stopped."""
     set_key = str(ctx.args.set_key)
     batch_size = int(ctx.args.batch)
-    client = ctx.clients[0]
     source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
-    kind = text(client.type(set_key))
+    reader = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults)).parts
+    call = Call(pack_command(b"TYPE", set_key), key=set_key)
+    (kind,) = reader.run("read the set's type", [call], take=text)
     if kind == "none":
         raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
     if kind != "set":
@@ -151,19 +155,23 @@ def migrate(ctx: Context) -> int:
             f"Redis key {set_key!r} on {source} holds a {kind}, not a set of request"
             " fingerprints like scrapy-redis's dupefilter keeps."
         )
-    size = int(client.scard(set_key))
+    call = Call(pack_command(b"SCARD", set_key), key=set_key)
+    (size,) = reader.run("count the set's members", [call], take=int)
     bloom, created = open_for_writing(ctx)
     _advise_numpy(bloom, size)
     record = bloom.record
     assert record is not None  # opened
     marker = marker_key(set_key)
     cursor, counts = 0, dict.fromkeys(_COUNTS, 0)
-    # Where a run of this filter stopped (whether or not the client decodes responses).
-    saved = {} if ctx.args.restart else pairs(client.hgetall(marker))
+    scan = Scan(reader, (b"SSCAN", set_key), key=set_key)
+    # Where a run of this filter stopped, and the server process its cursor came from.
+    call = Call(pack_command(b"HGETALL", marker), key=marker)
+    saved = {} if ctx.args.restart else reader.run("read the progress", [call], take=pairs)[0]
     if saved.get("filter_id") == record.filter_id:
         with contextlib.suppress(KeyError, ValueError):  # not a marker this version wrote
             cursor, counts = int(saved["cursor"]), {name: int(saved[name]) for name in _COUNTS}
-    resumed = cursor != 0
+            scan.process = saved["process"]
+    resumed, started_over = cursor != 0, 0
     batch: list[bytes] = []
     with progress(size, "fp", "Migrating") as bar:
         bar.update(min(size, sum(counts.values())))
@@ -176,32 +184,47 @@ def migrate(ctx: Context) -> int:
             bar.update(len(seen))
             batch.clear()
             if reached:
-                client.hset(
-                    marker, mapping={"filter_id": record.filter_id, "cursor": reached, **counts}
-                )
+                fields: dict[str, str | int] = {"filter_id": record.filter_id, "cursor": reached}
+                fields.update(counts, process=scan.process)
+                argv = [item for pair in fields.items() for item in pair]
+                call = Call(pack_command(b"HSET", marker, *argv), key=marker)
+                reader.run("save the progress", [call], write=True)
 
         while True:
-            cursor, members = client.sscan(set_key, cursor, count=min(SCAN_COUNT, batch_size))
-            cursor = int(cursor)
+            following, members = scan.next(cursor, min(SCAN_COUNT, batch_size))
             for member in members:
-                line = (member if isinstance(member, bytes) else str(member).encode()).strip()
+                line = member.strip()
                 if FINGERPRINT.fullmatch(line):
                     batch.append(line.lower())
                 else:
                     counts["skipped"] += 1
                     bar.update(1)
-            if cursor == 0:
+            if following is None:  # another server process: its cursors are not ours
+                started_over += 1
+                logger.warning(
+                    "Redis at %s holding the set %r restarted or failed over during the"
+                    " migration: an SSCAN cursor does not outlive its server process, so the"
+                    " scan of the set starts over (what was added counts as present).",
+                    source,
+                    set_key,
+                )
+                counts = dict.fromkeys(_COUNTS, 0)
+                bar.reset()
+                following = 0
+            elif following == 0:
                 break
+            cursor = following
             if len(batch) >= batch_size:
                 flush(cursor)
         flush(0)
-    client.delete(marker)
+    reader.run("delete the progress", [Call(pack_command(b"DEL", marker), key=marker)], write=True)
     new, present, skipped = (counts[name] for name in _COUNTS)
     total = new + present
     data = ctx.result(
         set_key=set_key,
         created_filter=created,
         resumed=resumed,
+        started_over=started_over,
         fingerprints=total,
         new=new,
         already_present=present,
@@ -210,6 +233,11 @@ def migrate(ctx: Context) -> int:
     lines = _created(ctx, created)
     if resumed:
         lines.append(f"Resumed the migration where it stopped (progress marker {marker!r}).")
+    if started_over:
+        lines.append(
+            f"Started the scan of the set over {started_over} time(s): Redis restarted or failed"
+            " over, and an SSCAN cursor does not outlive its server process."
+        )
     lines.append(
         f"Migrated {total:,} fingerprint(s) from the set {set_key!r} into the Bloom filter"
         f" {ctx.key!r} on {ctx.where}: {new:,} new, {present:,} already present."

@@ -24,6 +24,7 @@ from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
+from scrapy_redis_bloom.ops.scanning import Scan
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -171,32 +172,28 @@ def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None
 # -- orphaned parts --------------------------------------------------------------------
 
 
-def _page(reply: Any) -> tuple[bytes, list[Any]]:
-    """Return the cursor and keys of a ``SCAN`` reply."""
-    cursor, keys = reply
-    if not isinstance(keys, list):
-        raise ValueError(f"SCAN's keys, got {keys!r:.200}")
-    return blob(cursor), keys
-
-
 def glob_escape(literal: str) -> str:
     """Escape a literal for a SCAN MATCH pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", literal)
 
 
 def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
-    """Return ``(index of its primary, key)`` of each key matching ``pattern``."""
-    found: list[tuple[int, str]] = []
-    for server in range(len(bloom.topology.primaries())):
-        cursor = b"0"
-        while True:
-            command = pack_command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_COUNT)
-            call = Call(command, server=server)
-            ((cursor, keys),) = bloom.parts.run("look for the filter's keys", [call], take=_page)
-            found += [(server, text(name)) for name in keys]
-            if cursor == b"0":
-                break
-    return found
+    """Return ``(index of its primary, key)`` of each key matching ``pattern``, once each."""
+    found: dict[tuple[int, str], None] = {}
+    for server, node in enumerate(bloom.topology.primaries()):
+        keys = Scan(bloom.parts, (b"SCAN",), (b"MATCH", pattern), server=server)
+        cursor: int | None = 0
+        while cursor is not None:
+            following, names = keys.next(cursor, SCAN_COUNT)
+            found.update(dict.fromkeys((server, text(name)) for name in names))
+            if following is None:
+                logger.warning(
+                    "Redis at %s restarted or failed over while its keys were scanned: a"
+                    " cursor does not outlive its server process, so the scan starts over.",
+                    node.address,
+                )
+            cursor = 0 if following is None else following or None
+    return list(found)
 
 
 OrphanKind = Literal["shard", "marker", "counters", "record"]
