@@ -163,7 +163,7 @@ def migrate(ctx: Context) -> int:
     assert record is not None  # opened
     marker = marker_key(set_key)
     cursor, counts = 0, dict.fromkeys(_COUNTS, 0)
-    scan = Scan(reader, (b"SSCAN", set_key), key=set_key)
+    scan = Scan(reader, (b"SSCAN", set_key), f"the set {set_key!r}", key=set_key)
     # Where a run of this filter stopped, and the server process its cursor came from.
     call = Call(pack_command(b"HGETALL", marker), key=marker)
     saved = {} if ctx.args.restart else reader.run("read the progress", [call], take=pairs)[0]
@@ -171,12 +171,12 @@ def migrate(ctx: Context) -> int:
         with contextlib.suppress(KeyError, ValueError):  # not a marker this version wrote
             cursor, counts = int(saved["cursor"]), {name: int(saved[name]) for name in _COUNTS}
             scan.process = saved["process"]
-    resumed, started_over = cursor != 0, 0
+    resumed = cursor != 0
     batch: list[bytes] = []
     with progress(size, "fp", "Migrating") as bar:
         bar.update(min(size, sum(counts.values())))
 
-        def flush(reached: int) -> None:
+        def flush(reached: int | None) -> None:
             seen = bloom.add_many(batch) if batch else []
             hits = sum(seen)
             counts["present"] += hits
@@ -190,8 +190,13 @@ def migrate(ctx: Context) -> int:
                 call = Call(pack_command(b"HSET", marker, *argv), key=marker)
                 reader.run("save the progress", [call], write=True)
 
-        while True:
-            following, members = scan.next(cursor, min(SCAN_COUNT, batch_size))
+        next_cursor: int | None = cursor
+        while next_cursor is not None:
+            restarts = scan.restarts
+            next_cursor, members = scan.next(next_cursor, min(SCAN_COUNT, batch_size))
+            if scan.restarts != restarts:  # started over: what was added counts as present
+                counts = dict.fromkeys(_COUNTS, 0)
+                bar.reset()
             for member in members:
                 line = member.strip()
                 if FINGERPRINT.fullmatch(line):
@@ -199,24 +204,9 @@ def migrate(ctx: Context) -> int:
                 else:
                     counts["skipped"] += 1
                     bar.update(1)
-            if following is None:  # another server process: its cursors are not ours
-                started_over += 1
-                logger.warning(
-                    "Redis at %s holding the set %r restarted or failed over during the"
-                    " migration: an SSCAN cursor does not outlive its server process, so the"
-                    " scan of the set starts over (what was added counts as present).",
-                    source,
-                    set_key,
-                )
-                counts = dict.fromkeys(_COUNTS, 0)
-                bar.reset()
-                following = 0
-            elif following == 0:
-                break
-            cursor = following
             if len(batch) >= batch_size:
-                flush(cursor)
-        flush(0)
+                flush(next_cursor)
+        flush(None)
     reader.run("delete the progress", [Call(pack_command(b"DEL", marker), key=marker)], write=True)
     new, present, skipped = (counts[name] for name in _COUNTS)
     total = new + present
@@ -224,7 +214,7 @@ def migrate(ctx: Context) -> int:
         set_key=set_key,
         created_filter=created,
         resumed=resumed,
-        started_over=started_over,
+        started_over=scan.restarts,
         fingerprints=total,
         new=new,
         already_present=present,
@@ -233,9 +223,9 @@ def migrate(ctx: Context) -> int:
     lines = _created(ctx, created)
     if resumed:
         lines.append(f"Resumed the migration where it stopped (progress marker {marker!r}).")
-    if started_over:
+    if scan.restarts:
         lines.append(
-            f"Started the scan of the set over {started_over} time(s): Redis restarted or failed"
+            f"Started the scan of the set over {scan.restarts} time(s): Redis restarted or failed"
             " over, and an SSCAN cursor does not outlive its server process."
         )
     lines.append(

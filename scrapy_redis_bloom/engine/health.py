@@ -56,7 +56,8 @@ class ServerHealth:
     replica_of: str = ""
 
 
-def _info(reply: object) -> dict[str, str]:
+def info_fields(reply: object) -> dict[str, str]:
+    """Return the fields of an ``INFO`` reply, by name."""
     lines = [line.partition(":") for line in text(reply).splitlines()]
     return {name.strip(): value.strip() for name, sep, value in lines if sep and name[:1] != "#"}
 
@@ -78,7 +79,7 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 ServerHealth(node.address, known=False, why_unknown=why, refused_by_acl=denied)
             )
             continue
-        fields = {**_info(replies[0]), **_info(replies[1]), **_info(replies[2])}
+        fields = {name: value for reply in replies for name, value in info_fields(reply).items()}
         if "redis_version" not in fields:  # a reply that is not INFO's: nothing read from it
             why = f"its reply to INFO server names no version ({text(replies[0])[:100]!r})"
             found.append(ServerHealth(node.address, known=False, why_unknown=why))

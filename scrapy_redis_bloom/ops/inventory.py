@@ -180,19 +180,12 @@ def glob_escape(literal: str) -> str:
 def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
     """Return ``(index of its primary, key)`` of each key matching ``pattern``, once each."""
     found: dict[tuple[int, str], None] = {}
-    for server, node in enumerate(bloom.topology.primaries()):
-        keys = Scan(bloom.parts, (b"SCAN",), (b"MATCH", pattern), server=server)
+    for server in range(len(bloom.topology.primaries())):
+        keys = Scan(bloom.parts, (b"SCAN",), "its keys", (b"MATCH", pattern), server=server)
         cursor: int | None = 0
         while cursor is not None:
-            following, names = keys.next(cursor, SCAN_COUNT)
+            cursor, names = keys.next(cursor, SCAN_COUNT)
             found.update(dict.fromkeys((server, text(name)) for name in names))
-            if following is None:
-                logger.warning(
-                    "Redis at %s restarted or failed over while its keys were scanned: a"
-                    " cursor does not outlive its server process, so the scan starts over.",
-                    node.address,
-                )
-            cursor = 0 if following is None else following or None
     return list(found)
 
 
