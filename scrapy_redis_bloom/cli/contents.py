@@ -46,6 +46,7 @@ from scrapy_redis_bloom.cli.streams import (
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import Wording
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -443,7 +444,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
         lines = [f"No Bloom filter {key!r} on {ctx.where}: nothing to delete.", *kept_lines]
         return emit(ctx, data, lines)
     orphans = list(found.deletable)
-    shards = sum(1 for o in orphans if o.kind == "shard")
+    shards = sum(1 for o in orphans if o.kind in ("shard", "native"))
     others = len(orphans) - shards
     why = "its config record cannot be used" if unusable is not None else "it has no config record"
     what = (
@@ -457,7 +458,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
     changed = [o for o in orphans if o not in deleted]
     data.update(
         deleted=True,
-        shard_keys=sum(1 for o in deleted if o.kind == "shard"),
+        shard_keys=sum(1 for o in deleted if o.kind in ("shard", "native")),
         deleted_keys=orphan_data(deleted),
         changed=orphan_data(changed),
     )
@@ -477,7 +478,8 @@ def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
     if ctx.args.force:
         yield
         return
-    lease = bloom.lease(f"scrapy-bloom-reset:{socket.gethostname()}:{os.getpid()}", ttl=30)
+    ttl = WORKER_TTL.read(ctx.settings)  # the workers': a restarted registry waits for it
+    lease = bloom.lease(f"scrapy-bloom-reset:{socket.gethostname()}:{os.getpid()}", ttl=ttl)
     with contextlib.closing(lease), lease.clearing() as others:
         if others:
             refuse_live_workers(ctx, bloom)
@@ -486,7 +488,9 @@ def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
 
 def refuse_live_workers(ctx: Context, bloom: RedisBloomFilter) -> None:
     """Refuse to reset while workers hold live leases, unless ``--force``."""
-    if (workers := bloom.live_workers()) and not ctx.args.force:
+    if ctx.args.force:
+        return
+    if workers := bloom.live_workers(WORKER_TTL.read(ctx.settings)):
         raise CLIError(
             f"{len(workers)} worker(s) still crawl with the Bloom filter {ctx.key!r} on"
             f" {ctx.where} ({', '.join(workers)}): stop them first, or pass --force"

@@ -21,7 +21,7 @@ from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableE
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
-from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
+from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.cache import LRU
 from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
@@ -210,12 +210,20 @@ class FilterBase:
             return self.counters.read(self.parts)
 
     def sync_counters(self) -> FilterTotals | None:
-        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
+        """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
+
+        A config record found gone meanwhile (evicted, deleted) is written back from this
+        worker's copy while every shard is intact (:meth:`.Lifecycle.restore_record`).
+        """
         with self._lock:
-            if self.record is None:
+            record = self.record
+            if record is None:
                 return None
             self._flush_counts()
-            return self.counters.sync(self.parts, self.spec)
+            totals = self.counters.sync(self.parts, self.spec, record.filter_id)
+            if self.counters.record_gone and self.lifecycle.restore_record(record):
+                totals = self.counters.sync(self.parts, self.spec, record.filter_id)
+            return totals
 
     def sync_counters_if_due(self) -> None:
         """Sync the counts when due (for a timer: live totals while the worker waits)."""
@@ -237,10 +245,14 @@ class FilterBase:
         lease.on_workers = functools.partial(setattr, self, "workers")  # from its thread
         return lease
 
-    def live_workers(self) -> list[str]:
-        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
+    def live_workers(self, settle: float = WORKER_TTL.default) -> list[str]:
+        """Return the ids (``host:pid:random``) of the workers holding a live lease.
+
+        Right after a restart of the registry's server, waits up to ``settle`` seconds (the
+        workers' TTL) for their leases to be back (:func:`.lease.unsettled`).
+        """
         with self._lock:
-            return workers_of(self.executor, self.key)
+            return workers_of(self.executor, self.key, settle)
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Return, per element, whether it is (probably) in the filter."""
@@ -253,8 +265,7 @@ class FilterBase:
             outcome = self._many(True, elements)
             self.counters.record(outcome.added, outcome.seen)
             self._owe_or_settle(outcome)
-            if self.record is not None:
-                self.counters.sync(self.parts, self.spec)
+            self.sync_counters()
             return outcome.answers
 
     def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
@@ -272,8 +283,7 @@ class FilterBase:
                         self._cache.put(digest, True)
                 self._owe_or_settle(outcome)
             if self.counters.due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
+                self.sync_counters()
         return answers
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
@@ -321,8 +331,7 @@ class FilterBase:
                 if self._owed:
                     self._settle()
             if due:
-                self._flush_counts()
-                self.counters.sync(self.parts, self.spec)
+                self.sync_counters()
             return seen
 
     def _check_and_add(self, element: str | bytes, h1: int, h2: int) -> bool:

@@ -15,7 +15,7 @@ from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
-from scrapy_redis_bloom.engine.parts import Parts, integer
+from scrapy_redis_bloom.engine.parts import Parts, integer, text
 from scrapy_redis_bloom.engine.state import FilterTotals
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -41,6 +41,8 @@ class Counters:
         self._warned_at = 0  # the capacity multiple last warned about
         #: The totals over all workers Redis gave at the last sync or read (None: none yet).
         self.synced: FilterTotals | None = None
+        #: The last sync found no config record: its counts wait for the filter to restore it.
+        self.record_gone = False
         #: A fixed-size filter that remembers forever, warned about here; one that grows or
         #: forgets reports from its check-and-add script (growth, a full shard).
         self.fixed = True
@@ -72,8 +74,15 @@ class Counters:
         """Drop the counts not yet synced: the counters they were for were deleted."""
         self._unsynced_added = self._unsynced_seen = 0
 
-    def sync(self, parts: Parts, spec: FilterSpec) -> FilterTotals | None:
-        """Add the unsynced counts to ``KEY:count``; return the totals (None: logged, kept)."""
+    def sync(self, parts: Parts, spec: FilterSpec, filter_id: str) -> FilterTotals | None:
+        """Add the unsynced counts to ``KEY:count``; return the totals (None: not added).
+
+        Only to the counters of the filter ``filter_id``, whose record is read a trip
+        before: a worker whose filter was reset under it added its counts to the next
+        one's (only a reset and a re-creation within that trip could still take them).
+        A record gone keeps the counts for the next sync and sets :attr:`record_gone` (the
+        filter restores it); another filter's drops them. A failure is logged; they are kept.
+        """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
         self._next_sync = time.monotonic() + SYNC_INTERVAL
@@ -83,6 +92,12 @@ class Counters:
             Call(pack_command(b"HINCRBY", key, b"seen", seen), key=key),
         ]
         try:
+            owner = Call(pack_command(b"HGET", parts.meta_key, b"id"), key=parts.meta_key)
+            (found,) = parts.run("read the filter's id", [owner], take=_text_or_none)
+            self.record_gone = found is None
+            if found != filter_id:
+                self._not_added(added, seen, found)
+                return None
             replies = parts.run("add to the filter's counters", calls, write=True, take=int)
         except BaseException as exc:
             self._unsynced_added += added
@@ -104,6 +119,23 @@ class Counters:
             self._warned_at = 0
         self.check_capacity(totals.added, spec)
         return totals
+
+    def _not_added(self, added: int, seen: int, found: str | None) -> None:
+        """Keep counts whose filter's record is gone; drop those of a filter since replaced."""
+        if found is None:
+            self._unsynced_added += added
+            self._unsynced_seen += seen
+            return
+        self._log.log(
+            logging.WARNING,
+            "replaced",
+            "The Bloom filter %r was reset and created again (id %s) while this worker used"
+            " it: %d added and %d seen of the filter before are not added to its counters.",
+            self.key,
+            found,
+            added,
+            seen,
+        )
 
     def read(self, parts: Parts) -> FilterTotals:
         """Read the totals over all workers (this worker's unsynced counts not included)."""
@@ -137,6 +169,11 @@ class Counters:
             now,
             planned,
         )
+
+
+def _text_or_none(reply: Any) -> str | None:
+    """Return a field an ``HGET`` read (None: there is none)."""
+    return None if reply is None else text(reply)
 
 
 def _totals(reply: Any) -> FilterTotals:

@@ -4,13 +4,16 @@ scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSI
 False`` or starts with ``SCHEDULER_FLUSH_ON_START``, wiping a crawl others still run. So
 each worker holds a lease, renewed from a daemon thread, and only a worker finding no other
 live lease clears, claiming the registry in the same script (:meth:`WorkerLease.clearing`).
-Expiry is judged by Redis's clock, never the workers'.
+Expiry is judged by Redis's clock, never the workers'. A server that started less than a
+worker TTL ago (a restart, from an older snapshot too) may not list every live worker yet:
+listing and claiming wait until each has had time to renew (:func:`unsettled`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -22,11 +25,14 @@ from typing import Any
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, foreign_reply, taking_apart
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
+from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
+from scrapy_redis_bloom.engine.health import info_fields
 from scrapy_redis_bloom.engine.parts import refusal, script_call, text
-from scrapy_redis_bloom.transport.executor import Executor
+from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.topology import Topology, make_topology
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -35,24 +41,83 @@ CLEARING = -1
 #: Seconds between two tries to take a lease while another worker clears the filter.
 WAIT_STEP = 0.05
 
-
-def workers_of(executor: Executor, key: str) -> list[str]:
-    """Return the ids of the workers holding a live lease on the filter ``key``."""
-    call = script_call(scripts.LEASE, layout.workers_key(key), "", 0, "list")
-    (reply,) = executor.run("list the live workers", [call]).replies
-    if isinstance(reply, BaseException):
-        raise refusal(executor, key, reply, layout.workers_key(key), "list the live workers")
-    if not isinstance(reply, list) or not all(isinstance(item, bytes) for item in reply):
-        shape = ValueError(f"the workers' ids, got {reply!r:.200}")
-        raise foreign_reply("a call to list the live workers", layout.workers_key(key), shape)
-    return [text(item) for item in reply]
+_INFO = pack_command(b"INFO", b"server")
+#: Seconds a filter's creation time (a worker's clock) may run ahead of its server's.
+CLOCK_MARGIN = 2.0
 
 
-def live_workers(client: Any, key: str, retry_timeout: float = 5.0) -> list[str]:
+def settling_calls(key: str) -> list[Call]:
+    """Return the calls :func:`unsettled` reads: the registry server's INFO, the filter's age."""
+    meta = layout.meta_key(key)
+    created = Call(pack_command(b"HGET", meta, b"created"), key=meta)
+    return [Call(_INFO, key=layout.workers_key(key)), created]
+
+
+def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -> float:
+    """Return how long the registry may still miss live workers (0: it lists them all).
+
+    ``replies``: those of :func:`settling_calls`, read in the trip that read the registry.
+    A server up for less than ``settle`` (a worker TTL: every live worker renews within it)
+    with a filter older than itself restarted or was replaced since some renewed: its
+    registry is as old as its data, so the rest is waited out, saying why. A filter created
+    since, or a server that refuses ``INFO`` (an ACL), is not waited for.
+    """
+    info, created = replies
+    fields = {} if isinstance(info, BaseException) else info_fields(info)
+    uptime, clock = fields.get("uptime_in_seconds", ""), fields.get("server_time_usec", "")
+    try:
+        born = float(text(created)) if isinstance(created, bytes) else math.inf
+    except ValueError:
+        born = math.inf  # not a record's: the record's readers say so
+    if not (uptime.isdigit() and clock.isdigit()):
+        return 0.0
+    if born >= int(clock) / 1e6 - int(uptime) - CLOCK_MARGIN or int(uptime) >= settle:
+        return 0.0
+    wait = settle - int(uptime)
+    registry = layout.workers_key(key)
+    logger.info(
+        "Redis at %s started %ss ago, with the Bloom filter %r older than that: the"
+        " workers' leases may not all be back in %r yet (each renews within"
+        " BLOOMFILTER_WORKER_TTL = %ss), so the registry is read again in %.0fs.",
+        executor.topology.route(registry, None, None).address,
+        uptime,
+        key,
+        registry,
+        f"{settle:g}",
+        wait,
+    )
+    return wait
+
+
+def workers_of(executor: Executor, key: str, settle: float = WORKER_TTL.default) -> list[str]:
+    """Return the ids of the workers holding a live lease on the filter ``key``.
+
+    Waits up to ``settle`` seconds after a restart of the registry's server (:func:`unsettled`).
+    """
+    registry = layout.workers_key(key)
+    while True:
+        call = script_call(scripts.LEASE, registry, "", 0, "list")
+        *settling, reply = executor.run(
+            "list the live workers", [*settling_calls(key), call]
+        ).replies
+        if isinstance(reply, BaseException):
+            raise refusal(executor, key, reply, registry, "list the live workers")
+        if not isinstance(reply, list) or not all(isinstance(item, bytes) for item in reply):
+            shape = ValueError(f"the workers' ids, got {reply!r:.200}")
+            raise foreign_reply("a call to list the live workers", registry, shape)
+        wait = unsettled(executor, key, settling, settle)
+        if not wait:
+            return [text(item) for item in reply]
+        time.sleep(wait)
+
+
+def live_workers(
+    client: Any, key: str, retry_timeout: float = 5.0, settle: float = WORKER_TTL.default
+) -> list[str]:
     """Return the live workers of the filter ``key`` through a redis-py client (no geometry)."""
     topology = make_topology(client)
     try:
-        return workers_of(Executor(topology, retry_timeout), key)
+        return workers_of(Executor(topology, retry_timeout), key, settle)
     finally:
         topology.close()
 
@@ -90,8 +155,10 @@ class WorkerLease:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._log = RateLimitedLog(logger, interval=ttl)
-        #: Whether this worker holds the registry's claim to clear the filter.
+        #: Whether this worker holds the registry's claim to clear the filter; seconds the
+        #: registry may still miss live workers, as the last claim found (:func:`unsettled`).
         self._claimed = False
+        self._settling = 0.0
         #: Told the number of live workers (this one included) at every renewal.
         self.on_workers: Callable[[int], None] | None = None
 
@@ -103,15 +170,21 @@ class WorkerLease:
             elif action == "unclaim":
                 self._claimed = False  # a failed unclaim: the claim lapses within the TTL
             call = script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
-            (reply,) = self._executor.run(f"{action} a worker lease", [call], write=True).replies
+            # A claim reads the server's uptime in the same trip (see clearing()).
+            settling = settling_calls(self._filter_key) if action == "claim" else []
+            calls = [*settling, call]
+            *settling, reply = self._executor.run(
+                f"{action} a worker lease", calls, write=True
+            ).replies
             if isinstance(reply, BaseException):
                 raise refusal(
                     self._executor, self._filter_key, reply, self.key, f"{action} a lease"
                 )
             with taking_apart(f"{action} a worker lease", self.key):
                 others = int(reply)
-            if action == "claim" and others == 0:
-                self._claimed = True
+            if action == "claim":
+                self._claimed = others == 0
+                self._settling = unsettled(self._executor, self._filter_key, settling, self.ttl)
         if action in ("renew", "hold") and others >= 0 and self.on_workers is not None:
             self.on_workers(others + 1)
         return others
@@ -130,8 +203,14 @@ class WorkerLease:
 
         0: none is, nor takes a lease until the block ends (the claim lapses within the TTL if
         this worker dies), so the filter may be deleted. More: nothing claimed; it must stay.
+        None live on a server that started less than the TTL ago is not believed: the claim
+        is dropped and taken again once every live worker has had time to renew.
         """
         others = self._call("claim")
+        while not others and self._settling:
+            self._call("unclaim")
+            time.sleep(self._settling)
+            others = self._call("claim")
         if others:
             yield others
             return

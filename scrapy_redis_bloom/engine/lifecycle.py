@@ -22,6 +22,7 @@ from typing import Protocol
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
     FilterDamagedError,
     FilterMissingError,
     ServerListMismatchError,
@@ -241,14 +242,7 @@ class Lifecycle:
         # entirely (reset, flushed) is lost, and restored only to be recreated.
         lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
-            self.parts.create_record(record)
-            self.events.count("restored")
-            logger.warning(
-                "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
-                " while this worker used it: restored from this worker's copy.",
-                self.parts.meta_key,
-                self.key,
-            )
+            self._write_back(record)
         lost_servers = sorted(set(missing_markers) & {s % record.servers for s in lost})
         if lost and self.faults.on_loss == "raise":
             raise FilterDamagedError(
@@ -289,6 +283,34 @@ class Lifecycle:
                 self._list(record, lost),
             )
         return record
+
+    def restore_record(self, record: FilterRecord) -> bool:
+        """Write back the config record, found gone, while every shard is intact; say if so.
+
+        Read only at open, the record is the key ``allkeys-lru`` evicts first, and nothing
+        else would tell. With a shard lost too, the checks meet it and :meth:`recover`
+        decides by ``BLOOMFILTER_ON_LOSS``; a failure here is said, and tried at the next sync.
+        """
+        try:
+            if self.parts.read_record() is not None:
+                return False
+            if self.shards.missing(record, range(record.spec.shards)):
+                return False
+            self._write_back(record)
+        except BloomFilterError as exc:
+            logger.warning("Could not restore the Bloom filter %r's record: %s", self.key, exc)
+            return False
+        return True
+
+    def _write_back(self, record: FilterRecord) -> None:
+        self.parts.create_record(record)
+        self.events.count("restored")
+        logger.warning(
+            "The config record %r of the Bloom filter %r was gone (evicted or deleted)"
+            " while this worker used it: restored from this worker's copy.",
+            self.parts.meta_key,
+            self.key,
+        )
 
     def _server(self, i: int) -> str:
         return self.topology.route(None, None, i).address
