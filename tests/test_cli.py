@@ -24,6 +24,7 @@ from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.scanning import Scan
 
@@ -430,6 +431,25 @@ def test_reset_deletes_orphaned_shards(
     assert f"'{KEY}:count' on " in out  # the counters are listed, with what proves them
     assert "Not deleted" not in out
     assert sorted(redis_client.keys("*")) == sorted(name.encode() for name in lookalikes)
+
+
+def test_reset_deletes_orphaned_native_shards(
+    capsys: pytest.CaptureFixture[str], bloom_redis_client: redis.Redis
+) -> None:
+    # A native restore killed part-way left its shards without a record: 'reset' said
+    # "nothing to delete" and kept them, and every restore after was refused over them.
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_BACKEND": "native"}
+    )
+    bloom = NativeBloomFilter.from_config(bloom_redis_client, KEY, config)
+    bloom.add_many(fingerprints(1000))
+    bloom_redis_client.delete(f"{KEY}:meta")
+    bloom_redis_client.set(f"{{{KEY}:0}}:bf:not-an-id", "kept")  # only looks alike
+    url = f"redis://127.0.0.1:{bloom_redis_client.connection_pool.connection_kwargs['port']}/0"
+    code, out, err = run(capsys, "reset", "--redis-url", url, "--key", KEY, "--yes")
+    assert (code, err) == (0, "")
+    assert f"{bloom.spec.shards} orphaned shard key(s)" in out
+    assert bloom_redis_client.keys("*") == [f"{{{KEY}:0}}:bf:not-an-id".encode()]
 
 
 def test_reset_without_record_keeps_what_carries_no_filter_id(

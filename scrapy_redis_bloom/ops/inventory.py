@@ -23,6 +23,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
 from scrapy_redis_bloom.ops.scanning import Scan
 from scrapy_redis_bloom.transport.executor import Call
@@ -189,7 +190,7 @@ def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
     return list(found)
 
 
-OrphanKind = Literal["shard", "marker", "counters", "record"]
+OrphanKind = Literal["shard", "native", "marker", "counters", "record"]
 #: The parts that are hashes; the others are strings.
 _HASHES = ("counters", "record")
 
@@ -232,6 +233,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
 
     * ``{KEY:<n>}:g<m>`` and ``{KEY:<n>}:w<w>:g<m>`` (a generation, a re-crawl window): a
       string whose header is a layout-2 identity of shard ``n``;
+    * ``{KEY:<n>}:bf:<id>`` and ``{KEY:<n>}:bf:<id>:w<w>`` (native): a RedisBloom filter;
     * ``KEY:server``: a string ``<32 hex digits> <i>/<n>``;
     * ``KEY:count``: a hash whose fields are among ``added`` and ``seen``;
     * ``KEY:meta``: a hash with the fields every record has (an unusable record), on
@@ -241,7 +243,8 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     alike) are not listed at all.
     """
     key = bloom.key
-    shard_name = re.compile(r"\{" + re.escape(key) + r":([0-9]+)\}:(?:w[0-9]+:)?g[0-9]+")
+    parts = r"(?:(?:w[0-9]+:)?g[0-9]+|bf:[0-9a-f]{32}(?::w[0-9]+)?)"  # bitmap | native
+    shard_name = re.compile(r"\{" + re.escape(key) + r":([0-9]+)\}:" + parts)
     names = {
         bloom.parts.marker_key: "marker",
         bloom.parts.counter_key: "counters",
@@ -254,7 +257,7 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
         if (match := shard_name.fullmatch(name))
     }
     candidates: list[tuple[int, str, str]] = [  # (server, key, the part it would be)
-        (server, name, "shard")
+        (server, name, "native" if "}:bf:" in name else "shard")
         for (server, name), _ in sorted(shards.items(), key=lambda item: (item[1], item[0]))
     ]
     candidates += sorted(
@@ -279,8 +282,8 @@ def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     for (server, name, part), kind, content in zip(candidates, kinds, contents, strict=True):
         shard = shards.get((server, name))
         found = Orphan(name, server, places[server], f"a {text(kind)}", shard=shard)
-        hashed = part in _HASHES
-        if text(kind) != ("hash" if hashed else "string") or isinstance(content, BaseException):
+        typed = "hash" if part in _HASHES else NATIVE_TYPE if part == "native" else "string"
+        if text(kind) != typed or isinstance(content, BaseException):
             kept.append(found)  # e.g. WRONGTYPE: another type than the part's
             continue
         with taking_apart("read the filter's keys", name):
@@ -315,6 +318,8 @@ def _read_command(name: str, part: str) -> bytes:
     """Return the command that reads what proves a candidate is the filter's part."""
     if part in _HASHES:
         return pack_command(b"HGETALL", name)
+    if part == "native":  # its name carries the filter id; its type proves it a Bloom filter
+        return pack_command(b"TYPE", name)
     if part == "marker":
         return pack_command(b"GETRANGE", name, 0, 255)  # a marker is about 40 bytes
     return pack_command(b"GETRANGE", name, 0, layout.IDENTITY_BYTES - 1)
@@ -329,6 +334,12 @@ def _proven(found: Orphan, part: str, content: Any) -> Orphan:
             return replace(found, what=f"a string that is not shard {shard}'s bits (no filter id)")
         what = f"shard {shard} of filter id {ident.filter_id}"
         return replace(found, what=what, kind="shard", proof=head, filter_id=ident.filter_id)
+    if part == "native":
+        shard, filter_id = found.shard or 0, found.key.partition("}:bf:")[2][:32]
+        what = f"native shard {shard} of filter id {filter_id}"
+        return replace(
+            found, what=what, kind="native", proof=NATIVE_TYPE.encode(), filter_id=filter_id
+        )
     if part == "marker":
         value = blob(content)
         marker = layout.parse_marker(text(value))

@@ -304,6 +304,22 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
     return True
 
 
+def _processes(bloom: FilterBase) -> list[str]:
+    """Return the ``run_id`` of every server process ("" where ``INFO`` is refused), sorted.
+
+    A restore that began on other processes may have lost what it wrote (Redis restarted
+    from an older snapshot, a replica promoted before it had every write) and said nothing.
+    """
+    count = len(bloom.topology.primaries())
+    calls = [Call(pack_command(b"INFO", b"server"), server=i) for i in range(count)]
+    replies = bloom.executor.run("read the servers' process ids", calls).replies
+    found = [
+        "" if isinstance(reply, BaseException) else health.info_fields(reply).get("run_id", "")
+        for reply in replies
+    ]
+    return sorted(found)
+
+
 def _write(
     bloom: FilterBase,
     target: FilterRecord,
@@ -316,6 +332,7 @@ def _write(
     parts = bloom.parts
     undo: list[Call] = []  # deletes what was written, the latest first: the record before all
     try:
+        processes = _processes(bloom)
         reader = DumpReader(inp, name)
         batch: list[Call] = []
         held = 0
@@ -345,6 +362,12 @@ def _write(
             fields = [item for pair in sorted(verified.counters.items()) for item in pair]
             call = Call(pack_command(b"HSET", parts.counter_key, *fields), key=parts.counter_key)
             parts.run("restore the filter's counters", [call], write=True)
+        if _processes(bloom) != processes:
+            raise BloomFilterError(
+                f"a server of {bloom.topology.describe()} restarted or failed over meanwhile,"
+                " so parts written before may be lost (a restart from an older snapshot, a"
+                " replica behind its master). Restore it again."
+            )
         undo[:0] = parts.marker_deletions(target)  # none on one server
         parts.write_markers(target, range(target.servers))
         undo.insert(0, parts.delete_if_still(parts.meta_key, "record", target.filter_id))

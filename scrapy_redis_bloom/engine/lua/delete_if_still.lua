@@ -5,6 +5,8 @@ local found = redis.call('TYPE', key)['ok']
 if kind == 'shard' then
   if found ~= 'string' or redis.call('GETRANGE', key, 0, IDENTITY_BYTES - 1) ~= proof
   then return 0 end
+elseif kind == 'native' then
+  if found ~= proof then return 0 end
 elseif kind == 'marker' then
   if found ~= 'string' or redis.call('GET', key) ~= proof then return 0 end
 elseif kind == 'counters' then
