@@ -209,6 +209,36 @@ def test_a_native_filter_round_trips(bloom_redis_client: redis.Redis, tmp_path: 
     round_trip(bloom_redis_client, bloom_redis_client, tmp_path, members, cfg)
 
 
+@pytest.mark.parametrize("backend", ["bitmap", "native"])
+def test_a_shard_grown_during_a_forced_dump_is_refused(
+    backend: str, redis_client: redis.Redis, bloom_redis_client: redis.Redis
+) -> None:
+    # BF.SCANDUMP's first chunk describes the shard's sub-filters: one added while the dump
+    # ran (a worker adding under --force) made a file every restore refused ("invalid offset
+    # - no link found"), though the dump had said it was written.
+    cfg = config(20_000, 1e-3, BLOOMFILTER_BACKEND=backend, BLOOMFILTER_SHARDS=1)
+    client = bloom_redis_client if backend == "native" else redis_client
+    bloom = filled(client, cfg, fingerprints(15_000, "before"))
+
+    class Growing(io.BytesIO):
+        grown = False
+
+        def write(self, data: Any) -> int:
+            # A bitmap's generations are counted before the header, its pieces read after;
+            # a native shard's sub-filters with its first chunk, written after the header.
+            if not self.grown and (self.tell() > 0) == (backend == "native"):
+                self.grown = True
+                bloom.add_many(fingerprints(40_000, "meanwhile"))  # past its capacity
+            return super().write(data)
+
+    out = Growing()
+    grew = r"from 1 to 2 (sub-filters|generations)"
+    with pytest.raises(BloomFilterError, match=grew):
+        dump_filter(bloom, out, force=True)
+    assert out.grown
+    bloom.close()
+
+
 def test_a_native_dump_is_refused_by_a_server_without_bf(
     bloom_redis_client: redis.Redis, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

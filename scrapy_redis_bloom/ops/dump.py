@@ -244,8 +244,10 @@ def _read_pieces(parts: Parts, record: FilterRecord, counts: array[int], batch: 
             _check_identity(parts, record, shard, g, data)
             if g == 0 and record.expansion and generations_in(data) != counts[shard]:
                 raise BloomFilterError(
-                    f"Shard {shard} of the Bloom filter {parts.key!r} started a generation"
-                    " while it was dumped: dump it again with no worker running."
+                    f"Shard {shard} of the Bloom filter {parts.key!r} went from"
+                    f" {counts[shard]} to {generations_in(data)} generations while it was"
+                    " dumped (a worker grew it, or Redis restarted from an older snapshot):"
+                    " dump it again with no worker running."
                 )
         if len(data) != size:
             raise FilterDamagedError(
@@ -283,8 +285,14 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
 
 
 def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
-    """Yield every shard's ``BF.SCANDUMP`` chunks, one command each (each needs the last)."""
+    """Yield every shard's ``BF.SCANDUMP`` chunks, one command each (each needs the last).
+
+    The first chunk describes the shard's sub-filters: one added meanwhile (a forced dump
+    while a worker grows it) would make a file no restore can load, so it is refused.
+    """
     for shard, key in keys:
+        info = Call(pack_command(b"BF.INFO", key), key=key, shard=shard)
+        (before,) = parts.run("read a shard's sub-filters", [info], take=_filters)
         cursor = 0
         while True:
             call = Call(pack_command(b"BF.SCANDUMP", key, cursor), key=key, shard=shard)
@@ -292,11 +300,23 @@ def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
             if cursor == 0:
                 break
             yield dumpfile.NATIVE, shard, 0, cursor, data
+        (after,) = parts.run("read a shard's sub-filters", [info], take=_filters)
+        if after != before:
+            raise BloomFilterError(
+                f"Shard {shard} of the Bloom filter {parts.key!r} went from {before} to"
+                f" {after} sub-filters while it was dumped (a worker grew it): dump it again"
+                " with no worker running."
+            )
 
 
 def _size(reply: Any) -> int:
     """Return the ``Size`` a ``BF.INFO`` reply gives."""
     return int(pairs(reply).get("Size", "0"))
+
+
+def _filters(reply: Any) -> int:
+    """Return the ``Number of filters`` a ``BF.INFO`` reply gives."""
+    return int(pairs(reply)["Number of filters"])
 
 
 def _chunk(reply: Any) -> tuple[int, bytes]:
