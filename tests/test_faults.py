@@ -519,3 +519,27 @@ def test_a_replica_is_refused_at_open_by_name() -> None:
         assert sorted(source.keys("new*")) == []
         client.close()
         source.close()
+
+
+def test_a_fault_ridden_through_by_retries_is_said_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A restart, a failover or a pause shorter than BLOOMFILTER_RETRY_TIMEOUT was only
+    # counted (bloomfilter/retries): no line said it while the crawl ran, under "raise" too
+    # (probes: a cluster failover, a restart from an older snapshot that cost 148 refetches).
+    with RedisServer() as server:
+        client = server.client()
+        bloom = make(client, retry_timeout=20)
+        assert bloom.check_and_add("before") is False
+        client.save()
+        server.kill()
+        restart = threading.Timer(0.5, server.restart)
+        restart.start()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            assert bloom.check_and_add("during") is False
+        restart.join()
+        assert bloom.events.counts["retries"] > 0
+        said = [r.getMessage() for r in caplog.records if "of retries" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+        assert f"127.0.0.1:{server.port} answered" in said[0]
+        client.close()

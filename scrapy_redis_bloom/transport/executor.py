@@ -396,6 +396,7 @@ class Executor:
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
         self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
+        self._retry_log = RateLimitedLog(logger)  # a fault ridden through by retries: the same
 
     def run(
         self,
@@ -427,7 +428,7 @@ class Executor:
             end = started  # one attempt: it has been failing for a while
         batch = _Batch(operation, calls, write, [None] * len(calls), [False] * len(calls))
         todo = list(range(len(calls)))
-        backoff, redirects, first_failure = FIRST_BACKOFF, 0, 0.0
+        backoff, redirects, first_failure, why, where = FIRST_BACKOFF, 0, 0.0, "", ""
         while todo:
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
@@ -448,12 +449,24 @@ class Executor:
                     return Results(batch.replies, batch.ambiguous, failure)
                 raise failure
             self.events.count("retries")
+            why, where = describe_failure(batch.failure or "no answer"), batch.where
             time.sleep(min(backoff * (0.5 + random.random()), end - now))
             backoff = min(backoff * 2, MAX_BACKOFF)
             redirects = 0
             if isinstance(batch.failure, TransportError):
                 self.topology.refresh()
-        self._recovered(write)
+        if not self._recovered(write) and first_failure:
+            # A fault shorter than the retry window (a restart, a failover, a pause): said,
+            # as the outages are, not only counted in ``retries``.
+            self._retry_log.log(
+                logging.WARNING,
+                where,
+                "%s answered %s after %.1f s of retries (%s): carried out.",
+                where or self.topology.describe(),
+                operation,
+                time.monotonic() - first_failure,
+                why,
+            )
         return Results(batch.replies, batch.ambiguous)
 
     def _failing(
@@ -509,8 +522,11 @@ class Executor:
                              " call tries it", node.address)  # fmt: skip
                 return
 
-    def _recovered(self, write: bool) -> None:
-        """Say that a kind of command runs again after an outage, and stop failing fast."""
+    def _recovered(self, write: bool) -> bool:
+        """Say that a kind of command runs again after an outage, and stop failing fast.
+
+        Return whether there was one.
+        """
         outage = self._outages.pop(write, None)
         both = outage is not None and self._outages.get(not write) is outage
         if both:  # a server that stopped answering
@@ -525,6 +541,7 @@ class Executor:
                 time.monotonic() - outage.since,
                 outage.why,
             )
+        return outage is not None
 
     def _admit(self, operation: str, write: bool) -> bool:
         """Let a hot-path call through, or fail fast; True if it is an outage's attempt a second."""
