@@ -811,6 +811,38 @@ def test_migrate_set_needs_a_filter_or_sizing(
 
 
 @pytest.mark.timeout(120)
+def test_migrate_set_says_when_the_set_is_gone_part_way(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # An SSCAN of a key gone (evicted under volatile-ttl, expired, deleted) ends as if the
+    # scan were done: a probe's run said "Migrated 66,048 fingerprint(s)" of 300,000, exit
+    # 0, and the how-to's next step deletes the set.
+    members = fingerprints(60_000, "gone")
+    for start in range(0, len(members), 10_000):
+        redis_client.sadd("myspider:dupefilter", *members[start : start + 10_000])
+    marker = contents.marker_key("myspider:dupefilter")
+
+    def evict() -> None:
+        deadline = time.monotonic() + 60
+        while not redis_client.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        redis_client.delete("myspider:dupefilter")
+
+    thread = threading.Thread(target=evict)
+    thread.start()
+    code, out, err = run(
+        capsys, "migrate-set", "--redis-url", redis_url, "--key", KEY, "--set-key",
+        "myspider:dupefilter", "--capacity", "100000", "--batch", "2000",
+    )  # fmt: skip
+    thread.join()
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "is gone (evicted, expired or deleted) after" in err
+    assert "of its 60,000 members were migrated" in err
+    assert not redis_client.exists(marker)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("restart", ["during the run", "between two runs"])
 def test_migrate_set_through_a_redis_restart_copies_every_member(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, restart: str

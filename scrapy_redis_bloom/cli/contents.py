@@ -58,7 +58,7 @@ from scrapy_redis_bloom.ops.dump import FilterBusyError, Progress, Summary, dump
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
-from scrapy_redis_bloom.ops.scanning import Scan
+from scrapy_redis_bloom.ops.scanning import Scan, ScannedKeyGoneError
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -194,7 +194,20 @@ def migrate(ctx: Context) -> int:
         next_cursor: int | None = cursor
         while next_cursor is not None:
             restarts = scan.restarts
-            next_cursor, members = scan.next(next_cursor, min(SCAN_COUNT, batch_size))
+            try:
+                next_cursor, members = scan.next(next_cursor, min(SCAN_COUNT, batch_size))
+            except ScannedKeyGoneError:
+                flush(None)
+                reader.run(
+                    "delete the progress",
+                    [Call(pack_command(b"DEL", marker), key=marker)],
+                    write=True,
+                )
+                raise CLIError(
+                    f"The set {set_key!r} on {source} is gone (evicted, expired or deleted)"
+                    f" after {sum(counts.values()):,} of its {size:,} members were migrated:"
+                    " the others are not in the filter, and would be fetched again."
+                ) from None
             if scan.restarts != restarts:  # started over: what was added counts as present
                 counts = dict.fromkeys(_COUNTS, 0)
                 bar.reset()

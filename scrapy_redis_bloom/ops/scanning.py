@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from scrapy_redis_bloom.core.errors import taking_apart
+from scrapy_redis_bloom.core.errors import BloomFilterError, taking_apart
 from scrapy_redis_bloom.engine.health import info_fields
 from scrapy_redis_bloom.engine.parts import Parts, text
 from scrapy_redis_bloom.transport.executor import Call
@@ -21,6 +21,10 @@ from scrapy_redis_bloom.transport.wire import pack_command
 logger = logging.getLogger(__name__)
 
 _INFO = pack_command(b"INFO", b"server")
+
+
+class ScannedKeyGoneError(BloomFilterError):
+    """The key a scan reads (``SSCAN``) is gone part-way: evicted, expired or deleted."""
 
 
 class Scan:
@@ -57,8 +61,12 @@ class Scan:
         operation = f"scan with {text(self.command[0])}"
         scan = pack_command(*self.command, cursor, *self.options, b"COUNT", count)
         calls = [Call(_INFO, key=self.key, server=self.server)]
+        if self.key is not None:  # a missing key scans as empty: told apart by EXISTS
+            calls.append(Call(pack_command(b"EXISTS", self.key), key=self.key))
         calls.append(Call(scan, key=self.key, server=self.server))
-        info, reply = self.parts.run(operation, calls)
+        info, *there, reply = self.parts.run(operation, calls)
+        if there and there[0] == 0 and cursor != 0:
+            raise ScannedKeyGoneError(f"{self.what} is gone (evicted, expired or deleted)")
         with taking_apart(operation, self.key or ""):
             answered = info_fields(info)["run_id"]
             following, items = reply

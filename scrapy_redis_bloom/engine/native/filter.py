@@ -32,7 +32,7 @@ from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.parts import Blooms
 from scrapy_redis_bloom.engine.state import FilterState
 from scrapy_redis_bloom.transport.executor import Call, error_text
-from scrapy_redis_bloom.transport.wire import Script, command_head, encode
+from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -322,6 +322,14 @@ class NativeBloomFilter(FilterBase):
             for shard, part in chunks
             for key in [self._heads[shard][0]]
         ]
+        # BF.MEXISTS answers "absent" for a missing shard: an EXISTS after it tells it lost.
+        probed = not (write or record.ttl)
+        if probed:
+            calls += [
+                Call(pack_command(b"EXISTS", key), key=key, shard=shard)
+                for shard, _ in chunks
+                for key in [self._heads[shard][0]]
+            ]
         operation = "add requests in bulk" if write else "check requests in bulk"
         try:
             results = self.executor.run(operation, calls, write=write)
@@ -332,12 +340,13 @@ class NativeBloomFilter(FilterBase):
             outcome.failed += [items[i] for _, part in chunks for i in part]
             return
         redo: list[tuple[int, list[int]]] = []
-        for (shard, part), call, reply, ambiguous in zip(
-            chunks, calls, results.replies, results.ambiguous, strict=True
+        replies, exists = results.replies[: len(chunks)], results.replies[len(chunks) :]
+        for (shard, part), call, reply, ambiguous, there in zip(
+            chunks, calls, replies, results.ambiguous, exists or [1] * len(chunks), strict=False
         ):
             key = call.key or ""
             try:
-                found = self._read(reply, key, write, len(part))
+                found = self._read(reply, key, write, len(part)) if there != 0 else None
             except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
                 self._unavailable(exc, len(part))
                 outcome.errors += len(part)
