@@ -433,6 +433,22 @@ def test_reset_deletes_orphaned_shards(
     assert sorted(redis_client.keys("*")) == sorted(name.encode() for name in lookalikes)
 
 
+def test_add_with_its_stdin_closed_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    # Started with its stdin closed ('<&-'), Python has no sys.stdin: a traceback
+    # (AttributeError: 'NoneType' object has no attribute 'buffer') ended the command.
+    make_filter(redis_client)
+    monkeypatch.setattr(sys, "stdin", None)
+    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY)
+    assert (code, out) == (2, "")
+    assert "Standard input is closed: give the fingerprints in a file." in err
+    assert "Traceback" not in err
+
+
 def test_reset_deletes_orphaned_native_shards(
     capsys: pytest.CaptureFixture[str], bloom_redis_client: redis.Redis
 ) -> None:

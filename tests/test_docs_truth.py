@@ -64,6 +64,7 @@ INTERNAL_ERRORS = {
     "BadLineError": "a bad input line of scrapy bloom add/check, reported with its number",
     "WordedError": "the base of BloomFilterError and SettingError, never raised itself",
     "SettingError": "a ValueError naming settings: the ValueError section covers it",
+    "ScannedKeyGoneError": "caught by scrapy bloom migrate, printed as its one-line error",
 }
 #: Error classes users meet that do not derive from BloomFilterError.
 OTHER_USER_ERRORS = ("UnsupportedVersionError", "DumpFileError", "ValueError")

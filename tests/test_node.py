@@ -13,6 +13,7 @@ import redis
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom.core.errors import UnsupportedServerError
 from scrapy_redis_bloom.transport.node import Node, NotSentError, ReplyLostError, connection_factory
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -234,3 +235,15 @@ def test_responds_tells_a_server_that_answers_from_one_that_does_not() -> None:
         port = server.port
     gone = redis.Redis("127.0.0.1", port, socket_timeout=0.5)
     assert node_of(gone).responds() is False
+
+
+def test_a_refused_connection_setup_is_named_not_raised_raw(redis_server: RedisServer) -> None:
+    # A database number out of range (SELECT 99) refused in the handshake escaped as
+    # redis-py's ResponseError out of request_seen, naming no setting (a probe).
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/99")
+    bloom = RedisBloomFilter.from_config(
+        client, "setup", BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000})
+    )
+    with pytest.raises(UnsupportedServerError, match=r"refuses the connection's setup: DB index"):
+        bloom.check_and_add("x" * 40)
+    client.close()

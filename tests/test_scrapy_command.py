@@ -508,6 +508,31 @@ def test_dump_reset_restore_on_another_topology(
     assert "deleted first (--replace)" in replaced.out, replaced
 
 
+def test_a_dump_goes_to_a_regular_file_or_is_refused(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # FILE.partial was renamed over whatever FILE was: a pipe or a device became a file no
+    # one read, a symlink was replaced and its target never written, '-' made a file named
+    # '-'; all with "Dumped ...", exit 0 (a probe).
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(200))
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for target, said in [
+        (str(pipe), "is not a regular file (a device, a pipe)"),
+        (str(tmp_path), "is a directory"),
+        ("-", "A dump goes to a file"),
+    ]:
+        refused = scrapy(project, "bloom", "dump", "--spider", "books", target)
+        assert said in one_line_error(refused, 1)
+    assert pipe.is_fifo()
+    real, link = tmp_path / "real.dump", tmp_path / "link.dump"
+    link.symlink_to(real)
+    dumped = scrapy(project, "bloom", "dump", "--spider", "books", str(link))
+    assert dumped.code == 0, dumped
+    assert link.is_symlink()
+    assert real.stat().st_size > 0
+
+
 def test_a_corrupted_dump_is_refused_and_leaves_nothing(
     project: Path, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

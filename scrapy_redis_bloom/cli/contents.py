@@ -281,7 +281,7 @@ def _file_result(ctx: Context, path: Path, summary: Summary, **more: Any) -> dic
 
 def dump(ctx: Context) -> int:
     """Write the filter to ``FILE``: its record, counters and every part's bytes."""
-    path = Path(ctx.args.file)
+    path = _dump_target(str(ctx.args.file))
     source, _ = existing(ctx, "Nothing to dump.")
     partial = path.with_name(path.name + ".partial")
     try:
@@ -310,6 +310,24 @@ def dump(ctx: Context) -> int:
     if summary.forced:
         lines.append("Workers held leases meanwhile: URLs they added may be missing (--force).")
     return emit(ctx, data, lines)
+
+
+def _dump_target(name: str) -> Path:
+    """Return the regular file a dump goes to (a symlink's target); refuse anything else.
+
+    The dump is written beside it (``FILE.partial``) and renamed over it once complete: a
+    device, a pipe or a directory would be replaced by a file no one reads.
+    """
+    if name == "-":
+        raise CLIError("A dump goes to a file, written whole before it is named: give its path.")
+    path = Path(os.path.realpath(name))  # a symlink: its target is written, the link kept
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file (a device, a pipe)"
+        raise CLIError(
+            f"{name!r} is {what}: a dump goes to a file, written beside it first"
+            " (FILE.partial) and renamed over it once complete."
+        )
+    return path
 
 
 def restore(ctx: Context) -> int:

@@ -191,6 +191,8 @@ def read_lines(
     batch: list[bytes] = []
     for path in paths:
         source = "<stdin>" if path == "-" else path
+        if path == "-" and sys.stdin is None:  # started with its stdin closed (<&-)
+            raise UsageError("Standard input is closed: give the fingerprints in a file.")
         with contextlib.ExitStack() as stack:
             stream: IO[bytes]
             stream = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))

@@ -380,8 +380,9 @@ def _row(head: tuple[Any, ...], meaning: str, **more: Any) -> Setting[Any]:
 CAPACITY: Setting[int | None] = _row(
     ("BLOOMFILTER_CAPACITY", "int", None, 1),
     "Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it sizes the"
-    " filter; beside `BLOOMFILTER_BIT` it only states the load at which the expected false-positive"
-    " rate is logged and reported. Example: `1_000_000_000`.",
+    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (and its"
+    " expected false-positive rate is logged), refused where that rate would pass 0.1."
+    " Example: `1_000_000_000`.",
     rule="It must be a positive integer (the number of items you expect).",
 )
 ERROR_RATE: Setting[float] = _row(
@@ -828,6 +829,8 @@ class BloomConfig:
                 bits=sizing.block_bits,
             )
             raise _invalid(row.name, row.given(settings), why) from None
+        if capacity is not None and sizing.capacity is None:
+            _refuse_overload(spec, capacity, share)
         return cls(
             key=KEY.read(settings),
             spec=spec,
@@ -843,6 +846,33 @@ class BloomConfig:
             backend=backend,
             monitor_max_fpr=MONITOR_MAX_FPR.read(settings),
         )
+
+
+#: The highest false-positive rate a capacity stated beside BLOOMFILTER_BIT may come to: past
+#: it, more than one new URL in ten would be dropped before the filter grows.
+MAX_RATE_AT_CAPACITY = 0.1
+
+
+def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
+    """Refuse a capacity that BLOOMFILTER_BIT's bits cannot hold: it is where a shard grows."""
+    rate = false_positive_rate(spec.bits, spec.hash_count, capacity, spec.block_bits)
+    if rate < MAX_RATE_AT_CAPACITY:
+        return
+    bits, _ = optimal_geometry(capacity, ERROR_RATE.default * share, spec.block_bits)
+    raise _refuse(
+        "The {settings} {BLOOMFILTER_CAPACITY} = {capacity:,} and {BLOOMFILTER_BIT} ="
+        " {bit} contradict each other: {bits:,} bits hold {capacity:,} URLs at a"
+        " false-positive rate of {rate:.2g}, so that share of new URLs would be dropped as"
+        " seen before the filter grows (at its capacity). Set {BLOOMFILTER_BIT} to at least"
+        " {needed} (a rate of {default:g}), or leave it unset and size the filter by"
+        " {BLOOMFILTER_CAPACITY} and {BLOOMFILTER_ERROR_RATE}.",
+        capacity=capacity,
+        bit=spec.bits.bit_length() - 1,
+        bits=spec.bits,
+        rate=rate,
+        needed=(bits - 1).bit_length(),
+        default=ERROR_RATE.default,
+    )
 
 
 def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing, int | None]:

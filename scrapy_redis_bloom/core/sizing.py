@@ -55,6 +55,8 @@ def false_positive_rate(
     the block with the same three seeds (one in B**3: ``n / (m B**2)``), 10% of a rate of
     1e-6 at its size; ``floor=False`` leaves it out, as generations are sized.
     """
+    if bits <= 0:  # no bits (a native sizing for a rate of 1): everything reads as seen
+        return 1.0
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
     load = block_bits * items / bits

@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from scrapy_redis_bloom.core.errors import SHAPE_ERRORS, CertificateError
+from scrapy_redis_bloom.core.errors import SHAPE_ERRORS, CertificateError, UnsupportedServerError
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,14 @@ class Node:
                 connection.disconnect()
                 detail = f"a handshake reply not its command's: {exc}"
                 raise NotSentError(self.address, detail) from None
+            except ResponseError as exc:  # its SELECT, HELLO or CLIENT SETNAME refused
+                connection.disconnect()
+                raise UnsupportedServerError(
+                    f"Redis at {self.address} refuses the connection's setup: {exc}. Check the"
+                    " database number (/db) of the Redis URL, the connection parameters"
+                    " (BLOOMFILTER_REDIS_PARAMS or REDIS_PARAMS) and that it is a Redis server"
+                    " (a Sentinel's address goes in BLOOMFILTER_REDIS_SENTINELS)."
+                ) from None
             self._connection = connection
             self._read_replies = _replies(connection)
             self._serial += 1
