@@ -307,6 +307,31 @@ def test_a_shard_deleted_is_met_by_reads_too(bloom_redis_client: redis.Redis, po
     bloom.close()
 
 
+def test_a_filter_reset_and_created_again_is_adopted_by_a_recreating_worker(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    # A native shard's key carries its filter's id: a worker that recreated its lost shard
+    # (ON_LOSS = "recreate") during a reset never met the filter created after it, and went
+    # on adding to its own orphaned shard (0 of 2,000 URLs in the current filter, a probe).
+    events = Recorder()
+    stale = native(bloom_redis_client, events=events, BLOOMFILTER_ON_LOSS="recreate")
+    stale.check_and_add(fingerprints(1, "warm")[0])
+    bloom_redis_client.delete(*stale.shard_keys)  # a reset: the shards first
+    stale.check_and_add(fingerprints(1, "between")[0])  # recreated under the old id
+    bloom_redis_client.delete(f"{KEY}:meta", f"{KEY}:count")  # the record last
+    current = native(bloom_redis_client)  # the filter created again
+    current.check_and_add(fingerprints(1, "current")[0])
+    stale.check_and_add(fingerprints(1, "counted")[0])
+    stale.sync_counters()  # about once a second in a crawl
+    assert stale.record.filter_id == current.record.filter_id
+    assert events.seen["reopened"] == 1
+    urls = fingerprints(100, "after")
+    assert stale.add_many(urls) == [False] * len(urls)
+    assert current.contains_many(urls) == [True] * len(urls)
+    stale.close()
+    current.close()
+
+
 @pytest.mark.parametrize("policy", ["raise", "recreate"])
 def test_flushall_mid_crawl(bloom_redis_client: redis.Redis, policy: str) -> None:
     events = Recorder()

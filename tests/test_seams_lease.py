@@ -371,3 +371,22 @@ def test_a_worker_whose_filter_was_reset_adds_no_counts_to_the_next_one() -> Non
         stale.close()
         assert fresh.totals().added == 100
         client.close()
+
+
+def test_a_registry_whose_server_refuses_info_says_it_cannot_tell_a_restart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Without INFO the registry's server cannot be told restarted: the listing goes on at
+    # once, as before, and says so (the docs promise the log says what INFO would check).
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "bloom", "on", ">pw", "~*", "+@all", "-info")
+        user = redis.Redis(port=server.port, username="bloom", password="pw")
+        bloom = RedisBloomFilter.from_config(user, "books", BloomConfig.from_settings(SMALL))
+        bloom.open()
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            assert bloom.live_workers() == []
+        assert "refuses INFO" in caplog.text
+        assert "cannot be told" in caplog.text
+        bloom.close()
+        admin.close()

@@ -286,7 +286,8 @@ def dump(ctx: Context) -> int:
     partial = path.with_name(path.name + ".partial")
     try:
         with progress(None, "B", "Dumping") as bar, open(partial, "wb") as out:
-            summary = dump_filter(source, out, _follow(bar), force=ctx.args.force)
+            ttl = WORKER_TTL.read(ctx.settings)
+            summary = dump_filter(source, out, _follow(bar), force=ctx.args.force, worker_ttl=ttl)
         os.replace(partial, path)
     except FilterBusyError as exc:
         raise CLIError(f"{exc} (--force)") from None
@@ -343,6 +344,7 @@ def restore(ctx: Context) -> int:
                 replace=ctx.args.replace,
                 name=repr(str(path)),
                 faults=ctx.faults,
+                worker_ttl=WORKER_TTL.read(ctx.settings),
             )
     except DumpFileError as exc:
         raise CLIError(str(exc)) from None

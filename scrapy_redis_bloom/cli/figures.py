@@ -20,7 +20,7 @@ from typing import Any
 from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing, open_existing
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import SettingsLike
+from scrapy_redis_bloom.core.settings import WORKER_TTL, SettingsLike
 from scrapy_redis_bloom.core.sizing import (
     Sizing,
     false_positive_rate,
@@ -74,7 +74,7 @@ def info(ctx: Context) -> int:
     missing = sum(1 for shard in damaged if shard["found"] == "missing")
     markers = inventory.check_markers(bloom, record)
     state = read_state(bloom.parts, record.growth)
-    activity, activity_rows = _activity(bloom, state)
+    activity, activity_rows = _activity(bloom, state, WORKER_TTL.read(ctx.settings))
     places = inventory.addresses(bloom)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     growth = record.growth
@@ -170,11 +170,11 @@ def info(ctx: Context) -> int:
 
 
 def _activity(
-    bloom: RedisBloomFilter | NativeBloomFilter, state: FilterState
+    bloom: RedisBloomFilter | NativeBloomFilter, state: FilterState, worker_ttl: float
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Return the data and the info rows on memory, the workers' counts and the live workers."""
     totals = bloom.totals()
-    workers = bloom.live_workers()
+    workers = bloom.live_workers(worker_ttl)
     data = {
         "memory_bytes": state.memory_bytes,
         "total_added": totals.added,
@@ -193,7 +193,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
     """Show a native filter (BF.* shards): its record, its shards' items, memory and rate."""
     present = bloom.existing()
     state = bloom.state(present)
-    activity, activity_rows = _activity(bloom, state)
+    activity, activity_rows = _activity(bloom, state, WORKER_TTL.read(ctx.settings))
     places = [node.address for node in bloom.topology.primaries()]
     absent = [s for s in range(record.spec.shards) if s not in present]
     layouts, layout_rows = _record_layouts(record)
@@ -313,7 +313,7 @@ def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
         "fill_ratio": fill,
         "estimated_fpr": state.estimated_fpr,
         "filtered": totals.seen,
-        "live_workers": len(bloom.live_workers()),
+        "live_workers": len(bloom.live_workers(settle=0)),  # a sample a second: no wait
     }
 
 

@@ -9,6 +9,8 @@ naming the setting, the value and what is allowed, so a crawl fails at startup, 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -158,10 +160,14 @@ def client_params(name: str, params: object) -> dict[str, Any]:
     """Check a dict of Redis client keyword arguments (``name`` is its setting)."""
     if params is None:
         return {}
+    if isinstance(params, str):  # -s NAME='{"socket_timeout": 30}', as Scrapy's getdict reads it
+        with contextlib.suppress(ValueError):
+            params = json.loads(params)
     if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
         raise _refuse(  # its value is not shown: it may hold a password in any form
             "The value of the {name} {setting} (a {type}) is invalid. It must be a dict of"
-            " keyword arguments for the Redis client, e.g. {{'socket_timeout': 30}}.",
+            " keyword arguments for the Redis client, e.g. {{'socket_timeout': 30}}, or its"
+            " JSON on the command line.",
             name=SettingName(name),
             type=type(params).__name__,
         )
@@ -380,8 +386,9 @@ def _row(head: tuple[Any, ...], meaning: str, **more: Any) -> Setting[Any]:
 CAPACITY: Setting[int | None] = _row(
     ("BLOOMFILTER_CAPACITY", "int", None, 1),
     "Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it sizes the"
-    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (and its"
-    " expected false-positive rate is logged), refused where that rate would pass 0.1."
+    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (refused"
+    " where the rate would pass 0.1 by then) and at which its expected false-positive rate is"
+    " logged."
     " Example: `1_000_000_000`.",
     rule="It must be a positive integer (the number of items you expect).",
 )
@@ -829,7 +836,7 @@ class BloomConfig:
                 bits=sizing.block_bits,
             )
             raise _invalid(row.name, row.given(settings), why) from None
-        if capacity is not None and sizing.capacity is None:
+        if capacity is not None and sizing.capacity is None and expansion:
             _refuse_overload(spec, capacity, share)
         return cls(
             key=KEY.read(settings),

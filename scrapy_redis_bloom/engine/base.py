@@ -213,7 +213,8 @@ class FilterBase:
         """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
 
         A config record found gone meanwhile (evicted, deleted) is written back from this
-        worker's copy while every shard is intact (:meth:`.Lifecycle.restore_record`).
+        worker's copy while every shard is intact (:meth:`.Lifecycle.restore_record`); another
+        filter's (reset and created again) is adopted, as a check meeting it would.
         """
         with self._lock:
             record = self.record
@@ -223,6 +224,8 @@ class FilterBase:
             totals = self.counters.sync(self.parts, self.spec, record.filter_id)
             if self.counters.record_gone and self.lifecycle.restore_record(record):
                 totals = self.counters.sync(self.parts, self.spec, record.filter_id)
+            elif self.counters.replaced:  # reset and created again: what its checks may not see
+                self._recover([])
             return totals
 
     def sync_counters_if_due(self) -> None:

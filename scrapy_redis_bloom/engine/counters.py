@@ -41,8 +41,9 @@ class Counters:
         self._warned_at = 0  # the capacity multiple last warned about
         #: The totals over all workers Redis gave at the last sync or read (None: none yet).
         self.synced: FilterTotals | None = None
-        #: The last sync found no config record: its counts wait for the filter to restore it.
-        self.record_gone = False
+        #: The last sync found no config record (its counts wait for the filter to restore
+        #: it), or another filter's (the filter adopts it).
+        self.record_gone = self.replaced = False
         #: A fixed-size filter that remembers forever, warned about here; one that grows or
         #: forgets reports from its check-and-add script (growth, a full shard).
         self.fixed = True
@@ -94,7 +95,7 @@ class Counters:
         try:
             owner = Call(pack_command(b"HGET", parts.meta_key, b"id"), key=parts.meta_key)
             (found,) = parts.run("read the filter's id", [owner], take=_text_or_none)
-            self.record_gone = found is None
+            self.record_gone, self.replaced = found is None, found not in (None, filter_id)
             if found != filter_id:
                 self._not_added(added, seen, found)
                 return None

@@ -44,6 +44,7 @@ WAIT_STEP = 0.05
 _INFO = pack_command(b"INFO", b"server")
 #: Seconds a filter's creation time (a worker's clock) may run ahead of its server's.
 CLOCK_MARGIN = 2.0
+_refusals = RateLimitedLog(logger)  # a registry's server refusing INFO: once a minute
 
 
 def settling_calls(key: str) -> list[Call]:
@@ -63,6 +64,17 @@ def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -
     since, or a server that refuses ``INFO`` (an ACL), is not waited for.
     """
     info, created = replies
+    if isinstance(info, BaseException):
+        _refusals.log(
+            logging.WARNING,
+            key,
+            "Redis at %s refuses INFO (%s): whether it restarted from an older snapshot, whose"
+            " registry %r may miss live workers until they renew, cannot be told. Grant INFO"
+            " (docs/howto/tls-acl.md).",
+            executor.topology.route(layout.workers_key(key), None, None).address,
+            info,
+            layout.workers_key(key),
+        )
     fields = {} if isinstance(info, BaseException) else info_fields(info)
     uptime, clock = fields.get("uptime_in_seconds", ""), fields.get("server_time_usec", "")
     try:
@@ -75,7 +87,7 @@ def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -
         return 0.0
     wait = settle - int(uptime)
     registry = layout.workers_key(key)
-    logger.info(
+    logger.warning(
         "Redis at %s started %ss ago, with the Bloom filter %r older than that: the"
         " workers' leases may not all be back in %r yet (each renews within"
         " BLOOMFILTER_WORKER_TTL = %ss), so the registry is read again in %.0fs.",

@@ -19,6 +19,7 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, FilterDamagedError, FilterMissingError
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
 from scrapy_redis_bloom.ops import dumpfile
@@ -85,7 +86,12 @@ def part_key(key: str, record: FilterRecord, shard: int, generation: int = 0) ->
 
 
 def dump_filter(
-    bloom: FilterBase, out: BinaryIO, progress: Progress | None = None, *, force: bool = False
+    bloom: FilterBase,
+    out: BinaryIO,
+    progress: Progress | None = None,
+    *,
+    force: bool = False,
+    worker_ttl: float = WORKER_TTL.default,
 ) -> Summary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
@@ -97,7 +103,8 @@ def dump_filter(
     created, one with a TTL (its windows expire on the source's clock), one with live workers
     unless ``force`` (URLs added meanwhile may then be missing), one with a missing or foreign
     shard. A part damaged or changed while read, or Redis failing, raises with the file
-    incomplete: without a trailer, a restore refuses it as truncated.
+    incomplete: without a trailer, a restore refuses it as truncated. ``worker_ttl``: the
+    workers' lease TTL, waited out after a restart of the registry's server.
     """
     started = time.monotonic()
     parts = bloom.parts
@@ -120,7 +127,7 @@ def dump_filter(
             " supported. It forgets everything within 2 x BLOOMFILTER_TTL anyway: start the"
             " filter anew on the target servers."
         )
-    workers = bloom.live_workers()
+    workers = bloom.live_workers(worker_ttl)  # after a restart, waits for their leases
     if workers and not force:
         raise FilterBusyError(
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r}"

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.core.settings import WORKER_TTL, FaultPolicy
 from scrapy_redis_bloom.engine import backend, health
 from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -181,6 +181,7 @@ def restore_filter(
     replace: bool = False,
     name: str | None = None,
     faults: FaultPolicy | None = None,
+    worker_ttl: float = WORKER_TTL.default,
 ) -> Summary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
@@ -216,7 +217,7 @@ def restore_filter(
     bloom = target_class.of_record(client, key, record, faults)
     try:
         target = dataclasses.replace(record, servers=bloom.topology.servers, state="ready")
-        replaced = _prepare(bloom, target, verified, name, replace)
+        replaced = _prepare(bloom, target, verified, name, replace, worker_ttl)
         inp.seek(start)
         _write(bloom, target, verified, inp, name, lambda done: report(size + done, 2 * size))
         where = bloom.topology.describe()
@@ -240,7 +241,12 @@ def restore_filter(
 
 
 def _prepare(
-    bloom: FilterBase, target: FilterRecord, verified: VerifiedDump, name: str, replace: bool
+    bloom: FilterBase,
+    target: FilterRecord,
+    verified: VerifiedDump,
+    name: str,
+    replace: bool,
+    worker_ttl: float,
 ) -> bool:
     """Check the target servers and key; delete a filter there if asked. Return if one was."""
     where = bloom.topology.describe()
@@ -256,7 +262,7 @@ def _prepare(
                 f" on servers with {native_parts.INSTALL_HINT}. A native filter's bits cannot"
                 " be turned into a bitmap filter."
             )
-    replaced = _clear_existing(bloom, where, replace)
+    replaced = _clear_existing(bloom, where, replace, worker_ttl)
     parts = bloom.parts  # the restored filter's shards (generation 0), counters, markers
     keys: list[tuple[str, int | None, int | None]]
     keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
@@ -280,7 +286,7 @@ def _prepare(
     return replaced
 
 
-def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
+def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: float) -> bool:
     """Refuse a filter under the key, or delete it when asked; return whether one was."""
     parts = bloom.parts
     fields = read_hash(parts, parts.meta_key, "look for a filter")
@@ -293,7 +299,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool) -> bool:
             " under another key, or ask to replace it."
         )
     existing = FilterRecord.parse(parts.meta_key, fields)  # refuses an unusable one by name
-    workers = bloom.live_workers()
+    workers = bloom.live_workers(worker_ttl)
     if workers:
         raise FilterBusyError(
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"

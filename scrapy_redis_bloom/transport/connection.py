@@ -28,7 +28,7 @@ def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
         )
         return [_checked(client)]
     redis_cls = RedisCluster if config.cluster else redis.Redis  # (a cluster: one URL)
-    source = f"the {setting} setting(s)"
+    source = f"the filter's Redis URL (its query too) and the {setting} setting"
     return [build_client(redis_cls, url, params, source) for url in config.urls]
 
 
