@@ -281,14 +281,14 @@ def _file_result(ctx: Context, path: Path, summary: Summary, **more: Any) -> dic
 
 def dump(ctx: Context) -> int:
     """Write the filter to ``FILE``: its record, counters and every part's bytes."""
-    path = _dump_target(str(ctx.args.file))
+    path, written = Path(ctx.args.file), _dump_target(str(ctx.args.file))
     source, _ = existing(ctx, "Nothing to dump.")
-    partial = path.with_name(path.name + ".partial")
+    partial = written.with_name(written.name + ".partial")
     try:
         with progress(None, "B", "Dumping") as bar, open(partial, "wb") as out:
             ttl = WORKER_TTL.read(ctx.settings)
             summary = dump_filter(source, out, _follow(bar), force=ctx.args.force, worker_ttl=ttl)
-        os.replace(partial, path)
+        os.replace(partial, written)
     except FilterBusyError as exc:
         raise CLIError(f"{exc} (--force)") from None
     finally:
