@@ -61,7 +61,8 @@ def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -
     A server up for less than ``settle`` (a worker TTL: every live worker renews within it)
     with a filter older than itself restarted or was replaced since some renewed: its
     registry is as old as its data, so the rest is waited out, saying why. A filter created
-    since, or a server that refuses ``INFO`` (an ACL), is not waited for.
+    since, or a server that refuses ``INFO`` (an ACL, said), is not waited for; nor one created
+    within :data:`CLOCK_MARGIN` (and the second ``uptime_in_seconds`` may be off by) of it.
     """
     info, created = replies
     if isinstance(info, BaseException):
