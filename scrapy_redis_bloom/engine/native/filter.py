@@ -323,8 +323,7 @@ class NativeBloomFilter(FilterBase):
             for key in [self._heads[shard][0]]
         ]
         # BF.MEXISTS answers "absent" for a missing shard: an EXISTS after it tells it lost.
-        probed = not (write or record.ttl)
-        if probed:
+        if not (write or record.ttl):
             calls += [
                 Call(pack_command(b"EXISTS", key), key=key, shard=shard)
                 for shard, _ in chunks
@@ -340,9 +339,10 @@ class NativeBloomFilter(FilterBase):
             outcome.failed += [items[i] for _, part in chunks for i in part]
             return
         redo: list[tuple[int, list[int]]] = []
-        replies, exists = results.replies[: len(chunks)], results.replies[len(chunks) :]
+        n = len(chunks)
+        exists = results.replies[n:] or [1] * n  # (writes and windows: none sent)
         for (shard, part), call, reply, ambiguous, there in zip(
-            chunks, calls, replies, results.ambiguous, exists or [1] * len(chunks), strict=False
+            chunks, calls[:n], results.replies[:n], results.ambiguous[:n], exists, strict=True
         ):
             key = call.key or ""
             try:
