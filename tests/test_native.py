@@ -26,6 +26,7 @@ from reply_cutter import Command, ReplyCutter
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
     BloomFilterError,
     ConfigMismatchError,
     FilterDamagedError,
@@ -305,6 +306,29 @@ def test_a_shard_deleted_is_met_by_reads_too(bloom_redis_client: redis.Redis, po
     assert bloom.contains_many(fps) == [False] * len(fps)  # recreated empty, and said
     assert events.seen["recreated"] >= 1
     bloom.close()
+
+
+def test_a_read_whose_exists_is_refused_raises_naming_the_command(
+    bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis
+) -> None:
+    # The EXISTS that tells a lost shard from an empty answer: an ACL that took it away
+    # left the reads answering "absent" for a lost shard, with no error, log or stat.
+    fps = fingerprints(50, "aclexists")
+    native(bloom_redis_client).add_many(fps)
+    bloom_redis_client.execute_command(
+        "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "-exists"
+    )
+    user = redis.Redis(port=bloom_redis_server.port, username="reader", password="pw")
+    try:
+        bloom = native(user)
+        refused = r"could not check requests in bulk .*: a Redis ACL .* run the 'exists' command"
+        with pytest.raises(AccessDeniedError, match=refused):
+            bloom.contains_many(fps)
+        with pytest.raises(AccessDeniedError, match=refused):
+            bloom.contains(fps[0])
+    finally:
+        user.close()
+        bloom_redis_client.execute_command("ACL", "DELUSER", "reader")
 
 
 def test_a_filter_reset_and_created_again_is_adopted_by_a_recreating_worker(

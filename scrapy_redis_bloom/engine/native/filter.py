@@ -253,7 +253,9 @@ class NativeBloomFilter(FilterBase):
             " or choose another BLOOMFILTER_KEY."
         )
 
-    def _refused(self, error: BaseException | None, key: str) -> BloomFilterError:
+    def _refused(
+        self, error: BaseException | None, key: str, operation: str = OPERATION
+    ) -> BloomFilterError:
         if error is None:
             return FilterDamagedError(
                 f"Shard {key!r} of the native Bloom filter {self.key!r} is still missing after"
@@ -267,7 +269,7 @@ class NativeBloomFilter(FilterBase):
                 " refuses new items. Reset it with a larger BLOOMFILTER_CAPACITY, or create it"
                 " growing (BLOOMFILTER_EXPANSION >= 2)."
             )
-        return self.parts.refusal(error, key, OPERATION)
+        return self.parts.refusal(error, key, operation)
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         """Check (and add) elements: per shard, chunks of :data:`CHUNK` items per command."""
@@ -345,6 +347,8 @@ class NativeBloomFilter(FilterBase):
             chunks, calls[:n], results.replies[:n], results.ambiguous[:n], exists, strict=True
         ):
             key = call.key or ""
+            if isinstance(there, BaseException):  # EXISTS refused (an ACL): no blind answers
+                raise self._refused(there, key, operation)
             try:
                 found = self._read(reply, key, write, len(part)) if there != 0 else None
             except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
