@@ -379,8 +379,11 @@ def test_a_lease_that_gave_up_does_not_stop_its_filter_riding_out_the_fault(
     stall(server, True)
     resumed.start()
     try:
-        with pytest.raises(FilterUnavailableError):
-            lease.renew()  # gave up after its 1 s and a socket timeout
+        # Gave up after its 1 s and a socket timeout, naming where that second comes from.
+        with pytest.raises(
+            FilterUnavailableError, match=r"\(a third of BLOOMFILTER_WORKER_TTL = 1 s\)"
+        ):
+            lease.renew()
         assert resumed.is_alive()  # Redis still stalled: the filter's turn
         assert bloom.check_and_add("during") is False  # retried until Redis answered
         assert bloom.events.counts["errors"] == 0

@@ -23,7 +23,12 @@ from functools import partial
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, foreign_reply, taking_apart
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    Wording,
+    foreign_reply,
+    taking_apart,
+)
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.engine import scripts
@@ -158,8 +163,11 @@ class WorkerLease:
         self.events = events if events is not None else FilterEvents()
         # A renewal that waits longer than a third of the TTL is late anyway. ``follows``:
         # the filter's executor, while whose outage this one fails fast.
+        budget = (
+            None if retry_timeout <= ttl / 3 else Wording("a third of {BLOOMFILTER_WORKER_TTL}")
+        )
         executor = self._executor = Executor(
-            topology.copy(), retry_timeout=min(retry_timeout, ttl / 3), follows=follows
+            topology.copy(), min(retry_timeout, ttl / 3), follows=follows, budget=budget
         )
         executor.explain_denial = partial(check_access, executor, executor.topology, key)
         weakref.finalize(self, executor.topology.close)

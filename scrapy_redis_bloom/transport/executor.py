@@ -384,9 +384,12 @@ class Executor:
         retry_timeout: float,
         events: FilterEvents | None = None,
         follows: Executor | None = None,
+        budget: Wording | None = None,
     ) -> None:
         self.topology = topology
         self.retry_timeout = retry_timeout
+        #: Where ``retry_timeout`` comes from, as its errors name it.
+        self.budget = budget if budget is not None else Wording("{BLOOMFILTER_RETRY_TIMEOUT}")
         self.events = events if events is not None else FilterEvents()
         #: Called when Redis refuses a script: raises the error naming what is missing.
         self.explain_denial: Callable[[], None] | None = None
@@ -797,12 +800,13 @@ class Executor:
         place = f"Redis at {where}" if where else self.topology.describe()
         message = Wording(
             "{place} could not {operation}: {why}. Retried for {waited:.1f} s"
-            " ({BLOOMFILTER_RETRY_TIMEOUT} = {timeout:g} s).",
+            " ({budget} = {timeout:g} s).",
             place=place,
             operation=operation,
             why=why,
             waited=time.monotonic() - started,
             timeout=self.retry_timeout,
+            budget=self.budget,
         )
         return FilterUnavailableError(message, operation=operation, server=place)
 
