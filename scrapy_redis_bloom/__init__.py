@@ -34,11 +34,13 @@ from scrapy_redis_bloom.core.errors import (
 from scrapy_redis_bloom.core.events import FilterEvents, guard_loggers
 from scrapy_redis_bloom.core.hashing import SCHEME_VERSION, FilterSpec
 from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
+from scrapy_redis_bloom.core.versions import UnsupportedVersionError
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.lease import WorkerLease
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
-from scrapy_redis_bloom.ops.dump import dump_filter
-from scrapy_redis_bloom.ops.restore import restore_filter
+from scrapy_redis_bloom.ops.dump import FilterBusyError, dump_filter
+from scrapy_redis_bloom.ops.dumpfile import DumpFileError
+from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreFailedError, restore_filter
 from scrapy_redis_bloom.scrapy.addon import Addon
 
 if TYPE_CHECKING:
@@ -58,9 +60,12 @@ __all__ = [
     "CertificateError",
     "ConfigMismatchError",
     "CredentialsRefusedError",
+    "DumpFileError",
     "FaultPolicy",
+    "FilterBusyError",
     "FilterDamagedError",
     "FilterEvents",
+    "FilterExistsError",
     "FilterMissingError",
     "FilterSpec",
     "FilterState",
@@ -70,8 +75,10 @@ __all__ = [
     "OrphanedShardsError",
     "RFPDupeFilter",
     "RedisBloomFilter",
+    "RestoreFailedError",
     "ServerListMismatchError",
     "UnsupportedServerError",
+    "UnsupportedVersionError",
     "WorkerLease",
     "WrongTypeError",
     "__version__",

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 import itertools
@@ -357,6 +358,17 @@ def test_every_error_has_a_troubleshooting_entry() -> None:
         section = text.split(f"### {name}\n", 1)[1].split("\n#", 1)[0]
         assert "**When.**" in section, name
         assert "**What to do.**" in section, name
+
+
+def test_every_users_error_is_importable_from_the_package() -> None:
+    """The API page and troubleshooting say so: ``from scrapy_redis_bloom import X``."""
+    users = (user_errors() - set(INTERNAL_ERRORS)) | set(OTHER_USER_ERRORS)
+    missing = sorted(
+        name
+        for name in users
+        if name not in scrapy_redis_bloom.__all__ and name not in dir(builtins)
+    )
+    assert not missing, f"errors users meet that scrapy_redis_bloom does not export: {missing}"
 
 
 @pytest.mark.parametrize("name", sorted(INTERNAL_ERRORS))
