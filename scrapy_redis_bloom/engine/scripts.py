@@ -73,7 +73,8 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
     cannot answer); else the bulk path's (``BITFIELD``). ``KEYS[1]``: the shard's key
     ``{KEY:<i>}:g0``, its generations and windows named after it in its slot. ``ARGV``: the
     shard's identity; ``w`` (add) or ``r``; ``1`` to recreate a lost generation or window
-    empty, ``0`` to report it; four numbers per element (:func:`.generations.seed_arguments`).
+    empty, ``0`` to report it (sent first: the client makes sure it is lost, not out of
+    reach); four numbers per element (:func:`.generations.seed_arguments`).
 
     Reply: ``{0, flags, generations, answer...}`` (1: probably there already; the hot path's
     the answer alone when nothing else is to report), or ``{MISMATCH, key}`` (nothing
@@ -142,6 +143,9 @@ LEASE = Script(lua("lease"))
 #: Delete ``KEYS[1]`` only while ``ARGV`` (kind, proof: a shard's identity, a marker's value,
 #: the record's id or "" for any record hash) proves it the filter's part; reply 1 if deleted.
 DELETE_IF_STILL = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("delete_if_still"))
+
+#: A shard's part as the check-and-add script sees it there (``lua/part_identity.lua``).
+PART_IDENTITY = Script(lua("part_identity"))
 
 #: Write the config record unless one exists; reply with the record in Redis.
 CREATE_RECORD = Script(lua("create_record"))

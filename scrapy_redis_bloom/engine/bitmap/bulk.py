@@ -542,6 +542,7 @@ class Bulk:
         old_bits: dict[int, list[int]] = {shard: [] for shard in chunk.groups}
         doubtful: dict[int, set[int]] = {shard: set() for shard in chunk.groups}
         mismatched: dict[int, bytes] = {}
+        parts: dict[int, tuple[str, str]] = {}  # a part a script found wrong: (shard key, part)
         try:
             for node_id, (_, commands) in chunk.plans.items():
                 replies, unsure = self._replies(chunk, node_id, later)
@@ -549,7 +550,7 @@ class Bulk:
                     if isinstance(reply, BaseException):
                         raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
                     try:
-                        bits = self._read_reply(command, reply, chunk.k, mismatched)
+                        bits = self._read_reply(command, reply, chunk.k, mismatched, parts)
                     except ValueError as exc:
                         raise foreign_reply("a bulk check", command.call.key or "", exc) from None
                     old_bits[command.shard].extend(bits)
@@ -584,6 +585,19 @@ class Bulk:
         if not mismatched:
             return []
         self._drain(later)  # recovery talks to these nodes too (this chunk's are read)
+        try:
+            for shard, (key, part) in parts.items():
+                self.hooks.mismatch(shard, key, part)
+        except FilterUnavailableError:  # a part out of reach for too long (a slot moving)
+            if not self.allow:
+                raise
+            lost = [p for shard in mismatched for p in chunk.groups[shard][0]]
+            for position in lost:
+                outcome.answers[offset + position] = False
+            outcome.added -= len(lost) if chunk.write else 0  # counted as added above
+            outcome.errors += len(lost)
+            outcome.failed.extend(chunk.elements[p] for p in lost)
+            return []
         self.recover(mismatched)
         return [
             (offset + position, chunk.elements[position])
@@ -592,9 +606,16 @@ class Bulk:
         ]
 
     def _read_reply(
-        self, command: _Command, reply: Any, k: int, mismatched: dict[int, bytes]
+        self,
+        command: _Command,
+        reply: Any,
+        k: int,
+        mismatched: dict[int, bytes],
+        parts: dict[int, tuple[str, str]],
     ) -> list[int]:
         """Return a chunk command's old bits or answers; a wrong shard into ``mismatched``.
+
+        A generation or window the script found wrong goes to ``parts`` too.
 
         A reply of another shape than the command's raises ``ValueError``.
         """
@@ -612,7 +633,7 @@ class Bulk:
         got = script_reply(reply, len(elements))
         if got[0] == MISMATCH:
             if got[1].decode() != key:
-                self.hooks.mismatch(shard, key, got[1].decode())
+                parts[shard] = key, got[1].decode()
             mismatched[shard] = b""
             return []
         if got[1] or got[2] > 1:

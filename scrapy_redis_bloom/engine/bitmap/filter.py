@@ -62,6 +62,8 @@ class RedisBloomFilter(FilterBase):
         self._script = scripts.check_and_add(self.wanted.growth, one=True)  # (_adopt: record's)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
+        #: Shards whose next script recreates their lost parts (see :meth:`_mismatch`).
+        self._recreate: set[int] = set()
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
@@ -368,7 +370,9 @@ class RedisBloomFilter(FilterBase):
         if self._fast is not None or self._stack is not None:
             self._flush_counts(shard)  # the script counts from here: give it this worker's
         cached = self._heads.get(shard)
-        if cached is None:
+        if shard in self._recreate:  # once, not kept: a lost part to recreate
+            cached = self._scripted_head(shard, True), self.parts.shard_key(shard)
+        elif cached is None:
             key = self.parts.shard_key(shard)
             cached = self._heads[shard] = self._scripted_head(shard, True), key
         head, key = cached
@@ -486,12 +490,54 @@ class RedisBloomFilter(FilterBase):
                 keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
 
     def _mismatch(self, shard: int, key: str, found: object) -> None:
-        """Sort out the part a script found wrong: the shard (:meth:`_recover`), or else raise."""
+        """Sort out the part a script found wrong, before the check runs again.
+
+        The shard itself: :meth:`_recover`. A generation or window: read again by its own
+        key, which Redis routes to wherever it is. Still this filter's, it was out of the
+        script's reach (a Cluster slot moving, the shard key first: the node importing it
+        sees the parts not moved yet as missing): wait until the script sees it. Missing
+        under ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it.
+        Else (missing under ``raise``, or foreign) raise.
+        """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
             self._recover([shard])
+            return
+        there = self._shards.part_identity(bad)
+        if there == self._identity(shard):
+            self._await_part(shard, key, bad)
+        elif not there.strip(b"\0") and self.faults.on_loss == "recreate":
+            self._recreate.add(shard)
         else:
-            raise self._shards.lost_part(self._current(), shard, bad)
+            raise self._shards.lost_part(self._current(), shard, bad, there)
+
+    def _await_part(self, shard: int, key: str, part: str) -> None:
+        """Wait (up to the retry timeout) until a script routed by ``key`` sees ``part``."""
+        self._report(
+            "retries",
+            logging.WARNING,
+            "Part %r of shard %d of the Bloom filter %r is not yet where its shard key is (a"
+            " Redis Cluster slot moving, the shard key first): that shard's checks wait for it.",
+            part,
+            shard,
+            self.key,
+        )
+        identity = self._identity(shard)
+        call = script_call(scripts.PART_IDENTITY, key, part, layout.IDENTITY_BYTES, shard=shard)
+        started, delay = time.monotonic(), 0.02
+        while self.parts.run("wait for a moving Cluster slot", [call])[0] != identity:
+            waited = time.monotonic() - started
+            if waited + delay > self.faults.retry_timeout:
+                where = self.topology.describe()
+                raise FilterUnavailableError(
+                    f"{where} could not {OPERATION}: part {part!r} of shard {shard} stayed out"
+                    f" of reach of the shard's key {key!r} for {waited:.1f} s (a Redis Cluster"
+                    " slot migrating, or left half-migrated: see redis-cli --cluster fix).",
+                    operation=OPERATION,
+                    server=where,
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
     def _note(self, shard: int, flags: int, generations: int) -> None:
         """Report what a check-and-add did beside answering: growth, a full shard, a loss."""
@@ -540,8 +586,12 @@ class RedisBloomFilter(FilterBase):
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, script: Script | None = None
     ) -> bytes:
-        """Pack the start of a check-and-add call (``script``: else the hot path's)."""
-        recreate = b"1" if self.faults.on_loss == "recreate" else b"0"
+        """Pack the start of a check-and-add call (``script``: else the hot path's).
+
+        It recreates lost parts only once :meth:`_mismatch` found one lost (``_recreate``).
+        """
+        recreate = b"1" if shard in self._recreate else b"0"
+        self._recreate.discard(shard)
         return command_head(
             7 + 4 * elements,
             b"EVALSHA",

@@ -117,13 +117,19 @@ class Bitmaps:
         """Delete the filter (see :func:`delete`)."""
         return delete(self.parts, record)
 
-    def lost_part(self, record: FilterRecord, shard: int, key: str) -> FilterDamagedError:
+    def part_identity(self, key: str) -> bytes:
+        """Read a shard's part's identity by its own key (Redis routes it where it is)."""
+        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
+        return bytes(self.parts.run("check the filter's generations", [call])[0])
+
+    def lost_part(
+        self, record: FilterRecord, shard: int, key: str, found: bytes
+    ) -> FilterDamagedError:
         """Return the error for a generation or re-crawl window of a shard found wrong.
 
-        (Missing under ``BLOOMFILTER_ON_LOSS = "raise"``, or holding something else.)
+        (Missing under ``BLOOMFILTER_ON_LOSS = "raise"``, or holding something else:
+        ``found``, its identity read by :meth:`part_identity`.)
         """
-        call = Call(pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key)
-        found = bytes(self.parts.run("check the filter's generations", [call])[0])
         where = self.topology.route(key, shard, None).address
         what = layout.describe_identity(found, record.filter_id, shard)
         if not found.strip(b"\0"):  # missing, or bits written where it was: as good as gone
