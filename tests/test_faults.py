@@ -523,6 +523,31 @@ def test_a_replica_is_refused_at_open_by_name() -> None:
         source.close()
 
 
+@pytest.mark.parametrize("grown", [False, True], ids=["fresh", "grown"])
+def test_a_stall_ridden_through_by_one_retry_is_counted_and_said(
+    grown: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The hot path's own attempt timed out, the executor's retry answered: no stat, no
+    # line (a probe: CLIENT PAUSE 5 s with a 3 s socket timeout, events == {}).
+    with RedisServer() as server:
+        client = server.client(socket_timeout=1.0)
+        bloom = make(client, retry_timeout=8)
+        if grown:  # the scriptless reads and add of a grown shard (fast_many)
+            bloom.add_many([f"fill{i}" for i in range(3 * CONFIG.capacity)])
+        assert bloom.check_and_add("before") is False
+        retries = bloom.events.counts["retries"]
+        paused = server.pause(1.8)
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            assert bloom.check_and_add("during") is False
+        paused.join()
+        assert bloom.events.counts["retries"] > retries
+        said = [r.getMessage() for r in caplog.records if "of retries" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+        assert f"127.0.0.1:{server.port} answered" in said[0]
+        assert "Timeout reading from socket" in said[0]
+        client.close()
+
+
 def test_a_fault_ridden_through_by_retries_is_said_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -410,11 +410,13 @@ class Executor:
         timeout: float | None = None,
         partial: bool = False,
         since: float | None = None,
+        prior: TransportError | None = None,
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
         ``write``: a call whose lost reply is sent again is marked ambiguous. ``timeout``
-        replaces the retry timeout (0: one attempt), counted from ``since`` (``monotonic()``).
+        replaces the retry timeout (0: one attempt), counted from ``since`` (``monotonic()``);
+        ``prior``: how an attempt made then failed (the hot path's), so this is a retry.
         Raises :class:`FilterUnavailableError` when Redis does not answer in time (``partial``:
         returns the replies it has, None for others, the error in :attr:`Results.failure`).
         """
@@ -432,6 +434,9 @@ class Executor:
         batch = _Batch(operation, calls, write, [None] * len(calls), [False] * len(calls))
         todo = list(range(len(calls)))
         backoff, redirects, first_failure, why, where = FIRST_BACKOFF, 0, 0.0, "", ""
+        if prior is not None:  # said and counted as run()'s own failed rounds are
+            first_failure, why, where = started, describe_failure(prior), prior.address
+            self.events.count("retries")
         while todo:
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
@@ -672,7 +677,7 @@ class Executor:
         (none, a redirection, ``NOSCRIPT``, a busy server) goes to :meth:`run` to retry.
         """
         probing = self._admit(operation, True)
-        started = time.monotonic()
+        started, prior = time.monotonic(), None
         try:
             node = self.topology.route(key, shard, None)
             reply = node.call(payload)
@@ -681,6 +686,7 @@ class Executor:
         except TransportError as exc:
             self._spent(operation, True, exc, started, probing)
             lost = isinstance(exc, ReplyLostError)  # else not sent: retried
+            prior = exc
         except (RedisError, RedisClusterException, ValueError):
             lost = False  # no node for the slot now (a failover): retried
         else:
@@ -693,7 +699,7 @@ class Executor:
                 return reply, False
             lost = classify(reply) is Kind.PARTIAL
         calls = [Call(payload, key, shard, script=script)]
-        results = self.run(operation, calls, write=True, since=started)
+        results = self.run(operation, calls, write=True, since=started, prior=prior)
         return results.replies[0], lost or results.ambiguous[0]
 
     def fast_many(
@@ -701,7 +707,7 @@ class Executor:
     ) -> Results:
         """Run commands of one key's slot in one round trip as :meth:`fast` (a grown shard's)."""
         probing = self._admit(operation, write)
-        started = time.monotonic()
+        started, prior = time.monotonic(), None
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
@@ -710,6 +716,7 @@ class Executor:
         except TransportError as exc:
             self._spent(operation, write, exc, started, probing)
             lost = isinstance(exc, ReplyLostError)
+            prior = exc
         except (RedisError, RedisClusterException, ValueError):
             lost = False
         else:
@@ -722,7 +729,7 @@ class Executor:
                 return Results(replies, [False] * len(replies))
             lost = any(r.__class__ not in _READ and classify(r) is Kind.PARTIAL for r in replies)
         calls = [Call(payload, key, shard) for payload in payloads]
-        results = self.run(operation, calls, write=write, since=started)
+        results = self.run(operation, calls, write=write, since=started, prior=prior)
         if lost and write:
             results.ambiguous = [True] * len(payloads)
         return results
