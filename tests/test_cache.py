@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 import tracemalloc
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 from scrapy_redis.dupefilter import RFPDupeFilter as ScrapyRedisDupeFilter
 
-from scrapy_redis_bloom import FilterSpec, RedisBloomFilter
+from scrapy_redis_bloom import BloomConfig, FilterSpec, RedisBloomFilter
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SPEC = FilterSpec(shards=3, shard_bits=30_000, hash_count=6)
@@ -124,3 +126,27 @@ def test_no_memo_when_the_fingerprint_is_someone_elses(redis_url: str) -> None:
     assert not off._memo
     custom.close("finished")
     off.close("finished")
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["one", "many"])
+def test_with_windows_the_cache_forgets_what_redis_forgets(
+    redis_client: redis.Redis, bulk: bool
+) -> None:
+    """With ``BLOOMFILTER_TTL`` the near-cache is emptied as each window starts.
+
+    It answered "seen" from memory for good: a worker never re-crawled what it had checked
+    once (20 of 20 URLs "seen" 6 s after their add with a TTL of 2 s, where Redis had
+    forgotten all of them), so re-crawl windows did nothing with the default cache.
+    """
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_TTL": 2})
+    bloom = RedisBloomFilter.from_config(redis_client, "cachettl", config, cache_size=1_000)
+    urls = fingerprints(20, "ttl")
+    check = bloom.check_and_add_many if bulk else lambda us: [bloom.check_and_add(u) for u in us]
+    time.sleep(2 - (time.time() + 1) % 2)  # just after the cache's window starts: no clear below
+    assert check(urls) == [False] * len(urls)
+    assert check(urls) == [True] * len(urls)  # inside their window: seen (from the cache)
+    assert bloom.cache_hits == len(urls)
+    time.sleep(2 * 2 + 1.5)  # past 2 x TTL (and the cache's margin of a second)
+    assert bloom.contains_many(urls) == [False] * len(urls)  # Redis forgot them
+    assert check(urls) == [False] * len(urls)  # and so does the worker: re-crawled
+    bloom.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.engine.clock import GUARD
 from scrapy_redis_bloom.engine.counters import Counters
 from scrapy_redis_bloom.engine.lease import WorkerLease, workers_of
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
@@ -100,6 +102,8 @@ class FilterBase:
         self.cache_size = cache_size
         self._cache: LRU[int, bool] = LRU(cache_size)
         self.cache_hits = 0
+        #: With re-crawl windows, the window the near-cache holds answers of (see _cached).
+        self._cache_window = -1
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
@@ -199,10 +203,35 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the filter's connections. It stays usable: they reopen on demand."""
+        """Close the filter's connections. It stays usable: they reopen on demand.
+
+        What an outage let through and no later write added yet is added now
+        (:meth:`settle_owed`).
+        """
         with self._lock:
+            self.settle_owed()
             self._flush_counts()
             self.executor.close()
+
+    def settle_owed(self) -> None:
+        """Add now what an outage let through; forget what Redis does not take, said and counted.
+
+        (Otherwise added with a later write: a worker that stops first, at the end of a crawl,
+        would leave it out of the filter unsaid.)
+        """
+        with self._lock:
+            if not self._owed:
+                return
+            self._settle()
+            if self._owed:
+                forgotten, self._owed = len(self._owed), {}
+                self.events.count("owed_forgotten", forgotten)
+                logger.warning(
+                    "Closing the Bloom filter %r with %d request(s) let through while Redis"
+                    " could not answer and not added since: they may be fetched again.",
+                    self.key,
+                    forgotten,
+                )
 
     def totals(self) -> FilterTotals:
         """Return the counts over all workers, as synced to Redis."""
@@ -317,7 +346,7 @@ class FilterBase:
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as tag()
         with self._lock:
-            if (self.cache_size and self._cache.get(tag)) or (self._owed and tag in self._owed):
+            if (self.cache_size and self._cached(tag)) or (self._owed and tag in self._owed):
                 self.cache_hits += 1
                 due = self.counters.record(0, 1)
                 seen = True
@@ -336,6 +365,22 @@ class FilterBase:
             if due:
                 self.sync_counters()
             return seen
+
+    def _cached(self, tag: int) -> bool:
+        """Tell whether the near-cache knows an element as seen.
+
+        With re-crawl windows (``BLOOMFILTER_TTL``) it is emptied as each window starts, a
+        second early (:data:`.clock.GUARD`, for a client clock behind Redis's): Redis forgets
+        at a window's change what was first added two windows before, and the cache must not
+        answer for longer than Redis does.
+        """
+        ttl = (self.record or self.wanted).ttl
+        if ttl:
+            window = int((time.time() + GUARD) // ttl)
+            if window != self._cache_window:
+                self._cache.clear()
+                self._cache_window = window
+        return bool(self._cache.get(tag))
 
     def _check_and_add(self, element: str | bytes, h1: int, h2: int) -> bool:
         """Check and add one element (its mmh3 halves) in one backend command, via the executor."""
@@ -357,7 +402,7 @@ class FilterBase:
             tag = h1 | h2 << 64  # as tag()
             if (
                 tag in taken
-                or (self.cache_size and self._cache.get(tag))
+                or (self.cache_size and self._cached(tag))
                 or (self._owed and tag in self._owed)
             ):
                 self.cache_hits += 1

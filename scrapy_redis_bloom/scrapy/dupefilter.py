@@ -367,6 +367,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         try:
             others: int | None = None
             try:
+                self.bloom.settle_owed()  # what an outage let through: its counts go too
+            except BloomFilterError as exc:
+                logger.warning(
+                    "Could not add what the Bloom filter %r let through during an outage: %s",
+                    self.key,
+                    exc,
+                )
+            try:
                 self.bloom.sync_counters()
                 others = self.lease.release()
             except BloomFilterError as exc:
