@@ -28,7 +28,7 @@ from test_crawl import assert_finished, assert_site_crawled_once, crawl
 from website import Site, SiteServer
 
 from scrapy_redis_bloom import BloomConfig
-from scrapy_redis_bloom.core.errors import UnsupportedServerError
+from scrapy_redis_bloom.core.errors import AccessDeniedError, UnsupportedServerError
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
@@ -93,6 +93,31 @@ def test_the_filter_reads_the_servers_version_at_open(
     else:
         assert surveyed.version[:2] == kind.version
         assert surveyed.product == f"Redis {info['redis_version']}"
+
+
+def test_a_command_refused_inside_the_script_later_is_named(
+    kind: ServerKind, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Each server words an ACL refusal inside a script its own way; each is named.
+
+    (Valkey 9.1 says "ACL failure in script: User ... has no permissions to run": it
+    reached users as a plain BloomFilterError, without the grant line.)
+    """
+    redis_client.execute_command(
+        "ACL", "SETUSER", "compat", "on", ">pw", f"~{KEY}*", f"~{{{KEY}:*", "+@all"
+    )
+    user = redis.Redis(port=redis_server.port, username="compat", password="pw")
+    bloom = make_filter([user], KEY, config())
+    try:
+        lease = bloom.lease("w1", ttl=30)
+        assert lease.renew() == 0
+        redis_client.execute_command("ACL", "SETUSER", "compat", "-time")  # the lease script's
+        with pytest.raises(AccessDeniedError, match=r"ACL SETUSER compat \+time"):
+            lease.renew()
+    finally:
+        bloom.close()
+        user.close()
+        redis_client.execute_command("ACL", "DELUSER", "compat")
 
 
 def test_check_and_add_answers_new_then_seen(kind: ServerKind, redis_client: redis.Redis) -> None:

@@ -132,12 +132,17 @@ def acl_denial(reply: Any) -> str | None:
 
     Redis words it by version and place: ``NOPERM this user has no permissions to run ...`` or
     ``... to access one of the keys ...``; in a script (no ``NOPERM``), ``The user executing
-    the script can't run this command ...`` or ``... can't access at least one of the keys``.
+    the script can't run this command ...`` or ``... can't access at least one of the keys``;
+    Valkey 9, in a script: ``ACL failure in script: User ... has no permissions to run ...``.
     """
     if reply.__class__ is int or not isinstance(reply, ResponseError):
         return None
     message = error_text(reply)
-    if not message.startswith("NOPERM") and "user executing the script can't" not in message:
+    if (
+        not message.startswith("NOPERM")
+        and "user executing the script can't" not in message
+        and not message.startswith("ACL failure in script")
+    ):
         return None
     # The command is named in quotes ('hkeys'): look at Redis's words around it only.
     if "no permissions to run" in message or "can't run this command" in message:
@@ -154,7 +159,7 @@ def access_denied(
         return None
     message = error_text(reply)
     what = f"refused the {kind}"
-    if "executing the script" in message:
+    if "executing the script" in message or message.startswith("ACL failure in script"):
         inside = ("refused a command of the filter's script", "refused the filter's script a key")
         what = inside[kind == "key"]
     on_key = f" (key {key!r})" if key else ""
