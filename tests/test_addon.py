@@ -218,3 +218,20 @@ def test_a_bad_batching_setting_is_refused_by_the_addon(name: str, value: Any) -
     settings = project_settings(BLOOMFILTER_ADDON_BATCHING=True, **{name: value})
     with pytest.raises(ValueError, match=f"^The value of the {name} setting"):
         Addon().update_settings(settings)
+
+
+@pytest.mark.parametrize("scheduler", [SCHEDULER, "scrapy.core.scheduler.Scheduler"])
+def test_decoded_replies_under_scrapy_redis_scheduler_are_refused(scheduler: str) -> None:
+    # scrapy-redis's queue pickles requests: a client decoding replies as text cannot read
+    # them back (UnicodeDecodeError at its first pop). A probe's crawl fetched 0 of 150 pages,
+    # after the filter had taken the start URL for seen.
+    values = {"SCHEDULER": scheduler, "REDIS_PARAMS": {"decode_responses": True}}
+    settings = project_settings(**values)
+    if scheduler != SCHEDULER:  # only the filter reads with that client: it copes
+        Addon().update_settings(settings)
+        return
+    refused = r"REDIS_PARAMS sets decode_responses .* scrapy-redis's Scheduler cannot read"
+    with pytest.raises(ValueError, match=refused):
+        Addon().update_settings(settings)
+    with pytest.raises(ValueError, match=refused):
+        RFPDupeFilter.from_settings(settings)

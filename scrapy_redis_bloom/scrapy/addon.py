@@ -28,7 +28,7 @@ class Addon:
 
     def update_settings(self, settings: BaseSettings) -> None:
         """Set the components, then validate every filter setting (ValueError if bad)."""
-        from scrapy_redis_bloom.scrapy.connection import filter_clients
+        from scrapy_redis_bloom.scrapy.connection import filter_clients, refuse_decoded_queue
 
         _claim(settings, "DUPEFILTER_CLASS", DUPEFILTER, "the Bloom dupefilter")
         if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
@@ -41,6 +41,7 @@ class Addon:
         # Read the filter's settings and make its clients (no connection), as a crawl will; a
         # cluster client connects as it is made: checked when the filter opens.
         config = BloomConfig.from_settings(settings)
+        refuse_decoded_queue(settings)
         if not (config.connection.cluster or _cluster_class(settings)):
             for client in filter_clients(config.connection, settings):
                 client.close()

@@ -35,6 +35,26 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
     return build_client(redis_cls, url, params, "the REDIS_URL and REDIS_PARAMS setting(s)")
 
 
+def refuse_decoded_queue(settings: SettingsLike) -> None:
+    """Refuse ``decode_responses`` in REDIS_PARAMS under scrapy-redis's Scheduler (ValueError).
+
+    Its queue pickles requests into Redis: a client that decodes replies as text cannot
+    read them back (a UnicodeDecodeError at its first pop), and the crawl fetches nothing
+    after the filter took its start URLs for seen.
+    """
+    scheduler = settings.get("SCHEDULER")
+    name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
+    if not str(name).startswith("scrapy_redis."):
+        return
+    if client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS")).get("decode_responses"):
+        raise ValueError(
+            "REDIS_PARAMS sets decode_responses = True, with which scrapy-redis's Scheduler"
+            " cannot read back the requests it queues (pickled bytes: a UnicodeDecodeError at"
+            " its first pop, and the crawl fetches nothing). Remove it; the filter does not"
+            " need it (BLOOMFILTER_REDIS_PARAMS can set it for the filter's own connection)."
+        )
+
+
 def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
     """Return the filter's clients (its own connection's, else scrapy-redis's), one per server."""
     if not config.urls and not config.sentinels:

@@ -31,7 +31,7 @@ from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.cache import LRU
-from scrapy_redis_bloom.scrapy.connection import filter_clients
+from scrapy_redis_bloom.scrapy.connection import filter_clients, refuse_decoded_queue
 from scrapy_redis_bloom.scrapy.reservations import Reservations
 from scrapy_redis_bloom.scrapy.stats import FilterStats
 from scrapy_redis_bloom.transport.connection import url_address
@@ -132,6 +132,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     ) -> Self:
         check_installed()  # pip enforced the minimums at install time only
         config = BloomConfig.from_settings(settings)
+        refuse_decoded_queue(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None
         if config.fingerprinter == "crawler":
