@@ -533,3 +533,51 @@ def test_connections_killed_under_the_reads_and_adds_lose_no_answer(
     assert bloom.contains_many(fresh) == [True] * len(fresh)
     # The filter's connections were killed under it, and made again.
     assert redis_client.info("stats")["total_connections_received"] - connections > 10
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_whose_clock_ran_ahead_of_a_window_change_still_reads_the_window_before() -> None:
+    """The first round of a worker in a new window reads every key's header (its window before
+    may have grown). When that round's ``TIME`` still showed the old window (the worker's
+    estimate ran ahead: a reply held by a pause), the round went to the script and its header
+    read was spent: the next 15 checks read only generation 0 of the window before, answering
+    "new" for URLs there in generation 1 (14 of 40 in a probe), re-added for another window.
+    """
+    ttl = 6
+    with RedisServer() as server:
+        admin = server.client()
+        config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 600, "BLOOMFILTER_TTL": ttl})
+        a = RedisBloomFilter.from_config(server.client(), KEY, config, cache_size=0)
+        b = RedisBloomFilter.from_config(server.client(), KEY, config, cache_size=0)
+        a.open()
+        b.open()
+
+        def now() -> float:
+            seconds, micros = admin.time()
+            return seconds + micros / 1e6
+
+        def until(moment: float) -> None:
+            time.sleep(max(0.0, moment - now()))
+
+        edge = (now() // ttl + 1) * ttl
+        if edge - now() < 4.5:
+            edge += ttl
+        until(edge - ttl + 0.2)
+        held = fingerprints(700, "edge")  # 600 fill generation 0 of the window, the rest go on
+        assert a.add_many(held) == [False] * len(held)
+        until(edge - 3.0)
+        for element in fingerprints(20, "warm"):
+            b.check_and_add(element)  # the scriptless path, its window known
+        until(edge - 1.5)
+        paused = server.pause(0.5)
+        b.check_and_add("held")  # its TIME read waits out the pause: its estimate runs ahead
+        paused.join()
+        until(edge - 0.3)
+        b.check_and_add("ahead")  # the estimate says the next window, TIME this one
+        until(edge + 0.05)
+        a.check_and_add("starts")  # the next window starts
+        until(edge + 0.1)
+        answers = [b.check_and_add(element) for element in held[-40:]]
+        assert answers == [True] * len(answers), "".join("N" if not x else "s" for x in answers)
+        a.close()
+        b.close()

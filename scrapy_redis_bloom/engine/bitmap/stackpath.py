@@ -264,7 +264,11 @@ class StackPath:
         if self.ttl:
             timed = known.timed(replies, check.asked, sent_at, check.window, self.ttl)
             if timed is None:
-                return SCRIPT  # the round chose its keys by another window
+                # The round chose its keys by another window: its headers were not read, and
+                # the next round reads them (a window's first holds what its before grew to).
+                if any(k.header for k in check.keys):
+                    known.since = HEADER_EVERY
+                return SCRIPT
             now, replies = timed
             late = not Clock.inside(now, check.window, self.ttl)
         if len(replies) != len(check.keys) + sum(k.header for k in check.keys):
