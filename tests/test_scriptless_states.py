@@ -537,11 +537,13 @@ def test_connections_killed_under_the_reads_and_adds_lose_no_answer(
 
 @pytest.mark.timeout(60)
 def test_a_worker_whose_clock_ran_ahead_of_a_window_change_still_reads_the_window_before() -> None:
-    """The first round of a worker in a new window reads every key's header (its window before
-    may have grown). When that round's ``TIME`` still showed the old window (the worker's
-    estimate ran ahead: a reply held by a pause), the round went to the script and its header
-    read was spent: the next 15 checks read only generation 0 of the window before, answering
-    "new" for URLs there in generation 1 (14 of 40 in a probe), re-added for another window.
+    """A worker's first round in a new window reads every key's header, whatever its TIME says.
+
+    (Its window before may have grown.) When that round's ``TIME`` still showed the old window
+    (the worker's estimate ran ahead: a reply held by a pause), the round went to the script
+    and its header read was spent: the next 15 checks read only generation 0 of the window
+    before, answering "new" for URLs there in generation 1 (14 of 40 in a probe), re-added
+    for another window.
     """
     ttl = 6
     with RedisServer() as server:
