@@ -213,7 +213,7 @@ def report_filter(client: redis.Redis, fetched: Sequence[str]) -> None:
     fingerprints = [fingerprint(url) for url in fetched]
     present = sum(bloom.contains_many(fingerprints))
     counted = bloom.totals()
-    at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity)
+    at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
     rows = [
         ("geometry", f"{spec.bits:,} bits in {spec.shards} shards, k={spec.hash_count} hashes"),
         ("sized for", f"{record.capacity:,} items at error rate {ERROR_RATE:g}"),

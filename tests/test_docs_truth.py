@@ -823,3 +823,26 @@ def test_the_bulk_over_a_network_figures_are_the_runs() -> None:
             for contender in ("ours, defaults (bitmap, numpy)", "RedisBloom BF.MADD"):
                 said = f"{round(rates[contender]['median']):,}"
                 assert said in migrate, f"migrate.md lacks {said} fp/s ({size}{through})"
+
+
+def test_the_operations_pages_rates_are_what_the_code_prints() -> None:
+    """The sample sessions' false-positive rates follow the rate the code computes now.
+
+    (They had drifted by ten orders of magnitude when the blocked rate gained its seed floor.)
+    """
+    text = (DOCS / "howto" / "scrapy-bloom.md").read_text(encoding="utf-8")
+    info = text.split("$ scrapy bloom info --spider myspider\n", 1)[1].split("```", 1)[0]
+    field = {line[:30].strip(): line[30:].strip() for line in info.splitlines() if len(line) > 30}
+    bits = int(field["Bits (m)"].split()[0].replace(",", ""))
+    k = int(field["Hash functions (k)"])
+    block = 512 if "blocked" in field["Layout / hash scheme"] else 0
+
+    def rate(items: int) -> str:
+        return f"{false_positive_rate(bits, k, items, block):.3g}"
+
+    items = int(field["Estimated items"].replace(",", ""))
+    assert field["Estimated FP rate now"] == rate(items)
+    watched = re.findall(r"  ([\d,]+) items \(.*?FP rate (\S+)  ", text)
+    assert len(watched) == 3
+    for count, said in watched:
+        assert said == rate(int(count.replace(",", ""))), count
