@@ -58,6 +58,7 @@ PENDING: dict[tuple[str, str], str] = {}
 INTERNAL_ERRORS = {
     "TransportError": "classified by transport/executor.py, never raised past it",
     "NotSentError": "classified by transport/executor.py, never raised past it",
+    "SwitchedError": "a NotSentError (a session's connection replaced), never raised past it",
     "ReplyLostError": "classified by transport/executor.py, never raised past it",
     "RefusedError": "classified by transport/executor.py, never raised past it",
     "CLIError": "printed by scrapy bloom as its one-line error, with an exit status",

@@ -439,3 +439,34 @@ def test_what_is_owed_at_close_is_added_or_said_forgotten(
         said = [r.getMessage() for r in caplog.records if "may be fetched again" in r.getMessage()]
         assert said, caplog.text
     client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("state", ["fresh", "grown"])
+def test_a_bulk_call_on_a_stalled_redis_ends_within_the_retry_timeout(
+    server: RedisServer, state: str
+) -> None:
+    """Bulk calls have several ways to Redis (a snapshot, its chunks, the executor's retries).
+
+    Each waited its own socket timeout, and the last opened a fresh retry window: 5.1 s for
+    a bound of 3 (retry 2 s, socket 1 s) in a probe. The retry window now counts from the
+    first attempt that failed, whichever way it went.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 2})
+    faults = FaultPolicy(retry_timeout=RETRY_TIMEOUT, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "bulkstall", config, faults=faults, cache_size=0)
+    if state == "grown":
+        bloom.add_many(fingerprints(60_000, "grow"))
+    bloom.add_many(fingerprints(1_000, "before"))
+    stall(server, True)
+    try:
+        started = time.monotonic()
+        answers = bloom.add_many(fingerprints(1_000, "during"))
+        took = time.monotonic() - started
+    finally:
+        stall(server, False)
+    assert answers == [False] * 1_000  # let through, "new"
+    assert took <= RETRY_TIMEOUT + SOCKET_TIMEOUT + 0.5, took
+    bloom.close()
+    client.close()

@@ -46,6 +46,7 @@ from scrapy_redis_bloom.transport.node import (
     NotSentError,
     RefusedError,
     ReplyLostError,
+    SwitchedError,
     Ticket,
     TransportError,
 )
@@ -60,6 +61,9 @@ MAX_BACKOFF = 1.0
 #: After the retry timeout ran out, at most one attempt per this many seconds (a server that
 #: stopped answering: once :meth:`Executor._watch` sees it answer a ``PING``).
 PROBE_INTERVAL = 1.0
+#: Seconds past twice the retry timeout after which a failed exchange no one retried since
+#: is forgotten (:meth:`Executor.stumbled`): a later call gets a retry window of its own.
+STALE = 10.0
 MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
 _ASKING = pack_command(b"ASKING")
@@ -274,7 +278,7 @@ class Session:
     :class:`NotSentError` with nothing sent: a transaction's writes never run outside it.
     """
 
-    __slots__ = ("_executor", "_probing", "_serial", "_shut", "_write", "node")
+    __slots__ = ("_began", "_executor", "_probing", "_serial", "_shut", "_write", "node")
 
     def __init__(
         self, executor: Executor, node: Node, write: bool, probing: bool, shut: str | None
@@ -283,19 +287,32 @@ class Session:
         self._executor, self._write, self._probing = executor, write, probing
         self._serial: int | None = None  # the connection of the first round
         self._shut = shut  #: Why no round is sent (its first failed, an outage), or None.
+        self._began = 0.0  # when its first round was sent (a failure's attempt began then)
 
     def post(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
         """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
         if self._shut is not None:
             raise NotSentError(self.node.address, self._shut)
         self._shut = "the connection it began on failed"
-        ticket = self.node.send(payload, count, self._serial, check=True)
+        self._began = self._began or time.monotonic()
+        try:
+            ticket = self.node.send(payload, count, self._serial, check=True)
+        except SwitchedError:
+            raise  # not a failure of the server's: its connection was replaced
+        except TransportError:
+            self._executor.stumbled(self._began)
+            raise
         self._shut, self._serial = None, ticket.serial
         return ticket
 
     def replies(self, ticket: Ticket) -> list[Any]:
         """Read a ticket's replies, in order (:meth:`.Node.receive`)."""
-        got = self.node.receive(ticket)
+        try:
+            got = self.node.receive(ticket)
+        except TransportError:
+            self._executor.stumbled(self._began)
+            raise
+        self._executor._stumbled = None  # it answers
         if self._probing:  # the one attempt of a second during an outage: it answered
             self._probing = False
             self._executor._recovered(self._write)
@@ -403,6 +420,9 @@ class Executor:
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
+        #: When an exchange outside run() (a session) that failed began: the next run()'s
+        #: retry window counts from there (see stumbled()). A connection's failure: any kind.
+        self._stumbled: float | None = None
         self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
         self._retry_log = RateLimitedLog(logger)  # a fault ridden through by retries: the same
 
@@ -426,6 +446,21 @@ class Executor:
         returns the replies it has, None for others, the error in :attr:`Results.failure`).
         """
         started = time.monotonic() if since is None else since
+        # An exchange that failed just before (a bulk call's session) began the retry window;
+        # a run of one attempt leaves it to the retries.
+        failed_at = self._stumbling()
+        if failed_at is not None:
+            if timeout is not None:
+                failure = FilterUnavailableError(
+                    f"{self.topology.describe()} could not {operation}: an exchange failed"
+                    " just before (left to the retries).",
+                    operation=operation,
+                )
+                if partial:
+                    return Results([None] * len(calls), [False] * len(calls), failure)
+                raise failure
+            self._stumbled = None
+            started = min(started, failed_at)
         # A stalled server (each attempt waits a socket timeout) costs the budget and one more.
         end = started + (self.retry_timeout if timeout is None else timeout)
         outage = self._outages.get(write) or self._followed.get(write)
@@ -457,6 +492,8 @@ class Executor:
                 why = describe_failure(batch.failure or "no answer")
                 if timeout is None:  # a whole retry window: fail fast from now on
                     self._failing(write, first_failure, why, batch.where, now, batch.failure)
+                elif isinstance(batch.failure, TransportError):  # one attempt: the next's window
+                    self.stumbled(started)
                 failure = self._unavailable(operation, why, batch.where, started)
                 if partial:
                     return Results(batch.replies, batch.ambiguous, failure)
@@ -534,6 +571,24 @@ class Executor:
                 logger.debug("Redis at %s answers again, or no longer serves the filter: the next"
                              " call tries it", node.address)  # fmt: skip
                 return
+
+    def stumbled(self, began: float) -> None:
+        """Note an exchange outside :meth:`run` that failed, begun at ``began`` (monotonic).
+
+        A bulk call goes to Redis several ways (a snapshot, its chunks, then :meth:`run`'s
+        retries): each failing one waits a socket timeout. The first one's start begins
+        the retry window of the next :meth:`run`, so that the call ends within the retry
+        timeout and one socket timeout, as a check does.
+        """
+        if self._stumbled is None:
+            self._stumbled = began
+
+    def _stumbling(self) -> float | None:
+        """Return when a failed exchange noted by :meth:`stumbled` began; None: long ago."""
+        began = self._stumbled
+        if began is not None and time.monotonic() - began > 2 * self.retry_timeout + STALE:
+            self._stumbled = began = None
+        return began
 
     def _recovered(self, write: bool) -> bool:
         """Say that a kind of command runs again after an outage, and stop failing fast.
@@ -753,6 +808,8 @@ class Executor:
             probing = self._admit(operation or "reach Redis", write)
         except FilterUnavailableError as exc:
             return Session(self, node, write, False, str(exc))
+        if self._stumbling() is not None:  # one failed just before: the retries' turn
+            return Session(self, node, write, False, "an exchange failed just before")
         return Session(self, node, write, probing, None)
 
     def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:

@@ -57,6 +57,10 @@ class NotSentError(TransportError):
     """Nothing was sent: the server could not be reached. Retrying is safe."""
 
 
+class SwitchedError(NotSentError):
+    """Nothing was sent: the connection an exchange began on was replaced (the server answers)."""
+
+
 class ReplyLostError(TransportError):
     """The commands may have run, but their replies will never be read."""
 
@@ -277,7 +281,7 @@ class Node:
         """
         connection = self._connect(check)
         if serial is not None and serial != self._serial:
-            raise NotSentError(self.address, "the connection the exchange began on was dropped")
+            raise SwitchedError(self.address, "the connection the exchange began on was dropped")
         self.trips_made += 1
         try:
             pieces = [payload] if isinstance(payload, bytes) else payload
