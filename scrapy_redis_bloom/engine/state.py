@@ -188,8 +188,7 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
         gen = gens[g]
         per_gen.setdefault(g, []).append(found)
         clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
-        if g == 0:
-            per_shard[shard] += found
+        per_shard[shard] += found  # every part's: the fill of the shard's bits
     states = tuple(_generation(g, gens[g], found) for g, found in sorted(per_gen.items()))
     return FilterState(
         spec=parts.spec,
