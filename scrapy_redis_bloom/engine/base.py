@@ -209,9 +209,11 @@ class FilterBase:
         (:meth:`settle_owed`).
         """
         with self._lock:
-            self.settle_owed()
-            self._flush_counts()
-            self.executor.close()
+            try:
+                self.settle_owed()  # raises only what no retry fixes (a damaged filter)
+            finally:
+                self._flush_counts()
+                self.executor.close()
 
     def settle_owed(self) -> None:
         """Add now what an outage let through; forget what Redis does not take, said and counted.
