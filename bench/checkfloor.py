@@ -98,6 +98,15 @@ def _grown(g: int, dense: bool = False) -> str:
     return f"bitmap, {g} generations: {g} GETRANGE, then BITFIELD"
 
 
+def _one_key(reads: str) -> str:
+    return f"bitmap, 3 generations in one key: {reads}, then BITFIELD"
+
+
+#: The ways of a shard keeping every generation in one key (the layout that would let
+#: one command read them all): per generation a GETRANGE, or one BITFIELD_RO of every bit.
+ONE_KEY_WAYS = ("3 GETRANGE", "one BITFIELD_RO of every generation's bits")
+
+
 def _grown_script(g: int) -> str:
     return f"bitmap, {g} generations: one script"
 
@@ -119,6 +128,11 @@ def main() -> int:
         for shard_keys in keys:  # every page touched, as a used filter's
             for key, gen in zip(shard_keys, gens, strict=True):
                 client.setrange(key, (HEADER_BITS + gen.bits) // 8, b"\0")
+        # The one-key layout: the header, then each generation's bits after the last's.
+        base = [sum(gen.bits for gen in gens[:g]) for g in range(3)]
+        for shard in range(spec.shards):
+            end = (HEADER_BITS + base[2] + gens[2].bits) // 8
+            client.setrange(f"floor:{shard}:one", end, b"\0")
         grown_sha = client.script_load(GROWN_SCRIPT)
         window_sha = client.script_load(WINDOW_SCRIPT)
 
@@ -143,6 +157,24 @@ def main() -> int:
                 pipe.getrange(name, first, first + 63)
             pipe.execute()
             client.execute_command("BITFIELD", names[g - 1], *_add_fields(places[g - 1][1]))
+
+        def one_key(reads: str) -> None:
+            names, places = element()
+            name = names[0].rsplit(":", 1)[0] + ":one"
+            moved = [[b + base[g] for b in bits] for g, (_, bits) in enumerate(places)]
+            if reads == ONE_KEY_WAYS[0]:
+                pipe = client.pipeline(transaction=False)
+                for bits in moved:
+                    first = (HEADER_BITS + (bits[0] - HEADER_BITS) // 512 * 512) // 8
+                    pipe.getrange(name, first, first + 63)
+                pipe.execute()
+            else:
+                fields: list[Any] = []
+                for bits in moved:
+                    for b in bits:
+                        fields += ["GET", "u1", b]
+                client.execute_command("BITFIELD_RO", name, *fields)
+            client.execute_command("BITFIELD", name, *_add_fields(moved[2]))
 
         def grown_script(g: int) -> None:
             names, places = element()
@@ -180,6 +212,8 @@ def main() -> int:
             ways[_grown(g)] = functools.partial(grown, g)
             ways[_grown(g, dense=True)] = functools.partial(grown, g, True)
             ways[_grown_script(g)] = functools.partial(grown_script, g)
+        for reads in ONE_KEY_WAYS:
+            ways[_one_key(reads)] = functools.partial(one_key, reads)
         usec: dict[str, list[float]] = {name: [] for name in ways}
         commands: dict[str, float] = {}
         for round_index in range(args.rounds + 1):  # round 0 warms up
@@ -292,6 +326,12 @@ def _report(
         " fresh bitmap check; a native check with windows at most 2.5x the fresh native"
         " check. The hot path (measure g) sends the stock-command ways, plus the headers"
         " of every generation one check in 16.",
+        "",
+        "The one-key rows keep a shard's three generations in one key, one after the other"
+        " (what a new layout could buy): read by one GETRANGE each, they cost"
+        f" {median[_one_key(ONE_KEY_WAYS[0])] / median[_grown(3)]:.2f}x the separate keys;"
+        " read by one BITFIELD_RO of every bit,"
+        f" {median[_one_key(ONE_KEY_WAYS[1])] / median[_grown(3)]:.2f}x.",
     ]
     return "\n".join(lines) + "\n"
 
