@@ -1,11 +1,10 @@
 """The commands that change or move what a filter holds: add, check, migrate, dump, restore, reset.
 
-``add`` and ``check`` send fingerprints through the bulk calls in batches of
-:data:`.streams.BATCH`. ``migrate`` copies a scrapy-redis SET by SSCAN, saving the cursor and
-counts beside it after each bulk call (:func:`marker_key`), so an interrupted run resumes
-(SSCAN returns every member present throughout at least once; one added twice counts as
-present). ``reset`` deletes each part only while it is still the filter's, and without a
-usable record only the parts that carry the filter's id.
+``migrate`` copies a scrapy-redis SET by SSCAN, saving the cursor and counts beside it after
+each bulk call (:func:`marker_key`), so an interrupted run resumes (SSCAN returns every member
+present throughout at least once; one added twice counts as present). ``reset`` deletes each
+part only while it is still the filter's, and without a usable record only the parts that
+carry the filter's id.
 """
 
 from __future__ import annotations
@@ -60,15 +59,19 @@ from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredReco
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
 from scrapy_redis_bloom.ops.scanning import Scan, ScannedKeyGoneError
 from scrapy_redis_bloom.transport.executor import Call
-from scrapy_redis_bloom.transport.wire import pack_command
+from scrapy_redis_bloom.transport.wire import Arg, pack_command
 
 logger = logging.getLogger(__name__)
 
 #: Fields of the progress marker that hold counts.
 _COUNTS = ("new", "present", "skipped")
-#: Fingerprints from which a bulk command without numpy says what the numpy extra would
-#: save (below, a few seconds).
+#: Fingerprints from which a bulk load without numpy warns it is slow (fewer take seconds).
 ADVISE_FROM = 1_000_000
+
+
+def _call(command: bytes, key: str, *args: Arg) -> Call:
+    """Return the call of ``command`` on ``key``, routed by it."""
+    return Call(pack_command(command, key, *args), key=key)
 
 
 def _created(ctx: Context, created: bool) -> list[str]:
@@ -91,7 +94,7 @@ def _count_hits(
     """Add (``write``) or check the fingerprints read; return (true, false) counts."""
     operation = bloom.add_many if write else bloom.contains_many
     verb = "added" if write else "checked"
-    hits = misses = 0
+    hits = done = 0
     parse = parser_for(ctx)
     with progress(None, "fp", verb.capitalize()) as bar:
         try:
@@ -99,13 +102,12 @@ def _count_hits(
                 if not index:  # (batches of streams.BATCH: one full is a big load)
                     _advise_numpy(bloom, len(batch))
                 flags = operation(batch)
-                found = sum(flags)
-                hits += found
-                misses += len(flags) - found
+                hits += sum(flags)
+                done += len(flags)
                 bar.update(len(flags))
         except BadLineError as exc:
-            raise bad_line(ctx, exc, hits + misses, verb) from None
-    return hits, misses
+            raise bad_line(ctx, exc, done, verb) from None
+    return hits, done - hits
 
 
 def add(ctx: Context) -> int:
@@ -147,8 +149,7 @@ def migrate(ctx: Context) -> int:
     batch_size = int(ctx.args.batch)
     source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
     reader = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults)).parts
-    call = Call(pack_command(b"TYPE", set_key), key=set_key)
-    (kind,) = reader.run("read the set's type", [call], take=text)
+    (kind,) = reader.run("read the set's type", [_call(b"TYPE", set_key)], take=text)
     if kind == "none":
         raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
     if kind != "set":
@@ -156,8 +157,7 @@ def migrate(ctx: Context) -> int:
             f"Redis key {set_key!r} on {source} holds a {kind}, not a set of request"
             " fingerprints like scrapy-redis's dupefilter keeps."
         )
-    call = Call(pack_command(b"SCARD", set_key), key=set_key)
-    (size,) = reader.run("count the set's members", [call], take=int)
+    (size,) = reader.run("count the set's members", [_call(b"SCARD", set_key)], take=int)
     bloom, created = open_for_writing(ctx)
     _advise_numpy(bloom, size)
     record = bloom.record
@@ -166,7 +166,7 @@ def migrate(ctx: Context) -> int:
     cursor, counts = 0, dict.fromkeys(_COUNTS, 0)
     scan = Scan(reader, (b"SSCAN", set_key), f"the set {set_key!r}", key=set_key)
     # Where a run of this filter stopped, and the server process its cursor came from.
-    call = Call(pack_command(b"HGETALL", marker), key=marker)
+    call = _call(b"HGETALL", marker)
     saved = {} if ctx.args.restart else reader.run("read the progress", [call], take=pairs)[0]
     if saved.get("filter_id") == record.filter_id:
         with contextlib.suppress(KeyError, ValueError):  # not a marker this version wrote
@@ -188,8 +188,7 @@ def migrate(ctx: Context) -> int:
                 fields: dict[str, str | int] = {"filter_id": record.filter_id, "cursor": reached}
                 fields.update(counts, process=scan.process)
                 argv = [item for pair in fields.items() for item in pair]
-                call = Call(pack_command(b"HSET", marker, *argv), key=marker)
-                reader.run("save the progress", [call], write=True)
+                reader.run("save the progress", [_call(b"HSET", marker, *argv)], write=True)
 
         next_cursor: int | None = cursor
         while next_cursor is not None:
@@ -198,11 +197,7 @@ def migrate(ctx: Context) -> int:
                 next_cursor, members = scan.next(next_cursor, min(SCAN_COUNT, batch_size))
             except ScannedKeyGoneError:
                 flush(None)
-                reader.run(
-                    "delete the progress",
-                    [Call(pack_command(b"DEL", marker), key=marker)],
-                    write=True,
-                )
+                reader.run("delete the progress", [_call(b"DEL", marker)], write=True)
                 raise CLIError(
                     f"The set {set_key!r} on {source} is gone (evicted, expired or deleted)"
                     f" after {sum(counts.values()):,} of its {size:,} members were migrated:"
@@ -221,7 +216,7 @@ def migrate(ctx: Context) -> int:
             if len(batch) >= batch_size:
                 flush(next_cursor)
         flush(None)
-    reader.run("delete the progress", [Call(pack_command(b"DEL", marker), key=marker)], write=True)
+    reader.run("delete the progress", [_call(b"DEL", marker)], write=True)
     new, present, skipped = (counts[name] for name in _COUNTS)
     total = new + present
     data = ctx.result(

@@ -1,8 +1,7 @@
 """The table of the commands and their options, declared once for both front ends.
 
 ``scrapy bloom`` (:mod:`.scrapy_command`) and the alias (:mod:`.alias`) build their parsers
-from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`; the alias's flags for
-the servers and the sizing each stand for a crawl setting (:attr:`Option.setting`).
+from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`.
 """
 
 from __future__ import annotations

@@ -80,9 +80,8 @@ def fill_chart(per_shard: Sequence[int], bits_per_shard: int) -> list[tuple[str,
 
 def progress(total: int | None, unit: str, what: str) -> tqdm[Any]:
     """Return a progress bar on stderr, quiet when stderr is not a terminal."""
-    stream = sys.stderr
-    quiet = stream is None or not stream.isatty()
-    return tqdm(total=total, unit=unit, desc=what, file=stream, disable=quiet, unit_scale=True)
+    quiet = sys.stderr is None or not sys.stderr.isatty()
+    return tqdm(total=total, unit=unit, desc=what, file=sys.stderr, disable=quiet, unit_scale=True)
 
 
 def listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
