@@ -1,5 +1,4 @@
 """The pure core: settings, hashing, sizing, key layout, records and growth; no I/O.
 
-Everything above builds on these modules, and they import nothing of the package but
-each other.
+These modules import nothing of the package but each other.
 """
