@@ -1,9 +1,8 @@
 """Choosing a filter's backend (``BLOOMFILTER_BACKEND``) and the interface both share.
 
-``bitmap`` is :class:`.filter.RedisBloomFilter`, ``native`` :class:`.native.NativeBloomFilter`
-(BF.*). ``auto``: the record's backend when it exists; else native when every server has
-``BF.*`` and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else bitmap. An explicit
-backend that contradicts the record, or ``native`` without ``BF.*``, is refused at open.
+``auto``: the record's backend when it exists; else native when every server has ``BF.*``
+and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else bitmap. An explicit backend that
+contradicts the record, or ``native`` without ``BF.*``, is refused at open.
 """
 
 from __future__ import annotations

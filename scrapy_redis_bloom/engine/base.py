@@ -1,8 +1,7 @@
 """What both backends' filters share: connections, counters, leases, the near-cache, outages.
 
-A backend's filter (:class:`.filter.RedisBloomFilter`, :class:`.native.NativeBloomFilter`)
-sets up its :class:`.Lifecycle` in :meth:`FilterBase._setup` and supplies
-:meth:`FilterBase._adopt` and its hot and bulk paths.
+Each backend's filter sets up its :class:`.Lifecycle` in :meth:`FilterBase._setup` and
+supplies :meth:`FilterBase._adopt` and its hot and bulk paths.
 """
 
 from __future__ import annotations
@@ -203,11 +202,7 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the filter's connections. It stays usable: they reopen on demand.
-
-        What an outage let through and no later write added yet is added now
-        (:meth:`settle_owed`).
-        """
+        """Close the filter's connections (they reopen on demand), first :meth:`settle_owed`."""
         with self._lock:
             try:
                 self.settle_owed()  # raises only what no retry fixes (a damaged filter)
@@ -216,10 +211,9 @@ class FilterBase:
                 self.executor.close()
 
     def settle_owed(self) -> None:
-        """Add now what an outage let through; forget what Redis does not take, said and counted.
+        """Add now what an outage let through, not at a later write that may never come.
 
-        (Otherwise added with a later write: a worker that stops first, at the end of a crawl,
-        would leave it out of the filter unsaid.)
+        What Redis does not take is forgotten, said and counted.
         """
         with self._lock:
             if not self._owed:
@@ -243,9 +237,8 @@ class FilterBase:
     def sync_counters(self) -> FilterTotals | None:
         """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
 
-        A config record found gone meanwhile (evicted, deleted) is written back from this
-        worker's copy while every shard is intact (:meth:`.Lifecycle.restore_record`); another
-        filter's (reset and created again) is adopted, as a check meeting it would.
+        A record found gone is written back while every shard is intact
+        (:meth:`.Lifecycle.restore_record`); another filter's is adopted, as a check would.
         """
         with self._lock:
             record = self.record
@@ -282,8 +275,7 @@ class FilterBase:
     def live_workers(self, settle: float = WORKER_TTL.default) -> list[str]:
         """Return the ids (``host:pid:random``) of the workers holding a live lease.
 
-        Right after a restart of the registry's server, waits up to ``settle`` seconds (the
-        workers' TTL) for their leases to be back (:func:`.lease.unsettled`).
+        Waits up to ``settle`` s after the registry's server restarts (:func:`.lease.unsettled`).
         """
         with self._lock:
             return workers_of(self.executor, self.key, settle)
@@ -371,10 +363,9 @@ class FilterBase:
     def _cached(self, tag: int) -> bool:
         """Tell whether the near-cache knows an element as seen.
 
-        With re-crawl windows (``BLOOMFILTER_TTL``) it is emptied as each window starts, a
-        second early (:data:`.clock.GUARD`, for a client clock behind Redis's): Redis forgets
-        at a window's change what was first added two windows before, and the cache must not
-        answer for longer than Redis does.
+        With re-crawl windows it is emptied as each window starts, :data:`.clock.GUARD` early
+        (a client clock may be behind Redis's): it must not answer for longer than Redis, which
+        forgets at a window's change what was first added two windows before.
         """
         ttl = (self.record or self.wanted).ttl
         if ttl:

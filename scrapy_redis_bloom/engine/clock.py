@@ -77,8 +77,8 @@ class Known:
     ) -> tuple[float, list[Any]] | None:
         """Return Redis's time at a round's reads (by its ``TIME`` if ``asked``) and the rest.
 
-        None when the round chose its keys by a window not Redis's or known now: the script
-        then checks. ValueError for a bad ``TIME`` reply.
+        None (the script checks) when the round chose its keys by a window not Redis's or
+        known now; ValueError for a bad ``TIME`` reply.
         """
         if asked:
             now, replies = self.clock.read(replies[0], sent_at), replies[1:]

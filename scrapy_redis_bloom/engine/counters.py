@@ -1,8 +1,7 @@
 """Counts of what the filter answered, shared by all workers, and the capacity warning.
 
 Each worker adds its local counts to ``KEY:count`` every :data:`SYNC_INTERVAL` and at
-close; the total added drives the capacity warning (at 1x, 2x, 4x... the capacity). A
-failed sync never changes an answer: its counts wait for the next one.
+close. A failed sync never changes an answer: its counts wait for the next one.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ class Counters:
         self._warned_at = 0  # the capacity multiple last warned about
         #: The totals over all workers Redis gave at the last sync or read (None: none yet).
         self.synced: FilterTotals | None = None
-        #: The last sync found no config record (its counts wait for the filter to restore
-        #: it), or another filter's (the filter adopts it).
+        #: The last sync found no config record (counts kept), or another filter's (adopted).
         self.record_gone = self.replaced = False
         #: A fixed-size filter that remembers forever, warned about here; one that grows or
         #: forgets reports from its check-and-add script (growth, a full shard).
@@ -76,13 +74,11 @@ class Counters:
         self._unsynced_added = self._unsynced_seen = 0
 
     def sync(self, parts: Parts, spec: FilterSpec, filter_id: str) -> FilterTotals | None:
-        """Add the unsynced counts to ``KEY:count``; return the totals (None: not added).
+        """Add the unsynced counts to ``KEY:count`` of the filter ``filter_id``; return the totals.
 
-        Only to the counters of the filter ``filter_id``, whose record is read a trip
-        before: a worker whose filter was reset under it added its counts to the next
-        one's (only a reset and a re-creation within that trip could still take them).
-        A record gone keeps the counts for the next sync and sets :attr:`record_gone` (the
-        filter restores it); another filter's drops them. A failure is logged; they are kept.
+        None: not added. The record's id is read a trip before, so that a filter reset under
+        this worker does not take its counts. A record gone keeps them for the next sync (and
+        sets :attr:`record_gone`); another filter's drops them; a failure keeps them, logged.
         """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
@@ -96,8 +92,22 @@ class Counters:
             owner = Call(pack_command(b"HGET", parts.meta_key, b"id"), key=parts.meta_key)
             (found,) = parts.run("read the filter's id", [owner], take=_text_or_none)
             self.record_gone, self.replaced = found is None, found not in (None, filter_id)
+            if found is None:  # kept for the next sync: the filter restores the record
+                self._unsynced_added += added
+                self._unsynced_seen += seen
+                return None
             if found != filter_id:
-                self._not_added(added, seen, found)
+                self._log.log(
+                    logging.WARNING,
+                    "replaced",
+                    "The Bloom filter %r was reset and created again (id %s) while this worker"
+                    " used it: %d added and %d seen of the filter before are not added to its"
+                    " counters.",
+                    self.key,
+                    found,
+                    added,
+                    seen,
+                )
                 return None
             replies = parts.run("add to the filter's counters", calls, write=True, take=int)
         except BaseException as exc:
@@ -120,23 +130,6 @@ class Counters:
             self._warned_at = 0
         self.check_capacity(totals.added, spec)
         return totals
-
-    def _not_added(self, added: int, seen: int, found: str | None) -> None:
-        """Keep counts whose filter's record is gone; drop those of a filter since replaced."""
-        if found is None:
-            self._unsynced_added += added
-            self._unsynced_seen += seen
-            return
-        self._log.log(
-            logging.WARNING,
-            "replaced",
-            "The Bloom filter %r was reset and created again (id %s) while this worker used"
-            " it: %d added and %d seen of the filter before are not added to its counters.",
-            self.key,
-            found,
-            added,
-            seen,
-        )
 
     def read(self, parts: Parts) -> FilterTotals:
         """Read the totals over all workers (this worker's unsynced counts not included)."""

@@ -1,11 +1,8 @@
-"""What the servers can take: their version, role, memory limit and eviction policy.
+"""What the servers can take, read at open from ``INFO`` (a server refusing it is unchecked).
 
-Read at open from ``INFO`` on every server (one refusing it is used unchecked, as logged).
-Refused: a server older than :data:`MIN_VERSION`, a replica (every check writes), and a new
-filter that does not fit in a server's memory (shards allocated whole would fail half-way,
-evict data or swap the host).
-Warned: a policy that may evict the filter, a server near its limit (a shard evicted
-mid-crawl stops the crawl or, recreated, forgets what it held).
+Refused: an old server, a replica, a new filter that does not fit in memory (shards
+allocated whole would fail half-way, evict data or swap the host). Warned: what may evict
+the filter (a shard evicted mid-crawl stops the crawl or, recreated, forgets what it held).
 """
 
 from __future__ import annotations
@@ -140,8 +137,8 @@ def check_room(
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
     ``needs``: per address, its new shards' bytes, against what is free; ``spread`` =
-    (bytes, servers): the filter spread evenly, against each whole limit (a filter that
-    could never fit is refused before its shards are listed).
+    (bytes, servers): the filter spread evenly, against each whole limit (refused before
+    its shards are listed).
     """
     for server in servers:
         limit = server.maxmemory or server.system_memory  # the memory Redis may use

@@ -4,9 +4,8 @@ scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSI
 False`` or starts with ``SCHEDULER_FLUSH_ON_START``, wiping a crawl others still run. So
 each worker holds a lease, renewed from a daemon thread, and only a worker finding no other
 live lease clears, claiming the registry in the same script (:meth:`WorkerLease.clearing`).
-Expiry is judged by Redis's clock, never the workers'. A server that started less than a
-worker TTL ago (a restart, from an older snapshot too) may not list every live worker yet:
-listing and claiming wait until each has had time to renew (:func:`unsettled`).
+Expiry is judged by Redis's clock. A server restarted less than a worker TTL ago may not
+list every live worker yet (:func:`unsettled`).
 """
 
 from __future__ import annotations
@@ -23,12 +22,7 @@ from functools import partial
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import (
-    BloomFilterError,
-    Wording,
-    foreign_reply,
-    taking_apart,
-)
+from scrapy_redis_bloom.core.errors import BloomFilterError, Wording, foreign_reply, taking_apart
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.engine import scripts
@@ -62,12 +56,10 @@ def settling_calls(key: str) -> list[Call]:
 def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -> float:
     """Return how long the registry may still miss live workers (0: it lists them all).
 
-    ``replies``: those of :func:`settling_calls`, read in the trip that read the registry.
-    A server up for less than ``settle`` (a worker TTL: every live worker renews within it)
-    with a filter older than itself restarted or was replaced since some renewed: its
-    registry is as old as its data, so the rest is waited out, saying why. A filter created
-    since, or a server that refuses ``INFO`` (an ACL, said), is not waited for; nor one created
-    within :data:`CLOCK_MARGIN` (and the second ``uptime_in_seconds`` may be off by) of it.
+    ``replies``: those of :func:`settling_calls`, read in the registry's trip. A server up
+    for less than ``settle`` (a worker TTL) with a filter older than itself restarted since
+    some workers renewed: the rest of the TTL is waited out, saying why. Not waited for: a
+    filter created since (or within :data:`CLOCK_MARGIN` of it), a server refusing ``INFO``.
     """
     info, created = replies
     if isinstance(info, BaseException):
@@ -108,16 +100,11 @@ def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -
 
 
 def workers_of(executor: Executor, key: str, settle: float = WORKER_TTL.default) -> list[str]:
-    """Return the ids of the workers holding a live lease on the filter ``key``.
-
-    Waits up to ``settle`` seconds after a restart of the registry's server (:func:`unsettled`).
-    """
+    """Return the ids of the workers leasing the filter ``key`` (waiting: :func:`unsettled`)."""
     registry = layout.workers_key(key)
     while True:
-        call = script_call(scripts.LEASE, registry, "", 0, "list")
-        *settling, reply = executor.run(
-            "list the live workers", [*settling_calls(key), call]
-        ).replies
+        calls = [*settling_calls(key), script_call(scripts.LEASE, registry, "", 0, "list")]
+        *settling, reply = executor.run("list the live workers", calls).replies
         if isinstance(reply, BaseException):
             raise refusal(executor, key, reply, registry, "list the live workers")
         if not isinstance(reply, list) or not all(isinstance(item, bytes) for item in reply):
@@ -141,10 +128,7 @@ def live_workers(
 
 
 class WorkerLease:
-    """A worker's lease in a filter's registry of live workers, on connections of its own.
-
-    It lasts ``ttl`` seconds: :meth:`start` renews it every ``ttl / 3`` from a daemon thread.
-    """
+    """A worker's lease of ``ttl`` s, on connections of its own; :meth:`start` renews it."""
 
     def __init__(
         self,
@@ -172,7 +156,7 @@ class WorkerLease:
         executor.explain_denial = partial(check_access, executor, executor.topology, key)
         weakref.finalize(self, executor.topology.close)
         self._lock = threading.Lock()
-        #: The renewing thread, and the event that stops it (each thread its own).
+        #: The renewing thread (every ``ttl / 3``), and the event that stops it (one per thread).
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._log = RateLimitedLog(logger, interval=ttl)
@@ -192,11 +176,9 @@ class WorkerLease:
                 self._claimed = False  # a failed unclaim: the claim lapses within the TTL
             call = script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
             # A claim reads the server's uptime in the same trip (see clearing()).
-            settling = settling_calls(self._filter_key) if action == "claim" else []
-            calls = [*settling, call]
-            *settling, reply = self._executor.run(
-                f"{action} a worker lease", calls, write=True
-            ).replies
+            calls = [*settling_calls(self._filter_key), call] if action == "claim" else [call]
+            run = self._executor.run(f"{action} a worker lease", calls, write=True)
+            *settling, reply = run.replies
             if isinstance(reply, BaseException):
                 raise refusal(
                     self._executor, self._filter_key, reply, self.key, f"{action} a lease"
@@ -224,8 +206,7 @@ class WorkerLease:
 
         0: none is, nor takes a lease until the block ends (the claim lapses within the TTL if
         this worker dies), so the filter may be deleted. More: nothing claimed; it must stay.
-        None live on a server that started less than the TTL ago is not believed: the claim
-        is dropped and taken again once every live worker has had time to renew.
+        On a server restarted less than a TTL ago, the claim waits (:func:`unsettled`).
         """
         others = self._call("claim")
         while not others and self._settling:

@@ -3,9 +3,7 @@
 One flow for both backends, whose :class:`Shards` make, check and delete shards. Creating
 writes the record (state ``creating``), every server marker and shard (each carrying the
 filter's id), then state ``ready``: each step idempotent, so any worker opening a filter
-still ``creating`` finishes the job. Opening a ready one checks its geometry (adopting the
-stored one) and every part's identity; :meth:`Lifecycle.recover` (the hot path's too)
-sorts out what is wrong:
+still ``creating`` finishes the job. :meth:`Lifecycle.recover` sorts out what is wrong:
 
 * a missing record or server marker over intact shards is **restored**, with a warning;
 * a record with another id (the filter was reset and created again) is **adopted**;
@@ -163,10 +161,7 @@ class Lifecycle:
         return record.ready()
 
     def verify(self, record: FilterRecord, wanted: FilterRecord) -> FilterRecord:
-        """Check every marker and a :func:`sample` of a ready filter's shards; recover.
-
-        A sample keeps opening O(1); every check and add finds a lost shard anyway.
-        """
+        """Check every marker and a :func:`sample` of the shards (every check finds the rest)."""
         markers = self.parts.markers(record.servers)
         self.check_markers(markers, record.servers, record.filter_id)
         missing_markers = [i for i, marker in enumerate(markers) if marker is None]
@@ -238,8 +233,7 @@ class Lifecycle:
             )
             return self._settle(current, wanted)
         # Only shards wrong now (another worker may have recreated them). A record lost alone
-        # (evicted: LRU picks it first) is restored from this worker's copy; a filter gone
-        # entirely (reset, flushed) is lost, and restored only to be recreated.
+        # is restored from this worker's copy; so is a filter gone entirely, to be recreated.
         lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
             self._write_back(record)
@@ -287,9 +281,8 @@ class Lifecycle:
     def restore_record(self, record: FilterRecord) -> bool:
         """Write back the config record, found gone, while every shard is intact; say if so.
 
-        Read only at open, the record is the key ``allkeys-lru`` evicts first, and nothing
-        else would tell. With a shard lost too, the checks meet it and :meth:`recover`
-        decides by ``BLOOMFILTER_ON_LOSS``; a failure here is said, and tried at the next sync.
+        Read only at open, it is the key ``allkeys-lru`` evicts first. With a shard lost too,
+        the checks meet it and :meth:`recover` decides; a failure is said, tried again later.
         """
         try:
             if self.parts.read_record() is not None:

@@ -1,7 +1,6 @@
-"""The filter's parts in Redis: its record, its shards, its server markers, its counters.
+"""The filter's parts in Redis (record, shards, server markers, counters): read and written.
 
-:class:`Parts` reads and writes them through an :class:`~.executor.Executor`, routed,
-retried and accounted like the hot path. It decides nothing: that is :mod:`.lifecycle`'s.
+Routed, retried and accounted like the hot path; deciding nothing (:mod:`.lifecycle` does).
 """
 
 from __future__ import annotations
@@ -121,8 +120,7 @@ class Parts:
     ) -> list[Any]:
         """Run calls in batches; return the replies, refusing every error reply by name.
 
-        ``take`` turns each reply into its value (``int``, :func:`pairs`): one of another
-        shape raises :func:`~.errors.foreign_reply`, naming its key.
+        ``take`` turns each reply into its value (``int``, :func:`pairs`), or raises naming its key.
         """
         out: list[Any] = []
         for start in range(0, len(calls), batch_size):
@@ -279,8 +277,8 @@ class Parts:
     def delete(self, record: FilterRecord, shard_calls: list[Call]) -> int:
         """Delete a filter's parts, each only if still its own; return how many keys.
 
-        ``shard_calls`` (the backend's), the counters, a multi-server filter's markers, then the
-        record, last: no worker opening meanwhile sees shards without it. Leases are kept.
+        ``shard_calls``, counters, markers, then the record last: no worker opening meanwhile
+        sees shards without it. Leases are kept.
         """
         calls = [*shard_calls, self.delete_if_still(self.counter_key, "counters")]
         calls += self.marker_deletions(record)

@@ -132,16 +132,14 @@ def geometry(growth: Growth) -> str:
 #: Allocate a shard whole, at its exact size, with its header (see :meth:`.Parts.allocate`).
 ALLOCATE = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("allocate"))
 
-#: The worker registry (``lua/lease.lua``): worker ids scored by lease expiry (ms, Redis's
-#: clock). ``ARGV``: worker id, TTL in ms, ``renew``, ``release``, ``count`` or ``list``.
-#: Expired leases are dropped first. Reply: how many OTHER workers are live (``list``: all
+#: The worker registry (``lua/lease.lua``). ``ARGV``: worker id, TTL in ms, ``renew``,
+#: ``release``, ``count`` or ``list``. Reply: how many OTHER workers are live (``list``: all
 #: ids, soonest expiry first). A renewal only extends the registry's expiry (a short TTL
 #: never cuts another's lease). ``claim`` (to clear) adds ``(clearing)`` if no other is
 #: live; ``hold`` renews lease and claim; ``unclaim`` drops it; meanwhile ``renew`` is -1.
 LEASE = Script(lua("lease"))
 
-#: Delete ``KEYS[1]`` only while ``ARGV`` (kind, proof: a shard's identity, a marker's value,
-#: the record's id or "" for any record hash) proves it the filter's part; reply 1 if deleted.
+#: Delete a key only while it is still the filter's part (``lua/delete_if_still.lua``).
 DELETE_IF_STILL = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("delete_if_still"))
 
 #: A shard's part as the check-and-add script sees it there (``lua/part_identity.lua``).
@@ -150,15 +148,12 @@ PART_IDENTITY = Script(lua("part_identity"))
 #: Write the config record unless one exists; reply with the record in Redis.
 CREATE_RECORD = Script(lua("create_record"))
 
-#: Clear bits a scriptless check set in a shard that turned out not to be its filter's
-#: (see :meth:`.fastpath.FastPath.strays`; ``lua/take_back.lua``).
+#: Clear bits a scriptless check set in a shard not its filter's (:meth:`.FastPath.strays`),
+#: then delete a key such a check made, once it holds no bit (:mod:`.bitmap.stackpath`).
 TAKE_BACK = Script(lua("take_back"))
-#: Then delete a key such a check made where a generation or window was missing, once
-#: it holds no bit (see :mod:`.bitmap.stackpath`; ``lua/drop_stray.lua``).
 DROP_STRAY = Script(lua("drop_stray"))
 
-#: A blocked shard's bulk snapshot reads and writes back only its batch's blocks: one reply
-#: per shard (see :func:`.bitmap.snapshot.take`).
+#: A blocked shard's snapshot reads and writes only its batch's blocks (:func:`.snapshot.take`).
 _BLOCKS = declare(HEADER_BYTES=HEADER_BYTES, BLOCK_BYTES=BLOCK_BITS // 8)
 READ_BLOCKS = Script(_BLOCKS + lua("read_blocks"))
 WRITE_BLOCKS = Script(_BLOCKS + lua("write_blocks"))

@@ -1,8 +1,4 @@
-"""How full the filter is: from its bits (exact, costly) or from its counters (cheap).
-
-:func:`read_state` runs ``BITCOUNT`` and ``MEMORY USAGE`` over every shard, O(m) in Redis
-(``info``, and the last worker to close); :func:`estimate_from_items` needs no Redis.
-"""
+"""How full the filter is: from its bits (:func:`read_state`: O(m) in Redis) or its counters."""
 
 from __future__ import annotations
 
@@ -178,10 +174,8 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
     ]
     replies = parts.run("count the filter's bits", calls, take=integer)
     ones = replies[: len(keys)]
-    used = sum(replies[len(keys) :])
     per_gen: dict[int, list[int]] = {}
-    # Per shard: log of the chance that a new element is missed by every part (kept as a
-    # log so that rates far below 1e-16 are not lost to rounding).
+    # Per shard: the log of the chance every part misses a new element (keeps rates < 1e-16).
     clear = [0.0] * shards
     per_shard = [0] * shards
     for (shard, g, _), found in zip(keys, ones, strict=True):
@@ -193,7 +187,7 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
     return FilterState(
         spec=parts.spec,
         bits_set=sum(ones),
-        memory_bytes=used,
+        memory_bytes=sum(replies[len(keys) :]),
         bits_set_per_shard=tuple(per_shard),
         estimated_items=sum(gen.estimated_items for gen in states),
         generations=states,
@@ -203,9 +197,9 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
 
 
 def estimate_from_items(growth: Growth, items: int) -> FilterState:
-    """Return the state expected after ``items`` distinct insertions: cheap, no Redis call.
+    """Return the state ``items`` distinct insertions leave, spread evenly: no Redis call.
 
-    Spread evenly over the shards, filling generations in turn (with a TTL, an upper bound).
+    Generations fill in turn (with a TTL, an upper bound).
     """
     spec = growth.spec
     per_shard = items / spec.shards
