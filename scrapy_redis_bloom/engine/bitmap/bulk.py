@@ -1,13 +1,11 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
 Elements are read in batches, hashed and grouped per shard (:class:`.local.Located`). A
-shard with enough of a batch's elements answers them through a snapshot
-(:mod:`.snapshot`); a grown shard, or any shard of a filter that forgets, through a stack
-(:mod:`.stacks`). "Enough", and whole or by blocks, weigh each path's cost
-(:data:`SNAPSHOT_NS_PER_BYTE` and the constants after it). Snapshot transactions overlap
-two at a time (:meth:`Bulk._take_overlapped`). Elements of the other shards, and of every
-snapshot or stack not taken (the shard changed, is lost or odd, a window nears its end,
-a connection failed, an ACL refused it), go through the chunks.
+shard with enough of a batch's elements, as the costs below weigh it, answers them
+through a snapshot (:mod:`.snapshot`), or through a stack (:mod:`.stacks`) when it has
+grown or the filter forgets. The other shards, and every snapshot or stack not taken
+(the shard changed, is lost or odd, a window nears its end, a connection failed, an ACL
+refused it), go through the chunks.
 
 Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
 ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
@@ -19,8 +17,7 @@ the script crosses the growth boundary). Chunk n+1 is sent before chunk n's repl
 A shard whose identity did not match answers "not there" for the chunk's elements in it
 (its BITFIELD may have written into a lost shard's place), is recovered, and those
 elements are added again. A failed command is run again through the executor; a write
-that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous). If
-anything interrupts the work, the connections with replies still owed are thrown away.
+that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous).
 """
 
 from __future__ import annotations
@@ -74,11 +71,12 @@ MAX_BATCH = 1_048_576
 #: With numpy, a batch holds enough elements per shard for a whole shard's snapshot to
 #: cost about this much per element.
 WHOLE_NS_PER_ELEMENT = 250
-#: A snapshot costs about SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard,
-#: against BITFIELD_NS_PER_BIT per bit or SCRIPT_NS_PER_ELEMENT per element
-#: (bench/NOTES.md).
+#: A snapshot costs about SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard, against
+#: BITFIELD_NS_PER_BIT per bit or SCRIPT_NS_PER_ELEMENT per element (bench/NOTES.md).
 SNAPSHOT_NS = 200_000
 SNAPSHOT_NS_PER_BYTE = 2
+BITFIELD_NS_PER_BIT = 500
+SCRIPT_NS_PER_ELEMENT = 10_000
 #: A blocked shard read by its blocks (:func:`.snapshot.take`): per element (a reply per
 #: run of blocks, which redis-py parses in Python without hiredis).
 BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
@@ -88,8 +86,6 @@ READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
 #: weighed by what a byte costs beyond loopback's (:mod:`.wirecost`).
 BLOCK_WIRE_BYTES = 280
 READ_WIRE_BYTES = 140
-BITFIELD_NS_PER_BIT = 500
-SCRIPT_NS_PER_ELEMENT = 10_000
 #: The most bytes the shards of one snapshot transaction hold; two transactions overlap
 #: (:meth:`Bulk._take_overlapped`), as two 8 MiB shards'.
 JOINT_BYTES = 8 << 20
@@ -106,13 +102,12 @@ PER_SCRIPT = 100
 class ScriptHooks:
     """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
 
-    ``active()``: whether the filter is such a filter now; ``script()``: the check-and-add
-    script; ``head(shard, write, n)``: the packed start of a call over n elements;
+    ``active()``: whether it is such a filter now; ``script()``: the check-and-add script;
+    ``head(shard, write, n)``: the packed start of a call over n elements;
     ``note(shard, flags, generations)``: report what a call did beside answering;
     ``mismatch(shard, shard_key, bad_key)``: sort out a part a call found wrong;
     ``scriptless()``: :attr:`.generations.Growth.scriptless_limit` of a filter that grows
-    but does not forget (its one-generation shards take snapshots too; 0: the script
-    always); ``growth()``: the filter's growth, for the stacks (:mod:`.stacks`).
+    but does not forget (0: the script always); ``growth()``: its growth, for :mod:`.stacks`.
     """
 
     active: Callable[[], bool]
@@ -189,10 +184,7 @@ class Bulk:
         return outcome
 
     def _least(self, scripted: bool) -> int:
-        """Return the fewest elements of a shard worth a snapshot (against the script, or BITFIELD).
-
-        A blocked shard may be read by its elements' blocks alone: from a few elements on.
-        """
+        """Return the fewest elements of a shard worth a snapshot (of its blocks, if blocked)."""
         spec = self.spec
         each = SCRIPT_NS_PER_ELEMENT if scripted else BITFIELD_NS_PER_BIT * spec.hash_count
         if spec.block_bits and each > BLOCKS_NS_PER_ELEMENT:
@@ -224,11 +216,10 @@ class Bulk:
         limit = (self.hooks.scriptless() or None) if active else None
         snapshots = self._snapshots and (not active or limit is not None)
         growth = self.hooks.growth() if self._snapshots and active else None
-        if not snapshots and growth is None:
-            _merge(outcome, self._run_chunks(write, batch))
-            return
-        located = Located(batch, self.spec, HAVE_NUMPY)
-        groups = located.crowded(self._least(limit is not None or growth is not None))
+        groups: dict[int, Any] = {}
+        if snapshots or growth is not None:
+            located = Located(batch, self.spec, HAVE_NUMPY)
+            groups = located.crowded(self._least(limit is not None or growth is not None))
         if not groups:
             _merge(outcome, self._run_chunks(write, batch))
             return
@@ -249,12 +240,10 @@ class Bulk:
             results = [r for r in results if r[0] not in handed]
             stacked, cuts = self._stacks_of(growth, handed, located, write)
             results += stacked
-        deferred = (
-            sorted(int(p) for s, cut in cuts.items() for p in groups[s][cut:]) if defer else []
-        )
-        if deferred:  # (a full shard's stack may have answered past its cut: what it held)
+        deferred: list[int] = []
+        if defer and cuts:  # (a full shard's stack may have answered past its cut: what it held)
             held = {int(p) for _, ps, t in results for p in ps[: len(t.answers or ())]}
-            deferred = [p for p in deferred if p not in held]
+            deferred = sorted({int(p) for s, cut in cuts.items() for p in groups[s][cut:]} - held)
         for _, positions, taken in results:
             if taken.answers is None:
                 if taken.ambiguous:
@@ -266,10 +255,7 @@ class Bulk:
                 outcome.seen += seen
                 outcome.added += len(taken.answers) - seen
         answers = located.placed(answered)
-        others = located.outside([positions for positions, _ in answered])
-        if deferred:
-            later = set(deferred)
-            others = [p for p in others if p not in later]
+        others = located.outside([positions for positions, _ in answered] + [deferred])
         if others:
             second = self._run_chunks(write, [batch[p] for p in others])
             # The bits may be this batch's own, from a lost EXEC.
@@ -315,9 +301,8 @@ class Bulk:
         """Take each batch's snapshots (:func:`.snapshot.take`), two transactions at a time.
 
         Batch i+1's reads are sent before batch i is answered, and batch i's ``EXEC`` read
-        after: Python answers one batch while Redis reads the next (bench/NOTES.md). Two
-        batches on one node take its two connections in turn (``spare``), each ``WATCH`` on
-        its own; they name different shards.
+        after: Python answers one batch while Redis reads the next. Two batches on one node
+        take its two connections in turn (``spare``), each ``WATCH`` on its own.
         """
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
@@ -455,8 +440,6 @@ class Bulk:
             _merge(outcome, second, outcome.answers, [position for position, _ in retry])
         return outcome
 
-    # -- planning --------------------------------------------------------------------
-
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
         """Hash a chunk and plan its commands per node and shard (see the module doc).
 
@@ -475,9 +458,7 @@ class Bulk:
             else:  # (a shard's bits start after its header)
                 shard, x, y = locate(element, spec)
                 values = offsets(x, y, k, size, block, HEADER_BITS)
-            group = groups.get(shard)
-            if group is None:
-                group = groups[shard] = ([], [])
+            group = groups.setdefault(shard, ([], []))
             group[0].append(i)
             group[1].extend(values)
         script = self.hooks.script() if scripted else None
@@ -505,8 +486,6 @@ class Bulk:
                 call = Call(payload, key=key, shard=shard, script=script)
                 commands.append(_Command(call, shard, span))
         return _Chunk(write, elements, 1 if scripted else k, groups, plans)
-
-    # -- sending and reading -----------------------------------------------------------
 
     def _send(self, chunk: _Chunk) -> None:
         for node_id, (session, commands) in chunk.plans.items():
@@ -615,9 +594,8 @@ class Bulk:
     ) -> list[int]:
         """Return a chunk command's old bits or answers; a wrong shard into ``mismatched``.
 
-        A generation or window the script found wrong goes to ``parts`` too.
-
-        A reply of another shape than the command's raises ``ValueError``.
+        A generation or window the script found wrong goes to ``parts`` too; a reply of
+        another shape than the command's raises ``ValueError``.
         """
         shard, key, elements = command.shard, command.call.key or "", command.elements
         if elements is None:  # the shard's identity
@@ -705,9 +683,9 @@ def _stack(
         whole = not gen.block_bits or (
             (SNAPSHOT_NS_PER_BYTE + extra) * gen.nbytes * (1 + newest) < each * len(positions)
         )
-        target = Target(name, identity, offsets, length, whole)
-        target.by_script = not HIREDIS_AVAILABLE
+        target = Target(name, identity, offsets, length, whole, by_script=not HIREDIS_AVAILABLE)
         targets.append(target)
+
         size += length if whole else BLOCK_BYTES * len(positions)
     return Stack(identity, found, targets, growth.ttl), size
 

@@ -3,9 +3,8 @@
 ``BITFIELD`` costs Redis time per bit; the snapshot moves that work out of Redis, in two
 round trips on the shard's node:
 
-1. ``WATCH key``, ``GET`` (or ``GETRANGE`` of each MiB; only the blocks the batch
-   touches for a blocked shard), ``MULTI``: the bytes, checked against the identity,
-   and for a growing shard its state (one generation, and room below
+1. ``WATCH key``, the reads (:func:`_reads`), ``MULTI``: the bytes, checked against the
+   identity, and for a growing shard its state (one generation, and room below
    :attr:`.generations.Growth.scriptless_limit` for the batch or its first elements);
 2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE`` of the changed
    bytes (and of a growing shard's count), and ``EXEC``.
@@ -17,11 +16,10 @@ round goes on the first one's connection (an executor
 the writes never run outside the transaction. Several shards of a node share the two
 round trips and one transaction (:func:`take`).
 
-Otherwise the batch is handed back (:attr:`Taken.answers` is None) to the ``BITFIELD``
-or script path, which deals with redirections, retries and lost shards: an aborted
-``EXEC``, a shard not as expected, an error reply, a failed connection. When ``EXEC``
-may have run but its reply was lost, it is handed back ``ambiguous``: "seen" answers
-become "new".
+Otherwise (an aborted ``EXEC``, a shard not as expected, an error reply, a failed
+connection) the batch is handed back (:attr:`Taken.answers` is None) to the ``BITFIELD``
+or script path, which deals with redirections, retries and lost shards; ``ambiguous``
+when ``EXEC`` may have run but its reply was lost: "seen" answers become "new".
 """
 
 from __future__ import annotations
@@ -70,6 +68,7 @@ def _generations(head: bytes | bytearray) -> int:
 
 
 def _u32(head: bytes | bytearray) -> int:
+    """Return a generation 0's newest generation's count (u32 of its state)."""
     return int.from_bytes(head[_COUNT : _COUNT + 4], "big")
 
 
@@ -120,8 +119,7 @@ class Target:
     moved: Any = None
     replies: int = 1
     #: Read and written by ``GETRANGE``/``SETRANGE`` per run of blocks, packed by numpy
-    #: (:func:`.local.range_commands`; Python packs too slowly), in about half the block
-    #: scripts' Redis time (bench/NOTES.md); its reads, packed, and their number.
+    #: (Python packs too slowly), in half the block scripts' Redis time; its reads, packed.
     ranged: bool = False
     runs: tuple[bytes, int] = (b"", 0)
     #: By the block scripts even with numpy: one reply for all its blocks (no hiredis).
@@ -139,6 +137,8 @@ _EXEC = pack_command(b"EXEC")
 _JOINED = b"0" if HIREDIS_AVAILABLE else b"1"
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
+#: A piece of a payload at least this big is sent as it is (:func:`_coalesced`).
+_BIG = 1 << 16
 
 
 def take(
@@ -147,14 +147,12 @@ def take(
     """Check (and add) batches of shards on one node together, blocked ones by their blocks.
 
     A blocked shard's batch is answered on a compact copy of the 64-byte blocks it touches
-    (:func:`.local.gather`): ``STRLEN``, the header and a ``GETRANGE`` per run of blocks,
-    then a ``SETRANGE`` per block changed; without numpy, the block scripts (one reply per
-    shard, not per block). A ``whole`` target is read by ``GET`` and its changed span
+    (:func:`.local.gather`); a ``whole`` target's, on a copy of the shard, its changed span
     written by ``SETRANGE``, not through Lua (a script's argument or result costs Redis
-    time per byte).
+    time per byte). ``targets``: shards one transaction may name (one slot in a cluster).
 
-    ``targets``: shards one transaction may name (one slot in a cluster). One :class:`Taken`
-    per target; when another client wrote to any, nothing was written and each is ``aborted``.
+    One :class:`Taken` per target; when another client wrote to any, nothing was written
+    and each is ``aborted``.
     """
     pending = begin(session, targets, write, limit)
     answer(pending)
@@ -174,7 +172,7 @@ class Pending:
     opening: int = 0
     reads: list[tuple[Ticket, list[int]]] = field(default_factory=list)
     #: Set by :func:`answer`: what each target did so far, the EXEC's ticket and queued
-    #: commands (:func:`_written`); ``done``: the outcome, when nothing is owed.
+    #: commands; ``done``: the outcome, when nothing is owed.
     taken: list[Taken] | None = None
     sent: Any = None
     queued: int = 0
@@ -188,7 +186,7 @@ def begin(session: Session, targets: Sequence[Target], write: bool, limit: int |
     opening = _opening(targets, packed, packed if write else None)
     pending.opening = len(opening)
     # Whole targets' reads go together (apart, small shards lose time in round trips); one
-    # by blocks alone is answered while Redis reads the next (bench/NOTES.md).
+    # by blocks alone is answered while Redis reads the next.
     whole = [i for i, target in enumerate(targets) if target.whole]
     groups = [whole] if whole else []
     groups += [[i] for i, target in enumerate(targets) if not target.whole]
@@ -254,9 +252,9 @@ def _opening(
 ) -> list[bytes]:
     """Find what the targets read (:func:`_gather`); return the commands opening their take.
 
-    The scripts by EVALSHA, loaded first in the same trip (a few µs; a restarted Redis has
-    none): a least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL. Then ``WATCH``
-    of the ``watched`` keys (None: a check, which watches nothing).
+    Block scripts are loaded first in the same trip (a restarted Redis has none), as a
+    least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL; then ``WATCH`` of the
+    ``watched`` keys (None: a check, which watches nothing).
     """
     _gather(targets, keys)
     scripted = any(not target.whole and not target.ranged for target in targets)
@@ -288,10 +286,6 @@ def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]
         together = list(run)
         out += together if big else [b"".join(together)]
     return out
-
-
-#: A piece of a payload at least this big is sent as it is (:func:`_coalesced`).
-_BIG = 1 << 16
 
 
 def _failure(replies: list[Any]) -> BaseException | None:
@@ -385,8 +379,8 @@ def _send_writes(
 ) -> None:
     """Send what the answers changed and ``EXEC`` (:func:`finish` reads the replies).
 
-    ``found``: per target, what :func:`_check` gave; ``opening``: the first round's replies
-    (the opening's and MULTI's); ``extra``: more writes (a grown shard's count).
+    ``found``: per target, what :func:`_check` gave; ``opening``: the opening's and MULTI's
+    replies; ``extra``: more writes (a grown shard's count).
     """
     session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
     taken: list[Taken] = []

@@ -12,19 +12,15 @@ window takes adds; every other key is read-only. So a check needs no script:
    ``TIME`` now and then (:mod:`..clock`). "Seen" when every bit is set in a key of
    this filter: a seen URL costs this one round trip.
 2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the
-   newest generation that reads 8 bytes of its id and sets the bits the read found unset.
-   Its reply (were they all set already?) decides atomically which of several workers
-   offering the element at once is told "new": exactly one. The state comes with it
-   (:meth:`StackPath._pack_add`).
+   newest generation (:meth:`StackPath._pack_add`), whose reply decides atomically which
+   of several workers offering the element at once is told "new": exactly one.
 
 The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
 key whose header is missing or foreign (the script reports it, the filter recovers), a
 shard whose generations changed since this worker looked, a newest generation near its
-capacity (only the script starts the next one, so this path keeps a margin for the
-counts other workers hold, as :mod:`.fastpath`), a window not started yet, and the last
-:data:`..clock.GUARD` seconds of a window. Items found new are counted as
-:mod:`.fastpath`'s: kept by the worker (up to :data:`~.fastpath.STATE_EVERY`) and added
-to the newest generation's count (``INCRBY u48 208``) with an add, or on sync or close.
+capacity (only the script starts the next one: :meth:`StackPath._near`), a window not
+started yet, and the last :data:`..clock.GUARD` seconds of a window. Items found new are
+counted as :mod:`.fastpath`'s, kept by the worker and sent with an add, or on sync or close.
 """
 
 from __future__ import annotations
@@ -128,10 +124,7 @@ class Check:
         self.known.pending += self.sent
 
     def add_undone(self) -> None:
-        """Keep a count the add held inside it: the add did not land (refused, lost, wrong key).
-
-        A count sent beside the add (:attr:`count`) is sorted out by its own reply.
-        """
+        """Keep a count the add held inside it (not :attr:`count`'s): the add did not land."""
         if self.stated:
             self.give_back()
 
@@ -159,8 +152,6 @@ class StackPath:
     def applies(growth: Growth) -> bool:
         """Tell whether a filter may use this path: it grows, or it has windows."""
         return bool(growth.expansion or growth.ttl)
-
-    # -- packing ---------------------------------------------------------------------
 
     def plan(self, h1: int, h2: int) -> Check | None:
         """Return the reads of an element's check; None when the script must check it."""
@@ -216,8 +207,7 @@ class StackPath:
         bits = offsets(x, y, gen.hash_count, gen.bits, gen.block_bits, HEADER_BITS)
         block = -1
         if gen.block_bits:  # read the element's block whole: its bits counted from there
-            span = gen.block_bits
-            block = HEADER_BITS + (bits[0] - HEADER_BITS) // span * span
+            block = HEADER_BITS + (bits[0] - HEADER_BITS) // gen.block_bits * gen.block_bits
             bits = [bit - block for bit in bits]
         if window < 0:
             name = layout.shard_key(self.key, shard, g)
@@ -251,8 +241,6 @@ class StackPath:
         # add that lands in a sealed generation adds again: "new" needs no margin.)
         late = STATE_EVERY * (self.workers() + 1)
         return known.count + known.pending + 1 >= self.gens[g].capacity - late
-
-    # -- reading ---------------------------------------------------------------------
 
     def judge(self, check: Check, replies: list[Any], sent_at: float) -> str:
         """Read a check's reads (sent at ``sent_at``): :data:`SEEN`, :data:`ADD`, :data:`SCRIPT`.

@@ -1,11 +1,9 @@
 """What a byte costs to move between this worker and a Redis node: measured, not assumed.
 
 A bulk load moves a shard whole or only the 64-byte blocks its elements touch; which
-costs less depends on the link. So it measures, per node, the best of :data:`TRIES`
-``GETRANGE`` reads of :data:`PROBE_BYTES` against as many of one byte, at first use and
-every :data:`REMEASURE` seconds. What a byte costs beyond loopback's
-(:data:`LOOPBACK_NS_PER_BYTE`, the bulk path's constants' own) is added to each way's
-cost (:meth:`WireCost.extra`).
+costs less depends on the link. So per node, at first use and every :data:`REMEASURE`
+seconds, the best of :data:`TRIES` ``GETRANGE`` reads of :data:`PROBE_BYTES` is weighed
+against as many of one byte: what a byte costs beyond loopback's (:meth:`WireCost.extra`).
 """
 
 from __future__ import annotations
