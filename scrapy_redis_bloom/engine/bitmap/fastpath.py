@@ -1,21 +1,15 @@
 """The hot path without a script: one ``BITFIELD`` per check, when a shard allows it.
 
-A check-and-add on a shard that neither forgets (no TTL) nor has grown is one command::
+On a shard that neither forgets (no TTL) nor has grown: ``BITFIELD {KEY:i}:g0 GET i64 32
+[INCRBY u48 208 <n>] SET u1 <o1> 1 ...``. It is atomic and replies every field's old value:
+"all k bits were set" is the answer. The first field reads 8 bytes of the filter's id from the
+header; another id means a lost shard or a reset filter, and goes to recovery.
 
-    BITFIELD {KEY:i}:g0 GET i64 32 [INCRBY u48 208 <n>] SET u1 <o1> 1 ... SET u1 <ok> 1
-
-``BITFIELD`` is atomic and replies every field's old value, so "were all k bits already
-set" is check-and-add's answer, at a fraction of the script's Redis time. The first
-field reads 8 bytes of the filter's id from the header: a reply with another id was not
-written where this worker believes (a lost shard, a reset filter) and goes to recovery.
-
-A growing shard's count decides when it grows, and one command cannot raise it only for
-a new element: each worker keeps the items it found new and sends them with one check
-in :data:`STATE_EVERY` (sooner when that many are owed), and on sync or close, by
-``INCRBY u48 208 <n>`` on the header's state (generations u16, count u32). Only the
-script crosses the growth boundary, so this path stops below
-:attr:`.Growth.scriptless_limit`, with room for what every live worker may still hold.
-If a shard grew since this worker's last look, its element went to generation 0, which
+One command cannot raise a growing shard's count only for a new element, so each worker keeps
+the items it found new and sends them with one check in :data:`STATE_EVERY` (sooner when that
+many are owed), and on sync or close. Only the script crosses the growth boundary, so this path
+stops below :attr:`.Growth.scriptless_limit`, with room for what every live worker may still
+hold. If a shard grew since this worker's last look, its element went to generation 0, which
 every check still reads: "seen" is a true answer, "new" at worst a duplicate fetch.
 """
 
@@ -117,13 +111,12 @@ class FastPath:
             # The argument counts cover the bits (and the count) to come.
             plain = command_head(len(args) + 4 * self.k, *args)
             stated = command_head(len(args) + 4 + 4 * self.k, *args, b"INCRBY", b"u48", STATE_FIELD)
-            known = _Shard(
+            known = self._shards[shard] = _Shard(
                 plain.decode("latin-1"),
                 stated.decode("latin-1"),
                 key,
                 id_field(self.identity(shard)),
             )
-            self._shards[shard] = known
         return known
 
     def pack(self, h1: int, h2: int) -> Command | None:

@@ -36,14 +36,13 @@ from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import script_call
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
-from scrapy_redis_bloom.transport.wire import Script, command_head, encode
-
-logger = logging.getLogger(__name__)
+from scrapy_redis_bloom.transport.wire import command_head, encode
 
 #: What a check-and-add does, in the executor's errors.
 OPERATION = "check and add a request"
 
 _T = TypeVar("_T")
+_Failure = FilterUnavailableError | AccessDeniedError | None
 
 
 class RedisBloomFilter(FilterBase):
@@ -77,9 +76,7 @@ class RedisBloomFilter(FilterBase):
             hooks=ScriptHooks(
                 active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
                 script=lambda: self._bulk_script,
-                head=lambda shard, write, n: self._scripted_head(
-                    shard, write, n, self._bulk_script
-                ),
+                head=partial(self._scripted_head, bulk=True),
                 note=self._note,
                 mismatch=self._mismatch,
                 scriptless=self._scriptless,
@@ -170,9 +167,8 @@ class RedisBloomFilter(FilterBase):
             return verdict == SEEN or None
         try:
             if check.count:  # the count this worker owes goes with it, to the same node
-                sent = [check.add, check.count]
                 results = self.executor.fast_many(
-                    OPERATION, sent, check.add_key, check.shard, write=True
+                    OPERATION, [check.add, check.count], check.add_key, check.shard, write=True
                 )
                 reply, ambiguous = results.replies[0], results.ambiguous[0]
                 stack.counted(check, results.replies[1])
@@ -206,10 +202,7 @@ class RedisBloomFilter(FilterBase):
         if isinstance(reply, BaseException):  # refused, not run
             check.add_undone()
             raise self.parts.refusal(reply, check.add_key, OPERATION)
-        try:
-            seen = stack.added(check, reply)
-        except ValueError as exc:
-            raise foreign_reply("a check", check.add_key, exc) from None
+        seen = self._read(check.add_key, [reply], lambda got: stack.added(check, got[0]))
         if seen is None:  # lost or reset between the reads and the add: the script sorts it out
             self._take_back_bits(check.add_key, check.shard, reply, check.add_bits)
             return None
@@ -301,7 +294,7 @@ class RedisBloomFilter(FilterBase):
         commands: dict[int, Command],
         answers: list[bool | None],
         checks: dict[int, Check],
-    ) -> FilterUnavailableError | AccessDeniedError | None:
+    ) -> _Failure:
         """Run the reads of ``checks`` and ``commands`` in one batch into ``answers``.
 
         Returns the failure, if any. A check left to the add gets it packed (:attr:`.Check.add`).
@@ -318,8 +311,7 @@ class RedisBloomFilter(FilterBase):
         sent_at = time.time()
         results, failure = self._partial(calls)
         stack, at = self._stack, 0
-        foreign: list[int] = []  # checks whose reads had a foreign reply
-        for i, check in checks.items():
+        for i, check in list(checks.items()):
             replies = results.replies[at : at + len(check.reads)]
             at += len(check.reads)
             if any(reply is None for reply in replies):
@@ -330,9 +322,7 @@ class RedisBloomFilter(FilterBase):
                 answers[i] = self._read(check.keys[0].name, replies, judge) == SEEN or None
             except FilterUnavailableError as exc:  # a foreign reply: answered as an outage
                 failure = failure or exc
-                foreign.append(i)
-        for i in foreign:
-            del checks[i]  # neither added nor scripted
+                del checks[i]  # neither added nor scripted
         refused = None
         for at, (i, command) in enumerate(commands.items(), first):
             reply = results.replies[at]
@@ -352,9 +342,7 @@ class RedisBloomFilter(FilterBase):
             raise refused
         return failure
 
-    def _partial(
-        self, calls: list[Call]
-    ) -> tuple[Results, FilterUnavailableError | AccessDeniedError | None]:
+    def _partial(self, calls: list[Call]) -> tuple[Results, _Failure]:
         """Run a batch of check-and-add calls, keeping what Redis answered if it fails."""
         try:
             results = self.executor.run(OPERATION, calls, write=True, partial=True)
@@ -584,9 +572,9 @@ class RedisBloomFilter(FilterBase):
             )
 
     def _scripted_head(
-        self, shard: int, write: bool, elements: int = 1, script: Script | None = None
+        self, shard: int, write: bool, elements: int = 1, bulk: bool = False
     ) -> bytes:
-        """Pack the start of a check-and-add call (``script``: else the hot path's).
+        """Pack the start of a call of the hot path's script (``bulk``: of the bulk one).
 
         It recreates lost parts only once :meth:`_mismatch` found one lost (``_recreate``).
         """
@@ -595,7 +583,7 @@ class RedisBloomFilter(FilterBase):
         return command_head(
             7 + 4 * elements,
             b"EVALSHA",
-            (script or self._script).sha,
+            (self._bulk_script if bulk else self._script).sha,
             b"1",
             encode(self.parts.shard_key(shard)),
             self._identity(shard),

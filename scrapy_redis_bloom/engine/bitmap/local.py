@@ -202,8 +202,7 @@ def offsets_many(
         out[i] = cx
     out += base
     # Contiguous rows: fancy indexing of the transposed view costs as much as the kernel.
-    rows: NDArray[Any] = np.ascontiguousarray(out.T)
-    return rows
+    return np.ascontiguousarray(out.T)
 
 
 def check_vectorised(
@@ -228,7 +227,6 @@ def _check_slice(
     buffer: bytearray, offsets: NDArray[Any], write: bool
 ) -> tuple[list[bool], int, int]:
     """Do what :func:`check_vectorised` does, for a slice of a batch."""
-    n = offsets.shape[0]
     copy = np.frombuffer(buffer, dtype=np.uint8)
     flat = offsets.reshape(-1)
     have = ((copy[flat >> 3] >> (7 - (flat & 7)).astype(np.uint8)) & 1).astype(bool)
@@ -237,7 +235,7 @@ def _check_slice(
         return have.all(axis=1).tolist(), 0, 0
     clear = ~have
     if not clear.any():
-        return [True] * n, 0, 0
+        return [True] * offsets.shape[0], 0, 0
     shared = _shared(offsets)
     if shared is not None:
         return _check_windows(copy, offsets, clear, shared)
@@ -277,12 +275,11 @@ def _check_windows(
     sharing one need the sort of :func:`_first_setters` (the kernel's main cost).
     """
     new: NDArray[Any] = np.asarray(clear.any(axis=1))
-    alone = ~shared
     if shared.any():
         rows = np.flatnonzero(shared)  # in order: earlier rows first, as the slice has them
         new[rows] = _first_setters(copy, offsets[rows], clear[rows])[0]
     # The alone rows' bits, a column at a time: no two rows share a byte.
-    lonely = offsets[alone]
+    lonely = offsets[~shared]
     for column in range(lonely.shape[1]):
         bit = lonely[:, column]
         copy[bit >> 3] |= (np.uint8(0x80) >> (bit & 7).astype(np.uint8)).astype(np.uint8)
@@ -349,10 +346,7 @@ def check_sequential(
                 seen = False
                 if write:
                     buffer[byte] |= mask
-                    if byte < low:
-                        low = byte
-                    if byte > high:
-                        high = byte
+                    low, high = min(low, byte), max(high, byte)
         answers.append(seen)
     return (answers, low, high + 1) if low <= high else (answers, 0, 0)
 
@@ -367,20 +361,17 @@ def gather(offsets: Any) -> tuple[Any, Any]:
         blocks = sorted(set(touched))
         slot = {block: i for i, block in enumerate(blocks)}
         if is_masks(offsets):
-            pairs = [
+            return blocks, [
                 (HEADER_BITS + slot[block] * BLOCK_BITS, bits)
                 for (_, bits), block in zip(offsets, touched, strict=True)
             ]
-            return blocks, pairs
-        moved = [
+        return blocks, [
             [offset + (slot[block] - block) * BLOCK_BITS for offset in element]
             for element, block in zip(offsets, touched, strict=True)
         ]
-        return blocks, moved
     touched_array = (offsets[:, 0] - HEADER_BITS) // BLOCK_BITS
     unique, slots = np.unique(touched_array, return_inverse=True)
-    shifted: NDArray[Any] = offsets + ((slots.reshape(-1) - touched_array) * BLOCK_BITS)[:, None]
-    return unique, shifted
+    return unique, offsets + ((slots.reshape(-1) - touched_array) * BLOCK_BITS)[:, None]
 
 
 def is_masks(offsets: Any) -> bool:
@@ -399,14 +390,12 @@ def changed_slots(before: bytes, after: bytearray) -> list[int]:
 
 def _rows(copy: bytes | bytearray) -> NDArray[Any]:
     """Return a compact copy's slots (see :func:`gather`) as rows of bytes (numpy)."""
-    rows: NDArray[Any] = np.frombuffer(copy, dtype=np.uint8)[HEADER_BYTES:]
-    return rows.reshape(-1, BLOCK_BYTES)
+    return np.frombuffer(copy, dtype=np.uint8)[HEADER_BYTES:].reshape(-1, BLOCK_BYTES)
 
 
 def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
     """Return the slots whose bytes differ between a compact copy as read and as left."""
-    differ: NDArray[Any] = np.flatnonzero((_rows(before) != _rows(after)).any(axis=1))
-    return differ
+    return np.flatnonzero((_rows(before) != _rows(after)).any(axis=1))
 
 
 def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> bytes:
@@ -424,8 +413,7 @@ def packed_runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> by
     at = np.asarray(blocks, dtype=np.int64)[chosen]
     first = _run_firsts(at, chosen[1:] != chosen[:-1] + 1, longest)
     counts = np.diff(np.append(first, len(chosen)))
-    packed: bytes = np.stack([at[first], counts], axis=1).astype(">u4").tobytes()
-    return packed
+    return np.stack([at[first], counts], axis=1).astype(">u4").tobytes()
 
 
 def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[Any]:
@@ -435,8 +423,7 @@ def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[
     first = np.flatnonzero(start)
     # A run longer than ``longest`` is cut every ``longest`` blocks.
     start |= (np.arange(len(at)) - first[np.cumsum(start) - 1]) % longest == 0
-    firsts: NDArray[Any] = np.flatnonzero(start)
-    return firsts
+    return np.flatnonzero(start)
 
 
 def range_reads(
@@ -533,8 +520,7 @@ def range_commands(
         row[:, at : at + len(prefix)] = prefix
         row[:, at + len(prefix) : -2] = second
         row[:, -2:] = (13, 10)
-    commands: bytes = row[used].tobytes()
-    return commands, row.shape[1] - (~used).sum(axis=1)
+    return row[used].tobytes(), row.shape[1] - (~used).sum(axis=1)
 
 
 def _decimal(values: NDArray[Any], cell: NDArray[Any], used: NDArray[Any]) -> None:
@@ -561,8 +547,7 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
             copy[HEADER_BYTES + i * BLOCK_BYTES : HEADER_BYTES + (i + 1) * BLOCK_BYTES]
             for i in slots
         )
-    data: bytes = _rows(copy)[np.asarray(slots, dtype=np.intp)].tobytes()
-    return data
+    return _rows(copy)[np.asarray(slots, dtype=np.intp)].tobytes()
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:

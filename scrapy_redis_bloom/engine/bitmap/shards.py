@@ -30,14 +30,12 @@ def delete(parts: Parts, record: FilterRecord) -> int:
     """Delete a bitmap filter: every part still carrying its identity, its record last."""
     k = record.spec.hash_count
     windows = parts.windows(record)
-    return parts.delete(
-        record,
-        [
-            parts.delete_if_still(name, "shard", layout.identity(record.filter_id, shard, k))
-            for shard in range(record.spec.shards)
-            for name in parts.part_keys(record, shard, windows)
-        ],
-    )
+    calls = [
+        parts.delete_if_still(name, "shard", layout.identity(record.filter_id, shard, k))
+        for shard in range(record.spec.shards)
+        for name in parts.part_keys(record, shard, windows)
+    ]
+    return parts.delete(record, calls)
 
 
 class Bitmaps:

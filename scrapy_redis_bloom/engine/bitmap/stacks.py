@@ -134,17 +134,9 @@ def probe(
         names = older + tuple((window_key(key, shard, window, g), g) for g in range(generations))
     else:
         names = tuple((layout.shard_key(key, shard, g), g) for g in range(generations))
-    return Found(
-        names,
-        names[len(older)][0],
-        generations,
-        capacity - max(SCRIPTLESS_MARGIN, capacity // 100),  # then its adds are the script's
-        _u32(head),
-        capacity,
-        previous,
-        anchor,
-        window,
-    )
+    limit = capacity - max(SCRIPTLESS_MARGIN, capacity // 100)  # then its adds are the script's
+    state = names[len(older)][0]  # (generation 0 of the current window)
+    return Found(names, state, generations, limit, _u32(head), capacity, previous, anchor, window)
 
 
 def _anchored(anchor: Any, identity: bytes, window: int, absent: bool) -> bool:
@@ -268,22 +260,13 @@ def _answer(
     seen: Any = np.zeros(len(moved), dtype=bool) if vectorised else [False] * len(moved)
     older = stack.targets if not write else stack.targets[:-1]
     for target, (copy, _) in zip(older, copies, strict=False):
-        answers = _kernel(target.moved)(copy, target.moved, False)[0]
-        if vectorised:
-            seen |= np.array(answers, dtype=bool)
-        else:
-            seen = [a or b for a, b in zip(seen, answers, strict=True)]
+        seen = _either(seen, _kernel(target.moved)(copy, target.moved, False)[0])
     copy, read = copies[-1]
     if not write:
         return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
     if room <= 0:  # full to the limit: only the script adds, as it alone grows the shard
         # What the shard holds needs no add: answered, up to the first element it does not.
-        there = _kernel(moved)(copy, moved, False)[0]
-        if vectorised:
-            held = seen | np.array(there, dtype=bool)
-        else:
-            held = [a or b for a, b in zip(seen, there, strict=True)]
-        n = within(held, 0)
+        n = within(_either(seen, _kernel(moved)(copy, moved, False)[0]), 0)
         return ((copy, read, 0, ([True] * n, 0, 0)), None) if n else _NONE
     # Up to the element that could bring the count to the limit: the script takes the rest.
     n = within(seen, room)
@@ -299,6 +282,13 @@ def _answer(
         left = iter(added)
         answers = [True if s else next(left) for s in seen]
     return (copy, read, 0, (answers, low, high)), (count + new if new else None)
+
+
+def _either(seen: Any, answers: list[bool]) -> Any:
+    """Return ``seen`` (a list or an array) or'ed element-wise with a kernel's ``answers``."""
+    if isinstance(seen, list):
+        return [a or b for a, b in zip(seen, answers, strict=True)]
+    return seen | np.array(answers, dtype=bool)
 
 
 def _ours(head: Any, identity: bytes) -> bool:
