@@ -317,12 +317,10 @@ def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
 
 
 def _size(reply: Any) -> int:
-    """Return the ``Size`` a ``BF.INFO`` reply gives."""
     return int(pairs(reply).get("Size", "0"))
 
 
 def _filters(reply: Any) -> int:
-    """Return the ``Number of filters`` a ``BF.INFO`` reply gives."""
     return int(pairs(reply)["Number of filters"])
 
 

@@ -14,11 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import (
-    BloomFilterError,
-    FilterUnavailableError,
-    taking_apart,
-)
+from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError, taking_apart
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
@@ -37,14 +33,10 @@ logger = logging.getLogger(__name__)
 UNKNOWN_SPEC = FilterSpec(shards=1, shard_bits=1, hash_count=1)
 #: COUNT hint of each SCAN call (and of migrate's SSCAN).
 SCAN_COUNT = 1000
-#: Fields every config record has had, whatever its layout: a hash with both was
-#: written by scrapy-redis-bloom.
+#: Fields every config record has had, in every layout: a hash with both is one of ours.
 RECORD_MARKS = ("layout", "scheme")
 #: Fields of the counter hash.
 COUNTER_FIELDS = frozenset({"added", "seen"})
-
-
-# -- the record ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +56,7 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
     """Make a record of the hash read back, if it can be trusted.
 
-    One claiming more shards than its servers hold keys is refused too: its parts are then
-    found by SCAN instead of shard by shard.
+    One claiming more shards than its servers hold keys is refused: SCAN finds its parts.
     """
     meta = bloom.parts.meta_key
     try:
@@ -117,9 +108,6 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     return found
 
 
-# -- checking the parts --------------------------------------------------------------
-
-
 def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> list[tuple[int, str]]:
     """Return ``(shard, what is there)`` of each shard missing or not this filter's, in order."""
     spec = record.spec
@@ -168,9 +156,6 @@ def existing_keys(parts: Parts, keys: Sequence[tuple[str, int | None, int | None
     calls = [Call(pack_command(b"EXISTS", k), key=k, shard=s, server=i) for k, s, i in keys]
     replies = parts.run("look for the filter's keys", calls, take=int)
     return [key for (key, _, _), reply in zip(keys, replies, strict=True) if reply]
-
-
-# -- orphaned parts --------------------------------------------------------------------
 
 
 def glob_escape(literal: str) -> str:

@@ -26,23 +26,9 @@ from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native import filter as native
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.parts import BATCH, Parts
-from scrapy_redis_bloom.ops.dump import (
-    PIECE,
-    FilterBusyError,
-    Progress,
-    Summary,
-    generations_in,
-    part_bytes,
-    part_key,
-)
-from scrapy_redis_bloom.ops.dumpfile import (
-    BITMAP,
-    NATIVE,
-    DumpFileError,
-    DumpReader,
-    Totals,
-    part_name,
-)
+from scrapy_redis_bloom.ops import dump, dumpfile
+from scrapy_redis_bloom.ops.dump import Progress, Summary, part_bytes, part_key
+from scrapy_redis_bloom.ops.dumpfile import BITMAP, NATIVE, DumpFileError, DumpReader, part_name
 from scrapy_redis_bloom.ops.inventory import existing_keys, read_hash
 from scrapy_redis_bloom.transport.executor import Call, Executor
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -68,7 +54,7 @@ class VerifiedDump:
     header: dict[str, Any]
     record: FilterRecord
     counters: dict[str, int]
-    totals: Totals
+    totals: dumpfile.Totals
     shard_bytes: array[int]
 
 
@@ -145,7 +131,7 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
                 if chunk.data[: layout.IDENTITY_BYTES] != expected:
                     raise fail(f"{where} does not carry the record's filter id and shard")
                 if generation == 0:
-                    generations = generations_in(chunk.data) if record.expansion else 1
+                    generations = dump.generations_in(chunk.data) if record.expansion else 1
                     if generations > record.growth.last + 1:
                         raise fail(f"{where}'s header claims {generations} generations")
         if kind == BITMAP and chunk.position != offset:
@@ -301,7 +287,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: fl
     existing = FilterRecord.parse(parts.meta_key, fields)  # refuses an unusable one by name
     workers = bloom.live_workers(worker_ttl)
     if workers:
-        raise FilterBusyError(
+        raise dump.FilterBusyError(
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"
             f" {where} (such as {workers[0]}): stop them before replacing it."
         )
@@ -357,7 +343,7 @@ def _write(
             batch.append(Call(packed, key=key, shard=chunk.shard))
             held += len(chunk.data)
             # BF.LOADCHUNK goes one at a time: each chunk needs the one before.
-            if chunk.kind == NATIVE or held >= PIECE or len(batch) >= BATCH:
+            if chunk.kind == NATIVE or held >= dump.PIECE or len(batch) >= BATCH:
                 parts.run("restore the filter's shards", batch, write=True)
                 batch, held = [], 0
             progress(reader.offset)

@@ -1,16 +1,16 @@
 """Cursor scans (``SCAN``, ``SSCAN``) through the executor, held to one server process.
 
-A scan's cursor is a place in one server process's hash table, whose hash seed that process
-drew at its start: after a restart or a failover the same cursor goes on elsewhere and skips
-members (a fifth of a 60,000-member SET in ``tests/test_cli.py``). So each scan call goes in
-one trip with ``INFO server``, whose ``run_id`` names the process that answered, and a cursor
-from another process is not followed: the scan starts over from 0, with a warning. What it
-returned before stands (a scan may return an item twice anyway).
+A cursor is a place in one process's hash table, seeded at its start: after a restart or a
+failover it goes on elsewhere and skips members. So each scan call goes in one trip with
+``INFO server`` (its ``run_id`` names the process that answered), and a cursor from another
+process starts the scan over from 0, with a warning, keeping what it returned (a scan may
+return an item twice anyway).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from scrapy_redis_bloom.core.errors import BloomFilterError, taking_apart
 from scrapy_redis_bloom.engine.health import info_fields
@@ -27,6 +27,7 @@ class ScannedKeyGoneError(BloomFilterError):
     """The key a scan reads (``SSCAN``) is gone part-way: evicted, expired or deleted."""
 
 
+@dataclass(eq=False)
 class Scan:
     """A scan by the filter's executor (its retries, its routing), on one server process.
 
@@ -36,28 +37,18 @@ class Scan:
     came from ("" for none).
     """
 
-    def __init__(
-        self,
-        parts: Parts,
-        command: tuple[bytes | str, ...],
-        what: str,
-        options: tuple[bytes | str, ...] = (),
-        key: str | None = None,
-        server: int | None = None,
-        process: str = "",
-    ) -> None:
-        self.parts = parts
-        self.command, self.options, self.what = command, options, what
-        self.key, self.server = key, server
-        self.process = process
-        self.restarts = 0  #: Times the scan started over: another process answered.
+    parts: Parts
+    command: tuple[bytes | str, ...]
+    what: str
+    options: tuple[bytes | str, ...] = ()
+    key: str | None = None
+    server: int | None = None
+    process: str = ""
+    #: Times the scan started over: another process answered.
+    restarts: int = field(default=0, init=False)
 
     def next(self, cursor: int, count: int) -> tuple[int | None, list[bytes]]:
-        """Scan on from ``cursor``: the cursor to go on from (None: done) and the items read.
-
-        When another process answered than the one ``cursor`` came from (a restart, a
-        failover), its items are real all the same, and the scan goes on from 0.
-        """
+        """Scan on from ``cursor``: the cursor to go on from (None: done) and the items read."""
         operation = f"scan with {text(self.command[0])}"
         scan = pack_command(*self.command, cursor, *self.options, b"COUNT", count)
         calls = [Call(_INFO, key=self.key, server=self.server)]

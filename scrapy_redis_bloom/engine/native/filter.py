@@ -182,11 +182,10 @@ class NativeBloomFilter(FilterBase):
                 return verdict == native_ttl.SEEN or None
         reply, ambiguous = self.executor.fast(OPERATION, check.add, key, shard, None)
         last = reply[-1] if isinstance(reply, list) and reply else reply
-        error = last if isinstance(last, BaseException) else None
-        if native_parts.is_not_found(error):
+        if native_parts.is_not_found(last):
             return None  # the window is not started yet: the script starts it
-        if error is not None:
-            raise self._refused(error, key)
+        if isinstance(last, BaseException):
+            raise self._refused(last, key)
         if not isinstance(reply, list) or len(reply) != 1 or reply[0] not in (0, 1):
             shape = ValueError(f"one reply to one item, got {reply!r:.200}")
             raise foreign_reply("a check", key, shape)
@@ -196,10 +195,7 @@ class NativeBloomFilter(FilterBase):
         return seen and not ambiguous
 
     def _read(self, reply: Any, key: str, write: bool, items: int) -> list[bool] | None:
-        """Return per item whether a reply says "seen"; None: the shard is missing; else raise.
-
-        A reply of another shape than the command's raises (:func:`..errors.foreign_reply`).
-        """
+        """Return per item whether a reply says "seen"; None: the shard is missing; else raise."""
         listed = isinstance(reply, list)
         error = reply[-1] if listed and reply else reply  # (RedisBloom stops at a refused item)
         if isinstance(error, BaseException):

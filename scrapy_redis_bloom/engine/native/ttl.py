@@ -87,8 +87,8 @@ class Windows:
     current one (with ``TIME`` now and then, and ``EXISTS`` of the window before every
     :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current window for
     an item in neither: its reply decides between racing workers (a window not started
-    refuses it, for the script). Without a window before, the add alone answers.
-    ``anchor(i)``: a shard's anchor key.
+    refuses it, for the script). Without a window before, the add alone answers (its reply
+    the answer). ``anchor(i)``: a shard's anchor key.
     """
 
     def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
@@ -109,8 +109,7 @@ class Windows:
         anchor = self.anchor(shard)
         current = window_key(anchor, window)
         if not known.before and not asked:
-            # No window before (the script said so) and the clock settled: the add is
-            # the whole check, its reply the answer (a window not started refuses it).
+            # No window before (the script said so), the clock settled: the add alone answers.
             add = pack_command(b"BF.INSERT", current, b"NOCREATE", b"ITEMS", item)
             return WindowCheck(shard, window, [], False, False, add)
         reads = [TIME] if asked else []
@@ -142,9 +141,7 @@ class Windows:
                 known.before = -2
                 return SEEN if seen else SCRIPT
             known.before = 1
-        if known.before > 0 and replies[-2] == 1:
-            seen = True
-        if seen:
+        if seen or (known.before > 0 and replies[-2] == 1):
             return SEEN
         if not Clock.inside(now, check.window, self.ttl):
             return SCRIPT  # the script starts the next window
