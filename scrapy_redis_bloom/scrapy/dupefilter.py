@@ -173,14 +173,13 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         instance._owned_clients = clients
         if crawler is not None:
             _BY_CRAWLER[crawler] = weakref.ref(instance)
-            crawler.signals.connect(
-                instance.reservations.scheduled, signal=signals.request_scheduled
-            )
+            connect = crawler.signals.connect
+            connect(instance.reservations.scheduled, signal=signals.request_scheduled)
             # scrapy-redis's Scheduler never calls close(): report on spider_closed too.
-            crawler.signals.connect(instance._finish, signal=signals.spider_closed)
-            crawler.signals.connect(instance.filter_stats.start, signal=signals.spider_opened)
+            connect(instance._finish, signal=signals.spider_closed)
+            connect(instance.filter_stats.start, signal=signals.spider_opened)
             # Out of requests: everything is final now, for monitors that run at close.
-            crawler.signals.connect(instance.filter_stats.publish, signal=signals.spider_idle)
+            connect(instance.filter_stats.publish, signal=signals.spider_idle)
         return instance
 
     @classmethod

@@ -58,11 +58,9 @@ logger = logging.getLogger(__name__)
 #: Backoff between retry rounds: from the first, doubling, up to the last.
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
-#: After the retry timeout ran out, at most one attempt per this many seconds (a server that
-#: stopped answering: once :meth:`Executor._watch` sees it answer a ``PING``).
+#: After the retry timeout ran out, at most one attempt per this many seconds.
 PROBE_INTERVAL = 1.0
-#: Seconds past twice the retry timeout after which a failed exchange no one retried since
-#: is forgotten (:meth:`Executor.stumbled`): a later call gets a retry window of its own.
+#: Seconds past twice the retry timeout after which :meth:`Executor.stumbled`'s note is forgotten.
 STALE = 10.0
 MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
@@ -79,16 +77,13 @@ class Kind(Enum):
     MOVED = "moved"
     ASK = "ask"
     LATER = "later"
-    #: Stopped part way, to be tried again later: a script that met a key its node no longer
-    #: serves (a cluster slot migrating under it) or the cluster going down. Its writes
-    #: before that stand, so a write's retry may find its own bits (ambiguous).
+    #: A script stopped part way by its cluster (a slot migrating, the cluster down): tried
+    #: again later. Its writes before that stand: a write's retry may find its own bits.
     PARTIAL = "partial"
 
 
-#: What an error reply's code means when it is not a result. The "not run, try again later"
-#: ones include ``NOREPLICAS``: a primary under ``min-replicas-to-write`` that lost its
-#: replicas refuses writes before running them; and ``MISCONF``: a primary whose last RDB
-#: save failed (a full disk) refuses writes until one succeeds.
+#: What an error reply's code means when it is not a result. "Not run, try again later"
+#: includes ``NOREPLICAS`` and ``MISCONF``: a primary refuses writes before running them.
 _ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK": Kind.ASK}
 _ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
 _ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF"), Kind.LATER))
@@ -204,9 +199,8 @@ class Commit(Enum):
 def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
     """Sort a transaction's last replies: its ``queued`` commands' then ``EXEC``'s.
 
-    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Only replies
-    matched to the transaction count: each command ``QUEUED`` (or refused), then ``queued``
-    results with no error, nil or ``EXECABORT``. Anything else is a doubt.
+    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Replies not
+    matched to the transaction are a doubt.
     """
     *queue, result = replies
     refused = None
@@ -420,9 +414,7 @@ class Executor:
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
-        #: When an exchange outside run() (a session) that failed began: the next run()'s
-        #: retry window counts from there (see stumbled()). A connection's failure: any kind.
-        self._stumbled: float | None = None
+        self._stumbled: float | None = None  #: When a failed exchange began (:meth:`stumbled`).
         self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
         self._retry_log = RateLimitedLog(logger)  # a fault ridden through by retries: the same
 
@@ -506,8 +498,7 @@ class Executor:
             if isinstance(batch.failure, TransportError):
                 self.topology.refresh()
         if not self._recovered(write) and first_failure:
-            # A fault shorter than the retry window (a restart, a failover, a pause): said,
-            # as the outages are, not only counted in ``retries``.
+            # A fault ridden through (a restart, a failover, a pause): said, not only counted.
             self._retry_log.log(
                 logging.WARNING,
                 where,
@@ -575,10 +566,8 @@ class Executor:
     def stumbled(self, began: float) -> None:
         """Note an exchange outside :meth:`run` that failed, begun at ``began`` (monotonic).
 
-        A bulk call goes to Redis several ways (a snapshot, its chunks, then :meth:`run`'s
-        retries): each failing one waits a socket timeout. The first one's start begins
-        the retry window of the next :meth:`run`, so that the call ends within the retry
-        timeout and one socket timeout, as a check does.
+        Its start begins the retry window of the next :meth:`run`: a bulk call that goes to
+        Redis several ways ends within the retry timeout and one socket timeout, as a check does.
         """
         if self._stumbled is None:
             self._stumbled = began
@@ -591,10 +580,7 @@ class Executor:
         return began
 
     def _recovered(self, write: bool) -> bool:
-        """Say that a kind of command runs again after an outage, and stop failing fast.
-
-        Return whether there was one.
-        """
+        """Say that a kind of command runs again after an outage; return whether there was one."""
         outage = self._outages.pop(write, None)
         both = outage is not None and self._outages.get(not write) is outage
         if both:  # a server that stopped answering
@@ -799,8 +785,7 @@ class Executor:
     ) -> Session:
         """Return a :class:`Session` on ``node``, for an exchange of several round trips.
 
-        During an outage it sends nothing (:meth:`_admit`). ``spare``: on the node's second
-        connection, for an exchange that overlaps one on the first.
+        During an outage it sends nothing. ``spare``: on the node's second connection.
         """
         if spare:
             node = node.spare()

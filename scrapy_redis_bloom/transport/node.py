@@ -107,8 +107,7 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
     """Return what reads a connection's next ``count`` replies; an error reply as its exception.
 
-    With hiredis, straight from its reader, the parser's checks made here: its Python per reply
-    adds up, as a bulk call reads one per block (bench/NOTES.md).
+    With hiredis, straight from its reader: a bulk call reads a reply per block (bench/NOTES.md).
     """
     parser: Any = getattr(connection, "_parser", None)
     read: Callable[[], Any] = functools.partial(connection.read_response, disconnect_on_error=False)
@@ -191,8 +190,7 @@ class Node:
     def _connect(self, check: bool = False) -> Any:
         """Return the connection, a new one if there is none or it was found closed.
 
-        It is checked when idle for :data:`IDLE_CHECK`, or when ``check`` (some µs: spent
-        per batch, not per check of the hot path).
+        Checked when idle for :data:`IDLE_CHECK`, or when ``check`` (some µs: not per hot check).
         """
         if self._pid != os.getpid():  # a forked child: the socket is the parent's
             self._connection, self._pid = None, os.getpid()
@@ -203,9 +201,7 @@ class Node:
             and not self._owed
             and self._stale()
         ):
-            # Closed by the server (its timeout, a restart, CLIENT KILL): found before
-            # sending, so nothing is in doubt.
-            self.abandon()
+            self.abandon()  # closed by the server, found before sending: nothing in doubt
         if self._connection is None:
             connection = self._factory()
             try:
@@ -299,8 +295,7 @@ class Node:
         if read is None or ticket not in self._owed:  # (every drop empties it)
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
         if self._owed[0] is not ticket:
-            # A caller left an earlier batch unread: its replies come first on the
-            # socket, so none can be matched to this batch. Thrown away, as lost.
+            # An earlier batch left unread: its replies come first, none can be this batch's.
             self.abandon()
             raise ReplyLostError(self.address, "replies owed to an earlier batch were not read")
         try:

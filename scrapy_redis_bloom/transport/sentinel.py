@@ -102,7 +102,6 @@ class SentinelRedis(redis.Redis):
         if kwargs.get("retry_on_timeout") is True:
             del kwargs["retry_on_timeout"]  # scrapy-redis's default, deprecated by redis-py 6+
         kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
-        # redis-py's Sentinel classes are untyped.
         self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
         )
