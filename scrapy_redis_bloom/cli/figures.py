@@ -99,6 +99,7 @@ def info(ctx: Context) -> int:
         "capacity": record.capacity,
         "expected_fpr_at_capacity": at_capacity,
         **_fields(state, _STATE),
+        "total_bits": state.total_bits,  # every generation's: what bits_set counts among
         **activity,
         "shards_with_bits_set": written,
         "shards_missing": missing,
@@ -160,7 +161,10 @@ def info(ctx: Context) -> int:
     ]
     together = " (all generations together)" if len(state.generations) > 1 else ""
     rows += [
-        ("Bits set", f"{state.bits_set:,}"),
+        (
+            "Bits set",
+            f"{state.bits_set:,}" + (f" of {state.total_bits:,}{together}" if together else ""),
+        ),
         ("Fill ratio", f"{100 * state.fill_ratio:.4f} %"),
         *fill_chart(state.bits_set_per_shard, state.total_bits // spec.shards),
         ("Estimated items", f"{state.estimated_items:,}"),
