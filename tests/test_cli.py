@@ -25,6 +25,7 @@ from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
+from scrapy_redis_bloom.engine.state import FilterState
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.scanning import Scan
 
@@ -1071,16 +1072,21 @@ def test_add_without_files_refuses_a_terminal_stdin(
     assert "stdin is a terminal" in err
 
 
+def _grown_filter(redis_client: redis.Redis) -> tuple[RedisBloomFilter, FilterState]:
+    """Return a one-shard filter of capacity 1,000 grown by 5,000 adds, and its state."""
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_SHARDS": 1})
+    bloom = RedisBloomFilter.from_config(redis_client, KEY, config)
+    bloom.add_many(fingerprints(5_000, "grown"))
+    return bloom, bloom.state()
+
+
 def test_info_on_a_grown_filter_charts_every_generations_bits(
     capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
 ) -> None:
     # The chart counted generation 0's bits alone over every generation's: "Fill, shard 0
     # 4.1575 %" where the shard's bits were 28 % set (a probe), and the JSON's bits set per
     # shard did not add up to its bits set.
-    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_SHARDS": 1})
-    bloom = RedisBloomFilter.from_config(redis_client, KEY, config)
-    bloom.add_many(fingerprints(5_000, "grown"))
-    state = bloom.state()
+    bloom, state = _grown_filter(redis_client)
     assert len(state.generations) > 1
     data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
     assert data["bits_set_per_shard"] == [data["bits_set"]]
@@ -1097,13 +1103,10 @@ def test_info_on_a_grown_filter_gives_the_bits_its_bits_set_count_among(
     # "bits" is generation 0's size (what the settings asked), while "bits_set" counts every
     # generation's: bits_set / bits read 1.6 on a filter 28 % full, with nothing in the
     # output to divide by instead.
-    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_SHARDS": 1})
-    bloom = RedisBloomFilter.from_config(redis_client, KEY, config)
-    bloom.add_many(fingerprints(5_000, "grown"))
-    state = bloom.state()
-    assert state.total_bits > config.spec.bits
+    bloom, state = _grown_filter(redis_client)
+    assert state.total_bits > bloom.spec.bits
     data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
-    assert data["bits"] == config.spec.bits
+    assert data["bits"] == bloom.spec.bits
     assert data["total_bits"] == state.total_bits == sum(g["bits"] for g in data["generations"])
     assert data["bits_set"] / data["total_bits"] == pytest.approx(data["fill_ratio"])
     code, out, _ = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
