@@ -353,9 +353,31 @@ def test_reset_json(
         "shard_keys": written,
         "counters": True,
         "server_markers": 0,
+        "keys_deleted": written + 2,  # with the record and the counters
     }
     assert not bloom.exists()
     assert redis_client.keys("*") == []
+
+
+def test_reset_of_a_grown_filter_says_how_many_keys_it_deleted(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # It said "1 shard key(s)" ("shard_keys": 1) and nothing else where it deleted the
+    # shard's every generation: a user checking Redis's key count found more gone.
+    bloom, state = _grown_filter(redis_client)
+    bloom.close()
+    keys = len(redis_client.keys("*"))
+    generations = len(state.generations)
+    assert generations > 1
+    assert keys >= generations + 2  # with the record and the counters
+    data = run_json(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "-y")
+    assert (data["shard_keys"], data["keys_deleted"]) == (1, keys)
+    assert redis_client.keys("*") == []
+    bloom, _ = _grown_filter(redis_client)
+    bloom.close()
+    code, out, _ = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "-y")
+    assert code == 0
+    assert out.rstrip().endswith(f" and its counters: {keys:,} keys."), out
 
 
 def test_reset_refuses_without_yes_when_stdin_is_not_a_tty(

@@ -386,7 +386,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
     )
     confirm_or_abort(ctx, what)
     with claimed(ctx, bloom):
-        backend.delete(bloom.parts, record)
+        deleted = backend.delete(bloom.parts, record)
     data = ctx.result(
         servers=inventory.addresses(bloom),
         deleted=True,
@@ -395,8 +395,9 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
         shard_keys=present,
         counters=counters,
         server_markers=marked,
+        keys_deleted=deleted,  # a grown or windowed shard's every generation and window too
     )
-    return emit(ctx, data, [f"Deleted {what}."])
+    return emit(ctx, data, [f"Deleted {what}: {deleted:,} keys."])
 
 
 def _refuse_foreign_markers(
