@@ -24,6 +24,7 @@ from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli import contents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.engine.lease import CLOCK_MARGIN
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.state import FilterState
 from scrapy_redis_bloom.ops import inventory
@@ -1137,3 +1138,27 @@ def test_info_on_a_grown_filter_gives_the_bits_its_bits_set_count_among(
     shown = rows["Bits set"].strip()
     assert shown == f"{state.bits_set:,} of {state.total_bits:,} (all generations together)"
     bloom.close()
+
+
+def test_the_alias_takes_the_crawls_worker_ttl(capsys: pytest.CaptureFixture[str]) -> None:
+    # After a restart the commands wait for the workers' leases to be back for a worker TTL.
+    # The alias had no way to say the crawl's BLOOMFILTER_WORKER_TTL: it waited the default
+    # 30 s for a crawl renewing every second, and could not wait long enough for one whose
+    # TTL is longer (a reset could then delete a filter under live workers).
+    with RedisServer() as server:
+        client = server.client()
+        make_filter(client).close()
+        client.save()
+        time.sleep(CLOCK_MARGIN + 2.0)  # the filter older than the next start
+        server.kill()
+        server.restart()
+        began = time.monotonic()
+        argv = ["info", "--redis-url", server.url, "--key", KEY, "--worker-ttl", "3"]
+        data = run_json(capsys, *argv)
+        assert data["key"] == KEY
+        assert time.monotonic() - began < 3 + 5  # the default would wait 30 s
+        code, _, err = run(capsys, *argv[:-1], "0.2")
+        assert code == 2
+        assert_one_line_error(err)
+        assert "--worker-ttl" in err
+        client.close()

@@ -80,7 +80,7 @@ def _urls(args: argparse.Namespace) -> list[str]:
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    """Translate the connection and retry flags into the crawl settings they mean."""
+    """Translate the connection, retry and lease flags into the crawl settings they mean."""
     urls = _urls(args)
     if args.cluster and len(urls) != 1:
         raise UsageError(
@@ -106,6 +106,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "BLOOMFILTER_REDIS_CLUSTER": args.cluster,
         "BLOOMFILTER_REDIS_PARAMS": params,
         "BLOOMFILTER_RETRY_TIMEOUT": args.retry_timeout,
+        "BLOOMFILTER_WORKER_TTL": args.worker_ttl,
     }
     if len(urls) == 1:
         settings["BLOOMFILTER_REDIS_URL"] = urls[0]

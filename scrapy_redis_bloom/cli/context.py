@@ -34,6 +34,7 @@ from scrapy_redis_bloom.core.events import guard_loggers
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.redact import is_secret, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import (
+    WORKER_TTL,
     BloomConfig,
     ConnectionConfig,
     FaultPolicy,
@@ -186,6 +187,7 @@ def run_command(
     try:
         config = ConnectionConfig.from_settings(settings)
         faults = FaultPolicy.from_settings(retry)
+        WORKER_TTL.read(settings)  # read by the commands that list workers: refused up front
         where, address = describe(config.urls, config.cluster)
         clients = filter_clients(config, settings)
     except ValueError as exc:  # a bad setting, or e.g. a port that is not a number

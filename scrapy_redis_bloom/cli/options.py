@@ -17,7 +17,7 @@ from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, re
 from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, config_of
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
-from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, setting
+from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, SettingsLike, setting
 
 #: Where the alias connects without ``--redis-url`` (and without ``$REDIS_URL``).
 DEFAULT_REDIS_URL = "redis://localhost:6379"
@@ -270,6 +270,15 @@ OPTIONS = (
         type=functools.partial(number_argument, zero_ok=True),
         default=DEFAULT_RETRY_TIMEOUT,
         setting="BLOOMFILTER_RETRY_TIMEOUT",
+    ),
+    option(
+        "--worker-ttl SECONDS",
+        CONNECTING,
+        "the crawl's BLOOMFILTER_WORKER_TTL: how long a worker's lease lasts, so how long a"
+        " restarted server is waited for to list every live worker (default: %(default)s)",
+        type=number_argument,
+        default=WORKER_TTL.default,
+        setting=WORKER_TTL.name,
     ),
     switch("-v --verbose", CONNECTING, "log what the engine does on stderr"),
     sizing("--capacity N"),
