@@ -1,4 +1,5 @@
 """The pure core: settings, hashing, sizing, key layout, records and growth; no I/O.
 
-These modules import nothing of the package but each other.
+Everything above builds on these modules, and they import nothing of the package but
+each other.
 """

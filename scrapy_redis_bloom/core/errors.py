@@ -1,7 +1,9 @@
 """Exceptions raised when the settings, or the filter in Redis, cannot be used.
 
-Each message says what was found, where (``host:port``, never a password) and how to proceed;
-one that names settings is a :class:`Wording`, so that each front end names them its own way.
+Bad settings raise a :class:`ValueError` (Scrapy's convention), :class:`SettingError` where
+the message names settings; the other classes cover what is found in Redis. Each message
+says what was found, where (``host:port``, never a password) and how to proceed; one that
+names settings is a :class:`Wording`, so that each front end names them in its own words.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ class Wording:
 
     ``template`` is a :meth:`str.format` template: ``{BLOOMFILTER_TTL}`` names a setting,
     ``{setting}`` / ``{settings}`` are the word for one or several; other fields are
-    ``values`` (a :class:`SettingName` is named as a setting). ``str()`` uses Scrapy's words.
+    ``values``, formatted once (a value holding ``{`` is never read as a field), a
+    :class:`SettingName` named as a setting, a :class:`Wording` rendered in the same words.
+    ``str()`` is the message in Scrapy's words.
     """
 
     __slots__ = ("template", "values")
@@ -71,7 +75,11 @@ class Wording:
 
 
 class WordedError(Exception):
-    """An error whose message may be a :class:`Wording`: :meth:`render` names its settings."""
+    """An error whose message may be a :class:`Wording`: front ends name its settings.
+
+    ``str(exc)`` is the message in Scrapy's words; :meth:`render` words it otherwise (the
+    command names its options). ``wording`` is None for a plain string message.
+    """
 
     wording: Wording | None = None
 
@@ -127,7 +135,11 @@ class FilterUnavailableError(BloomFilterError):
 
 
 def foreign_reply(what: str, key: str, exc: Exception) -> FilterUnavailableError:
-    """Return the error for a reply of another shape than its command's: handled as an outage."""
+    """Return the error for a reply of another shape than its command's (``exc`` says how).
+
+    What Redis did is unknown: nothing is read from it, and it is handled as an outage
+    (``BLOOMFILTER_ON_ERROR``).
+    """
     return FilterUnavailableError(
         f"Redis answered {what} on {key!r} with a reply that is not this command's ({exc});"
         " answering nothing from it."
@@ -140,7 +152,11 @@ SHAPE_ERRORS = (ValueError, TypeError, IndexError, KeyError, AttributeError)
 
 @contextmanager
 def taking_apart(operation: str, key: str) -> Iterator[None]:
-    """Take replies apart inside: one of another shape raises :func:`foreign_reply`."""
+    """Take replies apart inside: one of another shape raises :func:`foreign_reply`.
+
+    For the calls off the hot path (records, counters, leases, state, inventory), which read
+    their replies with ``int()`` and unpacking; the package's own errors pass through.
+    """
     try:
         yield
     except WordedError:

@@ -1,8 +1,10 @@
 """What happens to the filter while it runs, counted in memory for the layer above to read.
 
-The Scrapy layer copies the counts into the crawl's stats from the reactor thread, so a stats
-store that fails or is not thread-safe is never called from retries, leases or
-``request_seen``. No log call of the package raises, whichever handler fails.
+The engine counts on a :class:`FilterEvents` (stats ``bloomfilter/<name>``); the Scrapy layer
+copies them into the crawl's stats on its own timer, from the reactor thread, so a stats
+store that fails or is not thread-safe is never called from retries, a lease's thread or
+``request_seen``. :class:`RateLimitedLog` says repeating warnings; no log call of the
+package raises, whichever handler fails (:class:`GuardedLogger`).
 """
 
 from __future__ import annotations
@@ -57,17 +59,22 @@ class RateLimitedLog:
             self._suppressed[topic] += 1
             return
         self._last[topic] = now
-        if skipped := self._suppressed.pop(topic, 0):
+        skipped = self._suppressed.pop(topic, 0)
+        if skipped:
             message += " (%d more like this since the last such message)"
             args = (*args, skipped)
         emit(self.logger, level, message, *args, stacklevel=2)
 
 
 # -- log calls that never raise --------------------------------------------------------------
-# A handler may fail (stats kept in a Redis that is down): each gets the record in turn.
+# A handler may fail (Scrapy's ``LogCounterHandler`` counts records into stats that may live
+# in a Redis that is down); through :mod:`logging` it would raise into the caller and cut the
+# record off from later handlers. So each handler gets the record in turn; a failure is
+# counted (:func:`handler_failures`, ``bloomfilter/log_failed``) and said once a minute.
 
 #: The package's loggers: this one and those below it (:func:`guard_loggers`).
 PACKAGE_LOGGER = __name__.partition(".")[0]
+#: Seconds between two lines saying that a kind of log handler fails.
 HANDLER_FAILURE_INTERVAL = 60.0
 _failures_lock = threading.Lock()
 _failures = 0
@@ -83,7 +90,11 @@ class GuardedLogger(logging.Logger):
 
 
 def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
-    """Make the package's plain loggers made so far (``prefix`` and below) guarded ones."""
+    """Make the package's loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
+
+    Called at import and when a filter or a command starts (for modules imported since); a
+    logger of another class (a program's ``setLoggerClass``) is left as it is.
+    """
     logging.getLogger(prefix)
     for name, found in list(logging.Logger.manager.loggerDict.items()):
         if (name == prefix or name.startswith(prefix + ".")) and type(found) is logging.Logger:
@@ -103,7 +114,10 @@ def emit(
     exc_info: Any = None,
     stacklevel: int = 1,
 ) -> bool:
-    """Log ``message % args`` to every handler, never raising; return whether all took it."""
+    """Log ``message % args`` to every handler, never raising; return whether all took it.
+
+    As a :class:`GuardedLogger` logs, for any logger; ``stacklevel`` 1 is the caller's.
+    """
     if not logger.isEnabledFor(level):
         return True
     try:
@@ -123,6 +137,7 @@ def emit(
 
 
 def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
+    """Hand ``record`` to the handlers, counting and saying failures; return whether all took it."""
     global _failures
     failed = _deliver(logger, record, skip=())
     if not failed:

@@ -1,8 +1,13 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
 Pure functions of the config record, so every worker and the scripts compute the same
-numbers (docs/explanation/growth.md). The rates leave out a blocked filter's seed floor
-(``floor=False``): the generations of filters created before it was counted keep their sizes.
+numbers (docs/explanation/growth.md; the keys in how-it-works.md). **Growth**: generation
+``g + 1`` takes E (``BLOOMFILTER_EXPANSION``) times the items at r (:data:`DEFAULT_TIGHTENING`)
+times the rate, all together under ``p_0 / (1 - r)``. **Re-crawl windows**
+(``BLOOMFILTER_TTL`` T): one growing filter per window ``w = floor(Redis TIME / T)``, expiring
+at ``(w + 2) T``; a check reads windows w - 1 and w. The rates leave out a blocked filter's
+seed floor (``floor=False``): the generations of filters created before it was counted must
+keep their sizes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from scrapy_redis_bloom.core.sizing import false_positive_rate, optimal_bits, op
 MAX_GENERATIONS = 16
 #: RedisBloom's default tightening ratio of the error rate per generation.
 DEFAULT_TIGHTENING = 0.5
+#: Default expansion: each generation takes twice the items of the one before.
 DEFAULT_EXPANSION = 2
 #: Most items a generation may take: the script counts them in a u32 of the header.
 MAX_GENERATION_ITEMS = 2**32 - 1
@@ -60,7 +66,11 @@ class Generation:
 
     @property
     def seed_floor(self) -> float:
-        """Least false-positive rate at capacity: a new element with a stored one's seeds."""
+        """Least false-positive rate at capacity, however many bits: ``n / (bits seed_range)``.
+
+        A new element with a stored one's seeds shares all its bits. Tiny in schemes 2 and 3;
+        in scheme 1, ``n / S**2``, more than the rate asked for in a shard of a few kbit.
+        """
         return self.capacity / self.bits / self.seed_range
 
     @property
@@ -75,7 +85,11 @@ SCRIPTLESS_MARGIN = 1024
 
 @dataclass(frozen=True, slots=True)
 class Growth:
-    """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``)."""
+    """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``).
+
+    ``spec`` and ``capacity`` (the filter's) make generation 0 of every shard. The settings
+    and the record check the values before they get here.
+    """
 
     spec: FilterSpec
     capacity: int
@@ -98,7 +112,8 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        :mod:`.fastpath`'s counts arrive late: a margin keeps it clear of growth.
+        :mod:`.fastpath`'s counts arrive late (< 16 items per worker): a margin of 1% (at
+        least :data:`SCRIPTLESS_MARGIN`) keeps it clear of growth, which only the script does.
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -120,7 +135,8 @@ class Growth:
     def first_capacity(self) -> int:
         """Items generation 0 of a shard takes before the shard grows.
 
-        Its share plus 4 standard deviations: else half the shards would grow at capacity.
+        Its share of the capacity plus 4 standard deviations (while its rate stays under 3/4
+        of :attr:`bound`): else half the shards of a filter at capacity would have grown.
         """
         nominal = self.shard_capacity
         if not self.expansion or self.spec.shards == 1:
@@ -201,8 +217,9 @@ _FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's ``x`` and ``y``, then both cut to :data:`WIDE` for the later generations;
-    one format operation, as it runs on every near-cache miss.
+    Generation 0's :func:`..hashing.place` ``x`` and ``y``, then both cut to :data:`WIDE` for
+    the later generations (the script reduces them by each one's :attr:`Generation.seed_range`).
+    One format operation: it runs for every near-cache miss.
     """
     q = h1 // shards
     x, y = b"%d" % (q % shard_bits), b"%d" % (h2 % seeds)

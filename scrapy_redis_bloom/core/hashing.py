@@ -1,7 +1,12 @@
 """Hashing scheme: from a fingerprint to one shard and k bit offsets inside it.
 
 Specified in docs/explanation/hashing.md, so that any worker, the CLI or another language
-computes the same bits; ``engine/lua/scheme.lua`` runs the same formula on the server.
+computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
+gives the shard and the offsets' seeds. One formula (enhanced triple hashing, run on the
+server by ``engine/lua/scheme.lua``, held to :func:`offsets` by tests/test_scheme_lua.py) in
+three versions: scheme 3 (classic: anywhere in the shard), 2 (blocked: in one 512-bit block,
+a cache line) and 1 (classic filters of earlier builds: two seeds instead of three, so a
+floor of n/S**2 under the false-positive rate that a small shard feels).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from functools import lru_cache
 
 import mmh3
 
-#: Versions of the scheme, stored in the record. 1: classic, two seeds, kept for old filters.
+#: Versions of the scheme, stored in the filter's record: a worker refuses one it does not
+#: know. Version 1 (classic, two seeds) is kept for the filters created with it.
 SCHEME_VERSION = 1
 #: The blocked scheme's version, and its block: 512 bits, one 64-byte cache line.
 BLOCKED_SCHEME = 2
@@ -80,7 +86,10 @@ class FilterSpec:
 
     @property
     def geometry(self) -> tuple[int, int, int, int]:
-        """Shards, bits per shard, hash functions and block: not the scheme, which sizing leaves."""
+        """Shards, bits per shard, hash functions and block: what sizing decides.
+
+        Not the scheme: a worker asking for a filter's geometry opens it, whatever its scheme.
+        """
         return self.shards, self.shard_bits, self.hash_count, self.block_bits
 
     @property
@@ -111,7 +120,11 @@ def place(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> tuple[i
 
 
 def seed_range(bits: int, block_bits: int, two_seeds: bool = False) -> int:
-    """Return what ``y`` (the second and third seeds) is taken modulo in ``bits`` bits."""
+    """Return what ``y`` is taken modulo in a shard or generation of ``bits`` bits.
+
+    ``y`` holds the second and third seeds (``y mod span``, ``y div span``): blocked, B**2;
+    classic, S times S (at most :data:`WIDE`); scheme 1, S (no third seed).
+    """
     if block_bits:
         return block_bits * block_bits
     if two_seeds:
@@ -143,6 +156,7 @@ def block_masks(
 
     ``bits``: :func:`offsets`' bits in the block as one integer, offset ``p`` being bit
     ``B - 1 - p`` (the block's 64 bytes read big-endian), for the kernel without numpy.
+    Offset i is ``(s + i y1 + t_i y2 + c_i) mod B`` (``y = y1 + B y2``), terms from tables.
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT
@@ -180,8 +194,10 @@ def offset_steps(hash_count: int) -> tuple[tuple[int, int, int], ...]:
 def distinct_bits(hash_count: int, span: int) -> float:
     """Return how many distinct bits one element sets, on average, among its k offsets.
 
-    ``span``: the block. Offsets ``i`` and ``j`` coincide with probability ``g / span`` if
-    ``g = gcd(j - i, t_j - t_i, span)`` divides ``c_j - c_i``, else never (first order).
+    ``span``: the block (a classic filter's offsets nearly never coincide). Offsets ``i``
+    and ``j`` coincide when ``(j - i) y + (t_j - t_i) z + (c_j - c_i) = 0 mod span``: with
+    probability ``g / span`` if ``g = gcd(j - i, t_j - t_i, span)`` divides ``c_j - c_i``,
+    else never. k minus the expected coinciding pairs, exact to the first order.
     """
     steps = offset_steps(hash_count)
     pairs = 0.0

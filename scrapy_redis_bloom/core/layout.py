@@ -1,7 +1,9 @@
 """Where a filter lives in Redis: key names and the shard header (layout 2).
 
-Every shard starts with a header naming the filter's id and the shard, so one missing or
-naming another filter was lost, never mistaken for an empty one.
+The keys are tabled in docs/explanation/how-it-works.md. Every shard is allocated whole,
+behind a header naming the filter's id and the shard, so one missing or naming another
+filter was lost, never mistaken for an empty one. With n standalone servers shard ``i``
+lives on server ``i mod n``; the record, the counters and the registry on server 0.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ HEADER_BYTES = 32
 HEADER_BITS = HEADER_BYTES * 8
 #: The part of the header that identifies the shard: magic to k.
 IDENTITY_BYTES = 26
+#: Bytes of a filter id.
 ID_BYTES = 16
 _MAGIC = b"SRB"
 

@@ -1,6 +1,9 @@
 """The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
 
-A corrupt or foreign hash is refused naming the key, never half-used.
+It holds all a worker needs to read the bits, the filter's random id (which every shard
+header and server marker repeats) and the sizing request, so that a worker asking the same
+adopts the stored geometry. A corrupt or foreign hash is refused naming the key, never
+half-used.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ State = Literal["creating", "ready"]
 #: Where a filter keeps its bits: our bitmaps, or the server's own ``BF.*`` (:mod:`.native`).
 Backend = Literal["bitmap", "native"]
 BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
-#: A native filter's key layout: a release reading only layout 2 refuses it, losing nothing.
+#: A native filter's key layout: a release reading layout 2 only refuses it, not taking its
+#: shards for lost bitmaps.
 NATIVE_LAYOUT = 3
 
 #: Fields of the record, in the order they are written.
@@ -49,13 +53,18 @@ _SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
 #: Fields older records lack: read as no growth, no TTL, a bitmap filter.
 LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
+#: Most servers a filter may be spread over.
 MAX_SERVERS = 1024
 _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
 
 
 @dataclass(frozen=True, slots=True)
 class FilterRecord:
-    """The config record of one filter: ``creating`` until every shard and marker exists."""
+    """The config record of one filter.
+
+    ``state`` is ``creating`` until every shard and server marker exists (a worker opening
+    it meanwhile finishes the job); ``sizing`` is the canonical request.
+    """
 
     spec: FilterSpec
     capacity: int
@@ -82,7 +91,10 @@ class FilterRecord:
         ttl: int = 0,
         backend: Backend = "bitmap",
     ) -> FilterRecord:
-        """Return the record of a filter about to be created (a native one says scheme 1)."""
+        """Return the record of a filter about to be created (state ``creating``).
+
+        A native filter's record says scheme 1, as it always has, so earlier builds open it.
+        """
         native = backend == "native"
         return cls(
             spec=replace(spec, two_seeds=True) if native and not spec.block_bits else spec,
@@ -260,11 +272,12 @@ class FilterRecord:
             or wanted.spec.geometry == self.spec.geometry
         ):
             raise mismatch(
-                "The Bloom filter {key!r} in Redis was created on {created} with {stored}; this"
-                " worker is configured with {wanted}. A filter's layout cannot change once it holds"
-                " bits. Either start this worker with the {settings} the filter was created with,"
-                " choose another {BLOOMFILTER_KEY}, or reset the filter (scrapy-redis-bloom reset"
-                " --key {key!r}), which forgets every URL it has seen.",
+                "The Bloom filter {key!r} in Redis was created on {created} with {stored};"
+                " this worker is configured with {wanted}. A filter's layout cannot change"
+                " once it holds bits. Either start this worker with the {settings} the"
+                " filter was created with, choose another {BLOOMFILTER_KEY}, or reset the"
+                " filter (scrapy-redis-bloom reset --key {key!r}), which forgets every URL"
+                " it has seen.",
                 created=self.created_text(),
                 stored=self.describe(),
                 wanted=wanted.describe(),
@@ -278,10 +291,11 @@ class FilterRecord:
             )
         if wanted.ttl != self.ttl:
             raise mismatch(
-                "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl} ({growth});"
-                " this worker sets {wanted}. Every worker must forget URLs after the same time: set"
-                " {BLOOMFILTER_TTL} as the filter was created, choose another {BLOOMFILTER_KEY}, or"
-                " reset the filter (scrapy-redis-bloom reset --key {key!r}).",
+                "The Bloom filter {key!r} was created with {BLOOMFILTER_TTL} = {ttl}"
+                " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
+                " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
+                " choose another {BLOOMFILTER_KEY}, or reset the filter"
+                " (scrapy-redis-bloom reset --key {key!r}).",
                 ttl=self.ttl,
                 growth=self.growth_text(),
                 wanted=wanted.ttl,
@@ -315,7 +329,10 @@ _BLOCKED_WORDS = ("blocked=True", "blocked=False")
 
 
 def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
-    """Tell whether a request's text asks for the stored one's: equal but for the layout's word."""
+    """Tell whether a request's text asks for the stored one's: equal but for the layout's word.
+
+    A request naming no layout takes either; else only the stored one's (``blocked``).
+    """
     said = [w for w in wanted.split() if w in _BLOCKED_WORDS]
     rest = [[w for w in text.split() if w not in _BLOCKED_WORDS] for text in (wanted, stored)]
     return rest[0] == rest[1] and (not said or said == [f"blocked={blocked!r}"])

@@ -1,7 +1,8 @@
 """Keeping secrets out of messages: the one place that masks passwords.
 
-Crawl logs and CLI output go to aggregators, tickets and chat: a message that may show a
-setting's value, a URL or client arguments goes through :func:`masked` or :func:`scrub`.
+Crawl logs and CLI output go to log aggregators, tickets and chat; a Redis password
+must never reach them. Every message that may show a setting's value, a URL or a
+client's keyword arguments goes through :func:`masked` or :func:`scrub`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+#: Shown in place of a secret.
 MASK = "***"
 
-#: Parts of an argument's or query parameter's name that make its value a secret, typos too.
+#: Parts of a keyword argument's (or URL query parameter's) name that make its value a
+#: secret: ``password``, ``ssl_password``, ``credential_provider``..., typos included.
 _SECRET_PARTS = ("pass", "pasw", "pwd", "secret", "token", "credential", "auth")
 
 

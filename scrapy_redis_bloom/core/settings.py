@@ -1,8 +1,10 @@
 """Settings to a validated, immutable filter configuration, through one table of settings.
 
-:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: the configuration, the docs'
-reference (:func:`reference`) and the commands' sizing options all read its rows. A bad value
-raises :class:`ValueError` naming the setting, so a crawl fails at startup, not halfway.
+:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once (type, default, allowed
+values, meaning, check): the configuration reads each setting through its row, the docs'
+settings reference is rendered from the rows (:func:`reference`), the commands' sizing
+options take their types and ranges from them. A bad value raises :class:`ValueError`
+naming the setting, the value and what is allowed, so a crawl fails at startup, not halfway.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class SettingsLike(Protocol):
 
 
 def _refuse(template: str, **values: object) -> SettingError:
+    """Return a :class:`SettingError` whose message (a :class:`Wording`) names settings."""
     return SettingError(Wording(template, **values))
 
 
@@ -66,7 +69,7 @@ def _invalid(name: str, value: object, allowed: str | Wording) -> SettingError:
 
 
 def _boolean(name: str, raw: object) -> bool:
-    """Read a boolean as Scrapy's ``getbool`` does, refusing anything else."""
+    """Read a boolean as Scrapy's ``getbool`` does, refusing anything else by name."""
     value = raw.lower() if isinstance(raw, str) else raw
     if value in (True, 1, "true", "1"):
         return True
@@ -119,6 +122,7 @@ def _distinct(
 
 
 def _url_list(name: str, value: object) -> tuple[str, ...]:
+    """Read a non-empty list of distinct Redis URLs, or one comma-separated string of them."""
     return _distinct(
         name,
         value,
@@ -181,8 +185,9 @@ _HOST = re.compile(r"[A-Za-z0-9._%-]+|\[[0-9A-Fa-f:.%]+\]")
 def parse_sentinels(name: str, value: object) -> tuple[tuple[str, int], ...]:
     """Read the Sentinel addresses of ``name``: ``"host:port"``, ``(host, port)``, or a string."""
     allowed = (
-        "It must be a non-empty list of Sentinel addresses, e.g. ['10.0.0.1:26379',"
-        " '10.0.0.2:26379'] (or [('10.0.0.1', 26379), ...], or one comma-separated string)."
+        "It must be a non-empty list of Sentinel addresses, e.g."
+        " ['10.0.0.1:26379', '10.0.0.2:26379'] (or [('10.0.0.1', 26379), ...], or one"
+        " comma-separated string)."
     )
 
     def address(entry: object) -> tuple[str, int]:
@@ -254,8 +259,10 @@ def _figure(value: float | None) -> str:
 class Setting(Generic[_T]):
     """One setting: how it is read and checked, its default, and its row in the reference.
 
-    Numbers: ``low`` to ``high`` (None: unbounded), excluded when ``open``, and 0 too when
-    ``zero``; ``rule`` is the error's second sentence. ``parse`` checks ``text`` settings.
+    Numbers: ``low`` to ``high`` (None: unbounded), both excluded when ``open``, and 0 too
+    when ``zero`` (off); ``rule`` is the error's second sentence. ``text`` settings: checked
+    by ``parse(name, value)``, which accepts what ``allowed`` says. ``shape``: a unit or a
+    text's type; ``default_text``: the reference's default where the value misleads.
     """
 
     name: str
@@ -379,8 +386,9 @@ def _row(head: tuple[Any, ...], meaning: str, **more: Any) -> Setting[Any]:
 CAPACITY: Setting[int | None] = _row(
     ("BLOOMFILTER_CAPACITY", "int", None, 1),
     "Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it sizes the"
-    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (refused where"
-    " the rate would pass 0.1 by then) and at which its expected false-positive rate is logged."
+    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (refused"
+    " where the rate would pass 0.1 by then) and at which its expected false-positive rate is"
+    " logged."
     " Example: `1_000_000_000`.",
     rule="It must be a positive integer (the number of items you expect).",
 )
@@ -439,7 +447,8 @@ BLOCKED: Setting[bool | None] = _row(
     default_text="blocked for a new bitmap filter",
 )
 SHARD_BIT: Setting[int] = _row(
-    # 2**7: the payload of the least allocator block holding a shard; Redis strings end at 2**32.
+    # The smallest allocator block that holds a shard's header and string overhead has a
+    # payload of 2**7 bits; a Redis string holds at most 2**32.
     ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
     "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
     " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more.",
@@ -613,9 +622,12 @@ def reference() -> str:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
-    """Where the filter's bits live: ``urls`` (none: scrapy-redis's connection), or ``sentinels``.
+    """Where the filter's bits live, when not on scrapy-redis's own connection.
 
-    With ``cluster``, the one URL is a Redis Cluster node to start from.
+    ``urls``: none for scrapy-redis's connection; one server, or with ``cluster`` a Redis
+    Cluster node to start from; or several standalone servers, shard ``i`` on server
+    ``i mod len(urls)``. Or ``sentinels`` (with ``service``): the primary they name,
+    followed through failovers.
     """
 
     urls: tuple[str, ...] = ()
@@ -631,23 +643,26 @@ class ConnectionConfig:
         urls = REDIS_URLS.read(settings)
         if url is not None and urls:
             raise _refuse(
-                "The {settings} {BLOOMFILTER_REDIS_URL} and {BLOOMFILTER_REDIS_URLS} contradict"
-                " each other: give one server (or cluster node) or a list of servers, not both."
+                "The {settings} {BLOOMFILTER_REDIS_URL} and {BLOOMFILTER_REDIS_URLS}"
+                " contradict each other: give one server (or cluster node) or a list of"
+                " servers, not both."
             )
         found = urls if url is None else (url,)
         cluster = REDIS_CLUSTER.read(settings)
         if cluster and len(found) != 1:
             raise _refuse(
-                "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL}, the URL"
-                " of one node of the cluster to start from (the client discovers the others)."
+                "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL},"
+                " the URL of one node of the cluster to start from (the client discovers"
+                " the others)."
             )
         sentinels, service = _sentinel_settings(settings, found)
         params = REDIS_PARAMS.read(settings)
         if params and not found and not sentinels:
             raise _refuse(
                 "The {BLOOMFILTER_REDIS_PARAMS} {setting} needs {BLOOMFILTER_REDIS_URL},"
-                " {BLOOMFILTER_REDIS_URLS} or {BLOOMFILTER_REDIS_SENTINELS}; without them the"
-                " filter uses scrapy-redis's connection, set by REDIS_URL and REDIS_PARAMS."
+                " {BLOOMFILTER_REDIS_URLS} or {BLOOMFILTER_REDIS_SENTINELS}; without them"
+                " the filter uses scrapy-redis's connection, set by REDIS_URL and"
+                " REDIS_PARAMS."
             )
         if sentinels:
             check_sentinel_params(REDIS_PARAMS.name, params)
@@ -657,6 +672,7 @@ class ConnectionConfig:
 def _sentinel_settings(
     settings: SettingsLike, urls: tuple[str, ...]
 ) -> tuple[tuple[tuple[str, int], ...], str]:
+    """Read ``BLOOMFILTER_REDIS_SENTINELS`` and ``_SENTINEL_SERVICE`` (both or neither)."""
     raw = settings.get(SENTINELS.name)
     service = settings.get(SENTINEL_SERVICE.name)
     if raw is None and service is None:
@@ -672,9 +688,10 @@ def _sentinel_settings(
         )
     if urls or REDIS_CLUSTER.read(settings):
         raise _refuse(
-            "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts {BLOOMFILTER_REDIS_URL},"
-            " {BLOOMFILTER_REDIS_URLS} and {BLOOMFILTER_REDIS_CLUSTER}: give the sentinels of one"
-            " Sentinel-managed primary, or the servers themselves, not both."
+            "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts"
+            " {BLOOMFILTER_REDIS_URL}, {BLOOMFILTER_REDIS_URLS} and"
+            " {BLOOMFILTER_REDIS_CLUSTER}: give the sentinels of one Sentinel-managed"
+            " primary, or the servers themselves, not both."
         )
     return SENTINELS.check(raw), SENTINEL_SERVICE.check(service)
 
@@ -695,7 +712,11 @@ class FaultPolicy:
 
 @dataclass(frozen=True, slots=True)
 class BloomConfig:
-    """The validated configuration of one filter: ``sizing`` asked for, ``spec`` given to it."""
+    """The resolved, validated configuration of one filter.
+
+    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it (a
+    filter that exists keeps its own, see :mod:`.record`).
+    """
 
     key: str
     spec: FilterSpec
@@ -711,7 +732,8 @@ class BloomConfig:
     ttl: int = TTL.default
     faults: FaultPolicy = field(default_factory=FaultPolicy)
     backend: BackendSetting = BACKEND.default
-    #: The rate above which the Spidermon monitor fails a crawl (None: :attr:`design_error_rate`).
+    #: The false-positive rate above which the Spidermon monitor fails a crawl (None:
+    #: :attr:`design_error_rate`).
     monitor_max_fpr: float | None = MONITOR_MAX_FPR.default
 
     @property
@@ -731,7 +753,11 @@ class BloomConfig:
         return self.sizing.error_rate or self.expected_error_rate
 
     def for_native(self) -> BloomConfig:
-        """Return this configuration as a native filter's (BF.*): no blocks, capacity to match."""
+        """Return this configuration as a native filter's (BF.*), which has no blocks.
+
+        Under ``BLOOMFILTER_BACKEND = 'auto'`` only the servers tell which backend a new filter
+        gets; a capacity derived from the bits follows them.
+        """
         if self.sizing.native:
             return self
         sizing = replace(self.sizing, native=True)
@@ -789,10 +815,11 @@ class BloomConfig:
         sizing, capacity = _sizing(settings, share, native=backend == "native")
         if sizing.blocked and backend == "native":
             raise _refuse(
-                "The {settings} {BLOOMFILTER_BLOCKED} = True and {BLOOMFILTER_BACKEND} = 'native'"
-                " contradict each other: blocks are a layout of the bitmap backend (the server's"
-                " BF.* filters have their own). Use {BLOOMFILTER_BACKEND} = 'bitmap' or 'auto', or"
-                " leave {BLOOMFILTER_BLOCKED} unset (or False)."
+                "The {settings} {BLOOMFILTER_BLOCKED} = True and {BLOOMFILTER_BACKEND} ="
+                " 'native' contradict each other: blocks are a layout of the bitmap"
+                " backend (the server's BF.* filters have their own). Use"
+                " {BLOOMFILTER_BACKEND} = 'bitmap' or 'auto', or leave"
+                " {BLOOMFILTER_BLOCKED} unset (or False)."
             )
         try:
             spec = sizing.spec()
@@ -858,7 +885,9 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
 def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
-    ``share``: the part of the error rate generation 0 gets (growth and TTL take the rest).
+    By BIT / HASH_NUMBER (the default) or CAPACITY / ERROR_RATE, never both. ``share``: the
+    part of the error rate generation 0 gets (growth and re-crawl windows take the rest, so
+    all stay under ERROR_RATE); ``native``: for a native filter.
     """
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)
@@ -876,9 +905,10 @@ def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing,
         given = [s.name for s, v in ((BIT, bit), (HASH_NUMBER, hash_number)) if v is not None]
         if given:
             raise _refuse(
-                "The {settings} {BLOOMFILTER_ERROR_RATE} and {given} contradict each other: size"
-                " the filter either by {BLOOMFILTER_CAPACITY} and {BLOOMFILTER_ERROR_RATE}, or by"
-                " {BLOOMFILTER_BIT} and {BLOOMFILTER_HASH_NUMBER}.",
+                "The {settings} {BLOOMFILTER_ERROR_RATE} and {given} contradict each other:"
+                " size the filter either by {BLOOMFILTER_CAPACITY} and"
+                " {BLOOMFILTER_ERROR_RATE}, or by {BLOOMFILTER_BIT} and"
+                " {BLOOMFILTER_HASH_NUMBER}.",
                 given=Wording(" and ".join("{" + name + "}" for name in given)),
             )
         if capacity is None:

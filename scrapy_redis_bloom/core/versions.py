@@ -1,7 +1,8 @@
 """The oldest versions of the libraries the dupefilter runs with, checked when it is built.
 
-pip checks only at install: a lock file or ``--no-deps`` may bring an older library, which
-would fail later in ways that do not name it.
+pip enforces the minimums at install time only: an environment put together otherwise
+(a lock file, ``--no-deps``) may hold an older Scrapy or redis-py, which would fail
+later in ways that name neither.
 """
 
 from __future__ import annotations

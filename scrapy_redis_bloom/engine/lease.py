@@ -4,8 +4,9 @@ scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSI
 False`` or starts with ``SCHEDULER_FLUSH_ON_START``, wiping a crawl others still run. So
 each worker holds a lease, renewed from a daemon thread, and only a worker finding no other
 live lease clears, claiming the registry in the same script (:meth:`WorkerLease.clearing`).
-Expiry is judged by Redis's clock. A server restarted less than a worker TTL ago may not
-list every live worker yet (:func:`unsettled`).
+Expiry is judged by Redis's clock, never the workers'. A server that started less than a
+worker TTL ago (a restart, from an older snapshot too) may not list every live worker yet:
+listing and claiming wait until each has had time to renew (:func:`unsettled`).
 """
 
 from __future__ import annotations

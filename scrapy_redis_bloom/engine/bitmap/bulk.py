@@ -5,7 +5,8 @@ shard with enough of a batch's elements, as the costs below weigh it, answers th
 through a snapshot (:mod:`.snapshot`), or through a stack (:mod:`.stacks`) when it has
 grown or the filter forgets. The other shards, and every snapshot or stack not taken
 (the shard changed, is lost or odd, a window nears its end, a connection failed, an ACL
-refused it), go through the chunks.
+refused it), go through the chunks. Snapshot transactions overlap two at a time
+(:meth:`Bulk._take_overlapped`).
 
 Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
 ``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
@@ -17,7 +18,8 @@ the script crosses the growth boundary). Chunk n+1 is sent before chunk n's repl
 A shard whose identity did not match answers "not there" for the chunk's elements in it
 (its BITFIELD may have written into a lost shard's place), is recovered, and those
 elements are added again. A failed command is run again through the executor; a write
-that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous).
+that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous). If
+anything interrupts the work, the connections with replies still owed are thrown away.
 """
 
 from __future__ import annotations
