@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -406,6 +407,45 @@ def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> N
     )
     assert sample["items"] == 1000
     assert 0 < sample["fill_ratio"] < 1
+
+
+def test_watch_lines_reach_a_pipe_as_printed_and_a_fall_reads_as_one(
+    project: Path, redis_client: redis.Redis
+) -> None:
+    """Each line is flushed, and counts rolled back read "-20", not "+-20".
+
+    A pipe to a log got nothing until 4 KiB had gathered (~50 s of lines); counts go
+    down when an older AOF is restored or by a hand edit.
+    """
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(50))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCRAPY_", "REDIS_URL"))}
+    env.pop("PYTHONUNBUFFERED", None)
+    argv = [str(SCRAPY), "bloom", "watch", "--spider", "books", "--interval", "1", "--count", "3"]
+    with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, text=True) as watch:
+        assert watch.stdout is not None
+        first = _line_within(watch, 30)
+        assert watch.poll() is None, "its first line came out only when it ended"
+        redis_client.hincrby("books:bloomfilter:count", "added", -20)
+        rest, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0
+    after = rest.splitlines()
+    assert [(line.split(" items")[0].split()[-1], line.split()[7]) for line in [first, *after]] == [
+        ("50", "+0"),
+        ("30", "-20"),
+        ("30", "+0"),
+    ]
+    assert "+-" not in rest
+
+
+def _line_within(process: subprocess.Popen[str], seconds: float) -> str:
+    """Return the process's first line of stdout, failing when none comes within ``seconds``."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + seconds
+    while not select.select([process.stdout], [], [], 0.1)[0]:
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no line of output within {seconds} s")
+    return process.stdout.readline()
 
 
 # -- migrate -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -328,7 +329,7 @@ def _line(sample: dict[str, Any], previous: dict[str, Any] | None) -> str:
     return (
         f"{sample['time'][11:19]}  {sample['items']:,} items"
         f" ({100 * sample['items'] / sample['capacity']:.2f} % of {sample['capacity']:,})"
-        f"  +{added:,}"
+        f"  {added:+,}"  # less than before: counts restored from an older copy
         + (f"  fill {100 * fill:.4f} %" if fill is not None else "")
         + f"  FP rate {sample['estimated_fpr']:.3g}"
         f"  {sample['filtered']:,} filtered  {sample['live_workers']} live worker(s)"
@@ -346,6 +347,7 @@ def watch(ctx: Context) -> int:
                 time.sleep(ctx.args.interval)
             sample = _sample(bloom)
             out(json.dumps(sample) if ctx.args.json else _line(sample, previous))
+            sys.stdout.flush()  # a line a sample, also into a pipe or a file
             previous = sample
     return EXIT_OK
 
