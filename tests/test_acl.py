@@ -36,8 +36,8 @@ FILTER_COMMANDS = [
     "+evalsha", "+script|load", "+getrange", "+bitfield", "+bitfield_ro", "+exists", "+get", "+set",
     "+hgetall", "+hset", "+hincrby", "+hmget", "+strlen", "+type", "+unlink",
     # run inside its scripts
-    "+setbit", "+getbit", "+expireat", "+setrange", "+del", "+time", "+zadd", "+zcard", "+zrem",
-    "+zrangebyscore", "+zremrangebyscore", "+zscore", "+pttl", "+pexpire", "+hkeys",
+    "+setbit", "+getbit", "+expireat", "+setrange", "+del", "+time", "+zadd", "+zrange", "+zrem",
+    "+zrangebyscore", "+zremrangebyscore", "+zscore", "+pexpire", "+hkeys",
     "+hget", "+hexists",
     # the last worker's and the CLI's figures; server checks at open (optional)
     "+bitcount", "+memory|usage", "+info",

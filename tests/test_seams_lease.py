@@ -27,6 +27,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 from redis_server import RedisServer
+from reply_cutter import ReplyCutter
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
@@ -396,3 +397,52 @@ def test_a_registry_whose_server_refuses_info_says_it_cannot_tell_a_restart(
         assert "cannot be told" in caplog.text
         bloom.close()
         admin.close()
+
+
+def test_a_clear_whose_claim_reply_was_lost_still_clears_and_ends_its_claim(
+    redis_server: RedisServer, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim ran in Redis, its reply was lost, the retry found the claim: its own.
+
+    The retry counted the worker's own claim as another live worker: ``clear()`` said
+    "1 other worker(s) still use it" and did not clear, the claim stayed a TTL (the next
+    worker waited for it), and the next run (``SCHEDULER_PERSIST = False``, which expects
+    a fresh filter) took every URL of the last one for seen.
+    """
+
+    def is_claim(command: tuple[bytes, ...], reply: bytes) -> bool:
+        return command[0] in (b"EVALSHA", b"EVAL") and command[-1] == b"claim"
+
+    urls = [f"https://example.com/{i}" for i in range(50)]
+    with ReplyCutter(redis_server.port, cut=is_claim) as cutter:
+        df = dupefilter(f"redis://127.0.0.1:{cutter.port}", BLOOMFILTER_WORKER_TTL=10)
+        assert not any(df.request_seen(Request(url)) for url in urls)
+        cutter.armed = True
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            df.clear()
+        assert cutter.cuts  # the claim's reply was lost, and sent again
+        assert "still use it" not in caplog.text
+        assert redis_client.zrange("books:bloomfilter:workers", 0, -1) == [
+            df.lease.worker_id.encode()
+        ]  # no claim left behind
+        df.close("finished")
+    again = dupefilter(redis_server.url)
+    try:
+        assert not any(again.request_seen(Request(url)) for url in urls)
+    finally:
+        again.close("finished")
+
+
+def test_the_worker_registry_has_no_expiry_for_an_eviction_policy_to_pick(
+    redis_client: redis.Redis, redis_url: str, opened: list[RFPDupeFilter]
+) -> None:
+    """Under a volatile-* policy a key with an expiry is a candidate (volatile-ttl's first).
+
+    The registry had one: evicted, it forgot every live worker, and ``reset`` without
+    ``--force`` or a closing worker's ``clear()`` deleted the filter under their crawls.
+    """
+    df = dupefilter(redis_url)
+    opened.append(df)
+    df.request_seen(Request("https://example.com/"))
+    assert redis_client.zcard("books:bloomfilter:workers") == 1
+    assert redis_client.pttl("books:bloomfilter:workers") == -1

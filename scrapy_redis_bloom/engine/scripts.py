@@ -134,9 +134,9 @@ ALLOCATE = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("allocate"))
 
 #: The worker registry (``lua/lease.lua``). ``ARGV``: worker id, TTL in ms, ``renew``,
 #: ``release``, ``count`` or ``list``. Reply: how many OTHER workers are live (``list``: all
-#: ids, soonest expiry first). A renewal only extends the registry's expiry (a short TTL
-#: never cuts another's lease). ``claim`` (to clear) adds ``(clearing)`` if no other is
-#: live; ``hold`` renews lease and claim; ``unclaim`` drops it; meanwhile ``renew`` is -1.
+#: ids, soonest expiry first). ``claim`` (to clear) adds ``(clearing)<worker id>`` if no other
+#: is live; ``hold`` renews lease and claim; ``unclaim`` drops it; meanwhile another's
+#: ``renew`` is -1.
 LEASE = Script(lua("lease"))
 
 #: Delete a key only while it is still the filter's part (``lua/delete_if_still.lua``).
