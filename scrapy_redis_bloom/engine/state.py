@@ -147,7 +147,9 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
     ]
     heads = [(shard, f"{base}0") for shard, base in bases]
     first = [
-        Call(pack_command(b"BITFIELD", key, b"GET", b"u16", GENERATIONS_BIT), key=key, shard=shard)
+        Call(
+            pack_command(b"BITFIELD_RO", key, b"GET", b"u16", GENERATIONS_BIT), key=key, shard=shard
+        )
         for shard, key in heads
     ] + [Call(pack_command(b"EXISTS", key), key=key, shard=shard) for shard, key in heads]
     replies = parts.run("read the filter's generations", first)
