@@ -769,11 +769,22 @@ class Executor:
             for reply in replies:
                 if isinstance(reply, AuthenticationError):
                     raise self.refused(operation, RefusedError(node.address, reply))
-            if all(reply.__class__ in _READ or classify(reply) is Kind.RESULT for reply in replies):
+            done = [r.__class__ in _READ or classify(r) is Kind.RESULT for r in replies]
+            if all(done):
                 if probing:
                     self._recovered(write)
                 return Results(replies, [False] * len(replies))
-            lost = any(r.__class__ not in _READ and classify(r) is Kind.PARTIAL for r in replies)
+            lost = any(
+                not ok and classify(r) is Kind.PARTIAL for r, ok in zip(replies, done, strict=True)
+            )
+            if any(done):  # only the others again: a write that ran must not run twice
+                rest = [i for i, ok in enumerate(done) if not ok]
+                calls = [Call(payloads[i], key, shard) for i in rest]
+                again = self.run(operation, calls, write=write, since=started)
+                ambiguous = [False] * len(replies)
+                for i, reply, doubt in zip(rest, again.replies, again.ambiguous, strict=True):
+                    replies[i], ambiguous[i] = reply, doubt or (lost and write)
+                return Results(replies, ambiguous)
         calls = [Call(payload, key, shard) for payload in payloads]
         results = self.run(operation, calls, write=write, since=started, prior=prior)
         if lost and write:
