@@ -1064,7 +1064,7 @@ def test_bulk_on_a_cluster_and_on_several_servers_is_one_call_per_element(
 LEAST = (
     "-@all +evalsha +script|load +getrange +bitfield +bitfield_ro +exists +get +set +hgetall +hset"
     " +hincrby +hmget +strlen +type +unlink +setbit +getbit +expireat +setrange +del +time"
-    " +zadd +zcard +zrem +zrangebyscore +zremrangebyscore +zscore +pttl +pexpire +hkeys"
+    " +zadd +zrange +zrem +zrangebyscore +zremrangebyscore +zscore +pexpire +hkeys"
     " +hget +hexists +bitcount +memory|usage +info"
 )
 

@@ -47,11 +47,17 @@ class _Shard:
     key: str
     expected: int
     since: int = 0  # checks since the last that read the state
-    count: int | None = None  # items in generation 0 at the last look (None: not yet)
-    pending: int = 0  # items found new since, not yet sent
+    #: Items in generation 0 at the last look, plus those sent since (None: not looked yet).
+    count: int | None = None
+    #: Items packed since, not yet sent: each counted new until its reply finds it seen, so
+    #: that a batch's next elements count it (all are packed before any reply comes).
+    #: Below 0: sent ahead for items then found seen (or not added): the next send is less.
+    pending: int = 0
     #: Grown, or its count nears the limit: its checks are the script's from now on.
     grown: bool = False
     near: bool = False
+    #: The count from which its checks are the script's, as of its last look.
+    edge: int = 0
 
 
 @dataclass(slots=True)
@@ -70,9 +76,9 @@ class Command:
     bits: list[int] | None = None
 
     def give_back(self) -> None:
-        """Keep the count it carried for a later command: this one did not run."""
+        """Keep the count it carried for a later command: this one did not run (nor added)."""
         if self.fast is not None:
-            self.fast.give_back(self.shard, self.counted)
+            self.fast.give_back(self.shard, self.counted - 1)
 
 
 @dataclass
@@ -127,8 +133,14 @@ class FastPath:
         """
         shard, x, y = place(h1, h2, self.shards, self.size, self.seeds)
         known = self._shards.get(shard) or self._shard(shard)
-        if self.counted and (known.grown or known.near):
-            return None
+        if self.counted:
+            if known.grown or known.near:
+                return None
+            if known.count is None and known.pending >= STATE_EVERY:
+                return None  # its first look is on its way: no more than a worker may hold
+            if known.count is not None and known.count + known.pending + 1 >= known.edge:
+                known.near = True  # till a look finds room (a state read's reply)
+                return None
         args: list[int] = []
         # A shard's bits start after its header.
         bits = offsets(x, y, self.k, self.size, self.block, HEADER_BITS)
@@ -140,9 +152,13 @@ class FastPath:
             known.since += 1
             if known.count is None or known.since >= STATE_EVERY or known.pending >= STATE_EVERY:
                 known.since = 0
-                sent, known.pending = known.pending, 0
+                sent = max(known.pending, 0)
+                known.pending -= sent
+                if known.count is not None:
+                    known.count += sent  # there once it lands (its reply tells the count)
                 text = f"{known.stated}${len(str(sent))}\r\n{sent}\r\n"
                 fields = 2
+            known.pending += 1
         payload = (text + self._ops % tuple(args)).encode("latin-1")
         return Command(shard, known.key, payload, None, self, sent, fields, bits)
 
@@ -165,18 +181,19 @@ class FastPath:
         if not self.counted:
             return seen, 1
         if fields == 1:  # no state read: only this worker's count moves
-            known.pending += int(not seen)
+            known.pending -= seen
             return seen, 1
         generations, count = divmod(reply[1], 1 << 32)
         if generations > 1:  # it grew since this worker looked
             known.grown = True
             known.pending = 0  # the count in Redis is now the newest generation's
         else:
-            known.count = count
-            known.pending += int(not seen)
+            # Never below what this worker sent since (a batch's later commands land later).
+            known.count = count if known.count is None else max(known.count, count)
+            known.pending -= seen
             # Each other live worker may hold up to STATE_EVERY items not counted yet.
-            late = STATE_EVERY * self.workers()
-            known.near = count + known.pending + 1 >= min(self.limit, self.first - late)
+            known.edge = min(self.limit, self.first - STATE_EVERY * self.workers())
+            known.near = known.count + known.pending + 1 >= known.edge
         return seen, max(generations, 1)
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
@@ -189,7 +206,7 @@ class FastPath:
         if only is not None:
             shards = {only: shards[only]} if only in shards else {}
         for shard, known in shards.items():
-            if known.pending and not known.grown:
+            if known.pending > 0 and not known.grown:
                 n, known.pending = known.pending, 0
                 command = pack_command(b"BITFIELD", known.key, b"INCRBY", b"u48", STATE_FIELD, n)
                 out.append((shard, known.key, command, n))

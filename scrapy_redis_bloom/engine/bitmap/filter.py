@@ -178,6 +178,7 @@ class RedisBloomFilter(FilterBase):
                 )
         except (FilterUnavailableError, AccessDeniedError):
             check.give_back()
+            check.unjudge()
             raise
         return self._added(check, reply, ambiguous)
 

@@ -70,7 +70,8 @@ class _Shard(Known):
     before: int = 1
     #: Generations of the shard, or of the current window.
     now: int = 2
-    #: Items in the newest generation at the last read; those found new since, not sent.
+    #: Items in the newest generation at the last read (plus those sent since); those
+    #: judged new since (from their reads: a batch's next elements count them), not sent.
     count: int = 0
     pending: int = 0
 
@@ -124,9 +125,17 @@ class Check:
         self.known.pending += self.sent
 
     def add_undone(self) -> None:
-        """Keep a count the add held inside it (not :attr:`count`'s): the add did not land."""
+        """Keep a count the add held inside it (not :attr:`count`'s): the add did not land.
+
+        Its own element, counted when judged new, is no longer.
+        """
         if self.stated:
             self.give_back()
+        self.unjudge()
+
+    def unjudge(self) -> None:
+        """Take back the count of this element, counted new when judged: it was not added."""
+        self.known.pending -= 1  # below 0 when sent already: the next send is one less
 
 
 @dataclass(eq=False)
@@ -292,8 +301,9 @@ class StackPath:
                         known.before, sound = generations, False
                 elif generations != known.now:
                     known.now, sound = generations, False
-                else:
                     known.count = int.from_bytes(head[28:32], "big")
+                else:  # never below what this worker sent since (a batch's adds land later)
+                    known.count = max(known.count, int.from_bytes(head[28:32], "big"))
             if not seen:
                 unset = _unset(bits[1:] if k.block < 0 else bits, k)
                 seen = not unset
@@ -301,9 +311,13 @@ class StackPath:
                     check.unset = unset
         if seen:
             return SEEN
-        if not sound or late or self._near(known):
+        # Planned before a check of its batch found the shard grown: its add would go to
+        # a sealed generation (and again to the next: twice the bits).
+        stale = next(k for k in check.keys if k.newest).generation + 1 != known.now
+        if not sound or late or stale or self._near(known):
             return SCRIPT
         self._pack_add(check)
+        known.pending += 1  # new, unless its add finds otherwise (:meth:`added`)
         return ADD
 
     def _pack_add(self, check: Check) -> None:
@@ -319,16 +333,19 @@ class StackPath:
         known = check.known
         k = next(k for k in check.keys if k.newest)
         if k.generation == 0:
-            check.sent, known.pending = known.pending, 0
+            check.sent = max(known.pending, 0)
+            known.pending -= check.sent
             head: tuple[Any, ...] = (b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
             check.stated = True
         else:
             head = _SEAL  # its seal, once a later one started
             if known.pending >= STATE_EVERY - 1:  # else held, as the margin allows
-                check.sent, known.pending = known.pending, 0
+                check.sent = known.pending
+                known.pending = 0
                 g0 = next(g for g in check.keys if g.current and g.generation == 0)
                 command = (b"BITFIELD", g0.name, b"INCRBY", b"u48", GENERATIONS_BIT, check.sent)
                 check.count = pack_command(*command)
+        known.count += check.sent  # there once the add lands (its reply tells the count)
         check.add, check.add_bits = _pack_set(k.name, head, k.block, check.unset)
         check.add_key = k.name
 
@@ -345,7 +362,8 @@ class StackPath:
         if seen is None:
             check.add_undone()  # it went to the wrong key
             return None
-        known.pending += not seen
+        if seen:
+            check.unjudge()
         newest = next(key for key in check.keys if key.newest)
         if check.stated:
             generations, known.count = divmod(reply[1], 1 << 32)
@@ -366,8 +384,8 @@ class StackPath:
     def looked(self, check: Check, reply: Any) -> bool | None:
         """Read :attr:`Check.again`'s reply (as :meth:`added`; "seen" takes its count back)."""
         seen = _were_set(reply, len(check.again_bits), id_field(self.identity(check.shard)))
-        if seen and check.known.pending > 0:
-            check.known.pending -= 1
+        if seen:
+            check.unjudge()
         return seen
 
     def counted(self, check: Check, reply: Any) -> None:
@@ -400,7 +418,7 @@ class StackPath:
         """Return ``(shard, key, command, items)`` per shard with items still to count."""
         out = []
         for shard, known in self._shards.items():
-            if (only is None or shard == only) and known.pending:
+            if (only is None or shard == only) and known.pending > 0:
                 n, known.pending = known.pending, 0
                 if self.ttl and not Clock.inside(known.clock.now(), known.window, self.ttl):
                     continue  # a past window takes no adds; its key may be gone: write nothing
