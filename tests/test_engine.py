@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -90,6 +94,60 @@ def test_server_sets_exactly_the_documented_bits(redis_client: redis.Redis) -> N
         ones = bits_of(redis_client.get(key) or b"")
         want = set(offsets(x, y, SMALL.hash_count, SMALL.shard_bits)) if i == shard else set()
         assert ones == want
+
+
+#: Run in a child process: a crash (mmh3 segfaulted on a lone surrogate) fails the test.
+ELEMENTS_CHILD = """
+import json, sys
+import redis
+from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.layout import HEADER_BYTES as H
+from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+
+client = redis.Redis.from_url(sys.argv[1])
+spec = FilterSpec(shards=4, shard_bits=4096, hash_count=5)
+odd, words = "/caf\\udce9", ["/café", "/日本語", "/\\U0001f600", "/plain"]
+out = {}
+for op in ("check_and_add", "contains", "add_many", "contains_many", "check_and_add_many"):
+    bf = RedisBloomFilter(client, "odd-" + op, spec, capacity=500)
+    arg = [odd] if op.endswith("many") else odd
+    raw = odd.encode("utf-8", "surrogatepass")
+    out[op] = [getattr(bf, op)(arg), bf.contains(odd), bf.contains(raw)]
+# Normal strs: as their UTF-8 bytes, one by one and in bulk, bit for bit.
+by_str = RedisBloomFilter(client, "by-str", spec, capacity=500)
+by_bytes = RedisBloomFilter(client, "by-bytes", spec, capacity=500)
+out["str"] = [by_str.check_and_add(w) for w in words] + by_str.add_many(words)
+out["bytes"] = [by_bytes.check_and_add(w.encode()) for w in words] + by_bytes.add_many(
+    [w.encode() for w in words]
+)
+out["cross"] = by_str.contains_many([w.encode() for w in words])
+pairs = zip(by_str.shard_keys, by_bytes.shard_keys)
+out["bits"] = [client.getrange(a, H, -1) == client.getrange(b, H, -1) for a, b in pairs]
+print(json.dumps(out))
+"""
+
+
+def test_any_str_element_is_hashed_safely_as_its_utf8_bytes(redis_url: str) -> None:
+    # A lone surrogate (os.fsdecode's undecodable bytes) killed the process in mmh3; every
+    # other str must keep the hash of its UTF-8 bytes (filters already hold them).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", ELEMENTS_CHILD, redis_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    out = json.loads(child.stdout)
+    for op in ("check_and_add", "add_many", "check_and_add_many"):
+        assert out[op] == [[False] if op.endswith("many") else False, True, True], op
+    for op in ("contains", "contains_many"):
+        assert out[op] == [[False] if op.endswith("many") else False, False, False], op
+    assert out["str"] == out["bytes"] == [False] * 4 + [True] * 4
+    assert out["cross"] == [True] * 4
+    assert out["bits"] == [True] * 4
 
 
 def test_a_shard_is_allocated_whole_at_its_exact_size(redis_client: redis.Redis) -> None:

@@ -12,9 +12,10 @@ floor of n/S**2 under the false-positive rate that a small shard feels).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import overload
 
 import mmh3
 
@@ -106,6 +107,63 @@ class FilterSpec:
     def total_bytes(self) -> int:
         """Bytes of all shards' bitmaps together (without Redis's per-key overhead)."""
         return self.shards * self.shard_bytes
+
+
+def hashable(element: object, method: str = "", position: int | None = None) -> str | bytes:
+    """Return what mmh3 and Redis are given for an element: the hash it always had, safely.
+
+    mmh3 hashes a str as its UTF-8 bytes, and crashes the process (SIGSEGV) on one that has
+    none: a lone surrogate, as ``os.fsdecode`` gives for undecodable bytes. So a non-ASCII
+    str goes as its UTF-8 bytes with surrogates passed through: the same hash and the same
+    Redis item for every other str. ASCII strs (``isascii`` is O(1)) and bytes go unchanged.
+    Anything else is a TypeError naming ``method``, the element's ``position`` and its type.
+    """
+    if isinstance(element, str):
+        return element if element.isascii() else element.encode("utf-8", "surrogatepass")
+    if isinstance(element, bytes):
+        return element
+    where = f"{method}(): " if method else ""
+    at = "" if position is None else f" at position {position:,}"
+    raise TypeError(
+        f"{where}a Bloom filter element is a str or bytes; the element{at} is"
+        f" {type(element).__name__}: {element!r:.60}"
+    )
+
+
+@overload
+def hashables(elements: Iterable[object], method: str) -> list[str | bytes]: ...
+@overload
+def hashables(elements: Iterable[object], method: str, lazy: bool) -> Iterable[str | bytes]: ...
+def hashables(elements: Iterable[object], method: str, lazy: bool = False) -> Iterable[str | bytes]:
+    """Return a collection's elements through :func:`hashable`, for the method ``method``.
+
+    A str or bytes given whole is a TypeError (it would be taken character by character).
+    A sequence (without ``lazy``, any iterable) is checked whole before anything is written;
+    with ``lazy``, another iterable is checked as it is consumed (in bounded memory).
+    """
+    if isinstance(elements, (str, bytes, bytearray)):
+        raise TypeError(
+            f"{method}() takes a collection of elements (e.g. a list), got one"
+            f" {type(elements).__name__}: {elements!r:.60} (one element: check_and_add()"
+            " or contains())"
+        )
+    if not isinstance(elements, Iterable):
+        raise TypeError(f"{method}() takes an iterable of elements, got {type(elements).__name__}")
+    if lazy and not isinstance(elements, Sequence):
+        return _checked(elements, method)
+    items = elements if isinstance(elements, Sequence) else list(elements)
+    try:  # the usual element (an ASCII str) without a call
+        return [e if type(e) is str and e.isascii() else hashable(e) for e in items]
+    except TypeError:
+        for i, e in enumerate(items):
+            hashable(e, method, i)  # raises, naming the first element refused
+        raise
+
+
+def _checked(elements: Iterable[object], method: str) -> Iterator[str | bytes]:
+    """Yield an iterable's elements through :func:`hashable` as they come."""
+    for i, e in enumerate(elements):
+        yield e if type(e) is str and e.isascii() else hashable(e, method, i)
 
 
 def locate(element: str | bytes, spec: FilterSpec) -> tuple[int, int, int]:

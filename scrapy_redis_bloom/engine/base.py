@@ -19,7 +19,7 @@ import mmh3
 
 from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
-from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.hashing import FilterSpec, hashable, hashables
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.cache import LRU
@@ -281,24 +281,39 @@ class FilterBase:
             return workers_of(self.executor, self.key, settle)
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element, whether it is (probably) in the filter."""
+        """Return, per element, whether it is (probably) in the filter.
+
+        ``elements``: any iterable of elements (not one str or bytes: a TypeError).
+        """
+        items = hashables(elements, "contains_many", lazy=True)
         with self._lock:
-            return self._many(False, elements).answers
+            return self._many(False, items).answers
 
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add elements in bulk, as :meth:`check_and_add` each; the counts are synced on return."""
+        """Add elements in bulk, as :meth:`check_and_add` each; the counts are synced on return.
+
+        ``elements``: any iterable of elements (not one str or bytes: a TypeError). A
+        sequence's elements are all checked before any is added (one not a str or bytes is a
+        TypeError naming its position); another iterable's as they come, in bounded memory.
+        """
+        items = hashables(elements, "add_many", lazy=True)
         with self._lock:
-            outcome = self._many(True, elements)
+            outcome = self._many(True, items)
             self.counters.record(outcome.added, outcome.seen)
             self._owe_or_settle(outcome)
             self.sync_counters()
             return outcome.answers
 
-    def check_and_add_many(self, elements: Sequence[str | bytes]) -> list[bool]:
-        """Add a page's links as :meth:`check_and_add` each, in one round trip per server."""
-        answers = [True] * len(elements)
+    def check_and_add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
+        """Add a page's links as :meth:`check_and_add` each, in one round trip per server.
+
+        ``elements``: any iterable of elements, all checked before any is added (as
+        :meth:`add_many`'s sequence).
+        """
+        items = hashables(elements, "check_and_add_many")
+        answers = [True] * len(items)
         with self._lock:
-            todo = self._unknown(elements)
+            todo = self._unknown(items)
             if todo:
                 outcome = self._check_and_add_all(todo)
                 self.counters.record(outcome.added, outcome.seen)
@@ -329,14 +344,17 @@ class FilterBase:
 
     def contains(self, element: str | bytes) -> bool:
         """Return True if the element is (probably) in the filter. Changes nothing."""
-        return self.contains_many([element])[0]
+        return self.contains_many([hashable(element, "contains")])[0]
 
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element; return True if it was (probably) there already.
 
         One atomic command in Redis (none when the near-cache knows the element): of several
-        workers adding the same element at once, exactly one gets False.
+        workers adding the same element at once, exactly one gets False. An element is a
+        str or bytes (a str hashes as its UTF-8 bytes); anything else is a TypeError.
         """
+        if type(element) is not str or not element.isascii():
+            element = hashable(element, "check_and_add")
         h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
         tag = h1 | h2 << 64  # as tag()
         with self._lock:
