@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -148,6 +149,56 @@ def test_any_str_element_is_hashed_safely_as_its_utf8_bytes(redis_url: str) -> N
     assert out["str"] == out["bytes"] == [False] * 4 + [True] * 4
     assert out["cross"] == [True] * 4
     assert out["bits"] == [True] * 4
+
+
+def test_bad_input_to_the_api_is_one_clear_error_before_any_write(
+    redis_client: redis.Redis,
+) -> None:
+    bf = make(redis_client, BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10**6}).spec)
+    # One str or bytes where a collection is expected: it was taken character by character.
+    for method, one in (
+        ("add_many", "http://x"),
+        ("contains_many", b"ab"),
+        ("check_and_add_many", "u"),
+    ):
+        with pytest.raises(TypeError, match=rf"^{method}\(\) takes a collection of elements"):
+            getattr(bf, method)(one)
+    # A bad element, past the first batch (262,144 were written, then mmh3's raw error).
+    urls = [f"https://example.com/{i}" for i in range(300_000)]
+    for method, bad in (("add_many", None), ("check_and_add_many", 42)):
+        with pytest.raises(
+            TypeError, match=rf"^{method}\(\): .* position 300,000 is {type(bad).__name__}"
+        ):
+            getattr(bf, method)([*urls, bad])
+    assert redis_client.dbsize() == 0  # nothing written, not even the filter
+    with pytest.raises(TypeError, match=r"^check_and_add\(\): .* element is NoneType"):
+        bf.check_and_add(None)  # type: ignore[arg-type]
+    # Any iterable, as add_many.
+    assert bf.check_and_add_many(u for u in ["a", "b", "a"]) == [False, False, True]
+    with pytest.raises(ValueError, match=r"0 or more, got -1"):
+        bf.estimate(-1)
+    with pytest.raises(TypeError, match=r"whole number of items, got str"):
+        bf.estimate("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"cannot be pickled .* one filter per process"):
+        pickle.dumps(bf)
+    # The constructors' key: BLOOMFILTER_KEY's rule (None made a filter named 'None').
+    config = BloomConfig.from_settings({"BLOOMFILTER_KEY": "k", "BLOOMFILTER_CAPACITY": 1000})
+    for key, error in (
+        (None, TypeError),
+        (b"k", TypeError),
+        (5, TypeError),
+        ("", ValueError),
+        ("{x}", ValueError),
+        ("a{b}c", ValueError),
+        ("\ud800", ValueError),
+    ):
+        with pytest.raises(error, match=r"The Bloom filter's key .* is invalid"):
+            RedisBloomFilter.from_config(redis_client, key, config)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"BLOOMFILTER_KEY .* UTF-8"):
+        BloomConfig.from_settings({"BLOOMFILTER_KEY": "\ud800"})
+    names = redis_client.keys()
+    assert names
+    assert all(k.startswith((b"bf:", b"{bf:")) for k in names), names
 
 
 def test_a_shard_is_allocated_whole_at_its_exact_size(redis_client: redis.Redis) -> None:

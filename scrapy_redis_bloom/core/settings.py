@@ -132,13 +132,38 @@ def _url_list(name: str, value: object) -> tuple[str, ...]:
     )
 
 
+def key_problem(value: object) -> str | None:
+    """Return why a filter key cannot name its Redis keys (None: it can).
+
+    The rule of BLOOMFILTER_KEY and of the filters' constructors alike.
+    """
+    if not isinstance(value, str) or not value:
+        return "It must be a non-empty string."
+    if "{" in value or "}" in value:
+        return "It must not contain { or }: the filter derives Redis Cluster hash tags from it."
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return "It must be text that UTF-8 can encode (it has a lone surrogate)."
+    return None
+
+
+def check_key(key: object) -> str:
+    """Check a filter's key (filled in) as a constructor takes it: TypeError, or ValueError."""
+    why = key_problem(key)
+    if isinstance(key, str) and why is None:
+        return key
+    error = ValueError if isinstance(key, str) else TypeError
+    raise error(f"The Bloom filter's key ({key!r}, a {type(key).__name__}) is invalid. {why}")
+
+
 def _key(name: str, value: object) -> str:
     """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys."""
-    if not isinstance(value, str) or not value:
-        raise _invalid(name, value, "It must be a non-empty string.")
-    if "{" in value or "}" in value:
-        why = "It must not contain { or }: the filter derives Redis Cluster hash tags from it."
+    why = key_problem(value)
+    if why is not None:
         raise _invalid(name, value, why)
+    assert isinstance(value, str)
     if re.sub(r"%%|%\(spider\)s", "", value).count("%"):
         raise _invalid(
             name,

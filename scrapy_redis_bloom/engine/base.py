@@ -21,7 +21,7 @@ from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableE
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec, hashable, hashables
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
-from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy
+from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy, check_key
 from scrapy_redis_bloom.engine.cache import LRU
 from scrapy_redis_bloom.engine.clock import GUARD
 from scrapy_redis_bloom.engine.counters import Counters
@@ -50,6 +50,15 @@ class Outcome:
     errors: int = 0
     #: Elements Redis could not take (answered "new" by BLOOMFILTER_ON_ERROR = "allow").
     failed: list[str | bytes] = field(default_factory=list)
+
+
+def item_count(items: object) -> int:
+    """Check ``estimate``'s number of items: a whole number, 0 or more (else a clear error)."""
+    if isinstance(items, bool) or not isinstance(items, int):
+        raise TypeError(f"estimate() takes a whole number of items, got {type(items).__name__}")
+    if items < 0:
+        raise ValueError(f"estimate() takes a number of items of 0 or more, got {items:,}")
+    return items
 
 
 def tag(element: str | bytes) -> int:
@@ -85,7 +94,7 @@ class FilterBase:
         expansion: int = 0,
         ttl: int = 0,
     ) -> None:
-        self.key = key
+        self.key = check_key(key)  # as BLOOMFILTER_KEY: it names the Redis keys
         self.capacity = capacity
         self.topology = make_topology(client)
         self.faults = faults if faults is not None else FaultPolicy()
@@ -156,9 +165,22 @@ class FilterBase:
         """Sort out shards found lost or wrong (see :meth:`.Lifecycle.recover`); adopt."""
         self._adopt(self.lifecycle.recover(self._current(), shards, self.wanted))
 
+    def __reduce_ex__(self, protocol: object) -> Any:
+        """Refuse pickling: a filter holds its connections, lock and counts for one process."""
+        raise TypeError(
+            f"A Bloom filter ({type(self).__name__} {self.key!r}) cannot be pickled or sent to"
+            " another process: it holds this process's connections, lock and unsynced counts."
+            " Build one filter per process instead (RedisBloomFilter.from_config with the"
+            " same key and BloomConfig.from_settings); they share the filter in Redis."
+        )
+
     @classmethod
     def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
-        """Return the filter a validated configuration asks for (``options``: the constructor's)."""
+        """Return the filter a validated configuration asks for (``options``: the constructor's).
+
+        ``key``: the filter's, filled in (``BloomConfig.key_for``), under BLOOMFILTER_KEY's
+        rule: a key that breaks it is a TypeError or ValueError.
+        """
         return cls(
             client,
             key,

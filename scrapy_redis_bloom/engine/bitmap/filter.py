@@ -27,7 +27,7 @@ from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
-from scrapy_redis_bloom.engine.base import FilterBase, Outcome
+from scrapy_redis_bloom.engine.base import FilterBase, Outcome, item_count
 from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
@@ -124,7 +124,8 @@ class RedisBloomFilter(FilterBase):
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""
-        return estimate_from_items(self._current().growth, items)
+        count = item_count(items)  # before opening the filter
+        return estimate_from_items(self._current().growth, count)
 
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis)."""

@@ -25,7 +25,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
-from scrapy_redis_bloom.engine.base import FilterBase, Outcome
+from scrapy_redis_bloom.engine.base import FilterBase, Outcome, item_count
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -113,7 +113,8 @@ class NativeBloomFilter(FilterBase):
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
-        return native_parts.estimate(self._current(), items)
+        count = item_count(items)  # before opening the filter
+        return native_parts.estimate(self._current(), count)
 
     def state(self, shards: list[int] | None = None) -> FilterState:
         """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``)."""
