@@ -234,6 +234,8 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "1%"}, r"BLOOMFILTER_ERROR_RATE setting \('1%'\) is invalid"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 8\d hash functions; at most 64"),
     ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 1e-25, **CLASSIC}, r"BLOOMFILTER_ERROR_RATE setting \(1e-25\) is invalid\. It needs 8\d hash functions; at most 64"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": 5e-324}, r"BLOOMFILTER_ERROR_RATE setting \(5e-324\) is invalid\. It needs too many hash functions; at most 64"),
+    ({"BLOOMFILTER_CAPACITY": 10, "BLOOMFILTER_ERROR_RATE": "5e-324", "BLOOMFILTER_TTL": 3600}, r"BLOOMFILTER_ERROR_RATE setting \(5e-324\) is invalid\. It needs too many hash functions; at most 64"),
     ({"BLOOMFILTER_CAPACITY": 10**15, "BLOOMFILTER_ERROR_RATE": 1e-9}, r"BLOOMFILTER_CAPACITY setting \(1000000000000000\) is invalid\. At error rate 1e-09 it needs .* more than the 2\*\*47"),
     ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
     ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),

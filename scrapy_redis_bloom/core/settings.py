@@ -944,14 +944,14 @@ def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing,
     asked = Sizing(shard_bit=shard_bit, shards=shards, blocked=blocked, native=native)
     if capacity is not None and bit is None and hash_number is None:
         rate = ERROR_RATE.default if error_rate is None else error_rate
+        at_least = (
+            f"at most {MAX_HASH_COUNT} are supported, so the error rate must be at least 1e-19."
+        )
+        if rate * share == 0:  # a denormal rate (5e-324): its share underflows, log(0)
+            raise _invalid(ERROR_RATE.name, rate, f"It needs too many hash functions; {at_least}")
         bits, k = optimal_geometry(capacity, rate * share, asked.block_bits)
         if k > MAX_HASH_COUNT:
-            raise _invalid(
-                ERROR_RATE.name,
-                rate,
-                f"It needs {k} hash functions; at most {MAX_HASH_COUNT} are supported,"
-                " so the error rate must be at least 1e-19.",
-            )
+            raise _invalid(ERROR_RATE.name, rate, f"It needs {k} hash functions; {at_least}")
         if bits > 2**MAX_BIT:
             raise _invalid(
                 CAPACITY.name,
