@@ -28,7 +28,7 @@ from scrapy_redis_bloom.scrapy.connection import filter_clients
 
 #: What a shard string holds besides its bits.
 OVERHEAD = HEADER_BYTES + STRING_OVERHEAD
-#: The classic (unblocked, scheme 1) layout, whose shards fill their blocks to the byte
+#: The classic (unblocked, scheme 3) layout, whose shards fill their blocks to the byte
 #: and whose m and k are the textbook formulas; a new filter is blocked by default.
 CLASSIC = {"BLOOMFILTER_BLOCKED": False}
 

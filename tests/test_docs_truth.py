@@ -39,7 +39,7 @@ import pytest
 
 import scrapy_redis_bloom
 from scrapy_redis_bloom.core.errors import BloomFilterError
-from scrapy_redis_bloom.core.settings import MAX_BIT, SETTINGS, BloomConfig
+from scrapy_redis_bloom.core.settings import BLOCKED, MAX_BIT, SETTINGS, BloomConfig
 from scrapy_redis_bloom.core.sizing import false_positive_rate, format_bytes, layout_costs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,6 +378,19 @@ def test_internal_errors_are_not_exported(name: str) -> None:
 
 
 # -- figures the pages state -------------------------------------------------------------------
+
+
+def test_the_blocked_settings_schemes_are_what_a_new_filter_gets() -> None:
+    # It said False gave "the classic (unblocked, scheme 1) layout": a new one has scheme 3.
+    meaning = BLOCKED.meaning
+    for blocked, said in (
+        (True, r"one 512-bit block \(hash scheme (\d)\)"),
+        (False, r"`False`: the classic \(unblocked\) layout, hash scheme (\d) for a new filter"),
+    ):
+        found = re.search(said, meaning)
+        assert found, (said, meaning)
+        spec = BloomConfig.from_settings({"BLOOMFILTER_BLOCKED": blocked}).spec
+        assert int(found.group(1)) == spec.scheme
 
 
 def test_the_faqs_default_sizing() -> None:

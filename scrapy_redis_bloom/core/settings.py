@@ -467,8 +467,9 @@ BLOCKED: Setting[bool | None] = _row(
     " caches about half the Redis time per check of the classic layout, for 9% more memory at 1e-3,"
     " 19% at 1e-4 (see [Layouts](#layouts-classic-blocked-native)). Unset: blocked for a new bitmap"
     " filter, unblocked for a native one, and an existing filter keeps the layout it was created"
-    " with. `False`: the classic (unblocked, scheme 1) layout; `True`: blocked (bitmap backend"
-    " only). Stored in the filter's record: a worker asking for the other layout is refused.",
+    " with. `False`: the classic (unblocked) layout, hash scheme 3 for a new filter (1 for one"
+    " created by an earlier build); `True`: blocked (bitmap backend only). Stored in the filter's"
+    " record: a worker asking for the other layout is refused.",
     default_text="blocked for a new bitmap filter",
 )
 SHARD_BIT: Setting[int] = _row(
