@@ -109,6 +109,11 @@ def test_the_addon_enables_batching_when_asked(
             {"BLOOMFILTER_ADDON_SCHEDULER": "sometimes"},
             "The value of the BLOOMFILTER_ADDON_SCHEDULER setting ('sometimes') is invalid.",
         ),
+        (  # misspelt, it was ignored: the default sizing instead of the one meant
+            {"BLOOMFILTER_CAPACTIY": 5000},
+            "The setting BLOOMFILTER_CAPACTIY is unknown: no setting of scrapy-redis-bloom has"
+            " this name, so its value would be ignored. Did you mean BLOOMFILTER_CAPACITY?",
+        ),
     ],
 )
 def test_a_bad_setting_stops_the_crawl_before_it_starts(

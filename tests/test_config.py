@@ -306,6 +306,27 @@ def test_every_bloomfilter_setting_has_a_bad_value_case() -> None:
     assert documented <= named
 
 
+def test_an_unknown_bloomfilter_setting_is_refused_naming_the_closest() -> None:
+    # README: every BLOOMFILTER_* setting is checked; a misspelt one was silently ignored.
+    for name, given, hint in (
+        ("CAPACTIY", {"BLOOMFILTER_CAPACTIY": 5000}, r"Did you mean BLOOMFILTER_CAPACITY\?"),
+        (
+            "SHARD_BITS",
+            Settings({"BLOOMFILTER_SHARD_BITS": 20}),
+            r"Did you mean BLOOMFILTER_SHARD_BIT\?",
+        ),
+        ("FOO", {"BLOOMFILTER_FOO": 1}, r"See the settings reference for the names\."),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^The setting BLOOMFILTER_{name} is unknown: .* {hint}$"
+        ):
+            BloomConfig.from_settings(given)
+    # scrapy-redis-bloomfilter's two settings mean the same here (docs/howto/from-bloomfilter.md),
+    # and other packages' settings are not BLOOMFILTER_* ones.
+    assert BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_HASH_NUMBER": 6}).spec
+    assert BloomConfig.from_settings(Settings({"REDIS_URL": "redis://h", "OTHER_BIT": 1})).spec
+
+
 def test_connection_settings() -> None:
     assert BloomConfig.from_settings({}).connection.urls == ()  # scrapy-redis's connection
     config = BloomConfig.from_settings(

@@ -301,6 +301,10 @@ def test_bad_setting_fails_at_startup(redis_url: str) -> None:
             "BLOOMFILTER_CAPACITY": None, "BLOOMFILTER_ERROR_RATE": None}))  # fmt: skip
     with pytest.raises(ValueError, match=r"DUPEFILTER_DEBUG setting \('maybe'\) is invalid"):
         redis_scheduler(crawler_for(redis_url, DUPEFILTER_DEBUG="maybe"))
+    with pytest.raises(
+        ValueError, match=r"BLOOMFILTER_EROR_RATE is unknown.* BLOOMFILTER_ERROR_RATE\?"
+    ):
+        redis_scheduler(crawler_for(redis_url, BLOOMFILTER_EROR_RATE=0.01))
 
 
 def test_unreachable_redis_names_host_and_port_not_password() -> None:

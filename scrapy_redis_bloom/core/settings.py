@@ -10,10 +10,11 @@ naming the setting, the value and what is allowed, so a crawl fails at startup, 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
 from urllib.parse import urlsplit
@@ -635,6 +636,29 @@ SETTINGS: tuple[Setting[Any], ...] = tuple(
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
+def refuse_unknown(settings: SettingsLike) -> None:
+    """Refuse a ``BLOOMFILTER_*`` name that is no setting: misspelt, it would go unread.
+
+    Names the closest setting. scrapy-redis-bloomfilter's two (BIT, HASH_NUMBER) are
+    settings here too, of the same meaning. Settings that cannot list their names pass.
+    """
+    if not isinstance(settings, Iterable):
+        return
+    for name in sorted(n for n in settings if isinstance(n, str) and n.startswith("BLOOMFILTER_")):
+        if name in _BY_NAME:
+            continue
+        cut = len("BLOOMFILTER_")  # alike in every name: compared, it hides the difference
+        tails = {known[cut:]: known for known in _BY_NAME}
+        close = [tails[t] for t in difflib.get_close_matches(name[cut:], tails, n=1)]
+        hint = "Did you mean {close}?" if close else "See the settings reference for the names."
+        raise _refuse(
+            "The {setting} {name} is unknown: no setting of scrapy-redis-bloom has this name,"
+            " so its value would be ignored. " + hint,
+            name=name,
+            close=SettingName(close[0]) if close else "",
+        )
+
+
 def setting(name: str) -> Setting[Any]:
     """Return the row of a setting by its name (KeyError for a name not in the table)."""
     return _BY_NAME[name]
@@ -833,7 +857,11 @@ class BloomConfig:
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
-        """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError."""
+        """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError.
+
+        An unknown ``BLOOMFILTER_*`` name is refused too (:func:`refuse_unknown`).
+        """
+        refuse_unknown(settings)
         expansion = EXPANSION.read(settings)
         ttl = TTL.read(settings)
         backend = BACKEND.read(settings)
