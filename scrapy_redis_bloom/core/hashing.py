@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import overload
+from typing import cast, overload
 
 import mmh3
 
@@ -151,8 +151,13 @@ def hashables(elements: Iterable[object], method: str, lazy: bool = False) -> It
         raise TypeError(f"{method}() takes an iterable of elements, got {type(elements).__name__}")
     if lazy and not isinstance(elements, Sequence):
         return _checked(elements, method)
-    items = elements if isinstance(elements, Sequence) else list(elements)
-    try:  # the usual element (an ASCII str) without a call
+    items = elements if isinstance(elements, list) else list(elements)
+    try:
+        if all(map(str.isascii, items)):  # the usual: ASCII strs, as they are (in C)
+            return cast("list[str | bytes]", items)
+    except TypeError:  # an element not a str
+        pass
+    try:
         return [e if type(e) is str and e.isascii() else hashable(e) for e in items]
     except TypeError:
         for i, e in enumerate(items):
