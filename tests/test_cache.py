@@ -138,15 +138,50 @@ def test_with_windows_the_cache_forgets_what_redis_forgets(
     once (20 of 20 URLs "seen" 6 s after their add with a TTL of 2 s, where Redis had
     forgotten all of them), so re-crawl windows did nothing with the default cache.
     """
-    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_TTL": 2})
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_TTL": 3})
     bloom = RedisBloomFilter.from_config(redis_client, "cachettl", config, cache_size=1_000)
     urls = fingerprints(20, "ttl")
     check = bloom.check_and_add_many if bulk else lambda us: [bloom.check_and_add(u) for u in us]
-    time.sleep(2 - (time.time() + 1) % 2)  # just after the cache's window starts: no clear below
+    time.sleep(3 - (time.time() - 1.2) % 3)  # mid-window: answers are kept, no clear below
     assert check(urls) == [False] * len(urls)
     assert check(urls) == [True] * len(urls)  # inside their window: seen (from the cache)
     assert bloom.cache_hits == len(urls)
-    time.sleep(2 * 2 + 1.5)  # past 2 x TTL (and the cache's margin of a second)
+    time.sleep(2 * 3 + 1.5)  # past 2 x TTL (and the cache's margin of a second)
     assert bloom.contains_many(urls) == [False] * len(urls)  # Redis forgot them
     assert check(urls) == [False] * len(urls)  # and so does the worker: re-crawled
+    bloom.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bulk", [False, True], ids=["one", "many"])
+def test_with_windows_a_url_met_often_is_forgotten_within_twice_ttl(
+    redis_client: redis.Redis, bulk: bool
+) -> None:
+    """A URL checked again and again is new again within 2 x TTL, with the cache on.
+
+    A "seen" Redis gave in the last second of a window (the one that forgets the URL at its
+    end) was kept under the next window, the cache's already: the URL stayed "seen" a whole
+    window more (7.9 s with a TTL of 3 s).
+    """
+    ttl = 3
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_TTL": ttl})
+    bloom = RedisBloomFilter.from_config(redis_client, "cacheoften", config, cache_size=1_000)
+    bloom.open()
+    urls = fingerprints(5, "often")
+    check = bloom.check_and_add_many if bulk else lambda us: [bloom.check_and_add(u) for u in us]
+
+    def now() -> float:
+        seconds, micros = redis_client.time()
+        return seconds + micros / 1e6
+
+    start = (int(now() // ttl) + 1) * ttl  # a window's start, by Redis's clock
+    time.sleep(start + 0.1 - now())
+    assert check(urls) == [False] * len(urls)
+    added = now()
+    while (answers := check(urls)) == [True] * len(urls) and now() - added < 4 * ttl:
+        time.sleep(0.1)  # met again and again, as a link on many pages
+    kept = now() - added
+    assert answers == [False] * len(urls)  # all forgotten together: added together
+    assert ttl <= kept <= 2 * ttl + 0.5, kept  # the polling step and load: 0.5 s at most
+    assert bloom.cache_hits > 0  # the cache did answer, away from the windows' edges
     bloom.close()

@@ -112,6 +112,8 @@ class FilterBase:
         self.cache_hits = 0
         #: With re-crawl windows, the window the near-cache holds answers of (see _cached).
         self._cache_window = -1
+        #: Whether what Redis answers from now on may be kept in the near-cache (see _cached).
+        self._cache_keep = True
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
@@ -340,9 +342,10 @@ class FilterBase:
                 outcome = self._check_and_add_all(todo)
                 self.counters.record(outcome.added, outcome.seen)
                 failed = set(outcome.failed)
+                keep = self.cache_size and self._cache_keep
                 for (i, digest, element, _, _), seen in zip(todo, outcome.answers, strict=True):
                     answers[i] = seen
-                    if self.cache_size and element not in failed:
+                    if keep and element not in failed:
                         self._cache.put(digest, True)
                 self._owe_or_settle(outcome)
             if self.counters.due:
@@ -392,7 +395,7 @@ class FilterBase:
                     self._owe({tag: element})
                     return answer
                 due = self.counters.record(int(not seen), int(seen))
-                if self.cache_size:
+                if self.cache_size and self._cache_keep:
                     self._cache.put(tag, True)
                 if self._owed:
                     self._settle()
@@ -403,16 +406,23 @@ class FilterBase:
     def _cached(self, tag: int) -> bool:
         """Tell whether the near-cache knows an element as seen.
 
-        With re-crawl windows it is emptied as each window starts, :data:`.clock.GUARD` early
-        (a client clock may be behind Redis's): it must not answer for longer than Redis, which
-        forgets at a window's change what was first added two windows before.
+        With re-crawl windows it must not answer for longer than Redis, which forgets at a
+        window's change what was first added two windows before: an answer is only sure to
+        last to the end of the window it was given in. So the cache is emptied as each window
+        starts, :data:`.clock.GUARD` early, and what Redis answers from now on is kept only
+        away from a window's edges (:attr:`_cache_keep`), where the window it is given in is
+        the cache's whether this worker's clock is up to GUARD behind Redis's or ahead of it.
         """
         ttl = (self.record or self.wanted).ttl
         if ttl:
-            window = int((time.time() + GUARD) // ttl)
+            now = time.time()
+            window = int((now + GUARD) // ttl)
             if window != self._cache_window:
                 self._cache.clear()
                 self._cache_window = window
+            self._cache_keep = int((now - GUARD) // ttl) == window
+        else:
+            self._cache_keep = True
         return bool(self._cache.get(tag))
 
     def _check_and_add(self, element: str | bytes, h1: int, h2: int) -> bool:
@@ -473,8 +483,9 @@ class FilterBase:
         if outcome.failed:
             failed = set(outcome.failed)
             self._owe({tag: e for tag, e in owed.items() if e in failed})
-        for tag in owed:
-            self._cache.put(tag, True)
+        if self._cache_keep:
+            for tag in owed:
+                self._cache.put(tag, True)
         logger.info(
             "Added %d request(s) to the Bloom filter %r that were let through while Redis"
             " could not answer.",
