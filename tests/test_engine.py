@@ -6,15 +6,21 @@ import json
 import math
 import os
 import pickle
+import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
+import warnings
+from collections.abc import Callable
 
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis_server import RedisServer
 
 from scrapy_redis_bloom.core.errors import (
     ConfigMismatchError,
@@ -28,6 +34,7 @@ from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, header
 from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation, false_positive_rate
 from scrapy_redis_bloom.engine.bitmap.bulk import CHUNK
+from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_FIELD
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.state import FilterTotals
 
@@ -489,3 +496,97 @@ def test_clear_deletes_only_what_is_the_filters(redis_client: redis.Redis) -> No
     bf.clear()
     assert redis_client.get("bf:server") == b"web-1"
     assert redis_client.keys("*") == [b"bf:server"]
+
+
+# -- forks ------------------------------------------------------------------------------------
+
+
+def in_child(work: Callable[[], bytes], wait: float = 10.0) -> bytes | None:
+    """Fork; run ``work`` in the child; return what it returned (None: no answer in ``wait`` s)."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # (3.12+ warns of forking a threaded process: the point)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.write(write, work())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], wait)
+        answer = os.read(read, 100) if ready else None
+    finally:
+        os.close(read)
+        if answer is None:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return answer
+
+
+@pytest.mark.timeout(60)
+def test_a_child_forked_while_threads_are_in_calls_has_locks_of_its_own(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A child forked while a thread of the parent was in a call answers its own calls.
+
+    It inherited the filter's lock (and the lease's) held by a thread that does not exist
+    in the child: its first call hung for good.
+    """
+    bloom = make(redis_client, key="forked")
+    bloom.open()
+    lease = bloom.lease("forked-worker", ttl=30)
+    pause = redis_server.pause(1.5)  # the threads' calls wait for their replies meanwhile
+    threads = [
+        threading.Thread(target=bloom.check_and_add, args=("parent",)),
+        threading.Thread(target=lease.renew),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # both inside their calls, holding the locks
+
+    def work() -> bytes:
+        seen = bloom.check_and_add("child")
+        lease.close()
+        bloom.close()
+        return b"seen" if seen else b"new"
+
+    assert in_child(work) == b"new"
+    pause.join()
+    for thread in threads:
+        thread.join()
+    assert bloom.check_and_add("child") is True  # the child's add reached Redis
+    lease.release()
+    bloom.close()
+
+
+def test_a_forked_child_does_not_sync_its_parents_counts(redis_client: redis.Redis) -> None:
+    """Counts the parent had not synced at the fork are synced once, by the parent.
+
+    The child synced its copy of them too: the totals (and the shards' counts of items)
+    counted them twice.
+    """
+    # Growing, far from its limit: the shards count items, some held back by the parent.
+    spec = FilterSpec(shards=4, shard_bits=1 << 20, hash_count=7)
+    bloom = RedisBloomFilter(redis_client, "forkcounts", spec, capacity=100_000, expansion=2)
+    assert bloom.check_and_add("first") is False
+    bloom.sync_counters()
+    new = 1 + [bloom.check_and_add(e) for e in fingerprints(100, "parent")].count(False)
+
+    def work() -> bytes:
+        seen = bloom.check_and_add("child")
+        bloom.sync_counters()  # and the shards' counts
+        bloom.close()
+        return b"seen" if seen else b"new"
+
+    answer = in_child(work)
+    assert answer in (b"new", b"seen")
+    new += answer == b"new"
+    bloom.sync_counters()
+    assert bloom.totals().added == new
+    counts = [
+        redis_client.bitfield(key).get("u32", STATE_FIELD + 16).execute()[0]
+        for key in bloom.shard_keys
+    ]
+    assert sum(counts) == new
+    bloom.close()

@@ -36,6 +36,10 @@ class FilterEvents:
         with self._lock:
             self.values[name] = value
 
+    def forked(self) -> None:
+        """Take a lock of its own in a forked child (another thread may have held the parent's)."""
+        self._lock = threading.Lock()
+
     def read(self) -> tuple[dict[str, int], dict[str, Any]]:
         """Return a copy of the counts since the start, and of the values, taken together."""
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -37,6 +38,18 @@ logger = logging.getLogger(__name__)
 
 #: Elements let through on error that are remembered at least, whatever the cache size.
 MIN_OWED = 10_000
+
+#: Filters and leases of this process, weakly: a forked child renews what it inherits of them.
+_FORKABLE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: each filter and lease takes locks of its own (see ``_forked``)."""
+    for inherited in list(_FORKABLE):
+        inherited._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(slots=True)
@@ -134,6 +147,21 @@ class FilterBase:
         #: Workers holding a live lease, this one included, as its lease last saw (1: none).
         self.workers = 1
         self._setup()
+        _FORKABLE.add(self)
+
+    def _forked(self) -> None:
+        """Start a forked child afresh: locks of its own, none of its parent's pending work.
+
+        A lock another thread of the parent held at the fork stays held in the child for
+        good; the parent syncs its unsynced counts and adds what it owes (the child's copy
+        would count and add them twice). Connections renew themselves (:mod:`.node`).
+        """
+        self._lock = threading.RLock()
+        self.topology.trips.lock = threading.Lock()
+        self.events.forked()
+        self.counters.forget_unsynced()
+        self._owed = {}
+        self._cache.clear()
 
     def _setup(self) -> None:
         """Set up the backend's own parts (called at the end of ``__init__``)."""
@@ -294,6 +322,7 @@ class FilterBase:
             follows=self.executor,
         )
         lease.on_workers = functools.partial(setattr, self, "workers")  # from its thread
+        _FORKABLE.add(lease)
         return lease
 
     def live_workers(self, settle: float = WORKER_TTL.default) -> list[str]:

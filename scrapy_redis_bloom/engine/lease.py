@@ -168,6 +168,10 @@ class WorkerLease:
         #: Told the number of live workers (this one included) at every renewal.
         self.on_workers: Callable[[int], None] | None = None
 
+    def _forked(self) -> None:
+        """Take a lock of its own in a forked child: the parent's renewing thread may hold it."""
+        self._lock = threading.Lock()
+
     def _call(self, action: str) -> int:
         ttl_ms = max(1, round(self.ttl * 1000))
         with self._lock:  # the claim is held or dropped in the same step as its flag

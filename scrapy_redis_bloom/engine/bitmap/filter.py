@@ -105,16 +105,26 @@ class RedisBloomFilter(FilterBase):
             self._script = scripts.check_and_add(record.growth, one=True)
             self._bulk_script = scripts.check_and_add(record.growth)
             self._heads.clear()
-            growth, workers = record.growth, lambda: self.workers
-            self._fast = self._stack = None
-            if FastPath.applies(growth):
-                self._fast = FastPath(growth, self.parts.shard_key, self._identity, workers)
-            if StackPath.applies(growth):
-                self._stack = StackPath(growth, self.key, self._identity, workers)
+            self._hot_paths(record)
             self._identities.clear()
             self.counters.fixed = not (record.expansion or record.ttl)
             if old is not None:
                 self._cache.clear()
+
+    def _hot_paths(self, record: FilterRecord) -> None:
+        """Set up the scriptless hot paths the record's growth allows, knowing nothing yet."""
+        growth, workers = record.growth, lambda: self.workers
+        self._fast = self._stack = None
+        if FastPath.applies(growth):
+            self._fast = FastPath(growth, self.parts.shard_key, self._identity, workers)
+        if StackPath.applies(growth):
+            self._stack = StackPath(growth, self.key, self._identity, workers)
+
+    def _forked(self) -> None:
+        """In a forked child, also drop the shard counts the parent holds back (it sends them)."""
+        super()._forked()
+        if self.record is not None:
+            self._hot_paths(self.record)
 
     def clear(self) -> None:
         """Delete the filter (see :meth:`.FilterBase.clear`); the next check opens it anew."""
