@@ -452,6 +452,42 @@ def test_open_without_create_never_creates(redis_client: redis.Redis) -> None:
     assert make(redis_client).open(create=False) == created
 
 
+def test_reads_of_a_missing_filter_create_nothing(redis_client: redis.Redis) -> None:
+    """``contains``, ``contains_many`` and ``state`` of no filter raise FilterMissingError.
+
+    They opened it creating it: a read under a mistyped key allocated a whole filter (210 MiB
+    for 100 million items) and answered "not there" for everything.
+    """
+    for read in (
+        lambda bf: bf.contains("a" * 40),
+        lambda bf: bf.contains_many(["a" * 40, "b" * 40]),
+        lambda bf: bf.state(),
+    ):
+        with pytest.raises(FilterMissingError, match=r"There is no Bloom filter 'bf'"):
+            read(make(redis_client))
+    assert redis_client.keys("*") == []
+    bf = make(redis_client)
+    bf.open()
+    assert bf.contains("a" * 40) is False  # an existing one reads as before
+    reader = make(redis_client)
+    assert reader.contains_many(["a" * 40]) == [False]
+    assert reader.state().bits_set == 0
+
+
+def test_an_estimate_of_no_filter_is_the_wanted_ones_without_a_redis_call(
+    redis_client: redis.Redis,
+) -> None:
+    """``estimate`` makes no Redis call: it opened (and created) the filter first."""
+    bf = make(redis_client)
+    state = bf.estimate(100)
+    assert bf.round_trips == 0
+    assert redis_client.keys("*") == []
+    assert state.spec == SMALL
+    assert 0 < state.estimated_fpr < 1
+    bf.open()
+    assert bf.estimate(100) == state
+
+
 def test_a_clear_behind_a_running_worker_is_said_not_mixed(redis_client: redis.Redis) -> None:
     # Worker A clears (a reset while B still crawls, its lease lapsed): B's next call
     # finds its shard gone and stops with the reason, instead of answering from nothing.

@@ -30,6 +30,7 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
     FilterDamagedError,
+    FilterMissingError,
     FilterUnavailableError,
     ServerListMismatchError,
     UnsupportedServerError,
@@ -191,6 +192,34 @@ def test_check_and_add_new_then_seen_and_stats(bloom_redis_client: redis.Redis) 
     bloom.close()
 
 
+def test_reads_of_a_missing_native_filter_create_nothing(bloom_redis_client: redis.Redis) -> None:
+    """Reads of no filter raise FilterMissingError; ``estimate`` makes no Redis call.
+
+    They opened it creating it: every shard reserved whole under a mistyped key.
+    """
+    key = "nat-missing"
+    for read in (
+        lambda bf: bf.contains("a" * 40),
+        lambda bf: bf.contains_many(["a" * 40]),
+        lambda bf: bf.state(),
+        lambda bf: bf.shard_keys,
+        lambda bf: bf.existing(),
+    ):
+        with pytest.raises(FilterMissingError, match="There is no Bloom filter"):
+            read(native(bloom_redis_client, key))
+    bloom = native(bloom_redis_client, key)
+    trips = bloom.round_trips  # (making it asks the server for BF.*)
+    state = bloom.estimate(500)
+    assert bloom.round_trips == trips
+    assert state.estimated_items == 500
+    assert bloom_redis_client.keys(f"*{key}*") == []
+    bloom.open()
+    assert bloom.estimate(500) == state
+    assert native(bloom_redis_client, key).contains("a" * 40) is False
+    bloom.clear()
+    bloom.close()
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -201,6 +230,7 @@ def test_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[
     # places elements otherwise than the hot path.
     one = native(bloom_redis_client, key="one", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
     bulk = native(bloom_redis_client, key="bulk", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=3)
+    one.open()  # (no items: no check creates it, and a read of no filter raises)
     singly = [one.check_and_add(fp) for fp in items]
     assert bulk.add_many(items) == singly
     assert bulk.contains_many(items) == [True] * len(items)
@@ -802,6 +832,7 @@ def test_ttl_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: l
     more = {"BLOOMFILTER_TTL": 3600, "BLOOMFILTER_CACHE_SIZE": 0, "BLOOMFILTER_SHARDS": 3}
     one = native(bloom_redis_client, key="one", **more)
     bulk = native(bloom_redis_client, key="bulk", **more)
+    one.open()  # (no items: no check creates it, and a read of no filter raises)
     assert bulk.add_many(items) == [one.check_and_add(fp) for fp in items]
     assert one.contains_many(items) == [True] * len(items)
     one.close()

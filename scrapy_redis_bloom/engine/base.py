@@ -191,6 +191,14 @@ class FilterBase:
         """Return the record in use, opening the filter on first use."""
         return self.record if self.record is not None else self.open()
 
+    def _existing(self) -> FilterRecord:
+        """Return the record in use, opening the filter if it exists: a read creates nothing.
+
+        No filter under the key raises FilterMissingError (a mistyped key, or no worker
+        created it yet), where creating one would allocate it whole and answer "not there".
+        """
+        return self.record if self.record is not None else self.open(create=False)
+
     def _recover(self, shards: Iterable[int]) -> None:
         """Sort out shards found lost or wrong (see :meth:`.Lifecycle.recover`); adopt."""
         self._adopt(self.lifecycle.recover(self._current(), shards, self.wanted))
@@ -244,7 +252,10 @@ class FilterBase:
         return self.parts.spec
 
     def estimate(self, items: int) -> FilterState:
-        """Return the state ``items`` distinct adds leave: no Redis call."""
+        """Return the state ``items`` distinct adds leave: no Redis call.
+
+        By the record in use; before the filter is open, by the configuration wanted.
+        """
         raise NotImplementedError
 
     def exists(self) -> bool:
@@ -334,12 +345,13 @@ class FilterBase:
             return workers_of(self.executor, self.key, settle)
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element, whether it is (probably) in the filter.
+        """Return, per element, whether it is (probably) in the filter (see :meth:`_existing`).
 
         ``elements``: any iterable of elements (not one str or bytes: a TypeError).
         """
         items = hashables(elements, "contains_many", lazy=True)
         with self._lock:
+            self._existing()
             return self._many(False, items).answers
 
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
@@ -397,7 +409,10 @@ class FilterBase:
             self._settle()
 
     def contains(self, element: str | bytes) -> bool:
-        """Return True if the element is (probably) in the filter. Changes nothing."""
+        """Return True if the element is (probably) in the filter. Changes nothing.
+
+        No filter under the key raises FilterMissingError: a check creates none.
+        """
         return self.contains_many([hashable(element, "contains")])[0]
 
     def check_and_add(self, element: str | bytes) -> bool:

@@ -134,13 +134,16 @@ class RedisBloomFilter(FilterBase):
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` distinct adds leave, by the geometry alone: no Redis call."""
-        count = item_count(items)  # before opening the filter
-        return estimate_from_items(self._current().growth, count)
+        count = item_count(items)
+        return estimate_from_items((self.record or self.wanted).growth, count)
 
     def state(self) -> FilterState:
-        """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis)."""
+        """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis).
+
+        No filter under the key raises FilterMissingError: a read creates none.
+        """
         with self._lock:
-            return read_state(self.parts, self._current().growth)
+            return read_state(self.parts, self._existing().growth)
 
     # -- elements ----------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class NativeBloomFilter(FilterBase):
 
     def existing(self) -> list[int]:
         """Return the shards whose key holds a Bloom filter (any other type raises)."""
-        record = self._current()
+        record = self._existing()
         gone = self.lifecycle.shards.missing(record, range(record.spec.shards))
         return [s for s in range(record.spec.shards) if s not in gone]
 
@@ -79,8 +79,8 @@ class NativeBloomFilter(FilterBase):
 
     @property
     def shard_keys(self) -> list[str]:
-        """The keys of every shard, in shard order."""
-        self._current()
+        """The keys of every shard, in shard order (no filter: FilterMissingError)."""
+        self._existing()
         return [key for key, _ in self._heads]
 
     def _adopt(self, record: FilterRecord) -> None:
@@ -113,13 +113,16 @@ class NativeBloomFilter(FilterBase):
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
-        count = item_count(items)  # before opening the filter
-        return native_parts.estimate(self._current(), count)
+        count = item_count(items)
+        return native_parts.estimate(self.record or self.wanted, count)
 
     def state(self, shards: list[int] | None = None) -> FilterState:
-        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``)."""
+        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``).
+
+        No filter under the key raises FilterMissingError: a read creates none.
+        """
         with self._lock:
-            record = self._current()
+            record = self._existing()
             chosen = range(record.spec.shards) if shards is None else shards
             keys = [(s, self._heads[s][0]) for s in chosen]
             if record.ttl:
