@@ -149,7 +149,8 @@ class Bulk:
     """Runs bulk checks on a filter's shards.
 
     ``identity(shard)``: the bytes the shard's header must start with; ``recover(shards)``
-    sorts out shards whose header did not match (raises, or returns once usable);
+    sorts out shards whose header did not match (raises, or returns once usable), and
+    ``again(shards)`` those still wrong once recovered (by default raises);
     ``allow``: answer "new" for a chunk Redis could not take in time, instead of raising.
     """
 
@@ -162,9 +163,11 @@ class Bulk:
         recover: Callable[[Iterable[int]], None],
         allow: bool,
         hooks: ScriptHooks,
+        again: Callable[[Iterable[int]], None] | None = None,
     ) -> None:
         self.topology, self.executor, self.parts = topology, executor, parts
         self.identity, self.recover, self.allow, self.hooks = identity, recover, allow, hooks
+        self.again = again if again is not None else _refuse
         self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
         self._grown: set[int] = set()  # shards found grown: their batches go to stacks
         self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
@@ -435,7 +438,7 @@ class Bulk:
                     self._abandon(unread)
         if retry:  # check again the elements of shards recovered (their second answer)
             same = self.topology, self.executor, self.parts, self.identity
-            again = Bulk(*same, _refuse, self.allow, self.hooks)
+            again = Bulk(*same, self.again, self.allow, self.hooks, self.again)
             second = again.run(write, [element for _, element in retry])
             if write:  # the bits may be this call's own, set before the shard was found wrong
                 _doubt(second, range(len(retry)), write)
@@ -579,7 +582,11 @@ class Bulk:
             outcome.errors += len(lost)
             outcome.failed.extend(chunk.elements[p] for p in lost)
             return []
-        self.recover(mismatched)
+        # A part waited for, or to recreate, was sorted out by the hook: only a shard whose
+        # own key did not match is recovered (in a second pass: again, or refused).
+        wrong = [shard for shard in mismatched if shard not in parts]
+        if wrong:
+            self.recover(wrong)
         return [
             (offset + position, chunk.elements[position])
             for shard in mismatched

@@ -63,6 +63,9 @@ class RedisBloomFilter(FilterBase):
         self._heads: dict[int, tuple[bytes, str]] = {}
         #: Shards whose next script recreates their lost parts (see :meth:`_mismatch`).
         self._recreate: set[int] = set()
+        #: When the call under way stops waiting for parts and recovering (monotonic; 0: not
+        #: yet): one retry timeout from its first recovery, however many parts it meets.
+        self._deadline = 0.0
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
@@ -73,6 +76,7 @@ class RedisBloomFilter(FilterBase):
             self._identity,
             self._recover,
             allow=self.faults.on_error == "allow",
+            again=self._recover_again,
             hooks=ScriptHooks(
                 active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
                 script=lambda: self._bulk_script,
@@ -151,6 +155,8 @@ class RedisBloomFilter(FilterBase):
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:
         """One ``BITFIELD`` (:mod:`.fastpath`); reads, then one (:mod:`.stackpath`); the script."""
+        if not recovered:
+            self._deadline = 0.0
         fast = self._fast
         command = fast.pack(h1, h2) if fast is not None else None
         if command is None:
@@ -244,6 +250,7 @@ class RedisBloomFilter(FilterBase):
         of the adds those reads left (then scripts where a shard was not as known).
         BLOOMFILTER_ON_ERROR handles the elements Redis could not answer, or refused.
         """
+        self._deadline = 0.0
         answers: list[bool | None] = [None] * len(todo)
         stack = self._stack
         checks: dict[int, Check] = {}
@@ -422,9 +429,7 @@ class RedisBloomFilter(FilterBase):
             except ValueError as exc:
                 raise foreign_reply("a check", command.key, exc) from None
             if reply[0] == scripts.MISMATCH:
-                if recovered:
-                    raise self._still_wrong(command.key)
-                self._mismatch(command.shard, command.key, reply[1])
+                self._mismatch(command.shard, command.key, reply[1], recovered)
                 return self._check_and_add(element, h1, h2, recovered=True)
             if reply[1] or reply[2] > self.generations:
                 self._note(command.shard, reply[1], reply[2])
@@ -468,9 +473,9 @@ class RedisBloomFilter(FilterBase):
         )
 
     def _still_wrong(self, key: str) -> FilterDamagedError:
+        """Return the error for ``key`` (a shard key, or a part) still wrong once recovered."""
         return FilterDamagedError(
-            f"Shard {key!r} of the Bloom filter {self.key!r} still does not carry its id"
-            " after recovery."
+            f"{key!r} of the Bloom filter {self.key!r} still does not carry its id after recovery."
         )
 
     def _flush_counts(self, only: int | None = None) -> None:
@@ -492,30 +497,49 @@ class RedisBloomFilter(FilterBase):
             if reply is None or isinstance(reply, BaseException):
                 keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
 
-    def _mismatch(self, shard: int, key: str, found: object) -> None:
+    def _mismatch(self, shard: int, key: str, found: object, again: bool = False) -> None:
         """Sort out the part a script found wrong, before the check runs again.
 
-        The shard itself: :meth:`_recover`. A generation or window: read again by its own
-        key, which Redis routes to wherever it is. Still this filter's, it was out of the
-        script's reach (a Cluster slot moving, the shard key first: the node importing it
-        sees the parts not moved yet as missing): wait until the script sees it. Missing
-        under ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it.
-        Else (missing under ``raise``, or foreign) raise.
+        The shard itself: :meth:`_recover` (``again``, already recovered in this call: its
+        recovery failed). A generation or window: read again by its own key, which
+        Redis routes to wherever it is. Still this filter's, it was out of the script's
+        reach (a Cluster slot moving, the shard key first, its parts one by one: the node
+        importing it sees those not moved yet as missing): wait until the script sees it,
+        then check again, which may meet the next part not moved yet. Missing under
+        ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it (once).
+        Else (missing under ``raise``, or foreign) raise. All within one retry timeout from
+        the call's first recovery.
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
+            if again:
+                raise self._still_wrong(key)
+            self._start_deadline()
             self._recover([shard])
             return
+        deadline = self._start_deadline()
         there = self._shards.part_identity(bad)
         if there == self._identity(shard):
-            self._await_part(shard, key, bad)
+            self._await_part(shard, key, bad, deadline)
         elif not there.strip(b"\0") and self.faults.on_loss == "recreate":
+            if again or time.monotonic() > deadline:  # (a bulk call's later passes: the time)
+                raise self._still_wrong(bad)
             self._recreate.add(shard)
         else:
             raise self._shards.lost_part(self._current(), shard, bad, there)
 
-    def _await_part(self, shard: int, key: str, part: str) -> None:
-        """Wait (up to the retry timeout) until a script routed by ``key`` sees ``part``."""
+    def _start_deadline(self) -> float:
+        """Return when the call under way stops recovering: a retry timeout from its first."""
+        if not self._deadline:
+            self._deadline = time.monotonic() + self.faults.retry_timeout
+        return self._deadline
+
+    def _recover_again(self, shards: Iterable[int]) -> None:
+        """Refuse shards still wrong in a call that recovered them, naming the first one's key."""
+        raise self._still_wrong(self.parts.shard_key(min(shards)))
+
+    def _await_part(self, shard: int, key: str, part: str, deadline: float) -> None:
+        """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``."""
         self._report(
             "retries",
             logging.WARNING,
@@ -527,14 +551,19 @@ class RedisBloomFilter(FilterBase):
         )
         identity = self._identity(shard)
         call = script_call(scripts.PART_IDENTITY, key, part, layout.IDENTITY_BYTES, shard=shard)
-        started, delay = time.monotonic(), 0.02
-        while self.parts.run("wait for a moving Cluster slot", [call])[0] != identity:
-            waited = time.monotonic() - started
-            if waited + delay > self.faults.retry_timeout:
+        delay = 0.02
+        while (
+            time.monotonic() > deadline
+            or self.parts.run("wait for a moving Cluster slot", [call])[0] != identity
+        ):
+            now = time.monotonic()
+            if now + delay > deadline:
+                waited = now - deadline + self.faults.retry_timeout
                 where = self.topology.describe()
                 raise FilterUnavailableError(
                     f"{where} could not {OPERATION}: part {part!r} of shard {shard} stayed out"
-                    f" of reach of the shard's key {key!r} for {waited:.1f} s (a Redis Cluster"
+                    f" of reach of the shard's key {key!r} for {waited:.1f} s, the"
+                    f" call's retry timeout of {self.faults.retry_timeout:g} s (a Redis Cluster"
                     " slot migrating, or left half-migrated: see redis-cli --cluster fix).",
                     operation=OPERATION,
                     server=where,
@@ -620,6 +649,7 @@ class RedisBloomFilter(FilterBase):
         return found
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
+        self._deadline = 0.0
         return self._bulk.run(True, elements)
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
@@ -629,6 +659,7 @@ class RedisBloomFilter(FilterBase):
         except FilterUnavailableError as exc:
             items = list(elements)
             return Outcome(answers=self._unavailable(exc, len(items)), failed=items)
+        self._deadline = 0.0
         outcome = self._bulk.run(write, elements)
         self.events.count("ambiguous", outcome.ambiguous)
         if outcome.errors:
