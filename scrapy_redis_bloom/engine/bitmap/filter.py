@@ -32,11 +32,13 @@ from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
+from scrapy_redis_bloom.engine.health import info_fields
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import script_call
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
 from scrapy_redis_bloom.transport.executor import Call, Results
-from scrapy_redis_bloom.transport.wire import command_head, encode
+from scrapy_redis_bloom.transport.topology import Cluster
+from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 #: What a check-and-add does, in the executor's errors.
 OPERATION = "check and add a request"
@@ -66,6 +68,10 @@ class RedisBloomFilter(FilterBase):
         #: When the call under way stops waiting for parts and recovering (monotonic; 0: not
         #: yet): one retry timeout from its first recovery, however many parts it meets.
         self._deadline = 0.0
+        #: The pause before the call's next recovery of a part lost again, and the shards
+        #: whose lost parts it recreated (see :meth:`_again`).
+        self._pause = 0.0
+        self._recreated: set[int] = set()
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
@@ -412,7 +418,7 @@ class RedisBloomFilter(FilterBase):
                 # Its bits went to a lost shard or a reset filter: recover, check again
                 # ("seen" then may be this call's own bits).
                 if recovered:
-                    raise self._still_wrong(command.key)
+                    self._again(command.key)
                 # While the shard still carries the id found; a bit another worker set
                 # meanwhile may be cleared too: a duplicate fetch at worst.
                 bits = command.bits or []
@@ -500,20 +506,20 @@ class RedisBloomFilter(FilterBase):
     def _mismatch(self, shard: int, key: str, found: object, again: bool = False) -> None:
         """Sort out the part a script found wrong, before the check runs again.
 
-        The shard itself: :meth:`_recover` (``again``, already recovered in this call: its
-        recovery failed). A generation or window: read again by its own key, which
+        The shard itself: :meth:`_recover` (``again``, already recovered in this call:
+        :meth:`_again` first). A generation or window: read again by its own key, which
         Redis routes to wherever it is. Still this filter's, it was out of the script's
         reach (a Cluster slot moving, the shard key first, its parts one by one: the node
         importing it sees those not moved yet as missing): wait until the script sees it,
         then check again, which may meet the next part not moved yet. Missing under
-        ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it (once).
-        Else (missing under ``raise``, or foreign) raise. All within one retry timeout from
-        the call's first recovery.
+        ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it (again,
+        if Redis evicted it again). Else (missing under ``raise``, or foreign) raise. All
+        within one retry timeout from the call's first recovery.
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
             if again:
-                raise self._still_wrong(key)
+                self._again(key)
             self._start_deadline()
             self._recover([shard])
             return
@@ -522,9 +528,10 @@ class RedisBloomFilter(FilterBase):
         if there == self._identity(shard):
             self._await_part(shard, key, bad, deadline)
         elif not there.strip(b"\0") and self.faults.on_loss == "recreate":
-            if again or time.monotonic() > deadline:  # (a bulk call's later passes: the time)
-                raise self._still_wrong(bad)
+            if shard in self._recreated:  # recreated in this call, and lost again
+                self._again(bad)
             self._recreate.add(shard)
+            self._recreated.add(shard)
         else:
             raise self._shards.lost_part(self._current(), shard, bad, there)
 
@@ -532,23 +539,67 @@ class RedisBloomFilter(FilterBase):
         """Return when the call under way stops recovering: a retry timeout from its first."""
         if not self._deadline:
             self._deadline = time.monotonic() + self.faults.retry_timeout
+            self._pause = 0.02
+            self._recreated.clear()
         return self._deadline
 
+    def _again(self, key: str) -> None:
+        """Raise, or return to recover again, a part (``key``) still wrong after its recovery.
+
+        Under ``BLOOMFILTER_ON_LOSS = "recreate"`` a full Redis may evict it again at once:
+        it is recovered again after a pause (doubling, up to 0.5 s) until the call's
+        deadline, then :meth:`_lost_again`. Else its recovery failed.
+        """
+        if self.faults.on_loss != "recreate":
+            raise self._still_wrong(key)
+        if time.monotonic() + self._pause > self._start_deadline():
+            raise self._lost_again(key)
+        time.sleep(self._pause)
+        self._pause = min(2 * self._pause, 0.5)
+
     def _recover_again(self, shards: Iterable[int]) -> None:
-        """Refuse shards still wrong in a call that recovered them, naming the first one's key."""
-        raise self._still_wrong(self.parts.shard_key(min(shards)))
+        """Recover shards still wrong in a call that recovered them (see :meth:`_again`)."""
+        wrong = sorted(shards)
+        for shard in wrong:
+            self._again(self.parts.shard_key(shard))
+        self._recover(wrong)
+
+    def _lost_again(self, key: str) -> FilterUnavailableError:
+        """Return the error for a part recreated, and lost again, until the call's deadline."""
+        where = self.topology.describe()
+        try:
+            call = Call(pack_command(b"INFO", b"memory"), key=key)
+            policy = info_fields(self.parts.run("read INFO", [call])[0]).get("maxmemory_policy")
+        except BloomFilterError:
+            policy = None
+        evicting = f"evicts it (maxmemory-policy {policy})" if policy else "evicts or deletes it"
+        return FilterUnavailableError(
+            f"{where} could not {OPERATION}: {key!r} of the Bloom filter {self.key!r} was lost"
+            " again each time it was recreated (BLOOMFILTER_ON_LOSS = 'recreate') for"
+            f" {self.faults.retry_timeout:g} s: Redis {evicting} as soon as it is made. Give"
+            " Redis more memory (maxmemory), or use maxmemory-policy noeviction.",
+            operation=OPERATION,
+            server=where,
+        )
 
     def _await_part(self, shard: int, key: str, part: str, deadline: float) -> None:
-        """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``."""
-        self._report(
-            "retries",
-            logging.WARNING,
-            "Part %r of shard %d of the Bloom filter %r is not yet where its shard key is (a"
-            " Redis Cluster slot moving, the shard key first): that shard's checks wait for it.",
-            part,
-            shard,
-            self.key,
-        )
+        """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``.
+
+        Only a Redis Cluster slot moving hides it so; elsewhere it was recreated or restored
+        since the script ran (by another worker): the check runs again at once.
+        """
+        cluster = isinstance(self.topology, Cluster)
+        if cluster:
+            self._report(
+                "retries",
+                logging.WARNING,
+                "Part %r of shard %d of the Bloom filter %r is not yet where its shard key is"
+                " (a Redis Cluster slot moving, the shard key first): that shard's checks wait"
+                " for it.",
+                part,
+                shard,
+                self.key,
+            )
         identity = self._identity(shard)
         call = script_call(scripts.PART_IDENTITY, key, part, layout.IDENTITY_BYTES, shard=shard)
         delay = 0.02
@@ -560,11 +611,16 @@ class RedisBloomFilter(FilterBase):
             if now + delay > deadline:
                 waited = now - deadline + self.faults.retry_timeout
                 where = self.topology.describe()
+                why = (
+                    "a Redis Cluster slot migrating, or left half-migrated: see redis-cli"
+                    " --cluster fix"
+                    if cluster
+                    else "lost again each time it was made meanwhile"
+                )
                 raise FilterUnavailableError(
                     f"{where} could not {OPERATION}: part {part!r} of shard {shard} stayed out"
                     f" of reach of the shard's key {key!r} for {waited:.1f} s, the"
-                    f" call's retry timeout of {self.faults.retry_timeout:g} s (a Redis Cluster"
-                    " slot migrating, or left half-migrated: see redis-cli --cluster fix).",
+                    f" call's retry timeout of {self.faults.retry_timeout:g} s ({why}).",
                     operation=OPERATION,
                     server=where,
                 )
