@@ -24,6 +24,7 @@ from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeError
+from scrapy_redis_bloom.core.hashing import locate
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.base import MIN_OWED
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
@@ -314,6 +315,43 @@ def test_a_cluster_failover_that_outlasts_the_retry_timeout_is_followed(
         assert quiet >= 50, "the filter never checked with the promoted replica"
         bloom.check_and_add_many(fingerprints(5, "settle"))  # settles what is owed
         assert bloom.contains_many(during) == [True] * len(during)
+    finally:
+        bloom.close()
+        nodes.restart_node(victim)
+        cluster.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_cluster_failover_ridden_through_names_the_node_that_answered(
+    redis_cluster_replicas: RedisClusterNodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The WARNING of a check carried out after a failover names the promoted replica.
+
+    It named the dead master as the node that "answered" (the address of the last failed
+    round). Now: the node that answered, and that it took over from the one that failed.
+    """
+    nodes = redis_cluster_replicas
+    nodes.wait_until_consistent(timeout=20)
+    nodes.flushall()
+    cluster = nodes.client(socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 6})
+    faults = FaultPolicy(retry_timeout=60)
+    bloom = RedisBloomFilter.from_config(cluster, "ridden", config, faults=faults, cache_size=0)
+    bloom.check_and_add_many(fingerprints(100, "before"))
+    victim = nodes.masters()[0]
+    shard = next(s for s, key in enumerate(bloom.shard_keys) if nodes.node_of(key) == victim)
+    element = next(f for f in fingerprints(1000, "during") if locate(f, config.spec)[0] == shard)
+    time.sleep(0.5)  # replicated
+    nodes.kill_node(victim)
+    try:
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            assert bloom.check_and_add(element) is False
+        promoted = nodes.wait_for_failover(victim)
+        said = [r.getMessage() for r in caplog.records if "of retries" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+        dead, alive = (f"{host}:{port}" for host, port in (victim, promoted))
+        assert said[0].startswith(f"{alive} answered check and add a request after"), said[0]
+        assert f"({alive} took over from {dead}: a failover" in said[0]
     finally:
         bloom.close()
         nodes.restart_node(victim)

@@ -382,6 +382,8 @@ class _Batch:
     later: list[int] = field(default_factory=list)  # after a backoff
     failure: BaseException | None = None
     where: str = ""
+    #: The nodes whose results the rounds since the last failed one took (who answered).
+    answered: list[str] = field(default_factory=list)
     asked: set[int] = field(default_factory=set)  #: Calls sent after ``ASKING`` in the round.
     #: Per node and script: its load's outcome (many NOSCRIPT replies, one SCRIPT LOAD).
     loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
@@ -492,21 +494,28 @@ class Executor:
                 raise failure
             self.events.count("retries")
             why, where = describe_failure(batch.failure or "no answer"), batch.where
+            batch.answered = []
             time.sleep(min(backoff * (0.5 + random.random()), end - now))
             backoff = min(backoff * 2, MAX_BACKOFF)
             redirects = 0
             if isinstance(batch.failure, TransportError):
                 self.topology.refresh()
         if not self._recovered(write) and first_failure:
-            # A fault ridden through (a restart, a failover, a pause): said, not only counted.
+            # A fault ridden through (a restart, a failover, a pause): said, not only counted,
+            # naming who answered (after a failover, not the node that failed).
+            by = ", ".join(dict.fromkeys(batch.answered)) or where or self.topology.describe()
+            took_over = batch.answered and where and where not in batch.answered
             self._retry_log.log(
                 logging.WARNING,
                 where,
-                "%s answered %s after %.1f s of retries (%s): carried out.",
-                where or self.topology.describe(),
+                "%s answered %s after %.1f s of retries (%s): carried out%s.",
+                by,
                 operation,
                 time.monotonic() - first_failure,
                 why,
+                f" ({by} took over from {where}: a failover, or its slots moved)"
+                if took_over
+                else "",
             )
         return Results(batch.replies, batch.ambiguous)
 
@@ -682,7 +691,7 @@ class Executor:
         if batch.asked:  # drop the replies to ASKING
             keep = [k for i in indexes for k in ((False, True) if i in batch.asked else (True,))]
             got = list(itertools.compress(got, keep))
-        where = f"Redis at {node.address}"
+        where, answered = f"Redis at {node.address}", False
         for i, reply in zip(indexes, got, strict=True):
             kind, call = classify(reply), batch.calls[i]
             if kind is Kind.NOSCRIPT and call.script is not None:
@@ -713,6 +722,9 @@ class Executor:
                 ):
                     raise self.explain(denied)
                 batch.replies[i] = reply
+                answered = True
+        if answered:
+            batch.answered.append(node.address)
 
     def fast(
         self, operation: str, payload: bytes, key: str, shard: int, script: Script | None
