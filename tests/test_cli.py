@@ -22,6 +22,7 @@ from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.cli import contents
+from scrapy_redis_bloom.core.errors import FilterDamagedError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
 from scrapy_redis_bloom.engine.lease import CLOCK_MARGIN
@@ -1137,6 +1138,62 @@ def test_info_on_a_grown_filter_gives_the_bits_its_bits_set_count_among(
     rows = dict(line.split("  ", 1) for line in out.splitlines() if "  " in line)
     shown = rows["Bits set"].strip()
     assert shown == f"{state.bits_set:,} of {state.total_bits:,} (all generations together)"
+    bloom.close()
+
+
+def test_info_and_state_name_a_lost_or_foreign_generation(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # Only generation 0 was checked: a generation evicted read as an empty one ("State
+    # ready", "Missing or foreign shards 0", "0.00 % ... ~0 of 2,000 items") and the
+    # estimated rate dropped, while the worker's next check raised FilterDamagedError.
+    bloom, before = _grown_filter(redis_client)
+    assert len(before.generations) == 3
+    assert not before.damaged
+    g1, g2 = (f"{{{KEY}:0}}:g{g}" for g in (1, 2))
+    redis_client.delete(g1)  # evicted
+    redis_client.setrange(g2, 0, b"not a filter")  # overwritten by another program
+    state = bloom.state()
+    assert [(part.key, part.found) for part in state.damaged] == [
+        (g1, "missing"),
+        (g2, "data that is not a Bloom filter shard"),
+    ]
+    assert [gen.generation for gen in state.generations] == [0]  # none read as empty
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert (data["state"], data["record_state"]) == ("damaged", "ready")
+    assert (data["shards_missing"], data["shards_foreign"]) == (1, 1)
+    assert [(d["shard"], d["key"], d["found"]) for d in data["damaged_shards"]] == [
+        (0, g1, "missing"),
+        (0, g2, "data that is not a Bloom filter shard"),
+    ]
+    assert [gen["generation"] for gen in data["generations"]] == [0]
+    code, out, _ = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 0
+    rows = dict(line.split("  ", 1) for line in out.splitlines() if "  " in line)
+    assert rows["State"].strip().startswith("damaged: 2 part(s) missing or foreign")
+    assert rows["Missing or foreign shards"].strip().startswith(f"2 ('{g1}' on ")
+    bloom.close()
+
+
+def test_info_names_a_lost_re_crawl_window(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A window the anchor says was started, and not yet expired, must exist: gone, it was
+    # lost (the check-and-add script refuses it); info read it as not started.
+    settings = {"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_SHARDS": 2, "BLOOMFILTER_TTL": 3600}
+    bloom = RedisBloomFilter.from_config(redis_client, KEY, BloomConfig.from_settings(settings))
+    bloom.add_many(fingerprints(500))
+    windows = sorted(k.decode() for k in redis_client.keys(f"{{{KEY}:1}}:w*"))
+    assert len(windows) == 1
+    assert not bloom.state().damaged
+    redis_client.delete(windows[0])
+    (part,) = bloom.state().damaged
+    assert (part.shard, part.key, part.found) == (1, windows[0], "missing")
+    data = run_json(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert data["state"] == "damaged"
+    assert [(d["key"], d["found"]) for d in data["damaged_shards"]] == [(windows[0], "missing")]
+    with pytest.raises(FilterDamagedError):
+        bloom.add_many(fingerprints(500, "after"))
     bloom.close()
 
 

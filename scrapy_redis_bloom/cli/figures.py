@@ -65,16 +65,18 @@ def info(ctx: Context) -> int:
     if isinstance(bloom, NativeBloomFilter):
         return _native_info(ctx, bloom, record)
     spec = record.spec
+    state = read_state(bloom.parts, record)  # every part's identity checked with its bits
     damaged = [
         dict(
-            shard=shard, key=key, server=bloom.topology.route(key, shard, None).address, found=what
+            shard=part.shard,
+            key=part.key,
+            server=bloom.topology.route(part.key, part.shard, None).address,
+            found=part.found,
         )
-        for shard, what in inventory.check_shards(bloom, record)
-        for key in [bloom.parts.shard_key(shard)]
+        for part in state.damaged
     ]
     missing = sum(1 for shard in damaged if shard["found"] == "missing")
     markers = inventory.check_markers(bloom, record)
-    state = read_state(bloom.parts, record.growth)
     activity, activity_rows = _activity(bloom, state, WORKER_TTL.read(ctx.settings))
     places = inventory.addresses(bloom)
     at_capacity = false_positive_rate(spec.bits, spec.hash_count, record.capacity, spec.block_bits)
@@ -87,7 +89,8 @@ def info(ctx: Context) -> int:
         "servers": places,
         "cluster": ctx.cluster,
         "id": record.filter_id,
-        "state": record.state,
+        "state": "damaged" if damaged else record.state,
+        "record_state": record.state,
         "created": datetime.fromtimestamp(record.created, UTC).isoformat(),
         "created_timestamp": record.created,
         **_fields(record, "layout scheme"),
@@ -118,6 +121,11 @@ def info(ctx: Context) -> int:
     state_text: str = record.state
     if record.state == "creating":
         state_text += " (being created, or its creator stopped: a worker opening it finishes it)"
+    if damaged:
+        state_text = (
+            f"damaged: {len(damaged):,} part(s) missing or foreign, listed below (its record"
+            f" says {record.state}): URLs they held are lost"
+        )
     blocked = f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""
     rows = [
         ("Bloom filter", key),

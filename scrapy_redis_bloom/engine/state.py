@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import taking_apart
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, Generation, Growth, window_key
 from scrapy_redis_bloom.core.hashing import FilterSpec, distinct_bits
-from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.core.layout import HEADER_BYTES, IDENTITY_BYTES
+from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import allocation, false_positive_rate
-from scrapy_redis_bloom.engine.parts import Parts, integer
+from scrapy_redis_bloom.engine.parts import Parts, blob, integer
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -44,10 +47,25 @@ class GenerationState:
 
 
 @dataclass(frozen=True, slots=True)
+class DamagedPart:
+    """A part the headers say exists (a shard, generation, window) missing or not the filter's.
+
+    ``found``: what is there (:func:`..core.layout.describe_identity`): ``missing``, or what
+    it carries instead of the filter's id.
+    """
+
+    shard: int
+    key: str
+    found: str
+
+
+@dataclass(frozen=True, slots=True)
 class FilterState:
     """What the filter's fill says: bits set (per shard when read from the bits), memory.
 
     ``generations`` break a growing (or windowed) filter down; ``fpr`` then covers them all.
+    ``damaged``: parts lost or replaced (when read from the bits), left out of the figures
+    of a growing or windowed filter.
     """
 
     spec: FilterSpec
@@ -58,6 +76,7 @@ class FilterState:
     generations: tuple[GenerationState, ...] = ()
     fpr: float | None = None
     total_bits: int = 0
+    damaged: tuple[DamagedPart, ...] = ()
 
     @property
     def fill_ratio(self) -> float:
@@ -98,26 +117,79 @@ def _items(bits: int, k: int, ones: int, block: int) -> float:
     return -bits / distinct * math.log1p(-min(ones, bits - 1) / bits)
 
 
-def read_state(parts: Parts, growth: Growth) -> FilterState:
-    """Count the bits set in every shard (of each generation, window) and their memory."""
+def read_state(parts: Parts, record: FilterRecord) -> FilterState:
+    """Count the bits set in every shard (of each generation, window) and their memory.
+
+    Every part the headers say exists is checked to carry the filter's id, in the same round
+    trips (the state of an evicted generation is not that of an empty one).
+    """
+    growth = record.growth
     if growth.expansion or growth.ttl:
-        return _read_generations(parts, growth)
+        return _read_generations(parts, record)
     calls: list[Call] = []
     for shard in range(parts.spec.shards):
         key = parts.shard_key(shard)
         calls.append(Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard))
         calls.append(Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard))
-    replies = parts.run("count the filter's bits", calls, take=integer)
-    per_shard = tuple(replies[::2])
+        calls.append(_identity_call(key, shard))
+    replies = _taken(parts, "count the filter's bits", calls, (integer, integer, blob))
+    per_shard = tuple(replies[::3])
+    damaged = _Damage(record)
+    for shard, found in enumerate(replies[2::3]):
+        damaged.check(shard, parts.shard_key(shard), found)
     first = _generation(0, growth.generations[0], per_shard)
     return FilterState(
         spec=parts.spec,
         bits_set=sum(per_shard),
-        memory_bytes=sum(replies[1::2]),
+        memory_bytes=sum(replies[1::3]),
         bits_set_per_shard=per_shard,
         estimated_items=first.estimated_items,
         generations=(first,),
+        damaged=tuple(damaged.parts),
     )
+
+
+def _identity_call(key: str, shard: int) -> Call:
+    """Return the call reading a part's identity (b"" when it is missing)."""
+    return Call(pack_command(b"GETRANGE", key, 0, IDENTITY_BYTES - 1), key=key, shard=shard)
+
+
+def _taken(
+    parts: Parts, operation: str, calls: list[Call], takes: Sequence[Callable[[Any], Any]]
+) -> list[Any]:
+    """Run ``calls``; return the replies, the i-th read by ``takes[i % len(takes)]``."""
+    replies = parts.run(operation, calls)
+    out = []
+    for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+        with taking_apart(operation, call.key or ""):
+            out.append(takes[i % len(takes)](reply))
+    return out
+
+
+class _Damage:
+    """The parts found missing or not the filter's, by their identity."""
+
+    def __init__(self, record: FilterRecord) -> None:
+        self.record = record
+        self.parts: list[DamagedPart] = []
+        self._identities: dict[int, bytes] = {}
+
+    def identity(self, shard: int) -> bytes:
+        """Return the identity every part of ``shard`` carries."""
+        found = self._identities.get(shard)
+        if found is None:
+            record = self.record
+            found = layout.identity(record.filter_id, shard, record.spec.hash_count)
+            self._identities[shard] = found
+        return found
+
+    def check(self, shard: int, key: str, found: bytes) -> bool:
+        """Tell whether a part carries its shard's identity; note it damaged if not."""
+        if found[:IDENTITY_BYTES] == self.identity(shard):
+            return True
+        what = layout.describe_identity(found[:IDENTITY_BYTES], self.record.filter_id, shard)
+        self.parts.append(DamagedPart(shard, key, what))
+        return False
 
 
 def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationState:
@@ -135,7 +207,21 @@ def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationStat
     )
 
 
-def _read_generations(parts: Parts, growth: Growth) -> FilterState:
+def _needed_windows(anchor: bytes, window: int) -> tuple[bool, bool]:
+    """Return whether windows ``window - 1`` and ``window`` must exist, by a TTL anchor's state.
+
+    As the check-and-add script decides it (``lua/windows.lua``): a window the anchor shows
+    was started, and not yet expired, was lost if it is missing.
+    """
+    before = int.from_bytes(anchor[GENERATIONS_BIT // 8 : GENERATIONS_BIT // 8 + 2], "big")
+    newest = int.from_bytes(anchor[GENERATIONS_BIT // 8 + 2 : HEADER_BYTES], "big")
+    previous = newest == window - 1 or (newest == window and before == 1)
+    current = newest == window or (newest == window + 1 and before == 1)
+    return previous, current
+
+
+def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
+    growth = record.growth
     gens = growth.generations
     shards = parts.spec.shards
     windows: Sequence[int | None] = parts.live_windows(growth.ttl) if growth.ttl else [None]
@@ -151,15 +237,40 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
             pack_command(b"BITFIELD_RO", key, b"GET", b"u16", GENERATIONS_BIT), key=key, shard=shard
         )
         for shard, key in heads
-    ] + [Call(pack_command(b"EXISTS", key), key=key, shard=shard) for shard, key in heads]
+    ] + [_identity_call(key, shard) for shard, key in heads]
+    anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
+    first += [
+        Call(pack_command(b"GETRANGE", key, 0, HEADER_BYTES - 1), key=key, shard=shard)
+        for shard, key in anchors
+    ]
     replies = parts.run("read the filter's generations", first)
+    damage = _Damage(record)
     with taking_apart("read the filter's generations", parts.key):
         if not all(isinstance(reply, list) for reply in replies[: len(bases)]):
             raise ValueError(f"BITFIELD's values, got {replies[: len(bases)]!r:.200}")
-        counts = [
-            (max(int(reply[0]), 1) if int(exists) else 0)
-            for reply, exists in zip(replies[: len(bases)], replies[len(bases) :], strict=True)
-        ]
+        found_heads = [blob(reply) for reply in replies[len(bases) : 2 * len(bases)]]
+        found_anchors = [blob(reply) for reply in replies[2 * len(bases) :]]
+    # Per head: whether it must exist. Without windows, the shard itself always does; with
+    # them, what its anchor says (an anchor not the filter's is the damage reported).
+    needed = [True] * len(heads)
+    if growth.ttl:
+        window = windows[-1]
+        assert window is not None
+        for (shard, key), anchor in zip(anchors, found_anchors, strict=True):
+            ours = damage.check(shard, key, anchor)
+            wanted = _needed_windows(anchor, window) if ours else (False, False)
+            needed[shard * 2 : shard * 2 + 2] = wanted
+    counts = []
+    for (shard, key), reply, head, must in zip(
+        heads, replies[: len(bases)], found_heads, needed, strict=True
+    ):
+        if not head.strip(b"\0") and not must:
+            counts.append(0)  # not started (or expired): nothing there yet
+        elif damage.check(shard, key, head):
+            with taking_apart("read the filter's generations", key):
+                counts.append(max(int(reply[0]), 1))
+        else:
+            counts.append(0)
     keys = [
         (shard, g, f"{base}{g}")
         for (shard, base), count in zip(bases, counts, strict=True)
@@ -169,32 +280,48 @@ def _read_generations(parts: Parts, growth: Growth) -> FilterState:
         Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard)
         for shard, _, key in keys
     ]
-    anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
     calls += [
         Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard)
         for shard, key in [*((shard, key) for shard, _, key in keys), *anchors]
     ]
-    replies = parts.run("count the filter's bits", calls, take=integer)
-    ones = replies[: len(keys)]
+    later = [(shard, key) for shard, g, key in keys if g]  # generation 0: checked above
+    calls += [_identity_call(key, shard) for shard, key in later]
+    replies = parts.run("count the filter's bits", calls)
+    with taking_apart("count the filter's bits", parts.key):
+        numbers = [integer(reply) for reply in replies[: len(calls) - len(later)]]
+        identities = [blob(reply) for reply in replies[len(calls) - len(later) :]]
+    lost = {
+        key
+        for (shard, key), head in zip(later, identities, strict=True)
+        if not damage.check(shard, key, head)
+    }
+    ones = numbers[: len(keys)]
+    memory = numbers[len(keys) :]
     per_gen: dict[int, list[int]] = {}
     # Per shard: the log of the chance every part misses a new element (keeps rates < 1e-16).
     clear = [0.0] * shards
     per_shard = [0] * shards
-    for (shard, g, _), found in zip(keys, ones, strict=True):
+    bits_set = 0
+    for (shard, g, key), found in zip(keys, ones, strict=True):
+        if key in lost:
+            continue  # not an empty generation: one whose items are gone (or not this filter's)
         gen = gens[g]
         per_gen.setdefault(g, []).append(found)
         clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
         per_shard[shard] += found  # every part's: the fill of the shard's bits
+        bits_set += found
     states = tuple(_generation(g, gens[g], found) for g, found in sorted(per_gen.items()))
+    owned = [size for (_, _, key), size in zip(keys, memory, strict=False) if key not in lost]
     return FilterState(
         spec=parts.spec,
-        bits_set=sum(ones),
-        memory_bytes=sum(replies[len(keys) :]),
+        bits_set=bits_set,
+        memory_bytes=sum(owned) + sum(memory[len(keys) :]),
         bits_set_per_shard=tuple(per_shard),
         estimated_items=sum(gen.estimated_items for gen in states),
         generations=states,
         fpr=sum(-math.expm1(c) for c in clear) / shards,
         total_bits=sum(gen.bits for gen in states) or parts.spec.bits,
+        damaged=tuple(sorted(damage.parts, key=lambda part: part.shard)),  # (stable)
     )
 
 

@@ -108,16 +108,6 @@ def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
     return found
 
 
-def check_shards(bloom: RedisBloomFilter, record: FilterRecord) -> list[tuple[int, str]]:
-    """Return ``(shard, what is there)`` of each shard missing or not this filter's, in order."""
-    spec = record.spec
-    return [
-        (shard, layout.describe_identity(ident, record.filter_id, shard))
-        for shard, ident in sorted(bloom.parts.identities(range(spec.shards)).items())
-        if ident != layout.identity(record.filter_id, shard, spec.hash_count)
-    ]
-
-
 @dataclass(frozen=True, slots=True)
 class MarkerCheck:
     """One server's marker (``KEY:server``) compared with the one the record expects."""

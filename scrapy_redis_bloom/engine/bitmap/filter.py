@@ -150,10 +150,12 @@ class RedisBloomFilter(FilterBase):
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis).
 
-        No filter under the key raises FilterMissingError: a read creates none.
+        No filter under the key raises FilterMissingError: a read creates none. Parts missing
+        or not the filter's are in its ``damaged`` (a check raises, or recreates them under
+        ``BLOOMFILTER_ON_LOSS = "recreate"``).
         """
         with self._lock:
-            return read_state(self.parts, self._existing().growth)
+            return read_state(self.parts, self._existing())
 
     # -- elements ----------------------------------------------------------------------
 
