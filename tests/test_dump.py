@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import math
 import os
 import time
@@ -23,7 +24,11 @@ from redis.cluster import RedisCluster
 from redis_server import RedisServer
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
-from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    NotEnoughMemoryError,
+    UnsupportedServerError,
+)
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
@@ -648,6 +653,62 @@ def test_out_of_memory_mid_restore_leaves_nothing(redis_client: redis.Redis, dum
     finally:
         redis_client.config_set("maxmemory", 0)
     assert all_keys(redis_client) == []
+
+
+def test_parts_evicted_during_a_restore_fail_it_naming_the_policy(
+    redis_client: redis.Redis, dumped: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The restore checked for restarts before writing the record, never that the parts it
+    # wrote were still there, nor warned of the policy that evicts them: it reported success
+    # and the first worker stopped on a lost shard. (The part is deleted here as the policy
+    # would evict it.)
+    redis_client.config_set("maxmemory-policy", "allkeys-random")
+    evicted: list[str] = []
+
+    def evict(done: int, total: int) -> None:
+        if done == total and not evicted:  # every part written; the record not yet
+            evicted.append("{" + KEY + ":1}:g0")
+            assert redis_client.delete(evicted[0]) == 1
+
+    try:
+        with pytest.raises(RestoreFailedError) as caught:
+            restore_filter(redis_client, KEY, io.BytesIO(dumped), evict)
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    assert evicted
+    message = str(caught.value)
+    assert "written was deleted" in message
+    assert f"1 key(s) it wrote were gone before its record was written ('{evicted[0]}')" in message
+    assert "has maxmemory-policy allkeys-random" in message
+    assert all_keys(redis_client) == []
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("maxmemory-policy allkeys-random" in line for line in warned), warned
+
+
+def test_the_room_check_counts_the_pieces_redis_holds_while_writing(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # The room asked was the file's bytes: a server with 1.2 times them free passed, and the
+    # restore then needed more (the strings' allocation, the pipelined pieces in Redis's
+    # query buffer): it failed half-way, or an evicting policy took keys to make room.
+    cfg = BloomConfig.from_settings(
+        {"BLOOMFILTER_BIT": 23, "BLOOMFILTER_HASH_NUMBER": 7, "BLOOMFILTER_SHARDS": 1}
+    )
+    bloom = filled(redis_client, cfg, fingerprints(1_000, "room"))
+    path = tmp_path / "room.dump"
+    summary = dump(bloom, path)
+    bloom.clear()
+    bloom.close()
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory", used + summary.totals.data_bytes * 6 // 5)
+    try:
+        with pytest.raises(NotEnoughMemoryError, match=r"needs [0-9.]+ MiB on Redis at"):
+            restore(redis_client, path, faults=FaultPolicy(retry_timeout=0.3))
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert all_keys(redis_client) == []
+    restore(redis_client, path)  # with room
+    assert reopened(redis_client, cfg).contains_many(fingerprints(1_000, "room")) == [True] * 1000
 
 
 def test_a_file_changed_between_the_passes_leaves_nothing(

@@ -20,6 +20,7 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, FaultPolicy
+from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation
 from scrapy_redis_bloom.engine import backend, health
 from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -37,6 +38,11 @@ logger = logging.getLogger(__name__)
 
 #: Keys named in a message, at most.
 NAMED = 5
+#: Room a restore needs on a server beside its parts: the pieces pipelined to it, up to
+#: :data:`.dump.PIECE` and one more chunk, which Redis holds in its query buffer (at most
+#: the server's data); and the counters, markers, record and the commands' framing.
+WRITING_ROOM = 2 * dump.PIECE
+WRITING_SLACK = 64 << 10
 
 
 class FilterExistsError(BloomFilterError):
@@ -239,6 +245,7 @@ def _prepare(
     servers = health.survey(bloom.executor, bloom.topology)
     health.check_versions(servers)
     health.check_primaries(servers)
+    health.warn_risks(bloom.key, servers)  # what evicts the parts as they are written
     if target.backend == "native":
         missing = native_parts.missing_bloom(bloom.executor, bloom.topology)
         if missing:
@@ -264,12 +271,31 @@ def _prepare(
             f" {named}{more}, where its parts go. Reset the filter {bloom.key!r} (it deletes"
             " orphaned parts too) or restore it under another key."
         )
+    # Per server: its parts as Redis allocates them, and the pieces pipelined to it at once
+    # (Redis holds them in its query buffer while it runs them).
+    data: dict[str, int] = {}
     needs: dict[str, int] = {}
     for shard, size in enumerate(verified.shard_bytes):
         address = bloom.topology.route(layout.shard_key(bloom.key, shard), shard, None).address
-        needs[address] = needs.get(address, 0) + size
+        data[address] = data.get(address, 0) + size
+        needs[address] = needs.get(address, 0) + _allocated(target, size)
+    for address, size in data.items():
+        needs[address] += min(size, WRITING_ROOM) + WRITING_SLACK
     health.check_room(bloom.key, servers, needs)
     return replaced
+
+
+def _allocated(record: FilterRecord, size: int) -> int:
+    """Return the bytes Redis allocates for a shard of ``size`` data bytes (its generations)."""
+    if record.backend == "native":
+        return allocation(size + STRING_OVERHEAD)
+    total, generation = 0, 0
+    while size > 0:  # the generations in turn: each a string of its own
+        length = part_bytes(record, generation)
+        total += allocation(length + STRING_OVERHEAD)
+        size -= length
+        generation += 1
+    return total
 
 
 def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: float) -> bool:
@@ -323,6 +349,7 @@ def _write(
     """Write every part, the counters, the markers, then the record; undo all on failure."""
     parts = bloom.parts
     undo: list[Call] = []  # deletes what was written, the latest first: the record before all
+    written: list[tuple[str, int]] = []  # (key, shard) of each part
     try:
         processes = _processes(bloom)
         reader = DumpReader(inp, name)
@@ -338,6 +365,11 @@ def _write(
                         f" {chunk.shard} goes. Reset the filter or restore under another key."
                     )
                 undo.append(Call(pack_command(b"DEL", key), key=key, shard=chunk.shard))
+                written.append((key, chunk.shard))
+                if chunk.kind == BITMAP:  # allocated whole: grown piece by piece, Redis
+                    last = part_bytes(target, chunk.generation) - 1  # would keep 1 MiB more
+                    presize = pack_command(b"SETRANGE", key, last, b"\0")
+                    batch.append(Call(presize, key=key, shard=chunk.shard))
             command = b"BF.LOADCHUNK" if chunk.kind == NATIVE else b"SETRANGE"
             packed = pack_command(command, key, chunk.position, chunk.data)
             batch.append(Call(packed, key=key, shard=chunk.shard))
@@ -362,6 +394,7 @@ def _write(
             )
         undo[:0] = parts.marker_deletions(target)  # none on one server
         parts.write_markers(target, range(target.servers))
+        _check_written(bloom, target, written, bool(verified.counters))
         undo.insert(0, parts.delete_if_still(parts.meta_key, "record", target.filter_id))
         stored = parts.create_record(target)
         if stored.filter_id != target.filter_id:
@@ -379,6 +412,66 @@ def _write(
                 f" written was deleted: {exc}"
             ) from exc
         raise
+
+
+def _check_written(
+    bloom: FilterBase, target: FilterRecord, written: list[tuple[str, int]], counters: bool
+) -> None:
+    """Raise if a part, the counters or a marker the restore wrote is gone (evicted).
+
+    Before the record is written: a worker would adopt a filter with parts missing. A
+    bitmap part must carry its identity; a native one be a Bloom filter.
+    """
+    parts = bloom.parts
+    native_kind = target.backend == "native"
+    k = target.spec.hash_count
+    checks: list[tuple[Call, bytes]] = [  # (the read, what it must read)
+        (
+            Call(pack_command(b"TYPE", key), key=key, shard=shard),
+            native_parts.NATIVE_TYPE.encode(),
+        )
+        if native_kind
+        else (
+            Call(
+                pack_command(b"GETRANGE", key, 0, layout.IDENTITY_BYTES - 1), key=key, shard=shard
+            ),
+            layout.identity(target.filter_id, shard, k),
+        )
+        for key, shard in written
+    ]
+    if counters:
+        checks.append(
+            (Call(pack_command(b"TYPE", parts.counter_key), key=parts.counter_key), b"hash")
+        )
+    checks += [
+        (
+            Call(pack_command(b"GET", parts.marker_key), key=parts.marker_key, server=i),
+            layout.server_marker(target.filter_id, i, target.servers).encode(),
+        )
+        for i in range(target.servers if target.servers > 1 else 0)
+    ]
+    replies = parts.run("check the restored parts", [call for call, _ in checks])
+    gone = [
+        call
+        for (call, want), reply in zip(checks, replies, strict=True)
+        if (reply.encode() if isinstance(reply, str) else reply) != want
+    ]
+    if not gone:
+        return
+    where = {bloom.topology.route(call.key or "", call.shard, call.server).address for call in gone}
+    policies = ", ".join(
+        f"Redis at {server.address} has maxmemory-policy {server.policy}"
+        for server in health.survey(bloom.executor, bloom.topology)
+        if server.address in where and server.policy
+    )
+    named = ", ".join(repr(call.key) for call in gone[:NAMED])
+    more = f" and {len(gone) - NAMED:,} more" if len(gone) > NAMED else ""
+    raise BloomFilterError(
+        f"{len(gone):,} key(s) it wrote were gone before its record was written ({named}{more}):"
+        f" evicted ({policies or 'see the maxmemory-policy of ' + ', '.join(sorted(where))}),"
+        " or deleted. Give Redis room for the filter, with maxmemory-policy noeviction (or"
+        " volatile-*, which keeps keys without a TTL), and restore it again."
+    )
 
 
 def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
