@@ -567,6 +567,38 @@ def test_eviction_policy_is_warned_about_at_open(
     client.close()
 
 
+@pytest.mark.parametrize("lost", ["shard", "generation", "record"])
+def test_a_loss_found_mid_crawl_says_the_policy_read_again(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, lost: str
+) -> None:
+    # The policy was read at open only: set to an evicting one later (CONFIG SET), the
+    # losses it caused were recovered from, or recreated, with no word of it, and the stat
+    # still said no risk.
+    client = server.client()
+    settings = {"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_SHARDS": 2}
+    cfg = BloomConfig.from_settings(settings)
+    bloom = RedisBloomFilter.from_config(
+        client, "faults", cfg, faults=FaultPolicy(on_loss="recreate")
+    )
+    held = fingerprints(4_000, "held")
+    bloom.add_many(held)  # grown: generations 1 and more
+    bloom.sync_counters()
+    assert bloom.events.values["eviction_risk"] == 0
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    key = {"shard": "{faults:0}:g0", "generation": "{faults:0}:g1", "record": "faults:meta"}[lost]
+    assert client.delete(key) == 1  # as the policy evicts it
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        if lost == "record":
+            bloom.sync_counters()  # the counters' sync finds it gone, and writes it back
+        else:
+            bloom.add_many(fingerprints(200, "after"))  # the checks of shard 0 find it
+    assert client.exists(key)
+    assert "has maxmemory-policy allkeys-lru: when it reaches maxmemory it may evict" in caplog.text
+    assert bloom.events.values["eviction_risk"] == 1
+    bloom.close()
+    client.close()
+
+
 # -- a filter past its capacity -----------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ still ``creating`` finishes the job. :meth:`Lifecycle.recover` sorts out what is
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -39,6 +40,8 @@ logger = logging.getLogger(__name__)
 NAMED = 5
 #: Shards whose headers are checked when a ready filter is opened, at most.
 VERIFIED = 4096
+#: Least seconds between two readings of the servers' policies after losses (:meth:`loss_found`).
+RECHECK_INTERVAL = 60.0
 
 
 def sample(shards: int, servers: int) -> range | list[int]:
@@ -91,6 +94,7 @@ class Lifecycle:
         self.faults = faults
         self.events = events
         self.key = self.parts.key
+        self._rechecked: float | None = None  # when loss_found() last read the policies
 
     def open(self, wanted: FilterRecord, create: bool = True) -> FilterRecord:
         """Create the filter ``wanted``, or check it; return its record (the geometry to use)."""
@@ -115,6 +119,24 @@ class Lifecycle:
         self.events.set("eviction_risk", health.warn_risks(self.key, servers, record.ttl > 0))
         self._warn_seed_floor(record)
         return record
+
+    def loss_found(self, expiring: bool) -> None:
+        """Re-read the servers' maxmemory-policy once a part was found lost; warn, and count it.
+
+        The policy read at open may have changed since (``CONFIG SET``): an evicting one is
+        said with the loss, and the ``eviction_risk`` stat set, as at open (``expiring``: the
+        filter's bits expire). At most once a :data:`RECHECK_INTERVAL`.
+        """
+        now = time.monotonic()
+        if self._rechecked is not None and now - self._rechecked < RECHECK_INTERVAL:
+            return
+        self._rechecked = now
+        try:
+            servers = health.survey(self.parts.executor, self.topology)
+        except BloomFilterError as exc:  # the loss is said by the caller; this is its cause
+            logger.info("Could not read the maxmemory-policy of %s: %s", self.key, exc)
+            return
+        self.events.set("eviction_risk", health.warn_risks(self.key, servers, expiring))
 
     def _warn_seed_floor(self, record: FilterRecord) -> None:
         """Warn (and a stat) when a scheme-1 filter's generation 0 floor passes 1/10 its rate."""
@@ -238,6 +260,8 @@ class Lifecycle:
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
             self._write_back(record)
         lost_servers = sorted(set(missing_markers) & {s % record.servers for s in lost})
+        if lost or missing_markers:
+            self.loss_found(record.ttl > 0)
         if lost and self.faults.on_loss == "raise":
             raise FilterDamagedError(
                 f"{len(lost):,} of the {record.spec.shards:,} shards of the {self.shards.noun}"
@@ -304,6 +328,7 @@ class Lifecycle:
             self.parts.meta_key,
             self.key,
         )
+        self.loss_found(record.ttl > 0)
 
     def _server(self, i: int) -> str:
         return self.topology.route(None, None, i).address

@@ -535,6 +535,8 @@ class RedisBloomFilter(FilterBase):
             self._recreate.add(shard)
             self._recreated.add(shard)
         else:
+            if not there.strip(b"\0"):  # lost: what may have evicted it is said with it
+                self.lifecycle.loss_found(self._current().ttl > 0)
             raise self._shards.lost_part(self._current(), shard, bad, there)
 
     def _start_deadline(self) -> float:
@@ -672,6 +674,7 @@ class RedisBloomFilter(FilterBase):
                 self.key,
                 self.topology.describe(),
             )
+            self.lifecycle.loss_found(self._current().ttl > 0)
 
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, bulk: bool = False

@@ -233,12 +233,14 @@ class NativeBloomFilter(FilterBase):
                 key,
                 self.topology.describe(),
             )
+            self.lifecycle.loss_found(True)
         if self._ttl or not write:
             return [answer == 1 for answer in answers]
         return [answer == 0 for answer in answers]  # BF.INSERT: 1 (or true) when added
 
     def _window_refused(self, code: int, reply: Any, key: str) -> FilterDamagedError:
         if code == native_ttl.WINDOW_LOST:
+            self.lifecycle.loss_found(True)
             window = reply[1].decode()
             return FilterDamagedError(
                 f"Re-crawl window {window!r} of the native Bloom filter {self.key!r} is gone"
