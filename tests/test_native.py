@@ -32,6 +32,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterDamagedError,
     FilterMissingError,
     FilterUnavailableError,
+    NotEnoughMemoryError,
     ServerListMismatchError,
     UnsupportedServerError,
 )
@@ -477,6 +478,23 @@ def test_out_of_memory_while_a_shard_must_scale_is_an_error_never_an_answer(
     client.config_set("maxmemory", 0)
     assert len(bloom.state().generations) == 2
     assert bloom.contains_many(fps) == [True] * len(fps)
+    bloom.close()
+    client.close()
+
+
+@pytest.mark.parametrize("ttl", [0, 3600])
+def test_a_filter_that_does_not_fit_is_refused_before_anything_is_written(
+    small_bloom_server: RedisServer, ttl: int
+) -> None:
+    """As for bitmaps: NotEnoughMemoryError with the numbers, and no record nor shard left."""
+    client = small_bloom_server.client()
+    client.config_set("maxmemory", 30 * 2**20)
+    with pytest.raises(NotEnoughMemoryError, match=r"needs .*maxmemory 30\.0 MiB"):
+        native(client, BLOOMFILTER_CAPACITY=100_000_000, BLOOMFILTER_TTL=ttl).open()
+    assert client.keys("*") == []
+    # One that fits is made (its sub-filters are sized as counted).
+    bloom = native(client, BLOOMFILTER_CAPACITY=1_000_000, BLOOMFILTER_TTL=ttl)
+    assert bloom.add_many(["a", "b"]) == [False, False]
     bloom.close()
     client.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ from scrapy_redis_bloom.core.errors import (
     taking_apart,
 )
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.sizing import native_geometry
+from scrapy_redis_bloom.core.sizing import KEY_OVERHEAD, allocation, native_geometry
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -88,6 +89,16 @@ def links(record: FilterRecord, count: int) -> list[Link]:
         for g in range(count)
         for n in [capacity * record.expansion**g]
     ]
+
+
+def shard_bytes(record: FilterRecord) -> int:
+    """Return the bytes a shard's first sub-filter takes (its two live windows' with a TTL).
+
+    RedisBloom allocates a sub-filter's bits whole at ``BF.RESERVE`` (``BF.INFO``'s Size is
+    those bytes and about 100 more); a window is made by its first add, two live at once.
+    """
+    first = links(record, 1)[0]
+    return (2 if record.ttl else 1) * (allocation(first.bits // 8) + KEY_OVERHEAD)
 
 
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
@@ -215,7 +226,20 @@ class Blooms:
     def prepare(
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
-        """Nothing to clear: a new filter's shards are named by its new id."""
+        """Refuse a filter that does not fit (nothing to clear: shards are named by a new id).
+
+        Before the record is written, as for bitmaps: else ``BF.RESERVE`` fails half-way on
+        a full server, leaving a filter ``creating`` that no open can finish.
+        """
+        each = shard_bytes(wanted)
+        shards = wanted.spec.shards
+        health.check_room(self.parts.key, servers, {}, spread=(shards * each, len(servers)))
+        held = Counter(
+            self.topology.route(key, shard, None).address
+            for shard in range(shards)
+            for key in [self.shard_key(wanted, shard)]
+        )
+        health.check_room(self.parts.key, servers, {a: n * each for a, n in held.items()})
         return None
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
