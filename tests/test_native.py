@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import multiprocessing
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -480,6 +481,70 @@ def test_out_of_memory_while_a_shard_must_scale_is_an_error_never_an_answer(
     assert bloom.contains_many(fps) == [True] * len(fps)
     bloom.close()
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("reserve", "differs"),
+    [
+        ((0.9, None), r"\d[\d,]* bytes \(the record's error rate"),
+        ((1e-3, 10), r"capacity 10 in 1 sub-filter\(s\)"),
+        ((1e-3, None, "NONSCALING"), r"NONSCALING \(the record says EXPANSION 2\)"),
+        ((1e-3, None, "EXPANSION", 4), r"EXPANSION 4 \(the record says EXPANSION 2\)"),
+    ],
+)
+def test_a_shard_reserved_otherwise_is_refused_naming_what_differs(
+    bloom_redis_client: redis.Redis, reserve: tuple[Any, ...], differs: str
+) -> None:
+    """A shard replaced by another BF.RESERVE would answer by its own rate: never used.
+
+    (At 0.9, about half of new URLs would be answered "seen".) Found at open and by recovery,
+    as a foreign bitmap shard is: FilterDamagedError naming the key and what differs.
+    """
+    bloom = native(bloom_redis_client, BLOOMFILTER_SHARDS=4)
+    assert bloom.add_many(fingerprints(100, "old")) == [False] * 100
+    record = bloom.record
+    _, capacity, _ = reserve_arguments(record)
+    key = bloom.shard_keys[2]
+    bloom_redis_client.delete(key)
+    rate, cap, *options = reserve
+    bloom_redis_client.execute_command("BF.RESERVE", key, rate, cap or capacity, *options)
+    shard = rf"'\{{nat:2\}}:bf:{record.filter_id}' on [^:]+:\d+"
+    where = rf"{shard}: a Bloom filter reserved otherwise: {differs}"
+    for policy in ("raise", "recreate"):
+        with pytest.raises(FilterDamagedError, match=where):
+            native(bloom_redis_client, BLOOMFILTER_SHARDS=4, BLOOMFILTER_ON_LOSS=policy).open()
+    with pytest.raises(FilterDamagedError, match=where):  # recovery, once the shard is met
+        bloom.lifecycle.recover(record, [2], record)
+    assert int(bloom_redis_client.execute_command("BF.CARD", key)) == 0  # never overwritten
+    bloom.close()
+
+
+def test_a_shard_replaced_by_a_fixed_size_one_mid_crawl_is_named_when_full(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    """Full, a growing filter's shard was replaced: said so, not blamed on the settings."""
+    bloom = native(bloom_redis_client, BLOOMFILTER_SHARDS=1)
+    assert bloom.check_and_add("a" * 40) is False
+    key = bloom.shard_keys[0]
+    bloom_redis_client.delete(key)
+    bloom_redis_client.execute_command("BF.RESERVE", key, 1e-3, 1, "NONSCALING")
+    bloom_redis_client.execute_command("BF.ADD", key, "other")
+    replaced = rf"Shard '{re.escape(key)}' .* is full: it does not grow, though .*EXPANSION = 2"
+    with pytest.raises(FilterDamagedError, match=replaced):
+        bloom.check_and_add("b" * 40)
+    bloom.close()
+
+
+def test_a_grown_shard_matches_its_record(bloom_redis_client: redis.Redis) -> None:
+    """A shard that grew sub-filters as RedisBloom grows them is the filter's own."""
+    bloom = native(bloom_redis_client, BLOOMFILTER_CAPACITY=1000, BLOOMFILTER_SHARDS=1)
+    answers = bloom.add_many(fingerprints(5000, "grow"))
+    assert sum(answers) <= upper(5000, 1e-3)
+    assert len(bloom.state().generations) >= 3
+    again = native(bloom_redis_client, BLOOMFILTER_CAPACITY=1000, BLOOMFILTER_SHARDS=1)
+    again.open()
+    again.close()
+    bloom.close()
 
 
 @pytest.mark.parametrize("ttl", [0, 3600])

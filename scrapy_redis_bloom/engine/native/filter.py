@@ -265,6 +265,14 @@ class NativeBloomFilter(FilterBase):
             )
         if "full" in error_text(error):
             self.events.count("full")
+            if self.record is not None and self.record.expansion:  # not made by this filter
+                return FilterDamagedError(
+                    f"Shard {key!r} of the native Bloom filter {self.key!r} is full: it does"
+                    " not grow, though the filter's record says BLOOMFILTER_EXPANSION ="
+                    f" {self.record.expansion}, so another program replaced it (BF.RESERVE"
+                    " ... NONSCALING). Remove that key and reset the filter, or choose"
+                    " another BLOOMFILTER_KEY."
+                )
             return BloomFilterError(
                 f"Shard {key!r} of the native Bloom filter {self.key!r} is full: it was created"
                 " not to grow (BLOOMFILTER_EXPANSION = 0) and holds its capacity, so Redis"

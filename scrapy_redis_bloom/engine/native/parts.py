@@ -101,6 +101,40 @@ def shard_bytes(record: FilterRecord) -> int:
     return (2 if record.ttl else 1) * (allocation(first.bits // 8) + KEY_OVERHEAD)
 
 
+def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
+    """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not).
+
+    Compared: the expansion, the capacity of its sub-filters, and their bytes (the error
+    rate, which RedisBloom does not show: an ``Error rate`` is compared where shown, as
+    valkey-bloom does). RedisBloom's Size is the bits' bytes and about 100 more per sub-filter.
+    """
+    rate, _, _ = reserve_arguments(record)
+    found = info.get("Expansion rate", "None")
+    expansion = "NONSCALING" if found in ("None", "", "0") else f"EXPANSION {found}"
+    wanted = f"EXPANSION {record.expansion}" if record.expansion else "NONSCALING"
+    try:
+        count = int(info.get("Number of filters", "1"))
+        capacity = int(info.get("Capacity", "-1"))
+        size = int(info.get("Size", "-1"))
+        shown = float(info["Error rate"]) if "Error rate" in info else None
+    except ValueError:
+        return f"unreadable BF.INFO {info!r:.100}"
+    if expansion != wanted:
+        return f"{expansion} (the record says {wanted})"
+    chain = links(record, max(1, count))[: max(1, count)]
+    want_capacity = sum(link.capacity for link in chain)
+    if count < 1 or (not record.expansion and count != 1) or capacity != want_capacity:
+        return f"capacity {capacity:,} in {count} sub-filter(s) (the record says {want_capacity:,})"
+    if shown is not None:
+        if not math.isclose(shown, rate, rel_tol=0.01):
+            return f"error rate {shown:g} (the record says {rate:g})"
+        return ""
+    want_size = sum(link.bits // 8 for link in chain)
+    if abs(size - want_size) > 128 * count + want_size // 100:
+        return f"{size:,} bytes (the record's error rate {rate:g} takes {want_size:,})"
+    return ""
+
+
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
     """Return the servers (cluster masters) without ``BF.INSERT`` (or refusing to say)."""
     nodes = topology.primaries()
@@ -270,6 +304,8 @@ class Blooms:
         ours = ("none", "string" if record.ttl else NATIVE_TYPE)
         found = dict(zip([s for s, _ in keys], types(self.parts, keys), strict=True))
         foreign = {shard: f"a {kind}" for shard, kind in found.items() if kind not in ours}
+        blooms = [(s, k) for s, k in keys if found[s] == NATIVE_TYPE and not record.ttl]
+        foreign.update(self._unlike(record, blooms))
         if foreign:
             raise FilterDamagedError(
                 f"Where the native Bloom filter {self.parts.key!r} keeps its shards, Redis holds"
@@ -277,6 +313,23 @@ class Blooms:
                 " never overwritten: remove those keys, or choose another BLOOMFILTER_KEY."
             )
         return {shard: "missing" for shard, kind in found.items() if kind == "none"}
+
+    def _unlike(self, record: FilterRecord, keys: Sequence[tuple[int, str]]) -> dict[int, str]:
+        """Return the Bloom filters among ``keys`` not reserved as ``record`` says, and how.
+
+        A shard replaced by another ``BF.RESERVE`` (another rate, capacity or expansion)
+        would answer by its own rate: half of new URLs "seen" at 0.9.
+        """
+        calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in keys]
+        replies = self.parts.run("check the filter's shards", calls) if calls else []
+        with taking_apart("check the filter's shards", self.parts.key):
+            infos = [pairs(reply) for reply in replies]
+        unlike = {}
+        for (shard, _), info in zip(keys, infos, strict=True):
+            differs = unlike_reserved(record, info)
+            if differs:
+                unlike[shard] = f"a Bloom filter reserved otherwise: {differs}"
+        return unlike
 
     def delete(self, record: FilterRecord) -> int:
         """Delete the filter's parts, each only if still its own (see :func:`delete`)."""
