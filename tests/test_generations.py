@@ -11,6 +11,7 @@ import hashlib
 import math
 import multiprocessing
 import queue
+import re
 import struct
 import threading
 import time
@@ -29,6 +30,7 @@ from scrapy_redis_bloom.core.errors import (
     ConfigMismatchError,
     FilterDamagedError,
     FilterUnavailableError,
+    WrongTypeError,
 )
 from scrapy_redis_bloom.core.generations import (
     COUNT_BIT,
@@ -375,6 +377,46 @@ def test_a_lost_generation_stops_the_filter_by_default(redis_client: redis.Redis
     with pytest.raises(FilterDamagedError, match="never overwritten"):
         bloom.check_and_add(fingerprints(1, "new")[0])
     assert redis_client.get("{grow:bloomfilter:0}:g1") == b"not a filter"
+
+
+@pytest.mark.parametrize("foreign", ["list", "string", "hash"])
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_foreign_key_where_a_shard_grows_is_never_overwritten(
+    redis_client: redis.Redis, foreign: str, bulk: bool
+) -> None:
+    """Another program's key where the next generation goes stops the growth, named.
+
+    As at generation 0 (WrongTypeError, or FilterDamagedError for a string without a
+    header); nothing of the call is added: once the key is gone, its URLs are new.
+    """
+    g1 = "{grow:bloomfilter:0}:g1"
+    write = {
+        "list": lambda: redis_client.rpush(g1, "another", "program"),
+        "string": lambda: redis_client.set(g1, "another program's value"),
+        "hash": lambda: redis_client.hset(g1, "another", "program"),
+    }[foreign]
+    write()
+    cfg = config(1000, 0.01, BLOOMFILTER_SHARDS=1, BLOOMFILTER_CACHE_SIZE=0)
+    bloom = bloom_for(redis_client, cfg)
+    fps = fingerprints(3000, "foreign")
+    error = WrongTypeError if foreign != "string" else FilterDamagedError
+    named = rf"{re.escape(repr(g1))} .*(holds a {foreign}|never overwritten)"
+
+    def feed() -> None:
+        if bulk:
+            bloom.add_many(fps)
+        for fp in fps:
+            bloom.check_and_add(fp)
+
+    with pytest.raises(error, match=named):
+        feed()
+    assert redis_client.type(g1) == foreign.encode()
+    assert bloom.generations == 1
+    redis_client.delete(g1)
+    rest = fps[1000:]
+    assert sum(bloom.add_many(rest)) <= upper(len(rest), 0.01)
+    assert bloom.generations >= 2
+    bloom.close()
 
 
 def test_a_lost_generation_is_recreated_empty_when_asked(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -34,15 +34,17 @@ from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
 from scrapy_redis_bloom.engine.health import info_fields
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
-from scrapy_redis_bloom.engine.parts import script_call
+from scrapy_redis_bloom.engine.parts import script_call, text
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
-from scrapy_redis_bloom.transport.executor import Call, Results
+from scrapy_redis_bloom.transport.executor import Call, Results, error_text
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 #: What a check-and-add does, in the executor's errors.
 OPERATION = "check and add a request"
 
+#: What ``TYPE`` says of a shard's key: a string, or none when missing.
+TYPES = ("string", "none")
 _T = TypeVar("_T")
 _Failure = FilterUnavailableError | AccessDeniedError | None
 
@@ -190,7 +192,8 @@ class RedisBloomFilter(FilterBase):
         assert stack is not None
         key, sent_at = check.keys[0].name, time.time()
         replies = self.executor.fast_many(OPERATION, check.reads, key, check.shard).replies
-        verdict = self._read(key, replies, lambda got: stack.judge(check, got, sent_at))
+        judge = partial(stack.judge, check, sent_at=sent_at)
+        verdict = self._read(key, replies, judge, [k.name for k in check.keys])
         if verdict != ADD:
             return verdict == SEEN or None
         try:
@@ -210,14 +213,25 @@ class RedisBloomFilter(FilterBase):
             raise
         return self._added(check, reply, ambiguous)
 
-    def _read(self, key: str, replies: list[Any], read: Callable[[list[Any]], _T]) -> _T:
+    def _read(
+        self,
+        key: str,
+        replies: list[Any],
+        read: Callable[[list[Any]], _T],
+        keys: Sequence[str] = (),
+    ) -> _T:
         """Return what ``read`` makes of a round's replies (for ``key``'s shard).
 
-        An error reply raises, naming the key; a wrong shape raises
+        An error reply raises, naming the key: of ``keys`` (all the round reads), the one
+        of another type than a string for a WRONGTYPE. A wrong shape raises
         :class:`~..errors.FilterUnavailableError`.
         """
         for reply in replies:
             if isinstance(reply, BaseException):
+                if keys and "WRONGTYPE" in error_text(reply):
+                    calls = [Call(pack_command(b"TYPE", k), key=k) for k in keys]
+                    found = self.parts.run("read the types of a shard's keys", calls, take=text)
+                    key = next((k for k, t in zip(keys, found, strict=True) if t not in TYPES), key)
                 raise self.parts.refusal(reply, key, OPERATION)
         try:
             return read(replies)
@@ -349,7 +363,8 @@ class RedisBloomFilter(FilterBase):
             assert stack is not None
             judge = partial(stack.judge, check, sent_at=sent_at)
             try:
-                answers[i] = self._read(check.keys[0].name, replies, judge) == SEEN or None
+                names = [k.name for k in check.keys]
+                answers[i] = self._read(names[0], replies, judge, names) == SEEN or None
             except FilterUnavailableError as exc:  # a foreign reply: answered as an outage
                 failure = failure or exc
                 del checks[i]  # neither added nor scripted

@@ -23,20 +23,37 @@ local function pack(high, low)
   return string.char(math.floor(high / 256) % 256, high % 256, math.floor(low / 16777216) % 256,
     math.floor(low / 65536) % 256, math.floor(low / 256) % 256, low % 256)
 end
--- Allocate generation g whole, with the header. Its first write is the SETRANGE, which
--- Redis refuses when out of memory: a DEL first would count as the script's first write
--- and let the allocation pass maxmemory. (A stale key is left only by a recreation.)
-local function allocate(key, g)
-  if redis.call('EXISTS', key) == 1 then redis.call('DEL', key) end
-  redis.call('SETRANGE', key, HEADER_BYTES + math.ceil(M[g + 1] / 8) - 1, string.char(0))
-  redis.call('SETRANGE', key, 0, id)
-  if expire then redis.call('EXPIREAT', key, expire) end
-end
 -- A key's first bytes with no identity: missing, or a bitmap a scriptless add or count
 -- (engine/bitmap/stackpath.py) wrote where the key was lost or not started yet, and as
 -- good as missing: its bits were answered for by this script, and allocate() replaces it.
 local function unnamed(found)
   return not string.find(string.sub(found, 1, IDENTITY_BYTES), '[^%z]')
+end
+-- Whether a generation's key may be taken: missing, or a string left by a filter (a header,
+-- of a recreated shard's earlier life or of another filter's) or unnamed. Anything else is
+-- another program's and is never overwritten (``bad`` names it). Also whether it exists.
+local function takeable(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return true, false end
+  if kind == 'string' then
+    local found = redis.call('GETRANGE', key, 0, IDENTITY_BYTES - 1)
+    if unnamed(found) or string.sub(found, 1, 3) == 'SRB' then return true, true end
+  end
+  bad = key
+  return false, true
+end
+-- Allocate generation g whole, with the header (false, ``bad`` set: a foreign key is there).
+-- Its first write is the SETRANGE, which Redis refuses when out of memory: a DEL first
+-- would count as the script's first write and let the allocation pass maxmemory. (A stale
+-- key is left only by a recreation.)
+local function allocate(key, g)
+  local free, exists = takeable(key)
+  if not free then return false end
+  if exists then redis.call('DEL', key) end
+  redis.call('SETRANGE', key, HEADER_BYTES + math.ceil(M[g + 1] / 8) - 1, string.char(0))
+  redis.call('SETRANGE', key, 0, id)
+  if expire then redis.call('EXPIREAT', key, expire) end
+  return true
 end
 -- Read a filter's header (a shard's, or a window's) and check its generations, each of
 -- which must carry the id. ``needed``: a missing generation 0 is a loss (else: nothing
@@ -49,7 +66,7 @@ local function load(view, needed, create, shard)
     if needed and (shard or not recreate) then bad = g0 return false end
     if needed then flags = bit.bor(flags, RECREATED) end
     if not create then return true end
-    allocate(g0, 0)
+    if not allocate(g0, 0) then return false end
     head = id
   elseif string.sub(head, 1, IDENTITY_BYTES) ~= id then bad = g0 return false end
   view.G, view.count, view.dirty = 1, 0, false
@@ -59,7 +76,7 @@ local function load(view, needed, create, shard)
     local found = redis.call('GETRANGE', key, 0, IDENTITY_BYTES - 1)
     local lost = unnamed(found)
     if lost and recreate and write then
-      allocate(key, g)
+      if not allocate(key, g) then return false end
       flags = bit.bor(flags, RECREATED)
     elseif found ~= id and not (lost and recreate) then bad = key return false end
   end

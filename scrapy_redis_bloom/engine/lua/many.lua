@@ -34,6 +34,15 @@ local function found(e)
 end
 local reply = {0, 0, 0}
 local e = 4
+-- Before any write, each generation this call may start (Redis calls only when it may grow):
+-- a foreign key there is reported with nothing added, not half-way through.
+if write and COUNTED then
+  local left, g, room = (#ARGV - e + 1) / 4, cur.G, C[cur.G] - cur.count
+  while left > room and g < LAST do
+    if not takeable(cur.base .. g) then return {MISMATCH, bad} end
+    left, g, room = left - math.max(room, 0), g + 1, C[g + 1]
+  end
+end
 while e <= #ARGV do
   --@ grow
   -- A batch the newest generation has room for, even if every element is new: the
