@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -70,6 +71,35 @@ def test_opening_a_forged_huge_record_checks_a_sample_only(redis_client: redis.R
     with pytest.raises(FilterDamagedError, match=r"of the 2,000,000 shards .* are gone"):
         make(redis_client, "forged", BLOOMFILTER_CAPACITY=10_000).open()
     assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "differs"),
+    [
+        (
+            lambda spec: {"shards": 6, "bits": 6 * spec.shard_bits},
+            r"'\{edited:6\}:g0' on [^:]+:\d+: a shard past the last \(the record says 6 shards\)",
+        ),
+        (
+            lambda spec: {"shard_bits": 2 * spec.shard_bits, "bits": 2 * spec.bits},
+            r"'\{edited:0\}:g0' on [^:]+:\d+: [\d,]+ bytes, where the record gives [\d,]+",
+        ),
+    ],
+)
+def test_a_record_edited_away_from_its_shards_is_refused(
+    redis_client: redis.Redis, edit: Any, differs: str
+) -> None:
+    """Another geometry than the shards' would read other bits: URLs added come back "new"."""
+    bloom = make(redis_client, "edited", BLOOMFILTER_CAPACITY=10_000, BLOOMFILTER_SHARDS=11)
+    urls = [f"https://example.com/{i}" for i in range(1000)]
+    assert bloom.add_many(urls).count(True) <= 1
+    bloom.close()
+    redis_client.hset("edited:meta", mapping=edit(bloom.spec))
+    again = make(redis_client, "edited", BLOOMFILTER_CAPACITY=10_000)
+    match = rf"record 'edited:meta' .* does not describe its shards: {differs}.* edited"
+    with pytest.raises(FilterDamagedError, match=match):
+        again.contains_many(urls)
+    again.close()
 
 
 def test_cli_info_and_reset_of_a_forged_huge_record(

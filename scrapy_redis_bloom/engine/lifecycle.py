@@ -80,6 +80,9 @@ class Shards(Protocol):
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the lost shards, with what stands in their place; refuse a foreign key."""
 
+    def misfits(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards (present) not as the record says, and what; one past the last."""
+
     def delete(self, record: FilterRecord) -> int:
         """Delete every part of the filter still its own, its record last; return how many."""
 
@@ -187,10 +190,28 @@ class Lifecycle:
         markers = self.parts.markers(record.servers)
         self.check_markers(markers, record.servers, record.filter_id)
         missing_markers = [i for i, marker in enumerate(markers) if marker is None]
-        lost = self.shards.missing(record, sample(record.spec.shards, record.servers))
+        checked = sample(record.spec.shards, record.servers)
+        lost = self.shards.missing(record, checked)
+        self.check_geometry(record, [shard for shard in checked if shard not in lost])
         if lost or missing_markers:
             return self.recover(record, lost, wanted, missing_markers)
         return record
+
+    def check_geometry(self, record: FilterRecord, shards: Sequence[int]) -> None:
+        """Refuse a record that does not describe the shards: their size, or one past the last.
+
+        (A record edited by hand, or another filter's: its geometry would read other bits
+        than those set, and URLs added come back "new".) Open only: one round trip.
+        """
+        wrong = self.shards.misfits(record, shards)
+        if wrong:
+            raise FilterDamagedError(
+                f"The config record {self.parts.meta_key!r} of the {self.shards.noun}"
+                f" {self.key!r} does not describe its shards: {self._list(record, wrong)}."
+                " The record was edited, or belongs to another filter: put back the record"
+                " the filter was created with, or reset the filter (which forgets every URL"
+                " it holds)."
+            )
 
     def check_markers(self, markers: list[str | None], servers: int, filter_id: str = "") -> None:
         """Refuse servers listed in another order, or holding another filter (of ``filter_id``)."""

@@ -111,6 +111,24 @@ class Bitmaps:
             for shard, found in wrong.items()
         }
 
+    def misfits(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shards not of the header and payload's length; one past the last if any.
+
+        One round of ``STRLEN`` (0: a missing key).
+        """
+        past = record.spec.shards
+        order = [*shards, past]
+        size = layout.HEADER_BYTES + record.shard_payload
+        found = dict(zip(order, self._lengths(order), strict=True))
+        wrong = {
+            shard: f"{length:,} bytes, where the record gives {size:,} (header included)"
+            for shard, length in found.items()
+            if length and length != size and shard != past
+        }
+        if found[past]:
+            wrong[past] = f"a shard past the last (the record says {past:,} shards)"
+        return wrong
+
     def delete(self, record: FilterRecord) -> int:
         """Delete the filter (see :func:`delete`)."""
         return delete(self.parts, record)
@@ -228,10 +246,10 @@ class Bitmaps:
             self.parts.write_markers(record, range(wanted.servers))
         return record
 
-    def _lengths(self) -> list[int]:
+    def _lengths(self, shards: Iterable[int] | None = None) -> list[int]:
         calls = [
             Call(pack_command(b"STRLEN", key), key=key, shard=shard)
-            for shard in range(self.parts.spec.shards)
+            for shard in (range(self.parts.spec.shards) if shards is None else shards)
             for key in [self.parts.shard_key(shard)]
         ]
         return self.parts.run("measure the filter's shards", calls, take=int)

@@ -331,6 +331,13 @@ class Blooms:
                 unlike[shard] = f"a Bloom filter reserved otherwise: {differs}"
         return unlike
 
+    def misfits(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
+        """Return the shard past the last, if any (:meth:`missing` compared ``BF.INFO``)."""
+        past = record.spec.shards
+        if types(self.parts, [(past, self.shard_key(record, past))]) == ["none"]:
+            return {}
+        return {past: f"a shard past the last (the record says {past:,} shards)"}
+
     def delete(self, record: FilterRecord) -> int:
         """Delete the filter's parts, each only if still its own (see :func:`delete`)."""
         return delete(self.parts, record)
