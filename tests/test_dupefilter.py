@@ -174,9 +174,13 @@ def test_resolved_config_is_logged_once_without_the_password(
             scheduler, _ = redis_scheduler(crawler_for(url))
         scheduler.df.close("finished")  # before the server stops: no lease renewals left
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
-    assert len(lines) == 1
+    # The backend auto picked, and why; then the config, naming the backend too.
+    assert len(lines) == 2
+    assert "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend" in lines[0]
+    assert "no Bloom filter commands (BF.*)" in lines[0]
+    lines = lines[1:]
     assert "'books:bloomfilter' (id " in lines[0]
-    assert f") on Redis at 127.0.0.1:{server.port}: m=" in lines[0]
+    assert f", bitmap backend) on Redis at 127.0.0.1:{server.port}: m=" in lines[0]
     # Sized for half the rate, as it may grow: more hash functions than a fixed size's
     # (the default layout, blocked: k = 17 here; classic: 21).
     growing = BloomConfig.from_settings(SMALL).spec.hash_count

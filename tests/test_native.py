@@ -8,6 +8,7 @@ False-positive bounds are binomial, as in test_generations.py.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import multiprocessing
 import re
@@ -997,6 +998,36 @@ def test_auto_needs_bf_on_every_server(
     insisting.close()
     assert bloom_redis_client.keys("*") == []
     assert redis_client.keys("*") == []
+
+
+def test_auto_says_which_backend_it_picks_and_why(
+    bloom_redis_client: redis.Redis, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a DEBUG line only: INFO, or WARNING when only some servers have BF.*."""
+    plain = f"127.0.0.1:{redis_client.connection_pool.connection_kwargs['port']}"
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        cases = [
+            ([redis_client], logging.INFO, rf"picks the bitmap .*Redis at {plain} has no"),
+            (
+                [bloom_redis_client, redis_client],
+                logging.WARNING,
+                rf"but Redis at {plain} has none",
+            ),
+            ([bloom_redis_client], logging.INFO, r"picks the native .*every server has"),
+        ]
+        for clients, level, said in cases:
+            caplog.clear()
+            make_filter(clients, KEY, config(BLOOMFILTER_SHARDS=2)).close()
+            found = [r for r in caplog.records if "BLOOMFILTER_BACKEND = 'auto'" in r.message]
+            assert len(found) == 1, caplog.text
+            assert found[0].levelno == level
+            assert re.search(said, found[0].getMessage())
+        caplog.clear()
+        bloom = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_SHARDS=2))
+        bloom.open()
+        make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_SHARDS=2)).close()
+        assert "uses the native backend, as its record says" in caplog.text
+        bloom.close()
 
 
 def test_many_at_once_answer_as_one_at_a_time_on_native(bloom_redis_client: Any) -> None:

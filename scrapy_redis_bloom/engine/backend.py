@@ -33,21 +33,58 @@ def delete(parts: Parts, record: FilterRecord) -> int:
 
 
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
-    """Return the backend a filter uses: its record's, else per ``config.backend``."""
+    """Return the backend a filter uses: its record's, else per ``config.backend``.
+
+    ``auto`` says (INFO) what it picked and why; WARNING when only some servers have
+    ``BF.*`` (a server missing the module is likely a mistake, and costs the native backend).
+    """
     record = native.parts.read_record()
     if record is not None:
-        return record.backend if config.backend == "auto" else config.backend
+        if config.backend == "auto":
+            logger.info(
+                "BLOOMFILTER_BACKEND = 'auto': the Bloom filter %r uses the %s backend, as its"
+                " record says (it was created so).",
+                native.key,
+                record.backend,
+            )
+            return record.backend
+        return config.backend
     if config.backend != "auto":
         return config.backend
     if config.sizing.blocked:  # asked for: a blocked filter is a bitmap layout
+        logger.info(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r:"
+            " BLOOMFILTER_BLOCKED = True asks for a bitmap layout.",
+            native.key,
+        )
         return "bitmap"
     missing = native_parts.missing_bloom(native.executor, native.topology)
+    servers = [node.address for node in native.topology.primaries()]
+    if missing and len(missing) < len(servers):
+        logger.warning(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r:"
+            " Redis at %s has Bloom filter commands (BF.*), but Redis at %s has none, and the"
+            " native backend needs them on every server. Install %s there (or set"
+            " BLOOMFILTER_BACKEND = 'bitmap' to say so).",
+            native.key,
+            ", ".join(address for address in servers if address not in missing),
+            ", ".join(missing),
+            native_parts.INSTALL_HINT,
+        )
+        return "bitmap"
     if missing:
-        logger.debug(
-            "BLOOMFILTER_BACKEND = 'auto' picks bitmaps: Redis at %s has no BF.* commands.",
+        logger.info(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r:"
+            " Redis at %s has no Bloom filter commands (BF.*).",
+            native.key,
             ", ".join(missing),
         )
         return "bitmap"
+    logger.info(
+        "BLOOMFILTER_BACKEND = 'auto' picks the native backend for the Bloom filter %r: every"
+        " server has Bloom filter commands (BF.*).",
+        native.key,
+    )
     return "native"
 
 

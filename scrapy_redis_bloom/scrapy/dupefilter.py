@@ -114,9 +114,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.close()
             raise
         logger.info(
-            "Bloom filter %r (id %s) on %s: %s; worker %s joins %d other live worker(s)",
+            "Bloom filter %r (id %s, %s backend) on %s: %s; worker %s joins %d other live"
+            " worker(s)",
             key,
             record.filter_id,
+            record.backend,
             where,
             # The filter opened: an existing one keeps its own geometry and layout.
             self.config.describe()
