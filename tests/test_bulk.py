@@ -424,6 +424,23 @@ def _windows_state(client: redis.Redis, key: str) -> list[tuple[str, int, int, i
     return out
 
 
+def one_by_one(
+    client: redis.Redis, settings_: dict[str, Any], count: int, tag: str, seed: int, again: int
+) -> tuple[list[str], list[bool]]:
+    """Return elements (``again`` of the ``count`` twice), shuffled, and check-and-add's answers.
+
+    Answered one element after the other, by the filter ``one``.
+    """
+    elements = fingerprints(count, tag)
+    rng = random.Random(seed)
+    elements += rng.sample(elements, again)  # duplicates, within a call and across calls
+    rng.shuffle(elements)
+    one = make(client, settings_, "one")
+    expected = [one.check_and_add(e) for e in elements]
+    one.close()  # sends the counts its scriptless checks still hold (at most 15 a shard)
+    return elements, expected
+
+
 @pytest.mark.parametrize(
     "settings_",
     [GROWING, FIXED, CLASSIC, WINDOWED, GROWING_CLASSIC],
@@ -432,13 +449,7 @@ def _windows_state(client: redis.Redis, key: str) -> list[tuple[str, int, int, i
 def test_bulk_answers_are_those_of_one_call_per_element(
     path: str, settings_: dict[str, Any], redis_client: redis.Redis
 ) -> None:
-    elements = fingerprints(7_000, "order")
-    rng = random.Random(12)
-    elements += rng.sample(elements, 1_500)  # duplicates, within a call and across calls
-    rng.shuffle(elements)
-    one = make(redis_client, settings_, "one")
-    expected = [one.check_and_add(e) for e in elements]
-    one.close()  # sends the counts its scriptless checks still hold (at most 15 a shard)
+    elements, expected = one_by_one(redis_client, settings_, 7_000, "order", 12, 1_500)
     redis_client.config_resetstat()
     many = make(redis_client, settings_, "many")
     answers: list[bool] = []
@@ -464,6 +475,33 @@ def test_bulk_answers_are_those_of_one_call_per_element(
         assert calls(redis_client, "exec") == 0
     totals = many.totals()
     assert (totals.added, totals.seen) == (expected.count(False), expected.count(True))
+
+
+@pytest.mark.parametrize("settings_", [GROWING, WINDOWED], ids=["growing", "windowed"])
+@pytest.mark.parametrize("snapshots", [True, False], ids=["default", "chunks"])
+def test_bulk_answers_after_a_script_flush_are_those_of_one_call_per_element(
+    snapshots: bool,
+    settings_: dict[str, Any],
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Script calls answered NOSCRIPT (a flush, a restart, a fresh server) run again in order.
+
+    The chunk sent after one that failed waits for it: it does not run first.
+    """
+    if snapshots and not HAVE_NUMPY:
+        pytest.skip("numpy (the numpy extra) is not installed")
+    monkeypatch.setattr(bulk, "SNAPSHOTS", snapshots)
+    monkeypatch.setattr(bulk, "CHUNK", 500)  # many chunks in flight, two at a time
+    elements, expected = one_by_one(redis_client, settings_, 6_000, "flushed", 5, 3_000)
+    many = make(redis_client, settings_, "many")
+    answers: list[bool] = []
+    for at in range(0, len(elements), 3_000):
+        redis_client.script_flush()  # each call begins on a server that knows no script
+        answers += many.add_many(elements[at : at + 3_000])
+    assert sum(a != b for a, b in zip(answers, expected, strict=True)) == 0
+    if settings_ is GROWING:
+        assert _state(redis_client, "many") == _state(redis_client, "one")
 
 
 # -- concurrent bulk writers -----------------------------------------------------------------

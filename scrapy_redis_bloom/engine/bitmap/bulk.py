@@ -13,7 +13,9 @@ Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
 :data:`COMMAND_BITS` bits: atomic, replying the old bits, so "were all k bits already
 set" is check-and-add's answer, in less Redis time than a Lua ``redis.call``. A filter
 that grows or forgets sends script calls of :data:`PER_SCRIPT` elements instead (only
-the script crosses the growth boundary). Chunk n+1 is sent before chunk n's replies are read.
+the script crosses the growth boundary). Chunk n+1 is sent before chunk n's replies are read;
+commands of chunk n run again (``NOSCRIPT``, a redirection) take chunk n+1's that did not
+run along, after them, before chunk n+2 is sent: the answers stay those of the sequence.
 
 A shard whose identity did not match answers "not there" for the chunk's elements in it
 (its BITFIELD may have written into a lost shard's place), is recovered, and those
@@ -143,6 +145,9 @@ class _Chunk:
     plans: dict[int, tuple[Session, list[_Command]]]
     #: Per node: a ticket of replies owed, the replies read early, or why none come.
     sent: dict[int, Ticket | list[Any] | TransportError] = field(default_factory=dict)
+    #: Per node whose failed commands ran again with an earlier chunk's: whether each may
+    #: have run twice (its replies, all in, are in ``sent``).
+    redone: dict[int, list[bool]] = field(default_factory=dict)
 
 
 class Bulk:
@@ -528,8 +533,8 @@ class Bulk:
         mismatched: dict[int, bytes] = {}
         parts: dict[int, tuple[str, str]] = {}  # a part a script found wrong: (shard key, part)
         try:
-            for node_id, (_, commands) in chunk.plans.items():
-                replies, unsure = self._replies(chunk, node_id, later)
+            for node_id, (replies, unsure) in self._replies(chunk, later).items():
+                commands = chunk.plans[node_id][1]
                 for command, reply, maybe_twice in zip(commands, replies, unsure, strict=True):
                     if isinstance(reply, BaseException):
                         raise self.parts.refusal(reply, command.call.key or "", "check in bulk")
@@ -628,39 +633,80 @@ class Bulk:
         return got[3:]
 
     def _replies(
-        self, chunk: _Chunk, node_id: int, later: _Chunk | None
-    ) -> tuple[list[Any], list[bool]]:
-        """Return a node's replies for a chunk, and per command whether it may have run twice."""
+        self, chunk: _Chunk, later: _Chunk | None
+    ) -> dict[int, tuple[list[Any], list[bool]]]:
+        """Return per node a chunk's replies, and per command whether it may have run twice.
+
+        Commands that did not run (``NOSCRIPT``, a redirection, a lost connection...) run
+        again through the executor, and the later chunk's that did not run either go after
+        them in the same run: a later chunk's element never runs before an earlier one's on
+        its shard (the script loaded for the first, the second would have run before it).
+        A command run again after a later one of its shard ran answers "new" for "seen"
+        (ambiguous): the bits may be that later element's.
+        """
+        got = {node_id: self._read(chunk, node_id) for node_id in chunk.plans}
+        redo = [(chunk, node_id, i) for node_id, (_, _, failed) in got.items() for i in failed]
+        if not redo:
+            return {node_id: (replies, unsure) for node_id, (replies, unsure, _) in got.items()}
+        # The executor may use any node: first read every reply owed, in sending order.
+        self._drain(later)
+        ran: set[int] = set()  # shards a later command wrote to (or may have)
+        theirs: dict[int, tuple[list[Any], list[bool], list[int]]] = {}
+        if later is not None:
+            theirs = {node_id: self._read(later, node_id) for node_id in later.plans}
+            for node_id, (_, unsure, failed) in theirs.items():
+                commands = later.plans[node_id][1]
+                redo += [(later, node_id, i) for i in failed]
+                undone = set(failed)
+                ran.update(
+                    command.shard
+                    for i, command in enumerate(commands)
+                    if command.elements is not None and (i not in undone or unsure[i])
+                )
+        if chunk.write:
+            for node_id, (_, unsure, failed) in got.items():
+                _doubt_overtaken(chunk.plans[node_id][1], unsure, set(failed), set(ran))
+        results = self.executor.run(
+            "add in bulk" if chunk.write else "check in bulk",
+            [owner.plans[node_id][1][i].call for owner, node_id, i in redo],
+            write=chunk.write,
+        )
+        for (owner, node_id, i), reply, twice in zip(
+            redo, results.replies, results.ambiguous, strict=True
+        ):
+            replies, unsure, _ = got[node_id] if owner is chunk else theirs[node_id]
+            replies[i] = reply
+            unsure[i] = unsure[i] or twice
+        if later is not None:  # its replies are all in: its own turn reads them as they are
+            for node_id, (replies, unsure, _) in theirs.items():
+                later.sent[node_id] = replies
+                later.redone[node_id] = unsure
+        return {node_id: (replies, unsure) for node_id, (replies, unsure, _) in got.items()}
+
+    def _read(self, chunk: _Chunk, node_id: int) -> tuple[list[Any], list[bool], list[int]]:
+        """Return a node's replies for a chunk, which may have run twice, and which to run again.
+
+        Those to run again are indexes, in order (one whose reply did not come is None).
+        """
         session, commands = chunk.plans[node_id]
         sent = chunk.sent.get(node_id)
+        if node_id in chunk.redone and isinstance(sent, list):  # run with an earlier chunk's
+            return sent, chunk.redone[node_id], []
         if isinstance(sent, Ticket):
             try:
                 sent = chunk.sent[node_id] = session.replies(sent)
             except ReplyLostError as exc:
                 sent = chunk.sent[node_id] = exc
-        lost = isinstance(sent, ReplyLostError)
-        unsure = [lost and chunk.write] * len(commands)
-        if isinstance(sent, list):
-            replies = sent
-            kinds = [classify(reply) for reply in replies]
-            redo = [i for i, kind in enumerate(kinds) if kind is not Kind.RESULT]
-            for i in redo:  # a script stopped part way may have added some of its elements
-                unsure[i] = chunk.write and kinds[i] is Kind.PARTIAL
-        else:
-            replies, redo = [None] * len(commands), list(range(len(commands)))
-        if redo:
-            # The executor may use any node: first read every reply owed, in sending order.
-            self._drain(chunk)
-            self._drain(later)
-            results = self.executor.run(
-                "add in bulk" if chunk.write else "check in bulk",
-                [commands[i].call for i in redo],
-                write=chunk.write,
-            )
-            for i, reply, twice in zip(redo, results.replies, results.ambiguous, strict=True):
-                replies[i] = reply
-                unsure[i] = unsure[i] or twice
-        return replies, unsure
+        if not isinstance(sent, list):
+            lost = isinstance(sent, ReplyLostError) and chunk.write
+            return [None] * len(commands), [lost] * len(commands), list(range(len(commands)))
+        replies, unsure, redo = sent, [False] * len(commands), []
+        for i, reply in enumerate(replies):
+            kind = classify(reply)
+            if kind is not Kind.RESULT:
+                redo.append(i)  # a script stopped part way may have added some of its elements
+                unsure[i] = chunk.write and kind is Kind.PARTIAL
+        return replies, unsure, redo
 
 
 def batch_size(spec: FilterSpec, least: int) -> int:
@@ -742,6 +788,24 @@ def _doubt(outcome: Outcome, indexes: Iterable[int], write: bool) -> None:
             if write:
                 outcome.seen -= 1
                 outcome.added += 1
+
+
+def _doubt_overtaken(
+    commands: list[_Command], unsure: list[bool], failed: set[int], ran: set[int]
+) -> None:
+    """Mark doubtful the failed commands of a node's that a later one of their shard overtook.
+
+    ``ran``: the shards a later chunk's commands wrote to; taken in, with those that ran
+    after each failed command here (a later element's bits, its "seen" would be theirs).
+    """
+    for i in range(len(commands) - 1, -1, -1):
+        command = commands[i]
+        if command.elements is None:
+            continue
+        if i in failed and command.shard in ran:
+            unsure[i] = True
+        if i not in failed or unsure[i]:
+            ran.add(command.shard)
 
 
 def _refuse(found: Iterable[int]) -> None:
