@@ -27,7 +27,9 @@ from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeErro
 from scrapy_redis_bloom.core.hashing import locate
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.base import MIN_OWED
+from scrapy_redis_bloom.engine.lease import WorkerLease
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
+from scrapy_redis_bloom.transport.topology import make_topology
 
 SOCKET_TIMEOUT = 1.0
 RETRY_TIMEOUT = 2.0
@@ -393,6 +395,49 @@ def test_the_worker_lease_knows_the_outage_its_filter_waited_out(server: RedisSe
     assert again.renew() == 0  # the lease works again once Redis answers
     again.release()
     bloom.close()
+    client.close()
+
+
+@pytest.mark.timeout(60)
+def test_releasing_a_lease_during_an_outage_does_not_wait_for_a_renewal_under_way(
+    server: RedisServer,
+) -> None:
+    """A worker closing while Redis stays stalled does not wait for its lease's renewal.
+
+    The renewal began before its filter's retry window ran out, and holds the lease's
+    connections until its own window and a socket timeout are spent: release() and
+    close() waited for it (close() went past the retry timeout and a socket timeout by
+    that much, up to ~15 s with the defaults). They fail fast now, as the filter does;
+    the renewing thread closes the lease's connections when its renewal ends.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=RETRY_TIMEOUT, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "renewing", config, faults=faults, cache_size=0)
+    bloom.check_and_add("before")
+    # The lease's own connections wait longer for a reply: a renewal stays under way
+    # while the filter's retry window runs out (as one begun just before it does).
+    slow = redis.Redis.from_url(server.url, socket_timeout=4 * SOCKET_TIMEOUT + RETRY_TIMEOUT)
+    lease = WorkerLease(
+        make_topology(slow), "renewing", "worker-1", 3.0, RETRY_TIMEOUT, follows=bloom.executor
+    )
+    assert lease.start() == 0  # renews every second
+    renewing = [t for t in threading.enumerate() if t.name == "bloomfilter-lease-worker-1"]
+    stall(server, True)
+    try:
+        assert bloom.check_and_add("during") is False  # the filter's window runs out
+        began = time.monotonic()
+        with pytest.raises(FilterUnavailableError, match="still failing"):
+            lease.release()
+        lease.close()
+        assert time.monotonic() - began < SOCKET_TIMEOUT / 2
+        assert renewing[0].is_alive()  # its renewal still waits for Redis
+    finally:
+        stall(server, False)
+    renewing[0].join(timeout=10)
+    assert not renewing[0].is_alive()  # stopped after that renewal
+    bloom.close()
+    slow.close()
     client.close()
 
 

@@ -165,6 +165,8 @@ class WorkerLease:
         #: registry may still miss live workers, as the last claim found (:func:`unsettled`).
         self._claimed = False
         self._settling = 0.0
+        #: Set by :meth:`close`: the call holding the connections closes them when it ends.
+        self._closing = False
         #: Told the number of live workers (this one included) at every renewal.
         self.on_workers: Callable[[int], None] | None = None
 
@@ -174,7 +176,7 @@ class WorkerLease:
 
     def _call(self, action: str) -> int:
         ttl_ms = max(1, round(self.ttl * 1000))
-        with self._lock:  # the claim is held or dropped in the same step as its flag
+        with self._using():  # the claim is held or dropped in the same step as its flag
             if action == "renew" and self._claimed:
                 action = "hold"
             elif action == "unclaim":
@@ -196,6 +198,16 @@ class WorkerLease:
         if action in ("renew", "hold") and others >= 0 and self.on_workers is not None:
             self.on_workers(others + 1)
         return others
+
+    @contextmanager
+    def _using(self) -> Iterator[None]:
+        """Hold the lease's connections; close them on leaving if :meth:`close` came meanwhile."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                if self._closing:
+                    self._executor.close()
 
     def renew(self) -> int:
         """Take or extend the lease; return how many others are live (:data:`CLEARING`: none)."""
@@ -296,17 +308,30 @@ class WorkerLease:
             self._thread.join(timeout=wait)
 
     def release(self) -> int:
-        """Stop renewing and drop the lease; return how many other workers are live."""
-        self.stop()
+        """Stop renewing and drop the lease; return how many other workers are live.
+
+        While Redis fails (the filter's outage, or the lease's) it fails fast, not waiting
+        for a renewal under way: that one ends within its own window, and the lease lapses
+        within the TTL of its last renewal.
+        """
         try:
+            self._stop.set()
+            failure = self._executor.refusal("release a worker lease", write=True)
+            if failure is not None:
+                raise failure
+            self.stop()
             return self._call("release")
         finally:
             self.close()
 
     def close(self) -> None:
-        """Close the lease's own connections."""
-        with self._lock:
-            self._executor.close()
+        """Close the lease's own connections (a call using them closes them when it ends)."""
+        self._closing = True  # first: a call that holds them now sees it when it lets go
+        if self._lock.acquire(blocking=False):
+            try:
+                self._executor.close()
+            finally:
+                self._lock.release()
 
 
 #: Why a renewal took no lease while another worker clears the filter.

@@ -519,6 +519,17 @@ class Executor:
             )
         return Results(batch.replies, batch.ambiguous)
 
+    def refusal(self, operation: str, write: bool) -> FilterUnavailableError | None:
+        """Return the error :meth:`run` fails fast with now (its outage or the followed's), or None.
+
+        Read without the connections: a thread may say so while another uses them.
+        """
+        outage = self._outages.get(write) or self._followed.get(write)
+        now = time.monotonic()
+        if outage is None or now >= outage.next_attempt:
+            return None
+        return self._still_failing(operation, outage, now)
+
     def _failing(
         self, write: bool, since: float, why: str, where: str, now: float, failure: object
     ) -> _Outage:
