@@ -442,6 +442,47 @@ def test_releasing_a_lease_during_an_outage_does_not_wait_for_a_renewal_under_wa
 
 
 @pytest.mark.timeout(60)
+def test_one_watch_asks_a_stalled_server_for_the_filter_and_its_lease(
+    server: RedisServer,
+) -> None:
+    """The filter and its worker lease share one watch per server: one attempt a second.
+
+    The lease's renewal ran out its window before the filter's did, so it did not follow
+    the filter's outage: each started a watch of the same node (two attempts a second,
+    where one is allowed). Both wait on the one watch, and both run again when it answers.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=RETRY_TIMEOUT, on_error="allow")
+    bloom = RedisBloomFilter.from_config(client, "shared", config, faults=faults, cache_size=0)
+    bloom.check_and_add("before")
+    lease = bloom.lease("worker-1", ttl=3.0)  # renews every second, within 1 s
+    assert lease.start() == 0
+    name = f"bloomfilter-watch-127.0.0.1:{server.port}"
+    stall(server, True)
+    try:
+        # The lease's renewal begins within a second, its window ends 1 s later: before the
+        # filter's, which the first check below begins.
+        assert bloom.check_and_add("during") is False
+        failed = bloom.events.counts["lease_failed"]
+        deadline = time.monotonic() + 10
+        while bloom.events.counts["lease_failed"] == failed and time.monotonic() < deadline:
+            time.sleep(0.1)  # until a renewal failed (its window ran out: its own outage)
+        assert bloom.events.counts["lease_failed"] > failed
+        watches = [t for t in threading.enumerate() if t.name == name]
+        assert len(watches) == 1, watches
+    finally:
+        stall(server, False)
+    watches[0].join(timeout=3 * PROBE_INTERVAL)
+    assert not watches[0].is_alive()  # it answered: both outages end
+    assert lease.renew() == 0
+    assert bloom.check_and_add("after") is False
+    lease.release()
+    bloom.close()
+    client.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_lease_that_gave_up_does_not_stop_its_filter_riding_out_the_fault(
     server: RedisServer,
 ) -> None:

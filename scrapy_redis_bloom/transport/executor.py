@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from redis.exceptions import (
@@ -364,8 +365,63 @@ class _Outage:
     why: str
     where: str
     next_attempt: float = 0.0
-    #: The watch of a server that stopped answering (:meth:`Executor._watch`): set when over.
-    watched: threading.Event | None = None
+    #: The watch of a server that stopped answering (:meth:`Executor._watch`), while it waits.
+    watched: _Watch | None = None
+
+
+@dataclass
+class _Watch:
+    """One server's watch (:meth:`Executor._watch`) and the outages it ends when it answers."""
+
+    address: str
+    outages: list[_Outage] = field(default_factory=list)
+    over: threading.Event = field(default_factory=threading.Event)
+
+
+class Watches:
+    """The watches of servers that stopped answering: one per address, for a filter's executors.
+
+    The filter's executor holds it, its lease's (``follows``) shares it: a silent server is
+    asked once a second, whichever executor found it silent. A watch ends when its server
+    answers, ending every outage it serves, or when none is left (recovered, closed).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_address: dict[str, _Watch] = {}
+
+    def join(self, outage: _Outage, address: str, start: Callable[[_Watch], None]) -> None:
+        """Have ``address``'s watch end ``outage``; ``start`` one if it has none."""
+        with self._lock:
+            watch = self._by_address.get(address)
+            if watch is None:
+                watch = self._by_address[address] = _Watch(address)
+                start(watch)
+            if all(other is not outage for other in watch.outages):
+                watch.outages.append(outage)
+            outage.watched = watch
+
+    def leave(self, outage: _Outage) -> None:
+        """Take an outage out of its watch (recovered, or its executor closed)."""
+        with self._lock:
+            watch, outage.watched = outage.watched, None
+            if watch is not None:
+                watch.outages = [other for other in watch.outages if other is not outage]
+                if not watch.outages:
+                    self._end(watch)
+
+    def answered(self, watch: _Watch) -> None:
+        """End a watch whose server answers, and its outages: their next call tries it."""
+        with self._lock:
+            for outage in watch.outages:
+                outage.next_attempt, outage.watched = 0.0, None
+            watch.outages = []
+            self._end(watch)  # a failure noted from now on starts a watch of its own
+
+    def _end(self, watch: _Watch) -> None:
+        watch.over.set()
+        if self._by_address.get(watch.address) is watch:
+            del self._by_address[watch.address]
 
 
 @dataclass
@@ -393,7 +449,7 @@ class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
     One per thread (its nodes are not thread-safe). With ``follows`` (the filter's executor,
-    for the lease's), it fails fast while that one does too.
+    for the lease's), it fails fast while that one does too, and shares its :class:`Watches`.
     """
 
     def __init__(
@@ -416,6 +472,7 @@ class Executor:
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
+        self._watches: Watches = follows._watches if follows is not None else Watches()
         self._stumbled: float | None = None  #: When a failed exchange began (:meth:`stumbled`).
         self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
         self._retry_log = RateLimitedLog(logger)  # a fault ridden through by retries: the same
@@ -545,23 +602,25 @@ class Executor:
             return outage
         # A server that stopped answering: reads and writes alike wait for the watch to see it.
         self._outages.setdefault(not write, outage)
-        if outage.watched is None or outage.watched.is_set():
-            outage.watched = threading.Event()
-            threading.Thread(
-                target=self._watch,
-                args=(outage, node, outage.watched),
-                name=f"bloomfilter-watch-{node.address}",
-                daemon=True,
-            ).start()
+        if outage.watched is None:
+            self._watches.join(outage, node.address, partial(self._start_watch, node))
         return outage
 
-    def _watch(self, outage: _Outage, node: Node, over: threading.Event) -> None:
+    def _start_watch(self, node: Node, watch: _Watch) -> None:
+        threading.Thread(
+            target=self._watch,
+            args=(watch, node),
+            name=f"bloomfilter-watch-{node.address}",
+            daemon=True,
+        ).start()
+
+    def _watch(self, watch: _Watch, node: Node) -> None:
         """Ask a server that stopped answering for a ``PING`` once a second, until it answers.
 
         In a thread, on connections of its own: the crawl's calls fail fast meanwhile instead
         of each waiting a socket timeout. Survives anything (logged, tried a second later).
         """
-        while not over.wait(PROBE_INTERVAL):
+        while not watch.over.wait(PROBE_INTERVAL):
             try:
                 answered = node.responds() or not self.topology.serves(node)
             except Exception as exc:  # never ends the watch: the outage would never end
@@ -577,8 +636,7 @@ class Executor:
                 )
                 continue
             if answered:
-                over.set()  # first: a failure noted meanwhile starts a watch of its own
-                outage.next_attempt = 0.0
+                self._watches.answered(watch)
                 logger.debug("Redis at %s answers again, or no longer serves the filter: the next"
                              " call tries it", node.address)  # fmt: skip
                 return
@@ -606,8 +664,7 @@ class Executor:
         if both:  # a server that stopped answering
             del self._outages[not write]
         if outage is not None:
-            if outage.watched is not None:
-                outage.watched.set()
+            self._watches.leave(outage)
             logger.warning(
                 "%s carries out %s again, after %.1f s of: %s",
                 self.topology.describe(),
@@ -910,6 +967,6 @@ class Executor:
         """Close the topology's connections; end any watch (a later call makes the attempt)."""
         for outage in self._outages.values():
             if outage.watched is not None:
-                outage.watched.set()
+                self._watches.leave(outage)
                 outage.next_attempt = 0.0
         self.topology.close()
