@@ -1026,8 +1026,15 @@ def test_password_is_never_echoed(
         assert password not in text
 
 
-def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "info", "--redis-url", "http://:pw1234@host/", "--key", KEY)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://:pw1234@host/",
+        "redis://:pw1234@[::1",  # urlsplit raises before the URL is read (it printed a traceback)
+    ],
+)
+def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, out, err = run(capsys, "info", "--redis-url", url, "--key", KEY)
     assert (code, out) == (2, "")
     assert_one_line_error(err)
     assert "--redis-url" in err

@@ -9,6 +9,7 @@ too), 1 when the work could not be done, 2 for a usage error, 130 when interrupt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from importlib.metadata import version
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         urls = _urls(args)
         for url in urls:
             secrets[:0] = url_secrets(url)
-        FRONTEND.where = describe(urls, args.cluster)[0]
+        with contextlib.suppress(ValueError):  # a malformed URL: run_command names the option
+            FRONTEND.where = describe(urls, args.cluster)[0]
         sizing = sizing_given(args)
         settings = {**settings_of(args), **sizing}
         return run_command(args, settings, FRONTEND, sizing_from(sizing, FRONTEND))
