@@ -1049,6 +1049,12 @@ def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], url: str) 
         (["info", "--key", "%(spider)s:bloomfilter"], "myspider:bloomfilter"),
         (["info", "--key", KEY, "--timeout", "0"], "--timeout"),
         (["migrate-set", "--key", KEY], "--set-key"),
+        # beyond what a socket takes (it raised OverflowError) or a batch's memory allows
+        (["info", "--key", KEY, "--timeout", "1e10"], "--timeout: must be at most 86,400"),
+        (
+            ["migrate-set", "--key", KEY, "--set-key", "s", "--batch", "99999999999999999"],
+            "--batch",
+        ),
     ],
 )
 def test_bad_arguments_are_usage_errors(

@@ -409,6 +409,14 @@ def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> N
     assert 0 < sample["fill_ratio"] < 1
 
 
+def test_watch_refuses_an_interval_no_sleep_takes(outside: Path) -> None:
+    """An interval of 1e300 s raised OverflowError at the first sleep: a usage error now."""
+    result = scrapy(outside, "bloom", "watch", "--key", "k", "--interval", "1e300")
+    assert result.code == 2, result
+    assert "Traceback" not in result.err
+    assert "argument --interval: must be at most 86,400, got '1e300'" in result.err
+
+
 def test_watch_lines_reach_a_pipe_as_printed_and_a_fall_reads_as_one(
     project: Path, redis_client: redis.Redis
 ) -> None:

@@ -45,8 +45,13 @@ def key_argument(value: str) -> str:
     return value
 
 
-def number_argument(value: str, kind: type[float] = float, zero_ok: bool = False) -> float:
-    """Parse a finite number (``kind`` int: a whole one): positive, or also 0 if ``zero_ok``."""
+def number_argument(
+    value: str, kind: type[float] = float, zero_ok: bool = False, most: float = math.inf
+) -> float:
+    """Parse a finite number (``kind`` int: a whole one): positive, or also 0 if ``zero_ok``.
+
+    ``most`` bounds it: beyond, a socket or a sleep refuses the number with a traceback.
+    """
     what = "whole number" if kind is int else "number"
     try:
         number = kind(value)
@@ -55,10 +60,17 @@ def number_argument(value: str, kind: type[float] = float, zero_ok: bool = False
     if not (math.isfinite(number) and (number > 0 or (zero_ok and number == 0))):
         which = "non-negative" if zero_ok else "positive"
         raise argparse.ArgumentTypeError(f"must be a {which} {what}, got {value!r}")
+    if number > most:
+        bound = f"{int(most):,}" if float(most).is_integer() else str(most)
+        raise argparse.ArgumentTypeError(f"must be at most {bound}, got {value!r}")
     return number
 
 
 positive_int = functools.partial(number_argument, kind=int)
+#: The most seconds of ``--timeout`` and ``--interval``: a day.
+MAX_SECONDS = 86_400
+#: The most fingerprints of ``--batch``: ten times the default, about 1.5 GB of memory.
+MAX_BATCH = 10 * BATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +270,8 @@ OPTIONS = (
     option(
         "--timeout SECONDS",
         CONNECTING,
-        "socket timeout of each Redis command (default: %(default)s)",
-        type=number_argument,
+        f"socket timeout of each Redis command, at most {MAX_SECONDS:,} (default: %(default)s)",
+        type=functools.partial(number_argument, most=MAX_SECONDS),
         default=DEFAULT_TIMEOUT,
     ),
     option(
@@ -328,8 +340,8 @@ OPTIONS = (
         "--batch N",
         "migrate | migrate",
         "fingerprints per bulk call, and between two saves of the progress marker"
-        " (default: %(default)s)",
-        type=positive_int,
+        f" (at most {MAX_BATCH:,}; default: %(default)s)",
+        type=functools.partial(positive_int, most=MAX_BATCH),
         default=BATCH,
     ),
     option("file", "dump restore |", "the dump file to write (dump) or read (restore)"),
@@ -340,8 +352,8 @@ OPTIONS = (
     option(
         "--interval SECONDS",
         "watch |",
-        "seconds between lines (default: %(default)s)",
-        type=number_argument,
+        f"seconds between lines, at most {MAX_SECONDS:,} (default: %(default)s)",
+        type=functools.partial(number_argument, most=MAX_SECONDS),
         default=5.0,
     ),
     option("--count N", "watch |", "stop after N lines (default: never)", type=positive_int),
