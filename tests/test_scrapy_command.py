@@ -101,6 +101,11 @@ def test_help_lists_the_subcommands_inside_a_project(project: Path) -> None:
         assert f"\n    {name} " in result.out, name
     sub = scrapy(project, "bloom", "check", "--help")
     assert sub.code == 0
+    # as the commands reference has it (it said "scrapy bloom COMMAND [options] check")
+    assert sub.out.startswith("usage: scrapy bloom check [-h] "), sub.out
+    wrong = scrapy(project, "bloom", "restore")
+    assert wrong.code == 2
+    assert wrong.err.splitlines()[-1].startswith("scrapy bloom restore: error: "), wrong.err
     assert "--urls" in sub.out
     assert "--spider" in sub.out
 

@@ -55,7 +55,8 @@ class BloomCommand(ScrapyCommand):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """Add Scrapy's global options and one subparser per subcommand."""
         super().add_options(parser)
-        add_commands(parser, "scrapy", dest="bloom_command", title="commands")
+        # prog: Scrapy's usage line ("scrapy bloom COMMAND [options]") would start theirs
+        add_commands(parser, "scrapy", dest="bloom_command", title="commands", prog=FRONTEND.prog)
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         """Apply ``-s`` given before or after the subcommand; refuse stray arguments."""
