@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer, free_port
 
-from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom import BloomConfig, RedisBloomFilter, ServerListMismatchError
 from scrapy_redis_bloom.core.layout import shard_key
 
 KEY = "myspider:bloomfilter"
@@ -167,6 +167,36 @@ def test_a_server_list_of_another_length_or_order_is_refused(
     assert_one_line_error(err)
     assert "is server 2/3 of the filter, given as server 1/3" in err
     assert "Nothing was deleted" in err
+    assert [keys(c) for c in clients] == before
+
+
+def test_a_server_list_starting_elsewhere_is_refused_not_missing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    servers: list[RedisServer],
+    clients: list[redis.Redis],
+) -> None:
+    """Listed first, a server without the record: its marker names its place.
+
+    It said the filter does not exist.
+    """
+    known = fingerprints(100)
+    make_filter(clients).add_many(known)
+    before = [keys(c) for c in clients]
+    path = write_lines(tmp_path / "fps.txt", known)
+    reordered = [servers[1], servers[0], servers[2]]
+    argv = [*(a for s in reordered for a in ("--redis-url", s.url)), "--key", KEY]
+    for command in ("info", "check", "add"):
+        code, out, err = run(capsys, command, *argv, *([] if command == "info" else [path]))
+        assert (code, out) == (1, ""), command
+        assert_one_line_error(err)
+        assert f"Redis at 127.0.0.1:{servers[1].port} is server 1/3 of the Bloom filter" in err
+        assert "as server 0/3" in err
+        assert "does not exist" not in err
+    swapped = [clients[1], clients[0], clients[2]]
+    config = BloomConfig.from_settings(SETTINGS)
+    with pytest.raises(ServerListMismatchError, match="is server 1/3 of the Bloom filter"):
+        RedisBloomFilter(swapped, KEY, config.spec, config.capacity).open(create=False)
     assert [keys(c) for c in clients] == before
 
 

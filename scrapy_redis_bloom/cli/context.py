@@ -328,6 +328,7 @@ def existing(
     bloom, record = usable(ctx)
     if record is not None:
         return native_if(ctx, record) or bloom, record
+    bloom.lifecycle.check_placement()  # servers listed out of order: say so, not "missing"
     key = ctx.key
     meta = layout.meta_key(key)
     message = f"No Bloom filter {key!r} on {ctx.where}: its config record {meta!r} does not exist."

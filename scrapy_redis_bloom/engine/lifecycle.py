@@ -108,6 +108,7 @@ class Lifecycle:
         record = self.parts.read_record()
         if record is None:
             if not create:
+                self.check_placement()  # the record is on another server of the list
                 raise FilterMissingError(
                     f"There is no Bloom filter {self.key!r} (no config record"
                     f" {self.parts.meta_key!r}) on {self.topology.describe()}."
@@ -212,6 +213,15 @@ class Lifecycle:
                 " the filter was created with, or reset the filter (which forgets every URL"
                 " it holds)."
             )
+
+    def check_placement(self) -> None:
+        """Refuse the listed servers if their markers place them elsewhere in the list.
+
+        Called where no record was found on server 0: listed out of order, the filter's
+        record is on another server, and "no such filter" would send the user astray.
+        """
+        servers = self.topology.servers
+        self.check_markers(self.parts.markers(servers), servers)
 
     def check_markers(self, markers: list[str | None], servers: int, filter_id: str = "") -> None:
         """Refuse servers listed in another order, or holding another filter (of ``filter_id``)."""
