@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 from redis_sentinel import SERVICE, SentinelGroup
+from redis_server import RedisServer, free_port
 from shared_crawl import Crawl, run_workers
 from website import SiteServer, TreeSite
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.core.settings import ConnectionConfig
+from scrapy_redis_bloom.core.errors import FilterUnavailableError, UnsupportedServerError
+from scrapy_redis_bloom.core.settings import ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.scrapy.connection import filter_clients, scrapy_redis_client
 from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 
@@ -300,6 +302,52 @@ def test_a_crawl_through_a_failover_loses_no_page(
     assert 0 < seen["hits_before"] < PAGES
     assert done.stat("bloomfilter/failovers") >= 1
     assert any("(a failover): the Bloom filter follows it" in log for log in done.logs)
+
+
+# -- a Sentinel list that names no Sentinel --------------------------------------------------
+
+
+def _open_through(sentinel: str, retry_timeout: float) -> RedisBloomFilter:
+    settings = {
+        "BLOOMFILTER_REDIS_SENTINELS": [sentinel],
+        "BLOOMFILTER_REDIS_SENTINEL_SERVICE": SERVICE,
+        "BLOOMFILTER_RETRY_TIMEOUT": retry_timeout,
+        "BLOOMFILTER_CAPACITY": 1000,
+    }
+    config = BloomConfig.from_settings(settings)
+    clients = filter_clients(ConnectionConfig.from_settings(settings), settings)
+    return RedisBloomFilter.from_config(
+        clients, "bf", config, faults=FaultPolicy.from_settings(settings)
+    )
+
+
+def test_a_server_that_is_no_sentinel_is_named_at_once(redis_server: RedisServer) -> None:
+    """A plain Redis listed as a Sentinel: said so (it was advised to list it where it was)."""
+    address = f"127.0.0.1:{redis_server.port}"
+    bloom = _open_through(address, retry_timeout=30)
+    started = time.monotonic()
+    with pytest.raises(UnsupportedServerError) as refused:
+        bloom.open()
+    assert time.monotonic() - started < 10  # a setting to fix: not retried for 30 s
+    assert str(refused.value).startswith(
+        f"Redis at {address}, listed in BLOOMFILTER_REDIS_SENTINELS, is not a Sentinel"
+        " (unknown command SENTINEL)"
+    )
+    assert "goes in BLOOMFILTER_REDIS_SENTINELS" not in str(refused.value)
+    bloom.close()
+
+
+def test_an_unreachable_sentinel_is_named_by_address() -> None:
+    """redis-py's message carried each Sentinel client's repr: about 1,000 characters."""
+    address = f"127.0.0.1:{free_port()}"
+    bloom = _open_through(address, retry_timeout=0)
+    with pytest.raises(FilterUnavailableError) as failed:
+        bloom.open()
+    message = str(failed.value)
+    assert f"no Sentinel at {address} answered (" in message
+    assert "<redis." not in message
+    assert len(message) < 400, message
+    bloom.close()
 
 
 # -- credentials ---------------------------------------------------------------------------

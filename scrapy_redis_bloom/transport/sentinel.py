@@ -14,9 +14,16 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import Connection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 
+from scrapy_redis_bloom.core.errors import UnsupportedServerError
 from scrapy_redis_bloom.core.redact import masked
 from scrapy_redis_bloom.core.settings import (
     check_sentinel_params,
@@ -29,6 +36,58 @@ from scrapy_redis_bloom.transport.executor import error_code
 #: Retries of a failed command (backoff 0.1 s doubling to 1 s): about a minute, longer than
 #: a failover under Sentinel's default ``down-after-milliseconds`` (30 s) plus its election.
 FAILOVER_RETRIES = 60
+
+
+class Sentinels(Sentinel):
+    """redis-py's :class:`~redis.sentinel.Sentinel`, whose errors name each Sentinel by address.
+
+    redis-py's name them by their clients' repr (a thousand characters each), and take a
+    server that is no Sentinel for a failing one. ``source`` names the setting that lists them.
+    """
+
+    source = "BLOOMFILTER_REDIS_SENTINELS"
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        """Return the address of the primary the first Sentinel that knows it names."""
+        unreachable: list[str] = []
+        why: list[str] = []
+        answered: list[str] = []
+        for i, sentinel in enumerate(self.sentinels):
+            where = _address(sentinel)
+            try:
+                masters = sentinel.sentinel_masters()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                unreachable.append(where)
+                why.append(str(exc).rstrip("."))
+                continue
+            except ResponseError as exc:
+                if not str(exc).lower().startswith("unknown command"):
+                    raise
+                raise UnsupportedServerError(
+                    f"Redis at {where}, listed in {self.source}, is not a Sentinel (unknown"
+                    " command SENTINEL): list the Sentinels' addresses there (port 26379 by"
+                    " default), not the primary's or a replica's."
+                ) from None
+            state = masters.get(service_name) if isinstance(masters, dict) else None
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
+                forced = getattr(self, "_force_master_ip", None)
+                return (state["ip"] if forced is None else forced), state["port"]
+            answered.append(where)
+        found = []
+        if answered:
+            found.append(
+                f"no Sentinel at {', '.join(answered)} knows a primary {service_name!r} that is up"
+            )
+        if unreachable:
+            found.append(f"no Sentinel at {', '.join(unreachable)} answered ({'; '.join(why)})")
+        raise MasterNotFoundError("; ".join(found))
+
+
+def _address(sentinel: Any) -> str:
+    """Return a Sentinel's ``host:port``, from its client's connection arguments."""
+    kwargs = sentinel.connection_pool.connection_kwargs
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 26379)}"
 
 
 class PrimaryConnection(SentinelManagedConnection):
@@ -102,9 +161,11 @@ class SentinelRedis(redis.Redis):
         if kwargs.get("retry_on_timeout") is True:
             del kwargs["retry_on_timeout"]  # scrapy-redis's default, deprecated by redis-py 6+
         kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
-        self.sentinel_manager = Sentinel(  # type: ignore[no-untyped-call]
+        self.sentinel_manager = Sentinels(  # type: ignore[no-untyped-call]
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
         )
+        if setting != "BLOOMFILTER_REDIS_PARAMS":  # (whose sentinels are that setting's)
+            self.sentinel_manager.source = f"{setting}['sentinels']"
         connection = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
         pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
             service, self.sentinel_manager, is_master=True, connection_class=connection, **kwargs
