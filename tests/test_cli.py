@@ -569,6 +569,23 @@ def test_reset_deletes_a_record_this_version_cannot_read(
     assert redis_client.keys("*") == []
 
 
+def test_another_programs_hash_at_the_record_key_is_to_delete_by_hand(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    """A hash that is not one of ours: reset leaves it, and info advised reset."""
+    redis_client.hset(f"{KEY}:meta", "a", "b")
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert_one_line_error(err)
+    assert f"The hash '{KEY}:meta' is not a config record of scrapy-redis-bloom" in err
+    assert f"delete it by hand (redis-cli DEL '{KEY}:meta')" in err
+    assert "reset" not in err
+    code, out, err = run(capsys, "reset", "--redis-url", redis_url, "--key", KEY, "--yes")
+    assert (code, err) == (0, "")
+    assert "Not deleted (carries no filter id)" in out
+    assert redis_client.hgetall(f"{KEY}:meta") == {b"a": b"b"}
+
+
 def test_reset_refuses_a_record_of_the_wrong_type(
     capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
 ) -> None:

@@ -53,6 +53,10 @@ _SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
 #: Fields older records lack: read as no growth, no TTL, a bitmap filter.
 LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
+#: Fields every config record has had, in every layout: a hash with both is one of ours
+#: (``reset`` deletes it; another program's hash it leaves).
+RECORD_MARKS = ("layout", "scheme")
+
 #: Most servers a filter may be spread over.
 MAX_SERVERS = 1024
 _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
@@ -142,6 +146,12 @@ class FilterRecord:
         """Build a record from the hash read back; refuse one this version cannot trust."""
 
         def refuse(problem: str) -> BloomFilterError:
+            if not all(name in fields for name in RECORD_MARKS):  # reset leaves it alone
+                return BloomFilterError(
+                    f"The hash {key!r} is not a config record of scrapy-redis-bloom ({problem}):"
+                    " another program's key? Choose another BLOOMFILTER_KEY, or, if nothing"
+                    f" needs that hash, delete it by hand (redis-cli DEL {key!r})."
+                )
             return BloomFilterError(
                 f"The config record {key!r} cannot be used: {problem}. Check that"
                 " BLOOMFILTER_KEY names a filter created by this version of"

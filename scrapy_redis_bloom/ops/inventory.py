@@ -16,7 +16,7 @@ from typing import Any, Literal
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError, taking_apart
 from scrapy_redis_bloom.core.hashing import FilterSpec
-from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.record import RECORD_MARKS, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE
@@ -33,8 +33,6 @@ logger = logging.getLogger(__name__)
 UNKNOWN_SPEC = FilterSpec(shards=1, shard_bits=1, hash_count=1)
 #: COUNT hint of each SCAN call (and of migrate's SSCAN).
 SCAN_COUNT = 1000
-#: Fields every config record has had, in every layout: a hash with both is one of ours.
-RECORD_MARKS = ("layout", "scheme")
 #: Fields of the counter hash.
 COUNTER_FIELDS = frozenset({"added", "seen"})
 
