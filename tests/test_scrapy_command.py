@@ -398,6 +398,19 @@ def test_size_compares_the_layouts(outside: Path) -> None:
     assert rows["Native (BF.*)"].endswith("µs of Redis per check")
 
 
+def test_a_mismatch_advises_the_reset_of_this_front_end(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """It advised 'scrapy-redis-bloom reset', which without --redis-url acts on another server."""
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(10))
+    path = write(tmp_path / "fps.txt", fingerprints(10))
+    argv = ["add", "--spider", "books", "-s", "BLOOMFILTER_CAPACITY=5000", path]
+    err = one_line_error(scrapy(project, "bloom", *argv), 1)
+    assert "do not match the existing filter" in err
+    assert "(scrapy bloom reset --key 'books:bloomfilter')" in err
+    assert "scrapy-redis-bloom" not in err
+
+
 def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> None:
     stored_filter(redis_client, "books:bloomfilter", fingerprints(1000))
     result = scrapy(

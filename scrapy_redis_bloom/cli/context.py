@@ -56,6 +56,10 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
+#: The reset the package's messages advise, run by the front end at hand instead (the
+#: alias would need the servers as options where ``scrapy bloom`` has the settings).
+ADVISED_RESET = "scrapy-redis-bloom reset"
+
 #: Seconds a failing Redis command is retried: shorter than a crawl's default (20 s),
 #: since someone is waiting at the terminal.
 DEFAULT_RETRY_TIMEOUT = 5.0
@@ -236,6 +240,7 @@ def guarded(
 
     def fail(message: str, code: int = EXIT_FAILURE) -> int:
         text = " ".join(scrub(message, secrets()).split())
+        text = text.replace(ADVISED_RESET, f"{frontend.prog} reset")
         err(f"{frontend.prog}: error: {text}")
         return code
 
