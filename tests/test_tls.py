@@ -321,6 +321,32 @@ def test_a_wrong_ca_fails_at_startup_with_a_clear_error(
     assert tls.admin().exists(f"{KEY}:meta") == 0
 
 
+@pytest.mark.parametrize("key", ["none", "another"])
+def test_client_tls_files_that_do_not_load_fail_at_startup(
+    mtls: TlsRedisServer, certs: TlsFiles, key: str
+) -> None:
+    """A certificate without its key, or with another's: a setting to fix, not retried.
+
+    They were retried for the whole retry timeout, then reported as "cannot connect".
+    """
+    params = {"ssl_ca_certs": str(certs.ca_cert), "ssl_certfile": str(certs.client_cert)}
+    if key == "another":
+        params["ssl_keyfile"] = str(certs.server_key)
+    settings = {**FILTER, "BLOOMFILTER_REDIS_URL": mtls.url, "BLOOMFILTER_REDIS_PARAMS": params}
+    started = time.monotonic()
+    with pytest.raises(CertificateError) as failed:
+        RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
+    assert time.monotonic() - started < 5  # the default retry timeout is 20 s
+    message = str(failed.value)
+    assert message.startswith(
+        f"Redis at {address(mtls)} cannot be reached over TLS: the client certificate or its"
+        " key cannot be loaded ("
+    )
+    assert ("PEM lib" if key == "none" else "KEY_VALUES_MISMATCH") in message
+    assert "ssl_keyfile" in message
+    assert ".." not in message
+
+
 # -- (e) the CLI --------------------------------------------------------------------------
 
 
@@ -379,6 +405,9 @@ def test_cli_info_with_a_wrong_ca(
     assert_one_line_error(err)
     assert f"Redis at {address(tls)} cannot be reached over TLS" in err
     assert "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed" in err
+    assert "(--tls-ca-cert, --tls-cert, --tls-key)" in err  # it named BLOOMFILTER_REDIS_PARAMS
+    assert "BLOOMFILTER_REDIS_PARAMS" not in err
+    assert ".." not in err
 
 
 @pytest.mark.parametrize(
@@ -387,14 +416,23 @@ def test_cli_info_with_a_wrong_ca(
         (["--redis-url", "redis://127.0.0.1:6379", "--tls-ca-cert", "CA"], "--tls-ca-cert needs"),
         (["--redis-url", "rediss://127.0.0.1:6379", "--tls-ca-cert", "/no/such.pem"], "no such"),
         (["--redis-url", "rediss://127.0.0.1:6379", "--tls-key", "KEY"], "--tls-key needs"),
+        # (they were retried as an outage, for the whole retry timeout)
+        (
+            ["--redis-url", "rediss://127.0.0.1:6379", "--tls-cert", "CERT"],
+            "--tls-cert needs --tls-key: ",
+        ),
+        (
+            ["--redis-url", "rediss://127.0.0.1:6379", "--tls-cert", "CERT", "--tls-key", "CA"],
+            "is not the private key of --tls-cert",
+        ),
     ],
-    ids=["plain-url", "missing-file", "key-without-cert"],
+    ids=["plain-url", "missing-file", "key-without-cert", "cert-without-key", "another-key"],
 )
 def test_cli_tls_usage_errors(
     capsys: pytest.CaptureFixture[str], certs: TlsFiles, argv: list[str], complaint: str
 ) -> None:
     """TLS options that cannot work are usage errors, before any connection."""
-    files = {"CA": str(certs.ca_cert), "KEY": str(certs.client_key)}
+    files = {"CA": str(certs.ca_cert), "KEY": str(certs.client_key), "CERT": str(certs.client_cert)}
     argv = [files.get(arg, arg) for arg in argv]
     code, out, err = run(capsys, "info", "--key", KEY, *argv)
     assert (code, out) == (2, "")

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import logging
 import os
+import ssl
 from importlib.metadata import version
 from typing import Any, NoReturn
 
@@ -34,6 +35,7 @@ from scrapy_redis_bloom.cli.options import (
     sizing_from,
     sizing_given,
 )
+from scrapy_redis_bloom.core.errors import TLS_PARAMS
 from scrapy_redis_bloom.core.redact import url_secrets
 from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS
 
@@ -45,6 +47,7 @@ _OPTION_OF = {
     **{spec.setting: spec.flags[-1] for spec in OPTIONS if spec.alias and spec.setting},
     "BLOOMFILTER_REDIS_URLS": "--redis-url",
     "BLOOMFILTER_KEY": "--key",
+    TLS_PARAMS: ", ".join(option for option, _, _ in TLS_FILES),
 }
 
 FRONTEND = Frontend(
@@ -103,6 +106,21 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         params[param] = path
     if args.tls_key is not None and args.tls_cert is None:
         raise UsageError("--tls-key needs --tls-cert: the client certificate it belongs to.")
+    if args.tls_cert is not None:  # a pair that cannot load would fail every connection
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(args.tls_cert, args.tls_key)
+        except OSError as exc:
+            why = str(exc).rstrip(".")
+            if not isinstance(exc, ssl.SSLError):
+                raise UsageError(f"--tls-cert or --tls-key: cannot read it ({why}).") from None
+            if args.tls_key is None:
+                raise UsageError(
+                    f"--tls-cert needs --tls-key: {args.tls_cert} holds no private key ({why})."
+                ) from None
+            raise UsageError(
+                f"--tls-key {args.tls_key} is not the private key of --tls-cert"
+                f" {args.tls_cert} ({why})."
+            ) from None
     settings: dict[str, Any] = {
         "BLOOMFILTER_REDIS_CLUSTER": args.cluster,
         "BLOOMFILTER_REDIS_PARAMS": params,

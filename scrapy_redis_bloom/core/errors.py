@@ -24,6 +24,10 @@ class SettingName(str):
     __slots__ = ()
 
 
+#: The client's TLS files, named as one setting: the alias names its ``--tls-*`` options.
+TLS_PARAMS = "ssl_ca_certs, ssl_certfile, ssl_keyfile in BLOOMFILTER_REDIS_PARAMS or REDIS_PARAMS"
+
+
 class Wording:
     """A message whose settings are data, so that each front end names them in its words.
 

@@ -26,7 +26,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from scrapy_redis_bloom.core.errors import SHAPE_ERRORS, CertificateError, UnsupportedServerError
+from scrapy_redis_bloom.core.errors import (
+    SHAPE_ERRORS,
+    TLS_PARAMS,
+    CertificateError,
+    SettingName,
+    UnsupportedServerError,
+    Wording,
+)
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
@@ -154,6 +161,29 @@ def _one_by_one(read: Callable[[], Any], count: int) -> list[Any]:
     return replies
 
 
+def _local_tls_problem(connection: Any) -> str | None:
+    """Return why a TLS connection's own files do not load; None if they do, or without TLS.
+
+    A certificate without its key, a key of another certificate, an unreadable file.
+    Asked after a failed connect only: such a failure is a setting to fix, not an outage.
+    """
+    certfile, keyfile = getattr(connection, "certfile", None), getattr(connection, "keyfile", None)
+    cafile, capath = getattr(connection, "ca_certs", None), getattr(connection, "ca_path", None)
+    if not (certfile or keyfile or cafile or capath):
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if certfile or keyfile:
+            password = getattr(connection, "certificate_password", None)
+            context.load_cert_chain(str(certfile or keyfile), keyfile, password)
+        if cafile or capath:
+            context.load_verify_locations(cafile, capath)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        what = "the client certificate or its key" if certfile or keyfile else "the CA"
+        return f"{what} cannot be loaded ({exc})"
+    return None
+
+
 class Node:
     """A server at ``address`` (``host:port``), reached through ``factory``. One per thread."""
 
@@ -211,16 +241,24 @@ class Node:
                 raise RefusedError(self.address, exc) from exc
             except CONNECTION_ERRORS as exc:
                 connection.disconnect()
-                # A certificate that did not verify is no fault: retrying cannot help.
+                # A certificate that did not verify, or the client's own TLS files that do
+                # not load, are no fault: retrying cannot help.
                 causes = (exc, exc.__cause__, exc.__context__)
-                if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes) or (
-                    "CERTIFICATE_VERIFY_FAILED" in str(exc)
+                why = _local_tls_problem(connection)
+                if (
+                    why is not None
+                    or any(isinstance(c, ssl.SSLCertVerificationError) for c in causes)
+                    or "CERTIFICATE_VERIFY_FAILED" in str(exc)
                 ):
                     raise CertificateError(
-                        f"Redis at {self.address} cannot be reached over TLS: {exc}. Check the"
-                        " CA (ssl_ca_certs), the client certificate and key (ssl_certfile,"
-                        " ssl_keyfile) and the host name in the URL, in BLOOMFILTER_REDIS_PARAMS"
-                        " or REDIS_PARAMS (see docs/howto/tls-acl.md#tls)."
+                        Wording(
+                            "Redis at {server} cannot be reached over TLS: {why}. Check the CA,"
+                            " the client certificate and its key ({files}) and the host name in"
+                            " the URL (see docs/howto/tls-acl.md#tls).",
+                            server=self.address,
+                            why=str(exc if why is None else why).rstrip("."),
+                            files=SettingName(TLS_PARAMS),
+                        )
                     ) from None
                 raise NotSentError(self.address, exc) from exc
             except SHAPE_ERRORS as exc:  # redis-py taking apart a handshake reply not HELLO's
