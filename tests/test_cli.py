@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -989,6 +990,20 @@ def test_unreachable_redis(capsys: pytest.CaptureFixture[str], command: str) -> 
     assert_one_line_error(err)
     assert f"Redis at 127.0.0.1:{port}" in err
     assert "cannot connect" in err
+
+
+@pytest.mark.parametrize(
+    ("retry_timeout", "said"), [("0", "Tried once, for"), ("0.3", "Retried for")]
+)
+def test_an_unreachable_redis_is_said_tried_once_or_retried(
+    capsys: pytest.CaptureFixture[str], retry_timeout: str, said: str
+) -> None:
+    """With no retry allowed, it said "Retried for 0.0 s (--retry-timeout = 0 s)"."""
+    argv = ["info", "--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--key", KEY]
+    code, _, err = run(capsys, *argv, "--retry-timeout", retry_timeout)
+    assert code == 1
+    assert_one_line_error(err)
+    assert re.search(rf"\. {said} [0-9.]+ s \(--retry-timeout = {retry_timeout} s\)\.$", err), err
 
 
 @pytest.fixture

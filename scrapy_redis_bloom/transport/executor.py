@@ -525,6 +525,7 @@ class Executor:
         batch = _Batch(operation, calls, write, [None] * len(calls), [False] * len(calls))
         todo = list(range(len(calls)))
         backoff, redirects, first_failure, why, where = FIRST_BACKOFF, 0, 0.0, "", ""
+        retried = prior is not None  # (then this run is a retry)
         if prior is not None:  # said and counted as run()'s own failed rounds are
             first_failure, why, where = started, describe_failure(prior), prior.address
             self.events.count("retries")
@@ -545,11 +546,12 @@ class Executor:
                     self._failing(write, first_failure, why, batch.where, now, batch.failure)
                 elif isinstance(batch.failure, TransportError):  # one attempt: the next's window
                     self.stumbled(started)
-                failure = self._unavailable(operation, why, batch.where, started)
+                failure = self._unavailable(operation, why, batch.where, started, retried)
                 if partial:
                     return Results(batch.replies, batch.ambiguous, failure)
                 raise failure
             self.events.count("retries")
+            retried = True
             why, where = describe_failure(batch.failure or "no answer"), batch.where
             batch.answered = []
             time.sleep(min(backoff * (0.5 + random.random()), end - now))
@@ -696,7 +698,8 @@ class Executor:
         outage = self._failing(write, since, why, failure.address, now, failure)
         if probing:
             raise self._still_failing(operation, outage, now) from None
-        raise self._unavailable(operation, why, failure.address, started) from None
+        retried = self.retry_timeout > 0
+        raise self._unavailable(operation, why, failure.address, started, retried) from None
 
     def _round(self, batch: _Batch, todo: list[int]) -> None:
         """Send the calls still to do, pipelined per node; sort out their replies."""
@@ -940,12 +943,14 @@ class Executor:
         return denied
 
     def _unavailable(
-        self, operation: str, why: str, where: str, started: float
+        self, operation: str, why: str, where: str, started: float, retried: bool = True
     ) -> FilterUnavailableError:
+        """Return the error of an operation that failed past its budget (``retried``: or once)."""
         place = f"Redis at {where}" if where else self.topology.describe()
         message = Wording(
-            "{place} could not {operation}: {why}. Retried for {waited:.1f} s"
-            " ({budget} = {timeout:g} s).",
+            "{place} could not {operation}: {why}. "
+            + ("Retried for" if retried else "Tried once, for")
+            + " {waited:.1f} s ({budget} = {timeout:g} s).",
             place=place,
             operation=operation,
             why=why,
