@@ -9,6 +9,7 @@ taken away later surface as the same error, naming the operation, never as an an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from cli_run import run
 from redis.cluster import RedisCluster
 from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
@@ -81,6 +83,30 @@ def test_a_user_with_the_documented_commands_runs_the_filter() -> None:
         assert crawler.stats.get_value("bloomfilter/total_added") == 1
         user.close()
         admin.close()
+
+
+def test_the_cli_names_dbsize_for_a_user_with_the_filters_commands_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every command reading a record counts the keys (DBSIZE): named, with its grant.
+
+    The page said only info and reset need it; the refusal named no user and no grant.
+    """
+    with RedisServer() as server, contextlib.closing(server.client()) as admin:
+        config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000})
+        bloom = RedisBloomFilter(admin, "books:bloomfilter", config.spec, config.capacity)
+        bloom.add_many(fingerprints(10))
+        bloom.close()
+        rules = ["on", ">pw", "resetkeys", "~books:bloomfilter*", "~{books:bloomfilter:*"]
+        admin.execute_command("ACL", "SETUSER", "bloom", *rules, "-@all", *FILTER_COMMANDS)
+        url = f"redis://bloom:pw@127.0.0.1:{server.port}/0"
+        code, out, err = run(capsys, "check", "--redis-url", url, "--key", KEY, "/dev/null")
+        assert (code, out) == (1, "")
+        assert f"Redis at 127.0.0.1:{server.port} refuses DBSIZE" in err
+        assert "Grant it: ACL SETUSER bloom +dbsize." in err
+        admin.execute_command("ACL", "SETUSER", "bloom", "+dbsize")
+        code, _, err = run(capsys, "check", "--redis-url", url, "--key", KEY, "/dev/null")
+        assert (code, err) == (0, "")
 
 
 # -- the permission check at open ---------------------------------------------------------

@@ -1058,7 +1058,7 @@ def test_acl_setuser_line(blocks: dict[str, Block], capsys: pytest.CaptureFixtur
                 assert bloom.check_and_add(prints[0]) is True
             finally:
                 bloom.close()
-        # "The CLI needs the same, plus SCAN and DBSIZE (info, reset)".
+        # "The CLI needs the same, plus DBSIZE (every command), SCAN and INFO (info, reset)".
         assert command(admin, "ACL", "SETUSER", user, "+scan", "+dbsize") == b"OK"
         code, out, err = run(capsys, "info", "--redis-url", url, "--key", KEY)
         assert (code, err) == (0, ""), err

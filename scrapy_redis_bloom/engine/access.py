@@ -162,6 +162,14 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
     )
 
 
+def users(topology: Topology) -> list[str]:
+    """Return the Redis users the filter's clients log in as, each once."""
+    if isinstance(topology, Cluster):
+        return [_user(getattr(topology.client.nodes_manager, "connection_kwargs", {}))]
+    clients = topology.clients if isinstance(topology, ServerList) else ()
+    return list(dict.fromkeys(_user(c.connection_pool.connection_kwargs) for c in clients))
+
+
 def _targets(topology: Topology, key: str) -> list[_Target]:
     """Return the servers to probe, each with probe keys that reach it."""
     if isinstance(topology, Cluster):

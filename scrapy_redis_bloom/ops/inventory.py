@@ -14,10 +14,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterUnavailableError, taking_apart
+from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
+    BloomFilterError,
+    CredentialsRefusedError,
+    FilterUnavailableError,
+    taking_apart,
+)
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.record import RECORD_MARKS, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.engine import access
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
@@ -65,7 +72,20 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
     if record.servers not in (1, servers):
         return StoredRecord(record)  # the wrong servers: refused by name later
     calls = [Call(pack_command(b"DBSIZE"), server=i) for i in range(servers)]
-    keys = sum(bloom.parts.run("count the keys", calls, take=int))  # all servers'
+    try:
+        keys = sum(bloom.parts.run("count the keys", calls, take=int))  # all servers'
+    except CredentialsRefusedError:
+        raise
+    except AccessDeniedError as exc:  # a command of the CLI's only: the probe has no word of it
+        user = " / ".join(access.users(bloom.topology)) or "default"
+        raise AccessDeniedError(
+            f"{exc.server or bloom.topology.describe()} refuses DBSIZE, which the commands send"
+            " to check a filter's record against the keys its servers hold: its Redis user"
+            f" {user!r} lacks this ACL permission. Grant it: ACL SETUSER {user} +dbsize. See"
+            " docs/howto/tls-acl.md#least-privilege.",
+            server=exc.server,
+            commands=("dbsize",),
+        ) from None
     if record.spec.shards > keys:
         return StoredRecord(
             None,
