@@ -1120,6 +1120,7 @@ def test_without_a_command_lists_them() -> None:
 def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--help")
     assert code == 0
+    assert "130 interrupted (Ctrl-C)" in out  # as the commands reference has it
     for command in ("info", "reset", "add", "check", "migrate-set"):
         assert command in out
     code, out, _ = run(capsys, "--version")

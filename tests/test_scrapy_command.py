@@ -87,6 +87,7 @@ def outside(tmp_path: Path) -> Path:
 def test_help_lists_the_subcommands_outside_a_project(outside: Path) -> None:
     result = scrapy(outside, "bloom", "--help")
     assert (result.code, result.err) == (0, "")
+    assert "130 interrupted (Ctrl-C; watch stops on it with 0)" in " ".join(result.out.split())
     for name in SUBCOMMANDS:
         assert f"\n    {name} " in result.out, name
     listing = scrapy(outside, "-h")

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog=PROG,
         description="Inspect, reset and feed scrapy-redis-bloom filters in Redis.",
-        epilog="Exit status: 0 success, 1 failure, 2 usage error.",
+        epilog="Exit status: 0 success, 1 failure, 2 usage error, 130 interrupted (Ctrl-C).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version(PROG)}")
     add_commands(parser, "alias", dest="command")

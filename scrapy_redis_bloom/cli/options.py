@@ -152,7 +152,8 @@ COMMANDS = (
     _command(
         "watch",
         "print live items, fill and FP rate every interval while a crawl runs",
-        "Print one line of the filter's live figures every --interval seconds.",
+        "Print one line of the filter's live figures every --interval seconds, --count times"
+        " or until Ctrl-C (which stops it with exit status 0).",
     ),
 )
 

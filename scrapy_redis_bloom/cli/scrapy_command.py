@@ -49,7 +49,7 @@ class BloomCommand(ScrapyCommand):
             "Work on the crawl's Bloom filter with the project's settings (and -s NAME=VALUE):"
             " connected and named as a crawl does. Name the filter with --spider NAME"
             " (BLOOMFILTER_KEY's %(spider)s) or --key KEY. Exit status: 0 success, 1 failure,"
-            " 2 usage or settings error."
+            " 2 usage or settings error, 130 interrupted (Ctrl-C; watch stops on it with 0)."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
