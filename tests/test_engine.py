@@ -626,3 +626,19 @@ def test_a_forked_child_does_not_sync_its_parents_counts(redis_client: redis.Red
     ]
     assert sum(counts) == new
     bloom.close()
+
+
+def test_close_syncs_the_counts_not_synced_yet(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    bloom = make(redis_client)
+    bloom.open()
+    # Within one sync interval: nothing synced before close.
+    answers = [bloom.check_and_add(f) for f in fingerprints(1000) * 2]
+    added = answers.count(False)
+    assert added > 500  # past the capacity of 500
+    with caplog.at_level("WARNING", logger="scrapy_redis_bloom.engine.counters"):
+        bloom.close()
+    assert make(redis_client).totals() == FilterTotals(added=added, seen=2000 - added)
+    assert "its capacity of 500" in caplog.text
+    assert "over_capacity" in bloom.events.values

@@ -18,7 +18,11 @@ from typing import Any, Self
 
 import mmh3
 
-from scrapy_redis_bloom.core.errors import AccessDeniedError, FilterUnavailableError
+from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
+    BloomFilterError,
+    FilterUnavailableError,
+)
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec, hashable, hashables
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
@@ -265,13 +269,29 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the filter's connections (they reopen on demand), first :meth:`settle_owed`."""
+        """Close the filter's connections (they reopen on demand).
+
+        First :meth:`settle_owed`, then the counts not synced yet are synced: the totals and
+        the capacity warning count what was answered in the last interval. A sync that fails
+        is said, never raised over the close.
+        """
         with self._lock:
             try:
                 self.settle_owed()  # raises only what no retry fixes (a damaged filter)
             finally:
-                self._flush_counts()
-                self.executor.close()
+                try:
+                    self._flush_counts()
+                    if self.counters.unsynced:
+                        self.sync_counters()
+                except BloomFilterError as exc:
+                    logger.warning(
+                        "Closing the Bloom filter %r without syncing this worker's last counts"
+                        " (its totals miss them): %s",
+                        self.key,
+                        exc,
+                    )
+                finally:
+                    self.executor.close()
 
     def settle_owed(self) -> None:
         """Add now what an outage let through, not at a later write that may never come.

@@ -63,6 +63,11 @@ class Counters:
         )
 
     @property
+    def unsynced(self) -> bool:
+        """Tell whether there are counts not synced yet."""
+        return (self._unsynced_added or self._unsynced_seen) > 0
+
+    @property
     def due(self) -> bool:
         """Tell whether it is time to sync (unsynced counts, and an interval passed)."""
         return (self._unsynced_added or self._unsynced_seen) > 0 and (
