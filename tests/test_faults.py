@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis_server import RedisServer, slow_loading, slow_loading_binary
-from reply_cutter import ReplyCutter
+from reply_cutter import Command, ReplyCutter
 
 from scrapy_redis_bloom import (
     BloomConfig,
@@ -33,6 +33,7 @@ from scrapy_redis_bloom import (
 from scrapy_redis_bloom.core.hashing import locate
 from scrapy_redis_bloom.core.layout import shard_key
 from scrapy_redis_bloom.engine.health import ServerHealth, check_versions
+from scrapy_redis_bloom.engine.state import FilterTotals
 from scrapy_redis_bloom.transport.node import IDLE_CHECK
 
 SETTINGS = {"BLOOMFILTER_CAPACITY": 200_000, "BLOOMFILTER_ERROR_RATE": 1e-6}
@@ -638,6 +639,30 @@ def test_counter_failures_never_cost_an_answer(
         assert [bloom.check_and_add(fp) for fp in new] == [True] * 50
     assert "Could not add this worker's counts" in caplog.text
     assert "holds a list" in caplog.text
+
+
+def test_a_counters_sync_whose_reply_is_lost_counts_once(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis ran the HINCRBY, its reply never came: sent again (or kept for the next sync),
+    # the counts would be added twice, for good. Not sent again: the total is exact here.
+    def hincrby(command: Command, reply: object) -> bool:
+        return command[0] == b"HINCRBY"
+
+    with ReplyCutter(server.port, cut=hincrby) as cutter:
+        bloom = make(redis.Redis(port=cutter.port, socket_timeout=2), "synced", retry_timeout=5)
+        bloom.open()
+        answers = [bloom.check_and_add(fp) for fp in fingerprints(300, "synced")]
+        cutter.armed = True
+        with caplog.at_level(logging.DEBUG, logger="scrapy_redis_bloom.engine.counters"):
+            assert bloom.sync_counters() is None  # the totals are not known
+        cutter.armed = False
+        assert cutter.cuts == ["HINCRBY"]
+        assert "not sent again, as it may have run" in caplog.text
+        exact = FilterTotals(added=answers.count(False), seen=answers.count(True))
+        assert bloom.sync_counters() == exact  # nothing kept to add twice
+        bloom.close()
+    assert make(server.client(), "synced").totals() == exact
 
 
 def test_servers_older_than_the_minimum_are_refused() -> None:

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.errors import BloomFilterError, foreign_reply
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
@@ -89,9 +89,11 @@ class Counters:
         self._unsynced_added = self._unsynced_seen = 0
         self._next_sync = time.monotonic() + SYNC_INTERVAL
         key = parts.counter_key
+        # Not sent again once its reply is lost (it may have run): counted twice, a total
+        # would stay wrong for good; a few counts less is the smaller error.
         calls = [
-            Call(pack_command(b"HINCRBY", key, b"added", added), key=key),
-            Call(pack_command(b"HINCRBY", key, b"seen", seen), key=key),
+            Call(pack_command(b"HINCRBY", key, b"added", added), key=key, resend=b""),
+            Call(pack_command(b"HINCRBY", key, b"seen", seen), key=key, resend=b""),
         ]
         try:
             owner = Call(pack_command(b"HGET", parts.meta_key, b"id"), key=parts.meta_key)
@@ -114,20 +116,15 @@ class Counters:
                     seen,
                 )
                 return None
-            replies = parts.run("add to the filter's counters", calls, write=True, take=int)
         except BaseException as exc:
             self._unsynced_added += added
             self._unsynced_seen += seen
             if not isinstance(exc, BloomFilterError):
                 raise
-            self._log.log(
-                logging.WARNING,
-                "sync",
-                "Could not add this worker's counts to the Bloom filter %r's counters (they"
-                " are kept for the next try): %s",
-                self.key,
-                exc,
-            )
+            self._failed(exc)
+            return None
+        replies = self._add(parts, calls, (added, seen))
+        if replies is None:
             return None
         totals = self.synced = FilterTotals(added=replies[0], seen=replies[1])
         if parts.capacity is not None and parts.capacity != self.capacity:
@@ -135,6 +132,67 @@ class Counters:
             self._warned_at = 0
         self.check_capacity(totals.added, spec)
         return totals
+
+    def _add(
+        self, parts: Parts, calls: list[Call], counts: tuple[int, int]
+    ) -> tuple[int, int] | None:
+        """Run the two ``HINCRBY`` of a sync; return the totals (None: not both known).
+
+        A count whose command surely did not run is kept for the next sync (said); one whose
+        reply was lost is not, as it may have run (said at DEBUG).
+        """
+        operation = "add to the filter's counters"
+        try:
+            results = parts.executor.run(operation, calls, write=True, partial=True)
+        except BaseException as exc:  # none ran (an ACL refusal), or an interrupt
+            self._unsynced_added += counts[0]
+            self._unsynced_seen += counts[1]
+            if not isinstance(exc, BloomFilterError):
+                raise
+            self._failed(exc)
+            return None
+        totals: list[int] = []
+        failure: BaseException | None = None
+        for field, count, reply, lost in zip(
+            ("added", "seen"), counts, results.replies, results.ambiguous, strict=True
+        ):
+            if reply.__class__ is int:
+                totals.append(reply)
+            elif lost or (reply is not None and not isinstance(reply, BaseException)):
+                if not lost:  # not this command's reply: it may have run
+                    failure = failure or foreign_reply(
+                        f"a call to {operation}", parts.counter_key, ValueError(repr(reply))
+                    )
+                logger.debug(
+                    "The reply to adding %d %s to the Bloom filter %r's counters was lost: not"
+                    " sent again, as it may have run (the total is short of them if not).",
+                    count,
+                    field,
+                    self.key,
+                )
+            else:  # not run: the next sync's
+                if field == "added":
+                    self._unsynced_added += count
+                else:
+                    self._unsynced_seen += count
+                if reply is None:
+                    failure = failure or results.failure
+                else:
+                    failure = failure or parts.refusal(reply, parts.counter_key, operation)
+        if failure is not None:
+            self._failed(failure)
+        return (totals[0], totals[1]) if len(totals) == 2 else None
+
+    def _failed(self, exc: BaseException) -> None:
+        """Say that a sync failed (its counts are kept)."""
+        self._log.log(
+            logging.WARNING,
+            "sync",
+            "Could not add this worker's counts to the Bloom filter %r's counters (they"
+            " are kept for the next try): %s",
+            self.key,
+            exc,
+        )
 
     def read(self, parts: Parts) -> FilterTotals:
         """Read the totals over all workers (this worker's unsynced counts not included)."""

@@ -254,6 +254,9 @@ class Call:
     shard: int | None = None
     server: int | None = None
     script: Script | None = None
+    #: A write that must not run twice, in part or whole: sent instead once it may have run
+    #: (marked ambiguous; its reply is then this one's). ``b""``: nothing, its reply None.
+    resend: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -441,8 +444,23 @@ class _Batch:
     #: The nodes whose results the rounds since the last failed one took (who answered).
     answered: list[str] = field(default_factory=list)
     asked: set[int] = field(default_factory=set)  #: Calls sent after ``ASKING`` in the round.
+    given: list[Call] = field(default_factory=list)  #: The caller's calls (``calls``: as sent).
     #: Per node and script: its load's outcome (many NOSCRIPT replies, one SCRIPT LOAD).
     loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
+
+    def doubt(self, i: int) -> bool:
+        """Mark call ``i`` as one that may have run; return whether to send it again.
+
+        A call with a :attr:`Call.resend` sends that from now on (nothing if empty).
+        """
+        self.ambiguous[i] = True
+        call = self.calls[i]
+        if call.resend is None:
+            return True
+        if self.calls is self.given:  # the caller's list stays as it was
+            self.calls = list(self.given)
+        self.calls[i] = Call(call.resend, call.key, call.shard, call.server)
+        return bool(call.resend)
 
 
 class Executor:
@@ -490,8 +508,9 @@ class Executor:
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
-        ``write``: a call whose lost reply is sent again is marked ambiguous. ``timeout``
-        replaces the retry timeout (0: one attempt), counted from ``since`` (``monotonic()``);
+        ``write``: a call whose lost reply is sent again (or its :attr:`Call.resend`) is
+        marked ambiguous. ``timeout`` replaces the retry timeout (0: one attempt), counted
+        from ``since`` (``monotonic()``);
         ``prior``: how an attempt made then failed (the hot path's), so this is a retry.
         Raises :class:`FilterUnavailableError` when Redis does not answer in time (``partial``:
         returns the replies it has, None for others, the error in :attr:`Results.failure`).
@@ -522,7 +541,9 @@ class Executor:
                     return Results([None] * len(calls), [False] * len(calls), failure)
                 raise failure
             end = started  # one attempt: it has been failing for a while
-        batch = _Batch(operation, calls, write, [None] * len(calls), [False] * len(calls))
+        batch = _Batch(
+            operation, calls, write, [None] * len(calls), [False] * len(calls), given=calls
+        )
         todo = list(range(len(calls)))
         backoff, redirects, first_failure, why, where = FIRST_BACKOFF, 0, 0.0, "", ""
         retried = prior is not None  # (then this run is a retry)
@@ -754,8 +775,7 @@ class Executor:
             raise self.refused(batch.operation, exc) from None
         except TransportError as exc:
             if batch.write and isinstance(exc, ReplyLostError):
-                for i in indexes:
-                    batch.ambiguous[i] = True
+                indexes = [i for i in indexes if batch.doubt(i)]
             batch.later += indexes
             batch.failure, batch.where = exc, node.address
             return
@@ -781,8 +801,8 @@ class Executor:
                 batch.asking[i] = target or error_text(reply).split()[-1]
                 batch.again.append(i)
             elif kind is Kind.LATER or kind is Kind.PARTIAL:
-                if kind is Kind.PARTIAL and batch.write:
-                    batch.ambiguous[i] = True
+                if kind is Kind.PARTIAL and batch.write and not batch.doubt(i):
+                    continue
                 batch.later.append(i)
                 batch.failure, batch.where = reply, node.address
             else:  # a result, or an error reply retrying cannot fix
