@@ -818,12 +818,19 @@ class Executor:
             batch.answered.append(node.address)
 
     def fast(
-        self, operation: str, payload: bytes, key: str, shard: int, script: Script | None
+        self,
+        operation: str,
+        payload: bytes,
+        key: str,
+        shard: int,
+        script: Script | None,
+        resend: bytes | None = None,
     ) -> tuple[Any, bool]:
         """Run one write on a shard's key; return its reply and whether it may have run twice.
 
         The hot path: straight to the shard's node, one round trip. Anything but a plain reply
         (none, a redirection, ``NOSCRIPT``, a busy server) goes to :meth:`run` to retry.
+        ``resend``: as :attr:`Call.resend` (if given, "may have run": the reply is its own).
         """
         probing = self._admit(operation, True)
         started, prior = time.monotonic(), None
@@ -847,7 +854,9 @@ class Executor:
                     self._recovered(True)
                 return reply, False
             lost = classify(reply) is Kind.PARTIAL
-        calls = [Call(payload, key, shard, script=script)]
+        if lost and resend is not None:
+            payload, resend = resend, None
+        calls = [Call(payload, key, shard, script=script, resend=resend)]
         results = self.run(operation, calls, write=True, since=started, prior=prior)
         return results.replies[0], lost or results.ambiguous[0]
 

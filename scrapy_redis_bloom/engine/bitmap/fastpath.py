@@ -7,10 +7,13 @@ header; another id means a lost shard or a reset filter, and goes to recovery.
 
 One command cannot raise a growing shard's count only for a new element, so each worker keeps
 the items it found new and sends them with one check in :data:`STATE_EVERY` (sooner when that
-many are owed), and on sync or close. Only the script crosses the growth boundary, so this path
-stops below :attr:`.Growth.scriptless_limit`, with room for what every live worker may still
-hold. If a shard grew since this worker's last look, its element went to generation 0, which
-every check still reads: "seen" is a true answer, "new" at worst a duplicate fetch.
+many are owed), and on sync or close. A count whose reply is lost is not sent again (the
+check's retry goes without it): it may have run, and counted twice a shard would start its
+next generation early; counted as sent, it is short at worst. Only the script crosses the
+growth boundary, so this path stops below :attr:`.Growth.scriptless_limit`, with room for
+what every live worker may still hold. If a shard grew since this worker's last look, its
+element went to generation 0, which every check still reads: "seen" is a true answer, "new"
+at worst a duplicate fetch.
 """
 
 from __future__ import annotations
@@ -74,11 +77,18 @@ class Command:
     counted: int = 0
     fields: int = 0
     bits: list[int] | None = None
+    #: With a count: the command without it, sent instead once it may have run (a lost
+    #: reply): a count sent twice would start the shard's next generation early.
+    resend: bytes | None = None
 
     def give_back(self) -> None:
         """Keep the count it carried for a later command: this one did not run (nor added)."""
         if self.fast is not None:
             self.fast.give_back(self.shard, self.counted - 1)
+
+    def read_fields(self, ambiguous: bool) -> int:
+        """Return the fields its reply has before the bits: fewer if :attr:`resend` answered."""
+        return 1 if ambiguous and self.resend is not None else self.fields
 
 
 @dataclass
@@ -148,6 +158,8 @@ class FastPath:
             args += (len(str(offset)), offset)
         text = known.plain
         sent, fields = 0, 1
+        ops = self._ops % tuple(args)
+        resend = None
         if self.counted:
             known.since += 1
             if known.count is None or known.since >= STATE_EVERY or known.pending >= STATE_EVERY:
@@ -156,11 +168,13 @@ class FastPath:
                 known.pending -= sent
                 if known.count is not None:
                     known.count += sent  # there once it lands (its reply tells the count)
+                if sent:
+                    resend = (text + ops).encode("latin-1")
                 text = f"{known.stated}${len(str(sent))}\r\n{sent}\r\n"
                 fields = 2
             known.pending += 1
-        payload = (text + self._ops % tuple(args)).encode("latin-1")
-        return Command(shard, known.key, payload, None, self, sent, fields, bits)
+        payload = (text + ops).encode("latin-1")
+        return Command(shard, known.key, payload, None, self, sent, fields, bits, resend)
 
     def give_back(self, shard: int, sent: int) -> None:
         """Take back the count a command (or a flush) carried that surely did not run."""

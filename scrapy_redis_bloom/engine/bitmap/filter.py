@@ -45,6 +45,9 @@ OPERATION = "check and add a request"
 
 #: What ``TYPE`` says of a shard's key: a string, or none when missing.
 TYPES = ("string", "none")
+
+logger = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
 _Failure = FilterUnavailableError | AccessDeniedError | None
 
@@ -179,7 +182,12 @@ class RedisBloomFilter(FilterBase):
             command = self._scripted(h1, h2)
         try:
             reply, ambiguous = self.executor.fast(
-                OPERATION, command.payload, command.key, command.shard, command.script
+                OPERATION,
+                command.payload,
+                command.key,
+                command.shard,
+                command.script,
+                command.resend,
             )
         except (FilterUnavailableError, AccessDeniedError):
             command.give_back()
@@ -350,7 +358,8 @@ class RedisBloomFilter(FilterBase):
         ]
         first = len(calls)
         calls += [
-            Call(c.payload, key=c.key, shard=c.shard, script=c.script) for c in commands.values()
+            Call(c.payload, key=c.key, shard=c.shard, script=c.script, resend=c.resend)
+            for c in commands.values()
         ]
         sent_at = time.time()
         results, failure = self._partial(calls)
@@ -372,7 +381,8 @@ class RedisBloomFilter(FilterBase):
         for at, (i, command) in enumerate(commands.items(), first):
             reply = results.replies[at]
             if reply is None or isinstance(reply, BaseException):
-                command.give_back()  # not run: its count goes with a later command
+                if not results.ambiguous[at]:
+                    command.give_back()  # not run: its count goes with a later command
                 if reply is not None:  # raised once every command's count is sorted
                     refused = refused or self.parts.refusal(reply, command.key, OPERATION)
                 continue
@@ -424,11 +434,19 @@ class RedisBloomFilter(FilterBase):
     ) -> bool:
         """Read a check-and-add's reply: its answer, once a shard found wrong is recovered."""
         if isinstance(reply, BaseException):  # refused, not run: its count goes later
-            command.give_back()
+            if not ambiguous:  # (unless an attempt before, whose reply was lost, ran)
+                command.give_back()
             raise self.parts.refusal(reply, command.key, "check and add a request")
         if command.fast is not None:
+            fields = command.read_fields(ambiguous)
+            if fields < command.fields:
+                logger.debug(
+                    "A check's reply was lost: its shard's count of %d went with it, counted"
+                    " as sent (the count is short of them if it did not run).",
+                    command.counted,
+                )
             try:
-                seen, generations = command.fast.read(command.shard, reply, command.fields)
+                seen, generations = command.fast.read(command.shard, reply, fields)
             except ValueError as exc:
                 raise foreign_reply("a check", command.key, exc) from None
             if seen is None:
@@ -439,7 +457,7 @@ class RedisBloomFilter(FilterBase):
                 # While the shard still carries the id found; a bit another worker set
                 # meanwhile may be cleared too: a duplicate fetch at worst.
                 bits = command.bits or []
-                self._take_back_bits(command.key, command.shard, reply, bits, command.fields)
+                self._take_back_bits(command.key, command.shard, reply, bits, fields)
                 self._recover([command.shard])
                 seen, ambiguous = self._check_and_add(element, h1, h2, recovered=True), True
             elif generations > self.generations:
@@ -507,17 +525,29 @@ class RedisBloomFilter(FilterBase):
         owed = [(keeper, flush) for keeper in keepers for flush in keeper.flushes(only)]
         if not owed:
             return
-        calls = [Call(command, key=key, shard=shard) for _, (shard, key, command, _) in owed]
+        # A count whose reply was lost is not sent again, nor given back: it may have run.
+        calls = [
+            Call(command, key=key, shard=shard, resend=b"") for _, (shard, key, command, _) in owed
+        ]
+        operation = "add to the shards' counts"
         try:
-            replies = self.executor.run("add to the shards' counts", calls, write=True).replies
-        except BloomFilterError:
-            replies = [None] * len(owed)  # the checks themselves report an outage
+            results = self.executor.run(operation, calls, write=True, partial=True)
+        except BloomFilterError:  # the checks themselves report an outage
+            results = Results([None] * len(owed), [False] * len(owed))
         except BaseException:
             for keeper, (shard, _, _, items) in owed:
                 keeper.give_back(shard, items)  # nothing counted is lost to a bug or an interrupt
             raise
-        for (keeper, (shard, _, _, items)), reply in zip(owed, replies, strict=True):
-            if reply is None or isinstance(reply, BaseException):
+        for (keeper, (shard, _, _, items)), reply, lost in zip(
+            owed, results.replies, results.ambiguous, strict=True
+        ):
+            if lost:
+                logger.debug(
+                    "The reply to adding %d to a shard's count was lost: not sent again, as it"
+                    " may have run (the count is short of them if not).",
+                    items,
+                )
+            elif reply is None or isinstance(reply, BaseException):
                 keeper.give_back(shard, items)  # kept for the next sync (a refusal, no memory)
 
     def _mismatch(self, shard: int, key: str, found: object, again: bool = False) -> None:
