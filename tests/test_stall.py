@@ -21,6 +21,7 @@ import pytest
 import redis
 from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
+from reply_cutter import ReplyCutter
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeError
@@ -28,6 +29,7 @@ from scrapy_redis_bloom.core.hashing import locate
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.base import MIN_OWED
 from scrapy_redis_bloom.engine.lease import WorkerLease
+from scrapy_redis_bloom.engine.state import FilterTotals
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
 from scrapy_redis_bloom.transport.topology import make_topology
 
@@ -259,6 +261,30 @@ def test_no_call_waits_a_socket_timeout_while_redis_stays_stalled(
     bloom.close()
     other.close()
     client.close()
+
+
+def test_what_an_outage_let_through_is_counted_added_once_redis_takes_it(
+    server: RedisServer,
+) -> None:
+    # Each check's write ran but its reply was lost, until the retries ran out: answered
+    # "new" and owed. Added once Redis answers, they find their own bits: counted as what
+    # they were answered ("new", added), not as "seen".
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 20_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=0.3, on_error="allow")
+    owed = fingerprints(3, "late")
+    with ReplyCutter(server.port, cut=lambda command, reply: True, times=10_000) as cutter:
+        client = redis.Redis(port=cutter.port, socket_timeout=SOCKET_TIMEOUT)
+        bloom = RedisBloomFilter.from_config(client, "late", config, faults=faults, cache_size=0)
+        bloom.check_and_add("before")
+        cutter.armed = True
+        assert [bloom.check_and_add(e) for e in owed] == [False] * 3  # let through
+        cutter.armed = False
+        assert cutter.cuts
+        time.sleep(PROBE_INTERVAL + 0.1)  # the outage's next attempt is due
+        assert bloom.check_and_add("after") is False  # adds what it owes first
+        assert bloom.sync_counters() == FilterTotals(added=5, seen=0)
+        bloom.close()
+        client.close()
 
 
 @pytest.mark.timeout(60)

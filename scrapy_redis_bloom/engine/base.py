@@ -543,7 +543,8 @@ class FilterBase:
                 exc,
             )
             return
-        self.counters.record(outcome.added, outcome.seen)
+        # Answered "new" already: added, even when one finds its own late write's bits.
+        self.counters.record(outcome.added + outcome.seen, 0)
         if outcome.failed:
             failed = set(outcome.failed)
             self._owe({tag: e for tag, e in owed.items() if e in failed})
