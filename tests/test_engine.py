@@ -642,3 +642,24 @@ def test_close_syncs_the_counts_not_synced_yet(
     assert make(redis_client).totals() == FilterTotals(added=added, seen=2000 - added)
     assert "its capacity of 500" in caplog.text
     assert "over_capacity" in bloom.events.values
+
+
+def test_counters_found_gone_are_said_and_counted(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Evicted (allkeys-lru) or deleted: the next sync's HINCRBY starts a fresh hash.
+    bloom = make(redis_client)
+    bloom.open()
+    bloom.add_many(fingerprints(30, "kept"))  # synced on return
+    bloom.add_many(fingerprints(10, "more"))
+    assert "counters_lost" not in bloom.events.counts
+    redis_client.delete("bf:count")
+    with caplog.at_level("WARNING", logger="scrapy_redis_bloom.engine.counters"):
+        bloom.add_many(fingerprints(5, "after"))
+    assert bloom.events.counts["counters_lost"] == 1
+    assert "without the 40 added and 0 seen counted before" in caplog.text
+    bloom.clear()  # its own reset: the counters start anew, said by nobody
+    bloom.open()
+    bloom.add_many(fingerprints(5, "anew"))
+    assert bloom.events.counts["counters_lost"] == 1
+    bloom.close()

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, foreign_reply
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec
@@ -77,6 +78,7 @@ class Counters:
     def forget_unsynced(self) -> None:
         """Drop the counts not yet synced: the counters they were for were deleted."""
         self._unsynced_added = self._unsynced_seen = 0
+        self.synced = None
 
     def sync(self, parts: Parts, spec: FilterSpec, filter_id: str) -> FilterTotals | None:
         """Add the unsynced counts to ``KEY:count`` of the filter ``filter_id``; return the totals.
@@ -115,6 +117,7 @@ class Counters:
                     added,
                     seen,
                 )
+                self.synced = None  # the new filter's counters start anew
                 return None
         except BaseException as exc:
             self._unsynced_added += added
@@ -126,7 +129,10 @@ class Counters:
         replies = self._add(parts, calls, (added, seen))
         if replies is None:
             return None
-        totals = self.synced = FilterTotals(added=replies[0], seen=replies[1])
+        before, totals = self.synced, FilterTotals(added=replies[0], seen=replies[1])
+        self.synced = totals
+        if before is not None and before.added + before.seen > 0 and replies == (added, seen):
+            self._lost(before)
         if parts.capacity is not None and parts.capacity != self.capacity:
             self.capacity = parts.capacity
             self._warned_at = 0
@@ -182,6 +188,27 @@ class Counters:
         if failure is not None:
             self._failed(failure)
         return (totals[0], totals[1]) if len(totals) == 2 else None
+
+    def _lost(self, before: FilterTotals) -> None:
+        """Say that ``KEY:count`` was found gone: the totals restarted from this worker's sync.
+
+        Found when a sync's ``HINCRBY`` replies exactly what it added while the totals were
+        known to be more: no extra command. (Another worker's sync first hides it.)
+        """
+        self.events.count("counters_lost")
+        self._log.log(
+            logging.WARNING,
+            "lost",
+            "The counters of the Bloom filter %r (%s) were gone (evicted: maxmemory-policy"
+            " allkeys-*, or deleted): its totals start again from zero, without the %s added"
+            " and %s seen counted before. The filter's bits are intact; its item count"
+            " (info, the capacity warning) is short of them. Use maxmemory-policy noeviction"
+            " or volatile-* for the filter's Redis.",
+            self.key,
+            layout.counter_key(self.key),
+            f"{before.added:,}",
+            f"{before.seen:,}",
+        )
 
     def _failed(self, exc: BaseException) -> None:
         """Say that a sync failed (its counts are kept)."""

@@ -39,6 +39,7 @@ _EVENTS = {
     "failovers": "new connections that reached another server than before (a failover)",
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
+    "counters_lost": "times the filter's counters were found evicted or deleted (totals restart)",
     "reopened": "times the filter was found reset and created again, and adopted",
     "taken_back": "bits a check set in a shard found not to be this filter's, cleared again",
     "lease_failed": "renewals of this worker's lease that failed (retried every second)",
