@@ -118,6 +118,7 @@ odd, words = "/caf\\udce9", ["/café", "/日本語", "/\\U0001f600", "/plain"]
 out = {}
 for op in ("check_and_add", "contains", "add_many", "contains_many", "check_and_add_many"):
     bf = RedisBloomFilter(client, "odd-" + op, spec, capacity=500)
+    bf.open()  # (a read of a missing filter raises)
     arg = [odd] if op.endswith("many") else odd
     raw = odd.encode("utf-8", "surrogatepass")
     out[op] = [getattr(bf, op)(arg), bf.contains(odd), bf.contains(raw)]

@@ -86,10 +86,6 @@ class Command:
         if self.fast is not None:
             self.fast.give_back(self.shard, self.counted - 1)
 
-    def read_fields(self, ambiguous: bool) -> int:
-        """Return the fields its reply has before the bits: fewer if :attr:`resend` answered."""
-        return 1 if ambiguous and self.resend is not None else self.fields
-
 
 @dataclass
 class FastPath:

@@ -438,7 +438,8 @@ class RedisBloomFilter(FilterBase):
                 command.give_back()
             raise self.parts.refusal(reply, command.key, "check and add a request")
         if command.fast is not None:
-            fields = command.read_fields(ambiguous)
+            # A lost reply's retry went without the count (``resend``): one field fewer.
+            fields = 1 if ambiguous and command.resend is not None else command.fields
             if fields < command.fields:
                 logger.debug(
                     "A check's reply was lost: its shard's count of %d went with it, counted"
