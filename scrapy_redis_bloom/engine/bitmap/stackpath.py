@@ -312,8 +312,8 @@ class StackPath:
         if seen:
             return SEEN
         # Planned before a check of its batch found the shard grown: its add would go to
-        # a sealed generation (and again to the next: twice the bits).
-        stale = next(k for k in check.keys if k.newest).generation + 1 != known.now
+        # a sealed generation (and again to the next: twice the bits). (The newest is last.)
+        stale = check.keys[-1].generation + 1 != known.now
         if not sound or late or stale or self._near(known):
             return SCRIPT
         self._pack_add(check)
