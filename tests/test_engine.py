@@ -597,6 +597,49 @@ def test_a_child_forked_while_threads_are_in_calls_has_locks_of_its_own(
     bloom.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_child_forked_during_an_outage_tries_redis_again_once_it_answers() -> None:
+    """A child forked while its filter waited for a silent server recovers when it answers.
+
+    The parent's watch of the server (a PING a second, from a thread) is not in the child,
+    which inherited the outage it was to end: every call of the child failed fast for good
+    (answered "new" under "allow", never added).
+    """
+    with RedisServer() as server:
+        client = server.client(socket_timeout=0.5)
+        faults = FaultPolicy(retry_timeout=0.3, on_error="allow")
+        bloom = make(client, key="forkwatch", faults=faults, cache_size=0)
+        bloom.open()
+        client.save()
+        server.kill()
+        assert bloom.check_and_add("during") is False  # let through: the outage is watched
+        restart = threading.Timer(1.0, server.restart)
+
+        def work() -> bytes:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                errors = bloom.events.counts["errors"]
+                element = f"child-{time.monotonic()}"
+                seen = bloom.check_and_add(element)
+                if bloom.events.counts["errors"] == errors:  # Redis answered this one
+                    bloom.close()
+                    return element.encode() if not seen else b"seen"
+                time.sleep(0.2)
+            return b"stuck"
+
+        restart.start()
+        answer = in_child(work, wait=20)
+        restart.join()
+        assert answer is not None
+        assert answer.startswith(b"child-"), answer
+        deadline = time.monotonic() + 10
+        while bloom.check_and_add(answer) is not True:  # the parent's watch sees it too
+            assert time.monotonic() < deadline, "the child's add never reached Redis"
+            time.sleep(0.2)
+        bloom.close()
+        client.close()
+
+
 def test_a_forked_child_does_not_sync_its_parents_counts(redis_client: redis.Redis) -> None:
     """Counts the parent had not synced at the fork are synced once, by the parent.
 

@@ -162,6 +162,7 @@ class FilterBase:
         """
         self._lock = threading.RLock()
         self.topology.trips.lock = threading.Lock()
+        self.executor.forked()
         self.events.forked()
         self.counters.forget_unsynced()
         self._owed = {}

@@ -421,6 +421,17 @@ class Watches:
             watch.outages = []
             self._end(watch)  # a failure noted from now on starts a watch of its own
 
+    def forked(self) -> None:
+        """In a forked child, end the outages the parent's watches were to end.
+
+        Their threads stayed in the parent: the child's next call tries its server (and
+        starts a watch of its own if the server is still silent).
+        """
+        self._lock = threading.Lock()
+        watches, self._by_address = self._by_address.values(), {}
+        for outage in (outage for watch in watches for outage in watch.outages):
+            outage.next_attempt, outage.watched = 0.0, None
+
     def _end(self, watch: _Watch) -> None:
         watch.over.set()
         if self._by_address.get(watch.address) is watch:
@@ -628,6 +639,10 @@ class Executor:
         if outage.watched is None:
             self._watches.join(outage, node.address, partial(self._start_watch, node))
         return outage
+
+    def forked(self) -> None:
+        """In a forked child: the watches' threads are not there (see :meth:`Watches.forked`)."""
+        self._watches.forked()
 
     def _start_watch(self, node: Node, watch: _Watch) -> None:
         threading.Thread(
