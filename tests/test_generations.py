@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import math
 import multiprocessing
 import queue
@@ -751,6 +752,50 @@ def test_a_full_redis_still_answers_a_grown_filters_members_and_loses_no_count(
     # Generation 1 holds what was added since it started, each counted once: no count
     # that rode on a refused add was lost, none counted twice.
     assert int(redis_client.bitfield(key).get("u32", COUNT_BIT).execute()[0]) == added + 2
+    bloom.close()
+
+
+@pytest.mark.parametrize("room", ["short", "plenty"])
+def test_growth_that_takes_redis_past_maxmemory_is_said_as_it_begins(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, room: str
+) -> None:
+    """The first shard to start a generation says when the others' will pass maxmemory.
+
+    Growth allocates each generation whole, and Redis lets the command that passes maxmemory
+    through: a scrapy-redis queue in the same Redis then had its pushes refused (requests
+    lost) with nothing from the filter. Four shards on one server, room for two of their
+    generations 1: said (once, and counted) when the first starts it; with room, nothing.
+    """
+    cfg = config(200_000, 0.01, BLOOMFILTER_SHARDS=4)
+    bloom = bloom_for(redis_client, cfg, cache_size=0)
+    elements = fingerprints(2 * cfg.capacity, "past")
+    bloom.add_many(elements[: cfg.capacity * 95 // 100])  # no shard grows yet (13 sigma below)
+    assert bloom.generations == 1
+    generation_1 = cfg.growth.generation(1).bits // 8  # one shard's
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    margin = 2 * generation_1 if room == "short" else 64 << 20
+    redis_client.config_set("maxmemory", used + margin)
+    try:
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            for element in elements[cfg.capacity * 95 // 100 :]:
+                bloom.check_and_add(element)
+                if bloom.generations > 1:  # the first shard: the others have not yet
+                    break
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert bloom.generations == 2
+    said = [r.getMessage() for r in caplog.records if "passes maxmemory" in r.getMessage()]
+    if room == "plenty":
+        assert said == []
+        assert bloom.events.counts["memory_short"] == 0
+        return
+    assert len(said) == 1, said
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    assert said[0].startswith(f"Redis at 127.0.0.1:{port} has "), said[0]
+    assert "as they start generation 1 and " in said[0]
+    assert "a scrapy-redis queue in the same Redis loses the requests it cannot push" in said[0]
+    assert bloom.events.counts["memory_short"] == 1
     bloom.close()
 
 

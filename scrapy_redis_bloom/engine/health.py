@@ -201,3 +201,32 @@ def warn_risks(key: str, servers: list[ServerHealth], expiring: bool = False) ->
                 else "refuse writes, and the Bloom filter's checks will fail",
             )
     return evicting
+
+
+def short_of_room(
+    key: str, address: str, info: dict[str, str], needs: list[tuple[int, int]]
+) -> str:
+    """Return the warning for a server the filter's growth takes past maxmemory, or "".
+
+    ``info``: the server's ``INFO memory`` fields; ``needs``: per generation about to be
+    started on it (the one a shard just started first), the bytes its shards there take.
+    """
+    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    if not limit or used + sum(need for _, need in needs) <= limit:
+        return ""
+    policy = info.get("maxmemory_policy", "")
+    effect = (
+        "refuses writes: the filter's checks fail (BLOOMFILTER_ON_ERROR), and a scrapy-redis"
+        " queue in the same Redis loses the requests it cannot push"
+        if policy == "noeviction"
+        else f"evicts keys (maxmemory-policy {policy or '?'}): the filter's parts"
+        " (BLOOMFILTER_ON_LOSS) or a scrapy-redis queue's requests"
+    )
+    steps = " and ".join(f"{format_bytes(need)} as they start generation {g}" for g, need in needs)
+    return (
+        f"Redis at {address} has {format_bytes(used)} used of maxmemory {format_bytes(limit)},"
+        f" and the Bloom filter {key!r} grows: its shards there take {steps}, which passes"
+        f" maxmemory. Redis then {effect}. Give Redis more memory, or the filter a Redis of its"
+        " own (BLOOMFILTER_REDIS_URL); size the next crawl's filter larger"
+        " (BLOOMFILTER_CAPACITY)."
+    )

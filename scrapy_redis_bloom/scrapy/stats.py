@@ -45,6 +45,7 @@ _EVENTS = {
     "lease_failed": "renewals of this worker's lease that failed (retried every second)",
     "grown": "generations a shard started because it held its capacity",
     "full": "checks of a shard past the capacity of its last generation",
+    "memory_short": "servers (per generation) whose maxmemory the filter's growth passes",
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
     "stats_failed": "times writing these stats to the crawl's stats collector failed (retried)",

@@ -25,6 +25,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome, item_count
@@ -32,7 +33,7 @@ from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
-from scrapy_redis_bloom.engine.health import info_fields
+from scrapy_redis_bloom.engine.health import info_fields, short_of_room
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import script_call, text
 from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
@@ -77,6 +78,8 @@ class RedisBloomFilter(FilterBase):
         #: whose lost parts it recreated (see :meth:`_again`).
         self._pause = 0.0
         self._recreated: set[int] = set()
+        #: (server, generation) whose room to grow was checked (see :meth:`_room_to_grow`).
+        self._room_checked: set[tuple[str, int]] = set()
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
@@ -696,6 +699,7 @@ class RedisBloomFilter(FilterBase):
                 f"{growth.generation(generations - 1).capacity:,}",
                 growth.generation(generations - 1).error_rate,
             )
+            self._room_to_grow(shard, generations - 1)
         if flags & scripts.FULL:
             self._report(
                 "full",
@@ -721,6 +725,41 @@ class RedisBloomFilter(FilterBase):
                 self.topology.describe(),
             )
             self.lifecycle.loss_found(self._current().ttl > 0)
+
+    def _room_to_grow(self, shard: int, started: int) -> None:
+        """Warn, once per server and generation, when growing takes the server past maxmemory.
+
+        A shard that starts generation ``started`` is followed by the others on its server
+        (they fill alike), and later by the next generation: said while the crawl runs, before
+        Redis refuses the writes of the crawl's queue or evicts keys. (``INFO`` refused or
+        failed: not checked.)
+        """
+        route = self.topology.route
+        address = route(self.parts.shard_key(shard), shard, None).address
+        if (address, started) in self._room_checked:
+            return
+        self._room_checked.add((address, started))
+        record = self._current()
+        there = sum(
+            route(self.parts.shard_key(s), s, None).address == address
+            for s in range(record.spec.shards)
+        )
+        growth = record.growth
+        needs = []
+        for g in range(started, min(started + 1, growth.last) + 1):  # it and the next
+            each = allocation(
+                layout.HEADER_BYTES + -(-growth.generation(g).bits // 8) + STRING_OVERHEAD
+            )
+            needs.append((g, (there - (g == started)) * each))  # (the shard's own is made)
+        try:
+            call = Call(pack_command(b"INFO", b"memory"), key=self.parts.shard_key(shard))
+            info = info_fields(self.parts.run("read INFO", [call])[0])
+        except BloomFilterError as exc:
+            logger.debug("Could not read INFO memory of Redis at %s: %s", address, exc)
+            return
+        warning = short_of_room(self.key, address, info, needs)
+        if warning:
+            self._report("memory_short", logging.WARNING, "%s", warning)
 
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, bulk: bool = False
