@@ -1,8 +1,6 @@
 """Dumping a filter to a stream: every part's bytes, chunked and checksummed (see :mod:`.dumpfile`).
 
-:func:`dump_filter` writes the record, the counters and the parts in pieces of at most
-:data:`PIECE` bytes, so memory stays flat: a bitmap filter's shards byte for byte, a native
-one's ``BF.SCANDUMP`` chunks. The parts are read piece after piece, not in one snapshot.
+Parts are read and written in pieces of at most :data:`PIECE` bytes, so memory stays flat.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ _GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
 class Summary:
     """What :func:`dump_filter` or :func:`.restore.restore_filter` wrote, and in how long.
 
-    ``source``: where the filter was dumped from; ``forced``: workers were live during a
-    dump; ``target``: where a restore wrote; ``replaced``: it deleted a filter there first.
+    ``forced``: workers were live during a dump; ``replaced``: a restore deleted a filter first.
     """
 
     key: str
@@ -95,16 +92,9 @@ def dump_filter(
 ) -> Summary:
     """Write the filter ``bloom`` reaches (a bitmap or native one) to ``out``; return a summary.
 
-    ``bloom`` needs no opening, of either class: the record read from Redis decides
-    (:func:`.inventory.probe` of the key will do). ``out`` is written sequentially.
-    ``progress(done, total)`` gets the data bytes dumped after each piece (``total`` estimated
-    from ``BF.INFO`` for a native filter, exact on the last call). Refuses, before writing,
-    with :class:`~..core.errors.BloomFilterError` subclasses: a missing filter, one being
-    created, one with a TTL (its windows expire on the source's clock), one with live workers
-    unless ``force`` (URLs added meanwhile may then be missing), one with a missing or foreign
-    shard. A part damaged or changed while read, or Redis failing, raises with the file
-    incomplete: without a trailer, a restore refuses it as truncated. ``worker_ttl``: the
-    workers' lease TTL, waited out after a restart of the registry's server.
+    ``bloom`` needs no opening: the record read from Redis decides (:func:`.inventory.probe`
+    will do). ``progress(done, total)``: data bytes dumped (a native ``total`` estimated).
+    A failure part way leaves the file without its trailer: a restore refuses it as truncated.
     """
     started = time.monotonic()
     parts = bloom.parts
@@ -294,8 +284,7 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
 def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
     """Yield every shard's ``BF.SCANDUMP`` chunks, one command each (each needs the last).
 
-    The first chunk describes the shard's sub-filters: one added meanwhile (a forced dump
-    while a worker grows it) would make a file no restore can load, so it is refused.
+    A sub-filter added meanwhile would make a file no restore can load: refused.
     """
     for shard, key in keys:
         info = Call(pack_command(b"BF.INFO", key), key=key, shard=shard)

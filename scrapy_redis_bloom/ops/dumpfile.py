@@ -1,23 +1,14 @@
 """The dump file of a filter: a versioned header, checksummed chunks, a checksummed trailer.
 
-Written and read as a stream, one chunk at a time, so memory stays flat whatever the
-filter's size (see :mod:`.dump` for what goes into it). All integers big-endian.
+Written and read as a stream, so memory stays flat. All integers big-endian.
 
-* **Header**: the magic ``SRBDUMP`` and a NUL byte (8 bytes), the format version (u16,
-  :data:`VERSION`), the length of the header's JSON (u32), the JSON, and the CRC32 of
-  the JSON (u32). The JSON holds the filter's key, its config record (the hash fields
-  of ``KEY:meta``, see :mod:`..core.record`), its counters, where it was dumped from (for
-  information only: a restore may go to another topology) and when.
-* **Chunks**, each a frame: ``C``, the part's kind (u8: 0 a bitmap shard's
-  generation, 1 a native ``BF.*`` shard), shard (u32), generation (u16), position
-  (u64: a bitmap's byte offset, or the ``BF.SCANDUMP`` iterator of a native chunk),
-  data length (u32), CRC32 of the data (u32), then the data. A part's chunks follow
-  each other, in order.
-* **Trailer**: ``E``, the number of parts (u64), of chunks (u64), of data bytes (u64),
-  then the SHA-256 of every byte of the file before it (32 bytes). Nothing may follow.
-
-A file that is truncated, corrupted, of another format or version, or followed by
-extra bytes raises :class:`DumpFileError` naming the problem and where it is.
+* **Header**: ``SRBDUMP`` and a NUL byte, the version (u16), the JSON's length (u32), the
+  JSON (key, config record, counters, source, time), its CRC32 (u32).
+* **Chunks**: ``C``, kind (u8: 0 bitmap, 1 native), shard (u32), generation (u16), position
+  (u64: byte offset, or ``BF.SCANDUMP`` iterator), length (u32), CRC32 (u32), the data.
+  A part's chunks follow each other, in order.
+* **Trailer**: ``E``, counts of parts, chunks and data bytes (u64 each), then the SHA-256
+  of every byte before it. Nothing may follow.
 """
 
 from __future__ import annotations
@@ -30,16 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-#: First bytes of a dump file.
 MAGIC = b"SRBDUMP\0"
-#: Version of the format described above.
 VERSION = 1
-#: Kinds of parts a chunk belongs to.
-BITMAP, NATIVE = 0, 1
-#: Largest chunk a reader accepts: a bitmap's are 1 MiB, BF.SCANDUMP's far below this.
-MAX_CHUNK = 1 << 30
-#: Largest header JSON a reader accepts.
-MAX_HEADER = 1 << 20
+BITMAP, NATIVE = 0, 1  #: Kinds of parts a chunk belongs to.
+MAX_CHUNK = 1 << 30  #: Largest chunk a reader accepts: a bitmap's are 1 MiB.
+MAX_HEADER = 1 << 20  #: Largest header JSON a reader accepts.
 
 _START = struct.Struct("!8sHI")
 _CHUNK = struct.Struct("!BIHQII")
@@ -124,7 +110,7 @@ class DumpWriter:
 class DumpReader:
     """Reads a dump file from ``inp`` (``name`` in messages) as a stream, checking every checksum.
 
-    The file is known whole (:attr:`totals` set) only once :meth:`chunks` reached its end.
+    :attr:`totals` is set once :meth:`chunks` reached the end: the file is then known whole.
     """
 
     def __init__(self, inp: BinaryIO, name: str) -> None:

@@ -1,8 +1,7 @@
-"""A filter as it is in Redis, read without opening it: what the operations CLI needs.
+"""A filter as it is in Redis, read without opening it (which repairs): what the CLI needs.
 
-Opening a filter repairs what it may (:mod:`..engine.lifecycle`); inspecting or deleting one
-must see it as it is, even too broken to open: these compare the parts with the record, and
-find by ``SCAN`` the parts of a filter without a usable record that provably are its own.
+Compares the parts with the record, and finds by ``SCAN`` the parts that provably are a
+filter's when it has no usable record.
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Geometry of a filter built before its record is read. Nothing that touches bits
-#: may be asked of such a filter: only what needs no geometry (records, workers, SCAN).
+#: Geometry of a filter built before its record is read: ask it nothing that touches bits.
 UNKNOWN_SPEC = FilterSpec(shards=1, shard_bits=1, hash_count=1)
-#: COUNT hint of each SCAN call (and of migrate's SSCAN).
-SCAN_COUNT = 1000
-#: Fields of the counter hash.
+SCAN_COUNT = 1000  #: COUNT hint of each SCAN call (and of migrate's SSCAN).
 COUNTER_FIELDS = frozenset({"added", "seen"})
 
 
@@ -59,10 +55,7 @@ def read_record(bloom: RedisBloomFilter) -> StoredRecord | None:
 
 
 def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredRecord:
-    """Make a record of the hash read back, if it can be trusted.
-
-    One claiming more shards than its servers hold keys is refused: SCAN finds its parts.
-    """
+    """Make a record of the hash read back, if it can be trusted (not more shards than keys)."""
     meta = bloom.parts.meta_key
     try:
         record = FilterRecord.parse(meta, fields)
@@ -108,10 +101,7 @@ def addresses(bloom: RedisBloomFilter) -> list[str]:
 
 
 def cluster_nodes(bloom: RedisBloomFilter) -> list[str]:
-    """Return the addresses of the listed standalone servers that are Redis Cluster nodes.
-
-    Such a server answers ``MOVED`` for most keys; one not answering ``INFO cluster`` is left out.
-    """
+    """Return the addresses of the listed standalone servers that are Redis Cluster nodes."""
     if isinstance(bloom.topology, Cluster):
         return []
     found = []
@@ -184,7 +174,6 @@ def scan(bloom: RedisBloomFilter, pattern: str) -> list[tuple[int, str]]:
 
 
 OrphanKind = Literal["shard", "native", "marker", "counters", "record"]
-#: The parts that are hashes; the others are strings.
 _HASHES = ("counters", "record")
 
 
@@ -192,8 +181,7 @@ _HASHES = ("counters", "record")
 class Orphan:
     """A key named like a part of the filter, found on server ``server`` at ``address``.
 
-    ``kind`` is the part it was proven to be, or None if nothing proves it is the filter's
-    (then it is left alone); ``proof`` is what proved it, compared again when deleting.
+    ``kind``: the part it was proven to be (None: left alone); ``proof``: checked when deleting.
     """
 
     key: str
@@ -208,11 +196,7 @@ class Orphan:
 
 @dataclass(frozen=True, slots=True)
 class Orphans:
-    """What :func:`find_orphans` found: parts to delete, and keys to leave alone.
-
-    ``blocking``: config records that make deleting unsafe, on another server than the
-    record's (servers listed in another order) or usable (the filter was created since).
-    """
+    """What :func:`find_orphans` found; ``blocking``: records that make deleting unsafe."""
 
     deletable: tuple[Orphan, ...] = ()
     kept: tuple[Orphan, ...] = ()
@@ -222,18 +206,10 @@ class Orphans:
 def find_orphans(bloom: RedisBloomFilter) -> Orphans:
     """Find, on every server or master, the parts of the filter ``bloom.key`` by SCAN.
 
-    Only what carries a filter id, or cannot be anything else, is deletable:
-
-    * ``{KEY:<n>}:g<m>`` and ``{KEY:<n>}:w<w>:g<m>`` (a generation, a re-crawl window): a
-      string whose header is a layout-2 identity of shard ``n``;
-    * ``{KEY:<n>}:bf:<id>`` and ``{KEY:<n>}:bf:<id>:w<w>`` (native): a RedisBloom filter;
-    * ``KEY:server``: a string ``<32 hex digits> <i>/<n>``;
-    * ``KEY:count``: a hash whose fields are among ``added`` and ``seen``;
-    * ``KEY:meta``: a hash with the fields every record has (an unusable record), on
-      the server that holds the record.
-
-    Anything else so named is kept. Other keys (``KEY:workers``, keys that merely look
-    alike) are not listed at all.
+    Only what carries a filter id, or cannot be anything else, is deletable: a shard string
+    whose header is its identity, a RedisBloom filter named with an id, a server marker, a
+    counter hash of ``added``/``seen``, a record hash on the record's server. Others so named
+    are kept; ``KEY:workers`` and keys merely alike are not listed.
     """
     key = bloom.key
     parts = r"(?:(?:w[0-9]+:)?g[0-9]+|bf:[0-9a-f]{32}(?::w[0-9]+)?)"  # bitmap | native
@@ -362,10 +338,7 @@ def _as_record(
 
 
 def delete_orphans(bloom: RedisBloomFilter, orphans: Sequence[Orphan]) -> list[Orphan]:
-    """Delete proven parts, each only if it is still what was proven; return those deleted.
-
-    The config record goes last, as :meth:`..engine.parts.Parts.delete` does it.
-    """
+    """Delete proven parts (the record last), each only if still what was proven; return them."""
     order = sorted((o for o in orphans if o.kind is not None), key=lambda o: o.kind == "record")
     calls = [bloom.parts.delete_if_still(o.key, o.kind or "", o.proof, o.server) for o in order]
     replies = bloom.parts.run("delete the filter's orphaned parts", calls, write=True, take=int)

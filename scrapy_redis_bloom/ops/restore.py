@@ -1,9 +1,7 @@
-"""Restoring a dump (see :mod:`.dumpfile`, :mod:`.dump`) into any topology, all or nothing.
+"""Restoring a dump (see :mod:`.dumpfile`) into any topology, all or nothing.
 
-:func:`restore_filter` reads the file twice: first to verify it whole, writing nothing; then
-to write the parts, counters and markers, and the config record last, so no worker uses the
-filter before it is whole. On failure every key written is deleted. The filter keeps its id,
-geometry, sizing, creation time and counters: workers set up as for the source adopt it.
+The file is read twice: verified whole, then written, the config record last so no worker
+uses the filter before it is whole; on failure every key written is deleted.
 """
 
 from __future__ import annotations
@@ -36,11 +34,9 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Keys named in a message, at most.
-NAMED = 5
-#: Room a restore needs on a server beside its parts: the pieces pipelined to it, up to
-#: :data:`.dump.PIECE` and one more chunk, which Redis holds in its query buffer (at most
-#: the server's data); and the counters, markers, record and the commands' framing.
+NAMED = 5  #: Keys named in a message, at most.
+#: Room a restore needs on a server beside its parts: the pieces pipelined to it (in Redis's
+#: query buffer), and the counters, markers, record and the commands' framing.
 WRITING_ROOM = 2 * dump.PIECE
 WRITING_SLACK = 64 << 10
 
@@ -65,11 +61,7 @@ class VerifiedDump:
 
 
 def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> VerifiedDump:
-    """Check a whole dump file (pass 1), ``progress(bytes read)`` after each chunk; write nothing.
-
-    The chunks must make the filter its record describes, each part whole and in order.
-    Raises :class:`~.dumpfile.DumpFileError` naming the first problem found.
-    """
+    """Check a whole dump file makes the filter its record describes (pass 1); write nothing."""
     reader = DumpReader(inp, name)
     fail = reader.refuse
     header = reader.header()
@@ -177,17 +169,10 @@ def restore_filter(
 ) -> Summary:
     """Restore the dump in ``inp`` as the filter ``key`` on the servers ``client`` reaches.
 
-    ``client``: the target topology, as :class:`~..engine.bitmap.filter.RedisBloomFilter`
-    takes it. ``inp``: a seekable binary file (read twice) from its current position.
-    ``progress(done, total)``: file bytes processed over both passes (``total``: twice the
-    size). ``replace``: delete a filter already under ``key`` (once the file is verified,
-    unless workers hold leases on it) instead of refusing. ``name`` names the file in
-    messages (default: ``inp.name``).
-
-    Raises :class:`~.dumpfile.DumpFileError` for a bad file, :class:`FilterExistsError`
-    for a taken key, :class:`~..core.errors.BloomFilterError` subclasses for Redis failures;
-    in every case nothing of the restore is left on the target (with ``replace``, the
-    filter that was there is gone too once the file and the target were checked).
+    ``inp``: seekable (read twice) from its current position. ``progress(done, total)``: file
+    bytes over both passes. ``replace``: delete a filter already under ``key`` (once the file
+    is verified, and no worker holds a lease) instead of refusing. On any error nothing of
+    the restore is left on the target.
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))
@@ -325,8 +310,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: fl
 def _processes(bloom: FilterBase) -> list[str]:
     """Return the ``run_id`` of every server process ("" where ``INFO`` is refused), sorted.
 
-    A restore that began on other processes may have lost what it wrote (Redis restarted
-    from an older snapshot, a replica promoted before it had every write) and said nothing.
+    A restore that began on other processes may have lost what it wrote, silently.
     """
     count = len(bloom.topology.primaries())
     calls = [Call(pack_command(b"INFO", b"server"), server=i) for i in range(count)]
@@ -419,8 +403,7 @@ def _check_written(
 ) -> None:
     """Raise if a part, the counters or a marker the restore wrote is gone (evicted).
 
-    Before the record is written: a worker would adopt a filter with parts missing. A
-    bitmap part must carry its identity; a native one be a Bloom filter.
+    Before the record is written: a worker would adopt a filter with parts missing.
     """
     parts = bloom.parts
     native_kind = target.backend == "native"
@@ -477,8 +460,7 @@ def _check_written(
 def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
     """Run ``undo``, deleting what a failed restore wrote: the record first, so no worker adopts.
 
-    Through an executor of its own: the restore's may be failing fast after an outage (an
-    out-of-memory Redis refuses writes, yet ``DEL`` runs). Raises :class:`RestoreFailedError`.
+    Through an executor of its own: the restore's may be failing fast after an outage.
     """
     parts = Parts(Executor(bloom.topology, bloom.faults.retry_timeout), bloom.key, bloom.parts.spec)
     try:

@@ -1,9 +1,7 @@
 """One Redis server as the filter talks to it: a connection it owns, every reply accounted.
 
-A :class:`Node` keeps a ticket for every batch whose replies are owed, and hands a reply only
-to its own ticket. When anything fails between a send and its last reply, the connection is
-thrown away with everything owed on it, so no reply is read later as another command's. The
-connection has the client's settings, but redis-py's retries and health checks off.
+A reply goes only to its batch's ticket; a failure between a send and its last reply throws
+the connection away with all owed on it, so no reply is read later as another command's.
 """
 
 from __future__ import annotations
@@ -42,12 +40,10 @@ IDLE_CHECK = 1.0  #: Seconds a connection may sit unused before a send checks it
 #: Errors of the connection itself, after which it is thrown away.
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 _PLAIN = frozenset((bytes, int))  #: Replies that need no check (:func:`_replies`).
-#: Error replies: read in full, so the stream stays in step. (redis-py raises -LOADING
-#: and -NOAUTH as ConnectionError subclasses, although they are replies.)
+#: Error replies (redis-py raises -LOADING and -NOAUTH as ConnectionError subclasses).
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
-#: Asks whether a server carries out commands again: a script no one loaded, which runs
-#: nothing (``NOSCRIPT``) but waits, as the filter's writes do, while a ``CLIENT PAUSE WRITE``
-#: holds them (Redis's ``FAILOVER``, a ``CLUSTER FAILOVER``), where a ``PING`` is answered.
+#: Asks whether a server runs commands again: a script no one loaded, which runs nothing but
+#: waits, as writes do, during a ``CLIENT PAUSE WRITE`` (a failover), which a ``PING`` does not.
 _PROBE = pack_command(b"EVALSHA", b"0" * 40, 0)
 
 
@@ -112,10 +108,7 @@ def connection_factory(pool: Any) -> Callable[[], Any]:
 
 
 def _replies(connection: Any) -> Callable[[int], list[Any]]:
-    """Return what reads a connection's next ``count`` replies; an error reply as its exception.
-
-    With hiredis, straight from its reader: a bulk call reads a reply per block (bench/NOTES.md).
-    """
+    """Return what reads a connection's next ``count`` replies (with hiredis: from its reader)."""
     parser: Any = getattr(connection, "_parser", None)
     read: Callable[[], Any] = functools.partial(connection.read_response, disconnect_on_error=False)
     if parser is not None and callable(getattr(parser, "read_response", None)):
@@ -162,11 +155,7 @@ def _one_by_one(read: Callable[[], Any], count: int) -> list[Any]:
 
 
 def _local_tls_problem(connection: Any) -> str | None:
-    """Return why a TLS connection's own files do not load; None if they do, or without TLS.
-
-    A certificate without its key, a key of another certificate, an unreadable file.
-    Asked after a failed connect only: such a failure is a setting to fix, not an outage.
-    """
+    """Return why a TLS connection's own files do not load (a setting to fix, not an outage)."""
     certfile, keyfile = getattr(connection, "certfile", None), getattr(connection, "keyfile", None)
     cafile, capath = getattr(connection, "ca_certs", None), getattr(connection, "ca_path", None)
     if not (certfile or keyfile or cafile or capath):
@@ -218,10 +207,7 @@ class Node:
         return ticket in self._owed
 
     def _connect(self, check: bool = False) -> Any:
-        """Return the connection, a new one if there is none or it was found closed.
-
-        Checked when idle for :data:`IDLE_CHECK`, or when ``check`` (some µs: not per hot check).
-        """
+        """Return the connection, a new one if none or found closed (idle or ``check``)."""
         if self._pid != os.getpid():  # a forked child: the socket is the parent's
             self._connection, self._pid = None, os.getpid()
             self._owed.clear()
@@ -241,8 +227,7 @@ class Node:
                 raise RefusedError(self.address, exc) from exc
             except CONNECTION_ERRORS as exc:
                 connection.disconnect()
-                # A certificate that did not verify, or the client's own TLS files that do
-                # not load, are no fault: retrying cannot help.
+                # A certificate that did not verify, or TLS files that do not load: no retry helps.
                 causes = (exc, exc.__cause__, exc.__context__)
                 why = _local_tls_problem(connection)
                 if (
@@ -308,10 +293,9 @@ class Node:
         serial: int | None = None,
         check: bool = False,
     ) -> Ticket:
-        """Send ``count`` packed commands; return a ticket.
+        """Send ``count`` packed commands; return a ticket (``serial``: only on that connection).
 
-        ``serial``: only on that connection. ``check``: first make sure the server has not
-        closed it, however recently used (a batch's calls would all be in doubt).
+        ``check``: first make sure the server has not closed it, however recently used.
         """
         connection = self._connect(check)
         if serial is not None and serial != self._serial:
@@ -332,8 +316,7 @@ class Node:
         read = self._read_replies
         if read is None or ticket not in self._owed:  # (every drop empties it)
             raise ReplyLostError(self.address, "the connection was dropped before the replies came")
-        if self._owed[0] is not ticket:
-            # An earlier batch left unread: its replies come first, none can be this batch's.
+        if self._owed[0] is not ticket:  # an earlier batch's replies come first
             self.abandon()
             raise ReplyLostError(self.address, "replies owed to an earlier batch were not read")
         try:

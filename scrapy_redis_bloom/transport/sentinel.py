@@ -1,8 +1,7 @@
 """A Redis client of the primary a group of Sentinels names, followed through failovers.
 
 :class:`SentinelRedis` fits scrapy-redis's ``REDIS_PARAMS["redis_cls"]``, so its queue and this
-filter share the primary (docs/howto/topologies.md). Unless ``retry`` is given, a command that
-meets a dead primary is retried for about :data:`FAILOVER_RETRIES` seconds.
+filter share the primary (docs/howto/topologies.md).
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ FAILOVER_RETRIES = 60
 class Sentinels(Sentinel):
     """redis-py's :class:`~redis.sentinel.Sentinel`, whose errors name each Sentinel by address.
 
-    redis-py's name them by their clients' repr (a thousand characters each), and take a
-    server that is no Sentinel for a failing one. ``source`` names the setting that lists them.
+    (redis-py's name them by a long repr, and take a server that is no Sentinel for a failing
+    one.) ``source`` names the setting that lists them.
     """
 
     source = "BLOOMFILTER_REDIS_SENTINELS"
@@ -93,8 +92,7 @@ def _address(sentinel: Any) -> str:
 class PrimaryConnection(SentinelManagedConnection):
     """A connection to the Sentinel's primary that follows it, even on a reconnect.
 
-    An old primary that refuses writes (``NOREPLICAS``) makes it drop itself and raise
-    ``ConnectionError``, so the command (not run) is retried on the new one.
+    An old primary refusing writes makes it raise ``ConnectionError``: retried on the new one.
     """
 
     def connect_check_health(
@@ -132,9 +130,8 @@ class PrimarySSLConnection(PrimaryConnection, SSLConnection):
 class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
-    ``sentinels``: ``"host:port"`` strings or ``(host, port)`` pairs; ``sentinel_kwargs``: the
-    arguments of the connections to the sentinels; ``setting``: named in errors. Every other
-    argument is the primary's, as for ``redis.Redis``, but ``host``, ``port`` and ``url``.
+    ``sentinels``: ``"host:port"`` or ``(host, port)``; ``sentinel_kwargs``: the sentinels'
+    connections' arguments; ``setting``: named in errors; the others as for ``redis.Redis``.
     """
 
     def __init__(
@@ -185,7 +182,7 @@ class SentinelRedis(redis.Redis):
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SentinelRedis:
-        """Refuse a URL: it names one server, where the sentinels are to name the primary."""
+        """Refuse a URL: the sentinels name the primary."""
         raise ValueError(
             "The REDIS_URL setting names one server, but REDIS_PARAMS makes the client"
             " SentinelRedis, whose primary the sentinels name: remove REDIS_URL (give the"
