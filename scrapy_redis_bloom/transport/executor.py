@@ -1,10 +1,8 @@
 """Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
 
-Every command goes through :meth:`Executor.run` (batches of :class:`Call`, pipelined per node)
-or a :class:`Session` (rounds on one connection). Each reply is sorted (:func:`classify`);
-"not now" errors and lost replies are retried with backoff until ``retry_timeout`` (a write
-whose reply was lost marked **ambiguous**), then one attempt a second until Redis answers
-again, so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
+"Not now" replies and lost replies are retried with backoff until ``retry_timeout`` (a write
+whose reply was lost is marked **ambiguous**), then tried once a second until Redis answers,
+so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -56,13 +54,10 @@ from scrapy_redis_bloom.transport.wire import Script, pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Backoff between retry rounds: from the first, doubling, up to the last.
-FIRST_BACKOFF = 0.05
+FIRST_BACKOFF = 0.05  #: Backoff between retry rounds: from this, doubling, up to MAX_BACKOFF.
 MAX_BACKOFF = 1.0
-#: After the retry timeout ran out, at most one attempt per this many seconds.
-PROBE_INTERVAL = 1.0
-#: Seconds past twice the retry timeout after which :meth:`Executor.stumbled`'s note is forgotten.
-STALE = 10.0
+PROBE_INTERVAL = 1.0  #: After the retry timeout ran out, at most one attempt per this many s.
+STALE = 10.0  #: Seconds past twice the retry timeout when :meth:`Executor.stumbled` is forgotten.
 MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
 _ASKING = pack_command(b"ASKING")
@@ -78,8 +73,7 @@ class Kind(Enum):
     MOVED = "moved"
     ASK = "ask"
     LATER = "later"
-    #: A script stopped part way by its cluster (a slot migrating, the cluster down): tried
-    #: again later. Its writes before that stand: a write's retry may find its own bits.
+    #: A script its cluster stopped part way: tried again later; its writes before that stand.
     PARTIAL = "partial"
 
 
@@ -88,9 +82,8 @@ class Kind(Enum):
 _ACT_ON: dict[str, Kind] = {"NOSCRIPT": Kind.NOSCRIPT, "MOVED": Kind.MOVED, "ASK": Kind.ASK}
 _ACT_ON.update(dict.fromkeys(("OOM", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN"), Kind.LATER))
 _ACT_ON.update(dict.fromkeys(("MASTERDOWN", "READONLY", "NOREPLICAS", "MISCONF"), Kind.LATER))
-#: How Redis words a script stopped by its cluster: "Script attempted to access a non local
-#: key in a cluster node", "... to execute a (write) command while the cluster is down"
-#: (Redis 6.2: "Lua script attempted to ...", hence no first letter in the pattern).
+#: A script stopped by its cluster ("Script attempted to access a non local key...", "... to
+#: execute a (write) command while the cluster is down"; Redis 6.2: "Lua script attempted").
 _STOPPED = re.compile(r"cript attempted to (?:access a non local key|execute .* cluster is down)")
 
 
@@ -130,19 +123,14 @@ def error_code(reply: BaseException) -> str:
 def acl_denial(reply: Any) -> str | None:
     """Say whether a reply is a Redis ACL refusal: ``"command"``, ``"key"``, or None.
 
-    Redis words it by version and place: ``NOPERM this user has no permissions to run ...`` or
-    ``... to access one of the keys ...``; in a script (no ``NOPERM``), ``The user executing
-    the script can't run this command ...`` or ``... can't access at least one of the keys``;
-    Valkey 9, in a script: ``ACL failure in script: User ... has no permissions to run ...``.
+    Worded by version and place: ``NOPERM ...``; in a script ``The user executing the script
+    can't ...``; Valkey 9, in a script: ``ACL failure in script: ...``.
     """
     if reply.__class__ is int or not isinstance(reply, ResponseError):
         return None
     message = error_text(reply)
-    if (
-        not message.startswith("NOPERM")
-        and "user executing the script can't" not in message
-        and not message.startswith("ACL failure in script")
-    ):
+    scripted = "user executing the script can't" in message
+    if not (scripted or message.startswith(("NOPERM", "ACL failure in script"))):
         return None
     # The command is named in quotes ('hkeys'): look at Redis's words around it only.
     if "no permissions to run" in message or "can't run this command" in message:
@@ -192,16 +180,14 @@ class Commit(Enum):
     ABORTED = "aborted"  #: A watched key changed: nothing ran.
     REFUSED = "refused"  #: A queued command was refused (``EXECABORT``): nothing ran.
     UNSENT = "unsent"  #: Nothing was sent: the transaction's connection was gone.
-    #: The writes may have run, in part or outside the transaction: a lost reply, or
-    #: replies that are not this transaction's.
+    #: The writes may have run, in part or outside it: a lost reply, or replies not its own.
     DOUBT = "doubt"
 
 
 def settled(replies: list[Any], queued: int) -> tuple[Commit, Any]:
-    """Sort a transaction's last replies: its ``queued`` commands' then ``EXEC``'s.
+    """Sort a transaction's replies (its ``queued`` commands', then ``EXEC``'s): what it did.
 
-    Returns what it did, with ``EXEC``'s results (DONE) or the refusal (REFUSED). Replies not
-    matched to the transaction are a doubt.
+    With ``EXEC``'s results (DONE) or the refusal (REFUSED). Replies not its own: a doubt.
     """
     *queue, result = replies
     refused = None
@@ -254,8 +240,7 @@ class Call:
     shard: int | None = None
     server: int | None = None
     script: Script | None = None
-    #: A write that must not run twice, in part or whole: sent instead once it may have run
-    #: (marked ambiguous; its reply is then this one's). ``b""``: nothing, its reply None.
+    #: Sent instead once a write that must not run twice may have run (``b""``: nothing).
     resend: bytes | None = None
 
 
@@ -272,8 +257,8 @@ class Results:
 class Session:
     """Rounds of pipelined commands on one node, every round on the first one's connection.
 
-    The first :meth:`post` may connect; a later one goes on that connection or raises
-    :class:`NotSentError` with nothing sent: a transaction's writes never run outside it.
+    A later round raises :class:`NotSentError` if that connection is gone, sending nothing:
+    a transaction's writes never run outside it.
     """
 
     __slots__ = ("_began", "_executor", "_probing", "_serial", "_shut", "_write", "node")
@@ -284,8 +269,8 @@ class Session:
         self.node = node
         self._executor, self._write, self._probing = executor, write, probing
         self._serial: int | None = None  # the connection of the first round
-        self._shut = shut  #: Why no round is sent (its first failed, an outage), or None.
-        self._began = 0.0  # when its first round was sent (a failure's attempt began then)
+        self._shut = shut  # why no round is sent (its first failed, an outage), or None
+        self._began = 0.0  # when its first round was sent
 
     def post(self, payload: bytes | Sequence[bytes | memoryview], count: int) -> Ticket:
         """Send ``count`` packed commands; return their replies' ticket (:meth:`.Node.send`)."""
@@ -326,7 +311,7 @@ class Session:
         """Send a transaction's commands and ``EXEC``: the ticket, or UNSENT/DOUBT if it failed."""
         try:
             return self.post(payload, queued + 1)
-        except (NotSentError, RefusedError):  # (refused: only ever when connecting anew)
+        except (NotSentError, RefusedError):
             return Commit.UNSENT, None
         except ReplyLostError as exc:
             return Commit.DOUBT, exc
@@ -368,7 +353,6 @@ class _Outage:
     why: str
     where: str
     next_attempt: float = 0.0
-    #: The watch of a server that stopped answering (:meth:`Executor._watch`), while it waits.
     watched: _Watch | None = None
 
 
@@ -382,11 +366,9 @@ class _Watch:
 
 
 class Watches:
-    """The watches of servers that stopped answering: one per address, for a filter's executors.
+    """The watches of silent servers, one per address, shared by a filter's executors.
 
-    The filter's executor holds it, its lease's (``follows``) shares it: a silent server is
-    asked once a second, whichever executor found it silent. A watch ends when its server
-    answers, ending every outage it serves, or when none is left (recovered, closed).
+    A silent server is asked once a second, whichever executor found it silent.
     """
 
     def __init__(self) -> None:
@@ -452,18 +434,15 @@ class _Batch:
     later: list[int] = field(default_factory=list)  # after a backoff
     failure: BaseException | None = None
     where: str = ""
-    #: The nodes whose results the rounds since the last failed one took (who answered).
+    #: The nodes that answered in the rounds since the last failed one.
     answered: list[str] = field(default_factory=list)
     asked: set[int] = field(default_factory=set)  #: Calls sent after ``ASKING`` in the round.
     given: list[Call] = field(default_factory=list)  #: The caller's calls (``calls``: as sent).
-    #: Per node and script: its load's outcome (many NOSCRIPT replies, one SCRIPT LOAD).
+    #: Per node and script: its SCRIPT LOAD's outcome (one for many NOSCRIPT replies).
     loads: dict[tuple[int, str], TransportError | None] = field(default_factory=dict)
 
     def doubt(self, i: int) -> bool:
-        """Mark call ``i`` as one that may have run; return whether to send it again.
-
-        A call with a :attr:`Call.resend` sends that from now on (nothing if empty).
-        """
+        """Mark call ``i`` as one that may have run; return whether to send it (or its resend)."""
         self.ambiguous[i] = True
         call = self.calls[i]
         if call.resend is None:
@@ -477,8 +456,7 @@ class _Batch:
 class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
-    One per thread (its nodes are not thread-safe). With ``follows`` (the filter's executor,
-    for the lease's), it fails fast while that one does too, and shares its :class:`Watches`.
+    One per thread. With ``follows`` (the filter's, for the lease's), fails fast while it does.
     """
 
     def __init__(
@@ -491,13 +469,11 @@ class Executor:
     ) -> None:
         self.topology = topology
         self.retry_timeout = retry_timeout
-        #: Where ``retry_timeout`` comes from, as its errors name it.
         self.budget = budget if budget is not None else Wording("{BLOOMFILTER_RETRY_TIMEOUT}")
         self.events = events if events is not None else FilterEvents()
-        #: Called when Redis refuses a script: raises the error naming what is missing.
+        #: Raises the error naming what a refused script lacks.
         self.explain_denial: Callable[[], None] | None = None
-        #: Per kind of command (write or not: an out-of-memory Redis still serves reads): an
-        #: outage after which runs fail fast.
+        #: Per kind of command (an out-of-memory Redis still serves reads): runs fail fast.
         self._outages: dict[bool, _Outage] = {}
         #: The other thread's outages, read only (a dict lookup, safe across threads).
         self._followed = follows._outages if follows is not None else {}
@@ -519,39 +495,37 @@ class Executor:
     ) -> Results:
         """Run the calls; return their replies. ``operation`` names them in errors.
 
-        ``write``: a call whose lost reply is sent again (or its :attr:`Call.resend`) is
-        marked ambiguous. ``timeout`` replaces the retry timeout (0: one attempt), counted
-        from ``since`` (``monotonic()``);
-        ``prior``: how an attempt made then failed (the hot path's), so this is a retry.
-        Raises :class:`FilterUnavailableError` when Redis does not answer in time (``partial``:
-        returns the replies it has, None for others, the error in :attr:`Results.failure`).
+        ``write``: a lost reply's call sent again (or its resend) is marked ambiguous.
+        ``timeout`` replaces the retry timeout (0: one attempt), counted from ``since``;
+        ``prior``: how the hot path's attempt then failed. Raises :class:`FilterUnavailableError`
+        when Redis does not answer in time (``partial``: returns it in :attr:`Results.failure`,
+        None for the replies it lacks).
         """
         started = time.monotonic() if since is None else since
         # An exchange that failed just before (a bulk call's session) began the retry window;
         # a run of one attempt leaves it to the retries.
         failed_at = self._stumbling()
-        if failed_at is not None:
-            if timeout is not None:
-                failure = FilterUnavailableError(
-                    f"{self.topology.describe()} could not {operation}: an exchange failed"
-                    " just before (left to the retries).",
-                    operation=operation,
-                )
-                if partial:
-                    return Results([None] * len(calls), [False] * len(calls), failure)
-                raise failure
+        failure = None
+        if failed_at is not None and timeout is not None:
+            failure = FilterUnavailableError(
+                f"{self.topology.describe()} could not {operation}: an exchange failed"
+                " just before (left to the retries).",
+                operation=operation,
+            )
+        elif failed_at is not None:
             self._stumbled = None
             started = min(started, failed_at)
         # A stalled server (each attempt waits a socket timeout) costs the budget and one more.
         end = started + (self.retry_timeout if timeout is None else timeout)
         outage = self._outages.get(write) or self._followed.get(write)
-        if outage is not None:
+        if outage is not None and failure is None:
             if started < outage.next_attempt:
                 failure = self._still_failing(operation, outage, started)
-                if partial:
-                    return Results([None] * len(calls), [False] * len(calls), failure)
-                raise failure
             end = started  # one attempt: it has been failing for a while
+        if failure is not None:
+            if partial:
+                return Results([None] * len(calls), [False] * len(calls), failure)
+            raise failure
         batch = _Batch(
             operation, calls, write, [None] * len(calls), [False] * len(calls), given=calls
         )
@@ -592,8 +566,7 @@ class Executor:
             if isinstance(batch.failure, TransportError):
                 self.topology.refresh()
         if not self._recovered(write) and first_failure:
-            # A fault ridden through (a restart, a failover, a pause): said, not only counted,
-            # naming who answered (after a failover, not the node that failed).
+            # A fault ridden through is said, naming who answered (after a failover, another).
             by = ", ".join(dict.fromkeys(batch.answered)) or where or self.topology.describe()
             took_over = batch.answered and where and where not in batch.answered
             self._retry_log.log(
@@ -611,10 +584,7 @@ class Executor:
         return Results(batch.replies, batch.ambiguous)
 
     def refusal(self, operation: str, write: bool) -> FilterUnavailableError | None:
-        """Return the error :meth:`run` fails fast with now (its outage or the followed's), or None.
-
-        Read without the connections: a thread may say so while another uses them.
-        """
+        """Return the error :meth:`run` fails fast with now, or None (uses no connection)."""
         outage = self._outages.get(write) or self._followed.get(write)
         now = time.monotonic()
         if outage is None or now >= outage.next_attempt:
@@ -653,10 +623,9 @@ class Executor:
         ).start()
 
     def _watch(self, watch: _Watch, node: Node) -> None:
-        """Ask a server that stopped answering for a ``PING`` once a second, until it answers.
+        """Ask a silent server once a second, in a thread, until it answers; survive anything.
 
-        In a thread, on connections of its own: the crawl's calls fail fast meanwhile instead
-        of each waiting a socket timeout. Survives anything (logged, tried a second later).
+        Meanwhile the crawl's calls fail fast instead of each waiting a socket timeout.
         """
         while not watch.over.wait(PROBE_INTERVAL):
             try:
@@ -680,10 +649,9 @@ class Executor:
                 return
 
     def stumbled(self, began: float) -> None:
-        """Note an exchange outside :meth:`run` that failed, begun at ``began`` (monotonic).
+        """Note a failed exchange outside :meth:`run`, begun at ``began``: the next run's window.
 
-        Its start begins the retry window of the next :meth:`run`: a bulk call that goes to
-        Redis several ways ends within the retry timeout and one socket timeout, as a check does.
+        So a bulk call going to Redis several ways ends within the retry timeout, as a check does.
         """
         if self._stumbled is None:
             self._stumbled = began
@@ -843,9 +811,8 @@ class Executor:
     ) -> tuple[Any, bool]:
         """Run one write on a shard's key; return its reply and whether it may have run twice.
 
-        The hot path: straight to the shard's node, one round trip. Anything but a plain reply
-        (none, a redirection, ``NOSCRIPT``, a busy server) goes to :meth:`run` to retry.
-        ``resend``: as :attr:`Call.resend` (if given, "may have run": the reply is its own).
+        The hot path: one round trip, anything but a plain reply retried by :meth:`run`.
+        ``resend``: as :attr:`Call.resend`.
         """
         probing = self._admit(operation, True)
         started, prior = time.monotonic(), None
@@ -881,6 +848,8 @@ class Executor:
         """Run commands of one key's slot in one round trip as :meth:`fast` (a grown shard's)."""
         probing = self._admit(operation, write)
         started, prior = time.monotonic(), None
+        replies: list[Any] = [None] * len(payloads)
+        rest: Sequence[int] = range(len(payloads))  # to run again: all of them after a failure
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
@@ -904,26 +873,20 @@ class Executor:
             lost = any(
                 not ok and classify(r) is Kind.PARTIAL for r, ok in zip(replies, done, strict=True)
             )
-            if any(done):  # only the others again: a write that ran must not run twice
-                rest = [i for i, ok in enumerate(done) if not ok]
-                calls = [Call(payloads[i], key, shard) for i in rest]
-                again = self.run(operation, calls, write=write, since=started)
-                ambiguous = [False] * len(replies)
-                for i, reply, doubt in zip(rest, again.replies, again.ambiguous, strict=True):
-                    replies[i], ambiguous[i] = reply, doubt or (lost and write)
-                return Results(replies, ambiguous)
-        calls = [Call(payload, key, shard) for payload in payloads]
-        results = self.run(operation, calls, write=write, since=started, prior=prior)
-        if lost and write:
-            results.ambiguous = [True] * len(payloads)
-        return results
+            rest = [i for i, ok in enumerate(done) if not ok]  # a write that ran: not twice
+        calls = [Call(payloads[i], key, shard) for i in rest]
+        again = self.run(operation, calls, write=write, since=started, prior=prior)
+        ambiguous = [False] * len(replies)
+        for i, reply, doubt in zip(rest, again.replies, again.ambiguous, strict=True):
+            replies[i], ambiguous[i] = reply, doubt or (lost and write)
+        return Results(replies, ambiguous)
 
     def session(
         self, node: Node, operation: str | None = None, write: bool = False, spare: bool = False
     ) -> Session:
-        """Return a :class:`Session` on ``node``, for an exchange of several round trips.
+        """Return a :class:`Session` on ``node`` (``spare``: its second connection).
 
-        During an outage it sends nothing. ``spare``: on the node's second connection.
+        During an outage it sends nothing.
         """
         if spare:
             node = node.spare()
@@ -975,7 +938,6 @@ class Executor:
         try:
             probe()
         except AccessDeniedError as precise:
-            # "Redis at X could not <operation> (key K)", then what the probe found.
             doing = str(denied).partition(": a Redis ACL")[0]
             named = AccessDeniedError(
                 f"{doing}: {precise}", precise.server, precise.commands, precise.keys
