@@ -1,10 +1,7 @@
 """Cursor scans (``SCAN``, ``SSCAN``) through the executor, held to one server process.
 
-A cursor is a place in one process's hash table, seeded at its start: after a restart or a
-failover it goes on elsewhere and skips members. So each scan call goes in one trip with
-``INFO server`` (its ``run_id`` names the process that answered), and a cursor from another
-process starts the scan over from 0, with a warning, keeping what it returned (a scan may
-return an item twice anyway).
+A cursor does not outlive its server process (it would skip members after a failover), so
+each scan call goes with ``INFO server``, and another ``run_id`` starts the scan over from 0.
 """
 
 from __future__ import annotations
@@ -31,10 +28,8 @@ class ScannedKeyGoneError(BloomFilterError):
 class Scan:
     """A scan by the filter's executor (its retries, its routing), on one server process.
 
-    ``command``: the command and its arguments before the cursor (``SSCAN key``; ``SCAN``);
-    ``options``: those after it (``MATCH pattern``); ``key`` or ``server`` route it, and
-    ``what`` names what is scanned in the warning. ``process``: the ``run_id`` a saved cursor
-    came from ("" for none).
+    ``command``/``options``: the arguments before/after the cursor; ``what`` names what is
+    scanned in the warning; ``process``: the ``run_id`` a saved cursor came from.
     """
 
     parts: Parts
@@ -44,7 +39,6 @@ class Scan:
     key: str | None = None
     server: int | None = None
     process: str = ""
-    #: Times the scan started over: another process answered.
     restarts: int = field(default=0, init=False)
 
     def next(self, cursor: int, count: int) -> tuple[int | None, list[bytes]]:
