@@ -40,10 +40,7 @@ _GENERATIONS = slice(GENERATIONS_BIT // 8, GENERATIONS_BIT // 8 + 2)
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What :func:`dump_filter` or :func:`.restore.restore_filter` wrote, and in how long.
-
-    ``forced``: workers were live during a dump; ``replaced``: a restore deleted a filter first.
-    """
+    """What a dump or a restore wrote, and in how long (``forced``: workers were live)."""
 
     key: str
     record: FilterRecord
@@ -282,10 +279,7 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
 
 
 def _native_pieces(parts: Parts, keys: list[tuple[int, str]]) -> _Pieces:
-    """Yield every shard's ``BF.SCANDUMP`` chunks, one command each (each needs the last).
-
-    A sub-filter added meanwhile would make a file no restore can load: refused.
-    """
+    """Yield every shard's ``BF.SCANDUMP`` chunks; refuse a sub-filter added meanwhile."""
     for shard, key in keys:
         info = Call(pack_command(b"BF.INFO", key), key=key, shard=shard)
         (before,) = parts.run("read a shard's sub-filters", [info], take=_filters)

@@ -108,10 +108,7 @@ class DumpWriter:
 
 
 class DumpReader:
-    """Reads a dump file from ``inp`` (``name`` in messages) as a stream, checking every checksum.
-
-    :attr:`totals` is set once :meth:`chunks` reached the end: the file is then known whole.
-    """
+    """Reads a dump file as a stream, checking every checksum (:attr:`totals`: once whole)."""
 
     def __init__(self, inp: BinaryIO, name: str) -> None:
         self.inp = inp

@@ -179,10 +179,7 @@ _HASHES = ("counters", "record")
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
-    """A key named like a part of the filter, found on server ``server`` at ``address``.
-
-    ``kind``: the part it was proven to be (None: left alone); ``proof``: checked when deleting.
-    """
+    """A key named like a part; ``kind``: what it was proven to be (None: left alone)."""
 
     key: str
     server: int

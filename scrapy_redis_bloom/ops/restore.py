@@ -308,10 +308,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: fl
 
 
 def _processes(bloom: FilterBase) -> list[str]:
-    """Return the ``run_id`` of every server process ("" where ``INFO`` is refused), sorted.
-
-    A restore that began on other processes may have lost what it wrote, silently.
-    """
+    """Return every server's ``run_id``, sorted: a restart may have silently lost writes."""
     count = len(bloom.topology.primaries())
     calls = [Call(pack_command(b"INFO", b"server"), server=i) for i in range(count)]
     replies = bloom.executor.run("read the servers' process ids", calls).replies
@@ -401,10 +398,7 @@ def _write(
 def _check_written(
     bloom: FilterBase, target: FilterRecord, written: list[tuple[str, int]], counters: bool
 ) -> None:
-    """Raise if a part, the counters or a marker the restore wrote is gone (evicted).
-
-    Before the record is written: a worker would adopt a filter with parts missing.
-    """
+    """Raise if a key the restore wrote is gone (evicted), before a worker adopts the filter."""
     parts = bloom.parts
     native_kind = target.backend == "native"
     k = target.spec.hash_count
@@ -458,10 +452,7 @@ def _check_written(
 
 
 def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
-    """Run ``undo``, deleting what a failed restore wrote: the record first, so no worker adopts.
-
-    Through an executor of its own: the restore's may be failing fast after an outage.
-    """
+    """Delete what a failed restore wrote, through an executor of its own (not failing fast)."""
     parts = Parts(Executor(bloom.topology, bloom.faults.retry_timeout), bloom.key, bloom.parts.spec)
     try:
         parts.run("undo a failed restore", undo, write=True)

@@ -623,10 +623,7 @@ class Executor:
         ).start()
 
     def _watch(self, watch: _Watch, node: Node) -> None:
-        """Ask a silent server once a second, in a thread, until it answers; survive anything.
-
-        Meanwhile the crawl's calls fail fast instead of each waiting a socket timeout.
-        """
+        """Ask a silent server once a second until it answers (meanwhile calls fail fast)."""
         while not watch.over.wait(PROBE_INTERVAL):
             try:
                 answered = node.responds() or not self.topology.serves(node)
@@ -884,10 +881,7 @@ class Executor:
     def session(
         self, node: Node, operation: str | None = None, write: bool = False, spare: bool = False
     ) -> Session:
-        """Return a :class:`Session` on ``node`` (``spare``: its second connection).
-
-        During an outage it sends nothing.
-        """
+        """Return a :class:`Session` on ``node`` (``spare``: its second connection)."""
         if spare:
             node = node.spare()
         try:

@@ -293,10 +293,7 @@ class Node:
         serial: int | None = None,
         check: bool = False,
     ) -> Ticket:
-        """Send ``count`` packed commands; return a ticket (``serial``: only on that connection).
-
-        ``check``: first make sure the server has not closed it, however recently used.
-        """
+        """Send ``count`` packed commands; return a ticket (``check``: the connection first)."""
         connection = self._connect(check)
         if serial is not None and serial != self._serial:
             raise SwitchedError(self.address, "the connection the exchange began on was dropped")

@@ -90,10 +90,7 @@ def _address(sentinel: Any) -> str:
 
 
 class PrimaryConnection(SentinelManagedConnection):
-    """A connection to the Sentinel's primary that follows it, even on a reconnect.
-
-    An old primary refusing writes makes it raise ``ConnectionError``: retried on the new one.
-    """
+    """A connection following the Sentinels' primary; an old one refusing writes reconnects."""
 
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
