@@ -273,8 +273,7 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
                 " or reset it first."
             )
         calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=s) for s, key in group]
-        sizes = parts.run("measure the filter's shards", calls, take=_size)
-        total += sum(sizes)
+        total += sum(parts.run("measure the filter's shards", calls, take=_size))
     return total
 
 

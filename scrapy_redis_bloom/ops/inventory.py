@@ -144,8 +144,7 @@ def check_markers(bloom: RedisBloomFilter, record: FilterRecord) -> list[MarkerC
 
 def read_hash(parts: Parts, key: str, operation: str) -> dict[str, str]:
     """Read one of the filter's hashes (HGETALL): its fields, empty when it does not exist."""
-    call = Call(pack_command(b"HGETALL", key), key=key)
-    (fields,) = parts.run(operation, [call], take=pairs)
+    (fields,) = parts.run(operation, [Call(pack_command(b"HGETALL", key), key=key)], take=pairs)
     return dict(fields)
 
 
