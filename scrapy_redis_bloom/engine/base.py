@@ -1,7 +1,6 @@
 """What both backends' filters share: connections, counters, leases, the near-cache, outages.
 
-Each backend's filter sets up its :class:`.Lifecycle` in :meth:`FilterBase._setup` and
-supplies :meth:`FilterBase._adopt` and its hot and bulk paths.
+A backend sets up its :class:`.Lifecycle` in ``_setup`` and supplies its hot and bulk paths.
 """
 
 from __future__ import annotations
@@ -56,6 +55,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: An element for Redis to answer: its position, tag, itself and mmh3 halves.
+Todo = tuple[int, int, str | bytes, int, int]
+
+
 @dataclass(slots=True)
 class Outcome:
     """What a bulk call found: answers in order, and counts for the filter's stats."""
@@ -85,10 +88,7 @@ def tag(element: str | bytes) -> int:
 
 
 class FilterBase:
-    """The part of a filter that does not depend on its backend.
-
-    ``client``: a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients.
-    """
+    """A filter's backend-free part. ``client``: a Redis, a RedisCluster, or standalone clients."""
 
     record: FilterRecord | None
     #: Opens and recovers the filter, given the backend's shards (set by :meth:`_setup`).
@@ -156,9 +156,7 @@ class FilterBase:
     def _forked(self) -> None:
         """Start a forked child afresh: locks of its own, none of its parent's pending work.
 
-        A lock another thread of the parent held at the fork stays held in the child for
-        good; the parent syncs its unsynced counts and adds what it owes (the child's copy
-        would count and add them twice). Connections renew themselves (:mod:`.node`).
+        A lock held at the fork stays held; the parent syncs and adds what is pending.
         """
         self._lock = threading.RLock()
         self.topology.trips.lock = threading.Lock()
@@ -199,8 +197,7 @@ class FilterBase:
     def _existing(self) -> FilterRecord:
         """Return the record in use, opening the filter if it exists: a read creates nothing.
 
-        No filter under the key raises FilterMissingError (a mistyped key, or no worker
-        created it yet), where creating one would allocate it whole and answer "not there".
+        No filter raises FilterMissingError, where creating one would answer "not there".
         """
         return self.record if self.record is not None else self.open(create=False)
 
@@ -221,8 +218,7 @@ class FilterBase:
     def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
         """Return the filter a validated configuration asks for (``options``: the constructor's).
 
-        ``key``: the filter's, filled in (``BloomConfig.key_for``), under BLOOMFILTER_KEY's
-        rule: a key that breaks it is a TypeError or ValueError.
+        ``key`` (``BloomConfig.key_for``) breaking BLOOMFILTER_KEY's rule: TypeError, ValueError.
         """
         return cls(
             client,
@@ -257,10 +253,7 @@ class FilterBase:
         return self.parts.spec
 
     def estimate(self, items: int) -> FilterState:
-        """Return the state ``items`` distinct adds leave: no Redis call.
-
-        By the record in use; before the filter is open, by the configuration wanted.
-        """
+        """Return the state ``items`` distinct adds leave (by the record, else wanted): no call."""
         raise NotImplementedError
 
     def exists(self) -> bool:
@@ -270,11 +263,9 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the filter's connections (they reopen on demand).
+        """Close the filter's connections (they reopen on demand), owed adds and counts sent.
 
-        First :meth:`settle_owed`, then the counts not synced yet are synced: the totals and
-        the capacity warning count what was answered in the last interval. A sync that fails
-        is said, never raised over the close.
+        A sync that fails is said, never raised over the close.
         """
         with self._lock:
             try:
@@ -295,10 +286,7 @@ class FilterBase:
                     self.executor.close()
 
     def settle_owed(self) -> None:
-        """Add now what an outage let through, not at a later write that may never come.
-
-        What Redis does not take is forgotten, said and counted.
-        """
+        """Add now what an outage let through (not at a write that may never come), or say it."""
         with self._lock:
             if not self._owed:
                 return
@@ -321,8 +309,7 @@ class FilterBase:
     def sync_counters(self) -> FilterTotals | None:
         """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
 
-        A record found gone is written back while every shard is intact
-        (:meth:`.Lifecycle.restore_record`); another filter's is adopted, as a check would.
+        A record found gone is restored; another filter's is adopted, as a check would.
         """
         with self._lock:
             record = self.record
@@ -366,10 +353,7 @@ class FilterBase:
             return workers_of(self.executor, self.key, settle)
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element, whether it is (probably) in the filter (see :meth:`_existing`).
-
-        ``elements``: any iterable of elements (not one str or bytes: a TypeError).
-        """
+        """Return, per element of an iterable, whether it is (probably) in the filter."""
         items = hashables(elements, "contains_many", lazy=True)
         with self._lock:
             self._existing()
@@ -378,9 +362,8 @@ class FilterBase:
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Add elements in bulk, as :meth:`check_and_add` each; the counts are synced on return.
 
-        ``elements``: any iterable of elements (not one str or bytes: a TypeError). A
-        sequence's elements are all checked before any is added (one not a str or bytes is a
-        TypeError naming its position); another iterable's as they come, in bounded memory.
+        A sequence's elements are all checked before any is added; another iterable's as they
+        come, in bounded memory.
         """
         items = hashables(elements, "add_many", lazy=True)
         with self._lock:
@@ -391,11 +374,7 @@ class FilterBase:
             return outcome.answers
 
     def check_and_add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add a page's links as :meth:`check_and_add` each, in one round trip per server.
-
-        ``elements``: any iterable of elements, all checked before any is added (as
-        :meth:`add_many`'s sequence).
-        """
+        """Add a page's links as :meth:`check_and_add` each, in one round trip per server."""
         items = hashables(elements, "check_and_add_many")
         answers = [True] * len(items)
         with self._lock:
@@ -418,7 +397,7 @@ class FilterBase:
         """Check (and with ``write`` add) elements in bulk, applying BLOOMFILTER_ON_ERROR."""
         raise NotImplementedError
 
-    def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
+    def _check_and_add_all(self, todo: list[Todo]) -> Outcome:
         """Check and add ``(position, tag, element, h1, h2)`` items together: the bulk path's."""
         return self._many(True, [element for _, _, element, _, _ in todo])
 
@@ -430,18 +409,14 @@ class FilterBase:
             self._settle()
 
     def contains(self, element: str | bytes) -> bool:
-        """Return True if the element is (probably) in the filter. Changes nothing.
-
-        No filter under the key raises FilterMissingError: a check creates none.
-        """
+        """Return True if the element is (probably) in the filter. Changes nothing."""
         return self.contains_many([hashable(element, "contains")])[0]
 
     def check_and_add(self, element: str | bytes) -> bool:
-        """Add an element; return True if it was (probably) there already.
+        """Add an element (a str or bytes); return True if it was (probably) there already.
 
-        One atomic command in Redis (none when the near-cache knows the element): of several
-        workers adding the same element at once, exactly one gets False. An element is a
-        str or bytes (a str hashes as its UTF-8 bytes); anything else is a TypeError.
+        Atomic in Redis: of several workers adding the same element at once, exactly one gets
+        False.
         """
         if type(element) is not str or not element.isascii():
             element = hashable(element, "check_and_add")
@@ -471,12 +446,8 @@ class FilterBase:
     def _cached(self, tag: int) -> bool:
         """Tell whether the near-cache knows an element as seen.
 
-        With re-crawl windows it must not answer for longer than Redis, which forgets at a
-        window's change what was first added two windows before: an answer is only sure to
-        last to the end of the window it was given in. So the cache is emptied as each window
-        starts, :data:`.clock.GUARD` early, and what Redis answers from now on is kept only
-        away from a window's edges (:attr:`_cache_keep`), where the window it is given in is
-        the cache's whether this worker's clock is up to GUARD behind Redis's or ahead of it.
+        With re-crawl windows an answer lasts only to the end of its window: the cache is
+        emptied as each starts, GUARD early, and keeps answers only away from a window's edges.
         """
         ttl = (self.record or self.wanted).ttl
         if ttl:
@@ -499,11 +470,9 @@ class FilterBase:
         """Network round trips this filter made to Redis so far, from every thread."""
         return self.topology.trips.value
 
-    def _unknown(
-        self, elements: Sequence[str | bytes]
-    ) -> list[tuple[int, int, str | bytes, int, int]]:
+    def _unknown(self, elements: Sequence[str | bytes]) -> list[Todo]:
         """Return the elements Redis must answer; the others (known, owed, repeats) count "seen"."""
-        todo: list[tuple[int, int, str | bytes, int, int]] = []
+        todo: list[Todo] = []
         taken: set[int] = set()
         for i, element in enumerate(elements):
             h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)

@@ -17,13 +17,14 @@ from scrapy_redis_bloom.core.hashing import FilterSpec
 from scrapy_redis_bloom.core.sizing import false_positive_rate
 from scrapy_redis_bloom.engine.parts import Parts, integer, text
 from scrapy_redis_bloom.engine.state import FilterTotals
-from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.executor import Call, Results
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two syncs of the local counts to Redis, while there are any.
 SYNC_INTERVAL = 1.0
+_ADDING = "add to the filter's counters"
 
 
 class Counters:
@@ -84,8 +85,7 @@ class Counters:
         """Add the unsynced counts to ``KEY:count`` of the filter ``filter_id``; return the totals.
 
         None: not added. The record's id is read a trip before, so that a filter reset under
-        this worker does not take its counts. A record gone keeps them for the next sync (and
-        sets :attr:`record_gone`); another filter's drops them; a failure keeps them, logged.
+        this worker does not take its counts (a record gone keeps them for the next sync).
         """
         added, seen = self._unsynced_added, self._unsynced_seen
         self._unsynced_added = self._unsynced_seen = 0
@@ -102,8 +102,7 @@ class Counters:
             (found,) = parts.run("read the filter's id", [owner], take=_text_or_none)
             self.record_gone, self.replaced = found is None, found not in (None, filter_id)
             if found is None:  # kept for the next sync: the filter restores the record
-                self._unsynced_added += added
-                self._unsynced_seen += seen
+                self._keep(added, seen)
                 return None
             if found != filter_id:
                 self._log.log(
@@ -119,14 +118,15 @@ class Counters:
                 )
                 self.synced = None  # the new filter's counters start anew
                 return None
+            # None ran if this raises (an ACL refusal), or an interrupt came.
+            results = parts.executor.run(_ADDING, calls, write=True, partial=True)
         except BaseException as exc:
-            self._unsynced_added += added
-            self._unsynced_seen += seen
+            self._keep(added, seen)
             if not isinstance(exc, BloomFilterError):
                 raise
             self._failed(exc)
             return None
-        replies = self._add(parts, calls, (added, seen))
+        replies = self._add(parts, results, (added, seen))
         if replies is None:
             return None
         before, totals = self.synced, FilterTotals(added=replies[0], seen=replies[1])
@@ -139,24 +139,19 @@ class Counters:
         self.check_capacity(totals.added, spec)
         return totals
 
+    def _keep(self, added: int, seen: int) -> None:
+        """Keep counts that were not added for the next sync."""
+        self._unsynced_added += added
+        self._unsynced_seen += seen
+
     def _add(
-        self, parts: Parts, calls: list[Call], counts: tuple[int, int]
+        self, parts: Parts, results: Results, counts: tuple[int, int]
     ) -> tuple[int, int] | None:
-        """Run the two ``HINCRBY`` of a sync; return the totals (None: not both known).
+        """Read the two ``HINCRBY`` of a sync; return the totals (None: not both known).
 
         A count whose command surely did not run is kept for the next sync (said); one whose
         reply was lost is not, as it may have run (said at DEBUG).
         """
-        operation = "add to the filter's counters"
-        try:
-            results = parts.executor.run(operation, calls, write=True, partial=True)
-        except BaseException as exc:  # none ran (an ACL refusal), or an interrupt
-            self._unsynced_added += counts[0]
-            self._unsynced_seen += counts[1]
-            if not isinstance(exc, BloomFilterError):
-                raise
-            self._failed(exc)
-            return None
         totals: list[int] = []
         failure: BaseException | None = None
         for field, count, reply, lost in zip(
@@ -167,7 +162,7 @@ class Counters:
             elif lost or (reply is not None and not isinstance(reply, BaseException)):
                 if not lost:  # not this command's reply: it may have run
                     failure = failure or foreign_reply(
-                        f"a call to {operation}", parts.counter_key, ValueError(repr(reply))
+                        f"a call to {_ADDING}", parts.counter_key, ValueError(repr(reply))
                     )
                 logger.debug(
                     "The reply to adding %d %s to the Bloom filter %r's counters was lost: not"
@@ -184,17 +179,13 @@ class Counters:
                 if reply is None:
                     failure = failure or results.failure
                 else:
-                    failure = failure or parts.refusal(reply, parts.counter_key, operation)
+                    failure = failure or parts.refusal(reply, parts.counter_key, _ADDING)
         if failure is not None:
             self._failed(failure)
         return (totals[0], totals[1]) if len(totals) == 2 else None
 
     def _lost(self, before: FilterTotals) -> None:
-        """Say that ``KEY:count`` was found gone: the totals restarted from this worker's sync.
-
-        Found when a sync's ``HINCRBY`` replies exactly what it added while the totals were
-        known to be more: no extra command. (Another worker's sync first hides it.)
-        """
+        """Say that ``KEY:count`` was found gone: a sync's ``HINCRBY`` replied just its counts."""
         self.events.count("counters_lost")
         self._log.log(
             logging.WARNING,

@@ -1,12 +1,8 @@
 """Worker leases: which workers still use the filter (``KEY:workers``).
 
-scrapy-redis clears the dupefilter when any worker closes with ``SCHEDULER_PERSIST =
-False`` or starts with ``SCHEDULER_FLUSH_ON_START``, wiping a crawl others still run. So
-each worker holds a lease, renewed from a daemon thread, and only a worker finding no other
-live lease clears, claiming the registry in the same script (:meth:`WorkerLease.clearing`).
-Expiry is judged by Redis's clock, never the workers'. A server that started less than a
-worker TTL ago (a restart, from an older snapshot too) may not list every live worker yet:
-listing and claiming wait until each has had time to renew (:func:`unsettled`).
+scrapy-redis clears the dupefilter when any worker closes or starts flushing, wiping a crawl
+others still run: so each worker holds a lease (renewed from a thread, expiring by Redis's
+clock), and only a worker finding no other live lease clears, claiming the registry.
 """
 
 from __future__ import annotations
@@ -57,10 +53,8 @@ def settling_calls(key: str) -> list[Call]:
 def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -> float:
     """Return how long the registry may still miss live workers (0: it lists them all).
 
-    ``replies``: those of :func:`settling_calls`, read in the registry's trip. A server up
-    for less than ``settle`` (a worker TTL) with a filter older than itself restarted since
-    some workers renewed: the rest of the TTL is waited out, saying why. Not waited for: a
-    filter created since (or within :data:`CLOCK_MARGIN` of it), a server refusing ``INFO``.
+    A server up for less than ``settle`` with an older filter restarted since some workers
+    renewed (``replies``: of :func:`settling_calls`): the rest of the TTL is waited out.
     """
     info, created = replies
     if isinstance(info, BaseException):
@@ -146,8 +140,7 @@ class WorkerLease:
         self.worker_id = worker_id
         self.ttl = ttl
         self.events = events if events is not None else FilterEvents()
-        # A renewal that waits longer than a third of the TTL is late anyway. ``follows``:
-        # the filter's executor, while whose outage this one fails fast.
+        # A renewal waiting longer than a third of the TTL is late; ``follows``' outage: fast.
         budget = (
             None if retry_timeout <= ttl / 3 else Wording("a third of {BLOOMFILTER_WORKER_TTL}")
         )
@@ -157,16 +150,13 @@ class WorkerLease:
         executor.explain_denial = partial(check_access, executor, executor.topology, key)
         weakref.finalize(self, executor.topology.close)
         self._lock = threading.Lock()
-        #: The renewing thread (every ``ttl / 3``), and the event that stops it (one per thread).
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._log = RateLimitedLog(logger, interval=ttl)
-        #: Whether this worker holds the registry's claim to clear the filter; seconds the
-        #: registry may still miss live workers, as the last claim found (:func:`unsettled`).
+        #: Whether this worker holds the claim to clear; what the claim found :func:`unsettled`.
         self._claimed = False
         self._settling = 0.0
-        #: Set by :meth:`close`: the call holding the connections closes them when it ends.
-        self._closing = False
+        self._closing = False  # set by close(): the call holding the connections closes them
         #: Told the number of live workers (this one included) at every renewal.
         self.on_workers: Callable[[int], None] | None = None
 
@@ -221,9 +211,7 @@ class WorkerLease:
     def clearing(self) -> Iterator[int]:
         """Claim the registry to clear the filter; yield how many other workers are live.
 
-        0: none is, nor takes a lease until the block ends (the claim lapses within the TTL if
-        this worker dies), so the filter may be deleted. More: nothing claimed; it must stay.
-        On a server restarted less than a TTL ago, the claim waits (:func:`unsettled`).
+        0: none is, nor takes a lease until the block ends, so the filter may be deleted.
         """
         others = self._call("claim")
         while not others and self._settling:
@@ -262,9 +250,7 @@ class WorkerLease:
         if thread is not None and thread.is_alive() and not self._stop.is_set():
             return others  # renewing already
         if thread is not None:
-            # Stopped, maybe still in a renewal that outlasted stop()'s wait: it ends
-            # after that renewal, and only then does another start (one thread at most).
-            thread.join()
+            thread.join()  # stopped, maybe mid-renewal: one thread at most
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._keep,
@@ -284,8 +270,7 @@ class WorkerLease:
                 failure = _TAKEN if self.renew() == CLEARING else None
             except Exception as exc:  # any failure: the thread must go on renewing
                 failure = exc
-            # Sooner after a failure: the lease must not lapse for one.
-            wait = self.ttl / 3 if failure is None else min(self.ttl / 3, 1.0)
+            wait = self.ttl / 3 if failure is None else min(self.ttl / 3, 1.0)  # sooner on failure
             if failure is not None:
                 with contextlib.suppress(Exception):  # counted first; saying it may fail
                     what = (
@@ -310,9 +295,7 @@ class WorkerLease:
     def release(self) -> int:
         """Stop renewing and drop the lease; return how many other workers are live.
 
-        While Redis fails (the filter's outage, or the lease's) it fails fast, not waiting
-        for a renewal under way: that one ends within its own window, and the lease lapses
-        within the TTL of its last renewal.
+        While Redis fails it fails fast, not waiting for a renewal under way (the lease lapses).
         """
         try:
             self._stop.set()

@@ -1,15 +1,9 @@
 """Opening a filter: creating it whole, or checking every part of it; recovering lost parts.
 
 One flow for both backends, whose :class:`Shards` make, check and delete shards. Creating
-writes the record (state ``creating``), every server marker and shard (each carrying the
-filter's id), then state ``ready``: each step idempotent, so any worker opening a filter
-still ``creating`` finishes the job. :meth:`Lifecycle.recover` sorts out what is wrong:
-
-* a missing record or server marker over intact shards is **restored**, with a warning;
-* a record with another id (the filter was reset and created again) is **adopted**;
-* a missing shard (or a bitmap without a header) was **lost**: ``BLOOMFILTER_ON_LOSS``
-  raises :class:`~..errors.FilterDamagedError` or recreates it empty, with a warning;
-* anything else where a shard belongs is never overwritten: FilterDamagedError.
+writes the record (``creating``), markers and shards, then ``ready``: each step idempotent,
+so any worker finishes a creation. A missing record or marker over intact shards is
+restored, another id adopted, a lost shard raised or recreated (``BLOOMFILTER_ON_LOSS``).
 """
 
 from __future__ import annotations
@@ -127,9 +121,7 @@ class Lifecycle:
     def loss_found(self, expiring: bool) -> None:
         """Re-read the servers' maxmemory-policy once a part was found lost; warn, and count it.
 
-        The policy read at open may have changed since (``CONFIG SET``): an evicting one is
-        said with the loss, and the ``eviction_risk`` stat set, as at open (``expiring``: the
-        filter's bits expire). At most once a :data:`RECHECK_INTERVAL`.
+        It may have changed since open (``CONFIG SET``). At most once a :data:`RECHECK_INTERVAL`.
         """
         now = time.monotonic()
         if self._rechecked is not None and now - self._rechecked < RECHECK_INTERVAL:
@@ -193,18 +185,8 @@ class Lifecycle:
         missing_markers = [i for i, marker in enumerate(markers) if marker is None]
         checked = sample(record.spec.shards, record.servers)
         lost = self.shards.missing(record, checked)
-        self.check_geometry(record, [shard for shard in checked if shard not in lost])
-        if lost or missing_markers:
-            return self.recover(record, lost, wanted, missing_markers)
-        return record
-
-    def check_geometry(self, record: FilterRecord, shards: Sequence[int]) -> None:
-        """Refuse a record that does not describe the shards: their size, or one past the last.
-
-        (A record edited by hand, or another filter's: its geometry would read other bits
-        than those set, and URLs added come back "new".) Open only: one round trip.
-        """
-        wrong = self.shards.misfits(record, shards)
+        # A record edited by hand, or another filter's, would read other bits than those set.
+        wrong = self.shards.misfits(record, [shard for shard in checked if shard not in lost])
         if wrong:
             raise FilterDamagedError(
                 f"The config record {self.parts.meta_key!r} of the {self.shards.noun}"
@@ -213,13 +195,12 @@ class Lifecycle:
                 " the filter was created with, or reset the filter (which forgets every URL"
                 " it holds)."
             )
+        if lost or missing_markers:
+            return self.recover(record, lost, wanted, missing_markers)
+        return record
 
     def check_placement(self) -> None:
-        """Refuse the listed servers if their markers place them elsewhere in the list.
-
-        Called where no record was found on server 0: listed out of order, the filter's
-        record is on another server, and "no such filter" would send the user astray.
-        """
+        """Refuse the listed servers if their markers place them elsewhere (no record found)."""
         servers = self.topology.servers
         self.check_markers(self.parts.markers(servers), servers)
 
@@ -285,8 +266,7 @@ class Lifecycle:
                 record.filter_id,
             )
             return self._settle(current, wanted)
-        # Only shards wrong now (another worker may have recreated them). A record lost alone
-        # is restored from this worker's copy; so is a filter gone entirely, to be recreated.
+        # Only shards wrong now; a record lost (or the whole filter) is restored from this copy.
         lost = self.shards.missing(record, range(record.spec.shards) if current is None else shards)
         if current is None and (len(lost) < record.spec.shards or self.faults.on_loss != "raise"):
             self._write_back(record)
@@ -334,11 +314,7 @@ class Lifecycle:
         return record
 
     def restore_record(self, record: FilterRecord) -> bool:
-        """Write back the config record, found gone, while every shard is intact; say if so.
-
-        Read only at open, it is the key ``allkeys-lru`` evicts first. With a shard lost too,
-        the checks meet it and :meth:`recover` decides; a failure is said, tried again later.
-        """
+        """Write back the config record, found gone, while every shard is intact; say if so."""
         try:
             if self.parts.read_record() is not None:
                 return False
