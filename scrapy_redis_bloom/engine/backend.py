@@ -1,8 +1,7 @@
 """Choosing a filter's backend (``BLOOMFILTER_BACKEND``) and the interface both share.
 
-``auto``: the record's backend when it exists; else native when every server has ``BF.*``
-and ``BLOOMFILTER_BLOCKED = True`` was not asked for, else bitmap. An explicit backend that
-contradicts the record, or ``native`` without ``BF.*``, is refused at open.
+``auto``: the record's backend, else native when every server has ``BF.*`` (and no
+``BLOOMFILTER_BLOCKED = True``), else bitmap.
 """
 
 from __future__ import annotations
@@ -33,11 +32,7 @@ def delete(parts: Parts, record: FilterRecord) -> int:
 
 
 def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
-    """Return the backend a filter uses: its record's, else per ``config.backend``.
-
-    ``auto`` says (INFO) what it picked and why; WARNING when only some servers have
-    ``BF.*`` (a server missing the module is likely a mistake, and costs the native backend).
-    """
+    """Return the backend a filter uses: its record's, else per ``config.backend`` (said)."""
     record = native.parts.read_record()
     if record is not None:
         if config.backend == "auto":

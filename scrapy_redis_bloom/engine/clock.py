@@ -1,8 +1,7 @@
 """Redis's clock, as a shard's node last told it: which re-crawl window a check is in.
 
-The scripts read ``TIME``; scriptless checks keep, per shard, Redis's clock minus this
-machine's, read again (in a round's pipeline) after :data:`CLOCK_EVERY` or within
-:data:`GUARD` of a window's edge; a check that near its window's end goes to the script.
+Scriptless checks keep, per shard, Redis's clock minus this machine's, read again after
+:data:`CLOCK_EVERY` or near a window's edge, where a check goes to the script.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ CLOCK_EVERY = 1.0
 #: Seconds near a window's edges where the estimate is not trusted alone: more than the
 #: time between a round's ``TIME`` and the add that follows it reaching Redis.
 GUARD = 1.0
-#: The command a round starts with when it reads the clock.
 TIME = pack_command(b"TIME")
 
 
@@ -77,8 +75,7 @@ class Known:
     ) -> tuple[float, list[Any]] | None:
         """Return Redis's time at a round's reads (by its ``TIME`` if ``asked``) and the rest.
 
-        None (the script checks) when the round chose its keys by a window not Redis's or
-        known now; ValueError for a bad ``TIME`` reply.
+        None (the script checks) when the round chose its keys by a window not Redis's now.
         """
         if asked:
             now, replies = self.clock.read(replies[0], sent_at), replies[1:]

@@ -1,8 +1,7 @@
 """What the servers can take, read at open from ``INFO`` (a server refusing it is unchecked).
 
-Refused: an old server, a replica, a new filter that does not fit in memory (shards
-allocated whole would fail half-way, evict data or swap the host). Warned: what may evict
-the filter (a shard evicted mid-crawl stops the crawl or, recreated, forgets what it held).
+Refused: an old server, a replica, a new filter that does not fit in memory (allocated whole,
+it would fail half-way or evict data). Warned: a policy that may evict the filter.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Oldest Redis the filter runs on (tested: 6.2, 7.0, and Valkey 9.1, which reports the
-#: Redis version it is compatible with, 7.2.4, as ``redis_version``).
+#: Oldest Redis the filter runs on (Valkey reports the Redis version it is compatible with).
 MIN_VERSION = (6, 2)
 #: Policies under which Redis may evict keys without an expiry, the filter's shards.
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
@@ -47,10 +45,8 @@ class ServerHealth:
     why_unknown: str = ""
     refused_by_acl: bool = False  # INFO denied: the permission check says so, with the fix
     system_memory: int = 0  # the host's, 0 when Redis does not say
-    #: What the server says it is: "Redis 7.0.15", "Valkey 9.1.2" (``valkey_version``).
-    product: str = ""
-    #: ``host:port`` of its primary when the server is a replica, else "".
-    replica_of: str = ""
+    product: str = ""  # "Redis 7.0.15", "Valkey 9.1.2"
+    replica_of: str = ""  # ``host:port`` of its primary when the server is a replica
 
 
 def info_fields(reply: object) -> dict[str, str]:
@@ -137,8 +133,7 @@ def check_room(
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
     ``needs``: per address, its new shards' bytes, against what is free; ``spread`` =
-    (bytes, servers): the filter spread evenly, against each whole limit (refused before
-    its shards are listed).
+    (bytes, servers): the filter spread evenly, against each whole limit.
     """
     for server in servers:
         limit = server.maxmemory or server.system_memory  # the memory Redis may use

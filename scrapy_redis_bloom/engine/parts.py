@@ -1,7 +1,4 @@
-"""The filter's parts in Redis (record, shards, server markers, counters): read and written.
-
-Routed, retried and accounted like the hot path; deciding nothing (:mod:`.lifecycle` does).
-"""
+"""The filter's parts in Redis (record, shards, markers, counters): read and written, not judged."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from scrapy_redis_bloom.transport.wire import Arg, Script, pack_command
 
 #: Commands sent in one batch by the maintenance operations.
 BATCH = 1000
-#: Shard bytes allocated in one batch at most: Redis answers a pipeline only once it
-#: has run its commands, and zeroing much more than this outlasts the socket timeout.
+#: Shard bytes allocated in one batch at most: zeroing more outlasts the socket timeout.
 ALLOCATE_BYTES = 256 << 20
 
 
@@ -118,10 +114,7 @@ class Parts:
         batch_size: int = BATCH,
         take: Callable[[Any], Any] | None = None,
     ) -> list[Any]:
-        """Run calls in batches; return the replies, refusing every error reply by name.
-
-        ``take`` turns each reply into its value (``int``, :func:`pairs`), or raises naming its key.
-        """
+        """Run calls in batches; return the replies (each read by ``take``), refusing errors."""
         out: list[Any] = []
         for start in range(0, len(calls), batch_size):
             batch = calls[start : start + batch_size]
@@ -184,10 +177,7 @@ class Parts:
     def allocate(
         self, record: FilterRecord, shards: Iterable[int], replace: bool = False
     ) -> dict[int, int]:
-        """Allocate shards whole with their header; per shard 1 (now), 0 (there) or -1 (foreign).
-
-        A foreign key is left alone unless ``replace``.
-        """
+        """Allocate shards whole with their header; per shard 1 (now), 0 (there) or -1 (foreign)."""
         order = list(shards)
         last = layout.HEADER_BYTES + record.shard_payload - 1
         mode = b"replace" if replace else b"create"
@@ -275,11 +265,7 @@ class Parts:
         ]
 
     def delete(self, record: FilterRecord, shard_calls: list[Call]) -> int:
-        """Delete a filter's parts, each only if still its own; return how many keys.
-
-        ``shard_calls``, counters, markers, then the record last: no worker opening meanwhile
-        sees shards without it. Leases are kept.
-        """
+        """Delete a filter's parts, each only if still its own, the record last; return how many."""
         calls = [*shard_calls, self.delete_if_still(self.counter_key, "counters")]
         calls += self.marker_deletions(record)
         deleted: int = sum(self.run("delete the filter", calls, write=True, take=int))

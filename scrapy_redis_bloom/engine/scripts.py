@@ -1,8 +1,7 @@
 """Lua scripts run by Redis: atomic check-and-add, shard allocation, leases, the record.
 
-Atomic: of workers offering the same element, exactly one is told it is new. A script that
-writes bits first checks the shard's header is the identity expected: a lost or foreign
-shard is reported, never written to. Called by SHA; the executor loads them on NOSCRIPT.
+A script that writes bits first checks the shard's header is the identity expected: a lost
+or foreign shard is reported, never written to.
 """
 
 from __future__ import annotations
@@ -17,25 +16,19 @@ from scrapy_redis_bloom.core.hashing import BLOCK_BITS
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, IDENTITY_BYTES
 from scrapy_redis_bloom.transport.wire import Script
 
-#: Where the scripts' Lua lives: ``.lua`` files inside the package (they ship in the wheel).
 _LUA = resources.files("scrapy_redis_bloom.engine") / "lua"
-#: A line of a ``.lua`` file that includes another there (see :func:`lua`).
-_INCLUDE = re.compile(r"^[ \t]*--@ (\w+)[ \t]*\n", re.MULTILINE)
+_INCLUDE = re.compile(r"^[ \t]*--@ (\w+)[ \t]*\n", re.MULTILINE)  # a line including a file
 
 #: Reply of the check-and-add scripts when the shard's header is not the expected one.
 MISMATCH = 2
-#: Flags in a check-and-add reply (its second item): this call started a generation;
-#: a shard is past its last generation's capacity (it cannot grow further); a lost
-#: generation or window was recreated empty (``BLOOMFILTER_ON_LOSS = "recreate"``).
+#: Flags in a check-and-add reply (its second item): a generation started; a shard past its
+#: last generation's capacity; a lost generation or window recreated empty.
 GREW, FULL, RECREATED = 1, 2, 4
 
 
 @cache
 def lua(name: str) -> str:
-    """Return the source of ``lua/<name>.lua``, each line ``--@ other`` replaced by ``other``'s.
-
-    As text, not a Lua function: Redis runs a script's top level, making closures, every call.
-    """
+    """Return the source of ``lua/<name>.lua``, each line ``--@ other`` replaced by ``other``'s."""
     source = _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     return _INCLUDE.sub(lambda match: lua(match[1]), source)
 
@@ -69,16 +62,9 @@ LAYOUT = declare(
 def check_and_add(growth: Growth, one: bool = False) -> Script:
     """Return the script that checks (and adds) elements of one shard, for a geometry.
 
-    ``one``: the hot path's (``SETBIT`` k times, where :mod:`.fastpath` and :mod:`.stackpath`
-    cannot answer); else the bulk path's (``BITFIELD``). ``KEYS[1]``: the shard's key
-    ``{KEY:<i>}:g0``, its generations and windows named after it in its slot. ``ARGV``: the
-    shard's identity; ``w`` (add) or ``r``; ``1`` to recreate a lost generation or window
-    empty, ``0`` to report it (sent first: the client makes sure it is lost, not out of
-    reach); four numbers per element (:func:`.generations.seed_arguments`).
-
-    Reply: ``{0, flags, generations, answer...}`` (1: probably there already; the hot path's
-    the answer alone when nothing else is to report), or ``{MISMATCH, key}`` (nothing
-    written). Adds go to the newest generation, started atomically once the one before is full.
+    ``one``: the hot path's (``SETBIT`` k times); else the bulk path's (``BITFIELD``). Reply:
+    ``{0, flags, generations, answer...}`` (the hot path's the answer alone when nothing else
+    is to report), or ``{MISMATCH, key}`` (nothing written).
     """
     parts = [LAYOUT, lua("scheme")]
     if one and not growth.ttl:
@@ -95,8 +81,7 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
 def script_reply(reply: Any, answers: int) -> list[Any]:
     """Return a check-and-add script's list reply for ``answers`` elements; else ``ValueError``.
 
-    Only ``{0, flags, generations, answer...}`` (each answer 0 or 1) or ``{MISMATCH, key}``:
-    any other reply is not this call's, and nothing is read from it.
+    Any other reply than those of :func:`check_and_add` is not this call's.
     """
     if isinstance(reply, list) and reply:
         if reply[0] == MISMATCH and len(reply) == 2 and isinstance(reply[1], bytes):
@@ -121,11 +106,9 @@ def geometry(growth: Growth) -> str:
         B=[gen.span for gen in gens],
         W=[gen.seed_range for gen in gens],
         LAST=len(gens),
-        # Items in the newest generation are counted where it may grow or is per window.
-        COUNTED=growth.expansion > 0 or growth.ttl > 0,
+        COUNTED=growth.expansion > 0 or growth.ttl > 0,  # items counted where it may grow
         TTL=growth.ttl,
-        # A table made at its size: filling it with an element's offsets allocates nothing.
-        at=[0] * max(gen.hash_count for gen in gens),
+        at=[0] * max(gen.hash_count for gen in gens),  # made at its size: fills allocate nothing
     )
 
 
@@ -133,23 +116,14 @@ def geometry(growth: Growth) -> str:
 ALLOCATE = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("allocate"))
 
 #: The worker registry (``lua/lease.lua``). ``ARGV``: worker id, TTL in ms, ``renew``,
-#: ``release``, ``count`` or ``list``. Reply: how many OTHER workers are live (``list``: all
-#: ids, soonest expiry first). ``claim`` (to clear) adds ``(clearing)<worker id>`` if no other
-#: is live; ``hold`` renews lease and claim; ``unclaim`` drops it; meanwhile another's
-#: ``renew`` is -1.
+#: ``release``, ``count``, ``list``, ``claim`` (to clear), ``hold`` (lease and claim) or
+#: ``unclaim``. Reply: how many OTHER workers are live (``list``: all ids; -1: a ``renew``
+#: while another worker clears).
 LEASE = Script(lua("lease"))
-
-#: Delete a key only while it is still the filter's part (``lua/delete_if_still.lua``).
 DELETE_IF_STILL = Script(declare(IDENTITY_BYTES=IDENTITY_BYTES) + lua("delete_if_still"))
-
-#: A shard's part as the check-and-add script sees it there (``lua/part_identity.lua``).
 PART_IDENTITY = Script(lua("part_identity"))
-
-#: Write the config record unless one exists; reply with the record in Redis.
 CREATE_RECORD = Script(lua("create_record"))
-
-#: Clear bits a scriptless check set in a shard not its filter's (:meth:`.FastPath.strays`),
-#: then delete a key such a check made, once it holds no bit (:mod:`.bitmap.stackpath`).
+#: Clear bits a scriptless check set in a shard not its filter's; drop a key it made, empty.
 TAKE_BACK = Script(lua("take_back"))
 DROP_STRAY = Script(lua("drop_stray"))
 

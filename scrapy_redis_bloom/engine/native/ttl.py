@@ -1,13 +1,8 @@
 """Re-crawl windows (``BLOOMFILTER_TTL``) on the native backend: one Bloom filter per window.
 
-The window model is the bitmap backend's (:mod:`..core.generations`, ``lua/windows.lua``).
-Shard ``i`` of a native filter with a TTL is:
-
-* ``{KEY:<i>}:bf:<id>``, its anchor: a string ``"<newest window> <0|1>"`` (whether the
-  window before existed then; ``-1 0`` before any). It never expires, so a window lost is
-  told from one never started;
-* ``{KEY:<i>}:bf:<id>:w<w>``: a RedisBloom filter per window, created by the window's first
-  add, expiring at ``(w + 2) T``, for half the error rate (two are consulted).
+Shard ``i``'s anchor ``{KEY:<i>}:bf:<id>`` holds ``"<newest window> <0|1>"`` (whether the
+window before existed) and never expires, so a window lost is told from one never started;
+each window ``...:w<w>`` is made by its first add and expires at ``(w + 2) T``.
 """
 
 from __future__ import annotations
@@ -22,27 +17,21 @@ from scrapy_redis_bloom.transport.wire import Script, pack_command
 
 #: What a new shard's anchor holds: no window started yet.
 EMPTY_ANCHOR = "-1 0"
-#: Reply codes of :data:`CHECK` (its first item) besides flags >= 0.
+#: Reply codes of :data:`CHECK` (its first item) besides flags >= 0, and a flag.
 ANCHOR_LOST = -1
 FOREIGN = -2
 WINDOW_LOST = -3
-#: Flag: a lost window was passed over (``BLOOMFILTER_ON_LOSS = "recreate"``).
-RECREATED = 1
+RECREATED = 1  # a lost window was passed over (BLOOMFILTER_ON_LOSS = "recreate")
 
-#: Check (and add) items in a shard's live windows. ``KEYS[1]`` the anchor; ARGV: TTL, rate,
-#: capacity, expansion (0: NONSCALING), recreate ``1``/``0``, ``w``/``r``, then the items.
-#: Reply: ``{flags, answer...}`` (1: seen in a live window), or ``{ANCHOR_LOST}``,
-#: ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
+#: Check (and add) items in a shard's live windows. Reply: ``{flags, answer...}`` (1: seen in
+#: a live window), or ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
 CHECK = Script(
     declare(ANCHOR_LOST=ANCHOR_LOST, FOREIGN=FOREIGN, WINDOW_LOST=WINDOW_LOST, RECREATED=RECREATED)
     + lua("windows")
     + lua("native_windows")
 )
 
-#: Create a shard's anchor unless the key exists; reply with its type then.
 CREATE_ANCHOR = Script(declare(EMPTY_ANCHOR=EMPTY_ANCHOR) + lua("create_anchor"))
-
-#: Delete a shard's anchor or window only if it is still of the type given.
 DELETE_TYPED = Script(lua("delete_typed"))
 
 
@@ -61,8 +50,7 @@ EXISTS_EVERY = 16
 class _Shard(Known):
     """What this worker knows of a shard's windows (``since``: checks since ``EXISTS``)."""
 
-    #: The window before: 1 there, 0 absent (never started, as :data:`CHECK` confirmed),
-    #: -1 not known (its existence is read), -2 found missing (for the script to judge).
+    #: The window before: 1 there, 0 never started, -1 not known, -2 missing (the script's).
     before: int = -1
 
 
@@ -73,8 +61,7 @@ class WindowCheck:
     shard: int
     window: int
     reads: list[bytes]
-    #: Whether the round reads the clock (``TIME`` first), the window before's ``EXISTS``.
-    asked: bool
+    asked: bool  # the round reads the clock (TIME first), and the window before's EXISTS
     exists: bool
     add: bytes = b""
 
@@ -83,12 +70,8 @@ class Windows:
     """Checks a native filter's live windows without :data:`CHECK` where it can.
 
     The windows' keys carry the filter's id, so plain commands suffice unless a window must
-    be started or was found missing: a round of ``BF.EXISTS`` on the window before and the
-    current one (with ``TIME`` now and then, and ``EXISTS`` of the window before every
-    :data:`EXISTS_EVERY` checks), then ``BF.INSERT ... NOCREATE`` on the current window for
-    an item in neither: its reply decides between racing workers (a window not started
-    refuses it, for the script). Without a window before, the add alone answers (its reply
-    the answer). ``anchor(i)``: a shard's anchor key.
+    be started or was found missing: ``BF.EXISTS`` in both, then ``BF.INSERT ... NOCREATE``,
+    whose reply decides between racing workers. ``anchor(i)``: a shard's anchor key.
     """
 
     def __init__(self, ttl: int, anchor: Callable[[int], str]) -> None:
@@ -108,8 +91,7 @@ class Windows:
             return None
         anchor = self.anchor(shard)
         current = window_key(anchor, window)
-        if not known.before and not asked:
-            # No window before (the script said so), the clock settled: the add alone answers.
+        if not known.before and not asked:  # no window before, the clock settled: add alone
             add = pack_command(b"BF.INSERT", current, b"NOCREATE", b"ITEMS", item)
             return WindowCheck(shard, window, [], False, False, add)
         reads = [TIME] if asked else []
