@@ -1,9 +1,7 @@
 """Checks at open that Redis's ACL lets the filter's user do everything the filter does.
 
-Else a missing permission fails late and opaquely (a Lua error, mid-crawl). How, and what
-the error says: docs/howto/tls-acl.md#least-privilege. ``NOPERM`` comes before any other
-reply, so any other means allowed. A silent server is tried once, left to the rest of
-opening (retries would stop a filter opening on a server out of memory, where reads work).
+Else a missing permission fails late and opaquely (a Lua error, mid-crawl). ``NOPERM`` comes
+before any other reply, so any other means allowed (docs/howto/tls-acl.md#least-privilege).
 """
 
 from __future__ import annotations
@@ -51,14 +49,11 @@ def probe_keys(key: str, suffix: int = 0) -> tuple[str, str]:
 
 
 def probes(record: str, shard: str) -> list[Probe]:
-    """Return the commands that check every permission the filter needs, in sending order.
-
-    Each on its family's key, deleted first (a probe cut short leaves it) and last.
-    """
+    """Return the commands that check every permission the filter needs, in sending order."""
     ttl = PROBE_TTL_MS
     return [
         # The shards' family: what the hot path, bulk, allocation and figures send.
-        Probe("unlink", (b"UNLINK", shard), shard),
+        Probe("unlink", (b"UNLINK", shard), shard),  # deleted first (a probe cut short) and last
         Probe("getrange", (b"GETRANGE", shard, 0, 25), shard),
         Probe("exists", (b"EXISTS", shard), shard),
         Probe("strlen", (b"STRLEN", shard), shard),
@@ -125,7 +120,7 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
     targets = _targets(topology, key)
     sent = [(target, probe) for target in targets for probe in probes(target.record, target.shard)]
     calls = [Call(pack_command(*probe.argv), key=probe.key, server=t.server) for t, probe in sent]
-    try:
+    try:  # once: retries would stop opening on a server out of memory, where reads work
         replies = executor.run(
             "check the Redis user's permissions", calls, write=True, timeout=0
         ).replies
@@ -164,26 +159,29 @@ def check_access(executor: Executor, topology: Topology, key: str) -> None:
 
 def users(topology: Topology) -> list[str]:
     """Return the Redis users the filter's clients log in as, each once."""
+    return list(dict.fromkeys(_users(topology)))
+
+
+def _users(topology: Topology) -> list[str]:
+    """Return the Redis user of each client (a cluster's one)."""
     if isinstance(topology, Cluster):
         return [_user(getattr(topology.client.nodes_manager, "connection_kwargs", {}))]
     clients = topology.clients if isinstance(topology, ServerList) else ()
-    return list(dict.fromkeys(_user(c.connection_pool.connection_kwargs) for c in clients))
+    return [_user(client.connection_pool.connection_kwargs) for client in clients]
 
 
 def _targets(topology: Topology, key: str) -> list[_Target]:
     """Return the servers to probe, each with probe keys that reach it."""
+    users = _users(topology)
     if isinstance(topology, Cluster):
         found = []
-        user = _user(getattr(topology.client.nodes_manager, "connection_kwargs", {}))
         for node in topology.primaries():
             record = _on(topology, node.address, lambda n: probe_keys(key, n)[0])
             shard = _on(topology, node.address, lambda n: probe_keys(key, n)[1])
             if record is not None and shard is not None:
-                found.append(_Target(node.address, None, record, shard, user))
+                found.append(_Target(node.address, None, record, shard, users[0]))
         return found
     record, shard = probe_keys(key)
-    clients = topology.clients if isinstance(topology, ServerList) else ()
-    users = [_user(client.connection_pool.connection_kwargs) for client in clients]
     return [
         _Target(node.address, i, record, shard, users[i] if i < len(users) else "")
         for i, node in enumerate(topology.primaries())

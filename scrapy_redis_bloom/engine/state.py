@@ -48,11 +48,7 @@ class GenerationState:
 
 @dataclass(frozen=True, slots=True)
 class DamagedPart:
-    """A part the headers say exists (a shard, generation, window) missing or not the filter's.
-
-    ``found``: what is there (:func:`..core.layout.describe_identity`): ``missing``, or what
-    it carries instead of the filter's id.
-    """
+    """A part the headers say exists, missing or not the filter's (``found``: what is there)."""
 
     shard: int
     key: str
@@ -97,20 +93,14 @@ class FilterState:
 
 
 def _rate(bits: int, k: int, ones: int, block: int) -> float:
-    """Return the rate of a part with ``ones`` of its ``bits`` set: (X/m)**k unblocked.
-
-    Blocked (busy blocks answer falsely more often than the mean fill): the rate of its items.
-    """
+    """Return the rate of a part with ``ones`` of its ``bits`` set: (X/m)**k, blocked its items'."""
     if not block:
         return (ones / bits) ** k
     return false_positive_rate(bits, k, _items(bits, k, ones, block), block)
 
 
 def _items(bits: int, k: int, ones: int, block: int) -> float:
-    """Items that set ``ones`` of ``bits`` bits: -(m/d) ln(1 - X/m); a lower bound when full.
-
-    ``d``: distinct bits per item, k less those coinciding in a block (:func:`.distinct_bits`).
-    """
+    """Items that set ``ones`` of ``bits`` bits: -(m/d) ln(1 - X/m), d distinct bits per item."""
     if bits <= 1:
         return float(ones)
     distinct = distinct_bits(k, block) if block else k
@@ -120,8 +110,7 @@ def _items(bits: int, k: int, ones: int, block: int) -> float:
 def read_state(parts: Parts, record: FilterRecord) -> FilterState:
     """Count the bits set in every shard (of each generation, window) and their memory.
 
-    Every part the headers say exists is checked to carry the filter's id, in the same round
-    trips (the state of an evicted generation is not that of an empty one).
+    Each part is checked to carry the filter's id (an evicted generation is no empty one).
     """
     growth = record.growth
     if growth.expansion or growth.ttl:
@@ -208,11 +197,7 @@ def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationStat
 
 
 def _needed_windows(anchor: bytes, window: int) -> tuple[bool, bool]:
-    """Return whether windows ``window - 1`` and ``window`` must exist, by a TTL anchor's state.
-
-    As the check-and-add script decides it (``lua/windows.lua``): a window the anchor shows
-    was started, and not yet expired, was lost if it is missing.
-    """
+    """Return whether windows ``window - 1`` and ``window`` must exist, as ``lua/windows.lua``."""
     before = int.from_bytes(anchor[GENERATIONS_BIT // 8 : GENERATIONS_BIT // 8 + 2], "big")
     newest = int.from_bytes(anchor[GENERATIONS_BIT // 8 + 2 : HEADER_BYTES], "big")
     previous = newest == window - 1 or (newest == window and before == 1)
@@ -301,7 +286,6 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
     # Per shard: the log of the chance every part misses a new element (keeps rates < 1e-16).
     clear = [0.0] * shards
     per_shard = [0] * shards
-    bits_set = 0
     for (shard, g, key), found in zip(keys, ones, strict=True):
         if key in lost:
             continue  # not an empty generation: one whose items are gone (or not this filter's)
@@ -309,12 +293,11 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
         per_gen.setdefault(g, []).append(found)
         clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
         per_shard[shard] += found  # every part's: the fill of the shard's bits
-        bits_set += found
     states = tuple(_generation(g, gens[g], found) for g, found in sorted(per_gen.items()))
     owned = [size for (_, _, key), size in zip(keys, memory, strict=False) if key not in lost]
     return FilterState(
         spec=parts.spec,
-        bits_set=bits_set,
+        bits_set=sum(per_shard),
         memory_bytes=sum(owned) + sum(memory[len(keys) :]),
         bits_set_per_shard=tuple(per_shard),
         estimated_items=sum(gen.estimated_items for gen in states),
@@ -326,10 +309,7 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
 
 
 def estimate_from_items(growth: Growth, items: int) -> FilterState:
-    """Return the state ``items`` distinct insertions leave, spread evenly: no Redis call.
-
-    Generations fill in turn (with a TTL, an upper bound).
-    """
+    """Return the state ``items`` distinct insertions leave, spread evenly: no Redis call."""
     spec = growth.spec
     per_shard = items / spec.shards
     states: list[GenerationState] = []

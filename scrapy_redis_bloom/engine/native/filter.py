@@ -1,9 +1,7 @@
 """The native backend: :class:`NativeBloomFilter`, each shard a server-side Bloom filter.
 
-Shard ``h1 mod shards`` (:mod:`.native.parts`) takes one atomic ``BF.INSERT ... NOCREATE``
-per check (``BF.ADD`` would silently create a default filter in place of a lost one; see
-docs/howto/native.md); bulk calls pipeline ``BF.INSERT`` / ``BF.MEXISTS`` with many items
-per shard. Re-crawl windows: :mod:`.native.ttl`. Thread-safe (a lock).
+A check is one atomic ``BF.INSERT ... NOCREATE`` on shard ``h1 mod shards`` (``BF.ADD``
+would silently create a default filter in place of a lost one); bulk calls pipeline many.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class NativeBloomFilter(FilterBase):
     backend: Backend = "native"
 
     def _setup(self) -> None:
-        #: Per shard, its key and the packed start of its ``BF.INSERT`` (set by :meth:`_adopt`).
-        self._heads: list[tuple[str, bytes]] = []
+        self._heads: list[tuple[str, bytes]] = []  # per shard: key, packed command start
         self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._script: Script | None = None
 
@@ -88,7 +85,6 @@ class NativeBloomFilter(FilterBase):
         self._ttl = record.ttl
         self._script = native_ttl.CHECK if record.ttl else None
         anchor = partial(native_parts.shard_key, self.key, filter_id=record.filter_id)
-        #: Checks of live windows without the script, where it can (see :class:`.Windows`).
         self._windows = native_ttl.Windows(record.ttl, anchor) if record.ttl else None
         if old is None or old.filter_id != record.filter_id:
             self._heads = [
@@ -113,14 +109,10 @@ class NativeBloomFilter(FilterBase):
 
     def estimate(self, items: int) -> FilterState:
         """Return the state ``items`` adds leave, by RedisBloom's sizing: no Redis call."""
-        count = item_count(items)
-        return native_parts.estimate(self.record or self.wanted, count)
+        return native_parts.estimate(self.record or self.wanted, item_count(items))
 
     def state(self, shards: list[int] | None = None) -> FilterState:
-        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``).
-
-        No filter under the key raises FilterMissingError: a read creates none.
-        """
+        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``)."""
         with self._lock:
             record = self._existing()
             chosen = range(record.spec.shards) if shards is None else shards
@@ -288,13 +280,11 @@ class NativeBloomFilter(FilterBase):
         try:
             record = self._current()
         except FilterUnavailableError as exc:
-            self._unavailable(exc, len(items))
-            outcome.errors, outcome.failed = len(items), list(items)
+            self._give_up(exc, items, outcome)
             return outcome
         shards = record.spec.shards
         hash64 = mmh3.hash64
-        # Keywords: mmh3 ignores a positional ``signed``, which moves elements to other
-        # shards whenever the shard count is not a power of two.
+        # Keywords: mmh3 ignores a positional ``signed`` (elements would move shards).
         places = [hash64(item, seed=0, x64arch=True, signed=False)[0] % shards for item in items]
         groups: list[list[int]] = [[] for _ in range(shards)]
         appenders = [group.append for group in groups]
@@ -345,10 +335,7 @@ class NativeBloomFilter(FilterBase):
         try:
             results = self.executor.run(operation, calls, write=write)
         except (FilterUnavailableError, AccessDeniedError) as exc:
-            count = sum(len(part) for _, part in chunks)
-            self._unavailable(exc, count)
-            outcome.errors += count
-            outcome.failed += [items[i] for _, part in chunks for i in part]
+            self._give_up(exc, [items[i] for _, part in chunks for i in part], outcome)
             return
         redo: list[tuple[int, list[int]]] = []
         n = len(chunks)
@@ -362,9 +349,7 @@ class NativeBloomFilter(FilterBase):
             try:
                 found = self._read(reply, key, write, len(part)) if there != 0 else None
             except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
-                self._unavailable(exc, len(part))
-                outcome.errors += len(part)
-                outcome.failed += [items[i] for i in part]
+                self._give_up(exc, [items[i] for i in part], outcome)
                 continue
             if found is None:
                 if recovered:
@@ -379,6 +364,17 @@ class NativeBloomFilter(FilterBase):
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)
+
+    def _give_up(
+        self,
+        exc: FilterUnavailableError | AccessDeniedError,
+        items: list[str | bytes],
+        outcome: Outcome,
+    ) -> None:
+        """Apply BLOOMFILTER_ON_ERROR to items Redis could not answer; count them failed."""
+        self._unavailable(exc, len(items))
+        outcome.errors += len(items)
+        outcome.failed += items
 
 
 def pack_items(items: list[str | bytes]) -> bytes:

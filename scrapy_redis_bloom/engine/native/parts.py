@@ -1,10 +1,7 @@
 """The parts of a native filter in Redis: server-side Bloom filters (``BF.*``), one per shard.
 
-Layout 3: ``KEY:meta``, ``KEY:count`` and ``KEY:workers`` as for a bitmap filter; shard
-``i`` in ``{KEY:<i>}:bf:<id>``, whose record id proves ownership as a bitmap header does (a
-worker on a reset filter's keys finds its shard missing). Shards are made by ``BF.RESERVE``
-(:func:`reserve_arguments`), never by the hot path (``NOCREATE``: a missing one is lost).
-:class:`Blooms` is the :class:`~..lifecycle.Shards` of :class:`.filter.NativeBloomFilter`.
+Shard ``i`` is ``{KEY:<i>}:bf:<id>``: the record's id in its name proves ownership as a
+bitmap header does. Shards are made by ``BF.RESERVE``, never by the hot path (``NOCREATE``).
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 #: The Redis type of a RedisBloom (and valkey-bloom) Bloom filter.
 NATIVE_TYPE = "MBbloom--"
-#: RedisBloom tightens each new sub-filter's error rate by this ratio, the first one
-#: included when the filter scales (``BF.DEBUG``, RedisBloom 2.8).
+#: RedisBloom tightens each new sub-filter's error rate by this ratio (the first one too).
 NATIVE_TIGHTENING = 0.5
 #: What to install when a server lacks ``BF.*``.
 INSTALL_HINT = (
@@ -66,9 +62,7 @@ class Link(NamedTuple):
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
     """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
 
-    The capacity: a bitmap shard's generation 0's. The rate: the bound all generations stay
-    under (as asked, or :attr:`.Growth.bound`; RedisBloom tightens sub-filters by
-    :data:`NATIVE_TIGHTENING` as our growth does); with a TTL half (two windows are read).
+    The rate: the bound all generations stay under (as asked, or :attr:`.Growth.bound`).
     """
     growth = record.growth
     options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
@@ -92,11 +86,7 @@ def links(record: FilterRecord, count: int) -> list[Link]:
 
 
 def shard_bytes(record: FilterRecord) -> int:
-    """Return the bytes a shard's first sub-filter takes (its two live windows' with a TTL).
-
-    RedisBloom allocates a sub-filter's bits whole at ``BF.RESERVE`` (``BF.INFO``'s Size is
-    those bytes and about 100 more); a window is made by its first add, two live at once.
-    """
+    """Return the bytes a shard's first sub-filter takes (its two live windows' with a TTL)."""
     first = links(record, 1)[0]
     return (2 if record.ttl else 1) * (allocation(first.bits // 8) + KEY_OVERHEAD)
 
@@ -104,9 +94,7 @@ def shard_bytes(record: FilterRecord) -> int:
 def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
     """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not).
 
-    Compared: the expansion, the capacity of its sub-filters, and their bytes (the error
-    rate, which RedisBloom does not show: an ``Error rate`` is compared where shown, as
-    valkey-bloom does). RedisBloom's Size is the bits' bytes and about 100 more per sub-filter.
+    The error rate is compared where shown (valkey-bloom), else by the bits' bytes (Size).
     """
     rate, _, _ = reserve_arguments(record)
     found = info.get("Expansion rate", "None")
@@ -198,9 +186,9 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
     most = max((count for _, count in shards), default=1)
     shape = links(record, most)
     per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per shard
-    clear = 0.0  # sum over shards of the chance a new element is found by none of its links
+    clear = 0.0  # sum over shards of the chance a link finds a new element
     for left, count in shards:  # items not yet placed in a link
-        missed = 0.0  # log of the chance that every link misses a new element
+        missed = 0.0  # log of the chance that every link misses it
         for g, link in enumerate(shape[:count]):
             held = left if g == count - 1 else min(left, link.capacity)
             left -= held
@@ -260,11 +248,7 @@ class Blooms:
     def prepare(
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
-        """Refuse a filter that does not fit (nothing to clear: shards are named by a new id).
-
-        Before the record is written, as for bitmaps: else ``BF.RESERVE`` fails half-way on
-        a full server, leaving a filter ``creating`` that no open can finish.
-        """
+        """Refuse a filter that does not fit, before ``BF.RESERVE`` fails half-way on a server."""
         each = shard_bytes(wanted)
         shards = wanted.spec.shards
         health.check_room(self.parts.key, servers, {}, spread=(shards * each, len(servers)))
@@ -315,21 +299,15 @@ class Blooms:
         return {shard: "missing" for shard, kind in found.items() if kind == "none"}
 
     def _unlike(self, record: FilterRecord, keys: Sequence[tuple[int, str]]) -> dict[int, str]:
-        """Return the Bloom filters among ``keys`` not reserved as ``record`` says, and how.
-
-        A shard replaced by another ``BF.RESERVE`` (another rate, capacity or expansion)
-        would answer by its own rate: half of new URLs "seen" at 0.9.
-        """
+        """Return the Bloom filters among ``keys`` not reserved as ``record`` says, and how."""
         calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in keys]
         replies = self.parts.run("check the filter's shards", calls) if calls else []
         with taking_apart("check the filter's shards", self.parts.key):
             infos = [pairs(reply) for reply in replies]
-        unlike = {}
-        for (shard, _), info in zip(keys, infos, strict=True):
-            differs = unlike_reserved(record, info)
-            if differs:
-                unlike[shard] = f"a Bloom filter reserved otherwise: {differs}"
-        return unlike
+        found = [
+            (s, unlike_reserved(record, info)) for (s, _), info in zip(keys, infos, strict=True)
+        ]
+        return {shard: f"a Bloom filter reserved otherwise: {why}" for shard, why in found if why}
 
     def misfits(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the shard past the last, if any (:meth:`missing` compared ``BF.INFO``)."""
