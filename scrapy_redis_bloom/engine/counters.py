@@ -72,9 +72,7 @@ class Counters:
     @property
     def due(self) -> bool:
         """Tell whether it is time to sync (unsynced counts, and an interval passed)."""
-        return (self._unsynced_added or self._unsynced_seen) > 0 and (
-            time.monotonic() >= self._next_sync
-        )
+        return self.unsynced and time.monotonic() >= self._next_sync
 
     def forget_unsynced(self) -> None:
         """Drop the counts not yet synced: the counters they were for were deleted."""

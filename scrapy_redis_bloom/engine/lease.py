@@ -166,38 +166,32 @@ class WorkerLease:
 
     def _call(self, action: str) -> int:
         ttl_ms = max(1, round(self.ttl * 1000))
-        with self._using():  # the claim is held or dropped in the same step as its flag
-            if action == "renew" and self._claimed:
-                action = "hold"
-            elif action == "unclaim":
-                self._claimed = False  # a failed unclaim: the claim lapses within the TTL
-            call = script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
-            # A claim reads the server's uptime in the same trip (see clearing()).
-            calls = [*settling_calls(self._filter_key), call] if action == "claim" else [call]
-            run = self._executor.run(f"{action} a worker lease", calls, write=True)
-            *settling, reply = run.replies
-            if isinstance(reply, BaseException):
-                raise refusal(
-                    self._executor, self._filter_key, reply, self.key, f"{action} a lease"
-                )
-            with taking_apart(f"{action} a worker lease", self.key):
-                others = int(reply)
-            if action == "claim":
-                self._claimed = others == 0
-                self._settling = unsettled(self._executor, self._filter_key, settling, self.ttl)
+        with self._lock:  # the claim is held or dropped in the same step as its flag
+            try:
+                if action == "renew" and self._claimed:
+                    action = "hold"
+                elif action == "unclaim":
+                    self._claimed = False  # a failed unclaim: the claim lapses within the TTL
+                call = script_call(scripts.LEASE, self.key, self.worker_id, ttl_ms, action)
+                # A claim reads the server's uptime in the same trip (see clearing()).
+                calls = [*settling_calls(self._filter_key), call] if action == "claim" else [call]
+                run = self._executor.run(f"{action} a worker lease", calls, write=True)
+                *settling, reply = run.replies
+                if isinstance(reply, BaseException):
+                    raise refusal(
+                        self._executor, self._filter_key, reply, self.key, f"{action} a lease"
+                    )
+                with taking_apart(f"{action} a worker lease", self.key):
+                    others = int(reply)
+                if action == "claim":
+                    self._claimed = others == 0
+                    self._settling = unsettled(self._executor, self._filter_key, settling, self.ttl)
+            finally:
+                if self._closing:  # close() came meanwhile: the connections close now
+                    self._executor.close()
         if action in ("renew", "hold") and others >= 0 and self.on_workers is not None:
             self.on_workers(others + 1)
         return others
-
-    @contextmanager
-    def _using(self) -> Iterator[None]:
-        """Hold the lease's connections; close them on leaving if :meth:`close` came meanwhile."""
-        with self._lock:
-            try:
-                yield
-            finally:
-                if self._closing:
-                    self._executor.close()
 
     def renew(self) -> int:
         """Take or extend the lease; return how many others are live (:data:`CLEARING`: none)."""
@@ -293,10 +287,7 @@ class WorkerLease:
             self._thread.join(timeout=wait)
 
     def release(self) -> int:
-        """Stop renewing and drop the lease; return how many other workers are live.
-
-        While Redis fails it fails fast, not waiting for a renewal under way (the lease lapses).
-        """
+        """Stop renewing and drop the lease (fast while Redis fails); return the other workers."""
         try:
             self._stop.set()
             failure = self._executor.refusal("release a worker lease", write=True)
