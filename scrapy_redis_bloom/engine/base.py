@@ -127,10 +127,8 @@ class FilterBase:
         self.cache_size = cache_size
         self._cache: LRU[int, bool] = LRU(cache_size)
         self.cache_hits = 0
-        #: With re-crawl windows, the window the near-cache holds answers of (see _cached).
-        self._cache_window = -1
-        #: Whether what Redis answers from now on may be kept in the near-cache (see _cached).
-        self._cache_keep = True
+        self._cache_window = -1  # with re-crawl windows, the one the cache holds (see _cached)
+        self._cache_keep = True  # whether what Redis answers now may be kept (see _cached)
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
@@ -216,10 +214,7 @@ class FilterBase:
 
     @classmethod
     def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
-        """Return the filter a validated configuration asks for (``options``: the constructor's).
-
-        ``key`` (``BloomConfig.key_for``) breaking BLOOMFILTER_KEY's rule: TypeError, ValueError.
-        """
+        """Return the filter a validated configuration asks for (``options``: the constructor's)."""
         return cls(
             client,
             key,
@@ -263,10 +258,7 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the filter's connections (they reopen on demand), owed adds and counts sent.
-
-        A sync that fails is said, never raised over the close.
-        """
+        """Close the connections (reopened on demand), after sending owed adds and counts."""
         with self._lock:
             try:
                 self.settle_owed()  # raises only what no retry fixes (a damaged filter)
@@ -307,10 +299,7 @@ class FilterBase:
             return self.counters.read(self.parts)
 
     def sync_counters(self) -> FilterTotals | None:
-        """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
-
-        A record found gone is restored; another filter's is adopted, as a check would.
-        """
+        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
         with self._lock:
             record = self.record
             if record is None:
@@ -345,10 +334,7 @@ class FilterBase:
         return lease
 
     def live_workers(self, settle: float = WORKER_TTL.default) -> list[str]:
-        """Return the ids (``host:pid:random``) of the workers holding a live lease.
-
-        Waits up to ``settle`` s after the registry's server restarts (:func:`.lease.unsettled`).
-        """
+        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
         with self._lock:
             return workers_of(self.executor, self.key, settle)
 

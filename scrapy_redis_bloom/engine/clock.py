@@ -73,10 +73,7 @@ class Known:
     def timed(
         self, replies: list[Any], asked: bool, sent_at: float, window: int, ttl: int
     ) -> tuple[float, list[Any]] | None:
-        """Return Redis's time at a round's reads (by its ``TIME`` if ``asked``) and the rest.
-
-        None (the script checks) when the round chose its keys by a window not Redis's now.
-        """
+        """Return Redis's time at a round's reads and the rest (None: not Redis's window now)."""
         if asked:
             now, replies = self.clock.read(replies[0], sent_at), replies[1:]
         else:

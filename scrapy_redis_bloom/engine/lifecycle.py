@@ -119,10 +119,7 @@ class Lifecycle:
         return record
 
     def loss_found(self, expiring: bool) -> None:
-        """Re-read the servers' maxmemory-policy once a part was found lost; warn, and count it.
-
-        It may have changed since open (``CONFIG SET``). At most once a :data:`RECHECK_INTERVAL`.
-        """
+        """Re-read the servers' maxmemory-policy (changed since open?) once a part was lost."""
         now = time.monotonic()
         if self._rechecked is not None and now - self._rechecked < RECHECK_INTERVAL:
             return

@@ -79,10 +79,7 @@ def check_and_add(growth: Growth, one: bool = False) -> Script:
 
 
 def script_reply(reply: Any, answers: int) -> list[Any]:
-    """Return a check-and-add script's list reply for ``answers`` elements; else ``ValueError``.
-
-    Any other reply than those of :func:`check_and_add` is not this call's.
-    """
+    """Return a check-and-add script's list reply for ``answers`` elements; else ``ValueError``."""
     if isinstance(reply, list) and reply:
         if reply[0] == MISMATCH and len(reply) == 2 and isinstance(reply[1], bytes):
             return reply

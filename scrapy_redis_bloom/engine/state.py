@@ -108,10 +108,7 @@ def _items(bits: int, k: int, ones: int, block: int) -> float:
 
 
 def read_state(parts: Parts, record: FilterRecord) -> FilterState:
-    """Count the bits set in every shard (of each generation, window) and their memory.
-
-    Each part is checked to carry the filter's id (an evicted generation is no empty one).
-    """
+    """Count the bits set in every shard (each generation, window), their memory, damaged parts."""
     growth = record.growth
     if growth.expansion or growth.ttl:
         return _read_generations(parts, record)

@@ -60,10 +60,7 @@ class Link(NamedTuple):
 
 
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
-    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
-
-    The rate: the bound all generations stay under (as asked, or :attr:`.Growth.bound`).
-    """
+    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``."""
     growth = record.growth
     options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
     asked = _ERROR_RATE.search(record.sizing)
@@ -92,10 +89,7 @@ def shard_bytes(record: FilterRecord) -> int:
 
 
 def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
-    """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not).
-
-    The error rate is compared where shown (valkey-bloom), else by the bits' bytes (Size).
-    """
+    """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not)."""
     rate, _, _ = reserve_arguments(record)
     found = info.get("Expansion rate", "None")
     expansion = "NONSCALING" if found in ("None", "", "0") else f"EXPANSION {found}"
