@@ -401,8 +401,7 @@ class FilterBase:
     def check_and_add(self, element: str | bytes) -> bool:
         """Add an element (a str or bytes); return True if it was (probably) there already.
 
-        Atomic in Redis: of several workers adding the same element at once, exactly one gets
-        False.
+        Atomic: of several workers adding the same element at once, exactly one gets False.
         """
         if type(element) is not str or not element.isascii():
             element = hashable(element, "check_and_add")

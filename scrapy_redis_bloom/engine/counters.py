@@ -44,8 +44,7 @@ class Counters:
         self.synced: FilterTotals | None = None
         #: The last sync found no config record (counts kept), or another filter's (adopted).
         self.record_gone = self.replaced = False
-        #: A fixed-size filter that remembers forever, warned about here; one that grows or
-        #: forgets reports from its check-and-add script (growth, a full shard).
+        #: A fixed-size filter (neither growing nor forgetting), whose capacity is warned about.
         self.fixed = True
         self._log = RateLimitedLog(logger)
 

@@ -232,8 +232,7 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
             raise ValueError(f"BITFIELD's values, got {replies[: len(bases)]!r:.200}")
         found_heads = [blob(reply) for reply in replies[len(bases) : 2 * len(bases)]]
         found_anchors = [blob(reply) for reply in replies[2 * len(bases) :]]
-    # Per head: whether it must exist. Without windows, the shard itself always does; with
-    # them, what its anchor says (an anchor not the filter's is the damage reported).
+    # Per head: whether it must exist (with windows, as its anchor says; else always).
     needed = [True] * len(heads)
     if growth.ttl:
         window = windows[-1]
