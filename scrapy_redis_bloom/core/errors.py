@@ -1,9 +1,8 @@
 """Exceptions raised when the settings, or the filter in Redis, cannot be used.
 
 Bad settings raise a :class:`ValueError` (Scrapy's convention), :class:`SettingError` where
-the message names settings; the other classes cover what is found in Redis. Each message
-says what was found, where (``host:port``, never a password) and how to proceed; one that
-names settings is a :class:`Wording`, so that each front end names them in its own words.
+the message names settings, as a :class:`Wording` so that each front end names them in its
+own words. Messages say what was found, where (``host:port``, never a password), what to do.
 """
 
 from __future__ import annotations
@@ -31,11 +30,9 @@ TLS_PARAMS = "ssl_ca_certs, ssl_certfile, ssl_keyfile in BLOOMFILTER_REDIS_PARAM
 class Wording:
     """A message whose settings are data, so that each front end names them in its words.
 
-    ``template`` is a :meth:`str.format` template: ``{BLOOMFILTER_TTL}`` names a setting,
-    ``{setting}`` / ``{settings}`` are the word for one or several; other fields are
-    ``values``, formatted once (a value holding ``{`` is never read as a field), a
-    :class:`SettingName` named as a setting, a :class:`Wording` rendered in the same words.
-    ``str()`` is the message in Scrapy's words.
+    A :meth:`str.format` template: ``{BLOOMFILTER_TTL}`` names a setting, ``{setting}`` /
+    ``{settings}`` are the word for one or several; other fields are ``values``, formatted
+    once (a ``{`` in a value is no field). ``str()`` is the message in Scrapy's words.
     """
 
     __slots__ = ("template", "values")
@@ -50,7 +47,7 @@ class Wording:
         found: list[str] = []
         for _, field, _, _ in Formatter().parse(self.template):
             value = self.values.get(field or "")
-            if field and field.startswith("BLOOMFILTER_"):  # a setting: {BLOOMFILTER_TTL}
+            if field and field.startswith("BLOOMFILTER_"):
                 found.append(field)
             elif isinstance(value, SettingName):
                 found.append(str(value))
@@ -79,10 +76,9 @@ class Wording:
 
 
 class WordedError(Exception):
-    """An error whose message may be a :class:`Wording`: front ends name its settings.
+    """An error whose message may be a :class:`Wording` (else ``wording`` is None).
 
-    ``str(exc)`` is the message in Scrapy's words; :meth:`render` words it otherwise (the
-    command names its options). ``wording`` is None for a plain string message.
+    ``str(exc)`` is the message in Scrapy's words; :meth:`render` words it otherwise.
     """
 
     wording: Wording | None = None
@@ -127,10 +123,7 @@ class FilterMissingError(BloomFilterError):
 
 
 class FilterUnavailableError(BloomFilterError):
-    """Redis did not carry out an operation within ``BLOOMFILTER_RETRY_TIMEOUT``.
-
-    ``operation`` names what the filter was doing, ``server`` where (``host:port``).
-    """
+    """Redis did not carry out ``operation`` at ``server`` within the retry timeout."""
 
     def __init__(self, message: str | Wording, operation: str = "", server: str = "") -> None:
         super().__init__(message)
@@ -141,8 +134,7 @@ class FilterUnavailableError(BloomFilterError):
 def foreign_reply(what: str, key: str, exc: Exception) -> FilterUnavailableError:
     """Return the error for a reply of another shape than its command's (``exc`` says how).
 
-    What Redis did is unknown: nothing is read from it, and it is handled as an outage
-    (``BLOOMFILTER_ON_ERROR``).
+    What Redis did is unknown, so it is handled as an outage (``BLOOMFILTER_ON_ERROR``).
     """
     return FilterUnavailableError(
         f"Redis answered {what} on {key!r} with a reply that is not this command's ({exc});"
@@ -156,11 +148,7 @@ SHAPE_ERRORS = (ValueError, TypeError, IndexError, KeyError, AttributeError)
 
 @contextmanager
 def taking_apart(operation: str, key: str) -> Iterator[None]:
-    """Take replies apart inside: one of another shape raises :func:`foreign_reply`.
-
-    For the calls off the hot path (records, counters, leases, state, inventory), which read
-    their replies with ``int()`` and unpacking; the package's own errors pass through.
-    """
+    """Inside, a reply of another shape raises :func:`foreign_reply`; ours pass through."""
     try:
         yield
     except WordedError:
@@ -172,8 +160,7 @@ def taking_apart(operation: str, key: str) -> Iterator[None]:
 class FilterDamagedError(BloomFilterError):
     """Part of the filter is gone: a shard evicted or deleted, a server emptied or replaced.
 
-    Under ``BLOOMFILTER_ON_LOSS = "raise"``: a lost shard would answer "new" for URLs
-    already crawled, a replaced one mix two filters' bits.
+    A lost shard would answer "new" for URLs already crawled, a replaced one mix two filters.
     """
 
 
@@ -188,9 +175,8 @@ class UnsupportedServerError(BloomFilterError):
 class AccessDeniedError(BloomFilterError):
     """A Redis ACL does not let the filter's user run a command it needs, or reach its keys.
 
-    Raised at open by :mod:`.engine.access` (naming all that is refused at once), or when
-    Redis later refuses a command. ``server``: ``Redis at host:port``; ``commands``: ACL
-    names (``memory|usage``); ``keys``: key patterns (``~{KEY:*``), as far as known.
+    ``server``: ``Redis at host:port``; ``commands``: ACL names (``memory|usage``); ``keys``:
+    key patterns (``~{KEY:*``), as far as known.
     """
 
     def __init__(

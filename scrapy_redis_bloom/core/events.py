@@ -1,10 +1,8 @@
 """What happens to the filter while it runs, counted in memory for the layer above to read.
 
-The engine counts on a :class:`FilterEvents` (stats ``bloomfilter/<name>``); the Scrapy layer
-copies them into the crawl's stats on its own timer, from the reactor thread, so a stats
-store that fails or is not thread-safe is never called from retries, a lease's thread or
-``request_seen``. :class:`RateLimitedLog` says repeating warnings; no log call of the
-package raises, whichever handler fails (:class:`GuardedLogger`).
+The Scrapy layer copies the counts into the crawl's stats from the reactor thread, so a
+stats store that fails or is not thread-safe is never called from retries, a lease's thread
+or ``request_seen``. No log call of the package raises, whichever handler fails.
 """
 
 from __future__ import annotations
@@ -63,18 +61,15 @@ class RateLimitedLog:
             self._suppressed[topic] += 1
             return
         self._last[topic] = now
-        skipped = self._suppressed.pop(topic, 0)
-        if skipped:
+        if skipped := self._suppressed.pop(topic, 0):
             message += " (%d more like this since the last such message)"
             args = (*args, skipped)
         emit(self.logger, level, message, *args, stacklevel=2)
 
 
-# -- log calls that never raise --------------------------------------------------------------
-# A handler may fail (Scrapy's ``LogCounterHandler`` counts records into stats that may live
-# in a Redis that is down); through :mod:`logging` it would raise into the caller and cut the
-# record off from later handlers. So each handler gets the record in turn; a failure is
-# counted (:func:`handler_failures`, ``bloomfilter/log_failed``) and said once a minute.
+# -- log calls that never raise: a handler may fail (Scrapy's ``LogCounterHandler`` counts
+# into stats that may live in a Redis that is down), and must not cut the record off from
+# the other handlers nor raise into the caller.
 
 #: The package's loggers: this one and those below it (:func:`guard_loggers`).
 PACKAGE_LOGGER = __name__.partition(".")[0]
@@ -94,10 +89,9 @@ class GuardedLogger(logging.Logger):
 
 
 def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
-    """Make the package's loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
+    """Make the loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
 
-    Called at import and when a filter or a command starts (for modules imported since); a
-    logger of another class (a program's ``setLoggerClass``) is left as it is.
+    A logger of another class (a program's ``setLoggerClass``) is left as it is.
     """
     logging.getLogger(prefix)
     for name, found in list(logging.Logger.manager.loggerDict.items()):
@@ -118,10 +112,7 @@ def emit(
     exc_info: Any = None,
     stacklevel: int = 1,
 ) -> bool:
-    """Log ``message % args`` to every handler, never raising; return whether all took it.
-
-    As a :class:`GuardedLogger` logs, for any logger; ``stacklevel`` 1 is the caller's.
-    """
+    """Log ``message % args`` to every handler, never raising; return whether all took it."""
     if not logger.isEnabledFor(level):
         return True
     try:
@@ -135,9 +126,7 @@ def emit(
     record = logger.makeRecord(
         logger.name, level, path, line, message, args, exc_info or None, function
     )
-    if not logger.filter(record):
-        return True
-    return _dispatch(logger, record)
+    return not logger.filter(record) or _dispatch(logger, record)
 
 
 def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:

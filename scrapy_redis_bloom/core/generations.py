@@ -1,13 +1,10 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
 Pure functions of the config record, so every worker and the scripts compute the same
-numbers (docs/explanation/growth.md; the keys in how-it-works.md). **Growth**: generation
-``g + 1`` takes E (``BLOOMFILTER_EXPANSION``) times the items at r (:data:`DEFAULT_TIGHTENING`)
-times the rate, all together under ``p_0 / (1 - r)``. **Re-crawl windows**
-(``BLOOMFILTER_TTL`` T): one growing filter per window ``w = floor(Redis TIME / T)``, expiring
-at ``(w + 2) T``; a check reads windows w - 1 and w. The rates leave out a blocked filter's
-seed floor (``floor=False``): the generations of filters created before it was counted must
-keep their sizes.
+numbers (docs/explanation/growth.md). Generation ``g + 1`` takes E times the items at r times
+the rate, all together under ``p_0 / (1 - r)``; with a TTL T, one growing filter per window
+``floor(Redis TIME / T)``. The rates leave out the seed floor (``floor=False``), so that
+generations of filters created before it was counted keep their sizes.
 """
 
 from __future__ import annotations
@@ -34,16 +31,16 @@ DEFAULT_EXPANSION = 2
 #: Most items a generation may take: the script counts them in a u32 of the header.
 MAX_GENERATION_ITEMS = 2**32 - 1
 
-#: Bit offsets of a header's state, after the identity. Generation 0: the generations (u16;
-#: 0 reads as 1) and the newest one's items (u32). A TTL anchor: whether the window before
-#: the newest existed when it started (u16), and the newest window's number (u32).
+#: Bit offsets of a header's state after the identity: generations (u16; 0 reads as 1) and
+#: the newest one's items (u32); in a TTL anchor, whether the window before the newest
+#: existed when it started (u16) and the newest window's number (u32).
 GENERATIONS_BIT = 208
 COUNT_BIT = 224
 
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """One generation of a shard: items, bits, hash functions, error rate, and the scheme's."""
+    """One generation of a shard: items, bits, hash functions, error rate, and the scheme."""
 
     capacity: int
     bits: int
@@ -51,7 +48,7 @@ class Generation:
     error_rate: float
     block_bits: int = 0
     two_seeds: bool = False
-    #: :func:`..hashing.seed_range`, set once: every check of a grown or windowed shard reads it.
+    #: Set once: every check of a grown or windowed shard reads it.
     seed_range: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,8 +65,7 @@ class Generation:
     def seed_floor(self) -> float:
         """Least false-positive rate at capacity, however many bits: ``n / (bits seed_range)``.
 
-        A new element with a stored one's seeds shares all its bits. Tiny in schemes 2 and 3;
-        in scheme 1, ``n / S**2``, more than the rate asked for in a shard of a few kbit.
+        A new element with a stored one's seeds shares all its bits (scheme 1: ``n / S**2``).
         """
         return self.capacity / self.bits / self.seed_range
 
@@ -87,8 +83,7 @@ SCRIPTLESS_MARGIN = 1024
 class Growth:
     """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``).
 
-    ``spec`` and ``capacity`` (the filter's) make generation 0 of every shard. The settings
-    and the record check the values before they get here.
+    ``spec`` and ``capacity`` (checked by the settings and the record) make generation 0.
     """
 
     spec: FilterSpec
@@ -112,8 +107,7 @@ class Growth:
     def scriptless_limit(self) -> int:
         """Items a one-generation shard may hold before its checks go through the script.
 
-        :mod:`.fastpath`'s counts arrive late (< 16 items per worker): a margin of 1% (at
-        least :data:`SCRIPTLESS_MARGIN`) keeps it clear of growth, which only the script does.
+        :mod:`.fastpath`'s counts arrive late: a margin keeps it clear of growth (script only).
         """
         first = self.first_capacity
         return max(0, first - max(SCRIPTLESS_MARGIN, first // 100))
@@ -135,8 +129,7 @@ class Growth:
     def first_capacity(self) -> int:
         """Items generation 0 of a shard takes before the shard grows.
 
-        Its share of the capacity plus 4 standard deviations (while its rate stays under 3/4
-        of :attr:`bound`): else half the shards of a filter at capacity would have grown.
+        Its share plus 4 sigma (rate under 3/4 of :attr:`bound`), lest half the shards grow early.
         """
         nominal = self.shard_capacity
         if not self.expansion or self.spec.shards == 1:
@@ -179,7 +172,6 @@ class Growth:
         return self.compound_rate(self.last + 1)
 
 
-# Pure functions of a (hashable) Growth, asked for on every growth event and state read.
 @lru_cache(maxsize=4096)
 def _generation_of(growth: Growth, g: int) -> Generation:
     spec, nominal, block = growth.spec, growth.shard_capacity, growth.spec.block_bits
@@ -217,8 +209,7 @@ _FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's :func:`..hashing.place` ``x`` and ``y``, then both cut to :data:`WIDE` for
-    the later generations (the script reduces them by each one's :attr:`Generation.seed_range`).
+    Generation 0's ``x`` and ``y``, then both cut to :data:`WIDE` for the later generations.
     One format operation: it runs for every near-cache miss.
     """
     q = h1 // shards

@@ -1,12 +1,9 @@
 """Hashing scheme: from a fingerprint to one shard and k bit offsets inside it.
 
 Specified in docs/explanation/hashing.md, so that any worker, the CLI or another language
-computes the same bits: ``MurmurHash3_x64_128`` (seed 0) of the fingerprint's lowercase hex
-gives the shard and the offsets' seeds. One formula (enhanced triple hashing, run on the
-server by ``engine/lua/scheme.lua``, held to :func:`offsets` by tests/test_scheme_lua.py) in
-three versions: scheme 3 (classic: anywhere in the shard), 2 (blocked: in one 512-bit block,
-a cache line) and 1 (classic filters of earlier builds: two seeds instead of three, so a
-floor of n/S**2 under the false-positive rate that a small shard feels).
+(``engine/lua/scheme.lua``) computes the same bits: one formula (enhanced triple hashing of
+``MurmurHash3_x64_128``) in three schemes: 3 (classic), 2 (blocked: in one 512-bit block, a
+cache line) and 1 (classic filters of earlier builds: two seeds, not three).
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from typing import cast, overload
 
 import mmh3
 
-#: Versions of the scheme, stored in the filter's record: a worker refuses one it does not
-#: know. Version 1 (classic, two seeds) is kept for the filters created with it.
+#: Versions of the scheme, stored in the filter's record: 1 is kept for the filters made with it.
 SCHEME_VERSION = 1
 #: The blocked scheme's version, and its block: 512 bits, one 64-byte cache line.
 BLOCKED_SCHEME = 2
@@ -112,11 +108,9 @@ class FilterSpec:
 def hashable(element: object, method: str = "", position: int | None = None) -> str | bytes:
     """Return what mmh3 and Redis are given for an element: the hash it always had, safely.
 
-    mmh3 hashes a str as its UTF-8 bytes, and crashes the process (SIGSEGV) on one that has
-    none: a lone surrogate, as ``os.fsdecode`` gives for undecodable bytes. So a non-ASCII
-    str goes as its UTF-8 bytes with surrogates passed through: the same hash and the same
-    Redis item for every other str. ASCII strs (``isascii`` is O(1)) and bytes go unchanged.
-    Anything else is a TypeError naming ``method``, the element's ``position`` and its type.
+    mmh3 crashes the process (SIGSEGV) on a str with a lone surrogate (``os.fsdecode``): a
+    non-ASCII str goes as its UTF-8 bytes with surrogates passed through, the same hash and
+    Redis item for every other str. Anything but str and bytes is a TypeError.
     """
     if isinstance(element, str):
         return element if element.isascii() else element.encode("utf-8", "surrogatepass")
@@ -137,7 +131,6 @@ def hashables(elements: Iterable[object], method: str, lazy: bool) -> Iterable[s
 def hashables(elements: Iterable[object], method: str, lazy: bool = False) -> Iterable[str | bytes]:
     """Return a collection's elements through :func:`hashable`, for the method ``method``.
 
-    A str or bytes given whole is a TypeError (it would be taken character by character).
     A sequence (without ``lazy``, any iterable) is checked whole before anything is written;
     with ``lazy``, another iterable is checked as it is consumed (in bounded memory).
     """
@@ -183,11 +176,7 @@ def place(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> tuple[i
 
 
 def seed_range(bits: int, block_bits: int, two_seeds: bool = False) -> int:
-    """Return what ``y`` is taken modulo in a shard or generation of ``bits`` bits.
-
-    ``y`` holds the second and third seeds (``y mod span``, ``y div span``): blocked, B**2;
-    classic, S times S (at most :data:`WIDE`); scheme 1, S (no third seed).
-    """
+    """Return what ``y`` (the second and third seeds) is taken modulo in ``bits`` bits."""
     if block_bits:
         return block_bits * block_bits
     if two_seeds:
@@ -200,9 +189,8 @@ def offsets(
 ) -> list[int]:
     """Return the k bit offsets inside a shard, each plus ``first`` (the header's bits).
 
-    With ``span`` the block or shard, ``s = x mod span``, ``b = y mod span``, ``c = y div
-    span``: ``offset[i] = (x - s) + (s + i b + i (i - 1) / 2 c + (i**3 - i) / 6) mod span``,
-    in closed form for the bulk path's millions (the Lua copy runs the loop).
+    ``(x - s) + (s + i b + i (i - 1) / 2 c + (i**3 - i) / 6) mod span``, with ``s = x mod
+    span``, ``b = y mod span``, ``c = y div span``: closed form for the bulk path's millions.
     """
     span = block_bits or shard_bits
     start = x % span
@@ -219,7 +207,6 @@ def block_masks(
 
     ``bits``: :func:`offsets`' bits in the block as one integer, offset ``p`` being bit
     ``B - 1 - p`` (the block's 64 bytes read big-endian), for the kernel without numpy.
-    Offset i is ``(s + i y1 + t_i y2 + c_i) mod B`` (``y = y1 + B y2``), terms from tables.
     """
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT
@@ -257,10 +244,8 @@ def offset_steps(hash_count: int) -> tuple[tuple[int, int, int], ...]:
 def distinct_bits(hash_count: int, span: int) -> float:
     """Return how many distinct bits one element sets, on average, among its k offsets.
 
-    ``span``: the block (a classic filter's offsets nearly never coincide). Offsets ``i``
-    and ``j`` coincide when ``(j - i) y + (t_j - t_i) z + (c_j - c_i) = 0 mod span``: with
-    probability ``g / span`` if ``g = gcd(j - i, t_j - t_i, span)`` divides ``c_j - c_i``,
-    else never. k minus the expected coinciding pairs, exact to the first order.
+    Offsets ``i`` and ``j`` coincide with probability ``g / span`` if ``g = gcd(j - i, t_j -
+    t_i, span)`` divides ``c_j - c_i``, else never: k less the expected pairs (first order).
     """
     steps = offset_steps(hash_count)
     pairs = 0.0

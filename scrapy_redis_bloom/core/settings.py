@@ -1,9 +1,7 @@
 """Settings to a validated, immutable filter configuration, through one table of settings.
 
-:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once (type, default, allowed
-values, meaning, check): the configuration reads each setting through its row, the docs'
-settings reference is rendered from the rows (:func:`reference`), the commands' sizing
-options take their types and ranges from them. A bad value raises :class:`ValueError`
+:data:`SETTINGS` describes every ``BLOOMFILTER_*`` setting once: the configuration, the docs'
+reference and the commands' options all read its rows. A bad value raises :class:`ValueError`
 naming the setting, the value and what is allowed, so a crawl fails at startup, not halfway.
 """
 
@@ -134,10 +132,7 @@ def _url_list(name: str, value: object) -> tuple[str, ...]:
 
 
 def key_problem(value: object) -> str | None:
-    """Return why a filter key cannot name its Redis keys (None: it can).
-
-    The rule of BLOOMFILTER_KEY and of the filters' constructors alike.
-    """
+    """Return why a filter key (the setting's, or a constructor's) cannot name Redis keys."""
     if not isinstance(value, str) or not value:
         return "It must be a non-empty string."
     if "{" in value or "}" in value:
@@ -161,8 +156,7 @@ def check_key(key: object) -> str:
 
 def _key(name: str, value: object) -> str:
     """Check a filter key (before ``%(spider)s`` is filled in): it must name Redis keys."""
-    why = key_problem(value)
-    if why is not None:
+    if (why := key_problem(value)) is not None:
         raise _invalid(name, value, why)
     assert isinstance(value, str)
     if re.sub(r"%%|%\(spider\)s", "", value).count("%"):
@@ -255,8 +249,7 @@ _ONE_SERVER_PARAMS = ("host", "port", "url", "unix_socket_path", "path")
 
 def check_sentinel_params(name: str, params: dict[str, Any]) -> None:
     """Refuse client arguments that would name the server the sentinels are to name."""
-    fixed = [param for param in _ONE_SERVER_PARAMS if param in params]
-    if fixed:
+    if fixed := [param for param in _ONE_SERVER_PARAMS if param in params]:
         raise _invalid(
             name,
             params,
@@ -285,10 +278,8 @@ def _figure(value: float | None) -> str:
 class Setting(Generic[_T]):
     """One setting: how it is read and checked, its default, and its row in the reference.
 
-    Numbers: ``low`` to ``high`` (None: unbounded), both excluded when ``open``, and 0 too
-    when ``zero`` (off); ``rule`` is the error's second sentence. ``text`` settings: checked
-    by ``parse(name, value)``, which accepts what ``allowed`` says. ``shape``: a unit or a
-    text's type; ``default_text``: the reference's default where the value misleads.
+    Numbers: ``low`` to ``high`` (None: unbounded), excluded when ``open``, and 0 too when
+    ``zero``; ``rule``: the error's second sentence. ``text``: checked by ``parse``.
     """
 
     name: str
@@ -323,10 +314,9 @@ class Setting(Generic[_T]):
         if self.kind == "bool":
             return cast(_T, _boolean(self.name, raw))
         if self.kind == "choice":
-            for choice in self.choices:
-                if raw == choice:
-                    return cast(_T, choice)
-            raise _invalid(self.name, raw, self.rule)
+            if raw not in self.choices:
+                raise _invalid(self.name, raw, self.rule)
+            return cast(_T, self.choices[self.choices.index(raw)])
         integer = self.kind == "int"  # a number, or a string of one: finite (whole), in range
         try:
             if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
@@ -338,15 +328,11 @@ class Setting(Generic[_T]):
             raise _invalid(self.name, raw, self.message) from None
         if integer:
             value = raw if isinstance(raw, int) else int(value)  # exact beyond a float's 53 bits
-        if not self.accepts(value):
-            raise _invalid(self.name, raw, self.message)
-        return cast(_T, value)
-
-    def accepts(self, value: float) -> bool:
-        """Whether a number is in the setting's range."""
         low = self.low is None or (value > self.low if self.open else value >= self.low)
         high = self.high is None or (value < self.high if self.open else value <= self.high)
-        return (self.zero and value == 0) or (low and high)
+        if not ((self.zero and value == 0) or (low and high)):
+            raise _invalid(self.name, raw, self.message)
+        return cast(_T, value)
 
     @property
     def message(self) -> str:
@@ -379,9 +365,9 @@ class Setting(Generic[_T]):
     @property
     def default_cell(self) -> str:
         """The reference's default: the value as it is written in settings.py."""
-        value: object = self.default
         if self.default_text:
             return self.default_text
+        value: object = self.default
         if value is None or value == ():
             return "—"
         if isinstance(value, str):
@@ -637,10 +623,9 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 def refuse_unknown(settings: SettingsLike) -> None:
-    """Refuse a ``BLOOMFILTER_*`` name that is no setting: misspelt, it would go unread.
+    """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread).
 
-    Names the closest setting. scrapy-redis-bloomfilter's two (BIT, HASH_NUMBER) are
-    settings here too, of the same meaning. Settings that cannot list their names pass.
+    Names the closest setting. Settings that cannot list their names pass.
     """
     if not isinstance(settings, Iterable):
         return
@@ -674,10 +659,8 @@ def reference() -> str:
 class ConnectionConfig:
     """Where the filter's bits live, when not on scrapy-redis's own connection.
 
-    ``urls``: none for scrapy-redis's connection; one server, or with ``cluster`` a Redis
-    Cluster node to start from; or several standalone servers, shard ``i`` on server
-    ``i mod len(urls)``. Or ``sentinels`` (with ``service``): the primary they name,
-    followed through failovers.
+    ``urls``: one server, or with ``cluster`` a node to start from, or several standalone
+    servers (shard ``i`` on server ``i mod n``). Or the primary ``sentinels`` name.
     """
 
     urls: tuple[str, ...] = ()
@@ -764,8 +747,7 @@ class FaultPolicy:
 class BloomConfig:
     """The resolved, validated configuration of one filter.
 
-    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it (a
-    filter that exists keeps its own, see :mod:`.record`).
+    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it.
     """
 
     key: str
@@ -782,8 +764,7 @@ class BloomConfig:
     ttl: int = TTL.default
     faults: FaultPolicy = field(default_factory=FaultPolicy)
     backend: BackendSetting = BACKEND.default
-    #: The false-positive rate above which the Spidermon monitor fails a crawl (None:
-    #: :attr:`design_error_rate`).
+    #: The false-positive rate above which the Spidermon monitor fails a crawl.
     monitor_max_fpr: float | None = MONITOR_MAX_FPR.default
 
     @property
@@ -803,10 +784,9 @@ class BloomConfig:
         return self.sizing.error_rate or self.expected_error_rate
 
     def for_native(self) -> BloomConfig:
-        """Return this configuration as a native filter's (BF.*), which has no blocks.
+        """Return this configuration as a native filter's (BF.*): no blocks.
 
-        Under ``BLOOMFILTER_BACKEND = 'auto'`` only the servers tell which backend a new filter
-        gets; a capacity derived from the bits follows them.
+        A capacity derived from the bits follows them (under ``'auto'`` the servers decide).
         """
         if self.sizing.native:
             return self
@@ -857,10 +837,7 @@ class BloomConfig:
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
-        """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError.
-
-        An unknown ``BLOOMFILTER_*`` name is refused too (:func:`refuse_unknown`).
-        """
+        """Read and validate the ``BLOOMFILTER_*`` settings (unknown names refused too)."""
         refuse_unknown(settings)
         expansion = EXPANSION.read(settings)
         ttl = TTL.read(settings)
@@ -877,7 +854,7 @@ class BloomConfig:
             )
         try:
             spec = sizing.spec()
-        except ValueError as exc:  # only with a shard setting: the default shards fit any BIT
+        except ValueError as exc:  # only with a shard setting
             row = SHARDS if sizing.shards is not None else SHARD_BIT
             blocks = (
                 " A blocked filter's shards hold whole {bits}-bit blocks: give larger shards,"
@@ -909,8 +886,7 @@ class BloomConfig:
         )
 
 
-#: The highest false-positive rate a capacity stated beside BLOOMFILTER_BIT may come to: past
-#: it, more than one new URL in ten would be dropped before the filter grows.
+#: The highest false-positive rate a capacity stated beside BLOOMFILTER_BIT may come to.
 MAX_RATE_AT_CAPACITY = 0.1
 
 
@@ -939,9 +915,7 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
 def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing, int | None]:
     """Read the sizing settings; return the request and the stated capacity, if any.
 
-    By BIT / HASH_NUMBER (the default) or CAPACITY / ERROR_RATE, never both. ``share``: the
-    part of the error rate generation 0 gets (growth and re-crawl windows take the rest, so
-    all stay under ERROR_RATE); ``native``: for a native filter.
+    ``share``: the part of the error rate generation 0 gets (growth and windows the rest).
     """
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)

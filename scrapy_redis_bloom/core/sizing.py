@@ -1,10 +1,7 @@
 """From what the user asks for (capacity and error rate, or bits and k) to a geometry.
 
-m = 2**bit (as in scrapy-redis-bloomfilter), or m = -n ln p / (ln 2)**2 and k = (m / n) ln 2
-(blocked: the least m the blocked rate allows), split into equal shards that fill Redis's
-allocator blocks (:func:`split`). The request (:class:`Sizing`) is stored in the record: a
-worker asking the same adopts the stored geometry, so a release that sizes differently
-never locks users out.
+The request (:class:`Sizing`) is stored in the record: a worker asking the same adopts the
+stored geometry, so a release that sizes differently never locks users out.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from typing import Literal
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
 
-#: Shards of at most 2**26 bits (8 MiB): allocating one stalls Redis for
-#: milliseconds, not the ~300 ms of a 512 MiB string.
+#: Shards of at most 2**26 bits (8 MiB): allocating one stalls Redis for milliseconds.
 DEFAULT_SHARD_BIT = 26
 #: How much more than the bits need that the shards' Redis allocations may reserve.
 ALLOCATION_SLACK = 0.02
@@ -49,13 +45,10 @@ def false_positive_rate(
 ) -> float:
     """Return the false-positive rate expected after ``items`` insertions.
 
-    ``(1 - e**(-kn/m))**k``; blocked (B-bit blocks), the mean over a block's Poisson load
-    (mean ``B n / m``) of ``(1 - (1 - 1/B)**(k j))**k`` for j items (Putze et al., 2007): a
-    busy block costs more than a quiet one saves. Plus, blocked, the seed floor: an item of
-    the block with the same three seeds (one in B**3: ``n / (m B**2)``), 10% of a rate of
-    1e-6 at its size; ``floor=False`` leaves it out, as generations are sized.
+    Blocked, the mean over a block's Poisson load of ``(1 - (1 - 1/B)**(k j))**k`` (Putze et
+    al., 2007), plus the seed floor ``n / (m B**2)`` unless ``floor=False`` (generations).
     """
-    if bits <= 0:  # no bits (a native sizing for a rate of 1): everything reads as seen
+    if bits <= 0:  # a native sizing for a rate of 1: everything reads as seen
         return 1.0
     if not block_bits:
         return (-math.expm1(-hash_count * items / bits)) ** hash_count
@@ -71,11 +64,10 @@ def false_positive_rate(
     return min(1.0, total + (items / bits / block_bits**2 if floor else 0.0))
 
 
-#: How far a blocked filter's real rate runs above :func:`false_positive_rate`: blocked
-#: sizing aims lower.
+#: How far a blocked filter's real rate runs above :func:`false_positive_rate`.
 BLOCKED_HEADROOM = 1.05
-#: Most bits per item a default request's blocked layout may take, as a multiple of the
-#: classic one's: past it (rates below about 6e-8, where the seed floor rules), it is classic.
+#: Most bits a default request's blocked layout may take, as a multiple of the classic one's:
+#: past it (where the seed floor rules), it is classic.
 BLOCKED_MOST = 2
 #: The items that comparison prices both layouts at: the rate decides, not rounding.
 NOMINAL_ITEMS = 1_000_000
@@ -87,9 +79,8 @@ def optimal_geometry(
 ) -> tuple[int, int]:
     """Return the least (m, k) holding ``capacity`` items at ``error_rate``.
 
-    Blocked: for each k near the unblocked optimum, the fewest whole blocks at most at
-    ``error_rate / BLOCKED_HEADROOM``; the k needing fewest bits wins. A rate needing far
-    more than :data:`MAX_HASH_COUNT` gets the unblocked answer (refused).
+    Blocked: for each k near the unblocked optimum, the fewest whole blocks; a rate needing
+    far more than :data:`MAX_HASH_COUNT` gets the unblocked answer (to be refused).
     """
     bits = optimal_bits(capacity, error_rate)
     centre = optimal_hash_count(bits, capacity)
@@ -149,8 +140,7 @@ def filter_allocation(spec: FilterSpec) -> int:
 class Sizing:
     """What the user asked for: one of the two ways, with ``shard_bit`` or ``shards`` maybe.
 
-    ``native`` (no blocks) and ``rate_share`` (the share of ``error_rate`` generation 0
-    gets, below 1 with growth or a TTL) follow from other settings: not in the text.
+    ``native`` and ``rate_share`` (generation 0's share of ``error_rate``) are not in the text.
     """
 
     capacity: int | None = None
@@ -166,8 +156,7 @@ class Sizing:
 
     def canonical(self) -> str:
         """Return the request as the text stored in the record: stable across releases."""
-        # Unset fields are left out: a default request names no layout (``blocked``), so a
-        # default worker adopts a filter of either (the record's hash scheme says which).
+        # Unset fields are left out: a default request names no layout, so it adopts either.
         return " ".join(
             f"{name}={value!r}" for name in _CANONICAL if (value := getattr(self, name)) is not None
         )
@@ -242,9 +231,8 @@ def split(
 ) -> FilterSpec:
     """Split at least ``bits`` bits into equal shards that fill their Redis allocations.
 
-    ``shards`` of them, else the largest allocator block (≤ 2**``shard_bit`` bits) within
-    :data:`ALLOCATION_SLACK` of the bits, or failing that the cheapest; blocked, whole
-    blocks. Raises ValueError for a request no geometry satisfies.
+    ``shards`` of them, else the largest allocator block within :data:`ALLOCATION_SLACK` of
+    the bits, or failing that the cheapest. ValueError for a request no geometry satisfies.
     """
     unit = max(block_bits, 8)  # shard payloads in whole bytes, or whole blocks
     overhead = STRING_OVERHEAD + HEADER_BYTES
@@ -259,7 +247,6 @@ def split(
 
     max_payload = min(2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit), MAX_SHARD_BITS)
     max_payload //= 8
-    # The smallest block holding the payload wanted, and the classes below it within the maximum.
     cap = allocation(min(max_payload, need) + overhead)
     best: tuple[int, int] | None = None  # (total bytes, payload bits)
     for block in allocation_classes(cap):
@@ -293,20 +280,16 @@ def format_bytes(nbytes: int) -> str:
 Layout = Literal["classic", "blocked", "native"]
 LAYOUTS: tuple[Layout, ...] = ("classic", "blocked", "native")
 
-# :func:`check_cost`'s parameters, FITTED to bench/run.py --only t (bench/NOTES.md,
-# "core/sizing.py"), not derived from the hardware.
-#: Bytes of a filter that stay in the CPU's caches between two checks (a share of a busy
-#: VM's L2 and L3).
-CACHE_BYTES = 1_887_437  # 1.8 MiB
+# :func:`check_cost`'s parameters, fitted to bench/run.py --only t (bench/NOTES.md).
+#: Bytes of a filter that stay in the CPU's caches between two checks (1.8 MiB).
+CACHE_BYTES = 1_887_437
 #: A BITFIELD's own cost, and each field's (k bits, identity, a growing shard's count).
 COMMAND_US = 1.05
 FIELD_US = 0.12
-#: A bit's cache miss (the misses of one command partly overlap), and a blocked filter's
-#: one block's (one or two cache lines and a TLB miss).
+#: A bit's cache miss, and a blocked filter's one block's.
 BIT_MISS_US = 0.37
 BLOCK_MISS_US = 1.22
-#: The native backend (BF.INSERT ... NOCREATE): its command, and each bit's miss (fitted
-#: to the first two native points only).
+#: The native backend (BF.INSERT ... NOCREATE): its command, and each bit's miss.
 NATIVE_COMMAND_US = 0.95
 NATIVE_MISS_US = 0.174
 
@@ -319,8 +302,7 @@ def miss_share(nbytes: int) -> float:
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
     """Return the estimated Redis time (µs) one check of a new fingerprint costs.
 
-    ``nbytes``: what one server holds of the filter. The figures move between machines; the
-    ratios between layouts are what count.
+    ``nbytes``: what one server holds. The ratios between layouts count, not the figures.
     """
     share = miss_share(nbytes)
     if layout == "native":
@@ -346,9 +328,7 @@ def layout_costs(
 ) -> tuple[LayoutCost, ...]:
     """Return what each layout (:data:`LAYOUTS`) costs for ``sizing`` at ``capacity`` items.
 
-    Bitmap: this release's geometry and generation 0's allocation; native: RedisBloom's
-    sizing of the classic filter's capacity and rate, in as many shards. The time is for
-    the share one of ``servers`` holds.
+    Native: RedisBloom's sizing of the classic filter's capacity and rate, in as many shards.
     """
     found: list[LayoutCost] = []
     classic = replace(sizing, blocked=False, native=False).spec()
