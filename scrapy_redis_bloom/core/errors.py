@@ -76,10 +76,7 @@ class Wording:
 
 
 class WordedError(Exception):
-    """An error whose message may be a :class:`Wording` (else ``wording`` is None).
-
-    ``str(exc)`` is the message in Scrapy's words; :meth:`render` words it otherwise.
-    """
+    """An error whose message may be a :class:`Wording`, which :meth:`render` words anew."""
 
     wording: Wording | None = None
 
@@ -132,10 +129,7 @@ class FilterUnavailableError(BloomFilterError):
 
 
 def foreign_reply(what: str, key: str, exc: Exception) -> FilterUnavailableError:
-    """Return the error for a reply of another shape than its command's (``exc`` says how).
-
-    What Redis did is unknown, so it is handled as an outage (``BLOOMFILTER_ON_ERROR``).
-    """
+    """Return the error for a reply not of its command's shape: what Redis did is unknown."""
     return FilterUnavailableError(
         f"Redis answered {what} on {key!r} with a reply that is not this command's ({exc});"
         " answering nothing from it."

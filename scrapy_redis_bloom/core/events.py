@@ -89,10 +89,7 @@ class GuardedLogger(logging.Logger):
 
 
 def guard_loggers(prefix: str = PACKAGE_LOGGER) -> None:
-    """Make the loggers made so far (``prefix`` and below) :class:`GuardedLogger`.
-
-    A logger of another class (a program's ``setLoggerClass``) is left as it is.
-    """
+    """Make the stock loggers made so far (``prefix`` and below) :class:`GuardedLogger`."""
     logging.getLogger(prefix)
     for name, found in list(logging.Logger.manager.loggerDict.items()):
         if (name == prefix or name.startswith(prefix + ".")) and type(found) is logging.Logger:

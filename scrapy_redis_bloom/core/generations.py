@@ -81,10 +81,7 @@ SCRIPTLESS_MARGIN = 1024
 
 @dataclass(frozen=True, slots=True)
 class Growth:
-    """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``).
-
-    ``spec`` and ``capacity`` (checked by the settings and the record) make generation 0.
-    """
+    """How a filter's shards grow (``expansion``: 0 or at least 2) and forget (``ttl``)."""
 
     spec: FilterSpec
     capacity: int

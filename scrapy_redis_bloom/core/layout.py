@@ -1,9 +1,8 @@
 """Where a filter lives in Redis: key names and the shard header (layout 2).
 
-The keys are tabled in docs/explanation/how-it-works.md. Every shard is allocated whole,
-behind a header naming the filter's id and the shard, so one missing or naming another
-filter was lost, never mistaken for an empty one. With n standalone servers shard ``i``
-lives on server ``i mod n``; the record, the counters and the registry on server 0.
+Every shard is allocated whole behind a header naming the filter's id and the shard, so one
+missing or naming another filter was lost, never mistaken for an empty one. Shard ``i`` of
+n servers lives on server ``i mod n``; the record, the counters and the registry on server 0.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ HEADER_BITS = HEADER_BYTES * 8
 IDENTITY_BYTES = 26
 #: Bytes of a filter id.
 ID_BYTES = 16
-_MAGIC = b"SRB"
+_MAGIC = b"SRB" + bytes([LAYOUT_VERSION])
 
 
 def meta_key(key: str) -> str:
@@ -60,8 +59,7 @@ def identity(filter_id: str, shard: int, hash_count: int) -> bytes:
     raw = bytes.fromhex(filter_id)
     if len(raw) != ID_BYTES:
         raise ValueError(f"a filter id is {ID_BYTES} bytes as hex, got {filter_id!r}")
-    head = _MAGIC + bytes([LAYOUT_VERSION]) + raw
-    return head + shard.to_bytes(4, "big") + hash_count.to_bytes(2, "big")
+    return _MAGIC + raw + shard.to_bytes(4, "big") + hash_count.to_bytes(2, "big")
 
 
 _MARKER = re.compile(rf"([0-9a-f]{{{2 * ID_BYTES}}}) ([0-9]{{1,9}})/([0-9]{{1,9}})")
@@ -91,7 +89,7 @@ class Identity:
     @classmethod
     def parse(cls, found: bytes) -> Identity | None:
         """Read a header's identity; None if ``found`` is not a layout-2 shard header."""
-        if len(found) != IDENTITY_BYTES or found[:4] != _MAGIC + bytes([LAYOUT_VERSION]):
+        if len(found) != IDENTITY_BYTES or found[:4] != _MAGIC:
             return None
         return cls(
             filter_id=found[4 : 4 + ID_BYTES].hex(),

@@ -1,9 +1,8 @@
 """The config record stored beside a filter's bits (``KEY:meta``): parsed, checked, compared.
 
-It holds all a worker needs to read the bits, the filter's random id (which every shard
-header and server marker repeats) and the sizing request, so that a worker asking the same
-adopts the stored geometry. A corrupt or foreign hash is refused naming the key, never
-half-used.
+It holds all a worker needs to read the bits, the filter's random id and the sizing request
+(a worker asking the same adopts the stored geometry). A corrupt or foreign hash is refused
+naming the key, never half-used.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ State = Literal["creating", "ready"]
 #: Where a filter keeps its bits: our bitmaps, or the server's own ``BF.*`` (:mod:`.native`).
 Backend = Literal["bitmap", "native"]
 BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
-#: A native filter's key layout: a release reading layout 2 only refuses it, not taking its
-#: shards for lost bitmaps.
+#: A native filter's key layout: a release reading layout 2 only refuses it.
 NATIVE_LAYOUT = 3
 
 #: Fields of the record, in the order they are written.
@@ -53,8 +51,7 @@ _SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
 #: Fields older records lack: read as no growth, no TTL, a bitmap filter.
 LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
 
-#: Fields every config record has had, in every layout: a hash with both is one of ours
-#: (``reset`` deletes it; another program's hash it leaves).
+#: Fields every config record has had: a hash with both is one of ours (``reset`` deletes it).
 RECORD_MARKS = ("layout", "scheme")
 
 #: Most servers a filter may be spread over.
@@ -64,11 +61,7 @@ _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
 
 @dataclass(frozen=True, slots=True)
 class FilterRecord:
-    """The config record of one filter.
-
-    ``state`` is ``creating`` until every shard and server marker exists (a worker opening
-    it meanwhile finishes the job); ``sizing`` is the canonical request.
-    """
+    """The config record of one filter: ``creating`` until every shard and marker exists."""
 
     spec: FilterSpec
     capacity: int
@@ -103,7 +96,7 @@ class FilterRecord:
         return cls(
             spec=replace(spec, two_seeds=True) if native and not spec.block_bits else spec,
             capacity=capacity,
-            filter_id=secrets.token_hex(ID_BYTES),  # a fresh random id
+            filter_id=secrets.token_hex(ID_BYTES),
             sizing=sizing,
             created=time.time(),
             servers=servers,
@@ -116,12 +109,12 @@ class FilterRecord:
 
     @property
     def scheme(self) -> int:
-        """The hashing scheme's version, as its geometry says (blocked or not)."""
+        """The hashing scheme's version, as its geometry says."""
         return self.spec.scheme
 
     @property
     def growth(self) -> Growth:
-        """How the filter's shards grow and forget (see :mod:`.generations`)."""
+        """How the filter's shards grow and forget."""
         return Growth(self.spec, self.capacity, self.expansion, self.tightening, self.ttl)
 
     @property
@@ -159,7 +152,6 @@ class FilterRecord:
                 f" {key.removesuffix(':meta')!r}) to start over."
             )
 
-        missing = [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]
         backend = fields.get("backend", "bitmap")
         if backend not in BACKENDS:
             raise refuse(f"its backend is {backend!r}, not 'bitmap' or 'native'")
@@ -170,7 +162,7 @@ class FilterRecord:
                 f" layout {LAYOUT_VERSION} (bitmap) or {NATIVE_LAYOUT} (native) only, as its"
                 f" backend says (layout 1 was that of development builds before 0.1.0)"
             )
-        if missing:
+        if missing := [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]:
             raise refuse(f"it lacks the field(s) {', '.join(missing)}")
 
         def integer(name: str, low: int, high: int) -> int:
@@ -339,10 +331,7 @@ _BLOCKED_WORDS = ("blocked=True", "blocked=False")
 
 
 def same_sizing(wanted: str, stored: str, blocked: bool) -> bool:
-    """Tell whether a request's text asks for the stored one's: equal but for the layout's word.
-
-    A request naming no layout takes either; else only the stored one's (``blocked``).
-    """
+    """Tell whether a request's text asks for the stored one's (one naming no layout, either)."""
     said = [w for w in wanted.split() if w in _BLOCKED_WORDS]
     rest = [[w for w in text.split() if w not in _BLOCKED_WORDS] for text in (wanted, stored)]
     return rest[0] == rest[1] and (not said or said == [f"blocked={blocked!r}"])

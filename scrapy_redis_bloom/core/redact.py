@@ -1,8 +1,7 @@
 """Keeping secrets out of messages: the one place that masks passwords.
 
-Crawl logs and CLI output go to log aggregators, tickets and chat; a Redis password
-must never reach them. Every message that may show a setting's value, a URL or a
-client's keyword arguments goes through :func:`masked` or :func:`scrub`.
+Crawl logs and CLI output go to aggregators, tickets and chat: a message that may show a
+setting's value, a URL or a client's arguments goes through :func:`masked` or :func:`scrub`.
 """
 
 from __future__ import annotations

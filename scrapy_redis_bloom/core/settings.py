@@ -623,10 +623,7 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 def refuse_unknown(settings: SettingsLike) -> None:
-    """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread).
-
-    Names the closest setting. Settings that cannot list their names pass.
-    """
+    """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread)."""
     if not isinstance(settings, Iterable):
         return
     for name in sorted(n for n in settings if isinstance(n, str) and n.startswith("BLOOMFILTER_")):
@@ -745,10 +742,7 @@ class FaultPolicy:
 
 @dataclass(frozen=True, slots=True)
 class BloomConfig:
-    """The resolved, validated configuration of one filter.
-
-    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it.
-    """
+    """The validated configuration of one filter: ``spec`` is this release's for ``sizing``."""
 
     key: str
     spec: FilterSpec
@@ -913,10 +907,7 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
 
 
 def _sizing(settings: SettingsLike, share: float, native: bool) -> tuple[Sizing, int | None]:
-    """Read the sizing settings; return the request and the stated capacity, if any.
-
-    ``share``: the part of the error rate generation 0 gets (growth and windows the rest).
-    """
+    """Read the sizing settings; return the request and the stated capacity, if any."""
     bit = BIT.given(settings)
     hash_number = HASH_NUMBER.given(settings)
     capacity = CAPACITY.given(settings)

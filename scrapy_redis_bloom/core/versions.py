@@ -1,8 +1,6 @@
 """The oldest versions of the libraries the dupefilter runs with, checked when it is built.
 
-pip enforces the minimums at install time only: an environment put together otherwise
-(a lock file, ``--no-deps``) may hold an older Scrapy or redis-py, which would fail
-later in ways that name neither.
+pip enforces them at install time only: a lock file or ``--no-deps`` may bring older ones.
 """
 
 from __future__ import annotations
