@@ -167,11 +167,7 @@ class UnsupportedServerError(BloomFilterError):
 
 
 class AccessDeniedError(BloomFilterError):
-    """A Redis ACL does not let the filter's user run a command it needs, or reach its keys.
-
-    ``server``: ``Redis at host:port``; ``commands``: ACL names (``memory|usage``); ``keys``:
-    key patterns (``~{KEY:*``), as far as known.
-    """
+    """A Redis ACL does not let the filter's user run a command it needs, or reach its keys."""
 
     def __init__(
         self,

@@ -129,8 +129,7 @@ def emit(
 def _dispatch(logger: logging.Logger, record: logging.LogRecord) -> bool:
     """Hand ``record`` to the handlers, counting and saying failures; return whether all took it."""
     global _failures
-    failed = _deliver(logger, record, skip=())
-    if not failed:
+    if not (failed := _deliver(logger, record, skip=())):
         return True
     now = time.monotonic()
     kinds = []

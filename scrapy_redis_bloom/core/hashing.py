@@ -83,10 +83,7 @@ class FilterSpec:
 
     @property
     def geometry(self) -> tuple[int, int, int, int]:
-        """Shards, bits per shard, hash functions and block: what sizing decides.
-
-        Not the scheme: a worker asking for a filter's geometry opens it, whatever its scheme.
-        """
+        """Shards, bits per shard, hash functions and block: what sizing decides (no scheme)."""
         return self.shards, self.shard_bits, self.hash_count, self.block_bits
 
     @property
@@ -108,9 +105,8 @@ class FilterSpec:
 def hashable(element: object, method: str = "", position: int | None = None) -> str | bytes:
     """Return what mmh3 and Redis are given for an element: the hash it always had, safely.
 
-    mmh3 crashes the process (SIGSEGV) on a str with a lone surrogate (``os.fsdecode``): a
-    non-ASCII str goes as its UTF-8 bytes with surrogates passed through, the same hash and
-    Redis item for every other str. Anything but str and bytes is a TypeError.
+    mmh3 crashes the process (SIGSEGV) on a lone surrogate (``os.fsdecode``): a non-ASCII str
+    goes as UTF-8 with surrogates passed through, the same hash and item for every other str.
     """
     if isinstance(element, str):
         return element if element.isascii() else element.encode("utf-8", "surrogatepass")
@@ -203,11 +199,7 @@ def offsets(
 def block_masks(
     seeds: Iterable[tuple[int, int, int]], hash_count: int, first: int = 0
 ) -> list[tuple[int, int]]:
-    """Return blocked elements' bits as ``(block start, bits)`` pairs, from their seeds.
-
-    ``bits``: :func:`offsets`' bits in the block as one integer, offset ``p`` being bit
-    ``B - 1 - p`` (the block's 64 bytes read big-endian), for the kernel without numpy.
-    """
+    """Return blocked elements' ``(block start, bits)``, offset ``p`` as bit ``B - 1 - p``."""
     by_step, by_third = _block_terms(hash_count)
     low, bit = BLOCK_BITS - 1, _BLOCK_BIT
     pairs: list[tuple[int, int]] = []

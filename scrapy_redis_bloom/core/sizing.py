@@ -138,10 +138,7 @@ def filter_allocation(spec: FilterSpec) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Sizing:
-    """What the user asked for: one of the two ways, with ``shard_bit`` or ``shards`` maybe.
-
-    ``native`` and ``rate_share`` (generation 0's share of ``error_rate``) are not in the text.
-    """
+    """What the user asked for (``native`` and ``rate_share`` are not in its text)."""
 
     capacity: int | None = None
     error_rate: float | None = None
@@ -300,10 +297,7 @@ def miss_share(nbytes: int) -> float:
 
 
 def check_cost(layout: Layout, hash_count: int, nbytes: int, *, growing: bool = True) -> float:
-    """Return the estimated Redis time (µs) one check of a new fingerprint costs.
-
-    ``nbytes``: what one server holds. The ratios between layouts count, not the figures.
-    """
+    """Return the estimated Redis time (µs) of one check on ``nbytes`` (ratios count)."""
     share = miss_share(nbytes)
     if layout == "native":
         return NATIVE_COMMAND_US + hash_count * NATIVE_MISS_US * share
@@ -326,10 +320,7 @@ class LayoutCost:
 def layout_costs(
     sizing: Sizing, capacity: int, *, growing: bool = True, servers: int = 1
 ) -> tuple[LayoutCost, ...]:
-    """Return what each layout (:data:`LAYOUTS`) costs for ``sizing`` at ``capacity`` items.
-
-    Native: RedisBloom's sizing of the classic filter's capacity and rate, in as many shards.
-    """
+    """Return what each layout costs for ``sizing`` at ``capacity`` (native: as RedisBloom)."""
     found: list[LayoutCost] = []
     classic = replace(sizing, blocked=False, native=False).spec()
     if sizing.capacity is not None and sizing.error_rate is not None:
