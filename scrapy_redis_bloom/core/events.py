@@ -67,9 +67,8 @@ class RateLimitedLog:
         emit(self.logger, level, message, *args, stacklevel=2)
 
 
-# -- log calls that never raise: a handler may fail (Scrapy's ``LogCounterHandler`` counts
-# into stats that may live in a Redis that is down), and must not cut the record off from
-# the other handlers nor raise into the caller.
+# -- log calls that never raise: a handler may fail (Scrapy's ``LogCounterHandler`` counts into
+# stats in a Redis that may be down); the other handlers still get the record.
 
 #: The package's loggers: this one and those below it (:func:`guard_loggers`).
 PACKAGE_LOGGER = __name__.partition(".")[0]

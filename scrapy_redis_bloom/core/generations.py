@@ -31,9 +31,8 @@ DEFAULT_EXPANSION = 2
 #: Most items a generation may take: the script counts them in a u32 of the header.
 MAX_GENERATION_ITEMS = 2**32 - 1
 
-#: Bit offsets of a header's state after the identity: generations (u16; 0 reads as 1) and
-#: the newest one's items (u32); in a TTL anchor, whether the window before the newest
-#: existed when it started (u16) and the newest window's number (u32).
+#: Bit offsets of a header's state: generations (u16; 0 reads as 1), the newest one's items
+#: (u32); in a TTL anchor, whether the window before existed (u16), the newest window (u32).
 GENERATIONS_BIT = 208
 COUNT_BIT = 224
 

@@ -23,8 +23,7 @@ BLOCKED_SCHEME = 2
 BLOCK_BITS = 512
 #: A new classic filter's version: the offsets of scheme 1 with a third seed.
 CLASSIC_SCHEME = 3
-#: Most values a seed takes (Lua doubles are exact below 2**53): a big classic shard's
-#: second-seed modulus, and the width of later generations' seeds (a multiple of B**2).
+#: Most values a seed takes (Lua doubles are exact below 2**53; a multiple of B**2).
 WIDE = 2**52
 
 #: Most bits in one shard: a Redis string's 2**32 bits less the 256-bit header.

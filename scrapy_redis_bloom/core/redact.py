@@ -13,8 +13,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 #: Shown in place of a secret.
 MASK = "***"
 
-#: Parts of a keyword argument's (or URL query parameter's) name that make its value a
-#: secret: ``password``, ``ssl_password``, ``credential_provider``..., typos included.
+#: Parts of an argument's (or URL query parameter's) name that make its value a secret.
 _SECRET_PARTS = ("pass", "pasw", "pwd", "secret", "token", "credential", "auth")
 
 

@@ -342,9 +342,7 @@ class Setting(Generic[_T]):
     @property
     def type_text(self) -> str:
         """The reference's type: ``int``, ``float, seconds``, ``list of str``..."""
-        return ", ".join(
-            part for part in (_TYPE_CELL.get(self.kind, self.kind), self.shape) if part
-        )
+        return ", ".join(filter(None, (_TYPE_CELL.get(self.kind, self.kind), self.shape)))
 
     @property
     def allowed_text(self) -> str:
@@ -460,8 +458,7 @@ BLOCKED: Setting[bool | None] = _row(
     default_text="blocked for a new bitmap filter",
 )
 SHARD_BIT: Setting[int] = _row(
-    # The smallest allocator block that holds a shard's header and string overhead has a
-    # payload of 2**7 bits; a Redis string holds at most 2**32.
+    # 7: the smallest allocator block past a shard's header and overhead; 32: a Redis string.
     ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
     "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
     " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more.",

@@ -66,8 +66,7 @@ def false_positive_rate(
 
 #: How far a blocked filter's real rate runs above :func:`false_positive_rate`.
 BLOCKED_HEADROOM = 1.05
-#: Most bits a default request's blocked layout may take, as a multiple of the classic one's:
-#: past it (where the seed floor rules), it is classic.
+#: Most bits a default request's blocked layout may take, as a multiple of the classic one's.
 BLOCKED_MOST = 2
 #: The items that comparison prices both layouts at: the rate decides, not rounding.
 NOMINAL_ITEMS = 1_000_000
@@ -241,7 +240,6 @@ def split(
         block = allocation(payload + overhead)
         shard_bits = min((block - overhead) * 8, MAX_SHARD_BITS) // unit * unit
         return FilterSpec(shards, shard_bits, hash_count, block_bits)
-
     max_payload = min(2 ** (DEFAULT_SHARD_BIT if shard_bit is None else shard_bit), MAX_SHARD_BITS)
     max_payload //= 8
     cap = allocation(min(max_payload, need) + overhead)

@@ -11,8 +11,7 @@ import re
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
-#: Distribution name -> (name a reader knows, oldest supported version). Keep in step
-#: with pyproject.toml's dependencies and docs/reference/versions.md.
+#: Distribution -> (its name for readers, oldest version): as pyproject.toml and the docs.
 MINIMUMS: dict[str, tuple[str, tuple[int, ...]]] = {
     "scrapy": ("Scrapy", (2, 13)),
     "scrapy-redis": ("scrapy-redis", (0, 9)),
