@@ -205,8 +205,7 @@ _FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
 def seed_arguments(h1: int, h2: int, shards: int, shard_bits: int, seeds: int) -> bytes:
     """Pack an element's four seeds as the check-and-add scripts' arguments (RESP).
 
-    Generation 0's ``x`` and ``y``, then both cut to :data:`WIDE` for the later generations.
-    One format operation: it runs for every near-cache miss.
+    Generation 0's ``x`` and ``y``, then both cut to :data:`WIDE`: one format per cache miss.
     """
     q = h1 // shards
     x, y = b"%d" % (q % shard_bits), b"%d" % (h2 % seeds)

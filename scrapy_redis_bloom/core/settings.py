@@ -651,11 +651,7 @@ def reference() -> str:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
-    """Where the filter's bits live, when not on scrapy-redis's own connection.
-
-    ``urls``: one server, or with ``cluster`` a node to start from, or several standalone
-    servers (shard ``i`` on server ``i mod n``). Or the primary ``sentinels`` name.
-    """
+    """Where the bits live if not on scrapy-redis's connection: ``urls`` or ``sentinels``."""
 
     urls: tuple[str, ...] = ()
     cluster: bool = False
@@ -682,7 +678,7 @@ class ConnectionConfig:
                 " the URL of one node of the cluster to start from (the client discovers"
                 " the others)."
             )
-        sentinels, service = _sentinel_settings(settings, found)
+        sentinels, service = _sentinel_settings(settings, bool(found) or cluster)
         params = REDIS_PARAMS.read(settings)
         if params and not found and not sentinels:
             raise _refuse(
@@ -697,9 +693,9 @@ class ConnectionConfig:
 
 
 def _sentinel_settings(
-    settings: SettingsLike, urls: tuple[str, ...]
+    settings: SettingsLike, servers: bool
 ) -> tuple[tuple[tuple[str, int], ...], str]:
-    """Read ``BLOOMFILTER_REDIS_SENTINELS`` and ``_SENTINEL_SERVICE`` (both or neither)."""
+    """Read ``BLOOMFILTER_REDIS_SENTINELS`` and ``_SENTINEL_SERVICE``: both, or neither."""
     raw = settings.get(SENTINELS.name)
     service = settings.get(SENTINEL_SERVICE.name)
     if raw is None and service is None:
@@ -713,7 +709,7 @@ def _sentinel_settings(
             given=SettingName(given),
             missing=SettingName(missing),
         )
-    if urls or REDIS_CLUSTER.read(settings):
+    if servers:
         raise _refuse(
             "The {setting} {BLOOMFILTER_REDIS_SENTINELS} contradicts"
             " {BLOOMFILTER_REDIS_URL}, {BLOOMFILTER_REDIS_URLS} and"
