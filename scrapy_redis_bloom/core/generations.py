@@ -1,10 +1,8 @@
 """How a filter's shards grow and forget: generations and re-crawl windows.
 
 Pure functions of the config record, so every worker and the scripts compute the same
-numbers (docs/explanation/growth.md). Generation ``g + 1`` takes E times the items at r times
-the rate, all together under ``p_0 / (1 - r)``; with a TTL T, one growing filter per window
-``floor(Redis TIME / T)``. The rates leave out the seed floor (``floor=False``), so that
-generations of filters created before it was counted keep their sizes.
+numbers (docs/explanation/growth.md). The rates leave out the seed floor (``floor=False``)
+so that the generations of filters created before it was counted keep their sizes.
 """
 
 from __future__ import annotations
