@@ -6,9 +6,8 @@ Activate it in a Scrapy project's settings.py, with the add-on (:class:`Addon`):
     BLOOMFILTER_CAPACITY = 1_000_000_000
     BLOOMFILTER_ERROR_RATE = 0.0001
 
-(or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). The engine,
-the configuration and the add-on import without Scrapy; ``RFPDupeFilter`` is loaded on
-first access. Every error a user can meet is exported here.
+(or ``DUPEFILTER_CLASS = "scrapy_redis_bloom.dupefilter.RFPDupeFilter"``). ``RFPDupeFilter``
+is loaded on first access: the rest imports without Scrapy.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ if TYPE_CHECKING:
 
 __version__ = version("scrapy-redis-bloom")
 
-#: No log call of the package raises, whichever log handler fails (see core.events).
-guard_loggers()
+guard_loggers()  # no log call of the package raises, whichever log handler fails
 
 __all__ = [
     "SCHEME_VERSION",

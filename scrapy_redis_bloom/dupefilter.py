@@ -1,5 +1,3 @@
 """The public path of :mod:`scrapy_redis_bloom.scrapy.dupefilter`'s ``RFPDupeFilter``."""
 
-from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
-
-__all__ = ["RFPDupeFilter"]
+from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter as RFPDupeFilter

@@ -1,5 +1,3 @@
 """The public path of :mod:`scrapy_redis_bloom.transport.sentinel`'s ``SentinelRedis``."""
 
-from scrapy_redis_bloom.transport.sentinel import SentinelRedis
-
-__all__ = ["SentinelRedis"]
+from scrapy_redis_bloom.transport.sentinel import SentinelRedis as SentinelRedis

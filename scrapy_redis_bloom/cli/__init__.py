@@ -1,10 +1,4 @@
-"""The operations commands: ``scrapy bloom COMMAND``, and the ``scrapy-redis-bloom`` alias.
-
-:mod:`.context` connects and opens the filter, :mod:`.streams` prints and reads,
-:mod:`.figures` and :mod:`.contents` hold the commands, and :mod:`.options` the table of
-commands and options both front ends (:mod:`.scrapy_command`, :mod:`.alias`) build their
-parsers from.
-"""
+"""The operations commands: ``scrapy bloom COMMAND``, and the ``scrapy-redis-bloom`` alias."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["PROG", "BloomCommand", "build_parser", "main"]
 
 
-def __getattr__(name: str) -> Any:
-    # Loaded on first access: the alias runs without importing Scrapy's command machinery.
+def __getattr__(name: str) -> Any:  # the alias runs without Scrapy's command machinery
     if name == "BloomCommand":
         from scrapy_redis_bloom.cli.scrapy_command import BloomCommand
 

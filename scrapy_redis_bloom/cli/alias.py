@@ -1,9 +1,7 @@
 """``scrapy-redis-bloom`` (and ``python -m scrapy_redis_bloom``): the commands without Scrapy's.
 
-The subcommands of ``scrapy bloom`` with the servers and sizing as flags, each becoming the
-crawl setting it stands for (``--redis-url`` once is ``BLOOMFILTER_REDIS_URL``, several times
-``BLOOMFILTER_REDIS_URLS``); messages name the flags. Exit status: 0 (a ``reset`` of no filter
-too), 1 when the work could not be done, 2 for a usage error, 130 when interrupted.
+The servers and sizing are flags, each becoming the crawl setting it stands for; messages name
+the flags.
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ class _ArgumentParser(argparse.ArgumentParser):
     """An argument parser that reports errors as a :class:`UsageError`, not by exiting."""
 
     def error(self, message: str) -> NoReturn:
-        """Raise the usage error; :func:`main` prints it as one line."""
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 

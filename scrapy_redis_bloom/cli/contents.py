@@ -1,10 +1,6 @@
 """The commands that change or move what a filter holds: add, check, migrate, dump, restore, reset.
 
-``migrate`` copies a scrapy-redis SET by SSCAN, saving the cursor and counts beside it after
-each bulk call (:func:`marker_key`), so an interrupted run resumes (SSCAN returns every member
-present throughout at least once; one added twice counts as present). ``reset`` deletes each
-part only while it is still the filter's, and without a usable record only the parts that
-carry the filter's id.
+``migrate`` saves its SSCAN cursor and counts after each bulk call, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -75,7 +71,6 @@ def _call(command: bytes, key: str, *args: Arg) -> Call:
 
 
 def _created(ctx: Context, created: bool) -> list[str]:
-    """Return the line saying the command created the filter, if it did."""
     return [f"Created the Bloom filter {ctx.key!r} on {ctx.where}."] if created else []
 
 
@@ -309,11 +304,7 @@ def dump(ctx: Context) -> int:
 
 
 def _dump_target(name: str) -> Path:
-    """Return the regular file a dump goes to (a symlink's target); refuse anything else.
-
-    The dump is written beside it (``FILE.partial``) and renamed over it once complete: a
-    device, a pipe or a directory would be replaced by a file no one reads.
-    """
+    """Return the regular file a dump goes to (a symlink's target); refuse anything else."""
     if name == "-":
         raise CLIError("A dump goes to a file, written whole before it is named: give its path.")
     path = Path(os.path.realpath(name))  # a symlink: its target is written, the link kept
@@ -403,11 +394,7 @@ def _reset_filter(ctx: Context, bloom: RedisBloomFilter, record: FilterRecord) -
 def _refuse_foreign_markers(
     ctx: Context, record: FilterRecord, markers: Sequence[MarkerCheck]
 ) -> None:
-    """Refuse to reset by a server list the servers' markers contradict.
-
-    Deleting by geometry on servers in another order would miss parts, and delete those of
-    another filter or program holding the marker's key.
-    """
+    """Refuse to reset by a server list the servers' markers contradict (parts would be missed)."""
     for marker in markers:
         if marker.status != "foreign" or marker.found is None:
             continue
@@ -501,8 +488,7 @@ def _reset_orphans(ctx: Context, bloom: RedisBloomFilter, unusable: StoredRecord
 def claimed(ctx: Context, bloom: RedisBloomFilter) -> Iterator[None]:
     """Hold the worker registry while deleting: no worker starts on a filter half gone.
 
-    The check for live workers and the claim are one script (:meth:`.WorkerLease.clearing`):
-    a worker that started since the prompt is refused too. ``--force`` claims nothing.
+    The check for live workers and the claim are one script: one started since the prompt counts.
     """
     if ctx.args.force:
         yield

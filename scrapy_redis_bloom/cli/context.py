@@ -1,9 +1,7 @@
 """What every operations command stands on: its connection, its errors, and the filter it opens.
 
-Both front ends turn their command line into crawl settings for :func:`run_command`, which
-builds the clients as a crawl does; under :func:`guarded` every failure is one line on stderr,
-passwords scrubbed. A command opens the filter its config record describes (:func:`existing`);
-only ``add`` and ``migrate`` may create one, from sizing given (:func:`open_for_writing`).
+The clients are built from crawl settings as a crawl builds them; every failure is one line on
+stderr, passwords scrubbed. Only ``add`` and ``migrate`` may create a filter.
 """
 
 from __future__ import annotations
@@ -56,12 +54,10 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-#: The reset the package's messages advise, run by the front end at hand instead (the
-#: alias would need the servers as options where ``scrapy bloom`` has the settings).
+#: The reset the package's messages advise, named as the front end at hand runs it.
 ADVISED_RESET = "scrapy-redis-bloom reset"
 
-#: Seconds a failing Redis command is retried: shorter than a crawl's default (20 s),
-#: since someone is waiting at the terminal.
+#: Seconds a failing Redis command is retried: shorter than a crawl's, someone is waiting.
 DEFAULT_RETRY_TIMEOUT = 5.0
 
 
@@ -79,11 +75,7 @@ class UsageError(CLIError):
 
 @dataclass
 class Frontend:
-    """How a front end names itself (``prog``, starting every error line) and the settings.
-
-    ``name`` and ``word`` name a setting a message carries as data (a
-    :class:`~..core.errors.Wording`): the alias names its options instead.
-    """
+    """How a front end names itself (``prog``) and the settings (the alias: as its options)."""
 
     prog: str
     name: Callable[[str], str] = setting_name
@@ -102,7 +94,6 @@ class Frontend:
         return str(message)
 
 
-#: Either backend's filter, as owned by a command.
 _B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | NativeBloomFilter)
 
 
@@ -110,8 +101,8 @@ _B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | Nativ
 class Context:
     """What every command gets: its options, the clients, and what to close at the end.
 
-    ``sizing`` may create a missing filter (None: not asked for); ``where`` names the servers
-    in messages, ``address`` in JSON.
+    ``sizing`` may create a missing filter; ``where`` names the servers in messages, ``address``
+    in JSON.
     """
 
     args: argparse.Namespace
@@ -183,9 +174,7 @@ def run_command(
             "reset deletes the filter and cannot ask for confirmation (stdin is not a"
             " terminal): pass --yes to confirm."
         )
-    # The commands' fault policy is the retry timeout alone: errors and losses raise. A
-    # command never answers "new" for a filter it cannot reach (a crawl may, under
-    # BLOOMFILTER_ON_ERROR = "allow"): someone is waiting for a true answer.
+    # The retry timeout alone: errors and losses raise, never answered "new" as a crawl may.
     timeout = settings.get("BLOOMFILTER_RETRY_TIMEOUT")
     retry = {"BLOOMFILTER_RETRY_TIMEOUT": DEFAULT_RETRY_TIMEOUT if timeout is None else timeout}
     try:
@@ -225,8 +214,7 @@ def guarded(
 ) -> int:
     """Run a command; turn every failure into one line on stderr and an exit status.
 
-    ``secrets`` is called when a message is printed, to see the settings read by then.
-    Library warnings go to stderr unless the host program configured logging.
+    ``secrets`` is called as a message is printed, to see the settings read by then.
     """
     frontend.where = "Redis"  # until the command knows its servers
     guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
@@ -274,9 +262,6 @@ def guarded(
     finally:
         package_logger.removeHandler(handler)
         package_logger.setLevel(level)
-
-
-# -- the filter a command works on --------------------------------------------------
 
 
 def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:

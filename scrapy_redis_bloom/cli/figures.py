@@ -1,9 +1,4 @@
-"""The commands that show figures and change nothing: ``info``, ``watch`` and ``size``.
-
-``info`` checks the parts against the record and counts the bits, ``watch`` prints the
-counters the workers sync about once a second, ``size`` says what a crawl would create
-(without Redis); both show what each layout would cost (:func:`..core.sizing.layout_costs`).
-"""
+"""The commands that show figures and change nothing: ``info``, ``watch`` and ``size``."""
 
 from __future__ import annotations
 
@@ -50,7 +45,6 @@ def _fields(source: object, names: str) -> dict[str, Any]:
 
 
 def _servers_text(ctx: Context, places: Sequence[str]) -> str:
-    """Say where the filter lives, for the info table."""
     if ctx.cluster:
         return f"Redis Cluster, {len(places)} master(s): {', '.join(places)}"
     if len(places) == 1:
@@ -246,7 +240,6 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
     return emit(ctx, data, table(rows + activity_rows))
 
 
-#: What the layouts' rows say of their Redis time, once.
 _MODEL = (
     "est. Redis time per check: a model of Redis 7.0 on 2 vCPUs"
     " (docs/howto/size-a-filter.md#layouts-classic-blocked-native)"
@@ -331,7 +324,6 @@ def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
 
 
 def _line(sample: dict[str, Any], previous: dict[str, Any] | None) -> str:
-    """Lay a sample out as one line."""
     added = sample["items"] - previous["items"] if previous else 0
     fill = sample["fill_ratio"]
     return (
@@ -361,10 +353,7 @@ def watch(ctx: Context) -> int:
 
 
 def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
-    """Return the settings a calculation overrides: those given, and the other way unset.
-
-    A crawl would refuse the project's settings of the other way of sizing beside them.
-    """
+    """Return the settings a calculation overrides: those given, and the other way unset."""
     for way, other in ((_BY_RATE, _BY_BITS), (_BY_BITS, _BY_RATE)):
         if any(name in given for name in way):
             return {**dict.fromkeys(other), **given}

@@ -1,8 +1,4 @@
-"""The table of the commands and their options, declared once for both front ends.
-
-``scrapy bloom`` (:mod:`.scrapy_command`) and the alias (:mod:`.alias`) build their parsers
-from :data:`COMMANDS` and :data:`OPTIONS` with :func:`add_commands`.
-"""
+"""The table of the commands and their options, declared once for both front ends."""
 
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ DEFAULT_REDIS_URL = "redis://localhost:6379"
 #: The alias's socket timeout of each Redis command, in seconds.
 DEFAULT_TIMEOUT = 30.0
 
-#: A front end: ``scrapy bloom`` or the alias.
 Front = Literal["scrapy", "alias"]
 
 
@@ -48,10 +43,7 @@ def key_argument(value: str) -> str:
 def number_argument(
     value: str, kind: type[float] = float, zero_ok: bool = False, most: float = math.inf
 ) -> float:
-    """Parse a finite number (``kind`` int: a whole one): positive, or also 0 if ``zero_ok``.
-
-    ``most`` bounds it: beyond, a socket or a sleep refuses the number with a traceback.
-    """
+    """Parse a finite number (``kind`` int: a whole one): positive, or also 0 if ``zero_ok``."""
     what = "whole number" if kind is int else "number"
     try:
         number = kind(value)
@@ -77,8 +69,7 @@ MAX_BATCH = 10 * BATCH
 class Command:
     """A subcommand: its name in ``scrapy bloom`` and in the alias (None: not there).
 
-    ``handler`` runs it on a connected :class:`.context.Context`; ``size`` needs no Redis
-    and has none (the Scrapy command runs it itself).
+    ``size`` needs no Redis and has no ``handler`` (the Scrapy command runs it itself).
     """
 
     name: str
@@ -94,7 +85,6 @@ _HANDLERS = {h.__name__: h for h in (info, reset, add, check, migrate, dump, res
 
 
 def _command(name: str, help: str, description: str) -> Command:
-    """Declare a subcommand: the alias names it by :data:`_ALIASES` (if it has it)."""
     return Command(name, _ALIASES.get(name), _HANDLERS.get(name), help, description)
 
 
@@ -157,8 +147,7 @@ COMMANDS = (
     ),
 )
 
-#: The subcommands that work on a filter in Redis (all but ``size``), by ``scrapy bloom``'s
-#: names: the alias has the first five (``migrate`` named ``migrate-set``).
+#: The subcommands that work on a filter in Redis (all but ``size``), by ``scrapy bloom``'s names.
 ON_FILTER = "info reset add check migrate dump restore watch"
 #: The subcommands (``scrapy bloom``'s | the alias's) of the connection and sizing options.
 CONNECTING = "| " + ON_FILTER
@@ -172,9 +161,8 @@ SIZING = "sizing (to create a missing filter; checked against an existing one)"
 class Option:
     """An option (or argument) as argparse takes it, and the subcommands that take it.
 
-    ``scrapy`` and ``alias`` list those subcommands by ``scrapy bloom``'s names;
-    ``in_alias`` is what the alias declares otherwise (``--key`` is required there);
-    ``setting`` is the crawl setting it stands for in the alias.
+    ``in_alias`` is what the alias declares otherwise; ``setting`` is the crawl setting it
+    stands for in the alias.
     """
 
     flags: tuple[str, ...]
@@ -189,8 +177,7 @@ class Option:
 def option(flags: str, commands: str, help: str, **kwargs: Any) -> Option:
     """Declare an option: flags, then its metavar if in capitals; ``commands``: its subcommands.
 
-    Those of ``scrapy bloom``, then ``|`` and those of the alias, as words. ``in_alias``,
-    ``group`` and ``setting`` are :class:`Option`'s fields, the other keywords argparse's.
+    Those of ``scrapy bloom``, then ``|`` and those of the alias, as words.
     """
     words = flags.split()
     if words[-1].isupper():
@@ -215,8 +202,7 @@ def sizing(flags: str) -> Option:
     return option(flags, SIZED, row.summary(), type=kind, group=SIZING, setting=row.name)
 
 
-#: The alias's TLS files: each option, the client argument it gives (as a crawl gives it in
-#: BLOOMFILTER_REDIS_PARAMS), and what the file is.
+#: The alias's TLS files: each option, the client argument it gives, and what the file is.
 TLS_FILES = (
     ("--tls-ca-cert", "ssl_ca_certs", "CA certificate(s) (PEM) to verify a rediss:// server with"),
     ("--tls-cert", "ssl_certfile", "client certificate (PEM) for servers that require one"),
@@ -364,8 +350,7 @@ OPTIONS = (
 def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: Any) -> None:
     """Add the subcommands of ``front`` to ``parser``, each with its options and handler.
 
-    ``subparsers`` are ``add_subparsers``' keywords. A command line without a command parses
-    (None there): each front end refuses it with :func:`missing_command`.
+    A command line without a command parses: each front end refuses it (:func:`missing_command`).
     """
     commands = parser.add_subparsers(metavar="COMMAND", required=False, **subparsers)
     for command, name in _named(front):
@@ -382,7 +367,6 @@ def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: An
 
 
 def _named(front: Front) -> list[tuple[Command, str]]:
-    """Return the commands ``front`` has, each with its name there."""
     return [(c, name) for c in COMMANDS if (name := c.name if front == "scrapy" else c.alias)]
 
 

@@ -1,8 +1,7 @@
 """``scrapy bloom COMMAND``: the operations commands, run with the project's settings.
 
-A ``scrapy.commands`` entry point, inside a project or outside one; ``-s NAME=VALUE`` may
-come before or after the subcommand. The filter is reached and named as a crawl does:
-``BLOOMFILTER_KEY`` for ``--spider NAME`` (whose ``custom_settings`` apply), or ``--key``.
+The filter is reached and named as a crawl does: ``BLOOMFILTER_KEY`` for ``--spider NAME``
+(whose ``custom_settings`` apply), or ``--key``.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ class BloomCommand(ScrapyCommand):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """Add Scrapy's global options and one subparser per subcommand."""
         super().add_options(parser)
-        # prog: Scrapy's usage line ("scrapy bloom COMMAND [options]") would start theirs
+        # prog: else Scrapy's usage line ("scrapy bloom COMMAND [options]") would start theirs
         add_commands(parser, "scrapy", dest="bloom_command", title="commands", prog=FRONTEND.prog)
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -95,8 +94,7 @@ class BloomCommand(ScrapyCommand):
 def _for_spider(settings: Settings, name: str | None) -> Settings:
     """Return the settings a crawl of spider ``name`` runs with: its custom_settings applied.
 
-    Inside a project, a name no spider has is refused (a typo would name another
-    filter); outside one, any name is taken as it is.
+    Inside a project, a name no spider has is refused: a typo would name another filter.
     """
     if name is None:
         return settings

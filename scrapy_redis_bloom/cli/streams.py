@@ -1,8 +1,6 @@
 """What the commands print and read: results, JSON, prompts and progress; fingerprints and URLs.
 
-stdout carries the result only (``--json`` output can be piped); stderr the prompts, the
-progress bars (on a terminal) and the errors. ``--urls`` input becomes the fingerprint a
-crawl gives a GET request (:func:`url_fingerprinter`): ``check --urls`` answers as a crawl.
+stdout carries the result only (``--json`` output can be piped); stderr all else.
 """
 
 from __future__ import annotations
@@ -61,10 +59,7 @@ def bar(fraction: float, width: int = CHART_WIDTH) -> str:
 
 
 def fill_chart(per_shard: Sequence[int], bits_per_shard: int) -> list[tuple[str, str]]:
-    """Return rows of a bar chart of the shards' fill: one per shard, or per bucket.
-
-    Bars are scaled to the fullest row: a young filter's unscaled bars would all be empty.
-    """
+    """Return rows of a bar chart of the shards' fill, scaled to the fullest row (of shards)."""
     if not per_shard or bits_per_shard <= 0:
         return []
     size = -(-len(per_shard) // CHART_ROWS)
@@ -134,8 +129,7 @@ def confirm_or_abort(ctx: Context, what: str, lines: Sequence[str] = ()) -> None
 
 # -- what add and check read ----------------------------------------------------
 
-#: Fingerprints sent to the engine per bulk call: big calls let the bulk path answer a
-#: big filter's shards from whole snapshots (bench/NOTES.md), and bound the memory (~150 MB).
+#: Fingerprints sent to the engine per bulk call: big enough for whole-shard snapshots (~150 MB).
 BATCH = 1_000_000
 
 FINGERPRINT = re.compile(rb"[0-9a-fA-F]{40}")
@@ -152,10 +146,7 @@ class BadLineError(Exception):
 
 
 def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
-    """Return the function the crawl's dupefilter fingerprints a URL's GET request with.
-
-    It picks it as :class:`..dupefilter.RFPDupeFilter` does.
-    """
+    """Return the function the crawl's dupefilter fingerprints a URL's GET request with."""
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
@@ -184,8 +175,7 @@ def read_lines(
 ) -> Iterator[list[bytes]]:
     """Yield batches of parsed lines read from files (``-`` is stdin), skipping blank lines.
 
-    At a line ``parse`` refuses (None), the lines before it are yielded, then
-    :class:`BadLineError` is raised.
+    At a line ``parse`` refuses (None), the lines before it are yielded, then it raises.
     """
     batch: list[bytes] = []
     for path in paths:

@@ -1,8 +1,6 @@
 """The Scrapy add-on: ``ADDONS = {"scrapy_redis_bloom.Addon": 100}`` turns the filter on.
 
-It sets ``DUPEFILTER_CLASS`` (and, if asked, ``SCHEDULER`` and batching), then checks every
-filter setting: a bad value stops the crawl before it starts. A project's own
-``DUPEFILTER_CLASS`` that is not ours is refused: the crawl would run without the filter.
+It checks every filter setting, so a bad value stops the crawl before it starts.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ class Addon:
             BATCH_WINDOW.read(settings)
             # An order the project gave the middleware itself (priority "project") wins.
             settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
-        # Read the filter's settings and make its clients (no connection), as a crawl will; a
-        # cluster client connects as it is made: checked when the filter opens.
+        # Make the clients as a crawl will (no connection; a cluster client's would connect).
         config = BloomConfig.from_settings(settings)
         refuse_decoded_queue(settings)
         if not (config.connection.cluster or _cluster_class(settings)):

@@ -1,8 +1,7 @@
 """One filter round trip per crawled page: a spider middleware checks a response's links together.
 
-A response's requests are held until its output ends, checked-and-added in one call, then
-yielded; ``request_seen`` takes each answer with no round trip. A Bloom filter cannot forget,
-so batching is off when a middleware processes the output after this one.
+A Bloom filter cannot forget, so batching is off when a middleware processes the output after
+this one (it could drop a request already marked seen).
 """
 
 from __future__ import annotations

@@ -36,12 +36,7 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
 
 
 def refuse_decoded_queue(settings: SettingsLike) -> None:
-    """Refuse ``decode_responses`` in REDIS_PARAMS under scrapy-redis's Scheduler (ValueError).
-
-    Its queue pickles requests into Redis: a client that decodes replies as text cannot
-    read them back (a UnicodeDecodeError at its first pop), and the crawl fetches nothing
-    after the filter took its start URLs for seen.
-    """
+    """Refuse ``decode_responses`` in REDIS_PARAMS under scrapy-redis's Scheduler (ValueError)."""
     scheduler = settings.get("SCHEDULER")
     name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
     if not str(name).startswith("scrapy_redis."):

@@ -100,7 +100,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         #: The ``bloomfilter/*`` stats, kept current while the crawl runs.
         self.filter_stats = FilterStats(self.bloom, stats, interval)
-        where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
         try:
@@ -119,7 +118,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             key,
             record.filter_id,
             record.backend,
-            where,
+            self.bloom.topology.describe(),
             # The filter opened: an existing one keeps its own geometry and layout.
             self.config.describe()
             if record.spec == self.config.spec
@@ -208,9 +207,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
 
-        One atomic round trip (none if :meth:`check_batch` answered ahead): of workers offering
-        the same request at once, exactly one is told it is new. When the filter cannot
-        answer, the crawl stops and the request is answered new.
+        One atomic round trip (none if :meth:`check_batch` answered ahead). When the filter
+        cannot answer, the crawl stops and the request is answered new.
         """
         fingerprint = self._fingerprint(request)
         answer = self.reservations.take(fingerprint, request)
@@ -225,9 +223,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def check_batch(self, requests: Sequence[Request]) -> int:
         """Check-and-add requests together, ahead of ``request_seen``; return how many.
 
-        One pipelined round trip per server, each answer held for :meth:`request_seen`. A
-        failed batch's commands may have run, so asking again could answer "seen" for bits it
-        set: every request of it answers "new", and the crawl stops as in ``request_seen``.
+        A failed batch's commands may have run, so asking again could answer "seen" for bits
+        it set: every request of it answers "new", and the crawl stops as in ``request_seen``.
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -327,10 +324,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.filter_stats.count_filtered()  # bloomfilter/filtered and dupefilter/filtered
 
     def clear(self) -> None:
-        """Forget every request: delete the filter's record and bits from Redis.
+        """Forget every request, only when no other worker holds a live lease.
 
-        Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
-        closes or starts, which would wipe a crawl running elsewhere.
+        scrapy-redis calls this when ANY worker closes or starts.
         """
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
@@ -353,8 +349,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         """Report the filter's state and leave the registry. The filter stays in Redis."""
         self._finish()
 
-    def _finish(self) -> None:
-        # On spider_closed too; not close(), which a subclass may override.
+    def _finish(self) -> None:  # on spider_closed too; not close(), which a subclass may override
         if self._finished:
             return
         self._finished = True
@@ -387,8 +382,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                     f"{self.config.worker_ttl:g}",
                     exc,
                 )
-            # Whatever failed above, the stats are the totals at close. The last worker counts
-            # the bits (O(m) in Redis); the others estimate from the counters, in O(1).
+            # The last worker counts the bits (O(m) in Redis); the others estimate, in O(1).
             try:
                 self._record_state(full=others == 0)
             except BloomFilterError as exc:

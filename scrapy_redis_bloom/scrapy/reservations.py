@@ -1,9 +1,7 @@
 """Answers given ahead to a response's links, kept until the scheduler asks for them.
 
-A link answered "new" is already seen in Redis: if its request never reaches ``request_seen``
-(a ``request_scheduled`` handler dropped it, it was collected, or the crawl ended first), no
-worker would fetch it. It is reported, and answered "new" by this worker when met again
-(docs/howto/batching.md).
+A link answered "new" whose request never reaches ``request_seen`` is seen in Redis but
+fetched by no worker: it is reported, and answered "new" by this worker when met again.
 """
 
 from __future__ import annotations
@@ -60,10 +58,7 @@ class Reservations:
     def reserve(
         self, requests: Sequence[Request], fingerprints: Sequence[str], answers: Sequence[bool]
     ) -> None:
-        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others.
-
-        The caller reserves no fingerprint held already (``in`` tells).
-        """
+        """Hold ``answers[i]`` for the first request with ``fingerprints[i]``; "seen" for others."""
         self._settle()
         for fingerprint, answer, request in zip(fingerprints, answers, requests, strict=True):
             if fingerprint not in self._items:
@@ -84,11 +79,9 @@ class Reservations:
 
     def take(self, fingerprint: str, request: Request) -> bool | None:
         """Return the answer held for ``fingerprint``, once (None: none; unscheduled: "new")."""
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
-            if pending[1] != id(request):  # its request_seen never came: dropped
-                self._resolve(*pending, dropped=True)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[1] != id(request):  # its request_seen never came
+            self._resolve(*pending, dropped=True)
         if self._dead:
             self._reap()
         reservation = self._items.get(fingerprint)

@@ -1,8 +1,7 @@
 """What the crawl sees of its filter: the ``bloomfilter/*`` stats, kept current, and a log line.
 
-Every stat is listed once, in :data:`STATS`. The engine counts in memory; this module writes
-the counts to the crawl's stats every second and in full when the crawl idles or the
-dupefilter closes, so monitors see them all before any ``spider_closed`` handler.
+Written every second, and in full when the crawl idles or the dupefilter closes, so monitors
+see them all before any ``spider_closed`` handler.
 """
 
 from __future__ import annotations
@@ -110,19 +109,17 @@ class FilterStats:
         self._given: dict[str, int] = {}  #: Per stat added to: how much of its count was.
         self._tasks: list[task.LoopingCall] = []
         self._log = RateLimitedLog(logger)
-        #: The process's count of log lines a handler failed (:mod:`..core.events`) before.
         self._log_failed_before = handler_failures()
 
     def start(self) -> None:
         """Create the counts workers add to; start the timers (stats every second, log line).
 
-        (Created with an increment of 0 first: two workers creating a count in scrapy-redis's
-        ``RedisStatsCollector`` at once would lose one's count.)
+        Created by an increment of 0: two workers creating one at once would lose a count.
         """
         if self._tasks:
             return
         for call, every in ((self.tick, SYNC_INTERVAL), (self.log, self.interval)):
-            if every > 0:  # (no log line with an interval of 0)
+            if every > 0:
                 self._tasks.append(task.LoopingCall(call))
                 self._tasks[-1].start(every, now=False)
         if (stats := self.stats) is not None:
@@ -207,7 +204,7 @@ class FilterStats:
             bloom.sync_counters()  # the first: reads them
         totals = bloom.counters.current()  # as last synced, plus this worker's unsynced
         estimated = bloom.estimate(totals.added)
-        state = estimated if state is None else state
+        state = state or estimated
         # The server sizes its own native filters: their bits and k, not the bitmap geometry.
         native = state.generations if bloom.backend == "native" else None
         return {
