@@ -66,7 +66,6 @@ ADVISE_FROM = 1_000_000
 
 
 def _call(command: bytes, key: str, *args: Arg) -> Call:
-    """Return the call of ``command`` on ``key``, routed by it."""
     return Call(pack_command(command, key, *args), key=key)
 
 

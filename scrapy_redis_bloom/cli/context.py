@@ -219,11 +219,10 @@ def guarded(
     frontend.where = "Redis"  # until the command knows its servers
     guard_loggers()  # the commands' loggers too: no log call raises (see core.events)
     package_logger = logging.getLogger(__package__.rpartition(".")[0])
-    handler: logging.Handler = logging.NullHandler()
-    if not package_logger.hasHandlers():
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"{frontend.prog}: %(levelname)s: %(message)s"))
-    package_logger.addHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{frontend.prog}: %(levelname)s: %(message)s"))
+    if not package_logger.hasHandlers():  # unless the host program configured logging
+        package_logger.addHandler(handler)
     level = package_logger.level
 
     def fail(message: str, code: int = EXIT_FAILURE) -> int:

@@ -302,7 +302,6 @@ def _damaged_text(damaged: Sequence[dict[str, Any]]) -> str:
 
 
 def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
-    """Read the filter's live figures once."""
     record = bloom.record
     assert record is not None  # opened
     totals = bloom.totals()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import re
 import sys
@@ -37,11 +38,7 @@ def out(text: str = "") -> None:
 def emit(ctx: Context | argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -> int:
     """Print a command's result: ``data`` as JSON with ``--json``, else ``lines``; return 0."""
     args = ctx.args if isinstance(ctx, Context) else ctx
-    if args.json:
-        out(json.dumps(data, indent=2))
-    else:
-        for line in lines:
-            out(line)
+    out(json.dumps(data, indent=2) if args.json else "\n".join(lines))
     return EXIT_OK
 
 
@@ -101,13 +98,9 @@ def listing(key: str, orphans: Sequence[Orphan]) -> list[str]:
 
 def ranges(numbers: Iterable[int]) -> str:
     """Write numbers as ranges: ``0-5, 7, 9-12``."""
-    spans: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+    runs = itertools.groupby(enumerate(sorted(set(numbers))), lambda pair: pair[1] - pair[0])
+    spans = [[n for _, n in run] for _, run in runs]
+    return ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else f"{s[0]}" for s in spans)
 
 
 def orphan_data(orphans: Sequence[Orphan]) -> list[dict[str, str]]:

@@ -17,8 +17,6 @@ from scrapy_redis_bloom.scrapy.stats import PREFIX
 
 
 class _FilterMonitor(BaseScrapyMonitor):  # type: ignore[misc]  # Spidermon is untyped
-    """Reads the filter's stats."""
-
     def stat(self, name: str, default: Any = 0) -> Any:
         """Return the stat ``bloomfilter/<name>``."""
         return self.data.stats.get(PREFIX + name, default)

@@ -216,8 +216,7 @@ class FilterStats:
             "shards": bloom.spec.shards,
             "bits_set": state.bits_set,
             "fill_ratio": round(state.fill_ratio, 6),
-            # From the counters, as while the crawl ran: the same figure before and after
-            # the last worker counts the bits (whose estimate varies by an item or two).
+            # From the counters, as while the crawl ran: the same before and after the bits count.
             "estimated_items": estimated.estimated_items,
             "estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
             "memory_bytes": state.memory_bytes,
