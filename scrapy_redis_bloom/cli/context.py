@@ -99,11 +99,7 @@ _B = TypeVar("_B", RedisBloomFilter, NativeBloomFilter, RedisBloomFilter | Nativ
 
 @dataclass
 class Context:
-    """What every command gets: its options, the clients, and what to close at the end.
-
-    ``sizing`` may create a missing filter; ``where`` names the servers in messages, ``address``
-    in JSON.
-    """
+    """What every command gets: its options, the clients (named by ``where`` in messages)."""
 
     args: argparse.Namespace
     settings: SettingsLike

@@ -67,10 +67,7 @@ MAX_BATCH = 10 * BATCH
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """A subcommand: its name in ``scrapy bloom`` and in the alias (None: not there).
-
-    ``size`` needs no Redis and has no ``handler`` (the Scrapy command runs it itself).
-    """
+    """A subcommand: its name in ``scrapy bloom`` and in the alias (None: not there)."""
 
     name: str
     alias: str | None
@@ -159,11 +156,7 @@ SIZING = "sizing (to create a missing filter; checked against an existing one)"
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """An option (or argument) as argparse takes it, and the subcommands that take it.
-
-    ``in_alias`` is what the alias declares otherwise; ``setting`` is the crawl setting it
-    stands for in the alias.
-    """
+    """An option as argparse takes it, the subcommands that take it, and its alias setting."""
 
     flags: tuple[str, ...]
     scrapy: tuple[str, ...]
@@ -348,10 +341,7 @@ OPTIONS = (
 
 
 def add_commands(parser: argparse.ArgumentParser, front: Front, **subparsers: Any) -> None:
-    """Add the subcommands of ``front`` to ``parser``, each with its options and handler.
-
-    A command line without a command parses: each front end refuses it (:func:`missing_command`).
-    """
+    """Add the subcommands of ``front`` to ``parser``; a command line without one parses."""
     commands = parser.add_subparsers(metavar="COMMAND", required=False, **subparsers)
     for command, name in _named(front):
         sub = commands.add_parser(name, help=command.help, description=command.description)
