@@ -39,8 +39,7 @@ from scrapy_redis_bloom.transport.connection import DEFAULT_PARAMS
 
 PROG = "scrapy-redis-bloom"
 
-#: The settings the alias's options stand for, and the option that names each (a command's
-#: filter is the one --key names); a setting without an option is named as itself.
+#: The settings the alias's options stand for, and the option that names each.
 _OPTION_OF = {
     **{spec.setting: spec.flags[-1] for spec in OPTIONS if spec.alias and spec.setting},
     "BLOOMFILTER_REDIS_URLS": "--redis-url",

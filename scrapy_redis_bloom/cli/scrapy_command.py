@@ -64,8 +64,7 @@ class BloomCommand(ScrapyCommand):
         opts.set = [*opts.set, *getattr(opts, "sub_set", [])]
         super().process_options(args, opts)
         if not hasattr(ScrapyCommand, "requires_crawler_process"):
-            # Scrapy < 2.14 starts a crawler process for every command, whose log says
-            # "Scrapy started" before a command's output: this command logs nothing.
+            # Scrapy < 2.14's crawler process would log "Scrapy started" before the output.
             assert self.settings is not None
             self.settings.set("LOG_ENABLED", False, priority="cmdline")
         if args:

@@ -120,8 +120,6 @@ def confirm_or_abort(ctx: Context, what: str, lines: Sequence[str] = ()) -> None
         raise CLIError("Not confirmed: nothing was deleted.")
 
 
-# -- what add and check read ----------------------------------------------------
-
 #: Fingerprints sent to the engine per bulk call: big enough for whole-shard snapshots (~150 MB).
 BATCH = 1_000_000
 
@@ -157,8 +155,7 @@ def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
         loaded = load_object(named)
         if isinstance(loaded, type) and issubclass(loaded, RedisDupeFilter):
             dupefilter = loaded
-    # request_fingerprint is a pure function of the request: no instance state is needed,
-    # and building a dupefilter would open the filter and join it as a worker.
+    # request_fingerprint is pure; building a dupefilter would open the filter and join it.
     bare = dupefilter.__new__(dupefilter)
     return lambda url: str(bare.request_fingerprint(Request(url)))
 

@@ -83,8 +83,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             events=FilterEvents(),
         )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
-        # scrapy-redis's fingerprint is a pure function of method, URL and body: remember a
-        # bodiless GET's by URL, so a repeated link costs no canonicalisation, JSON or SHA1.
+        # scrapy-redis's fingerprint is pure: a bodiless GET's is remembered by URL.
         self._memo: LRU[str, str] = LRU(self.config.cache_size)
         if (
             fingerprint is None
@@ -98,7 +97,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.reservations = Reservations(self._unscheduled, self.config.cache_size)
         self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
-        #: The ``bloomfilter/*`` stats, kept current while the crawl runs.
         self.filter_stats = FilterStats(self.bloom, stats, interval)
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
