@@ -98,6 +98,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         self.filter_stats = FilterStats(self.bloom, stats, interval)
+        where = self.bloom.topology.describe()
         worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.bloom.lease(worker, self.config.worker_ttl)
         try:
@@ -116,7 +117,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             key,
             record.filter_id,
             record.backend,
-            self.bloom.topology.describe(),
+            where,
             # The filter opened: an existing one keeps its own geometry and layout.
             self.config.describe()
             if record.spec == self.config.spec

@@ -79,9 +79,11 @@ class Reservations:
 
     def take(self, fingerprint: str, request: Request) -> bool | None:
         """Return the answer held for ``fingerprint``, once (None: none; unscheduled: "new")."""
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[1] != id(request):  # its request_seen never came
-            self._resolve(*pending, dropped=True)
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            if pending[1] != id(request):  # its request_seen never came: dropped
+                self._resolve(*pending, dropped=True)
         if self._dead:
             self._reap()
         reservation = self._items.get(fingerprint)
