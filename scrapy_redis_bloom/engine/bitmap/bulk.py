@@ -1,27 +1,14 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-Elements are read in batches, hashed and grouped per shard (:class:`.local.Located`). A
-shard with enough of a batch's elements, as the costs below weigh it, answers them
-through a snapshot (:mod:`.snapshot`), or through a stack (:mod:`.stacks`) when it has
-grown or the filter forgets. The other shards, and every snapshot or stack not taken
-(the shard changed, is lost or odd, a window nears its end, a connection failed, an ACL
-refused it), go through the chunks. Snapshot transactions overlap two at a time
-(:meth:`Bulk._take_overlapped`).
-
-Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
-``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
-:data:`COMMAND_BITS` bits: atomic, replying the old bits, so "were all k bits already
-set" is check-and-add's answer, in less Redis time than a Lua ``redis.call``. A filter
-that grows or forgets sends script calls of :data:`PER_SCRIPT` elements instead (only
-the script crosses the growth boundary). Chunk n+1 is sent before chunk n's replies are read;
-commands of chunk n run again (``NOSCRIPT``, a redirection) take chunk n+1's that did not
-run along, after them, before chunk n+2 is sent: the answers stay those of the sequence.
-
-A shard whose identity did not match answers "not there" for the chunk's elements in it
-(its BITFIELD may have written into a lost shard's place), is recovered, and those
-elements are added again. A failed command is run again through the executor; a write
-that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous). If
-anything interrupts the work, the connections with replies still owed are thrown away.
+A shard with enough of a batch's elements, as the costs below weigh it, answers them
+through a snapshot (:mod:`.snapshot`), or a stack (:mod:`.stacks`) when it has grown or
+the filter forgets. The other shards, and every snapshot or stack not taken, go through
+chunks: per shard a ``GETRANGE`` of its identity, then ``BITFIELD`` commands of about
+:data:`COMMAND_BITS` bits replying the old bits (less Redis time than Lua), or script
+calls of :data:`PER_SCRIPT` elements for a filter that grows or forgets. Chunk n+1 is
+sent before chunk n's replies are read; what must run again keeps the sequence's order.
+A shard whose identity did not match is recovered and its elements added again; a write
+that may have run answers "new" (ambiguous).
 """
 
 from __future__ import annotations
@@ -61,16 +48,14 @@ from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pa
 
 logger = logging.getLogger(__name__)
 
-#: Elements hashed, grouped per shard and sent together: ~1.3 MB of commands at k = 13,
-#: which the kernel takes at once while Redis works on the chunk before.
+#: Elements per chunk: ~1.3 MB of commands at k = 13, taken while Redis runs the one before.
 CHUNK = 4_000
-#: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, the most other
-#: clients wait between two commands.
+#: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, the longest other
+#: clients wait.
 COMMAND_BITS = 5_000
-#: Elements read at a time when snapshots may be taken (the most without numpy, whose
-#: lists take ~200 bytes each): a larger batch spreads a shard's transfer over more elements.
+#: Elements read at a time when snapshots may be taken (the most without numpy), and the
+#: most ever (~50 bytes each).
 BATCH = 131_072
-#: The most elements read at a time (~50 bytes each, plus one shard's offsets and copy).
 MAX_BATCH = 1_048_576
 #: With numpy, a batch holds enough elements per shard for a whole shard's snapshot to
 #: cost about this much per element.
@@ -81,20 +66,17 @@ SNAPSHOT_NS = 200_000
 SNAPSHOT_NS_PER_BYTE = 2
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
-#: A blocked shard read by its blocks (:func:`.snapshot.take`): per element (a reply per
-#: run of blocks, which redis-py parses in Python without hiredis).
+#: Per element of a shard read by its blocks (redis-py parses each run's reply in Python
+#: without hiredis); per block only read (an older generation's), about half.
 BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
-#: A block an older generation's batch reads (not written back): about half the above.
 READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
-#: Bytes on the wire per block read and written back (at 100M), and per block only read,
-#: weighed by what a byte costs beyond loopback's (:mod:`.wirecost`).
+#: Bytes on the wire per block read and written back, and per block only read, weighed
+#: by what a byte costs beyond loopback's (:mod:`.wirecost`).
 BLOCK_WIRE_BYTES = 280
 READ_WIRE_BYTES = 140
-#: The most bytes the shards of one snapshot transaction hold; two transactions overlap
-#: (:meth:`Bulk._take_overlapped`), as two 8 MiB shards'.
+#: The most bytes the shards of one snapshot transaction hold (two overlap), and of one
+#: of shards read by their blocks.
 JOINT_BYTES = 8 << 20
-#: The same for shards read by their blocks: a call of 100,000 at 100M is then a few
-#: overlapping transactions, not one.
 BLOCKS_JOINT_BYTES = 2 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
 SNAPSHOTS = True
@@ -106,12 +88,9 @@ PER_SCRIPT = 100
 class ScriptHooks:
     """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
 
-    ``active()``: whether it is such a filter now; ``script()``: the check-and-add script;
-    ``head(shard, write, n)``: the packed start of a call over n elements;
-    ``note(shard, flags, generations)``: report what a call did beside answering;
-    ``mismatch(shard, shard_key, bad_key)``: sort out a part a call found wrong;
-    ``scriptless()``: :attr:`.generations.Growth.scriptless_limit` of a filter that grows
-    but does not forget (0: the script always); ``growth()``: its growth, for :mod:`.stacks`.
+    ``active()``: whether it is such a filter now; ``scriptless()``: the scriptless limit
+    of one that grows but does not forget (0: the script always); the others as the
+    filter's methods they stand for.
     """
 
     active: Callable[[], bool]
@@ -129,34 +108,30 @@ class _Command:
 
     call: Call
     shard: int
-    #: Elements of the shard's group it carries (BITFIELD), or None (identity check).
-    elements: range | None = None
+    elements: range | None = None  # of the shard's group (None: the identity check)
 
 
 @dataclass
 class _Chunk:
     write: bool
     elements: Sequence[str | bytes]
-    #: Values per element in its commands' replies: k old bits, or the script's one answer.
-    k: int
+    k: int  # values per element in a reply: k old bits, or the script's one answer
     #: Per shard: its elements' positions in the chunk, and their k offsets (or seeds) each.
     groups: dict[int, tuple[list[int], list[Any]]]
-    #: Per node: the executor's session on it and its commands, in sending order.
+    #: Per node: its session and commands in sending order; a ticket of replies owed, the
+    #: replies read early, or why none come; whether each command run again with an
+    #: earlier chunk's may have run twice.
     plans: dict[int, tuple[Session, list[_Command]]]
-    #: Per node: a ticket of replies owed, the replies read early, or why none come.
     sent: dict[int, Ticket | list[Any] | TransportError] = field(default_factory=dict)
-    #: Per node whose failed commands ran again with an earlier chunk's: whether each may
-    #: have run twice (its replies, all in, are in ``sent``).
     redone: dict[int, list[bool]] = field(default_factory=dict)
 
 
 class Bulk:
     """Runs bulk checks on a filter's shards.
 
-    ``identity(shard)``: the bytes the shard's header must start with; ``recover(shards)``
-    sorts out shards whose header did not match (raises, or returns once usable), and
-    ``again(shards)`` those still wrong once recovered (by default raises);
-    ``allow``: answer "new" for a chunk Redis could not take in time, instead of raising.
+    ``recover(shards)`` sorts out shards whose header did not match, ``again(shards)``
+    those still wrong once recovered (by default raises); ``allow``: answer "new" for a
+    chunk Redis could not take in time, instead of raising.
     """
 
     def __init__(
@@ -216,12 +191,11 @@ class Bulk:
     ) -> None:
         """Run a batch: snapshots for the shards with many of its elements, chunks for the rest.
 
-        Shards touch different bits, so each shard's elements may be answered apart. A shard
-        full to its limit gives the script only the elements that may take it to its
-        capacity; with ``defer``, its others run after as a batch of their own.
+        A shard full to its limit gives the script only the elements that may take it to
+        its capacity; with ``defer``, its others run after as a batch of their own.
         """
-        # Snapshots (unless an ACL refused one): a filter that neither grows nor forgets, or
-        # below its scriptless limit; stacks: a filter that grows or forgets.
+        # Snapshots: a filter that neither grows nor forgets, or below its scriptless
+        # limit; stacks: a filter that grows or forgets.
         active = self.hooks.active()
         limit = (self.hooks.scriptless() or None) if active else None
         snapshots = self._snapshots and (not active or limit is not None)
@@ -235,8 +209,8 @@ class Bulk:
             return
         answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
-        # A shard known grown (and every shard with windows) goes to the stacks at once;
-        # the others to the snapshot of one key, which gives back those found grown.
+        # A shard known grown (or with windows) goes to the stacks at once; the others to
+        # a snapshot, which gives back those found grown.
         cuts: dict[int, int] = {}
         fresh = {s: p for s, p in groups.items() if s not in self._grown} if snapshots else {}
         results = self._snapshots_of(fresh, located, write, limit)
@@ -282,8 +256,8 @@ class Bulk:
     ) -> list[tuple[int, Any, Taken]]:
         """Take the snapshots of a batch's crowded shards; return (shard, positions, taken).
 
-        Shards go together per node, up to :data:`JOINT_BYTES`; when another client wrote to
-        one of them meanwhile, each is tried again alone.
+        Shards go together per node; when another client wrote to one of them meanwhile,
+        each is tried again alone.
         """
         batches = _Batches(self.topology.joint_transactions)
         length = HEADER_BYTES + self.spec.shard_bytes
@@ -310,9 +284,8 @@ class Bulk:
     ) -> list[list[Taken]]:
         """Take each batch's snapshots (:func:`.snapshot.take`), two transactions at a time.
 
-        Batch i+1's reads are sent before batch i is answered, and batch i's ``EXEC`` read
-        after: Python answers one batch while Redis reads the next. Two batches on one node
-        take its two connections in turn (``spare``), each ``WATCH`` on its own.
+        Python answers one batch while Redis reads the next; two batches on one node take
+        its two connections in turn (``spare``), each ``WATCH`` on its own.
         """
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
@@ -366,9 +339,8 @@ class Bulk:
     ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
         """Answer the batches of grown or windowed shards through stacks (:mod:`.stacks`).
 
-        One round of probes for all, then per node transactions of up to :data:`JOINT_BYTES`;
-        a shard left to the script comes back without answers. Also returns, per shard full
-        to its limit that may grow, how many elements the script takes first.
+        A shard left to the script comes back without answers. Also returns, per shard
+        full to its limit that may grow, how many elements the script takes first.
         """
         results: list[tuple[int, Any, Taken]] = []
         cuts: dict[int, int] = {}
@@ -397,8 +369,7 @@ class Bulk:
             if found is None or not self._snapshots:
                 results.append((s, positions, Taken()))  # the script's
                 continue
-            # A newest generation full to its limit: the script takes its first new element
-            # over the boundary (the stack answers what it holds before), the rest come after.
+            # Full to its limit: the script takes its first new element over the boundary.
             full = write and found.count + 1 >= found.limit
             if full and found.generations < len(growth.generations):
                 cuts[s] = max(PER_SCRIPT, found.capacity - found.count + 1)
@@ -453,8 +424,7 @@ class Bulk:
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
         """Hash a chunk and plan its commands per node and shard (see the module doc).
 
-        A filter that grows or forgets sends the script (only it knows a shard's generations
-        and windows), its groups carrying each element's packed seeds.
+        A filter that grows or forgets sends the script, its groups carrying packed seeds.
         """
         scripted = self.hooks.active()
         spec = self.spec
@@ -608,8 +578,7 @@ class Bulk:
     ) -> list[int]:
         """Return a chunk command's old bits or answers; a wrong shard into ``mismatched``.
 
-        A generation or window the script found wrong goes to ``parts`` too; a reply of
-        another shape than the command's raises ``ValueError``.
+        A part the script found wrong goes to ``parts`` too; a wrong shape raises ValueError.
         """
         shard, key, elements = command.shard, command.call.key or "", command.elements
         if elements is None:  # the shard's identity
@@ -637,12 +606,10 @@ class Bulk:
     ) -> dict[int, tuple[list[Any], list[bool]]]:
         """Return per node a chunk's replies, and per command whether it may have run twice.
 
-        Commands that did not run (``NOSCRIPT``, a redirection, a lost connection...) run
-        again through the executor, and the later chunk's that did not run either go after
-        them in the same run: a later chunk's element never runs before an earlier one's on
-        its shard (the script loaded for the first, the second would have run before it).
-        A command run again after a later one of its shard ran answers "new" for "seen"
-        (ambiguous): the bits may be that later element's.
+        Commands that did not run (``NOSCRIPT``, a redirection...) run again through the
+        executor, the later chunk's that did not run either after them: a later element
+        never runs before an earlier one on its shard. A command run again after a later
+        one of its shard ran answers "new" for "seen": the bits may be that element's.
         """
         got = {node_id: self._read(chunk, node_id) for node_id in chunk.plans}
         redo = [(chunk, node_id, i) for node_id, (_, _, failed) in got.items() for i in failed]
@@ -684,10 +651,7 @@ class Bulk:
         return {node_id: (replies, unsure) for node_id, (replies, unsure, _) in got.items()}
 
     def _read(self, chunk: _Chunk, node_id: int) -> tuple[list[Any], list[bool], list[int]]:
-        """Return a node's replies for a chunk, which may have run twice, and which to run again.
-
-        Those to run again are indexes, in order (one whose reply did not come is None).
-        """
+        """Return a node's replies for a chunk, which may have run twice, and which to run again."""
         session, commands = chunk.plans[node_id]
         sent = chunk.sent.get(node_id)
         if node_id in chunk.redone and isinstance(sent, list):  # run with an earlier chunk's
@@ -740,7 +704,6 @@ def _stack(
         )
         target = Target(name, identity, offsets, length, whole, by_script=not HIREDIS_AVAILABLE)
         targets.append(target)
-
         size += length if whole else BLOCK_BYTES * len(positions)
     return Stack(identity, found, targets, growth.ttl), size
 
@@ -795,8 +758,7 @@ def _doubt_overtaken(
 ) -> None:
     """Mark doubtful the failed commands of a node's that a later one of their shard overtook.
 
-    ``ran``: the shards a later chunk's commands wrote to; taken in, with those that ran
-    after each failed command here (a later element's bits, its "seen" would be theirs).
+    ``ran``: the shards a later chunk's commands wrote to (grows as this node's are read).
     """
     for i in range(len(commands) - 1, -1, -1):
         command = commands[i]

@@ -1,10 +1,7 @@
 """The bitmap backend's filter: :class:`RedisBloomFilter`, bits in Redis strings, sharded.
 
-Every call keeps the never-lose contract (docs/explanation/contract.md): "seen" only
-when Redis confirmed, in this call, every bit set in a shard carrying this filter's id;
-any doubt answers "new" (counted as ``ambiguous``, or ``errors`` under
-``BLOOMFILTER_ON_ERROR = "allow"``, whose elements are added once Redis answers again);
-otherwise an error, never a wrong answer. Calls are serialised by a lock.
+"Seen" only when Redis confirmed, in this call, every bit set in a shard carrying this
+filter's id; any doubt answers "new" (docs/explanation/contract.md). Calls hold a lock.
 """
 
 from __future__ import annotations
@@ -57,9 +54,8 @@ class RedisBloomFilter(FilterBase):
     """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
     ``client``: a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
-    standalone clients (shard ``i`` on server ``i mod n``), whose settings it connects
-    with. ``spec``, ``capacity`` and ``sizing`` (:class:`..sizing.Sizing`) say what to
-    create; a filter that exists keeps its record's geometry. Opened on first use.
+    standalone clients (shard ``i`` on server ``i mod n``). A filter that exists keeps
+    its record's geometry. Opened on first use.
     """
 
     def _setup(self) -> None:
@@ -69,13 +65,10 @@ class RedisBloomFilter(FilterBase):
         self._script = scripts.check_and_add(self.wanted.growth, one=True)  # (_adopt: record's)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
-        #: Shards whose next script recreates their lost parts (see :meth:`_mismatch`).
-        self._recreate: set[int] = set()
-        #: When the call under way stops waiting for parts and recovering (monotonic; 0: not
-        #: yet): one retry timeout from its first recovery, however many parts it meets.
+        self._recreate: set[int] = set()  # shards whose next script recreates lost parts
+        #: When the call under way stops recovering (monotonic; 0: not yet), the pause
+        #: before its next recovery, the shards it recreated (:meth:`_again`).
         self._deadline = 0.0
-        #: The pause before the call's next recovery of a part lost again, and the shards
-        #: whose lost parts it recreated (see :meth:`_again`).
         self._pause = 0.0
         self._recreated: set[int] = set()
         #: (server, generation) whose room to grow was checked (see :meth:`_room_to_grow`).
@@ -103,10 +96,9 @@ class RedisBloomFilter(FilterBase):
         )
 
     def __repr__(self) -> str:
-        spec = self.spec
         return (
-            f"<RedisBloomFilter key={self.key!r} bits={spec.bits} shards={spec.shards}"
-            f" hash_count={spec.hash_count} capacity={self.capacity}"
+            f"<RedisBloomFilter key={self.key!r} bits={self.spec.bits} shards={self.spec.shards}"
+            f" hash_count={self.spec.hash_count} capacity={self.capacity}"
             f" servers={self.topology.servers}>"
         )
 
@@ -130,7 +122,7 @@ class RedisBloomFilter(FilterBase):
                 self._cache.clear()
 
     def _hot_paths(self, record: FilterRecord) -> None:
-        """Set up the scriptless hot paths the record's growth allows, knowing nothing yet."""
+        """Set up, knowing nothing yet, the scriptless hot paths the record's growth allows."""
         growth, workers = record.growth, lambda: self.workers
         self._fast = self._stack = None
         if FastPath.applies(growth):
@@ -159,8 +151,7 @@ class RedisBloomFilter(FilterBase):
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis).
 
         No filter under the key raises FilterMissingError: a read creates none. Parts missing
-        or not the filter's are in its ``damaged`` (a check raises, or recreates them under
-        ``BLOOMFILTER_ON_LOSS = "recreate"``).
+        or not the filter's are in its ``damaged``.
         """
         with self._lock:
             return read_state(self.parts, self._existing())
@@ -233,9 +224,8 @@ class RedisBloomFilter(FilterBase):
     ) -> _T:
         """Return what ``read`` makes of a round's replies (for ``key``'s shard).
 
-        An error reply raises, naming the key: of ``keys`` (all the round reads), the one
-        of another type than a string for a WRONGTYPE. A wrong shape raises
-        :class:`~..errors.FilterUnavailableError`.
+        An error reply raises, naming the key (for a WRONGTYPE, the one of ``keys`` that
+        is not a string); a wrong shape raises :class:`~..errors.FilterUnavailableError`.
         """
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -281,7 +271,6 @@ class RedisBloomFilter(FilterBase):
 
         One pipelined batch of each element's BITFIELD, script, or stacked reads, then one
         of the adds those reads left (then scripts where a shard was not as known).
-        BLOOMFILTER_ON_ERROR handles the elements Redis could not answer, or refused.
         """
         self._deadline = 0.0
         answers: list[bool | None] = [None] * len(todo)
@@ -350,10 +339,7 @@ class RedisBloomFilter(FilterBase):
         answers: list[bool | None],
         checks: dict[int, Check],
     ) -> _Failure:
-        """Run the reads of ``checks`` and ``commands`` in one batch into ``answers``.
-
-        Returns the failure, if any. A check left to the add gets it packed (:attr:`.Check.add`).
-        """
+        """Run ``checks``' reads and ``commands`` in one batch into ``answers``; return failure."""
         calls = [
             Call(payload, key=check.keys[0].name, shard=check.shard)
             for check in checks.values()
@@ -489,11 +475,10 @@ class RedisBloomFilter(FilterBase):
     def _take_back_bits(
         self, key: str, shard: int, reply: list[Any], sent: list[int], fields: int = 2
     ) -> None:
-        """Clear the bits a ``BITFIELD`` that found a foreign key (``reply``) set there.
+        """Clear the ``sent`` bits a ``BITFIELD`` that found a foreign key set (old value 0).
 
-        They are the ``sent`` bits whose old value (after ``fields`` fields) was 0; cleared
-        while the key still carries the id field found (:data:`.scripts.TAKE_BACK`). Zeros
-        there: a scriptless add made the key, a generation or window deleted once empty.
+        Only while the key still carries the id field found (:data:`.scripts.TAKE_BACK`);
+        a key made by the add (id zeros) that is no shard key is deleted once empty.
         """
         found = reply[0].to_bytes(8, "big", signed=True)
         bits = [bit for bit, was in zip(sent, reply[fields:], strict=True) if not was]
@@ -517,15 +502,9 @@ class RedisBloomFilter(FilterBase):
             shard,
         )
 
-    def _still_wrong(self, key: str) -> FilterDamagedError:
-        """Return the error for ``key`` (a shard key, or a part) still wrong once recovered."""
-        return FilterDamagedError(
-            f"{key!r} of the Bloom filter {self.key!r} still does not carry its id after recovery."
-        )
-
     def _flush_counts(self, only: int | None = None) -> None:
         """Send the counts of items the scriptless path found new (``only``: one shard's)."""
-        keepers: list[Any] = [keeper for keeper in (self._fast, self._stack) if keeper is not None]
+        keepers: list[Any] = [keeper for keeper in (self._fast, self._stack) if keeper]
         owed = [(keeper, flush) for keeper in keepers for flush in keeper.flushes(only)]
         if not owed:
             return
@@ -533,9 +512,10 @@ class RedisBloomFilter(FilterBase):
         calls = [
             Call(command, key=key, shard=shard, resend=b"") for _, (shard, key, command, _) in owed
         ]
-        operation = "add to the shards' counts"
         try:
-            results = self.executor.run(operation, calls, write=True, partial=True)
+            results = self.executor.run(
+                "add to the shards' counts", calls, write=True, partial=True
+            )
         except BloomFilterError:  # the checks themselves report an outage
             results = Results([None] * len(owed), [False] * len(owed))
         except BaseException:
@@ -557,15 +537,11 @@ class RedisBloomFilter(FilterBase):
     def _mismatch(self, shard: int, key: str, found: object, again: bool = False) -> None:
         """Sort out the part a script found wrong, before the check runs again.
 
-        The shard itself: :meth:`_recover` (``again``, already recovered in this call:
-        :meth:`_again` first). A generation or window: read again by its own key, which
-        Redis routes to wherever it is. Still this filter's, it was out of the script's
-        reach (a Cluster slot moving, the shard key first, its parts one by one: the node
-        importing it sees those not moved yet as missing): wait until the script sees it,
-        then check again, which may meet the next part not moved yet. Missing under
-        ``BLOOMFILTER_ON_LOSS = "recreate"``: the shard's next script recreates it (again,
-        if Redis evicted it again). Else (missing under ``raise``, or foreign) raise. All
-        within one retry timeout from the call's first recovery.
+        The shard itself: :meth:`_recover` (``again``: already recovered in this call). A
+        generation or window is read again by its own key: still this filter's, it was out
+        of the script's reach (a Cluster slot moving, part by part), so wait until the
+        script sees it; missing under ``BLOOMFILTER_ON_LOSS = "recreate"``, the shard's next
+        script recreates it; else raise. All within one retry timeout from the first recovery.
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
@@ -600,11 +576,13 @@ class RedisBloomFilter(FilterBase):
         """Raise, or return to recover again, a part (``key``) still wrong after its recovery.
 
         Under ``BLOOMFILTER_ON_LOSS = "recreate"`` a full Redis may evict it again at once:
-        it is recovered again after a pause (doubling, up to 0.5 s) until the call's
-        deadline, then :meth:`_lost_again`. Else its recovery failed.
+        recovered again after a pause (doubling, up to 0.5 s) until the call's deadline.
         """
         if self.faults.on_loss != "recreate":
-            raise self._still_wrong(key)
+            raise FilterDamagedError(
+                f"{key!r} of the Bloom filter {self.key!r} still does not carry its id after"
+                " recovery."
+            )
         if time.monotonic() + self._pause > self._start_deadline():
             raise self._lost_again(key)
         time.sleep(self._pause)
@@ -638,8 +616,8 @@ class RedisBloomFilter(FilterBase):
     def _await_part(self, shard: int, key: str, part: str, deadline: float) -> None:
         """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``.
 
-        Only a Redis Cluster slot moving hides it so; elsewhere it was recreated or restored
-        since the script ran (by another worker): the check runs again at once.
+        Only a Redis Cluster slot moving hides it so; elsewhere another worker recreated or
+        restored it since the script ran: the check runs again at once.
         """
         cluster = isinstance(self.topology, Cluster)
         if cluster:

@@ -150,7 +150,6 @@ def take(
     (:func:`.local.gather`); a ``whole`` target's, on a copy of the shard, its changed span
     written by ``SETRANGE``, not through Lua (a script's argument or result costs Redis
     time per byte). ``targets``: shards one transaction may name (one slot in a cluster).
-
     One :class:`Taken` per target; when another client wrote to any, nothing was written
     and each is ``aborted``.
     """
