@@ -1,14 +1,9 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-A shard with enough of a batch's elements, as the costs below weigh it, answers them
-through a snapshot (:mod:`.snapshot`), or a stack (:mod:`.stacks`) when it has grown or
-the filter forgets. The other shards, and every snapshot or stack not taken, go through
-chunks: per shard a ``GETRANGE`` of its identity, then ``BITFIELD`` commands of about
-:data:`COMMAND_BITS` bits replying the old bits (less Redis time than Lua), or script
-calls of :data:`PER_SCRIPT` elements for a filter that grows or forgets. Chunk n+1 is
-sent before chunk n's replies are read; what must run again keeps the sequence's order.
-A shard whose identity did not match is recovered and its elements added again; a write
-that may have run answers "new" (ambiguous).
+A crowded shard answers through a snapshot (:mod:`.snapshot`), or a stack (:mod:`.stacks`)
+once grown or windowed; the rest, and every snapshot not taken, go through pipelined
+chunks of ``BITFIELD`` (old bits: less Redis time than Lua) or script calls. A write that
+may have run answers "new" (ambiguous).
 """
 
 from __future__ import annotations
@@ -86,12 +81,7 @@ PER_SCRIPT = 100
 
 @dataclass(frozen=True)
 class ScriptHooks:
-    """The filter's side of the scripted bulk path, taken by a filter that grows or forgets.
-
-    ``active()``: whether it is such a filter now; ``scriptless()``: the scriptless limit
-    of one that grows but does not forget (0: the script always); the others as the
-    filter's methods they stand for.
-    """
+    """The filter's side of the scripted bulk path (``scriptless()``: 0 for the script always)."""
 
     active: Callable[[], bool]
     script: Callable[[], Script]
@@ -127,12 +117,7 @@ class _Chunk:
 
 
 class Bulk:
-    """Runs bulk checks on a filter's shards.
-
-    ``recover(shards)`` sorts out shards whose header did not match, ``again(shards)``
-    those still wrong once recovered (by default raises); ``allow``: answer "new" for a
-    chunk Redis could not take in time, instead of raising.
-    """
+    """Runs bulk checks on a filter's shards (``allow``: "new" for what Redis could not take)."""
 
     def __init__(
         self,
@@ -254,11 +239,7 @@ class Bulk:
     def _snapshots_of(
         self, groups: dict[int, Any], located: Located, write: bool, limit: int | None
     ) -> list[tuple[int, Any, Taken]]:
-        """Take the snapshots of a batch's crowded shards; return (shard, positions, taken).
-
-        Shards go together per node; when another client wrote to one of them meanwhile,
-        each is tried again alone.
-        """
+        """Take a batch's crowded shards' snapshots, per node; return (shard, positions, taken)."""
         batches = _Batches(self.topology.joint_transactions)
         length = HEADER_BYTES + self.spec.shard_bytes
         for s, positions in groups.items():
@@ -282,11 +263,7 @@ class Bulk:
     def _take_overlapped(
         self, batches: list[tuple[Node, list[Any]]], write: bool, limit: int | None
     ) -> list[list[Taken]]:
-        """Take each batch's snapshots (:func:`.snapshot.take`), two transactions at a time.
-
-        Python answers one batch while Redis reads the next; two batches on one node take
-        its two connections in turn (``spare``), each ``WATCH`` on its own.
-        """
+        """Take each batch's snapshots, two transactions at a time (answered as Redis reads)."""
         out: list[list[Taken]] = []
         turns: dict[int, bool] = {}  # per node: whether its next batch takes the spare
         begun: list[Pending] = []  # in order; those not finished (from len(out) on) owe replies
@@ -337,11 +314,7 @@ class Bulk:
     def _stacks_of(
         self, growth: Growth, groups: dict[int, Any], located: Located, write: bool
     ) -> tuple[list[tuple[int, Any, Taken]], dict[int, int]]:
-        """Answer the batches of grown or windowed shards through stacks (:mod:`.stacks`).
-
-        A shard left to the script comes back without answers. Also returns, per shard
-        full to its limit that may grow, how many elements the script takes first.
-        """
+        """Answer grown or windowed shards' batches through stacks; also per full shard, its cut."""
         results: list[tuple[int, Any, Taken]] = []
         cuts: dict[int, int] = {}
         if not groups:
@@ -422,10 +395,7 @@ class Bulk:
         return outcome
 
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
-        """Hash a chunk and plan its commands per node and shard (see the module doc).
-
-        A filter that grows or forgets sends the script, its groups carrying packed seeds.
-        """
+        """Hash a chunk and plan its commands per node and shard (the script's: packed seeds)."""
         scripted = self.hooks.active()
         spec = self.spec
         k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
@@ -576,10 +546,7 @@ class Bulk:
         mismatched: dict[int, bytes],
         parts: dict[int, tuple[str, str]],
     ) -> list[int]:
-        """Return a chunk command's old bits or answers; a wrong shard into ``mismatched``.
-
-        A part the script found wrong goes to ``parts`` too; a wrong shape raises ValueError.
-        """
+        """Return a chunk command's old bits or answers; a wrong shard (or part) noted, not read."""
         shard, key, elements = command.shard, command.call.key or "", command.elements
         if elements is None:  # the shard's identity
             if not isinstance(reply, bytes):
@@ -606,10 +573,8 @@ class Bulk:
     ) -> dict[int, tuple[list[Any], list[bool]]]:
         """Return per node a chunk's replies, and per command whether it may have run twice.
 
-        Commands that did not run (``NOSCRIPT``, a redirection...) run again through the
-        executor, the later chunk's that did not run either after them: a later element
-        never runs before an earlier one on its shard. A command run again after a later
-        one of its shard ran answers "new" for "seen": the bits may be that element's.
+        What did not run runs again, the later chunk's after it: never a later element
+        before an earlier one on its shard. Overtaken, its "seen" may be the later's bits.
         """
         got = {node_id: self._read(chunk, node_id) for node_id in chunk.plans}
         redo = [(chunk, node_id, i) for node_id, (_, _, failed) in got.items() for i in failed]
@@ -756,10 +721,7 @@ def _doubt(outcome: Outcome, indexes: Iterable[int], write: bool) -> None:
 def _doubt_overtaken(
     commands: list[_Command], unsure: list[bool], failed: set[int], ran: set[int]
 ) -> None:
-    """Mark doubtful the failed commands of a node's that a later one of their shard overtook.
-
-    ``ran``: the shards a later chunk's commands wrote to (grows as this node's are read).
-    """
+    """Mark doubtful a node's failed commands a later one of their shard (``ran``) overtook."""
     for i in range(len(commands) - 1, -1, -1):
         command = commands[i]
         if command.elements is None:

@@ -1,19 +1,10 @@
 """The hot path without a script: one ``BITFIELD`` per check, when a shard allows it.
 
-On a shard that neither forgets (no TTL) nor has grown: ``BITFIELD {KEY:i}:g0 GET i64 32
-[INCRBY u48 208 <n>] SET u1 <o1> 1 ...``. It is atomic and replies every field's old value:
-"all k bits were set" is the answer. The first field reads 8 bytes of the filter's id from the
-header; another id means a lost shard or a reset filter, and goes to recovery.
-
-One command cannot raise a growing shard's count only for a new element, so each worker keeps
-the items it found new and sends them with one check in :data:`STATE_EVERY` (sooner when that
-many are owed), and on sync or close. A count whose reply is lost is not sent again (the
-check's retry goes without it): it may have run, and counted twice a shard would start its
-next generation early; counted as sent, it is short at worst. Only the script crosses the
-growth boundary, so this path stops below :attr:`.Growth.scriptless_limit`, with room for
-what every live worker may still hold. If a shard grew since this worker's last look, its
-element went to generation 0, which every check still reads: "seen" is a true answer, "new"
-at worst a duplicate fetch.
+On a shard that neither forgets nor has grown, ``BITFIELD {KEY:i}:g0 GET i64 32 [INCRBY u48
+208 <n>] SET u1 <o1> 1 ...`` is atomic and replies the old values: the id field tells a lost
+shard, the bits the answer. A worker sends the count of items it found new with one check in
+:data:`STATE_EVERY`; a count whose reply is lost is never sent again (twice would start the
+next generation early; short is harmless). Only the script crosses the growth boundary.
 """
 
 from __future__ import annotations
@@ -89,11 +80,7 @@ class Command:
 
 @dataclass
 class FastPath:
-    """Packs and reads the scriptless check-and-add of one filter (see the module doc).
-
-    ``shard_key(i)``, ``identity(i)``: a shard's key and the header it must carry;
-    ``workers()``: live leases (their late counts widen the margin).
-    """
+    """Packs and reads the scriptless check-and-add of one filter (``workers()``: leases)."""
 
     growth: Growth
     shard_key: Any
@@ -132,11 +119,7 @@ class FastPath:
         return known
 
     def pack(self, h1: int, h2: int) -> Command | None:
-        """Return the command for an element (hashes ``h1``, ``h2``); None: use the script.
-
-        None when the shard has grown or nears its limit. The command carries the count it
-        sends (:meth:`give_back` gives it back) and the fields read before the bits (1 or 2).
-        """
+        """Return the command for an element; None: the script's (grown, or near the limit)."""
         shard, x, y = place(h1, h2, self.shards, self.size, self.seeds)
         known = self._shards.get(shard) or self._shard(shard)
         if self.counted:
@@ -177,10 +160,7 @@ class FastPath:
         self._shard(shard).pending += sent
 
     def read(self, shard: int, reply: Any, fields: int) -> tuple[bool | None, int]:
-        """Return a reply's answer (True: seen; None: not this filter's) and the generations.
-
-        ``fields``: read before the bits (:meth:`pack`). A wrong shape raises ``ValueError``.
-        """
+        """Return a reply's answer (True: seen; None: not this filter's) and the generations."""
         if not isinstance(reply, list) or len(reply) != fields + self.k:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
         known = self._shards.get(shard) or self._shard(shard)
@@ -207,10 +187,7 @@ class FastPath:
         return seen, max(generations, 1)
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
-        """Return ``(shard, key, command, items)`` per shard with items still to count.
-
-        :meth:`give_back` gives them back when it fails. ``only``: that shard's, if any.
-        """
+        """Return ``(shard, key, command, items)`` per shard with items owed (``only``: one)."""
         out = []
         shards = self._shards
         if only is not None:

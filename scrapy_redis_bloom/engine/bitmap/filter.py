@@ -51,11 +51,10 @@ _Failure = FilterUnavailableError | AccessDeniedError | None
 
 
 class RedisBloomFilter(FilterBase):
-    """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
+    """A Bloom filter kept in Redis string bitmaps, sharded over several keys; opened on first use.
 
     ``client``: a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
-    standalone clients (shard ``i`` on server ``i mod n``). A filter that exists keeps
-    its record's geometry. Opened on first use.
+    standalone clients (shard ``i`` on server ``i mod n``).
     """
 
     def _setup(self) -> None:
@@ -150,8 +149,7 @@ class RedisBloomFilter(FilterBase):
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis).
 
-        No filter under the key raises FilterMissingError: a read creates none. Parts missing
-        or not the filter's are in its ``damaged``.
+        A read creates no filter (FilterMissingError); lost or foreign parts are ``damaged``.
         """
         with self._lock:
             return read_state(self.parts, self._existing())
@@ -222,11 +220,7 @@ class RedisBloomFilter(FilterBase):
         read: Callable[[list[Any]], _T],
         keys: Sequence[str] = (),
     ) -> _T:
-        """Return what ``read`` makes of a round's replies (for ``key``'s shard).
-
-        An error reply raises, naming the key (for a WRONGTYPE, the one of ``keys`` that
-        is not a string); a wrong shape raises :class:`~..errors.FilterUnavailableError`.
-        """
+        """Return what ``read`` makes of a round's replies; an error reply or wrong shape raises."""
         for reply in replies:
             if isinstance(reply, BaseException):
                 if keys and "WRONGTYPE" in error_text(reply):
@@ -267,11 +261,7 @@ class RedisBloomFilter(FilterBase):
         return seen
 
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
-        """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips.
-
-        One pipelined batch of each element's BITFIELD, script, or stacked reads, then one
-        of the adds those reads left (then scripts where a shard was not as known).
-        """
+        """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips."""
         self._deadline = 0.0
         answers: list[bool | None] = [None] * len(todo)
         stack = self._stack
@@ -475,11 +465,7 @@ class RedisBloomFilter(FilterBase):
     def _take_back_bits(
         self, key: str, shard: int, reply: list[Any], sent: list[int], fields: int = 2
     ) -> None:
-        """Clear the ``sent`` bits a ``BITFIELD`` that found a foreign key set (old value 0).
-
-        Only while the key still carries the id field found (:data:`.scripts.TAKE_BACK`);
-        a key made by the add (id zeros) that is no shard key is deleted once empty.
-        """
+        """Clear the bits a ``BITFIELD`` set in a foreign key, while it holds the id found there."""
         found = reply[0].to_bytes(8, "big", signed=True)
         bits = [bit for bit, was in zip(sent, reply[fields:], strict=True) if not was]
         calls = []
@@ -537,11 +523,9 @@ class RedisBloomFilter(FilterBase):
     def _mismatch(self, shard: int, key: str, found: object, again: bool = False) -> None:
         """Sort out the part a script found wrong, before the check runs again.
 
-        The shard itself: :meth:`_recover` (``again``: already recovered in this call). A
-        generation or window is read again by its own key: still this filter's, it was out
-        of the script's reach (a Cluster slot moving, part by part), so wait until the
-        script sees it; missing under ``BLOOMFILTER_ON_LOSS = "recreate"``, the shard's next
-        script recreates it; else raise. All within one retry timeout from the first recovery.
+        A generation or window still this filter's was out of the script's reach (a Cluster
+        slot moving): wait for it. Missing under ``on_loss = "recreate"``: the next script
+        recreates it. Else raise.
         """
         bad = found.decode() if isinstance(found, bytes) else str(found)
         if bad == key:
@@ -573,11 +557,7 @@ class RedisBloomFilter(FilterBase):
         return self._deadline
 
     def _again(self, key: str) -> None:
-        """Raise, or return to recover again, a part (``key``) still wrong after its recovery.
-
-        Under ``BLOOMFILTER_ON_LOSS = "recreate"`` a full Redis may evict it again at once:
-        recovered again after a pause (doubling, up to 0.5 s) until the call's deadline.
-        """
+        """Raise, or pause before ``key``'s next recovery (a full Redis may evict it at once)."""
         if self.faults.on_loss != "recreate":
             raise FilterDamagedError(
                 f"{key!r} of the Bloom filter {self.key!r} still does not carry its id after"
@@ -614,11 +594,7 @@ class RedisBloomFilter(FilterBase):
         )
 
     def _await_part(self, shard: int, key: str, part: str, deadline: float) -> None:
-        """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``.
-
-        Only a Redis Cluster slot moving hides it so; elsewhere another worker recreated or
-        restored it since the script ran: the check runs again at once.
-        """
+        """Wait (until ``deadline``) until a script routed by ``key`` sees ``part``."""
         cluster = isinstance(self.topology, Cluster)
         if cluster:
             self._report(
@@ -742,10 +718,7 @@ class RedisBloomFilter(FilterBase):
     def _scripted_head(
         self, shard: int, write: bool, elements: int = 1, bulk: bool = False
     ) -> bytes:
-        """Pack the start of a call of the hot path's script (``bulk``: of the bulk one).
-
-        It recreates lost parts only once :meth:`_mismatch` found one lost (``_recreate``).
-        """
+        """Pack the start of a call of the hot path's (``bulk``: the bulk) script."""
         recreate = b"1" if shard in self._recreate else b"0"
         self._recreate.discard(shard)
         return command_head(

@@ -1,9 +1,7 @@
 """Check-and-add computed in Python on a copy of a shard's bytes (the snapshot kernel).
 
-The answers equal check-and-add on each element in order: "seen" when each of its bits
-was set in the copy or by an element before it. :func:`check_sequential` is that
-definition (the kernel without numpy); :func:`check_vectorised` computes the same with
-numpy (for each bit clear in the copy, the first element that sets it is new).
+The answers equal check-and-add on each element in order (:func:`check_sequential`, the
+definition); :func:`check_vectorised` does the same with numpy.
 """
 
 from __future__ import annotations
@@ -80,9 +78,7 @@ class Located:
     def offsets(self, positions: Any, generation: Generation | None = None) -> Any:
         """Return the bit offsets (header included) of the elements at ``positions``.
 
-        An (n, k) array; without numpy, n lists of k offsets, or for a blocked filter n
-        ``(block start, bits)`` pairs (:func:`..hashing.block_masks`). With ``generation``:
-        in that later generation, seeded as the scripts seed it.
+        An (n, k) array, or lists (pairs for a blocked filter); ``generation``: in that one.
         """
         g, spec = generation, self.spec
         k, block = (g or spec).hash_count, (g or spec).block_bits
@@ -148,11 +144,7 @@ class Located:
 
 
 def within(seen: Any, room: int) -> int:
-    """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len).
-
-    What a bulk add near a generation's boundary may take: ``room`` new elements at most
-    (none when ``room`` <= 0), with the elements already held around them.
-    """
+    """Return how many elements come before the ``room + 1``-th not ``seen`` (all: len)."""
     if isinstance(seen, list):
         missing: Any = [i for i, there in enumerate(seen) if not there]
     else:
@@ -183,10 +175,7 @@ def hashes_many(elements: Sequence[str | bytes]) -> tuple[NDArray[Any], NDArray[
 def offsets_many(
     x: NDArray[Any], y: NDArray[Any], hash_count: int, shard_bits: int, block_bits: int = 0
 ) -> NDArray[Any]:
-    """Return each element's k bit offsets in its shard's string, header included, as (n, k).
-
-    As the scripts' step 4: the sums stay below 3 S (or 3 B), so subtractions replace modulo.
-    """
+    """Return each element's k bit offsets in its shard's string, header included, as (n, k)."""
     span = block_bits or shard_bits
     out = np.empty((hash_count, len(x)), dtype=np.int64)
     cx, cy = x.astype(np.int64), y.astype(np.int64)
@@ -208,11 +197,7 @@ def offsets_many(
 def check_vectorised(
     buffer: bytearray, offsets: NDArray[Any], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Answer elements from a shard's bytes; with ``write``, set their bits in ``buffer``.
-
-    Returns the answers (True: seen) and the span ``[low, high)`` of bytes changed, a
-    cache-sized :data:`SLICE` at a time.
-    """
+    """Answer elements from a shard's bytes (``write``: set their bits); answers, changed span."""
     answers: list[bool] = []
     low, high = len(buffer), 0
     for first in range(0, offsets.shape[0], SLICE):
@@ -248,11 +233,7 @@ _WINDOW_SHIFT = BLOCK_BITS.bit_length() - 1
 
 
 def _shared(offsets: NDArray[Any]) -> NDArray[Any] | None:
-    """Return per row whether another row is in its :data:`BLOCK_BITS` window (past the header).
-
-    Rows in different windows share no byte. None when a row straddles two windows (a
-    classic filter's), or most rows share theirs (then one sort of the slice costs less).
-    """
+    """Return per row whether another row shares its block; None: one sort costs less."""
     first = (offsets[0] - HEADER_BITS) >> _WINDOW_SHIFT  # (a shift: floor, as //, but cheaper)
     if bool((first != first[0]).any()):
         return None  # the first row straddles: a classic filter's (spread over the shard)
@@ -269,11 +250,7 @@ def _shared(offsets: NDArray[Any]) -> NDArray[Any] | None:
 def _check_windows(
     copy: NDArray[Any], offsets: NDArray[Any], clear: NDArray[Any], shared: NDArray[Any]
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`_check_slice` does for rows each in one window (:func:`_shared`).
-
-    A row alone in its window is new exactly when one of its bits is clear; only the rows
-    sharing one need the sort of :func:`_first_setters` (the kernel's main cost).
-    """
+    """Do what :func:`_check_slice` does, sorting only the rows that share a block."""
     new: NDArray[Any] = np.asarray(clear.any(axis=1))
     if shared.any():
         rows = np.flatnonzero(shared)  # in order: earlier rows first, as the slice has them
@@ -352,10 +329,7 @@ def check_sequential(
 
 
 def gather(offsets: Any) -> tuple[Any, Any]:
-    """Return the blocks a blocked shard's batch touches, and its offsets in a compact copy.
-
-    The compact copy is the shard's header then those blocks (slot i holds ``blocks[i]``).
-    """
+    """Return the blocks a blocked batch touches, and its offsets in the compact copy of them."""
     if isinstance(offsets, list):  # (a pair's first item is its block's start)
         touched = [(element[0] - HEADER_BITS) // BLOCK_BITS for element in offsets]
         blocks = sorted(set(touched))
@@ -429,11 +403,7 @@ def _run_firsts(at: NDArray[Any], apart: NDArray[Any], longest: int) -> NDArray[
 def range_reads(
     keys: Sequence[bytes], blocks: Sequence[NDArray[Any]], longest: int
 ) -> list[tuple[bytes, int]]:
-    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy), all shards at once.
-
-    Per shard: its commands and their number. The replies are each compact copy's bytes
-    after its header (:func:`gather`).
-    """
+    """Pack a ``GETRANGE`` of each run of each shard's ``blocks`` (numpy), per shard."""
     sizes = [len(b) for b in blocks]
     if not sum(sizes):
         return [(b"", 0) for _ in blocks]
@@ -458,11 +428,7 @@ def range_writes(
     before: Sequence[bytes],
     after: Sequence[bytearray],
 ) -> tuple[bytes, int]:
-    """Pack a ``SETRANGE`` of each block changed in each shard's compact copy (numpy).
-
-    Shard i: ``keys[i]``, its copy as read (``before[i]``) and as left (``after[i]``), its
-    slots holding ``blocks[i]``. Returns the commands and their number.
-    """
+    """Pack a ``SETRANGE`` of each block changed in each shard's compact copy (numpy)."""
     owners, offsets, rows = [], [], []
     for i, (read, left) in enumerate(zip(before, after, strict=True)):
         slots = _changed(read, left)
@@ -489,12 +455,7 @@ def range_commands(
     offsets: NDArray[Any],
     second: NDArray[Any],
 ) -> tuple[bytes, NDArray[Any]]:
-    """Pack ``name <key> <offset> <second>`` once per row, in a few array operations (numpy).
-
-    Row i names ``keys[owner[i]]``; ``second``: end offsets (``GETRANGE``) or (n, w) bytes
-    (``SETRANGE``). Fixed-width cells, unused bytes masked out. Returns the commands and
-    each row's length.
-    """
+    """Pack ``name <key> <offset> <second>`` once per row, in a few array operations (numpy)."""
     n = len(offsets)
     head = b"*4\r\n$%d\r\n%b\r\n" % (len(name), name)
     named = [b"$%d\r\n%b\r\n" % (len(key), key) for key in keys]
@@ -551,10 +512,7 @@ def slot_bytes(copy: bytearray, slots: Sequence[int]) -> bytes:
 
 
 def runs(blocks: Sequence[int], slots: Sequence[int], longest: int) -> list[tuple[int, int]]:
-    """Group ``slots`` (sorted; slot i holds ``blocks[i]``) into runs ``[first, stop)``.
-
-    A run: neighbouring blocks, at most ``longest``, one GETRANGE or SETRANGE each.
-    """
+    """Group ``slots`` (sorted) into runs ``[first, stop)`` of neighbouring blocks."""
     out: list[tuple[int, int]] = []
     first = previous = -2
     for slot in slots:

@@ -1,8 +1,4 @@
-"""The bitmap backend's shards: how one is made, checked, found lost and deleted.
-
-:class:`Bitmaps` is the :class:`~..lifecycle.Shards` of :class:`.filter.RedisBloomFilter`:
-each shard a string allocated whole, its header naming the filter (:mod:`...core.layout`).
-"""
+"""The bitmap backend's shards (:class:`Bitmaps`): how one is made, checked and deleted."""
 
 from __future__ import annotations
 
@@ -39,10 +35,7 @@ def delete(parts: Parts, record: FilterRecord) -> int:
 
 
 class Bitmaps:
-    """Bitmap shards: strings allocated whole, each with a header naming the filter.
-
-    Shards left without a record restore it; a lost shard is missing or without a header.
-    """
+    """Bitmap shards: strings allocated whole, each with a header naming the filter."""
 
     noun = "Bloom filter"
 
@@ -112,10 +105,7 @@ class Bitmaps:
         }
 
     def misfits(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
-        """Return the shards not of the header and payload's length; one past the last if any.
-
-        One round of ``STRLEN`` (0: a missing key).
-        """
+        """Return the shards not of the header and payload's length; one past the last if any."""
         past = record.spec.shards
         order = [*shards, past]
         size = layout.HEADER_BYTES + record.shard_payload
@@ -141,11 +131,7 @@ class Bitmaps:
     def lost_part(
         self, record: FilterRecord, shard: int, key: str, found: bytes
     ) -> FilterDamagedError:
-        """Return the error for a generation or re-crawl window of a shard found wrong.
-
-        (Missing under ``BLOOMFILTER_ON_LOSS = "raise"``, or holding something else:
-        ``found``, its identity read by :meth:`part_identity`.)
-        """
+        """Return the error for a generation or re-crawl window of a shard found wrong."""
         where = self.topology.route(key, shard, None).address
         what = layout.describe_identity(found, record.filter_id, shard)
         if not found.strip(b"\0"):  # missing, or bits written where it was: as good as gone
@@ -164,10 +150,7 @@ class Bitmaps:
         )
 
     def _clear_debris(self, debris: dict[int, bytes]) -> None:
-        """Delete bitmaps without a header where a new filter's shards go, each if still as read.
-
-        (A BITFIELD sent to a lost shard writes its bits into a new string with no header.)
-        """
+        """Delete headerless bitmaps (a lost shard's BITFIELD) where a new filter's shards go."""
         if not debris:
             return
         calls = [

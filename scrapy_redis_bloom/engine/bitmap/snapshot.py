@@ -1,25 +1,8 @@
 """The bulk path's snapshot of a shard: read its bytes, answer in Python, write back at once.
 
-``BITFIELD`` costs Redis time per bit; the snapshot moves that work out of Redis, in two
-round trips on the shard's node:
-
-1. ``WATCH key``, the reads (:func:`_reads`), ``MULTI``: the bytes, checked against the
-   identity, and for a growing shard its state (one generation, and room below
-   :attr:`.generations.Growth.scriptless_limit` for the batch or its first elements);
-2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE`` of the changed
-   bytes (and of a growing shard's count), and ``EXEC``.
-
-``EXEC`` runs only if nobody wrote to the shard since ``WATCH``: the batch took effect
-as one atomic step, as check-and-add on each element in order would have. The second
-round goes on the first one's connection (an executor
-:class:`~..transport.executor.Session`) or not at all, after ``MULTI`` is confirmed, so
-the writes never run outside the transaction. Several shards of a node share the two
-round trips and one transaction (:func:`take`).
-
-Otherwise (an aborted ``EXEC``, a shard not as expected, an error reply, a failed
-connection) the batch is handed back (:attr:`Taken.answers` is None) to the ``BITFIELD``
-or script path, which deals with redirections, retries and lost shards; ``ambiguous``
-when ``EXEC`` may have run but its reply was lost: "seen" answers become "new".
+``WATCH``, the reads and ``MULTI``, then the answers' ``SETRANGE`` and ``EXEC``: atomic, as
+check-and-add on each element in order would be, with the work out of Redis. Anything else
+hands the batch back (:attr:`Taken.answers` None) to the ``BITFIELD`` or script path.
 """
 
 from __future__ import annotations
@@ -102,12 +85,7 @@ def _end(session: Session, write: bool, opening: list[Any]) -> None:
 
 @dataclass(slots=True)
 class Target:
-    """One shard (one key) a :func:`take` reads and answers.
-
-    ``offsets``: its batch's (:meth:`.local.Located.offsets`); ``length``: the bytes its
-    string must have; ``whole``: read it all, not only the blocks the batch touches (a
-    shard read by its blocks must be blocked).
-    """
+    """One shard (one key) a :func:`take` reads and answers (``whole``: not by its blocks)."""
 
     key: str
     identity: bytes
@@ -144,15 +122,7 @@ _BIG = 1 << 16
 def take(
     session: Session, targets: Sequence[Target], write: bool, limit: int | None
 ) -> list[Taken]:
-    """Check (and add) batches of shards on one node together, blocked ones by their blocks.
-
-    A blocked shard's batch is answered on a compact copy of the 64-byte blocks it touches
-    (:func:`.local.gather`); a ``whole`` target's, on a copy of the shard, its changed span
-    written by ``SETRANGE``, not through Lua (a script's argument or result costs Redis
-    time per byte). ``targets``: shards one transaction may name (one slot in a cluster).
-    One :class:`Taken` per target; when another client wrote to any, nothing was written
-    and each is ``aborted``.
-    """
+    """Check (and add) batches of shards on one node together; a :class:`Taken` per target."""
     pending = begin(session, targets, write, limit)
     answer(pending)
     return finish(pending)
@@ -249,12 +219,7 @@ def finish(pending: Pending) -> list[Taken]:
 def _opening(
     targets: Sequence[Target], keys: list[bytes], watched: Sequence[bytes | str] | None
 ) -> list[bytes]:
-    """Find what the targets read (:func:`_gather`); return the commands opening their take.
-
-    Block scripts are loaded first in the same trip (a restarted Redis has none), as a
-    least-privilege user has EVALSHA and SCRIPT LOAD, not EVAL; then ``WATCH`` of the
-    ``watched`` keys (None: a check, which watches nothing).
-    """
+    """Find what the targets read; return the opening commands (block scripts, ``WATCH``)."""
     _gather(targets, keys)
     scripted = any(not target.whole and not target.ranged for target in targets)
     opening = [*_LOAD_SCRIPTS] if scripted else []
@@ -376,11 +341,7 @@ def _copy(target: Target, read: list[Any], write: bool) -> tuple[bytearray, byte
 def _send_writes(
     pending: Pending, found: list[_Copy | None], opening: list[Any], extra: Sequence[bytes] = ()
 ) -> None:
-    """Send what the answers changed and ``EXEC`` (:func:`finish` reads the replies).
-
-    ``found``: per target, what :func:`_check` gave; ``opening``: the opening's and MULTI's
-    replies; ``extra``: more writes (a grown shard's count).
-    """
+    """Send what the answers changed (and ``extra`` writes) and ``EXEC``."""
     session, targets, write, limit = pending.session, pending.targets, pending.write, pending.limit
     taken: list[Taken] = []
     commands: list[bytes | memoryview] = [*extra]

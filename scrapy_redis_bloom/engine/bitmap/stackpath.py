@@ -1,26 +1,10 @@
 """The hot path of a shard that has grown or forgets: plain reads, then one ``BITFIELD``.
 
-A grown shard keeps its bits in generations ``{KEY:i}:g0`` ... ``:g<G-1>``; with re-crawl
-windows (``BLOOMFILTER_TTL``), in those of two windows, ``{KEY:i}:w<w-1>:g<g>`` and
-``{KEY:i}:w<w>:g<g>`` (:mod:`..generations`). Only the newest generation of the current
-window takes adds; every other key is read-only. So a check needs no script:
-
-1. **Reads**, one pipelined round trip: for every key the element may be in, its bits
-   (``GETRANGE`` of its 64-byte block when blocked, else ``BITFIELD_RO ... GET u1``);
-   every :data:`HEADER_EVERY` checks of a shard, every key's header too (its identity
-   and, in a generation 0, the generations and the newest one's count); with windows,
-   ``TIME`` now and then (:mod:`..clock`). "Seen" when every bit is set in a key of
-   this filter: a seen URL costs this one round trip.
-2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the
-   newest generation (:meth:`StackPath._pack_add`), whose reply decides atomically which
-   of several workers offering the element at once is told "new": exactly one.
-
-The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
-key whose header is missing or foreign (the script reports it, the filter recovers), a
-shard whose generations changed since this worker looked, a newest generation near its
-capacity (only the script starts the next one: :meth:`StackPath._near`), a window not
-started yet, and the last :data:`..clock.GUARD` seconds of a window. Items found new are
-counted as :mod:`.fastpath`'s, kept by the worker and sent with an add, or on sync or close.
+Only the newest generation of the current window takes adds, so a check is one pipelined
+round of reads of every key the element may be in (a seen URL costs just that), then for a
+new one a ``BITFIELD`` on the newest generation, whose reply tells exactly one worker "new".
+The script stays the authority wherever this path cannot be sure (a key lost or foreign,
+generations changed, near capacity, a window's start or last seconds).
 """
 
 from __future__ import annotations
@@ -50,10 +34,7 @@ _SEAL = (b"GET", b"u16", GENERATIONS_BIT)
 
 
 def _were_set(reply: Any, k: int, identity: int) -> bool | None:
-    """Tell from an add's reply (``[id, seal or state, k bits]``) whether all were set.
-
-    None: the key is not this filter's (``identity``); a wrong shape raises ``ValueError``.
-    """
+    """Tell from an add's reply whether all were set; None: the key is not this filter's."""
     if not isinstance(reply, list) or len(reply) != 2 + k:
         raise ValueError(f"a BITFIELD of {2 + k} fields, got {reply!r:.200}")
     if reply[0] != identity:
@@ -125,10 +106,7 @@ class Check:
         self.known.pending += self.sent
 
     def add_undone(self) -> None:
-        """Keep a count the add held inside it (not :attr:`count`'s): the add did not land.
-
-        Its own element, counted when judged new, is no longer.
-        """
+        """Keep a count the add held inside it, and unjudge its element: the add did not land."""
         if self.stated:
             self.give_back()
         self.unjudge()
@@ -140,11 +118,7 @@ class Check:
 
 @dataclass(eq=False)
 class StackPath:
-    """Packs and reads the scriptless checks of grown and windowed shards (module doc).
-
-    ``growth``: the filter's geometry; ``key``: its name; ``identity(i)``: the header a
-    shard's keys carry; ``workers()``: live workers (their late counts widen the margin).
-    """
+    """Packs and reads the scriptless checks of grown and windowed shards (module doc)."""
 
     growth: Growth
     key: str
@@ -252,10 +226,7 @@ class StackPath:
         return known.count + known.pending + 1 >= self.gens[g].capacity - late
 
     def judge(self, check: Check, replies: list[Any], sent_at: float) -> str:
-        """Read a check's reads (sent at ``sent_at``): :data:`SEEN`, :data:`ADD`, :data:`SCRIPT`.
-
-        A reply of the wrong shape raises ``ValueError``.
-        """
+        """Read a check's reads (sent at ``sent_at``): :data:`SEEN`, :data:`ADD`, :data:`SCRIPT`."""
         known = check.known
         late = False
         if self.ttl:
@@ -323,12 +294,9 @@ class StackPath:
     def _pack_add(self, check: Check) -> None:
         """Pack the add: ``BITFIELD <newest> GET i64 32 [INCRBY u48 208 n] SET u1 <o> 1 ...``.
 
-        The items found new go to the generation 0's state: by the add's own ``INCRBY`` when
-        it goes to that key, else, once this worker holds :data:`STATE_EVERY` - 1, by a
-        second command whose reply is the state (:meth:`counted`); the margin
-        (:meth:`_near`) has room for what a worker holds. A generation sealed meanwhile is
-        told by the add's reply (``GET u16``). Only the bits the read found unset are set:
-        bits are only ever set, so the reply tells as surely whether this add set any.
+        The count goes by the add's ``INCRBY`` on a generation 0, else by a second command
+        once :data:`STATE_EVERY` - 1 are held. Only bits found unset are set: the reply
+        tells as surely whether this add set any.
         """
         known = check.known
         k = next(k for k in check.keys if k.newest)
@@ -352,10 +320,8 @@ class StackPath:
     def added(self, check: Check, reply: Any) -> bool | None:
         """Read the add's reply: True for "seen", False for new; None: the key is not ours.
 
-        An element new to a generation sealed meanwhile gets :attr:`Check.again`: its add
-        to the next generation, where another worker may have added it since; both adds run
-        on that key, so exactly one finds bits unset (:meth:`looked`; a read there could miss
-        a worker between its reads and its add). A wrong shape raises ``ValueError``.
+        New to a generation sealed meanwhile: :attr:`Check.again` adds it to the next one,
+        where only one of the adds can find bits unset.
         """
         known = check.known
         seen = _were_set(reply, len(check.add_bits), id_field(self.identity(check.shard)))
@@ -389,11 +355,7 @@ class StackPath:
         return seen
 
     def counted(self, check: Check, reply: Any) -> None:
-        """Read the reply of an add's state command (:meth:`_pack_add`): the shard's state.
-
-        None or an error (out of memory, say): the count goes with a later add. Another
-        shape (the key lost or reset: the add's reply says so) teaches nothing.
-        """
+        """Read the reply of an add's state command: the shard's state (a failure: give back)."""
         if reply is None or isinstance(reply, BaseException):
             check.give_back()
         elif isinstance(reply, list) and len(reply) == 1 and isinstance(reply[0], int):
@@ -401,11 +363,7 @@ class StackPath:
             check.known.now, check.known.count = max(generations, 1), count
 
     def scripted(self, shard: int, generations: int) -> None:
-        """Note what the script found: the shard's (or the current window's) generations.
-
-        A window before that was missing is absent from now on (the script tells a lost
-        one from one never started), while this worker's clock is settled in its window.
-        """
+        """Note the generations the script found (and that a missing window before is absent)."""
         known = self._shards.get(shard)
         if known is None:
             return

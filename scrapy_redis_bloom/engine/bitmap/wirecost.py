@@ -1,9 +1,6 @@
 """What a byte costs to move between this worker and a Redis node: measured, not assumed.
 
-A bulk load moves a shard whole or only the 64-byte blocks its elements touch; which
-costs less depends on the link. So per node, at first use and every :data:`REMEASURE`
-seconds, the best of :data:`TRIES` ``GETRANGE`` reads of :data:`PROBE_BYTES` is weighed
-against as many of one byte: what a byte costs beyond loopback's (:meth:`WireCost.extra`).
+Which costs less, a shard moved whole or only its touched blocks, depends on the link.
 """
 
 from __future__ import annotations
@@ -40,11 +37,7 @@ class WireCost:
         self._nodes: dict[str, tuple[float, float]] = {}  # address -> (extra, measured at)
 
     def extra(self, address: str, key: str) -> float:
-        """Return the ns a byte costs on the node at ``address`` beyond loopback's (>= 0).
-
-        ``key``: a key on that node. A failed probe keeps the last figure (0 at first) until
-        the next measure, and logs it (the bulk call then meets the same fault).
-        """
+        """Return the ns a byte costs on ``address`` beyond loopback's (failed probe: the last)."""
         now = self.clock()
         last, at = self._nodes.get(address, (None, 0.0))
         if last is not None and now - at < REMEASURE:
