@@ -45,15 +45,12 @@ logger = logging.getLogger(__name__)
 
 #: Elements per chunk: ~1.3 MB of commands at k = 13, taken while Redis runs the one before.
 CHUNK = 4_000
-#: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, the longest other
-#: clients wait.
+#: Bits per BITFIELD command (a multiple of k): ~1 ms of Redis time, as others wait.
 COMMAND_BITS = 5_000
-#: Elements read at a time when snapshots may be taken (the most without numpy), and the
-#: most ever (~50 bytes each).
+#: Elements read at a time when snapshots may be taken (numpy: up to MAX_BATCH).
 BATCH = 131_072
 MAX_BATCH = 1_048_576
-#: With numpy, a batch holds enough elements per shard for a whole shard's snapshot to
-#: cost about this much per element.
+#: With numpy, a batch holds enough per shard for a whole snapshot to cost this each.
 WHOLE_NS_PER_ELEMENT = 250
 #: A snapshot costs about SNAPSHOT_NS plus SNAPSHOT_NS_PER_BYTE per byte of the shard, against
 #: BITFIELD_NS_PER_BIT per bit or SCRIPT_NS_PER_ELEMENT per element (bench/NOTES.md).
@@ -61,16 +58,13 @@ SNAPSHOT_NS = 200_000
 SNAPSHOT_NS_PER_BYTE = 2
 BITFIELD_NS_PER_BIT = 500
 SCRIPT_NS_PER_ELEMENT = 10_000
-#: Per element of a shard read by its blocks (redis-py parses each run's reply in Python
-#: without hiredis); per block only read (an older generation's), about half.
+#: Per element read by blocks (redis-py parses replies slower without hiredis); read only.
 BLOCKS_NS_PER_ELEMENT = 2_500 if HIREDIS_AVAILABLE else 4_700
 READ_BLOCK_NS = BLOCKS_NS_PER_ELEMENT // 2
-#: Bytes on the wire per block read and written back, and per block only read, weighed
-#: by what a byte costs beyond loopback's (:mod:`.wirecost`).
+#: Bytes on the wire per block read and written back, and per block only read.
 BLOCK_WIRE_BYTES = 280
 READ_WIRE_BYTES = 140
-#: The most bytes the shards of one snapshot transaction hold (two overlap), and of one
-#: of shards read by their blocks.
+#: The most bytes of one snapshot transaction's shards (whole; by blocks).
 JOINT_BYTES = 8 << 20
 BLOCKS_JOINT_BYTES = 2 << 20
 #: Whether snapshots are taken at all (the tests turn them off to exercise the chunks).
@@ -108,9 +102,7 @@ class _Chunk:
     k: int  # values per element in a reply: k old bits, or the script's one answer
     #: Per shard: its elements' positions in the chunk, and their k offsets (or seeds) each.
     groups: dict[int, tuple[list[int], list[Any]]]
-    #: Per node: its session and commands in sending order; a ticket of replies owed, the
-    #: replies read early, or why none come; whether each command run again with an
-    #: earlier chunk's may have run twice.
+    #: Per node: its session and commands; replies owed, read or failed; may have run twice.
     plans: dict[int, tuple[Session, list[_Command]]]
     sent: dict[int, Ticket | list[Any] | TransportError] = field(default_factory=dict)
     redone: dict[int, list[bool]] = field(default_factory=dict)
@@ -179,8 +171,6 @@ class Bulk:
         A shard full to its limit gives the script only the elements that may take it to
         its capacity; with ``defer``, its others run after as a batch of their own.
         """
-        # Snapshots: a filter that neither grows nor forgets, or below its scriptless
-        # limit; stacks: a filter that grows or forgets.
         active = self.hooks.active()
         limit = (self.hooks.scriptless() or None) if active else None
         snapshots = self._snapshots and (not active or limit is not None)
@@ -194,8 +184,7 @@ class Bulk:
             return
         answered: list[tuple[Any, list[bool]]] = []
         doubtful: set[int] = set()
-        # A shard known grown (or with windows) goes to the stacks at once; the others to
-        # a snapshot, which gives back those found grown.
+        # Known grown (or windowed): to the stacks at once; a snapshot gives back the grown.
         cuts: dict[int, int] = {}
         fresh = {s: p for s, p in groups.items() if s not in self._grown} if snapshots else {}
         results = self._snapshots_of(fresh, located, write, limit)
@@ -527,8 +516,7 @@ class Bulk:
             outcome.errors += len(lost)
             outcome.failed.extend(chunk.elements[p] for p in lost)
             return []
-        # A part waited for, or to recreate, was sorted out by the hook: only a shard whose
-        # own key did not match is recovered (in a second pass: again, or refused).
+        # Parts the hook sorted out; only a shard whose own key did not match is recovered.
         wrong = [shard for shard in mismatched if shard not in parts]
         if wrong:
             self.recover(wrong)

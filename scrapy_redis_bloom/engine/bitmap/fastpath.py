@@ -21,8 +21,7 @@ from scrapy_redis_bloom.transport.wire import SET_BIT, Arg, Script, command_head
 #: A worker's checks of a shard between two that read its state (and send its count).
 STATE_EVERY = 16
 
-#: Bit offsets in a shard's header: 8 of the filter id's 16 random bytes; the state,
-#: generations (u16) then count (u32), as one u48.
+#: Bit offsets in a shard's header: 8 bytes of the filter id; the state (u16 + u32).
 ID_FIELD = 32
 STATE_FIELD = GENERATIONS_BIT
 
@@ -43,14 +42,12 @@ class _Shard:
     since: int = 0  # checks since the last that read the state
     #: Items in generation 0 at the last look, plus those sent since (None: not looked yet).
     count: int | None = None
-    #: Items packed since, not yet sent: each counted new until its reply finds it seen, so
-    #: that a batch's next elements count it (all are packed before any reply comes).
-    #: Below 0: sent ahead for items then found seen (or not added): the next send is less.
+    #: Items packed since, not sent: counted new until a reply finds them seen (below 0:
+    #: sent ahead for items then found seen, so the next send is less).
     pending: int = 0
-    #: Grown, or its count nears the limit: its checks are the script's from now on.
+    #: Grown, or near the limit (``edge``, as of its last look): its checks are the script's.
     grown: bool = False
     near: bool = False
-    #: The count from which its checks are the script's, as of its last look.
     edge: int = 0
 
 
@@ -63,13 +60,11 @@ class Command:
     payload: bytes
     script: Script | None = None  # what an EVALSHA runs; None for BITFIELD
     fast: FastPath | None = None
-    #: BITFIELD: the items it adds to the count (given back if it never ran), the fields
-    #: read before the bits, the bits it sets (taken back from a shard not this filter's).
+    #: BITFIELD: the count it adds, the fields read before the bits, the bits it sets.
     counted: int = 0
     fields: int = 0
     bits: list[int] | None = None
-    #: With a count: the command without it, sent instead once it may have run (a lost
-    #: reply): a count sent twice would start the shard's next generation early.
+    #: The command without its count, for a retry (a count sent twice grows a shard early).
     resend: bytes | None = None
 
     def give_back(self) -> None:
@@ -107,7 +102,6 @@ class FastPath:
         if known is None:
             key = self.shard_key(shard)
             args: list[Arg] = [b"BITFIELD", key, b"GET", b"i64", ID_FIELD]
-            # The argument counts cover the bits (and the count) to come.
             plain = command_head(len(args) + 4 * self.k, *args)
             stated = command_head(len(args) + 4 + 4 * self.k, *args, b"INCRBY", b"u48", STATE_FIELD)
             known = self._shards[shard] = _Shard(
@@ -131,7 +125,6 @@ class FastPath:
                 known.near = True  # till a look finds room (a state read's reply)
                 return None
         args: list[int] = []
-        # A shard's bits start after its header.
         bits = offsets(x, y, self.k, self.size, self.block, HEADER_BITS)
         for offset in bits:
             args += (len(str(offset)), offset)

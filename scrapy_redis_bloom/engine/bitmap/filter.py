@@ -65,8 +65,7 @@ class RedisBloomFilter(FilterBase):
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
         self._recreate: set[int] = set()  # shards whose next script recreates lost parts
-        #: When the call under way stops recovering (monotonic; 0: not yet), the pause
-        #: before its next recovery, the shards it recreated (:meth:`_again`).
+        #: The call's recovery deadline (monotonic; 0: not yet), pause, recreated shards.
         self._deadline = 0.0
         self._pause = 0.0
         self._recreated: set[int] = set()
@@ -105,8 +104,6 @@ class RedisBloomFilter(FilterBase):
     def shard_keys(self) -> list[str]:
         """The keys of every shard, in shard order (built on demand)."""
         return [self.parts.shard_key(shard) for shard in range(self.spec.shards)]
-
-    # -- lifecycle ---------------------------------------------------------------------
 
     def _adopt(self, record: FilterRecord) -> None:
         old, self.record = self.record, record
@@ -153,8 +150,6 @@ class RedisBloomFilter(FilterBase):
         """
         with self._lock:
             return read_state(self.parts, self._existing())
-
-    # -- elements ----------------------------------------------------------------------
 
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
@@ -430,12 +425,10 @@ class RedisBloomFilter(FilterBase):
             except ValueError as exc:
                 raise foreign_reply("a check", command.key, exc) from None
             if seen is None:
-                # Its bits went to a lost shard or a reset filter: recover, check again
-                # ("seen" then may be this call's own bits).
+                # Its bits went to a lost shard or a reset filter: recover, check again.
                 if recovered:
                     self._again(command.key)
-                # While the shard still carries the id found; a bit another worker set
-                # meanwhile may be cleared too: a duplicate fetch at worst.
+                # A bit another worker set meanwhile may be cleared too: a duplicate at worst.
                 bits = command.bits or []
                 self._take_back_bits(command.key, command.shard, reply, bits, fields)
                 self._recover([command.shard])

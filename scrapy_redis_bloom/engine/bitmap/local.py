@@ -442,8 +442,7 @@ def range_writes(
     return packed, len(owner)
 
 
-#: Decimal digits of an offset (a Redis string is at most 512 MiB), and the bytes of its
-#: cell (:func:`_decimal`): ``$``, the digits' count, CR LF, the digits, CR LF.
+#: Decimal digits of an offset (a string is at most 512 MiB), and a cell's bytes (``$n\r\n..\r\n``).
 _DIGITS = 9
 _CELL = 4 + _DIGITS + 2
 

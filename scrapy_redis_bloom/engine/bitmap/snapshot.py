@@ -38,8 +38,7 @@ from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
-#: Bytes a GETRANGE reads at most: a shard of 8 MiB is read in 8 commands of ~0.2 ms of
-#: Redis time each, so other clients do not wait for one long GET.
+#: Bytes a GETRANGE reads at most (~0.2 ms of Redis time: others do not wait long).
 PIECE = 1 << 20
 _GENERATIONS = GENERATIONS_BIT // 8
 _COUNT = COUNT_BIT // 8
@@ -96,8 +95,7 @@ class Target:
     blocks: Any = field(default_factory=list)
     moved: Any = None
     replies: int = 1
-    #: Read and written by ``GETRANGE``/``SETRANGE`` per run of blocks, packed by numpy
-    #: (Python packs too slowly), in half the block scripts' Redis time; its reads, packed.
+    #: Read and written per run of blocks by ``GETRANGE``/``SETRANGE`` (numpy); its reads.
     ranged: bool = False
     runs: tuple[bytes, int] = (b"", 0)
     #: By the block scripts even with numpy: one reply for all its blocks (no hiredis).
@@ -110,8 +108,7 @@ _LOAD_SCRIPTS = tuple(
 )
 _MULTI = pack_command(b"MULTI")
 _EXEC = pack_command(b"EXEC")
-#: Whether the read script joins the blocks into one string: redis-py without hiredis
-#: parses each string of a reply in Python, which costs more than Redis's join.
+#: Whether the read script joins the blocks (redis-py without hiredis parses slowly).
 _JOINED = b"0" if HIREDIS_AVAILABLE else b"1"
 #: Blocks one GETRANGE or SETRANGE moves at most (1 MiB, as :data:`PIECE`).
 RUN_BLOCKS = PIECE // BLOCK_BYTES
@@ -140,8 +137,7 @@ class Pending:
     #: The opening's commands sent (SCRIPT LOADs, WATCH), and the reads' tickets.
     opening: int = 0
     reads: list[tuple[Ticket, list[int]]] = field(default_factory=list)
-    #: Set by :func:`answer`: what each target did so far, the EXEC's ticket and queued
-    #: commands; ``done``: the outcome, when nothing is owed.
+    #: Set by :func:`answer`: what each target did, the EXEC's ticket and queued; the outcome.
     taken: list[Taken] | None = None
     sent: Any = None
     queued: int = 0
@@ -154,8 +150,7 @@ def begin(session: Session, targets: Sequence[Target], write: bool, limit: int |
     pending = Pending(session, targets, write, limit, packed)
     opening = _opening(targets, packed, packed if write else None)
     pending.opening = len(opening)
-    # Whole targets' reads go together (apart, small shards lose time in round trips); one
-    # by blocks alone is answered while Redis reads the next.
+    # Whole targets' reads go together; one by blocks alone, answered as Redis reads the next.
     whole = [i for i, target in enumerate(targets) if target.whole]
     groups = [whole] if whole else []
     groups += [[i] for i, target in enumerate(targets) if not target.whole]
@@ -289,8 +284,7 @@ def _reads(target: Target, key: bytes, write: bool) -> list[bytes]:
     return [pack_command(b"EVALSHA", READ_BLOCKS.sha, 1, key, spans, _JOINED)]
 
 
-#: What :func:`_check` gives a target it answered: its copy after the kernel, the bytes
-#: read (by blocks), its count, and the kernel's answers and changed span.
+#: What :func:`_check` gives: the copy, the bytes read, the count, the kernel's result.
 _Copy = tuple[bytearray, bytes, int, tuple[list[bool], int, int]]
 
 

@@ -21,8 +21,7 @@ from scrapy_redis_bloom.engine.bitmap.fastpath import ID_FIELD, STATE_EVERY, id_
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.transport.wire import SET_BIT, command_head, pack_command
 
-#: A shard's checks between two that read every key's header (a lost key reads empty; a
-#: classic key's read carries its id field).
+#: A shard's checks between two that read every key's header.
 HEADER_EVERY = 16
 
 #: What a read round decided (see :meth:`StackPath.judge`).
@@ -46,13 +45,11 @@ def _were_set(reply: Any, k: int, identity: int) -> bool | None:
 class _Shard(Known):
     """What this worker knows of one shard: its keys' generations, and its count."""
 
-    #: Generations of the window before (0: it has none; -1: missing, which only the
-    #: script can tell from a lost one).
+    #: Generations of the window before (0: none; -1: missing, lost or never: the script's).
     before: int = 1
     #: Generations of the shard, or of the current window.
     now: int = 2
-    #: Items in the newest generation at the last read (plus those sent since); those
-    #: judged new since (from their reads: a batch's next elements count them), not sent.
+    #: Items in the newest generation at the last read (plus sent since); judged new, unsent.
     count: int = 0
     pending: int = 0
 
@@ -90,13 +87,11 @@ class Check:
     add: bytes = b""
     add_key: str = ""
     add_bits: list[int] = field(default_factory=list)
-    #: Items the add sends to the count (given back if it never ran); whether it reads
-    #: the state (the add key is a generation 0); else the command sending them, if any.
+    #: Items the add sends to the count; whether it reads the state; else the count command.
     sent: int = 0
     stated: bool = False
     count: bytes = b""
-    #: An add that landed in a generation sealed meanwhile: the next one's add
-    #: (:meth:`StackPath.added`), its key and its absolute bits.
+    #: For an add that landed in a sealed generation: the next one's add, key and bits.
     again: bytes = b""
     again_key: str = ""
     again_bits: list[int] = field(default_factory=list)
@@ -155,8 +150,6 @@ class StackPath:
             keys += self._keys(shard, h1, h2, known.now, window, True)
             reads = [TIME] if asked else []
         else:
-            # One generation: the fresh path's (:mod:`.fastpath`); near its growth the reads
-            # still answer a seen element, only an add needs the script (:meth:`judge`).
             if not 1 < known.now <= self.last:
                 return None
             keys = self._keys(shard, h1, h2, known.now, -1, True)
@@ -220,8 +213,7 @@ class StackPath:
         g = known.now - 1
         if not 0 <= g < self.last:
             return True
-        # The counts workers may hold back: at most these few more than its capacity. (An
-        # add that lands in a sealed generation adds again: "new" needs no margin.)
+        # The counts workers may hold back: at most these few more than its capacity.
         late = STATE_EVERY * (self.workers() + 1)
         return known.count + known.pending + 1 >= self.gens[g].capacity - late
 
@@ -232,8 +224,7 @@ class StackPath:
         if self.ttl:
             timed = known.timed(replies, check.asked, sent_at, check.window, self.ttl)
             if timed is None:
-                # The round chose its keys by another window: its headers were not read, and
-                # the next round reads them (a window's first holds what its before grew to).
+                # The keys were another window's: the next round reads the headers.
                 if any(k.header for k in check.keys):
                     known.since = HEADER_EVERY
                 return SCRIPT
@@ -282,8 +273,7 @@ class StackPath:
                     check.unset = unset
         if seen:
             return SEEN
-        # Planned before a check of its batch found the shard grown: its add would go to
-        # a sealed generation (and again to the next: twice the bits). (The newest is last.)
+        # Planned before its batch found the shard grown: its add would go to a sealed one.
         stale = check.keys[-1].generation + 1 != known.now
         if not sound or late or stale or self._near(known):
             return SCRIPT

@@ -242,7 +242,6 @@ def _answer(
     if not write:
         return (copy, read, 0, (seen.tolist() if vectorised else seen, 0, 0)), None
     if room <= 0:  # full to the limit: only the script adds, as it alone grows the shard
-        # What the shard holds needs no add: answered, up to the first element it does not.
         n = within(_either(seen, _kernel(moved)(copy, moved, False)[0]), 0)
         return ((copy, read, 0, ([True] * n, 0, 0)), None) if n else _NONE
     # Up to the element that could bring the count to the limit: the script takes the rest.
