@@ -335,7 +335,6 @@ class Bulk:
         return results, cuts
 
     def _run_chunks(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        """Check (and add) elements in chunks of BITFIELD or script calls, pipelined."""
         outcome = Outcome()
         retry: list[tuple[int, str | bytes]] = []  # elements of shards that were recovered
         pending: _Chunk | None = None  # sent, replies not read yet
@@ -418,7 +417,6 @@ class Bulk:
                 chunk.sent[node_id] = exc
 
     def _abandon(self, chunk: _Chunk) -> None:
-        """Throw away the connections on which a chunk's replies are still owed."""
         for node_id, (session, _) in chunk.plans.items():
             if isinstance(chunk.sent.get(node_id), Ticket):
                 session.drop()

@@ -726,7 +726,6 @@ class RedisBloomFilter(FilterBase):
         return self._bulk.run(True, elements)
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        """Check (and add) elements in bulk (see :mod:`.bulk`)."""
         try:
             self._current()
         except FilterUnavailableError as exc:

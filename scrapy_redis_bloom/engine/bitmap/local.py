@@ -211,7 +211,6 @@ def check_vectorised(
 def _check_slice(
     buffer: bytearray, offsets: NDArray[Any], write: bool
 ) -> tuple[list[bool], int, int]:
-    """Do what :func:`check_vectorised` does, for a slice of a batch."""
     copy = np.frombuffer(buffer, dtype=np.uint8)
     flat = offsets.reshape(-1)
     have = ((copy[flat >> 3] >> (7 - (flat & 7)).astype(np.uint8)) & 1).astype(bool)
@@ -368,7 +367,6 @@ def _rows(copy: bytes | bytearray) -> NDArray[Any]:
 
 
 def _changed(before: bytes, after: bytearray) -> NDArray[Any]:
-    """Return the slots whose bytes differ between a compact copy as read and as left."""
     return np.flatnonzero((_rows(before) != _rows(after)).any(axis=1))
 
 

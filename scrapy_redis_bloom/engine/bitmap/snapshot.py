@@ -248,7 +248,6 @@ def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]
 
 
 def _failure(replies: list[Any]) -> BaseException | None:
-    """Return the first error reply among ``replies``, if any."""
     return next((r for r in replies if isinstance(r, BaseException)), None)
 
 

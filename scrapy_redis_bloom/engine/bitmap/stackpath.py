@@ -173,7 +173,6 @@ class StackPath:
     def _key(
         self, shard: int, h1: int, h2: int, g: int, window: int, current: bool, newest: bool
     ) -> _Key:
-        """Return :meth:`_keys`' generation ``g``."""
         gen = self.gens[g]
         q = h1 // self.shards
         if g == 0:
