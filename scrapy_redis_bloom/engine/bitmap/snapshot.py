@@ -215,27 +215,22 @@ def _opening(
     targets: Sequence[Target], keys: list[bytes], watched: Sequence[bytes | str] | None
 ) -> list[bytes]:
     """Find what the targets read; return the opening commands (block scripts, ``WATCH``)."""
-    _gather(targets, keys)
-    scripted = any(not target.whole and not target.ranged for target in targets)
-    opening = [*_LOAD_SCRIPTS] if scripted else []
-    if watched is not None:
-        opening.append(pack_command(b"WATCH", *watched))
-    return opening
-
-
-def _gather(targets: Sequence[Target], keys: list[bytes]) -> None:
-    """Find each target's blocks; pack the ranged ones' reads at once (numpy's cost is per call)."""
     for target in targets:
         if not target.whole:
             target.blocks, target.moved = gather(target.offsets)
             target.ranged = not target.by_script and not isinstance(target.offsets, list)
     ranged = [i for i, target in enumerate(targets) if target.ranged]
-    if ranged:
+    if ranged:  # all at once: numpy's cost is per call
         packed = range_reads(
             [keys[i] for i in ranged], [targets[i].blocks for i in ranged], RUN_BLOCKS
         )
         for i, runs in zip(ranged, packed, strict=True):
             targets[i].runs = runs
+    scripted = any(not target.whole and not target.ranged for target in targets)
+    opening = [*_LOAD_SCRIPTS] if scripted else []
+    if watched is not None:
+        opening.append(pack_command(b"WATCH", *watched))
+    return opening
 
 
 def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
