@@ -11,15 +11,16 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mmh3
 from redis.utils import HIREDIS_AVAILABLE
 
 from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
+    FilterDamagedError,
     FilterUnavailableError,
     foreign_reply,
 )
@@ -33,13 +34,12 @@ from scrapy_redis_bloom.engine.bitmap.snapshot import answer as answer_reads
 from scrapy_redis_bloom.engine.bitmap.stacks import Found, Stack, probes, take_stacks
 from scrapy_redis_bloom.engine.bitmap.stacks import probe as probe_reply
 from scrapy_redis_bloom.engine.bitmap.wirecost import WireCost
+from scrapy_redis_bloom.engine.parts import Parts
 from scrapy_redis_bloom.engine.scripts import MISMATCH, script_reply
-from scrapy_redis_bloom.transport.executor import Call, Kind, Session, classify
+from scrapy_redis_bloom.transport.executor import Call, Executor, Kind, Session, classify
 from scrapy_redis_bloom.transport.node import Node, ReplyLostError, Ticket, TransportError
-from scrapy_redis_bloom.transport.wire import BitfieldPacker, encode, pack_command
-
-if TYPE_CHECKING:
-    from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import BitfieldPacker, Script, encode, pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,19 @@ SNAPSHOTS = True
 PER_SCRIPT = 100
 
 
+@dataclass(frozen=True)
+class ScriptHooks:
+    """The filter's side of the scripted bulk path (``scriptless()``: 0 for the script always)."""
+
+    active: Callable[[], bool]
+    script: Callable[[], Script]
+    head: Callable[[int, bool, int], bytes]
+    note: Callable[[int, int, int], None]
+    mismatch: Callable[[int, str, object], None]
+    scriptless: Callable[[], int]
+    growth: Callable[[], Growth]
+
+
 @dataclass(slots=True)
 class _Command:
     """A command of a chunk: a shard's identity check, a BITFIELD, or a script (``call.script``)."""
@@ -98,21 +111,24 @@ class _Chunk:
 class Bulk:
     """Runs bulk checks on a filter's shards (``allow``: "new" for what Redis could not take)."""
 
-    def __init__(self, owner: RedisBloomFilter, second: bool = False) -> None:
-        self.owner, self.topology, self.executor = owner, owner.topology, owner.executor
-        self.parts, self.identity = owner.parts, owner._identity
-        self.allow = owner.faults.on_error == "allow"
-        # A second pass (the elements of shards recovered) recovers again what is still wrong.
-        self.recover = owner._recover_again if second else owner._recover
+    def __init__(
+        self,
+        topology: Topology,
+        executor: Executor,
+        parts: Parts,
+        identity: Callable[[int], bytes],
+        recover: Callable[[Iterable[int]], None],
+        allow: bool,
+        hooks: ScriptHooks,
+        again: Callable[[Iterable[int]], None] | None = None,
+    ) -> None:
+        self.topology, self.executor, self.parts = topology, executor, parts
+        self.identity, self.recover, self.allow, self.hooks = identity, recover, allow, hooks
+        self.again = again if again is not None else _refuse
         self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
         self._grown: set[int] = set()  # shards found grown: their batches go to stacks
         self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
         self._wire = WireCost(self.executor)
-
-    def _active(self) -> bool:
-        """Whether the filter grows or forgets: only its script knows a shard's generations."""
-        record = self.owner.record
-        return bool(record and (record.expansion or record.ttl))
 
     @property
     def spec(self) -> FilterSpec:
@@ -155,10 +171,10 @@ class Bulk:
         A shard full to its limit gives the script only the elements that may take it to
         its capacity; with ``defer``, its others run after as a batch of their own.
         """
-        active = self._active()
-        limit = (self.owner._scriptless() or None) if active else None
+        active = self.hooks.active()
+        limit = (self.hooks.scriptless() or None) if active else None
         snapshots = self._snapshots and (not active or limit is not None)
-        growth = self.owner._current().growth if self._snapshots and active else None
+        growth = self.hooks.growth() if self._snapshots and active else None
         groups: dict[int, Any] = {}
         if snapshots or growth is not None:
             located = Located(batch, self.spec, HAVE_NUMPY)
@@ -322,7 +338,7 @@ class Bulk:
             if not ttl and found.generations > 1:
                 self._grown.add(s)
             if found.generations > 1:
-                self.owner._note(s, 0, found.generations)
+                self.hooks.note(s, 0, found.generations)
             node = self.topology.route(self.parts.shard_key(s), s, None)
             extra = self._wire.extra(node.address, found.keys[-1][0])
             stack, size = _stack(growth, self.identity(s), positions, located, found, extra)
@@ -358,7 +374,9 @@ class Bulk:
                 if unread is not None:
                     self._abandon(unread)
         if retry:  # check again the elements of shards recovered (their second answer)
-            second = Bulk(self.owner, True).run(write, [element for _, element in retry])
+            same = self.topology, self.executor, self.parts, self.identity
+            again = Bulk(*same, self.again, self.allow, self.hooks, self.again)
+            second = again.run(write, [element for _, element in retry])
             if write:  # the bits may be this call's own, set before the shard was found wrong
                 _doubt(second, range(len(retry)), write)
             _merge(outcome, second, outcome.answers, [position for position, _ in retry])
@@ -366,7 +384,7 @@ class Bulk:
 
     def _prepare(self, write: bool, elements: Sequence[str | bytes]) -> _Chunk:
         """Hash a chunk and plan its commands per node and shard (the script's: packed seeds)."""
-        scripted = self._active()
+        scripted = self.hooks.active()
         spec = self.spec
         k, size, block = spec.hash_count, spec.shard_bits, spec.block_bits
         groups: dict[int, tuple[list[int], list[Any]]] = {}
@@ -381,7 +399,7 @@ class Bulk:
             group = groups.setdefault(shard, ([], []))
             group[0].append(i)
             group[1].extend(values)
-        script = self.owner._bulk_script if scripted else None
+        script = self.hooks.script() if scripted else None
         per = PER_SCRIPT if scripted else max(1, COMMAND_BITS // k)
         packer = BitfieldPacker(write)
         plans: dict[int, tuple[Session, list[_Command]]] = {}
@@ -401,7 +419,7 @@ class Bulk:
                 if not scripted:
                     payload = packer.pack(packed_key, packed[span.start * k : span.stop * k])
                 else:
-                    payload = self.owner._scripted_head(shard, write, len(span), bulk=True)
+                    payload = self.hooks.head(shard, write, len(span))
                     payload += b"".join(packed[span.start : span.stop])
                 call = Call(payload, key=key, shard=shard, script=script)
                 commands.append(_Command(call, shard, span))
@@ -485,7 +503,7 @@ class Bulk:
         self._drain(later)  # recovery talks to these nodes too (this chunk's are read)
         try:
             for shard, (key, part) in parts.items():
-                self.owner._mismatch(shard, key, part)
+                self.hooks.mismatch(shard, key, part)
         except FilterUnavailableError:  # a part out of reach for too long (a slot moving)
             if not self.allow:
                 raise
@@ -533,7 +551,7 @@ class Bulk:
             mismatched[shard] = b""
             return []
         if got[1] or got[2] > 1:
-            self.owner._note(shard, got[1], got[2])
+            self.hooks.note(shard, got[1], got[2])
         return got[3:]
 
     def _replies(
@@ -698,3 +716,11 @@ def _doubt_overtaken(
             unsure[i] = True
         if i not in failed or unsure[i]:
             ran.add(command.shard)
+
+
+def _refuse(found: Iterable[int]) -> None:
+    """Recovery for a second pass: shards that still do not match were not recovered."""
+    raise FilterDamagedError(
+        f"Shard(s) {sorted(found)} of the Bloom filter still do not carry its id after"
+        " being recovered."
+    )

@@ -26,7 +26,7 @@ from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome, item_count
-from scrapy_redis_bloom.engine.bitmap.bulk import Bulk
+from scrapy_redis_bloom.engine.bitmap.bulk import Bulk, ScriptHooks
 from scrapy_redis_bloom.engine.bitmap.fastpath import Command, FastPath
 from scrapy_redis_bloom.engine.bitmap.shards import Bitmaps
 from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPath
@@ -74,7 +74,24 @@ class RedisBloomFilter(FilterBase):
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
-        self._bulk = Bulk(self)
+        self._bulk = Bulk(
+            self.topology,
+            self.executor,
+            self.parts,
+            self._identity,
+            self._recover,
+            allow=self.faults.on_error == "allow",
+            again=self._recover_again,
+            hooks=ScriptHooks(
+                active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
+                script=lambda: self._bulk_script,
+                head=partial(self._scripted_head, bulk=True),
+                note=self._note,
+                mismatch=self._mismatch,
+                scriptless=self._scriptless,
+                growth=lambda: self._current().growth,
+            ),
+        )
 
     def __repr__(self) -> str:
         return (
