@@ -20,7 +20,6 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
-    FilterDamagedError,
     FilterUnavailableError,
     foreign_reply,
 )
@@ -120,11 +119,11 @@ class Bulk:
         recover: Callable[[Iterable[int]], None],
         allow: bool,
         hooks: ScriptHooks,
-        again: Callable[[Iterable[int]], None] | None = None,
+        again: Callable[[Iterable[int]], None],
     ) -> None:
         self.topology, self.executor, self.parts = topology, executor, parts
         self.identity, self.recover, self.allow, self.hooks = identity, recover, allow, hooks
-        self.again = again if again is not None else _refuse
+        self.again = again  # recovers a shard the second pass still finds wrong
         self._snapshots = SNAPSHOTS  # (False once Redis's ACL refuses one)
         self._grown: set[int] = set()  # shards found grown: their batches go to stacks
         self._clock = 0.0  # Redis's clock minus this machine's, from the last TIME
@@ -716,11 +715,3 @@ def _doubt_overtaken(
             unsure[i] = True
         if i not in failed or unsure[i]:
             ran.add(command.shard)
-
-
-def _refuse(found: Iterable[int]) -> None:
-    """Recovery for a second pass: shards that still do not match were not recovered."""
-    raise FilterDamagedError(
-        f"Shard(s) {sorted(found)} of the Bloom filter still do not carry its id after"
-        " being recovered."
-    )
