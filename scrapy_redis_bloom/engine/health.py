@@ -220,7 +220,7 @@ def short_of_room(
     steps = " and ".join(f"{format_bytes(need)} as they start generation {g}" for g, need in needs)
     return (
         f"Redis at {address} has {format_bytes(used)} used of maxmemory {format_bytes(limit)},"
-        f" and the Bloom filter {key!r} grows: its shards there take {steps}, which passes"
+        f" and the Bloom filter {key!r} grows: its shards there take up to {steps}, which passes"
         f" maxmemory. Redis then {effect}. Give Redis more memory, or the filter a Redis of its"
         " own (BLOOMFILTER_REDIS_URL); size the next crawl's filter larger"
         " (BLOOMFILTER_CAPACITY)."

@@ -69,8 +69,10 @@ class RedisBloomFilter(FilterBase):
         self._deadline = 0.0
         self._pause = 0.0
         self._recreated: set[int] = set()
-        #: (server, generation) whose room to grow was checked (see :meth:`_room_to_grow`).
+        #: (server, generation) whose room to grow was checked (see :meth:`_room_to_grow`),
+        #: and (shard, generation) a bulk call's growth left to check once its replies are in.
         self._room_checked: set[tuple[str, int]] = set()
+        self._room_due: list[tuple[int, int]] = []
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
@@ -86,7 +88,7 @@ class RedisBloomFilter(FilterBase):
                 active=lambda: bool(self.record and (self.record.expansion or self.record.ttl)),
                 script=lambda: self._bulk_script,
                 head=partial(self._scripted_head, bulk=True),
-                note=self._note,
+                note=partial(self._note, later=True),
                 mismatch=self._mismatch,
                 scriptless=self._scriptless,
                 growth=lambda: self._current().growth,
@@ -627,8 +629,12 @@ class RedisBloomFilter(FilterBase):
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
 
-    def _note(self, shard: int, flags: int, generations: int) -> None:
-        """Report what a check-and-add did beside answering: growth, a full shard, a loss."""
+    def _note(self, shard: int, flags: int, generations: int, later: bool = False) -> None:
+        """Report what a check-and-add did beside answering: growth, a full shard, a loss.
+
+        ``later``: a bulk call's, whose other replies may still be owed: what asks Redis
+        waits for :meth:`_room_later` (a command sent meanwhile would drop them).
+        """
         if generations > self.generations:
             self.generations = generations
             self.events.set("generations", generations)
@@ -646,7 +652,10 @@ class RedisBloomFilter(FilterBase):
                 f"{growth.generation(generations - 1).capacity:,}",
                 growth.generation(generations - 1).error_rate,
             )
-            self._room_to_grow(shard, generations - 1)
+            if later:
+                self._room_due.append((shard, generations - 1))
+            else:
+                self._room_to_grow(shard, generations - 1)
         if flags & scripts.FULL:
             self._report(
                 "full",
@@ -681,8 +690,8 @@ class RedisBloomFilter(FilterBase):
         Redis refuses the writes of the crawl's queue or evicts keys. (``INFO`` refused or
         failed: not checked.)
         """
-        route = self.topology.route
-        address = route(self.parts.shard_key(shard), shard, None).address
+        route, key = self.topology.route, self.parts.shard_key(shard)
+        address = route(key, shard, None).address
         if (address, started) in self._room_checked:
             return
         self._room_checked.add((address, started))
@@ -699,8 +708,11 @@ class RedisBloomFilter(FilterBase):
             )
             needs.append((g, (there - (g == started)) * each))  # (the shard's own is made)
         try:
-            call = Call(pack_command(b"INFO", b"memory"), key=self.parts.shard_key(shard))
-            info = info_fields(self.parts.run("read INFO", [call])[0])
+            call = Call(pack_command(b"INFO", b"memory"), key=key)
+            reply = self.executor.run("read INFO", [call], timeout=0).replies[0]  # no retries
+            if isinstance(reply, BaseException):
+                raise self.parts.refusal(reply, key, "read INFO")
+            info = info_fields(reply)
         except BloomFilterError as exc:
             logger.debug("Could not read INFO memory of Redis at %s: %s", address, exc)
             return
@@ -738,9 +750,17 @@ class RedisBloomFilter(FilterBase):
             self._identities[shard] = found
         return found
 
+    def _room_later(self) -> None:
+        """Check the room to grow that a bulk call's growth left due (see :meth:`_note`)."""
+        while self._room_due:
+            self._room_to_grow(*self._room_due.pop(0))
+
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
         self._deadline = 0.0
-        return self._bulk.run(True, elements)
+        try:
+            return self._bulk.run(True, elements)
+        finally:
+            self._room_later()
 
     def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
         try:
@@ -749,7 +769,10 @@ class RedisBloomFilter(FilterBase):
             items = list(elements)
             return Outcome(answers=self._unavailable(exc, len(items)), failed=items)
         self._deadline = 0.0
-        outcome = self._bulk.run(write, elements)
+        try:
+            outcome = self._bulk.run(write, elements)
+        finally:
+            self._room_later()
         self.events.count("ambiguous", outcome.ambiguous)
         if outcome.errors:
             self._unavailable(
