@@ -204,6 +204,19 @@ def test_bad_input_to_the_api_is_one_clear_error_before_any_write(
             RedisBloomFilter.from_config(redis_client, key, config)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"BLOOMFILTER_KEY .* UTF-8"):
         BloomConfig.from_settings({"BLOOMFILTER_KEY": "\ud800"})
+    # The sizes the record stores, refused as arguments: they wrote a record every later
+    # open refused ("its ttl is '1.5' ... reset it").
+    spec = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1000}).spec
+    for sizes, error, said in (
+        ({"capacity": 0}, ValueError, r"^capacity must be from 1 to .*, got 0$"),
+        ({"capacity": True}, TypeError, r"^capacity must be a whole number, got bool True$"),
+        ({"ttl": 1.5}, TypeError, r"^ttl must be a whole number, got float 1.5$"),
+        ({"ttl": -5}, ValueError, r"^ttl must be from 0 to .*, got -5$"),
+        ({"expansion": 1}, ValueError, r"^expansion must be 0 \(no growth\) or from 2 to"),
+    ):
+        with pytest.raises(error, match=said):
+            RedisBloomFilter(redis_client, "sized", spec, **{"capacity": 1000, **sizes})
+    assert not redis_client.keys("*sized*")
     names = redis_client.keys()
     assert names
     assert all(k.startswith((b"bf:", b"{bf:")) for k in names), names
@@ -686,6 +699,30 @@ def test_close_syncs_the_counts_not_synced_yet(
     assert make(redis_client).totals() == FilterTotals(added=added, seen=2000 - added)
     assert "its capacity of 500" in caplog.text
     assert "over_capacity" in bloom.events.values
+
+
+@pytest.mark.parametrize("ttl", [0, 1])
+def test_over_capacity_is_what_the_filter_holds_not_what_its_windows_forgot(
+    redis_client: redis.Redis, ttl: int
+) -> None:
+    """``over_capacity`` is not set from all ever added when windows forget (BLOOMFILTER_TTL).
+
+    700 items per window of a filter of 500 a TTL, three windows: it said 4.2x (2,100 / 500)
+    although no window held more than 700; without windows, 2,100 items are 4.2x.
+    """
+    spec = FilterSpec(shards=4, shard_bits=1 << 14, hash_count=5)
+    bloom = RedisBloomFilter(redis_client, "oc", spec, capacity=500, expansion=2, ttl=ttl)
+    for window in range(3):
+        bloom.add_many(fingerprints(700, f"w{window}"))  # synced on return
+        if ttl:
+            time.sleep(ttl)
+    added = bloom.totals().added
+    assert added > 3 * 690
+    if ttl:
+        assert "over_capacity" not in bloom.events.values
+    else:
+        assert bloom.events.values["over_capacity"] == round(added / 500, 2)
+    bloom.close()
 
 
 def test_counters_found_gone_are_said_and_counted(

@@ -81,6 +81,19 @@ def item_count(items: object) -> int:
     return items
 
 
+def whole(name: str, value: object, low: int, high: int) -> int:
+    """Check a whole-number argument of a filter, as its record stores it (else a clear error).
+
+    ``expansion``'s 0 (no growth) is allowed below ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number, got {type(value).__name__} {value!r}")
+    if not low <= value <= high and not (name == "expansion" and value == 0):
+        zero = "0 (no growth) or " if name == "expansion" else ""
+        raise ValueError(f"{name} must be {zero}from {low:,} to {high:,}, got {value:,}")
+    return value
+
+
 def tag(element: str | bytes) -> int:
     """Return an element's 128-bit digest: the near-cache's key (its mmh3 halves, joined)."""
     h1, h2 = mmh3.hash64(element, seed=0, x64arch=True, signed=False)
@@ -112,7 +125,8 @@ class FilterBase:
         ttl: int = 0,
     ) -> None:
         self.key = check_key(key)  # as BLOOMFILTER_KEY: it names the Redis keys
-        self.capacity = capacity
+        self.capacity = capacity = whole("capacity", capacity, 1, 2**63)
+        expansion, ttl = whole("expansion", expansion, 2, 2**16), whole("ttl", ttl, 0, 2**31)
         self.topology = make_topology(client)
         self.faults = faults if faults is not None else FaultPolicy()
         self.events = events if events is not None else FilterEvents()

@@ -44,8 +44,9 @@ class Counters:
         self.synced: FilterTotals | None = None
         #: The last sync found no config record (counts kept), or another filter's (adopted).
         self.record_gone = self.replaced = False
-        #: A fixed-size filter (neither growing nor forgetting), whose capacity is warned about.
-        self.fixed = True
+        #: A fixed-size filter (neither growing nor forgetting), whose capacity is warned about;
+        #: one with re-crawl windows, whose items come and go (see :meth:`follow`).
+        self.fixed, self.forgets = True, False
         self._log = RateLimitedLog(logger)
 
     def record(self, added: int, seen: int) -> bool:
@@ -216,9 +217,16 @@ class Counters:
         (self.synced,) = parts.run("read the filter's counters", [call], take=_totals)
         return self.synced
 
+    def follow(self, expansion: int, ttl: float) -> None:
+        """Take the filter's shape from its record: whether it grows, whether it forgets."""
+        self.fixed, self.forgets = not (expansion or ttl), ttl > 0
+
     def check_capacity(self, items: int, spec: FilterSpec) -> None:
-        """Warn once per doubling past the capacity: 1x, 2x, 4x, ..."""
-        if items <= self.capacity:
+        """Warn once per doubling past the capacity: 1x, 2x, 4x, ...
+
+        Not with re-crawl windows: ``items``, all ever added, is not what their windows hold.
+        """
+        if items <= self.capacity or self.forgets:
             return
         ratio = items / self.capacity
         self.events.set("over_capacity", round(ratio, 2))

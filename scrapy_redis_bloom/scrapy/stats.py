@@ -70,7 +70,10 @@ STATS: dict[str, str] = {
         "least false-positive rate of a hash scheme 1 filter at its capacity, when above a"
         " tenth of its rate"
     ),
-    "over_capacity": "items over all workers, as a multiple of the capacity (when past it)",
+    "over_capacity": (
+        "items over all workers, as a multiple of the capacity (when past it; not with"
+        " re-crawl windows, whose items come and go)"
+    ),
     # The filter, over all workers.
     "backend": "where the bits are: 'bitmap' (this package's) or 'native' (BF.*)",
     "capacity": "items the filter was created for",

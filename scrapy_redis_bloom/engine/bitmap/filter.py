@@ -115,7 +115,7 @@ class RedisBloomFilter(FilterBase):
             self._heads.clear()
             self._hot_paths(record)
             self._identities.clear()
-            self.counters.fixed = not (record.expansion or record.ttl)
+            self.counters.follow(record.expansion, record.ttl)
             if old is not None:
                 self._cache.clear()
 

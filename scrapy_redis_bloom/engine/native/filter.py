@@ -91,7 +91,7 @@ class NativeBloomFilter(FilterBase):
                 (key, self._command_head(record, key, True, 1))
                 for key in map(anchor, range(record.spec.shards))
             ]
-            self.counters.fixed = not (record.expansion or record.ttl)
+            self.counters.follow(record.expansion, record.ttl)
             if old is not None:
                 self._cache.clear()
 
