@@ -624,3 +624,66 @@ def test_a_bulk_call_on_a_stalled_redis_ends_within_the_retry_timeout(
     assert took <= RETRY_TIMEOUT + SOCKET_TIMEOUT + 0.5, took
     bloom.close()
     client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["fresh", "grown", "batch"])
+def test_a_stall_shorter_than_the_socket_timeout_is_said_and_counted(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """A reply that took seconds, without failing, is a WARNING and ``slow_replies``.
+
+    Below the socket timeout nothing failed, so nothing said it: three 4.5 s stalls stopped a
+    two-worker crawl for 13 s with no line and no stat (the hot path's one command, a grown
+    shard's reads, a batch's round alike).
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=5.0)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 2_000, "BLOOMFILTER_SHARDS": 1})
+    bloom = RedisBloomFilter.from_config(client, "slow", config, cache_size=0)
+    if path == "grown":
+        bloom.add_many(fingerprints(6_000, "member"))
+    assert bloom.check_and_add("before") is False
+    assert bloom.events.counts["slow_replies"] == 0  # (a fresh filter's first calls too)
+    paused = server.pause(1.5)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        if path == "batch":
+            assert bloom.check_and_add_many(fingerprints(50, "during")) == [False] * 50
+        else:
+            assert bloom.check_and_add(fingerprints(1, "during")[0]) is False
+    paused.join()
+    said = [r.getMessage() for r in caplog.records if " s to answer " in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert said[0].startswith(f"Redis at 127.0.0.1:{server.port} took 1."), said[0]
+    operation = "a batch of requests" if path == "batch" else "a request"
+    assert f"to answer check and add {operation}, and the call waited" in said[0], said[0]
+    assert bloom.events.counts["slow_replies"] == 1
+    assert bloom.events.counts["retries"] == 0  # nothing failed
+    bloom.close()
+    client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_ridden_through_a_stall_says_how_long_it_waited(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The WARNING of a batch retried through a stall counts its first socket timeout.
+
+    It said "after 0.9 s of retries" for a 6 s stall (the time since the first round had
+    timed out); a single check said 6.0 s.
+    """
+    client = redis.Redis.from_url(server.url, socket_timeout=SOCKET_TIMEOUT)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 2_000, "BLOOMFILTER_SHARDS": 1})
+    faults = FaultPolicy(retry_timeout=10)
+    bloom = RedisBloomFilter.from_config(client, "batch", config, faults=faults, cache_size=0)
+    assert bloom.check_and_add("before") is False
+    paused = server.pause(2.5)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        assert bloom.check_and_add_many(fingerprints(50, "during")) == [False] * 50
+    paused.join()
+    said = [r.getMessage() for r in caplog.records if "of retries" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert " answered check and add a batch of requests after " in said[0], said[0]
+    waited = float(said[0].split(" after ")[1].split(" s of retries")[0])
+    assert waited >= 2.5 - 0.3, said[0]  # from the first round's send, not its timeout
+    bloom.close()
+    client.close()

@@ -36,6 +36,7 @@ _EVENTS = {
         " to add once it answers (they may be fetched again)"
     ),
     "failovers": "new connections that reached another server than before (a failover)",
+    "slow_replies": "replies Redis took over a second to give: a stall the call waited out",
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
     "counters_lost": "times the filter's counters were found evicted or deleted (totals restart)",

@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 FIRST_BACKOFF = 0.05  #: Backoff between retry rounds: from this, doubling, up to MAX_BACKOFF.
 MAX_BACKOFF = 1.0
 PROBE_INTERVAL = 1.0  #: After the retry timeout ran out, at most one attempt per this many s.
+#: A reply that took longer than this many s is said and counted: a stall the caller waited
+#: out (below the socket timeout nothing fails, so nothing else would say it).
+SLOW_REPLY = 1.0
 STALE = 10.0  #: Seconds past twice the retry timeout when :meth:`Executor.stumbled` is forgotten.
 MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
@@ -481,6 +484,7 @@ class Executor:
         self._stumbled: float | None = None  #: When a failed exchange began (:meth:`stumbled`).
         self._watch_log = RateLimitedLog(logger)  # a watch's own failures: once a minute
         self._retry_log = RateLimitedLog(logger)  # a fault ridden through by retries: the same
+        self._slow_log = RateLimitedLog(logger)  # a reply that took long (:data:`SLOW_REPLY`)
 
     def run(
         self,
@@ -536,6 +540,7 @@ class Executor:
             first_failure, why, where = started, describe_failure(prior), prior.address
             self.events.count("retries")
         while todo:
+            began = time.monotonic()
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
                 redirects += 1
@@ -543,9 +548,11 @@ class Executor:
                 continue
             todo = batch.again + batch.later
             if not todo:
+                if (took := time.monotonic() - began) > SLOW_REPLY:
+                    self.slow(operation, ", ".join(dict.fromkeys(batch.answered)), took)
                 break
             now = time.monotonic()
-            first_failure = first_failure or now
+            first_failure = first_failure or began  # (its socket timeout was part of it)
             if now >= end:
                 why = describe_failure(batch.failure or "no answer")
                 if timeout is None:  # a whole retry window: fail fast from now on
@@ -582,6 +589,21 @@ class Executor:
                 else "",
             )
         return Results(batch.replies, batch.ambiguous)
+
+    def slow(self, operation: str, where: str, took: float) -> None:
+        """Say and count a reply that took over :data:`SLOW_REPLY` s: the caller waited."""
+        self.events.count("slow_replies")
+        self._slow_log.log(
+            logging.WARNING,
+            "slow",
+            "Redis at %s took %.1f s to answer %s, and the call waited for it: a stall (a"
+            " slow command, a fork for a snapshot, swapping, a paused machine or a congested"
+            " link). A reply that takes longer than the socket timeout is retried, and past"
+            " BLOOMFILTER_RETRY_TIMEOUT answered per BLOOMFILTER_ON_ERROR.",
+            where or self.topology.describe(),
+            took,
+            operation,
+        )
 
     def refusal(self, operation: str, write: bool) -> FilterUnavailableError | None:
         """Return the error :meth:`run` fails fast with now, or None (uses no connection)."""
@@ -827,6 +849,8 @@ class Executor:
         else:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
+            if node.used - started > SLOW_REPLY:
+                self.slow(operation, node.address, node.used - started)
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
@@ -850,6 +874,8 @@ class Executor:
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
+            if node.used - started > SLOW_REPLY:
+                self.slow(operation, node.address, node.used - started)
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
         except TransportError as exc:

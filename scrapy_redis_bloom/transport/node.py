@@ -189,7 +189,9 @@ class Node:
         self._serial = 0
         self._owed: deque[Ticket] = deque()
         self._pid = os.getpid()
-        self._used = 0.0
+        #: When the connection last sent or read (monotonic): an idle one is checked before
+        #: use, and a reply that took long is said (:meth:`.Executor.fast`).
+        self.used = 0.0
         self._peer: str | None = None  # host:port the last connection reached (failovers)
         self._read_replies: Callable[[int], list[Any]] | None = None  # (:func:`_replies`)
         self._spare: Node | None = None  # a second connection (:meth:`spare`)
@@ -213,7 +215,7 @@ class Node:
             self._owed.clear()
         if (
             self._connection is not None
-            and (check or time.monotonic() - self._used >= IDLE_CHECK)
+            and (check or time.monotonic() - self.used >= IDLE_CHECK)
             and not self._owed
             and self._stale()
         ):
@@ -305,7 +307,7 @@ class Node:
             self._broken(exc)
         ticket = Ticket(self._serial, count)
         self._owed.append(ticket)
-        self._used = time.monotonic()
+        self.used = time.monotonic()
         return ticket
 
     def receive(self, ticket: Ticket) -> list[Any]:
@@ -321,7 +323,7 @@ class Node:
         except BaseException as exc:
             self._broken(exc)
         self._owed.popleft()
-        self._used = time.monotonic()
+        self.used = time.monotonic()
         return replies
 
     def call(self, payload: bytes) -> Any:
@@ -331,7 +333,7 @@ class Node:
             connection is None
             or self._owed
             or self._pid != os.getpid()
-            or time.monotonic() - self._used >= IDLE_CHECK
+            or time.monotonic() - self.used >= IDLE_CHECK
         ):
             if self._owed:
                 return self.exchange(payload, 1)[0]
@@ -345,7 +347,7 @@ class Node:
                 reply = exc
         except BaseException as exc:
             self._broken(exc)
-        self._used = time.monotonic()
+        self.used = time.monotonic()
         return reply
 
     def responds(self) -> bool:

@@ -40,6 +40,7 @@ from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
 
 #: What a check-and-add does, in the executor's errors.
 OPERATION = "check and add a request"
+BATCH_OPERATION = "check and add a batch of requests"
 
 #: What ``TYPE`` says of a shard's key: a string, or none when missing.
 TYPES = ("string", "none")
@@ -376,7 +377,7 @@ class RedisBloomFilter(FilterBase):
     def _partial(self, calls: list[Call]) -> tuple[Results, _Failure]:
         """Run a batch of check-and-add calls, keeping what Redis answered if it fails."""
         try:
-            results = self.executor.run(OPERATION, calls, write=True, partial=True)
+            results = self.executor.run(BATCH_OPERATION, calls, write=True, partial=True)
         except AccessDeniedError as exc:
             return Results([None] * len(calls), [False] * len(calls)), exc
         return results, results.failure
