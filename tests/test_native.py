@@ -881,6 +881,32 @@ def test_ttl_windows_remember_then_forget(bloom_redis_client: redis.Redis) -> No
     bloom.close()
 
 
+@pytest.mark.parametrize("call", ["add_many", "check_and_add_many", "check_and_add"])
+def test_ttl_a_url_seen_again_is_not_renewed(bloom_redis_client: redis.Redis, call: str) -> None:
+    """Remembered at least TTL from its first add, forgotten by 2 TTL, however often seen.
+
+    A bulk call (the script) added every item to the current window, "seen" ones too, so a
+    URL requested again each second stayed seen for ever.
+    """
+    ttl = 1
+    bloom = native(bloom_redis_client, key=call, BLOOMFILTER_TTL=ttl, BLOOMFILTER_CACHE_SIZE=0)
+    if call == "check_and_add":
+        add: Any = lambda fps: [bloom.check_and_add(fp) for fp in fps]  # noqa: E731
+    else:
+        add = getattr(bloom, call)
+    fps = fingerprints(20, call)
+    assert add(fps) == [False] * 20
+    first = time.monotonic()
+    history: list[tuple[float, int]] = []
+    while (age := time.monotonic() - first) < 2 * ttl + 0.5:
+        time.sleep(0.2)
+        seen = sum(add(fps))
+        history.append((age, seen))
+    assert all(seen == 20 for age, seen in history if age < 0.9 * ttl), history
+    assert any(seen == 0 for age, seen in history if age > ttl), history  # forgotten, once
+    bloom.close()
+
+
 def test_ttl_a_lost_reply_of_the_add_answers_new(bloom_redis_server: RedisServer) -> None:
     """A window's ``BF.INSERT`` that ran but whose reply was cut is a doubt: "new", counted.
 

@@ -33,7 +33,19 @@ if write and moves then redis.call('SET', anchor, w .. ' ' .. (has_prev and 1 or
 local before_hits = has_prev and redis.call('BF.MEXISTS', prev, unpack(ARGV, 7)) or nil
 local now_hits = nil
 if write then
-  now_hits = redis.call('BF.INSERT', cur, 'NOCREATE', 'ITEMS', unpack(ARGV, 7))
+  -- Only what the window before lacks: an item seen again is not renewed (forgotten by 2T).
+  local fresh, at = {}, {}
+  for i = 7, #ARGV do
+    if before_hits == nil or before_hits[i - 6] ~= 1 then
+      fresh[#fresh + 1] = ARGV[i]
+      at[#at + 1] = i - 6
+    end
+  end
+  now_hits = {}
+  if #fresh > 0 then
+    local added = redis.call('BF.INSERT', cur, 'NOCREATE', 'ITEMS', unpack(fresh))
+    for j = 1, #fresh do now_hits[at[j]] = added[j] end
+  end
 elseif has_cur then
   now_hits = redis.call('BF.MEXISTS', cur, unpack(ARGV, 7))
 end
