@@ -597,6 +597,59 @@ def test_a_full_fixed_size_shard_is_an_error_never_an_answer(
     bloom.close()
 
 
+@pytest.mark.parametrize(("capacity", "shards"), [(1000, 4), (20_000, 16)])
+def test_a_fixed_size_filter_takes_its_capacity_and_says_when_near_it(
+    bloom_redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, capacity: int, shards: int
+) -> None:
+    """URLs spread unevenly over the shards: each has headroom for the fullest one's share.
+
+    Reserved with their bare share, the fullest of 4 shards refused the 934th of 1,000 URLs
+    (the crawl stopped, unwarned). Past 90% of the capacity a WARNING says so, once.
+    """
+    events = Recorder()
+    more = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_SHARDS": shards}
+    bloom = native(bloom_redis_client, events=events, BLOOMFILTER_EXPANSION=0, **more)
+    fps = fingerprints(capacity, f"fixed{shards}")
+    near = int(0.9 * capacity)
+    bloom.add_many(fps[: near - 1])
+    bloom.sync_counters()
+    assert "near_full" not in events.seen
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        answers = [bloom.check_and_add(fp) for fp in fps[near - 1 : near + 1]]
+        answers += bloom.add_many(fps[near + 1 :])
+        bloom.sync_counters()
+    assert sum(answers) <= upper(capacity, 1e-3)
+    said = [r.getMessage() for r in caplog.records if "does not grow" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"of its capacity of {capacity:,}" in said[0]
+    assert events.seen["near_full"] == 1
+    cards = [int(bloom_redis_client.execute_command("BF.CARD", k)) for k in bloom.shard_keys]
+    assert max(cards) > capacity / shards  # the fullest shard went past its bare share
+    bloom.close()
+
+
+def test_a_fixed_size_filter_reserved_without_headroom_is_still_its_own(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    """Shards an earlier release reserved with the bare share are used as they are."""
+    fixed = {"BLOOMFILTER_EXPANSION": 0, "BLOOMFILTER_CAPACITY": 1000, "BLOOMFILTER_SHARDS": 4}
+    bloom = native(bloom_redis_client, **fixed)
+    bloom.open()
+    record = bloom.record
+    rate, capacity, _ = reserve_arguments(record)
+    assert capacity > 250
+    for key in bloom.shard_keys:
+        bloom_redis_client.delete(key)
+        bloom_redis_client.execute_command("BF.RESERVE", key, rate, 250, "NONSCALING")
+    again = native(bloom_redis_client, **fixed)
+    again.open()
+    fps = fingerprints(100, "legacy")
+    assert again.add_many(fps) == [False] * 100
+    assert again.contains_many(fps) == [True] * 100
+    again.close()
+    bloom.close()
+
+
 def test_restart_without_persistence(small_bloom_server: RedisServer) -> None:
     client = small_bloom_server.client()
     strict = native(client)

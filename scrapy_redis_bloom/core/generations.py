@@ -142,6 +142,19 @@ class Growth:
         return low
 
     @property
+    def native_capacity(self) -> int:
+        """Items a native shard's first sub-filter is reserved for (``BF.RESERVE``).
+
+        Growing, :attr:`first_capacity`. Fixed (``NONSCALING`` refuses items past it, and the
+        crawl stops): what the fullest shard holds of the capacity but for
+        :data:`FIXED_STOP_CHANCE` (:func:`fullest_share`). The bitmap backend's fixed shard
+        does not refuse, so it keeps its share.
+        """
+        if self.expansion:
+            return self.first_capacity
+        return fullest_share(self.capacity, self.spec.shards)
+
+    @property
     def last(self) -> int:
         """The last generation a shard may have: its bits and items must fit a Redis string."""
         return _last_of(self)
@@ -164,6 +177,26 @@ class Growth:
     def rate_bound(self) -> float:
         """The false-positive rate the filter stays under at any fill, while it can grow."""
         return self.compound_rate(self.last + 1)
+
+
+#: Most chance that a fixed native filter's fullest shard fills before the filter holds its
+#: capacity (the crawl would stop there).
+FIXED_STOP_CHANCE = 1e-9
+
+
+def fullest_share(items: int, shards: int, chance: float = FIXED_STOP_CHANCE) -> int:
+    """Return the most items the fullest of ``shards`` holds, but for ``chance``.
+
+    Each item lands in a shard at random: a shard's count is Binomial(items, 1/shards), of mean
+    ``mu`` and variance under ``mu``. Bernstein's inequality gives P(X >= mu + t) <= exp(-t**2 /
+    (2 (mu + t/3))); over the shards (a union bound) that is ``chance`` at ``a = ln(shards /
+    chance)``, ``t = a/3 + sqrt(a**2/9 + 2 mu a)`` (4 shards: about ``6.7 sqrt(mu)``).
+    """
+    if shards <= 1:
+        return items
+    mu = items / shards
+    a = math.log(shards / chance)
+    return min(items, math.ceil(mu + a / 3 + math.sqrt(a * a / 9 + 2 * mu * a)))
 
 
 @lru_cache(maxsize=4096)

@@ -45,6 +45,10 @@ _EVENTS = {
     "lease_failed": "renewals of this worker's lease that failed (retried every second)",
     "grown": "generations a shard started because it held its capacity",
     "full": "checks of a shard past the capacity of its last generation",
+    "near_full": (
+        "1 when a fixed-size native filter passed 90% of its capacity: a shard may soon refuse"
+        " new items, which stops the crawl"
+    ),
     "memory_short": "servers (per generation) whose maxmemory the filter's growth passes",
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",

@@ -28,7 +28,7 @@ from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.parts import Blooms
-from scrapy_redis_bloom.engine.state import FilterState
+from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 from scrapy_redis_bloom.transport.executor import Call, error_text
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
 
@@ -41,6 +41,8 @@ OPERATION = "check and add a request"
 CHUNK = 1000
 #: Commands per pipelined batch of the bulk path.
 BATCH = 32
+#: Share of a fixed-size filter's capacity past which a shard may soon refuse (said once).
+NEAR_FULL = 0.9
 
 
 class NativeBloomFilter(FilterBase):
@@ -52,6 +54,7 @@ class NativeBloomFilter(FilterBase):
         self._heads: list[tuple[str, bytes]] = []  # per shard: key, packed command start
         self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._script: Script | None = None
+        self._near_full_said = ""  # the id of the filter whose nearing its limit was said
 
     @classmethod
     def of_record(
@@ -94,6 +97,40 @@ class NativeBloomFilter(FilterBase):
             self.counters.follow(record.expansion, record.ttl)
             if old is not None:
                 self._cache.clear()
+
+    def sync_counters(self) -> FilterTotals | None:
+        """Sync the counts (see :class:`.FilterBase`); say when a fixed filter nears its limit."""
+        totals = super().sync_counters()
+        record = self.record
+        if totals is not None and record is not None and not (record.expansion or record.ttl):
+            self._near_full(record, totals.added)
+        return totals
+
+    def _near_full(self, record: FilterRecord, items: int) -> None:
+        """Say once when a fixed filter passes :data:`NEAR_FULL` of its capacity.
+
+        Its shards (``NONSCALING``) refuse items past their size, which stops the crawl: with
+        headroom, only past the capacity (but for a negligible chance); a shard reserved with
+        its bare share (by releases before the headroom), a little before it.
+        """
+        if items < NEAR_FULL * record.capacity or self._near_full_said == record.filter_id:
+            return
+        self._near_full_said = record.filter_id
+        self._report(
+            "near_full",
+            logging.WARNING,
+            "The native Bloom filter %r holds about %s items, %.0f%% of its capacity of %s,"
+            " and does not grow (BLOOMFILTER_EXPANSION = 0): once one of its %d shards holds"
+            " %s items, Redis refuses new ones and the crawl stops with an error. Reset it"
+            " with a larger BLOOMFILTER_CAPACITY, or create it growing (BLOOMFILTER_EXPANSION"
+            " >= 2).",
+            self.key,
+            f"{items:,}",
+            100 * items / record.capacity,
+            f"{record.capacity:,}",
+            record.spec.shards,
+            f"{native_parts.reserve_arguments(record)[1]:,}",
+        )
 
     def _command_head(self, record: FilterRecord, key: str, write: bool, items: int) -> bytes:
         """Pack ``BF.INSERT key NOCREATE ITEMS``, ``BF.MEXISTS key`` or the TTL script's call."""

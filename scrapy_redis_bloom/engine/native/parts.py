@@ -67,7 +67,7 @@ def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]
     rate = float(asked.group(1)) if asked else growth.bound
     if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
         rate /= 2
-    return rate, growth.first_capacity, options
+    return rate, growth.native_capacity, options
 
 
 def links(record: FilterRecord, count: int) -> list[Link]:
@@ -104,6 +104,9 @@ def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
     if expansion != wanted:
         return f"{expansion} (the record says {wanted})"
     chain = links(record, max(1, count))[: max(1, count)]
+    share = record.growth.shard_capacity  # a fixed shard reserved before it had headroom
+    if not record.expansion and capacity == share:
+        chain = [Link(share, *native_geometry(share, rate))]
     want_capacity = sum(link.capacity for link in chain)
     if count < 1 or (not record.expansion and count != 1) or capacity != want_capacity:
         return f"capacity {capacity:,} in {count} sub-filter(s) (the record says {want_capacity:,})"
