@@ -548,6 +548,41 @@ def test_a_grown_shard_matches_its_record(bloom_redis_client: redis.Redis) -> No
     bloom.close()
 
 
+@pytest.mark.parametrize(("capacity", "shards", "items"), [(2000, 1, 10_000), (4000, 4, 8000)])
+def test_growth_is_said_and_counted_as_the_bitmaps_is(
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capacity: int,
+    shards: int,
+    items: int,
+) -> None:
+    """RedisBloom grows a shard unseen: the counters tell it (INFO, ``grown``, ``generations``).
+
+    Two workers share the items; their ``grown`` add up to the sub-filters started. The sizes
+    are far from any threshold's spread (4 shards of 2,000 items each are past their first
+    sub-filter's 1,000 + 4 sigma by 20 sigma, far short of the second's), so it is exact.
+    """
+    more = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_SHARDS": shards}
+    one, two = Recorder(), Recorder()
+    first = native(bloom_redis_client, events=one, **more)
+    second = native(bloom_redis_client, events=two, **more)
+    fps = fingerprints(items, "grows")
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        first.add_many(fps[: items // 2])
+        second.add_many(fps[items // 2 :])
+    infos = [bloom_redis_client.execute_command("BF.INFO", k) for k in first.shard_keys]
+    started = sum(int(info[b"Number of filters"]) - 1 for info in infos)
+    assert started >= shards
+    assert one.seen.get("grown", 0) + two.seen.get("grown", 0) == started
+    most = max(int(info[b"Number of filters"]) for info in infos)
+    assert max(one.seen.get("generations", 1), two.seen["generations"]) == most
+    said = [r.getMessage() for r in caplog.records if "grows" in r.getMessage()]
+    assert said, caplog.records
+    assert all(line.startswith("The native Bloom filter 'nat' grows: about") for line in said)
+    first.close()
+    second.close()
+
+
 @pytest.mark.parametrize("ttl", [0, 3600])
 def test_a_filter_that_does_not_fit_is_refused_before_anything_is_written(
     small_bloom_server: RedisServer, ttl: int

@@ -7,6 +7,7 @@ would silently create a default filter in place of a lost one); bulk calls pipel
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -99,12 +100,47 @@ class NativeBloomFilter(FilterBase):
                 self._cache.clear()
 
     def sync_counters(self) -> FilterTotals | None:
-        """Sync the counts (see :class:`.FilterBase`); say when a fixed filter nears its limit."""
+        """Sync the counts (see :class:`.FilterBase`); say growth, or a fixed filter's limit."""
+        synced = self.counters.synced
+        pending = self.counters.current().added - (synced.added if synced is not None else 0)
         totals = super().sync_counters()
         record = self.record
-        if totals is not None and record is not None and not (record.expansion or record.ttl):
+        if totals is None or record is None or record.ttl:  # windows: counts are not theirs
+            return totals
+        if record.expansion:
+            self._grown(record, max(0, totals.added - pending), totals.added)
+        else:
             self._near_full(record, totals.added)
         return totals
+
+    def _grown(self, record: FilterRecord, before: int, after: int) -> None:
+        """Count and say the sub-filters started from ``before`` items to ``after`` (a sync's).
+
+        RedisBloom grows a shard unseen (a ``BF.INFO`` per check would be a command more), so
+        the counters tell it: :func:`started`. The workers' syncs add up (``HINCRBY``), so
+        their shares of ``grown`` do too.
+        """
+        now = started(record, after)
+        generations = 1 + sum(1 for shards in now if shards >= 0.5)
+        if generations > self.generations:
+            self.generations = generations
+            self.events.set("generations", generations)
+        grown = round(sum(now)) - round(sum(started(record, before)))
+        if grown <= 0:
+            return
+        self.events.count("grown", grown)
+        self._log.log(
+            logging.INFO,
+            "grown",
+            "The native Bloom filter %r grows: about %d more sub-filter(s) started in its %d"
+            " shard(s), up to %d per shard, as its %s items fill them (estimated from the"
+            " counters: RedisBloom grows its filters unseen).",
+            self.key,
+            grown,
+            record.spec.shards,
+            generations,
+            f"{after:,}",
+        )
 
     def _near_full(self, record: FilterRecord, items: int) -> None:
         """Say once when a fixed filter passes :data:`NEAR_FULL` of its capacity.
@@ -412,6 +448,29 @@ class NativeBloomFilter(FilterBase):
         self._unavailable(exc, len(items))
         outcome.errors += len(items)
         outcome.failed += items
+
+
+def started(record: FilterRecord, items: int) -> list[float]:
+    """Return how many shards are expected to have started sub-filter 1, 2, ... at ``items``.
+
+    A shard starts sub-filter ``g`` at its item past the first ``g`` ones' capacities, and
+    holds Binomial(items, 1/shards) items: a normal tail (exact for one shard).
+    """
+    shards = record.spec.shards
+    mean = items / shards
+    sigma = math.sqrt(mean * (1 - 1 / shards))
+    out: list[float] = []
+    held = 0
+    for link in native_parts.links(record, 64):
+        held += link.capacity
+        if sigma:
+            chance = 0.5 * math.erfc((held + 0.5 - mean) / (sigma * math.sqrt(2)))
+        else:
+            chance = 1.0 if mean > held else 0.0
+        if chance < 1e-9:
+            break
+        out.append(shards * chance)
+    return out
 
 
 def pack_items(items: list[str | bytes]) -> bytes:
