@@ -13,6 +13,7 @@ import io
 import logging
 import math
 import os
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -709,6 +710,42 @@ def test_the_room_check_counts_the_pieces_redis_holds_while_writing(
     assert all_keys(redis_client) == []
     restore(redis_client, path)  # with room
     assert reopened(redis_client, cfg).contains_many(fingerprints(1_000, "room")) == [True] * 1000
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_replacing_counts_the_room_the_old_filter_frees_and_refuses_before_deleting(
+    redis_client: redis.Redis, tmp_path: Path, fits: bool
+) -> None:
+    # restore --replace deleted the filter in place, then checked the room with the memory
+    # figures read before: a restore that fitted in the room the deletion freed was refused
+    # for lack of room, and the filter (every URL it held) was gone all the same.
+    cfg = BloomConfig.from_settings(
+        {"BLOOMFILTER_BIT": 23, "BLOOMFILTER_HASH_NUMBER": 7, "BLOOMFILTER_SHARDS": 1}
+    )
+    members = fingerprints(1_000, "replaced")
+    bloom = filled(redis_client, cfg, members)
+    path = tmp_path / "replaced.dump"
+    data = dump(bloom, path).totals.data_bytes  # 1 MiB: it needs 1 MiB more while written
+    bloom.close()
+    before = all_keys(redis_client)
+    used = int(redis_client.info("memory")["used_memory"])
+    # Room for the pieces in flight only if the old filter's bytes count as free; else none.
+    redis_client.config_set("maxmemory", used + (data * 8 // 5 if fits else data // 2))
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    try:
+        if fits:
+            assert restore(redis_client, path, replace=True).replaced
+        else:
+            with pytest.raises(NotEnoughMemoryError) as caught:
+                restore(redis_client, path, replace=True)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert all_keys(redis_client) == before  # kept whole when refused
+    if not fits:
+        assert re.search(r"MiB used, [0-9.]+ MiB of it the filter it replaces, ", str(caught.value))
+    again = reopened(redis_client, cfg)
+    assert again.contains_many(members) == [True] * len(members)
+    again.close()
 
 
 def test_a_file_changed_between_the_passes_leaves_nothing(

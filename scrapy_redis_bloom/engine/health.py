@@ -129,28 +129,34 @@ def check_room(
     servers: list[ServerHealth],
     needs: dict[str, int],
     spread: tuple[int, int] | None = None,
+    *,
+    freed: dict[str, int] | None = None,
 ) -> None:
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
     ``needs``: per address, its new shards' bytes, against what is free; ``spread`` =
-    (bytes, servers): the filter spread evenly, against each whole limit.
+    (bytes, servers): the filter spread evenly, against each whole limit. ``freed``: per
+    address, the bytes deleted before the shards are written (a filter replaced), free too.
     """
     for server in servers:
         limit = server.maxmemory or server.system_memory  # the memory Redis may use
         if not server.known or not limit:
             continue
+        frees = (freed or {}).get(server.address, 0)
         if spread is not None:
             need, room, what = -(-spread[0] // spread[1]), limit, "in all"
         else:
             need, room, what = needs.get(server.address, 0), limit - server.used_memory, "free"
+            room += frees
         if need > room:
             source = "maxmemory" if server.maxmemory else "no maxmemory, and the host's memory is"
+            replaced = f", {format_bytes(frees)} of it the filter it replaces" if frees else ""
             raise NotEnoughMemoryError(
                 f"The Bloom filter {key!r} needs {format_bytes(need)} on Redis at"
                 f" {server.address}, which has {source} {format_bytes(limit)}"
-                f" ({format_bytes(server.used_memory)} used, {format_bytes(max(room, 0))}"
-                f" {what}). Raise maxmemory, free memory, spread the filter over more"
-                " servers, or size it smaller (BLOOMFILTER_CAPACITY and"
+                f" ({format_bytes(server.used_memory)} used{replaced},"
+                f" {format_bytes(max(room, 0))} {what}). Raise maxmemory, free memory, spread"
+                " the filter over more servers, or size it smaller (BLOOMFILTER_CAPACITY and"
                 " BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
             )
 

@@ -24,7 +24,8 @@ from scrapy_redis_bloom.engine.base import FilterBase
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native import filter as native
 from scrapy_redis_bloom.engine.native import parts as native_parts
-from scrapy_redis_bloom.engine.parts import BATCH, Parts
+from scrapy_redis_bloom.engine.native import ttl as native_ttl
+from scrapy_redis_bloom.engine.parts import BATCH, Parts, integer
 from scrapy_redis_bloom.ops import dump, dumpfile
 from scrapy_redis_bloom.ops.dump import Progress, Summary, part_bytes, part_key
 from scrapy_redis_bloom.ops.dumpfile import BITMAP, NATIVE, DumpFileError, DumpReader, part_name
@@ -225,7 +226,11 @@ def _prepare(
     replace: bool,
     worker_ttl: float,
 ) -> bool:
-    """Check the target servers and key; delete a filter there if asked. Return if one was."""
+    """Check the target servers, key and room; delete a filter there if asked. Return if one was.
+
+    Every refusal comes before the deletion: a filter to replace is deleted only once the
+    restored one is known to fit, in the room it frees too.
+    """
     where = bloom.topology.describe()
     servers = health.survey(bloom.executor, bloom.topology)
     health.check_versions(servers)
@@ -240,22 +245,10 @@ def _prepare(
                 f" on servers with {native_parts.INSTALL_HINT}. A native filter's bits cannot"
                 " be turned into a bitmap filter."
             )
-    replaced = _clear_existing(bloom, where, replace, worker_ttl)
-    parts = bloom.parts  # the restored filter's shards (generation 0), counters, markers
-    keys: list[tuple[str, int | None, int | None]]
-    keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
-    keys.append((parts.counter_key, None, None))
-    if target.servers > 1:
-        keys += [(parts.marker_key, None, i) for i in range(target.servers)]
-    conflicts = existing_keys(parts, keys)
-    if conflicts:
-        named = ", ".join(repr(k) for k in conflicts[:NAMED])
-        more = f" and {len(conflicts) - NAMED:,} more" if len(conflicts) > NAMED else ""
-        raise FilterExistsError(
-            f"Cannot restore {name} as the Bloom filter {bloom.key!r}: {where} already holds"
-            f" {named}{more}, where its parts go. Reset the filter {bloom.key!r} (it deletes"
-            " orphaned parts too) or restore it under another key."
-        )
+    existing = _existing(bloom, where, replace, worker_ttl)
+    owned = _parts_of(bloom, existing) if existing is not None else []
+    spared = {key for key, _ in owned} | {bloom.parts.counter_key, bloom.parts.marker_key}
+    _refuse_conflicts(bloom, target, name, where, spared if existing is not None else set())
     # Per server: its parts as Redis allocates them, and the pieces pipelined to it at once
     # (Redis holds them in its query buffer while it runs them).
     data: dict[str, int] = {}
@@ -266,8 +259,65 @@ def _prepare(
         needs[address] = needs.get(address, 0) + _allocated(target, size)
     for address, size in data.items():
         needs[address] += min(size, WRITING_ROOM) + WRITING_SLACK
-    health.check_room(bloom.key, servers, needs)
-    return replaced
+    freed = _memory(bloom, owned)
+    health.check_room(bloom.key, servers, needs, freed=freed)
+    if existing is None:
+        return False
+    backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
+    logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
+    _refuse_conflicts(bloom, target, name, where, set())  # a part it left was not its own
+    return True
+
+
+def _refuse_conflicts(
+    bloom: FilterBase, target: FilterRecord, name: str, where: str, spared: set[str]
+) -> None:
+    """Refuse keys where the restored filter's go, but those in ``spared`` (to be deleted)."""
+    parts = bloom.parts  # the restored filter's shards (generation 0), counters, markers
+    keys: list[tuple[str, int | None, int | None]]
+    keys = [(part_key(bloom.key, target, s), s, None) for s in range(target.spec.shards)]
+    keys.append((parts.counter_key, None, None))
+    if target.servers > 1:
+        keys += [(parts.marker_key, None, i) for i in range(target.servers)]
+    conflicts = existing_keys(parts, [k for k in keys if k[0] not in spared])
+    if conflicts:
+        named = ", ".join(repr(k) for k in conflicts[:NAMED])
+        more = f" and {len(conflicts) - NAMED:,} more" if len(conflicts) > NAMED else ""
+        raise FilterExistsError(
+            f"Cannot restore {name} as the Bloom filter {bloom.key!r}: {where} already holds"
+            f" {named}{more}, where its parts go. Reset the filter {bloom.key!r} (it deletes"
+            " orphaned parts too) or restore it under another key."
+        )
+
+
+def _parts_of(bloom: FilterBase, record: FilterRecord) -> list[tuple[str, int]]:
+    """Return the keys (and shards) a filter's bits may be in: what deleting it frees."""
+    parts = Parts(bloom.executor, bloom.key, record.spec)
+    windows = parts.windows(record)
+    if record.backend == "native":
+        anchors = [
+            (native_parts.shard_key(bloom.key, shard, record.filter_id), shard)
+            for shard in range(record.spec.shards)
+        ]
+        return anchors + [
+            (native_ttl.window_key(key, w), shard) for key, shard in anchors for w in windows
+        ]
+    return [
+        (key, shard)
+        for shard in range(record.spec.shards)
+        for key in parts.part_keys(record, shard, windows)
+    ]
+
+
+def _memory(bloom: FilterBase, keys: list[tuple[str, int]]) -> dict[str, int]:
+    """Return, per server, the bytes ``keys`` take there (``MEMORY USAGE``; a missing one 0)."""
+    calls = [Call(pack_command(b"MEMORY", b"USAGE", k), key=k, shard=s) for k, s in keys]
+    replies = bloom.parts.run("read the memory of the filter to replace", calls, take=integer)
+    found: dict[str, int] = {}
+    for (key, shard), size in zip(keys, replies, strict=True):
+        address = bloom.topology.route(key, shard, None).address
+        found[address] = found.get(address, 0) + size
+    return found
 
 
 def _allocated(record: FilterRecord, size: int) -> int:
@@ -283,12 +333,14 @@ def _allocated(record: FilterRecord, size: int) -> int:
     return total
 
 
-def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: float) -> bool:
-    """Refuse a filter under the key, or delete it when asked; return whether one was."""
+def _existing(
+    bloom: FilterBase, where: str, replace: bool, worker_ttl: float
+) -> FilterRecord | None:
+    """Return the record of a filter under the key, to replace; refuse it unless asked to."""
     parts = bloom.parts
     fields = read_hash(parts, parts.meta_key, "look for a filter")
     if not fields:
-        return False
+        return None
     if not replace:
         raise FilterExistsError(
             f"There is already a Bloom filter {bloom.key!r} on {where} (config record"
@@ -302,9 +354,7 @@ def _clear_existing(bloom: FilterBase, where: str, replace: bool, worker_ttl: fl
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"
             f" {where} (such as {workers[0]}): stop them before replacing it."
         )
-    backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
-    logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
-    return True
+    return existing
 
 
 def _processes(bloom: FilterBase) -> list[str]:
