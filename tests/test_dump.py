@@ -23,6 +23,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 from redis_server import RedisServer
+from reply_cutter import Command, ReplyCutter
 
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.core.errors import (
@@ -213,6 +214,51 @@ def test_a_native_filter_round_trips(bloom_redis_client: redis.Redis, tmp_path: 
     cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=3, BLOOMFILTER_BACKEND="native")
     members = fingerprints(50_000, "native")  # past its capacity: sub-filters were added
     round_trip(bloom_redis_client, bloom_redis_client, tmp_path, members, cfg)
+
+
+def _loads(header: bool) -> Any:
+    """Pick BF.LOADCHUNK replies: of a shard's header (iterator 1), or of its later chunks."""
+
+    def picks(command: Command, reply: bytes) -> bool:
+        return command[0].upper() == b"BF.LOADCHUNK" and (command[2] == b"1") == header
+
+    return picks
+
+
+@pytest.mark.parametrize("header", [True, False], ids=["header", "data"])
+def test_a_native_restore_rides_through_lost_loadchunk_replies(
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    header: bool,
+) -> None:
+    # The reply to a shard's first BF.LOADCHUNK (its header, which creates the key) lost:
+    # the executor sent it again, RedisBloom refused a header loaded twice ("received bad
+    # data"), and the restore failed blaming the data, after a warning that the retry was
+    # carried out. A later chunk copies bytes to their place: sent again, it is harmless.
+    cfg = config(20_000, 1e-3, BLOOMFILTER_SHARDS=2, BLOOMFILTER_BACKEND="native")
+    members = fingerprints(5_000, "cut")
+    bloom = filled(bloom_redis_client, cfg, members)
+    out = io.BytesIO()
+    dump_filter(bloom, out)
+    before = part_bytes(bloom_redis_client, bloom)
+    bloom.close()
+    bloom_redis_client.flushall()
+    # Header: shard 0's twice (its reload too), then shard 1's. Data: one chunk's.
+    with ReplyCutter(bloom_redis_server.port, _loads(header), times=3 if header else 1) as cut:
+        client = redis.Redis(host="127.0.0.1", port=cut.port)
+        cut.armed = True
+        out.seek(0)
+        restore_filter(client, KEY, out, faults=FaultPolicy(retry_timeout=5))
+        client.close()
+    assert cut.cuts == ["BF.LOADCHUNK"] * (3 if header else 1)
+    again = reopened(bloom_redis_client, cfg)
+    assert part_bytes(bloom_redis_client, again) == before
+    assert again.contains_many(members) == [True] * len(members)
+    again.close()
+    if header:
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert sum("its header, which creates the key" in line for line in warned) == 3, warned
 
 
 @pytest.mark.parametrize("backend", ["bitmap", "native"])

@@ -401,12 +401,15 @@ def _write(
                     last = part_bytes(target, chunk.generation) - 1  # would keep 1 MiB more
                     presize = pack_command(b"SETRANGE", key, last, b"\0")
                     batch.append(Call(presize, key=key, shard=chunk.shard))
-            command = b"BF.LOADCHUNK" if chunk.kind == NATIVE else b"SETRANGE"
-            packed = pack_command(command, key, chunk.position, chunk.data)
+            if chunk.kind == NATIVE:  # one at a time: each chunk needs the one before
+                packed = pack_command(b"BF.LOADCHUNK", key, chunk.position, chunk.data)
+                _load_chunk(bloom, Call(packed, key=key, shard=chunk.shard), chunk.index == 1)
+                progress(reader.offset)
+                continue
+            packed = pack_command(b"SETRANGE", key, chunk.position, chunk.data)
             batch.append(Call(packed, key=key, shard=chunk.shard))
             held += len(chunk.data)
-            # BF.LOADCHUNK goes one at a time: each chunk needs the one before.
-            if chunk.kind == NATIVE or held >= dump.PIECE or len(batch) >= BATCH:
+            if held >= dump.PIECE or len(batch) >= BATCH:
                 parts.run("restore the filter's shards", batch, write=True)
                 batch, held = [], 0
             progress(reader.offset)
@@ -443,6 +446,38 @@ def _write(
                 f" written was deleted: {exc}"
             ) from exc
         raise
+
+
+def _load_chunk(bloom: FilterBase, call: Call, header: bool) -> None:
+    """Run a native shard's ``BF.LOADCHUNK``, its reply lost or not.
+
+    A later chunk copies bytes to their place: sent again, it is harmless. The header (the
+    first chunk) creates the key, and RedisBloom refuses it loaded twice ("received bad
+    data"): its lost reply leaves unknown whether it ran, so it is never sent blind again;
+    the key (the restore's own: none was there) is deleted and the header loaded anew.
+    """
+    parts = bloom.parts
+    operation = "restore the filter's shards"
+    if not header:
+        parts.run(operation, [call], write=True)
+        return
+    once = dataclasses.replace(call, resend=b"")  # lost: not sent again, its reply None
+    deadline = time.monotonic() + bloom.faults.retry_timeout
+    while parts.run(operation, [once], write=True)[0] is None:
+        bloom.events.count("retries")
+        logger.warning(
+            "The reply to the first BF.LOADCHUNK of %r (its header, which creates the key) was"
+            " lost, so whether it ran is unknown: deleting the key to load the shard anew.",
+            call.key,
+        )
+        delete = Call(pack_command(b"DEL", call.key or ""), key=call.key, shard=call.shard)
+        parts.run("delete a shard whose header load is in doubt", [delete], write=True)
+        if time.monotonic() >= deadline:
+            raise BloomFilterError(
+                f"Redis lost the reply to the header of shard {call.shard} ({call.key!r})"
+                f" each time it was loaded, for {bloom.faults.retry_timeout:g} s (the retry"
+                " timeout): the connection kept failing. Restore it again."
+            )
 
 
 def _check_written(
