@@ -632,6 +632,30 @@ def test_a_corrupted_dump_is_refused_and_leaves_nothing(
     assert "No such file" in one_line_error(missing, 1)
 
 
+def test_parts_without_a_record_in_the_way_of_a_restore_say_that_reset_deletes_them(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # The parts a killed restore left (no record) refused a restore with an error ending
+    # "(--replace)", and restore --replace failed with the same error.
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(200))
+    path = str(tmp_path / "books.dump")
+    assert scrapy(project, "bloom", "dump", "--spider", "books", path).code == 0
+    redis_client.delete("books:bloomfilter:meta")
+    kept = sorted(redis_client.keys("*"))
+    for replace in ([], ["--replace"]):
+        refused = scrapy(project, "bloom", "restore", "--spider", "books", path, *replace)
+        err = one_line_error(refused, 1)
+        assert "--replace" not in err
+        assert "no config record names them, and replacing a filter does not delete them" in err
+        assert "'scrapy bloom reset --key books:bloomfilter' deletes such parts" in err
+        assert sorted(redis_client.keys("*")) == kept
+    assert scrapy(project, "bloom", "reset", "--spider", "books", "--yes").code == 0
+    assert scrapy(project, "bloom", "restore", "--spider", "books", path).code == 0
+    # A filter in place, with its record: replacing it is what works.
+    again = scrapy(project, "bloom", "restore", "--spider", "books", path)
+    assert one_line_error(again, 1).rstrip().endswith("(--replace)")
+
+
 def test_progress_bar_on_a_terminal_only(
     project: Path, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

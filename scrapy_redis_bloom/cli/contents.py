@@ -334,7 +334,13 @@ def restore(ctx: Context) -> int:
     except DumpFileError as exc:
         raise CLIError(str(exc)) from None
     except FilterExistsError as exc:
-        raise CLIError(f"{exc} (--replace)") from None
+        if exc.replaceable:
+            raise CLIError(f"{exc} (--replace)") from None
+        prog, key = ctx.frontend.prog, ctx.key
+        raise CLIError(
+            f"{exc} ('{prog} reset --key {key}' deletes such parts, which"
+            f" '{prog} info --key {key}' names.)"
+        ) from None
     totals = summary.totals
     data = _file_result(ctx, path, summary, source=summary.source, replaced=summary.replaced)
     lines = [

@@ -43,7 +43,15 @@ WRITING_SLACK = 64 << 10
 
 
 class FilterExistsError(BloomFilterError):
-    """The target of a restore already holds a filter (or keys) where the restored one goes."""
+    """The target of a restore already holds a filter (or keys) where the restored one goes.
+
+    ``replaceable``: a filter with a config record, which a restore asked to replace deletes;
+    else keys no record names (orphaned parts, another program's), which it does not.
+    """
+
+    def __init__(self, message: str, *, replaceable: bool = False) -> None:
+        super().__init__(message)
+        self.replaceable = replaceable
 
 
 class RestoreFailedError(BloomFilterError):
@@ -285,8 +293,10 @@ def _refuse_conflicts(
         more = f" and {len(conflicts) - NAMED:,} more" if len(conflicts) > NAMED else ""
         raise FilterExistsError(
             f"Cannot restore {name} as the Bloom filter {bloom.key!r}: {where} already holds"
-            f" {named}{more}, where its parts go. Reset the filter {bloom.key!r} (it deletes"
-            " orphaned parts too) or restore it under another key."
+            f" {named}{more}, where its parts go: no config record names them, and replacing"
+            " a filter does not delete them (parts left by a restore or reset cut short, or"
+            f" another program's keys). Reset the filter {bloom.key!r} (it deletes orphaned"
+            " parts too) or restore it under another key."
         )
 
 
@@ -345,7 +355,8 @@ def _existing(
         raise FilterExistsError(
             f"There is already a Bloom filter {bloom.key!r} on {where} (config record"
             f" {parts.meta_key!r}): restoring would overwrite it. Reset it first, restore"
-            " under another key, or ask to replace it."
+            " under another key, or ask to replace it.",
+            replaceable=True,
         )
     existing = FilterRecord.parse(parts.meta_key, fields)  # refuses an unusable one by name
     workers = bloom.live_workers(worker_ttl)
@@ -434,12 +445,16 @@ def _write(
         if stored.filter_id != target.filter_id:
             raise FilterExistsError(
                 f"Another Bloom filter {bloom.key!r} (id {stored.filter_id}) was created on"
-                f" {bloom.topology.describe()} while {name} was restored."
+                f" {bloom.topology.describe()} while {name} was restored.",
+                replaceable=True,
             )
     except BaseException as exc:
         _undo(bloom, undo, exc)
-        if isinstance(exc, DumpFileError | FilterExistsError):
-            raise type(exc)(f"{exc} What the restore had written was deleted.") from None
+        said = f"{exc} What the restore had written was deleted."
+        if isinstance(exc, FilterExistsError):
+            raise FilterExistsError(said, replaceable=exc.replaceable) from None
+        if isinstance(exc, DumpFileError):
+            raise DumpFileError(said) from None
         if isinstance(exc, BloomFilterError):
             raise RestoreFailedError(
                 f"Restoring {name} as the Bloom filter {bloom.key!r} failed, and what it had"
