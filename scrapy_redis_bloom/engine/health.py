@@ -30,6 +30,11 @@ EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 VOLATILE_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
 #: Share of maxmemory above which a server is said to be nearly full.
 NEARLY_FULL = 0.9
+#: What to do when a new filter does not fit (:func:`check_room`'s default advice).
+SIZING_ADVICE = (
+    "Raise maxmemory, free memory, spread the filter over more servers, or size it smaller"
+    " (BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +136,14 @@ def check_room(
     spread: tuple[int, int] | None = None,
     *,
     freed: dict[str, int] | None = None,
+    advice: str = SIZING_ADVICE,
 ) -> None:
     """Refuse to create a filter whose shards do not fit in a server's memory.
 
     ``needs``: per address, its new shards' bytes, against what is free; ``spread`` =
     (bytes, servers): the filter spread evenly, against each whole limit. ``freed``: per
     address, the bytes deleted before the shards are written (a filter replaced), free too.
+    ``advice``: what to do, said after the figures.
     """
     for server in servers:
         limit = server.maxmemory or server.system_memory  # the memory Redis may use
@@ -155,9 +162,7 @@ def check_room(
                 f"The Bloom filter {key!r} needs {format_bytes(need)} on Redis at"
                 f" {server.address}, which has {source} {format_bytes(limit)}"
                 f" ({format_bytes(server.used_memory)} used{replaced},"
-                f" {format_bytes(max(room, 0))} {what}). Raise maxmemory, free memory, spread"
-                " the filter over more servers, or size it smaller (BLOOMFILTER_CAPACITY and"
-                " BLOOMFILTER_ERROR_RATE, or BLOOMFILTER_BIT)."
+                f" {format_bytes(max(room, 0))} {what}). {advice}"
             )
 
 

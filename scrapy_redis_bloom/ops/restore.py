@@ -40,6 +40,12 @@ NAMED = 5  #: Keys named in a message, at most.
 #: query buffer), and the counters, markers, record and the commands' framing.
 WRITING_ROOM = 2 * dump.PIECE
 WRITING_SLACK = 64 << 10
+#: What to do when a restore does not fit: its size is the dump's, whatever the settings say.
+ROOM_ADVICE = (
+    "Raise maxmemory or free memory there, or restore it on more servers (a server list or a"
+    " cluster spreads its shards): a restored filter has its dump's size, whatever the"
+    " BLOOMFILTER_* settings say."
+)
 
 
 class FilterExistsError(BloomFilterError):
@@ -268,7 +274,7 @@ def _prepare(
     for address, size in data.items():
         needs[address] += min(size, WRITING_ROOM) + WRITING_SLACK
     freed = _memory(bloom, owned)
-    health.check_room(bloom.key, servers, needs, freed=freed)
+    health.check_room(bloom.key, servers, needs, freed=freed, advice=ROOM_ADVICE)
     if existing is None:
         return False
     backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
