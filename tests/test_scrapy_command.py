@@ -656,6 +656,21 @@ def test_parts_without_a_record_in_the_way_of_a_restore_say_that_reset_deletes_t
     assert one_line_error(again, 1).rstrip().endswith("(--replace)")
 
 
+def test_restore_from_stdin_is_refused_and_the_sizes_say_what_they_count(
+    project: Path, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # 'restore -' failed with "-: No such file or directory" (dump - says why); dump printed
+    # the file's size and restore the data's, both unlabelled.
+    stored_filter(redis_client, "books:bloomfilter", fingerprints(200))
+    path = tmp_path / "books.dump"
+    dumped = scrapy(project, "bloom", "dump", "--spider", "books", str(path))
+    assert f", a {format_bytes(path.stat().st_size)} file in " in dumped.out, dumped
+    stdin = scrapy(project, "bloom", "restore", "--key", "copy:bf", "-", stdin="")
+    assert "A restore reads a file, twice" in one_line_error(stdin, 1)
+    restored = scrapy(project, "bloom", "restore", "--key", "copy:bf", str(path))
+    assert re.search(r", 200 items, [0-9.]+ [KM]iB of data in ", restored.out), restored
+
+
 def test_progress_bar_on_a_terminal_only(
     project: Path, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

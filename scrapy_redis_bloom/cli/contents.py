@@ -294,7 +294,7 @@ def dump(ctx: Context) -> int:
     lines = [
         f"Dumped the Bloom filter {ctx.key!r} (id {summary.record.filter_id}) from {ctx.where}"
         f" to {str(path)!r}: {totals.parts:,} part(s), {summary.added:,} items,"
-        f" {format_bytes(totals.file_bytes)} in {summary.seconds:.1f} s.",
+        f" a {format_bytes(totals.file_bytes)} file in {summary.seconds:.1f} s.",
         f"SHA-256 {totals.sha256}",
     ]
     if summary.forced:
@@ -318,6 +318,11 @@ def _dump_target(name: str) -> Path:
 
 def restore(ctx: Context) -> int:
     """Restore ``FILE`` as the filter, on the servers the settings name."""
+    if ctx.args.file == "-":
+        raise CLIError(
+            "A restore reads a file, twice (it checks every checksum before it writes"
+            " anything): give its path, standard input cannot be read again."
+        )
     path = Path(ctx.args.file)
     try:
         with progress(None, "B", "Restoring") as bar, open(path, "rb") as inp:
@@ -346,7 +351,8 @@ def restore(ctx: Context) -> int:
     lines = [
         f"Restored the Bloom filter {ctx.key!r} (id {summary.record.filter_id}) on {ctx.where}"
         f" from {str(path)!r} (dumped from {summary.source}): {totals.parts:,} part(s),"
-        f" {summary.added:,} items, {format_bytes(totals.data_bytes)} in {summary.seconds:.1f} s."
+        f" {summary.added:,} items, {format_bytes(totals.data_bytes)} of data in"
+        f" {summary.seconds:.1f} s."
     ]
     if summary.replaced:
         lines.append("The filter that was under this key was deleted first (--replace).")
