@@ -341,20 +341,21 @@ def test_a_shard_deleted_is_met_by_reads_too(bloom_redis_client: redis.Redis, po
     bloom.close()
 
 
-def test_a_read_whose_exists_is_refused_raises_naming_the_command(
+def test_a_read_whose_type_is_refused_raises_naming_the_command(
     bloom_redis_server: RedisServer, bloom_redis_client: redis.Redis
 ) -> None:
-    # The EXISTS that tells a lost shard from an empty answer: an ACL that took it away
-    # left the reads answering "absent" for a lost shard, with no error, log or stat.
-    fps = fingerprints(50, "aclexists")
+    # The TYPE that tells a lost shard from an empty answer: an ACL that took it away (then
+    # EXISTS) left the reads answering "absent" for a lost shard, with no error, log or stat.
+    # (Opening the filter reads its shards' types too: refused there first.)
+    fps = fingerprints(50, "acltype")
     native(bloom_redis_client).add_many(fps)
     bloom_redis_client.execute_command(
-        "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "-exists"
+        "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+@all", "-type"
     )
     user = redis.Redis(port=bloom_redis_server.port, username="reader", password="pw")
     try:
         bloom = native(user)
-        refused = r"could not check requests in bulk .*: a Redis ACL .* run the 'exists' command"
+        refused = r"could not .*: a Redis ACL .* run the 'type' command"
         with pytest.raises(AccessDeniedError, match=refused):
             bloom.contains_many(fps)
         with pytest.raises(AccessDeniedError, match=refused):
@@ -881,6 +882,34 @@ def test_a_foreign_key_where_a_native_shard_belongs_is_never_overwritten(
     with pytest.raises(FilterDamagedError, match=r"holds .* a string\. It is\s+never overwritten"):
         native(bloom_redis_client, BLOOMFILTER_ON_LOSS="recreate").open()
     assert bloom_redis_client.get(keys[0]) == b"not ours"
+    bloom.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_a_shard_overwritten_mid_crawl_is_refused_by_reads_and_writes(
+    bloom_redis_client: redis.Redis, policy: str
+) -> None:
+    # BF.MEXISTS answers 0 on a key of another type, and the EXISTS sent beside it said 1:
+    # contains_many() answered "absent" for every element the overwritten shard held, with
+    # no error, log or stat; check_and_add() said the key should be "a string".
+    bloom = native(bloom_redis_client, BLOOMFILTER_SHARDS=1, BLOOMFILTER_ON_LOSS=policy)
+    fps = fingerprints(100, "overwritten")
+    bloom.add_many(fps)
+    (key,) = bloom.shard_keys
+    bloom_redis_client.delete(key)
+    bloom_redis_client.set(key, "written by another program")
+    foreign = r"holds .* a string\. It is\s+never overwritten"
+    with pytest.raises(FilterDamagedError, match=foreign):
+        bloom.contains_many(fps)
+    with pytest.raises(FilterDamagedError, match=foreign):
+        bloom.contains(fps[0])
+    with pytest.raises(BloomFilterError) as caught:
+        bloom.check_and_add("new")
+    message = str(caught.value)
+    assert "holds a string" in message
+    assert "(a string)" not in message, message
+    assert "Bloom filter, BF.*" in message
+    assert bloom_redis_client.get(key) == b"written by another program"
     bloom.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.transport.executor import Call, Executor, access_denied, error_text
 from scrapy_redis_bloom.transport.wire import Arg, Script, pack_command
 
+#: A native shard's re-crawl window: ``{KEY:<i>}:bf:<id>:w<window>``.
+_WINDOW = re.compile(r"\}:bf:[^:]*:w-?[0-9]+$")
 #: Commands sent in one batch by the maintenance operations.
 BATCH = 1000
 #: Shard bytes allocated in one batch at most: zeroing more outlasts the socket timeout.
@@ -65,21 +68,37 @@ def refusal(
     if "WRONGTYPE" in message:  # inside a script, Redis 6.2 wraps it in "ERR ..."
         calls = [Call(pack_command(b"TYPE", key), key=key, shard=shard_of(filter_key, key))]
         kind = text(executor.run("read a key's type", calls).replies[0])
-        role = {
-            layout.meta_key(filter_key): "its config record (a hash)",
-            layout.counter_key(filter_key): "its counters (a hash)",
-            layout.workers_key(filter_key): "its registry of live workers (a sorted set)",
-            layout.server_key(filter_key): "its server marker (a string)",
-        }.get(key, "a shard's bits (a string)")
         return WrongTypeError(
             f"Redis key {key!r} holds a {kind}, where the Bloom filter {filter_key!r} keeps"
-            f" {role}. Another program wrote it."
+            f" {role(filter_key, key, kind)}. Another program wrote it."
             " Choose another BLOOMFILTER_KEY, or remove that key if it is not needed."
         )
     return BloomFilterError(
         f"{where} refused to {operation} for the Bloom filter {filter_key!r} (key {key!r}):"
         f" {message}"
     )
+
+
+def role(filter_key: str, key: str, kind: str) -> str:
+    """Say what the filter keeps in ``key`` (found holding a ``kind``), and of which type."""
+    fixed = {
+        layout.meta_key(filter_key): "its config record (a hash)",
+        layout.counter_key(filter_key): "its counters (a hash)",
+        layout.workers_key(filter_key): "its registry of live workers (a sorted set)",
+        layout.server_key(filter_key): "its server marker (a string)",
+    }.get(key)
+    if fixed is not None:
+        return fixed
+    if "}:bf:" not in key:
+        return "a shard's bits (a string)"
+    bloom = "a Bloom filter, BF.*"
+    if _WINDOW.search(key):
+        return f"a shard's re-crawl window ({bloom})"
+    if kind == "string":  # a native shard without BLOOMFILTER_TTL
+        return f"a shard ({bloom})"
+    if kind == "MBbloom--":  # with BLOOMFILTER_TTL: the shard's anchor
+        return "a shard's anchor (a string naming its re-crawl windows)"
+    return f"a shard ({bloom}; with BLOOMFILTER_TTL, a string naming its re-crawl windows)"
 
 
 def shard_of(filter_key: str, key: str) -> int | None:

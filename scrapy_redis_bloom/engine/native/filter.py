@@ -44,6 +44,8 @@ CHUNK = 1000
 BATCH = 32
 #: Share of a fixed-size filter's capacity past which a shard may soon refuse (said once).
 NEAR_FULL = 0.9
+#: ``TYPE``'s reply for a shard that holds a Bloom filter.
+BLOOM_TYPE = native_parts.NATIVE_TYPE.encode()
 
 
 class NativeBloomFilter(FilterBase):
@@ -397,10 +399,11 @@ class NativeBloomFilter(FilterBase):
             for shard, part in chunks
             for key in [self._heads[shard][0]]
         ]
-        # BF.MEXISTS answers "absent" for a missing shard: an EXISTS after it tells it lost.
+        # BF.MEXISTS answers "absent" for a missing shard, or a key of another type: a TYPE
+        # after it tells (anything but a Bloom filter goes to recovery, which says which).
         if not (write or record.ttl):
             calls += [
-                Call(pack_command(b"EXISTS", key), key=key, shard=shard)
+                Call(pack_command(b"TYPE", key), key=key, shard=shard)
                 for shard, _ in chunks
                 for key in [self._heads[shard][0]]
             ]
@@ -412,15 +415,15 @@ class NativeBloomFilter(FilterBase):
             return
         redo: list[tuple[int, list[int]]] = []
         n = len(chunks)
-        exists = results.replies[n:] or [1] * n  # (writes and windows: none sent)
-        for (shard, part), call, reply, ambiguous, there in zip(
-            chunks, calls[:n], results.replies[:n], results.ambiguous[:n], exists, strict=True
+        kinds = results.replies[n:] or [BLOOM_TYPE] * n  # (writes and windows: none sent)
+        for (shard, part), call, reply, ambiguous, kind in zip(
+            chunks, calls[:n], results.replies[:n], results.ambiguous[:n], kinds, strict=True
         ):
             key = call.key or ""
-            if isinstance(there, BaseException):  # EXISTS refused (an ACL): no blind answers
-                raise self._refused(there, key, operation)
+            if isinstance(kind, BaseException):  # TYPE refused (an ACL): no blind answers
+                raise self._refused(kind, key, operation)
             try:
-                found = self._read(reply, key, write, len(part)) if there != 0 else None
+                found = self._read(reply, key, write, len(part)) if kind == BLOOM_TYPE else None
             except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
                 self._give_up(exc, [items[i] for i in part], outcome)
                 continue
