@@ -1094,6 +1094,68 @@ def test_ttl_a_lost_window_or_anchor(bloom_redis_client: redis.Redis, policy: st
     bloom.close()
 
 
+def test_ttl_fp_rate_combines_the_two_windows_a_check_consults(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    # state().fpr averaged over window keys, though a check consults both live windows of
+    # its shard: with both full it said 0.0125 where 1,013 of 40,000 new URLs (0.0253)
+    # were answered seen. Per shard 1 - (1 - p1)(1 - p2), then the mean over shards.
+    ttl = 86_400
+    more = {
+        "BLOOMFILTER_TTL": ttl,
+        "BLOOMFILTER_SHARDS": 1,
+        "BLOOMFILTER_CAPACITY": 4000,
+        "BLOOMFILTER_ERROR_RATE": 0.05,
+        "BLOOMFILTER_CACHE_SIZE": 0,
+    }
+    first = native(bloom_redis_client, **more)
+    first.add_many(fingerprints(4000, "window-before"))
+    (anchor,) = first.shard_keys
+    first.close()
+    w = int(bloom_redis_client.time()[0]) // ttl
+    # What window w - 1 leaves: it holds those, and window w is not started yet.
+    bloom_redis_client.rename(f"{anchor}:w{w}", f"{anchor}:w{w - 1}")
+    bloom_redis_client.set(anchor, f"{w - 1} 0")
+    bloom = native(bloom_redis_client, **more)
+    bloom.add_many(fingerprints(4000, "window-now"))
+    assert bloom_redis_client.get(anchor) == f"{w} 1".encode()
+    state = bloom.state()
+    queries = 40_000
+    hits = sum(bloom.contains_many(fingerprints(queries, "new")))
+    rate = state.estimated_fpr
+    spread = 6 * math.sqrt(queries * rate * (1 - rate))  # binomial: a 1e-9 chance outside
+    assert queries * rate - spread <= hits <= upper(queries, rate), (hits, rate)
+    bloom.close()
+
+
+def test_ttl_a_live_window_lost_is_told_by_state_and_info(
+    capsys: pytest.CaptureFixture[str],
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+) -> None:
+    # `info` said "0 missing" (it looked at the anchors only; state() passed over a window
+    # key gone), exit 0, while every check raised FilterDamagedError for that window.
+    from cli_run import run_json
+
+    more = {"BLOOMFILTER_TTL": 3600, "BLOOMFILTER_SHARDS": 4, "BLOOMFILTER_CACHE_SIZE": 0}
+    bloom = native(bloom_redis_client, **more)
+    fps = fingerprints(2000, "live-lost")
+    bloom.add_many(fps)
+    assert bloom.state().damaged == ()  # no window before was started: none is missing
+    (lost,) = bloom_redis_client.keys(bloom.shard_keys[1] + ":w*")
+    bloom_redis_client.delete(lost)
+    lost_key = lost.decode()
+    damaged = bloom.state().damaged
+    assert [(part.shard, part.key, part.found) for part in damaged] == [(1, lost_key, "missing")]
+    info = run_json(capsys, "info", "--redis-url", bloom_redis_server.url, "--key", KEY)
+    assert (info["state"], info["shards_missing"], info["shards_foreign"]) == ("damaged", 1, 0)
+    assert info["missing_shard_keys"] == [lost_key]
+    assert [part["key"] for part in info["damaged_shards"]] == [lost_key]
+    with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
+        bloom.add_many(fps)  # as the checks say
+    bloom.close()
+
+
 def test_ttl_windows_when_the_server_clock_steps_back(bloom_redis_client: redis.Redis) -> None:
     """The window model the bitmap backend shares (``engine/lua/windows.lua``), clock behind.
 

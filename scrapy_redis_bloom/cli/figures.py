@@ -27,7 +27,12 @@ from scrapy_redis_bloom.core.sizing import (
 )
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
-from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
+from scrapy_redis_bloom.engine.state import (
+    DamagedPart,
+    FilterState,
+    estimate_from_items,
+    read_state,
+)
 from scrapy_redis_bloom.ops import inventory
 
 #: The two ways of sizing: given one, the other's settings are set aside.
@@ -60,15 +65,7 @@ def info(ctx: Context) -> int:
         return _native_info(ctx, bloom, record)
     spec = record.spec
     state = read_state(bloom.parts, record)  # every part's identity checked with its bits
-    damaged = [
-        dict(
-            shard=part.shard,
-            key=part.key,
-            server=bloom.topology.route(part.key, part.shard, None).address,
-            found=part.found,
-        )
-        for part in state.damaged
-    ]
+    damaged = _damaged(bloom, state.damaged)
     missing = sum(1 for shard in damaged if shard["found"] == "missing")
     markers = inventory.check_markers(bloom, record)
     activity, activity_rows = _activity(bloom, state, WORKER_TTL.read(ctx.settings))
@@ -116,10 +113,7 @@ def info(ctx: Context) -> int:
     if record.state == "creating":
         state_text += " (being created, or its creator stopped: a worker opening it finishes it)"
     if damaged:
-        state_text = (
-            f"damaged: {len(damaged):,} part(s) missing or foreign, listed below (its record"
-            f" says {record.state}): URLs they held are lost"
-        )
+        state_text = _damaged_state(damaged, record)
     blocked = f" (blocked: {spec.block_bits}-bit blocks)" if spec.block_bits else ""
     rows = [
         ("Bloom filter", key),
@@ -199,22 +193,32 @@ def _activity(
 def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -> int:
     """Show a native filter (BF.* shards): its record, its shards' items, memory and rate."""
     present = bloom.existing()
-    state = bloom.state(present)
+    state = bloom.state(present)  # with a TTL: its live windows lost or foreign, damaged
     activity, activity_rows = _activity(bloom, state, WORKER_TTL.read(ctx.settings))
     places = [node.address for node in bloom.topology.primaries()]
-    absent = [s for s in range(record.spec.shards) if s not in present]
+    absent = [
+        DamagedPart(s, bloom.shard_keys[s], "missing")
+        for s in range(record.spec.shards)
+        if s not in present
+    ]
+    damaged = _damaged(bloom, sorted([*absent, *state.damaged], key=lambda part: part.shard))
+    missing = [part["key"] for part in damaged if part["found"] == "missing"]
     layouts, layout_rows = _record_layouts(record)
+    state_text = _damaged_state(damaged, record) if damaged else record.state
     data: dict[str, Any] = {
         "key": ctx.key,
         "backend": "native",
         "servers": places,
         "id": record.filter_id,
-        "state": record.state,
+        "state": "damaged" if damaged else record.state,
+        "record_state": record.state,
         "created": datetime.fromtimestamp(record.created, UTC).isoformat(),
         **_fields(record, "layout sizing"),
         "shards": record.spec.shards,
-        "shards_missing": len(absent),
-        "missing_shard_keys": [bloom.shard_keys[s] for s in absent],
+        "shards_missing": len(missing),
+        "shards_foreign": len(damaged) - len(missing),
+        "missing_shard_keys": missing,
+        "damaged_shards": damaged,
         **_fields(record, "capacity expansion"),
         "generations": len(state.generations),
         **_fields(state, "estimated_items estimated_fpr"),
@@ -225,11 +229,12 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Bloom filter", ctx.key),
         ("Backend", "native (server-side Bloom filters, BF.*)"),
         ("Filter id", record.filter_id),
-        ("State", record.state),
+        ("State", state_text),
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
         ("Created", record.created_text()),
         ("Sizing", record.sizing),
-        ("Shards", f"{record.spec.shards:,}, {len(absent):,} missing"),
+        ("Shards", f"{record.spec.shards:,}, {len(missing):,} missing"),
+        ("Missing or foreign shards", _damaged_text(damaged)),
         ("Capacity", f"{record.capacity:,} items"),
         ("Growth", record.growth_text()),
         *layout_rows,
@@ -289,6 +294,29 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
         current = "native"
     return _layouts(
         sizing, record.capacity, record.expansion, record.servers, current, "this filter"
+    )
+
+
+def _damaged(
+    bloom: RedisBloomFilter | NativeBloomFilter, parts: Sequence[DamagedPart]
+) -> list[dict[str, Any]]:
+    """Return the parts missing or not the filter's, each with the server that holds its key."""
+    return [
+        dict(
+            shard=part.shard,
+            key=part.key,
+            server=bloom.topology.route(part.key, part.shard, None).address,
+            found=part.found,
+        )
+        for part in parts
+    ]
+
+
+def _damaged_state(damaged: Sequence[dict[str, Any]], record: FilterRecord) -> str:
+    """Say the filter is damaged, and what its record says."""
+    return (
+        f"damaged: {len(damaged):,} part(s) missing or foreign, listed below (its record says"
+        f" {record.state}): URLs they held are lost"
     )
 
 

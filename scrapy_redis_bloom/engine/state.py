@@ -194,9 +194,17 @@ def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationStat
 
 
 def _needed_windows(anchor: bytes, window: int) -> tuple[bool, bool]:
-    """Return whether windows ``window - 1`` and ``window`` must exist, as ``lua/windows.lua``."""
+    """Return whether windows ``window - 1`` and ``window`` must exist, by a bitmap anchor."""
     before = int.from_bytes(anchor[GENERATIONS_BIT // 8 : GENERATIONS_BIT // 8 + 2], "big")
     newest = int.from_bytes(anchor[GENERATIONS_BIT // 8 + 2 : HEADER_BYTES], "big")
+    return windows_needed(newest, before, window)
+
+
+def windows_needed(newest: int, before: int, window: int) -> tuple[bool, bool]:
+    """Return whether windows ``window - 1`` and ``window`` must exist, as ``lua/windows.lua``.
+
+    ``newest``: the newest window started; ``before``: 1 if the one before it existed then.
+    """
     previous = newest == window - 1 or (newest == window and before == 1)
     current = newest == window or (newest == window + 1 and before == 1)
     return previous, current

@@ -187,17 +187,14 @@ class NativeBloomFilter(FilterBase):
         return native_parts.estimate(self.record or self.wanted, item_count(items))
 
     def state(self, shards: list[int] | None = None) -> FilterState:
-        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``)."""
+        """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``).
+
+        A live window lost or replaced is listed in the state's ``damaged``.
+        """
         with self._lock:
             record = self._existing()
             chosen = range(record.spec.shards) if shards is None else shards
-            keys = [(s, self._heads[s][0]) for s in chosen]
-            if record.ttl:
-                windows = self.parts.live_windows(record.ttl)
-                keys = [(s, native_ttl.window_key(k, w)) for s, k in keys for w in windows]
-                kinds = native_parts.types(self.parts, keys)
-                keys = [key for key, kind in zip(keys, kinds, strict=True) if kind != "none"]
-            found = native_parts.read_state(self.parts, record, keys)
+            found = native_parts.read_state(self.parts, record, list(chosen))
             generations = len(found.generations)
             if generations > self.generations:
                 self.generations = generations

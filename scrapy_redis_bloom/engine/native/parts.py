@@ -24,7 +24,12 @@ from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.parts import Parts, integer, pairs, script_call, text
-from scrapy_redis_bloom.engine.state import FilterState, GenerationState
+from scrapy_redis_bloom.engine.state import (
+    DamagedPart,
+    FilterState,
+    GenerationState,
+    windows_needed,
+)
 from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
@@ -39,6 +44,8 @@ INSTALL_HINT = (
     " valkey-bloom"
 )
 _ERROR_RATE = re.compile(r"(?:^| )error_rate=([0-9.e+-]+)(?: |$)")
+#: A TTL shard's anchor: ``"<newest window> <0|1>"`` (whether the window before existed).
+_ANCHOR = re.compile(r"(-?[0-9]+) ([01])")
 
 
 def shard_key(key: str, shard: int, filter_id: str) -> str:
@@ -145,22 +152,65 @@ def types(parts: Parts, keys: Sequence[tuple[int, str]]) -> list[str]:
     return [text(reply) for reply in parts.run("check the filter's shards", calls)]
 
 
-def read_state(parts: Parts, record: FilterRecord, keys: Iterable[tuple[int, str]]) -> FilterState:
-    """Read each shard's ``BF.INFO`` and ``MEMORY USAGE``; :func:`links` estimates the rest."""
-    order = list(keys)
-    calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in order]
+def read_state(parts: Parts, record: FilterRecord, shards: Sequence[int]) -> FilterState:
+    """Read each shard's (or live window's) ``BF.INFO`` and ``MEMORY USAGE``; estimate the rest.
+
+    With a TTL, a live window the anchor says must exist and is missing (or of another type)
+    is damage, as the check's script says: listed in ``damaged``, left out of the figures.
+    """
+    keys = [(shard, shard_key(parts.key, shard, record.filter_id)) for shard in shards]
+    damaged: list[DamagedPart] = []
+    if record.ttl:
+        keys, damaged = _live_windows(parts, record, keys)
+    calls = [Call(pack_command(b"BF.INFO", key), key=key, shard=shard) for shard, key in keys]
     calls += [
-        Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard) for shard, key in order
+        Call(pack_command(b"MEMORY", b"USAGE", key), key=key, shard=shard) for shard, key in keys
     ]
     replies = parts.run("read the filter's shards", calls)
     with taking_apart("read the filter's shards", parts.key):
-        infos = [pairs(reply) for reply in replies[: len(order)]]
-        memory = sum(integer(reply) for reply in replies[len(order) :])
-    shards = [
-        (int(info.get("Number of items inserted", "0")), int(info.get("Number of filters", "1")))
-        for info in infos
+        infos = [pairs(reply) for reply in replies[: len(keys)]]
+        memory = sum(integer(reply) for reply in replies[len(keys) :])
+    filters = [
+        (
+            shard,
+            int(info.get("Number of items inserted", "0")),
+            int(info.get("Number of filters", "1")),
+        )
+        for (shard, _), info in zip(keys, infos, strict=True)
     ]
-    return _state(record, shards, memory)
+    return _state(record, filters, memory, len(shards), tuple(damaged))
+
+
+def needed_windows(anchor: Any, window: int) -> tuple[bool, bool]:
+    """Return whether windows ``window - 1`` and ``window`` must exist, as ``lua/windows.lua``."""
+    found = _ANCHOR.fullmatch(text(anchor)) if anchor is not None else None
+    if found is None:  # no anchor, or not one: Blooms.missing says so
+        return False, False
+    return windows_needed(int(found[1]), int(found[2]), window)
+
+
+def _live_windows(
+    parts: Parts, record: FilterRecord, anchors: list[tuple[int, str]]
+) -> tuple[list[tuple[int, str]], list[DamagedPart]]:
+    """Return the live windows of the shards with ``anchors`` there, and those lost or foreign."""
+    windows = parts.live_windows(record.ttl)
+    keys = [(s, native_ttl.window_key(anchor, w)) for s, anchor in anchors for w in windows]
+    calls = [Call(pack_command(b"GET", key), key=key, shard=shard) for shard, key in anchors]
+    calls += [Call(pack_command(b"TYPE", key), key=key, shard=shard) for shard, key in keys]
+    replies = parts.run("check the filter's re-crawl windows", calls)
+    needed = [
+        must for anchor in replies[: len(anchors)] for must in needed_windows(anchor, windows[-1])
+    ]
+    live, damaged = [], []
+    for (shard, key), reply, must in zip(keys, replies[len(anchors) :], needed, strict=True):
+        kind = text(reply)
+        if kind == NATIVE_TYPE:
+            live.append((shard, key))
+        elif kind != "none":
+            damaged.append(DamagedPart(shard, key, f"a {kind}"))
+        elif must:
+            damaged.append(DamagedPart(shard, key, "missing"))
+    return live, damaged
 
 
 def estimate(record: FilterRecord, items: int) -> FilterState:
@@ -173,27 +223,35 @@ def estimate(record: FilterRecord, items: int) -> FilterState:
         if share + 1 <= held or not record.expansion:
             break
         links_needed += 1
-    per_shard = [(share + (i < more), links_needed) for i in range(shards)]
+    per_shard = [(i, share + (i < more), links_needed) for i in range(shards)]
     memory = shards * sum(link.bits // 8 for link in links(record, links_needed))
-    return _state(record, per_shard, memory)
+    return _state(record, per_shard, memory, shards)
 
 
-def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> FilterState:
-    """Return the state of shards holding ``(items, sub-filters)`` each."""
-    most = max((count for _, count in shards), default=1)
+def _state(
+    record: FilterRecord,
+    filters: list[tuple[int, int, int]],
+    memory: int,
+    shards: int,
+    damaged: tuple[DamagedPart, ...] = (),
+) -> FilterState:
+    """Return the state of Bloom filters holding ``(shard, items, sub-filters)`` each.
+
+    A check consults every filter of its shard (with a TTL, its two live windows), so the
+    rate is per shard that of any of them answering, then the mean over ``shards``.
+    """
+    most = max((count for _, _, count in filters), default=1)
     shape = links(record, most)
-    per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per shard
-    clear = 0.0  # sum over shards of the chance a link finds a new element
-    for left, count in shards:  # items not yet placed in a link
-        missed = 0.0  # log of the chance that every link misses it
+    per_gen: dict[int, list[tuple[int, float, int]]] = {}  # g: (items, rate, ones) per filter
+    missed: dict[int, float] = {}  # per shard: the log of the chance every link misses
+    for shard, left, count in filters:  # left: items not yet placed in a link
         for g, link in enumerate(shape[:count]):
             held = left if g == count - 1 else min(left, link.capacity)
             left -= held
             fill = -math.expm1(-link.hash_count * held / link.bits)
             rate = fill**link.hash_count
-            missed += math.log1p(-min(rate, 1 - 1e-12))
+            missed[shard] = missed.get(shard, 0.0) + math.log1p(-min(rate, 1 - 1e-12))
             per_gen.setdefault(g, []).append((held, rate, round(fill * link.bits)))
-        clear += -math.expm1(missed)
     generations = tuple(
         GenerationState(
             generation=g,
@@ -211,10 +269,11 @@ def _state(record: FilterRecord, shards: list[tuple[int, int]], memory: int) -> 
         spec=record.spec,
         bits_set=sum(gen.bits_set for gen in generations),
         memory_bytes=memory,
-        estimated_items=sum(items for items, _ in shards),
+        estimated_items=sum(items for _, items, _ in filters),
         generations=generations,
-        fpr=clear / max(1, len(shards)),
+        fpr=sum(-math.expm1(log) for log in missed.values()) / max(1, shards),
         total_bits=sum(gen.bits for gen in generations) or record.spec.bits,
+        damaged=damaged,
     )
 
 
