@@ -1189,6 +1189,35 @@ def test_ttl_windows_when_the_server_clock_steps_back(bloom_redis_client: redis.
     bloom.close()
 
 
+def test_an_acl_refusing_command_info_is_said_never_taken_for_no_bf(
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A user allowed BF.* but not COMMAND|INFO was told "Redis at X has none: install ...
+    # RedisBloom" (native), or "has no Bloom filter commands" (auto), on a server that has them.
+    bloom_redis_client.execute_command(
+        "ACL", "SETUSER", "nocommand", "on", ">pw", "~*", "&*", "+@all", "-command"
+    )
+    user = redis.Redis(port=bloom_redis_server.port, username="nocommand", password="pw")
+    try:
+        bloom = native(user)
+        with pytest.raises(AccessDeniedError, match=r"COMMAND INFO.*Grant it \+command\|info"):
+            bloom.open()
+        bloom.close()
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            auto = make_filter([user], KEY, config())
+        assert isinstance(auto, RedisBloomFilter)  # it cannot tell: the bitmaps, and says why
+        (said,) = [r for r in caplog.records if "BLOOMFILTER_BACKEND = 'auto'" in r.message]
+        assert "+command|info" in said.getMessage()
+        assert "has no Bloom filter commands" not in said.getMessage()
+        auto.close()
+        assert bloom_redis_client.keys("*") == []
+    finally:
+        user.close()
+        bloom_redis_client.execute_command("ACL", "DELUSER", "nocommand")
+
+
 def test_auto_needs_bf_on_every_server(
     bloom_redis_client: redis.Redis, redis_client: redis.Redis
 ) -> None:

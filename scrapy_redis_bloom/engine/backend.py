@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from scrapy_redis_bloom.core.errors import AccessDeniedError
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.engine.base import FilterBase
@@ -53,7 +54,17 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
             native.key,
         )
         return "bitmap"
-    missing = native_parts.missing_bloom(native.executor, native.topology)
+    try:
+        missing = native_parts.missing_bloom(native.executor, native.topology)
+    except AccessDeniedError as exc:  # optional for the bitmaps: said, never taken for "none"
+        logger.info(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r: it"
+            " cannot tell whether the servers have Bloom filter commands (BF.*). %s To say"
+            " so, set BLOOMFILTER_BACKEND = 'bitmap'.",
+            native.key,
+            exc,
+        )
+        return "bitmap"
     servers = [node.address for node in native.topology.primaries()]
     if missing and len(missing) < len(servers):
         logger.warning(

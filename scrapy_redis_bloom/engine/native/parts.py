@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from scrapy_redis_bloom.core.errors import (
+    AccessDeniedError,
     FilterDamagedError,
     UnsupportedServerError,
     foreign_reply,
@@ -30,7 +31,7 @@ from scrapy_redis_bloom.engine.state import (
     GenerationState,
     windows_needed,
 )
-from scrapy_redis_bloom.transport.executor import Call, Executor, error_text
+from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial, error_text
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
@@ -128,12 +129,26 @@ def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
 
 
 def missing_bloom(executor: Executor, topology: Topology) -> list[str]:
-    """Return the servers (cluster masters) without ``BF.INSERT`` (or refusing to say)."""
+    """Return the servers (cluster masters) without ``BF.INSERT`` (or refusing to say).
+
+    A Redis ACL refusing ``COMMAND INFO`` is no answer: :class:`AccessDeniedError`.
+    """
     nodes = topology.primaries()
     calls = [
         Call(pack_command(b"COMMAND", b"INFO", b"BF.INSERT"), server=i) for i in range(len(nodes))
     ]
     replies = executor.run("look for Bloom filter commands (BF.*)", calls).replies
+    denied = [(node.address, r) for node, r in zip(nodes, replies, strict=True) if acl_denial(r)]
+    if denied:
+        where = ", ".join(address for address, _ in denied)
+        raise AccessDeniedError(
+            f"Redis at {where} does not let the filter's user run COMMAND INFO, by which the"
+            " native backend looks for Bloom filter commands (BF.*): a Redis ACL refused it"
+            f" (Redis: {error_text(denied[0][1])}). Grant it +command|info (ACL SETUSER; see"
+            " docs/howto/tls-acl.md#least-privilege).",
+            server=where,
+            commands=("command|info",),
+        )
     missing = []
     for node, reply in zip(nodes, replies, strict=True):
         if isinstance(reply, BaseException) or reply == [None]:
