@@ -871,6 +871,54 @@ def test_a_native_filter_on_two_servers_recovers_as_a_bitmap_one(
         closing.close()
 
 
+def test_a_server_that_lost_redisbloom_is_named_alone_with_what_helps(
+    capsys: pytest.CaptureFixture[str], two_bloom_servers: list[RedisServer]
+) -> None:
+    from cli_run import run
+
+    # The second server restarted without RedisBloom: a running worker was told "Redis at
+    # A, B refused ... unknown command 'BF.INSERT'"; a new one with the default 'auto' was
+    # told "BLOOMFILTER_BACKEND = 'native' needs BF.* ... or set BLOOMFILTER_BACKEND =
+    # 'bitmap' (or 'auto')": a value it never set, and two settings that do not help.
+    first, second = two_bloom_servers
+    urls = [first.url, second.url]
+    cfg = config(BLOOMFILTER_SHARDS=4, BLOOMFILTER_RETRY_TIMEOUT=1)
+    running = make_filter([redis.Redis.from_url(u) for u in urls], KEY, cfg, cache_size=0)
+    assert isinstance(running, NativeBloomFilter)
+    running.add_many(fingerprints(100, "before"))
+    binary = bloom_server()
+    assert binary is not None
+    second.stop()
+    plain = RedisServer(port=second.port, binary=binary[0]).start()  # no --loadmodule
+    try:
+        with pytest.raises(BloomFilterError) as caught:
+            [running.check_and_add(fp) for fp in fingerprints(20, "after")]
+        message = str(caught.value)
+        assert f"Redis at 127.0.0.1:{second.port} refused" in message, message
+        assert str(first.port) not in message
+        assert "BF.INSERT" in message
+        auto = make_filter([redis.Redis.from_url(u) for u in urls], KEY, cfg)
+        with pytest.raises(UnsupportedServerError) as caught:
+            auto.open()
+        message = str(caught.value)
+        assert f"127.0.0.1:{second.port} has no Bloom filter commands" in message, message
+        assert "its record says" in message
+        assert "set BLOOMFILTER_BACKEND" not in message
+        assert "another BLOOMFILTER_KEY" in message
+        auto.close()
+        # What it says helps: the reset needs no BF.*, then 'auto' takes the bitmaps.
+        targets = ("--redis-url", urls[0], "--redis-url", urls[1], "--key", KEY)
+        code, _, err = run(capsys, "reset", *targets, "--yes")
+        assert (code, err) == (0, ""), err
+        again = make_filter([redis.Redis.from_url(u) for u in urls], KEY, cfg)
+        assert again.check_and_add("x") is False
+        assert again.backend == "bitmap"
+        again.close()
+    finally:
+        running.close()
+        plain.stop()
+
+
 def test_a_foreign_key_where_a_native_shard_belongs_is_never_overwritten(
     bloom_redis_client: redis.Redis,
 ) -> None:

@@ -58,10 +58,19 @@ def integer(reply: Any) -> int:
 
 
 def refusal(
-    executor: Executor, filter_key: str, reply: BaseException, key: str, operation: str
+    executor: Executor,
+    filter_key: str,
+    reply: BaseException,
+    key: str,
+    operation: str,
+    server: int | None = None,
 ) -> BloomFilterError:
-    """Return the error (ACL, a key of another type, else Redis's) for an error reply, by key."""
-    where = executor.topology.describe()
+    """Return the error (ACL, a key of another type, else Redis's) for an error reply, by key.
+
+    It names the server the call went to (``key``'s, or ``server``), not every server.
+    """
+    node = executor.topology.route(key or None, shard_of(filter_key, key), server)
+    where = f"Redis at {node.address}"
     if (denied := access_denied(reply, operation, key, where)) is not None:
         return executor.explain(denied)
     message = error_text(reply)
@@ -140,16 +149,18 @@ class Parts:
             replies = self.executor.run(operation, batch, write=write).replies
             for call, reply in zip(batch, replies, strict=True):
                 if isinstance(reply, BaseException):
-                    raise self.refusal(reply, call.key or "", operation)
+                    raise self.refusal(reply, call.key or "", operation, call.server)
                 if take is not None:
                     with taking_apart(operation, call.key or ""):
                         reply = take(reply)
                 out.append(reply)
         return out
 
-    def refusal(self, reply: BaseException, key: str, operation: str) -> BloomFilterError:
+    def refusal(
+        self, reply: BaseException, key: str, operation: str, server: int | None = None
+    ) -> BloomFilterError:
         """Return the error for an error reply that no retry fixes, naming the key."""
-        return refusal(self.executor, self.key, reply, key, operation)
+        return refusal(self.executor, self.key, reply, key, operation, server)
 
     def read_record(self) -> FilterRecord | None:
         """Read the config record; None when there is none."""

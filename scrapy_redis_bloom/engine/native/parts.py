@@ -306,8 +306,17 @@ class Blooms:
         return shard_key(self.parts.key, shard, record.filter_id)
 
     def check_servers(self) -> None:
-        """Refuse servers without ``BF.*``, naming them and what to install."""
+        """Refuse servers without ``BF.*``, naming them and what to install (or do)."""
         missing = missing_bloom(self.parts.executor, self.topology)
+        if missing and self.parts.read_record() is not None:  # whatever the setting says
+            raise UnsupportedServerError(
+                f"The Bloom filter {self.parts.key!r} is native (its record says so: its shards"
+                " are the servers' own Bloom filters), and Redis at"
+                f" {', '.join(missing)} has no Bloom filter commands (BF.*): install"
+                f" {INSTALL_HINT} there. No BLOOMFILTER_BACKEND reads its shards without"
+                " them: to crawl on bitmaps there, choose another BLOOMFILTER_KEY, or reset"
+                f" the filter (scrapy-redis-bloom reset --key {self.parts.key!r})."
+            )
         if missing:
             raise UnsupportedServerError(
                 "BLOOMFILTER_BACKEND = 'native' needs Bloom filter commands (BF.*) on every"
