@@ -199,6 +199,7 @@ def migrate(ctx: Context) -> int:
                 ) from None
             if scan.restarts != restarts:  # started over: what was added counts as present
                 counts = dict.fromkeys(_COUNTS, 0)
+                batch.clear()  # read again from 0: else counted twice
                 bar.reset()
             for member in members:
                 line = member.strip()

@@ -1,7 +1,8 @@
 """Cursor scans (``SCAN``, ``SSCAN``) through the executor, held to one server process.
 
 A cursor does not outlive its server process (it would skip members after a failover), so
-each scan call goes with ``INFO server``, and another ``run_id`` starts the scan over from 0.
+each scan call goes with ``INFO server``, and another ``run_id`` starts the scan over from 0
+(what the stale cursor read is dropped: the scan from 0 reads it again).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ class Scan:
     restarts: int = field(default=0, init=False)
 
     def next(self, cursor: int, count: int) -> tuple[int | None, list[bytes]]:
-        """Scan on from ``cursor``: the cursor to go on from (None: done) and the items read."""
+        """Scan on from ``cursor``: the cursor to go on from (None: done) and the items read.
+
+        After a restart or failover: cursor 0 and no items (those of the stale cursor would
+        be read twice).
+        """
         operation = f"scan with {text(self.command[0])}"
         scan = pack_command(*self.command, cursor, *self.options, b"COUNT", count)
         calls = [Call(_INFO, key=self.key, server=self.server)]
@@ -70,5 +75,5 @@ class Scan:
                 where,
                 self.what,
             )
-            return 0, found
+            return 0, []
         return following or None, found
