@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import hashlib
 import io
 import json
@@ -22,7 +23,7 @@ from cli_run import assert_one_line_error, run, run_json, write_lines
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
-from scrapy_redis_bloom.cli import contents
+from scrapy_redis_bloom.cli import contents, streams
 from scrapy_redis_bloom.core.errors import FilterDamagedError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
@@ -673,6 +674,66 @@ def test_add_stops_at_a_bad_line(
     assert bloom.contains_many(known) == [True, True, False]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["redis dies", "ctrl-c"])
+@pytest.mark.parametrize("command", ["add", "check"])
+def test_add_and_check_stopped_part_way_say_how_many_were_done(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    command: str,
+    fault: str,
+) -> None:
+    # Before, only "could not add in bulk: cannot connect ..." or "interrupted": not the
+    # count a bad line's error gives, nor that adding again is safe.
+    monkeypatch.setattr(streams, "BATCH", 1000)  # one bulk call a 1,000 lines (1,000,000)
+    known = fingerprints(100_000, "stopped")
+    path = write_lines(tmp_path / "fps.txt", known)
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        bloom = make_filter(client)
+        bloom.add_many(known[:50_000:7])
+        before = int(client.info("stats")["total_commands_processed"])
+
+        # A tenth of the way: of 100 bulk calls, 285 commands each to add, 41 to check.
+        after = before + (3000 if command == "add" else 400)
+
+        def stop() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if int(client.info("stats")["total_commands_processed"]) > after:
+                    break
+                time.sleep(0.002)
+            if fault == "ctrl-c":
+                _thread.interrupt_main()
+            else:
+                server.kill()
+
+        thread = threading.Thread(target=stop)
+        thread.start()
+        argv = [command, "--redis-url", server.url, "--key", KEY, "--retry-timeout", "0.5", path]
+        code, out, err = run(capsys, *argv)
+        thread.join()
+        assert (code, out) == ((130, "") if fault == "ctrl-c" else (1, ""))
+        assert_one_line_error(err)
+        verb = "added" if command == "add" else "checked"
+        said = re.search(rf"([\d,]+) fingerprint\(s\) were {verb} before it", err)
+        assert said, err
+        done = int(said[1].replace(",", ""))
+        assert 0 < done < len(known)
+        assert done % 1000 == 0  # whole calls
+        if fault == "redis dies":
+            server.restart()
+        if command == "add":
+            assert "adding them again is safe: those added count as already present" in err
+            assert all(bloom.contains_many(known[:done]))  # (kept by the AOF)
+        else:
+            present = sum(bloom.contains_many(known[:done]))
+            assert f"{done:,} fingerprint(s) were checked before it: {present:,} present." in err
+        bloom.close()
+        client.close()
+
+
 def test_add_unreadable_file(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
@@ -959,6 +1020,10 @@ def test_migrate_set_through_a_redis_restart_copies_every_member(
             code, _, err = run(capsys, *argv, "--retry-timeout", "0.5")
             thread.join()
             assert code == 1, err  # Redis stayed down
+            said = re.search(r"([\d,]+) of the set's 60,000 members were migrated\. Run", err)
+            assert said, err
+            assert 0 < int(said[1].replace(",", "")) < len(members)
+            assert "it resumes from its last saved batch" in err
             server.restart()
             assert client.exists(marker)  # its progress, kept by the AOF
             data = run_json(capsys, *argv)

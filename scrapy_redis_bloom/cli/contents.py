@@ -9,13 +9,14 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from scrapy_redis_bloom.cli.context import (
+    EXIT_INTERRUPTED,
     CLIError,
     Context,
     check_servers,
@@ -39,7 +40,7 @@ from scrapy_redis_bloom.cli.streams import (
     read_lines,
 )
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import Wording
+from scrapy_redis_bloom.core.errors import BloomFilterError, Wording
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL
 from scrapy_redis_bloom.core.sizing import format_bytes
@@ -82,6 +83,19 @@ def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> No
         )
 
 
+@contextlib.contextmanager
+def _telling(ctx: Context, done: Callable[[], str]) -> Iterator[None]:
+    """Turn Redis failing or Ctrl-C during a load into an error that says what was ``done()``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        error = CLIError(f"interrupted: {done()}")
+        error.code = EXIT_INTERRUPTED
+        raise error from None
+    except BloomFilterError as exc:
+        raise CLIError(f"{ctx.frontend.words(exc).rstrip('.')}. Stopped: {done()}") from None
+
+
 def _count_hits(
     ctx: Context, paths: Sequence[str], bloom: RedisBloomFilter | NativeBloomFilter, write: bool
 ) -> tuple[int, int]:
@@ -90,7 +104,16 @@ def _count_hits(
     verb = "added" if write else "checked"
     hits = done = 0
     parse = parser_for(ctx)
-    with progress(None, "fp", verb.capitalize()) as bar:
+
+    def report() -> str:
+        if not write:
+            return f"{done:,} fingerprint(s) were checked before it: {hits:,} present."
+        return (
+            f"{done:,} fingerprint(s) were added before it (perhaps some of the next call's"
+            " too); adding them again is safe: those added count as already present."
+        )
+
+    with _telling(ctx, report), progress(None, "fp", verb.capitalize()) as bar:
         try:
             for index, batch in enumerate(read_lines(paths, parse)):
                 if not index:  # (batches of streams.BATCH: one full is a big load)
@@ -168,7 +191,15 @@ def migrate(ctx: Context) -> int:
             scan.process = saved["process"]
     resumed = cursor != 0
     batch: list[bytes] = []
-    with progress(size, "fp", "Migrating") as bar:
+
+    def done() -> str:
+        return (
+            f"{sum(counts.values()):,} of the set's {size:,} members were migrated. Run the"
+            f" command again: it resumes from its last saved batch (progress marker"
+            f" {marker!r}), and those migrated since count as already present."
+        )
+
+    with _telling(ctx, done), progress(size, "fp", "Migrating") as bar:
         bar.update(min(size, sum(counts.values())))
 
         def flush(reached: int | None) -> None:
