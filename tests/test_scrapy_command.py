@@ -478,6 +478,23 @@ def _line_within(process: subprocess.Popen[str], seconds: float) -> str:
 # -- migrate -----------------------------------------------------------------------------
 
 
+def test_migrate_refuses_the_crawlers_fingerprinter(
+    project: Path, redis_client: redis.Redis
+) -> None:
+    # The SET holds scrapy-redis's fingerprints; a crawl under 'crawler' checks others, so
+    # migrating said "60 new" and the next crawl fetched all 60 pages again.
+    members = fingerprints(60, "set")
+    redis_client.sadd("books:dupefilter", *members)
+    result = scrapy(
+        project, "bloom", "migrate", "--spider", "books", "-s", "BLOOMFILTER_FINGERPRINTER=crawler"
+    )
+    err = one_line_error(result, 2)
+    assert "BLOOMFILTER_FINGERPRINTER is 'crawler'" in err
+    assert "never match them" in err
+    assert redis_client.keys("books:bloomfilter*") == []
+    assert redis_client.scard("books:dupefilter") == 60
+
+
 def test_migrate_resumes_after_an_interruption(project: Path, redis_client: redis.Redis) -> None:
     members = fingerprints(30_000, "set")
     for start in range(0, len(members), 5000):

@@ -19,6 +19,7 @@ from scrapy_redis_bloom.cli.context import (
     EXIT_INTERRUPTED,
     CLIError,
     Context,
+    UsageError,
     check_servers,
     existing,
     native_if,
@@ -42,7 +43,7 @@ from scrapy_redis_bloom.cli.streams import (
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, Wording
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import WORKER_TTL
+from scrapy_redis_bloom.core.settings import FINGERPRINTER, WORKER_TTL
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -162,6 +163,19 @@ def marker_key(set_key: str) -> str:
 
 def migrate(ctx: Context) -> int:
     """Copy a scrapy-redis fingerprint SET into the filter, from where a run stopped."""
+    if FINGERPRINTER.read(ctx.settings) == "crawler":
+        raise UsageError(
+            ctx.frontend.words(
+                Wording(
+                    "{BLOOMFILTER_FINGERPRINTER} is 'crawler': the filter would hold the SET's"
+                    " fingerprints, which are scrapy-redis's (a SHA-1 of the method, URL and"
+                    " body), while the crawl checks its REQUEST_FINGERPRINTER_CLASS's, which"
+                    " never match them: the crawl would fetch again every page the SET has."
+                    " Crawl with {BLOOMFILTER_FINGERPRINTER} = 'scrapy-redis' (the default) to"
+                    " move from the SET. Nothing was copied."
+                )
+            )
+        )
     set_key = str(ctx.args.set_key)
     batch_size = int(ctx.args.batch)
     source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
