@@ -896,6 +896,30 @@ def test_big_loads_without_numpy_say_what_the_numpy_extra_saves(
             assert "pip install 'scrapy-redis-bloom[numpy]'" in said[0]
 
 
+def test_migrate_set_reads_the_set_on_set_redis_url(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str
+) -> None:
+    known = fingerprints(500, "elsewhere")
+    with RedisServer() as queue:
+        queue_client = queue.client()
+        queue_client.sadd("myspider:dupefilter", *known)
+        argv = ["migrate-set", "--redis-url", redis_url, "--key", KEY, "--capacity", "20000"]
+        argv += ["--set-key", "myspider:dupefilter", "--set-redis-url", queue.url]
+        data = run_json(capsys, *argv)
+        assert (data["fingerprints"], data["new"]) == (500, 500)
+        assert data["set_server"] == f"127.0.0.1:{queue.port}"
+        assert queue_client.keys(f"{KEY}*") == []
+        assert not queue_client.exists(contents.marker_key("myspider:dupefilter"))
+        queue_client.close()
+    record = read_record(redis_client, KEY)
+    bloom = RedisBloomFilter(redis_client, KEY, record.spec, record.capacity)
+    assert all(bloom.contains_many(known))
+    code, out, err = run(capsys, "migrate-set", "--key", KEY, "--set-key", "s", "--set-redis-url",
+                         "http://x")  # fmt: skip
+    assert (code, out) == (2, "")
+    assert "--set-redis-url: It must be a Redis URL" in err
+
+
 @pytest.mark.parametrize(("setup", "message"), [(None, "does not exist"), ("hash", "holds a hash")])
 def test_migrate_set_refuses_a_missing_or_wrong_source(
     capsys: pytest.CaptureFixture[str],

@@ -478,6 +478,39 @@ def _line_within(process: subprocess.Popen[str], seconds: float) -> str:
 # -- migrate -----------------------------------------------------------------------------
 
 
+def test_migrate_reads_the_set_where_scrapy_redis_keeps_it(
+    project: Path, redis_client: redis.Redis, redis_url: str
+) -> None:
+    # The queue and its SET on REDIS_URL, the filter on its own Redis (topologies.md): the
+    # SET was looked for on the filter's server ("does not exist ...: nothing to migrate").
+    members = fingerprints(300, "set")
+    redis_client.sadd("books:dupefilter", *members)
+    with RedisServer() as own:
+        filter_client = own.client()
+        filter_client.sadd("other:set", *fingerprints(50, "other"))
+        base = ["bloom", "migrate", "--spider", "books", "-s", f"BLOOMFILTER_REDIS_URL={own.url}"]
+        result = scrapy(project, *base, "--json")
+        assert result.code == 0, result
+        data = json.loads(result.out)
+        assert (data["fingerprints"], data["new"]) == (300, 300)
+        assert data["set_server"] == redis_url.split("://", 1)[1].split("/", 1)[0]
+        bloom = RedisBloomFilter.from_config(
+            filter_client, "books:bloomfilter", BloomConfig.from_settings(SIZING)
+        )
+        assert all(bloom.contains_many(members))
+        assert redis_client.keys("books:bloomfilter*") == []  # the filter is on its own Redis
+        assert not redis_client.exists(marker_key("books:dupefilter"))
+
+        # --set-redis-url names another server: the SET is read there.
+        others = fingerprints(50, "other")
+        result = scrapy(project, *base, "--set-key", "other:set", "--set-redis-url", own.url)
+        assert result.code == 0, result
+        assert f"from the set 'other:set' on 127.0.0.1:{own.port} into" in result.out
+        assert all(bloom.contains_many(others))
+        bloom.close()
+        filter_client.close()
+
+
 def test_migrate_refuses_the_crawlers_fingerprinter(
     project: Path, redis_client: redis.Redis
 ) -> None:

@@ -43,7 +43,7 @@ from scrapy_redis_bloom.cli.streams import (
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import BloomFilterError, Wording
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import FINGERPRINTER, WORKER_TTL
+from scrapy_redis_bloom.core.settings import FINGERPRINTER, WORKER_TTL, ConnectionConfig
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
@@ -56,7 +56,10 @@ from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
 from scrapy_redis_bloom.ops.scanning import Scan, ScannedKeyGoneError
+from scrapy_redis_bloom.scrapy.connection import scrapy_redis_client
+from scrapy_redis_bloom.transport.connection import url_address
 from scrapy_redis_bloom.transport.executor import Call
+from scrapy_redis_bloom.transport.topology import server_address
 from scrapy_redis_bloom.transport.wire import Arg, pack_command
 
 logger = logging.getLogger(__name__)
@@ -161,6 +164,46 @@ def marker_key(set_key: str) -> str:
     return f"{set_key}:bloom-migration"
 
 
+#: ``--set-redis-url``'s default in ``scrapy bloom``: the SET is where scrapy-redis keeps it.
+SCRAPY_REDIS_CONNECTION = object()
+
+
+class _WithRedisUrl:
+    """The settings, with ``REDIS_URL`` given: scrapy-redis's connection to another server."""
+
+    def __init__(self, settings: Any, url: str) -> None:
+        self.settings, self.url = settings, url
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.url if name == "REDIS_URL" else self.settings.get(name, default)
+
+
+def _set_clients(ctx: Context) -> tuple[list[Any], str]:
+    """Return the clients of the SET's Redis, and its address for messages.
+
+    ``--set-redis-url``, else (``scrapy bloom``) scrapy-redis's connection, REDIS_URL and
+    REDIS_PARAMS, which the filter's own (``BLOOMFILTER_REDIS_URL``...) may not be; the alias
+    reads it on the filter's first server (or cluster).
+    """
+    url: Any = getattr(ctx.args, "set_redis_url", None)  # a URL, None or the default
+    on_filter = ctx.clients, ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
+    if url is None:
+        return on_filter
+    if url is SCRAPY_REDIS_CONNECTION:
+        config = ConnectionConfig.from_settings(ctx.settings)
+        if not config.urls and not config.sentinels:  # the filter's connection too
+            return on_filter
+        settings = ctx.settings
+    else:
+        settings = _WithRedisUrl(ctx.settings, url)
+    try:
+        client = scrapy_redis_client(settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    ctx.stack.callback(client.close)
+    return [client], server_address(client) if url is SCRAPY_REDIS_CONNECTION else url_address(url)
+
+
 def migrate(ctx: Context) -> int:
     """Copy a scrapy-redis fingerprint SET into the filter, from where a run stopped."""
     if FINGERPRINTER.read(ctx.settings) == "crawler":
@@ -178,8 +221,8 @@ def migrate(ctx: Context) -> int:
         )
     set_key = str(ctx.args.set_key)
     batch_size = int(ctx.args.batch)
-    source = ctx.where.split(", ")[0] if not ctx.cluster else ctx.where
-    reader = ctx.own(inventory.probe(ctx.clients, ctx.key, ctx.faults)).parts
+    clients, source = _set_clients(ctx)
+    reader = ctx.own(inventory.probe(clients, ctx.key, ctx.faults)).parts
     (kind,) = reader.run("read the set's type", [_call(b"TYPE", set_key)], take=text)
     if kind == "none":
         raise CLIError(f"Redis key {set_key!r} does not exist on {source}: nothing to migrate.")
@@ -261,6 +304,7 @@ def migrate(ctx: Context) -> int:
     total = new + present
     data = ctx.result(
         set_key=set_key,
+        set_server=source,
         created_filter=created,
         resumed=resumed,
         started_over=scan.restarts,
@@ -277,9 +321,10 @@ def migrate(ctx: Context) -> int:
             f"Started the scan of the set over {scan.restarts} time(s): Redis restarted or failed"
             " over, and an SSCAN cursor does not outlive its server process."
         )
+    elsewhere = f" on {source}" if clients is not ctx.clients else ""
     lines.append(
-        f"Migrated {total:,} fingerprint(s) from the set {set_key!r} into the Bloom filter"
-        f" {ctx.key!r} on {ctx.where}: {new:,} new, {present:,} already present."
+        f"Migrated {total:,} fingerprint(s) from the set {set_key!r}{elsewhere} into the Bloom"
+        f" filter {ctx.key!r} on {ctx.where}: {new:,} new, {present:,} already present."
     )
     if skipped:
         lines.append(f"Skipped {skipped:,} member(s) that are not 40-hex-digit fingerprints.")

@@ -9,11 +9,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scrapy_redis_bloom.cli.contents import add, check, dump, migrate, reset, restore
+from scrapy_redis_bloom.cli.contents import (
+    SCRAPY_REDIS_CONNECTION,
+    add,
+    check,
+    dump,
+    migrate,
+    reset,
+    restore,
+)
 from scrapy_redis_bloom.cli.context import DEFAULT_RETRY_TIMEOUT, Context, Frontend, config_of
 from scrapy_redis_bloom.cli.figures import info, watch
 from scrapy_redis_bloom.cli.streams import BATCH
-from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, SettingsLike, setting
+from scrapy_redis_bloom.core.settings import (
+    WORKER_TTL,
+    BloomConfig,
+    SettingsLike,
+    check_url,
+    setting,
+)
+from scrapy_redis_bloom.transport.connection import url_address
 
 #: Where the alias connects without ``--redis-url`` (and without ``$REDIS_URL``).
 DEFAULT_REDIS_URL = "redis://localhost:6379"
@@ -56,6 +71,14 @@ def number_argument(
         bound = f"{int(most):,}" if float(most).is_integer() else str(most)
         raise argparse.ArgumentTypeError(f"must be at most {bound}, got {value!r}")
     return number
+
+
+def url_argument(value: str) -> str:
+    """Validate a Redis URL given as an option, as redis-py will read it (no password shown)."""
+    try:
+        return check_url("URL", value, url_address(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(" is invalid. ")[2]) from None
 
 
 positive_int = functools.partial(number_argument, kind=int)
@@ -310,6 +333,19 @@ OPTIONS = (
         "migrate | migrate",
         "the SET (default: SCHEDULER_DUPEFILTER_KEY for --spider, %%(spider)s:dupefilter)",
         in_alias={"required": True, "help": "the SET to read, e.g. myspider:dupefilter"},
+    ),
+    option(
+        "--set-redis-url URL",
+        "migrate | migrate",
+        "the Redis of the SET (default: scrapy-redis's connection, REDIS_URL and REDIS_PARAMS,"
+        " where its dupefilter keeps the SET; the filter's may be another)",
+        type=url_argument,
+        default=SCRAPY_REDIS_CONNECTION,
+        in_alias={
+            "default": None,
+            "help": "the Redis of the SET (default: the filter's first --redis-url, or its"
+            " cluster)",
+        },
     ),
     switch(
         "--restart",
