@@ -735,7 +735,11 @@ class FaultPolicy:
 
 @dataclass(frozen=True, slots=True)
 class BloomConfig:
-    """The validated configuration of one filter: ``spec`` is this release's for ``sizing``."""
+    """The resolved, validated configuration of one filter.
+
+    ``sizing`` is what the settings ask for, ``spec`` the geometry this release gives it (a
+    filter that exists keeps its own, see :mod:`.record`).
+    """
 
     key: str
     spec: FilterSpec
@@ -771,9 +775,10 @@ class BloomConfig:
         return self.sizing.error_rate or self.expected_error_rate
 
     def for_native(self) -> BloomConfig:
-        """Return this configuration as a native filter's (BF.*): no blocks.
+        """Return this configuration as a native filter's (BF.*), which has no blocks.
 
-        A capacity derived from the bits follows them (under ``'auto'`` the servers decide).
+        Under ``BLOOMFILTER_BACKEND = 'auto'`` only the servers tell which backend a new filter
+        gets; a capacity derived from the bits follows them.
         """
         if self.sizing.native:
             return self
@@ -824,7 +829,10 @@ class BloomConfig:
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> BloomConfig:
-        """Read and validate the ``BLOOMFILTER_*`` settings (unknown names refused too)."""
+        """Read and validate the ``BLOOMFILTER_*`` settings. Raises ValueError.
+
+        An unknown ``BLOOMFILTER_*`` name is refused too (:func:`refuse_unknown`).
+        """
         refuse_unknown(settings)
         expansion = EXPANSION.read(settings)
         ttl = TTL.read(settings)

@@ -101,7 +101,10 @@ def tag(element: str | bytes) -> int:
 
 
 class FilterBase:
-    """A filter's backend-free part. ``client``: a Redis, a RedisCluster, or standalone clients."""
+    """The part of a filter that does not depend on its backend.
+
+    ``client``: a ``redis.Redis``, a ``RedisCluster`` or a sequence of standalone clients.
+    """
 
     record: FilterRecord | None
     #: Opens and recovers the filter, given the backend's shards (set by :meth:`_setup`).
@@ -228,7 +231,11 @@ class FilterBase:
 
     @classmethod
     def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
-        """Return the filter a validated configuration asks for (``options``: the constructor's)."""
+        """Return the filter a validated configuration asks for (``options``: the constructor's).
+
+        ``key``: the filter's, filled in (``BloomConfig.key_for``), under BLOOMFILTER_KEY's
+        rule: a key that breaks it is a TypeError or ValueError.
+        """
         return cls(
             client,
             key,
@@ -262,7 +269,10 @@ class FilterBase:
         return self.parts.spec
 
     def estimate(self, items: int) -> FilterState:
-        """Return the state ``items`` distinct adds leave (by the record, else wanted): no call."""
+        """Return the state ``items`` distinct adds leave: no Redis call.
+
+        By the record in use; before the filter is open, by the configuration wanted.
+        """
         raise NotImplementedError
 
     def exists(self) -> bool:
@@ -272,7 +282,12 @@ class FilterBase:
             return bool(self.parts.run("look for the filter", [call])[0])
 
     def close(self) -> None:
-        """Close the connections (reopened on demand), after sending owed adds and counts."""
+        """Close the filter's connections (they reopen on demand).
+
+        First :meth:`settle_owed`, then the counts not synced yet are synced: the totals and
+        the capacity warning count what was answered in the last interval. A sync that fails
+        is said, never raised over the close.
+        """
         with self._lock:
             try:
                 self.settle_owed()  # raises only what no retry fixes (a damaged filter)
@@ -292,7 +307,10 @@ class FilterBase:
                     self.executor.close()
 
     def settle_owed(self) -> None:
-        """Add now what an outage let through (not at a write that may never come), or say it."""
+        """Add now what an outage let through, not at a later write that may never come.
+
+        What Redis does not take is forgotten, said and counted.
+        """
         with self._lock:
             if not self._owed:
                 return
@@ -313,7 +331,11 @@ class FilterBase:
             return self.counters.read(self.parts)
 
     def sync_counters(self) -> FilterTotals | None:
-        """Add this worker's unsynced counts to Redis now; return the totals (None: failed)."""
+        """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
+
+        A record found gone is written back while every shard is intact
+        (:meth:`.Lifecycle.restore_record`); another filter's is adopted, as a check would.
+        """
         with self._lock:
             record = self.record
             if record is None:
@@ -348,12 +370,18 @@ class FilterBase:
         return lease
 
     def live_workers(self, settle: float = WORKER_TTL.default) -> list[str]:
-        """Return the ids (``host:pid:random``) of the workers holding a live lease."""
+        """Return the ids (``host:pid:random``) of the workers holding a live lease.
+
+        Waits up to ``settle`` s after the registry's server restarts (:func:`.lease.unsettled`).
+        """
         with self._lock:
             return workers_of(self.executor, self.key, settle)
 
     def contains_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Return, per element of an iterable, whether it is (probably) in the filter."""
+        """Return, per element, whether it is (probably) in the filter (see :meth:`_existing`).
+
+        ``elements``: any iterable of elements (not one str or bytes: a TypeError).
+        """
         items = hashables(elements, "contains_many", lazy=True)
         with self._lock:
             self._existing()
@@ -362,8 +390,9 @@ class FilterBase:
     def add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
         """Add elements in bulk, as :meth:`check_and_add` each; the counts are synced on return.
 
-        A sequence's elements are all checked before any is added; another iterable's as they
-        come, in bounded memory.
+        ``elements``: any iterable of elements (not one str or bytes: a TypeError). A
+        sequence's elements are all checked before any is added (one not a str or bytes is a
+        TypeError naming its position); another iterable's as they come, in bounded memory.
         """
         items = hashables(elements, "add_many", lazy=True)
         with self._lock:
@@ -374,7 +403,11 @@ class FilterBase:
             return outcome.answers
 
     def check_and_add_many(self, elements: Iterable[str | bytes]) -> list[bool]:
-        """Add a page's links as :meth:`check_and_add` each, in one round trip per server."""
+        """Add a page's links as :meth:`check_and_add` each, in one round trip per server.
+
+        ``elements``: any iterable of elements, all checked before any is added (as
+        :meth:`add_many`'s sequence).
+        """
         items = hashables(elements, "check_and_add_many")
         answers = [True] * len(items)
         with self._lock:
@@ -409,13 +442,18 @@ class FilterBase:
             self._settle()
 
     def contains(self, element: str | bytes) -> bool:
-        """Return True if the element is (probably) in the filter. Changes nothing."""
+        """Return True if the element is (probably) in the filter. Changes nothing.
+
+        No filter under the key raises FilterMissingError: a check creates none.
+        """
         return self.contains_many([hashable(element, "contains")])[0]
 
     def check_and_add(self, element: str | bytes) -> bool:
-        """Add an element (a str or bytes); return True if it was (probably) there already.
+        """Add an element; return True if it was (probably) there already.
 
-        Atomic: of several workers adding the same element at once, exactly one gets False.
+        One atomic command in Redis (none when the near-cache knows the element): of several
+        workers adding the same element at once, exactly one gets False. An element is a
+        str or bytes (a str hashes as its UTF-8 bytes); anything else is a TypeError.
         """
         if type(element) is not str or not element.isascii():
             element = hashable(element, "check_and_add")

@@ -206,8 +206,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def request_seen(self, request: Request) -> bool:
         """Add the request's fingerprint; return True if it was seen before.
 
-        One atomic round trip (none if :meth:`check_batch` answered ahead). When the filter
-        cannot answer, the crawl stops and the request is answered new.
+        One atomic round trip (none if :meth:`check_batch` answered ahead): of workers offering
+        the same request at once, exactly one is told it is new. When the filter cannot
+        answer, the crawl stops and the request is answered new.
         """
         fingerprint = self._fingerprint(request)
         answer = self.reservations.take(fingerprint, request)
@@ -222,8 +223,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def check_batch(self, requests: Sequence[Request]) -> int:
         """Check-and-add requests together, ahead of ``request_seen``; return how many.
 
-        A failed batch's commands may have run, so asking again could answer "seen" for bits
-        it set: every request of it answers "new", and the crawl stops as in ``request_seen``.
+        One pipelined round trip per server, each answer held for :meth:`request_seen`. A
+        failed batch's commands may have run, so asking again could answer "seen" for bits it
+        set: every request of it answers "new", and the crawl stops as in ``request_seen``.
         """
         batch: list[Request] = []
         fingerprints: list[str] = []
@@ -323,9 +325,10 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self.filter_stats.count_filtered()  # bloomfilter/filtered and dupefilter/filtered
 
     def clear(self) -> None:
-        """Forget every request, only when no other worker holds a live lease.
+        """Forget every request: delete the filter's record and bits from Redis.
 
-        scrapy-redis calls this when ANY worker closes or starts.
+        Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
+        closes or starts, which would wipe a crawl running elsewhere.
         """
         self.bloom.sync_counters()
         with self.lease.clearing() as others:

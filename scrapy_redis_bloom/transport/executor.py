@@ -459,7 +459,8 @@ class _Batch:
 class Executor:
     """Runs batches of calls on a topology, retrying for up to ``retry_timeout`` seconds.
 
-    One per thread. With ``follows`` (the filter's, for the lease's), fails fast while it does.
+    One per thread (its nodes are not thread-safe). With ``follows`` (the filter's, for the
+    lease's), it fails fast while that one does, and shares its :class:`Watches`.
     """
 
     def __init__(

@@ -127,8 +127,9 @@ class PrimarySSLConnection(PrimaryConnection, SSLConnection):
 class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
-    ``sentinels``: ``"host:port"`` or ``(host, port)``; ``sentinel_kwargs``: the sentinels'
-    connections' arguments; ``setting``: named in errors; the others as for ``redis.Redis``.
+    ``sentinels``: ``"host:port"`` strings or ``(host, port)`` pairs; ``sentinel_kwargs``: the
+    arguments of the connections to the sentinels; ``setting``: named in errors. Every other
+    argument is the primary's, as for ``redis.Redis``, but ``host``, ``port`` and ``url``.
     """
 
     def __init__(
@@ -179,7 +180,7 @@ class SentinelRedis(redis.Redis):
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SentinelRedis:
-        """Refuse a URL: the sentinels name the primary."""
+        """Refuse a URL: it names one server, where the sentinels are to name the primary."""
         raise ValueError(
             "The REDIS_URL setting names one server, but REDIS_PARAMS makes the client"
             " SentinelRedis, whose primary the sentinels name: remove REDIS_URL (give the"

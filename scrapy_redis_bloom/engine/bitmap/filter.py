@@ -52,10 +52,12 @@ _Failure = FilterUnavailableError | AccessDeniedError | None
 
 
 class RedisBloomFilter(FilterBase):
-    """A Bloom filter kept in Redis string bitmaps, sharded over several keys; opened on first use.
+    """A Bloom filter kept in Redis string bitmaps, sharded over several keys.
 
     ``client``: a ``redis.Redis``, a ``redis.cluster.RedisCluster``, or a sequence of
-    standalone clients (shard ``i`` on server ``i mod n``).
+    standalone clients (shard ``i`` on server ``i mod n``), whose settings it connects
+    with. ``spec``, ``capacity`` and ``sizing`` (:class:`..sizing.Sizing`) say what to
+    create; a filter that exists keeps its record's geometry. Opened on first use.
     """
 
     def _setup(self) -> None:
@@ -149,7 +151,9 @@ class RedisBloomFilter(FilterBase):
     def state(self) -> FilterState:
         """Count the bits set per shard and the memory Redis holds for them (O(m) in Redis).
 
-        A read creates no filter (FilterMissingError); lost or foreign parts are ``damaged``.
+        No filter under the key raises FilterMissingError: a read creates none. Parts missing
+        or not the filter's are in its ``damaged`` (a check raises, or recreates them under
+        ``BLOOMFILTER_ON_LOSS = "recreate"``).
         """
         with self._lock:
             return read_state(self.parts, self._existing())

@@ -189,7 +189,8 @@ class NativeBloomFilter(FilterBase):
     def state(self, shards: list[int] | None = None) -> FilterState:
         """Read each shard's (or live window's) items, sub-filters and memory (``BF.INFO``).
 
-        A live window lost or replaced is listed in the state's ``damaged``.
+        No filter under the key raises FilterMissingError: a read creates none. A live
+        window lost or replaced is listed in the state's ``damaged``.
         """
         with self._lock:
             record = self._existing()
