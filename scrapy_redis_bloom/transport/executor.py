@@ -1,8 +1,10 @@
 """Runs the filter's Redis commands under one retry policy, knowing which answers to trust.
 
-"Not now" replies and lost replies are retried with backoff until ``retry_timeout`` (a write
-whose reply was lost is marked **ambiguous**), then tried once a second until Redis answers,
-so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
+Every command goes through :meth:`Executor.run` (batches of :class:`Call`, pipelined per node)
+or a :class:`Session` (rounds on one connection). Each reply is sorted (:func:`classify`);
+"not now" errors and lost replies are retried with backoff until ``retry_timeout`` (a write
+whose reply was lost marked **ambiguous**), then one attempt a second until Redis answers
+again, so a crawl under ``BLOOMFILTER_ON_ERROR = "allow"`` does not stall (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,27 @@
 """``add_many`` / ``contains_many``: snapshots of crowded shards, chunks of BITFIELD for the rest.
 
-A crowded shard answers through a snapshot (:mod:`.snapshot`), or a stack (:mod:`.stacks`)
-once grown or windowed; the rest, and every snapshot not taken, go through pipelined
-chunks of ``BITFIELD`` (old bits: less Redis time than Lua) or script calls. A write that
-may have run answers "new" (ambiguous).
+Elements are read in batches, hashed and grouped per shard (:class:`.local.Located`). A
+shard with enough of a batch's elements, as the costs below weigh it, answers them
+through a snapshot (:mod:`.snapshot`), or through a stack (:mod:`.stacks`) when it has
+grown or the filter forgets. The other shards, and every snapshot or stack not taken
+(the shard changed, is lost or odd, a window nears its end, a connection failed, an ACL
+refused it), go through the chunks. Snapshot transactions overlap two at a time
+(:meth:`Bulk._take_overlapped`).
+
+Chunks: :data:`CHUNK` elements; per shard a ``GETRANGE`` of its identity, then
+``BITFIELD key SET u1 <offset> 1 ...`` (or ``GET u1``) commands of about
+:data:`COMMAND_BITS` bits: atomic, replying the old bits, so "were all k bits already
+set" is check-and-add's answer, in less Redis time than a Lua ``redis.call``. A filter
+that grows or forgets sends script calls of :data:`PER_SCRIPT` elements instead (only
+the script crosses the growth boundary). Chunk n+1 is sent before chunk n's replies are read;
+commands of chunk n run again (``NOSCRIPT``, a redirection) take chunk n+1's that did not
+run along, after them, before chunk n+2 is sent: the answers stay those of the sequence.
+
+A shard whose identity did not match answers "not there" for the chunk's elements in it
+(its BITFIELD may have written into a lost shard's place), is recovered, and those
+elements are added again. A failed command is run again through the executor; a write
+that may have run (a chunk's, or a snapshot's ``EXEC``) answers "new" (ambiguous). If
+anything interrupts the work, the connections with replies still owed are thrown away.
 """
 
 from __future__ import annotations

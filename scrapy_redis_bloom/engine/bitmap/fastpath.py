@@ -1,10 +1,19 @@
 """The hot path without a script: one ``BITFIELD`` per check, when a shard allows it.
 
-On a shard that neither forgets nor has grown, ``BITFIELD {KEY:i}:g0 GET i64 32 [INCRBY u48
-208 <n>] SET u1 <o1> 1 ...`` is atomic and replies the old values: the id field tells a lost
-shard, the bits the answer. A worker sends the count of items it found new with one check in
-:data:`STATE_EVERY`; a count whose reply is lost is never sent again (twice would start the
-next generation early; short is harmless). Only the script crosses the growth boundary.
+On a shard that neither forgets (no TTL) nor has grown: ``BITFIELD {KEY:i}:g0 GET i64 32
+[INCRBY u48 208 <n>] SET u1 <o1> 1 ...``. It is atomic and replies every field's old value:
+"all k bits were set" is the answer. The first field reads 8 bytes of the filter's id from the
+header; another id means a lost shard or a reset filter, and goes to recovery.
+
+One command cannot raise a growing shard's count only for a new element, so each worker keeps
+the items it found new and sends them with one check in :data:`STATE_EVERY` (sooner when that
+many are owed), and on sync or close. A count whose reply is lost is not sent again (the
+check's retry goes without it): it may have run, and counted twice a shard would start its
+next generation early; counted as sent, it is short at worst. Only the script crosses the
+growth boundary, so this path stops below :attr:`.Growth.scriptless_limit`, with room for
+what every live worker may still hold. If a shard grew since this worker's last look, its
+element went to generation 0, which every check still reads: "seen" is a true answer, "new"
+at worst a duplicate fetch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,25 @@
 """The bulk path's snapshot of a shard: read its bytes, answer in Python, write back at once.
 
-``WATCH``, the reads and ``MULTI``, then the answers' ``SETRANGE`` and ``EXEC``: atomic, as
-check-and-add on each element in order would be, with the work out of Redis. Anything else
-hands the batch back (:attr:`Taken.answers` None) to the ``BITFIELD`` or script path.
+``BITFIELD`` costs Redis time per bit; the snapshot moves that work out of Redis, in two
+round trips on the shard's node:
+
+1. ``WATCH key``, the reads (:func:`_reads`), ``MULTI``: the bytes, checked against the
+   identity, and for a growing shard its state (one generation, and room below
+   :attr:`.generations.Growth.scriptless_limit` for the batch or its first elements);
+2. the answers computed on a copy (:mod:`.local`), then ``SETRANGE`` of the changed
+   bytes (and of a growing shard's count), and ``EXEC``.
+
+``EXEC`` runs only if nobody wrote to the shard since ``WATCH``: the batch took effect
+as one atomic step, as check-and-add on each element in order would have. The second
+round goes on the first one's connection (an executor
+:class:`~..transport.executor.Session`) or not at all, after ``MULTI`` is confirmed, so
+the writes never run outside the transaction. Several shards of a node share the two
+round trips and one transaction (:func:`take`).
+
+Otherwise (an aborted ``EXEC``, a shard not as expected, an error reply, a failed
+connection) the batch is handed back (:attr:`Taken.answers` is None) to the ``BITFIELD``
+or script path, which deals with redirections, retries and lost shards; ``ambiguous``
+when ``EXEC`` may have run but its reply was lost: "seen" answers become "new".
 """
 
 from __future__ import annotations

@@ -1,10 +1,26 @@
 """The hot path of a shard that has grown or forgets: plain reads, then one ``BITFIELD``.
 
-Only the newest generation of the current window takes adds, so a check is one pipelined
-round of reads of every key the element may be in (a seen URL costs just that), then for a
-new one a ``BITFIELD`` on the newest generation, whose reply tells exactly one worker "new".
-The script stays the authority wherever this path cannot be sure (a key lost or foreign,
-generations changed, near capacity, a window's start or last seconds).
+A grown shard keeps its bits in generations ``{KEY:i}:g0`` ... ``:g<G-1>``; with re-crawl
+windows (``BLOOMFILTER_TTL``), in those of two windows, ``{KEY:i}:w<w-1>:g<g>`` and
+``{KEY:i}:w<w>:g<g>`` (:mod:`..generations`). Only the newest generation of the current
+window takes adds; every other key is read-only. So a check needs no script:
+
+1. **Reads**, one pipelined round trip: for every key the element may be in, its bits
+   (``GETRANGE`` of its 64-byte block when blocked, else ``BITFIELD_RO ... GET u1``);
+   every :data:`HEADER_EVERY` checks of a shard, every key's header too (its identity
+   and, in a generation 0, the generations and the newest one's count); with windows,
+   ``TIME`` now and then (:mod:`..clock`). "Seen" when every bit is set in a key of
+   this filter: a seen URL costs this one round trip.
+2. **The add**, only for an element found in none of them: one ``BITFIELD`` on the
+   newest generation (:meth:`StackPath._pack_add`), whose reply decides atomically which
+   of several workers offering the element at once is told "new": exactly one.
+
+The script (:mod:`.scripts`) stays the authority wherever this path cannot be sure: a
+key whose header is missing or foreign (the script reports it, the filter recovers), a
+shard whose generations changed since this worker looked, a newest generation near its
+capacity (only the script starts the next one: :meth:`StackPath._near`), a window not
+started yet, and the last :data:`..clock.GUARD` seconds of a window. Items found new are
+counted as :mod:`.fastpath`'s, kept by the worker and sent with an add, or on sync or close.
 """
 
 from __future__ import annotations

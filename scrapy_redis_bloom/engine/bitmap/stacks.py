@@ -1,9 +1,23 @@
 """Bulk checks of grown and windowed shards: every key read, the newest written, atomically.
 
-A batch of a shard's elements is a snapshot (:mod:`.snapshot`) over every key of its
-generations (and windows), a *stack*, after one round of :func:`probes` for all shards. The
-script stays the authority at the boundaries: near capacity, a shard not as probed, or a
-window not started or in its last :data:`GUARD` seconds.
+A grown shard keeps its bits in several generations; with re-crawl windows, in the
+generations of two windows (:mod:`..generations`, :mod:`.stackpath`), and only the newest
+generation of the current window takes adds. So a batch of a shard's elements is a
+snapshot (:mod:`.snapshot`) over several keys of one slot, a *stack* (:class:`Stack`), in
+two round trips after one round of :func:`probes` for all shards:
+
+1. ``WATCH`` every key, (``TIME`` with windows; the anchor's header), each key's bytes
+   (as :func:`.snapshot.take`), ``MULTI``: every key must carry the shard's identity and
+   length, the headers' state as :func:`probe` found it.
+2. "Seen" where an element is in an older key, else the newest generation's kernel on the
+   others, in order; ``SETRANGE`` of its changed bytes and count, and ``EXEC``, which runs
+   only if no key changed since ``WATCH``: one atomic step, as the script on each element.
+
+A check watches and writes nothing: each key is read atomically with its header. The
+script stays the authority at the boundaries: elements that would bring the newest
+generation within the margin of its capacity go back to it (only the script starts a
+generation), and so does a whole batch whose shard is not as found (lost, reset, foreign,
+grown meanwhile) or whose window is not started or in its last :data:`GUARD` seconds.
 """
 
 from __future__ import annotations
