@@ -571,7 +571,9 @@ def test_growth_is_said_and_counted_as_the_bitmaps_is(
     with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
         first.add_many(fps[: items // 2])
         second.add_many(fps[items // 2 :])
-    infos = [bloom_redis_client.execute_command("BF.INFO", k) for k in first.shard_keys]
+    replies = [bloom_redis_client.execute_command("BF.INFO", k) for k in first.shard_keys]
+    # A dict from newer redis-py; a flat list of names and values from the oldest (7.0.0).
+    infos = [r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies]
     started = sum(int(info[b"Number of filters"]) - 1 for info in infos)
     assert started >= shards
     assert one.seen.get("grown", 0) + two.seen.get("grown", 0) == started
