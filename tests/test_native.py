@@ -39,11 +39,13 @@ from scrapy_redis_bloom.core.errors import (
     UnsupportedServerError,
 )
 from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
-from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE, reserve_arguments
+from scrapy_redis_bloom.engine.native.parts import reserve_arguments
 
 KEY = "nat"
 
@@ -1203,6 +1205,57 @@ def test_ttl_a_live_window_lost_is_told_by_state_and_info(
     assert [part["key"] for part in info["damaged_shards"]] == [lost_key]
     with pytest.raises(FilterDamagedError, match=r"Re-crawl window .* is gone"):
         bloom.add_many(fps)  # as the checks say
+    bloom.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+@pytest.mark.parametrize("which", ["current", "before"])
+def test_ttl_a_window_overwritten_mid_crawl_is_refused(
+    bloom_redis_client: redis.Redis, policy: str, which: str
+) -> None:
+    # BF.EXISTS and BF.MEXISTS answer 0 on a key of another type, and EXISTS said 1: a live
+    # window overwritten by another program answered "new" for every URL it held (the window
+    # before in every check, the current one in reads), with no error, log or stat.
+    ttl = 86_400
+    more = {"BLOOMFILTER_TTL": ttl, "BLOOMFILTER_SHARDS": 1, "BLOOMFILTER_CACHE_SIZE": 0}
+    first = native(bloom_redis_client, BLOOMFILTER_ON_LOSS=policy, **more)
+    fps = fingerprints(50, "overwritten-window")
+    first.add_many(fps)
+    (anchor,) = first.shard_keys
+    first.close()
+    w = int(bloom_redis_client.time()[0]) // ttl
+    if which == "before":  # what window w - 1 leaves: it holds them, and window w is next
+        bloom_redis_client.rename(f"{anchor}:w{w}", f"{anchor}:w{w - 1}")
+        bloom_redis_client.set(anchor, f"{w - 1} 0")
+    bloom = native(bloom_redis_client, BLOOMFILTER_ON_LOSS=policy, **more)
+    assert bloom.check_and_add("starts window w") is False
+    assert bloom.contains_many(fps) == [True] * 50
+    window = f"{anchor}:w{w - 1 if which == 'before' else w}"
+    bloom_redis_client.delete(window)
+    bloom_redis_client.set(window, "written by another program")
+    foreign = rf"window {re.escape(repr(window))}, Redis holds a string\. It is never overwritten"
+    with pytest.raises(FilterDamagedError, match=foreign):
+        bloom.contains_many(fps)
+    with pytest.raises(FilterDamagedError, match=foreign):
+        bloom.contains(fps[0])
+    # The checks without the script look at the window before's type one check in
+    # EXISTS_EVERY (a 0 from another type is "new": a duplicate fetch at worst), the
+    # current window's by its add.
+    answers = []
+    refused = None
+    for fp in fps[: native_ttl.EXISTS_EVERY + 1]:
+        try:
+            answers.append(bloom.check_and_add(fp))
+        except BloomFilterError as exc:
+            refused = exc
+            break
+    assert refused is not None, answers
+    assert "holds a string" in str(refused)
+    assert answers == [False] * len(answers)
+    assert len(answers) < (native_ttl.EXISTS_EVERY if which == "before" else 1)
+    with pytest.raises(FilterDamagedError, match=foreign):
+        bloom.add_many(fps)
+    assert bloom_redis_client.get(window) == b"written by another program"
     bloom.close()
 
 

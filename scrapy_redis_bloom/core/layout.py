@@ -21,6 +21,8 @@ HEADER_BITS = HEADER_BYTES * 8
 IDENTITY_BYTES = 26
 #: Bytes of a filter id.
 ID_BYTES = 16
+#: The Redis type of a native shard or re-crawl window: a RedisBloom Bloom filter (``BF.*``).
+NATIVE_TYPE = "MBbloom--"
 _MAGIC = b"SRB" + bytes([LAYOUT_VERSION])
 
 

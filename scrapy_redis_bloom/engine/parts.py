@@ -105,7 +105,7 @@ def role(filter_key: str, key: str, kind: str) -> str:
         return f"a shard's re-crawl window ({bloom})"
     if kind == "string":  # a native shard without BLOOMFILTER_TTL
         return f"a shard ({bloom})"
-    if kind == "MBbloom--":  # with BLOOMFILTER_TTL: the shard's anchor
+    if kind == layout.NATIVE_TYPE:  # with BLOOMFILTER_TTL: the shard's anchor
         return "a shard's anchor (a string naming its re-crawl windows)"
     return f"a shard ({bloom}; with BLOOMFILTER_TTL, a string naming its re-crawl windows)"
 

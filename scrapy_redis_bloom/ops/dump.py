@@ -259,9 +259,7 @@ def _native_total(parts: Parts, keys: list[tuple[int, str]]) -> int:
         group = keys[first : first + BATCH]
         found = native_parts.types(parts, group)
         wrong = [
-            (s, key, t)
-            for (s, key), t in zip(group, found, strict=True)
-            if t != native_parts.NATIVE_TYPE
+            (s, key, t) for (s, key), t in zip(group, found, strict=True) if t != layout.NATIVE_TYPE
         ]
         if wrong:
             shard, key, kind = wrong[0]

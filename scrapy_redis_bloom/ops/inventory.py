@@ -21,11 +21,11 @@ from scrapy_redis_bloom.core.errors import (
     taking_apart,
 )
 from scrapy_redis_bloom.core.hashing import FilterSpec
+from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import RECORD_MARKS, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import access
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
-from scrapy_redis_bloom.engine.native.parts import NATIVE_TYPE
 from scrapy_redis_bloom.engine.parts import BATCH, Parts, blob, pairs, text
 from scrapy_redis_bloom.ops.scanning import Scan
 from scrapy_redis_bloom.transport.executor import Call

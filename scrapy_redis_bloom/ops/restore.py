@@ -511,7 +511,7 @@ def _check_written(
     checks: list[tuple[Call, bytes]] = [  # (the read, what it must read)
         (
             Call(pack_command(b"TYPE", key), key=key, shard=shard),
-            native_parts.NATIVE_TYPE.encode(),
+            layout.NATIVE_TYPE.encode(),
         )
         if native_kind
         else (

@@ -8,13 +8,21 @@ if not newest then return {FOREIGN} end
 local w, need_prev, need_cur, moves, expire =
   window_plan(tonumber(ARGV[1]), tonumber(newest), tonumber(before))
 local cur, prev = anchor .. ':w' .. w, anchor .. ':w' .. (w - 1)
+-- A live window of another type is refused, never overwritten: BF.MEXISTS answers 0 there,
+-- "new" for every URL it held.
+local kinds = {}
+for _, key in ipairs({prev, cur}) do
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= NATIVE_TYPE then return {WRONG_WINDOW, key, kind} end
+  kinds[key] = kind
+end
 local flags = 0
-local has_prev = redis.call('EXISTS', prev) == 1
+local has_prev = kinds[prev] == NATIVE_TYPE
 if not has_prev and need_prev then
   if ARGV[5] ~= '1' then return {WINDOW_LOST, prev} end
   flags = RECREATED
 end
-local has_cur = redis.call('EXISTS', cur) == 1
+local has_cur = kinds[cur] == NATIVE_TYPE
 if not has_cur and need_cur then
   if ARGV[5] ~= '1' then return {WINDOW_LOST, cur} end
   flags = RECREATED

@@ -44,8 +44,6 @@ CHUNK = 1000
 BATCH = 32
 #: Share of a fixed-size filter's capacity past which a shard may soon refuse (said once).
 NEAR_FULL = 0.9
-#: ``TYPE``'s reply for a shard that holds a Bloom filter.
-BLOOM_TYPE = native_parts.NATIVE_TYPE.encode()
 
 
 class NativeBloomFilter(FilterBase):
@@ -274,9 +272,11 @@ class NativeBloomFilter(FilterBase):
         code = reply[0] if self._ttl and listed and reply else 0
         if code == native_ttl.ANCHOR_LOST and len(reply) == 1:
             return None
-        if (code == native_ttl.FOREIGN and len(reply) == 1) or (
-            code == native_ttl.WINDOW_LOST and len(reply) == 2 and isinstance(reply[1], bytes)
-        ):
+        if (
+            (code == native_ttl.FOREIGN and len(reply) == 1)
+            or (code == native_ttl.WINDOW_LOST and len(reply) == 2)
+            or (code == native_ttl.WRONG_WINDOW and len(reply) == 3)
+        ) and all(isinstance(part, bytes) for part in reply[1:]):
             raise self._window_refused(code, reply, key)
         answers = reply[1:] if self._ttl and listed else reply
         if (
@@ -313,6 +313,13 @@ class NativeBloomFilter(FilterBase):
                 " maxmemory-policy) or deleted. The URLs it held would be taken for new, so the"
                 " crawl stops here. Set BLOOMFILTER_ON_LOSS = 'recreate' to go on without it"
                 " (URLs it held may be fetched again), or reset the filter."
+            )
+        if code == native_ttl.WRONG_WINDOW:
+            window, kind = (part.decode(errors="replace") for part in reply[1:])
+            return FilterDamagedError(
+                f"Where the native Bloom filter {self.key!r} keeps a shard's re-crawl window"
+                f" {window!r}, Redis holds a {kind}. It is never overwritten: remove that key,"
+                " or choose another BLOOMFILTER_KEY."
             )
         return FilterDamagedError(
             f"Where the native Bloom filter {self.key!r} keeps the anchor of a shard ({key!r}),"
@@ -413,7 +420,9 @@ class NativeBloomFilter(FilterBase):
             return
         redo: list[tuple[int, list[int]]] = []
         n = len(chunks)
-        kinds = results.replies[n:] or [BLOOM_TYPE] * n  # (writes and windows: none sent)
+        kinds = (
+            results.replies[n:] or [native_ttl.BLOOM_TYPE] * n
+        )  # (writes and windows: none sent)
         for (shard, part), call, reply, ambiguous, kind in zip(
             chunks, calls[:n], results.replies[:n], results.ambiguous[:n], kinds, strict=True
         ):
@@ -421,7 +430,11 @@ class NativeBloomFilter(FilterBase):
             if isinstance(kind, BaseException):  # TYPE refused (an ACL): no blind answers
                 raise self._refused(kind, key, operation)
             try:
-                found = self._read(reply, key, write, len(part)) if kind == BLOOM_TYPE else None
+                found = (
+                    self._read(reply, key, write, len(part))
+                    if kind == native_ttl.BLOOM_TYPE
+                    else None
+                )
             except FilterUnavailableError as exc:  # a foreign reply: those items are in doubt
                 self._give_up(exc, [items[i] for i in part], outcome)
                 continue

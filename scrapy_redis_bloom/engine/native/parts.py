@@ -19,6 +19,7 @@ from scrapy_redis_bloom.core.errors import (
     foreign_reply,
     taking_apart,
 )
+from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import KEY_OVERHEAD, allocation, native_geometry
 from scrapy_redis_bloom.engine import health
@@ -35,8 +36,6 @@ from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial, er
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
-#: The Redis type of a RedisBloom (and valkey-bloom) Bloom filter.
-NATIVE_TYPE = "MBbloom--"
 #: RedisBloom tightens each new sub-filter's error rate by this ratio (the first one too).
 NATIVE_TIGHTENING = 0.5
 #: What to install when a server lacks ``BF.*``.

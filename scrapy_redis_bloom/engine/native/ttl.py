@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.engine.clock import TIME, Clock, Known
 from scrapy_redis_bloom.engine.scripts import declare, lua
 from scrapy_redis_bloom.transport.wire import Script, pack_command
@@ -21,12 +22,21 @@ EMPTY_ANCHOR = "-1 0"
 ANCHOR_LOST = -1
 FOREIGN = -2
 WINDOW_LOST = -3
+WRONG_WINDOW = -4  # a live window's key holds another type (another program wrote it)
 RECREATED = 1  # a lost window was passed over (BLOOMFILTER_ON_LOSS = "recreate")
 
 #: Check (and add) items in a shard's live windows. Reply: ``{flags, answer...}`` (1: seen in
-#: a live window), or ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``.
+#: a live window), or ``{ANCHOR_LOST}``, ``{FOREIGN}``, ``{WINDOW_LOST, key}``,
+#: ``{WRONG_WINDOW, key}``.
 CHECK = Script(
-    declare(ANCHOR_LOST=ANCHOR_LOST, FOREIGN=FOREIGN, WINDOW_LOST=WINDOW_LOST, RECREATED=RECREATED)
+    declare(
+        ANCHOR_LOST=ANCHOR_LOST,
+        FOREIGN=FOREIGN,
+        WINDOW_LOST=WINDOW_LOST,
+        WRONG_WINDOW=WRONG_WINDOW,
+        RECREATED=RECREATED,
+        NATIVE_TYPE=NATIVE_TYPE,
+    )
     + lua("windows")
     + lua("native_windows")
 )
@@ -42,13 +52,15 @@ def window_key(anchor: str, window: int) -> str:
 
 #: What a read round decided (see :meth:`Windows.judge`).
 SEEN, ADD, SCRIPT = "seen", "add", "script"
-#: A shard's checks between two that make sure its window before still exists.
+#: A shard's checks between two that make sure its window before still exists (``TYPE``).
 EXISTS_EVERY = 16
+#: ``TYPE``'s reply for a window: a Bloom filter.
+BLOOM_TYPE = NATIVE_TYPE.encode()
 
 
 @dataclass
 class _Shard(Known):
-    """What this worker knows of a shard's windows (``since``: checks since ``EXISTS``)."""
+    """What this worker knows of a shard's windows (``since``: checks since ``TYPE``)."""
 
     #: The window before: 1 there, 0 never started, -1 not known, -2 missing (the script's).
     before: int = -1
@@ -61,8 +73,8 @@ class WindowCheck:
     shard: int
     window: int
     reads: list[bytes]
-    asked: bool  # the round reads the clock (TIME first), and the window before's EXISTS
-    exists: bool
+    asked: bool  # the round reads the clock (TIME first)
+    exists: bool  # the round reads the window before's type (TYPE, then the BF.EXISTS)
     add: bytes = b""
 
 
@@ -101,7 +113,7 @@ class Windows:
             known.since += 1
             if known.before == -1 or known.since >= EXISTS_EVERY:
                 known.since, exists = 0, True
-                reads.append(pack_command(b"EXISTS", before))
+                reads.append(pack_command(b"TYPE", before))
             reads.append(pack_command(b"BF.EXISTS", before, item))
         reads.append(pack_command(b"BF.EXISTS", current, item))
         return WindowCheck(shard, window, reads, asked, exists)
@@ -115,8 +127,12 @@ class Windows:
         if timed is None:
             return SCRIPT  # the round chose its keys by another window
         now, replies = timed
+        if check.exists:  # TYPE: BF.EXISTS answers 0 on another type, whatever it held
+            if replies[0] not in (b"none", BLOOM_TYPE):
+                return SCRIPT  # the script refuses it, naming it
+            replies = [int(replies[0] == BLOOM_TYPE), *replies[1:]]
         if not all(reply in (0, 1) for reply in replies):
-            raise ValueError(f"EXISTS and BF.EXISTS replies, got {replies!r:.200}")
+            raise ValueError(f"TYPE and BF.EXISTS replies, got {replies!r:.200}")
         seen = replies[-1] == 1
         if check.exists:
             if replies[0] == 0:  # the window before is missing: lost, or never started
