@@ -36,8 +36,10 @@ from scrapy_redis_bloom.transport.wire import pack_command
 logger = logging.getLogger(__name__)
 
 NAMED = 5  #: Keys named in a message, at most.
-#: Room a restore needs on a server beside its parts: the pieces pipelined to it (in Redis's
-#: query buffer), and the counters, markers, record and the commands' framing.
+#: Room a restore needs on a server beside its parts: what is sent at once (a bitmap's
+#: pieces pipelined, up to this; a native chunk, as big as RedisBloom dumped it) sits in
+#: Redis's query buffer, grown by as much again at most (its allocation, or the sds
+#: preallocation); and the counters, markers, record and the commands' framing.
 WRITING_ROOM = 2 * dump.PIECE
 WRITING_SLACK = 64 << 10
 #: What to do when a restore does not fit: its size is the dump's, whatever the settings say.
@@ -66,13 +68,14 @@ class RestoreFailedError(BloomFilterError):
 
 @dataclass(frozen=True, slots=True)
 class VerifiedDump:
-    """A dump file checked whole (pass 1); ``shard_bytes`` for the memory check."""
+    """A dump file checked whole (pass 1); ``shard_bytes`` and ``largest_chunk`` for the room."""
 
     header: dict[str, Any]
     record: FilterRecord
     counters: dict[str, int]
     totals: dumpfile.Totals
     shard_bytes: array[int]
+    largest_chunk: int
 
 
 def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> VerifiedDump:
@@ -102,6 +105,7 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
     shards = record.spec.shards
     shard, generation, generations, offset = -1, 0, 1, 0
     shard_bytes = array("Q", [0]) * shards
+    largest = 0
 
     def end_part(shard_ends: bool) -> None:  # a bitmap part ends whole; a shard, each generation
         if shard < 0:
@@ -156,6 +160,7 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
             raise fail(f"{where} has no BF.SCANDUMP position (corrupted)")
         offset += len(chunk.data)
         shard_bytes[chunk.shard] += len(chunk.data)
+        largest = max(largest, len(chunk.data))
         length = part_bytes(record, generation) if kind == BITMAP else offset
         if offset > length:
             raise fail(f"{where} ends past the part's {length:,} bytes (corrupted)")
@@ -168,7 +173,7 @@ def verify_dump(inp: BinaryIO, name: str, progress: Callable[[int], None]) -> Ve
     progress(reader.offset)
     assert reader.totals is not None  # set once the trailer was checked
     counts = {str(name): int(value) for name, value in counters.items()}
-    return VerifiedDump(header, record, counts, reader.totals, shard_bytes)
+    return VerifiedDump(header, record, counts, reader.totals, shard_bytes, largest)
 
 
 def restore_filter(
@@ -271,8 +276,10 @@ def _prepare(
         address = bloom.topology.route(layout.shard_key(bloom.key, shard), shard, None).address
         data[address] = data.get(address, 0) + size
         needs[address] = needs.get(address, 0) + _allocated(target, size)
+    at_once = WRITING_ROOM if target.backend != "native" else verified.largest_chunk
     for address, size in data.items():
-        needs[address] += min(size, WRITING_ROOM) + WRITING_SLACK
+        sent = min(size, at_once)
+        needs[address] += sent + allocation(sent) + WRITING_SLACK
     freed = _memory(bloom, owned)
     health.check_room(bloom.key, servers, needs, freed=freed, advice=ROOM_ADVICE)
     if existing is None:
