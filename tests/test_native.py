@@ -43,6 +43,7 @@ from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.engine.native import filter as native_filter
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.native.parts import reserve_arguments
@@ -1256,6 +1257,42 @@ def test_ttl_a_window_overwritten_mid_crawl_is_refused(
     with pytest.raises(FilterDamagedError, match=foreign):
         bloom.add_many(fps)
     assert bloom_redis_client.get(window) == b"written by another program"
+    bloom.close()
+
+
+def test_ttl_a_window_that_grows_is_said(
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RedisBloom grows a re-crawl window unseen: a sync reads its sub-filters and says it.
+
+    It was silent (no log, ``generations`` 1): a crawl adding more than its capacity a window
+    took more memory each window with nothing saying why.
+    """
+    monkeypatch.setattr(native_filter, "WINDOW_LOOK", 0.0)  # at every sync, not every 10 s
+    more = {"BLOOMFILTER_CAPACITY": 1000, "BLOOMFILTER_SHARDS": 2, "BLOOMFILTER_TTL": 3600}
+    events = Recorder()
+    bloom = native(bloom_redis_client, events=events, **more)
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        bloom.add_many(fingerprints(400, "within"))  # 200 a shard: far from its 500 + 4 sigma
+        bloom.sync_counters()
+        assert events.seen.get("generations", 1) == 1
+        assert not [r for r in caplog.records if "grows" in r.getMessage()]
+        bloom.add_many(fingerprints(4000, "past"))
+        bloom.sync_counters()
+        bloom.sync_counters()  # said once
+    windows = bloom_redis_client.keys("{nat:*}:bf:*:w*")
+    replies = [bloom_redis_client.execute_command("BF.INFO", k) for k in windows]
+    infos = [r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies]
+    counts = [int(info[b"Number of filters"]) for info in infos]
+    assert max(counts) >= 3  # 2,200 a shard: its 500, 1,000 and part of its 2,000
+    assert events.seen["generations"] == max(counts)
+    said = [r.getMessage() for r in caplog.records if "grows" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"The native Bloom filter 'nat' grows: a re-crawl window holds up to {max(counts)}"
+    )
     bloom.close()
 
 

@@ -21,6 +21,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterDamagedError,
     FilterUnavailableError,
     foreign_reply,
+    taking_apart,
 )
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
@@ -29,6 +30,7 @@ from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.parts import Blooms
+from scrapy_redis_bloom.engine.parts import pairs
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
 from scrapy_redis_bloom.transport.executor import Call, error_text
 from scrapy_redis_bloom.transport.wire import Script, command_head, encode, pack_command
@@ -44,6 +46,8 @@ CHUNK = 1000
 BATCH = 32
 #: Share of a fixed-size filter's capacity past which a shard may soon refuse (said once).
 NEAR_FULL = 0.9
+#: Seconds between two reads of the re-crawl windows' sub-filters (at a counter sync).
+WINDOW_LOOK = 10.0
 
 
 class NativeBloomFilter(FilterBase):
@@ -56,6 +60,8 @@ class NativeBloomFilter(FilterBase):
         self.lifecycle = Lifecycle(Blooms(self.parts, self.topology), self.faults, self.events)
         self._script: Script | None = None
         self._near_full_said = ""  # the id of the filter whose nearing its limit was said
+        self._window_said = (-1, 1)  # the window whose growth was said, and to how many
+        self._window_look = 0.0  # when the windows' sub-filters may be read again
 
     @classmethod
     def of_record(
@@ -105,7 +111,11 @@ class NativeBloomFilter(FilterBase):
         pending = self.counters.current().added - (synced.added if synced is not None else 0)
         totals = super().sync_counters()
         record = self.record
-        if totals is None or record is None or record.ttl:  # windows: counts are not theirs
+        if totals is None or record is None:
+            return totals
+        if record.ttl:  # the counts span windows: the current ones' sub-filters are read
+            if record.expansion:
+                self._window_grown(record)
             return totals
         if record.expansion:
             self._grown(record, max(0, totals.added - pending), totals.added)
@@ -140,6 +150,63 @@ class NativeBloomFilter(FilterBase):
             record.spec.shards,
             generations,
             f"{after:,}",
+        )
+
+    def _window_grown(self, record: FilterRecord) -> None:
+        """Say when a shard's current re-crawl window holds more sub-filters than said before.
+
+        One ``BF.INFO`` per shard every :data:`WINDOW_LOOK` seconds at most (a window not
+        started answers "not found": one).
+        Each window starts small again, so what is said is per window.
+        """
+        if time.monotonic() < self._window_look:
+            return
+        self._window_look = time.monotonic() + WINDOW_LOOK
+        try:
+            window = self.parts.live_windows(record.ttl)[-1]
+            calls = [
+                Call(pack_command(b"BF.INFO", key), key=key, shard=shard)
+                for shard, (anchor, _) in enumerate(self._heads)
+                for key in [native_ttl.window_key(anchor, window)]
+            ]
+            replies = self.executor.run("read the re-crawl windows' sub-filters", calls).replies
+            counts = []
+            for call, reply in zip(calls, replies, strict=True):
+                if native_parts.is_not_found(reply):  # not started yet
+                    counts.append(1)
+                    continue
+                if isinstance(reply, BaseException):
+                    raise self.parts.refusal(reply, call.key or "", "read a window's sub-filters")
+                with taking_apart("read a window's sub-filters", call.key or ""):
+                    counts.append(int(pairs(reply).get("Number of filters", "1")))
+        except BloomFilterError as exc:  # said as a failed sync is: the next one reads again
+            self._log.log(
+                logging.WARNING,
+                "sync",
+                "Could not read whether the re-crawl windows of the native Bloom filter %r"
+                " grow: %s",
+                self.key,
+                exc,
+            )
+            return
+        most = max(counts, default=1)
+        said = self._window_said if self._window_said[0] == window else (window, 1)
+        self._window_said = (window, max(said[1], most))
+        if most > self.generations:
+            self.generations = most
+            self.events.set("generations", most)
+        if most <= said[1]:
+            return
+        self._log.log(
+            logging.INFO,
+            "grown",
+            "The native Bloom filter %r grows: a re-crawl window holds up to %d sub-filters in"
+            " a shard, as more than its BLOOMFILTER_CAPACITY of %s URLs a window (%d shards)"
+            " come in (RedisBloom grows its filters unseen: read at each sync).",
+            self.key,
+            most,
+            f"{record.capacity:,}",
+            record.spec.shards,
         )
 
     def _near_full(self, record: FilterRecord, items: int) -> None:
