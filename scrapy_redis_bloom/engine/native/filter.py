@@ -202,7 +202,7 @@ class NativeBloomFilter(FilterBase):
             "grown",
             "The native Bloom filter %r grows: a re-crawl window holds up to %d sub-filters in"
             " a shard, as more than its BLOOMFILTER_CAPACITY of %s URLs a window (%d shards)"
-            " come in (RedisBloom grows its filters unseen: read at each sync).",
+            " come in (RedisBloom grows its filters unseen: read every 10 s at most).",
             self.key,
             most,
             f"{record.capacity:,}",
