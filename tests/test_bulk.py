@@ -477,6 +477,36 @@ def test_bulk_answers_are_those_of_one_call_per_element(
     assert (totals.added, totals.seen) == (expected.count(False), expected.count(True))
 
 
+def test_a_bulk_call_that_raises_part_way_counts_what_it_wrote(
+    path: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The elements written before a bulk call raised are counted (they were lost from stats).
+
+    The iterable breaks after 5,000 elements: batches and chunks of 1,000 had been written.
+    Only a chunk whose replies were still unread when it broke is not counted (chunks: the
+    one sent last; what it did is unknown). They are synced as usual, by the next sync.
+    """
+    monkeypatch.setattr(bulk, "BATCH", 1_000)
+    monkeypatch.setattr(bulk, "MAX_BATCH", 1_000)
+    monkeypatch.setattr(bulk, "CHUNK", 1_000)
+    settings_ = {**FIXED, "BLOOMFILTER_CAPACITY": 200_000}
+    bloom = make(redis_client, settings_, "broken")
+    elements = fingerprints(5_000, "broken")
+
+    def source() -> Any:
+        yield from elements
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="the source broke"):
+        bloom.add_many(source())
+    assert bloom.contains_many(elements) == [True] * len(elements)
+    assert bloom.totals().added == 0  # not synced yet: the call raised before its sync
+    counted = bloom.sync_counters()  # (as the next call, or the stats timer, does)
+    assert counted is not None
+    assert counted.seen == 0
+    assert counted.added == len(elements) - (1_000 if path == "chunks" else 0)
+
+
 @pytest.mark.parametrize("settings_", [GROWING, WINDOWED], ids=["growing", "windowed"])
 @pytest.mark.parametrize("snapshots", [True, False], ids=["default", "chunks"])
 def test_bulk_answers_after_a_script_flush_are_those_of_one_call_per_element(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mmh3
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -245,6 +246,43 @@ def test_bulk_equals_one_at_a_time(bloom_redis_client: redis.Redis, items: list[
     assert bulk.contains_many(fingerprints(5, "absent")) == [False] * 5
     one.close()
     bulk.close()
+
+
+def test_a_bulk_call_refused_part_way_counts_what_it_wrote(
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shard 1's key refused by an ACL: the call raises, shard 0's items written are counted.
+
+    Chunks run shard by shard, a chunk per batch here: shard 0's were written before shard
+    1's refusal (they were lost from the stats).
+    """
+    monkeypatch.setattr(native_filter, "CHUNK", 50)
+    monkeypatch.setattr(native_filter, "BATCH", 1)
+    bloom_redis_client.flushall()
+    bloom_redis_client.execute_command("ACL", "SETUSER", "part", "on", ">pw", "~*", "+@all")
+    user = redis.Redis(port=bloom_redis_server.port, username="part", password="pw")
+    bloom = native(user, key="part", BLOOMFILTER_CACHE_SIZE=0, BLOOMFILTER_SHARDS=2)
+    bloom.open()
+    keys = [k.decode() for k in bloom_redis_client.keys("*")]
+    refused = bloom.shard_keys[1]
+    assert refused in keys
+    allowed = [f"~{k}" for k in keys if k != refused]
+    bloom_redis_client.execute_command("ACL", "SETUSER", "part", "resetkeys", *allowed)
+    fps = fingerprints(400, "part")
+    with pytest.raises(AccessDeniedError):
+        bloom.add_many(fps)
+    bloom_redis_client.execute_command("ACL", "SETUSER", "part", "~*")
+    on_shard_0 = [fp for fp in fps if mmh3.hash64(fp, signed=False)[0] % 2 == 0]
+    assert 100 < len(on_shard_0) < 300  # (about half: Binomial(400, 1/2))
+    assert bloom.contains_many(on_shard_0) == [True] * len(on_shard_0)
+    counted = bloom.sync_counters()
+    assert counted is not None
+    assert (counted.added, counted.seen) == (len(on_shard_0), 0)
+    bloom.close()
+    user.close()
+    bloom_redis_client.execute_command("ACL", "DELUSER", "part")
 
 
 def _race(url: str, fps: list[str], start: Any, out: Any) -> None:

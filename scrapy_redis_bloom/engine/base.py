@@ -396,8 +396,11 @@ class FilterBase:
         """
         items = hashables(elements, "add_many", lazy=True)
         with self._lock:
-            outcome = self._many(True, items)
-            self.counters.record(outcome.added, outcome.seen)
+            outcome = Outcome()
+            try:
+                self._many(True, items, outcome)
+            finally:  # (raised part-way, e.g. by the iterable: what it wrote is counted)
+                self.counters.record(outcome.added, outcome.seen)
             self._owe_or_settle(outcome)
             self.sync_counters()
             return outcome.answers
@@ -426,8 +429,14 @@ class FilterBase:
                 self.sync_counters()
         return answers
 
-    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        """Check (and with ``write`` add) elements in bulk, applying BLOOMFILTER_ON_ERROR."""
+    def _many(
+        self, write: bool, elements: Iterable[str | bytes], outcome: Outcome | None = None
+    ) -> Outcome:
+        """Check (and with ``write`` add) elements in bulk, applying BLOOMFILTER_ON_ERROR.
+
+        Fills ``outcome`` (a new one if None) as it goes, so that a call that raises part-way
+        leaves the counts of what it wrote.
+        """
         raise NotImplementedError
 
     def _check_and_add_all(self, todo: list[Todo]) -> Outcome:

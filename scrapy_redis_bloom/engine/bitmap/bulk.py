@@ -152,11 +152,17 @@ class Bulk:
         """The geometry in use (the record's)."""
         return self.parts.spec
 
-    def run(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        """Check (and with ``write``, add) the elements; return the answers in order."""
+    def run(
+        self, write: bool, elements: Iterable[str | bytes], outcome: Outcome | None = None
+    ) -> Outcome:
+        """Check (and with ``write``, add) the elements; return the answers in order.
+
+        ``outcome`` (a new one if None) is filled batch by batch: if a batch raises, it holds
+        the counts of those before.
+        """
+        outcome = Outcome() if outcome is None else outcome
         if not self._snapshots:
-            return self._run_chunks(write, elements)
-        outcome = Outcome()
+            return self._run_chunks(write, elements, outcome)
         remaining = iter(elements)
         while batch := list(itertools.islice(remaining, batch_size(self.spec, self._least(False)))):
             self._run_batch(write, batch, outcome)
@@ -367,8 +373,10 @@ class Bulk:
             results += [(s, p, one) for (s, p, _), one in zip(batch, together, strict=True)]
         return results, cuts
 
-    def _run_chunks(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
-        outcome = Outcome()
+    def _run_chunks(
+        self, write: bool, elements: Iterable[str | bytes], outcome: Outcome | None = None
+    ) -> Outcome:
+        outcome = Outcome() if outcome is None else outcome
         retry: list[tuple[int, str | bytes]] = []  # elements of shards that were recovered
         pending: _Chunk | None = None  # sent, replies not read yet
         prepared: _Chunk | None = None  # sent after pending, replies not read yet

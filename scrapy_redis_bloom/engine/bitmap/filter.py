@@ -767,15 +767,19 @@ class RedisBloomFilter(FilterBase):
         finally:
             self._room_later()
 
-    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+    def _many(
+        self, write: bool, elements: Iterable[str | bytes], outcome: Outcome | None = None
+    ) -> Outcome:
+        outcome = Outcome() if outcome is None else outcome
         try:
             self._current()
         except FilterUnavailableError as exc:
             items = list(elements)
-            return Outcome(answers=self._unavailable(exc, len(items)), failed=items)
+            outcome.answers, outcome.failed = self._unavailable(exc, len(items)), items
+            return outcome
         self._deadline = 0.0
         try:
-            outcome = self._bulk.run(write, elements)
+            self._bulk.run(write, elements, outcome)
         finally:
             self._room_later()
         self.events.count("ambiguous", outcome.ambiguous)

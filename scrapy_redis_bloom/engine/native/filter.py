@@ -420,10 +420,13 @@ class NativeBloomFilter(FilterBase):
             )
         return self.parts.refusal(error, key, operation)
 
-    def _many(self, write: bool, elements: Iterable[str | bytes]) -> Outcome:
+    def _many(
+        self, write: bool, elements: Iterable[str | bytes], outcome: Outcome | None = None
+    ) -> Outcome:
         """Check (and add) elements: per shard, chunks of :data:`CHUNK` items per command."""
         items = list(elements)
-        outcome = Outcome(answers=[False] * len(items))
+        outcome = Outcome() if outcome is None else outcome
+        outcome.answers = [False] * len(items)
         try:
             record = self._current()
         except FilterUnavailableError as exc:
@@ -442,11 +445,19 @@ class NativeBloomFilter(FilterBase):
             for shard, indexes in enumerate(groups)
             for start in range(0, len(indexes), CHUNK)
         ]
-        for start in range(0, len(chunks), BATCH):
-            self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
-        if write:
-            outcome.added = outcome.answers.count(False) - outcome.errors
-            outcome.seen = len(items) - outcome.added - outcome.errors
+        done, errors = 0, 0  # chunks run in full, and their items Redis could not take
+        try:
+            for start in range(0, len(chunks), BATCH):
+                self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
+                done, errors = start + BATCH, outcome.errors
+        finally:  # (counted if a batch raised too: those before it were written)
+            if write:
+                if done >= len(chunks):
+                    run, new = len(items), outcome.answers.count(False)
+                else:
+                    ran = [i for _, part in chunks[:done] for i in part]
+                    run, new = len(ran), sum(not outcome.answers[i] for i in ran)
+                outcome.added, outcome.seen = new - errors, run - new
         self.events.count("ambiguous", outcome.ambiguous)
         return outcome
 
