@@ -14,6 +14,7 @@ import redis
 from redis_server import RedisServer
 from reply_cutter import Command, ReplyCutter
 from test_generations import bloom_for, client_commands, config, fingerprints
+from waiting import until_tried
 
 from scrapy_redis_bloom.core.errors import FilterDamagedError
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
@@ -191,7 +192,7 @@ def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> No
         assert bloom.events.counts["errors"] == 10
         assert bloom.check_and_add_many(links[10:]) == [True] * 10
         server.restart()
-        time.sleep(1.1)  # the next attempt is allowed a second after the last one
+        until_tried(bloom.executor)  # the next attempt is allowed a second after the last one
         # Once Redis answers, the owed ones are added: another worker finds them all.
         assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
         other = bloom_for(client, cfg, KEY)

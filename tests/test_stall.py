@@ -22,6 +22,7 @@ import redis
 from redis_cluster import RedisClusterNodes
 from redis_server import RedisServer
 from reply_cutter import ReplyCutter
+from waiting import until_tried
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError, WrongTypeError
@@ -86,11 +87,7 @@ def test_a_stalled_redis_answers_new_fast_then_adds_what_it_let_through(
         assert bloom.events.counts["errors"] >= len(let_through)
     finally:
         stall(server, False)
-    time.sleep(1.1)  # the next attempt is due
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # bounded: Redis answers again at once
-        if bloom.check_and_add(fingerprints(1, f"after-{time.monotonic()}")[0]) is False:
-            break
+    until_tried(bloom.executor)  # the watch saw Redis answer, or the next attempt is due
     bloom.check_and_add_many(fingerprints(5, "settle"))  # a write that settles what is owed
     # What was let through while Redis stalled is in the filter now, for every worker.
     other = RedisBloomFilter.from_config(client, "stall", config, cache_size=0)
@@ -160,7 +157,7 @@ def test_requests_owed_after_an_outage_are_kept_when_adding_them_fails_otherwise
     server.restart()
     shard = "{owed:1}:g0"
     assert not client.exists(shard)  # no persistence: the filter is gone, recreated next
-    time.sleep(1.1)  # the outage's next attempt is due
+    until_tried(bloom.executor)  # the outage's next attempt is due
     bloom.open()
     client.delete(shard)
     client.rpush(shard, "not a bitmap")  # another program took shard 1's key
@@ -196,7 +193,7 @@ def test_requests_let_through_past_what_a_worker_remembers_are_said_and_counted(
     said = [r.getMessage() for r in caplog.records if "Could not remember" in r.getMessage()]
     assert said[0].startswith("Could not remember 1 request(s) let through")
     server.restart()
-    time.sleep(1.1)  # the outage's next attempt is due
+    until_tried(bloom.executor)  # the outage's next attempt is due
     bloom.open()  # no persistence: the filter is created again
     bloom.check_and_add_many(fingerprints(5, "settle"))  # this write settles what is owed
     assert bloom.contains_many(owed[:MIN_OWED]) == [True] * MIN_OWED
@@ -257,6 +254,9 @@ def test_no_call_waits_a_socket_timeout_while_redis_stays_stalled(
     bloom.check_and_add_many(fingerprints(5, "settle"))  # a write that settles what is owed
     other = RedisBloomFilter.from_config(client, "watch", config, cache_size=0)
     assert other.contains_many(let_through[:i]) == [True] * i
+    deadline = time.monotonic() + 2  # the watch thread ends after its last line
+    while watches() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not watches()  # the watch ended when the server answered
     bloom.close()
     other.close()
@@ -280,7 +280,7 @@ def test_what_an_outage_let_through_is_counted_added_once_redis_takes_it(
         assert [bloom.check_and_add(e) for e in owed] == [False] * 3  # let through
         cutter.armed = False
         assert cutter.cuts
-        time.sleep(PROBE_INTERVAL + 0.1)  # the outage's next attempt is due
+        until_tried(bloom.executor)  # the outage's next attempt is due
         assert bloom.check_and_add("after") is False  # adds what it owes first
         assert bloom.sync_counters() == FilterTotals(added=5, seen=0)
         bloom.close()
@@ -546,8 +546,8 @@ def test_a_lease_that_gave_up_does_not_stop_its_filter_riding_out_the_fault(
         resumed.join()
     assert bloom.contains("during") is True
     # The lease's own gate still holds its last failure (one attempt a second): its give-up
-    # may have ended as late as Redis resumed, so the release waits out one probe interval.
-    time.sleep(PROBE_INTERVAL)
+    # may have ended as late as Redis resumed, so the release waits for its next attempt.
+    until_tried(lease._executor)
     assert lease.release() == 0
     bloom.close()
     client.close()
@@ -576,7 +576,7 @@ def test_what_is_owed_at_close_is_added_or_said_forgotten(
         assert [bloom.check_and_add(e) for e in owed] == [False] * len(owed)  # let through
         if answers:
             stall(server, False)
-            time.sleep(PROBE_INTERVAL + 0.1)  # the outage's next attempt is due
+            until_tried(bloom.executor)  # the outage's next attempt is due
         with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
             bloom.close()
     finally:
