@@ -499,7 +499,10 @@ def test_a_bulk_call_that_raises_part_way_counts_what_it_wrote(
 
     with pytest.raises(RuntimeError, match="the source broke"):
         bloom.add_many(source())
-    assert bloom.contains_many(elements) == [True] * len(elements)
+    # (The chunk whose replies were unread is dropped with its connection: it may have run
+    # in part, or not at all, with hiredis on the oldest versions' run.)
+    written = elements[:4_000] if path == "chunks" else elements
+    assert bloom.contains_many(written) == [True] * len(written)
     assert bloom.totals().added == 0  # not synced yet: the call raised before its sync
     counted = bloom.sync_counters()  # (as the next call, or the stats timer, does)
     assert counted is not None
