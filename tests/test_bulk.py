@@ -972,8 +972,13 @@ def test_redis_killed_and_restarted_with_aof_during_bulk_calls_costs_no_answer(
 
         server.outage_during(load, after=0.4, down=2)
         assert 400 < len(answers) < len(new)  # calls ran before, during and after the outage
-        # Every element is new: one answered "seen" would be a page lost.
-        assert answers.count(True) == 0
+        # Every element is new: one answered "seen" would be a page lost, unless a twin
+        # filter given the same calls finds it too (a false positive, at its rate).
+        twin = make(client, settings_, f"twin-{run}")
+        expected = [
+            seen for at in range(0, len(answers), 400) for seen in twin.add_many(new[at : at + 400])
+        ]
+        assert [i for i, seen in enumerate(answers) if seen and not expected[i]] == []
         assert bloom.events.counts["retries"] > 0  # the outage really hit the calls
         # Every acknowledged write was on disk before its reply (appendfsync always), and
         # the calls the outage cut were sent again whole.

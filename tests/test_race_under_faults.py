@@ -7,8 +7,9 @@ path: snapshots, stacks, chunks), ``check_and_add_many`` (the batching middlewar
 every 20 ms and now and then pauses Redis (``DEBUG SLEEP``). Each process offers its own
 elements, and the same shared elements as the others, in the same order.
 
-What must hold (``BLOOMFILTER_ON_ERROR = "allow"``, a 1e-7 error rate, so a false
-positive has a chance below 1e-9 in the run, by :func:`test_generations.upper`):
+What must hold (``BLOOMFILTER_ON_ERROR = "allow"``, a 1e-7 error rate: the run's ~9,900
+checks meet a false positive with a chance of 1e-3 at most, two with one below 5e-7, so
+one is allowed):
 
 - no exception reaches the caller;
 - none of a process's own elements is answered "seen" (that would be a lost page);
@@ -160,7 +161,8 @@ def test_racing_workers_under_killed_connections_and_pauses_lose_nothing(
     doubts = sum(c.get("ambiguous", 0) + c.get("errors", 0) for _, _, c in reports.values())
     assert sum(c.get("retries", 0) for _, _, c in reports.values()) + doubts > 0  # it hit
 
-    bound = int(upper(OWN * len(MODES) + SHARED, RATE))  # 0: no false positive expected
+    # Poisson with a mean of 1e-3 at most: one false positive may come (two: below 5e-7).
+    bound = int(upper(OWN * len(MODES) + SHARED, RATE)) + 1
     for index, (mine, _, _) in reports.items():
         assert len(mine) == OWN
         assert sum(mine) <= bound, f"{MODES[index]} was told 'seen' for its own new elements"

@@ -67,7 +67,7 @@ def test_cluster_is_ok_on_every_node(redis_cluster_nodes: RedisClusterNodes) -> 
         with nodes.node_client(i, decode_responses=True) as node:
             assert node.config_get("bind") == {"bind": "127.0.0.1"}
             assert node.config_get("cluster-enabled") == {"cluster-enabled": "yes"}
-    assert nodes.startup_seconds < 10
+    assert 0 < nodes.startup_seconds < nodes.startup_timeout  # (Redis's own timers: 2-5 s)
 
 
 def test_client_spreads_keys_over_the_masters(
@@ -429,7 +429,7 @@ def test_pause_node_freezes_one_node(redis_cluster_replicas: RedisClusterNodes) 
 @pytest.mark.timeout(90)
 def test_killed_master_fails_over_and_rejoins_as_a_replica() -> None:
     with RedisClusterNodes(3, replicas=1, node_timeout_ms=1000) as nodes:
-        assert nodes.startup_seconds < 20
+        assert 0 < nodes.startup_seconds < nodes.startup_timeout
         servers = [server for server in nodes.servers if server is not None]
         dirs = [nodes.dir, *(server.dir for server in servers)]
         old = nodes.masters()[0]

@@ -245,6 +245,9 @@ def crawl_through(
         # that wait, as it would by Scrapy's retries (the runner turns them off). At the
         # runner's 20 s, a failover of 19 s on a busy machine timed out 26 pages unsent.
         "DOWNLOAD_TIMEOUT": 150,
+        # And the crawl may outlast the runner's 60 s (a loaded machine's slow reconfiguration),
+        # up to just under run_workers' 120 s.
+        "CLOSESPIDER_TIMEOUT": 110,
     }
     watcher = SentinelRedis(sentinels=group.addresses, service_name=SERVICE, socket_timeout=5)
     seen: dict[str, Any] = {}

@@ -20,6 +20,7 @@ from scrapy_redis_bloom import (
     ServerListMismatchError,
 )
 from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.engine import counters
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 
 SPEC = FilterSpec(shards=7, shard_bits=8192, hash_count=5)
@@ -66,13 +67,17 @@ def test_clear_removes_every_servers_keys(clients: list[redis.Redis]) -> None:
     RedisBloomFilter(clients[:2], "bf", SPEC, 1000).open()
 
 
-def test_totals_sum_every_workers_outcomes(redis_client: redis.Redis) -> None:
+def test_totals_sum_every_workers_outcomes(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(counters, "SYNC_INTERVAL", 3600.0)  # no timed sync: a loaded machine
     a = RedisBloomFilter(redis_client, "bf", SPEC, 1000)
     b = RedisBloomFilter(redis_client, "bf", SPEC, 1000)
     outcomes = [a.check_and_add(fp) for fp in fingerprints(300)]
     outcomes += [b.check_and_add(fp) for fp in fingerprints(500)]  # 300 seen, 200 new
     # check_and_add counts locally until synced (about once a second, or closed)...
     assert a.totals() == FilterTotals(added=0, seen=0)
+    monkeypatch.setattr(counters, "SYNC_INTERVAL", 1.0)  # b's next: a second after add_many's
     outcomes += b.add_many(fingerprints(50, "x"))
     # ...and add_many syncs its filter's counts when it returns: b's, not a's.
     assert a.totals() == FilterTotals(added=250, seen=300)
