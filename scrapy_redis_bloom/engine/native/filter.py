@@ -445,19 +445,8 @@ class NativeBloomFilter(FilterBase):
             for shard, indexes in enumerate(groups)
             for start in range(0, len(indexes), CHUNK)
         ]
-        done, errors = 0, 0  # chunks run in full, and their items Redis could not take
-        try:
-            for start in range(0, len(chunks), BATCH):
-                self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
-                done, errors = start + BATCH, outcome.errors
-        finally:  # (counted if a batch raised too: those before it were written)
-            if write:
-                if done >= len(chunks):
-                    run, new = len(items), outcome.answers.count(False)
-                else:
-                    ran = [i for _, part in chunks[:done] for i in part]
-                    run, new = len(ran), sum(not outcome.answers[i] for i in ran)
-                outcome.added, outcome.seen = new - errors, run - new
+        for start in range(0, len(chunks), BATCH):
+            self._bulk_batch(write, items, chunks[start : start + BATCH], outcome)
         self.events.count("ambiguous", outcome.ambiguous)
         return outcome
 
@@ -523,9 +512,14 @@ class NativeBloomFilter(FilterBase):
                 continue
             if write and ambiguous:  # "already there" may be this command's own lost attempt
                 outcome.ambiguous += found.count(True)
+                outcome.added += len(found)  # (answered "new")
             else:
                 for i, seen in zip(part, found, strict=True):
                     outcome.answers[i] = seen
+                if write:  # counted as answered: a later chunk that raises keeps these
+                    present = found.count(True)
+                    outcome.added += len(found) - present
+                    outcome.seen += present
         if redo:
             self._recover(sorted({shard for shard, _ in redo}))
             self._bulk_batch(write, items, redo, outcome, recovered=True)
