@@ -269,7 +269,8 @@ def test_a_paused_redis_is_waited_for_and_the_doubt_answers_new(server: RedisSer
     pause = server.pause(2)
     started = time.monotonic()
     assert bloom.check_and_add(element) is False
-    assert 1.5 < time.monotonic() - started < 10
+    # Waited out most of the pause (less what passed before the call), not a socket timeout.
+    assert 1.0 < time.monotonic() - started < 10
     pause.join()
     assert bloom.events.counts["retries"] >= 1
     assert bloom.check_and_add(element) is True

@@ -117,6 +117,10 @@ def test_the_lease_thread_survives_a_password_rotation_says_why_and_counts_it(
         assert worker in warned[0].message
         assert "refused the filter's credentials" in warned[0].message
         assert len(warned) <= 2  # rate-limited: a line per TTL at most, not per attempt
+        # Counted per attempt (every third of the TTL, the password still rotated): two at
+        # least, however late a loaded machine ran the thread in the 1.5 s above.
+        events = crawling.lease.events
+        assert wait_until(lambda: events.counts.get("lease_failed", 0) >= 2, 5.0)
         crawling.filter_stats.tick()  # as the stats timer does, on the reactor's thread
         assert crawling.crawler.stats.get_value("bloomfilter/lease_failed") >= 2
         # The old password is accepted again: the same thread renews the lease.

@@ -28,6 +28,7 @@ from scrapy.utils.log import LogCounterHandler
 from scrapy.utils.test import get_crawler
 from shared_crawl import run_workers
 from twisted.internet import task
+from waiting import until_tried
 from website import SiteServer, TreeSite
 
 from scrapy_redis_bloom.core import events
@@ -236,7 +237,9 @@ def test_a_lease_stopped_during_a_long_renewal_and_started_again_has_one_thread(
             time.sleep(2.5)
             lease.stop()  # gives up waiting after 5 s
             server.restart()
-            time.sleep(1.2)  # past the second its lease's calls fail fast after failing
+            # Its renewals' outage (a server that stopped answering) ends when the watch,
+            # asking once a second, sees it answer: a fixed sleep raced that probe.
+            until_tried(lease._executor)
             lease.start()
             stalled.join()
             time.sleep(1.5)  # the first thread is free again, and would go on
