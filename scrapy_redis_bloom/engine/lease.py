@@ -74,6 +74,8 @@ def unsettled(executor: Executor, key: str, replies: list[Any], settle: float) -
         born = float(text(created)) if isinstance(created, bytes) else math.inf
     except ValueError:
         born = math.inf  # not a record's: the record's readers say so
+    if not (math.isfinite(born) and born >= 0):
+        born = math.inf  # as the record's readers refuse it ('nan' compared with nothing)
     if not (uptime.isdigit() and clock.isdigit()):
         return 0.0
     if born >= int(clock) / 1e6 - int(uptime) - CLOCK_MARGIN or int(uptime) >= settle:
