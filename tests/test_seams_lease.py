@@ -30,6 +30,7 @@ from redis_server import RedisServer
 from reply_cutter import ReplyCutter
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
+from waiting import wait_until
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
@@ -60,15 +61,6 @@ def opened() -> Iterator[list[RFPDupeFilter]]:
     yield made
     for df in made:
         df.close("finished")
-
-
-def wait_until(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # -- 2. the lease thread survives any failure, and clear() respects live leases ---------

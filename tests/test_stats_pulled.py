@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from scrapy.utils.log import LogCounterHandler
 from scrapy.utils.test import get_crawler
 from shared_crawl import run_workers
 from twisted.internet import task
-from waiting import until_tried
+from waiting import until_tried, wait_until
 from website import SiteServer, TreeSite
 
 from scrapy_redis_bloom.core import events
@@ -46,15 +46,6 @@ class BooksSpider(Spider):
 def dupefilter(**settings: Any) -> RFPDupeFilter:
     """Build a worker's dupefilter as a crawl does (a crawler, its stats)."""
     return RFPDupeFilter.from_crawler(get_crawler(BooksSpider, {**SMALL, **settings}))
-
-
-def wait_until(condition: Callable[[], Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def fire(timer: task.LoopingCall) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
@@ -18,3 +19,13 @@ def until_tried(executor: Any, timeout: float = 3 * PROBE_INTERVAL + 5.0) -> Non
     while executor.refusal("wait", write=True) is not None:
         assert time.monotonic() < deadline, f"no write went to Redis for {timeout} s"
         time.sleep(0.02)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
