@@ -25,7 +25,7 @@ from pathlib import Path
 
 import redis
 from redis_server import RedisServer, _tail, find_redis_server, free_port, no_retry
-from running import Running
+from running import Running, terminate
 
 SERVICE = "mymaster"
 
@@ -98,13 +98,7 @@ class SentinelProcess:
 
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
         shutil.rmtree(self.dir, ignore_errors=True)
 

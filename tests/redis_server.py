@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from running import Running
+from running import Running, terminate
 from tls_certs import TlsFiles
 
 
@@ -272,13 +272,7 @@ class RedisServer(Running):
 
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self._reap()
         shutil.rmtree(self.dir, ignore_errors=True)
 

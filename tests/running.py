@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Self
+import subprocess
+from typing import Any, Self
+
+
+def terminate(process: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """Stop a server's process if it runs: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class Running:
