@@ -254,7 +254,7 @@ def test_the_capacity_warning_uses_the_capacity_of_the_filter_adopted(
     # fixed size: a filter that grows reports from its script instead.
     geometry = {"BLOOMFILTER_BIT": 20, "BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_EXPANSION": 0}
     small = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000})
-    large = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 1_000_000})
+    large = BloomConfig.from_settings({**geometry, "BLOOMFILTER_CAPACITY": 100_000})
     assert small.spec == large.spec
 
     def fill(creator: BloomConfig, worker: BloomConfig, key: str) -> list[str]:
@@ -272,11 +272,11 @@ def test_the_capacity_warning_uses_the_capacity_of_the_filter_adopted(
         adopter.close()
         return [r.message for r in caplog.records if "its capacity of" in r.message]
 
-    # Created for 1,000 items: a worker stating 1,000,000 is still warned at 2.5x.
+    # Created for 1,000 items: a worker stating 100,000 is still warned at 2.5x.
     warned = fill(small, large, "created-small:bloomfilter")
     assert len(warned) == 1
     assert "2.5x its capacity of 1,000:" in warned[0]
-    # Created for 1,000,000 items: a worker stating 1,000 is not warned at all.
+    # Created for 100,000 items: a worker stating 1,000 is not warned at all.
     assert fill(large, small, "created-large:bloomfilter") == []
 
 

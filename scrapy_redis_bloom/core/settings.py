@@ -396,9 +396,9 @@ def _row(head: tuple[Any, ...], meaning: str, **more: Any) -> Setting[Any]:
 CAPACITY: Setting[int | None] = _row(
     ("BLOOMFILTER_CAPACITY", "int", None, 1),
     "Items you expect. With `BLOOMFILTER_ERROR_RATE` (or alone, with its default) it sizes the"
-    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (refused"
-    " where the rate would pass 0.1 by then) and at which its expected false-positive rate is"
-    " logged."
+    " filter; beside `BLOOMFILTER_BIT` it states the load at which the filter grows (a"
+    " fixed-size one warns) and its expected false-positive rate is logged, refused where that"
+    " rate would pass 0.1 by then."
     " Example: `1_000_000_000`.",
     rule="It must be a positive integer (the number of items you expect).",
 )
@@ -862,8 +862,8 @@ class BloomConfig:
                 bits=sizing.block_bits,
             )
             raise _invalid(row.name, row.given(settings), why) from None
-        if capacity is not None and sizing.capacity is None and expansion:
-            _refuse_overload(spec, capacity, share)
+        if capacity is not None and sizing.capacity is None:
+            _refuse_overload(spec, capacity, share, grows=bool(expansion))
         return cls(
             key=KEY.read(settings),
             spec=spec,
@@ -885,8 +885,12 @@ class BloomConfig:
 MAX_RATE_AT_CAPACITY = 0.1
 
 
-def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
-    """Refuse a capacity that BLOOMFILTER_BIT's bits cannot hold: it is where a shard grows."""
+def _refuse_overload(spec: FilterSpec, capacity: int, share: float, grows: bool) -> None:
+    """Refuse a capacity that BLOOMFILTER_BIT's bits cannot hold.
+
+    It is where a shard grows, or where a fixed-size filter warns that it is over its
+    capacity: either comes after that share of new URLs was already dropped as seen.
+    """
     rate = false_positive_rate(spec.bits, spec.hash_count, capacity, spec.block_bits)
     if rate < MAX_RATE_AT_CAPACITY:
         return
@@ -895,7 +899,7 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
         "The {settings} {BLOOMFILTER_CAPACITY} = {capacity:,} and {BLOOMFILTER_BIT} ="
         " {bit} contradict each other: {bits:,} bits hold {capacity:,} URLs at a"
         " false-positive rate of {rate:.2g}, so that share of new URLs would be dropped as"
-        " seen before the filter grows (at its capacity). Set {BLOOMFILTER_BIT} to at least"
+        " seen before the filter {when} (at its capacity). Set {BLOOMFILTER_BIT} to at least"
         " {needed} (a rate of {default:g}), or leave it unset and size the filter by"
         " {BLOOMFILTER_CAPACITY} and {BLOOMFILTER_ERROR_RATE}.",
         capacity=capacity,
@@ -904,6 +908,7 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float) -> None:
         rate=rate,
         needed=(bits - 1).bit_length(),
         default=ERROR_RATE.default,
+        when="grows" if grows else "warns that it is full (it does not grow)",
     )
 
 
