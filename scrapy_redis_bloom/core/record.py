@@ -200,7 +200,7 @@ class FilterRecord:
             created = float(fields["created"])
         except ValueError:
             created = math.nan
-        if not math.isfinite(created) or created < 0:
+        if not 0 <= created < 253_402_300_800:  # (to 9999-12-31, what a date can show)
             raise refuse(f"its creation time is {fields['created']!r}, not a Unix timestamp")
         expansion = integer("expansion", 0, 2**16) if "expansion" in fields else 0
         if expansion == 1:
@@ -209,9 +209,9 @@ class FilterRecord:
             tightening = float(fields.get("tightening", DEFAULT_TIGHTENING))
         except ValueError:
             tightening = math.nan
-        if not 0 < tightening < 1:
+        if not 0.01 <= tightening <= 0.99:  # (smaller: a generation's rate underflows to 0)
             raise refuse(
-                f"its tightening is {fields['tightening']!r}, not a number between 0 and 1"
+                f"its tightening is {fields['tightening']!r}, not a number from 0.01 to 0.99"
             )
         return cls(
             spec=spec,
