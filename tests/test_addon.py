@@ -219,8 +219,12 @@ def test_a_bad_redis_params_is_refused_by_the_addon() -> None:
 @pytest.mark.parametrize(
     ("name", "value"), [("BLOOMFILTER_BATCH_MAX", 0), ("BLOOMFILTER_BATCH_WINDOW", "soon")]
 )
-def test_a_bad_batching_setting_is_refused_by_the_addon(name: str, value: Any) -> None:
-    settings = project_settings(BLOOMFILTER_ADDON_BATCHING=True, **{name: value})
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_bad_batching_setting_is_refused_by_the_addon(
+    name: str, value: Any, batching: bool
+) -> None:
+    # With batching off it passed unsaid, where the README says every setting is checked.
+    settings = project_settings(BLOOMFILTER_ADDON_BATCHING=batching, **{name: value})
     with pytest.raises(ValueError, match=f"^The value of the {name} setting"):
         Addon().update_settings(settings)
 

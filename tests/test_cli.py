@@ -475,6 +475,22 @@ def test_add_with_its_stdin_closed_is_a_usage_error(
     assert "Traceback" not in err
 
 
+def test_a_command_with_its_stdout_closed_says_so(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    # Started with its stdout closed ('>&-'), Python has no sys.stdout: a traceback
+    # (AttributeError: 'NoneType' object has no attribute 'write') ended 'info'.
+    make_filter(redis_client)
+    monkeypatch.setattr(sys, "stdout", None)
+    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
+    assert code == 1
+    assert_one_line_error(err)
+    assert "Standard output is closed: the result cannot be printed" in err
+
+
 def test_reset_deletes_orphaned_native_shards(
     capsys: pytest.CaptureFixture[str], bloom_redis_client: redis.Redis
 ) -> None:
@@ -1181,6 +1197,8 @@ def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], url: str) 
         (["info"], "--key"),
         (["frobnicate"], "invalid choice"),
         (["info", "--key", "%(spider)s:bloomfilter"], "myspider:bloomfilter"),
+        # a lone surrogate (a file name's undecodable byte): a traceback of ValueError
+        (["info", "--key", "shop\udcff"], "text that UTF-8 can encode"),
         (["info", "--key", KEY, "--timeout", "0"], "--timeout"),
         (["migrate-set", "--key", KEY], "--set-key"),
         # beyond what a socket takes (it raised OverflowError) or a batch's memory allows

@@ -271,6 +271,11 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_CLUSTER": True, "BLOOMFILTER_REDIS_URLS": ["redis://a", "redis://b"]}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \(a str\) is invalid\. It must be a dict .* or its JSON on the command line"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": "3s"}}, r"BLOOMFILTER_REDIS_PARAMS setting \(\{'socket_timeout': '3s'\}\) is invalid\. Its 'socket_timeout' must be a number"),
+    # Retried as a connection fault for the whole retry timeout ("Timeout value out of range").
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": -1}}, r"Its 'socket_timeout' must be a finite number above 0, not -1\."),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": float("nan")}}, r"Its 'socket_connect_timeout' must be a finite number above 0, not nan\."),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 0}}, r"Its 'socket_timeout' must be a finite number above 0, not 0\."),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"db": -2}}, r"Its 'db' must be a finite number 0 or more, not -2\."),
     ({"BLOOMFILTER_REDIS_URL": "redis://a:abc/0"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a:abc/0'\) is invalid\. It is not a valid Redis URL: Port could not be cast"),
     ({"BLOOMFILTER_REDIS_URLS": ["redis://a:1", "redis://b:99999"]}, r"BLOOMFILTER_REDIS_URLS setting .* is invalid\. It is not a valid Redis URL: Port out of range"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a/zero"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a/zero'\) is invalid\. Its database \('zero'\) must be a number"),
@@ -408,6 +413,11 @@ def test_spider_names_with_braces_cannot_fill_the_key() -> None:
     assert config.key_for("shop") == "shop:bloomfilter"
     with pytest.raises(ValueError, match=r"spider's name \('shop\{eu\}'\) cannot fill in"):
         config.key_for("shop{eu}")
+    # An empty name was said to contain { or }.
+    with pytest.raises(ValueError, match=r"name \(''\) cannot fill in .* a non-empty string"):
+        config.key_for("")
+    with pytest.raises(ValueError, match=r"cannot fill in .* text that UTF-8 can encode"):
+        config.key_for("shop\udcff")
     literal = BloomConfig.from_settings({"BLOOMFILTER_KEY": "bf:100%%"})
     assert literal.key_for("shop{eu}") == "bf:100%"
 

@@ -26,6 +26,7 @@ from scrapy_redis_bloom.core.settings import (
     BloomConfig,
     SettingsLike,
     check_url,
+    key_problem,
     setting,
 )
 from scrapy_redis_bloom.transport.connection import url_address
@@ -52,6 +53,8 @@ def key_argument(value: str) -> str:
             f"{value!r} contains {{ or }}, which no filter's key does (its shards' Redis"
             " Cluster hash tags derive from it)"
         )
+    if (why := key_problem(value)) is not None:  # (text UTF-8 cannot encode)
+        raise argparse.ArgumentTypeError(f"{value!r} cannot name Redis keys. {why}")
     return value
 
 

@@ -32,6 +32,11 @@ _EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 def out(text: str = "") -> None:
     """Write a line to stdout (looked up at call time, so capture works)."""
+    if sys.stdout is None:  # started with its stdout closed (>&-)
+        raise CLIError(
+            "Standard output is closed: the result cannot be printed (redirect it to a file or"
+            " to /dev/null)."
+        )
     sys.stdout.write(text + "\n")
 
 

@@ -193,8 +193,16 @@ def client_params(name: str, params: object) -> dict[str, Any]:
         )
     for param in _NUMERIC_PARAMS:
         value = params.get(param)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _invalid(name, params, f"Its {param!r} must be a number, not {masked(value)}.")
+        positive = param.endswith("timeout")  # (0 makes a socket non-blocking: every call fails)
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            least = "above 0" if positive else "0 or more"
+            raise _invalid(
+                name, params, f"Its {param!r} must be a finite number {least}, not {value!r}."
+            )
     return params
 
 
@@ -800,11 +808,10 @@ class BloomConfig:
                 " is known here. Build the dupefilter with from_crawler() or from_spider(),"
                 " or give a key without %(spider)s."
             )
-        if not spider_name or "{" in spider_name or "}" in spider_name:
+        if (why := key_problem(spider_name)) is not None:
             raise ValueError(
                 f"The spider's name ({spider_name!r}) cannot fill in %(spider)s of the"
-                f" BLOOMFILTER_KEY setting ({self.key!r}): a key must not contain {{ or }}"
-                " (the filter derives Redis Cluster hash tags from it). Give BLOOMFILTER_KEY"
+                f" BLOOMFILTER_KEY setting ({self.key!r}). {why} Give BLOOMFILTER_KEY"
                 " without %(spider)s."
             )
         return self.key % {"spider": spider_name}
@@ -834,6 +841,8 @@ class BloomConfig:
         An unknown ``BLOOMFILTER_*`` name is refused too (:func:`refuse_unknown`).
         """
         refuse_unknown(settings)
+        BATCH_MAX.read(settings)  # the middleware's, checked here too: with it off, a bad
+        BATCH_WINDOW.read(settings)  # value would pass unsaid, as no other setting does
         expansion = EXPANSION.read(settings)
         ttl = TTL.read(settings)
         backend = BACKEND.read(settings)

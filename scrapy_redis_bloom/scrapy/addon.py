@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_redis_bloom.core.settings import BATCH_MAX, BATCH_WINDOW, BloomConfig, boolean_setting
+from scrapy_redis_bloom.core.settings import BloomConfig, boolean_setting
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -32,8 +32,6 @@ class Addon:
         if boolean_setting(settings, "BLOOMFILTER_ADDON_SCHEDULER"):
             _claim(settings, "SCHEDULER", SCHEDULER, "scrapy-redis's Scheduler")
         if boolean_setting(settings, "BLOOMFILTER_ADDON_BATCHING"):
-            BATCH_MAX.read(settings)
-            BATCH_WINDOW.read(settings)
             # An order the project gave the middleware itself (priority "project") wins.
             settings["SPIDER_MIDDLEWARES"].set(BATCHING, 0, PRIORITY)
         # Make the clients as a crawl will (no connection; a cluster client's would connect).
