@@ -459,36 +459,31 @@ def test_reset_deletes_orphaned_shards(
     assert sorted(redis_client.keys("*")) == sorted(name.encode() for name in lookalikes)
 
 
-def test_add_with_its_stdin_closed_is_a_usage_error(
+@pytest.mark.parametrize(
+    ("stream", "command", "code", "said"),
+    [
+        ("stdin", "add", 2, "Standard input is closed: give the fingerprints in a file."),
+        ("stdout", "info", 1, "Standard output is closed: the result cannot be printed"),
+    ],
+)
+def test_a_command_with_a_stream_closed_says_so(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     redis_client: redis.Redis,
     redis_url: str,
+    stream: str,
+    command: str,
+    code: int,
+    said: str,
 ) -> None:
-    # Started with its stdin closed ('<&-'), Python has no sys.stdin: a traceback
-    # (AttributeError: 'NoneType' object has no attribute 'buffer') ended the command.
+    # Started with it closed ('<&-', '>&-'), Python has no sys.stdin / sys.stdout: a
+    # traceback (AttributeError: 'NoneType' object has no attribute 'buffer' / 'write').
     make_filter(redis_client)
-    monkeypatch.setattr(sys, "stdin", None)
-    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY)
-    assert (code, out) == (2, "")
-    assert "Standard input is closed: give the fingerprints in a file." in err
-    assert "Traceback" not in err
-
-
-def test_a_command_with_its_stdout_closed_says_so(
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    redis_client: redis.Redis,
-    redis_url: str,
-) -> None:
-    # Started with its stdout closed ('>&-'), Python has no sys.stdout: a traceback
-    # (AttributeError: 'NoneType' object has no attribute 'write') ended 'info'.
-    make_filter(redis_client)
-    monkeypatch.setattr(sys, "stdout", None)
-    code, _, err = run(capsys, "info", "--redis-url", redis_url, "--key", KEY)
-    assert code == 1
+    monkeypatch.setattr(sys, stream, None)
+    got, _, err = run(capsys, command, "--redis-url", redis_url, "--key", KEY)
+    assert got == code
     assert_one_line_error(err)
-    assert "Standard output is closed: the result cannot be printed" in err
+    assert said in err
 
 
 def test_reset_deletes_orphaned_native_shards(
