@@ -1186,6 +1186,27 @@ def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], url: str) 
     assert "pw1234" not in err
 
 
+def test_a_server_that_does_not_answer_is_waited_for_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The look for Redis Cluster nodes spent a socket timeout on a silent server and went
+    # on: the record's read spent another, and the error said "Tried once" (a probe: 61 s
+    # with the CLI's 30 s timeout).
+    with RedisServer() as server:
+        admin = server.client()
+        before = int(admin.info("stats")["total_connections_received"])
+        paused = server.pause(4)  # (on a connection of its own)
+        argv = ["info", "--redis-url", server.url, "--key", KEY, "--timeout", "1"]
+        code, _, err = run(capsys, *argv, "--retry-timeout", "0.5")
+        paused.join()
+        connections = int(admin.info("stats")["total_connections_received"]) - before
+        admin.close()
+    assert code == 1
+    assert_one_line_error(err)
+    assert "cannot connect (Timeout reading from socket). Tried once" in err
+    assert connections == 2  # the pause's and the command's one try
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
