@@ -160,6 +160,8 @@ def test_the_shards_checked_at_open_are_bounded_and_cover_every_server(
         ("tightening", "1", "its tightening is '1', not a number from 0.01 to 0.99"),
         ("id", "not-hex", "its id is 'not-hex', not 32 hex digits"),
         ("state", "gone", "its state is 'gone'"),
+        # It said the layout '2' was not layout 2 or 3.
+        ("backend", "native", "its backend ('native') and its layout ('2') contradict each other"),
     ],
 )
 def test_a_corrupt_record_is_one_clear_error_and_can_be_reset(

@@ -156,7 +156,14 @@ class FilterRecord:
         if backend not in BACKENDS:
             raise refuse(f"its backend is {backend!r}, not 'bitmap' or 'native'")
         layout = LAYOUT_VERSION if backend == "bitmap" else NATIVE_LAYOUT
-        if "layout" in fields and fields["layout"] != str(layout):
+        if fields.get("layout") in (str(LAYOUT_VERSION), str(NATIVE_LAYOUT)):
+            if fields["layout"] != str(layout):
+                raise refuse(
+                    f"its backend ({backend!r}) and its layout ({fields['layout']!r}) contradict"
+                    f" each other: layout {LAYOUT_VERSION} is the bitmap backend's,"
+                    f" {NATIVE_LAYOUT} the native one's"
+                )
+        elif "layout" in fields:
             raise refuse(
                 f"it was written with layout {fields['layout']!r}, and this version reads"
                 f" layout {LAYOUT_VERSION} (bitmap) or {NATIVE_LAYOUT} (native) only, as its"
