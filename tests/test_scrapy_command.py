@@ -198,6 +198,15 @@ def test_bad_settings_are_one_line(outside: Path, name: str, value: str, named: 
         assert named in one_line_error(sized, 2)
 
 
+def test_an_option_of_the_alias_is_named_with_its_setting(outside: Path) -> None:
+    # It was "scrapy: error: unexpected argument(s): --capacity urls.txt" (its value taken
+    # for a file of fingerprints).
+    result = scrapy(outside, "bloom", "add", "--key", "k", "--capacity", "100", "--urls", "u.txt")
+    said = one_line_error(result, 2)
+    assert "--capacity is an option of the scrapy-redis-bloom command, not of scrapy bloom" in said
+    assert "give -s BLOOMFILTER_CAPACITY=VALUE" in said
+
+
 def test_passwords_are_not_shown(outside: Path) -> None:
     url = f"redis://:pw5678@127.0.0.1:{free_port()}"
     result = scrapy(outside, "bloom", "info", "--key", "k", "-s", f"BLOOMFILTER_REDIS_URL={url}")

@@ -408,6 +408,18 @@ def missing_command(front: Front, prog: str) -> str:
     return "\n".join([head, *lines, f"See '{prog} COMMAND --help' for a command's options."])
 
 
+def setting_of_flag(flag: str, command: str) -> str | None:
+    """Return the setting of an alias option ``scrapy bloom COMMAND`` does not take, or None.
+
+    ``--capacity N`` stands for ``-s BLOOMFILTER_CAPACITY=N`` there.
+    """
+    name = flag.partition("=")[0]
+    for spec in OPTIONS:
+        if name in spec.flags and command not in spec.scrapy and spec.setting:
+            return spec.setting
+    return None
+
+
 def sizing_from(settings: SettingsLike, frontend: Frontend | None = None) -> BloomConfig | None:
     """Return the configuration the sizing settings describe; None when none sizes the filter."""
     names = [spec.setting for spec in OPTIONS if spec.group == SIZING]

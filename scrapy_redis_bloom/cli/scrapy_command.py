@@ -23,7 +23,13 @@ from scrapy_redis_bloom.cli.context import (
     settings_secrets,
 )
 from scrapy_redis_bloom.cli.figures import size, size_overrides
-from scrapy_redis_bloom.cli.options import add_commands, missing_command, sizing_from, sizing_given
+from scrapy_redis_bloom.cli.options import (
+    add_commands,
+    missing_command,
+    setting_of_flag,
+    sizing_from,
+    sizing_given,
+)
 
 FRONTEND = Frontend(prog="scrapy bloom")
 
@@ -33,6 +39,8 @@ class BloomCommand(ScrapyCommand):
 
     requires_project = False
     requires_crawler_process = False
+    #: What an option of the alias given here says (:meth:`process_options`); "" if none.
+    misplaced = ""
 
     def syntax(self) -> str:
         """Return the command's syntax."""
@@ -67,7 +75,18 @@ class BloomCommand(ScrapyCommand):
             # Scrapy < 2.14's crawler process would log "Scrapy started" before the output.
             assert self.settings is not None
             self.settings.set("LOG_ENABLED", False, priority="cmdline")
-        if args:
+        # An option of the alias (--capacity N) is said in one line, as the command's errors.
+        self.misplaced = next(
+            (
+                f"{arg.partition('=')[0]} is an option of the scrapy-redis-bloom command, not of"
+                f" scrapy bloom {opts.bloom_command}, which reads the project's settings: give"
+                f" -s {name}=VALUE"
+                for arg in args
+                if (name := setting_of_flag(arg, opts.bloom_command))
+            ),
+            "",
+        )
+        if args and not self.misplaced:
             raise ScrapyUsageError(f"unexpected argument(s): {' '.join(args)}", print_help=False)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -77,6 +96,8 @@ class BloomCommand(ScrapyCommand):
 
         def body() -> int:
             nonlocal settings
+            if self.misplaced:
+                raise UsageError(self.misplaced)
             if opts.bloom_command == "size":  # the options override, None unsetting
                 updated = settings.copy()
                 updated.setdict(size_overrides(sizing_given(opts)), priority="cmdline")
