@@ -410,6 +410,19 @@ def test_cli_info_with_a_wrong_ca(
     assert ".." not in err
 
 
+def test_cli_rediss_to_a_plain_server_asks_whether_it_speaks_tls(
+    capsys: pytest.CaptureFixture[str], redis_url: str
+) -> None:
+    # A plain Redis never answers a TLS handshake: it said "Timeout connecting to server",
+    # after a minute (a probe).
+    url = redis_url.replace("redis://", "rediss://", 1)
+    argv = ["info", "--redis-url", url, "--key", KEY, "--timeout", "1", "--retry-timeout", "0"]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "a TLS handshake (rediss://) got no answer: is the server TLS-enabled?" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [

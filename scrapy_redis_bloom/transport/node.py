@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from redis.backoff import NoBackoff
+from redis.connection import SSLConnection
 from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -247,6 +248,9 @@ class Node:
                             files=SettingName(TLS_PARAMS),
                         )
                     ) from None
+                if isinstance(exc, RedisTimeoutError) and isinstance(connection, SSLConnection):
+                    tls = "a TLS handshake (rediss://) got no answer: is the server TLS-enabled?"
+                    raise NotSentError(self.address, f"{exc}; {tls}") from exc
                 raise NotSentError(self.address, exc) from exc
             except SHAPE_ERRORS as exc:  # redis-py taking apart a handshake reply not HELLO's
                 connection.disconnect()
