@@ -108,7 +108,7 @@ def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -
     assert nat.fields()["layout"] == "3"
     assert FilterRecord.parse("k:meta", nat.fields()) == nat
     wrong = {**nat.fields(), "layout": "2"}
-    with pytest.raises(BloomFilterError, match="layout '2'"):
+    with pytest.raises(BloomFilterError, match=r"backend \('native'\) and its layout \('2'\)"):
         FilterRecord.parse("k:meta", wrong)
     with pytest.raises(BloomFilterError, match="backend is 'bf'"):
         FilterRecord.parse("k:meta", {**nat.fields(), "backend": "bf"})
