@@ -41,19 +41,12 @@ Front = Literal["scrapy", "alias"]
 
 def key_argument(value: str) -> str:
     """Validate ``--key``: a literal Redis key, not a settings template."""
-    if not value:
-        raise argparse.ArgumentTypeError("the key must not be empty")
     if "%(spider)s" in value:
         raise argparse.ArgumentTypeError(
             f"{value!r} is the BLOOMFILTER_KEY template: give the key with the spider's name"
             f" filled in, e.g. {value.replace('%(spider)s', 'myspider')!r}"
         )
-    if "{" in value or "}" in value:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} contains {{ or }}, which no filter's key does (its shards' Redis"
-            " Cluster hash tags derive from it)"
-        )
-    if (why := key_problem(value)) is not None:  # (text UTF-8 cannot encode)
+    if (why := key_problem(value)) is not None:  # (the keys' rules: the settings' own)
         raise argparse.ArgumentTypeError(f"{value!r} cannot name Redis keys. {why}")
     return value
 
