@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
@@ -15,6 +16,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -24,6 +26,7 @@ from redis_server import RedisServer
 from waiting import until_tried
 
 from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
     ConfigMismatchError,
     FilterDamagedError,
     FilterMissingError,
@@ -435,6 +438,55 @@ def test_a_lost_record_is_restored_from_intact_shards(redis_client: redis.Redis)
     redis_client.delete("bf:meta")
     with pytest.raises(OrphanedShardsError, match="do not form the filter this worker asks for"):
         make(redis_client, FilterSpec(shards=4, shard_bits=4096, hash_count=6)).open()
+
+
+def _creator_between_read_and_prepare(late: RedisBloomFilter, creator: RedisBloomFilter) -> None:
+    """Make ``creator`` open (create) the filter just after ``late`` read that there is none."""
+    parts = late.lifecycle.parts
+    read = parts.read_record
+
+    def read_then_lose_the_race() -> Any:
+        record = read()
+        if record is None:
+            parts.read_record = read  # (once)
+            creator.open()
+        return record
+
+    parts.read_record = read_then_lose_the_race  # type: ignore[method-assign]
+
+
+def test_a_worker_that_loses_the_creation_race_takes_the_winners_filter(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Workers start together: one reads "no record", another creates the filter before the
+    # first looks for stray shards. The shards it finds are the winner's, not orphans: the
+    # record was written before them. (Before: "had lost its config record" and a restore.)
+    winner, late = make(redis_client), make(redis_client)
+    _creator_between_read_and_prepare(late, winner)
+    with caplog.at_level(logging.DEBUG, logger="scrapy_redis_bloom"):
+        record = late.open()
+    assert record.filter_id == winner.open().filter_id
+    assert "restored" not in late.events.read()[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert late.check_and_add("a" * 40) is False
+    assert winner.check_and_add("a" * 40) is True
+
+
+def test_a_worker_that_loses_the_race_to_another_geometry_is_told_as_a_later_one(
+    redis_client: redis.Redis,
+) -> None:
+    # The winner's shards differ from those this worker asks for. (Before: OrphanedShardsError,
+    # "the layout of their bits is unknown", where the record that says it was there.)
+    other = FilterSpec(shards=4, shard_bits=4096, hash_count=6)
+    winner, late = make(redis_client), make(redis_client, other)
+    _creator_between_read_and_prepare(late, winner)
+    with pytest.raises(BloomFilterError) as raced:
+        late.open()
+    with pytest.raises(BloomFilterError) as later:
+        make(redis_client, other).open()
+    assert not isinstance(raced.value, OrphanedShardsError), raced.value
+    assert type(raced.value) is type(later.value)
+    assert str(raced.value) == str(later.value)
 
 
 def test_clear_deletes_everything_and_the_filter_reopens(redis_client: redis.Redis) -> None:

@@ -66,7 +66,7 @@ class Shards(Protocol):
     def prepare(
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
-        """Before a record is created: refuse what cannot be; return one restored, if any."""
+        """Before a record is created: refuse what cannot be; return one restored or raced."""
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
         """Create shards (``replace``: where lost); return how many; refuse a foreign key."""
@@ -163,10 +163,11 @@ class Lifecycle:
             return self.verify(record, wanted)
         self.check_markers(self.parts.markers(record.servers), record.servers, record.filter_id)
         self.parts.write_markers(record, range(record.servers))
-        self.shards.create(record, range(record.spec.shards))
+        created = self.shards.create(record, range(record.spec.shards))
         self.parts.mark_ready()
         logger.debug(
-            "Created the %s %r (id %s) on %s: %s shard(s).",
+            "%s the %s %r (id %s) on %s: %s shard(s).",
+            "Created" if created else "Found the shards of",  # (a racing worker's)
             self.shards.noun,
             self.key,
             record.filter_id,

@@ -56,7 +56,10 @@ class Bitmaps:
     def prepare(
         self, wanted: FilterRecord, servers: list[health.ServerHealth], markers: list[str | None]
     ) -> FilterRecord | None:
-        """Refuse a filter that does not fit; clear debris; restore a record from orphans."""
+        """Refuse a filter that does not fit; clear debris; restore a record from orphans.
+
+        Return the record restored, or the one a racing worker has just created; else None.
+        """
         # First, in O(servers): a filter that could never fit is refused.
         each = shard_allocation(wanted.spec)
         health.check_room(self.key, servers, {}, spread=(wanted.spec.shards * each, len(servers)))
@@ -66,7 +69,10 @@ class Bitmaps:
             shard: found for shard, found in found_all.items() if found and not _debris(found)
         }
         if present or any(marker is not None for marker in markers):
-            return self._restore_orphans(wanted, present, markers)
+            # A worker that created the filter since this one read "none" wrote its record
+            # before these: they are its, not orphans.
+            racer = self.parts.read_record()
+            return racer if racer is not None else self._restore_orphans(wanted, present, markers)
         held = Counter(self._address(shard) for shard in range(wanted.spec.shards))
         health.check_room(self.key, servers, {address: n * each for address, n in held.items()})
         return None
