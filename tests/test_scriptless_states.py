@@ -585,6 +585,44 @@ def test_a_worker_whose_clock_ran_ahead_of_a_window_change_still_reads_the_windo
         b.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_batch_at_a_window_change_reads_every_generation_of_the_window_before(
+    redis_client: redis.Redis,
+) -> None:
+    """A batch's checks are all planned before any reply: only its first reads the headers.
+
+    That first check finds the window before grown; the others, planned from "one generation",
+    read only its generation 0. They were judged "new" (and added again) for URLs held in its
+    later generations, added less than a TTL before: 299 of 300 in a probe.
+    """
+    ttl = 4
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000, "BLOOMFILTER_TTL": ttl})
+    a = RedisBloomFilter.from_config(redis_client, KEY, config, cache_size=0)
+    b = RedisBloomFilter.from_config(redis_client, KEY, config, cache_size=0)
+
+    def now() -> float:
+        seconds, micros = redis_client.time()
+        return seconds + micros / 1e6
+
+    edge = (now() // ttl + 1) * ttl
+    if edge - now() < 3.5:
+        edge += ttl
+    time.sleep(max(0.0, edge - 3.0 - now()))
+    added = now()
+    held = fingerprints(6_000, "edge")  # generations of 1,000, 2,000, 4,000 in window edge - 1
+    a.add_many(held)
+    b.check_and_add_many(fingerprints(50, "warm"))  # b knows the window
+    assert now() < edge - 0.4
+    time.sleep(max(0.0, edge + 0.1 - now()))
+    a.check_and_add("starts")  # another worker starts the new window
+    time.sleep(max(0.0, edge + 0.3 - now()))
+    answers = b.check_and_add_many(held[1_000:1_300])
+    assert now() - added < ttl  # each is within its TTL: remembered
+    assert answers == [True] * len(answers), "".join("N" if not x else "s" for x in answers)
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("batch", [1, 1_000])
 def test_batches_past_capacity_keep_each_generation_to_its_capacity(
     redis_client: redis.Redis, batch: int

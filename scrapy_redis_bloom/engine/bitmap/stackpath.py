@@ -288,8 +288,11 @@ class StackPath:
                     check.unset = unset
         if seen:
             return SEEN
-        # Planned before its batch found the shard grown: its add would go to a sealed one.
-        stale = check.keys[-1].generation + 1 != known.now
+        # Planned before its batch found the shard grown: its add would go to a sealed one,
+        # or it read fewer generations of the window before than the first check's headers say.
+        stale = check.keys[-1].generation + 1 != known.now or (
+            self.ttl > 0 and sum(not k.current for k in check.keys) != max(known.before, 0)
+        )
         if not sound or late or stale or self._near(known):
             return SCRIPT
         self._pack_add(check)
