@@ -792,6 +792,7 @@ def test_add_creates_a_filter_from_sizing_options(
     assert (code, out) == (1, "")
     assert_one_line_error(err)
     assert "do not match the existing filter" in err
+    assert f"(scrapy-redis-bloom reset --key '{KEY}')" in err  # this front end's reset
 
 
 @pytest.mark.parametrize(

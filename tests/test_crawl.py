@@ -394,7 +394,9 @@ def test_other_sizing_fails_with_config_mismatch(
         "A filter's layout cannot change once it holds bits.",
         "start this worker with the settings the filter was created with",
         "choose another BLOOMFILTER_KEY",
-        "reset the filter (scrapy-redis-bloom reset --key 'seed003:bloomfilter')",
+        # The project's command: it reads the crawl's Redis from settings.py (the alias would
+        # act on $REDIS_URL or localhost).
+        "reset the filter (scrapy bloom reset --key 'seed003:bloomfilter')",
         "which forgets every URL it has seen",
     ):
         assert text in log, text

@@ -358,7 +358,7 @@ def test_different_geometry_is_refused(redis_client: redis.Redis) -> None:
     assert "k=5" in message
     assert "k=6" in message
     assert "choose another BLOOMFILTER_KEY" in message
-    assert "scrapy-redis-bloom reset --key 'bf'" in message
+    assert "scrapy bloom reset --key 'bf'" in message
     # Nothing was written under the other geometry.
     assert redis_client.strlen("{bf:0}:g0") == HEADER_BYTES + 4096 // 8
 

@@ -55,7 +55,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 #: The reset the package's messages advise, named as the front end at hand runs it.
-ADVISED_RESET = "scrapy-redis-bloom reset"
+ADVISED_RESET = "scrapy bloom reset"
 
 #: Seconds a failing Redis command is retried: shorter than a crawl's, someone is waiting.
 DEFAULT_RETRY_TIMEOUT = 5.0

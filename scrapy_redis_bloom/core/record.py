@@ -148,7 +148,7 @@ class FilterRecord:
             return BloomFilterError(
                 f"The config record {key!r} cannot be used: {problem}. Check that"
                 " BLOOMFILTER_KEY names a filter created by this version of"
-                f" scrapy-redis-bloom; reset it (scrapy-redis-bloom reset --key"
+                f" scrapy-redis-bloom; reset it (scrapy bloom reset --key"
                 f" {key.removesuffix(':meta')!r}) to start over."
             )
 
@@ -271,7 +271,7 @@ class FilterRecord:
                 " {backend!r}; this worker asks for {wanted!r}. Every worker must use the"
                 " filter's backend: set {BLOOMFILTER_BACKEND} = 'auto' (it adopts the"
                 " filter's) or {backend!r}, choose another {BLOOMFILTER_KEY}, or reset the"
-                " filter (scrapy-redis-bloom reset --key {key!r}).",
+                " filter (scrapy bloom reset --key {key!r}).",
                 backend=self.backend,
                 wanted=wanted.backend,
             )
@@ -285,7 +285,7 @@ class FilterRecord:
                 " this worker is configured with {wanted}. A filter's layout cannot change"
                 " once it holds bits. Either start this worker with the {settings} the"
                 " filter was created with, choose another {BLOOMFILTER_KEY}, or reset the"
-                " filter (scrapy-redis-bloom reset --key {key!r}), which forgets every URL"
+                " filter (scrapy bloom reset --key {key!r}), which forgets every URL"
                 " it has seen.",
                 created=self.created_text(),
                 stored=self.describe(),
@@ -304,7 +304,7 @@ class FilterRecord:
                 " ({growth}); this worker sets {wanted}. Every worker must forget URLs"
                 " after the same time: set {BLOOMFILTER_TTL} as the filter was created,"
                 " choose another {BLOOMFILTER_KEY}, or reset the filter"
-                " (scrapy-redis-bloom reset --key {key!r}).",
+                " (scrapy bloom reset --key {key!r}).",
                 ttl=self.ttl,
                 growth=self.growth_text(),
                 wanted=wanted.ttl,

@@ -145,7 +145,7 @@ class Lifecycle:
             " whose elements share all their bits with probability 1/S**2 in a generation of"
             " S bits: at its capacity (%s items in %s bits per shard) its false-positive"
             " rate cannot go below %.3g, against the %.3g its bits give. Reset it"
-            " (scrapy-redis-bloom reset --key %r; it forgets every URL it holds): a new"
+            " (scrapy bloom reset --key %r; it forgets every URL it holds): a new"
             " classic filter has hash scheme 3, whose floor is S times lower.",
             self.key,
             f"{first.capacity:,}",

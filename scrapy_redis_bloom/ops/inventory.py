@@ -83,7 +83,7 @@ def stored_record(bloom: RedisBloomFilter, fields: dict[str, str]) -> StoredReco
             None,
             f"The config record {meta!r} cannot be used: it claims {record.spec.shards:,}"
             f" shards, but its server(s) hold {keys:,} key(s) in all, so it is corrupt or the"
-            f" filter has lost its shards. Reset it (scrapy-redis-bloom reset --key"
+            f" filter has lost its shards. Reset it (scrapy bloom reset --key"
             f" {bloom.key!r}): the filter's parts are then found by SCAN.",
         )
     return StoredRecord(record)

@@ -215,7 +215,7 @@ class Bitmaps:
                 f" {self.parts.meta_key!r} does not, and they do not form the filter this"
                 " worker asks for, so the layout of their bits is unknown. (A record"
                 " evicted under maxmemory-policy allkeys-* does this.) Reset the filter"
-                f" (scrapy-redis-bloom reset --key {self.key!r}) or choose another"
+                f" (scrapy bloom reset --key {self.key!r}) or choose another"
                 f" BLOOMFILTER_KEY.{classic}"
             )
         restored = replace(wanted, filter_id=filter_id, state="ready")

@@ -314,7 +314,7 @@ class Blooms:
                 f" {', '.join(missing)} has no Bloom filter commands (BF.*): install"
                 f" {INSTALL_HINT} there. No BLOOMFILTER_BACKEND reads its shards without"
                 " them: to crawl on bitmaps there, choose another BLOOMFILTER_KEY, or reset"
-                f" the filter (scrapy-redis-bloom reset --key {self.parts.key!r})."
+                f" the filter (scrapy bloom reset --key {self.parts.key!r})."
             )
         if missing:
             raise UnsupportedServerError(
