@@ -85,6 +85,8 @@ def test_refused_credentials_are_named_without_the_password(
     assert SECRET not in said
     assert f"Redis at 127.0.0.1:{guarded.port} {problem} for the Bloom filter" in said
     assert f"Set it in {setting}" in said
+    # What troubleshooting.md names, and an ``except AccessDeniedError`` catches.
+    assert "CredentialsRefusedError(" in said
     assert "HELLO" not in said  # Redis's raw text, which names no setting
     assert "NOAUTH" not in said
     assert "WRONGPASS" not in said

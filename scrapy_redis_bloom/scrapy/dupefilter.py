@@ -418,7 +418,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         )
 
 
-def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterError:
+def _credentials_error(clients: list[Any], config: BloomConfig) -> CredentialsRefusedError:
     """Say which Redis refused the filter's credentials, and which setting sets them."""
     where = ", ".join(server_address(client) for client in clients)
     urls = config.connection.urls
@@ -435,4 +435,4 @@ def _credentials_error(clients: list[Any], config: BloomConfig) -> BloomFilterEr
     problem = "refused the password given" if given else "needs a password, and none was given"
     why = " (a wrong password or user, or a disabled user)" if given else ""
     said = f"Redis at {where} {problem} for the Bloom filter{why}."
-    return BloomFilterError(f"{said} Set it in {settings}, e.g. {example}")
+    return CredentialsRefusedError(f"{said} Set it in {settings}, e.g. {example}")
