@@ -158,6 +158,23 @@ def test_one_unreachable_server_is_named(
     assert "s3cret" not in str(e.value)
 
 
+def test_one_server_listed_under_two_names_is_refused_before_anything_is_written(
+    servers: list[RedisServer], clients: list[redis.Redis]
+) -> None:
+    # 127.0.0.1 and localhost: one server. Its shards and markers would collide: the filter
+    # was created, then never reopened ("is server 0/2 ... lists it as server 1/2").
+    port = servers[0].port
+    urls = [f"redis://127.0.0.1:{port}/0", f"redis://localhost:{port}/0"]
+    for _ in range(2):
+        crawler = get_crawler(BooksSpider, {"BLOOMFILTER_REDIS_URLS": urls})
+        with pytest.raises(ServerListMismatchError) as refused:
+            RFPDupeFilter.from_crawler(crawler)
+        message = str(refused.value)
+        assert f"127.0.0.1:{port} and localhost:{port} are one Redis server" in message
+        assert "list each server once" in message
+        assert clients[0].keys("*") == []
+
+
 def test_an_emptied_server_is_found_not_remapped(clients: list[redis.Redis]) -> None:
     # Server 1 is replaced by an empty one (or restarts without persistence): its shards
     # are gone. A worker must not answer "new" for the URLs they held without saying so.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from scrapy_redis_bloom.core.errors import (
     FilterUnavailableError,
     NotEnoughMemoryError,
+    ServerListMismatchError,
     UnsupportedServerError,
 )
 from scrapy_redis_bloom.core.sizing import format_bytes
@@ -52,6 +53,7 @@ class ServerHealth:
     system_memory: int = 0  # the host's, 0 when Redis does not say
     product: str = ""  # "Redis 7.0.15", "Valkey 9.1.2"
     replica_of: str = ""  # ``host:port`` of its primary when the server is a replica
+    run_id: str = ""  # the server process's id: one server may be listed under two names
 
 
 def info_fields(reply: object) -> dict[str, str]:
@@ -99,14 +101,27 @@ def survey(executor: Executor, topology: Topology) -> list[ServerHealth]:
                 product=product,
                 # Sentinel's primary, met in a failover: its connections follow the new one.
                 replica_of=primary if fields.get("role") == "slave" and not sentinel else "",
+                run_id=fields.get("run_id", ""),
             )
         )
     return found
 
 
 def check_primaries(servers: list[ServerHealth]) -> None:
-    """Refuse a replica: it refuses writes (or loses them at its next sync, if writable)."""
+    """Refuse a replica, and a server listed twice under two names.
+
+    A replica refuses writes (or, writable, loses them at its next sync); a server listed
+    twice would hold two servers' parts and markers, which take each other's place.
+    """
+    named: dict[str, str] = {}
     for server in servers:
+        first = named.setdefault(server.run_id, server.address) if server.run_id else ""
+        if first != server.address:
+            raise ServerListMismatchError(
+                f"{first} and {server.address} are one Redis server (run_id {server.run_id}),"
+                " listed twice: the filter's parts would take each other's place on it. In a"
+                " list of servers, list each server once."
+            )
         if server.replica_of:
             raise UnsupportedServerError(
                 f"Redis at {server.address} is a replica of {server.replica_of}: the Bloom"
