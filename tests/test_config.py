@@ -276,6 +276,10 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": float("nan")}}, r"Its 'socket_connect_timeout' must be a finite number above 0, not nan\."),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 0}}, r"Its 'socket_timeout' must be a finite number above 0, not 0\."),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"db": -2}}, r"Its 'db' must be a finite number 0 or more, not -2\."),
+    # What the URL gives, given again: the URL's won, silently (another port, host or db).
+    ({"BLOOMFILTER_REDIS_URL": "redis://a:6379", "BLOOMFILTER_REDIS_PARAMS": {"port": 6380}}, r"The BLOOMFILTER_REDIS_PARAMS setting gives 'port', which BLOOMFILTER_REDIS_URL gives too \(its own would win\)"),
+    ({"BLOOMFILTER_REDIS_URLS": ["redis://a/2", "redis://b/2"], "BLOOMFILTER_REDIS_PARAMS": {"db": 4, "host": "c"}}, r"gives 'host', 'db', which BLOOMFILTER_REDIS_URLS gives too"),
+    ({"BLOOMFILTER_REDIS_URL": "redis://a/2?db=3"}, r"Its database is given twice \(/2 and db=3\)"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a:abc/0"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a:abc/0'\) is invalid\. It is not a valid Redis URL: Port could not be cast"),
     ({"BLOOMFILTER_REDIS_URLS": ["redis://a:1", "redis://b:99999"]}, r"BLOOMFILTER_REDIS_URLS setting .* is invalid\. It is not a valid Redis URL: Port out of range"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a/zero"}, r"BLOOMFILTER_REDIS_URL setting \('redis://a/zero'\) is invalid\. Its database \('zero'\) must be a number"),

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from redis.connection import parse_url as _redis_parse_url
 
@@ -104,7 +104,22 @@ def check_url(name: str, value: object, where: object = None) -> str:
         raise _invalid(name, shown, f"It is not a valid Redis URL: {scrub(str(exc))}") from None
     if not value.startswith("unix://") and path not in ("", "/") and not path[1:].isdigit():
         raise _invalid(name, shown, f"Its database ({path[1:]!r}) must be a number, e.g. /0.")
+    query = parse_qs(urlsplit(value).query).get("db", [])
+    if path[1:].isdigit() and query and query[-1] != path[1:]:  # (redis-py takes the query's)
+        raise _invalid(
+            name, shown, f"Its database is given twice (/{path[1:]} and db={query[-1]})."
+        )
     return value
+
+
+#: Client arguments a Redis URL gives: given in BLOOMFILTER_REDIS_PARAMS too, the URL's win.
+_ADDRESS_PARAMS = ("host", "port", "unix_socket_path", "path")
+
+
+def _url_db(url: str) -> bool:
+    """Tell whether a (checked) Redis URL names a database, by its path or its query."""
+    parts = urlsplit(url)
+    return parts.path[1:].isdigit() or "db" in parse_qs(parts.query)
 
 
 def _distinct(
@@ -503,7 +518,8 @@ REDIS_URLS: Setting[tuple[str, ...]] = _row(
 )
 REDIS_PARAMS: Setting[dict[str, Any]] = _row(
     ("BLOOMFILTER_REDIS_PARAMS", "text", {}),
-    "Client keyword arguments for the URLs above (e.g. TLS options), or for the primary the"
+    "Client keyword arguments for the URLs above (e.g. TLS options; not the host, port or"
+    " database a URL gives), or for the primary the"
     " sentinels name (`password`, `db`, TLS; `sentinel_kwargs` for the sentinels' own"
     " connections).",
     allowed="keyword arguments of the Redis client (`socket_timeout`, `port`, `db`... numbers)",
@@ -697,6 +713,15 @@ class ConnectionConfig:
             )
         if sentinels:
             check_sentinel_params(REDIS_PARAMS.name, params)
+        given = [p for p in _ADDRESS_PARAMS if p in params] if found else []
+        given += ["db"] if "db" in params and any(map(_url_db, found)) else []
+        if given:
+            raise _refuse(
+                "The {BLOOMFILTER_REDIS_PARAMS} {setting} gives {given}, which {url} gives too"
+                " (its own would win): give them in the URL alone.",
+                given=", ".join(map(repr, given)),
+                url=SettingName((REDIS_URL if url is not None else REDIS_URLS).name),
+            )
         return cls(found, cluster, tuple(sorted(params.items())), sentinels, service)
 
 
