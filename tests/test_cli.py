@@ -921,6 +921,7 @@ def test_migrate_set_reads_the_set_on_set_redis_url(
                          "http://x")  # fmt: skip
     assert (code, out) == (2, "")
     assert "--set-redis-url: It must be a Redis URL" in err
+    assert "redis://[user[:password]@]host" in err  # the form, not masked as a password
 
 
 @pytest.mark.parametrize(("setup", "message"), [(None, "does not exist"), ("hash", "holds a hash")])

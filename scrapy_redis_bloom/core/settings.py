@@ -94,7 +94,7 @@ def check_url(name: str, value: object, where: object = None) -> str:
         raise _invalid(
             name,
             shown,
-            "It must be a Redis URL: redis://[[user]:password@]host[:port][/db],"
+            "It must be a Redis URL: redis://[user[:password]@]host[:port][/db],"
             " rediss://... (TLS) or unix:///path/to/socket.",
         )
     try:
@@ -498,7 +498,7 @@ REDIS_URL: Setting[str | None] = _row(
     ("BLOOMFILTER_REDIS_URL", "text", None),
     "The filter's own Redis, when it should not live beside the queue. Example:"
     ' `"redis://bloom-host:6379/0"`.',
-    allowed="`redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS) or"
+    allowed="`redis://[user[:password]@]host[:port][/db]`, `rediss://...` (TLS) or"
     " `unix:///path/to/socket`",
     default_text="— (scrapy-redis's connection)",
     parse=check_url,
