@@ -276,6 +276,8 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": float("nan")}}, r"Its 'socket_connect_timeout' must be a finite number above 0, not nan\."),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 0}}, r"Its 'socket_timeout' must be a finite number above 0, not 0\."),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"db": -2}}, r"Its 'db' must be a finite number 0 or more, not -2\."),
+    # A rate at capacity below the least float: generation 1's geometry divided by it.
+    ({"BLOOMFILTER_CAPACITY": 1, "BLOOMFILTER_HASH_NUMBER": 60, "BLOOMFILTER_BIT": 32, "BLOOMFILTER_BLOCKED": False}, r"BLOOMFILTER_CAPACITY = 1 is so far below what BLOOMFILTER_BIT = 32 holds .* underflows to 0"),
     # What the URL gives, given again: the URL's won, silently (another port, host or db).
     ({"BLOOMFILTER_REDIS_URL": "redis://a:6379", "BLOOMFILTER_REDIS_PARAMS": {"port": 6380}}, r"The BLOOMFILTER_REDIS_PARAMS setting gives 'port', which BLOOMFILTER_REDIS_URL gives too \(its own would win\)"),
     ({"BLOOMFILTER_REDIS_URLS": ["redis://a/2", "redis://b/2"], "BLOOMFILTER_REDIS_PARAMS": {"db": 4, "host": "c"}}, r"gives 'host', 'db', which BLOOMFILTER_REDIS_URLS gives too"),

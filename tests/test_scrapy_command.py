@@ -198,6 +198,25 @@ def test_bad_settings_are_one_line(outside: Path, name: str, value: str, named: 
         assert named in one_line_error(sized, 2)
 
 
+def test_size_by_bits_names_what_capacity_and_rate_would_create(outside: Path) -> None:
+    # 2**30 bits and k = 3 hold 1,000 items at 9.75e-11; a filter sized by that capacity and
+    # rate has other bits and k (it said "The same, the other way").
+    sizing = ["-s", "BLOOMFILTER_CAPACITY=1000", "-s", "BLOOMFILTER_HASH_NUMBER=3"]
+    result = scrapy(outside, "bloom", "size", *sizing)
+    assert result.code == 0, result.err
+    rows = dict(line.split("  ", 1) for line in result.out.splitlines() if "  " in line)
+    rows = {label.strip(): value.strip() for label, value in rows.items()}
+    other = rows["Sized by capacity and rate"]
+    rate = float(re.findall(r"BLOOMFILTER_ERROR_RATE = ([0-9.e+-]+)", other)[0])
+    config = BloomConfig.from_settings(
+        {"BLOOMFILTER_CAPACITY": 1000, "BLOOMFILTER_ERROR_RATE": rate}
+    )
+    assert other.startswith("BLOOMFILTER_CAPACITY = 1000, BLOOMFILTER_ERROR_RATE = 9.75e-11")
+    assert f"({config.spec.bits:,} bits, k = {config.spec.hash_count})" in other
+    assert config.spec.hash_count != 3
+    assert "The same, the other way" not in result.out
+
+
 def test_an_option_of_the_alias_is_named_with_its_setting(outside: Path) -> None:
     # It was "scrapy: error: unexpected argument(s): --capacity urls.txt" (its value taken
     # for a file of fingerprints).

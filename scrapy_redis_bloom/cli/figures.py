@@ -395,14 +395,22 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     memory = filter_allocation(spec)
     wanted, _ = config.sizing.geometry()
     if config.sizing.capacity is not None:
+        other_way = "The same, the other way"
         other = (
             f"BLOOMFILTER_BIT = {math.ceil(math.log2(wanted))},"
             f" BLOOMFILTER_HASH_NUMBER = {spec.hash_count} (at least as many bits)"
         )
-    else:
+    else:  # (a filter sized by them has its own m and k: not "the same")
+        other_way = "Sized by capacity and rate"
+        rate = float(f"{config.expected_error_rate:.3g}")
+        asked: dict[str, Any] = {"BLOOMFILTER_CAPACITY": config.capacity}
+        asked["BLOOMFILTER_ERROR_RATE"] = rate
+        if (blocked := settings.get("BLOOMFILTER_BLOCKED")) is not None:
+            asked["BLOOMFILTER_BLOCKED"] = blocked  # (else the layout those two choose)
+        sized = config_of(asked)  # (a rate that underflows to 0 was refused: settings)
         other = (
-            f"BLOOMFILTER_CAPACITY = {config.capacity},"
-            f" BLOOMFILTER_ERROR_RATE = {config.expected_error_rate:.3g}"
+            f"BLOOMFILTER_CAPACITY = {config.capacity}, BLOOMFILTER_ERROR_RATE = {rate:.3g}"
+            f" ({sized.spec.bits:,} bits, k = {sized.spec.hash_count})"
         )
     data: dict[str, Any] = {
         "sizing": config.sizing.canonical(),
@@ -426,7 +434,7 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         ("Sizing asked for", config.sizing.canonical()),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)}; {wanted:,} asked)"),
         ("Hash functions (k)", str(spec.hash_count)),
-        ("The same, the other way", other),
+        (other_way, other),
         ("Capacity", f"{config.capacity:,} items"),
         ("Expected FP rate at capacity", f"{config.expected_error_rate:.3g}"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits"),

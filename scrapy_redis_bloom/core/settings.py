@@ -926,6 +926,18 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float, grows: bool)
     capacity: either comes after that share of new URLs was already dropped as seen.
     """
     rate = false_positive_rate(spec.bits, spec.hash_count, capacity, spec.block_bits)
+    if rate == 0:  # (no generation can be sized by it: each shares out that rate)
+        raise _refuse(
+            "The {setting} {BLOOMFILTER_CAPACITY} = {capacity:,} is so far below what"
+            " {BLOOMFILTER_BIT} = {bit} holds with {k} hash functions that its false-positive"
+            " rate underflows to 0. State the capacity the crawl expects: these bits hold"
+            " about {holds:,} URLs at a rate of {default:g}.",
+            capacity=capacity,
+            bit=spec.bits.bit_length() - 1,
+            k=spec.hash_count,
+            holds=int(spec.bits * math.log(2) ** 2 / -math.log(ERROR_RATE.default)),
+            default=ERROR_RATE.default,
+        )
     if rate < MAX_RATE_AT_CAPACITY:
         return
     bits, _ = optimal_geometry(capacity, ERROR_RATE.default * share, spec.block_bits)

@@ -331,6 +331,8 @@ def layout_costs(
         rate = false_positive_rate(classic.bits, classic.hash_count, capacity)
     for layout in LAYOUTS:
         if layout == "native":
+            if rate <= 0:  # (below the least float: no RedisBloom filter is sized by it)
+                continue
             bits, k = native_geometry(capacity, rate)
             per_shard = -(-bits // classic.shards) // 8 + 1
             memory = classic.shards * allocation(per_shard + STRING_OVERHEAD)
