@@ -926,17 +926,17 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float, grows: bool)
     capacity: either comes after that share of new URLs was already dropped as seen.
     """
     rate = false_positive_rate(spec.bits, spec.hash_count, capacity, spec.block_bits)
+    named: dict[str, object] = {"capacity": capacity, "bit": spec.bits.bit_length() - 1}
+    named["default"] = ERROR_RATE.default
     if rate == 0:  # (no generation can be sized by it: each shares out that rate)
         raise _refuse(
             "The {setting} {BLOOMFILTER_CAPACITY} = {capacity:,} is so far below what"
             " {BLOOMFILTER_BIT} = {bit} holds with {k} hash functions that its false-positive"
             " rate underflows to 0. State the capacity the crawl expects: these bits hold"
             " about {holds:,} URLs at a rate of {default:g}.",
-            capacity=capacity,
-            bit=spec.bits.bit_length() - 1,
             k=spec.hash_count,
             holds=int(spec.bits * math.log(2) ** 2 / -math.log(ERROR_RATE.default)),
-            default=ERROR_RATE.default,
+            **named,
         )
     if rate < MAX_RATE_AT_CAPACITY:
         return
@@ -948,13 +948,11 @@ def _refuse_overload(spec: FilterSpec, capacity: int, share: float, grows: bool)
         " seen before the filter {when} (at its capacity). Set {BLOOMFILTER_BIT} to at least"
         " {needed} (a rate of {default:g}), or leave it unset and size the filter by"
         " {BLOOMFILTER_CAPACITY} and {BLOOMFILTER_ERROR_RATE}.",
-        capacity=capacity,
-        bit=spec.bits.bit_length() - 1,
         bits=spec.bits,
         rate=rate,
         needed=(bits - 1).bit_length(),
-        default=ERROR_RATE.default,
         when="grows" if grows else "warns that it is full (it does not grow)",
+        **named,
     )
 
 
