@@ -64,6 +64,7 @@ INTERNAL_ERRORS = {
     "CLIError": "printed by scrapy bloom as its one-line error, with an exit status",
     "UsageError": "printed by scrapy bloom as its usage error, with an exit status",
     "BadLineError": "a bad input line of scrapy bloom add/check, reported with its number",
+    "RefusedLineError": "a URL Request refuses, read_lines turns it into a BadLineError",
     "WordedError": "the base of BloomFilterError and SettingError, never raised itself",
     "SettingError": "a ValueError naming settings: the ValueError section covers it",
     "ScannedKeyGoneError": "caught by scrapy bloom migrate, printed as its one-line error",

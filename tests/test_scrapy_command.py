@@ -273,6 +273,58 @@ def test_check_urls_sees_what_the_dupefilter_marked(
     assert "<stdin>:2: not a URL" in one_line_error(bad, 1)
 
 
+@pytest.mark.parametrize("fingerprinter", ["scrapy-redis", "crawler"])
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://a:99999/", "Port out of range"),
+        ("http://[zz]/", "'zz' does not appear to be an IPv4 or IPv6 address"),
+    ],
+)
+def test_a_url_the_regex_passes_but_parsing_refuses_is_one_line(
+    project: Path, fingerprinter: str, url: str, problem: str
+) -> None:
+    # The URL parser's ValueError ended in a traceback.
+    given = ["-s", f"BLOOMFILTER_FINGERPRINTER={fingerprinter}", "--key", "k", "--urls"]
+    added = scrapy(project, "bloom", "add", *given, stdin=f"https://example.com/a\n\n{url}\n")
+    said = one_line_error(added, 1)
+    assert f"<stdin>:3: not a URL: {url!r} ({problem}" in said
+    assert "the 1 fingerprint(s) before it were added" in said
+
+
+@pytest.mark.parametrize(
+    ("fingerprinter", "name", "value", "problem"),
+    [
+        ("crawler", "REQUEST_FINGERPRINTER_CLASS", "no.such.Class", "no module named 'no'"),
+        ("crawler", "REQUEST_FINGERPRINTER_CLASS", "Class", "not a full path"),
+        ("crawler", "REQUEST_FINGERPRINTER_CLASS", "shop.NoSuch", "module 'shop' has no 'NoSuch'"),
+        ("scrapy-redis", "DUPEFILTER_CLASS", "no.such.Class", "no module named 'no'"),
+    ],
+)
+def test_a_class_setting_that_does_not_load_is_one_line(
+    project: Path, fingerprinter: str, name: str, value: str, problem: str
+) -> None:
+    # load_object's ModuleNotFoundError (or NameError, ValueError) ended in a traceback.
+    given = ["-s", f"BLOOMFILTER_FINGERPRINTER={fingerprinter}", "--key", "k", "--urls"]
+    result = scrapy(
+        project, "bloom", "add", *given, "-s", f"{name}={value}", stdin="https://example.com/a\n"
+    )
+    said = one_line_error(result, 2)
+    assert f"{name}={value!r}" in said
+    assert problem in said
+
+
+def test_an_error_inside_the_fingerprinter_module_still_surfaces(project: Path) -> None:
+    # Not a wrong name: the module's own import failing is a bug, shown with its traceback.
+    (project / "shop" / "fingerprinting.py").write_text("import no_such_dependency\n")
+    given = ["-s", "BLOOMFILTER_FINGERPRINTER=crawler", "--key", "k", "--urls"]
+    wrong = ["-s", "REQUEST_FINGERPRINTER_CLASS=shop.fingerprinting.Fingerprinter"]
+    result = scrapy(project, "bloom", "add", *given, *wrong, stdin="https://example.com/a\n")
+    assert result.code == 1, result
+    assert "ModuleNotFoundError: No module named 'no_such_dependency'" in result.err
+
+
 # -- topologies --------------------------------------------------------------------------
 
 

@@ -134,35 +134,80 @@ _URL = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 @dataclass(eq=False)  # hashable, as exceptions are
 class BadLineError(Exception):
-    """An input line that is not what the command reads."""
+    """An input line that is not what the command reads (``problem``: why, when known)."""
 
     source: str
     lineno: int
     text: bytes
+    problem: str = ""
+
+
+class RefusedLineError(Exception):
+    """Raised by a line parser for a line it refuses, its message saying why."""
+
+
+def _request(url: str) -> Any:
+    """Return the GET request of ``url``, as the crawl would make it.
+
+    Request parses the URL: its ValueError (a bad port, a bad IPv6 host, ...) means a bad
+    input line, so it becomes RefusedLineError; errors of the fingerprinting still surface.
+    """
+    from scrapy import Request
+
+    try:
+        return Request(url)
+    except ValueError as exc:
+        raise RefusedLineError(str(exc)) from None
+
+
+def _load_setting(settings: SettingsLike, name: str) -> Any:
+    """Return the object the setting ``name`` names; a name that does not load is a UsageError.
+
+    Only a wrong name is reported so: an error raised inside the named module still surfaces.
+    """
+    from scrapy.utils.misc import load_object
+
+    value = settings.get(name)
+    if not isinstance(value, str):  # the object itself, given in settings.py
+        return load_object(value)
+    module, _, attr = value.rpartition(".")
+    if not module:
+        raise UsageError(f"{name}={value!r} cannot be loaded: not a full path (module.Object).")
+    try:
+        return load_object(value)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not f"{module}.".startswith(f"{exc.name}."):  # one it imports
+            raise
+        problem = f"no module named {exc.name!r}"
+    except NameError:  # load_object's for a missing object; the module's own surfaces
+        if module not in sys.modules or hasattr(sys.modules[module], attr):
+            raise
+        problem = f"module {module!r} has no {attr!r}"
+    raise UsageError(f"{name}={value!r} cannot be loaded: {problem}.")
 
 
 def url_fingerprinter(settings: SettingsLike) -> Callable[[str], str]:
     """Return the function the crawl's dupefilter fingerprints a URL's GET request with."""
-    from scrapy import Request, Spider
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
-    from scrapy.utils.misc import build_from_crawler, load_object
+    from scrapy.utils.misc import build_from_crawler
     from scrapy_redis.dupefilter import RFPDupeFilter as RedisDupeFilter
 
     if BloomConfig.from_settings(settings).fingerprinter == "crawler":
         crawler = Crawler(Spider, settings if isinstance(settings, (Settings, dict)) else None)
         fingerprinter: Any = build_from_crawler(
-            load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
+            _load_setting(crawler.settings, "REQUEST_FINGERPRINTER_CLASS"), crawler
         )
-        return lambda url: str(fingerprinter.fingerprint(Request(url)).hex())
+        return lambda url: str(fingerprinter.fingerprint(_request(url)).hex())
     dupefilter: Any = RedisDupeFilter
-    if named := settings.get("DUPEFILTER_CLASS"):
-        loaded = load_object(named)
+    if settings.get("DUPEFILTER_CLASS"):
+        loaded = _load_setting(settings, "DUPEFILTER_CLASS")
         if isinstance(loaded, type) and issubclass(loaded, RedisDupeFilter):
             dupefilter = loaded
     # request_fingerprint is pure; building a dupefilter would open the filter and join it.
     bare = dupefilter.__new__(dupefilter)
-    return lambda url: str(bare.request_fingerprint(Request(url)))
+    return lambda url: str(bare.request_fingerprint(_request(url)))
 
 
 def read_lines(
@@ -170,7 +215,8 @@ def read_lines(
 ) -> Iterator[list[bytes]]:
     """Yield batches of parsed lines read from files (``-`` is stdin), skipping blank lines.
 
-    At a line ``parse`` refuses (None), the lines before it are yielded, then it raises.
+    At a line ``parse`` refuses (None, or RefusedLineError saying why), the lines before it
+    are yielded, then it raises BadLineError.
     """
     batch: list[bytes] = []
     for path in paths:
@@ -183,10 +229,15 @@ def read_lines(
             for lineno, line in enumerate(stream, 1):
                 if not (text := line.strip()):
                     continue
-                if (parsed := parse(text)) is None:
+                problem = ""
+                try:
+                    parsed = parse(text)
+                except RefusedLineError as exc:
+                    parsed, problem = None, str(exc)
+                if parsed is None:
                     if batch:
                         yield batch
-                    raise BadLineError(source, lineno, text)
+                    raise BadLineError(source, lineno, text, problem)
                 batch.append(parsed)
                 if len(batch) == BATCH:
                     yield batch
@@ -221,7 +272,8 @@ def bad_line(ctx: Context, exc: BadLineError, done: int, verb: str) -> CLIError:
     """Return the error for an input line that is not a fingerprint (or URL)."""
     shown = exc.text[:60].decode(errors="replace")
     what = "URL" if getattr(ctx.args, "urls", False) else "request fingerprint (40 hex digits)"
+    why = f" ({exc.problem})" if exc.problem else ""
     return CLIError(
-        f"{exc.source}:{exc.lineno}: not a {what}: {shown!r}."
+        f"{exc.source}:{exc.lineno}: not a {what}: {shown!r}{why}."
         f" Stopped there; the {done:,} fingerprint(s) before it were {verb}."
     )
