@@ -188,3 +188,16 @@ def test_the_commands_show_no_password_of_a_malformed_url(
     assert code == 2
     assert SECRET not in out + err
     assert "--redis-url" in err
+
+
+def test_the_commands_say_a_password_is_needed_not_redis_raw_reply(
+    guarded: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_run import run
+
+    url = f"redis://127.0.0.1:{guarded.port}/0"
+    code, out, err = run(capsys, "info", "--key", "k", "--redis-url", url)
+    assert (code, out) == (1, "")
+    assert f"Redis at 127.0.0.1:{guarded.port} needs a password, and none was given" in err
+    assert "HELLO" not in err  # (Redis's raw text: "HELLO must be called with the client ...")
+    assert "NOAUTH" not in err

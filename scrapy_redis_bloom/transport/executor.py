@@ -66,6 +66,13 @@ STALE = 10.0  #: Seconds past twice the retry timeout when :meth:`Executor.stumb
 MAX_REDIRECTS = 16  #: Redirections and script loads followed at once for one batch, before waiting.
 
 _ASKING = pack_command(b"ASKING")
+#: Redis's replies to a connection that gave no password where one is needed (as redis-py
+#: words them: RESP3's HELLO, RESP2's NOAUTH, read by older releases as this text).
+NO_PASSWORD_GIVEN = (
+    "NOAUTH",
+    "HELLO must be called with the client already authenticated",
+    "Authentication required",
+)
 _PLAIN = (int, list)  #: Reply types that are results, whatever they hold (the hot path's replies).
 _READ = (int, list, bytes)  #: The same, and the strings its reads reply (GETRANGE).
 
@@ -923,9 +930,12 @@ class Executor:
 
     def refused(self, operation: str, exc: RefusedError) -> CredentialsRefusedError:
         """Return the error for credentials Redis refused (a rotated password, say)."""
+        cause = str(exc.cause)
+        problem = f"refused the filter's credentials, so it could not {operation} ({cause})"
+        if any(raw in cause for raw in NO_PASSWORD_GIVEN):
+            problem = f"needs a password, and none was given, so it could not {operation}"
         return CredentialsRefusedError(
-            f"Redis at {exc.address} refused the filter's credentials, so it could not"
-            f" {operation} ({exc.cause}). Check the user name and password of the filter's"
+            f"Redis at {exc.address} {problem}. Check the user name and password of the filter's"
             " Redis URL (BLOOMFILTER_REDIS_URL, REDIS_URL or REDIS_PARAMS) and the user's"
             " ACL (docs/howto/tls-acl.md#least-privilege).",
             server=f"Redis at {exc.address}",
