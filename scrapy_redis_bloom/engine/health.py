@@ -115,8 +115,8 @@ def check_primaries(servers: list[ServerHealth]) -> None:
     """
     named: dict[str, str] = {}
     for server in servers:
-        first = named.setdefault(server.run_id, server.address) if server.run_id else ""
-        if first != server.address:
+        first = named.setdefault(server.run_id, server.address)  # ("": INFO not read)
+        if server.run_id and first != server.address:
             raise ServerListMismatchError(
                 f"{first} and {server.address} are one Redis server (run_id {server.run_id}),"
                 " listed twice: the filter's parts would take each other's place on it. In a"
