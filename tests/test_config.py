@@ -240,6 +240,11 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_BIT contradict each other"),
     ({"BLOOMFILTER_HASH_NUMBER": 5, "BLOOMFILTER_ERROR_RATE": 0.01, "BLOOMFILTER_CAPACITY": 10}, r"BLOOMFILTER_ERROR_RATE and BLOOMFILTER_HASH_NUMBER contradict"),
     ({"BLOOMFILTER_ERROR_RATE": 0.01}, r"BLOOMFILTER_ERROR_RATE setting needs BLOOMFILTER_CAPACITY"),
+    # BF.RESERVE takes a capacity and a rate: BIT 20 beside CAPACITY 1,000 was said as 2**20
+    # bits, k=6, and reserved 13 x 760 bytes at k=45 (a probe).
+    ({"BLOOMFILTER_BACKEND": "native", "BLOOMFILTER_BIT": 20, "BLOOMFILTER_CAPACITY": 1000}, r"The BLOOMFILTER_BIT setting does not apply to BLOOMFILTER_BACKEND = 'native': .*Size the filter by BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE instead"),
+    ({"BLOOMFILTER_BACKEND": "native", "BLOOMFILTER_HASH_NUMBER": 4}, r"The BLOOMFILTER_HASH_NUMBER setting does not apply to BLOOMFILTER_BACKEND = 'native'"),
+    ({"BLOOMFILTER_BACKEND": "native", "BLOOMFILTER_BIT": 20, "BLOOMFILTER_HASH_NUMBER": 4}, r"The BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER settings do not apply to BLOOMFILTER_BACKEND = 'native'"),
     ({"BLOOMFILTER_SHARD_BIT": 33}, r"BLOOMFILTER_SHARD_BIT setting \(33\) is invalid\. It must be an integer from 7 to 32: a shard holds at most 2\*\*32 bits"),
     ({"BLOOMFILTER_SHARD_BIT": 6}, r"BLOOMFILTER_SHARD_BIT setting \(6\) is invalid\. It must be an integer from 7 to 32"),
     ({"BLOOMFILTER_BIT": 47, "BLOOMFILTER_SHARD_BIT": 7, **CLASSIC}, r"BLOOMFILTER_SHARD_BIT setting \(7\) is invalid\. It cannot split the filter's bits into shards \(a filter has 1 to 4,194,304 shards"),

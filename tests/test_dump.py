@@ -808,8 +808,10 @@ def test_a_native_replace_counts_the_chunk_in_flight(
     # above what the old one used, the check passed, the old filter was deleted, and every
     # BF.LOADCHUNK was refused (OOM): the filter was gone (it needed 2x, about 3x in all).
     client = bloom_redis_client
+    # What BLOOMFILTER_BIT = 26 reserved before native refused it: 10 MiB in one shard.
+    settings = {"BLOOMFILTER_CAPACITY": 9_690_000, "BLOOMFILTER_ERROR_RATE": 0.03125}
     cfg = BloomConfig.from_settings(
-        {"BLOOMFILTER_BIT": 26, "BLOOMFILTER_SHARDS": 1, "BLOOMFILTER_BACKEND": "native"}
+        {**settings, "BLOOMFILTER_SHARDS": 1, "BLOOMFILTER_BACKEND": "native"}
     )
     members = fingerprints(1_000, "native-replaced")
     bloom = filled(client, cfg, members)

@@ -49,6 +49,7 @@ from scrapy_redis_bloom.engine.native import filter as native_filter
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.native.parts import reserve_arguments
+from scrapy_redis_bloom.engine.parts import pairs
 
 KEY = "nat"
 
@@ -181,7 +182,78 @@ def test_native_on_a_server_without_bf_is_refused_naming_it(redis_client: redis.
     bloom.close()
 
 
-# -- the answer contract ----------------------------------------------------------------
+def test_auto_takes_bitmaps_for_a_filter_sized_by_bits_and_says_why(
+    bloom_redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for BLOOMFILTER_BLOCKED = True: BF.RESERVE has no bits or k, so BIT would not apply."""
+    for settings_ in ({"BLOOMFILTER_BIT": 20}, {"BLOOMFILTER_HASH_NUMBER": 4}):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+            bloom = make_filter([bloom_redis_client], KEY, BloomConfig.from_settings(settings_))
+        assert isinstance(bloom, RedisBloomFilter)
+        said = [r for r in caplog.records if "BLOOMFILTER_BACKEND = 'auto'" in r.message]
+        assert len(said) == 1, caplog.text
+        assert said[0].levelno == logging.INFO
+        name = next(iter(settings_))
+        assert f"picks the bitmap backend for the Bloom filter {KEY!r}: {name}" in said[0].message
+        bloom.close()
+    # Unsized, the defaults (BIT 30, k 6) only give a capacity: native is taken.
+    unsized = make_filter([bloom_redis_client], KEY, BloomConfig.from_settings({}))
+    assert isinstance(unsized, NativeBloomFilter)
+    unsized.close()
+    assert bloom_redis_client.keys("*") == []
+
+
+def test_a_native_filter_sized_by_bits_earlier_warns_that_they_do_not_apply(
+    bloom_redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record an earlier release made under 'auto' from BIT: 'auto' adopts it, and says so."""
+    sized = BloomConfig.from_settings({"BLOOMFILTER_BIT": 20})
+    earlier = NativeBloomFilter.from_config([bloom_redis_client], KEY, sized.for_native())
+    earlier.open()
+    earlier.close()
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        bloom = make_filter([bloom_redis_client], KEY, sized)
+    assert isinstance(bloom, NativeBloomFilter)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, caplog.text
+    assert re.search(
+        r"BLOOMFILTER_BIT does not apply to the native Bloom filter 'nat'", warned[0].getMessage()
+    )
+    bloom.close()
+
+
+def test_the_startup_line_says_the_geometry_bf_reserve_gave(
+    bloom_redis_server: RedisServer,
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not the bitmap geometry of the settings: RedisBloom sizes each shard by capacity and rate."""
+    from scrapy.settings import Settings
+
+    from scrapy_redis_bloom.dupefilter import RFPDupeFilter
+
+    settings_ = {
+        "REDIS_URL": bloom_redis_server.url,
+        "BLOOMFILTER_KEY": KEY,
+        "BLOOMFILTER_BACKEND": "native",
+        "BLOOMFILTER_CAPACITY": 100_000,
+        "BLOOMFILTER_ERROR_RATE": 1e-3,
+    }
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        df = RFPDupeFilter.from_settings(Settings(settings_))
+    df.close("finished")
+    line = next(r.getMessage() for r in caplog.records if "(id " in r.getMessage())
+    keys = bloom_redis_client.keys(f"{{{KEY}:*}}:bf:*")
+    # A dict with the newest redis-py, a flat list with the oldest.
+    infos = [pairs(bloom_redis_client.execute_command("BF.INFO", k)) for k in keys]
+    capacity = int(infos[0]["Capacity"])
+    assert {info["Capacity"] for info in infos} == {str(capacity)}
+    assert f"{len(keys)} native Bloom filter(s) (BF.RESERVE {capacity:,} items at error" in line
+    bits = int(re.search(r"m=([0-9,]+) bits", line)[1].replace(",", ""))  # type: ignore[index]
+    size = sum(int(info["Size"]) for info in infos) * 8  # BF.INFO's Size adds a header per filter
+    assert size - 2048 * len(keys) < bits <= size
+    assert "k=11 hash functions" in line  # ceil(-log2(1e-3 / 2)): the first sub-filter's
 
 
 def test_check_and_add_new_then_seen_and_stats(bloom_redis_client: redis.Redis) -> None:

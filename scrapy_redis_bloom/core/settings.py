@@ -434,12 +434,15 @@ ERROR_RATE: Setting[float] = _row(
 )
 BIT: Setting[int] = _row(
     ("BLOOMFILTER_BIT", "int", 30, 1, MAX_BIT),
-    "The filter has 2**BIT bits (rounded up to whole allocator blocks). Example: `32` (512 MiB).",
+    "The filter has 2**BIT bits (rounded up to whole allocator blocks). Example: `32` (512 MiB)."
+    ' Bitmap backend only: refused with `BLOOMFILTER_BACKEND = "native"` (BF.* filters are sized by'
+    ' capacity and error rate); `"auto"` takes bitmaps for a new filter sized by it.',
     rule="It must be an integer from {low} to {high} (the filter has 2**BIT bits).",
 )
 HASH_NUMBER: Setting[int] = _row(
     ("BLOOMFILTER_HASH_NUMBER", "int", 6, 1, MAX_HASH_COUNT),
-    "k, the number of hash functions, with `BLOOMFILTER_BIT`.",
+    "k, the number of hash functions, with `BLOOMFILTER_BIT`. Bitmap backend only, as"
+    " `BLOOMFILTER_BIT`.",
     rule="It must be an integer from {low} to {high}.",
 )
 EXPANSION: Setting[int] = _row(
@@ -589,7 +592,8 @@ ON_LOSS: Setting[OnLoss] = _row(
 BACKEND: Setting[BackendSetting] = _row(
     ("BLOOMFILTER_BACKEND", "choice", "auto"),
     "Where the bits live: our sharded bitmaps, or the server's own Bloom filters (BF.*);"
-    ' `"auto"` takes native where every server has BF.* (see [Native Bloom'
+    ' `"auto"` takes native where every server has BF.* and no bitmap setting'
+    " (`BLOOMFILTER_BIT`, `_HASH_NUMBER`, `_BLOCKED = True`) is given (see [Native Bloom"
     " filters](#native-bloom-filters-bf)). Stored in the filter's record.",
     rule="It must be 'auto' (the server's own Bloom filters when every server has BF.*, else"
     " bitmaps; the default), 'bitmap' or 'native' (BF.*: Redis 8, Redis Stack, RedisBloom or"
@@ -790,6 +794,9 @@ class BloomConfig:
     backend: BackendSetting = BACKEND.default
     #: The false-positive rate above which the Spidermon monitor fails a crawl.
     monitor_max_fpr: float | None = MONITOR_MAX_FPR.default
+    #: The settings given that only the bitmap backend keeps (``BLOOMFILTER_BIT``,
+    #: ``_HASH_NUMBER``): ``BF.RESERVE`` takes a capacity and a rate, so "auto" takes bitmaps.
+    bitmap_only: tuple[str, ...] = ()
 
     @property
     def growth(self) -> Growth:
@@ -872,6 +879,19 @@ class BloomConfig:
         ttl = TTL.read(settings)
         backend = BACKEND.read(settings)
         share = rate_share(expansion, ttl, DEFAULT_TIGHTENING)
+        bitmap_only = tuple(s.name for s in (BIT, HASH_NUMBER) if s.given(settings) is not None)
+        if bitmap_only and backend == "native":
+            raise _refuse(
+                "The {given} "
+                + ("{settings} do" if bitmap_only[1:] else "{setting} does")
+                + " not apply to {BLOOMFILTER_BACKEND} = 'native': the"
+                " server's Bloom filters (BF.*) are reserved for a capacity at an error rate,"
+                " and choose their own bits and hash functions. Size the filter by"
+                " {BLOOMFILTER_CAPACITY} and {BLOOMFILTER_ERROR_RATE} instead, or set"
+                " {BLOOMFILTER_BACKEND} = 'bitmap' (or 'auto', which takes bitmaps for a"
+                " new filter sized by bits).",
+                given=Wording(" and ".join("{" + name + "}" for name in bitmap_only)),
+            )
         sizing, capacity = _sizing(settings, share, native=backend == "native")
         if sizing.blocked and backend == "native":
             raise _refuse(
@@ -912,6 +932,7 @@ class BloomConfig:
             faults=FaultPolicy.from_settings(settings),
             backend=backend,
             monitor_max_fpr=MONITOR_MAX_FPR.read(settings),
+            bitmap_only=bitmap_only,
         )
 
 

@@ -1,7 +1,8 @@
 """Choosing a filter's backend (``BLOOMFILTER_BACKEND``) and the interface both share.
 
 ``auto``: the record's backend, else native when every server has ``BF.*`` (and no
-``BLOOMFILTER_BLOCKED = True``), else bitmap.
+``BLOOMFILTER_BLOCKED = True``, ``BLOOMFILTER_BIT`` or ``BLOOMFILTER_HASH_NUMBER``: bitmap
+layouts and geometry), else bitmap.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
                 native.key,
                 record.backend,
             )
+            if record.backend == "native" and config.bitmap_only:
+                # A record an earlier release made from them: reserved by capacity and rate.
+                logger.warning(
+                    "%s %s not apply to the native Bloom filter %r: the server reserved its"
+                    " shards for a capacity at an error rate (BF.RESERVE), with bits and hash"
+                    " functions of its own (the startup line gives them). Leave %s unset, or"
+                    " reset the filter to recreate it on bitmaps.",
+                    " and ".join(config.bitmap_only),
+                    "do" if config.bitmap_only[1:] else "does",
+                    native.key,
+                    " and ".join(config.bitmap_only),
+                )
             return record.backend
         return config.backend
     if config.backend != "auto":
@@ -52,6 +65,16 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
             "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r:"
             " BLOOMFILTER_BLOCKED = True asks for a bitmap layout.",
             native.key,
+        )
+        return "bitmap"
+    if config.bitmap_only:  # BF.RESERVE takes no bits nor k: they would not apply
+        logger.info(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r:"
+            " %s %s a bitmap geometry (the servers' Bloom filters, BF.*, are sized by"
+            " BLOOMFILTER_CAPACITY and BLOOMFILTER_ERROR_RATE).",
+            native.key,
+            " and ".join(config.bitmap_only),
+            "give" if config.bitmap_only[1:] else "gives",
         )
         return "bitmap"
     try:

@@ -263,6 +263,15 @@ class FilterBase:
             ttl=record.ttl,
         )
 
+    def describe_geometry(self, config: BloomConfig, record: FilterRecord) -> str:
+        """Say the open filter's geometry for the startup line: ``config``'s, else the record's.
+
+        An existing filter keeps its own geometry and layout (:meth:`FilterRecord.check`).
+        """
+        if record.spec == config.spec:
+            return config.describe()
+        return f"{record.describe()} (the filter's own)"
+
     @property
     def spec(self) -> FilterSpec:
         """The geometry in use: the stored one once the filter is open."""

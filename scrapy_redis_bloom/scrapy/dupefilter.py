@@ -118,10 +118,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             record.filter_id,
             record.backend,
             where,
-            # The filter opened: an existing one keeps its own geometry and layout.
-            self.config.describe()
-            if record.spec == self.config.spec
-            else f"{record.describe()} (the filter's own)",
+            self.bloom.describe_geometry(self.config, record),
             worker,
             others,
         )

@@ -24,7 +24,7 @@ from scrapy_redis_bloom.core.errors import (
     taking_apart,
 )
 from scrapy_redis_bloom.core.record import Backend, FilterRecord
-from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.engine.base import FilterBase, Outcome, item_count
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.native import parts as native_parts
@@ -71,6 +71,13 @@ class NativeBloomFilter(FilterBase):
         bloom = super().of_record(client, key, record, faults)
         bloom._adopt(record)
         return bloom
+
+    def describe_geometry(self, config: BloomConfig, record: FilterRecord) -> str:
+        """Say what ``BF.RESERVE`` gave the shards: RedisBloom's own bits and k.
+
+        Not the bitmap geometry of ``config`` or the record, which the servers do not hold.
+        """
+        return native_parts.describe(record)
 
     def existing(self) -> list[int]:
         """Return the shards whose key holds a Bloom filter (any other type raises)."""

@@ -21,7 +21,12 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.sizing import KEY_OVERHEAD, allocation, native_geometry
+from scrapy_redis_bloom.core.sizing import (
+    KEY_OVERHEAD,
+    allocation,
+    format_bytes,
+    native_geometry,
+)
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -87,6 +92,24 @@ def links(record: FilterRecord, count: int) -> list[Link]:
         for g in range(count)
         for n in [capacity * record.expansion**g]
     ]
+
+
+def describe(record: FilterRecord) -> str:
+    """Return a native filter's geometry for the startup line: what ``BF.RESERVE`` gave it.
+
+    RedisBloom sizes each shard's first sub-filter from a capacity and a rate (:func:`links`),
+    so the record's bits and k (a bitmap geometry) are not what the servers hold.
+    """
+    rate, capacity, _ = reserve_arguments(record)
+    first = links(record, 1)[0]
+    bits = record.spec.shards * first.bits
+    window = ", per re-crawl window" if record.ttl else ""
+    return (
+        f"{record.spec.shards:,} native Bloom filter(s) (BF.RESERVE {capacity:,} items at error"
+        f" rate {rate:.3g} each{window}): m={bits:,} bits ({format_bytes(bits // 8)}),"
+        f" k={first.hash_count} hash functions, capacity {record.capacity:,} items,"
+        f" {record.growth_text()}"
+    )
 
 
 def shard_bytes(record: FilterRecord) -> int:
