@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import multiprocessing
+import pickle
 import re
 import threading
 import time
@@ -254,6 +255,35 @@ def test_the_startup_line_says_the_geometry_bf_reserve_gave(
     size = sum(int(info["Size"]) for info in infos) * 8  # BF.INFO's Size adds a header per filter
     assert size - 2048 * len(keys) < bits <= size
     assert "k=11 hash functions" in line  # ceil(-log2(1e-3 / 2)): the first sub-filter's
+
+
+def test_redis_bloom_filter_from_config_is_the_bitmap_backends_only(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    """The public class: it never makes a native filter, and says so, not 'set auto'."""
+    with pytest.raises(ValueError, match=r"RedisBloomFilter is the bitmap backend's") as caught:
+        RedisBloomFilter.from_config(bloom_redis_client, KEY, config(BLOOMFILTER_BACKEND="native"))
+    assert "scrapy_redis_bloom.dupefilter.RFPDupeFilter" in str(caught.value)
+    assert bloom_redis_client.keys("*") == []
+    made = native(bloom_redis_client)
+    made.open()
+    made.close()
+    said = rf"{KEY!r} is native \(its record says so\), and RedisBloomFilter is the bitmap"
+    for backend in ("auto", "bitmap"):
+        cfg = config(BLOOMFILTER_BACKEND=backend)
+        bloom = RedisBloomFilter.from_config(bloom_redis_client, KEY, cfg)
+        with pytest.raises(ConfigMismatchError, match=said) as mismatch:
+            bloom.open()
+        assert "set BLOOMFILTER_BACKEND" not in str(mismatch.value)
+        bloom.close()
+    # Nor does its pickling error send a native filter's user there.
+    nat = native(bloom_redis_client)
+    with pytest.raises(TypeError, match=r"instead \(a Scrapy dupefilter with the same settings\)"):
+        pickle.dumps(nat)
+    nat.close()
+
+
+# -- the answer contract ----------------------------------------------------------------
 
 
 def test_check_and_add_new_then_seen_and_stats(bloom_redis_client: redis.Redis) -> None:

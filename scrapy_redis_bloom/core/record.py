@@ -257,14 +257,27 @@ class FilterRecord:
         """Return the creation time as ``YYYY-MM-DD HH:MM:SS UTC``."""
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.created))
 
-    def check(self, key: str, wanted: FilterRecord) -> None:
-        """Refuse a worker whose request (:func:`same_sizing`, or geometry) is not this filter's."""
+    def check(self, key: str, wanted: FilterRecord, fixed: str | None = None) -> None:
+        """Refuse a worker whose request (:func:`same_sizing`, or geometry) is not this filter's.
+
+        ``fixed``: why the worker's backend is not BLOOMFILTER_BACKEND's to choose (a class of
+        one backend), said instead of advice to set it.
+        """
 
         def mismatch(
             text: str, kind: type[ConfigMismatchError] = ConfigMismatchError, **values: object
         ) -> Exception:
             return kind(Wording(text, key=key, **values))
 
+        if wanted.backend != self.backend and fixed is not None:
+            raise mismatch(
+                "The Bloom filter {key!r} is {backend} (its record says so), and {fixed}."
+                " Open it by the Scrapy dupefilter (scrapy_redis_bloom.dupefilter.RFPDupeFilter),"
+                " which takes the filter's backend, choose another key, or reset the filter"
+                " (scrapy-redis-bloom reset --key {key!r}).",
+                backend=self.backend,
+                fixed=fixed,
+            )
         if wanted.backend != self.backend:
             raise mismatch(
                 "The Bloom filter {key!r} was created with {BLOOMFILTER_BACKEND} ="

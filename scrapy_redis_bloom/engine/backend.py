@@ -132,5 +132,6 @@ def make_filter(
                 native.close()
     if bloom is None:
         bloom = RedisBloomFilter.from_config(client, key, config, **options)
+        bloom.lifecycle.fixed = None  # BLOOMFILTER_BACKEND chose it: the record check says so
     bloom.events.set("backend", bloom.backend)
     return bloom

@@ -222,11 +222,16 @@ class FilterBase:
 
     def __reduce_ex__(self, protocol: object) -> Any:
         """Refuse pickling: a filter holds its connections, lock and counts for one process."""
+        # RedisBloomFilter.from_config opens bitmap filters only; the dupefilter, either.
+        how = (
+            "RedisBloomFilter.from_config with the same key and BloomConfig.from_settings"
+            if self.backend == "bitmap"
+            else "a Scrapy dupefilter with the same settings"
+        )
         raise TypeError(
             f"A Bloom filter ({type(self).__name__} {self.key!r}) cannot be pickled or sent to"
             " another process: it holds this process's connections, lock and unsynced counts."
-            " Build one filter per process instead (RedisBloomFilter.from_config with the"
-            " same key and BloomConfig.from_settings); they share the filter in Redis."
+            f" Build one filter per process instead ({how}); they share the filter in Redis."
         )
 
     @classmethod

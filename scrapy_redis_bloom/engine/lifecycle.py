@@ -91,6 +91,8 @@ class Lifecycle:
         self.faults = faults
         self.events = events
         self.key = self.parts.key
+        #: Why the backend is fixed whatever BLOOMFILTER_BACKEND says (:meth:`FilterRecord.check`).
+        self.fixed: str | None = None
         self._rechecked: float | None = None  # when loss_found() last read the policies
 
     def open(self, wanted: FilterRecord, create: bool = True) -> FilterRecord:
@@ -157,7 +159,7 @@ class Lifecycle:
 
     def _settle(self, record: FilterRecord, wanted: FilterRecord) -> FilterRecord:
         """Check a record against this worker's request; verify it, or finish creating it."""
-        record.check(self.key, wanted)
+        record.check(self.key, wanted, self.fixed)
         self.parts.spec = record.spec
         if record.state != "creating":
             return self.verify(record, wanted)

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import (
@@ -22,6 +22,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.generations import seed_arguments
 from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.settings import BloomConfig
 from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation
 from scrapy_redis_bloom.engine import scripts
 from scrapy_redis_bloom.engine.access import check_access
@@ -97,6 +98,30 @@ class RedisBloomFilter(FilterBase):
                 growth=lambda: self._current().growth,
             ),
         )
+
+    @classmethod
+    def from_config(cls, client: Any, key: str, config: BloomConfig, **options: Any) -> Self:
+        """Return the bitmap filter ``config`` asks for (``options``: the constructor's).
+
+        This class is the bitmap backend's: ``config.backend == 'native'`` is a ValueError, and
+        under ``'auto'`` or ``'bitmap'`` a native filter in Redis is refused when opened.
+        ``key``: the filter's, filled in (``BloomConfig.key_for``), under BLOOMFILTER_KEY's
+        rule: a key that breaks it is a TypeError or ValueError.
+        """
+        if config.backend == "native":
+            raise ValueError(
+                "RedisBloomFilter is the bitmap backend's class, and this configuration asks"
+                " for BLOOMFILTER_BACKEND = 'native' (the servers' own Bloom filters, BF.*)."
+                " Use BLOOMFILTER_BACKEND = 'bitmap' or 'auto' with this class, or the Scrapy"
+                " dupefilter (scrapy_redis_bloom.dupefilter.RFPDupeFilter), which opens native"
+                " filters."
+            )
+        bloom = super().from_config(client, key, config, **options)
+        bloom.lifecycle.fixed = (
+            "RedisBloomFilter is the bitmap backend's class: it opens bitmap filters only,"
+            " whatever BLOOMFILTER_BACKEND says"
+        )
+        return bloom
 
     def __repr__(self) -> str:
         return (
