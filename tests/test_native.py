@@ -257,6 +257,20 @@ def test_the_startup_line_says_the_geometry_bf_reserve_gave(
     assert "k=11 hash functions" in line  # ceil(-log2(1e-3 / 2)): the first sub-filter's
 
 
+def test_native_on_a_bitmap_filter_without_bf_says_the_record_is_bitmap(
+    redis_client: redis.Redis,
+) -> None:
+    make_filter([redis_client], KEY, config(BLOOMFILTER_BACKEND="bitmap")).open()
+    bloom = make_filter([redis_client], KEY, config(BLOOMFILTER_BACKEND="native"))
+    with pytest.raises(UnsupportedServerError) as caught:
+        bloom.open()
+    message = str(caught.value)
+    assert "is native" not in message
+    assert f"The Bloom filter {KEY!r} is a bitmap filter (its record says so)" in message
+    assert "BLOOMFILTER_BACKEND = 'auto' (it adopts the filter's backend) or 'bitmap'" in message
+    bloom.close()
+
+
 def test_redis_bloom_filter_from_config_is_the_bitmap_backends_only(
     bloom_redis_client: redis.Redis,
 ) -> None:

@@ -330,7 +330,15 @@ class Blooms:
     def check_servers(self) -> None:
         """Refuse servers without ``BF.*``, naming them and what to install (or do)."""
         missing = missing_bloom(self.parts.executor, self.topology)
-        if missing and self.parts.read_record() is not None:  # whatever the setting says
+        record = self.parts.read_record() if missing else None
+        if record is not None and record.backend == "bitmap":  # said before the record check
+            raise UnsupportedServerError(
+                f"The Bloom filter {self.parts.key!r} is a bitmap filter (its record says so),"
+                " and BLOOMFILTER_BACKEND = 'native' asks for the servers' own Bloom filters,"
+                f" which Redis at {', '.join(missing)} has not (no BF.* commands). Set"
+                " BLOOMFILTER_BACKEND = 'auto' (it adopts the filter's backend) or 'bitmap'."
+            )
+        if record is not None:  # whatever the setting says
             raise UnsupportedServerError(
                 f"The Bloom filter {self.parts.key!r} is native (its record says so: its shards"
                 " are the servers' own Bloom filters), and Redis at"
