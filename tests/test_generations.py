@@ -442,9 +442,15 @@ def test_the_record_decides_growth_and_ttl(
     stored = redis_client.hgetall("grow:bloomfilter:meta")
     assert (stored[b"expansion"], stored[b"ttl"], stored[b"tightening"]) == (b"2", b"0", b"0.5")
     # Another expansion: the record's applies, said in the log.
-    other = bloom_for(redis_client, config(1_000, 0.01, BLOOMFILTER_EXPANSION=4))
-    assert other.open().expansion == 2
+    asked = config(1_000, 0.01, BLOOMFILTER_EXPANSION=4)
+    other = bloom_for(redis_client, asked)
+    record = other.open()
+    assert record.expansion == 2
     assert "created with BLOOMFILTER_EXPANSION = 2" in caplog.text
+    # The startup line says the growth in use, not the setting's (it said "grows 4x").
+    said = other.describe_geometry(asked, record)
+    assert "growing 2x per generation" in said
+    assert "4x" not in said
     # Another TTL: refused, every worker must forget alike.
     with pytest.raises(ConfigMismatchError, match="BLOOMFILTER_TTL = 0"):
         bloom_for(redis_client, config(1_000, 0.01, BLOOMFILTER_TTL=60)).open()

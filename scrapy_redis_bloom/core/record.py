@@ -274,7 +274,7 @@ class FilterRecord:
                 "The Bloom filter {key!r} is {backend} (its record says so), and {fixed}."
                 " Open it by the Scrapy dupefilter (scrapy_redis_bloom.dupefilter.RFPDupeFilter),"
                 " which takes the filter's backend, choose another key, or reset the filter"
-                " (scrapy-redis-bloom reset --key {key!r}).",
+                " (scrapy bloom reset --key {key!r}).",
                 backend=self.backend,
                 fixed=fixed,
             )

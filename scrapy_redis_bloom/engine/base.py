@@ -271,9 +271,9 @@ class FilterBase:
     def describe_geometry(self, config: BloomConfig, record: FilterRecord) -> str:
         """Say the open filter's geometry for the startup line: ``config``'s, else the record's.
 
-        An existing filter keeps its own geometry and layout (:meth:`FilterRecord.check`).
+        An existing filter keeps its own geometry, layout and growth (:meth:`FilterRecord.check`).
         """
-        if record.spec == config.spec:
+        if record.spec == config.spec and record.expansion == config.expansion:
             return config.describe()
         return f"{record.describe()} (the filter's own)"
 
