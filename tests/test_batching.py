@@ -257,6 +257,35 @@ def stat(crawler: Crawler, name: str) -> Any:
     return crawler.stats.get_value(name)
 
 
+@pytest.mark.parametrize("enabled", [False, True])
+def test_batch_settings_without_the_middleware_are_said(
+    redis_url: str, caplog: pytest.LogCaptureFixture, enabled: bool
+) -> None:
+    # BLOOMFILTER_BATCH_WINDOW / _MAX set, the middleware not: every request went alone,
+    # and nothing said the settings were not applied.
+    middlewares = {"scrapy_redis_bloom.batching.BatchingMiddleware": 0} if enabled else {}
+    settings = {"BLOOMFILTER_BATCH_WINDOW": 0.05, "BLOOMFILTER_BATCH_MAX": 50}
+    crawler = get_crawler(
+        BooksSpider,
+        {
+            "REDIS_URL": redis_url,
+            "DUPEFILTER_CLASS": "scrapy_redis_bloom.dupefilter.RFPDupeFilter",
+            "SPIDER_MIDDLEWARES": middlewares,
+            **SMALL,
+            **settings,
+        },
+    )
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        RFPDupeFilter.from_crawler(crawler).close()
+    said = [r.getMessage() for r in caplog.records if "BatchingMiddleware" in r.getMessage()]
+    if enabled:
+        assert said == []
+    else:
+        assert len(said) == 1, said
+        assert "BLOOMFILTER_BATCH_MAX and BLOOMFILTER_BATCH_WINDOW are set" in said[0]
+        assert "BLOOMFILTER_ADDON_BATCHING = True" in said[0]
+
+
 def test_request_seen_takes_the_answers_held_ahead(
     dupefilter: RFPDupeFilter, crawler: Crawler
 ) -> None:

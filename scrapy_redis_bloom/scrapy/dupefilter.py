@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from scrapy import signals
 from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.misc import load_object
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from scrapy_redis_bloom.core.errors import (
@@ -130,6 +131,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         check_installed()  # pip enforced the minimums at install time only
         config = BloomConfig.from_settings(settings)
         refuse_decoded_queue(settings)
+        _say_unused_batching(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None
         if config.fingerprinter == "crawler":
@@ -413,6 +415,34 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             f"{state.memory_bytes:,}",
             "" if full else " (estimated from the counters)",
         )
+
+
+def _say_unused_batching(settings: SettingsLike) -> None:
+    """Warn when the batching settings are set but the middleware that reads them is not on."""
+    names = ("BLOOMFILTER_BATCH_MAX", "BLOOMFILTER_BATCH_WINDOW")
+    given = [name for name in names if settings.get(name) is not None]
+    getwithbase = getattr(settings, "getwithbase", None)
+    if not given or getwithbase is None:  # (a plain dict: no middlewares to tell)
+        return
+    for path, order in getwithbase("SPIDER_MIDDLEWARES").items():
+        if order is None:
+            continue
+        try:
+            middleware = load_object(path)
+        except (ImportError, NameError, ValueError):  # Scrapy names it as it builds the chain
+            continue
+        # By a marker: scrapy.batching imports this module. A subclass keeps it.
+        if getattr(middleware, "BLOOM_BATCHING", False):
+            return
+    logger.warning(
+        "%s %s set, but the BatchingMiddleware that reads %s is not enabled: each request is"
+        " checked on its own. Set BLOOMFILTER_ADDON_BATCHING = True (with the add-on), or add"
+        " scrapy_redis_bloom.batching.BatchingMiddleware to SPIDER_MIDDLEWARES at order 0"
+        " (docs/howto/batching.md).",
+        " and ".join(given),
+        "are" if given[1:] else "is",
+        "them" if given[1:] else "it",
+    )
 
 
 def _credentials_error(clients: list[Any], config: BloomConfig) -> CredentialsRefusedError:
