@@ -201,11 +201,20 @@ def test_a_full_redis_stops_the_crawl_with_the_reason(
         settings = filter_settings(bloom_redis.url, BLOOMFILTER_RETRY_TIMEOUT=1, **batching)
         done = run_workers(site, redis_url, tmp_path, settings, admin, during=fill)
         admin.close()
-    reasons = {r["stats"]["finish_reason"] for r in done.results}
-    assert reasons == {"bloomfilter_error"}  # never "finished" with pages silently lost
-    assert done.stat("bloomfilter/errors") >= 2
-    assert all("Redis is out of memory" in log for log in done.logs)
-    assert all("cannot answer, so the crawl stops" in log for log in done.logs)
+    stopped = [
+        log
+        for result, log in zip(done.results, done.logs, strict=True)
+        if result["stats"]["finish_reason"] == "bloomfilter_error"
+    ]
+    assert stopped, [r["stats"]["finish_reason"] for r in done.results]
+    for result in done.results:  # never "finished" past a request Redis could not answer
+        if result["stats"]["finish_reason"] != "bloomfilter_error":
+            # (A worker may finish that asked Redis nothing after the fill: its last links
+            # answered by its near-cache, or none left to it. Seen once, under load.)
+            assert not result["stats"].get("bloomfilter/errors"), result["stats"]
+    assert done.stat("bloomfilter/errors") >= len(stopped)
+    assert all("Redis is out of memory" in log for log in stopped)
+    assert all("cannot answer, so the crawl stops" in log for log in stopped)
     if batching:  # the windows met the full Redis, not only request_seen
         assert done.stat("bloomfilter/batch_failed") >= 1
 
