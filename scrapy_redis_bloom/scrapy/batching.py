@@ -101,7 +101,7 @@ def later_in_chain(methods: Sequence[Callable[..., Any] | None], middleware: obj
 class BatchingMiddleware:
     """Check the links of each response in one filter round trip (see the module)."""
 
-    BLOOM_BATCHING = True  #: How the dupefilter finds it among SPIDER_MIDDLEWARES, by name.
+    BLOOM_BATCHING = True  #: How the dupefilter finds it in SPIDER_MIDDLEWARES (no import back).
 
     def __init__(
         self, crawler: Crawler, limit: int = BATCH_MAX.default, window: float = 0.0

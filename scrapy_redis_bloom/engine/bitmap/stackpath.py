@@ -97,6 +97,8 @@ class Check:
     #: The window it chose its keys by (-1: none), and whether it reads the clock.
     window: int
     asked: bool
+    #: The generations of the window before it reads (what this worker knew at the plan).
+    before: int
     #: The bits the read found unset in the newest generation (as ``_Key.bits``).
     unset: list[int] = field(default_factory=list)
     #: The add (once :meth:`StackPath.judge` said :data:`ADD`), its key and absolute bits.
@@ -153,7 +155,7 @@ class StackPath:
         known = self._shards.get(shard)
         if known is None:
             known = self._shards[shard] = _Shard(now=1 if self.ttl else 2, since=HEADER_EVERY)
-        window, asked = -1, False
+        window, asked, before = -1, False, 0
         if self.ttl:
             window, asked = known.clock.estimate(self.ttl)
             if window != known.window:
@@ -162,7 +164,8 @@ class StackPath:
                 known.pending = 0  # the old window's newest generation takes no more adds
             if known.before == -1 or not 0 < known.now <= self.last:
                 return None
-            keys = self._keys(shard, h1, h2, known.before, window - 1, False)
+            before = known.before
+            keys = self._keys(shard, h1, h2, before, window - 1, False)
             keys += self._keys(shard, h1, h2, known.now, window, True)
             reads = [TIME] if asked else []
         else:
@@ -177,7 +180,7 @@ class StackPath:
         for k in keys:
             k.header = every  # the state comes with the add (:meth:`_pack_add`)
         reads += self._reads(keys)
-        return Check(shard, h1, h2, known, keys, reads, window, asked)
+        return Check(shard, h1, h2, known, keys, reads, window, asked, before)
 
     def _keys(
         self, shard: int, h1: int, h2: int, generations: int, window: int, current: bool
@@ -291,7 +294,7 @@ class StackPath:
         # Planned before its batch found the shard grown: its add would go to a sealed one,
         # or it read fewer generations of the window before than the first check's headers say.
         stale = check.keys[-1].generation + 1 != known.now or (
-            self.ttl > 0 and sum(not k.current for k in check.keys) != max(known.before, 0)
+            self.ttl > 0 and check.before != known.before
         )
         if not sound or late or stale or self._near(known):
             return SCRIPT
