@@ -440,6 +440,67 @@ def test_a_lost_record_is_restored_from_intact_shards(redis_client: redis.Redis)
         make(redis_client, FilterSpec(shards=4, shard_bits=4096, hash_count=6)).open()
 
 
+def test_a_lost_record_is_restored_only_with_the_re_crawl_windows_its_shards_show(
+    redis_client: redis.Redis,
+) -> None:
+    # Neither BLOOMFILTER_TTL nor the expansion is in a shard's header: a worker with another
+    # TTL "restored" the record with its own (5 -> 9), and URLs added a second before read
+    # "new" (0 of 3,000 seen, a probe); the workers still on the old record never noticed.
+    first = make(redis_client, ttl=5)
+    assert first.add_many(fingerprints(100)) == [False] * 100
+    redis_client.delete("bf:meta")
+    for ttl in (9, 3):
+        with pytest.raises(OrphanedShardsError, match=rf"BLOOMFILTER_TTL = 5\b.*sets {ttl}\b"):
+            make(redis_client, ttl=ttl).open()
+    assert redis_client.exists("bf:meta") == 0
+    restored = make(redis_client, ttl=5)
+    assert restored.open().ttl == 5
+    assert restored.contains_many(fingerprints(100)) == [True] * 100
+
+
+def test_a_lost_record_is_restored_only_with_the_growth_its_shards_show(
+    redis_client: redis.Redis,
+) -> None:
+    # A grown shard's generation 1 has the size its expansion gives: a worker asking for
+    # another read it with its own (2 -> 4: 2,069 of 3,000 URLs seen, a probe).
+    first = make(redis_client, expansion=2)
+    assert first.add_many(fingerprints(1500)) == [False] * 1500
+    assert first.state().generations[-1].generation >= 1  # grown
+    redis_client.delete("bf:meta")
+    for expansion in (4, 3):
+        with pytest.raises(OrphanedShardsError, match=f"EXPANSION = 2.* sets {expansion}"):
+            make(redis_client, expansion=expansion).open()
+    restored = make(redis_client, expansion=2)
+    assert restored.open().expansion == 2
+    assert restored.contains_many(fingerprints(1500)) == [True] * 1500
+
+
+@pytest.mark.parametrize("policy", ["raise", "recreate"])
+def test_counters_left_by_a_filter_lost_whole_are_said(
+    redis_client: redis.Redis, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A reset deletes the counters before the record: counters without a record or shards
+    # are a filter lost whole (evicted, deleted by hand). Created anew without a word, its
+    # URLs were all "new" and its totals went on from the lost filter's.
+    first = make(redis_client)
+    first.add_many(fingerprints(100))
+    assert first.sync_counters() is not None
+    redis_client.delete("bf:meta", *first.shard_keys)
+    later = make(redis_client, faults=FaultPolicy(on_loss=policy))
+    if policy == "raise":
+        with pytest.raises(FilterDamagedError, match=r"'bf:count'.*100 added.*reset"):
+            later.open()
+        assert redis_client.exists("bf:meta") == 0
+        return
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        later.open()
+    assert "lost whole" in caplog.text
+    assert later.events.read()[0]["recreated"] == SMALL.shards
+    assert later.add_many(fingerprints(10, "anew")) == [False] * 10
+    assert later.sync_counters() is not None
+    assert later.totals().added == 10
+
+
 def _creator_between_read_and_prepare(late: RedisBloomFilter, creator: RedisBloomFilter) -> None:
     """Make ``creator`` open (create) the filter just after ``late`` read that there is none."""
     parts = late.lifecycle.parts

@@ -38,6 +38,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterMissingError,
     FilterUnavailableError,
     NotEnoughMemoryError,
+    OrphanedShardsError,
     ServerListMismatchError,
     UnsupportedServerError,
 )
@@ -546,6 +547,47 @@ def test_a_filter_reset_and_created_again_is_adopted_by_a_recreating_worker(
     assert current.contains_many(urls) == [True] * len(urls)
     stale.close()
     current.close()
+
+
+def test_a_lost_record_is_never_replaced_by_a_second_filter(
+    bloom_redis_client: redis.Redis,
+) -> None:
+    # A native shard's key carries its filter's id, which only the record holds: a worker
+    # that found the record gone created a second filter beside the first without a word,
+    # and took its URLs for new (1,000 of 1,000, a probe); the running one then said the
+    # filter "was reset and created again".
+    events = Recorder()
+    first = native(bloom_redis_client, events=events)
+    urls = fingerprints(100, "lost")
+    assert first.add_many(urls) == [False] * 100
+    assert first.sync_counters() is not None
+    bloom_redis_client.delete(f"{KEY}:meta")
+    with pytest.raises(OrphanedShardsError, match=r"'nat:count' remain \(100 added\).*restores"):
+        native(bloom_redis_client).open()
+    assert bloom_redis_client.exists(f"{KEY}:meta") == 0
+    assert first.check_and_add(fingerprints(1, "more")[0]) is False
+    first.sync_counters()  # about once a second in a crawl: it restores the record
+    assert events.seen["restored"] == 1
+    again = native(bloom_redis_client)
+    assert again.open().filter_id == first.record.filter_id
+    assert again.contains_many(urls) == [True] * 100
+    for b in (first, again):
+        b.close()
+
+
+def test_auto_takes_the_bitmap_shards_of_a_lost_record(bloom_redis_client: redis.Redis) -> None:
+    # With no record to say the backend, auto picked native where BF.* exists and created a
+    # native filter beside the intact bitmap shards (0 of 1,000 URLs seen, a probe).
+    first = make_filter([bloom_redis_client], KEY, config(BLOOMFILTER_BACKEND="bitmap"))
+    urls = fingerprints(100, "bitmap")
+    assert first.add_many(urls) == [False] * 100
+    bloom_redis_client.delete(f"{KEY}:meta")
+    again = make_filter([bloom_redis_client], KEY, config())
+    assert isinstance(again, RedisBloomFilter)
+    assert again.open().filter_id == first.record.filter_id  # restored from the shards
+    assert again.contains_many(urls) == [True] * 100
+    for b in (first, again):
+        b.close()
 
 
 @pytest.mark.parametrize("policy", ["raise", "recreate"])

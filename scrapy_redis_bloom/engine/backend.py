@@ -77,6 +77,14 @@ def choose(native: NativeBloomFilter, config: BloomConfig) -> Backend:
             "give" if config.bitmap_only[1:] else "gives",
         )
         return "bitmap"
+    if native.parts.existing([0]):  # a bitmap filter's shard 0: its record was lost
+        logger.info(
+            "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend for the Bloom filter %r: it"
+            " has no config record, but a bitmap shard of it (%r) is there.",
+            native.key,
+            native.parts.shard_key(0),
+        )
+        return "bitmap"
     try:
         missing = native_parts.missing_bloom(native.executor, native.topology)
     except AccessDeniedError as exc:  # optional for the bitmaps: said, never taken for "none"

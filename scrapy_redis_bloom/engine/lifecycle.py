@@ -18,6 +18,7 @@ from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     FilterDamagedError,
     FilterMissingError,
+    OrphanedShardsError,
     ServerListMismatchError,
     Wording,
 )
@@ -25,8 +26,10 @@ from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.parts import Parts, pairs
+from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Topology
+from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +117,60 @@ class Lifecycle:
             markers = self.parts.markers(wanted.servers)
             self.check_markers(markers, wanted.servers)
             restored = self.shards.prepare(wanted, servers, markers)
+            if restored is None:
+                self._lost_whole(wanted)
             record = restored if restored is not None else self.parts.create_record(wanted)
         record = self._settle(record, wanted)
         self.events.set("eviction_risk", health.warn_risks(self.key, servers, record.ttl > 0))
         self._warn_seed_floor(record)
         return record
+
+    def _lost_whole(self, wanted: FilterRecord) -> None:
+        """Refuse (or, as ``ON_LOSS`` says, recreate) a filter whose counters outlived it.
+
+        A reset deletes ``KEY:count`` before the record: counters without a record are a
+        record lost. The bitmap shards were then found gone too (:meth:`Shards.prepare`); a
+        native filter's are named by the id the record held, so no worker finds them.
+        """
+        counter = self.parts.counter_key
+        call = Call(pack_command(b"HGETALL", counter), key=counter)
+        (counts,) = self.parts.run("read the filter's counters", [call], take=pairs)
+        if not counts:
+            return
+        added = counts.get("added", "?")
+        if wanted.backend == "native":
+            raise OrphanedShardsError(
+                f"The native Bloom filter {self.key!r} has lost its config record"
+                f" {self.parts.meta_key!r}, but its counters {counter!r} remain ({added}"
+                " added): its shards, named by the id the record held, may still be in Redis."
+                " A worker still running on it restores the record within seconds: start"
+                " this one again then. Else reset the filter (scrapy bloom reset --key"
+                f" {self.key!r} finds what is left and deletes it), or restore it from a dump."
+                " A new filter beside them would take every URL for new."
+            )
+        if self.faults.on_loss == "raise":
+            raise FilterDamagedError(
+                f"The Bloom filter {self.key!r} was lost whole: its config record"
+                f" {self.parts.meta_key!r} and every shard are gone (evicted, see"
+                " maxmemory-policy, or deleted), and only its counters"
+                f" {counter!r} remain ({added} added). The URLs it held would be taken for new,"
+                " so nothing is created. Reset the filter (scrapy bloom reset --key"
+                f" {self.key!r}) to start over, or set BLOOMFILTER_ON_LOSS = 'recreate' to go on"
+                " with it empty (URLs it held may be fetched again, never dropped)."
+            )
+        self.parts.run(
+            "delete the lost filter's counters",
+            [self.parts.delete_if_still(counter, "counters")],
+            write=True,
+        )
+        self.events.count("recreated", wanted.spec.shards)
+        logger.warning(
+            "The Bloom filter %r was lost whole (its record and every shard gone: evicted or"
+            " deleted; its counters, %s added, were left): created anew, empty"
+            " (BLOOMFILTER_ON_LOSS = 'recreate'). URLs it held may be fetched again.",
+            self.key,
+            added,
+        )
 
     def loss_found(self, expiring: bool) -> None:
         """Re-read the servers' maxmemory-policy (changed since open?) once a part was lost."""

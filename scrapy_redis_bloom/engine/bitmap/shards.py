@@ -8,18 +8,21 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import FilterDamagedError, OrphanedShardsError
+from scrapy_redis_bloom.core.errors import FilterDamagedError, OrphanedShardsError, taking_apart
 from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, window_key
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import shard_allocation
 from scrapy_redis_bloom.engine import access, health
-from scrapy_redis_bloom.engine.lifecycle import named
-from scrapy_redis_bloom.engine.parts import Parts
+from scrapy_redis_bloom.engine.lifecycle import NAMED, named
+from scrapy_redis_bloom.engine.parts import Parts, blob
 from scrapy_redis_bloom.transport.executor import Call
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
+
+_GENERATIONS = GENERATIONS_BIT // 8  # where a header's state begins (core/generations.py)
 
 
 def delete(parts: Parts, record: FilterRecord) -> int:
@@ -218,6 +221,15 @@ class Bitmaps:
                 f" (scrapy bloom reset --key {self.key!r}) or choose another"
                 f" BLOOMFILTER_KEY.{classic}"
             )
+        differs = self._growth_differs(wanted)
+        if differs is not None:
+            raise OrphanedShardsError(
+                f"The {spec.shards:,} shard(s) of the Bloom filter {self.key!r} (id"
+                f" {filter_id}) are intact, but its config record {self.parts.meta_key!r} is"
+                f" gone, and {differs}. The record is restored only by a worker with the"
+                " filter's own settings: start one with them, reset the filter (scrapy bloom"
+                f" reset --key {self.key!r}) or choose another BLOOMFILTER_KEY."
+            )
         restored = replace(wanted, filter_id=filter_id, state="ready")
         record = self.parts.create_record(restored)
         self.events.count("restored")
@@ -235,12 +247,93 @@ class Bitmaps:
             self.parts.write_markers(record, range(wanted.servers))
         return record
 
-    def _lengths(self, shards: Iterable[int] | None = None) -> list[int]:
+    def _growth_differs(self, wanted: FilterRecord) -> str | None:
+        """Say how the shards show another TTL or expansion than ``wanted``'s; None if none.
+
+        A shard's header holds neither. A TTL shows in the newest re-crawl window an anchor
+        names (numbered by the clock over the TTL) and in that window's expiry, which the
+        scripts set at (window + 2) x TTL; an expansion, in the size of a grown part's
+        generation 1. What no part shows yet is this worker's to give.
+        """
+        heads = self._heads([(s, self.parts.shard_key(s)) for s in range(wanted.spec.shards)])
+        if wanted.ttl:
+            windows = self._windows_differ(wanted.ttl, heads)
+            if isinstance(windows, str):
+                return windows
+            grown = windows
+        else:
+            grown = [(s, layout.shard_key(self.key, s, 1)) for s, head in heads if _grown(head)]
+        growth = wanted.growth
+        if grown and not growth.expansion:
+            return (
+                "its shards have grown past their first generation, which no filter of this"
+                " worker's BLOOMFILTER_EXPANSION = 0 does"
+            )
+        wanted_size = layout.HEADER_BYTES + growth.generation(1).nbytes if grown else 0
+        for length in self._lengths_of(grown[:NAMED]):
+            if length != wanted_size:
+                shown = [
+                    e
+                    for e in range(2, 2**4)
+                    if length
+                    == layout.HEADER_BYTES + replace(growth, expansion=e).generation(1).nbytes
+                ]
+                size = (
+                    f"BLOOMFILTER_EXPANSION = {shown[0]} gives" if shown else f"of {length:,} bytes"
+                )
+                return f"its generation 1 has the size {size}; this worker sets {growth.expansion}"
+        return None
+
+    def _windows_differ(
+        self, ttl: int, anchors: list[tuple[int, bytes]]
+    ) -> str | list[tuple[int, str]]:
+        """Say how the anchors' newest windows show another TTL than ``ttl``.
+
+        Else return the keys of generation 1 of the grown live windows, to measure.
+        """
+        started = [(s, _newest(head)) for s, head in anchors if _newest(head)]
+        keys = [(s, window_key(self.key, s, n, 0)) for s, n in started]
         calls = [
-            Call(pack_command(b"STRLEN", key), key=key, shard=shard)
-            for shard in (range(self.parts.spec.shards) if shards is None else shards)
-            for key in [self.parts.shard_key(shard)]
+            Call(pack_command(*argv), key=key, shard=s)
+            for s, key in keys
+            for argv in [(b"TIME",), (b"PTTL", key)]
         ]
+        replies = self.parts.run("check the filter's re-crawl windows", calls)
+        grown = []
+        for (s, n), clock, left, (_, head) in zip(
+            started, replies[::2], replies[1::2], self._heads(keys), strict=True
+        ):
+            with taking_apart("check the filter's re-crawl windows", self.key):
+                now, left = int(clock[0]) + int(clock[1]) / 1e6, int(left) / 1000
+            if left > 0 and abs(now + left - (n + 2) * ttl) > 2:  # (expiry: lua/windows.lua)
+                shown = round((now + left) / (n + 2))
+                return (
+                    f"its re-crawl windows show BLOOMFILTER_TTL = {shown}; this worker sets {ttl}"
+                )
+            if n > now // ttl + 1:
+                return (
+                    f"its newest re-crawl window ({n}) is one this worker's BLOOMFILTER_TTL ="
+                    f" {ttl} reaches only later: the filter's TTL is shorter"
+                )
+            if left > 0 and _grown(head):
+                grown.append((s, window_key(self.key, s, n, 1)))
+        return grown
+
+    def _heads(self, keys: list[tuple[int, str]]) -> list[tuple[int, bytes]]:
+        """Return the header of each ``(shard, key)`` (b"" where missing)."""
+        calls = [
+            Call(pack_command(b"GETRANGE", key, 0, layout.HEADER_BYTES - 1), key=key, shard=s)
+            for s, key in keys
+        ]
+        replies = self.parts.run("read the filter's headers", calls, take=blob)
+        return [(s, head) for (s, _), head in zip(keys, replies, strict=True)]
+
+    def _lengths(self, shards: Iterable[int] | None = None) -> list[int]:
+        order = range(self.parts.spec.shards) if shards is None else shards
+        return self._lengths_of([(shard, self.parts.shard_key(shard)) for shard in order])
+
+    def _lengths_of(self, keys: list[tuple[int, str]]) -> list[int]:
+        calls = [Call(pack_command(b"STRLEN", key), key=key, shard=shard) for shard, key in keys]
         return self.parts.run("measure the filter's shards", calls, take=int)
 
     def _address(self, shard: int) -> str:
@@ -249,6 +342,16 @@ class Bitmaps:
     def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
         what = {s: layout.describe_identity(f, record.filter_id, s) for s, f in found.items()}
         return named(self.topology, self.parts.shard_key, what)
+
+
+def _grown(head: bytes) -> bool:
+    """Tell whether a shard's (or window's) header counts more than one generation."""
+    return int.from_bytes(head[_GENERATIONS : _GENERATIONS + 2], "big") > 1
+
+
+def _newest(anchor: bytes) -> int:
+    """Return the newest re-crawl window a TTL anchor's header names (0: none started)."""
+    return int.from_bytes(anchor[_GENERATIONS + 2 : _GENERATIONS + 6], "big")
 
 
 def _debris(found: bytes) -> bool:
