@@ -21,6 +21,7 @@ from scrapy_redis_bloom.core.errors import (
     CertificateError,
     ConfigMismatchError,
     CredentialsRefusedError,
+    FilterBusyError,
     FilterDamagedError,
     FilterMissingError,
     FilterUnavailableError,
@@ -37,7 +38,7 @@ from scrapy_redis_bloom.core.versions import UnsupportedVersionError
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
 from scrapy_redis_bloom.engine.lease import WorkerLease
 from scrapy_redis_bloom.engine.state import FilterState, FilterTotals
-from scrapy_redis_bloom.ops.dump import FilterBusyError, dump_filter
+from scrapy_redis_bloom.ops.dump import dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreFailedError, restore_filter
 from scrapy_redis_bloom.scrapy.addon import Addon

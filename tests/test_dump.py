@@ -28,6 +28,7 @@ from reply_cutter import Command, ReplyCutter
 from scrapy_redis_bloom import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
+    FilterBusyError,
     NotEnoughMemoryError,
     UnsupportedServerError,
 )
@@ -35,7 +36,7 @@ from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.ops import dumpfile, inventory
-from scrapy_redis_bloom.ops.dump import FilterBusyError, dump_filter
+from scrapy_redis_bloom.ops.dump import dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.restore import FilterExistsError, RestoreFailedError, restore_filter
 

@@ -81,7 +81,7 @@ from scrapy_redis_bloom.core.errors import AccessDeniedError, CertificateError
 from scrapy_redis_bloom.core.settings import BloomConfig, ConnectionConfig
 from scrapy_redis_bloom.core.sizing import format_bytes
 from scrapy_redis_bloom.engine.state import estimate_from_items
-from scrapy_redis_bloom.scrapy.addon import DUPEFILTER
+from scrapy_redis_bloom.scrapy.addon import DUPEFILTER, SCHEDULER
 from scrapy_redis_bloom.scrapy.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.scrapy.stats import FilterStats
 
@@ -497,12 +497,14 @@ def test_from_bloomfilter(
     old = BloomFilter(redis_client, old_key, 20, before["BLOOMFILTER_HASH_NUMBER"])
     old.insert("f" * 40)
     old_bits = redis_client.get(old_key)
-    # The new settings: the add-on sets scrapy-redis's Scheduler and the Bloom dupefilter.
+    # The new settings: the add-on sets scrapy-redis's Scheduler (its subclass that keeps the
+    # queue while other workers keep the filter) and the Bloom dupefilter.
     validate(after)
     applied = Settings()
     applied.setdict(after, priority="project")
     Addon().update_settings(applied)
-    assert load_object(applied["SCHEDULER"]) is Scheduler
+    assert load_object(applied["SCHEDULER"]) is load_object(SCHEDULER)
+    assert issubclass(load_object(SCHEDULER), Scheduler)
     assert load_object(applied["DUPEFILTER_CLASS"]) is RFPDupeFilter
     # "Remove the DUPEFILTER_CLASS line": left in, the add-on refuses it.
     left = Settings()

@@ -41,7 +41,7 @@ from scrapy_redis_bloom.cli.streams import (
     read_lines,
 )
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, Wording
+from scrapy_redis_bloom.core.errors import BloomFilterError, FilterBusyError, Wording
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FINGERPRINTER, WORKER_TTL, ConnectionConfig
 from scrapy_redis_bloom.core.sizing import format_bytes
@@ -51,7 +51,7 @@ from scrapy_redis_bloom.engine.bitmap.local import HAVE_NUMPY
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.parts import pairs, text
 from scrapy_redis_bloom.ops import inventory
-from scrapy_redis_bloom.ops.dump import FilterBusyError, Progress, Summary, dump_filter
+from scrapy_redis_bloom.ops.dump import Progress, Summary, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
 from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter

@@ -115,6 +115,10 @@ class OrphanedShardsError(BloomFilterError):
     """Shard keys exist but the config record that describes their layout does not."""
 
 
+class FilterBusyError(BloomFilterError):
+    """Workers hold live leases on a filter that is to be cleared, dumped or restored over."""
+
+
 class FilterMissingError(BloomFilterError):
     """The filter was to be opened without being created, and it does not exist."""
 

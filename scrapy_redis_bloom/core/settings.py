@@ -550,7 +550,9 @@ SENTINEL_SERVICE: Setting[str] = _row(
 )
 ADDON_SCHEDULER: Setting[bool] = _row(
     ("BLOOMFILTER_ADDON_SCHEDULER", "bool", False),
-    "With the [add-on](#activate): also set `SCHEDULER` to scrapy-redis's Scheduler.",
+    "With the [add-on](#activate): also set `SCHEDULER` to scrapy-redis's Scheduler (its"
+    " subclass `scrapy_redis_bloom.scheduler.Scheduler`, whose flush keeps the queue while"
+    " other workers keep the filter).",
 )
 ADDON_BATCHING: Setting[bool] = _row(
     ("BLOOMFILTER_ADDON_BATCHING", "bool", False),

@@ -14,7 +14,12 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterDamagedError, FilterMissingError
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterBusyError,
+    FilterDamagedError,
+    FilterMissingError,
+)
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL
@@ -56,10 +61,6 @@ class Summary:
     def added(self) -> int:
         """The filter's item count: the workers' ``added`` counter."""
         return self.counters.get("added", 0)
-
-
-class FilterBusyError(BloomFilterError):
-    """Workers hold live leases on a filter that is to be dumped (or restored over)."""
 
 
 def part_bytes(record: FilterRecord, generation: int) -> int:

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, UnsupportedServerError
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterBusyError,
+    UnsupportedServerError,
+)
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, FaultPolicy
 from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation
@@ -374,7 +378,7 @@ def _existing(
     existing = FilterRecord.parse(parts.meta_key, fields)  # refuses an unusable one by name
     workers = bloom.live_workers(worker_ttl)
     if workers:
-        raise dump.FilterBusyError(
+        raise FilterBusyError(
             f"{len(workers)} worker(s) hold a live lease on the Bloom filter {bloom.key!r} on"
             f" {where} (such as {workers[0]}): stop them before replacing it."
         )

@@ -7,6 +7,7 @@ from typing import Any
 from scrapy.utils.misc import load_object
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import SETTINGS_PARAMS_MAP
+from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
 from scrapy_redis_bloom.core.settings import (
     ConnectionConfig,
@@ -37,9 +38,8 @@ def scrapy_redis_client(settings: SettingsLike) -> Any:
 
 def refuse_decoded_queue(settings: SettingsLike) -> None:
     """Refuse ``decode_responses`` in REDIS_PARAMS under scrapy-redis's Scheduler (ValueError)."""
-    scheduler = settings.get("SCHEDULER")
-    name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
-    if not str(name).startswith("scrapy_redis."):
+    scheduler = loaded(settings.get("SCHEDULER"))
+    if not (isinstance(scheduler, type) and issubclass(scheduler, RedisScheduler)):
         return
     if client_params("REDIS_PARAMS", settings.get("REDIS_PARAMS")).get("decode_responses"):
         raise ValueError(
@@ -55,3 +55,11 @@ def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any
     if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
     return own_clients(config, "BLOOMFILTER_REDIS_PARAMS")
+
+
+def loaded(value: Any) -> Any:
+    """Return the object a component setting names (None if it names none: Scrapy says so)."""
+    try:
+        return load_object(value) if isinstance(value, str) else value
+    except (ImportError, NameError, AttributeError, ValueError):
+        return None

@@ -25,6 +25,7 @@ from scrapy_redis_bloom.core.errors import (
     AccessDeniedError,
     BloomFilterError,
     CredentialsRefusedError,
+    FilterBusyError,
     FilterUnavailableError,
 )
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog, emit, guard_loggers
@@ -326,25 +327,43 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
 
-        Only when no other worker holds a live lease: scrapy-redis calls this when ANY worker
-        closes or starts, which would wipe a crawl running elsewhere.
+        Refused (:class:`FilterBusyError`) while another worker holds a live lease: scrapy-redis's
+        Scheduler calls this when any worker flushes, then empties the queue the others crawl
+        from, whose requests would stay "seen" and never be fetched. Its subclass
+        ``scrapy_redis_bloom.scheduler.Scheduler`` (the add-on's) calls
+        :meth:`clear_unless_shared`, and keeps the queue with the filter.
         """
+        if not self.clear_unless_shared():
+            raise FilterBusyError(
+                f"Not clearing the Bloom filter {self.key!r}: other workers still use it, and"
+                " scrapy-redis's Scheduler (which flushes at close unless SCHEDULER_PERSIST ="
+                " True, and at start with SCHEDULER_FLUSH_ON_START = True) would then empty"
+                " the queue they crawl from: its requests, seen in the filter, would never be"
+                " fetched. Set SCHEDULER = 'scrapy_redis_bloom.scheduler.Scheduler'"
+                " (scrapy-redis's, whose flush keeps the queue while the filter is kept; the"
+                " add-on sets it), or"
+                " SCHEDULER_PERSIST = True. The filter and the queue are kept."
+            )
+
+    def clear_unless_shared(self) -> bool:
+        """Clear the filter, as :meth:`clear`, unless another worker uses it; say if cleared."""
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
             if others:
                 self._record_state(full=False)
                 logger.info(
-                    "Not clearing the Bloom filter %r: %d other worker(s) still use it. The"
-                    " last worker to close clears it (a crashed worker stops counting %ss after"
-                    " its last lease renewal).",
+                    "Not clearing the Bloom filter %r, nor the queue: %d other worker(s) still"
+                    " use them. The last worker to close clears them (a crashed worker stops"
+                    " counting %ss after its last lease renewal).",
                     self.key,
                     others,
                     f"{self.config.worker_ttl:g}",
                 )
-                return
+                return False
             self._record_state(full=True)
             self.bloom.clear()
         logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
+        return True
 
     def close(self, reason: str = "") -> None:
         """Report the filter's state and leave the registry. The filter stays in Redis."""
@@ -390,10 +409,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 logger.warning("Could not record the Bloom filter %r's state: %s", self.key, exc)
         finally:
             self.lease.close()
-            self.bloom.close()
-            for client in self._owned_clients:
-                client.close()
-            self.filter_stats.publish(counts_only=True)  # the last trips (counters, lease)
+            try:
+                self.bloom.close()
+            except BloomFilterError as exc:  # settle_owed's again: said above, once
+                logger.debug("Closing the Bloom filter %r: %s", self.key, exc)
+            finally:
+                for client in self._owned_clients:
+                    client.close()
+                self.filter_stats.publish(counts_only=True)  # the last trips (counters, lease)
 
     def _record_state(self, full: bool) -> None:
         """Write the filter's stats and log its state (``full``: the bits counted in Redis)."""
