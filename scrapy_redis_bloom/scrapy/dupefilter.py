@@ -366,8 +366,43 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         return True
 
     def close(self, reason: str = "") -> None:
-        """Report the filter's state and leave the registry. The filter stays in Redis."""
+        """Report the filter's state and leave the registry. The filter stays in Redis.
+
+        Scrapy's own scheduler calls it (scrapy-redis's does not: ``spider_closed`` does).
+        """
+        self._say_unfetched(reason)
         self._finish()
+
+    def _say_unfetched(self, reason: str) -> None:
+        """Warn of requests left in Scrapy's queue in memory: the filter keeps them as seen.
+
+        Without ``JOBDIR`` the queue ends with the crawl, the filter does not: a later crawl
+        with it never fetches them. The scheduler's own stats give how many.
+        """
+        stats, crawler = self.stats, self.crawler
+        if stats is None or crawler is None or crawler.settings.get("JOBDIR"):
+            return
+        try:  # a shared stats store may be down: said, never raised over the close
+            queued = stats.get_value("scheduler/enqueued", 0)
+            queued -= stats.get_value("scheduler/dequeued", 0)
+            if queued > 0:
+                stats.set_value("bloomfilter/unfetched_at_close", queued)
+        except Exception as exc:
+            emit(logger, logging.WARNING, "Could not read the scheduler's stats: %r", exc)
+            return
+        if queued <= 0:
+            return
+        logger.warning(
+            "%d request(s) were still queued when the crawl closed (%s): Scrapy's scheduler"
+            " keeps its queue in memory, and the Bloom filter %r keeps them as seen, so a"
+            " later crawl with this filter will not fetch them. Set JOBDIR to keep the queue"
+            " with the filter, or reset the filter before the next crawl (scrapy bloom reset"
+            " --key %r).",
+            queued,
+            reason or "closed",
+            self.key,
+            self.key,
+        )
 
     def _finish(self) -> None:  # on spider_closed too; not close(), which a subclass may override
         if self._finished:

@@ -70,6 +70,10 @@ STATS: dict[str, str] = {
         " (Scrapy's LogCounterHandler, its stats store down): said, and sent to the others"
     ),
     "batching_disabled": "1 when a later middleware could drop requests: no batching",
+    "unfetched_at_close": (
+        "requests left in Scrapy's in-memory queue at close (no JOBDIR), kept as seen by the"
+        " filter: a later crawl will not fetch them"
+    ),
     "eviction_risk": "servers whose maxmemory-policy may evict the filter's keys",
     "rate_floor": (
         "least false-positive rate of a hash scheme 1 filter at its capacity, when above a"
