@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from scrapy_redis.scheduler import Scheduler as RedisScheduler
 from waiting import until_tried
 
 import scrapy_redis_bloom
+from scrapy_redis_bloom import RedisBloomFilter
 from scrapy_redis_bloom.core.errors import (
     BloomFilterError,
     ConfigMismatchError,
@@ -181,6 +183,56 @@ def test_crawler_fingerprinter_on_request(redis_url: str) -> None:
     request = Request("https://example.com/page")
     scheduler.df.request_seen(request)
     assert scheduler.df.bloom.contains(crawler.request_fingerprinter.fingerprint(request).hex())
+
+
+class QueryBlindFingerprinter:
+    """A project's fingerprinter: the URL without its query."""
+
+    def fingerprint(self, request: Request) -> bytes:
+        return hashlib.sha1(request.url.split("?")[0].encode()).digest()
+
+
+def test_a_fingerprint_function_other_than_the_filters_is_refused(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A filter of scrapy-redis's fingerprints reopened with the crawler's (or another
+    # fingerprinter class): every URL it held looked new, and a probe's second run fetched all
+    # 300 pages again, without a word.
+    first, _ = redis_scheduler(crawler_for(redis_url, SCHEDULER_PERSIST=True))
+    assert redis_client.hget("books:bloomfilter:meta", "fingerprints") == b"scrapy-redis"
+    first.df.close("finished")
+    crawler = crawler_for(redis_url, BLOOMFILTER_FINGERPRINTER="crawler")
+    with pytest.raises(
+        ConfigMismatchError,
+        match=r"fingerprints of scrapy-redis; this worker makes those of"
+        r" crawler:scrapy\.utils\.request\.RequestFingerprinter\. .*BLOOMFILTER_FINGERPRINTER",
+    ):
+        RFPDupeFilter.from_crawler(crawler)
+    redis_client.flushdb()
+    made = crawler_for(redis_url, BLOOMFILTER_FINGERPRINTER="crawler")
+    RFPDupeFilter.from_crawler(made).close("finished")
+    other = crawler_for(
+        redis_url,
+        BLOOMFILTER_FINGERPRINTER="crawler",
+        REQUEST_FINGERPRINTER_CLASS=f"{__name__}.QueryBlindFingerprinter",
+    )
+    with pytest.raises(ConfigMismatchError, match=r"those of crawler:.*QueryBlindFingerprinter"):
+        RFPDupeFilter.from_crawler(other)
+
+
+def test_a_filter_whose_record_does_not_say_its_fingerprints_takes_any(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Made by the Python API (or a release before records said): nothing to compare.
+    config = BloomConfig.from_settings({**SMALL, "BLOOMFILTER_KEY": "books:bloomfilter"})
+    RedisBloomFilter.from_config(redis_client, "books:bloomfilter", config).open()
+    assert redis_client.hget("books:bloomfilter:meta", "fingerprints") == b""
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        df = RFPDupeFilter.from_crawler(crawler_for(redis_url, BLOOMFILTER_FINGERPRINTER="crawler"))
+    assert "fingerprints of crawler:scrapy.utils.request.RequestFingerprinter (its record" in (
+        caplog.text
+    )
+    df.close("finished")
 
 
 def test_first_duplicate_is_logged_then_silence(

@@ -87,6 +87,7 @@ def info(ctx: Context) -> int:
         **_fields(record, "layout scheme"),
         "block_bits": spec.block_bits,
         "sizing": record.sizing,
+        "fingerprints": record.fingerprints or None,
         "record_servers": record.servers,
         "bits": spec.bits,
         "bytes": spec.total_bytes,
@@ -124,6 +125,7 @@ def info(ctx: Context) -> int:
         ("Created", record.created_text()),
         ("Layout / hash scheme", f"{record.layout} / {record.scheme}{blocked}"),
         ("Sizing", record.sizing),
+        ("Fingerprints", fingerprints_text(record)),
         ("Bits (m)", f"{spec.bits:,} ({format_bytes(spec.total_bytes)})"),
         ("Shards", f"{spec.shards:,} of {spec.shard_bits:,} bits, {written:,} with bits set"),
         ("Missing or foreign shards", _damaged_text(damaged)),
@@ -233,6 +235,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Servers" if len(places) > 1 else "Server", _servers_text(ctx, places)),
         ("Created", record.created_text()),
         ("Sizing", record.sizing),
+        ("Fingerprints", fingerprints_text(record)),
         ("Shards", f"{record.spec.shards:,}, {len(missing):,} missing"),
         ("Missing or foreign shards", _damaged_text(damaged)),
         ("Capacity", f"{record.capacity:,} items"),
@@ -455,3 +458,11 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     if config.ttl:
         rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
     return emit(args, data, table(rows))
+
+
+def fingerprints_text(record: FilterRecord) -> str:
+    """Say what makes the filter's elements, as its record says (workers must agree)."""
+    return (
+        record.fingerprints
+        or "not recorded (created by the Python API, a tool or an older release)"
+    )

@@ -44,12 +44,14 @@ NATIVE_LAYOUT = 3
 FIELDS = (
     "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
     "capacity", "sizing", "servers", "generations", "created",
-    "expansion", "tightening", "ttl", "backend",
+    "expansion", "tightening", "ttl", "backend", "fingerprints",
 )  # fmt: skip
 #: Fields that are the geometry's (:class:`FilterSpec`'s attributes).
 _SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
 #: Fields older records lack: read as no growth, no TTL, a bitmap filter.
-LATER_FIELDS = ("expansion", "tightening", "ttl", "backend")
+LATER_FIELDS = ("expansion", "tightening", "ttl", "backend", "fingerprints")
+#: What a record says of its fingerprints when the program that created it did not say.
+UNSAID = ""
 
 #: Fields every config record has had: a hash with both is one of ours (``reset`` deletes it).
 RECORD_MARKS = ("layout", "scheme")
@@ -75,6 +77,9 @@ class FilterRecord:
     state: State = "ready"
     backend: Backend = "bitmap"
     layout: int = LAYOUT_VERSION
+    #: What makes the elements: the Scrapy dupefilter's fingerprint function (``scrapy-redis``,
+    #: or ``crawler:<class>``), compared between workers; :data:`UNSAID` for other callers.
+    fingerprints: str = UNSAID
 
     @classmethod
     def new(
@@ -87,6 +92,7 @@ class FilterRecord:
         expansion: int = 0,
         ttl: int = 0,
         backend: Backend = "bitmap",
+        fingerprints: str = UNSAID,
     ) -> FilterRecord:
         """Return the record of a filter about to be created (state ``creating``).
 
@@ -105,6 +111,7 @@ class FilterRecord:
             state="creating",
             backend=backend,
             layout=NATIVE_LAYOUT if native else LAYOUT_VERSION,
+            fingerprints=fingerprints,
         )
 
     @property
@@ -233,6 +240,7 @@ class FilterRecord:
             state="creating" if state == "creating" else "ready",
             backend="native" if backend == "native" else "bitmap",
             layout=layout,
+            fingerprints=fields.get("fingerprints", UNSAID),
         )
 
     def describe(self) -> str:
@@ -321,6 +329,19 @@ class FilterRecord:
                 ttl=self.ttl,
                 growth=self.growth_text(),
                 wanted=wanted.ttl,
+            )
+        if UNSAID not in (wanted.fingerprints, self.fingerprints) and (
+            wanted.fingerprints != self.fingerprints
+        ):
+            raise mismatch(
+                "The Bloom filter {key!r} holds the fingerprints of {stored}; this worker makes"
+                " those of {wanted}. Every URL the filter holds would look new to it (and be"
+                " fetched again), and the filter would fill with both. Crawl with the"
+                " {BLOOMFILTER_FINGERPRINTER} (and REQUEST_FINGERPRINTER_CLASS) the filter was"
+                " created with, choose another {BLOOMFILTER_KEY}, or reset the filter"
+                " (scrapy bloom reset --key {key!r}).",
+                stored=self.fingerprints,
+                wanted=wanted.fingerprints,
             )
         if wanted.servers != self.servers:
             raise mismatch(

@@ -24,7 +24,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.hashing import FilterSpec, hashable, hashables
-from scrapy_redis_bloom.core.record import Backend, FilterRecord
+from scrapy_redis_bloom.core.record import UNSAID, Backend, FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, FaultPolicy, check_key
 from scrapy_redis_bloom.engine.cache import LRU
 from scrapy_redis_bloom.engine.clock import GUARD
@@ -126,6 +126,7 @@ class FilterBase:
         events: FilterEvents | None = None,
         expansion: int = 0,
         ttl: int = 0,
+        fingerprints: str = UNSAID,
     ) -> None:
         self.key = check_key(key)  # as BLOOMFILTER_KEY: it names the Redis keys
         self.capacity = capacity = whole("capacity", capacity, 1, 2**63)
@@ -160,6 +161,7 @@ class FilterBase:
             expansion=expansion,
             ttl=ttl,
             backend=self.backend,
+            fingerprints=fingerprints,
         )
         #: Most generations (sub-filters) seen in a shard by this worker (stats, the log).
         self.generations = 1
@@ -266,6 +268,7 @@ class FilterBase:
             faults=faults,
             expansion=record.expansion,
             ttl=record.ttl,
+            fingerprints=record.fingerprints,
         )
 
     def describe_geometry(self, config: BloomConfig, record: FilterRecord) -> str:

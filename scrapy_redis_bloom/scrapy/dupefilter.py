@@ -29,6 +29,7 @@ from scrapy_redis_bloom.core.errors import (
     FilterUnavailableError,
 )
 from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog, emit, guard_loggers
+from scrapy_redis_bloom.core.record import UNSAID
 from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_setting
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
@@ -70,6 +71,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         fingerprint: Callable[[Request], str] | None = None,
         servers: Sequence[Any] | None = None,
         crawler: Crawler | None = None,
+        fingerprints: str | None = None,
     ) -> None:
         super().__init__(server, key, debug)
         guard_loggers()  # the modules' loggers imported since the package's
@@ -83,6 +85,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             cache_size=self.config.cache_size,
             faults=self.config.faults,
             events=FilterEvents(),
+            fingerprints=_fingerprints(type(self), fingerprint, fingerprints),
         )
         self._fingerprint = fingerprint if fingerprint is not None else self.request_fingerprint
         # scrapy-redis's fingerprint is pure: a bodiless GET's is remembered by URL.
@@ -114,13 +117,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.close()
             raise
         logger.info(
-            "Bloom filter %r (id %s, %s backend) on %s: %s; worker %s joins %d other live"
-            " worker(s)",
+            "Bloom filter %r (id %s, %s backend) on %s: %s; fingerprints of %s; worker %s joins"
+            " %d other live worker(s)",
             key,
             record.filter_id,
             record.backend,
             where,
             self.bloom.describe_geometry(self.config, record),
+            record.fingerprints or f"{self.bloom.wanted.fingerprints} (its record does not say)",
             worker,
             others,
         )
@@ -135,6 +139,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         _say_unused_batching(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None
+        fingerprints = None
         if config.fingerprinter == "crawler":
             if crawler is None:
                 raise ValueError(
@@ -142,6 +147,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                     " fingerprinter: build the dupefilter with from_crawler() or from_spider()."
                 )
             fingerprinter = crawler.request_fingerprinter
+            maker = type(fingerprinter)
+            fingerprints = f"crawler:{maker.__module__}.{maker.__qualname__}"
 
             def fingerprint(request: Request) -> str:
                 return fingerprinter.fingerprint(request).hex()
@@ -163,6 +170,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 fingerprint=fingerprint,
                 servers=clients,
                 crawler=crawler,
+                fingerprints=fingerprints,
             )
         except BaseException as exc:
             for client in clients:  # a refused start leaves no connection behind
@@ -521,3 +529,20 @@ def _credentials_error(clients: list[Any], config: BloomConfig) -> CredentialsRe
     why = " (a wrong password or user, or a disabled user)" if given else ""
     said = f"Redis at {where} {problem} for the Bloom filter{why}."
     return CredentialsRefusedError(f"{said} Set it in {settings}, e.g. {example}")
+
+
+def _fingerprints(
+    cls: type[RFPDupeFilter], fingerprint: Callable[[Request], str] | None, said: str | None
+) -> str:
+    """Name what makes the filter's elements, for its record: compared between workers.
+
+    scrapy-redis's ``request_fingerprint``, a subclass's own, or ``said`` (the crawler's
+    fingerprinter); a function given without a name is not compared.
+    """
+    if said is not None:
+        return said
+    if fingerprint is not None:
+        return UNSAID
+    if cls.request_fingerprint is _RedisRFPDupeFilter.request_fingerprint:
+        return "scrapy-redis"
+    return f"{cls.__module__}.{cls.__qualname__}.request_fingerprint"
