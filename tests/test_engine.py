@@ -501,6 +501,23 @@ def test_counters_left_by_a_filter_lost_whole_are_said(
     assert later.totals().added == 10
 
 
+def test_a_sizing_that_gives_the_filters_geometry_is_adopted_saying_so(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # CAPACITY 1000 -> 1001 gives the same bits: opened without a word, the worker's own
+    # sizing seemingly in force (a probe).
+    def sized(capacity: int) -> RedisBloomFilter:
+        settings = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": 0.01}
+        return RedisBloomFilter.from_config(redis_client, "bf", BloomConfig.from_settings(settings))
+
+    assert sized(1000).open().capacity == 1000
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        record = sized(1001).open()
+    assert record.capacity == 1000
+    assert "created with capacity=1000 error_rate=0.01" in caplog.text
+    assert "asks for capacity=1001 error_rate=0.01, which gives the same layout" in caplog.text
+
+
 def _creator_between_read_and_prepare(late: RedisBloomFilter, creator: RedisBloomFilter) -> None:
     """Make ``creator`` open (create) the filter just after ``late`` read that there is none."""
     parts = late.lifecycle.parts

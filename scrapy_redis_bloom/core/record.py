@@ -312,6 +312,14 @@ class FilterRecord:
                 stored=self.describe(),
                 wanted=wanted.describe(),
             )
+        if not same_sizing(wanted.sizing, self.sizing, blocked):
+            logger.info(
+                "The Bloom filter %r was created with %s; this worker asks for %s, which gives"
+                " the same layout: it uses the filter's.",
+                key,
+                self.sizing,
+                wanted.sizing,
+            )
         if wanted.spec.block_bits != self.spec.block_bits:
             logger.info(
                 "The Bloom filter %r keeps the %s layout it was created with"
