@@ -658,7 +658,7 @@ def test_a_stall_shorter_than_the_socket_timeout_is_said_and_counted(
     took = float(said[0].split(" took ", 1)[1].split(" s", 1)[0])
     assert 1.0 <= took < 3.0, said[0]  # the 2 s pause, less what passed before the call
     operation = "a batch of requests" if path == "batch" else "a request"
-    assert f"to answer check and add {operation}, and the call waited" in said[0], said[0]
+    assert f"to answer a call to check and add {operation}, and the call" in said[0], said[0]
     assert bloom.events.counts["slow_replies"] == 1
     assert bloom.events.counts["retries"] == 0  # nothing failed
     bloom.close()

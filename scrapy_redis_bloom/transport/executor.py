@@ -606,7 +606,7 @@ class Executor:
         self._slow_log.log(
             logging.WARNING,
             "slow",
-            "Redis at %s took %.1f s to answer %s, and the call waited for it: a stall (a"
+            "Redis at %s took %.1f s to answer a call to %s, and the call waited for it: a stall (a"
             " slow command, a fork for a snapshot, swapping, a paused machine or a congested"
             " link). A reply that takes longer than the socket timeout is retried, and past"
             " BLOOMFILTER_RETRY_TIMEOUT answered per BLOOMFILTER_ON_ERROR.",
