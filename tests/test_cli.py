@@ -750,6 +750,77 @@ def test_add_unreadable_file(
     assert missing in err
 
 
+#: A sizing that creates the filter, as ``add --capacity`` does.
+CREATE = ["--capacity", "20000", "--error-rate", "0.0001", "--shard-bit", "16"]
+
+
+@pytest.mark.parametrize("problem", ["No such file or directory", "Is a directory"])
+def test_add_refuses_an_unreadable_file_before_creating_the_filter(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+    problem: str,
+) -> None:
+    # The filter was created whole (a probe: 290 MiB for --capacity 100000000) before the
+    # files were opened, and the error named the file alone.
+    good = write_lines(tmp_path / "fps.txt", fingerprints(10))
+    bad = tmp_path / ("missing.txt" if problem.startswith("No") else "a-directory")
+    if problem == "Is a directory":
+        bad.mkdir()
+    argv = ["add", "--redis-url", redis_url, "--key", KEY, *CREATE, good, str(bad)]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert f"{bad}: {problem}" in err
+    assert redis_client.keys("*") == []  # nothing created, nothing added
+
+
+def test_add_creates_no_filter_for_a_bad_first_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"not-a-fingerprint\n")))
+    code, out, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY, *CREATE)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert "<stdin>:1: not a request fingerprint (40 hex digits): 'not-a-fingerprint'" in err
+    assert "the 0 fingerprint(s) before it were added" in err
+    assert "created" not in err
+    assert redis_client.keys("*") == []
+
+
+def test_an_add_that_fails_after_creating_the_filter_says_so(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    redis_url: str,
+) -> None:
+    known = fingerprints(2)
+    path = write_lines(tmp_path / "fps.txt", [*known, "not-a-fingerprint"])
+    argv = ["add", "--redis-url", redis_url, "--key", KEY, *CREATE, path]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert f"{path}:3: not a request fingerprint" in err
+    assert "the 2 fingerprint(s) before it were added" in err
+    size = format_bytes(filter_allocation(BloomConfig.from_settings(SETTINGS).spec))
+    assert (
+        f"The Bloom filter '{KEY}' on 127.0.0.1:{redis_server.port} was created by"
+        f" this command ({size}): 'scrapy-redis-bloom reset --key {KEY}' deletes it if it is"
+        " not wanted." in err
+    )
+    assert make_filter(redis_client).contains_many(known) == [True, True]
+    # Run again on the filter it left: not created this time, and not said to be.
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert "the 2 fingerprint(s) before it were added" in err
+    assert "created" not in err
+
+
 def test_add_and_check_need_an_existing_filter(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,

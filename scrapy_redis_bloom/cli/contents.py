@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,15 @@ def _telling(ctx: Context, done: Callable[[], str]) -> Iterator[None]:
 
 
 def _count_hits(
-    ctx: Context, paths: Sequence[str], bloom: RedisBloomFilter | NativeBloomFilter, write: bool
+    ctx: Context,
+    batches: Iterable[list[bytes]],
+    bloom: RedisBloomFilter | NativeBloomFilter,
+    write: bool,
 ) -> tuple[int, int]:
     """Add (``write``) or check the fingerprints read; return (true, false) counts."""
     operation = bloom.add_many if write else bloom.contains_many
     verb = "added" if write else "checked"
     hits = done = 0
-    parse = parser_for(ctx)
 
     def report() -> str:
         if not write:
@@ -119,7 +122,7 @@ def _count_hits(
 
     with _telling(ctx, report), progress(None, "fp", verb.capitalize()) as bar:
         try:
-            for index, batch in enumerate(read_lines(paths, parse)):
+            for index, batch in enumerate(batches):
                 if not index:  # (batches of streams.BATCH: one full is a big load)
                     _advise_numpy(bloom, len(batch))
                 flags = operation(batch)
@@ -132,10 +135,18 @@ def _count_hits(
 
 
 def add(ctx: Context) -> int:
-    """Add fingerprints read from files or stdin to the filter."""
-    paths = input_paths(ctx)
+    """Add fingerprints read from files or stdin to the filter.
+
+    The files are checked and the first batch read before the filter is opened: a missing
+    file or a first line that is no fingerprint creates no filter (allocated whole).
+    """
+    batches = read_lines(input_paths(ctx), parser_for(ctx))
+    try:
+        first = list(itertools.islice(batches, 1))
+    except BadLineError as exc:
+        raise bad_line(ctx, exc, 0, "added") from None
     bloom, created = open_for_writing(ctx)
-    present, new = _count_hits(ctx, paths, bloom, True)
+    present, new = _count_hits(ctx, itertools.chain(first, batches), bloom, True)
     total = new + present
     data = ctx.result(created_filter=created, fingerprints=total, new=new, already_present=present)
     line = (
@@ -149,7 +160,7 @@ def check(ctx: Context) -> int:
     """Count how many fingerprints read from files or stdin the filter holds."""
     paths = input_paths(ctx)
     bloom = open_existing(ctx)
-    present, absent = _count_hits(ctx, paths, bloom, False)
+    present, absent = _count_hits(ctx, read_lines(paths, parser_for(ctx)), bloom, False)
     total = present + absent
     data = ctx.result(fingerprints=total, present=present, absent=absent)
     line = (

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,8 +38,10 @@ from scrapy_redis_bloom.core.settings import (
     FaultPolicy,
     SettingsLike,
 )
+from scrapy_redis_bloom.core.sizing import filter_allocation, format_bytes
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.inventory import StoredRecord
@@ -250,13 +252,18 @@ def guarded(
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILURE
     except OSError as exc:
-        name = f"{exc.filename}: " if exc.filename else ""
-        return fail(f"{name}{exc.strerror or exc}")
+        return fail(os_error_text(exc))
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_INTERRUPTED)
     finally:
         package_logger.removeHandler(handler)
         package_logger.setLevel(level)
+
+
+def os_error_text(exc: OSError) -> str:
+    """Return what an OSError says, as an error line does: the file, then what went wrong."""
+    name = f"{exc.filename}: " if exc.filename else ""
+    return f"{name}{exc.strerror or exc}"
 
 
 def stored(ctx: Context) -> tuple[RedisBloomFilter, StoredRecord | None]:
@@ -359,4 +366,40 @@ def open_for_writing(ctx: Context) -> tuple[RedisBloomFilter | NativeBloomFilter
             " filter as it is): {exc}",
             exc=exc.wording or str(exc),
         ) from None
+    if created:
+        ctx.stack.enter_context(_saying_created(ctx, opened))
     return opened, created
+
+
+@contextlib.contextmanager
+def _saying_created(ctx: Context, bloom: RedisBloomFilter | NativeBloomFilter) -> Iterator[None]:
+    """End the error of a command that created the filter, then failed, saying it did.
+
+    The filter stays, allocated whole: created under a mistyped key, it would hold its
+    memory unseen. Entered on ``ctx.stack``, so it sees the command's error first.
+    """
+    try:
+        yield
+    except (CLIError, BloomFilterError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise  # the reader of stdout went away: no line (see guarded)
+        if isinstance(exc, OSError):
+            said = os_error_text(exc)
+        else:
+            said = str(exc) if isinstance(exc, CLIError) else ctx.frontend.words(exc)
+        record = bloom.record
+        assert record is not None  # opened
+        error = CLIError(
+            f"{said.rstrip('.')}. The Bloom filter {ctx.key!r} on {ctx.where} was created by"
+            f" this command ({format_bytes(allocated(record))}): '{ctx.frontend.prog} reset"
+            f" --key {ctx.key}' deletes it if it is not wanted."
+        )
+        error.code = exc.code if isinstance(exc, CLIError) else EXIT_FAILURE
+        raise error from None
+
+
+def allocated(record: FilterRecord) -> int:
+    """Return the bytes a filter takes in Redis from its creation: its shards, allocated whole."""
+    if record.backend == "native":
+        return record.spec.shards * native_parts.shard_bytes(record)
+    return filter_allocation(record.spec)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import itertools
 import json
+import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -257,7 +260,7 @@ def parser_for(ctx: Context) -> Callable[[bytes], bytes | None]:
 
 
 def input_paths(ctx: Context) -> list[str]:
-    """Return the input files; stdin when none is given, unless it is a terminal."""
+    """Return the input files, each readable; stdin when none is given, unless a terminal."""
     paths = [str(path) for path in ctx.args.files]
     if not paths and stdin_is_tty():
         what = "URLs" if getattr(ctx.args, "urls", False) else "fingerprints"
@@ -265,7 +268,22 @@ def input_paths(ctx: Context) -> list[str]:
             f"no FILE given and stdin is a terminal: give files of {what}, or pipe"
             " them in (use - to type them on the terminal)"
         )
+    for path in paths:
+        if path != "-":
+            _check_readable(path)
     return paths or ["-"]
+
+
+def _check_readable(path: str) -> None:
+    """Raise the OSError opening ``path`` would: before anything is done (``add`` creates).
+
+    By ``stat`` and ``access`` only: opening a named pipe to check it would take its writer's
+    first lines, or kill it (SIGPIPE) when closed again.
+    """
+    if stat.S_ISDIR(os.stat(path).st_mode):  # missing: FileNotFoundError
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
 
 def bad_line(ctx: Context, exc: BadLineError, done: int, verb: str) -> CLIError:
