@@ -736,6 +736,79 @@ def test_add_and_check_stopped_part_way_say_how_many_were_done(
         client.close()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["add", "migrate-set"])
+def test_a_load_that_finds_the_filter_lost_does_not_say_to_resume(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+    command: str,
+) -> None:
+    # A restart without persistence empties the filter's server part way. The error named
+    # the lost shards and the reset, then ended "adding them again is safe" (add) or "Run
+    # the command again: it resumes from its last saved batch" (migrate): untrue, what was
+    # loaded went with the shards.
+    monkeypatch.setattr(streams, "BATCH", 1000)
+    known = fingerprints(30_000, "lost")
+    with RedisServer() as server:
+        client = server.client()
+        if command == "add":
+            make_filter(client)
+            read = contents.read_lines
+
+            def reading(*args: Any) -> Iterator[Any]:
+                for index, batch in enumerate(read(*args)):
+                    if index == 10:
+                        server.kill()
+                        server.restart()
+                    yield batch
+
+            monkeypatch.setattr(contents, "read_lines", reading)
+            argv = [command, write_lines(tmp_path / "fps.txt", known)]
+        else:  # the set on the session's server: the filter's alone is emptied
+            redis_client.sadd("myspider:dupefilter", *known)
+            restarted: list[bool] = []
+
+            class Restarting(Scan):
+                def next(self, cursor: int, count: int) -> tuple[int | None, list[bytes]]:
+                    if cursor and not restarted:  # once, after the first page was added
+                        restarted.append(True)
+                        server.kill()
+                        server.restart()
+                    return super().next(cursor, count)
+
+            monkeypatch.setattr(contents, "Scan", Restarting)
+            argv = [command, *CREATE, "--set-key", "myspider:dupefilter"]
+            argv += ["--set-redis-url", redis_url, "--batch", "1000"]
+        argv += ["--redis-url", server.url, "--key", KEY, "--retry-timeout", "0.5"]
+        code, out, err = run(capsys, *argv)
+        client.close()
+    assert (code, out) == (1, "")
+    assert_one_line_error(err)
+    assert f"shards of the Bloom filter '{KEY}' are gone" in err
+    assert "again is safe" not in err
+    assert "resumes" not in err
+    if command == "add":
+        said = re.search(r"Stopped: ([\d,]+) fingerprint\(s\) were added before it, but", err)
+        assert said, err
+        assert int(said[1].replace(",", "")) == 10_000
+        assert err.rstrip().endswith(
+            "but the filter is damaged: not all of them may be in it. Once it is reset, add"
+            " them all again."
+        )
+    else:
+        marker = contents.marker_key("myspider:dupefilter")
+        assert re.search(r"Stopped: [\d,]+ of the set's 30,000 members were migrated, but", err)
+        assert (
+            "but the filter is damaged: not all of them may be in it, and the run cannot resume"
+            f" from its progress marker '{marker}'. Once the filter is reset, run the command"
+            " again with --restart to migrate the set from its start." in err
+        )
+        assert f"The Bloom filter '{KEY}' on 127.0.0.1:{server.port} was created by" in err
+
+
 def test_add_unreadable_file(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,

@@ -42,7 +42,12 @@ from scrapy_redis_bloom.cli.streams import (
     read_lines,
 )
 from scrapy_redis_bloom.core import layout
-from scrapy_redis_bloom.core.errors import BloomFilterError, FilterBusyError, Wording
+from scrapy_redis_bloom.core.errors import (
+    BloomFilterError,
+    FilterBusyError,
+    FilterDamagedError,
+    Wording,
+)
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FINGERPRINTER, WORKER_TTL, ConnectionConfig
 from scrapy_redis_bloom.core.sizing import format_bytes
@@ -89,8 +94,14 @@ def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> No
 
 
 @contextlib.contextmanager
-def _telling(ctx: Context, done: Callable[[], str]) -> Iterator[None]:
-    """Turn Redis failing or Ctrl-C during a load into an error that says what was ``done()``."""
+def _telling(
+    ctx: Context, done: Callable[[], str], damaged: Callable[[], str] | None = None
+) -> Iterator[None]:
+    """Turn Redis failing or Ctrl-C during a load into an error that says what was ``done()``.
+
+    A filter found damaged (parts gone or replaced) says ``damaged()`` instead: what was
+    loaded is not all in it, so running again does not simply resume.
+    """
     try:
         yield
     except KeyboardInterrupt:
@@ -98,7 +109,8 @@ def _telling(ctx: Context, done: Callable[[], str]) -> Iterator[None]:
         error.code = EXIT_INTERRUPTED
         raise error from None
     except BloomFilterError as exc:
-        raise CLIError(f"{ctx.frontend.words(exc).rstrip('.')}. Stopped: {done()}") from None
+        said = damaged() if damaged and isinstance(exc, FilterDamagedError) else done()
+        raise CLIError(f"{ctx.frontend.words(exc).rstrip('.')}. Stopped: {said}") from None
 
 
 def _count_hits(
@@ -120,7 +132,14 @@ def _count_hits(
             " too); adding them again is safe: those added count as already present."
         )
 
-    with _telling(ctx, report), progress(None, "fp", verb.capitalize()) as bar:
+    def lost() -> str:
+        return (
+            f"{done:,} fingerprint(s) were added before it, but the filter is damaged: not all"
+            " of them may be in it. Once it is reset, add them all again."
+        )
+
+    damaged = lost if write else None
+    with _telling(ctx, report, damaged), progress(None, "fp", verb.capitalize()) as bar:
         try:
             for index, batch in enumerate(batches):
                 if not index:  # (batches of streams.BATCH: one full is a big load)
@@ -267,7 +286,15 @@ def migrate(ctx: Context) -> int:
             f" {marker!r}), and those migrated since count as already present."
         )
 
-    with _telling(ctx, done), progress(size, "fp", "Migrating") as bar:
+    def lost() -> str:
+        return (
+            f"{sum(counts.values()):,} of the set's {size:,} members were migrated, but the"
+            " filter is damaged: not all of them may be in it, and the run cannot resume from"
+            f" its progress marker {marker!r}. Once the filter is reset, run the command again"
+            " with --restart to migrate the set from its start."
+        )
+
+    with _telling(ctx, done, lost), progress(size, "fp", "Migrating") as bar:
         bar.update(min(size, sum(counts.values())))
 
         def flush(reached: int | None) -> None:
