@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,25 @@ def write_lines(path: Path, lines: list[str]) -> str:
     """Write a file of lines; return its path."""
     path.write_text("".join(line + "\n" for line in lines))
     return str(path)
+
+
+def run_scrapy_bloom(
+    capsys: pytest.CaptureFixture[str], settings: dict[str, Any], *argv: str
+) -> tuple[int, str, str]:
+    """Run ``scrapy bloom ARGV`` in-process with ``settings``; return its status and output.
+
+    For its commands the alias has not (dump, restore), where a test reaches inside.
+    """
+    from scrapy.settings import Settings
+
+    from scrapy_redis_bloom.cli import BloomCommand
+
+    command = BloomCommand()
+    command.settings = Settings(settings)
+    parser = argparse.ArgumentParser()
+    command.add_options(parser)
+    opts = parser.parse_args(list(argv))
+    command.process_options([], opts)
+    command.run([], opts)
+    out, err = capsys.readouterr()
+    return int(command.exitcode), out, err

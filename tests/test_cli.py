@@ -7,18 +7,19 @@ import io
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from cli_run import assert_one_line_error, run, run_json, write_lines
+from cli_run import assert_one_line_error, run, run_json, run_scrapy_bloom, write_lines
 from redis_server import RedisServer, free_port
 
 from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
@@ -26,10 +27,11 @@ from scrapy_redis_bloom.cli import contents, streams
 from scrapy_redis_bloom.core.errors import FilterDamagedError
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import false_positive_rate, filter_allocation, format_bytes
+from scrapy_redis_bloom.engine import backend
 from scrapy_redis_bloom.engine.lease import CLOCK_MARGIN
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.state import FilterState
-from scrapy_redis_bloom.ops import inventory
+from scrapy_redis_bloom.ops import inventory, restore
 from scrapy_redis_bloom.ops.scanning import Scan
 
 KEY = "myspider:bloomfilter"
@@ -1548,3 +1550,168 @@ def test_the_alias_takes_the_crawls_worker_ttl(capsys: pytest.CaptureFixture[str
         assert_one_line_error(err)
         assert "--worker-ttl" in err
         client.close()
+
+
+# -- dump and restore interrupted (scrapy bloom's own, run in-process) ------------------
+
+
+@pytest.fixture
+def ctrl_c(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Return ``press(share, before)``: SIGINT once a dump's or restore's progress passes it.
+
+    ``before()``, if given, runs just before. SIGINT raises KeyboardInterrupt meanwhile, as
+    at a terminal (a background job, and so the tests run in one, ignores it).
+    """
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    follow = contents._follow
+
+    def press(share: float, before: Callable[[], None] | None = None) -> None:
+        def following(bar: Any) -> Callable[[int, int], None]:
+            update = follow(bar)
+            pressed: list[bool] = []
+
+            def at(done: int, total: int) -> None:
+                update(done, total)
+                if total and done >= share * total and not pressed:
+                    pressed.append(True)
+                    if before is not None:
+                        before()
+                    signal.raise_signal(signal.SIGINT)
+
+            return at
+
+        monkeypatch.setattr(contents, "_follow", following)
+
+    yield press
+    signal.signal(signal.SIGINT, handler)
+
+
+def _bloom_settings(redis_url: str) -> dict[str, Any]:
+    return {"REDIS_URL": redis_url, **SETTINGS}
+
+
+def test_an_interrupted_dump_says_nothing_was_written(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+    ctrl_c: Callable[..., None],
+) -> None:
+    # It said "error: interrupted", only.
+    make_filter(redis_client).add_many(fingerprints(5000))
+    path = tmp_path / "books.dump"
+    path.write_bytes(b"an older dump")
+    ctrl_c(0.3)
+    code, out, err = run_scrapy_bloom(
+        capsys, _bloom_settings(redis_url), "dump", "--key", KEY, str(path)
+    )
+    assert (code, out) == (130, "")
+    assert err == (
+        f"scrapy bloom: error: interrupted: Nothing was dumped: {str(path)!r} was left as it"
+        " was, and no partial file is left beside it ('books.dump.partial'). Run the dump"
+        " again.\n"
+    )
+    assert path.read_bytes() == b"an older dump"
+    assert sorted(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize(
+    ("stage", "replace"),
+    [("checking", False), ("checking", True), ("deleting", True), ("writing", False),
+     ("writing", True), ("undoing", True)],
+)  # fmt: skip
+def test_an_interrupted_restore_says_what_it_left(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    redis_url: str,
+    ctrl_c: Callable[..., None],
+    stage: str,
+    replace: bool,
+) -> None:
+    # It said "error: interrupted", only: even after --replace had deleted the filter there.
+    settings = _bloom_settings(redis_url)
+    dumped = fingerprints(5000, "dumped")
+    big = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000_000})  # written in pieces
+    source = RedisBloomFilter.from_config(redis_client, "source", big)
+    source.add_many(dumped)
+    source.close()
+    path = str(tmp_path / "source.dump")
+    assert run_scrapy_bloom(capsys, settings, "dump", "--key", "source", path)[0] == 0
+    kept = fingerprints(100, "kept")
+    if replace:
+        make_filter(redis_client).add_many(kept)
+    before = sorted(redis_client.keys(f"*{KEY}*"))
+    if stage == "deleting":
+        delete = backend.delete
+
+        def deleting(*args: Any) -> int:
+            deleted = delete(*args)
+            signal.raise_signal(signal.SIGINT)  # as the deletion ends
+            return deleted
+
+        monkeypatch.setattr(backend, "delete", deleting)
+    else:  # (the progress counts both passes of the file: checking, then writing)
+
+        def written() -> None:  # some of its parts are in Redis by then
+            assert stage == "checking" or redis_client.keys(f"*{KEY}*") != []
+
+        ctrl_c(0.25 if stage == "checking" else 0.75, written)
+    if stage == "undoing":  # Ctrl-C again, half-way through deleting what it wrote
+
+        class Undoing(restore.Parts):
+            def run(self, operation: str, calls: list[Any], **kwargs: Any) -> list[Any]:
+                if operation != "undo a failed restore":
+                    return super().run(operation, calls, **kwargs)
+                super().run(operation, calls[: len(calls) // 2], **kwargs)
+                signal.raise_signal(signal.SIGINT)
+                raise AssertionError("not interrupted")
+
+        monkeypatch.setattr(restore, "Parts", Undoing)
+    argv = ["restore", "--key", KEY, path, *(["--replace"] if replace else [])]
+    code, out, err = run_scrapy_bloom(capsys, settings, *argv)
+    assert (code, out) == (130, "")
+    assert err.startswith("scrapy bloom: error: interrupted: ")
+    assert err.count("\n") == 1
+    where = f"Redis at 127.0.0.1:{redis_server.port}"
+    said = err.removeprefix("scrapy bloom: error: interrupted: ").rstrip()
+    if stage == "checking":
+        assert (
+            said == "Nothing was restored, and nothing on Redis was changed: run the restore again."
+        )
+        assert sorted(redis_client.keys(f"*{KEY}*")) == before
+        if replace:
+            assert make_filter(redis_client).contains_many(kept) == [True] * len(kept)
+    elif stage == "deleting":
+        assert said == (
+            f"Nothing was restored, and the Bloom filter '{KEY}' under the key was being"
+            " deleted (--replace): part of it may be gone. Run the restore again: it deletes"
+            " what is left of that filter first."
+        )
+    elif stage == "writing":
+        assert said == "Nothing was restored: what the restore had written was deleted, and " + (
+            f"so was the Bloom filter '{KEY}' that was under the key, first (--replace): there"
+            f" is no filter '{KEY}' on {where} now. Run the restore again."
+            if replace
+            else "nothing else was changed: run the restore again."
+        )
+        assert redis_client.keys(f"*{KEY}*") == []
+    else:
+        assert said == (
+            f"Restoring the Bloom filter '{KEY}' was interrupted, and deleting what it had"
+            f" written was interrupted: reset the filter '{KEY}' to delete its parts. The Bloom"
+            f" filter '{KEY}' under the key was deleted first (--replace)."
+        )
+        assert redis_client.keys(f"*{KEY}*") != []
+        monkeypatch.undo()
+        reset = run_scrapy_bloom(capsys, settings, "reset", "--key", KEY, "--yes")
+        assert reset[0] == 0, reset
+    # What it says to do works.
+    monkeypatch.undo()
+    code, out, err = run_scrapy_bloom(capsys, settings, *argv)
+    assert (code, err) == (0, ""), err
+    record = read_record(redis_client, KEY)
+    restored = RedisBloomFilter(redis_client, KEY, record.spec, record.capacity)
+    assert all(restored.contains_many(dumped))

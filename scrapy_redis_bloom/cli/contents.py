@@ -60,7 +60,7 @@ from scrapy_redis_bloom.ops import inventory
 from scrapy_redis_bloom.ops.dump import Progress, Summary, dump_filter
 from scrapy_redis_bloom.ops.dumpfile import DumpFileError
 from scrapy_redis_bloom.ops.inventory import SCAN_COUNT, MarkerCheck, StoredRecord
-from scrapy_redis_bloom.ops.restore import FilterExistsError, restore_filter
+from scrapy_redis_bloom.ops.restore import UNTOUCHED, FilterExistsError, restore_filter
 from scrapy_redis_bloom.ops.scanning import Scan, ScannedKeyGoneError
 from scrapy_redis_bloom.scrapy.connection import scrapy_redis_client
 from scrapy_redis_bloom.transport.connection import url_address
@@ -93,6 +93,13 @@ def _advise_numpy(bloom: RedisBloomFilter | NativeBloomFilter, count: int) -> No
         )
 
 
+def _interrupted(said: str) -> CLIError:
+    """Return the error of a command stopped by Ctrl-C, saying what it left (exit status 130)."""
+    error = CLIError(f"interrupted: {said}")
+    error.code = EXIT_INTERRUPTED
+    return error
+
+
 @contextlib.contextmanager
 def _telling(
     ctx: Context, done: Callable[[], str], damaged: Callable[[], str] | None = None
@@ -105,9 +112,7 @@ def _telling(
     try:
         yield
     except KeyboardInterrupt:
-        error = CLIError(f"interrupted: {done()}")
-        error.code = EXIT_INTERRUPTED
-        raise error from None
+        raise _interrupted(done()) from None
     except BloomFilterError as exc:
         said = damaged() if damaged and isinstance(exc, FilterDamagedError) else done()
         raise CLIError(f"{ctx.frontend.words(exc).rstrip('.')}. Stopped: {said}") from None
@@ -400,15 +405,20 @@ def _file_result(ctx: Context, path: Path, summary: Summary, **more: Any) -> dic
 def dump(ctx: Context) -> int:
     """Write the filter to ``FILE``: its record, counters and every part's bytes."""
     path, written = Path(ctx.args.file), _dump_target(str(ctx.args.file))
-    source, _ = existing(ctx, "Nothing to dump.")
     partial = written.with_name(written.name + ".partial")
     try:
+        source, _ = existing(ctx, "Nothing to dump.")
         with progress(None, "B", "Dumping") as bar, open(partial, "wb") as out:
             ttl = WORKER_TTL.read(ctx.settings)
             summary = dump_filter(source, out, _follow(bar), force=ctx.args.force, worker_ttl=ttl)
         os.replace(partial, written)
     except FilterBusyError as exc:
         raise CLIError(f"{exc} (--force)") from None
+    except KeyboardInterrupt:
+        raise _interrupted(
+            f"Nothing was dumped: {str(path)!r} was left as it was, and no partial file is left"
+            f" beside it ({partial.name!r}). Run the dump again."
+        ) from None
     finally:
         partial.unlink(missing_ok=True)
     totals = summary.totals
@@ -467,6 +477,8 @@ def restore(ctx: Context) -> int:
             )
     except DumpFileError as exc:
         raise CLIError(str(exc)) from None
+    except KeyboardInterrupt as exc:  # restore_filter's note says what it left
+        raise _interrupted(" ".join(getattr(exc, "__notes__", None) or [UNTOUCHED])) from None
     except FilterExistsError as exc:
         if exc.replaceable:
             raise CLIError(f"{exc} (--replace)") from None

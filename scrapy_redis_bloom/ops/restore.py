@@ -40,6 +40,8 @@ from scrapy_redis_bloom.transport.wire import pack_command
 logger = logging.getLogger(__name__)
 
 NAMED = 5  #: Keys named in a message, at most.
+#: What a restore interrupted before it changed anything leaves.
+UNTOUCHED = "Nothing was restored, and nothing on Redis was changed: run the restore again."
 #: Room a restore needs on a server beside its parts: what is sent at once (a bitmap's
 #: pieces pipelined, up to this; a native chunk, as big as RedisBloom dumped it) sits in
 #: Redis's query buffer, grown by as much again at most (its allocation, or the sds
@@ -196,7 +198,8 @@ def restore_filter(
     ``inp``: seekable (read twice) from its current position. ``progress(done, total)``: file
     bytes over both passes. ``replace``: delete a filter already under ``key`` (once the file
     is verified, and no worker holds a lease) instead of refusing. On any error nothing of
-    the restore is left on the target.
+    the restore is left on the target. Ctrl-C comes out as a KeyboardInterrupt with a note
+    (``__notes__``) saying what the restore left, and what to run.
     """
     started = time.monotonic()
     name = name if name is not None else str(getattr(inp, "name", "<stream>"))
@@ -210,20 +213,45 @@ def restore_filter(
     size = inp.seek(0, 2) - start
     inp.seek(start)
     report = progress if progress is not None else (lambda done, total: None)
-    verified = verify_dump(inp, name, lambda done: report(done, 2 * size))
-    record = verified.record
-    target_class: type[FilterBase] = (
-        native.NativeBloomFilter if record.backend == "native" else RedisBloomFilter
-    )
-    bloom = target_class.of_record(client, key, record, faults)
+    left = UNTOUCHED  # what Ctrl-C leaves, as the restore goes on: the interrupt's note
+    replaced = False
+    bloom: FilterBase | None = None
     try:
+        verified = verify_dump(inp, name, lambda done: report(done, 2 * size))
+        record = verified.record
+        target_class: type[FilterBase] = (
+            native.NativeBloomFilter if record.backend == "native" else RedisBloomFilter
+        )
+        bloom = target_class.of_record(client, key, record, faults)
         target = dataclasses.replace(record, servers=bloom.topology.servers, state="ready")
-        replaced = _prepare(bloom, target, verified, name, replace, worker_ttl)
+        where = bloom.topology.describe()
+        existing = _prepare(bloom, target, verified, name, replace, worker_ttl)
+        if existing is not None:
+            left = (
+                f"Nothing was restored, and the Bloom filter {key!r} under the key was being"
+                " deleted (--replace): part of it may be gone. Run the restore again: it"
+                " deletes what is left of that filter first."
+            )
+            _replace(bloom, existing, target, name, where)
+            replaced = True
+        left = "Nothing was restored: what the restore had written was deleted, and " + (
+            f"so was the Bloom filter {key!r} that was under the key, first (--replace):"
+            f" there is no filter {key!r} on {where} now. Run the restore again."
+            if replaced
+            else "nothing else was changed: run the restore again."
+        )
         inp.seek(start)
         _write(bloom, target, verified, inp, name, lambda done: report(size + done, 2 * size))
-        where = bloom.topology.describe()
+        left = f"The restore was complete: the Bloom filter {key!r} is restored on {where}."
+    except KeyboardInterrupt as exc:
+        if not getattr(exc, "__notes__", None):
+            exc.add_note(left)
+        elif replaced:  # the undo's note: it did not finish
+            exc.add_note(f"The Bloom filter {key!r} under the key was deleted first (--replace).")
+        raise
     finally:
-        bloom.topology.close()
+        if bloom is not None:
+            bloom.topology.close()
     totals = verified.totals
     seconds = time.monotonic() - started
     logger.info(
@@ -248,11 +276,11 @@ def _prepare(
     name: str,
     replace: bool,
     worker_ttl: float,
-) -> bool:
-    """Check the target servers, key and room; delete a filter there if asked. Return if one was.
+) -> FilterRecord | None:
+    """Check the target servers, key and room; return the record of a filter to replace.
 
-    Every refusal comes before the deletion: a filter to replace is deleted only once the
-    restored one is known to fit, in the room it frees too.
+    Every refusal comes before the deletion (:func:`_replace`): a filter to replace is
+    deleted only once the restored one is known to fit, in the room it frees too.
     """
     where = bloom.topology.describe()
     servers = health.survey(bloom.executor, bloom.topology)
@@ -286,12 +314,16 @@ def _prepare(
         needs[address] += sent + allocation(sent) + WRITING_SLACK
     freed = _memory(bloom, owned)
     health.check_room(bloom.key, servers, needs, freed=freed, advice=ROOM_ADVICE)
-    if existing is None:
-        return False
+    return existing
+
+
+def _replace(
+    bloom: FilterBase, existing: FilterRecord, target: FilterRecord, name: str, where: str
+) -> None:
+    """Delete the filter a restore replaces (checked by :func:`_prepare` first)."""
     backend.delete(Parts(bloom.executor, bloom.key, existing.spec), existing)
     logger.warning("Deleted the Bloom filter %r on %s to restore a dump over it.", bloom.key, where)
     _refuse_conflicts(bloom, target, name, where, set())  # a part it left was not its own
-    return True
 
 
 def _refuse_conflicts(
@@ -573,11 +605,24 @@ def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
     parts = Parts(Executor(bloom.topology, bloom.faults.retry_timeout), bloom.key, bloom.parts.spec)
     try:
         parts.run("undo a failed restore", undo, write=True)
-    except BloomFilterError as undone:
-        raise RestoreFailedError(
-            f"Restoring the Bloom filter {bloom.key!r} failed ({exc}), and deleting what it had"
-            f" written failed too ({undone}): reset the filter {bloom.key!r} to delete its parts."
-        ) from exc
+    except (BloomFilterError, KeyboardInterrupt) as undone:
+        # Ctrl-C, during the restore or its undo, stays a KeyboardInterrupt: said in a note.
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        stopped = "was interrupted" if interrupted else f"failed ({exc})"
+        undoing = (
+            "was interrupted"
+            if isinstance(undone, KeyboardInterrupt)
+            else f"failed{'' if interrupted else ' too'} ({undone})"
+        )
+        said = (
+            f"Restoring the Bloom filter {bloom.key!r} {stopped}, and deleting what it had"
+            f" written {undoing}: reset the filter {bloom.key!r} to delete its parts."
+        )
+        interrupt = undone if isinstance(undone, KeyboardInterrupt) else exc
+        if not isinstance(interrupt, KeyboardInterrupt):
+            raise RestoreFailedError(said) from exc
+        interrupt.add_note(said)
+        raise interrupt from None
     logger.info(
         "Restoring the Bloom filter %r failed; the %d key(s) it had written were deleted: %s",
         bloom.key,
