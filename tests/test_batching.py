@@ -313,6 +313,33 @@ def test_request_seen_takes_the_answers_held_ahead(
     assert dupefilter.bloom.round_trips == before + 1
 
 
+def test_repeats_in_a_batch_count_in_the_filters_totals(
+    dupefilter: RFPDupeFilter, crawler: Crawler
+) -> None:
+    # A page linking a URL twice puts it in one batch twice: the batch checks it once, and
+    # the second request took "seen" without reaching the counters, so that
+    # bloomfilter/total_filtered (1,780) fell short of the workers' filtered (1,798).
+    spider = BooksSpider.from_crawler(crawler)
+    old = Request("https://example.com/old")
+    assert not dupefilter.request_seen(old)
+    links = [Request(f"https://example.com/{path}") for path in ("a", "old", "a", "old", "a")]
+    dupefilter.check_batch(links)
+    # Before the batch's requests: one with a fingerprint held, not in the batch itself.
+    late = Request("https://example.com/a")
+    dupefilter.check_batch([late])
+    answers = [dupefilter.request_seen(r) for r in [late, *links]]
+    assert answers == [False, True, True, True, True, True]
+    for request, seen in zip([late, *links], answers, strict=True):
+        if seen:
+            dupefilter.log(request, spider)  # as the scheduler does
+    dupefilter.close()
+    assert crawler.stats is not None
+    stats = crawler.stats.get_stats()
+    assert stats["bloomfilter/filtered"] == 5
+    assert stats["bloomfilter/total_filtered"] == 5
+    assert stats["bloomfilter/total_added"] == stats["bloomfilter/added"] == 2
+
+
 def test_a_request_dropped_by_a_request_scheduled_handler_is_reported(
     dupefilter: RFPDupeFilter, crawler: Crawler, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -626,6 +653,9 @@ def test_a_batched_crawl_fetches_the_same_pages_in_at_most_one_trip_per_page(
     # The same counts: request_seen still counts and logs every duplicate.
     for name in ("bloomfilter/added", "bloomfilter/filtered", "dupefilter/filtered"):
         assert batched.stats[name] == plain.stats[name], name
+    # Redis's totals count every duplicate, those a page links twice (one batch) too.
+    for result in (plain, batched):
+        assert result.stats["bloomfilter/total_filtered"] == result.stats["bloomfilter/filtered"]
     pages = batched.stats["response_received_count"]
     trips = batched.stats["bloomfilter/round_trips"]
     before = plain.stats["bloomfilter/round_trips"]

@@ -347,6 +347,17 @@ class FilterBase:
         with self._lock:
             return self.counters.read(self.parts)
 
+    def count_seen(self, count: int = 1) -> None:
+        """Count duplicates answered without a check: "seen" in this worker's counts and totals.
+
+        A check counts its own answer. A request that repeats one a batch checked (a link
+        twice in one response) takes the answer held for it, and is no check: the
+        dupefilter counts it here, so that the filter's ``seen`` total is every duplicate
+        the workers dropped.
+        """
+        with self._lock:
+            self.counters.record(0, count)
+
     def sync_counters(self) -> FilterTotals | None:
         """Add this worker's unsynced counts to Redis now; return the totals (None: failed).
 

@@ -99,7 +99,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         self._finished = self._failed = False
         self._log = RateLimitedLog(logger)
         #: Answers given ahead by check_batch, taken by request_seen.
-        self.reservations = Reservations(self._unscheduled, self.config.cache_size)
+        self.reservations = Reservations(
+            self._unscheduled, self.config.cache_size, self.bloom.count_seen
+        )
         self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         self.filter_stats = FilterStats(self.bloom, stats, interval)

@@ -26,6 +26,7 @@ class _Reservation:
     fingerprint: str
     url: str
     answer: bool  #: The answer for the next request to take it: the batch's, then "seen".
+    taken: bool = False  #: Whether a request took the batch's answer (the next ones repeat it).
     #: The batch's requests with this fingerprint that did not take an answer yet.
     members: dict[int, weakref.ref[Request]] = field(default_factory=dict)
 
@@ -36,9 +37,19 @@ class _Reservation:
 
 
 class Reservations:
-    """Answers by fingerprint, each taken once; "new" ones never taken go to ``on_unscheduled``."""
+    """Answers by fingerprint, each taken once; "new" ones never taken go to ``on_unscheduled``.
 
-    def __init__(self, on_unscheduled: Callable[[list[str]], None], size: int) -> None:
+    A request that takes a fingerprint's answer after another did is a duplicate the filter
+    was never asked about (the batch checked the fingerprint once): ``on_repeat`` counts it,
+    as the filter counts the duplicates it answers.
+    """
+
+    def __init__(
+        self,
+        on_unscheduled: Callable[[list[str]], None],
+        size: int,
+        on_repeat: Callable[[], object] = lambda: None,
+    ) -> None:
         self._items: dict[str, _Reservation] = {}
         self._members: dict[int, _Reservation] = {}  #: id() of each member: its reservation.
         self._dead: deque[tuple[_Reservation, int, weakref.ref[Request]]] = deque()
@@ -47,6 +58,7 @@ class Reservations:
         self._unscheduled: dict[str, None] = {}
         self._size = max(size, MIN_UNSCHEDULED)
         self._on_unscheduled = on_unscheduled
+        self._on_repeat = on_repeat
         self.forgotten = 0  #: Unscheduled fingerprints forgotten because too many were remembered.
 
     def __len__(self) -> int:
@@ -93,6 +105,9 @@ class Reservations:
                 return False
             return None
         answer, reservation.answer = reservation.answer, True
+        if reservation.taken:
+            self._on_repeat()
+        reservation.taken = True
         key = id(request)
         if reservation.alive(key) is request:
             self._resolve(reservation, key, dropped=False)
