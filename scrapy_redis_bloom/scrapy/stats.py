@@ -243,7 +243,11 @@ class FilterStats:
         self._guarded(self._line)
 
     def _line(self) -> None:
-        """Log one line; a Redis that does not answer is said in the line, not raised."""
+        """Log one line, of the figures the stats give; a Redis that does not answer is said.
+
+        The totals are read anew (other workers' syncs since this worker's last), plus this
+        worker's counts not synced yet, as in the stats.
+        """
         bloom = self.bloom
         record = bloom.record
         if record is None:
@@ -254,19 +258,19 @@ class FilterStats:
             f" ({bloom.cache_hits:,} of them from its near-cache, no round trip)"
         )
         try:
-            totals = bloom.totals()
+            bloom.totals()
         except BloomFilterError as exc:
             logger.info("Bloom filter %r: %s; totals unavailable: %s", bloom.key, mine, exc)
             return
-        state = bloom.estimate(totals.added)
+        figures = self._state(None)
         logger.info(
             "Bloom filter %r: %s items from all workers (%.1f%% of capacity %s), %.2f%% of"
             " bits set, false-positive rate now %.3g; %s",
             bloom.key,
-            f"{totals.added:,}",
-            100 * totals.added / record.capacity,
+            f"{figures['total_added']:,}",
+            100 * figures["total_added"] / record.capacity,
             f"{record.capacity:,}",
-            100 * state.fill_ratio,
-            state.estimated_fpr,
+            100 * figures["fill_ratio"],
+            figures["estimated_fpr"],
             mine,
         )
