@@ -292,6 +292,24 @@ class FilterBase:
         """
         raise NotImplementedError
 
+    def live_state(self) -> FilterState:
+        """Return the state of what a check consults now, at O(shards) in Redis at most.
+
+        Cheap enough for the stats every second. Without re-crawl windows the counters hold
+        every item: their estimate (:meth:`estimate`), no Redis call. With windows they also
+        hold items forgotten since: the live windows' own reading (:meth:`_windows_state`).
+        No filter under the key raises FilterMissingError.
+        """
+        with self._lock:
+            record = self._existing()
+            if not record.ttl:
+                return self.estimate(self.counters.current().added)
+            return self._windows_state(record)
+
+    def _windows_state(self, record: FilterRecord) -> FilterState:
+        """Return what the live re-crawl windows of ``record``'s filter hold, in O(shards)."""
+        raise NotImplementedError
+
     def exists(self) -> bool:
         """Tell whether the filter's config record is in Redis."""
         call = Call(pack_command(b"EXISTS", self.parts.meta_key), key=self.parts.meta_key)

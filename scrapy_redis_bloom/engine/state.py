@@ -1,4 +1,9 @@
-"""How full the filter is: from its bits (:func:`read_state`: O(m) in Redis) or its counters."""
+"""How full the filter is: from its bits, its headers' item counts, or its counters.
+
+:func:`read_state` counts the bits (O(m) in Redis); :func:`read_counts` reads the item counts
+in the headers of a filter that grows or forgets (O(shards)); :func:`estimate_from_items`
+asks Redis nothing.
+"""
 
 from __future__ import annotations
 
@@ -61,7 +66,9 @@ class FilterState:
 
     ``generations`` break a growing (or windowed) filter down; ``fpr`` then covers them all.
     ``damaged``: parts lost or replaced (when read from the bits), left out of the figures
-    of a growing or windowed filter.
+    of a growing or windowed filter. ``from_counters``: figured from a number of items alone
+    (a backend's ``estimate``), nothing read from Redis: with re-crawl windows, whose items
+    come and go, the counters' number is not what the filter holds.
     """
 
     spec: FilterSpec
@@ -73,6 +80,7 @@ class FilterState:
     fpr: float | None = None
     total_bits: int = 0
     damaged: tuple[DamagedPart, ...] = ()
+    from_counters: bool = False
 
     @property
     def fill_ratio(self) -> float:
@@ -123,7 +131,8 @@ def read_state(parts: Parts, record: FilterRecord) -> FilterState:
     damaged = _Damage(record)
     for shard, found in enumerate(replies[2::3]):
         damaged.check(shard, parts.shard_key(shard), found)
-    first = _generation(0, growth.generations[0], per_shard)
+    gen = growth.generations[0]
+    first = _generation(0, gen, [_counted_part(s, 0, gen, x) for s, x in enumerate(per_shard)])
     return FilterState(
         spec=parts.spec,
         bits_set=sum(per_shard),
@@ -178,18 +187,45 @@ class _Damage:
         return False
 
 
-def _generation(g: int, gen: Generation, found: Sequence[int]) -> GenerationState:
-    """Return generation ``g``'s state from each shard's part of it (``gen``: one part)."""
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One generation of one shard (or live window) in the figures: its bits set, items, rate."""
+
+    shard: int
+    generation: int
+    ones: int
+    items: float
+    rate: float
+
+
+def _counted_part(shard: int, g: int, gen: Generation, ones: int) -> _Part:
+    """Return a part from its bits set (``BITCOUNT``): the items and rate they imply."""
     bits, k, block = gen.bits, gen.hash_count, gen.block_bits
+    return _Part(shard, g, ones, _items(bits, k, ones, block), _rate(bits, k, ones, block))
+
+
+def _headed_part(shard: int, g: int, gen: Generation, items: int) -> _Part:
+    """Return a part from the items its header counts: the bits and rate they leave, expected.
+
+    The bits: ``m (1 - e^(-d n / m))``, d distinct bits per item (:func:`_items` inverted).
+    """
+    bits, k, block = gen.bits, gen.hash_count, gen.block_bits
+    distinct = distinct_bits(k, block) if block else k
+    ones = round(-bits * math.expm1(-distinct * items / bits)) if bits else 0
+    return _Part(shard, g, ones, items, false_positive_rate(bits, k, items, block))
+
+
+def _generation(g: int, gen: Generation, found: Sequence[_Part]) -> GenerationState:
+    """Return generation ``g``'s state from each shard's part of it (``gen``: one part)."""
     return GenerationState(
         generation=g,
         shards=len(found),
-        bits=bits * len(found),
-        bits_set=sum(found),
-        hash_count=k,
+        bits=gen.bits * len(found),
+        bits_set=sum(part.ones for part in found),
+        hash_count=gen.hash_count,
         capacity=gen.capacity * len(found),
-        estimated_items=round(sum(_items(bits, k, x, block) for x in found)),
-        estimated_fpr=sum(_rate(bits, k, x, block) for x in found) / len(found),
+        estimated_items=round(sum(part.items for part in found)),
+        estimated_fpr=sum(part.rate for part in found) / len(found),
     )
 
 
@@ -210,9 +246,27 @@ def windows_needed(newest: int, before: int, window: int) -> tuple[bool, bool]:
     return previous, current
 
 
-def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """The header of a shard's (or a live window's) generation 0, as read."""
+
+    shard: int
+    base: str  #: Its generations' keys, less the generation's number.
+    #: Generations it has (0: nothing there: not started, expired, lost or not this filter's).
+    generations: int
+    count: int  #: Items in its newest generation, as the scripts count them.
+
+
+def _read_heads(
+    parts: Parts, record: FilterRecord
+) -> tuple[list[_Head], list[tuple[int, str]], _Damage]:
+    """Read the headers of every shard's generation 0 (with windows: of each live window's).
+
+    One ``GETRANGE`` of a header per shard and live window (and per anchor): O(shards).
+    Returns the heads, the anchors read (with windows) and the damage found so far: a
+    window its anchor says must exist, missing, or a header not this filter's.
+    """
     growth = record.growth
-    gens = growth.generations
     shards = parts.spec.shards
     windows: Sequence[int | None] = parts.live_windows(growth.ttl) if growth.ttl else [None]
     # Per shard, the bases of its filters: the shard itself (None), or its live windows.
@@ -221,27 +275,16 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
         for shard in range(shards)
         for w in windows
     ]
-    heads = [(shard, f"{base}0") for shard, base in bases]
-    first = [
-        Call(
-            pack_command(b"BITFIELD_RO", key, b"GET", b"u16", GENERATIONS_BIT), key=key, shard=shard
-        )
-        for shard, key in heads
-    ] + [_identity_call(key, shard) for shard, key in heads]
     anchors = [(s, parts.shard_key(s)) for s in range(shards)] if growth.ttl else []
-    first += [
+    calls = [
         Call(pack_command(b"GETRANGE", key, 0, HEADER_BYTES - 1), key=key, shard=shard)
-        for shard, key in anchors
+        for shard, key in [*((shard, f"{base}0") for shard, base in bases), *anchors]
     ]
-    replies = parts.run("read the filter's generations", first)
+    replies = _taken(parts, "read the filter's generations", calls, (blob,))
+    found_heads, found_anchors = replies[: len(bases)], replies[len(bases) :]
     damage = _Damage(record)
-    with taking_apart("read the filter's generations", parts.key):
-        if not all(isinstance(reply, list) for reply in replies[: len(bases)]):
-            raise ValueError(f"BITFIELD's values, got {replies[: len(bases)]!r:.200}")
-        found_heads = [blob(reply) for reply in replies[len(bases) : 2 * len(bases)]]
-        found_anchors = [blob(reply) for reply in replies[2 * len(bases) :]]
     # Per head: whether it must exist (with windows, as its anchor says; else always).
-    needed = [True] * len(heads)
+    needed = [True] * len(bases)
     if growth.ttl:
         window = windows[-1]
         assert window is not None
@@ -249,21 +292,26 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
             ours = damage.check(shard, key, anchor)
             wanted = _needed_windows(anchor, window) if ours else (False, False)
             needed[shard * 2 : shard * 2 + 2] = wanted
-    counts = []
-    for (shard, key), reply, head, must in zip(
-        heads, replies[: len(bases)], found_heads, needed, strict=True
-    ):
-        if not head.strip(b"\0") and not must:
-            counts.append(0)  # not started (or expired): nothing there yet
-        elif damage.check(shard, key, head):
-            with taking_apart("read the filter's generations", key):
-                counts.append(max(int(reply[0]), 1))
-        else:
-            counts.append(0)
+    heads = []
+    for (shard, base), head, must in zip(bases, found_heads, needed, strict=True):
+        generations = count = 0
+        if not head[:IDENTITY_BYTES].strip(b"\0") and not must:
+            pass  # not started (or expired): nothing there yet
+        elif damage.check(shard, f"{base}0", head):
+            state = head[GENERATIONS_BIT // 8 : HEADER_BYTES].ljust(6, b"\0")
+            generations = max(int.from_bytes(state[:2], "big"), 1)  # 0 reads as 1
+            count = int.from_bytes(state[2:], "big")
+        heads.append(_Head(shard, base, generations, count))
+    return heads, anchors, damage
+
+
+def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
+    gens = record.growth.generations
+    heads, anchors, damage = _read_heads(parts, record)
     keys = [
-        (shard, g, f"{base}{g}")
-        for (shard, base), count in zip(bases, counts, strict=True)
-        for g in range(min(count, len(gens)))
+        (head.shard, g, f"{head.base}{g}")
+        for head in heads
+        for g in range(min(head.generations, len(gens)))
     ]
     calls = [
         Call(pack_command(b"BITCOUNT", key, HEADER_BYTES, -1), key=key, shard=shard)
@@ -286,23 +334,60 @@ def _read_generations(parts: Parts, record: FilterRecord) -> FilterState:
     }
     ones = numbers[: len(keys)]
     memory = numbers[len(keys) :]
-    per_gen: dict[int, list[int]] = {}
+    # Not an empty generation, one whose items are gone (or not this filter's): left out.
+    found = [
+        _counted_part(shard, g, gens[g], n)
+        for (shard, g, key), n in zip(keys, ones, strict=True)
+        if key not in lost
+    ]
+    owned = [size for (_, _, key), size in zip(keys, memory, strict=False) if key not in lost]
+    return _assemble(parts, gens, found, sum(owned) + sum(memory[len(keys) :]), damage)
+
+
+def read_counts(parts: Parts, record: FilterRecord) -> FilterState:
+    """Return the state the headers' item counts imply: O(shards) in Redis, no bit read.
+
+    For a filter that grows or forgets (its scripts count the items of each shard's, or each
+    live window's, newest generation; the older ones hold their capacity). With re-crawl
+    windows this is what the live windows hold, where the counters hold every item ever
+    added: cheap enough for every stats tick, where :func:`read_state` counts every bit.
+    Counts a worker holds back (the scriptless paths) reach the headers at its next sync.
+    The memory is estimated from the parts' sizes.
+    """
+    gens = record.growth.generations
+    heads, anchors, damage = _read_heads(parts, record)
+    found = []
+    for head in heads:
+        last = min(head.generations, len(gens)) - 1
+        for g in range(last + 1):
+            items = head.count if g == last else gens[g].capacity
+            found.append(_headed_part(head.shard, g, gens[g], items))
+    memory = sum(allocation(HEADER_BYTES + gens[part.generation].nbytes) for part in found)
+    return _assemble(parts, gens, found, memory + len(anchors) * allocation(HEADER_BYTES), damage)
+
+
+def _assemble(
+    parts: Parts, gens: Sequence[Generation], found: Sequence[_Part], memory: int, damage: _Damage
+) -> FilterState:
+    """Return the state of a filter whose shards hold the parts ``found`` (``gens``: its growth).
+
+    A check consults every part of its shard, so a shard's rate is that of any of them
+    answering; the filter's, the mean over the shards.
+    """
+    shards = parts.spec.shards
+    per_gen: dict[int, list[_Part]] = {}
     # Per shard: the log of the chance every part misses a new element (keeps rates < 1e-16).
     clear = [0.0] * shards
     per_shard = [0] * shards
-    for (shard, g, key), found in zip(keys, ones, strict=True):
-        if key in lost:
-            continue  # not an empty generation: one whose items are gone (or not this filter's)
-        gen = gens[g]
-        per_gen.setdefault(g, []).append(found)
-        clear[shard] += math.log1p(-_rate(gen.bits, gen.hash_count, found, gen.block_bits))
-        per_shard[shard] += found  # every part's: the fill of the shard's bits
-    states = tuple(_generation(g, gens[g], found) for g, found in sorted(per_gen.items()))
-    owned = [size for (_, _, key), size in zip(keys, memory, strict=False) if key not in lost]
+    for part in found:
+        per_gen.setdefault(part.generation, []).append(part)
+        clear[part.shard] += math.log1p(-min(part.rate, 1.0 - 1e-16))
+        per_shard[part.shard] += part.ones  # every part's: the fill of the shard's bits
+    states = tuple(_generation(g, gens[g], part) for g, part in sorted(per_gen.items()))
     return FilterState(
         spec=parts.spec,
         bits_set=sum(per_shard),
-        memory_bytes=sum(owned) + sum(memory[len(keys) :]),
+        memory_bytes=memory,
         bits_set_per_shard=tuple(per_shard),
         estimated_items=sum(gen.estimated_items for gen in states),
         generations=states,
@@ -349,4 +434,5 @@ def estimate_from_items(growth: Growth, items: int) -> FilterState:
         generations=tuple(states),
         fpr=-math.expm1(clear),
         total_bits=sum(gen.bits for gen in states),
+        from_counters=True,
     )

@@ -92,12 +92,21 @@ STATS: dict[str, str] = {
     "expansion": "growth per generation (0: fixed size)",
     "ttl": "seconds a URL is remembered at least (0: forever)",
     "generations": "most generations a shard has started",
-    "total_added": "items added by every worker",
+    "total_added": "items added by every worker (with re-crawl windows: in every window)",
     "total_filtered": "duplicates found by every worker",
-    "bits_set": "bits set (counted by the last worker to close, else estimated)",
-    "fill_ratio": "share of the bits that are set",
-    "estimated_items": "items in the filter, from all workers' counters",
-    "estimated_fpr": "chance that a new URL is taken for a seen one, now",
+    "bits_set": (
+        "bits set (counted by the last worker to close, else estimated; with re-crawl"
+        " windows, of the live windows)"
+    ),
+    "fill_ratio": "share of the bits that are set (with re-crawl windows: the live windows')",
+    "estimated_items": (
+        "items in the filter, from all workers' counters; with re-crawl windows, the items"
+        " the live windows hold, from their own counts (the counters count forgotten ones too)"
+    ),
+    "estimated_fpr": (
+        "chance that a new URL is taken for a seen one, now (with re-crawl windows: by the"
+        " live windows a check reads)"
+    ),
     "memory_bytes": "bytes Redis holds for the filter (estimated until counted)",
 }
 
@@ -208,35 +217,65 @@ class FilterStats:
             stats.set_value(PREFIX + name, value)
 
     def _state(self, state: FilterState | None) -> dict[str, Any]:
-        """Return the filter's stats over all workers: totals, geometry, fill, rate."""
+        """Return the filter's stats over all workers: totals, geometry, fill, rate.
+
+        ``state``: one read from Redis, else None. Without re-crawl windows the counters'
+        items are what the filter holds: the items, and the fill and rate when no ``state``
+        is given, are theirs, the same before and after the last worker counts the bits.
+        With windows the counters also count items the expired windows took with them: the
+        items, fill and rate are the live windows' (``state``, else
+        :meth:`.FilterBase.live_state`, O(shards) in Redis). If Redis does not answer, the
+        figures written last stand (said).
+        """
         bloom = self.bloom
         record = bloom.record
         assert record is not None
         if bloom.counters.synced is None:
             bloom.sync_counters()  # the first: reads them
         totals = bloom.counters.current()  # as last synced, plus this worker's unsynced
-        estimated = bloom.estimate(totals.added)
-        state = state or estimated
-        # The server sizes its own native filters: their bits and k, not the bitmap geometry.
-        native = state.generations if bloom.backend == "native" else None
-        return {
+        values: dict[str, Any] = {
             "total_added": totals.added,
             "total_filtered": totals.seen,
             "capacity": record.capacity,
-            "bits": state.total_bits if native else bloom.spec.bits,
-            "hash_functions": native[0].hash_count if native else bloom.spec.hash_count,
             "shards": bloom.spec.shards,
-            "bits_set": state.bits_set,
-            "fill_ratio": round(state.fill_ratio, 6),
-            # From the counters, as while the crawl ran: the same before and after the bits count.
-            "estimated_items": estimated.estimated_items,
-            "estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
-            "memory_bytes": state.memory_bytes,
             "expansion": record.expansion,
             "ttl": record.ttl,
             "backend": bloom.backend,
-            "generations": max(len(state.generations), bloom.generations),
         }
+        if not record.ttl:
+            estimated = bloom.estimate(totals.added)
+            items, state = estimated.estimated_items, state or estimated
+        else:
+            if state is None or state.from_counters:
+                try:
+                    state = bloom.live_state()
+                except BloomFilterError as exc:
+                    self._log.log(
+                        logging.WARNING,
+                        "windows",
+                        "Could not read the re-crawl windows of the Bloom filter %r (tried"
+                        " again every second): its item, fill and rate stats keep their last"
+                        " reading. %s",
+                        bloom.key,
+                        exc,
+                    )
+                    return values
+            items = state.estimated_items
+        # The server sizes its own native filters: their bits and k, not the bitmap geometry.
+        native = state.generations if bloom.backend == "native" else None
+        values.update(
+            {
+                "bits": state.total_bits if native else bloom.spec.bits,
+                "hash_functions": native[0].hash_count if native else bloom.spec.hash_count,
+                "bits_set": state.bits_set,
+                "fill_ratio": round(state.fill_ratio, 6),
+                "estimated_items": items,
+                "estimated_fpr": float(f"{state.estimated_fpr:.6g}"),
+                "memory_bytes": state.memory_bytes,
+                "generations": max(len(state.generations), bloom.generations),
+            }
+        )
+        return values
 
     def log(self) -> None:
         """Log one line: the timer's call. Never raises (see :meth:`tick`)."""
@@ -263,13 +302,30 @@ class FilterStats:
             logger.info("Bloom filter %r: %s; totals unavailable: %s", bloom.key, mine, exc)
             return
         figures = self._state(None)
+        if "estimated_fpr" not in figures:  # the windows could not be read (said)
+            logger.info(
+                "Bloom filter %r: %s added by all workers; %s; its re-crawl windows unavailable",
+                bloom.key,
+                f"{figures['total_added']:,}",
+                mine,
+            )
+            return
+        if record.ttl:  # no share of the capacity: the windows' items come and go
+            held = (
+                f"{figures['estimated_items']:,} items in its live re-crawl windows (capacity"
+                f" {record.capacity:,} per {record.ttl:,} s window; {figures['total_added']:,}"
+                " added by all workers in all)"
+            )
+        else:
+            held = (
+                f"{figures['total_added']:,} items from all workers"
+                f" ({100 * figures['total_added'] / record.capacity:.1f}% of capacity"
+                f" {record.capacity:,})"
+            )
         logger.info(
-            "Bloom filter %r: %s items from all workers (%.1f%% of capacity %s), %.2f%% of"
-            " bits set, false-positive rate now %.3g; %s",
+            "Bloom filter %r: %s, %.2f%% of bits set, false-positive rate now %.3g; %s",
             bloom.key,
-            f"{figures['total_added']:,}",
-            100 * figures["total_added"] / record.capacity,
-            f"{record.capacity:,}",
+            held,
             100 * figures["fill_ratio"],
             figures["estimated_fpr"],
             mine,

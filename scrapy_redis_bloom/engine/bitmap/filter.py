@@ -34,7 +34,12 @@ from scrapy_redis_bloom.engine.bitmap.stackpath import ADD, SEEN, Check, StackPa
 from scrapy_redis_bloom.engine.health import info_fields, short_of_room
 from scrapy_redis_bloom.engine.lifecycle import Lifecycle
 from scrapy_redis_bloom.engine.parts import script_call, text
-from scrapy_redis_bloom.engine.state import FilterState, estimate_from_items, read_state
+from scrapy_redis_bloom.engine.state import (
+    FilterState,
+    estimate_from_items,
+    read_counts,
+    read_state,
+)
 from scrapy_redis_bloom.transport.executor import Call, Results, error_text
 from scrapy_redis_bloom.transport.topology import Cluster
 from scrapy_redis_bloom.transport.wire import command_head, encode, pack_command
@@ -182,6 +187,14 @@ class RedisBloomFilter(FilterBase):
         """
         with self._lock:
             return read_state(self.parts, self._existing())
+
+    def _windows_state(self, record: FilterRecord) -> FilterState:
+        """Read the item counts in the live windows' headers (:func:`.read_counts`), not the bits.
+
+        The counts this worker holds back are sent first, so that they are in it.
+        """
+        self._flush_counts()
+        return read_counts(self.parts, record)
 
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False

@@ -274,6 +274,10 @@ class NativeBloomFilter(FilterBase):
                 self.events.set("generations", generations)
             return found
 
+    def _windows_state(self, record: FilterRecord) -> FilterState:
+        """Read the live windows' ``BF.INFO`` (:meth:`state`): O(shards), no bit counted."""
+        return self.state()
+
     def _check_and_add(
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:

@@ -10,6 +10,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from scrapy_redis_bloom.core.errors import (
@@ -262,7 +263,7 @@ def estimate(record: FilterRecord, items: int) -> FilterState:
         links_needed += 1
     per_shard = [(i, share + (i < more), links_needed) for i in range(shards)]
     memory = shards * sum(link.bits // 8 for link in links(record, links_needed))
-    return _state(record, per_shard, memory, shards)
+    return replace(_state(record, per_shard, memory, shards), from_counters=True)
 
 
 def _state(
