@@ -32,7 +32,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 from waiting import wait_until
 
-from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
+from scrapy_redis_bloom import BloomConfig, FilterBusyError, RedisBloomFilter
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.lease import CLOCK_MARGIN
 
@@ -130,8 +130,12 @@ def test_no_worker_clears_the_filter_under_a_crawl_whose_renewals_failed_a_while
         time.sleep(1.5)  # longer than the TTL: only a lease renewed since is live now
         # Another worker closing with SCHEDULER_PERSIST = False leaves the filter alone.
         closing = dupefilter(server.url, BLOOMFILTER_WORKER_TTL=1.0)
-        closing.clear()
-        closing.close("finished")
+        try:
+            assert closing.clear_unless_shared() is False  # the add-on's Scheduler's flush
+            with pytest.raises(FilterBusyError):  # scrapy-redis's: refused, queue kept
+                closing.clear()
+        finally:
+            closing.close("finished")
         assert admin.exists("books:bloomfilter:meta"), "cleared under a running crawl"
         assert crawling.request_seen(Request("https://example.com/1")) is True
 
@@ -153,7 +157,7 @@ def clear_while_another_starts(
 
     def clear() -> None:
         started.wait()
-        first.clear()
+        first.clear_unless_shared()  # (clear() raises when the other came first)
 
     def start() -> None:
         started.wait()
