@@ -41,6 +41,7 @@ from scrapy_redis_bloom.core.generations import (
     _generation_of,
 )
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, FilterSpec
+from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.core.sizing import false_positive_rate
 from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
 from scrapy_redis_bloom.transport.executor import PROBE_INTERVAL
@@ -361,8 +362,6 @@ def test_workers_crossing_the_growth_boundary_together_grow_once(
 
 
 def _grown(client: redis.Redis, **faults: Any) -> RedisBloomFilter:
-    from scrapy_redis_bloom.core.settings import FaultPolicy
-
     cfg = config(200, 0.01, BLOOMFILTER_SHARDS=1)
     bloom = bloom_for(client, cfg, faults=FaultPolicy(**faults))
     bloom.add_many(fingerprints(700, "member"))
@@ -430,6 +429,183 @@ def test_a_lost_generation_is_recreated_empty_when_asked(
     assert bloom.events.counts["recreated"] == 1
     assert "recreated empty" in caplog.text
     assert redis_client.strlen("{grow:bloomfilter:0}:g1") > 32
+
+
+#: Shard 0's keys of the filter the tests grow.
+SHARD = "{grow:bloomfilter:0}"
+
+
+def _state_of(client: redis.Redis, key: str) -> tuple[int, int]:
+    """Return a generation 0's state: the generations, and the newest one's items."""
+    head = client.getrange(key, GENERATIONS_BIT // 8, COUNT_BIT // 8 + 3)
+    generations, count = struct.unpack(">HI", head)
+    return generations, count
+
+
+def _by_generation(members: list[str], growth: Growth, seen: list[bool]) -> dict[str, list[str]]:
+    """Return members added in order to an empty one-shard filter, by the generation they are in.
+
+    Generation 0 takes the first ones found new, 1 the next, 2 the rest: the false positives
+    (``seen`` at their add, so in none) shift the bounds by far less than the 100 left out.
+    """
+    first, second = growth.generation(0).capacity, growth.generation(1).capacity
+    added = [member if not was else "" for member, was in zip(members, seen, strict=True)]
+    return {
+        "g0": [member for member in added[:first] if member],
+        "g1": [member for member in added[first + 100 : first + second] if member],
+        "g2": [member for member in added[first + second + 100 :] if member],
+    }
+
+
+@pytest.mark.parametrize("lost", [("g0",), ("g0", "g1"), ("g0", "g2")], ids=["g0", "g1", "g2"])
+def test_a_lost_generation_0_is_recreated_keeping_the_generations_grown_after_it(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, lost: tuple[str, ...]
+) -> None:
+    """``ON_LOSS = "recreate"`` of a grown shard's generation 0 keeps its later generations.
+
+    Generation 0's header counts the shard's generations: recreated with a fresh one, the
+    shard read g0 alone, its intact g1 and g2 left unread (their URLs "new"), unreported,
+    and ``state()`` showed one generation. Only the URLs of what was lost may come back.
+    """
+    cfg = config(1000, 0.01, BLOOMFILTER_SHARDS=1)
+    growth = cfg.growth
+    bloom = bloom_for(redis_client, cfg, cache_size=0, faults=FaultPolicy(on_loss="recreate"))
+    members = fingerprints(5000, "kept")
+    parts = _by_generation(members, growth, bloom.add_many(members))
+    assert bloom.generations == 3
+    _, held = _state_of(redis_client, f"{SHARD}:g0")  # items in g2, the newest
+    redis_client.delete(*(f"{SHARD}:{name}" for name in lost))
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        answers = dict(zip(members, bloom.contains_many(members), strict=True))
+    kept = [g for g in (1, 2) if f"g{g}" not in lost]
+    for name, part in parts.items():
+        seen = sum(answers[member] for member in part)
+        if name in lost:  # only false positives of what is kept
+            assert seen <= upper(len(part), growth.rate_bound), name
+        else:
+            assert seen == len(part), name
+    # The warning names what was recreated, and what was kept.
+    assert f"Recreated 1 lost shard(s) of the Bloom filter {KEY!r}" in caplog.text
+    assert f"'{SHARD}:g0'" in caplog.text
+    listed = ", ".join(map(str, kept))
+    assert f"shard 0: kept generation{'s' if len(kept) > 1 else ''} {listed}" in caplog.text
+    assert bloom.events.counts["recreated"] == 1
+    # The header counts the generations; the newest one's count is its items (from its bits,
+    # a few sigmas above), or none where it was lost too: adds go on in it.
+    generations, count = _state_of(redis_client, f"{SHARD}:g0")
+    assert generations == 3
+    if "g2" in lost:
+        assert count == 0
+    else:
+        assert held <= count <= held + 8 * math.sqrt(held)
+    # state() shows the generations kept, and those lost as well as damaged.
+    state = bloom.state()
+    assert [gen.generation for gen in state.generations] == [0, *kept]
+    assert {part.key for part in state.damaged} == {f"{SHARD}:{n}" for n in lost if n != "g0"}
+    assert state.estimated_items >= 0.9 * sum(len(parts[f"g{g}"]) for g in kept)
+    # New URLs go to the newest generation (recreated empty if it was lost): none to the
+    # recreated g0, no generation started early.
+    later = fingerprints(300, "later")
+    assert sum(bloom.add_many(later)) <= upper(len(later), growth.rate_bound)
+    assert redis_client.bitcount(f"{SHARD}:g0", 32, -1) == 0
+    assert bloom.generations == 3
+    assert not redis_client.exists(f"{SHARD}:g3")
+    assert _state_of(redis_client, f"{SHARD}:g0")[1] >= count + 300 - upper(300, 0.01)
+    assert all(bloom.contains_many(later))
+    for g in kept:
+        assert all(bloom.contains_many(parts[f"g{g}"]))
+    assert bloom.state().damaged == ()
+    # Another worker reads them too.
+    other = bloom_for(redis_client, cfg, cache_size=0)
+    for g in kept:
+        assert all(other.contains_many(parts[f"g{g}"]))
+    bloom.close()
+    other.close()
+
+
+@pytest.mark.parametrize("window", ["current", "before", "anchor too"])
+def test_a_lost_generation_0_of_a_window_keeps_the_generations_it_grew(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, window: str
+) -> None:
+    """The same for a re-crawl window's generation 0, which the script recreates.
+
+    The current window's came back with one generation, its g1 and g2 unread; the window
+    before's was never recreated, and read as one generation lost. Now reads pass over the
+    lost g0 to g1 and g2 (a bulk read of many of a shard's elements was lost again and again
+    till the retry timeout, then raised), and a write recreates it keeping them. With the
+    shard's anchor lost too (recreated naming no window), the window was started anew.
+    """
+    ttl = 86_400
+    cfg = config(1000, 0.01, BLOOMFILTER_TTL=ttl, BLOOMFILTER_SHARDS=1)
+    growth = cfg.growth
+    bloom = bloom_for(redis_client, cfg, cache_size=0, faults=FaultPolicy(on_loss="recreate"))
+    members = fingerprints(5000, "window")
+    parts = _by_generation(members, growth, bloom.add_many(members))
+    assert bloom.generations == 3
+    w = int(redis_client.time()[0]) // ttl
+    if window == "before":  # make it the window before: the anchor says w has not started
+        for g in range(3):
+            redis_client.rename(f"{SHARD}:w{w}:g{g}", f"{SHARD}:w{w - 1}:g{g}")
+        redis_client.setrange(f"{SHARD}:g0", GENERATIONS_BIT // 8, struct.pack(">HI", 0, w - 1))
+        w -= 1
+    base = f"{SHARD}:w{w}:g"
+    _, held = _state_of(redis_client, f"{base}0")
+    redis_client.delete(f"{base}0")
+    if window == "anchor too":  # (then no read knows the window started before a write)
+        redis_client.delete(f"{SHARD}:g0")
+    later = parts["g1"] + parts["g2"]
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        if window != "anchor too":
+            assert all(bloom.contains_many(later))  # read before any write
+        assert bloom.check_and_add(fingerprints(1, "new")[0]) is False
+        assert sum(bloom.contains_many(parts["g0"])) <= upper(len(parts["g0"]), growth.rate_bound)
+        assert all(bloom.contains_many(later))
+    assert bloom.events.counts["recreated"] >= 1
+    which = "previous" if window == "before" else "current"
+    assert f"Generation 0 of the {which} re-crawl window of shard 0" in caplog.text
+    assert "was kept (generations 1 to 2)" in caplog.text
+    generations, count = _state_of(redis_client, f"{base}0")
+    assert generations == 3
+    assert held <= count <= held + 8 * math.sqrt(held) + 1
+    # It expires with its window (the window before's a TTL earlier than the current's).
+    assert 0 < redis_client.ttl(f"{base}0") <= redis_client.ttl(f"{base}1")
+    if window == "before":
+        assert redis_client.ttl(f"{base}0") <= ttl
+    state = bloom.state()
+    assert [gen.generation for gen in state.generations] == [0, 1, 2]
+    assert state.damaged == ()
+    assert bloom_for(redis_client, cfg, cache_size=0).contains_many(later) == [True] * len(later)
+    bloom.close()
+
+
+@pytest.mark.parametrize("ttl", [0, 86_400])
+def test_a_bulk_read_passes_over_a_lost_generation_when_asked(
+    redis_client: redis.Redis, ttl: int
+) -> None:
+    """``contains_many`` of a shard whose g1 is lost, under ``ON_LOSS = "recreate"``.
+
+    The leave to pass over the lost part went with the call's first script of the shard:
+    each next one met it lost again, until the retry timeout, and the read raised "lost
+    again each time it was recreated" (nothing was). A read recreates nothing.
+    """
+    more = {"BLOOMFILTER_TTL": ttl} if ttl else {}
+    cfg = config(1000, 0.01, BLOOMFILTER_SHARDS=1, **more)
+    faults = FaultPolicy(on_loss="recreate", retry_timeout=2)
+    bloom = bloom_for(redis_client, cfg, cache_size=0, faults=faults)
+    members = fingerprints(5000, "passed")
+    parts = _by_generation(members, cfg.growth, bloom.add_many(members))
+    window = f":w{int(redis_client.time()[0]) // ttl}" if ttl else ""
+    lost = f"{SHARD}{window}:g1"
+    redis_client.delete(lost)
+    answers = dict(zip(members, bloom.contains_many(members), strict=True))
+    assert all(answers[member] for member in parts["g0"] + parts["g2"])
+    assert sum(answers[member] for member in parts["g1"]) <= upper(
+        len(parts["g1"]), cfg.growth.rate_bound
+    )
+    assert not redis_client.exists(lost)
+    assert bloom.check_and_add(fingerprints(1, "new")[0]) is False  # recreates it
+    assert redis_client.exists(lost)
+    bloom.close()
 
 
 # -- the record: workers agree ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from scrapy_redis_bloom.core.hashing import (
     MAX_SHARD_BITS,
     WIDE,
     FilterSpec,
+    distinct_bits,
     seed_range,
 )
 from scrapy_redis_bloom.core.sizing import false_positive_rate, optimal_bits, optimal_geometry
@@ -70,6 +71,27 @@ class Generation:
     def nbytes(self) -> int:
         """Bytes of its bitmap."""
         return (self.bits + 7) // 8
+
+    @property
+    def distinct(self) -> float:
+        """Distinct bits one item sets, on average (its k offsets may meet in a block)."""
+        return (
+            distinct_bits(self.hash_count, self.block_bits) if self.block_bits else self.hash_count
+        )
+
+    def recount(self, ones: int) -> int:
+        """Return the items to count in it, found with ``ones`` bits set (its count was lost).
+
+        A shard's generation 0 counts its newest generation's items: recreated, it counts
+        them again from that generation's bits. The items that set X of m bits, n = -(m/d)
+        ln(1 - X/m), are estimated within about 0.67 sqrt(n/k) (one sigma, at capacity, blocked
+        or not): 4 sqrt(n/k) above, the generation takes no more than its capacity but for a
+        chance under 1e-9. At most its capacity: full, the next add starts the next one. The
+        script's twin: ``kept`` in ``engine/lua/check_and_add.lua``.
+        """
+        m = self.bits
+        items = -m / self.distinct * math.log1p(-min(ones, m - 1) / m)
+        return min(self.capacity, math.ceil(items + 4 * math.sqrt(items / self.hash_count)))
 
 
 #: Least margin, in items, between the scriptless path's counts and a shard's growth.

@@ -75,9 +75,12 @@ def parse_marker(value: str) -> tuple[str, int, int] | None:
     return found.group(1), int(found.group(2)), int(found.group(3))
 
 
-def header(filter_id: str, shard: int, hash_count: int) -> bytes:
-    """Return the whole header every shard of the filter starts with."""
-    return identity(filter_id, shard, hash_count) + bytes(HEADER_BYTES - IDENTITY_BYTES)
+def header(filter_id: str, shard: int, hash_count: int, state: bytes = b"") -> bytes:
+    """Return the whole header every shard of the filter starts with (``state``: its first)."""
+    rest = HEADER_BYTES - IDENTITY_BYTES
+    if len(state) > rest:
+        raise ValueError(f"a header's state is {rest} bytes at most, got {len(state)}")
+    return identity(filter_id, shard, hash_count) + state + bytes(rest - len(state))
 
 
 @dataclass(frozen=True, slots=True)

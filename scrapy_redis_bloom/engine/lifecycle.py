@@ -74,6 +74,9 @@ class Shards(Protocol):
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
         """Create shards (``replace``: where lost); return how many; refuse a foreign key."""
 
+    def recreate(self, record: FilterRecord, shards: Iterable[int]) -> tuple[int, dict[int, str]]:
+        """Create lost shards anew; return how many, and per shard what it kept (said)."""
+
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the lost shards, with what stands in their place; refuse a foreign key."""
 
@@ -353,15 +356,17 @@ class Lifecycle:
                     ", ".join(self._server(i) for i in missing_markers),
                 )
         if lost:
-            self.events.count("recreated", self.shards.create(record, lost, replace=True))
+            created, kept = self.shards.recreate(record, lost)
+            self.events.count("recreated", created)
             logger.warning(
                 "Recreated %d lost shard(s) of the %s %r empty"
                 " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched"
-                " again.",
+                " again.%s",
                 len(lost),
                 self.shards.noun,
                 self.key,
                 self._list(record, lost),
+                _kept(kept),
             )
         return record
 
@@ -394,6 +399,21 @@ class Lifecycle:
 
     def _list(self, record: FilterRecord, found: dict[int, str]) -> str:
         return named(self.topology, lambda shard: self.shards.shard_key(record, shard), found)
+
+
+def _kept(kept: dict[int, str]) -> str:
+    """Say what lost shards kept of their growth (up to :data:`NAMED`); "" if nothing."""
+    if not kept:
+        return ""
+    listed = [f"shard {shard}: {what}" for shard, what in list(kept.items())[:NAMED]]
+    more = len(kept) - NAMED
+    return (
+        " Only their generation 0 is new: the generations grown after it, found intact, were"
+        " kept, and the URLs they hold are still seen ("
+        + "; ".join(listed)
+        + (f"; and {more:,} more" if more > 0 else "")
+        + ")."
+    )
 
 
 def named(topology: Topology, key: Callable[[int], str], found: dict[int, str]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from scrapy_redis_bloom.core import layout
@@ -205,19 +205,26 @@ class Parts:
         return self.run(operation, calls, take=take)
 
     def allocate(
-        self, record: FilterRecord, shards: Iterable[int], replace: bool = False
+        self,
+        record: FilterRecord,
+        shards: Iterable[int],
+        replace: bool = False,
+        states: Mapping[int, bytes] | None = None,
     ) -> dict[int, int]:
-        """Allocate shards whole with their header; per shard 1 (now), 0 (there) or -1 (foreign)."""
+        """Allocate shards whole with their header; per shard 1 (now), 0 (there) or -1 (foreign).
+
+        ``states``: a shard's header state after its identity, where not zeros.
+        """
         order = list(shards)
         last = layout.HEADER_BYTES + record.shard_payload - 1
         mode = b"replace" if replace else b"create"
         k = record.spec.hash_count
+        states = states or {}
         calls = [
-            script_call(
-                scripts.ALLOCATE, key, layout.header(record.filter_id, s, k), last, mode, shard=s
-            )
+            script_call(scripts.ALLOCATE, key, header, last, mode, shard=s)
             for s in order
             for key in [self.shard_key(s)]
+            for header in [layout.header(record.filter_id, s, k, states.get(s, b""))]
         ]
         per_batch = max(1, min(BATCH, ALLOCATE_BYTES // (last + 1)))
         replies = self.run(

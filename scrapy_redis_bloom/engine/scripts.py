@@ -24,6 +24,9 @@ MISMATCH = 2
 #: Flags in a check-and-add reply (its second item): a generation started; a shard past its
 #: last generation's capacity; a lost generation or window recreated empty.
 GREW, FULL, RECREATED = 1, 2, 4
+#: Where a reply's flags give the later generations kept by a window whose lost generation
+#: 0 was recreated (4 bits: the current window's; the 4 above: the window before's).
+KEPT_SHIFT = 8
 
 
 @cache
@@ -33,12 +36,12 @@ def lua(name: str) -> str:
     return _INCLUDE.sub(lambda match: lua(match[1]), source)
 
 
-def declare(**values: int | bool | str | list[int]) -> str:
+def declare(**values: int | bool | str | list[int] | list[float]) -> str:
     """Return Lua declaring ``values`` as locals: the numbers a ``.lua`` file takes from Python."""
     return "".join(f"local {name} = {_literal(value)}\n" for name, value in values.items())
 
 
-def _literal(value: int | bool | str | list[int]) -> str:
+def _literal(value: int | bool | str | list[int] | list[float]) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
@@ -55,6 +58,7 @@ LAYOUT = declare(
     GREW=GREW,
     FULL=FULL,
     RECREATED=RECREATED,
+    KEPT_SHIFT=KEPT_SHIFT,
 )
 
 
@@ -94,7 +98,7 @@ def script_reply(reply: Any, answers: int) -> list[Any]:
 
 
 def geometry(growth: Growth) -> str:
-    """Return Lua declaring a shard's generations (``M``, ``K``, ``C``, ``B``, ``W`` per one)."""
+    """Return Lua declaring each generation of a shard: ``M``, ``K``, ``C``, ``B``, ``W``, ``D``."""
     gens = growth.generations
     return declare(
         M=[gen.bits for gen in gens],
@@ -102,6 +106,7 @@ def geometry(growth: Growth) -> str:
         C=[gen.capacity for gen in gens],
         B=[gen.span for gen in gens],
         W=[gen.seed_range for gen in gens],
+        D=[gen.distinct for gen in gens],  # distinct bits per item: to count a generation's
         LAST=len(gens),
         COUNTED=growth.expansion > 0 or growth.ttl > 0,  # items counted where it may grow
         TTL=growth.ttl,

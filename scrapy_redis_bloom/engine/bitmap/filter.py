@@ -73,7 +73,8 @@ class RedisBloomFilter(FilterBase):
         self._script = scripts.check_and_add(self.wanted.growth, one=True)  # (_adopt: record's)
         self._bulk_script = scripts.check_and_add(self.wanted.growth)
         self._heads: dict[int, tuple[bytes, str]] = {}
-        self._recreate: set[int] = set()  # shards whose next script recreates lost parts
+        #: Shards whose next script recreates lost parts (whose reads in the call pass over them).
+        self._recreate: set[int] = set()
         #: The call's recovery deadline (monotonic; 0: not yet), pause, recreated shards.
         self._deadline = 0.0
         self._pause = 0.0
@@ -200,8 +201,10 @@ class RedisBloomFilter(FilterBase):
         self, element: str | bytes, h1: int, h2: int, recovered: bool = False
     ) -> bool:
         """One ``BITFIELD`` (:mod:`.fastpath`); reads, then one (:mod:`.stackpath`); the script."""
-        if not recovered:
+        if not recovered:  # a call begins (:meth:`_begin`, inline on the hot path)
             self._deadline = 0.0
+            if self._recreate:
+                self._recreate.clear()
         fast = self._fast
         command = fast.pack(h1, h2) if fast is not None else None
         if command is None:
@@ -302,7 +305,7 @@ class RedisBloomFilter(FilterBase):
 
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips."""
-        self._deadline = 0.0
+        self._begin()
         answers: list[bool | None] = [None] * len(todo)
         stack = self._stack
         checks: dict[int, Check] = {}
@@ -586,6 +589,16 @@ class RedisBloomFilter(FilterBase):
                 self.lifecycle.loss_found(self._current().ttl > 0)
             raise self._shards.lost_part(self._current(), shard, bad, there)
 
+    def _begin(self) -> None:
+        """Start a call: no recovery deadline yet, no lost part it may recreate or pass over.
+
+        (A part found lost is recreated, or passed over by reads, only once this call has
+        looked at it by its own key: out of reach while a Cluster slot moves, it is waited
+        for.)
+        """
+        self._deadline = 0.0
+        self._recreate.clear()
+
     def _start_deadline(self) -> float:
         """Return when the call under way stops recovering: a retry timeout from its first."""
         if not self._deadline:
@@ -712,7 +725,26 @@ class RedisBloomFilter(FilterBase):
                 generations,
                 f"{self._current().growth.grown_capacity:,}",
             )
-        if flags & scripts.RECREATED:
+        shifts = (("current", scripts.KEPT_SHIFT), ("previous", scripts.KEPT_SHIFT + 4))
+        kept = [(which, flags >> shift & 15) for which, shift in shifts if flags >> shift & 15]
+        for which, grown in kept:
+            self.events.count("recreated")
+            self._log.log(
+                logging.WARNING,
+                "recreated_kept",
+                "Generation 0 of the %s re-crawl window of shard %d of the Bloom filter %r was"
+                " lost, and recreated empty (BLOOMFILTER_ON_LOSS = 'recreate'): URLs it held may"
+                " be fetched again. What the window grew after it was kept (%s): URLs there are"
+                " still seen. It was evicted or deleted; see the maxmemory-policy of %s.",
+                which,
+                shard,
+                self.key,
+                "generation 1" if grown == 1 else f"generations 1 to {grown}",
+                self.topology.describe(),
+            )
+        if kept:
+            self.lifecycle.loss_found(True)
+        elif flags & scripts.RECREATED:
             self._report(
                 "recreated",
                 logging.WARNING,
@@ -768,7 +800,8 @@ class RedisBloomFilter(FilterBase):
     ) -> bytes:
         """Pack the start of a call of the hot path's (``bulk``: the bulk) script."""
         recreate = b"1" if shard in self._recreate else b"0"
-        self._recreate.discard(shard)
+        if write:  # it recreates the lost part: once; a read passes over it, for the call
+            self._recreate.discard(shard)
         return command_head(
             7 + 4 * elements,
             b"EVALSHA",
@@ -799,7 +832,7 @@ class RedisBloomFilter(FilterBase):
             self._room_to_grow(*self._room_due.pop(0))
 
     def _add_owed(self, elements: list[str | bytes]) -> Outcome:
-        self._deadline = 0.0
+        self._begin()
         try:
             return self._bulk.run(True, elements)
         finally:
@@ -815,7 +848,7 @@ class RedisBloomFilter(FilterBase):
             items = list(elements)
             outcome.answers, outcome.failed = self._unavailable(exc, len(items)), items
             return outcome
-        self._deadline = 0.0
+        self._begin()
         try:
             self._bulk.run(write, elements, outcome)
         finally:

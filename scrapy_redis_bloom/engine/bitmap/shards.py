@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import FilterDamagedError, OrphanedShardsError, taking_apart
@@ -82,7 +82,32 @@ class Bitmaps:
 
     def create(self, record: FilterRecord, shards: Iterable[int], replace: bool = False) -> int:
         """Allocate shards whole with their header (``replace``: over what was lost)."""
-        allocated = self.parts.allocate(record, shards, replace=replace)
+        allocated = self._allocate(record, shards, replace)
+        return sum(reply == 1 for reply in allocated.values())
+
+    def recreate(self, record: FilterRecord, shards: Iterable[int]) -> tuple[int, dict[int, str]]:
+        """Allocate lost shards anew, empty; return how many, and what each kept of its growth.
+
+        A grown shard's key is its generation 0, whose header counts the shard's
+        generations: a fresh header left the later ones, intact, unread (their URLs "new")
+        and unreported. Those still carrying the filter's id are kept (:meth:`_grown_after`).
+        """
+        order = list(shards)
+        grown = self._grown_after(record, order) if record.growth.last and not record.ttl else {}
+        states = {shard: kept.state for shard, kept in grown.items()}
+        allocated = self._allocate(record, order, True, states)
+        kept = {shard: grown[shard].said() for shard in grown if allocated[shard] == 1}
+        return sum(reply == 1 for reply in allocated.values()), kept
+
+    def _allocate(
+        self,
+        record: FilterRecord,
+        shards: Iterable[int],
+        replace: bool,
+        states: Mapping[int, bytes] | None = None,
+    ) -> dict[int, int]:
+        """Allocate shards (see :meth:`.Parts.allocate`); refuse a key another's."""
+        allocated = self.parts.allocate(record, shards, replace=replace, states=states)
         refused = [shard for shard, reply in allocated.items() if reply < 0]
         if refused:
             found = self.parts.identities(refused)
@@ -91,7 +116,51 @@ class Bitmaps:
                 f" Redis already holds {self._list(record, found)}. Remove those keys or"
                 " choose another BLOOMFILTER_KEY."
             )
-        return sum(reply == 1 for reply in allocated.values())
+        return allocated
+
+    def _grown_after(self, record: FilterRecord, shards: list[int]) -> dict[int, _Kept]:
+        """Return what lost shards keep of their growth: the later generations still theirs.
+
+        The newest of them gives the shard's generations (one more when it is sealed: the one
+        after it was lost too, and is recreated empty when next written); its items are
+        counted again from its bits (:meth:`.Generation.recount`). Shards without any: left out.
+        """
+        growth = record.growth
+        k = record.spec.hash_count
+        keys = [
+            (shard, g, layout.shard_key(self.key, shard, g))
+            for shard in shards
+            for g in range(1, growth.last + 1)
+        ]
+        heads = self._heads([(shard, key) for shard, _, key in keys])
+        intact: dict[int, list[tuple[int, bytes]]] = {}
+        for (shard, g, _), (_, head) in zip(keys, heads, strict=True):
+            if head[: layout.IDENTITY_BYTES] == layout.identity(record.filter_id, shard, k):
+                intact.setdefault(shard, []).append((g, head))
+        newest = {shard: found[-1] for shard, found in intact.items()}
+        counted = [
+            (shard, g, layout.shard_key(self.key, shard, g))
+            for shard, (g, head) in newest.items()
+            if not _sealed(head)
+        ]
+        calls = [
+            Call(pack_command(b"BITCOUNT", key, layout.HEADER_BYTES, -1), key=key, shard=shard)
+            for shard, _, key in counted
+        ]
+        operation = "count the bits of the filter's generations"
+        ones = self.parts.run(operation, calls, take=int) if calls else []
+        items = {
+            shard: growth.generation(g).recount(n)
+            for (shard, g, _), n in zip(counted, ones, strict=True)
+        }
+        return {
+            shard: _Kept(
+                min(g + 1 if shard in items else g + 2, growth.last + 1),
+                items.get(shard, 0),
+                tuple(kept for kept, _ in intact[shard]),
+            )
+            for shard, (g, _) in newest.items()
+        }
 
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the shards missing or without a header; refuse any other header or data."""
@@ -342,6 +411,36 @@ class Bitmaps:
     def _list(self, record: FilterRecord, found: dict[int, bytes]) -> str:
         what = {s: layout.describe_identity(f, record.filter_id, s) for s, f in found.items()}
         return named(self.topology, self.parts.shard_key, what)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """What a lost shard keeps of its growth: its generations, the newest one's items."""
+
+    generations: int
+    items: int
+    #: The later generations found intact (those between missing: lost as well).
+    intact: tuple[int, ...]
+
+    @property
+    def state(self) -> bytes:
+        """The state of the recreated generation 0's header: generations (u16), items (u32)."""
+        return self.generations.to_bytes(2, "big") + self.items.to_bytes(4, "big")
+
+    def said(self) -> str:
+        """Say what was kept, and what of the growth was lost as well."""
+        lost = [g for g in range(1, self.generations) if g not in self.intact]
+        also = f"; {_generations(lost)} lost as well (recreated empty when next written)"
+        return f"kept {_generations(self.intact)}" + (also if lost else "")
+
+
+def _generations(numbers: Sequence[int]) -> str:
+    return f"generation{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
+def _sealed(head: bytes) -> bool:
+    """Tell whether a later generation's header is sealed: a generation after it started."""
+    return head[_GENERATIONS : _GENERATIONS + 2].strip(b"\0") != b""
 
 
 def _grown(head: bytes) -> bool:

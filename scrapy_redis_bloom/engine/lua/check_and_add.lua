@@ -42,32 +42,71 @@ local function takeable(key)
   bad = key
   return false, true
 end
--- Allocate generation g whole, with the header (false, ``bad`` set: a foreign key is there).
--- Its first write is the SETRANGE, which Redis refuses when out of memory: a DEL first
--- would count as the script's first write and let the allocation pass maxmemory. (A stale
--- key is left only by a recreation.)
-local function allocate(key, g)
+-- Allocate generation g of a view whole, with the header (false, ``bad`` set: a foreign
+-- key is there), expiring with the view's window. Its first write is the SETRANGE, which
+-- Redis refuses when out of memory: a DEL first would count as the script's first write
+-- and let the allocation pass maxmemory. (A stale key is left only by a recreation.)
+local function allocate(view, g)
+  local key = view.base .. g
   local free, exists = takeable(key)
   if not free then return false end
   if exists then redis.call('DEL', key) end
   redis.call('SETRANGE', key, HEADER_BYTES + math.ceil(M[g + 1] / 8) - 1, string.char(0))
   redis.call('SETRANGE', key, 0, id)
-  if expire then redis.call('EXPIREAT', key, expire) end
+  if view.expire then redis.call('EXPIREAT', key, view.expire) end
   return true
+end
+-- What a lost generation 0 leaves of a window's growth: its header counted the generations,
+-- each later one a key of its own. The newest of them still carrying the id gives their
+-- number (one more when it is sealed: the one after it was lost too) and, with
+-- ``counting``, its items again from its bits, as core/generations.py's
+-- Generation.recount. Returns the generations and the newest one's items (1, 0: none).
+local function kept(base, counting)
+  for g = LAST - 1, 1, -1 do
+    local head = redis.call('GETRANGE', base .. g, 0, HEADER_BYTES - 1)
+    if string.sub(head, 1, IDENTITY_BYTES) == id then
+      if u16(head) ~= 0 then return math.min(g + 2, LAST), 0 end
+      if not counting then return g + 1, 0 end
+      local m = M[g + 1]
+      local ones = math.min(redis.call('BITCOUNT', base .. g, HEADER_BYTES, -1), m - 1)
+      local n = -m / D[g + 1] * math.log(1 - ones / m)
+      return g + 1, math.min(C[g + 1], math.ceil(n + 4 * math.sqrt(n / K[g + 1])))
+    end
+  end
+  return 1, 0
 end
 -- Read a filter's header (a shard's, or a window's) and check its generations, each of
 -- which must carry the id. ``needed``: a missing generation 0 is a loss (else: nothing
--- there yet); ``create``: start generation 0 when there is none; ``shard``: it is the
--- shard's own key, whose loss is always reported (the filter's recovery handles it).
+-- there yet, unless later generations are); ``create``: start generation 0 when there is
+-- none, keeping the later generations a lost one leaves (not created, they are read
+-- without it: ``low``); ``shard``: it is the shard's own key, whose loss is always
+-- reported (the filter's recovery handles it).
 local function load(view, needed, create, shard)
   local g0 = view.base .. '0'
   local head = redis.call('GETRANGE', g0, 0, HEADER_BYTES - 1)
+  view.low = 0
   if unnamed(head) then
     if needed and (shard or not recreate) then bad = g0 return false end
-    if needed then flags = bit.bor(flags, RECREATED) end
-    if not create then return true end
-    if not allocate(g0, 0) then return false end
-    head = id
+    local G, count = 1, 0
+    if COUNTED and (needed or create) then
+      G, count = kept(view.base, create)
+      -- A window its anchor does not show (an anchor lost too) is new only if it has nothing.
+      if G > 1 and not recreate then bad = g0 return false end
+    end
+    if needed or G > 1 then flags = bit.bor(flags, RECREATED) end
+    if create then
+      if not allocate(view, 0) then return false end
+      if G > 1 then
+        redis.call('SETRANGE', g0, IDENTITY_BYTES, pack(G, count))
+        local shift = view == prev and KEPT_SHIFT + 4 or KEPT_SHIFT
+        flags = bit.bor(flags, bit.lshift(G - 1, shift))
+      end
+    elseif G == 1 then
+      return true
+    else
+      view.low = 1
+    end
+    head = id .. pack(G, count)
   elseif string.sub(head, 1, IDENTITY_BYTES) ~= id then bad = g0 return false end
   view.G, view.count, view.dirty = 1, 0, false
   if COUNTED then view.G, view.count = math.max(u16(head), 1), u32(head) end
@@ -76,7 +115,7 @@ local function load(view, needed, create, shard)
     local found = redis.call('GETRANGE', key, 0, IDENTITY_BYTES - 1)
     local lost = unnamed(found)
     if lost and recreate and write then
-      if not allocate(key, g) then return false end
+      if not allocate(view, g) then return false end
       flags = bit.bor(flags, RECREATED)
     elseif found ~= id and not (lost and recreate) then bad = key return false end
   end

@@ -3,7 +3,7 @@
 -- checks the generations it may start first).
 if write and COUNTED and cur.count >= C[cur.G] then
   if cur.G < LAST then
-    if not allocate(cur.base .. cur.G, cur.G) then return {MISMATCH, bad} end
+    if not allocate(cur, cur.G) then return {MISMATCH, bad} end
     -- Seal the generation that was the newest (its header's state, unused after a
     -- generation 0): a scriptless add that lands there after this reads the seal and
     -- looks for its element in the new one (engine/bitmap/stackpath.py). Generation 0's

@@ -393,6 +393,10 @@ class Blooms:
         self.missing(record, existing)
         return len(order) - len(existing)
 
+    def recreate(self, record: FilterRecord, shards: Iterable[int]) -> tuple[int, dict[int, str]]:
+        """Create lost shards anew: a RedisBloom filter grows within its key, kept whole or lost."""
+        return self.create(record, shards, replace=True), {}
+
     def missing(self, record: FilterRecord, shards: Iterable[int]) -> dict[int, str]:
         """Return the shards whose key is missing; refuse any key of another type."""
         keys = [(shard, self.shard_key(record, shard)) for shard in shards]
