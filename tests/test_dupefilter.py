@@ -455,6 +455,26 @@ def test_from_settings_needs_a_key_without_spider(redis_url: str) -> None:
         df.close("finished")  # its lease stops renewing (it would outlive the test)
 
 
+def test_with_recrawl_windows_a_worker_closing_gives_what_the_live_windows_hold(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker that is not the last to close estimated from the counters, which count every
+    # URL ever added: "about 50 items" once the windows holding them had expired.
+    settings = {"BLOOMFILTER_TTL": 1, "BLOOMFILTER_KEY": "ttl:bloomfilter"}
+    first = RFPDupeFilter.from_crawler(crawler_for(redis_url, **settings))
+    assert not any(first.request_seen(Request(f"https://example.com/{i}")) for i in range(50))
+    time.sleep(2.2)  # both windows that held them expired (a URL is forgotten by 2x TTL)
+    other = RFPDupeFilter.from_crawler(crawler_for(redis_url, **settings))  # still running
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        first.close("finished")
+    line = next(
+        r.getMessage() for r in caplog.records if "false-positive rate now" in r.getMessage()
+    )
+    assert "about 0 items" in line, line
+    assert "from the windows' headers" in line, line
+    other.close("finished")
+
+
 def test_a_filter_lost_in_an_outage_closes_saying_so_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

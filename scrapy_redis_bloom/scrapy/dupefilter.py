@@ -468,8 +468,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         if self.bloom.record is None:
             return
         totals = self.bloom.totals()  # read now: other workers may have synced since
+        windows = self.bloom.record.ttl > 0  # the counters hold URLs forgotten since, too
         if full or self.bloom.backend == "native":  # O(shards) in Redis: always affordable
             state = self.bloom.state()
+        elif windows:
+            state = self.bloom.live_state()  # the live windows' headers: O(shards)
         else:
             state = self.bloom.estimate(totals.added)
         self.filter_stats.publish(state)
@@ -481,7 +484,11 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             100 * state.fill_ratio,
             state.estimated_fpr,
             f"{state.memory_bytes:,}",
-            "" if full else " (estimated from the counters)",
+            ""
+            if full
+            else " (from the windows' headers)"
+            if windows
+            else " (estimated from the counters)",
         )
 
 
