@@ -508,6 +508,24 @@ def test_watch_prints_count_lines(project: Path, redis_client: redis.Redis) -> N
     assert 0 < sample["fill_ratio"] < 1
 
 
+def test_watch_of_recrawl_windows_gives_what_the_live_windows_hold(
+    project: Path, redis_client: redis.Redis
+) -> None:
+    # It gave the counters' every URL ever added: 1,000 items once the windows had expired.
+    config = BloomConfig.from_settings({**SIZING, "BLOOMFILTER_TTL": 1})
+    bloom = RedisBloomFilter.from_config(redis_client, "books:bloomfilter", config)
+    bloom.add_many(fingerprints(1000))
+    bloom.sync_counters()
+    bloom.close()
+    argv = ["bloom", "watch", "--spider", "books", "--count", "1", "--json", "-s"]
+    sample = json.loads(scrapy(project, *argv, "BLOOMFILTER_TTL=1").out)
+    assert 990 <= sample["items"] <= 1010  # counted by the windows' headers, not the bits
+    time.sleep(2.2)  # both windows that held them expired
+    sample = json.loads(scrapy(project, *argv, "BLOOMFILTER_TTL=1").out)
+    assert sample["items"] == 0
+    assert sample["fill_ratio"] == 0
+
+
 def test_watch_refuses_an_interval_no_sleep_takes(outside: Path) -> None:
     """An interval of 1e300 s raised OverflowError at the first sleep: a usage error now."""
     result = scrapy(outside, "bloom", "watch", "--key", "k", "--interval", "1e300")

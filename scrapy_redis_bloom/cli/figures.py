@@ -339,6 +339,9 @@ def _sample(bloom: RedisBloomFilter | NativeBloomFilter) -> dict[str, Any]:
     if isinstance(bloom, NativeBloomFilter):
         state = bloom.state(bloom.existing())
         items, fill = state.estimated_items, None
+    elif record.ttl:  # the counters hold what the windows forgot, too
+        state = bloom.live_state()
+        items, fill = state.estimated_items, state.fill_ratio
     else:
         state = estimate_from_items(record.growth, totals.added)
         items, fill = totals.added, state.fill_ratio
