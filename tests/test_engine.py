@@ -518,6 +518,18 @@ def test_a_sizing_that_gives_the_filters_geometry_is_adopted_saying_so(
     assert "asks for capacity=1001 error_rate=0.01, which gives the same layout" in caplog.text
 
 
+def test_a_read_of_a_filter_whose_record_is_lost_says_its_shards_are_there(
+    redis_client: redis.Redis,
+) -> None:
+    # "There is no Bloom filter" alone, while its shards held every URL (a probe).
+    first = make(redis_client)
+    first.add_many(fingerprints(100))
+    redis_client.delete("bf:meta")
+    with pytest.raises(FilterMissingError, match=r"no config record.*shards are there"):
+        make(redis_client).contains_many(fingerprints(10))
+    assert make(redis_client).open().filter_id == first.record.filter_id  # restored by a writer
+
+
 def _creator_between_read_and_prepare(late: RedisBloomFilter, creator: RedisBloomFilter) -> None:
     """Make ``creator`` open (create) the filter just after ``late`` read that there is none."""
     parts = late.lifecycle.parts

@@ -111,9 +111,16 @@ class Lifecycle:
         if record is None:
             if not create:
                 self.check_placement()  # the record is on another server of the list
+                left = (
+                    " Its shards are there without it (the record was evicted or deleted): a"
+                    " worker that opens the filter to add (a crawl, scrapy bloom add) restores"
+                    " it from them."
+                    if self.parts.existing([0])
+                    else ""
+                )
                 raise FilterMissingError(
                     f"There is no Bloom filter {self.key!r} (no config record"
-                    f" {self.parts.meta_key!r}) on {self.topology.describe()}."
+                    f" {self.parts.meta_key!r}) on {self.topology.describe()}.{left}"
                 )
             self.parts.spec = wanted.spec
             # A server listed out of place is refused before anything is written.
