@@ -220,6 +220,27 @@ def test_a_fingerprint_function_other_than_the_filters_is_refused(
         RFPDupeFilter.from_crawler(other)
 
 
+class OwnFingerprint(RFPDupeFilter):
+    """A project's dupefilter with a fingerprint of its own."""
+
+    def request_fingerprint(self, request: Request) -> str:
+        return hashlib.sha1(request.url.encode()).hexdigest()
+
+
+class OwnFingerprintLogging(OwnFingerprint):
+    """Its subclass: the same fingerprints."""
+
+
+def test_a_subclass_inheriting_a_fingerprint_makes_the_same_ones(redis_url: str) -> None:
+    # Named by the class, not by the function: refused beside its parent (a probe).
+    first = OwnFingerprint.from_crawler(crawler_for(redis_url))
+    assert first.bloom.record.fingerprints.endswith("OwnFingerprint.request_fingerprint")
+    second = OwnFingerprintLogging.from_crawler(crawler_for(redis_url))
+    assert second.bloom.record.filter_id == first.bloom.record.filter_id
+    for df in (first, second):
+        df.close("finished")
+
+
 def test_a_filter_whose_record_does_not_say_its_fingerprints_takes_any(
     redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

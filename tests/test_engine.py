@@ -468,11 +468,40 @@ def test_a_lost_record_is_restored_only_with_the_growth_its_shards_show(
     assert first.state().generations[-1].generation >= 1  # grown
     redis_client.delete("bf:meta")
     for expansion in (4, 3):
-        with pytest.raises(OrphanedShardsError, match=f"EXPANSION = 2.* sets {expansion}"):
+        with pytest.raises(
+            OrphanedShardsError, match=f"EXPANSION = 2\\).*EXPANSION = {expansion} give"
+        ):
             make(redis_client, expansion=expansion).open()
     restored = make(redis_client, expansion=2)
     assert restored.open().expansion == 2
     assert restored.contains_many(fingerprints(1500)) == [True] * 1500
+
+
+def test_a_lost_record_is_restored_only_with_the_growth_of_the_window_before_too(
+    redis_client: redis.Redis,
+) -> None:
+    # Only the window before the newest had grown: its generation 1 went unmeasured, and a
+    # worker asking for EXPANSION = 2 restored a filter grown by 4 (545 of 3,000 URLs seen).
+    first = make(redis_client, expansion=4, ttl=2)
+    held = fingerprints(1500)
+    assert first.add_many(held) == [False] * 1500  # the window grows past generation 0
+    window = int(redis_client.time()[0]) // 2
+    while int(redis_client.time()[0]) // 2 == window:
+        time.sleep(0.05)
+    first.add_many(fingerprints(40, "next"))  # the next window: every shard, no growth
+    redis_client.delete("bf:meta")
+    with pytest.raises(OrphanedShardsError, match=r"EXPANSION = 4\).*EXPANSION = 2 give"):
+        make(redis_client, expansion=2, ttl=2).open()
+    restored = make(redis_client, expansion=4, ttl=2)
+    assert restored.open().expansion == 4
+    assert restored.contains_many(held) == [True] * 1500
+
+
+def test_counters_that_say_nothing_was_added_are_no_loss(redis_client: redis.Redis) -> None:
+    # A sync's HINCRBY of 0 landing just after a reset left 'bf:count' behind: the next
+    # worker was refused as if a filter had been lost whole.
+    redis_client.hset("bf:count", mapping={"added": 0, "seen": 0})
+    assert make(redis_client).add_many(fingerprints(10)) == [False] * 10
 
 
 @pytest.mark.parametrize("policy", ["raise", "recreate"])

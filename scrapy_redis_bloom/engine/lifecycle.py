@@ -145,7 +145,7 @@ class Lifecycle:
         counter = self.parts.counter_key
         call = Call(pack_command(b"HGETALL", counter), key=counter)
         (counts,) = self.parts.run("read the filter's counters", [call], take=pairs)
-        if not counts:
+        if counts.get("added", "0") == "0":  # none, or a sync's after a reset: nothing lost
             return
         added = counts.get("added", "?")
         if wanted.backend == "native":

@@ -554,4 +554,4 @@ def _fingerprints(
         return UNSAID
     if cls.request_fingerprint is _RedisRFPDupeFilter.request_fingerprint:
         return "scrapy-redis"
-    return f"{cls.__module__}.{cls.__qualname__}.request_fingerprint"
+    return f"{cls.request_fingerprint.__module__}.{cls.request_fingerprint.__qualname__}"

@@ -347,10 +347,12 @@ class Bitmaps:
                     if length
                     == layout.HEADER_BYTES + replace(growth, expansion=e).generation(1).nbytes
                 ]
-                size = (
-                    f"BLOOMFILTER_EXPANSION = {shown[0]} gives" if shown else f"of {length:,} bytes"
+                size = f" (that of BLOOMFILTER_EXPANSION = {shown[0]})" if shown else ""
+                return (
+                    f"its generation 1 holds {length:,} bytes{size}, where this worker's"
+                    f" BLOOMFILTER_CAPACITY ({growth.capacity:,}) and BLOOMFILTER_EXPANSION ="
+                    f" {growth.expansion} give {wanted_size:,}"
                 )
-                return f"its generation 1 has the size {size}; this worker sets {growth.expansion}"
         return None
 
     def _windows_differ(
@@ -386,6 +388,13 @@ class Bitmaps:
                 )
             if left > 0 and _grown(head):
                 grown.append((s, window_key(self.key, s, n, 1)))
+        # The window before the newest is read by checks too, for a TTL more: its growth counts.
+        before = [(s, window_key(self.key, s, n - 1, 0)) for s, n in started]
+        grown += [
+            (s, key[:-1] + "1")
+            for (s, key), (_, head) in zip(before, self._heads(before), strict=True)
+            if _grown(head)
+        ]
         return grown
 
     def _heads(self, keys: list[tuple[int, str]]) -> list[tuple[int, bytes]]:
