@@ -379,6 +379,23 @@ def test_flush_on_start_spares_a_running_crawl_and_its_queue(
     first.df.close("finished")
 
 
+def test_workers_flushing_on_start_together_all_start(
+    redis_client: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Under scrapy-redis's own Scheduler, the refusal killed the workers that started just
+    # after the first (2 of 3 in a probe), though the queue held nothing to lose.
+    flush = {"SCHEDULER_PERSIST": True, "SCHEDULER_FLUSH_ON_START": True}
+    first, _ = redis_scheduler(crawler_for(redis_url, **flush))
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        second, _ = redis_scheduler(crawler_for(redis_url, **flush))  # no FilterBusyError
+    said = [r.getMessage() for r in caplog.records if "Not clearing" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert first.df.lease.worker_id in said[0]  # the worker it waits for, named
+    assert "This crawl starts with what they hold" in said[0]
+    for scheduler in (first, second):
+        scheduler.df.close("finished")
+
+
 @pytest.mark.parametrize("cls", [BloomScheduler, RedisScheduler])
 def test_persist_false_clears_only_when_the_last_worker_closes(
     redis_client: redis.Redis,

@@ -276,7 +276,8 @@ class FilterBase:
 
         An existing filter keeps its own geometry, layout and growth (:meth:`FilterRecord.check`).
         """
-        if record.spec == config.spec and record.expansion == config.expansion:
+        same = (record.spec, record.expansion, record.capacity)
+        if same == (config.spec, config.expansion, config.capacity):
             return config.describe()
         return f"{record.describe()} (the filter's own)"
 

@@ -19,6 +19,7 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from scrapy import signals
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
+from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from scrapy_redis_bloom.core.errors import (
@@ -34,7 +35,11 @@ from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.cache import LRU
-from scrapy_redis_bloom.scrapy.connection import filter_clients, refuse_decoded_queue
+from scrapy_redis_bloom.scrapy.connection import (
+    filter_clients,
+    refuse_decoded_queue,
+    scrapy_redis_client,
+)
 from scrapy_redis_bloom.scrapy.reservations import Reservations
 from scrapy_redis_bloom.scrapy.stats import FilterStats
 from scrapy_redis_bloom.transport.connection import url_address
@@ -103,6 +108,8 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self._unscheduled, self.config.cache_size, self.bloom.count_seen
         )
         self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
+        #: scrapy-redis's queue of the spider (settings, key), when built for a spider.
+        self._queue: tuple[SettingsLike, str] | None = None
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         self.filter_stats = FilterStats(self.bloom, stats, interval)
         where = self.bloom.topology.describe()
@@ -181,6 +188,9 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 raise _credentials_error(clients, config) from None
             raise
         instance._owned_clients = clients
+        if spider_name is not None:
+            queue = settings.get("SCHEDULER_QUEUE_KEY") or scrapy_redis_defaults.SCHEDULER_QUEUE_KEY
+            instance._queue = (settings, queue % {"spider": spider_name})
         if crawler is not None:
             _BY_CRAWLER[crawler] = weakref.ref(instance)
             connect = crawler.signals.connect
@@ -337,23 +347,39 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
 
-        Refused (:class:`FilterBusyError`) while another worker holds a live lease: scrapy-redis's
-        Scheduler calls this when any worker flushes, then empties the queue the others crawl
-        from, whose requests would stay "seen" and never be fetched. Its subclass
-        ``scrapy_redis_bloom.scheduler.Scheduler`` (the add-on's) calls
+        Only when no other worker holds a live lease: the filter is then kept for them.
+        scrapy-redis's Scheduler calls this when any worker flushes, then empties the queue
+        the others crawl from, whose requests would stay "seen" and never be fetched: while
+        that queue holds requests, the flush is refused (:class:`FilterBusyError`), keeping
+        both. Its subclass ``scrapy_redis_bloom.scheduler.Scheduler`` (the add-on's) calls
         :meth:`clear_unless_shared`, and keeps the queue with the filter.
         """
-        if not self.clear_unless_shared():
-            raise FilterBusyError(
-                f"Not clearing the Bloom filter {self.key!r}: other workers still use it, and"
-                " scrapy-redis's Scheduler (which flushes at close unless SCHEDULER_PERSIST ="
-                " True, and at start with SCHEDULER_FLUSH_ON_START = True) would then empty"
-                " the queue they crawl from: its requests, seen in the filter, would never be"
-                " fetched. Set SCHEDULER = 'scrapy_redis_bloom.scheduler.Scheduler'"
-                " (scrapy-redis's, whose flush keeps the queue while the filter is kept; the"
-                " add-on sets it), or"
-                " SCHEDULER_PERSIST = True. The filter and the queue are kept."
-            )
+        if self.clear_unless_shared() or not self._queue_holds_requests():
+            return
+        raise FilterBusyError(
+            f"Not clearing the Bloom filter {self.key!r}: other workers still use it, and"
+            " scrapy-redis's Scheduler (which flushes at close unless SCHEDULER_PERSIST ="
+            " True, and at start with SCHEDULER_FLUSH_ON_START = True) would then empty"
+            " the queue they crawl from: its requests, seen in the filter, would never be"
+            " fetched. Set SCHEDULER = 'scrapy_redis_bloom.scheduler.Scheduler'"
+            " (scrapy-redis's, whose flush keeps the queue while the filter is kept; the"
+            " add-on sets it), or SCHEDULER_PERSIST = True. The filter and the queue are kept."
+        )
+
+    def _queue_holds_requests(self) -> bool:
+        """Tell whether scrapy-redis's queue of this spider holds requests (True: cannot tell)."""
+        if self._queue is None:
+            return True
+        settings, key = self._queue
+        try:
+            client = scrapy_redis_client(settings)
+            try:
+                return bool(client.exists(key))
+            finally:
+                client.close()
+        except Exception as exc:  # (said: the flush is then refused, nothing lost)
+            logger.info("Could not tell whether the queue %r holds requests: %r", key, exc)
+            return True
 
     def clear_unless_shared(self) -> bool:
         """Clear the filter, as :meth:`clear`, unless another worker uses it; say if cleared."""
@@ -361,13 +387,21 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         with self.lease.clearing() as others:
             if others:
                 self._record_state(full=False)
-                logger.info(
+                starting = not self.filter_stats.running  # a flush on start, else at close
+                logger.log(
+                    logging.WARNING if starting else logging.INFO,
                     "Not clearing the Bloom filter %r, nor the queue: %d other worker(s) still"
-                    " use them. The last worker to close clears them (a crashed worker stops"
-                    " counting %ss after its last lease renewal).",
+                    " use them (%s). A flush by the last of them clears them (a crashed worker"
+                    " counts until %ss after its last lease renewal).%s",
                     self.key,
                     others,
+                    ", ".join(
+                        w for w in self.bloom.live_workers(settle=0) if w != self.lease.worker_id
+                    ),
                     f"{self.config.worker_ttl:g}",
+                    " This crawl starts with what they hold: URLs they saw are not fetched again."
+                    if starting
+                    else "",
                 )
                 return False
             self._record_state(full=True)

@@ -146,6 +146,11 @@ class FilterStats:
         if (stats := self.stats) is not None:
             self._guarded(lambda: self._add(stats, dict.fromkeys(_CREATED, 0)))
 
+    @property
+    def running(self) -> bool:
+        """Whether the timers run: from the spider's opening to its close."""
+        return bool(self._tasks)
+
     def stop(self) -> None:
         """Stop the timers."""
         for timer in self._tasks:
