@@ -362,7 +362,7 @@ LIFE: dict[str, tuple[bytes, bytes, set[str]]] = {
     "lease": (b"EVALSHA", b":workers", {"integer"}),
     "counters sync": (b"HINCRBY", b":count", {"integer"}),
     "counters read": (b"HMGET", b":count", set()),
-    "generations read": (b"BITFIELD_RO", b"u16", {"short-array"}),
+    "generations read": (b"GETRANGE", b"31", {"string"}),  # a header: 0 to HEADER_BYTES - 1
     "bits counted": (b"BITCOUNT", b":g0", {"integer"}),
     "memory read": (b"MEMORY", b":g0", {"integer"}),
 }

@@ -183,6 +183,10 @@ BLOCKS: dict[str, Check] = {
         "output: same shape as a line FilterStats logs on a real filter; figures"
         " consistent with Activate#1's sizing",
     ),
+    "With re-crawl windows#1": Check(
+        "text", "Bloom filter '", "test_progress_log_line_with_windows",
+        "output: same shape as a line FilterStats logs on a real filter with BLOOMFILTER_TTL",
+    ),
     "Monitoring with Spidermon#1": Check(
         "python", "SPIDERMON_ENABLED = True", "test_spidermon_block",
         "exec + BloomConfig (the threshold); a crawl under scrapy-redis's Scheduler with these"
@@ -738,6 +742,34 @@ def test_progress_log_line(
     )
     assert new <= items
     assert cached <= seen
+
+
+def test_progress_log_line_with_windows(
+    blocks: dict[str, Block], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sample = block(blocks, "With re-crawl windows#1").text.strip()
+    assert "\n" not in sample
+    settings = {
+        "REDIS_URL": redis_url,
+        "BLOOMFILTER_CAPACITY": 2000,
+        "BLOOMFILTER_TTL": 3,
+        "BLOOMFILTER_KEY": "news:bloomfilter",
+    }
+    df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
+    try:
+        for url in ("https://example.com/1", "https://example.com/1", "https://example.com/2"):
+            df.request_seen(Request(url))
+        df.bloom.sync_counters()
+        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.scrapy.stats"):
+            FilterStats(df.bloom, None, 60).log()
+    finally:
+        df.close("finished")
+    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.scrapy.stats"]
+    assert len(logged) == 1
+    assert shape(sample) == shape(logged[0]), f"docs:\n{sample}\nlogged:\n{logged[0]}"
+    items, capacity, ttl, added = numbers(sample)[:4]
+    assert (capacity, ttl) == (2000, 3)  # the settings the page describes
+    assert items <= added
 
 
 @functools.cache

@@ -42,9 +42,9 @@ PAGES = 60
 #: site, the crawl lasts long enough to be watched (about 6 s).
 DELAY = 0.2
 KEY = "quotes:bloomfilter"
-#: Seconds the whole crawl may take (it takes about 25: 6 of crawling, then each worker
+#: Seconds the whole crawl may take (it takes about 45: 6 of crawling, then each worker
 #: waits MAX_IDLE_TIME_BEFORE_CLOSE, checked at Scrapy's 5 s heartbeat).
-TIMEOUT = 50
+TIMEOUT = 80
 
 #: Rows of ``info`` with figures the settings fix: shown exactly as printed.
 FIXED_ROWS = ("Sizing", "Hash functions (k)", "Capacity")

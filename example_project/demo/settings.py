@@ -18,9 +18,9 @@ NEWSPIDER_MODULE = "demo.spiders"
 # -- scrapy-redis: the request queue lives in Redis, shared by every worker ----------------
 
 SCHEDULER = "scrapy_redis.scheduler.Scheduler"
-# Keep the queue and the dupefilter when a worker closes. With False, scrapy-redis's
-# Scheduler clears both whenever a worker closes, the shared queue even while other
-# workers still crawl from it, and run.py could not read the filter after the crawl.
+# Keep the queue and the dupefilter when a worker closes. With False, the last worker to
+# close clears both (the Bloom filter is kept while other workers use it), and run.py
+# could not read the filter after the crawl.
 SCHEDULER_PERSIST = True
 SCHEDULER_QUEUE_KEY = "%(spider)s:requests"
 # Where the spider reads its start URLs (JSON: {"url": "..."}), one list per spider.
