@@ -35,6 +35,7 @@ from scrapy_redis_bloom.core.errors import (
 )
 from scrapy_redis_bloom.core.hashing import FilterSpec, locate, offsets
 from scrapy_redis_bloom.core.layout import HEADER_BITS, HEADER_BYTES, header
+from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import BloomConfig, FaultPolicy
 from scrapy_redis_bloom.core.sizing import STRING_OVERHEAD, allocation, false_positive_rate
 from scrapy_redis_bloom.engine.bitmap.bulk import CHUNK
@@ -440,6 +441,14 @@ def test_a_lost_record_is_restored_from_intact_shards(redis_client: redis.Redis)
         make(redis_client, FilterSpec(shards=4, shard_bits=4096, hash_count=6)).open()
 
 
+def restored_holding(client: redis.Redis, held: list[str], **kwargs: object) -> FilterRecord:
+    """Open the filter 'bf' with ``kwargs`` (its record restored); check it holds ``held``."""
+    restored = make(client, **kwargs)
+    record = restored.open()
+    assert restored.contains_many(held) == [True] * len(held)
+    return record
+
+
 def test_a_lost_record_is_restored_only_with_the_re_crawl_windows_its_shards_show(
     redis_client: redis.Redis,
 ) -> None:
@@ -453,9 +462,7 @@ def test_a_lost_record_is_restored_only_with_the_re_crawl_windows_its_shards_sho
         with pytest.raises(OrphanedShardsError, match=rf"BLOOMFILTER_TTL = 5\b.*sets {ttl}\b"):
             make(redis_client, ttl=ttl).open()
     assert redis_client.exists("bf:meta") == 0
-    restored = make(redis_client, ttl=5)
-    assert restored.open().ttl == 5
-    assert restored.contains_many(fingerprints(100)) == [True] * 100
+    assert restored_holding(redis_client, fingerprints(100), ttl=5).ttl == 5
 
 
 def test_a_lost_record_is_restored_only_with_the_growth_its_shards_show(
@@ -472,9 +479,7 @@ def test_a_lost_record_is_restored_only_with_the_growth_its_shards_show(
             OrphanedShardsError, match=f"EXPANSION = 2\\).*EXPANSION = {expansion} give"
         ):
             make(redis_client, expansion=expansion).open()
-    restored = make(redis_client, expansion=2)
-    assert restored.open().expansion == 2
-    assert restored.contains_many(fingerprints(1500)) == [True] * 1500
+    assert restored_holding(redis_client, fingerprints(1500), expansion=2).expansion == 2
 
 
 def test_a_lost_record_is_restored_only_with_the_growth_of_the_window_before_too(
@@ -492,9 +497,7 @@ def test_a_lost_record_is_restored_only_with_the_growth_of_the_window_before_too
     redis_client.delete("bf:meta")
     with pytest.raises(OrphanedShardsError, match=r"EXPANSION = 4\).*EXPANSION = 2 give"):
         make(redis_client, expansion=2, ttl=2).open()
-    restored = make(redis_client, expansion=4, ttl=2)
-    assert restored.open().expansion == 4
-    assert restored.contains_many(held) == [True] * 1500
+    assert restored_holding(redis_client, held, expansion=4, ttl=2).expansion == 4
 
 
 def test_counters_that_say_nothing_was_added_are_no_loss(redis_client: redis.Redis) -> None:

@@ -710,12 +710,8 @@ def numbers(line: str) -> list[float]:
     return [float(n.replace(",", "")) for n in _NUMBER.findall(re.sub(r"'[^']*'", "", line))]
 
 
-def test_progress_log_line(
-    blocks: dict[str, Block], redis_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    sample = block(blocks, "Watch a crawl: stats, the log line, Spidermon#1").text.strip()
-    assert "\n" not in sample
-    settings = {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
+def _one_log_line(settings: dict[str, Any], caplog: pytest.LogCaptureFixture) -> str:
+    """Return the periodic line FilterStats logs for a crawl's filter that saw 3 requests."""
     df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
     try:
         for url in ("https://example.com/1", "https://example.com/1", "https://example.com/2"):
@@ -727,7 +723,17 @@ def test_progress_log_line(
         df.close("finished")
     logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.scrapy.stats"]
     assert len(logged) == 1
-    assert shape(sample) == shape(logged[0]), f"README:\n{sample}\nlogged:\n{logged[0]}"
+    return logged[0]
+
+
+def test_progress_log_line(
+    blocks: dict[str, Block], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sample = block(blocks, "Watch a crawl: stats, the log line, Spidermon#1").text.strip()
+    assert "\n" not in sample
+    settings = {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": SMALL_CAPACITY}
+    logged = _one_log_line(settings, caplog)
+    assert shape(sample) == shape(logged), f"README:\n{sample}\nlogged:\n{logged}"
     # The figures are those of Activate#1's filter with that many items.
     items, share, capacity, fill, fpr, new, seen, cached = numbers(sample)
     activate = exec_settings(block(blocks, "Activate#1"))
@@ -755,18 +761,8 @@ def test_progress_log_line_with_windows(
         "BLOOMFILTER_TTL": 3,
         "BLOOMFILTER_KEY": "news:bloomfilter",
     }
-    df = RFPDupeFilter.from_crawler(get_crawler(MySpider, settings))
-    try:
-        for url in ("https://example.com/1", "https://example.com/1", "https://example.com/2"):
-            df.request_seen(Request(url))
-        df.bloom.sync_counters()
-        with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom.scrapy.stats"):
-            FilterStats(df.bloom, None, 60).log()
-    finally:
-        df.close("finished")
-    logged = [r.getMessage() for r in caplog.records if r.name == "scrapy_redis_bloom.scrapy.stats"]
-    assert len(logged) == 1
-    assert shape(sample) == shape(logged[0]), f"docs:\n{sample}\nlogged:\n{logged[0]}"
+    logged = _one_log_line(settings, caplog)
+    assert shape(sample) == shape(logged), f"docs:\n{sample}\nlogged:\n{logged}"
     items, capacity, ttl, added = numbers(sample)[:4]
     assert (capacity, ttl) == (2000, 3)  # the settings the page describes
     assert items <= added
