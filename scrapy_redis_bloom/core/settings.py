@@ -636,8 +636,9 @@ MONITOR_MAX_FPR: Setting[float | None] = _row(
 FINGERPRINTER: Setting[Fingerprinter] = _row(
     ("BLOOMFILTER_FINGERPRINTER", "choice", "scrapy-redis"),
     "Which fingerprint is hashed: scrapy-redis's, or the crawler's `REQUEST_FINGERPRINTER_CLASS`."
-    " The filter's record names the function (and class) that made its fingerprints: a worker"
-    " making others is refused, since the requests it holds would all look new.",
+    " The record of a filter a crawl created names the function (and class) that made its"
+    " fingerprints: a worker making others is refused, since the requests it holds would all"
+    " look new (one created by `scrapy bloom` or the Python API does not say: not compared).",
     rule="It must be 'scrapy-redis' (scrapy-redis's fingerprint, the default) or 'crawler' (the"
     " crawler's REQUEST_FINGERPRINTER_CLASS).",
     choices=get_args(Fingerprinter),
