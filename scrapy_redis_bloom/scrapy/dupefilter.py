@@ -395,9 +395,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                     " counts until %ss after its last lease renewal).%s",
                     self.key,
                     others,
-                    ", ".join(
-                        w for w in self.bloom.live_workers(settle=0) if w != self.lease.worker_id
-                    ),
+                    self._others(),
                     f"{self.config.worker_ttl:g}",
                     " This crawl starts with what they hold: URLs they saw are not fetched again."
                     if starting
@@ -408,6 +406,14 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self.bloom.clear()
         logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
         return True
+
+    def _others(self) -> str:
+        """Name the other live workers, for a message: a failed read is said, never raised."""
+        try:
+            workers = self.bloom.live_workers(settle=0)
+        except BloomFilterError as exc:
+            return f"their names unread: {exc}"
+        return ", ".join(w for w in workers if w != self.lease.worker_id)
 
     def close(self, reason: str = "") -> None:
         """Report the filter's state and leave the registry. The filter stays in Redis.
