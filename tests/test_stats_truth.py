@@ -30,6 +30,7 @@ from scrapy_redis_bloom import BloomConfig
 from scrapy_redis_bloom.core.sizing import BLOCKED_HEADROOM
 from scrapy_redis_bloom.engine import counters
 from scrapy_redis_bloom.engine.backend import make_filter
+from scrapy_redis_bloom.scrapy import stats as stats_module
 from scrapy_redis_bloom.scrapy.stats import PREFIX, FilterStats
 
 KEY = "truth:bloomfilter"
@@ -158,6 +159,7 @@ def test_with_the_windows_unreadable_the_stats_keep_their_last_reading(
         written = {name: stats.stat(name) for name in ("estimated_items", "estimated_fpr")}
         assert written["estimated_items"] == new
         server.kill()
+        time.sleep(1.0)  # the next reading is due (within a second the last one stands)
         with caplog.at_level(logging.INFO, logger=LOGGER):
             filter_stats.tick()
             filter_stats.log()
@@ -194,3 +196,39 @@ def test_the_log_line_counts_what_this_worker_has_not_synced_yet(
     assert f"rate now {stats.stat('estimated_fpr'):.3g};" in line
     other.close()
     bloom.close()
+
+
+def test_the_live_windows_of_a_filter_of_many_shards_are_read_within_a_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Read every second by every worker, the live windows' headers cost ~3 reads per shard:
+    # 100 workers on a 1B-URL filter (395 shards) sent ~120,000 reads a second for stats.
+    # Here 400 shards: ~1,200 reads a reading; a budget of 1,200 a second allows one a second.
+    monkeypatch.setattr(stats_module, "WINDOW_READS", 1_200)
+    cfg = config(BLOOMFILTER_CAPACITY=200_000, BLOOMFILTER_TTL=3600, BLOOMFILTER_SHARDS=400)
+    with RedisServer() as server:
+        client = server.client()
+        bloom = make_filter(client, KEY, cfg)
+        first = bloom.check_and_add_many(fingerprints(1_000, "first")).count(False)
+        stats = Stats()
+        filter_stats = FilterStats(bloom, stats.collector, 60)
+
+        def reads() -> int:
+            return int(client.info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
+
+        before = reads()
+        filter_stats.publish()
+        one = reads() - before
+        assert one >= 3 * 400 - 10, one  # the reading itself: ~3 per shard
+        assert stats.stat("estimated_items") == first
+        more = bloom.check_and_add_many(fingerprints(1_000, "more")).count(False)
+        bloom.sync_counters()
+        before = reads()
+        filter_stats.publish()
+        filter_stats.publish()
+        assert reads() - before < 10  # within the second: the last reading stands
+        assert stats.stat("estimated_items") == first
+        time.sleep(1.0)  # the budget's interval: read anew
+        filter_stats.publish()
+        assert stats.stat("estimated_items") == first + more
+        bloom.close()
