@@ -19,7 +19,6 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from scrapy import signals
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
-from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.dupefilter import RFPDupeFilter as _RedisRFPDupeFilter
 
 from scrapy_redis_bloom.core.errors import (
@@ -35,10 +34,10 @@ from scrapy_redis_bloom.core.settings import BloomConfig, SettingsLike, boolean_
 from scrapy_redis_bloom.core.versions import check_installed
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.cache import LRU
+from scrapy_redis_bloom.scrapy.addon import SCHEDULER
 from scrapy_redis_bloom.scrapy.connection import (
     filter_clients,
     refuse_decoded_queue,
-    scrapy_redis_client,
 )
 from scrapy_redis_bloom.scrapy.reservations import Reservations
 from scrapy_redis_bloom.scrapy.stats import FilterStats
@@ -108,8 +107,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
             self._unscheduled, self.config.cache_size, self.bloom.count_seen
         )
         self._owned_clients: list[Any] = []  #: Clients _build made, closed with the filter.
-        #: scrapy-redis's queue of the spider (settings, key), when built for a spider.
-        self._queue: tuple[SettingsLike, str] | None = None
         interval = crawler.settings.getfloat("LOGSTATS_INTERVAL", 60.0) if crawler else 0.0
         self.filter_stats = FilterStats(self.bloom, stats, interval)
         where = self.bloom.topology.describe()
@@ -146,6 +143,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         config = BloomConfig.from_settings(settings)
         refuse_decoded_queue(settings)
         _say_unused_batching(settings)
+        _say_flushing_scheduler(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None
         fingerprints = None
@@ -188,9 +186,6 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 raise _credentials_error(clients, config) from None
             raise
         instance._owned_clients = clients
-        if spider_name is not None:
-            queue = settings.get("SCHEDULER_QUEUE_KEY") or scrapy_redis_defaults.SCHEDULER_QUEUE_KEY
-            instance._queue = (settings, queue % {"spider": spider_name})
         if crawler is not None:
             _BY_CRAWLER[crawler] = weakref.ref(instance)
             connect = crawler.signals.connect
@@ -347,65 +342,66 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
     def clear(self) -> None:
         """Forget every request: delete the filter's record and bits from Redis.
 
-        Only when no other worker holds a live lease: the filter is then kept for them.
-        scrapy-redis's Scheduler calls this when any worker flushes, then empties the queue
-        the others crawl from, whose requests would stay "seen" and never be fetched: while
-        that queue holds requests, the flush is refused (:class:`FilterBusyError`), keeping
-        both. Its subclass ``scrapy_redis_bloom.scheduler.Scheduler`` (the add-on's) calls
-        :meth:`clear_unless_shared`, and keeps the queue with the filter.
+        Only when no other worker holds a live lease, else :class:`FilterBusyError`: the
+        filter is kept for them. scrapy-redis's Scheduler calls this when a worker flushes,
+        then empties the queue the others crawl from, whose requests would stay "seen" and
+        never be fetched; the exception stops it first (at close Scrapy logs it as a
+        scheduler close failure). ``scrapy_redis_bloom.scheduler.Scheduler`` (the add-on's)
+        calls :meth:`clear_unless_shared` instead, and keeps the queue with the filter.
         """
-        if self.clear_unless_shared() or not self._queue_holds_requests():
-            return
-        raise FilterBusyError(
-            f"Not clearing the Bloom filter {self.key!r}: other workers still use it, and"
-            " scrapy-redis's Scheduler (which flushes at close unless SCHEDULER_PERSIST ="
-            " True, and at start with SCHEDULER_FLUSH_ON_START = True) would then empty"
-            " the queue they crawl from: its requests, seen in the filter, would never be"
-            " fetched. Set SCHEDULER = 'scrapy_redis_bloom.scheduler.Scheduler'"
-            " (scrapy-redis's, whose flush keeps the queue while the filter is kept; the"
-            " add-on sets it), or SCHEDULER_PERSIST = True. The filter and the queue are kept."
-        )
+        if not self._clear(None, said=False):
+            raise FilterBusyError(
+                f"Not clearing the Bloom filter {self.key!r}: other workers still use it"
+                f" ({self._others()}), and scrapy-redis's Scheduler (which flushes at close"
+                " unless SCHEDULER_PERSIST = True, and at start with SCHEDULER_FLUSH_ON_START"
+                " = True) would then empty the queue they crawl from: its requests, seen in"
+                " the filter, would never be fetched. Set SCHEDULER ="
+                f" {SCHEDULER!r} (scrapy-redis's, whose flush keeps the queue while the filter"
+                " is kept; the add-on sets it), or SCHEDULER_PERSIST = True. The filter and"
+                " the queue are kept."
+            )
 
-    def _queue_holds_requests(self) -> bool:
-        """Tell whether scrapy-redis's queue of this spider holds requests (True: cannot tell)."""
-        if self._queue is None:
-            return True
-        settings, key = self._queue
-        try:
-            client = scrapy_redis_client(settings)
-            try:
-                return bool(client.exists(key))
-            finally:
-                client.close()
-        except Exception as exc:  # (said: the flush is then refused, nothing lost)
-            logger.info("Could not tell whether the queue %r holds requests: %r", key, exc)
-            return True
+    def clear_unless_shared(self, then: Callable[[], object] | None = None) -> bool:
+        """Clear the filter unless another worker uses it, then ``then()``; say if cleared.
 
-    def clear_unless_shared(self) -> bool:
-        """Clear the filter, as :meth:`clear`, unless another worker uses it; say if cleared."""
+        ``then`` (the scheduler's queue clear) runs inside the claim, before a starting
+        worker can take a lease and queue requests it would delete.
+        """
+        return self._clear(then, said=True)
+
+    def _clear(self, then: Callable[[], object] | None, said: bool) -> bool:
         self.bloom.sync_counters()
         with self.lease.clearing() as others:
             if others:
                 self._record_state(full=False)
-                starting = not self.filter_stats.running  # a flush on start, else at close
-                logger.log(
-                    logging.WARNING if starting else logging.INFO,
-                    "Not clearing the Bloom filter %r, nor the queue: %d other worker(s) still"
-                    " use them (%s). A flush by the last of them clears them (a crashed worker"
-                    " counts until %ss after its last lease renewal).%s",
-                    self.key,
-                    others,
-                    self._others(),
-                    f"{self.config.worker_ttl:g}",
-                    " This crawl starts with what they hold: URLs they saw are not fetched again."
-                    if starting
-                    else "",
-                )
+                self.bloom.events.count("flush_kept")
+                if said:
+                    self._say_kept(others)
                 return False
             self._record_state(full=True)
             self.bloom.clear()
+            if then is not None:
+                then()
         logger.info("Cleared the Bloom filter %r: no other worker uses it.", self.key)
         return True
+
+    def _say_kept(self, others: int) -> None:
+        """Say a flush kept the filter and the queue: a WARNING at start, INFO at close."""
+        starting = not self.filter_stats.running  # a flush on start, else at close
+        logger.log(
+            logging.WARNING if starting else logging.INFO,
+            "Not clearing the Bloom filter %r, nor the queue: %d other worker(s) hold a lease"
+            " on them (%s). A flush by the last of them clears them (a crashed worker counts"
+            " until %ss after its last lease renewal).%s",
+            self.key,
+            others,
+            self._others(),
+            f"{self.config.worker_ttl:g}",
+            " This crawl starts with the filter and the queue as they are: URLs the filter"
+            " holds are not fetched again (SCHEDULER_FLUSH_ON_START did not apply)."
+            if starting
+            else "",
+        )
 
     def _others(self) -> str:
         """Name the other live workers, for a message: a failed read is said, never raised."""
@@ -558,6 +554,49 @@ def _say_unused_batching(settings: SettingsLike) -> None:
         "are" if given[1:] else "is",
         "them" if given[1:] else "it",
     )
+
+
+def _say_flushing_scheduler(settings: SettingsLike) -> None:
+    """Warn when scrapy-redis's own Scheduler (not the subclass) will flush: it may be refused.
+
+    Its flush empties the shared queue once :meth:`RFPDupeFilter.clear` returns, so the clear
+    raises while other workers use the filter: say so before the crawl runs into it.
+    """
+    from scrapy_redis.scheduler import Scheduler as RedisScheduler
+
+    from scrapy_redis_bloom.scrapy.connection import loaded
+    from scrapy_redis_bloom.scrapy.scheduler import Scheduler
+
+    scheduler = loaded(settings.get("SCHEDULER"))
+    if not isinstance(scheduler, type) or not issubclass(scheduler, RedisScheduler):
+        return
+    if issubclass(scheduler, Scheduler):
+        return
+    when = [
+        what
+        for what, on in (
+            (
+                "at close (SCHEDULER_PERSIST = False)",
+                not boolean_setting(settings, "SCHEDULER_PERSIST"),
+            ),
+            (
+                "at start (SCHEDULER_FLUSH_ON_START = True)",
+                boolean_setting(settings, "SCHEDULER_FLUSH_ON_START"),
+            ),
+        )
+        if on
+    ]
+    if when:
+        logger.warning(
+            "SCHEDULER = %r flushes %s by clearing the Bloom filter, then the shared queue:"
+            " while other workers use the filter, the flush is refused (FilterBusyError, which"
+            " stops a worker at start), since emptying their queue would lose its requests."
+            " Set SCHEDULER = %r, scrapy-redis's whose flush keeps both while others crawl"
+            " (the add-on sets it in place of scrapy-redis's), or derive yours from it.",
+            f"{scheduler.__module__}.{scheduler.__qualname__}",
+            " and ".join(when),
+            SCHEDULER,
+        )
 
 
 def _credentials_error(clients: list[Any], config: BloomConfig) -> CredentialsRefusedError:

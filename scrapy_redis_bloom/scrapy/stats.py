@@ -59,6 +59,11 @@ _EVENTS = {
     "batch_failed": "batches that could not be checked (their requests answered 'new')",
     "batch_unscheduled": "requests a batch answered 'new' that never reached the scheduler",
     "stats_failed": "times writing these stats to the crawl's stats collector failed (retried)",
+    "flush_kept": (
+        "scheduler flushes that kept the filter (and with scrapy_redis_bloom's Scheduler the"
+        " queue) because other workers hold leases on them"
+    ),
+    "flush_failed": "flushes at close that failed (the filter and the queue were kept)",
 }
 #: Every stat the filter gives (without :data:`PREFIX`), and what it says.
 STATS: dict[str, str] = {

@@ -11,7 +11,7 @@ from scrapy_redis_bloom.core import layout
 from scrapy_redis_bloom.core.errors import FilterDamagedError, OrphanedShardsError, taking_apart
 from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.generations import GENERATIONS_BIT, window_key
-from scrapy_redis_bloom.core.record import FilterRecord
+from scrapy_redis_bloom.core.record import UNSAID, FilterRecord
 from scrapy_redis_bloom.core.sizing import shard_allocation
 from scrapy_redis_bloom.engine import access, health
 from scrapy_redis_bloom.engine.lifecycle import NAMED, named
@@ -299,7 +299,8 @@ class Bitmaps:
                 " filter's own settings: start one with them, reset the filter (scrapy bloom"
                 f" reset --key {self.key!r}) or choose another BLOOMFILTER_KEY."
             )
-        restored = replace(wanted, filter_id=filter_id, state="ready")
+        # The shards do not show whose fingerprints they hold: the record does not say.
+        restored = replace(wanted, filter_id=filter_id, state="ready", fingerprints=UNSAID)
         record = self.parts.create_record(restored)
         self.events.count("restored")
         logger.warning(
