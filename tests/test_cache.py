@@ -196,3 +196,36 @@ def test_with_windows_a_url_met_often_is_forgotten_within_twice_ttl(
         assert ttl <= kept <= 2 * ttl + 0.5, forgotten  # the polling step and load: 0.5 s
     assert bloom.cache_hits > 0  # the cache did answer, away from the windows' edges
     bloom.close()
+
+
+def test_after_redis_forgot_the_cache_answers_as_redis_does() -> None:
+    # Redis restarted from a snapshot older than 100 adds, or a part recreated empty: the
+    # near-cache kept answering "seen" for those URLs, Redis held none of them (a probe's
+    # crawl lost 87-126 pages that way, each linked again and dropped).
+    from redis_server import RedisServer
+
+    from scrapy_redis_bloom.core.settings import FaultPolicy
+
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_SHARDS": 2})
+    faults = FaultPolicy(retry_timeout=10, on_error="raise", on_loss="recreate")
+    with RedisServer() as server:
+        client = server.client()
+        bloom = RedisBloomFilter.from_config(client, "c", config, faults=faults, cache_size=1_000)
+        bloom.check_and_add("before the snapshot")
+        server.admin().save()
+        later = fingerprints(100, "after the snapshot")
+        assert not any(bloom.check_and_add(fp) for fp in later)
+        server.kill()
+        server.restart()
+        assert bloom.check_and_add("a new URL") is False  # its first call meets the restart
+        assert not any(bloom.check_and_add(fp) for fp in later)  # as Redis: all lost
+        assert bloom.events.counts["reconnects"] == 1
+        # Parts lost and recreated empty (BLOOMFILTER_ON_LOSS = "recreate").
+        more = fingerprints(100, "more")
+        assert not any(bloom.check_and_add(fp) for fp in more)
+        assert all(bloom.check_and_add(fp) for fp in more)  # from the cache
+        client.delete(*bloom.shard_keys)
+        bloom.check_and_add("finds the loss")
+        assert bloom.events.counts["recreated"] >= 1
+        assert not any(bloom.check_and_add(fp) for fp in more)
+        bloom.close()

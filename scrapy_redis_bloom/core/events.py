@@ -22,12 +22,18 @@ class FilterEvents:
         self.counts: Counter[str] = Counter()
         self.values: dict[str, Any] = {}
         self._lock = threading.Lock()
+        #: Kinds after which what Redis answered before may no longer hold (set by the filter),
+        #: and how many such events happened: a near-cache filled before one is stale.
+        self.forgetting: frozenset[str] = frozenset()
+        self.epoch = 0
 
     def count(self, name: str, n: int = 1) -> None:
         """Count ``n`` events of kind ``name``."""
         if n:
             with self._lock:
                 self.counts[name] += n
+                if name in self.forgetting:
+                    self.epoch += 1
 
     def set(self, name: str, value: Any) -> None:
         """Set the value ``name`` (the latest wins)."""

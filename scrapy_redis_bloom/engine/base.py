@@ -39,6 +39,22 @@ from scrapy_redis_bloom.transport.wire import pack_command
 
 logger = logging.getLogger(__name__)
 
+#: Events after which Redis may no longer hold what it answered before: the near-cache goes.
+FORGETTING = frozenset(
+    {
+        "reconnects",
+        "failovers",
+        "retries",
+        "ambiguous",
+        "errors",
+        "recreated",
+        "restored",
+        "counters_lost",
+        "reopened",
+        "taken_back",
+    }
+)
+
 #: Elements let through on error that are remembered at least, whatever the cache size.
 MIN_OWED = 10_000
 
@@ -136,6 +152,8 @@ class FilterBase:
         self.events = events if events is not None else FilterEvents()
         # The events, not the filter: a reference back to it would keep it alive.
         self.topology.trips.on_moved = functools.partial(self.events.count, "failovers")
+        self.topology.trips.on_reconnect = functools.partial(self.events.count, "reconnects")
+        self.events.forgetting = FORGETTING
         self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
         # Its connections are its own: closed with it, or when it is collected.
         weakref.finalize(self, self.topology.close)
@@ -147,6 +165,7 @@ class FilterBase:
         self.cache_hits = 0
         self._cache_window = -1  # with re-crawl windows, the one the cache holds (see _cached)
         self._cache_keep = True  # whether what Redis answers now may be kept (see _cached)
+        self._cache_epoch = 0  # the events' epoch the cache was filled in (see _cached)
         #: Elements let through while Redis could not answer, to add once it does.
         self._owed: dict[int, str | bytes] = {}
         self._lock = threading.RLock()
@@ -541,7 +560,12 @@ class FilterBase:
 
         With re-crawl windows an answer lasts only to the end of its window: the cache is
         emptied as each starts, GUARD early, and keeps answers only away from a window's edges.
+        It is emptied too after any event of :data:`FORGETTING`: Redis may have lost what it
+        answered before (a restart from an older copy, a failover, a part lost or recreated).
         """
+        if self.events.epoch != self._cache_epoch:
+            self._cache.clear()
+            self._cache_epoch = self.events.epoch
         ttl = (self.record or self.wanted).ttl
         if ttl:
             now = time.time()

@@ -42,6 +42,10 @@ _EVENTS = {
         " to add once it answers (they may be fetched again)"
     ),
     "failovers": "new connections that reached another server than before (a failover)",
+    "reconnects": (
+        "new connections to a server this worker was connected to before (a dropped"
+        " connection, a restart): the near-cache is emptied, as after any fault"
+    ),
     "slow_replies": "replies Redis took over a second to give: a stall the call waited out",
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",

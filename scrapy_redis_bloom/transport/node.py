@@ -81,6 +81,8 @@ class TripCounter:
         self.lock = threading.Lock()
         #: Told when a node's new connection reached another server (a failover).
         self.on_moved: Callable[[], None] | None = None
+        #: Told when a node connects again (the server may have restarted, from an old copy).
+        self.on_reconnect: Callable[[], None] | None = None
 
     @property
     def value(self) -> int:
@@ -267,6 +269,8 @@ class Node:
             self._connection = connection
             self._read_replies = _replies(connection)
             self._serial += 1
+            if self._serial > 1 and self.trips.on_reconnect is not None:
+                self.trips.on_reconnect()
             self._note_peer(connection)
         return self._connection
 
