@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis_server import RedisServer
 from reply_cutter import Command, ReplyCutter
-from test_generations import bloom_for, client_commands, config, fingerprints
+from test_generations import bloom_for, client_commands, config, fingerprints, upper
 from waiting import until_tried
 
 from scrapy_redis_bloom.core.errors import FilterDamagedError
@@ -86,6 +86,29 @@ def test_a_worker_crossing_its_limit_hands_the_shard_to_the_script(
     assert len(new) == full + count
     fresh = bloom_for(redis_client, cfg, KEY)
     assert fresh.contains_many(elements) == [True] * len(elements)
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_batch_from_a_worker_that_never_read_the_counts_stops_at_the_boundary(
+    redis_client: redis.Redis, shards: int
+) -> None:
+    # A batch plans every check before any reply: a worker that had not read a shard's count
+    # sent 100,000 checks of a filter just under capacity to generation 0 (300,110 items in
+    # a generation of 206,940): 9x the rate, for good, and never said.
+    cfg = config(2_500, 0.001, BLOOMFILTER_SHARDS=shards)
+    growth = cfg.growth
+    filler = bloom_for(redis_client, cfg, KEY)
+    filler.add_many(fingerprints(growth.scriptless_limit * shards - 50 * shards, "fill"))
+    filler.close()
+    batch = bloom_for(redis_client, cfg, KEY)  # has read no count yet
+    new = fingerprints(3 * growth.first_capacity * shards, "batch")
+    assert batch.check_and_add_many(new).count(True) <= upper(len(new), 0.001)
+    batch.close()
+    for shard in range(shards):
+        generations, _ = state(redis_client, shard)
+        assert generations >= 2  # grown, by the script
+    g0 = batch.state().generations[0]  # (counted from its bits)
+    assert g0.estimated_items <= 1.02 * g0.capacity
 
 
 def test_a_stale_view_of_a_grown_shard_never_answers_seen_wrongly(

@@ -58,6 +58,8 @@ class _Shard:
     grown: bool = False
     near: bool = False
     edge: int = 0
+    #: Packed while the count was unknown (the first look's reply not read yet).
+    blind: int = 0
 
 
 @dataclass(slots=True)
@@ -128,8 +130,10 @@ class FastPath:
         if self.counted:
             if known.grown or known.near:
                 return None
-            if known.count is None and known.pending >= STATE_EVERY:
-                return None  # its first look is on its way: no more than a worker may hold
+            if known.count is None:
+                if known.blind >= STATE_EVERY:
+                    return None  # its first look is on its way: no more than a worker may hold
+                known.blind += 1
             if known.count is not None and known.count + known.pending + 1 >= known.edge:
                 known.near = True  # till a look finds room (a state read's reply)
                 return None
@@ -167,7 +171,7 @@ class FastPath:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
         known = self._shards.get(shard) or self._shard(shard)
         if reply[0] != known.expected:
-            known.count, known.pending = None, 0  # what it counted went to the wrong key
+            known.count, known.pending, known.blind = None, 0, 0  # it counted on the wrong key
             return None, 1
         seen = 0 not in reply[fields:]
         if not self.counted:
@@ -175,18 +179,45 @@ class FastPath:
         if fields == 1:  # no state read: only this worker's count moves
             known.pending -= seen
             return seen, 1
+        known.pending -= seen
         generations, count = divmod(reply[1], 1 << 32)
+        self._note(known, generations, count)
+        return seen, max(generations, 1)
+
+    def _note(self, known: _Shard, generations: int, count: int) -> None:
+        """Note a shard's state as read: grown, or its count (and how near its limit)."""
         if generations > 1:  # it grew since this worker looked
             known.grown = True
             known.pending = 0  # the count in Redis is now the newest generation's
-        else:
-            # Never below what this worker sent since (a batch's later commands land later).
-            known.count = count if known.count is None else max(known.count, count)
-            known.pending -= seen
-            # Each other live worker may hold up to STATE_EVERY items not counted yet.
-            known.edge = min(self.limit, self.first - STATE_EVERY * self.workers())
-            known.near = known.count + known.pending + 1 >= known.edge
-        return seen, max(generations, 1)
+            return
+        # Never below what this worker sent since (a batch's later commands land later).
+        known.count = count if known.count is None else max(known.count, count)
+        known.blind = 0
+        # Each other live worker may hold up to STATE_EVERY items not counted yet.
+        known.edge = min(self.limit, self.first - STATE_EVERY * self.workers())
+        known.near = known.count + known.pending + 1 >= known.edge
+
+    def unknown(self, shards: set[int]) -> list[tuple[int, str, bytes]]:
+        """Return ``(shard, key, read)`` for the shards whose count was never read here.
+
+        A batch reads them first: it plans every check before any reply, so without a count
+        its fast checks would not stop at the growth boundary (only the script crosses it).
+        """
+        if not self.counted:
+            return []
+        out = []
+        for shard in sorted(shards):
+            known = self._shards.get(shard) or self._shard(shard)
+            if known.count is None and not known.grown:
+                read = (b"BITFIELD_RO", known.key, b"GET", b"i64", ID_FIELD)
+                out.append((shard, known.key, pack_command(*read, b"GET", b"u48", STATE_FIELD)))
+        return out
+
+    def looked(self, shard: int, reply: Any) -> None:
+        """Note a shard's state from :meth:`unknown`'s read (another filter's: left unknown)."""
+        known = self._shard(shard)
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == known.expected:
+            self._note(known, *divmod(reply[1], 1 << 32))
 
     def flushes(self, only: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Return ``(shard, key, command, items)`` per shard with items owed (``only``: one)."""
