@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 
@@ -97,6 +98,39 @@ def test_moved_slots_are_followed(
         assert [bf.check_and_add(fp) for fp in fingerprints(2100)] == [True] * 2000 + [False] * 100
         bf.sync_counters()
         assert bf.totals() == FilterTotals(added=2100, seen=2000)
+    finally:
+        redis_cluster_nodes.migrate_slot(slot, owner)
+
+
+def slot_map_reads(nodes: RedisClusterNodes) -> int:
+    """Return how many times the nodes were asked for the slot map (CLUSTER SLOTS / SHARDS)."""
+    total = 0
+    for i in range(len(nodes.nodes)):
+        stats = nodes.execute(i, "INFO", "commandstats")
+        total += sum(
+            int(stats.get(f"cmdstat_cluster|{sub}", {}).get("calls", 0))
+            for sub in ("slots", "shards", "nodes")
+        )
+    return total
+
+
+def test_a_moved_slot_is_followed_with_one_slot_map_read_a_round_and_said(
+    redis_cluster: RedisCluster,
+    redis_cluster_nodes: RedisClusterNodes,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each MOVED reply re-read the whole slot map: one call of 100,000 after one slot moved
+    # read it 423 times, and a call of 1,000,000 ran for minutes; nothing said it.
+    bf, _, slot, owner, target = filled_and_a_slot_to_move(redis_cluster, redis_cluster_nodes)
+    redis_cluster_nodes.migrate_slot(slot, target)
+    try:
+        before = slot_map_reads(redis_cluster_nodes)
+        with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+            assert all(bf.check_and_add_many(fingerprints(2000)))  # each MOVED, then followed
+        assert slot_map_reads(redis_cluster_nodes) - before <= 2
+        assert bf.events.counts["failovers"] >= 1  # (and the near-cache is emptied)
+        said = [r.getMessage() for r in caplog.records if "no longer serves" in r.getMessage()]
+        assert len(said) == 1, caplog.text
     finally:
         redis_cluster_nodes.migrate_slot(slot, owner)
 

@@ -41,7 +41,10 @@ _EVENTS = {
         "requests let through while Redis could not answer, past the most a worker remembers"
         " to add once it answers (they may be fetched again)"
     ),
-    "failovers": "new connections that reached another server than before (a failover)",
+    "failovers": (
+        "new connections that reached another server than before, or Redis Cluster slots of"
+        " the filter found served by another node (a failover, or a slot moved)"
+    ),
     "reconnects": (
         "new connections to a server this worker was connected to before (a dropped"
         " connection, a restart): the near-cache is emptied, as after any fault"

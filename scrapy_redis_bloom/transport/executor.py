@@ -795,6 +795,7 @@ class Executor:
             keep = [k for i in indexes for k in ((False, True) if i in batch.asked else (True,))]
             got = list(itertools.compress(got, keep))
         where, answered = f"Redis at {node.address}", False
+        moved: BaseException | None = None
         for i, reply in zip(indexes, got, strict=True):
             kind, call = classify(reply), batch.calls[i]
             if kind is Kind.NOSCRIPT and call.script is not None:
@@ -805,8 +806,8 @@ class Executor:
                     batch.again.append(i)
                     continue
                 kind, reply = Kind.LATER, batch.loads[load]  # not run: resent after a backoff
-            if kind is Kind.MOVED:
-                self.topology.moved(node.address, reply)
+            if kind is Kind.MOVED:  # followed once for the batch: one re-read of the slot map
+                moved = reply
                 batch.again.append(i)
             elif kind is Kind.ASK:  # to the host:port it names
                 target = f"{reply.host}:{reply.port}" if isinstance(reply, AskError) else None
@@ -826,6 +827,8 @@ class Executor:
                     raise self.explain(denied)
                 batch.replies[i] = reply
                 answered = True
+        if moved is not None:
+            self.topology.moved(node.address, moved)
         if answered:
             batch.answered.append(node.address)
 

@@ -12,6 +12,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.sentinel import SentinelConnectionPool
 
 from scrapy_redis_bloom.core.errors import BloomFilterError
+from scrapy_redis_bloom.core.events import RateLimitedLog
 from scrapy_redis_bloom.transport.node import Node, TripCounter, connection_factory
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ class Cluster(Topology):
         self.client = client
         self.trips = trips if trips is not None else TripCounter()
         self._nodes: dict[str, Node] = {}
+        #: Slot moves, said at most once a minute (a resharding moves many in a row).
+        self._moves = RateLimitedLog(logger)
 
     def _node(self, cluster_node: Any) -> Node:
         name = f"{cluster_node.host}:{cluster_node.port}"
@@ -176,8 +179,22 @@ class Cluster(Topology):
         return Cluster(self.client, self.trips)
 
     def moved(self, address: str, reply: BaseException) -> None:
-        """Follow a ``MOVED``: the slot map is stale, re-read it."""
+        """Follow a ``MOVED``: the slot map is stale, re-read it; say it (a failover, often).
+
+        A replica promoted may lack the last writes its master acknowledged: counted as a
+        failover (which also empties the near-cache).
+        """
         self.refresh()
+        self._moves.log(
+            logging.WARNING,
+            "moved",
+            "Redis Cluster node %s no longer serves a slot of the Bloom filter (%s): a failover,"
+            " or the slot moved. The slot map was read again, and the command follows it.",
+            address,
+            reply,
+        )
+        if self.trips.on_moved is not None:
+            self.trips.on_moved()
 
     def refresh(self) -> None:
         """Re-read the slot map from any reachable node; keep the old one if none answers."""
