@@ -52,6 +52,7 @@ FORGETTING = frozenset(
         "counters_lost",
         "reopened",
         "taken_back",
+        "rolled_back",
     }
 )
 

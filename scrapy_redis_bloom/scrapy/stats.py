@@ -57,6 +57,10 @@ _EVENTS = {
     "taken_back": "bits a check set in a shard found not to be this filter's, cleared again",
     "lease_failed": "renewals of this worker's lease that failed (retried every second)",
     "grown": "generations a shard started because it held its capacity",
+    "rolled_back": (
+        "shards found with fewer generations than before: Redis lost acknowledged writes (a"
+        " restart from an older snapshot, a failover to a replica behind)"
+    ),
     "full": "checks of a shard past the capacity of its last generation",
     "near_full": (
         "1 when a fixed-size native filter passed 90% of its capacity: a shard may soon refuse"

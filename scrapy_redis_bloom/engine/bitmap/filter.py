@@ -85,6 +85,7 @@ class RedisBloomFilter(FilterBase):
         self._room_checked: set[tuple[str, int]] = set()
         self._room_due: list[tuple[int, int]] = []
         self._fast: FastPath | None = None  # the scriptless hot paths, once open
+        self._grown: dict[int, int] = {}  # per shard, the most generations a script reported
         self._stack: StackPath | None = None
         self._identities: dict[int, bytes] = {}
         self._bulk = Bulk(
@@ -150,6 +151,7 @@ class RedisBloomFilter(FilterBase):
             self._heads.clear()
             self._hot_paths(record)
             self._identities.clear()
+            self._grown.clear()
             self.counters.follow(record.expansion, record.ttl)
             if old is not None:
                 self._cache.clear()
@@ -308,9 +310,10 @@ class RedisBloomFilter(FilterBase):
         """Read the state of the shards whose count this worker never read (one round trip).
 
         Only for shards a batch checks more than :data:`STATE_EVERY` elements of: fewer
-        are safe without it. A batch's fast checks, planned before any reply, stop at the growth boundary only by
-        a count: without one, 100,000 checks all went to generation 0 (300,110 items in a
-        generation of 206,940). A read that fails leaves them to the script past a few.
+        are safe without it. A batch's fast checks, planned before any reply, stop at the
+        growth boundary only by a count: without one, 100,000 checks all went to generation
+        0 (300,110 items in a generation of 206,940). A read that fails leaves them to the
+        script past a few.
         """
         unknown = fast.unknown(shards)
         if not unknown:
@@ -717,6 +720,26 @@ class RedisBloomFilter(FilterBase):
         if generations > self.generations:
             self.generations = generations
             self.events.set("generations", generations)
+        if not self._current().ttl:  # (a window starts with one generation)
+            known = self._grown.get(shard, 0)
+            # Fewer generations, or one this worker knew started again: the later ones were
+            # lost (an add of this worker's wrote into one, and the script took it up).
+            again = flags & scripts.GREW and not flags & scripts.RECREATED
+            if generations < known or (again and generations <= known):
+                self._report(
+                    "rolled_back",
+                    logging.WARNING,
+                    "Shard %d of the Bloom filter %r had %d generations and now has %d: Redis"
+                    " lost writes it had acknowledged (a restart from an older snapshot, a"
+                    " failover to a replica behind). URLs the lost generations held may be"
+                    " fetched again; see the persistence and replication of %s.",
+                    shard,
+                    self.key,
+                    known,
+                    generations - bool(again),
+                    self.topology.describe(),
+                )
+            self._grown[shard] = generations
         if flags & scripts.GREW:
             growth = self._current().growth
             self._report(
