@@ -208,7 +208,9 @@ def test_scrapy_redis_own_connection_as_a_cluster_client(
     assert redis_cluster.exists("books:bloomfilter:meta")
 
 
-def test_an_unreachable_cluster_is_named() -> None:
+def test_an_unreachable_cluster_is_named_once_tried_for_the_retry_timeout() -> None:
+    # It failed at once, whatever BLOOMFILTER_RETRY_TIMEOUT: a cluster down for a second
+    # while workers start stopped them all (a command is retried for that long).
     port = free_port()
     crawler = get_crawler(
         BooksSpider,
@@ -216,11 +218,34 @@ def test_an_unreachable_cluster_is_named() -> None:
             "BLOOMFILTER_REDIS_URL": f"redis://:pw-s3cret@127.0.0.1:{port}",
             "BLOOMFILTER_REDIS_CLUSTER": True,
             "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": 1},
+            "BLOOMFILTER_RETRY_TIMEOUT": 2,
         },
     )
+    started = time.monotonic()
     with pytest.raises(BloomFilterError, match=f"Redis at 127.0.0.1:{port}") as raised:
         RFPDupeFilter.from_crawler(crawler)
+    assert 1.4 <= time.monotonic() - started < 10
     assert "pw-s3cret" not in str(raised.value)
+
+
+def test_a_cluster_is_reached_through_any_node_listed(
+    redis_cluster_nodes: RedisClusterNodes,
+) -> None:
+    # One startup node only: with it down (its replica serving), no worker could start.
+    dead = f"redis://127.0.0.1:{free_port()}"
+    settings = {
+        "BLOOMFILTER_REDIS_URLS": [dead, redis_cluster_nodes.startup_url],
+        "BLOOMFILTER_REDIS_CLUSTER": True,
+        "BLOOMFILTER_REDIS_PARAMS": {"socket_connect_timeout": 1},
+        "BLOOMFILTER_CAPACITY": 10_000,
+    }
+    dupefilter = RFPDupeFilter.from_crawler(get_crawler(BooksSpider, settings))
+    try:
+        assert isinstance(dupefilter.bloom.topology, Cluster)
+        assert dupefilter.request_seen(Request("https://example.com/any")) is False
+        assert dupefilter.request_seen(Request("https://example.com/any")) is True
+    finally:
+        dupefilter.close("finished")
 
 
 def test_a_failed_cluster_is_a_clear_error() -> None:

@@ -273,7 +273,6 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"BLOOMFILTER_REDIS_URLS": "redis://a,redis://a"}, r"BLOOMFILTER_REDIS_URLS setting \('redis://a,redis://a'\) is invalid\. It lists the same server more than once"),
     ({"BLOOMFILTER_REDIS_CLUSTER": "maybe"}, r"BLOOMFILTER_REDIS_CLUSTER setting \('maybe'\) is invalid\. It must be a boolean"),
     ({"BLOOMFILTER_REDIS_CLUSTER": True}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
-    ({"BLOOMFILTER_REDIS_CLUSTER": True, "BLOOMFILTER_REDIS_URLS": ["redis://a", "redis://b"]}, r"BLOOMFILTER_REDIS_CLUSTER setting needs BLOOMFILTER_REDIS_URL"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": "timeout=3"}, r"BLOOMFILTER_REDIS_PARAMS setting \(a str\) is invalid\. It must be a dict .* or its JSON on the command line"),
     ({"BLOOMFILTER_REDIS_URL": "redis://a", "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": "3s"}}, r"BLOOMFILTER_REDIS_PARAMS setting \(\{'socket_timeout': '3s'\}\) is invalid\. Its 'socket_timeout' must be a number"),
     # Retried as a connection fault for the whole retry timeout ("Timeout value out of range").

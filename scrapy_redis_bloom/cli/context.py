@@ -180,7 +180,7 @@ def run_command(
         faults = FaultPolicy.from_settings(retry)
         WORKER_TTL.read(settings)  # read by the commands that list workers: refused up front
         where, address = describe(config.urls, config.cluster)
-        clients = filter_clients(config, settings)
+        clients = filter_clients(config, settings, faults.retry_timeout)
     except ValueError as exc:  # a bad setting, or e.g. a port that is not a number
         raise UsageError(frontend.words(exc)) from None
     except RedisClusterException as exc:  # the cluster client reads the slot map at once

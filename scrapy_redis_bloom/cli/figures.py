@@ -432,7 +432,7 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         **_fields(growth, "grown_capacity rate_bound"),
     }
     current = "blocked" if spec.block_bits else "classic"
-    servers = max(1, len(config.connection.urls))
+    servers = 1 if config.connection.cluster else max(1, len(config.connection.urls))
     data["layouts"], layout_rows = _layouts(
         config.sizing, config.capacity, config.expansion, servers, current, "these settings"
     )

@@ -509,7 +509,8 @@ REDIS_URL: Setting[str | None] = _row(
 )
 REDIS_CLUSTER: Setting[bool] = _row(
     ("BLOOMFILTER_REDIS_CLUSTER", "bool", False),
-    "Treat `BLOOMFILTER_REDIS_URL` as a node of a Redis Cluster (redis-py's `RedisCluster`).",
+    "Treat `BLOOMFILTER_REDIS_URL` as a node of a Redis Cluster (redis-py's `RedisCluster`),"
+    " or `BLOOMFILTER_REDIS_URLS` as several: the client starts from any that answers.",
 )
 REDIS_URLS: Setting[tuple[str, ...]] = _row(
     ("BLOOMFILTER_REDIS_URLS", "text", ()),
@@ -704,11 +705,11 @@ class ConnectionConfig:
             )
         found = urls if url is None else (url,)
         cluster = REDIS_CLUSTER.read(settings)
-        if cluster and len(found) != 1:
+        if cluster and not found:
             raise _refuse(
                 "The {BLOOMFILTER_REDIS_CLUSTER} {setting} needs {BLOOMFILTER_REDIS_URL},"
-                " the URL of one node of the cluster to start from (the client discovers"
-                " the others)."
+                " the URL of a node of the cluster to start from (the client discovers the"
+                " others), or {BLOOMFILTER_REDIS_URLS}, several (any one that answers will do)."
             )
         sentinels, service = _sentinel_settings(settings, bool(found) or cluster)
         params = REDIS_PARAMS.read(settings)

@@ -50,11 +50,16 @@ def refuse_decoded_queue(settings: SettingsLike) -> None:
         )
 
 
-def filter_clients(config: ConnectionConfig, settings: SettingsLike) -> list[Any]:
-    """Return the filter's clients (its own connection's, else scrapy-redis's), one per server."""
+def filter_clients(
+    config: ConnectionConfig, settings: SettingsLike, retry_timeout: float = 0.0
+) -> list[Any]:
+    """Return the filter's clients (its own connection's, else scrapy-redis's), one per server.
+
+    ``retry_timeout``: how long a cluster none of whose listed nodes answers is tried.
+    """
     if not config.urls and not config.sentinels:
         return [scrapy_redis_client(settings)]
-    return own_clients(config, "BLOOMFILTER_REDIS_PARAMS")
+    return own_clients(config, "BLOOMFILTER_REDIS_PARAMS", retry_timeout)
 
 
 def loaded(value: Any) -> Any:

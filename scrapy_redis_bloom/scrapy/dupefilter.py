@@ -161,7 +161,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
                 return fingerprinter.fingerprint(request).hex()
 
         try:
-            clients = filter_clients(config.connection, settings)
+            clients = filter_clients(config.connection, settings, config.faults.retry_timeout)
         except (RedisError, RedisClusterException) as exc:
             where = ", ".join(url_address(url) for url in config.connection.urls)
             raise BloomFilterError(

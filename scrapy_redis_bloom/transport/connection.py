@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
 from scrapy_redis_bloom.core.redact import masked, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import ConnectionConfig
@@ -17,19 +20,41 @@ from scrapy_redis_bloom.transport.sentinel import SentinelRedis
 #: Defaults for the filter's clients: a stalled server fails one attempt in seconds,
 #: and the retry policy decides what happens next.
 DEFAULT_PARAMS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 2.0}
+#: Seconds between two tries to reach a cluster whose listed nodes do not answer.
+CLUSTER_RETRY = 0.5
 
 
-def own_clients(config: ConnectionConfig, setting: str) -> list[Any]:
-    """Return the clients of a configuration with URLs or sentinels (``setting``: its name)."""
+def own_clients(config: ConnectionConfig, setting: str, retry_timeout: float = 0.0) -> list[Any]:
+    """Return the clients of a configuration with URLs or sentinels (``setting``: its name).
+
+    A cluster client reads the slot map at once: tried again for ``retry_timeout`` seconds
+    when no node listed answers (a cluster briefly down at a worker's start), as a command is.
+    """
     params = {**DEFAULT_PARAMS, **dict(config.params)}
     if config.sentinels:
         client = SentinelRedis(
             sentinels=list(config.sentinels), service_name=config.service, setting=setting, **params
         )
         return [_checked(client)]
-    redis_cls = RedisCluster if config.cluster else redis.Redis  # (a cluster: one URL)
     source = f"the filter's Redis URL (its query too) and the {setting} setting"
-    return [build_client(redis_cls, url, params, source) for url in config.urls]
+    if config.cluster:  # one client, started from any of the nodes listed that answers
+        others = [ClusterNode(*_host_port(url)) for url in config.urls[1:]]  # type: ignore[no-untyped-call]
+        cluster = {**params, "startup_nodes": others} if others else params
+        deadline = time.monotonic() + retry_timeout
+        while True:
+            try:
+                return [build_client(RedisCluster, config.urls[0], cluster, source)]
+            except (RedisClusterException, RedisConnectionError):
+                if time.monotonic() + CLUSTER_RETRY > deadline:
+                    raise
+                time.sleep(CLUSTER_RETRY)
+    return [build_client(redis.Redis, url, params, source) for url in config.urls]
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    """Return a Redis URL's host and port (6379 by default)."""
+    parsed = urlsplit(url)
+    return parsed.hostname or "localhost", parsed.port or 6379
 
 
 def build_client(redis_cls: Any, url: str | None, params: dict[str, Any], source: str) -> Any:
