@@ -199,6 +199,33 @@ def test_describe_names_m_k_shards_and_rate() -> None:
 
 
 @pytest.mark.parametrize(
+    ("shards", "said"),
+    [
+        (
+            {},
+            "; grows 2x per generation up to 63,002,408,324 items (6 generations of 16: a"
+            " shard's next would pass the largest generation size, 512 MB), rate",
+        ),
+        (
+            {"BLOOMFILTER_SHARD_BIT": 29},
+            "; grows 2x per generation up to 7,000,858,128 items (3 generations of 16: a"
+            " shard's next would pass the largest generation size, 512 MB), rate",
+        ),
+        (
+            {"BLOOMFILTER_SHARDS": 8},
+            "; cannot grow: its shards are already at the largest generation size (512 MB),"
+            " so it holds up to 1,000,357,776 items, rate",
+        ),
+    ],
+)
+def test_describe_says_when_the_shard_size_bounds_growth(shards: dict[str, int], said: str) -> None:
+    # A generation is at most 512 MB: large shards grow fewer times, or not at all.
+    settings = {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 0.0001, **shards}
+    text = BloomConfig.from_settings(settings).describe()
+    assert said in text
+
+
+@pytest.mark.parametrize(
     ("size", "block"),
     [
         (1, 16),

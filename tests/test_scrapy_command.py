@@ -442,6 +442,16 @@ def test_size_calculator(outside: Path) -> None:
     assert "BLOOMFILTER_CAPACITY" in one_line_error(bad, 2)
 
 
+def test_size_says_when_the_shard_size_bounds_growth(outside: Path) -> None:
+    asked = ("bloom", "size", "--capacity", "1000000000", "--error-rate", "0.0001")
+    grown = scrapy(outside, *asked, "--shards", "8")
+    assert grown.code == 0, grown
+    assert "cannot grow: its shards are already at the largest generation size" in grown.out
+    assert "x2 per generation" not in grown.out
+    fewer = scrapy(outside, *asked, "--shard-bit", "32")
+    assert "(2 generations of 16: a shard's next would pass" in fewer.out
+
+
 def test_size_compares_the_layouts(outside: Path) -> None:
     asked = ("--capacity", "100000000", "--error-rate", "0.0001")
     data = json.loads(scrapy(outside, "bloom", "size", *asked, "--json").out)

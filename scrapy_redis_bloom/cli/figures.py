@@ -15,6 +15,7 @@ from typing import Any
 
 from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing, open_existing
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table
+from scrapy_redis_bloom.core.generations import growth_limit
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, SettingsLike
 from scrapy_redis_bloom.core.sizing import (
@@ -452,10 +453,13 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
         ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, generation 0)"),
         *layout_rows,
     ]
+    limit = growth_limit(growth)
     grows = (
-        f"x{config.expansion} per generation, up to {growth.grown_capacity:,} items"
-        f" at an FP rate under {growth.rate_bound:.3g}"
-    )
+        f"{limit}, so it holds up to {growth.grown_capacity:,} items"
+        if growth.last == 0
+        else f"x{config.expansion} per generation, up to {growth.grown_capacity:,} items"
+        + (f" ({limit})" if limit else "")
+    ) + f" at an FP rate under {growth.rate_bound:.3g}"
     fixed = "none (BLOOMFILTER_EXPANSION = 0): a fixed size"
     rows.append(("Growth", grows if config.expansion else fixed))
     if config.ttl:

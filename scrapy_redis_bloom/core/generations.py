@@ -251,6 +251,34 @@ def _last_of(growth: Growth) -> int:
     return MAX_GENERATIONS - 1
 
 
+def growth_limit(growth: Growth) -> str:
+    """Say what stops a growing shard short of :data:`MAX_GENERATIONS` ("" if nothing does).
+
+    A generation is at most a Redis string's 512 MB and :data:`MAX_GENERATION_ITEMS` items
+    (:func:`_last_of`): with large shards (``BLOOMFILTER_SHARD_BIT``/``SHARDS``) a shard has
+    fewer generations, or one.
+    """
+    if not growth.expansion or growth.last == MAX_GENERATIONS - 1:
+        return ""
+    beyond = _generation_of(growth, growth.last + 1)
+    size = "512 MB" if beyond.bits > MAX_SHARD_BITS else f"{MAX_GENERATION_ITEMS:,} items"
+    if growth.last == 0:
+        return f"cannot grow: its shards are already at the largest generation size ({size})"
+    return (
+        f"{growth.last + 1} generations of {MAX_GENERATIONS}: a shard's next would pass the"
+        f" largest generation size, {size}"
+    )
+
+
+def growth_text(growth: Growth) -> str:
+    """Say how far a filter grows, and what stops it (the startup line, ``scrapy bloom size``)."""
+    limit = growth_limit(growth)
+    if growth.last == 0:
+        return f"{limit}, so it holds up to {growth.grown_capacity:,} items"
+    grows = f"grows {growth.expansion}x per generation up to {growth.grown_capacity:,} items"
+    return f"{grows} ({limit})" if limit else grows
+
+
 #: :func:`seed_arguments`' format: four RESP bulk strings.
 _FOUR_BULKS = b"$%d\r\n%b\r\n" * 4
 

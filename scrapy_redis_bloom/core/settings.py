@@ -20,7 +20,12 @@ from urllib.parse import parse_qs, urlsplit
 from redis.connection import parse_url as _redis_parse_url
 
 from scrapy_redis_bloom.core.errors import SettingError, SettingName, Wording
-from scrapy_redis_bloom.core.generations import DEFAULT_EXPANSION, DEFAULT_TIGHTENING, Growth
+from scrapy_redis_bloom.core.generations import (
+    DEFAULT_EXPANSION,
+    DEFAULT_TIGHTENING,
+    Growth,
+    growth_text,
+)
 from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.redact import masked, scrub
 from scrapy_redis_bloom.core.sizing import (
@@ -487,14 +492,19 @@ SHARD_BIT: Setting[int] = _row(
     # 7: the smallest allocator block past a shard's header and overhead; 32: a Redis string.
     ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
     "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
-    " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more.",
+    " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more."
+    " Larger shards grow fewer times: a generation is at most 512 MB, so a shard of 2**27 bits"
+    " or more reaches it in fewer generations, and one already near it cannot grow"
+    " (`scrapy bloom size` and the crawl's startup line say how far the filter grows).",
     rule="It must be an integer from {low} to {high}: a shard holds at most 2**{high} bits (Redis's"
     " 512 MB string limit).",
 )
 SHARDS: Setting[int | None] = _row(
     ("BLOOMFILTER_SHARDS", "int", None, 1),
     "Exact number of shards instead (each ≤ 2**32 - 256 bits). Not together with"
-    " `BLOOMFILTER_SHARD_BIT`.",
+    " `BLOOMFILTER_SHARD_BIT`. Few large shards grow fewer times, or not at all: a"
+    " generation is at most 512 MB (`scrapy bloom size` and the crawl's startup line say how"
+    " far the filter grows).",
     rule="It must be a positive integer (the number of Redis keys the bits are split over).",
 )
 REDIS_URL: Setting[str | None] = _row(
@@ -863,10 +873,7 @@ class BloomConfig:
             f" {self.expected_error_rate:.3g}"
         )
         if self.expansion:
-            text += (
-                f"; grows {self.expansion}x per generation up to"
-                f" {self.growth.grown_capacity:,} items, rate under {self.growth.rate_bound:.3g}"
-            )
+            text += f"; {growth_text(self.growth)}, rate under {self.growth.rate_bound:.3g}"
         if self.ttl:
             text += f"; URLs forgotten {self.ttl:,} to {2 * self.ttl:,} s after being added"
         return text
