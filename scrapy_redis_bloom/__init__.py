@@ -28,6 +28,7 @@ from scrapy_redis_bloom.core.errors import (
     NotEnoughMemoryError,
     OrphanedShardsError,
     ServerListMismatchError,
+    SettingError,
     UnsupportedServerError,
     WrongTypeError,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "RedisBloomFilter",
     "RestoreFailedError",
     "ServerListMismatchError",
+    "SettingError",
     "UnsupportedServerError",
     "UnsupportedVersionError",
     "WorkerLease",
