@@ -161,6 +161,19 @@ def test_the_project_settings_name_and_reach_the_filter(
     assert "--spider NAME" in one_line_error(which, 2)
 
 
+def test_the_commands_retry_timeout_is_said_to_be_their_default(outside: Path) -> None:
+    # It said "(BLOOMFILTER_RETRY_TIMEOUT = 5 s)", though no project set it: a crawl's is 20 s.
+    dead = ("-s", f"REDIS_URL=redis://127.0.0.1:{free_port()}/0")
+    unset = one_line_error(scrapy(outside, "bloom", "info", "--key", "k", *dead), 1)
+    assert unset.endswith(
+        "Retried for 5.0 s (BLOOMFILTER_RETRY_TIMEOUT not set: the command's default = 5 s).\n"
+    ), unset
+    given = scrapy(
+        outside, "bloom", "info", "--key", "k", *dead, "-s", "BLOOMFILTER_RETRY_TIMEOUT=1"
+    )
+    assert one_line_error(given, 1).endswith(" (BLOOMFILTER_RETRY_TIMEOUT = 1 s).\n"), given
+
+
 def test_s_overrides_the_project_settings(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:

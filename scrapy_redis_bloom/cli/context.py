@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
@@ -178,6 +178,9 @@ def run_command(
     try:
         config = ConnectionConfig.from_settings(settings)
         faults = FaultPolicy.from_settings(retry)
+        if timeout is None:  # a crawl's default is 20 s: say whose 5 s it is
+            budget = Wording("{BLOOMFILTER_RETRY_TIMEOUT} not set: the command's default")
+            faults = replace(faults, retry_budget=budget)
         WORKER_TTL.read(settings)  # read by the commands that list workers: refused up front
         where, address = describe(config.urls, config.cluster)
         clients = filter_clients(config, settings, faults.retry_timeout)

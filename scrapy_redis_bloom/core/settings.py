@@ -778,6 +778,8 @@ class FaultPolicy:
     retry_timeout: float = RETRY_TIMEOUT.default
     on_error: OnError = ON_ERROR.default
     on_loss: OnLoss = ON_LOSS.default
+    #: How a failure past the retry timeout names it (None: the setting, as a crawl reads it).
+    retry_budget: Wording | None = field(default=None, compare=False)
 
     @classmethod
     def from_settings(cls, settings: SettingsLike) -> FaultPolicy:

@@ -155,7 +155,9 @@ class FilterBase:
         self.topology.trips.on_moved = functools.partial(self.events.count, "failovers")
         self.topology.trips.on_reconnect = functools.partial(self.events.count, "reconnects")
         self.events.forgetting = FORGETTING
-        self.executor = Executor(self.topology, self.faults.retry_timeout, self.events)
+        self.executor = Executor(
+            self.topology, self.faults.retry_timeout, self.events, budget=self.faults.retry_budget
+        )
         # Its connections are its own: closed with it, or when it is collected.
         weakref.finalize(self, self.topology.close)
         self.parts = Parts(self.executor, key, spec)

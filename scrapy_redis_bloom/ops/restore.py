@@ -602,7 +602,10 @@ def _check_written(
 
 def _undo(bloom: FilterBase, undo: list[Call], exc: BaseException) -> None:
     """Delete what a failed restore wrote, through an executor of its own (not failing fast)."""
-    parts = Parts(Executor(bloom.topology, bloom.faults.retry_timeout), bloom.key, bloom.parts.spec)
+    executor = Executor(
+        bloom.topology, bloom.faults.retry_timeout, budget=bloom.faults.retry_budget
+    )
+    parts = Parts(executor, bloom.key, bloom.parts.spec)
     try:
         parts.run("undo a failed restore", undo, write=True)
     except (BloomFilterError, KeyboardInterrupt) as undone:
