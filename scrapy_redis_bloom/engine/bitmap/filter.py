@@ -320,7 +320,7 @@ class RedisBloomFilter(FilterBase):
             return
         calls = [Call(read, key=key, shard=shard) for shard, key, read in unknown]
         try:
-            replies = self.parts.run("read the state of the shards a batch checks", calls)
+            replies = self.parts.run(BATCH_OPERATION, calls)  # (the batch's first round)
         except BloomFilterError:
             return  # (each shard's checks then take the script past STATE_EVERY)
         for (shard, _, _), reply in zip(unknown, replies, strict=True):
