@@ -225,6 +225,35 @@ def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> No
         server.stop()
 
 
+def test_a_worker_whose_first_checks_met_an_outage_keeps_its_one_bitfield_after() -> None:
+    # A cap on the checks sent before a shard's count is read counted the ones an outage
+    # failed too: past STATE_EVERY of them, every later check of the shard took the script.
+    server = RedisServer(appendonly=True).start()
+    try:
+        client = server.client()
+        cfg = config(100_000, 0.001, BLOOMFILTER_SHARDS=1)
+        bloom_for(client, cfg, KEY).open()  # the filter exists
+        lenient = FaultPolicy(retry_timeout=0.3, on_error="allow")
+        bloom = bloom_for(client, cfg, KEY, faults=lenient, cache_size=0)
+        bloom.open()
+        server.kill()
+        for element in fingerprints(2 * STATE_EVERY, "outage"):
+            assert bloom.check_and_add(element) is False  # let through
+        server.restart()
+        until_tried(bloom.executor)
+        bloom.settle_owed()
+        admin = server.client()
+        admin.config_resetstat()
+        assert [bloom.check_and_add(e) for e in fingerprints(50, "after")] == [False] * 50
+        stats = admin.info("commandstats")
+        assert "cmdstat_evalsha" not in stats, stats
+        assert stats["cmdstat_bitfield"]["calls"] >= 50
+        client.close()
+        admin.close()
+    finally:
+        server.stop()
+
+
 def test_counts_refused_by_a_full_redis_are_kept_and_sent_later() -> None:
     server = RedisServer().start()
     try:

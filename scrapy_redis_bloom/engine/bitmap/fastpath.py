@@ -58,8 +58,6 @@ class _Shard:
     grown: bool = False
     near: bool = False
     edge: int = 0
-    #: Packed while the count was unknown (the first look's reply not read yet).
-    blind: int = 0
 
 
 @dataclass(slots=True)
@@ -130,10 +128,8 @@ class FastPath:
         if self.counted:
             if known.grown or known.near:
                 return None
-            if known.count is None:
-                if known.blind >= STATE_EVERY:
-                    return None  # its first look is on its way: no more than a worker may hold
-                known.blind += 1
+            if known.count is None and known.pending >= STATE_EVERY:
+                return None  # its first look is on its way: no more than a worker may hold
             if known.count is not None and known.count + known.pending + 1 >= known.edge:
                 known.near = True  # till a look finds room (a state read's reply)
                 return None
@@ -171,7 +167,7 @@ class FastPath:
             raise ValueError(f"a BITFIELD of {fields + self.k} fields, got {reply!r:.200}")
         known = self._shards.get(shard) or self._shard(shard)
         if reply[0] != known.expected:
-            known.count, known.pending, known.blind = None, 0, 0  # it counted on the wrong key
+            known.count, known.pending = None, 0  # what it counted went to the wrong key
             return None, 1
         seen = 0 not in reply[fields:]
         if not self.counted:
@@ -192,10 +188,14 @@ class FastPath:
             return
         # Never below what this worker sent since (a batch's later commands land later).
         known.count = count if known.count is None else max(known.count, count)
-        known.blind = 0
         # Each other live worker may hold up to STATE_EVERY items not counted yet.
         known.edge = min(self.limit, self.first - STATE_EVERY * self.workers())
         known.near = known.count + known.pending + 1 >= known.edge
+
+    def blind(self, shard: int) -> bool:
+        """Tell whether a shard's checks need its count, not read yet (a batch's plan)."""
+        known = self._shards.get(shard)
+        return self.counted and (known is None or (known.count is None and not known.grown))
 
     def unknown(self, shards: set[int]) -> list[tuple[int, str, bytes]]:
         """Return ``(shard, key, read)`` for the shards whose count was never read here.

@@ -333,12 +333,20 @@ class RedisBloomFilter(FilterBase):
         stack = self._stack
         checks: dict[int, Check] = {}
         commands: dict[int, Command] = {}
-        if self._fast is not None and len(todo) > STATE_EVERY:
+        fast = self._fast
+        if fast is not None and len(todo) > STATE_EVERY:
             per_shard = Counter(h1 % self.spec.shards for _, _, _, h1, _ in todo)
-            self._look(self._fast, {s for s, n in per_shard.items() if n > STATE_EVERY})
+            self._look(fast, {s for s, n in per_shard.items() if n > STATE_EVERY})
+        blind: Counter[int] = Counter()  # fast checks planned per shard of unknown count
         for i, (_, _, _, h1, h2) in enumerate(todo):
-            fast = self._fast
-            command = fast.pack(h1, h2) if fast is not None else None
+            command = None
+            if fast is not None:
+                shard = h1 % self.spec.shards
+                if not fast.blind(shard):
+                    command = fast.pack(h1, h2)
+                elif blind[shard] < STATE_EVERY:  # the rest: the script, which grows it
+                    blind[shard] += 1
+                    command = fast.pack(h1, h2)
             check = stack.plan(h1, h2) if command is None and stack is not None else None
             if check is not None:
                 checks[i] = check
