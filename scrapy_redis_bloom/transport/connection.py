@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
 
 from scrapy_redis_bloom.core.redact import masked, scrub, url_secrets
 from scrapy_redis_bloom.core.settings import ConnectionConfig
@@ -44,8 +44,10 @@ def own_clients(config: ConnectionConfig, setting: str, retry_timeout: float = 0
         while True:
             try:
                 return [build_client(RedisCluster, config.urls[0], cluster, source)]
-            except (RedisClusterException, RedisConnectionError):
-                if time.monotonic() + CLUSTER_RETRY > deadline:
+            except (RedisClusterException, RedisConnectionError) as exc:
+                if isinstance(exc, AuthenticationError) or (
+                    time.monotonic() + CLUSTER_RETRY > deadline
+                ):  # refused credentials: no retry fixes them
                     raise
                 time.sleep(CLUSTER_RETRY)
     return [build_client(redis.Redis, url, params, source) for url in config.urls]

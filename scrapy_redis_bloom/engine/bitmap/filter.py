@@ -321,8 +321,8 @@ class RedisBloomFilter(FilterBase):
         calls = [Call(read, key=key, shard=shard) for shard, key, read in unknown]
         try:
             replies = self.parts.run(BATCH_OPERATION, calls)  # (the batch's first round)
-        except BloomFilterError:
-            return  # (each shard's checks then take the script past STATE_EVERY)
+        except FilterUnavailableError:  # (said and counted; a refusal raises, as the batch's)
+            return  # each shard's checks then take the script past STATE_EVERY
         for (shard, _, _), reply in zip(unknown, replies, strict=True):
             fast.looked(shard, reply)
 
