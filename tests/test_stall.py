@@ -693,3 +693,29 @@ def test_a_batch_ridden_through_a_stall_says_how_long_it_waited(
     assert waited >= stall - 0.6, said[0]
     bloom.close()
     client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_big_batch_that_nothing_stalled_is_not_said_as_a_stall(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch's round of many commands takes its time without a stall: nothing is said.
+
+    The threshold was one second per call whatever it carried: a ``check_and_add_many`` of
+    100,000 on loopback took 1.1 s for its round and was said as "a stall" and counted in
+    ``slow_replies``, 300,000 twice (a bulk user's every call).
+    """
+    client = redis.Redis.from_url(server.url)
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000_000})
+    bloom = RedisBloomFilter.from_config(client, "big", config, cache_size=0)
+    batch = fingerprints(300_000, "big")
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        began = time.monotonic()
+        assert not any(bloom.check_and_add_many(batch))
+        took = time.monotonic() - began
+    said = [r.getMessage() for r in caplog.records if " s to answer " in r.getMessage()]
+    assert took > 1.0, took  # (else the batch was no test of the threshold)
+    assert said == [], said
+    assert bloom.events.counts["slow_replies"] == 0
+    bloom.close()
+    client.close()

@@ -49,7 +49,10 @@ _EVENTS = {
         "new connections to a server this worker was connected to before (a dropped"
         " connection, a restart): the near-cache is emptied, as after any fault"
     ),
-    "slow_replies": "replies Redis took over a second to give: a stall the call waited out",
+    "slow_replies": (
+        "replies Redis took over a second to give (more for a big batch): a stall the call"
+        " waited out"
+    ),
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
     "counters_lost": "times the filter's counters were found evicted or deleted (totals restart)",
