@@ -760,3 +760,28 @@ def test_a_fault_ridden_through_by_retries_is_said_in_the_log(
         assert len(said) == 1, caplog.text
         assert f"127.0.0.1:{server.port} answered" in said[0]
         client.close()
+
+
+def test_shards_lost_again_and_again_are_said_once_a_minute_and_all_counted(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full Redis evicting shard after shard: each recreation counted, not each a log line.
+
+    Under heavy eviction a probe's worker wrote ~170 "Recreated ... lost shard(s)" WARNINGs
+    in 6 s: the log of a crawl drowned in one repeated line.
+    """
+    client = server.client()
+    bloom = make(client, "evicted", on_loss="recreate")
+    first, *new = [f for f in fingerprints(2_000, "new") if locate(f, bloom.spec)[0] == 0][:21]
+    assert bloom.check_and_add(first) is False  # (a shard is made by its first add)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        for fingerprint in new:
+            assert client.delete(shard_key("evicted", 0)) == 1
+            assert bloom.check_and_add(fingerprint) is False
+    said = [r for r in caplog.records if r.getMessage().startswith("Recreated ")]
+    assert len(said) == 1, caplog.text
+    assert said[0].levelno == logging.WARNING
+    assert "'{evicted:0}:g0'" in said[0].getMessage(), said[0].getMessage()
+    assert bloom.events.counts["recreated"] == len(new)
+    bloom.close()
+    client.close()

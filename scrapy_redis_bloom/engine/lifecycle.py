@@ -22,7 +22,7 @@ from scrapy_redis_bloom.core.errors import (
     ServerListMismatchError,
     Wording,
 )
-from scrapy_redis_bloom.core.events import FilterEvents
+from scrapy_redis_bloom.core.events import FilterEvents, RateLimitedLog
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine import health
@@ -100,6 +100,7 @@ class Lifecycle:
         #: Why the backend is fixed whatever BLOOMFILTER_BACKEND says (:meth:`FilterRecord.check`).
         self.fixed: str | None = None
         self._rechecked: float | None = None  # when loss_found() last read the policies
+        self._log = RateLimitedLog(logger)  # losses a full Redis repeats: counted, said a minute
 
     def open(self, wanted: FilterRecord, create: bool = True) -> FilterRecord:
         """Create the filter ``wanted``, or check it; return its record (the geometry to use)."""
@@ -355,7 +356,9 @@ class Lifecycle:
             self.parts.write_markers(record, missing_markers)
             if not lost_servers:
                 self.events.count("restored", len(missing_markers))
-                logger.warning(
+                self._log.log(
+                    logging.WARNING,
+                    "restored",
                     "Restored the server marker of the %s %r on %s (evicted or"
                     " deleted; the shards there are intact).",
                     self.shards.noun,
@@ -365,7 +368,9 @@ class Lifecycle:
         if lost:
             created, kept = self.shards.recreate(record, lost)
             self.events.count("recreated", created)
-            logger.warning(
+            self._log.log(
+                logging.WARNING,
+                "recreated",
                 "Recreated %d lost shard(s) of the %s %r empty"
                 " (BLOOMFILTER_ON_LOSS = 'recreate'): %s. URLs they held may be fetched"
                 " again.%s",
