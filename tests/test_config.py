@@ -12,6 +12,7 @@ from scrapy.settings import Settings
 
 from scrapy_redis_bloom.core.hashing import BLOCK_BITS, MAX_SHARD_BITS, FilterSpec
 from scrapy_redis_bloom.core.layout import HEADER_BYTES
+from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import KEY, BloomConfig, ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.core.sizing import (
     ALLOCATION_SLACK,
@@ -492,3 +493,28 @@ def test_unknown_client_arguments_are_refused_at_startup(
     ) as raised:
         filter_clients(ConnectionConfig.from_settings(settings), settings)
     assert SECRET not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("shards", "said"),
+    [
+        ({}, "growing 2x per generation, URLs remembered forever; 6 generations of 16: a"),
+        (
+            {"BLOOMFILTER_SHARDS": 8},
+            "; cannot grow: its shards are already at the largest generation size (512 MB)",
+        ),
+    ],
+)
+def test_an_existing_filters_record_says_what_bounds_its_growth(
+    shards: dict[str, int], said: str
+) -> None:
+    # A worker opening a filter made before says it from the record (the startup line): it said
+    # "growing 2x per generation" of a filter whose shards cannot grow at all.
+    settings = {"BLOOMFILTER_CAPACITY": 10**9, "BLOOMFILTER_ERROR_RATE": 0.0001, **shards}
+    config = BloomConfig.from_settings(settings)
+    record = FilterRecord.new(config.spec, config.capacity, "capacity", expansion=config.expansion)
+    assert said in record.describe() + record.growth_limit()
+    native = FilterRecord.new(
+        config.spec, config.capacity, "capacity", expansion=2, backend="native"
+    )
+    assert native.growth_limit() == ""  # (RedisBloom's own layers)

@@ -21,7 +21,7 @@ from scrapy_redis_bloom.core.errors import (
     ServerListMismatchError,
     Wording,
 )
-from scrapy_redis_bloom.core.generations import DEFAULT_TIGHTENING, Growth
+from scrapy_redis_bloom.core.generations import DEFAULT_TIGHTENING, Growth, growth_limit
 from scrapy_redis_bloom.core.hashing import (
     BLOCK_BITS,
     BLOCKED_SCHEME,
@@ -254,6 +254,14 @@ class FilterRecord:
             f" (sized for {self.capacity:,} items: {self.sizing}),"
             f" {self.growth_text()}"
         )
+
+    def growth_limit(self) -> str:
+        """Say what bounds a bitmap filter's growth, after "; " ("" if nothing does).
+
+        (A native filter's layers are RedisBloom's, not bound by a bitmap generation's size.)
+        """
+        limit = growth_limit(self.growth) if self.expansion and self.backend != "native" else ""
+        return f"; {limit}" if limit else ""
 
     def growth_text(self) -> str:
         """Say how the filter grows and forgets, as settings would."""

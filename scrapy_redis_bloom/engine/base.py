@@ -301,7 +301,7 @@ class FilterBase:
         same = (record.spec, record.expansion, record.capacity)
         if same == (config.spec, config.expansion, config.capacity):
             return config.describe()
-        return f"{record.describe()} (the filter's own)"
+        return f"{record.describe()}{record.growth_limit()} (the filter's own)"
 
     @property
     def spec(self) -> FilterSpec:
