@@ -33,6 +33,8 @@ from scrapy.utils.test import get_crawler
 from waiting import wait_until
 
 from scrapy_redis_bloom import BloomConfig, FilterBusyError, RedisBloomFilter
+from scrapy_redis_bloom.core.errors import FilterUnavailableError, Wording
+from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.dupefilter import RFPDupeFilter
 from scrapy_redis_bloom.engine.lease import CLOCK_MARGIN
 
@@ -446,3 +448,26 @@ def test_the_worker_registry_has_no_expiry_for_an_eviction_policy_to_pick(
     df.request_seen(Request("https://example.com/"))
     assert redis_client.zcard("books:bloomfilter:workers") == 1
     assert redis_client.pttl("books:bloomfilter:workers") == -1
+
+
+def test_a_lease_names_the_retry_timeout_as_its_filter_does() -> None:
+    """A command's lease failing says whose retry timeout it waited, as the command does.
+
+    The CLI's filter says "(BLOOMFILTER_RETRY_TIMEOUT not set: the command's default = 5 s)";
+    the lease it takes to reset said "(BLOOMFILTER_RETRY_TIMEOUT = 5 s)", a setting not set.
+    """
+    budget = Wording("{BLOOMFILTER_RETRY_TIMEOUT} not set: the command's default")
+    faults = FaultPolicy(retry_timeout=0.5, retry_budget=budget)
+    with RedisServer() as server:
+        client = server.client()
+        config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 1_000})
+        bloom = RedisBloomFilter.from_config(client, "named", config, faults=faults)
+        lease = bloom.lease("cli:1", ttl=30.0)
+        server.stop()
+        with pytest.raises(FilterUnavailableError) as caught:
+            lease.renew()
+    said = str(caught.value)
+    assert "(BLOOMFILTER_RETRY_TIMEOUT not set: the command's default = 0.5 s)" in said, said
+    lease.close()
+    bloom.close()
+    client.close()

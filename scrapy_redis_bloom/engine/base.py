@@ -433,6 +433,7 @@ class FilterBase:
             self.faults.retry_timeout,
             self.events,
             follows=self.executor,
+            budget=self.faults.retry_budget,
         )
         lease.on_workers = functools.partial(setattr, self, "workers")  # from its thread
         _FORKABLE.add(lease)

@@ -136,6 +136,7 @@ class WorkerLease:
         retry_timeout: float,
         events: FilterEvents | None = None,
         follows: Executor | None = None,
+        budget: Wording | None = None,
     ) -> None:
         self._filter_key = key
         self.key = layout.workers_key(key)
@@ -143,9 +144,9 @@ class WorkerLease:
         self.ttl = ttl
         self.events = events if events is not None else FilterEvents()
         # A renewal waiting longer than a third of the TTL is late; ``follows``' outage: fast.
-        budget = (
-            None if retry_timeout <= ttl / 3 else Wording("a third of {BLOOMFILTER_WORKER_TTL}")
-        )
+        # ``budget`` words the retry timeout as the filter's does (a command's default).
+        if retry_timeout > ttl / 3:
+            budget = Wording("a third of {BLOOMFILTER_WORKER_TTL}")
         executor = self._executor = Executor(
             topology.copy(), min(retry_timeout, ttl / 3), follows=follows, budget=budget
         )
