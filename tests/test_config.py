@@ -362,10 +362,14 @@ def test_an_unknown_bloomfilter_setting_is_refused_naming_the_closest() -> None:
             r"Did you mean BLOOMFILTER_SHARD_BIT\?",
         ),
         ("FOO", {"BLOOMFILTER_FOO": 1}, r"See the settings reference for the names\."),
+        # (``-s bloomfilter_capacity=...``: Scrapy's names are case-sensitive, it was ignored.)
+        *(
+            (name, {name: 5000}, r"Did you mean BLOOMFILTER_CAPACITY\?")
+            for name in ("BLOOMFILTER_capacity", "bloomfilter_capacity")
+        ),
     ):
-        with pytest.raises(
-            ValueError, match=rf"^The setting BLOOMFILTER_{name} is unknown: .* {hint}$"
-        ):
+        full = name if name.lower().startswith("bloomfilter_") else f"BLOOMFILTER_{name}"
+        with pytest.raises(ValueError, match=rf"^The setting {full} is unknown: .* {hint}$"):
             BloomConfig.from_settings(given)
     # scrapy-redis-bloomfilter's two settings mean the same here (docs/howto/from-bloomfilter.md),
     # and other packages' settings are not BLOOMFILTER_* ones.

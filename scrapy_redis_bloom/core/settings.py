@@ -663,15 +663,19 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 def refuse_unknown(settings: SettingsLike) -> None:
-    """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread)."""
+    """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread).
+
+    In any case: Scrapy's names are case-sensitive (``-s bloomfilter_capacity=...`` is unread).
+    """
     if not isinstance(settings, Iterable):
         return
-    for name in sorted(n for n in settings if isinstance(n, str) and n.startswith("BLOOMFILTER_")):
+    ours = (n for n in settings if isinstance(n, str) and n.upper().startswith("BLOOMFILTER_"))
+    for name in sorted(ours):
         if name in _BY_NAME:
             continue
         cut = len("BLOOMFILTER_")  # alike in every name: compared, it hides the difference
         tails = {known[cut:]: known for known in _BY_NAME}
-        close = [tails[t] for t in difflib.get_close_matches(name[cut:], tails, n=1)]
+        close = [tails[t] for t in difflib.get_close_matches(name[cut:].upper(), tails, n=1)]
         hint = "Did you mean {close}?" if close else "See the settings reference for the names."
         raise _refuse(
             "The {setting} {name} is unknown: no setting of scrapy-redis-bloom has this name,"
