@@ -944,11 +944,12 @@ def test_add_creates_a_filter_from_sizing_options(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--capacity", "0"], "--capacity option (0) is invalid"),
-        (["--bit", "99"], "--bit option (99) is invalid"),
+        (["--capacity", "0"], "--capacity option ('0') is invalid"),
+        (["--bit", "99"], "--bit option ('99') is invalid"),
         (["--error-rate", "0.01"], "--error-rate option needs --capacity"),
         (["--capacity", "10", "--error-rate", "0.1", "--bit", "8"], "--bit contradict"),
-        (["--capacity", "ten"], "invalid int value: 'ten'"),
+        (["--capacity", "ten"], "--capacity option ('ten') is invalid. It must be a positive"),
+        (["--capacity", "1.5"], "--capacity option ('1.5') is invalid. It must be a positive"),
     ],
 )
 def test_invalid_sizing_options_are_usage_errors(
@@ -963,6 +964,17 @@ def test_invalid_sizing_options_are_usage_errors(
     assert_one_line_error(err)
     assert message in err
     assert redis_client.keys("*") == []
+
+
+def test_sizing_options_read_numbers_as_the_settings_do(
+    capsys: pytest.CaptureFixture[str], redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    # ``-s BLOOMFILTER_CAPACITY=1e6`` is a million; ``--capacity 1e6`` was "invalid int value".
+    sizing = ["--capacity", "1e6", "--error-rate", "1e-4", "--expansion", "0"]
+    lines = write_lines(tmp_path / "a.txt", fingerprints(10))
+    code, _, err = run(capsys, "add", "--redis-url", redis_url, "--key", KEY, *sizing, lines)
+    assert (code, err) == (0, ""), err
+    assert redis_client.hget(f"{KEY}:meta", "capacity") == b"1000000"
 
 
 # -- migrate-set -----------------------------------------------------------------

@@ -210,8 +210,8 @@ def sizing(flags: str) -> Option:
     """Declare a sizing option of ``size`` and of the alias's ``add`` and ``migrate-set``."""
     flag = flags.split()[0]
     row = setting("BLOOMFILTER_" + flag.removeprefix("--").replace("-", "_").upper())
-    kind = int if row.kind == "int" else float
-    return option(flags, SIZED, row.summary(), type=kind, group=SIZING, setting=row.name)
+    # Read as the setting reads it (``1e3``, ``1_000``), its refusal in the option's words.
+    return option(flags, SIZED, row.summary(), group=SIZING, setting=row.name)
 
 
 #: The alias's TLS files: each option, the client argument it gives, and what the file is.
