@@ -111,6 +111,21 @@ def test_a_batch_from_a_worker_that_never_read_the_counts_stops_at_the_boundary(
     assert g0.estimated_items <= 1.02 * g0.capacity
 
 
+def test_a_workers_first_call_a_batch_takes_the_fast_path(redis_client: redis.Redis) -> None:
+    # A worker whose first call was check_and_add_many had not opened the filter: every
+    # element of that batch went to the general script (1,000 EVALSHA, 17,000 SETBIT by it).
+    cfg = config(200_000, 1e-6)
+    bloom_for(redis_client, cfg, KEY).add_many(fingerprints(20_000, "held"))
+    batch = bloom_for(redis_client, cfg, KEY)  # never called
+    new = fingerprints(1_000, "first")
+    sent = client_commands(redis_client, lambda: batch.check_and_add_many(new))
+    kinds = [command.split(" ", 1)[0] for command in sent]
+    assert kinds.count("BITFIELD") >= len(new), sorted(set(kinds))  # (and one opening)
+    assert kinds.count("EVALSHA") < 10, kinds.count("EVALSHA")  # (opening: a few)
+    assert batch.contains_many(new) == [True] * len(new)
+    batch.close()
+
+
 def test_a_stale_view_of_a_grown_shard_never_answers_seen_wrongly(
     redis_client: redis.Redis,
 ) -> None:

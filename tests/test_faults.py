@@ -785,3 +785,33 @@ def test_shards_lost_again_and_again_are_said_once_a_minute_and_all_counted(
     assert bloom.events.counts["recreated"] == len(new)
     bloom.close()
     client.close()
+
+
+@SCHEMES
+def test_client_kill_while_workers_read_the_counts_before_their_first_batch(
+    server: RedisServer, blocked: bool
+) -> None:
+    """A batch from a worker that never read the shards' counts reads them first (``_look``).
+
+    Connections killed under that read, and under the batch after it: every new URL is
+    answered new and added, every one held is still in the filter.
+    """
+    client = server.client()
+    held = fingerprints(20_000, "held")
+    make(client, blocked=blocked).add_many(held)
+    rounds, killed = 0, 0
+    # (Kills far apart enough that a batch's round, retried, gets through between two.)
+    with server.connection_killer(interval=0.1, max_duration=60.0) as killer:
+        for rounds in range(1, 201):  # a worker each: its first batch looks first
+            worker = make(client, blocked=blocked)
+            new = fingerprints(500, f"new{rounds}:")
+            answers = worker.check_and_add_many(new + held[:500])
+            assert answers[: len(new)] == [False] * len(new), rounds
+            assert worker.contains_many(new) == [True] * len(new), rounds
+            killed = killer.killed
+            worker.close()
+            if killed >= 20 and rounds >= 20:
+                break
+    assert killed >= 20, (killed, rounds)  # the fault really hit the batches
+    assert make(client, blocked=blocked).contains_many(held) == [True] * len(held)
+    client.close()
