@@ -26,7 +26,7 @@ from scrapy_redis_bloom import BloomConfig, RedisBloomFilter
 from scrapy_redis_bloom.core.errors import FilterUnavailableError, UnsupportedServerError
 from scrapy_redis_bloom.core.settings import ConnectionConfig, FaultPolicy
 from scrapy_redis_bloom.scrapy.connection import filter_clients, scrapy_redis_client
-from scrapy_redis_bloom.transport.sentinel import SentinelRedis
+from scrapy_redis_bloom.transport.sentinel import SENTINEL_TIMEOUT, SentinelRedis
 
 PAGES = 400
 
@@ -351,6 +351,33 @@ def test_an_unreachable_sentinel_is_named_by_address() -> None:
     assert "<redis." not in message
     assert len(message) < 400, message
     bloom.close()
+
+
+# -- a Sentinel down ----------------------------------------------------------------------
+
+
+def test_the_sentinels_get_short_timeouts_unless_sentinel_kwargs_sets_them() -> None:
+    """Not the primary's (redis-py's rule): a stopped Sentinel cost every client 11 x 5 s."""
+    settings = {
+        "BLOOMFILTER_REDIS_SENTINELS": ["a:1"],
+        "BLOOMFILTER_REDIS_SENTINEL_SERVICE": "m",
+        "BLOOMFILTER_REDIS_PARAMS": {"socket_timeout": 7.0, "socket_keepalive": True},
+    }
+    [client] = filter_clients(ConnectionConfig.from_settings(settings), settings)
+    [sentinel] = client.sentinel_manager.sentinels
+    kwargs = sentinel.connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (SENTINEL_TIMEOUT,) * 2
+    assert kwargs["socket_keepalive"] is True  # the primary's other socket options, as before
+    assert kwargs["retry"].get_retries() == 0  # the next Sentinel is asked instead
+    assert client.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    client.close()
+    # What sentinel_kwargs sets is kept; what it leaves out gets the defaults.
+    given = {"socket_timeout": 9.0, "socket_connect_timeout": None}
+    client = SentinelRedis(sentinels=["a:1"], service_name="m", sentinel_kwargs=given)
+    kwargs = client.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (9.0, None)
+    assert kwargs["retry"].get_retries() == 0
+    client.close()
 
 
 # -- credentials ---------------------------------------------------------------------------

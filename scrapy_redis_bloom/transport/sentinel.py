@@ -6,10 +6,11 @@ filter share the primary (docs/howto/topologies.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.connection import Connection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -35,6 +36,24 @@ from scrapy_redis_bloom.transport.executor import error_code
 #: Retries of a failed command (backoff 0.1 s doubling to 1 s): about a minute, longer than
 #: a failover under Sentinel's default ``down-after-milliseconds`` (30 s) plus its election.
 FAILOVER_RETRIES = 60
+#: Seconds a Sentinel has to accept a connection, and then to answer, unless ``sentinel_kwargs``
+#: says otherwise: a Sentinel answers ``SENTINEL MASTERS`` at once, and one that does not is
+#: passed over for the next. (redis-py gave them the primary's timeouts and its retries: with
+#: a stopped first Sentinel, every new client waited 11 times 5 s before asking the next.)
+SENTINEL_TIMEOUT = 1.0
+
+
+def sentinel_defaults() -> dict[str, Any]:
+    """Return the connection arguments the Sentinels get unless ``sentinel_kwargs`` sets them.
+
+    No retry: the next Sentinel is asked instead, and the lookup as a whole is retried by the
+    primary's connection (its retry policy, or the filter's).
+    """
+    return {
+        "socket_timeout": SENTINEL_TIMEOUT,
+        "socket_connect_timeout": SENTINEL_TIMEOUT,
+        "retry": Retry(NoBackoff(), 0),
+    }
 
 
 class Sentinels(Sentinel):
@@ -45,6 +64,29 @@ class Sentinels(Sentinel):
     """
 
     source = "BLOOMFILTER_REDIS_SENTINELS"
+
+    def __init__(
+        self,
+        sentinels: Iterable[tuple[str, int]],
+        min_other_sentinels: int = 0,
+        sentinel_kwargs: dict[str, Any] | None = None,
+        **connection_kwargs: Any,
+    ) -> None:
+        """As redis-py's, but the Sentinels' connections get :func:`sentinel_defaults`.
+
+        What ``sentinel_kwargs`` sets is kept. Without ``sentinel_kwargs``, the Sentinels take
+        the primary's ``socket_*`` arguments (as in redis-py) except its timeouts.
+        """
+        if sentinel_kwargs is None:
+            sentinel_kwargs = {
+                k: v
+                for k, v in connection_kwargs.items()
+                if k.startswith("socket_") and k not in ("socket_timeout", "socket_connect_timeout")
+            }
+        kwargs = {**sentinel_defaults(), **sentinel_kwargs}
+        super().__init__(  # type: ignore[no-untyped-call]
+            sentinels, min_other_sentinels, sentinel_kwargs=kwargs, **connection_kwargs
+        )
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         """Return the address of the primary the first Sentinel that knows it names."""
@@ -128,7 +170,8 @@ class SentinelRedis(redis.Redis):
     """A client of the primary that ``sentinels`` name for ``service_name``.
 
     ``sentinels``: ``"host:port"`` strings or ``(host, port)`` pairs; ``sentinel_kwargs``: the
-    arguments of the connections to the sentinels; ``setting``: named in errors. Every other
+    arguments of the connections to the sentinels (what it leaves out, from
+    :func:`sentinel_defaults`); ``setting``: named in errors. Every other
     argument is the primary's, as for ``redis.Redis``, but ``host``, ``port`` and ``url``.
     """
 
@@ -156,7 +199,7 @@ class SentinelRedis(redis.Redis):
         if kwargs.get("retry_on_timeout") is True:
             del kwargs["retry_on_timeout"]  # scrapy-redis's default, deprecated by redis-py 6+
         kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=1.0, base=0.1), FAILOVER_RETRIES))
-        self.sentinel_manager = Sentinels(  # type: ignore[no-untyped-call]
+        self.sentinel_manager = Sentinels(
             addresses, min_other_sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs
         )
         if setting != "BLOOMFILTER_REDIS_PARAMS":  # (whose sentinels are that setting's)
