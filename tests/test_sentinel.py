@@ -6,11 +6,16 @@ Real processes (:mod:`redis_sentinel`): a primary, a replica and three sentinels
 then the filter follows a failover and accepts the promoted replica as the same filter;
 then two workers crawl a :class:`website.TreeSite` (every page linked from one other only,
 so a dropped link is a lost page, counted on the site's side) while the primary is failed
-over gracefully (``SENTINEL FAILOVER``) or SIGKILLed.
+over gracefully (``SENTINEL FAILOVER``) or SIGKILLed. A first-listed Sentinel stopped or
+killed costs a worker one short wait, said by its address.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -378,6 +383,75 @@ def test_the_sentinels_get_short_timeouts_unless_sentinel_kwargs_sets_them() -> 
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (9.0, None)
     assert kwargs["retry"].get_retries() == 0
     client.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("fault", "timeout"), [("stopped", None), ("stopped", 2.5), ("killed", None)]
+)
+def test_a_first_sentinel_down_costs_one_short_wait_and_is_named(
+    fault: str, timeout: float | None, group: SentinelGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopped (SIGSTOP: it accepts, never answers) or killed (refused), listed first.
+
+    Each open makes a new client, as each worker and scrapy-redis's queue do; a client
+    reconnects after CLIENT KILL. Only the first lookup of the process asks it: it waits
+    the Sentinels' socket timeout (``timeout``, given in sentinel_kwargs, or the default),
+    is said once by address, and is no stall of the primary. Before: 11 x 5 s per client.
+    """
+    first = group.sentinels[0]
+    assert first.process is not None
+    params = {"sentinel_kwargs": {"socket_timeout": timeout}} if timeout else {}
+    settings = {
+        "BLOOMFILTER_REDIS_SENTINELS": group.addresses,
+        "BLOOMFILTER_REDIS_SENTINEL_SERVICE": SERVICE,
+        "BLOOMFILTER_REDIS_PARAMS": params,
+        "BLOOMFILTER_CAPACITY": 1000,
+    }
+    config = BloomConfig.from_settings(settings)
+    wait = timeout or SENTINEL_TIMEOUT
+    opens: list[float] = []
+    reconnects: list[float] = []
+    caplog.set_level(logging.WARNING, logger="scrapy_redis_bloom")
+    if fault == "stopped":
+        os.kill(first.process.pid, signal.SIGSTOP)
+    else:
+        first.process.kill()
+        first.process.wait()
+    try:
+        for i in range(3):
+            started = time.monotonic()
+            [client] = filter_clients(config.connection, settings)
+            bloom = RedisBloomFilter.from_config(client, "sentinel:down", config, cache_size=0)
+            try:
+                bloom.open()
+                opens.append(time.monotonic() - started)
+                if fault == "stopped":  # one wait of its socket timeout, not 11
+                    assert wait * 0.9 <= opens[0] < wait + 3, opens
+                with contextlib.closing(group.primary().client()) as primary:
+                    assert primary.execute_command("CLIENT", "KILL", "TYPE", "normal") >= 1
+                started = time.monotonic()
+                assert bloom.check_and_add_many([f"{i:040x}"]) == [False]
+                reconnects.append(time.monotonic() - started)
+            finally:
+                bloom.close()
+                client.close()
+    finally:
+        if fault == "stopped":
+            os.kill(first.process.pid, signal.SIGCONT)
+    # Neither a new client nor a reconnect asked it again (each would wait its timeout).
+    assert all(took < wait for took in opens[1:] + reconnects), (opens, reconnects)
+    said = [r.getMessage() for r in caplog.records if r.name.endswith(".transport.sentinel")]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"The Sentinel at {first.address}, listed in BLOOMFILTER_REDIS_SENTINELS, did not answer ("
+    )
+    assert "not a stall of the primary" in said[0]
+    assert "'sentinel_kwargs' in BLOOMFILTER_REDIS_PARAMS" in said[0]
+    assert any(
+        f"before the Sentinel at {where} answered" in said[0] for where in group.addresses[1:]
+    )
+    assert "a stall (a slow command" not in caplog.text  # the executor's: the primary's stall
 
 
 # -- credentials ---------------------------------------------------------------------------

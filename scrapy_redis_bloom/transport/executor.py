@@ -50,6 +50,7 @@ from scrapy_redis_bloom.transport.node import (
     SwitchedError,
     Ticket,
     TransportError,
+    lookup_wait,
 )
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import Script, pack_command
@@ -78,6 +79,15 @@ NO_PASSWORD_GIVEN = (
 )
 _PLAIN = (int, list)  #: Reply types that are results, whatever they hold (the hot path's replies).
 _READ = (int, list, bytes)  #: The same, and the strings its reads reply (GETRANGE).
+
+
+def _server_time(began: float, looked: float, end: float) -> float:
+    """Seconds from ``began`` to ``end``, less those this thread spent asking Sentinels since.
+
+    ``looked``: :func:`.lookup_wait` at ``began``. A Sentinel down is said on its own
+    (:mod:`.sentinel`), not as a stall of the primary.
+    """
+    return end - began - (lookup_wait() - looked)
 
 
 class Kind(Enum):
@@ -553,7 +563,8 @@ class Executor:
             first_failure, why, where = started, describe_failure(prior), prior.address
             self.events.count("retries")
         while todo:
-            began, slow = time.monotonic(), SLOW_REPLY + SLOW_PER_COMMAND * len(todo)
+            began, looked = time.monotonic(), lookup_wait()
+            slow = SLOW_REPLY + SLOW_PER_COMMAND * len(todo)
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
                 redirects += 1
@@ -561,7 +572,7 @@ class Executor:
                 continue
             todo = batch.again + batch.later
             if not todo:
-                if (took := time.monotonic() - began) > slow:
+                if (took := _server_time(began, looked, time.monotonic())) > slow:
                     self.slow(operation, ", ".join(dict.fromkeys(batch.answered)), took)
                 break
             now = time.monotonic()
@@ -850,7 +861,7 @@ class Executor:
         ``resend``: as :attr:`Call.resend`.
         """
         probing = self._admit(operation, True)
-        started, prior = time.monotonic(), None
+        started, prior, looked = time.monotonic(), None, lookup_wait()
         try:
             node = self.topology.route(key, shard, None)
             reply = node.call(payload)
@@ -865,8 +876,8 @@ class Executor:
         else:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
-            if node.used - started > SLOW_REPLY:
-                self.slow(operation, node.address, node.used - started)
+            if (took := _server_time(started, looked, node.used)) > SLOW_REPLY:
+                self.slow(operation, node.address, took)
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
@@ -884,14 +895,14 @@ class Executor:
     ) -> Results:
         """Run commands of one key's slot in one round trip as :meth:`fast` (a grown shard's)."""
         probing = self._admit(operation, write)
-        started, prior = time.monotonic(), None
+        started, prior, looked = time.monotonic(), None, lookup_wait()
         replies: list[Any] = [None] * len(payloads)
         rest: Sequence[int] = range(len(payloads))  # to run again: all of them after a failure
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
-            if node.used - started > SLOW_REPLY:
-                self.slow(operation, node.address, node.used - started)
+            if (took := _server_time(started, looked, node.used)) > SLOW_REPLY:
+                self.slow(operation, node.address, took)
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
         except TransportError as exc:

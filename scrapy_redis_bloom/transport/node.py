@@ -46,6 +46,22 @@ ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
 #: Asks whether a server runs commands again: a script no one loaded, which runs nothing but
 #: waits, as writes do, during a ``CLIENT PAUSE WRITE`` (a failover), which a ``PING`` does not.
 _PROBE = pack_command(b"EVALSHA", b"0" * 40, 0)
+_lookups = threading.local()  # (:func:`lookup_wait`)
+
+
+def lookup_wait() -> float:
+    """Return the seconds this thread has spent so far asking Sentinels where the primary is.
+
+    A connect to a Sentinel-managed primary asks them first; a Sentinel down costs that
+    connect its timeout. The executor leaves this time out of a reply's: it is no stall of
+    the primary, and the Sentinel that cost it is said on its own (:mod:`.sentinel`).
+    """
+    return float(getattr(_lookups, "seconds", 0.0))
+
+
+def add_lookup_wait(seconds: float) -> None:
+    """Add ``seconds`` of a lookup through the Sentinels to this thread's :func:`lookup_wait`."""
+    _lookups.seconds = lookup_wait() + seconds
 
 
 class TransportError(Exception):

@@ -6,6 +6,8 @@ filter share the primary (docs/howto/topologies.md).
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +26,7 @@ from redis.sentinel import (
 )
 
 from scrapy_redis_bloom.core.errors import UnsupportedServerError
+from scrapy_redis_bloom.core.events import RateLimitedLog
 from scrapy_redis_bloom.core.redact import masked
 from scrapy_redis_bloom.core.settings import (
     check_sentinel_params,
@@ -32,6 +35,9 @@ from scrapy_redis_bloom.core.settings import (
     sentinel_service,
 )
 from scrapy_redis_bloom.transport.executor import error_code
+from scrapy_redis_bloom.transport.node import add_lookup_wait
+
+logger = logging.getLogger(__name__)
 
 #: Retries of a failed command (backoff 0.1 s doubling to 1 s): about a minute, longer than
 #: a failover under Sentinel's default ``down-after-milliseconds`` (30 s) plus its election.
@@ -41,6 +47,11 @@ FAILOVER_RETRIES = 60
 #: passed over for the next. (redis-py gave them the primary's timeouts and its retries: with
 #: a stopped first Sentinel, every new client waited 11 times 5 s before asking the next.)
 SENTINEL_TIMEOUT = 1.0
+#: The order the Sentinels of each list last answered in, in this process: each new client
+#: starts from it, so a Sentinel down costs a worker one wait, not one per client made.
+_ORDER: dict[frozenset[str], tuple[str, ...]] = {}
+#: A Sentinel passed over: said at most once a minute per Sentinel, in this process.
+_down_log = RateLimitedLog(logger)
 
 
 def sentinel_defaults() -> dict[str, Any]:
@@ -64,6 +75,8 @@ class Sentinels(Sentinel):
     """
 
     source = "BLOOMFILTER_REDIS_SENTINELS"
+    #: The setting whose ``sentinel_kwargs`` hold the Sentinels' connection arguments.
+    params_source = "BLOOMFILTER_REDIS_PARAMS"
 
     def __init__(
         self,
@@ -87,19 +100,37 @@ class Sentinels(Sentinel):
         super().__init__(  # type: ignore[no-untyped-call]
             sentinels, min_other_sentinels, sentinel_kwargs=kwargs, **connection_kwargs
         )
+        self._key = frozenset(_address(sentinel) for sentinel in self.sentinels)
+        if order := _ORDER.get(self._key):  # as they last answered, in this process
+            self.sentinels.sort(key=lambda sentinel: order.index(_address(sentinel)))
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
-        """Return the address of the primary the first Sentinel that knows it names."""
+        """Return the address of the primary the first Sentinel that knows it names.
+
+        A Sentinel that did not answer before one that did is said, and asked last from then
+        on (by every client of these Sentinels in this process); the wait it cost is not the
+        primary's (:func:`.lookup_wait`).
+        """
+        began = time.monotonic()
+        try:
+            return self._discover(service_name)
+        finally:
+            add_lookup_wait(time.monotonic() - began)
+
+    def _discover(self, service_name: str) -> tuple[str, int]:
         unreachable: list[str] = []
         why: list[str] = []
         answered: list[str] = []
-        for i, sentinel in enumerate(self.sentinels):
+        down: list[tuple[Any, float, str]] = []  # each Sentinel passed over, its wait and why
+        for sentinel in self.sentinels:
             where = _address(sentinel)
+            asked = time.monotonic()
             try:
                 masters = sentinel.sentinel_masters()
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 unreachable.append(where)
                 why.append(str(exc).rstrip("."))
+                down.append((sentinel, time.monotonic() - asked, why[-1]))
                 continue
             except ResponseError as exc:
                 if not str(exc).lower().startswith("unknown command"):
@@ -111,7 +142,7 @@ class Sentinels(Sentinel):
                 ) from None
             state = masters.get(service_name) if isinstance(masters, dict) else None
             if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
-                self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
+                self._answered(sentinel, down)
                 forced = getattr(self, "_force_master_ip", None)
                 return (state["ip"] if forced is None else forced), state["port"]
             answered.append(where)
@@ -123,6 +154,30 @@ class Sentinels(Sentinel):
         if unreachable:
             found.append(f"no Sentinel at {', '.join(unreachable)} answered ({'; '.join(why)})")
         raise MasterNotFoundError("; ".join(found))
+
+    def _answered(self, sentinel: Any, down: list[tuple[Any, float, str]]) -> None:
+        """Ask ``sentinel`` first from now on and those ``down`` last; say each of those."""
+        late = [passed for passed, _, _ in down]
+        rest = [s for s in self.sentinels if s is not sentinel and all(s is not d for d in late)]
+        self.sentinels[:] = [sentinel, *rest, *late]
+        _ORDER[self._key] = tuple(_address(s) for s in self.sentinels)
+        for passed, waited, why in down:
+            where = _address(passed)
+            _down_log.log(
+                logging.WARNING,
+                f"{self.source} {where}",
+                "The Sentinel at %s, listed in %s, did not answer (%s): the lookup of the"
+                " primary lost %.1f s on it before the Sentinel at %s answered. A Sentinel down,"
+                " not a stall of the primary: this process asks it last from now on. Restart it,"
+                " or remove it from %s (the Sentinels' timeouts: 'sentinel_kwargs' in %s).",
+                where,
+                self.source,
+                why,
+                waited,
+                _address(sentinel),
+                self.source,
+                self.params_source,
+            )
 
 
 def _address(sentinel: Any) -> str:
@@ -204,6 +259,7 @@ class SentinelRedis(redis.Redis):
         )
         if setting != "BLOOMFILTER_REDIS_PARAMS":  # (whose sentinels are that setting's)
             self.sentinel_manager.source = f"{setting}['sentinels']"
+        self.sentinel_manager.params_source = setting
         connection = PrimarySSLConnection if kwargs.pop("ssl", False) else PrimaryConnection
         pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
             service, self.sentinel_manager, is_master=True, connection_class=connection, **kwargs
