@@ -371,6 +371,8 @@ def test_an_unknown_bloomfilter_setting_is_refused_naming_the_closest() -> None:
         full = name if name.lower().startswith("bloomfilter_") else f"BLOOMFILTER_{name}"
         with pytest.raises(ValueError, match=rf"^The setting {full} is unknown: .* {hint}$"):
             BloomConfig.from_settings(given)
+    # A project's own lower-case setting, like none of ours, is not ours to refuse.
+    assert BloomConfig.from_settings({"bloomfilter_seen_log_path": "/tmp/x"}).spec
     # scrapy-redis-bloomfilter's two settings mean the same here (docs/howto/from-bloomfilter.md),
     # and other packages' settings are not BLOOMFILTER_* ones.
     assert BloomConfig.from_settings({"BLOOMFILTER_BIT": 30, "BLOOMFILTER_HASH_NUMBER": 6}).spec

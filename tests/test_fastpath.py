@@ -16,7 +16,7 @@ from reply_cutter import Command, ReplyCutter
 from test_generations import bloom_for, client_commands, config, fingerprints, upper
 from waiting import until_tried
 
-from scrapy_redis_bloom.core.errors import FilterDamagedError
+from scrapy_redis_bloom.core.errors import FilterDamagedError, FilterUnavailableError
 from scrapy_redis_bloom.core.generations import COUNT_BIT, GENERATIONS_BIT
 from scrapy_redis_bloom.core.settings import FaultPolicy
 from scrapy_redis_bloom.engine.bitmap.fastpath import STATE_EVERY
@@ -235,6 +235,35 @@ def test_many_at_once_when_redis_is_gone_lets_them_through_and_owes_them() -> No
         assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
         other = bloom_for(client, cfg, KEY)
         assert other.contains_many(links) == [True] * 20
+        client.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("on_error", ["allow", "raise"])
+def test_a_first_batch_that_cannot_open_the_filter_answers_per_on_error(on_error: str) -> None:
+    # A worker's first call a batch, Redis down: it raised FilterUnavailableError ("could not
+    # read the filter's record") under "allow" too, where a single check answers "new".
+    server = RedisServer(appendonly=True).start()
+    try:
+        client = server.client()
+        cfg = config(100_000, 0.001)
+        faults = FaultPolicy(retry_timeout=0.5, on_error=on_error)  # type: ignore[arg-type]
+        bloom_for(client, cfg, KEY).open()
+        bloom = bloom_for(client, cfg, KEY, faults=faults)  # never called
+        links = fingerprints(20, "unopened")
+        server.kill()
+        if on_error == "raise":
+            with pytest.raises(FilterUnavailableError):
+                bloom.check_and_add_many(links)
+            return
+        assert bloom.check_and_add_many(links) == [False] * 20
+        assert bloom.events.counts["errors"] == 20
+        server.restart()
+        until_tried(bloom.executor)
+        # Once Redis answers, the ones let through are added: another worker finds them.
+        assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
+        assert bloom_for(client, cfg, KEY).contains_many(links) == [True] * 20
         client.close()
     finally:
         server.stop()

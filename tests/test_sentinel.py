@@ -376,13 +376,15 @@ def test_the_sentinels_get_short_timeouts_unless_sentinel_kwargs_sets_them() -> 
     assert kwargs["retry"].get_retries() == 0  # the next Sentinel is asked instead
     assert client.connection_pool.connection_kwargs["socket_timeout"] == 7.0
     client.close()
-    # What sentinel_kwargs sets is kept; what it leaves out gets the defaults.
-    given = {"socket_timeout": 9.0, "socket_connect_timeout": None}
-    client = SentinelRedis(sentinels=["a:1"], service_name="m", sentinel_kwargs=given)
-    kwargs = client.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
-    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (9.0, None)
-    assert kwargs["retry"].get_retries() == 0
-    client.close()
+    # What sentinel_kwargs sets is kept, its timeouts read as redis-py reads them (a connect
+    # timeout left out is none of ours); no retry unless it sets one.
+    for given in ({"socket_timeout": 9.0, "socket_connect_timeout": None}, {"socket_timeout": 9.0}):
+        client = SentinelRedis(sentinels=["a:1"], service_name="m", sentinel_kwargs=given)
+        kwargs = client.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == 9.0
+        assert kwargs.get("socket_connect_timeout") != SENTINEL_TIMEOUT
+        assert kwargs["retry"].get_retries() == 0
+        client.close()
 
 
 @pytest.mark.timeout(120)

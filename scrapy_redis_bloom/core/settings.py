@@ -665,7 +665,8 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 def refuse_unknown(settings: SettingsLike) -> None:
     """Refuse a ``BLOOMFILTER_*`` name that is no setting (misspelt, it would go unread).
 
-    In any case: Scrapy's names are case-sensitive (``-s bloomfilter_capacity=...`` is unread).
+    In another case, one close to ours: Scrapy's names are case-sensitive
+    (``-s bloomfilter_capacity=...`` would go unread).
     """
     if not isinstance(settings, Iterable):
         return
@@ -676,6 +677,8 @@ def refuse_unknown(settings: SettingsLike) -> None:
         cut = len("BLOOMFILTER_")  # alike in every name: compared, it hides the difference
         tails = {known[cut:]: known for known in _BY_NAME}
         close = [tails[t] for t in difflib.get_close_matches(name[cut:].upper(), tails, n=1)]
+        if not close and not name.startswith("BLOOMFILTER_"):
+            continue  # (another case, like none of ours: a project's own setting, perhaps)
         hint = "Did you mean {close}?" if close else "See the settings reference for the names."
         raise _refuse(
             "The {setting} {name} is unknown: no setting of scrapy-redis-bloom has this name,"

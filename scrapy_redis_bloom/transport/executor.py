@@ -81,13 +81,13 @@ _PLAIN = (int, list)  #: Reply types that are results, whatever they hold (the h
 _READ = (int, list, bytes)  #: The same, and the strings its reads reply (GETRANGE).
 
 
-def _server_time(began: float, looked: float, end: float) -> float:
-    """Seconds from ``began`` to ``end``, less those this thread spent asking Sentinels since.
+def _server_time(began: float, end: float) -> float:
+    """Seconds from ``began`` to ``end``, less those this thread spent asking Sentinels then.
 
-    ``looked``: :func:`.lookup_wait` at ``began``. A Sentinel down is said on its own
+    Only for a reply already slow (off the hot path). A Sentinel down is said on its own
     (:mod:`.sentinel`), not as a stall of the primary.
     """
-    return end - began - (lookup_wait() - looked)
+    return end - began - lookup_wait(began, end)
 
 
 class Kind(Enum):
@@ -563,8 +563,7 @@ class Executor:
             first_failure, why, where = started, describe_failure(prior), prior.address
             self.events.count("retries")
         while todo:
-            began, looked = time.monotonic(), lookup_wait()
-            slow = SLOW_REPLY + SLOW_PER_COMMAND * len(todo)
+            began, slow = time.monotonic(), SLOW_REPLY + SLOW_PER_COMMAND * len(todo)
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
                 redirects += 1
@@ -572,7 +571,7 @@ class Executor:
                 continue
             todo = batch.again + batch.later
             if not todo:
-                if (took := _server_time(began, looked, time.monotonic())) > slow:
+                if (took := _server_time(began, time.monotonic())) > slow:
                     self.slow(operation, ", ".join(dict.fromkeys(batch.answered)), took)
                 break
             now = time.monotonic()
@@ -613,6 +612,11 @@ class Executor:
                 else "",
             )
         return Results(batch.replies, batch.ambiguous)
+
+    def _slow_since(self, operation: str, where: str, started: float, ended: float) -> None:
+        """Say a reply slow from ``started`` to ``ended`` (:meth:`slow`), less Sentinel lookups."""
+        if (took := _server_time(started, ended)) > SLOW_REPLY:
+            self.slow(operation, where, took)
 
     def slow(self, operation: str, where: str, took: float) -> None:
         """Say and count a reply that took over :data:`SLOW_REPLY` s: the caller waited."""
@@ -861,7 +865,7 @@ class Executor:
         ``resend``: as :attr:`Call.resend`.
         """
         probing = self._admit(operation, True)
-        started, prior, looked = time.monotonic(), None, lookup_wait()
+        started, prior = time.monotonic(), None
         try:
             node = self.topology.route(key, shard, None)
             reply = node.call(payload)
@@ -876,8 +880,8 @@ class Executor:
         else:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
-            if (took := _server_time(started, looked, node.used)) > SLOW_REPLY:
-                self.slow(operation, node.address, took)
+            if node.used - started > SLOW_REPLY:
+                self._slow_since(operation, node.address, started, node.used)
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
@@ -895,14 +899,14 @@ class Executor:
     ) -> Results:
         """Run commands of one key's slot in one round trip as :meth:`fast` (a grown shard's)."""
         probing = self._admit(operation, write)
-        started, prior, looked = time.monotonic(), None, lookup_wait()
+        started, prior = time.monotonic(), None
         replies: list[Any] = [None] * len(payloads)
         rest: Sequence[int] = range(len(payloads))  # to run again: all of them after a failure
         try:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
-            if (took := _server_time(started, looked, node.used)) > SLOW_REPLY:
-                self.slow(operation, node.address, took)
+            if node.used - started > SLOW_REPLY:
+                self._slow_since(operation, node.address, started, node.used)
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
         except TransportError as exc:

@@ -47,21 +47,24 @@ ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
 #: waits, as writes do, during a ``CLIENT PAUSE WRITE`` (a failover), which a ``PING`` does not.
 _PROBE = pack_command(b"EVALSHA", b"0" * 40, 0)
 _lookups = threading.local()  # (:func:`lookup_wait`)
+LOOKUPS_KEPT = 8  #: A thread's latest lookups through the Sentinels that :func:`lookup_wait` sees.
 
 
-def lookup_wait() -> float:
-    """Return the seconds this thread has spent so far asking Sentinels where the primary is.
+def lookup_wait(since: float, until: float) -> float:
+    """Return the seconds this thread spent from ``since`` to ``until`` asking Sentinels.
 
     A connect to a Sentinel-managed primary asks them first; a Sentinel down costs that
     connect its timeout. The executor leaves this time out of a reply's: it is no stall of
     the primary, and the Sentinel that cost it is said on its own (:mod:`.sentinel`).
     """
-    return float(getattr(_lookups, "seconds", 0.0))
+    spans: list[tuple[float, float]] = getattr(_lookups, "spans", [])
+    return sum(max(0.0, min(end, until) - max(began, since)) for began, end in spans)
 
 
-def add_lookup_wait(seconds: float) -> None:
-    """Add ``seconds`` of a lookup through the Sentinels to this thread's :func:`lookup_wait`."""
-    _lookups.seconds = lookup_wait() + seconds
+def add_lookup_wait(began: float, ended: float) -> None:
+    """Note a lookup through the Sentinels from ``began`` to ``ended`` (:func:`lookup_wait`)."""
+    spans: list[tuple[float, float]] = getattr(_lookups, "spans", [])
+    _lookups.spans = [*spans[-(LOOKUPS_KEPT - 1) :], (began, ended)]
 
 
 class TransportError(Exception):

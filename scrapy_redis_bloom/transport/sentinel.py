@@ -85,18 +85,21 @@ class Sentinels(Sentinel):
         sentinel_kwargs: dict[str, Any] | None = None,
         **connection_kwargs: Any,
     ) -> None:
-        """As redis-py's, but the Sentinels' connections get :func:`sentinel_defaults`.
+        """As redis-py's; without ``sentinel_kwargs`` the Sentinels get :func:`sentinel_defaults`.
 
-        What ``sentinel_kwargs`` sets is kept. Without ``sentinel_kwargs``, the Sentinels take
-        the primary's ``socket_*`` arguments (as in redis-py) except its timeouts.
+        Without it: the primary's ``socket_*`` arguments (as in redis-py) but its timeouts.
+        With it: its timeouts as redis-py reads them; no retry unless it sets one (the next
+        Sentinel is asked instead).
         """
         if sentinel_kwargs is None:
-            sentinel_kwargs = {
+            kwargs = {
                 k: v
                 for k, v in connection_kwargs.items()
                 if k.startswith("socket_") and k not in ("socket_timeout", "socket_connect_timeout")
             }
-        kwargs = {**sentinel_defaults(), **sentinel_kwargs}
+            kwargs.update(sentinel_defaults())
+        else:
+            kwargs = {"retry": sentinel_defaults()["retry"], **sentinel_kwargs}
         super().__init__(  # type: ignore[no-untyped-call]
             sentinels, min_other_sentinels, sentinel_kwargs=kwargs, **connection_kwargs
         )
@@ -115,7 +118,7 @@ class Sentinels(Sentinel):
         try:
             return self._discover(service_name)
         finally:
-            add_lookup_wait(time.monotonic() - began)
+            add_lookup_wait(began, time.monotonic())
 
     def _discover(self, service_name: str) -> tuple[str, int]:
         unreachable: list[str] = []

@@ -6,7 +6,6 @@ filter's id; any doubt answers "new" (docs/explanation/contract.md). Calls hold 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -330,11 +329,15 @@ class RedisBloomFilter(FilterBase):
     def _check_and_add_all(self, todo: list[tuple[int, int, str | bytes, int, int]]) -> Outcome:
         """Check and add elements (``(position, tag, element, h1, h2)``) in few round trips."""
         self._begin()
-        if self.record is None and len(todo) > 1:
+        if self.record is None:
             # Opened first: the hot paths are set up by the record, and every check is
             # planned before any reply (unopened, each went to the general script).
-            with contextlib.suppress(FilterUnavailableError):  # (said; the checks meet it)
+            try:
                 self._current()
+            except FilterUnavailableError as exc:  # answered as the checks' own outage
+                self._unavailable(exc, len(todo))  # (raises unless ON_ERROR = "allow")
+                lost = [element for _, _, element, _, _ in todo]
+                return Outcome([False] * len(todo), errors=len(todo), failed=lost)
         answers: list[bool | None] = [None] * len(todo)
         stack = self._stack
         checks: dict[int, Check] = {}
