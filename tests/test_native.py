@@ -118,21 +118,15 @@ def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -
 
 
 def test_reserve_gives_the_first_sub_filter_the_bitmaps_rate_share() -> None:
-    from scrapy_redis_bloom.core.sizing import native_reserve_rate
-
     grown = FilterRecord.new(config().spec, 10_000, config().sizing.canonical(), expansion=2)
     rate, capacity, options = reserve_arguments(grown)
-    # RedisBloom halves it for the first sub-filter (1 - tightening); less its index excess.
-    assert rate == native_reserve_rate(capacity, 1e-3, 2)
-    assert 0.9e-3 < rate < 1e-3
+    assert rate == 1e-3  # RedisBloom halves it for the first sub-filter: 1 - tightening
     assert capacity == grown.growth.first_capacity
     assert options == (b"EXPANSION", 2)
     fixed_cfg = config(BLOOMFILTER_EXPANSION=0)
     fixed = FilterRecord.new(fixed_cfg.spec, 10_000, fixed_cfg.sizing.canonical())
     shards = fixed.spec.shards
-    share = math.ceil(10_000 / shards)
-    wanted = (native_reserve_rate(share, 1e-3, 0), share, (b"NONSCALING",))
-    assert reserve_arguments(fixed) == wanted
+    assert reserve_arguments(fixed) == (1e-3, math.ceil(10_000 / shards), (b"NONSCALING",))
 
 
 # -- choosing the backend ---------------------------------------------------------------
@@ -460,44 +454,6 @@ def test_growth_keeps_the_false_positive_rate_under_the_configured_one(
     generations = len(bloom.state().generations)
     assert generations == (1 if fill == 1 else 3 if fill == 4 else 4)
     bloom.close()
-
-
-@pytest.mark.timeout(180)
-def test_small_shards_grown_keep_the_error_rate_and_say_it(
-    bloom_redis_client: redis.Redis,
-) -> None:
-    """RedisBloom's probes ``(a + i b) mod m`` meet in a small filter: about 6 / (k m) more.
-
-    10,000 items at 1e-4 make 13 shards of 802 items: handed the bare rate, 8 times full
-    they answered 1.29e-4 (515 of 4,000,000 new URLs), their estimate said 8.8e-5. Bounds are
-    binomial, 4 sigma (a 3e-5 chance each): under the target, and about the estimate.
-    """
-    rate, capacity, queries = 1e-4, 10_000, 3_000_000
-    bloom = native(bloom_redis_client, BLOOMFILTER_CAPACITY=capacity, BLOOMFILTER_ERROR_RATE=rate)
-    bloom.add_many(fingerprints(8 * capacity, "small-shards"))
-    assert bloom.record.spec.shards > 8  # the case: shards of under 1,000 items each
-    assert len(bloom.state().generations) == 4
-    hits = sum(bloom.contains_many(fingerprints(queries, "small-shards-new")))
-    estimate = bloom.state().estimated_fpr
-    assert hits <= queries * rate + 4 * math.sqrt(queries * rate), (hits, estimate)
-    spread = 4 * math.sqrt(queries * estimate)
-    assert abs(hits - queries * estimate) <= spread, (hits, estimate)
-    bloom.close()
-
-
-def test_a_shard_too_small_for_its_rate_is_warned_of(
-    bloom_redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A first sub-filter of 10 items cannot keep 1e-3 at any rate RedisBloom is handed."""
-    for capacity, warned in ((10, True), (60, False)):
-        bloom = native(bloom_redis_client, f"tiny{capacity}", BLOOMFILTER_CAPACITY=capacity)
-        record = bloom.open()
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            bloom.describe_geometry(config(BLOOMFILTER_CAPACITY=capacity), record)
-        said = [r.getMessage() for r in caplog.records if "cannot keep" in r.getMessage()]
-        assert bool(said) == warned, said
-        bloom.close()
 
 
 # -- faults -----------------------------------------------------------------------------
@@ -980,8 +936,7 @@ def test_a_crawl_on_the_native_backend_fetches_every_page_once(
     # The server's own sizing: 100,000 items at 1e-6 (growing: 5e-7 for the first filter).
     assert stats["bloomfilter/hash_functions"] == 21
     assert 100_000 * 30 < stats["bloomfilter/bits"] < 100_000 * 33  # shards get headroom
-    # Nearly empty: the Bloom formula's 1e-20s, and RedisBloom's index excess (meeting probes).
-    assert 0 < stats["bloomfilter/estimated_fpr"] < 1e-12
+    assert 0 < stats["bloomfilter/estimated_fpr"] < 1e-20
     assert stats["bloomfilter/memory_bytes"] > 0
     assert bloom_redis_client.hget("site:bloomfilter:meta", "backend") == b"native"
 

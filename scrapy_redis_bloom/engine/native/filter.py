@@ -76,19 +76,7 @@ class NativeBloomFilter(FilterBase):
         """Say what ``BF.RESERVE`` gave the shards: RedisBloom's own bits and k.
 
         Not the bitmap geometry of ``config`` or the record, which the servers do not hold.
-        Warns when the shards are too small for any rate to keep the error rate asked.
         """
-        if not native_parts.reachable(record):
-            logger.warning(
-                "The native Bloom filter %r cannot keep its error rate of %.3g: each of its %d"
-                " shard(s) takes %s items in its first sub-filter: too few bits for RedisBloom,"
-                " whose probes meet in a small filter, at any rate. Give BLOOMFILTER_CAPACITY"
-                " more, or BLOOMFILTER_SHARDS fewer.",
-                self.key,
-                native_parts.target_rate(record),
-                record.spec.shards,
-                f"{record.growth.native_capacity:,}",
-            )
         return native_parts.describe(record)
 
     def existing(self) -> list[int]:

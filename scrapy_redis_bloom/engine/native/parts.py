@@ -24,13 +24,9 @@ from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import (
     KEY_OVERHEAD,
-    NATIVE_TIGHTENING,
     allocation,
     format_bytes,
-    native_excess,
     native_geometry,
-    native_rate_reachable,
-    native_reserve_rate,
 )
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
@@ -46,6 +42,8 @@ from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial, er
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
+#: RedisBloom tightens each new sub-filter's error rate by this ratio (the first one too).
+NATIVE_TIGHTENING = 0.5
 #: What to install when a server lacks ``BF.*``.
 INSTALL_HINT = (
     "Redis 8 (Bloom filters built in), Redis Stack, the RedisBloom module, or Valkey with"
@@ -75,43 +73,19 @@ class Link(NamedTuple):
 
 
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
-    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
-
-    The rate is the shard's target (:func:`target_rate`) less RedisBloom's index excess
-    (:func:`.native_reserve_rate`): handed the target itself, a small shard passed it.
-    """
+    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``."""
+    growth = record.growth
     options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
-    capacity = record.growth.native_capacity
-    rate = native_reserve_rate(capacity, target_rate(record), record.expansion)
-    return rate, capacity, options
-
-
-def target_rate(record: FilterRecord) -> float:
-    """Return the rate a shard of ``record`` must stay under: what earlier releases reserved.
-
-    The asked error rate (half of it per re-crawl window: a check reads two), else the
-    bitmap geometry's bound.
-    """
     asked = _ERROR_RATE.search(record.sizing)
-    rate = float(asked.group(1)) if asked else record.growth.bound
+    rate = float(asked.group(1)) if asked else growth.bound
     if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
         rate /= 2
-    return rate
+    return rate, growth.native_capacity, options
 
 
-def reachable(record: FilterRecord) -> bool:
-    """Tell whether a shard of ``record`` can keep :func:`target_rate` (not a tiny one)."""
-    rate = target_rate(record)
-    return native_rate_reachable(record.growth.native_capacity, rate, record.expansion)
-
-
-def links(record: FilterRecord, count: int, rate: float | None = None) -> list[Link]:
-    """Return the first ``count`` sub-filters of a shard, as RedisBloom sizes them.
-
-    ``rate``: ``BF.RESERVE``'s, if not :func:`reserve_arguments`' (an older release's).
-    """
-    reserved, capacity, _ = reserve_arguments(record)
-    rate = reserved if rate is None else rate
+def links(record: FilterRecord, count: int) -> list[Link]:
+    """Return the first ``count`` sub-filters of a shard, as RedisBloom sizes them."""
+    rate, capacity, _ = reserve_arguments(record)
     if not record.expansion:
         return [Link(capacity, *native_geometry(capacity, rate))]
     return [
@@ -146,10 +120,7 @@ def shard_bytes(record: FilterRecord) -> int:
 
 
 def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
-    """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not).
-
-    A shard reserved at the bare :func:`target_rate` (by earlier releases) is the record's too.
-    """
+    """Return how a shard's ``BF.INFO`` differs from :func:`reserve_arguments` ("" if not)."""
     rate, _, _ = reserve_arguments(record)
     found = info.get("Expansion rate", "None")
     expansion = "NONSCALING" if found in ("None", "", "0") else f"EXPANSION {found}"
@@ -163,21 +134,20 @@ def unlike_reserved(record: FilterRecord, info: dict[str, str]) -> str:
         return f"unreadable BF.INFO {info!r:.100}"
     if expansion != wanted:
         return f"{expansion} (the record says {wanted})"
-    rates = (rate, target_rate(record))
-    chains = [links(record, max(1, count), each)[: max(1, count)] for each in rates]
+    chain = links(record, max(1, count))[: max(1, count)]
     share = record.growth.shard_capacity  # a fixed shard reserved before it had headroom
     if not record.expansion and capacity == share:
-        chains = [[Link(share, *native_geometry(share, each))] for each in rates]
-    want_capacity = sum(link.capacity for link in chains[0])
+        chain = [Link(share, *native_geometry(share, rate))]
+    want_capacity = sum(link.capacity for link in chain)
     if count < 1 or (not record.expansion and count != 1) or capacity != want_capacity:
         return f"capacity {capacity:,} in {count} sub-filter(s) (the record says {want_capacity:,})"
     if shown is not None:
-        if not any(math.isclose(shown, each, rel_tol=0.01) for each in rates):
+        if not math.isclose(shown, rate, rel_tol=0.01):
             return f"error rate {shown:g} (the record says {rate:g})"
         return ""
-    sizes = [sum(link.bits // 8 for link in chain) for chain in chains]
-    if all(abs(size - want) > 128 * count + want // 100 for want in sizes):
-        return f"{size:,} bytes (the record's error rate {rate:g} takes {sizes[0]:,})"
+    want_size = sum(link.bits // 8 for link in chain)
+    if abs(size - want_size) > 128 * count + want_size // 100:
+        return f"{size:,} bytes (the record's error rate {rate:g} takes {want_size:,})"
     return ""
 
 
@@ -306,8 +276,7 @@ def _state(
     """Return the state of Bloom filters holding ``(shard, items, sub-filters)`` each.
 
     A check consults every filter of its shard (with a TTL, its two live windows), so the
-    rate is per shard that of any of them answering, then the mean over ``shards``. Each
-    filter's is the Bloom formula's plus RedisBloom's index excess (:func:`.native_excess`).
+    rate is per shard that of any of them answering, then the mean over ``shards``.
     """
     most = max((count for _, _, count in filters), default=1)
     shape = links(record, most)
@@ -318,7 +287,7 @@ def _state(
             held = left if g == count - 1 else min(left, link.capacity)
             left -= held
             fill = -math.expm1(-link.hash_count * held / link.bits)
-            rate = min(1.0, fill**link.hash_count + native_excess(link.bits, link.hash_count, fill))
+            rate = fill**link.hash_count
             missed[shard] = missed.get(shard, 0.0) + math.log1p(-min(rate, 1 - 1e-12))
             per_gen.setdefault(g, []).append((held, rate, round(fill * link.bits)))
     generations = tuple(
