@@ -256,6 +256,8 @@ def test_a_first_batch_that_cannot_open_the_filter_answers_per_on_error(on_error
         if on_error == "raise":
             with pytest.raises(FilterUnavailableError):
                 bloom.check_and_add_many(links)
+            bloom.close()  # (its watch of the server gone ends)
+            client.close()
             return
         assert bloom.check_and_add_many(links) == [False] * 20
         assert bloom.events.counts["errors"] == 20
@@ -264,6 +266,7 @@ def test_a_first_batch_that_cannot_open_the_filter_answers_per_on_error(on_error
         # Once Redis answers, the ones let through are added: another worker finds them.
         assert bloom.check_and_add_many(fingerprints(3, "later")) == [False] * 3
         assert bloom_for(client, cfg, KEY).contains_many(links) == [True] * 20
+        bloom.close()
         client.close()
     finally:
         server.stop()
