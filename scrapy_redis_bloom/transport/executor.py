@@ -81,15 +81,6 @@ _PLAIN = (int, list)  #: Reply types that are results, whatever they hold (the h
 _READ = (int, list, bytes)  #: The same, and the strings its reads reply (GETRANGE).
 
 
-def _server_time(began: float, end: float) -> float:
-    """Seconds from ``began`` to ``end``, less those this thread spent asking Sentinels then.
-
-    Only for a reply already slow (off the hot path). A Sentinel down is said on its own
-    (:mod:`.sentinel`), not as a stall of the primary.
-    """
-    return end - began - lookup_wait(began, end)
-
-
 class Kind(Enum):
     """What a reply means for its call."""
 
@@ -563,7 +554,7 @@ class Executor:
             first_failure, why, where = started, describe_failure(prior), prior.address
             self.events.count("retries")
         while todo:
-            began, slow = time.monotonic(), SLOW_REPLY + SLOW_PER_COMMAND * len(todo)
+            began, commands = time.monotonic(), len(todo)
             self._round(batch, todo)
             if batch.again and redirects < MAX_REDIRECTS and not batch.later:
                 redirects += 1
@@ -571,8 +562,9 @@ class Executor:
                 continue
             todo = batch.again + batch.later
             if not todo:
-                if (took := _server_time(began, time.monotonic())) > slow:
-                    self.slow(operation, ", ".join(dict.fromkeys(batch.answered)), took)
+                if (now := time.monotonic()) - began > SLOW_REPLY:
+                    where = ", ".join(dict.fromkeys(batch.answered))
+                    self.slow(operation, where, began, now, SLOW_PER_COMMAND * commands)
                 break
             now = time.monotonic()
             first_failure = first_failure or began  # (its socket timeout was part of it)
@@ -613,13 +605,17 @@ class Executor:
             )
         return Results(batch.replies, batch.ambiguous)
 
-    def _slow_since(self, operation: str, where: str, started: float, ended: float) -> None:
-        """Say a reply slow from ``started`` to ``ended`` (:meth:`slow`), less Sentinel lookups."""
-        if (took := _server_time(started, ended)) > SLOW_REPLY:
-            self.slow(operation, where, took)
+    def slow(
+        self, operation: str, where: str, started: float, ended: float, allowance: float = 0.0
+    ) -> None:
+        """Say and count a reply that took over :data:`SLOW_REPLY` (plus ``allowance``) s.
 
-    def slow(self, operation: str, where: str, took: float) -> None:
-        """Say and count a reply that took over :data:`SLOW_REPLY` s: the caller waited."""
+        The caller waited. Not the time its connect spent asking Sentinels
+        (:func:`.lookup_wait`): a Sentinel down is said on its own (:mod:`.sentinel`).
+        """
+        took = ended - started - lookup_wait(started, ended)
+        if took <= SLOW_REPLY + allowance:
+            return
         self.events.count("slow_replies")
         self._slow_log.log(
             logging.WARNING,
@@ -881,7 +877,7 @@ class Executor:
             if isinstance(reply, AuthenticationError):  # as run() has it: refused, no answer
                 raise self.refused(operation, RefusedError(node.address, reply))
             if node.used - started > SLOW_REPLY:
-                self._slow_since(operation, node.address, started, node.used)
+                self.slow(operation, node.address, started, node.used)
             # An int or an array is never an error reply: no need to classify it.
             if reply.__class__ in _PLAIN or classify(reply) is Kind.RESULT:
                 if probing:
@@ -906,7 +902,7 @@ class Executor:
             node = self.topology.route(key, shard, None)
             replies = node.exchange(b"".join(payloads), len(payloads))
             if node.used - started > SLOW_REPLY:
-                self._slow_since(operation, node.address, started, node.used)
+                self.slow(operation, node.address, started, node.used)
         except RefusedError as exc:
             raise self.refused(operation, exc) from None
         except TransportError as exc:

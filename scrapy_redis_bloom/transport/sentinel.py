@@ -121,19 +121,15 @@ class Sentinels(Sentinel):
             add_lookup_wait(began, time.monotonic())
 
     def _discover(self, service_name: str) -> tuple[str, int]:
-        unreachable: list[str] = []
-        why: list[str] = []
         answered: list[str] = []
         down: list[tuple[Any, float, str]] = []  # each Sentinel passed over, its wait and why
-        for sentinel in self.sentinels:
+        for sentinel in list(self.sentinels):  # (another thread's lookup may reorder them)
             where = _address(sentinel)
             asked = time.monotonic()
             try:
                 masters = sentinel.sentinel_masters()
             except (RedisConnectionError, RedisTimeoutError) as exc:
-                unreachable.append(where)
-                why.append(str(exc).rstrip("."))
-                down.append((sentinel, time.monotonic() - asked, why[-1]))
+                down.append((sentinel, time.monotonic() - asked, str(exc).rstrip(".")))
                 continue
             except ResponseError as exc:
                 if not str(exc).lower().startswith("unknown command"):
@@ -154,8 +150,10 @@ class Sentinels(Sentinel):
             found.append(
                 f"no Sentinel at {', '.join(answered)} knows a primary {service_name!r} that is up"
             )
-        if unreachable:
-            found.append(f"no Sentinel at {', '.join(unreachable)} answered ({'; '.join(why)})")
+        if down:
+            where = ", ".join(_address(sentinel) for sentinel, _, _ in down)
+            why = "; ".join(reason for _, _, reason in down)
+            found.append(f"no Sentinel at {where} answered ({why})")
         raise MasterNotFoundError("; ".join(found))
 
     def _answered(self, sentinel: Any, down: list[tuple[Any, float, str]]) -> None:
