@@ -127,14 +127,20 @@ def _count_hits(
     """Add (``write``) or check the fingerprints read; return (true, false) counts."""
     operation = bloom.add_many if write else bloom.contains_many
     verb = "added" if write else "checked"
-    hits = done = 0
+    hits = done = pending = 0  # pending: the fingerprints of the call under way
 
     def report() -> str:
         if not write:
             return f"{done:,} fingerprint(s) were checked before it: {hits:,} present."
+        stopped = (
+            f", and some of the next {pending:,} (fingerprints {done + 1:,} to {done + pending:,}"
+            " read), whose call it stopped, may be in it too"
+            if pending
+            else ""
+        )
         return (
-            f"{done:,} fingerprint(s) were added before it (perhaps some of the next call's"
-            " too); adding them again is safe: those added count as already present."
+            f"{done:,} fingerprint(s) were added before it{stopped}; adding them again is safe:"
+            " those added count as already present."
         )
 
     def lost() -> str:
@@ -149,9 +155,11 @@ def _count_hits(
             for index, batch in enumerate(batches):
                 if not index:  # (batches of streams.BATCH: one full is a big load)
                     _advise_numpy(bloom, len(batch))
+                pending = len(batch)
                 flags = operation(batch)
                 hits += sum(flags)
                 done += len(flags)
+                pending = 0
                 bar.update(len(flags))
         except BadLineError as exc:
             raise bad_line(ctx, exc, done, verb) from None
