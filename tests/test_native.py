@@ -100,21 +100,48 @@ def test_backend_setting_is_validated() -> None:
     assert config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_TTL=3600).ttl == 3600
 
 
-def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_3() -> None:
+def test_a_record_without_backend_is_a_bitmap_filter_and_native_has_layout_4() -> None:
     cfg = config()
     bitmap = FilterRecord.new(cfg.spec, cfg.capacity, "x")
     fields = bitmap.fields()
+    assert "reserved_rate" not in fields  # a native record's only
     del fields["backend"]
     assert FilterRecord.parse("k:meta", fields).backend == "bitmap"
     native_cfg = config(BLOOMFILTER_BACKEND="native")  # unblocked: native has no blocks
     nat = FilterRecord.new(native_cfg.spec, cfg.capacity, "x", backend="native")
-    assert nat.fields()["layout"] == "3"
+    assert nat.fields()["layout"] == "4"  # releases reading layouts 2 and 3 refuse it
     assert FilterRecord.parse("k:meta", nat.fields()) == nat
     wrong = {**nat.fields(), "layout": "2"}
     with pytest.raises(BloomFilterError, match=r"backend \('native'\) and its layout \('2'\)"):
         FilterRecord.parse("k:meta", wrong)
     with pytest.raises(BloomFilterError, match="backend is 'bf'"):
         FilterRecord.parse("k:meta", {**nat.fields(), "backend": "bf"})
+
+
+def test_a_native_record_says_the_rate_its_shards_were_reserved_at() -> None:
+    """Layout 4 carries ``reserved_rate``; layout 3 (earlier builds) has none: the bare rate."""
+    native_cfg = config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_ERROR_RATE=1e-4)
+    nat = FilterRecord.new(
+        native_cfg.spec, 10_000, native_cfg.sizing.canonical(), expansion=2, backend="native"
+    )
+    fields = nat.fields()
+    assert float(fields["reserved_rate"]) == nat.reserved_rate == nat.shard_rate
+    assert nat.target_rate == 1e-4
+    # As earlier builds wrote it: layout 3, no reserved_rate; its shards hold the bare rate.
+    bare = {name: value for name, value in fields.items() if name != "reserved_rate"}
+    old = FilterRecord.parse("k:meta", {**bare, "layout": "3"})
+    assert (old.layout, old.reserved_rate, old.shard_rate) == (3, None, 1e-4)
+    assert reserve_arguments(old)[0] == 1e-4
+    assert old.fields() == {**bare, "layout": "3"}
+    with pytest.raises(BloomFilterError, match=r"layout \('4'\) and its reserved_rate \('none'\)"):
+        FilterRecord.parse("k:meta", bare)
+    with pytest.raises(BloomFilterError, match=r"layout \('3'\) and its reserved_rate"):
+        FilterRecord.parse("k:meta", {**fields, "layout": "3"})
+    for wrong in ("0", "1", "nan", "-1e-4", "x"):
+        with pytest.raises(BloomFilterError, match=f"its reserved_rate is '{wrong}', not a"):
+            FilterRecord.parse("k:meta", {**fields, "reserved_rate": wrong})
+    with pytest.raises(BloomFilterError, match=r"reads layout 2 \(bitmap\) or 3 or 4 \(native"):
+        FilterRecord.parse("k:meta", {**fields, "layout": "5"})
 
 
 def test_reserve_gives_the_first_sub_filter_the_bitmaps_rate_share() -> None:

@@ -223,6 +223,8 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         "missing_shard_keys": missing,
         "damaged_shards": damaged,
         **_fields(record, "capacity expansion"),
+        "reserved_capacity": record.growth.native_capacity,
+        "reserved_rate": record.shard_rate,
         "generations": len(state.generations),
         **_fields(state, "estimated_items estimated_fpr"),
         "layouts": layouts,
@@ -240,6 +242,7 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Shards", f"{record.spec.shards:,}, {len(missing):,} missing"),
         ("Missing or foreign shards", _damaged_text(damaged)),
         ("Capacity", f"{record.capacity:,} items"),
+        ("Each shard (BF.RESERVE)", _reserved_text(record)),
         ("Growth", record.growth_text()),
         *layout_rows,
         ("Sub-filters (most in a shard)", f"{len(state.generations)}"),
@@ -247,6 +250,20 @@ def _native_info(ctx: Context, bloom: NativeBloomFilter, record: FilterRecord) -
         ("Estimated FP rate now", f"{state.estimated_fpr:.3g}"),
     ]
     return emit(ctx, data, table(rows + activity_rows))
+
+
+def _reserved_text(record: FilterRecord) -> str:
+    """Say what ``BF.RESERVE`` gave each shard of a native filter, as its record says."""
+    window = " per re-crawl window" if record.ttl else ""
+    earlier = (
+        f" (layout {record.layout}: the rate asked, as earlier builds reserved it)"
+        if record.reserved_rate is None
+        else ""
+    )
+    return (
+        f"{record.growth.native_capacity:,} items at error rate {record.shard_rate:.3g}"
+        f"{window}{earlier}"
+    )
 
 
 _MODEL = (

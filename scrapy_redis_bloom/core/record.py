@@ -37,19 +37,30 @@ State = Literal["creating", "ready"]
 #: Where a filter keeps its bits: our bitmaps, or the server's own ``BF.*`` (:mod:`.native`).
 Backend = Literal["bitmap", "native"]
 BACKENDS: tuple[Backend, ...] = ("bitmap", "native")
-#: A native filter's key layout: a release reading layout 2 only refuses it.
-NATIVE_LAYOUT = 3
+#: A native filter's layout: its record says the error rate its shards were reserved at
+#: (``reserved_rate``). A release reading layout 2 only, or 2 and 3, refuses it.
+NATIVE_LAYOUT = 4
+#: The native layout of earlier builds: no ``reserved_rate``, its shards reserved at the bare
+#: :attr:`FilterRecord.target_rate`. Still read (and described, estimated) as it is.
+BARE_NATIVE_LAYOUT = 3
+#: Each layout this version reads, and the backend it is of.
+_LAYOUTS: dict[str, Backend] = {
+    str(LAYOUT_VERSION): "bitmap",
+    str(BARE_NATIVE_LAYOUT): "native",
+    str(NATIVE_LAYOUT): "native",
+}
 
 #: Fields of the record, in the order they are written.
 FIELDS = (
     "layout", "scheme", "id", "state", "shards", "shard_bits", "hash_count", "bits",
     "capacity", "sizing", "servers", "generations", "created",
-    "expansion", "tightening", "ttl", "backend", "fingerprints",
+    "expansion", "tightening", "ttl", "backend", "fingerprints", "reserved_rate",
 )  # fmt: skip
 #: Fields that are the geometry's (:class:`FilterSpec`'s attributes).
 _SPEC_FIELDS = ("shards", "shard_bits", "hash_count", "bits")
-#: Fields older records lack: read as no growth, no TTL, a bitmap filter.
-LATER_FIELDS = ("expansion", "tightening", "ttl", "backend", "fingerprints")
+#: Fields older records lack: read as no growth, no TTL, a bitmap filter. ``reserved_rate``:
+#: a native record's of :data:`NATIVE_LAYOUT` only (not written for others).
+LATER_FIELDS = ("expansion", "tightening", "ttl", "backend", "fingerprints", "reserved_rate")
 #: What a record says of its fingerprints when the program that created it did not say.
 UNSAID = ""
 
@@ -59,6 +70,8 @@ RECORD_MARKS = ("layout", "scheme")
 #: Most servers a filter may be spread over.
 MAX_SERVERS = 1024
 _ID = re.compile(f"[0-9a-f]{{{2 * ID_BYTES}}}")
+#: The error rate asked, in a sizing request's text (:meth:`..sizing.Sizing.canonical`).
+_ERROR_RATE = re.compile(r"(?:^| )error_rate=([0-9.e+-]+)(?: |$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,9 @@ class FilterRecord:
     #: What makes the elements: the Scrapy dupefilter's fingerprint function (``scrapy-redis``,
     #: or ``crawler:<class>``), compared between workers; :data:`UNSAID` for other callers.
     fingerprints: str = UNSAID
+    #: A native filter's: the error rate ``BF.RESERVE`` was handed for each shard (layout
+    #: :data:`NATIVE_LAYOUT`); None: :attr:`target_rate` (layout :data:`BARE_NATIVE_LAYOUT`).
+    reserved_rate: float | None = None
 
     @classmethod
     def new(
@@ -96,10 +112,11 @@ class FilterRecord:
     ) -> FilterRecord:
         """Return the record of a filter about to be created (state ``creating``).
 
-        A native filter's record says scheme 1, as it always has, so earlier builds open it.
+        A native filter's record says scheme 1, as it always has, and the rate its shards are
+        reserved at (:attr:`reserved_rate`), ``BF.RESERVE``'s for a shard this release makes.
         """
         native = backend == "native"
-        return cls(
+        record = cls(
             spec=replace(spec, two_seeds=True) if native and not spec.block_bits else spec,
             capacity=capacity,
             filter_id=secrets.token_hex(ID_BYTES),
@@ -113,6 +130,7 @@ class FilterRecord:
             layout=NATIVE_LAYOUT if native else LAYOUT_VERSION,
             fingerprints=fingerprints,
         )
+        return replace(record, reserved_rate=record.target_rate) if native else record
 
     @property
     def scheme(self) -> int:
@@ -123,6 +141,24 @@ class FilterRecord:
     def growth(self) -> Growth:
         """How the filter's shards grow and forget."""
         return Growth(self.spec, self.capacity, self.expansion, self.tightening, self.ttl)
+
+    @property
+    def target_rate(self) -> float:
+        """The rate a native shard must stay under (every sub-filter it grows, together).
+
+        The asked error rate (half of it per re-crawl window: a check reads two), else the
+        bitmap geometry's bound. Earlier builds reserved the shards at it.
+        """
+        asked = _ERROR_RATE.search(self.sizing)
+        rate = float(asked.group(1)) if asked else self.growth.bound
+        if self.ttl and asked:  # two re-crawl windows are consulted: half the rate each
+            rate /= 2
+        return rate
+
+    @property
+    def shard_rate(self) -> float:
+        """The error rate a native shard is reserved at: :attr:`reserved_rate`, else the target."""
+        return self.target_rate if self.reserved_rate is None else self.reserved_rate
 
     @property
     def shard_payload(self) -> int:
@@ -139,7 +175,9 @@ class FilterRecord:
         for name in FIELDS:
             if name not in values:
                 values[name] = getattr(self.spec if name in _SPEC_FIELDS else self, name)
-        return {name: str(values[name]) for name in FIELDS}
+        if self.reserved_rate is not None:
+            values["reserved_rate"] = repr(self.reserved_rate)
+        return {name: str(values[name]) for name in FIELDS if values[name] is not None}
 
     @classmethod
     def parse(cls, key: str, fields: dict[str, str]) -> FilterRecord:
@@ -163,21 +201,30 @@ class FilterRecord:
         if backend not in BACKENDS:
             raise refuse(f"its backend is {backend!r}, not 'bitmap' or 'native'")
         layout = LAYOUT_VERSION if backend == "bitmap" else NATIVE_LAYOUT
-        if fields.get("layout") in (str(LAYOUT_VERSION), str(NATIVE_LAYOUT)):
-            if fields["layout"] != str(layout):
+        natives = f"{BARE_NATIVE_LAYOUT} or {NATIVE_LAYOUT}"
+        if fields.get("layout") in _LAYOUTS:
+            if _LAYOUTS[fields["layout"]] != backend:
                 raise refuse(
                     f"its backend ({backend!r}) and its layout ({fields['layout']!r}) contradict"
                     f" each other: layout {LAYOUT_VERSION} is the bitmap backend's,"
-                    f" {NATIVE_LAYOUT} the native one's"
+                    f" {natives} the native one's"
                 )
+            layout = int(fields["layout"])
         elif "layout" in fields:
             raise refuse(
                 f"it was written with layout {fields['layout']!r}, and this version reads"
-                f" layout {LAYOUT_VERSION} (bitmap) or {NATIVE_LAYOUT} (native) only, as its"
+                f" layout {LAYOUT_VERSION} (bitmap) or {natives} (native) only, as its"
                 f" backend says (layout 1 was that of development builds before 0.1.0)"
             )
         if missing := [name for name in FIELDS if name not in fields and name not in LATER_FIELDS]:
             raise refuse(f"it lacks the field(s) {', '.join(missing)}")
+        if ("reserved_rate" in fields) != (layout == NATIVE_LAYOUT):
+            raise refuse(
+                f"its layout ({fields.get('layout')!r}) and its reserved_rate"
+                f" ({fields.get('reserved_rate', 'none')!r}) contradict each other: a native"
+                f" record of layout {NATIVE_LAYOUT} says the error rate its shards were"
+                " reserved at, and no other does"
+            )
 
         def integer(name: str, low: int, high: int) -> int:
             text = fields[name]
@@ -227,6 +274,17 @@ class FilterRecord:
             raise refuse(
                 f"its tightening is {fields['tightening']!r}, not a number from 0.01 to 0.99"
             )
+        reserved_rate = None
+        if "reserved_rate" in fields:
+            try:
+                reserved_rate = float(fields["reserved_rate"])
+            except ValueError:
+                reserved_rate = math.nan
+            if not 0 < reserved_rate < 1:
+                raise refuse(
+                    f"its reserved_rate is {fields['reserved_rate']!r}, not a number between 0"
+                    " and 1"
+                )
         return cls(
             spec=spec,
             expansion=expansion,
@@ -241,6 +299,7 @@ class FilterRecord:
             backend="native" if backend == "native" else "bitmap",
             layout=layout,
             fingerprints=fields.get("fingerprints", UNSAID),
+            reserved_rate=reserved_rate,
         )
 
     def describe(self) -> str:

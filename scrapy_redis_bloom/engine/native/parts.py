@@ -49,7 +49,6 @@ INSTALL_HINT = (
     "Redis 8 (Bloom filters built in), Redis Stack, the RedisBloom module, or Valkey with"
     " valkey-bloom"
 )
-_ERROR_RATE = re.compile(r"(?:^| )error_rate=([0-9.e+-]+)(?: |$)")
 #: A TTL shard's anchor: ``"<newest window> <0|1>"`` (whether the window before existed).
 _ANCHOR = re.compile(r"(-?[0-9]+) ([01])")
 
@@ -73,14 +72,12 @@ class Link(NamedTuple):
 
 
 def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]]:
-    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``."""
-    growth = record.growth
+    """Return ``BF.RESERVE``'s error rate, capacity and options for a shard of ``record``.
+
+    The rate is the record's (:attr:`.FilterRecord.shard_rate`): that its shards hold.
+    """
     options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
-    asked = _ERROR_RATE.search(record.sizing)
-    rate = float(asked.group(1)) if asked else growth.bound
-    if record.ttl and asked:  # two re-crawl windows are consulted: half the rate each
-        rate /= 2
-    return rate, growth.native_capacity, options
+    return record.shard_rate, record.growth.native_capacity, options
 
 
 def links(record: FilterRecord, count: int) -> list[Link]:
