@@ -30,6 +30,7 @@ from scrapy_redis_bloom.core.hashing import (
     FilterSpec,
 )
 from scrapy_redis_bloom.core.layout import ID_BYTES, LAYOUT_VERSION
+from scrapy_redis_bloom.core.sizing import native_reserve_rate
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ class FilterRecord:
         """Return the record of a filter about to be created (state ``creating``).
 
         A native filter's record says scheme 1, as it always has, and the rate its shards are
-        reserved at (:attr:`reserved_rate`), ``BF.RESERVE``'s for a shard this release makes.
+        reserved at (:attr:`reserved_rate`): :attr:`target_rate` less RedisBloom's index
+        excess (:func:`.native_reserve_rate`), which passed the target in small shards.
         """
         native = backend == "native"
         record = cls(
@@ -130,7 +132,12 @@ class FilterRecord:
             layout=NATIVE_LAYOUT if native else LAYOUT_VERSION,
             fingerprints=fingerprints,
         )
-        return replace(record, reserved_rate=record.target_rate) if native else record
+        if not native:
+            return record
+        capacity = record.growth.native_capacity
+        return replace(
+            record, reserved_rate=native_reserve_rate(capacity, record.target_rate, expansion)
+        )
 
     @property
     def scheme(self) -> int:

@@ -76,7 +76,37 @@ class NativeBloomFilter(FilterBase):
         """Say what ``BF.RESERVE`` gave the shards: RedisBloom's own bits and k.
 
         Not the bitmap geometry of ``config`` or the record, which the servers do not hold.
+        Warns when the shards cannot keep the error rate asked (:func:`.native_parts.rate_bound`).
         """
+        bound = native_parts.rate_bound(record)
+        if bound is not None and not native_parts.reachable(record):
+            logger.warning(
+                "The native Bloom filter %r cannot keep its error rate of %.3g: each of its %d"
+                " shard(s) takes %s items in its first sub-filter: too few bits for RedisBloom,"
+                " whose probes meet in a small filter, at any rate (up to %.3g past its"
+                " capacity). Give BLOOMFILTER_CAPACITY more, or BLOOMFILTER_SHARDS fewer (a"
+                " filter's shards are fixed when it is created: reset it, or choose another"
+                " BLOOMFILTER_KEY).",
+                self.key,
+                record.target_rate,
+                record.spec.shards,
+                f"{record.growth.native_capacity:,}",
+                bound,
+            )
+        elif bound is not None:
+            logger.warning(
+                "The native Bloom filter %r passes its error rate of %.3g: its shards were"
+                " reserved at error rate %.3g%s, and RedisBloom's probes meet in a small filter,"
+                " so past its capacity it may answer up to %.3g. A filter created anew reserves"
+                " them at a rate that keeps it: reset it, or choose another BLOOMFILTER_KEY.",
+                self.key,
+                record.target_rate,
+                record.shard_rate,
+                f" (by an earlier build: layout {record.layout})"
+                if record.reserved_rate is None
+                else "",
+                bound,
+            )
         return native_parts.describe(record)
 
     def existing(self) -> list[int]:

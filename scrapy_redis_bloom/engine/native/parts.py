@@ -24,9 +24,13 @@ from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import (
     KEY_OVERHEAD,
+    NATIVE_TIGHTENING,
     allocation,
     format_bytes,
+    native_chain_rate,
+    native_excess,
     native_geometry,
+    native_rate_reachable,
 )
 from scrapy_redis_bloom.engine import health
 from scrapy_redis_bloom.engine.lifecycle import named
@@ -42,8 +46,9 @@ from scrapy_redis_bloom.transport.executor import Call, Executor, acl_denial, er
 from scrapy_redis_bloom.transport.topology import Topology
 from scrapy_redis_bloom.transport.wire import pack_command
 
-#: RedisBloom tightens each new sub-filter's error rate by this ratio (the first one too).
-NATIVE_TIGHTENING = 0.5
+#: How far past its target a shard's rate bound may run (:func:`rate_bound`) unsaid: the
+#: excess is a fit to the top of its spread, and an earlier build's large shards pass by 1%.
+UNSAID_EXCESS = 0.1
 #: What to install when a server lacks ``BF.*``.
 INSTALL_HINT = (
     "Redis 8 (Bloom filters built in), Redis Stack, the RedisBloom module, or Valkey with"
@@ -78,6 +83,23 @@ def reserve_arguments(record: FilterRecord) -> tuple[float, int, tuple[Any, ...]
     """
     options = (b"EXPANSION", record.expansion) if record.expansion else (b"NONSCALING",)
     return record.shard_rate, record.growth.native_capacity, options
+
+
+def reachable(record: FilterRecord) -> bool:
+    """Tell whether a shard of ``record`` can keep its target at any rate (not a tiny one)."""
+    capacity = record.growth.native_capacity
+    return native_rate_reachable(capacity, record.target_rate, record.expansion)
+
+
+def rate_bound(record: FilterRecord) -> float | None:
+    """Return the most false positives a shard's rate gives, if far past its target; else None.
+
+    Every sub-filter full (:func:`.native_chain_rate`): a shard too small for any rate
+    (:func:`reachable`), or reserved at the bare target by an earlier build (layout 3).
+    """
+    capacity = record.growth.native_capacity
+    bound = native_chain_rate(capacity, record.shard_rate, record.expansion)
+    return bound if bound > record.target_rate * (1 + UNSAID_EXCESS) else None
 
 
 def links(record: FilterRecord, count: int) -> list[Link]:
@@ -273,7 +295,8 @@ def _state(
     """Return the state of Bloom filters holding ``(shard, items, sub-filters)`` each.
 
     A check consults every filter of its shard (with a TTL, its two live windows), so the
-    rate is per shard that of any of them answering, then the mean over ``shards``.
+    rate is per shard that of any of them answering, then the mean over ``shards``. Each
+    filter's is the Bloom formula's plus RedisBloom's index excess (:func:`.native_excess`).
     """
     most = max((count for _, _, count in filters), default=1)
     shape = links(record, most)
@@ -284,7 +307,7 @@ def _state(
             held = left if g == count - 1 else min(left, link.capacity)
             left -= held
             fill = -math.expm1(-link.hash_count * held / link.bits)
-            rate = fill**link.hash_count
+            rate = min(1.0, fill**link.hash_count + native_excess(link.bits, link.hash_count, fill))
             missed[shard] = missed.get(shard, 0.0) + math.log1p(-min(rate, 1 - 1e-12))
             per_gen.setdefault(g, []).append((held, rate, round(fill * link.bits)))
     generations = tuple(
