@@ -606,14 +606,15 @@ def test_a_new_filters_record_says_its_reserved_rate_and_every_reader_takes_it(
 
     from cli_run import run, run_json
 
-    from scrapy_redis_bloom.core.sizing import native_reserve_rate
-
     more = {"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_ERROR_RATE": 1e-4}
     bloom = native(bloom_redis_client, **more)
     record = bloom.open()
     first = record.growth.native_capacity
     stored = bloom_redis_client.hget(f"{KEY}:meta", "reserved_rate")
     assert stored is not None
+    assert bloom_redis_client.hget(f"{KEY}:meta", "layout") == b"4"
+    from scrapy_redis_bloom.core.sizing import native_reserve_rate
+
     assert float(stored) == native_reserve_rate(first, 1e-4, 2) < 0.6e-4
     bloom.close()
     # A filter whose record says another rate, as a later release might reserve at.
