@@ -46,6 +46,7 @@ from scrapy_redis_bloom.core.events import FilterEvents
 from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import FaultPolicy
+from scrapy_redis_bloom.core.sizing import split
 from scrapy_redis_bloom.engine.backend import make_filter
 from scrapy_redis_bloom.engine.native import filter as native_filter
 from scrapy_redis_bloom.engine.native import ttl as native_ttl
@@ -501,12 +502,18 @@ def test_small_shards_grown_keep_the_error_rate_and_say_it(
 ) -> None:
     """RedisBloom's probes ``(a + i b) mod m`` meet in a small filter: about 6 / (k m) more.
 
-    10,000 items at 1e-4 make 13 shards of 802 items: handed the bare rate, 8 times full
-    they answered 1.29e-4 (515 of 4,000,000 new URLs), their estimate said 8.8e-5. Bounds are
+    10,000 items at 1e-4 in 13 shards (as earlier builds split them; now by
+    BLOOMFILTER_SHARDS) are shards of 802 items: handed the bare rate, 8 times full they
+    answered 1.29e-4 (515 of 4,000,000 new URLs), their estimate said 8.8e-5. Bounds are
     binomial, 4 sigma (a 3e-5 chance each): under the target, and about the estimate.
     """
     rate, capacity, queries = 1e-4, 10_000, 3_000_000
-    bloom = native(bloom_redis_client, BLOOMFILTER_CAPACITY=capacity, BLOOMFILTER_ERROR_RATE=rate)
+    bloom = native(
+        bloom_redis_client,
+        BLOOMFILTER_CAPACITY=capacity,
+        BLOOMFILTER_ERROR_RATE=rate,
+        BLOOMFILTER_SHARDS=13,
+    )
     bloom.add_many(fingerprints(8 * capacity, "small-shards"))
     assert bloom.record.spec.shards > 8  # the case: shards of under 1,000 items each
     assert len(bloom.state().generations) == 4
@@ -531,6 +538,42 @@ def test_a_shard_too_small_for_its_rate_is_warned_of(
         said = [r.getMessage() for r in caplog.records if "cannot keep" in r.getMessage()]
         assert bool(said) == warned, said
         bloom.close()
+
+
+@pytest.mark.parametrize(
+    ("capacity", "rate", "shards"),
+    [(10_000, 1e-5, 1), (100_000, 1e-6, 1), (1_000_000, 1e-7, 1), (10_000_000, 1e-4, 4)],
+)
+@pytest.mark.parametrize("backend", ["native", "auto"])
+def test_a_native_filter_takes_as_few_shards_as_its_shard_size_allows(
+    bloom_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    capacity: int,
+    rate: float,
+    shards: int,
+    backend: str,
+) -> None:
+    """Its shard count is not the bitmap allocator's: small shards cannot keep the rate.
+
+    Earlier builds split it as a bitmap filter: 100,000 at 1e-6 made 31 shards of 3,226
+    items, which cannot keep 1e-6 (2.9e-6 measured grown 8x) and said so at startup; 10,000 at
+    1e-5 made 19 shards. Each shard is at most 2**26 bits (BLOOMFILTER_SHARD_BIT's default).
+    """
+    from scrapy_redis_bloom.engine.native import parts as native_parts
+
+    more = {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
+    cfg = config(BLOOMFILTER_BACKEND=backend, **more)
+    bloom = make_filter([bloom_redis_client], f"few{capacity}", cfg)
+    assert isinstance(bloom, NativeBloomFilter)
+    with caplog.at_level(logging.WARNING):
+        record = bloom.open()
+        bloom.describe_geometry(cfg.for_native(), record)
+    assert record.spec.shards == shards
+    assert (shards - 1) * 2**26 < record.spec.bits <= shards * 2**26
+    assert native_parts.reachable(record)
+    assert "error rate" not in caplog.text, caplog.text
+    assert len(bloom.shard_keys) == shards
+    bloom.close()
 
 
 def reserved_size(client: redis.Redis, rate: float, capacity: int, *options: Any) -> int:
@@ -558,8 +601,12 @@ def test_a_filter_an_earlier_build_reserved_at_the_bare_rate_is_described_by_it(
     cfg = config(
         BLOOMFILTER_BACKEND="native", BLOOMFILTER_CAPACITY=capacity, BLOOMFILTER_ERROR_RATE=rate
     )
+    # Earlier builds split a native filter as a bitmap one (13 shards here): a worker of this
+    # release, which would make one shard, keeps the record's 13.
+    assert cfg.spec.shards == 1
+    earlier = split(*cfg.sizing.geometry(), None, None)
     made = FilterRecord.new(
-        cfg.spec, capacity, cfg.sizing.canonical(), expansion=cfg.expansion, backend="native"
+        earlier, capacity, cfg.sizing.canonical(), expansion=cfg.expansion, backend="native"
     )
     fields = {**made.fields(), "layout": "3", "state": "ready"}
     fields.pop("reserved_rate", None)
@@ -615,7 +662,7 @@ def test_a_new_filters_record_says_its_reserved_rate_and_every_reader_takes_it(
     assert bloom_redis_client.hget(f"{KEY}:meta", "layout") == b"4"
     from scrapy_redis_bloom.core.sizing import native_reserve_rate
 
-    assert float(stored) == native_reserve_rate(first, 1e-4, 2) < 0.6e-4
+    assert float(stored) == native_reserve_rate(first, 1e-4, 2) < 1e-4
     bloom.close()
     # A filter whose record says another rate, as a later release might reserve at.
     other = native(bloom_redis_client, "later", **more)
@@ -1116,8 +1163,9 @@ def test_a_crawl_on_the_native_backend_fetches_every_page_once(
     assert stats["bloomfilter/filtered"] > len(reachable)
     assert stats["bloomfilter/estimated_items"] == len(reachable)
     assert stats["bloomfilter/generations"] == 1
-    # The server's own sizing: 100,000 items at 1e-6 (growing: 5e-7 for the first filter).
-    assert stats["bloomfilter/hash_functions"] == 21
+    # The server's own sizing: 100,000 items in one shard, reserved at 8.2e-7 to keep 1e-6
+    # with RedisBloom's excess (growing: 4.1e-7 for the first sub-filter, so k = 22).
+    assert stats["bloomfilter/hash_functions"] == 22
     assert 100_000 * 30 < stats["bloomfilter/bits"] < 100_000 * 33  # shards get headroom
     # Nearly empty: the Bloom formula's 1e-20s, and RedisBloom's index excess (meeting probes).
     assert 0 < stats["bloomfilter/estimated_fpr"] < 1e-12

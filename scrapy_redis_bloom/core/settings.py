@@ -492,7 +492,8 @@ SHARD_BIT: Setting[int] = _row(
     # 7: the smallest allocator block past a shard's header and overhead; 32: a Redis string.
     ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
     "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
-    " their allocator blocks. A blocked filter's shards hold whole 512-bit blocks: 9 or more."
+    " their allocator blocks; a native filter takes as few as this allows. A blocked filter's"
+    " shards hold whole 512-bit blocks: 9 or more."
     " Larger shards grow fewer times: a generation is at most 512 MB, so a shard of 2**27 bits"
     " or more reaches it in fewer generations, and one already near it cannot grow"
     " (`scrapy bloom size` and the crawl's startup line say how far the filter grows).",
@@ -847,7 +848,7 @@ class BloomConfig:
         if self.sizing.native:
             return self
         sizing = replace(self.sizing, native=True)
-        spec = sizing.spec() if sizing.block_bits != self.spec.block_bits else self.spec
+        spec = sizing.spec()  # no blocks, and as few shards as its shard size allows
         derived = self.sizing.capacity is None and self.capacity == optimal_capacity(
             self.spec.bits, self.spec.hash_count
         )

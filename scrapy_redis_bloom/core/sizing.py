@@ -298,8 +298,18 @@ class Sizing:
         return BLOCK_BITS if self.layout_blocked else 0
 
     def spec(self) -> FilterSpec:
-        """Return the geometry this release gives the request."""
+        """Return the geometry this release gives the request.
+
+        A native filter's shards are as few as its shard size allows, each an equal share of
+        the bits: RedisBloom allocates its own, so the allocator's classes (:func:`split`) do
+        not count, and a smaller shard holds a smaller first sub-filter, whose meeting probes
+        (:func:`native_excess`) may take it past its rate. A stored filter keeps its record's.
+        """
         bits, k = self.geometry()
+        if self.native and self.shards is None:
+            most = 2 ** (DEFAULT_SHARD_BIT if self.shard_bit is None else self.shard_bit)
+            shards = -(-bits // min(most, MAX_SHARD_BITS))
+            return FilterSpec(shards, -(-bits // (8 * shards)) * 8, k)
         return split(bits, k, self.shards, self.shard_bit, self.block_bits)
 
 
