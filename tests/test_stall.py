@@ -719,3 +719,62 @@ def test_a_big_batch_that_nothing_stalled_is_not_said_as_a_stall(
     assert bloom.events.counts["slow_replies"] == 0
     bloom.close()
     client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_met_by_scrapy_redis_queue_is_said_and_counted(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """scrapy_redis_bloom's Scheduler times its queue's calls: the crawl waits for them too.
+
+    A 4 s SIGSTOP of Redis mid-crawl that met scrapy-redis's pop (``next_request``) paused
+    the crawl with no line and no stat: the filter's calls, which say their own stalls, were
+    not waiting. A blocking pop's own wait (``SCHEDULER_IDLE_BEFORE_CLOSE``) is not a stall.
+    """
+    from scrapy import Request
+    from test_dupefilter import crawler_for, redis_scheduler
+
+    from scrapy_redis_bloom.scheduler import Scheduler
+
+    ours = "scrapy_redis_bloom.scheduler.Scheduler"
+    crawler = crawler_for(server.url, SCHEDULER=ours, SCHEDULER_IDLE_BEFORE_CLOSE=0)
+    scheduler, _ = redis_scheduler(crawler, Scheduler)
+    events = scheduler.df.bloom.events
+    assert scheduler.enqueue_request(Request("https://example.com/1"))
+    assert events.counts["queue_slow_replies"] == 0
+    paused = server.pause(2.0)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        request = scheduler.next_request()
+    paused.join()
+    assert request is not None
+    assert request.url == "https://example.com/1"
+    said = [r.getMessage() for r in caplog.records if "scrapy-redis's queue" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert said[0].startswith(f"Redis at 127.0.0.1:{server.port} took "), said[0]
+    assert "to pop a request from scrapy-redis's queue ('books:requests')" in said[0], said[0]
+    assert events.counts["queue_slow_replies"] == 1
+    assert events.counts["slow_replies"] == 0  # the filter waited for nothing
+    # A push, and the length the engine asks for, alike (said once a minute, all counted).
+    paused = server.pause(2.0)
+    assert scheduler.enqueue_request(Request("https://example.com/2", dont_filter=True))
+    paused.join()
+    paused = server.pause(2.0)
+    assert scheduler.has_pending_requests()
+    paused.join()
+    assert events.counts["queue_slow_replies"] == 3
+    scheduler.close("finished")
+    scheduler.df.close("finished")
+
+    # A blocking pop on an empty queue waits SCHEDULER_IDLE_BEFORE_CLOSE: not a stall.
+    fifo = "scrapy_redis.queue.FifoQueue"  # (the default PriorityQueue's pop does not block)
+    crawler = crawler_for(
+        server.url, SCHEDULER=ours, SCHEDULER_IDLE_BEFORE_CLOSE=2, SCHEDULER_QUEUE_CLASS=fifo
+    )
+    scheduler, _ = redis_scheduler(crawler, Scheduler)
+    scheduler.queue.clear()
+    started = time.monotonic()
+    assert scheduler.next_request() is None
+    assert time.monotonic() - started >= 1.9  # (it did wait)
+    assert scheduler.df.bloom.events.counts["queue_slow_replies"] == 0
+    scheduler.close("finished")
+    scheduler.df.close("finished")

@@ -53,6 +53,11 @@ _EVENTS = {
         "replies Redis took over a second to give (more for a big batch): a stall the call"
         " waited out"
     ),
+    "queue_slow_replies": (
+        "calls to scrapy-redis's request queue (push, pop, length) that Redis took over a second to"
+        " answer, beyond a blocking pop's own wait: a stall the crawl waited out"
+        " (scrapy_redis_bloom's Scheduler)"
+    ),
     "recreated": "lost parts recreated empty (BLOOMFILTER_ON_LOSS = 'recreate')",
     "restored": "lost metadata (record, server marker) rewritten from intact shards",
     "counters_lost": "times the filter's counters were found evicted or deleted (totals restart)",
