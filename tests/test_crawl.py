@@ -375,13 +375,7 @@ def test_other_sizing_fails_with_config_mismatch(
     # The message, in the log, says what is in Redis, what this worker has, and the ways out.
     fields = {name.decode(): value.decode() for name, value in record.items()}
     stored = FilterRecord.parse("seed003:bloomfilter:meta", fields).describe()
-    mine = FilterRecord.new(
-        mismatched.spec,
-        mismatched.capacity,
-        mismatched.sizing.canonical(),
-        expansion=mismatched.expansion,
-        ttl=mismatched.ttl,
-    ).describe()
+    mine = mismatched.record().describe()
     log = result.log
     assert "[twisted] CRITICAL: Unhandled error in Deferred:" in log
     error = (

@@ -230,6 +230,39 @@ def test_size_by_bits_names_what_capacity_and_rate_would_create(outside: Path) -
     assert "The same, the other way" not in result.out
 
 
+def test_size_of_a_native_filter_says_what_bf_reserve_makes(outside: Path) -> None:
+    """What the servers would hold, not the bitmap geometry.
+
+    It said "Classic layout (these settings)", the bitmap memory, and a growth "up to
+    102,300,000 items (10 generations of 16: a shard's next would pass the largest generation
+    size, 512 MB)" that RedisBloom's sub-filters are not bound by.
+    """
+    from scrapy_redis_bloom.core.sizing import native_reserve_rate
+
+    native = ["-s", "BLOOMFILTER_BACKEND=native"]
+    sizing = ["--capacity", "100000", "--error-rate", "1e-6"]
+    result = scrapy(outside, "bloom", "size", *sizing, *native)
+    assert result.code == 0, result.err
+    rows = dict(line.split("  ", 1) for line in result.out.splitlines() if "  " in line)
+    rows = {label.strip(): value.strip() for label, value in rows.items()}
+    assert rows["Backend"].startswith("native")
+    assert rows["Shards"] == "1"
+    rate = native_reserve_rate(100_000, 1e-6, 2)
+    assert rows["Each shard (BF.RESERVE)"] == f"100,000 items at error rate {rate:.3g}"
+    assert "Native (BF.*) (these settings)" in rows
+    assert "Classic layout (unblocked) (these settings)" not in rows
+    assert "generation" not in rows["Growth"]
+    assert rows["Growth"].endswith("at an FP rate under 1e-06"), rows["Growth"]
+    # Shards too small for their rate (BLOOMFILTER_SHARDS) are said, in the JSON too.
+    small = scrapy(outside, "bloom", "size", "--json", "--capacity", "100",
+                   "-s", "BLOOMFILTER_SHARDS=10", *native)  # fmt: skip
+    assert small.code == 0, small.err
+    data = json.loads(small.out)
+    assert (data["backend"], data["shards"], data["reserved_capacity"]) == ("native", 10, 10)
+    assert data["rate_bound"] > 5e-3  # 10 items a shard: far past 1e-3
+    assert [layout["layout"] for layout in data["layouts"] if layout["current"]] == ["native"]
+
+
 def test_an_option_of_the_alias_is_named_with_its_setting(outside: Path) -> None:
     # It was "scrapy: error: unexpected argument(s): --capacity urls.txt" (its value taken
     # for a file of fingerprints).

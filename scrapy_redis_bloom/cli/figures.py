@@ -17,7 +17,7 @@ from scrapy_redis_bloom.cli.context import EXIT_OK, Context, config_of, existing
 from scrapy_redis_bloom.cli.streams import emit, fill_chart, out, table
 from scrapy_redis_bloom.core.generations import growth_limit
 from scrapy_redis_bloom.core.record import FilterRecord
-from scrapy_redis_bloom.core.settings import WORKER_TTL, SettingsLike
+from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, SettingsLike
 from scrapy_redis_bloom.core.sizing import (
     Sizing,
     false_positive_rate,
@@ -27,6 +27,7 @@ from scrapy_redis_bloom.core.sizing import (
     rate_share,
 )
 from scrapy_redis_bloom.engine.bitmap.filter import RedisBloomFilter
+from scrapy_redis_bloom.engine.native import parts as native_parts
 from scrapy_redis_bloom.engine.native.filter import NativeBloomFilter
 from scrapy_redis_bloom.engine.state import (
     DamagedPart,
@@ -414,6 +415,8 @@ def size_overrides(given: dict[str, Any]) -> dict[str, Any]:
 def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     """Print the geometry, rates and memory the sizing settings give."""
     config = config_of(settings)
+    if config.backend == "native":
+        return _native_size(args, config)
     spec = config.spec
     growth = config.growth
     memory = filter_allocation(spec)
@@ -479,6 +482,64 @@ def size(args: argparse.Namespace, settings: SettingsLike) -> int:
     ) + f" at an FP rate under {growth.rate_bound:.3g}"
     fixed = "none (BLOOMFILTER_EXPANSION = 0): a fixed size"
     rows.append(("Growth", grows if config.expansion else fixed))
+    if config.ttl:
+        rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
+    return emit(args, data, table(rows))
+
+
+def _native_size(args: argparse.Namespace, config: BloomConfig) -> int:
+    """Print what a native filter of these settings would be: its shards' ``BF.RESERVE``.
+
+    Not the bitmap geometry: RedisBloom picks each sub-filter's bits and k, and grows a shard
+    by sub-filters of its own, bound by no bitmap generation's size.
+    """
+    record = config.record("native")
+    first = native_parts.links(record, 1)[0]
+    memory = record.spec.shards * native_parts.shard_bytes(record)
+    bound = native_parts.rate_bound(record)
+    if bound is None:
+        keeps = f"under {config.design_error_rate:.3g}"
+    else:  # (per window: a check reads two)
+        window = " per re-crawl window" if config.ttl else ""
+        keeps = f"up to {bound:.3g}{window}: its shards are too small to keep their rate"
+    data: dict[str, Any] = {
+        "sizing": config.sizing.canonical(),
+        "backend": "native",
+        "capacity": config.capacity,
+        "shards": record.spec.shards,
+        "reserved_capacity": record.growth.native_capacity,
+        "reserved_rate": record.shard_rate,
+        "first_bits": first.bits,
+        "hash_number": first.hash_count,
+        "memory_bytes": memory,
+        "rate_bound": config.design_error_rate if bound is None else bound,
+        **_fields(config, "expansion ttl"),
+    }
+    servers = 1 if config.connection.cluster else max(1, len(config.connection.urls))
+    data["layouts"], layout_rows = _layouts(
+        config.sizing, config.capacity, config.expansion, servers, "native", "these settings"
+    )
+    grows = (
+        f"x{config.expansion} per sub-filter in each shard (RedisBloom's EXPANSION), as far as"
+        f" the servers' memory goes, at an FP rate {keeps}"
+        if config.expansion
+        else "none (BLOOMFILTER_EXPANSION = 0): a shard refuses items past its capacity,"
+        f" which stops the crawl; FP rate {keeps}"
+    )
+    rows = [
+        ("Sizing asked for", config.sizing.canonical()),
+        ("Backend", "native (server-side Bloom filters, BF.*)"),
+        ("Capacity", f"{config.capacity:,} items"),
+        ("Shards", f"{record.spec.shards:,}"),
+        ("Each shard (BF.RESERVE)", _reserved_text(record)),
+        (
+            "First sub-filters",
+            f"m={first.bits:,} bits, k={first.hash_count} hash functions each",
+        ),
+        ("Memory in Redis", f"{format_bytes(memory)} ({memory:,} bytes, first sub-filters)"),
+        *layout_rows,
+        ("Growth", grows),
+    ]
     if config.ttl:
         rows.append(("Re-crawl window", f"URLs forgotten {config.ttl:,} to {2 * config.ttl:,} s"))
     return emit(args, data, table(rows))

@@ -27,6 +27,7 @@ from scrapy_redis_bloom.core.generations import (
     growth_text,
 )
 from scrapy_redis_bloom.core.hashing import MAX_HASH_COUNT, MAX_SHARD_BITS, FilterSpec
+from scrapy_redis_bloom.core.record import Backend, FilterRecord
 from scrapy_redis_bloom.core.redact import masked, scrub
 from scrapy_redis_bloom.core.sizing import (
     DEFAULT_SHARD_BIT,
@@ -838,6 +839,17 @@ class BloomConfig:
     def design_error_rate(self) -> float:
         """The false-positive rate the filter is made for: ERROR_RATE, else that at capacity."""
         return self.sizing.error_rate or self.expected_error_rate
+
+    def record(self, backend: Backend = "bitmap") -> FilterRecord:
+        """Return the record of a new filter of these settings (``servers`` and all else unsaid)."""
+        return FilterRecord.new(
+            self.spec,
+            self.capacity,
+            self.sizing.canonical(),
+            expansion=self.expansion,
+            ttl=self.ttl,
+            backend=backend,
+        )
 
     def for_native(self) -> BloomConfig:
         """Return this configuration as a native filter's (BF.*), which has no blocks.
