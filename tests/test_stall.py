@@ -776,5 +776,18 @@ def test_a_stall_met_by_scrapy_redis_queue_is_said_and_counted(
     assert scheduler.next_request() is None
     assert time.monotonic() - started >= 1.9  # (it did wait)
     assert scheduler.df.bloom.events.counts["queue_slow_replies"] == 0
+    # A stall past that wait is one, said whole (a request there: the pop did not wait).
+    assert scheduler.enqueue_request(Request("https://example.com/3"))
+    caplog.clear()
+    paused = server.pause(4.0)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redis_bloom"):
+        assert scheduler.next_request() is not None
+    paused.join()
+    said = [r.getMessage() for r in caplog.records if "scrapy-redis's queue" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "(a blocking pop waits up to 2 s of it for a request)" in said[0], said[0]
+    took = float(said[0].split(" took ", 1)[1].split(" s", 1)[0])
+    assert 3.0 < took < 5.0, said[0]
+    assert scheduler.df.bloom.events.counts["queue_slow_replies"] == 1
     scheduler.close("finished")
     scheduler.df.close("finished")

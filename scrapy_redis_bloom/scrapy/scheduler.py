@@ -111,16 +111,18 @@ class WatchedQueue:
         if took <= SLOW_REPLY + allowance:
             return
         _count(self._scheduler, "queue_slow_replies")
+        waits = f" (a blocking pop waits up to {allowance:g} s of it for a request)"
         self._log.log(
             logging.WARNING,
             "slow",
-            "Redis at %s took %.1f s to %s scrapy-redis's queue (%r), and the crawl waited for"
-            " it: a stall (a slow command, a fork for a snapshot, swapping, a paused machine or"
-            " a congested link).",
-            _address(self.queue.server),
-            took - allowance,
+            "Redis at %s took %.1f s to %s scrapy-redis's queue (%r)%s, and the crawl waited"
+            " for it: a stall (a slow command, a fork for a snapshot, swapping, a paused machine"
+            " or a congested link).",
+            _address(getattr(self.queue, "server", None)),
+            took,
             operation,
-            self.queue.key,
+            getattr(self.queue, "key", "?"),
+            waits if allowance else "",
         )
 
 
