@@ -59,7 +59,8 @@ class Scheduler(RedisScheduler):  # type: ignore[misc]  # (scrapy-redis is untyp
         try:
             super().close(reason)
         except BloomFilterError as exc:
-            _count(self, "flush_failed")
+            if (events := _events(self)) is not None:
+                events.count("flush_failed")
             logger.warning(
                 "Could not flush at close (SCHEDULER_PERSIST = False): the Bloom filter and the"
                 " queue are kept, and the next crawl starts with them. %s",
@@ -110,7 +111,8 @@ class WatchedQueue:
         took = time.monotonic() - started
         if took <= SLOW_REPLY + allowance:
             return
-        _count(self._scheduler, "queue_slow_replies")
+        if (events := _events(self._scheduler)) is not None:
+            events.count("queue_slow_replies")
         waits = f" (a blocking pop waits up to {allowance:g} s of it for a request)"
         self._log.log(
             logging.WARNING,
@@ -136,8 +138,6 @@ def _address(client: Any) -> str:
     return "the queue's server"
 
 
-def _count(scheduler: Scheduler, event: str) -> None:
-    """Count an event in the filter's events, pulled into the stats (another dupefilter: not)."""
-    events = getattr(getattr(scheduler.df, "bloom", None), "events", None)
-    if events is not None:
-        events.count(event)
+def _events(scheduler: Scheduler) -> Any:
+    """Return the filter's events, pulled into the stats (None for another dupefilter)."""
+    return getattr(getattr(scheduler.df, "bloom", None), "events", None)
