@@ -20,6 +20,7 @@ from scrapy_redis.scheduler import Scheduler as RedisScheduler
 from scrapy_redis_bloom.core.errors import BloomFilterError
 from scrapy_redis_bloom.core.events import RateLimitedLog
 from scrapy_redis_bloom.transport.executor import SLOW_REPLY
+from scrapy_redis_bloom.transport.topology import server_address
 
 logger = logging.getLogger(__name__)
 
@@ -120,22 +121,12 @@ class WatchedQueue:
             "Redis at %s took %.1f s to %s scrapy-redis's queue (%r)%s, and the crawl waited"
             " for it: a stall (a slow command, a fork for a snapshot, swapping, a paused machine"
             " or a congested link).",
-            _address(getattr(self.queue, "server", None)),
+            server_address(getattr(self.queue, "server", None)),
             took,
             operation,
             getattr(self.queue, "key", "?"),
             waits if allowance else "",
         )
-
-
-def _address(client: Any) -> str:
-    """Return where a redis-py client connects (host:port, a socket's path), for messages."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    if kwargs.get("path"):
-        return str(kwargs["path"])
-    if kwargs.get("host"):
-        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
-    return "the queue's server"
 
 
 def _events(scheduler: Scheduler) -> Any:
