@@ -309,6 +309,8 @@ def test_resolved_config_is_logged_once_without_the_password(
             scheduler, _ = redis_scheduler(crawler_for(url, SCHEDULER_PERSIST=True))
         scheduler.df.close("finished")  # before the server stops: no lease renewals left
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_redis_bloom")]
+    # scrapy-redis's own Scheduler leaves its queue unwatched: said first, once.
+    assert "does not time its queue's calls" in lines.pop(0)
     # The backend auto picked, and why; then the config, naming the backend too.
     assert len(lines) == 2
     assert "BLOOMFILTER_BACKEND = 'auto' picks the bitmap backend" in lines[0]
@@ -520,6 +522,28 @@ def test_a_flush_at_close_that_fails_keeps_both_and_is_said(
         assert "the Bloom filter and the queue are kept" in said[0]
         assert scheduler.df.bloom.events.counts["flush_failed"] == 1
         scheduler.df.close("finished")
+
+
+@pytest.mark.parametrize("cls", [BloomScheduler, RedisScheduler])
+def test_a_scheduler_that_does_not_watch_its_queue_is_said_at_start(
+    redis_url: str, caplog: pytest.LogCaptureFixture, cls: type[RedisScheduler]
+) -> None:
+    # scrapy-redis's own Scheduler (no add-on, SCHEDULER_PERSIST kept: no flush warning)
+    # leaves its queue's calls untimed: a stall met there would pass unsaid.
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    with caplog.at_level(logging.INFO, logger="scrapy_redis_bloom"):
+        crawler = crawler_for(redis_url, SCHEDULER=name, SCHEDULER_PERSIST=True)
+        scheduler, _ = redis_scheduler(crawler, cls)
+    said = [r for r in caplog.records if "does not time its queue's calls" in r.getMessage()]
+    if cls is RedisScheduler:
+        assert len(said) == 1, caplog.text
+        assert said[0].levelno == logging.INFO
+        assert "'scrapy_redis.scheduler.Scheduler' does not time" in said[0].getMessage()
+        assert "Set SCHEDULER = 'scrapy_redis_bloom.scheduler.Scheduler'" in said[0].getMessage()
+        assert "FilterBusyError" not in caplog.text  # it persists: no flush to warn of
+    else:
+        assert said == [], caplog.text
+    scheduler.df.close("finished")
 
 
 @pytest.mark.parametrize("cls", [BloomScheduler, RedisScheduler])

@@ -143,7 +143,7 @@ class RFPDupeFilter(_RedisRFPDupeFilter):  # type: ignore[misc]  # scrapy-redis 
         config = BloomConfig.from_settings(settings)
         refuse_decoded_queue(settings)
         _say_unused_batching(settings)
-        _say_flushing_scheduler(settings)
+        _say_redis_scheduler(settings)
         key = config.key_for(spider_name)
         fingerprint: Callable[[Request], str] | None = None
         fingerprints = None
@@ -556,11 +556,13 @@ def _say_unused_batching(settings: SettingsLike) -> None:
     )
 
 
-def _say_flushing_scheduler(settings: SettingsLike) -> None:
-    """Warn when scrapy-redis's own Scheduler (not the subclass) will flush: it may be refused.
+def _say_redis_scheduler(settings: SettingsLike) -> None:
+    """Say what scrapy-redis's own Scheduler (not the subclass) leaves undone, before the crawl.
 
-    Its flush empties the shared queue once :meth:`RFPDupeFilter.clear` returns, so the clear
-    raises while other workers use the filter: say so before the crawl runs into it.
+    Its queue's calls are not timed (:class:`.WatchedQueue`): a Redis stall met there passes
+    unsaid, so say at start that it is not watched. And warn when it will flush: its flush
+    empties the shared queue once :meth:`RFPDupeFilter.clear` returns, so the clear raises
+    while other workers use the filter.
     """
     from scrapy_redis.scheduler import Scheduler as RedisScheduler
 
@@ -572,6 +574,14 @@ def _say_flushing_scheduler(settings: SettingsLike) -> None:
         return
     if issubclass(scheduler, Scheduler):
         return
+    logger.info(
+        "SCHEDULER = %r does not time its queue's calls: a Redis stall met by a pop or a push"
+        " of scrapy-redis's queue pauses the crawl unsaid (bloomfilter/queue_slow_replies"
+        " stays 0). Set SCHEDULER = %r (the add-on sets it), or derive yours from it, to have"
+        " such a stall said and counted.",
+        f"{scheduler.__module__}.{scheduler.__qualname__}",
+        SCHEDULER,
+    )
     when = [
         what
         for what, on in (
