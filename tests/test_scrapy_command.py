@@ -253,6 +253,12 @@ def test_size_of_a_native_filter_says_what_bf_reserve_makes(outside: Path) -> No
     assert "Classic layout (unblocked) (these settings)" not in rows
     assert "generation" not in rows["Growth"]
     assert rows["Growth"].endswith("at an FP rate under 1e-06"), rows["Growth"]
+    # The layouts table's native row is the same filter: its k and memory, not the model's
+    # bare-rate guess (it said k=21, 372.2 KiB under "k=22 hash functions", 384.3 KiB).
+    first = rows["First sub-filters"]
+    k = first.split("k=")[1].split(" ")[0]
+    memory = rows["Memory in Redis"].split(" (")[0]
+    assert rows["Native (BF.*) (these settings)"].startswith(f"k={k}, {memory}, "), rows
     # Shards too small for their rate (BLOOMFILTER_SHARDS) are said, in the JSON too.
     small = scrapy(outside, "bloom", "size", "--json", "--capacity", "100",
                    "-s", "BLOOMFILTER_SHARDS=10", *native)  # fmt: skip

@@ -19,7 +19,9 @@ from scrapy_redis_bloom.core.generations import growth_limit
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.settings import WORKER_TTL, BloomConfig, SettingsLike
 from scrapy_redis_bloom.core.sizing import (
+    LayoutCost,
     Sizing,
+    check_cost,
     false_positive_rate,
     filter_allocation,
     format_bytes,
@@ -279,10 +281,22 @@ _LAYOUT_NAMES = {
 
 
 def _layouts(
-    sizing: Sizing, capacity: int, expansion: int, servers: int, current: str, mark: str
+    sizing: Sizing,
+    capacity: int,
+    expansion: int,
+    servers: int,
+    current: str,
+    mark: str,
+    native: FilterRecord | None = None,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """Return what each layout costs, as data and as rows; ``current`` is marked ``mark``."""
+    """Return what each layout costs, as data and as rows; ``current`` is marked ``mark``.
+
+    Given a native filter's record, its row says what ``BF.RESERVE`` makes of it (at the
+    reserved rate, as the rows above the table do), not the model's bare-rate guess.
+    """
     costs = layout_costs(sizing, capacity, growing=bool(expansion), servers=servers)
+    if native is not None:
+        costs = tuple(_reserved_cost(native, servers) if c.layout == "native" else c for c in costs)
     data = [
         {
             **_fields(cost, "layout hash_count memory_bytes"),
@@ -303,6 +317,16 @@ def _layouts(
     return data, rows
 
 
+def _reserved_cost(record: FilterRecord, servers: int) -> LayoutCost:
+    """Return a native filter's layout figures as its shards' ``BF.RESERVE`` makes them."""
+    first = native_parts.links(record, 1)[0]
+    memory = record.spec.shards * native_parts.shard_bytes(record)
+    rate = false_positive_rate(first.bits, first.hash_count, first.capacity)
+    growing = bool(record.expansion)
+    cost = check_cost("native", first.hash_count, memory // max(1, servers), growing=growing)
+    return LayoutCost("native", first.hash_count, memory, rate, cost)
+
+
 def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Return what each layout costs at the filter's capacity and rate, this one marked."""
     share = rate_share(record.expansion, record.ttl, record.tightening)
@@ -315,7 +339,13 @@ def _record_layouts(record: FilterRecord) -> tuple[list[dict[str, Any]], list[tu
     if record.backend == "native":
         current = "native"
     return _layouts(
-        sizing, record.capacity, record.expansion, record.servers, current, "this filter"
+        sizing,
+        record.capacity,
+        record.expansion,
+        record.servers,
+        current,
+        "this filter",
+        record if record.backend == "native" else None,
     )
 
 
@@ -517,7 +547,13 @@ def _native_size(args: argparse.Namespace, config: BloomConfig) -> int:
     }
     servers = 1 if config.connection.cluster else max(1, len(config.connection.urls))
     data["layouts"], layout_rows = _layouts(
-        config.sizing, config.capacity, config.expansion, servers, "native", "these settings"
+        config.sizing,
+        config.capacity,
+        config.expansion,
+        servers,
+        "native",
+        "these settings",
+        record,
     )
     grows = (
         f"x{config.expansion} per sub-filter in each shard (RedisBloom's EXPANSION), as far as"
