@@ -576,6 +576,45 @@ def test_a_native_filter_takes_as_few_shards_as_its_shard_size_allows(
     bloom.close()
 
 
+@pytest.mark.parametrize("backend", ["native", "auto"])
+def test_a_native_shard_holds_its_first_sub_filter_within_its_shard_size(
+    bloom_redis_client: redis.Redis, backend: str
+) -> None:
+    """Counted in what BF.RESERVE makes, not the bitmap's bits: no allocator class wasted.
+
+    100,000 @ 1e-4 in shards of 2**20 bits was 2 shards whose first sub-filters took 1.05
+    Mbit each (131 KiB: jemalloc's 160 KiB class). At the default 2**26 bits, the default
+    filter's 16 shards of 8.06 MiB (and every 1B-URL filter's) were reserved as 10 MiB each.
+    """
+    from scrapy_redis_bloom.engine.native import parts as native_parts
+
+    cfg = config(
+        BLOOMFILTER_BACKEND=backend,
+        BLOOMFILTER_CAPACITY=100_000,
+        BLOOMFILTER_ERROR_RATE=1e-4,
+        BLOOMFILTER_SHARD_BIT=20,
+    )
+    bloom = make_filter([bloom_redis_client], "fits", cfg)
+    assert isinstance(bloom, NativeBloomFilter)
+    record = bloom.open()
+    assert record.spec.shards == 3
+    first = native_parts.links(record, 1)[0]
+    assert first.bits <= 2**20
+    for key in bloom.shard_keys:  # what the server made: its bit array and a small header
+        info = pairs(bloom_redis_client.execute_command("BF.INFO", key))
+        assert int(info["Capacity"]) == record.growth.native_capacity
+        size = int(info["Size"])
+        assert 0 <= size - first.bits // 8 <= 256, (key, size)  # the model is the server's
+        assert size <= 2**20 // 8 + 256, (key, size)
+    bloom.close()
+    # Every size a user runs fits too: the default sizing and 1B URLs, growing or fixed.
+    for more in ({}, {"BLOOMFILTER_CAPACITY": 1_000_000_000, "BLOOMFILTER_ERROR_RATE": 1e-4}):
+        for expansion in (0, 2):
+            big = config(BLOOMFILTER_BACKEND="native", BLOOMFILTER_EXPANSION=expansion, **more)
+            record = big.record("native")
+            assert native_parts.links(record, 1)[0].bits <= 2**26 - 1024, (more, expansion)
+
+
 def reserved_size(client: redis.Redis, rate: float, capacity: int, *options: Any) -> int:
     """Return ``BF.INFO``'s Size of a filter ``BF.RESERVE``'d so (a key made and deleted)."""
     client.execute_command("BF.RESERVE", "reference", repr(rate), capacity, *options)

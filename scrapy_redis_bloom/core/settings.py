@@ -34,6 +34,7 @@ from scrapy_redis_bloom.core.sizing import (
     Sizing,
     false_positive_rate,
     format_bytes,
+    native_link,
     optimal_capacity,
     optimal_geometry,
     rate_share,
@@ -493,7 +494,8 @@ SHARD_BIT: Setting[int] = _row(
     # 7: the smallest allocator block past a shard's header and overhead; 32: a Redis string.
     ("BLOOMFILTER_SHARD_BIT", "int", DEFAULT_SHARD_BIT, 7, 32),
     "Largest shard, as 2**SHARD_BIT bits (26: 8 MiB). Shards may come out smaller so that they fill"
-    " their allocator blocks; a native filter takes as few as this allows. A blocked filter's"
+    " their allocator blocks; a native filter takes as few as this allows, each shard's first"
+    " sub-filter (what BF.RESERVE makes) within it. A blocked filter's"
     " shards hold whole 512-bit blocks: 9 or more."
     " Larger shards grow fewer times: a generation is at most 512 MB, so a shard of 2**27 bits"
     " or more reaches it in fewer generations, and one already near it cannot grow"
@@ -865,6 +867,9 @@ class BloomConfig:
             self.spec.bits, self.spec.hash_count
         )
         capacity = optimal_capacity(spec.bits, spec.hash_count) if derived else self.capacity
+        spec = native_shards(sizing, spec, capacity, self.expansion, self.ttl)
+        if derived:
+            capacity = optimal_capacity(spec.bits, spec.hash_count)
         return replace(self, sizing=sizing, spec=spec, capacity=capacity)
 
     def key_for(self, spider_name: str | None) -> str:
@@ -950,6 +955,9 @@ class BloomConfig:
                 bits=sizing.block_bits,
             )
             raise _invalid(row.name, row.given(settings), why) from None
+        if backend == "native":
+            wanted = optimal_capacity(spec.bits, spec.hash_count) if capacity is None else capacity
+            spec = native_shards(sizing, spec, wanted, expansion, ttl)
         if capacity is not None and sizing.capacity is None:
             _refuse_overload(spec, capacity, share, grows=bool(expansion))
         return cls(
@@ -968,6 +976,37 @@ class BloomConfig:
             monitor_max_fpr=MONITOR_MAX_FPR.read(settings),
             bitmap_only=bitmap_only,
         )
+
+
+#: Bits a native shard's first sub-filter keeps clear of its shard size: RedisBloom's own
+#: rounding of its bit array, and a derived capacity's rounding up.
+NATIVE_SHARD_SLACK = 1024
+
+
+def native_shards(
+    sizing: Sizing, spec: FilterSpec, capacity: int, expansion: int, ttl: int
+) -> FilterSpec:
+    """Return a native filter's geometry with as many shards as its shard size asks.
+
+    The size bounds what ``BF.RESERVE`` makes of a shard (its first sub-filter, at the rate
+    the record reserves it at), not the bitmap's bits: a sub-filter a little past 2**26 bits
+    takes jemalloc's next class (8 MiB and 0.3% is reserved as 10 MiB), which left a fifth
+    of a 1B-URL filter's memory unused. Shards the user set (``BLOOMFILTER_SHARDS``) are kept.
+    """
+    if sizing.shards is not None:
+        return spec
+    shard_bit = DEFAULT_SHARD_BIT if sizing.shard_bit is None else sizing.shard_bit
+    most = min(2**shard_bit, MAX_SHARD_BITS) - NATIVE_SHARD_SLACK
+    text = sizing.canonical()
+    while True:
+        record = FilterRecord.new(
+            spec, capacity, text, expansion=expansion, ttl=ttl, backend="native"
+        )
+        _, bits, _ = native_link(record.growth.native_capacity, record.shard_rate, expansion, 0)
+        if bits <= most or most <= 0:
+            return spec
+        shards = max(spec.shards + 1, math.ceil(spec.shards * bits / most))
+        spec = FilterSpec(shards, -(-spec.bits // (8 * shards)) * 8, spec.hash_count)
 
 
 #: The highest false-positive rate a capacity stated beside BLOOMFILTER_BIT may come to.

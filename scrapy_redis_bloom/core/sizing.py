@@ -35,6 +35,18 @@ def native_geometry(capacity: int, error_rate: float) -> tuple[int, int]:
     return optimal_bits(capacity, error_rate), max(1, math.ceil(-math.log2(error_rate)))
 
 
+def native_link(capacity: int, rate: float, expansion: int, g: int) -> tuple[int, int, int]:
+    """Return sub-filter ``g`` of a shard ``BF.RESERVE``'d for ``capacity`` at ``rate``.
+
+    As ``(items, bits, k)``: a growing shard's sub-filters take ``expansion`` times the items
+    of the one before, each at the rate tightened once more (:data:`NATIVE_TIGHTENING`).
+    """
+    if not expansion:
+        return (capacity, *native_geometry(capacity, rate))
+    items = capacity * expansion**g
+    return (items, *native_geometry(items, rate * NATIVE_TIGHTENING ** (g + 1)))
+
+
 #: RedisBloom's index excess (:func:`native_excess`) at half the bits set, times ``k m``.
 #: Fitted to a simulation of its arithmetic, 64-bit ``a + i b`` taken ``mod m``, on full
 #: filters of 1,000 to 100,000 items: 4.2 (k = 20) to 6.6 (k = 11), kept at the top.

@@ -24,12 +24,12 @@ from scrapy_redis_bloom.core.layout import NATIVE_TYPE
 from scrapy_redis_bloom.core.record import FilterRecord
 from scrapy_redis_bloom.core.sizing import (
     KEY_OVERHEAD,
-    NATIVE_TIGHTENING,
     allocation,
     format_bytes,
     native_chain_rate,
     native_excess,
     native_geometry,
+    native_link,
     native_rate_reachable,
 )
 from scrapy_redis_bloom.engine import health
@@ -105,13 +105,8 @@ def rate_bound(record: FilterRecord) -> float | None:
 def links(record: FilterRecord, count: int) -> list[Link]:
     """Return the first ``count`` sub-filters of a shard, as RedisBloom sizes them."""
     rate, capacity, _ = reserve_arguments(record)
-    if not record.expansion:
-        return [Link(capacity, *native_geometry(capacity, rate))]
-    return [
-        Link(n, *native_geometry(n, rate * NATIVE_TIGHTENING ** (g + 1)))
-        for g in range(count)
-        for n in [capacity * record.expansion**g]
-    ]
+    growing = count if record.expansion else 1
+    return [Link(*native_link(capacity, rate, record.expansion, g)) for g in range(growing)]
 
 
 def describe(record: FilterRecord) -> str:
