@@ -1003,7 +1003,7 @@ def native_shards(
             spec, capacity, text, expansion=expansion, ttl=ttl, backend="native"
         )
         _, bits, _ = native_link(record.growth.native_capacity, record.shard_rate, expansion, 0)
-        if bits <= most or most <= 0:
+        if bits <= most or most <= 0:  # (shards of 2**10 bits or less: kept as split)
             return spec
         shards = max(spec.shards + 1, math.ceil(spec.shards * bits / most))
         spec = FilterSpec(shards, -(-spec.bits // (8 * shards)) * 8, spec.hash_count)

@@ -115,13 +115,14 @@ class WatchedQueue:
         if (events := _events(self._scheduler)) is not None:
             events.count("queue_slow_replies")
         waits = f" (a blocking pop waits up to {allowance:g} s of it for a request)"
+        server = getattr(self.queue, "server", None)  # (a queue of another class may have none)
         self._log.log(
             logging.WARNING,
             "slow",
             "Redis at %s took %.1f s to %s scrapy-redis's queue (%r)%s, and the crawl waited"
             " for it: a stall (a slow command, a fork for a snapshot, swapping, a paused machine"
             " or a congested link).",
-            server_address(getattr(self.queue, "server", None)),
+            "the queue's server" if server is None else server_address(server),
             took,
             operation,
             getattr(self.queue, "key", "?"),
