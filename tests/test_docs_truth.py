@@ -495,6 +495,13 @@ def state(contender: str) -> float:
     return over(measure, contender, f"bitmap, fresh: {kind}", "states-results.json")
 
 
+def bf_add(contender: str) -> float:
+    """Return a state's Redis time per check over BF.ADD's on a scaling filter at 3x (g)."""
+    kind = contender.rsplit(": ", 1)[1]
+    peer = f"RedisBloom BF.ADD, scaling, 3x: {kind}"
+    return over("g 1M @ 1e-4 usec/check", contender, peer, "states-results.json")
+
+
 def sized_gib(capacity: int, rate: float) -> float:
     spec = BloomConfig.from_settings(
         {"BLOOMFILTER_CAPACITY": capacity, "BLOOMFILTER_ERROR_RATE": rate}
@@ -556,6 +563,9 @@ def figures() -> dict[str, list[tuple[str, list[float | tuple[float, float]]]]]:
         ("{}x with the window on the native backend", [window_native]),
         ("with numpy: {}x RedisBloom's `BF.MADD` at 1M URLs and {}x at 100M; without numpy {}x",
          [madd_1m, madd_100m, (no_numpy[0], no_numpy[1])]),
+        ("That new URL is {}x RedisBloom's `BF.ADD` on a scaling filter grown as far, about the"
+         " least stock Redis commands allow", [bf_add("bitmap, grown to 3x: new")]),
+        ("the native backend grows in C at {}x", [bf_add("native, grown to 3x: new")]),
         ("grown to 3x, a new URL costs {}x a fresh filter's check of Redis time and a seen one"
          " {}x; with windows {}x and {}x", [
              state("bitmap, grown to 3x: new"), state("bitmap, grown to 3x: seen"),
