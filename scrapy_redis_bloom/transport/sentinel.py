@@ -100,7 +100,7 @@ class Sentinels(Sentinel):
             kwargs.update(sentinel_defaults())
         else:
             kwargs = {"retry": sentinel_defaults()["retry"], **sentinel_kwargs}
-        super().__init__(  # type: ignore[no-untyped-call]
+        super().__init__(  # type: ignore[no-untyped-call, unused-ignore]
             sentinels, min_other_sentinels, sentinel_kwargs=kwargs, **connection_kwargs
         )
         self._key = frozenset(_address(sentinel) for sentinel in self.sentinels)
