@@ -6,6 +6,7 @@ import hashlib
 import random
 import time
 import tracemalloc
+from typing import Any
 
 import pytest
 import redis
@@ -198,19 +199,24 @@ def test_with_windows_a_url_met_often_is_forgotten_within_twice_ttl(
     bloom.close()
 
 
+def _cached_filter(client: redis.Redis, **faults: Any) -> RedisBloomFilter:
+    """Return a filter of 2 shards with a near-cache of 1,000, under the fault policy given."""
+    from scrapy_redis_bloom.core.settings import FaultPolicy
+
+    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_SHARDS": 2})
+    policy = FaultPolicy(**faults)
+    return RedisBloomFilter.from_config(client, "c", config, faults=policy, cache_size=1_000)
+
+
 def test_after_redis_forgot_the_cache_answers_as_redis_does() -> None:
     # Redis restarted from a snapshot older than 100 adds, or a part recreated empty: the
     # near-cache kept answering "seen" for those URLs, Redis held none of them (a probe's
     # crawl lost 87-126 pages that way, each linked again and dropped).
     from redis_server import RedisServer
 
-    from scrapy_redis_bloom.core.settings import FaultPolicy
-
-    config = BloomConfig.from_settings({"BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_SHARDS": 2})
-    faults = FaultPolicy(retry_timeout=10, on_error="raise", on_loss="recreate")
     with RedisServer() as server:
         client = server.client()
-        bloom = RedisBloomFilter.from_config(client, "c", config, faults=faults, cache_size=1_000)
+        bloom = _cached_filter(client, retry_timeout=10, on_error="raise", on_loss="recreate")
         bloom.check_and_add("before the snapshot")
         server.admin().save()
         later = fingerprints(100, "after the snapshot")
@@ -220,6 +226,7 @@ def test_after_redis_forgot_the_cache_answers_as_redis_does() -> None:
         assert bloom.check_and_add("a new URL") is False  # its first call meets the restart
         assert not any(bloom.check_and_add(fp) for fp in later)  # as Redis: all lost
         assert bloom.events.counts["reconnects"] == 1
+        assert bloom.events.counts["restarts"] == 1  # another process: its run_id
         # Parts lost and recreated empty (BLOOMFILTER_ON_LOSS = "recreate").
         more = fingerprints(100, "more")
         assert not any(bloom.check_and_add(fp) for fp in more)
@@ -228,4 +235,35 @@ def test_after_redis_forgot_the_cache_answers_as_redis_does() -> None:
         bloom.check_and_add("finds the loss")
         assert bloom.events.counts["recreated"] >= 1
         assert not any(bloom.check_and_add(fp) for fp in more)
+        bloom.close()
+
+
+def test_a_fault_that_forgets_nothing_keeps_the_cache() -> None:
+    # Redis failing to answer forgets nothing: the near-cache answers an outage's repeats
+    # as before it (the fault table's stalled and full Redis under ON_ERROR = "allow" fetched
+    # 160-180 of 400 pages twice when any error emptied it), and a connection killed and made
+    # again to the same server process leaves it too (the cache's repeats are not exposed
+    # to the next kill's lost replies).
+    from redis_server import RedisServer
+
+    with RedisServer() as server:
+        faults = {"retry_timeout": 0.5, "on_error": "allow", "on_loss": "raise"}
+        bloom = _cached_filter(server.client(), **faults)
+        seen = fingerprints(50, "seen")
+        assert not any(bloom.check_and_add(fp) for fp in seen)
+        server.admin().client_kill_filter(_type="normal", skipme=True)
+        assert bloom.check_and_add("after the kill") is False
+        assert bloom.events.counts["reconnects"] == 1
+        assert bloom.events.counts["restarts"] == 0  # the same process
+        hits = bloom.cache_hits
+        assert all(bloom.check_and_add(fp) for fp in seen)
+        assert bloom.cache_hits - hits == len(seen)
+        # Redis out of memory (noeviction): no write of the filter's runs.
+        server.admin().config_set("maxmemory", 1)
+        assert bloom.check_and_add("refused") is False  # let through, per ON_ERROR
+        assert bloom.events.counts["errors"] >= 1
+        assert all(bloom.check_and_add(fp) for fp in seen)  # the cache, not "new" again
+        assert bloom.cache_hits - hits == 2 * len(seen)
+        server.admin().config_set("maxmemory", 0)
+        assert bloom.check_and_add("refused") is True  # owed, then added once it answers
         bloom.close()

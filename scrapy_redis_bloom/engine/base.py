@@ -40,13 +40,15 @@ from scrapy_redis_bloom.transport.wire import pack_command
 logger = logging.getLogger(__name__)
 
 #: Events after which Redis may no longer hold what it answered before: the near-cache goes.
+#: Not the faults themselves (errors, retries, a lost reply, a connection made again to the
+#: same server process): Redis forgets nothing by failing to answer, and while it cannot,
+#: what it answered before keeps an outage's repeats from being fetched twice. What it may
+#: have forgotten shows as another process behind a connection (restarts), a failover, or a
+#: part found lost.
 FORGETTING = frozenset(
     {
-        "reconnects",
+        "restarts",
         "failovers",
-        "retries",
-        "ambiguous",
-        "errors",
         "recreated",
         "restored",
         "counters_lost",
@@ -55,6 +57,14 @@ FORGETTING = frozenset(
         "rolled_back",
     }
 )
+
+
+def _reconnected(events: FilterEvents, other: bool) -> None:
+    """Count a connection made again; and a restart when ``other`` (not known the same process)."""
+    events.count("reconnects")
+    if other:
+        events.count("restarts")
+
 
 #: Elements let through on error that are remembered at least, whatever the cache size.
 MIN_OWED = 10_000
@@ -153,7 +163,7 @@ class FilterBase:
         self.events = events if events is not None else FilterEvents()
         # The events, not the filter: a reference back to it would keep it alive.
         self.topology.trips.on_moved = functools.partial(self.events.count, "failovers")
-        self.topology.trips.on_reconnect = functools.partial(self.events.count, "reconnects")
+        self.topology.trips.on_reconnect = functools.partial(_reconnected, self.events)
         self.events.forgetting = FORGETTING
         self.executor = Executor(
             self.topology, self.faults.retry_timeout, self.events, budget=self.faults.retry_budget

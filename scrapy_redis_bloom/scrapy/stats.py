@@ -47,7 +47,11 @@ _EVENTS = {
     ),
     "reconnects": (
         "new connections to a server this worker was connected to before (a dropped"
-        " connection, a restart): the near-cache is emptied, as after any fault"
+        " connection, a restart)"
+    ),
+    "restarts": (
+        "of those, the ones that found another server process than before (a restart, perhaps"
+        " from an older copy; or its INFO refused, so not known): the near-cache is emptied"
     ),
     "slow_replies": (
         "replies Redis took over a second to give (more for a big batch): a stall the call"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import ssl
 import sys
 import threading
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 IDLE_CHECK = 1.0  #: Seconds a connection may sit unused before a send checks it is open.
 #: Errors of the connection itself, after which it is thrown away.
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+#: A server process's id in its INFO reply: another after every restart.
+_RUN_ID = re.compile(rb"^run_id:(\w+)", re.MULTILINE)
 _PLAIN = frozenset((bytes, int))  #: Replies that need no check (:func:`_replies`).
 #: Error replies (redis-py raises -LOADING and -NOAUTH as ConnectionError subclasses).
 ERROR_REPLIES = (ResponseError, BusyLoadingError, AuthenticationError)
@@ -100,8 +103,9 @@ class TripCounter:
         self.lock = threading.Lock()
         #: Told when a node's new connection reached another server (a failover).
         self.on_moved: Callable[[], None] | None = None
-        #: Told when a node connects again (the server may have restarted, from an old copy).
-        self.on_reconnect: Callable[[], None] | None = None
+        #: Told when a node connects again, with whether the server is not known to be the
+        #: process it was (restarted, perhaps from an old copy, or its INFO refused).
+        self.on_reconnect: Callable[[bool], None] | None = None
 
     @property
     def value(self) -> int:
@@ -215,6 +219,7 @@ class Node:
         #: use, and a reply that took long is said (:meth:`.Executor.fast`).
         self.used = 0.0
         self._peer: str | None = None  # host:port the last connection reached (failovers)
+        self._run: bytes | None = None  # the run_id of the server it reached (restarts)
         self._read_replies: Callable[[int], list[Any]] | None = None  # (:func:`_replies`)
         self._spare: Node | None = None  # a second connection (:meth:`spare`)
 
@@ -285,13 +290,32 @@ class Node:
                     " (BLOOMFILTER_REDIS_PARAMS or REDIS_PARAMS) and that it is a Redis server"
                     " (a Sentinel's address goes in BLOOMFILTER_REDIS_SENTINELS)."
                 ) from None
+            run = self._server_run(connection)
             self._connection = connection
             self._read_replies = _replies(connection)
             self._serial += 1
             if self._serial > 1 and self.trips.on_reconnect is not None:
-                self.trips.on_reconnect()
+                self.trips.on_reconnect(run is None or run != self._run)
+            self._run = run
             self._note_peer(connection)
         return self._connection
+
+    def _server_run(self, connection: Any) -> bytes | None:
+        """Return the server process's ``run_id`` on a new connection (None: not said).
+
+        A connection made again to the same process (dropped, killed) finds what Redis held;
+        another process (a restart, a failover) may have forgotten some of it.
+        """
+        try:
+            connection.send_command("INFO", "server")
+            reply = connection.read_response()
+        except ResponseError:  # INFO refused (ACL): whether it restarted is not known
+            return None
+        except CONNECTION_ERRORS as exc:
+            connection.disconnect()
+            raise NotSentError(self.address, exc) from exc
+        found = _RUN_ID.search(reply) if isinstance(reply, bytes) else None
+        return found[1] if found else None
 
     def _note_peer(self, connection: Any) -> None:
         """Log when a new connection reaches another server than the last one did: a failover."""
