@@ -314,7 +314,13 @@ class Node:
         except CONNECTION_ERRORS as exc:
             connection.disconnect()
             raise NotSentError(self.address, exc) from exc
-        found = _RUN_ID.search(reply) if isinstance(reply, bytes) else None
+        if isinstance(reply, str):
+            reply = reply.encode()
+        if not isinstance(reply, bytes) or b"_version:" not in reply:  # not INFO's reply
+            connection.disconnect()
+            detail = f"INFO server answered by a reply not this command's: {reply!r:.60}"
+            raise NotSentError(self.address, detail)
+        found = _RUN_ID.search(reply)
         return found[1] if found else None
 
     def _note_peer(self, connection: Any) -> None:
