@@ -311,6 +311,9 @@ class Node:
             reply = connection.read_response()
         except ResponseError:  # INFO refused (ACL): whether it restarted is not known
             return None
+        except AuthenticationError as exc:  # -NOAUTH: a password needed, as connect() says it
+            connection.disconnect()
+            raise RefusedError(self.address, exc) from exc
         except CONNECTION_ERRORS as exc:
             connection.disconnect()
             raise NotSentError(self.address, exc) from exc
